@@ -1,0 +1,101 @@
+/**
+ * Draws prompts for one task into fresh groups of k rollouts with stable ids.
+ *
+ * The prompt source is either a JSONL dataset (one object of environment reset params per line,
+ * cycled in epochs) or, with no dataset, the environment itself: the sample carries only a seed and
+ * the environment draws its task from it. `drawIndex` is cumulative, so group ids never repeat across
+ * epochs, and the cursor is a single number to checkpoint.
+ */
+import { readFile } from 'node:fs/promises';
+import type { TaskConfig } from '../config.ts';
+import { ConfigError } from '../protocol/errors.ts';
+import { newGroup, type PromptSample, type RolloutGroup } from '../protocol/rollout.ts';
+
+interface DatasetRow {
+  params: Record<string, unknown>;
+  seed: number | null;
+}
+
+export class Sampler {
+  readonly task: TaskConfig;
+  readonly #runSeed: number;
+  #rows: DatasetRow[] | null = null;
+  /** Number of prompts drawn so far; the next draw gets this index. */
+  #cursor = 0;
+
+  private constructor(task: TaskConfig, runSeed: number) {
+    this.task = task;
+    this.#runSeed = runSeed;
+  }
+
+  static async create(task: TaskConfig, runSeed: number): Promise<Sampler> {
+    const sampler = new Sampler(task, runSeed);
+    if (task.dataset !== null) sampler.#rows = await readDataset(task.dataset, task.name);
+    return sampler;
+  }
+
+  get cursor(): number {
+    return this.#cursor;
+  }
+
+  set cursor(value: number) {
+    if (!Number.isInteger(value) || value < 0) throw new RangeError(`sampler cursor must be a non-negative integer, got ${value}`);
+    this.#cursor = value;
+  }
+
+  /** A new INIT group for the next prompt. */
+  draw(): RolloutGroup {
+    const drawIndex = this.#cursor++;
+    const rows = this.#rows;
+    const promptIndex = rows === null ? drawIndex : drawIndex % rows.length;
+    const row = rows?.[promptIndex];
+    const sample: PromptSample = {
+      taskName: this.task.name,
+      promptIndex,
+      drawIndex,
+      // Same prompt → same seed in every epoch, so a dataset line always means the same task.
+      seed: row?.seed ?? mixSeed(this.#runSeed, this.task.name, promptIndex),
+      envParams: row?.params ?? {},
+    };
+    return newGroup(sample, this.task.groupSize);
+  }
+}
+
+async function readDataset(path: string, taskName: string): Promise<DatasetRow[]> {
+  const text = await readFile(path, 'utf8');
+  const rows: DatasetRow[] = [];
+  const lines = text.split('\n');
+  for (let i = 0; i < lines.length; i++) {
+    const line = lines[i].trim();
+    if (line === '') continue;
+    let value: unknown;
+    try {
+      value = JSON.parse(line);
+    } catch (err) {
+      throw new ConfigError([`task ${taskName} dataset ${path}:${i + 1}: not valid JSON (${(err as Error).message})`]);
+    }
+    if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+      throw new ConfigError([`task ${taskName} dataset ${path}:${i + 1}: each line must be a JSON object of environment params (got ${line.slice(0, 60)})`]);
+    }
+    const { seed, ...params } = value as Record<string, unknown>;
+    if (seed !== undefined && !Number.isInteger(seed)) {
+      throw new ConfigError([`task ${taskName} dataset ${path}:${i + 1}: seed must be an integer (got ${JSON.stringify(seed)})`]);
+    }
+    rows.push({ params, seed: (seed as number | undefined) ?? null });
+  }
+  if (rows.length === 0) throw new ConfigError([`task ${taskName} dataset ${path}: no prompts (the file is empty)`]);
+  return rows;
+}
+
+/** A 31-bit seed from (run seed, task, prompt): FNV-1a over the parts, then a murmur finaliser. */
+export function mixSeed(runSeed: number, taskName: string, promptIndex: number): number {
+  let h = 0x811c9dc5 ^ runSeed;
+  const text = `${taskName}\u0000${promptIndex}`;
+  for (let i = 0; i < text.length; i++) h = Math.imul(h ^ text.charCodeAt(i), 0x01000193);
+  h ^= h >>> 16;
+  h = Math.imul(h, 0x85ebca6b);
+  h ^= h >>> 13;
+  h = Math.imul(h, 0xc2b2ae35);
+  h ^= h >>> 16;
+  return h >>> 1;
+}

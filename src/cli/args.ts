@@ -1,0 +1,23 @@
+/** Small helpers for turning CLI strings into checked values; errors name the flag and the value. */
+import { RolloutEngineError } from '../protocol/errors.ts';
+
+export class UsageError extends RolloutEngineError {
+  constructor(message: string) {
+    super('ERR_USAGE', message);
+    this.name = 'UsageError';
+  }
+}
+
+export function intFlag(name: string, value: string | undefined, { min = 0 } = {}): number | undefined {
+  if (value === undefined) return undefined;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < min) throw new UsageError(`--${name} must be an integer >= ${min} (got ${JSON.stringify(value)})`);
+  return n;
+}
+
+export function numberFlag(name: string, value: string | undefined, { min = 0, max = Infinity } = {}): number | undefined {
+  if (value === undefined) return undefined;
+  const n = Number(value);
+  if (!Number.isFinite(n) || n < min || n > max) throw new UsageError(`--${name} must be a number in [${min}, ${max}] (got ${JSON.stringify(value)})`);
+  return n;
+}

@@ -1,0 +1,176 @@
+import { readFileSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { parseArgs } from 'node:util';
+import { createEngine, type Batch } from '../index.ts';
+import { BatchFileWriter } from '../coordinator/batch-file.ts';
+import { ConfigError } from '../protocol/errors.ts';
+import type { Status } from '../protocol/rollout.ts';
+import { intFlag, UsageError } from './args.ts';
+
+export const RUN_HELP = `Usage: rollout run [options]
+
+Produce training batches and write them as JSONL (one group per line).
+With no --config and no --llm-url it runs on embedded defaults: a built-in mock inference server on a
+free loopback port and the shipped synthetic environments (guess-number, arithmetic).
+
+Options:
+  --config <file>      JSON engine config (see README "Config reference"); paths in it are relative to it
+  --llm-url <url>      OpenAI-compatible inference server, e.g. http://127.0.0.1:8000/v1 (overrides llm.url)
+  --model <name>       model name to request (overrides llm.model)
+  --steps <n>          train steps (batches) to produce (default 3)
+  --batch-size <n>     groups per batch (overrides batchSize)
+  --threads <n>        worker threads (overrides workers.threads)
+  --seed <n>           run seed (overrides seed)
+  --run-dir <dir>      where to write batches.jsonl and summary.json (default runs/<timestamp>)
+  --out <file>         batches file (default <run-dir>/batches.jsonl)
+  -h, --help           show this help
+
+Logs go to stderr (LOG_LEVEL=debug|info|warn|error); the summary goes to stdout.`;
+
+export async function runCommand(argv: string[]): Promise<number> {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      config: { type: 'string' },
+      'llm-url': { type: 'string' },
+      model: { type: 'string' },
+      steps: { type: 'string' },
+      'batch-size': { type: 'string' },
+      threads: { type: 'string' },
+      seed: { type: 'string' },
+      'run-dir': { type: 'string' },
+      out: { type: 'string' },
+      help: { type: 'boolean', short: 'h' },
+    },
+    strict: true,
+  });
+  if (values.help) {
+    console.log(RUN_HELP);
+    return 0;
+  }
+  const steps = intFlag('steps', values.steps, { min: 1 }) ?? 3;
+  const configPath = values.config === undefined ? undefined : resolve(values.config);
+  const config = configPath === undefined ? {} : readJsonConfig(configPath);
+  applyOverrides(config, values);
+
+  const engine = createEngine(config, { baseDir: configPath === undefined ? process.cwd() : dirname(configPath) });
+  const runDir = resolve(values['run-dir'] ?? join('runs', timestamp()));
+  const writer = new BatchFileWriter(resolve(values.out ?? join(runDir, 'batches.jsonl')));
+  const stopOnSignal = () => void engine.close();
+  process.once('SIGINT', stopOnSignal);
+  process.once('SIGTERM', stopOnSignal);
+
+  const started = performance.now();
+  const batches: Batch[] = [];
+  try {
+    await engine.start();
+    for await (const batch of engine.batches({ steps })) {
+      await writer.write(batch);
+      batches.push(batch);
+    }
+  } finally {
+    await writer.close();
+    await engine.close();
+    process.off('SIGINT', stopOnSignal);
+    process.off('SIGTERM', stopOnSignal);
+  }
+  const seconds = (performance.now() - started) / 1000;
+  const summary = summarize(batches, seconds, writer.path);
+  const { writeFileSync, mkdirSync } = await import('node:fs');
+  mkdirSync(runDir, { recursive: true });
+  writeFileSync(join(runDir, 'summary.json'), `${JSON.stringify(summary, null, 2)}\n`);
+  console.log(formatSummary(summary));
+  return 0;
+}
+
+function readJsonConfig(path: string): Record<string, unknown> {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (err) {
+    throw new UsageError(`--config: cannot read ${path}: ${(err as Error).message}`);
+  }
+  try {
+    const value = JSON.parse(text) as unknown;
+    if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('the top level must be an object');
+    return value as Record<string, unknown>;
+  } catch (err) {
+    throw new ConfigError([`${path}: not a valid JSON config (${(err as Error).message})`]);
+  }
+}
+
+function applyOverrides(config: Record<string, unknown>, values: Record<string, string | boolean | undefined>): void {
+  const section = (name: string) => {
+    const current = config[name];
+    if (current !== undefined && (typeof current !== 'object' || current === null)) return current; // let validation name it
+    return (config[name] = { ...(current as object | undefined) }) as Record<string, unknown>;
+  };
+  if (values['llm-url'] !== undefined) (section('llm') as Record<string, unknown>).url = values['llm-url'];
+  if (values.model !== undefined) (section('llm') as Record<string, unknown>).model = values.model;
+  const batchSize = intFlag('batch-size', values['batch-size'] as string | undefined, { min: 1 });
+  if (batchSize !== undefined) config.batchSize = batchSize;
+  const threads = intFlag('threads', values.threads as string | undefined, { min: 1 });
+  if (threads !== undefined) (section('workers') as Record<string, unknown>).threads = threads;
+  const seed = intFlag('seed', values.seed as string | undefined);
+  if (seed !== undefined) config.seed = seed;
+}
+
+interface RunSummary {
+  batches: number;
+  groups: number;
+  rollouts: number;
+  meanReward: number;
+  turns: number;
+  responseTokens: number;
+  produced: Record<Status, number>;
+  seconds: number;
+  stepsPerSecond: number;
+  output: string;
+}
+
+function summarize(batches: Batch[], seconds: number, output: string): RunSummary {
+  const produced: Record<Status, number> = { INIT: 0, COMPLETED: 0, ABORTED: 0, EXPIRED: 0, FAILED: 0, FILTERED: 0 };
+  let groups = 0;
+  let rollouts = 0;
+  let rewardSum = 0;
+  let turns = 0;
+  let responseTokens = 0;
+  for (const b of batches) {
+    groups += b.stats.groups;
+    rollouts += b.stats.rollouts;
+    rewardSum += b.stats.meanReward * b.stats.rollouts;
+    turns += b.stats.turns;
+    responseTokens += b.stats.responseTokens;
+    for (const [status, n] of Object.entries(b.stats.produced)) produced[status as Status] += n;
+  }
+  return {
+    batches: batches.length,
+    groups,
+    rollouts,
+    meanReward: rollouts === 0 ? 0 : rewardSum / rollouts,
+    turns,
+    responseTokens,
+    produced,
+    seconds,
+    stepsPerSecond: seconds > 0 ? turns / seconds : 0,
+    output,
+  };
+}
+
+function formatSummary(s: RunSummary): string {
+  const produced = Object.entries(s.produced)
+    .filter(([, n]) => n > 0)
+    .map(([status, n]) => `${status} ${n}`)
+    .join(', ');
+  return [
+    `rollout run: ${s.batches} batches written to ${s.output}`,
+    `  groups      ${s.groups} in batches (produced: ${produced || 'none'})`,
+    `  rollouts    ${s.rollouts}, mean reward ${s.meanReward.toFixed(3)}`,
+    `  steps       ${s.turns} agent steps, ${s.responseTokens} response tokens`,
+    `  time        ${s.seconds.toFixed(2)} s, ${s.stepsPerSecond.toFixed(1)} steps/s`,
+  ].join('\n');
+}
+
+function timestamp(): string {
+  return new Date().toISOString().replace(/[-:]/g, '').replace(/\..*$/, '').replace('T', '-');
+}

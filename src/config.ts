@@ -1,0 +1,193 @@
+/**
+ * Engine options: defaults, validation and path resolution, in one place.
+ *
+ * `resolveConfig` is the only door: everything downstream receives a `ResolvedConfig` whose fields are
+ * filled and checked, so no other module re-validates or guesses defaults. Every problem is reported
+ * as `path: what was expected (got value)`.
+ */
+import { existsSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
+import { isAbsolute, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { z } from 'zod';
+import { ConfigError } from './protocol/errors.ts';
+import { projectModuleUrl } from './paths.ts';
+
+const BUILTIN_PREFIX = 'builtin:';
+/** Shipped synthetic environments, addressable as `builtin:<name>` in `tasks[].env.module`. */
+export const BUILTIN_ENVS: Record<string, string> = {
+  'guess-number': 'src/env/synthetic/guess-number',
+  arithmetic: 'src/env/synthetic/arithmetic',
+};
+
+const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
+
+const positiveInt = z.number().int().positive();
+const nonNegativeInt = z.number().int().min(0);
+const params = z.record(z.string(), z.unknown());
+
+const EnvSpec = z.strictObject({
+  /** `builtin:guess-number`, `builtin:arithmetic`, or a path to an ES module (relative to the config file). */
+  module: z.string().min(1),
+  /** Export holding the EnvironmentFactory. */
+  export: z.string().min(1).default('default'),
+  /** Passed to the factory once per episode. */
+  params: params.default({}),
+});
+
+const TaskSpec = z.strictObject({
+  name: z.string().regex(/^[A-Za-z0-9_.-]+$/, 'must be letters, digits, "_", "." or "-"'),
+  env: EnvSpec,
+  /** JSONL file, one JSON object of environment reset params per line; null = the environment draws its own task from the seed. */
+  dataset: z.string().min(1).nullable().default(null),
+  /** Rollouts per prompt (GRPO's k). */
+  groupSize: positiveInt.default(4),
+  /** Share of each batch (largest-remainder split across tasks). */
+  weight: z.number().positive().finite().default(1),
+  maxSteps: positiveInt.default(16),
+  /** Keep the system message and the last `2 × messageCut − 1` messages; 0 = send the whole conversation. */
+  messageCut: nonNegativeInt.default(3),
+  maxTokens: positiveInt.default(512),
+  temperature: z.number().min(0).max(2).default(1),
+});
+
+const LlmSpec = z.strictObject({
+  /** OpenAI-compatible base URL (`http://host:8000` or `http://host:8000/v1`); null = start the built-in mock server. */
+  url: z.url({ protocol: /^https?$/ }).nullable().default(null),
+  model: z.string().min(1).default('mock-policy'),
+  apiKey: z.string().nullable().default(null),
+  /** Budget for one inference request, headers and body included. */
+  timeoutMs: positiveInt.default(120_000),
+  /** Extra attempts after a 429, a 5xx or a transport error. */
+  retries: nonNegativeInt.default(3),
+  retryBackoffMs: nonNegativeInt.default(200),
+  /** Connections per worker thread to the inference server. */
+  connections: positiveInt.default(128),
+  /** Ask for vLLM-style token ids (`return_token_ids`) and logprobs. */
+  returnTokenIds: z.boolean().default(true),
+  logprobs: z.boolean().default(true),
+});
+
+const MockSpec = z.strictObject({
+  latencyMs: z.number().min(0).default(0),
+  tokensPerSecond: z.number().min(0).default(0),
+  thinkTokens: nonNegativeInt.default(0),
+  mistakeRate: z.number().min(0).max(1).default(0.3),
+  seed: z.number().int().default(0),
+});
+
+const WorkersSpec = z.strictObject({
+  threads: positiveInt.default(() => availableParallelism()),
+  /** Groups one worker runs at once on its event loop. */
+  groupsPerWorker: positiveInt.default(64),
+  maxOldGenerationSizeMb: positiveInt.nullable().default(null),
+});
+
+const ProducerSpec = z.strictObject({
+  /** Failed groups tolerated while producing one batch before `getBatch` rejects; null = 2 × batchSize. */
+  maxFailedGroupsPerStep: positiveInt.nullable().default(null),
+});
+
+const DEFAULT_TASKS = [
+  { name: 'guess-number', env: { module: 'builtin:guess-number' }, groupSize: 4, weight: 1 },
+  { name: 'arithmetic', env: { module: 'builtin:arithmetic' }, groupSize: 4, weight: 1, maxSteps: 1 },
+];
+
+export const EngineConfigSchema = z.strictObject({
+  seed: z.number().int().default(0),
+  /** Groups per train step, summed over tasks. */
+  batchSize: positiveInt.default(8),
+  /** Weight version the inference servers start with. */
+  modelStep: nonNegativeInt.default(0),
+  tasks: z
+    .array(TaskSpec)
+    .min(1)
+    .default(() => DEFAULT_TASKS.map((t) => TaskSpec.parse(t)))
+    .superRefine((tasks, ctx) => {
+      const seen = new Set<string>();
+      tasks.forEach((task, i) => {
+        if (seen.has(task.name)) ctx.addIssue({ code: 'custom', path: [i, 'name'], message: `duplicate task name "${task.name}"`, input: task.name });
+        seen.add(task.name);
+      });
+    }),
+  llm: LlmSpec.default(() => LlmSpec.parse({})),
+  mock: MockSpec.default(() => MockSpec.parse({})),
+  workers: WorkersSpec.default(() => WorkersSpec.parse({})),
+  producer: ProducerSpec.default(() => ProducerSpec.parse({})),
+  logLevel: z.enum(LOG_LEVELS).default(() => (process.env.LOG_LEVEL as (typeof LOG_LEVELS)[number] | undefined) ?? 'info'),
+});
+
+/** What users write (every field optional where a default exists). */
+export type EngineConfigInput = z.input<typeof EngineConfigSchema>;
+type ParsedConfig = z.output<typeof EngineConfigSchema>;
+export type TaskConfig = ParsedConfig['tasks'][number] & {
+  env: ParsedConfig['tasks'][number]['env'] & { moduleUrl: string };
+};
+export type LlmConfig = ParsedConfig['llm'];
+export type MockConfig = ParsedConfig['mock'];
+export type ResolvedConfig = Omit<ParsedConfig, 'tasks'> & { tasks: TaskConfig[] };
+
+export interface ResolveOptions {
+  /** Directory relative module and dataset paths are resolved against (the config file's, or cwd). */
+  baseDir?: string;
+}
+
+export function resolveConfig(input: unknown, options: ResolveOptions = {}): ResolvedConfig {
+  if (process.env.LOG_LEVEL !== undefined && !(LOG_LEVELS as readonly string[]).includes(process.env.LOG_LEVEL)) {
+    throw new ConfigError([`LOG_LEVEL: expected one of ${LOG_LEVELS.join(', ')} (got ${JSON.stringify(process.env.LOG_LEVEL)})`]);
+  }
+  const parsed = EngineConfigSchema.safeParse(input ?? {}, { reportInput: true });
+  if (!parsed.success) throw new ConfigError(parsed.error.issues.map(formatIssue));
+  const baseDir = options.baseDir ?? process.cwd();
+  const problems: string[] = [];
+  const tasks = parsed.data.tasks.map((task, i): TaskConfig => {
+    const moduleUrl = resolveEnvModule(task.env.module, baseDir, `tasks[${i}].env.module`, problems);
+    let dataset = task.dataset;
+    if (dataset !== null) {
+      dataset = isAbsolute(dataset) ? dataset : resolve(baseDir, dataset);
+      if (!existsSync(dataset)) problems.push(`tasks[${i}].dataset: file does not exist (got ${JSON.stringify(task.dataset)}, resolved to ${dataset})`);
+    }
+    return { ...task, dataset, env: { ...task.env, moduleUrl } };
+  });
+  if (problems.length > 0) throw new ConfigError(problems);
+  return { ...parsed.data, tasks };
+}
+
+function resolveEnvModule(spec: string, baseDir: string, path: string, problems: string[]): string {
+  if (spec.startsWith(BUILTIN_PREFIX)) {
+    const name = spec.slice(BUILTIN_PREFIX.length);
+    const file = BUILTIN_ENVS[name];
+    if (file === undefined) {
+      problems.push(`${path}: unknown built-in environment (got ${JSON.stringify(spec)}; expected one of ${Object.keys(BUILTIN_ENVS).map((n) => BUILTIN_PREFIX + n).join(', ')})`);
+      return '';
+    }
+    return projectModuleUrl(file).href;
+  }
+  const file = isAbsolute(spec) ? spec : resolve(baseDir, spec);
+  if (!existsSync(file)) {
+    problems.push(`${path}: module file does not exist (got ${JSON.stringify(spec)}, resolved to ${file})`);
+    return '';
+  }
+  return pathToFileURL(file).href;
+}
+
+function formatIssue(issue: z.core.$ZodIssue): string {
+  const path = formatPath(issue.path);
+  const got = 'input' in issue && issue.code !== 'unrecognized_keys' ? ` (got ${preview(issue.input)})` : '';
+  if (issue.code === 'unrecognized_keys') {
+    return `${path || '(root)'}: unknown option${issue.keys.length > 1 ? 's' : ''} ${issue.keys.map((k) => JSON.stringify(k)).join(', ')}`;
+  }
+  return `${path || '(root)'}: ${issue.message}${got}`;
+}
+
+function formatPath(path: readonly PropertyKey[]): string {
+  let out = '';
+  for (const key of path) out += typeof key === 'number' ? `[${key}]` : out === '' ? String(key) : `.${String(key)}`;
+  return out;
+}
+
+function preview(value: unknown): string {
+  if (value === undefined) return 'undefined';
+  const text = JSON.stringify(value);
+  return text.length > 80 ? `${text.slice(0, 77)}...` : text;
+}

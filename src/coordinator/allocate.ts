@@ -1,0 +1,20 @@
+/**
+ * Split a batch of `batchSize` groups across tasks by weight with the largest-remainder method:
+ * each task gets the floor of its exact share, then the leftover groups go to the largest fractional
+ * remainders, ties to the task listed first. The parts always sum to `batchSize`.
+ */
+export function allocateBatch(batchSize: number, tasks: readonly { name: string; weight: number }[]): Map<string, number> {
+  const total = tasks.reduce((sum, t) => sum + t.weight, 0);
+  const shares = tasks.map((t, index) => {
+    const exact = (batchSize * t.weight) / total;
+    return { name: t.name, index, count: Math.floor(exact), remainder: exact - Math.floor(exact) };
+  });
+  let left = batchSize - shares.reduce((sum, s) => sum + s.count, 0);
+  const byRemainder = [...shares].sort((a, b) => b.remainder - a.remainder || a.index - b.index);
+  for (const share of byRemainder) {
+    if (left <= 0) break;
+    share.count++;
+    left--;
+  }
+  return new Map(shares.map((s) => [s.name, s.count]));
+}

@@ -1,0 +1,46 @@
+/**
+ * Training batches as JSONL: one group per line, with everything a trainer needs (ids, messages,
+ * per-turn token ids / logprobs / model steps as plain arrays, rewards, statuses, timings).
+ * A Python trainer reads it with `json.loads` per line; nothing here is engine-specific.
+ */
+import { createWriteStream, mkdirSync, type WriteStream } from 'node:fs';
+import { once } from 'node:events';
+import { dirname } from 'node:path';
+import type { Batch } from './producer.ts';
+import type { RolloutGroup } from '../protocol/rollout.ts';
+
+/** JSON text of a group, typed arrays written as number arrays. */
+export function groupToJson(group: RolloutGroup, trainStep: number): string {
+  return JSON.stringify({ trainStep, ...group }, (_key, value: unknown) =>
+    ArrayBuffer.isView(value) && !(value instanceof DataView) ? Array.from(value as Int32Array | Float32Array) : value,
+  );
+}
+
+export class BatchFileWriter {
+  readonly path: string;
+  readonly #stream: WriteStream;
+  #lines = 0;
+
+  constructor(path: string) {
+    this.path = path;
+    mkdirSync(dirname(path), { recursive: true });
+    this.#stream = createWriteStream(path, { flags: 'a' });
+  }
+
+  get lines(): number {
+    return this.#lines;
+  }
+
+  /** Append every group of the batch; resolves once the stream has room again (backpressure). */
+  async write(batch: Batch): Promise<void> {
+    for (const group of batch.groups) {
+      this.#lines++;
+      if (!this.#stream.write(`${groupToJson(group, batch.trainStep)}\n`)) await once(this.#stream, 'drain');
+    }
+  }
+
+  async close(): Promise<void> {
+    this.#stream.end();
+    await once(this.#stream, 'close');
+  }
+}

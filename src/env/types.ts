@@ -1,0 +1,46 @@
+/**
+ * The in-process environment interface. Environments are loaded inside worker threads from a module
+ * path + export name (see env/loader.ts); the export is a factory called once per episode.
+ *
+ * The shape follows the env-server protocol in DESIGN.md ("Environments over HTTP"), so an in-process
+ * environment and one behind HTTP are interchangeable: reset → get_task_prompt → step … → close.
+ */
+import type { ChatMessage } from '../protocol/rollout.ts';
+
+export type EnvParams = Record<string, unknown>;
+
+export interface ResetOptions {
+  /** Same for every rollout of a group, so the k members see the same task. */
+  seed: number;
+  /** The drawn prompt's parameters (a dataset line, or `{}` for a generator-driven environment). */
+  params: EnvParams;
+}
+
+export interface ResetResult {
+  observation: unknown;
+  info?: Record<string, unknown>;
+}
+
+export interface StepResult {
+  observation: unknown;
+  reward: number;
+  terminated: boolean;
+  truncated: boolean;
+  info?: Record<string, unknown>;
+}
+
+type MaybePromise<T> = T | Promise<T>;
+
+export interface Environment {
+  reset(options: ResetOptions): MaybePromise<ResetResult>;
+  /** The conversation so far as OpenAI chat messages; an empty array ends the episode. */
+  getTaskPrompt(): MaybePromise<ChatMessage[]>;
+  step(action: string): MaybePromise<StepResult>;
+  close?(): MaybePromise<void>;
+}
+
+/**
+ * What an environment module exports: called with the task's configured `env.params` (not the drawn
+ * prompt — that arrives in `reset`). One call per episode, so instances never share state.
+ */
+export type EnvironmentFactory = (params: EnvParams) => Environment;

@@ -1,0 +1,71 @@
+/**
+ * rollout-engine's public API.
+ *
+ *   const engine = createEngine({ tasks: [...], llm: { url, model } });
+ *   await engine.start();
+ *   for await (const batch of engine.batches({ steps: 10 })) train(batch);
+ *   await engine.close();
+ */
+import { resolveConfig, type EngineConfigInput, type ResolvedConfig, type ResolveOptions } from './config.ts';
+import { Coordinator, type CoordinatorOptions, type EngineStats } from './coordinator/engine.ts';
+import type { Batch } from './coordinator/producer.ts';
+
+export class Engine {
+  readonly #coordinator: Coordinator;
+
+  constructor(config: ResolvedConfig, options?: CoordinatorOptions) {
+    this.#coordinator = new Coordinator(config, options);
+  }
+
+  /** The validated config with every default filled in. */
+  get config(): ResolvedConfig {
+    return this.#coordinator.config;
+  }
+
+  /** Inference base URL in use (the embedded mock's when `llm.url` is null); null before start(). */
+  get llmUrl(): string | null {
+    return this.#coordinator.llmUrl;
+  }
+
+  /** Load datasets, start the embedded mock if needed, check the inference server, start the workers. */
+  start(): Promise<void> {
+    return this.#coordinator.start();
+  }
+
+  /** The batch for `trainStep` (default: the next one). Calls are served one at a time, in order. */
+  getBatch(trainStep?: number): Promise<Batch> {
+    return this.#coordinator.getBatch(trainStep);
+  }
+
+  /** Batches for consecutive train steps; `steps` bounds it (default: until the loop breaks). */
+  async *batches(options: { steps?: number } = {}): AsyncGenerator<Batch, void, undefined> {
+    const steps = options.steps ?? Infinity;
+    for (let i = 0; i < steps; i++) yield await this.getBatch();
+  }
+
+  stats(): Promise<EngineStats> {
+    return this.#coordinator.stats();
+  }
+
+  /** Stop the workers and the embedded mock; waits for a batch in progress. Safe to call twice. */
+  close(): Promise<void> {
+    return this.#coordinator.close();
+  }
+}
+
+/** Validate `config` (throws a ConfigError naming each bad field) and build an engine; call start() next. */
+export function createEngine(config: EngineConfigInput = {}, options: ResolveOptions & CoordinatorOptions = {}): Engine {
+  return new Engine(resolveConfig(config, options), options);
+}
+
+export { resolveConfig, EngineConfigSchema, BUILTIN_ENVS } from './config.ts';
+export type { EngineConfigInput, ResolvedConfig, TaskConfig, LlmConfig, MockConfig, ResolveOptions } from './config.ts';
+export type { EngineStats, CoordinatorOptions } from './coordinator/engine.ts';
+export type { Batch, BatchStats, GroupCounts } from './coordinator/producer.ts';
+export type { WorkerPool } from './coordinator/worker-pool.ts';
+export { ConfigError, ProtocolError, RolloutEngineError } from './protocol/errors.ts';
+export { LlmError } from './llm/errors.ts';
+export { Status, groupStatus, statusForFinishReason } from './protocol/rollout.ts';
+export type { RolloutState, RolloutGroup, TurnRecord, ChatMessage, PromptSample, FinishReason } from './protocol/rollout.ts';
+export type { Environment, EnvironmentFactory, ResetOptions, ResetResult, StepResult, EnvParams } from './env/types.ts';
+export { BatchFileWriter, groupToJson } from './coordinator/batch-file.ts';

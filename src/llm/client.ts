@@ -1,0 +1,220 @@
+/**
+ * OpenAI chat-completions client for one worker thread — the only module (with env/) that knows undici.
+ *
+ * One undici Pool per inference origin, shared by every episode on the worker: `request()` is several
+ * times cheaper than `fetch` per call, and keep-alive connections are what keep the engine's own cost
+ * per step small next to the HTTP round trip.
+ */
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Pool } from 'undici';
+import type { ChatMessage } from '../protocol/rollout.ts';
+import { LlmError } from './errors.ts';
+import { parseChatReply, type ChatResult } from './reply.ts';
+
+export interface LlmClientOptions {
+  url: string;
+  model: string;
+  apiKey: string | null;
+  timeoutMs: number;
+  retries: number;
+  retryBackoffMs: number;
+  connections: number;
+  returnTokenIds: boolean;
+  logprobs: boolean;
+}
+
+export interface ChatRequest {
+  messages: ChatMessage[];
+  maxTokens: number;
+  temperature: number;
+}
+
+/** Retry-After is honoured up to this bound: a server asking for minutes should fail the rollout instead. */
+const MAX_RETRY_AFTER_MS = 30_000;
+const TRANSPORT_ERROR_CODES = new Set([
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'EPIPE',
+  'ENOTFOUND',
+  'EAI_AGAIN',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'UND_ERR_SOCKET',
+  'UND_ERR_CONNECT_TIMEOUT',
+  'UND_ERR_CLOSED',
+]);
+
+export class LlmClient {
+  readonly #options: LlmClientOptions;
+  readonly #pool: Pool;
+  readonly #path: string;
+  readonly #origin: string;
+  readonly #headers: Record<string, string>;
+
+  constructor(options: LlmClientOptions) {
+    this.#options = options;
+    const url = new URL(options.url);
+    this.#origin = url.origin;
+    this.#path = chatCompletionsPath(url.pathname);
+    this.#headers = { 'content-type': 'application/json' };
+    if (options.apiKey) this.#headers.authorization = `Bearer ${options.apiKey}`;
+    this.#pool = new Pool(url.origin, {
+      connections: options.connections,
+      // A non-streaming completion sends its headers only once generation is done: both timeouts are the
+      // whole request budget, and the AbortSignal below is what actually bounds the request.
+      headersTimeout: options.timeoutMs,
+      bodyTimeout: options.timeoutMs,
+      keepAliveTimeout: 60_000,
+    });
+  }
+
+  get url(): string {
+    return `${this.#origin}${this.#path}`;
+  }
+
+  /**
+   * One chat completion, retried on 429 / 5xx / transport errors with exponential backoff.
+   * `signal` cancels it (pause, shutdown): the rejection is then an ERR_LLM_ABORTED LlmError.
+   */
+  async chat(request: ChatRequest, signal?: AbortSignal): Promise<ChatResult> {
+    const body = JSON.stringify({
+      model: this.#options.model,
+      messages: request.messages,
+      max_tokens: request.maxTokens,
+      temperature: request.temperature,
+      ...(this.#options.logprobs ? { logprobs: true } : {}),
+      ...(this.#options.returnTokenIds ? { return_token_ids: true } : {}),
+    });
+    const attempts = this.#options.retries + 1;
+    for (let attempt = 1; ; attempt++) {
+      const outcome = await this.#attempt(body, signal);
+      if (outcome.ok) return outcome.result;
+      if (!outcome.retryable || attempt >= attempts) throw outcome.error;
+      const backoff = outcome.retryAfterMs ?? this.#options.retryBackoffMs * 2 ** (attempt - 1);
+      try {
+        await sleep(backoff, undefined, { signal });
+      } catch {
+        throw aborted(signal);
+      }
+    }
+  }
+
+  async #attempt(
+    body: string,
+    signal: AbortSignal | undefined,
+  ): Promise<{ ok: true; result: ChatResult } | { ok: false; error: LlmError; retryable: boolean; retryAfterMs?: number }> {
+    const timeout = AbortSignal.timeout(this.#options.timeoutMs);
+    const combined = signal ? AbortSignal.any([signal, timeout]) : timeout;
+    let statusCode: number;
+    let text: string;
+    let retryAfter: string | string[] | undefined;
+    try {
+      const response = await this.#pool.request({
+        method: 'POST',
+        path: this.#path,
+        headers: this.#headers,
+        body,
+        signal: combined,
+      });
+      statusCode = response.statusCode;
+      retryAfter = response.headers['retry-after'];
+      text = await response.body.text();
+    } catch (err) {
+      if (signal?.aborted) throw aborted(signal);
+      if (timeout.aborted || (err as { code?: string }).code === 'UND_ERR_HEADERS_TIMEOUT' || (err as { code?: string }).code === 'UND_ERR_BODY_TIMEOUT') {
+        return { ok: false, retryable: false, error: new LlmError('ERR_LLM_TIMEOUT', `inference request to ${this.url} timed out after ${this.#options.timeoutMs} ms (llm.timeoutMs)`, { cause: err }) };
+      }
+      const code = (err as { code?: string }).code ?? 'unknown';
+      const retryable = TRANSPORT_ERROR_CODES.has(code);
+      return {
+        ok: false,
+        retryable,
+        error: new LlmError('ERR_LLM_UNREACHABLE', `inference server ${this.url} unreachable: ${code} ${(err as Error).message}`, { cause: err }),
+      };
+    }
+    if (statusCode !== 200) {
+      const retryable = statusCode === 429 || statusCode >= 500;
+      return {
+        ok: false,
+        retryable,
+        retryAfterMs: statusCode === 429 ? parseRetryAfter(retryAfter) : undefined,
+        error: new LlmError('ERR_LLM_HTTP', `inference server answered ${statusCode}: ${serverMessage(text)}`, { status: statusCode }),
+      };
+    }
+    let json: unknown;
+    try {
+      json = JSON.parse(text);
+    } catch {
+      return { ok: false, retryable: false, error: new LlmError('ERR_LLM_BAD_REPLY', `inference reply is not JSON: ${JSON.stringify(text.slice(0, 80))}`) };
+    }
+    try {
+      return { ok: true, result: parseChatReply(json) };
+    } catch (err) {
+      return { ok: false, retryable: false, error: err as LlmError };
+    }
+  }
+
+  async close(): Promise<void> {
+    await this.#pool.close();
+  }
+}
+
+/**
+ * `GET /v1/models` once, to fail fast with a clear message when the server is down or misconfigured,
+ * instead of discovering it one failed rollout at a time.
+ */
+export async function probeInferenceServer(url: string, options: { apiKey?: string | null; timeoutMs?: number } = {}): Promise<string[]> {
+  const base = new URL(url);
+  const path = chatCompletionsPath(base.pathname).replace(/\/chat\/completions$/, '/models');
+  const pool = new Pool(base.origin, { connections: 1 });
+  try {
+    const response = await pool.request({
+      method: 'GET',
+      path,
+      headers: options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {},
+      signal: AbortSignal.timeout(options.timeoutMs ?? 5_000),
+    });
+    const text = await response.body.text();
+    if (response.statusCode !== 200) {
+      throw new LlmError('ERR_LLM_HTTP', `GET ${base.origin}${path} answered ${response.statusCode}: ${serverMessage(text)}`, { status: response.statusCode });
+    }
+    const models = (JSON.parse(text) as { data?: { id?: unknown }[] }).data;
+    return Array.isArray(models) ? models.map((m) => String(m.id)) : [];
+  } catch (err) {
+    if (err instanceof LlmError) throw err;
+    const code = (err as { code?: string }).code ?? (err as Error).name;
+    throw new LlmError('ERR_LLM_UNREACHABLE', `inference server ${base.origin}${path} unreachable: ${code} ${(err as Error).message} (check llm.url / --llm-url)`, { cause: err });
+  } finally {
+    await pool.close();
+  }
+}
+
+/** `http://h` and `http://h/v1` (OpenAI SDK style) both mean `/v1/chat/completions`; other prefixes are kept (session routing). */
+function chatCompletionsPath(pathname: string): string {
+  const base = pathname.replace(/\/+$/, '');
+  return base.endsWith('/v1') ? `${base}/chat/completions` : `${base}/v1/chat/completions`;
+}
+
+function parseRetryAfter(value: string | string[] | undefined): number | undefined {
+  const text = Array.isArray(value) ? value[0] : value;
+  if (text === undefined) return undefined;
+  const seconds = Number(text);
+  const ms = Number.isFinite(seconds) ? seconds * 1000 : Date.parse(text) - Date.now();
+  return Number.isFinite(ms) ? Math.min(Math.max(ms, 0), MAX_RETRY_AFTER_MS) : undefined;
+}
+
+function serverMessage(text: string): string {
+  try {
+    const parsed = JSON.parse(text) as { error?: { message?: unknown } | string; message?: unknown };
+    const msg = typeof parsed.error === 'string' ? parsed.error : (parsed.error?.message ?? parsed.message);
+    if (typeof msg === 'string') return msg;
+  } catch {
+    // not JSON: fall through to the raw text
+  }
+  return text.length > 200 ? `${text.slice(0, 197)}...` : text || '(empty body)';
+}
+
+function aborted(signal: AbortSignal | undefined): LlmError {
+  const reason = signal?.reason instanceof Error ? signal.reason.message : String(signal?.reason ?? 'aborted');
+  return new LlmError('ERR_LLM_ABORTED', `inference request cancelled: ${reason}`);
+}

@@ -1,0 +1,109 @@
+/**
+ * Parsing an OpenAI chat-completion reply into what the agent loop needs. A reply that cannot be used
+ * becomes an LlmError naming the field and the value — the rollout fails with it, nothing crashes.
+ */
+import type { FinishReason } from '../protocol/rollout.ts';
+import { LlmError } from './errors.ts';
+
+export interface ChatResult {
+  content: string;
+  finishReason: FinishReason;
+  /** vLLM `prompt_token_ids` / `choices[0].token_ids` when the server returns them. */
+  promptIds: Int32Array | null;
+  responseIds: Int32Array | null;
+  /** `choices[0].logprobs.content[].logprob`, aligned with responseIds when both are present. */
+  logprobs: Float32Array | null;
+  /** Weight version reported by the server (`metadata.weight_version`, SGLang `meta_info`, or top level). */
+  weightVersion: number | null;
+  promptTokens: number | null;
+  completionTokens: number | null;
+}
+
+export function parseChatReply(body: unknown): ChatResult {
+  if (!isObject(body)) throw bad('reply', body, 'a JSON object');
+  const choices = body.choices;
+  if (!Array.isArray(choices) || choices.length === 0) throw bad('choices', choices, 'a non-empty array');
+  const choice = choices[0];
+  if (!isObject(choice)) throw bad('choices[0]', choice, 'an object');
+  const message = choice.message;
+  if (!isObject(message)) throw bad('choices[0].message', message, 'an object');
+  const content = message.content ?? '';
+  if (typeof content !== 'string') throw bad('choices[0].message.content', content, 'a string or null');
+  const finishReason = choice.finish_reason;
+  if (typeof finishReason !== 'string' || finishReason === '') throw bad('choices[0].finish_reason', finishReason, 'a non-empty string');
+
+  const promptIds = body.prompt_token_ids == null ? null : intArray(body.prompt_token_ids, 'prompt_token_ids');
+  const responseIds = choice.token_ids == null ? null : intArray(choice.token_ids, 'choices[0].token_ids');
+  const logprobs = parseLogprobs(choice.logprobs);
+  if (responseIds !== null && logprobs !== null && responseIds.length !== logprobs.length) {
+    throw new LlmError(
+      'ERR_LLM_BAD_REPLY',
+      `choices[0].logprobs.content has ${logprobs.length} entries but choices[0].token_ids has ${responseIds.length}`,
+    );
+  }
+  const usage = isObject(body.usage) ? body.usage : {};
+  return {
+    content,
+    finishReason,
+    promptIds,
+    responseIds,
+    logprobs,
+    weightVersion: weightVersionOf(body),
+    promptTokens: typeof usage.prompt_tokens === 'number' ? usage.prompt_tokens : null,
+    completionTokens: typeof usage.completion_tokens === 'number' ? usage.completion_tokens : null,
+  };
+}
+
+function parseLogprobs(value: unknown): Float32Array | null {
+  if (value == null) return null;
+  if (!isObject(value) || !Array.isArray(value.content)) throw bad('choices[0].logprobs.content', isObject(value) ? value.content : value, 'an array');
+  const entries = value.content;
+  const out = new Float32Array(entries.length);
+  for (let i = 0; i < entries.length; i++) {
+    const lp = (entries[i] as { logprob?: unknown } | null)?.logprob;
+    if (typeof lp !== 'number' || Number.isNaN(lp)) throw bad(`choices[0].logprobs.content[${i}].logprob`, lp, 'a number');
+    out[i] = lp;
+  }
+  return out;
+}
+
+function intArray(value: unknown, field: string): Int32Array {
+  if (!Array.isArray(value)) throw bad(field, value, 'an array of token ids');
+  const out = new Int32Array(value.length);
+  for (let i = 0; i < value.length; i++) {
+    const id = value[i];
+    if (!Number.isInteger(id) || id < 0 || id > 0x7fffffff) throw bad(`${field}[${i}]`, id, 'a non-negative integer token id');
+    out[i] = id;
+  }
+  return out;
+}
+
+function weightVersionOf(body: Record<string, unknown>): number | null {
+  const candidates = [
+    isObject(body.metadata) ? body.metadata.weight_version : undefined,
+    isObject(body.meta_info) ? body.meta_info.weight_version : undefined,
+    body.weight_version,
+  ];
+  for (const v of candidates) {
+    if (v == null) continue;
+    const n = typeof v === 'string' ? Number(v) : v;
+    if (typeof n !== 'number' || !Number.isInteger(n)) throw bad('metadata.weight_version', v, 'an integer');
+    return n;
+  }
+  return null;
+}
+
+function isObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+function bad(field: string, value: unknown, expected: string): LlmError {
+  let got: string;
+  try {
+    got = value === undefined ? 'undefined' : JSON.stringify(value);
+  } catch {
+    got = String(value);
+  }
+  if (got.length > 80) got = `${got.slice(0, 77)}...`;
+  return new LlmError('ERR_LLM_BAD_REPLY', `inference reply: ${field} must be ${expected} (got ${got})`);
+}

@@ -1,0 +1,40 @@
+/**
+ * The msgpack codec for `WireMessage`s — the only module that imports msgpackr.
+ *
+ * `useRecords: false` keeps the bytes plain msgpack (readable by any peer); `moreTypes: true` makes
+ * Int32Array / Float32Array round-trip as typed arrays instead of Buffers.
+ */
+import { Packr } from 'msgpackr';
+import { PROTOCOL_VERSION, WIRE_MESSAGE_TYPES, type WireMessage } from './messages.ts';
+import { ProtocolError } from './errors.ts';
+
+const packr = new Packr({ useRecords: false, moreTypes: true });
+
+/**
+ * Encode to bytes that own their ArrayBuffer exactly. `pack()` returns a view into a shared, reused
+ * buffer: transferring or keeping that view would detach or overwrite earlier results, so copy.
+ */
+export function encodeMessage(message: WireMessage): Uint8Array {
+  return new Uint8Array(packr.pack(message));
+}
+
+/** Decode and check the envelope; a peer's garbage becomes a ProtocolError, never a crash later on. */
+export function decodeMessage(bytes: Uint8Array): WireMessage {
+  let value: unknown;
+  try {
+    value = packr.unpack(bytes);
+  } catch (err) {
+    throw new ProtocolError(`message is not valid msgpack (${bytes.byteLength} bytes): ${(err as Error).message}`);
+  }
+  if (typeof value !== 'object' || value === null) {
+    throw new ProtocolError(`message must be a map, got ${value === null ? 'null' : typeof value}`);
+  }
+  const { v, type } = value as { v?: unknown; type?: unknown };
+  if (v !== PROTOCOL_VERSION) {
+    throw new ProtocolError(`message.v must be ${PROTOCOL_VERSION}, got ${JSON.stringify(v)} (worker and coordinator from different versions?)`);
+  }
+  if (!WIRE_MESSAGE_TYPES.includes(type as WireMessage['type'])) {
+    throw new ProtocolError(`message.type must be one of ${WIRE_MESSAGE_TYPES.join(', ')}, got ${JSON.stringify(type)}`);
+  }
+  return value as WireMessage;
+}

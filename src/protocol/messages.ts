@@ -1,0 +1,77 @@
+/**
+ * Every message that crosses between the coordinator (main thread) and the worker threads.
+ *
+ * Two channels:
+ * - task / result bytes through the pool: `WireMessage`, msgpack-encoded by ./codec.ts and carried in
+ *   transferred ArrayBuffers (never structured-cloned rollout states);
+ * - a per-worker control port (comlink over a MessagePort) for stats and live configuration:
+ *   `WorkerControl`, registered by the worker with a `WorkerRegistration` message.
+ *
+ * `v` is bumped whenever a wire shape changes, so a stale worker file cannot silently misread a task.
+ */
+import type { MessagePort } from 'node:worker_threads';
+import type { RolloutGroup } from './rollout.ts';
+
+export const PROTOCOL_VERSION = 1;
+
+/** Coordinator → worker: run every rollout of one group. */
+export interface RunGroupMessage {
+  v: typeof PROTOCOL_VERSION;
+  type: 'run-group';
+  group: RolloutGroup;
+  /** Weight version the coordinator believes the inference servers hold. */
+  modelStep: number;
+  /** Wall clock (ms since epoch) when the coordinator handed the group to the pool: gives queue time. */
+  enqueuedAt: number;
+}
+
+/** Worker → coordinator: the group with every rollout in a final status. */
+export interface GroupResultMessage {
+  v: typeof PROTOCOL_VERSION;
+  type: 'group-result';
+  group: RolloutGroup;
+  workerId: number;
+}
+
+export type WireMessage = RunGroupMessage | GroupResultMessage;
+export type WireMessageType = WireMessage['type'];
+export const WIRE_MESSAGE_TYPES: readonly WireMessageType[] = ['run-group', 'group-result'];
+
+/** Worker → pool, once at start-up (structured clone: it carries a port, so it is not msgpack). */
+export interface WorkerRegistration {
+  type: 'rollout-engine:register-control';
+  workerId: number;
+  port: MessagePort;
+}
+
+export function isWorkerRegistration(value: unknown): value is WorkerRegistration {
+  return (
+    typeof value === 'object' &&
+    value !== null &&
+    (value as { type?: unknown }).type === 'rollout-engine:register-control'
+  );
+}
+
+/** Live counters of one worker thread. */
+export interface WorkerStats {
+  workerId: number;
+  inFlightGroups: number;
+  inFlightRollouts: number;
+  groupsDone: number;
+  rolloutsDone: number;
+  steps: number;
+  /** Episodes that ended in each status since start. */
+  rolloutsByStatus: Record<string, number>;
+  heapUsedBytes: number;
+}
+
+/** Settings a worker accepts at run time. */
+export interface WorkerConfigPatch {
+  logLevel?: string;
+}
+
+/** The API each worker exposes on its control port. */
+export interface WorkerControl {
+  stats(): WorkerStats;
+  configure(patch: WorkerConfigPatch): void;
+}

@@ -1,0 +1,177 @@
+/**
+ * Rollout states and groups: the data the engine produces, with DESIGN.md's names.
+ *
+ * Token ids, logprobs and per-token model steps are typed arrays so they cross threads as raw bytes
+ * (msgpackr `moreTypes`) instead of number lists.
+ */
+
+export const Status = {
+  INIT: 'INIT',
+  COMPLETED: 'COMPLETED',
+  ABORTED: 'ABORTED',
+  EXPIRED: 'EXPIRED',
+  FAILED: 'FAILED',
+  FILTERED: 'FILTERED',
+} as const;
+export type Status = (typeof Status)[keyof typeof Status];
+
+/** Priority for a group's status when not every member is COMPLETED (DESIGN.md "Status of a group"). */
+const GROUP_STATUS_PRIORITY: readonly Status[] = [Status.FAILED, Status.ABORTED, Status.EXPIRED, Status.FILTERED];
+
+export type Role = 'system' | 'user' | 'assistant' | 'tool';
+
+export interface ChatMessage {
+  role: Role;
+  content: string;
+  name?: string;
+}
+
+/** Why the inference server stopped generating; anything else it sends is kept as-is and fails the rollout. */
+export type FinishReason = 'stop' | 'length' | 'tool_calls' | 'abort' | (string & {});
+
+/** One drawn prompt: what an environment is reset with. Shared by every rollout of a group. */
+export interface PromptSample {
+  taskName: string;
+  /** Position in the task's prompt source (dataset line, or generator index). */
+  promptIndex: number;
+  /** Cumulative draw counter of the task's sampler: stable across epochs and restarts. */
+  drawIndex: number;
+  seed: number;
+  envParams: Record<string, unknown>;
+}
+
+export interface TurnTimings {
+  inferenceMs: number;
+  envMs: number;
+  totalMs: number;
+}
+
+/** One agent turn: what was sent, what came back, and what the environment made of it. */
+export interface TurnRecord {
+  /** 1-based step index within the episode. */
+  step: number;
+  /** Messages sent to the inference server, after `messageCut` trimming. */
+  messages: ChatMessage[];
+  response: string;
+  finishReason: FinishReason;
+  /** Null when the server does not return token ids / logprobs. */
+  promptIds: Int32Array | null;
+  responseIds: Int32Array | null;
+  logprobs: Float32Array | null;
+  /** Model step (weight version) that generated each response token; same length as responseIds. */
+  modelSteps: Int32Array | null;
+  /** Weight version the turn was generated with (the server's report, else the engine's model step). */
+  modelStep: number;
+  reward: number;
+  terminated: boolean;
+  truncated: boolean;
+  /** Whether the turn should be trained on (reference Interactor semantics, see rollout/agent-loop.ts). */
+  trainable: boolean;
+  timings: TurnTimings;
+}
+
+export interface RolloutTimings {
+  /** From the coordinator handing the group to the pool to a worker starting it. */
+  queueMs: number;
+  inferenceMs: number;
+  envMs: number;
+  totalMs: number;
+  /** Wall clock (ms since epoch) when the episode started / ended in the worker. */
+  startedAt: number;
+  finishedAt: number;
+}
+
+/** One episode of one agent for one prompt. */
+export interface RolloutState {
+  id: string;
+  groupId: string;
+  /** Position within the group, 0..k-1. */
+  index: number;
+  taskName: string;
+  sample: PromptSample;
+  status: Status;
+  /** The last conversation seen: the environment's last prompt plus the final response. */
+  messages: ChatMessage[];
+  turns: TurnRecord[];
+  /** Sum of step rewards. */
+  reward: number;
+  terminated: boolean;
+  truncated: boolean;
+  /** Finish reason of the last inference call. */
+  finishReason: FinishReason | null;
+  /** Why the rollout FAILED (or was ABORTED), with an error code where there is one. */
+  error: string | null;
+  timings: RolloutTimings;
+  /** Worker thread that ran the episode. */
+  workerId: number | null;
+}
+
+/** The k rollouts of one prompt: the unit the producer schedules and the buffer stores. */
+export interface RolloutGroup {
+  id: string;
+  taskName: string;
+  sample: PromptSample;
+  status: Status;
+  rollouts: RolloutState[];
+  /** Group-level failure (the worker running it threw or died); rollouts carry their own errors. */
+  error: string | null;
+}
+
+export function groupStatus(rollouts: readonly RolloutState[]): Status {
+  if (rollouts.length > 0 && rollouts.every((r) => r.status === Status.COMPLETED)) return Status.COMPLETED;
+  for (const status of GROUP_STATUS_PRIORITY) {
+    if (rollouts.some((r) => r.status === status)) return status;
+  }
+  return Status.INIT;
+}
+
+/** stop / length / tool_calls complete a rollout; abort interrupts it; anything else is a failure. */
+export function statusForFinishReason(reason: FinishReason): Status {
+  switch (reason) {
+    case 'stop':
+    case 'length':
+    case 'tool_calls':
+      return Status.COMPLETED;
+    case 'abort':
+      return Status.ABORTED;
+    default:
+      return Status.FAILED;
+  }
+}
+
+export function emptyTimings(): RolloutTimings {
+  return { queueMs: 0, inferenceMs: 0, envMs: 0, totalMs: 0, startedAt: 0, finishedAt: 0 };
+}
+
+/** A fresh INIT group of `size` rollouts for one drawn prompt. Ids are stable: `{task}/{drawIndex}[/{i}]`. */
+export function newGroup(sample: PromptSample, size: number): RolloutGroup {
+  const id = `${sample.taskName}/${sample.drawIndex}`;
+  const rollouts: RolloutState[] = [];
+  for (let index = 0; index < size; index++) {
+    rollouts.push({
+      id: `${id}/${index}`,
+      groupId: id,
+      index,
+      taskName: sample.taskName,
+      sample,
+      status: Status.INIT,
+      messages: [],
+      turns: [],
+      reward: 0,
+      terminated: false,
+      truncated: false,
+      finishReason: null,
+      error: null,
+      timings: emptyTimings(),
+      workerId: null,
+    });
+  }
+  return { id, taskName: sample.taskName, sample, status: Status.INIT, rollouts, error: null };
+}
+
+/** Total response tokens of a rollout (0 when the server returned no ids). */
+export function responseTokenCount(rollout: RolloutState): number {
+  let n = 0;
+  for (const turn of rollout.turns) n += turn.responseIds?.length ?? 0;
+  return n;
+}

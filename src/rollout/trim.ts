@@ -1,0 +1,15 @@
+import type { ChatMessage } from '../protocol/rollout.ts';
+
+/**
+ * Keep the system message and the last `2 × messageCut − 1` messages: the current user turn plus
+ * `messageCut − 1` earlier exchanges. `messageCut <= 0` keeps everything. Bounds prompt size (and the
+ * per-turn record) on long episodes.
+ */
+export function trimMessages(prompt: readonly ChatMessage[], messageCut: number): ChatMessage[] {
+  if (prompt.length === 0) return [];
+  if (messageCut <= 0) return prompt.slice();
+  const hasSystem = prompt[0].role === 'system';
+  const tail = prompt.slice(hasSystem ? 1 : 0);
+  const kept = tail.slice(-(messageCut * 2 - 1));
+  return hasSystem ? [prompt[0], ...kept] : kept;
+}

@@ -1,0 +1,9 @@
+/**
+ * `rollout-engine/testing`: shipped doubles for demos, tests and load tests — the mock inference
+ * server and the synthetic environments it knows how to play.
+ */
+export { startMockLlm, MOCK_LLM_DEFAULTS } from './mock-llm/server.ts';
+export type { MockLlm, MockLlmOptions, MockLlmStats, ResolvedMockLlmOptions } from './mock-llm/server.ts';
+export { generateCompletion } from './mock-llm/policy.ts';
+export type { Completion, PolicyOptions, PromptMessage, TaskKind } from './mock-llm/policy.ts';
+export * from '../env/synthetic/index.ts';

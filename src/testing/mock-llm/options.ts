@@ -1,0 +1,99 @@
+/**
+ * Options of the mock inference server: defaults and validation in one place. Every error names the
+ * option and the value, because these come from CLI flags and load-test configs as often as from code.
+ */
+import { show } from '../../env/synthetic/params.ts';
+
+export interface MockLlmOptions {
+  /** Interface to listen on. */
+  host?: string;
+  /** TCP port; 0 picks a free one (read it back from `MockLlm.port`). */
+  port?: number;
+  /** Model id served by `/v1/models` and echoed in completions. Requests may name any model. */
+  model?: string;
+  /** Fixed delay before the first token of every completion (prefill / queueing), in ms. */
+  latencyMs?: number;
+  /** Output generation rate per request; 0 = the whole answer is ready after `latencyMs`. */
+  tokensPerSecond?: number;
+  /** Seeds the policy, the logprobs and error injection. */
+  seed?: number;
+  /** Weight version reported in every completion's `metadata.weight_version`. */
+  weightVersion?: number;
+  /** Fraction of chat completions answered with a 500 instead (injected faults). */
+  errorRate?: number;
+  /** Reasoning-like filler tokens (no digits) prepended to every answer: sets the response size. */
+  thinkTokens?: number;
+  /** How often the policy plays imperfectly (random guess / off-by-a-little answer). */
+  mistakeRate?: number;
+  /** Largest accepted request body; bigger ones get 413. */
+  maxBodyBytes?: number;
+}
+
+export type ResolvedMockLlmOptions = Readonly<Required<MockLlmOptions>>;
+
+export const MOCK_LLM_DEFAULTS: ResolvedMockLlmOptions = Object.freeze({
+  host: '127.0.0.1',
+  port: 0,
+  model: 'mock-policy',
+  latencyMs: 0,
+  tokensPerSecond: 0,
+  seed: 0,
+  weightVersion: 0,
+  errorRate: 0,
+  thinkTokens: 0,
+  mistakeRate: 0.3,
+  maxBodyBytes: 8 * 1024 * 1024,
+});
+
+const KNOWN = Object.keys(MOCK_LLM_DEFAULTS);
+
+function fail(name: string, rule: string, value: unknown): never {
+  throw new Error(`mock-llm: option ${name} ${rule} (got ${show(value)})`);
+}
+
+function integer(name: string, value: unknown, min: number, max: number): number {
+  if (typeof value !== 'number' || !Number.isSafeInteger(value)) fail(name, 'must be an integer', value);
+  if (value < min || value > max) fail(name, `must be in [${min}, ${max}]`, value);
+  return value;
+}
+
+function finite(name: string, value: unknown, min: number, max: number): number {
+  if (typeof value !== 'number' || !Number.isFinite(value)) fail(name, 'must be a finite number', value);
+  if (value < min || value > max) fail(name, `must be in [${min}, ${max}]`, value);
+  return value;
+}
+
+function text(name: string, value: unknown): string {
+  if (typeof value !== 'string' || value.length === 0) fail(name, 'must be a non-empty string', value);
+  return value;
+}
+
+export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMockLlmOptions {
+  if (typeof options !== 'object' || options === null || Array.isArray(options)) fail('(options)', 'must be an object', options);
+  for (const key of Object.keys(options)) {
+    if (!KNOWN.includes(key)) throw new Error(`mock-llm: unknown option ${key} (known: ${KNOWN.join(', ')})`);
+  }
+  const o = { ...MOCK_LLM_DEFAULTS };
+  for (const [key, value] of Object.entries(options)) if (value !== undefined) (o as Record<string, unknown>)[key] = value;
+  return Object.freeze({
+    host: text('host', o.host),
+    port: integer('port', o.port, 0, 65535),
+    model: text('model', o.model),
+    latencyMs: finite('latencyMs', o.latencyMs, 0, 3_600_000),
+    tokensPerSecond: finite('tokensPerSecond', o.tokensPerSecond, 0, 1e9),
+    seed: integer('seed', o.seed, Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER),
+    weightVersion: validateWeightVersion(o.weightVersion, 'option weightVersion'),
+    errorRate: finite('errorRate', o.errorRate, 0, 1),
+    thinkTokens: integer('thinkTokens', o.thinkTokens, 0, 1_000_000),
+    mistakeRate: finite('mistakeRate', o.mistakeRate, 0, 1),
+    maxBodyBytes: integer('maxBodyBytes', o.maxBodyBytes, 1024, 1024 * 1024 * 1024),
+  });
+}
+
+/** Weight versions are non-negative integers, like a trainer's step counter. */
+export function validateWeightVersion(value: unknown, name = 'weight_version'): number {
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0) {
+    throw new Error(`mock-llm: ${name} must be a non-negative integer (got ${show(value)})`);
+  }
+  return value;
+}

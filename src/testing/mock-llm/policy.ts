@@ -1,0 +1,147 @@
+/**
+ * The mock's "model": recognises the synthetic environments by their prompt text and plays them
+ * imperfectly, so the k rollouts of a group earn different rewards (GRPO needs the variance).
+ *
+ * Randomness comes from (server seed, request counter), not from the prompt alone: identical prompts
+ * of one group get different replies, while a whole run stays reproducible for a fixed arrival order.
+ */
+import { evaluateExpression } from '../../env/synthetic/arithmetic.ts';
+import { FEEDBACK } from '../../env/synthetic/guess-number.ts';
+import { lastInteger } from '../../env/synthetic/params.ts';
+import { createRng, mixSeeds } from '../../env/synthetic/rng.ts';
+import type { Rng } from '../../env/synthetic/rng.ts';
+import { encodeText, encodeUncached } from './tokens.ts';
+
+export interface PromptMessage {
+  role: string;
+  content: string;
+}
+
+export interface PolicyOptions {
+  seed: number;
+  mistakeRate: number;
+  /** Filler tokens before the answer; the filler never contains a digit, so parsers see only the answer. */
+  thinkTokens: number;
+}
+
+export type TaskKind = 'guess-number' | 'arithmetic' | 'generic';
+
+export interface Completion {
+  kind: TaskKind;
+  text: string;
+  /** Token ids of `text`; equal to encode(text), because the filler is built from whole BPE pieces. */
+  ids: number[];
+}
+
+// Must match the task texts in env/synthetic/guess-number.ts and arithmetic.ts.
+const GUESS_TASK = /picked an integer between (-?\d+) and (-?\d+)/;
+const ARITHMETIC_TASK = /Compute ([-+*\d\s]+)\. Answer with the number only\./;
+
+const FILLER_WORDS = (
+  'the so let me think about this carefully and then check what we know from each step it is likely that ' +
+  'answer should be in range of values given before but maybe not quite which means one more look at how ' +
+  'things fit together will help here now okay right well first next also because if when where high low ' +
+  'middle half split search guess try again clue hint idea plan'
+).split(' ');
+
+/**
+ * ids of " word" for each filler word that is a single token. Letter-only pieces after a space are
+ * split apart by the BPE pre-tokeniser, so concatenating them equals encoding the concatenated text.
+ */
+const FILLER: { text: string; id: number }[] = FILLER_WORDS.map((w) => ({ text: ` ${w}`, ids: encodeText(` ${w}`) }))
+  .filter((w) => w.ids.length === 1)
+  .map((w) => ({ text: w.text, id: w.ids[0] }));
+const FILLER_HEAD = { text: 'Okay', ids: encodeText('Okay') };
+
+function fillerInto(rng: Rng, count: number, ids: number[]): string {
+  if (count <= 0) return '';
+  const parts: string[] = [];
+  // "Okay" is one token in cl100k; the guard keeps the count exact should a tokenizer split it.
+  let n = 0;
+  if (FILLER_HEAD.ids.length === 1) {
+    parts.push(FILLER_HEAD.text);
+    ids.push(FILLER_HEAD.ids[0]);
+    n = 1;
+  }
+  for (; n < count; n++) {
+    const word = rng.pick(FILLER);
+    parts.push(word.text);
+    ids.push(word.id);
+  }
+  return parts.join('');
+}
+
+interface GuessState {
+  lo: number;
+  hi: number;
+}
+
+/** The interval still consistent with the feedback so far; the full range if the history contradicts itself. */
+function guessInterval(messages: readonly PromptMessage[], start: number, min: number, max: number): GuessState {
+  let lo = min;
+  let hi = max;
+  let lastGuess: number | null = null;
+  for (let i = start + 1; i < messages.length; i++) {
+    const m = messages[i];
+    if (m.role === 'assistant') {
+      lastGuess = lastInteger(m.content);
+    } else if (m.role === 'user' && lastGuess !== null) {
+      if (m.content.startsWith(FEEDBACK.tooLow)) lo = Math.max(lo, lastGuess + 1);
+      else if (m.content.startsWith(FEEDBACK.tooHigh)) hi = Math.min(hi, lastGuess - 1);
+      lastGuess = null;
+    }
+  }
+  return lo <= hi ? { lo, hi } : { lo: min, hi: max };
+}
+
+const GUESS_TEMPLATES = ['My guess is {n}.', "I'll guess {n}.", '{n}', 'Let me try {n}.'];
+const ARITHMETIC_TEMPLATES = ['{n}', 'The answer is {n}.', '= {n}'];
+
+function answerFor(messages: readonly PromptMessage[], rng: Rng, mistakeRate: number): { kind: TaskKind; answer: string } {
+  for (let i = 0; i < messages.length; i++) {
+    if (messages[i].role !== 'user') continue;
+    const task = GUESS_TASK.exec(messages[i].content);
+    if (task === null) continue;
+    const min = Number(task[1]);
+    const max = Number(task[2]);
+    if (!(min <= max)) break;
+    const { lo, hi } = guessInterval(messages, i, min, max);
+    const guess = rng.chance(mistakeRate) ? rng.int(lo, hi) : Math.floor((lo + hi) / 2);
+    return { kind: 'guess-number', answer: rng.pick(GUESS_TEMPLATES).replace('{n}', String(guess)) };
+  }
+  for (let i = messages.length - 1; i >= 0; i--) {
+    if (messages[i].role !== 'user') continue;
+    const task = ARITHMETIC_TASK.exec(messages[i].content);
+    if (task === null) break;
+    let value: number;
+    try {
+      value = evaluateExpression(task[1]);
+    } catch {
+      break;
+    }
+    if (rng.chance(mistakeRate)) value += rng.pick([-3, -2, -1, 1, 2, 3]);
+    return { kind: 'arithmetic', answer: rng.pick(ARITHMETIC_TEMPLATES).replace('{n}', String(value)) };
+  }
+  return { kind: 'generic', answer: '' };
+}
+
+export function generateCompletion(messages: readonly PromptMessage[], options: PolicyOptions, requestIndex: number): Completion {
+  const rng = createRng(mixSeeds(options.seed, requestIndex));
+  const { kind, answer } = answerFor(messages, rng, options.mistakeRate);
+  const ids: number[] = [];
+  const filler = fillerInto(rng, options.thinkTokens, ids);
+  let tail: string;
+  if (kind === 'generic') {
+    // A short letters-only reply of varying length for prompts the policy does not know. Random, so
+    // encoded without the cache (it would only evict the prompts that do recur).
+    let words = filler.length > 0 ? ' Sure' : 'Sure';
+    for (let n = rng.int(3, 40); n > 0; n--) words += rng.pick(FILLER).text;
+    tail = `${words}.`;
+    for (const id of encodeUncached(tail)) ids.push(id);
+  } else {
+    // Starts at a BPE piece boundary ("\n\n"), so filler ids + answer ids = encode(filler + answer).
+    tail = filler.length > 0 ? `\n\n${answer}` : answer;
+    for (const id of encodeText(tail)) ids.push(id);
+  }
+  return { kind, text: filler + tail, ids };
+}

@@ -1,0 +1,110 @@
+/**
+ * Validation of chat completion requests. The mock is strict where a real server would reject the
+ * request (so engine bugs surface in tests) and lenient about fields it merely ignores (temperature,
+ * stop, …), checking only their types. Every error names the field (as `param`) and the value.
+ */
+import { show } from '../../env/synthetic/params.ts';
+import type { PromptMessage } from './policy.ts';
+
+export interface ChatRequest {
+  messages: PromptMessage[];
+  /** Completion token budget (max_completion_tokens, else max_tokens); null = unlimited. */
+  maxTokens: number | null;
+  logprobs: boolean;
+  returnTokenIds: boolean;
+}
+
+export class RequestError extends Error {
+  readonly param: string | null;
+  constructor(message: string, param: string | null) {
+    super(message);
+    this.param = param;
+  }
+}
+
+const ROLES = new Set(['system', 'developer', 'user', 'assistant', 'tool', 'function']);
+
+function bad(param: string, rule: string, value: unknown): never {
+  throw new RequestError(`${param} ${rule} (got ${show(value)})`, param);
+}
+
+/** Text of a message's content: a string, null (assistant tool calls), or OpenAI text parts. */
+function contentText(value: unknown, param: string): string {
+  if (typeof value === 'string') return value;
+  if (value === null || value === undefined) return '';
+  if (!Array.isArray(value)) bad(param, 'must be a string or an array of text parts', value);
+  let text = '';
+  for (let j = 0; j < value.length; j++) {
+    const part = value[j] as { type?: unknown; text?: unknown } | null;
+    if (typeof part !== 'object' || part === null) bad(`${param}[${j}]`, 'must be an object', part);
+    if (part.type !== 'text') bad(`${param}[${j}].type`, 'must be "text" (the mock reads text only)', part.type);
+    if (typeof part.text !== 'string') bad(`${param}[${j}].text`, 'must be a string', part.text);
+    text += part.text;
+  }
+  return text;
+}
+
+function parseMessages(value: unknown): PromptMessage[] {
+  if (!Array.isArray(value) || value.length === 0) bad('messages', 'must be a non-empty array', value);
+  const messages: PromptMessage[] = new Array(value.length);
+  for (let i = 0; i < value.length; i++) {
+    const m = value[i] as { role?: unknown; content?: unknown } | null;
+    if (typeof m !== 'object' || m === null || Array.isArray(m)) bad(`messages[${i}]`, 'must be an object', m);
+    if (typeof m.role !== 'string' || !ROLES.has(m.role)) {
+      bad(`messages[${i}].role`, `must be one of ${[...ROLES].join(', ')}`, m.role);
+    }
+    messages[i] = { role: m.role, content: contentText(m.content, `messages[${i}].content`) };
+  }
+  return messages;
+}
+
+function optional(body: Record<string, unknown>, key: string, check: (v: unknown) => boolean, rule: string): unknown {
+  const value = body[key];
+  if (value === undefined || value === null) return undefined;
+  if (!check(value)) bad(key, rule, value);
+  return value;
+}
+
+const isBool = (v: unknown): boolean => typeof v === 'boolean';
+const isNumber = (v: unknown): boolean => typeof v === 'number' && Number.isFinite(v);
+const isPositiveInt = (v: unknown): boolean => typeof v === 'number' && Number.isSafeInteger(v) && v > 0;
+
+export function parseChatRequest(raw: string): ChatRequest {
+  let body: unknown;
+  try {
+    body = JSON.parse(raw);
+  } catch (error) {
+    throw new RequestError(`request body is not valid JSON: ${(error as Error).message}`, null);
+  }
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) {
+    throw new RequestError(`request body must be a JSON object (got ${show(body)})`, null);
+  }
+  const b = body as Record<string, unknown>;
+  const messages = parseMessages(b.messages);
+  optional(b, 'model', (v) => typeof v === 'string', 'must be a string');
+  if (optional(b, 'stream', isBool, 'must be a boolean') === true) {
+    throw new RequestError('stream is not supported by the mock (send stream: false)', 'stream');
+  }
+  const n = optional(b, 'n', isPositiveInt, 'must be a positive integer');
+  if (n !== undefined && n !== 1) bad('n', 'must be 1 (the mock generates one choice)', n);
+  const maxTokens = optional(b, 'max_tokens', isPositiveInt, 'must be a positive integer');
+  const maxCompletion = optional(b, 'max_completion_tokens', isPositiveInt, 'must be a positive integer');
+  const logprobs = optional(b, 'logprobs', isBool, 'must be a boolean');
+  optional(b, 'top_logprobs', (v) => typeof v === 'number' && Number.isInteger(v) && v >= 0 && v <= 20, 'must be an integer in [0, 20]');
+  const returnTokenIds = optional(b, 'return_token_ids', isBool, 'must be a boolean');
+  optional(b, 'temperature', isNumber, 'must be a number');
+  optional(b, 'top_p', isNumber, 'must be a number');
+  optional(b, 'seed', (v) => typeof v === 'number' && Number.isInteger(v), 'must be an integer');
+  optional(
+    b,
+    'stop',
+    (v) => typeof v === 'string' || (Array.isArray(v) && v.every((s) => typeof s === 'string')),
+    'must be a string or an array of strings',
+  );
+  return {
+    messages,
+    maxTokens: (maxCompletion ?? maxTokens ?? null) as number | null,
+    logprobs: logprobs === true,
+    returnTokenIds: returnTokenIds === true,
+  };
+}

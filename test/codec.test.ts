@@ -1,0 +1,64 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { decodeMessage, encodeMessage } from '../src/protocol/codec.ts';
+import { PROTOCOL_VERSION, type GroupResultMessage } from '../src/protocol/messages.ts';
+import { newGroup, Status, type TurnRecord } from '../src/protocol/rollout.ts';
+
+function resultWithTokens(seed: number): GroupResultMessage {
+  const group = newGroup({ taskName: 't', promptIndex: seed, drawIndex: seed, seed, envParams: { a: seed } }, 2);
+  const turn: TurnRecord = {
+    step: 1,
+    messages: [{ role: 'user', content: `hi ${seed}` }],
+    response: 'ok',
+    finishReason: 'stop',
+    promptIds: Int32Array.from({ length: 4096 }, (_, i) => i + seed),
+    responseIds: Int32Array.from({ length: 1024 }, (_, i) => 2 * i + seed),
+    logprobs: Float32Array.from({ length: 1024 }, (_, i) => -i / 1024 - seed),
+    modelSteps: new Int32Array(1024).fill(seed),
+    modelStep: seed,
+    reward: 1,
+    terminated: true,
+    truncated: false,
+    trainable: true,
+    timings: { inferenceMs: 1, envMs: 2, totalMs: 3 },
+  };
+  group.rollouts[0].turns.push(turn);
+  group.rollouts[0].status = Status.COMPLETED;
+  return { v: PROTOCOL_VERSION, type: 'group-result', group, workerId: 7 };
+}
+
+describe('msgpack codec', () => {
+  it('round-trips token ids, logprobs and model steps as typed arrays with identical contents', () => {
+    const message = resultWithTokens(3);
+    const decoded = decodeMessage(encodeMessage(message)) as GroupResultMessage;
+    const turn = decoded.group.rollouts[0].turns[0];
+    assert.ok(turn.promptIds instanceof Int32Array);
+    assert.ok(turn.responseIds instanceof Int32Array);
+    assert.ok(turn.logprobs instanceof Float32Array);
+    assert.ok(turn.modelSteps instanceof Int32Array);
+    assert.deepEqual(decoded, message);
+  });
+
+  it('gives each encoding its own buffer, so a later pack never overwrites or detaches an earlier one', () => {
+    const first = encodeMessage(resultWithTokens(1));
+    const firstCopy = Uint8Array.from(first);
+    assert.equal(first.byteOffset, 0);
+    assert.equal(first.buffer.byteLength, first.byteLength, 'bytes must own their ArrayBuffer exactly, so it can be transferred');
+    const second = encodeMessage(resultWithTokens(2));
+    structuredClone(second.buffer, { transfer: [second.buffer as ArrayBuffer] }); // detach the second one
+    assert.deepEqual(first, firstCopy);
+    const decoded = decodeMessage(first) as GroupResultMessage;
+    assert.equal(decoded.group.rollouts[0].turns[0].responseIds![1], 2 + 1);
+  });
+
+  it('rejects bytes from another protocol version with a message naming the field', () => {
+    const bytes = encodeMessage({ ...resultWithTokens(1), v: 99 as typeof PROTOCOL_VERSION });
+    assert.throws(() => decodeMessage(bytes), { code: 'ERR_PROTOCOL', message: /message\.v must be 1, got 99/ });
+  });
+
+  it('rejects garbage bytes and unknown message types with ERR_PROTOCOL instead of crashing', () => {
+    assert.throws(() => decodeMessage(new Uint8Array([0xc1])), { code: 'ERR_PROTOCOL' });
+    const bytes = encodeMessage({ ...resultWithTokens(1), type: 'nope' as 'group-result' });
+    assert.throws(() => decodeMessage(bytes), { code: 'ERR_PROTOCOL', message: /message\.type must be one of/ });
+  });
+});

@@ -1,0 +1,120 @@
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { allocateBatch } from '../src/coordinator/allocate.ts';
+import { SettledQueue } from '../src/coordinator/settled-queue.ts';
+import { ReplayBuffer } from '../src/buffer/replay-buffer.ts';
+import { mixSeed } from '../src/buffer/sampler.ts';
+import { trimMessages } from '../src/rollout/trim.ts';
+import { groupStatus, newGroup, Status, type ChatMessage } from '../src/protocol/rollout.ts';
+
+function deferred<T>() {
+  let resolve!: (v: T) => void;
+  const promise = new Promise<T>((r) => (resolve = r));
+  return { promise, resolve };
+}
+
+describe('batch allocation across tasks', () => {
+  it('splits by weight with the largest remainder, ties going to the task listed first', () => {
+    assert.deepEqual([...allocateBatch(8, [{ name: 'a', weight: 1 }, { name: 'b', weight: 1 }])], [['a', 4], ['b', 4]]);
+    assert.deepEqual([...allocateBatch(7, [{ name: 'a', weight: 1 }, { name: 'b', weight: 1 }])], [['a', 4], ['b', 3]]);
+    assert.deepEqual([...allocateBatch(10, [{ name: 'a', weight: 1 }, { name: 'b', weight: 2 }, { name: 'c', weight: 3 }])], [['a', 2], ['b', 3], ['c', 5]]);
+    assert.deepEqual([...allocateBatch(1, [{ name: 'a', weight: 1 }, { name: 'b', weight: 1 }, { name: 'c', weight: 1 }])], [['a', 1], ['b', 0], ['c', 0]]);
+  });
+});
+
+describe('SettledQueue', () => {
+  it('hands out results in the order they settle, not the order they were added', async () => {
+    const queue = new SettledQueue<string>();
+    const a = deferred<string>();
+    const b = deferred<string>();
+    queue.add(a.promise);
+    queue.add(b.promise);
+    const first = queue.next();
+    b.resolve('b');
+    a.resolve('a');
+    assert.equal(await first, 'b');
+    assert.equal(await queue.next(), 'a');
+    assert.equal(queue.size, 0);
+    await assert.rejects(queue.next(), /nothing in flight/);
+  });
+});
+
+describe('replay buffer', () => {
+  function group(task: string, i: number, status: (typeof Status)[keyof typeof Status]) {
+    const g = newGroup({ taskName: task, promptIndex: i, drawIndex: i, seed: i, envParams: {} }, 2);
+    for (const r of g.rollouts) r.status = status;
+    g.status = groupStatus(g.rollouts);
+    if (status === Status.FAILED) g.rollouts[0].error = `boom ${i}`;
+    return g;
+  }
+
+  it('takes COMPLETED groups first-in first-out and counts them per task', () => {
+    const buffer = new ReplayBuffer(['a', 'b']);
+    for (let i = 0; i < 3; i++) buffer.put(group('a', i, Status.COMPLETED));
+    buffer.put(group('b', 9, Status.COMPLETED));
+    assert.equal(buffer.count('a'), 3);
+    assert.equal(buffer.count(), 4);
+    assert.deepEqual(buffer.take('a', 2).map((g) => g.id), ['a/0', 'a/1']);
+    assert.equal(buffer.count('a'), 1);
+  });
+
+  it('counts FAILED and FILTERED groups without storing them, keeping the last reason', () => {
+    const buffer = new ReplayBuffer(['a']);
+    buffer.put(group('a', 1, Status.FAILED));
+    buffer.put(group('a', 2, Status.ABORTED));
+    assert.deepEqual(buffer.dropped, { FAILED: 1, FILTERED: 0 });
+    assert.equal(buffer.lastDropReason, 'boom 1');
+    assert.equal(buffer.count('a', Status.ABORTED), 1);
+    assert.equal(buffer.count('a', Status.COMPLETED), 0);
+  });
+
+  it('moves a group between status pools when it is put again', () => {
+    const buffer = new ReplayBuffer(['a']);
+    const g = group('a', 1, Status.ABORTED);
+    buffer.put(g);
+    for (const r of g.rollouts) r.status = Status.COMPLETED;
+    g.status = Status.COMPLETED;
+    buffer.put(g);
+    assert.equal(buffer.count('a', Status.ABORTED), 0);
+    assert.equal(buffer.count('a', Status.COMPLETED), 1);
+  });
+});
+
+describe('group status', () => {
+  it('is COMPLETED only when every member is, else the first present of FAILED > ABORTED > EXPIRED > FILTERED', () => {
+    const g = newGroup({ taskName: 't', promptIndex: 0, drawIndex: 0, seed: 0, envParams: {} }, 3);
+    const set = (...s: (typeof Status)[keyof typeof Status][]) => s.forEach((st, i) => (g.rollouts[i].status = st));
+    set(Status.COMPLETED, Status.COMPLETED, Status.COMPLETED);
+    assert.equal(groupStatus(g.rollouts), Status.COMPLETED);
+    set(Status.COMPLETED, Status.ABORTED, Status.FAILED);
+    assert.equal(groupStatus(g.rollouts), Status.FAILED);
+    set(Status.EXPIRED, Status.ABORTED, Status.COMPLETED);
+    assert.equal(groupStatus(g.rollouts), Status.ABORTED);
+    set(Status.FILTERED, Status.EXPIRED, Status.COMPLETED);
+    assert.equal(groupStatus(g.rollouts), Status.EXPIRED);
+  });
+});
+
+describe('message trimming (messageCut)', () => {
+  const conv: ChatMessage[] = [
+    { role: 'system', content: 's' },
+    ...Array.from({ length: 9 }, (_, i): ChatMessage => ({ role: i % 2 === 0 ? 'user' : 'assistant', content: `m${i}` })),
+  ];
+  it('keeps the system message and the last 2 × cut − 1 messages', () => {
+    assert.deepEqual(trimMessages(conv, 2).map((m) => m.content), ['s', 'm6', 'm7', 'm8']);
+    assert.deepEqual(trimMessages(conv.slice(1), 1).map((m) => m.content), ['m8']);
+  });
+  it('keeps everything when cut is 0, and an empty prompt stays empty', () => {
+    assert.equal(trimMessages(conv, 0).length, conv.length);
+    assert.deepEqual(trimMessages([], 3), []);
+  });
+});
+
+describe('prompt seeds', () => {
+  it('are stable for a (run seed, task, prompt) and differ across prompts and tasks', () => {
+    assert.equal(mixSeed(0, 'a', 1), mixSeed(0, 'a', 1));
+    assert.notEqual(mixSeed(0, 'a', 1), mixSeed(0, 'a', 2));
+    assert.notEqual(mixSeed(0, 'a', 1), mixSeed(0, 'b', 1));
+    assert.notEqual(mixSeed(0, 'a', 1), mixSeed(1, 'a', 1));
+  });
+});

@@ -1,0 +1,122 @@
+import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { threadId } from 'node:worker_threads';
+import { after, before, describe, it } from 'node:test';
+import { createEngine, Status, type Engine, type EngineStats } from '../src/index.ts';
+import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
+
+const FAULTY_ENV = new URL('./fixtures/faulty-env.ts', import.meta.url).pathname;
+
+function datasetOf(modes: string[]): string {
+  const dir = mkdtempSync(join(tmpdir(), 'rollout-engine-'));
+  const path = join(dir, 'prompts.jsonl');
+  writeFileSync(path, modes.map((mode) => JSON.stringify({ mode })).join('\n'));
+  return path;
+}
+
+/** Every group the producer scheduled is in flight or has a final status: none vanished. */
+function assertAccounted(stats: EngineStats): void {
+  const finished = Object.values(stats.groups.finished).reduce((a, b) => a + b, 0);
+  assert.equal(stats.groups.inFlight, 0);
+  assert.equal(stats.groups.scheduled, finished, `scheduled ${stats.groups.scheduled} vs finished ${JSON.stringify(stats.groups.finished)}`);
+}
+
+describe('engine against the mock inference server, in real worker threads', () => {
+  let mock: MockLlm;
+  const engines: Engine[] = [];
+  before(async () => {
+    mock = await startMockLlm({ port: 0, seed: 1 });
+  });
+  after(async () => {
+    await Promise.all(engines.map((e) => e.close()));
+    await mock.close();
+  });
+  function engine(config: Parameters<typeof createEngine>[0]): Engine {
+    const e = createEngine({ logLevel: 'silent', ...config, llm: { url: mock.url, ...config?.llm } });
+    engines.push(e);
+    return e;
+  }
+
+  it('runs multi-turn guess-number episodes in a worker thread and records every turn with tokens', async () => {
+    const e = engine({ batchSize: 2, workers: { threads: 1 }, tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 3, maxSteps: 10 }] });
+    await e.start();
+    const batch = await e.getBatch();
+    assert.equal(batch.trainStep, 1);
+    assert.equal(batch.groups.length, 2);
+    const rollouts = batch.groups.flatMap((g) => g.rollouts);
+    assert.equal(rollouts.length, 6);
+    assert.ok(rollouts.some((r) => r.turns.length > 1), 'guess-number should take several turns');
+    for (const r of rollouts) {
+      assert.equal(r.status, Status.COMPLETED);
+      assert.notEqual(r.workerId, threadId, 'episodes run off the main thread');
+      assert.ok(r.timings.totalMs >= r.timings.inferenceMs);
+      for (const turn of r.turns) {
+        assert.ok(turn.responseIds instanceof Int32Array && turn.responseIds.length > 0);
+        assert.ok(turn.logprobs instanceof Float32Array && turn.logprobs.length === turn.responseIds.length);
+        assert.ok(turn.modelSteps instanceof Int32Array && turn.modelSteps.length === turn.responseIds.length);
+        assert.ok(turn.promptIds instanceof Int32Array && turn.promptIds.length > 0);
+        assert.equal(turn.messages[0].role, 'system');
+      }
+      const last = r.turns.at(-1)!;
+      assert.ok(last.terminated || last.truncated || r.truncated);
+    }
+    // the k members of a group share their prompt but play it differently
+    const group = batch.groups[0];
+    assert.equal(new Set(group.rollouts.map((r) => r.turns[0].messages[1].content)).size, 1);
+  });
+
+  it('keeps producing when episodes throw, reply badly, or kill their worker — each failure is a FAILED group with its reason', async () => {
+    const modes = ['ok', 'throw', 'ok', 'exit', 'ok', 'bad-reply', 'ok', 'uncaught', ...Array(16).fill('ok')];
+    const e = engine({
+      batchSize: 6,
+      workers: { threads: 2, groupsPerWorker: 2 },
+      producer: { maxFailedGroupsPerStep: 20 },
+      tasks: [{ name: 'faulty', env: { module: FAULTY_ENV, export: 'createEnv' }, dataset: datasetOf(modes), groupSize: 2, maxSteps: 2 }],
+    });
+    await e.start();
+    const first = await e.getBatch();
+    const second = await e.getBatch();
+    for (const batch of [first, second]) {
+      assert.equal(batch.groups.length, 6);
+      assert.ok(batch.groups.every((g) => g.status === Status.COMPLETED));
+    }
+    const stats = await e.stats();
+    assertAccounted(stats);
+    assert.ok(stats.groups.finished.FAILED >= 4, `expected the four faulty prompts to fail, got ${JSON.stringify(stats.groups.finished)}`);
+    assert.equal(stats.buffer.dropped.FAILED, stats.groups.finished.FAILED);
+  });
+
+  it('reports why a group failed: the environment error, a bad reply field, or the worker exit code', async () => {
+    const e = engine({
+      batchSize: 1,
+      workers: { threads: 1, groupsPerWorker: 1 },
+      producer: { maxFailedGroupsPerStep: 1 },
+      tasks: [{ name: 'faulty', env: { module: FAULTY_ENV }, dataset: datasetOf(['throw', 'exit', 'bad-reply']), groupSize: 1, maxSteps: 1 }],
+    });
+    await e.start();
+    await assert.rejects(e.getBatch(), (err: Error & { code?: string }) => {
+      assert.equal(err.code, 'ERR_TOO_MANY_FAILED_GROUPS');
+      assert.match(err.message, /2 groups failed/);
+      assert.match(err.message, /worker exited with code: 3|exited with code 3/);
+      return true;
+    });
+    assertAccounted(await e.stats());
+  });
+
+  it('fails start() with a clear error, and no hang, when the inference server is unreachable', async () => {
+    const e = createEngine({ logLevel: 'silent', llm: { url: 'http://127.0.0.1:9/v1' }, workers: { threads: 1 } });
+    await assert.rejects(e.start(), { code: 'ERR_LLM_UNREACHABLE', message: /http:\/\/127\.0\.0\.1:9\/v1\/models unreachable: ECONNREFUSED/ });
+    await e.close();
+  });
+
+  it('fails the rollouts with ERR_LLM_UNREACHABLE, then the batch, when the server goes away mid-run', async () => {
+    const doomed = await startMockLlm({ port: 0 });
+    const e = engine({ batchSize: 2, llm: { url: doomed.url, retries: 1, retryBackoffMs: 1 }, workers: { threads: 1 }, producer: { maxFailedGroupsPerStep: 2 } });
+    await e.start();
+    await doomed.close();
+    await assert.rejects(e.getBatch(), { code: 'ERR_TOO_MANY_FAILED_GROUPS', message: /ERR_LLM_UNREACHABLE/ });
+    assertAccounted(await e.stats());
+  });
+});

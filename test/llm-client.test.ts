@@ -1,0 +1,137 @@
+import assert from 'node:assert/strict';
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { after, before, describe, it } from 'node:test';
+import { LlmClient, probeInferenceServer, type LlmClientOptions } from '../src/llm/client.ts';
+
+type Handler = (req: IncomingMessage, res: ServerResponse, body: string) => void;
+
+/** A scripted OpenAI-ish server on 127.0.0.1:0: each request is answered by the next handler. */
+async function scriptedServer(handlers: Handler[]): Promise<{ url: string; server: Server; requests: string[] }> {
+  const requests: string[] = [];
+  const server = createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      requests.push(body);
+      const handler = handlers.shift() ?? ((_q, r) => r.writeHead(500).end('no more handlers'));
+      handler(req, res, body);
+    });
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, server, requests };
+}
+
+const ok =
+  (extra: Record<string, unknown> = {}): Handler =>
+  (_req, res) => {
+    res.writeHead(200, { 'content-type': 'application/json' }).end(
+      JSON.stringify({
+        prompt_token_ids: [1, 2, 3],
+        choices: [{ message: { role: 'assistant', content: 'hello' }, finish_reason: 'stop', token_ids: [7, 8], logprobs: { content: [{ logprob: -0.5 }, { logprob: -1 }] } }],
+        usage: { prompt_tokens: 3, completion_tokens: 2 },
+        metadata: { weight_version: 4 },
+        ...extra,
+      }),
+    );
+  };
+const status =
+  (code: number, body = '', headers: Record<string, string> = {}): Handler =>
+  (_req, res) =>
+    res.writeHead(code, headers).end(body);
+
+function client(url: string, overrides: Partial<LlmClientOptions> = {}): LlmClient {
+  return new LlmClient({ url, model: 'm', apiKey: null, timeoutMs: 2000, retries: 2, retryBackoffMs: 1, connections: 4, returnTokenIds: true, logprobs: true, ...overrides });
+}
+const request = { messages: [{ role: 'user' as const, content: 'hi' }], maxTokens: 16, temperature: 1 };
+
+describe('inference client', () => {
+  const servers: Server[] = [];
+  after(() => servers.forEach((s) => s.close()));
+  async function serve(handlers: Handler[]) {
+    const s = await scriptedServer(handlers);
+    servers.push(s.server);
+    return s;
+  }
+
+  it('parses content, finish reason, vLLM token ids, logprobs and the weight version', async () => {
+    const { url, requests } = await serve([ok()]);
+    const llm = client(`${url}/v1`);
+    const reply = await llm.chat(request);
+    assert.equal(reply.content, 'hello');
+    assert.equal(reply.finishReason, 'stop');
+    assert.deepEqual(reply.promptIds, Int32Array.from([1, 2, 3]));
+    assert.deepEqual(reply.responseIds, Int32Array.from([7, 8]));
+    assert.deepEqual(reply.logprobs, Float32Array.from([-0.5, -1]));
+    assert.equal(reply.weightVersion, 4);
+    const sent = JSON.parse(requests[0]);
+    assert.equal(sent.return_token_ids, true);
+    assert.equal(sent.logprobs, true);
+    assert.equal(sent.max_tokens, 16);
+    await llm.close();
+  });
+
+  it('retries a 503 and a 429 with backoff, then returns the success', async () => {
+    const { url, requests } = await serve([status(503, 'busy'), status(429, '', { 'retry-after': '0' }), ok()]);
+    const llm = client(url);
+    const reply = await llm.chat(request);
+    assert.equal(reply.content, 'hello');
+    assert.equal(requests.length, 3);
+    await llm.close();
+  });
+
+  it('does not retry a 400 and reports the server message with ERR_LLM_HTTP', async () => {
+    const { url, requests } = await serve([status(400, JSON.stringify({ error: { message: 'max_tokens too large' } })), ok()]);
+    const llm = client(url);
+    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_HTTP', message: /answered 400: max_tokens too large/ });
+    assert.equal(requests.length, 1);
+    await llm.close();
+  });
+
+  it('gives up after the configured retries on persistent 5xx', async () => {
+    const { url, requests } = await serve([status(500), status(502), status(500), ok()]);
+    const llm = client(url, { retries: 2 });
+    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_HTTP', message: /answered 500/ });
+    assert.equal(requests.length, 3);
+    await llm.close();
+  });
+
+  it('turns a malformed body or a reply missing fields into ERR_LLM_BAD_REPLY naming the field', async () => {
+    const { url } = await serve([status(200, '{"choices": [ not json'), ok({ choices: [{ message: { content: 3 }, finish_reason: 'stop' }] }), ok({ choices: [{ message: { content: 'x' }, finish_reason: 'stop', token_ids: [1, 2], logprobs: { content: [{ logprob: -1 }] } }] })]);
+    const llm = client(url);
+    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /not JSON/ });
+    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /choices\[0\]\.message\.content must be a string or null \(got 3\)/ });
+    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /logprobs\.content has 1 entries but choices\[0\]\.token_ids has 2/ });
+    await llm.close();
+  });
+
+  it('fails with ERR_LLM_UNREACHABLE naming the URL when nothing listens, after its retries', async () => {
+    const { url, server } = await scriptedServer([]);
+    await new Promise((r) => server.close(r));
+    const llm = client(url, { retries: 1 });
+    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_UNREACHABLE', message: new RegExp(`${url}/v1/chat/completions unreachable: ECONNREFUSED`) });
+    await assert.rejects(probeInferenceServer(url), { code: 'ERR_LLM_UNREACHABLE', message: /ECONNREFUSED.*check llm\.url/ });
+    await llm.close();
+  });
+
+  it('bounds a hanging request by llm.timeoutMs (ERR_LLM_TIMEOUT) and does not retry it', async () => {
+    const { url, requests } = await serve([() => {}, ok()]);
+    const llm = client(url, { timeoutMs: 100 });
+    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_TIMEOUT', message: /timed out after 100 ms/ });
+    assert.equal(requests.length, 1);
+    await llm.close();
+  });
+
+  it('rejects with ERR_LLM_ABORTED when the caller cancels', async () => {
+    let arrived!: () => void;
+    const inServer = new Promise<void>((r) => (arrived = r));
+    const { url } = await serve([() => arrived()]);
+    const llm = client(url);
+    const controller = new AbortController();
+    const pending = llm.chat(request, controller.signal);
+    await inServer;
+    controller.abort(new Error('pause'));
+    await assert.rejects(pending, { code: 'ERR_LLM_ABORTED', message: /pause/ });
+    await llm.close();
+  });
+});
