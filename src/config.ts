@@ -137,20 +137,30 @@ export function resolveConfig(input: unknown, options: ResolveOptions = {}): Res
     throw new ConfigError([`LOG_LEVEL: expected one of ${LOG_LEVELS.join(', ')} (got ${JSON.stringify(process.env.LOG_LEVEL)})`]);
   }
   const parsed = EngineConfigSchema.safeParse(input ?? {}, { reportInput: true });
-  if (!parsed.success) throw new ConfigError(parsed.error.issues.map(formatIssue));
   const baseDir = options.baseDir ?? process.cwd();
-  const problems: string[] = [];
-  const tasks = parsed.data.tasks.map((task, i): TaskConfig => {
-    const moduleUrl = resolveEnvModule(task.env.module, baseDir, `tasks[${i}].env.module`, problems);
-    let dataset = task.dataset;
-    if (dataset !== null) {
-      dataset = isAbsolute(dataset) ? dataset : resolve(baseDir, dataset);
-      if (!existsSync(dataset)) problems.push(`tasks[${i}].dataset: file does not exist (got ${JSON.stringify(task.dataset)}, resolved to ${dataset})`);
-    }
-    return { ...task, dataset, env: { ...task.env, moduleUrl } };
-  });
-  if (problems.length > 0) throw new ConfigError(problems);
+  const problems: string[] = parsed.success ? [] : parsed.error.issues.map(formatIssue);
+  // Paths are checked even when other fields are wrong, so one run reports every problem.
+  const rawTasks = parsed.success ? parsed.data.tasks : rawTaskPaths(input);
+  const located = rawTasks.map((task, i) => ({
+    moduleUrl: typeof task.env?.module === 'string' ? resolveEnvModule(task.env.module, baseDir, `tasks[${i}].env.module`, problems) : '',
+    dataset: typeof task.dataset === 'string' ? resolveDataset(task.dataset, baseDir, `tasks[${i}].dataset`, problems) : null,
+  }));
+  if (!parsed.success || problems.length > 0) throw new ConfigError(problems);
+  const tasks = parsed.data.tasks.map((task, i): TaskConfig => ({ ...task, dataset: located[i].dataset, env: { ...task.env, moduleUrl: located[i].moduleUrl } }));
   return { ...parsed.data, tasks };
+}
+
+/** The tasks' path fields from unvalidated input, where they have the right shape. */
+function rawTaskPaths(input: unknown): { env?: { module?: unknown }; dataset?: unknown }[] {
+  const tasks = (input as { tasks?: unknown } | null)?.tasks;
+  if (!Array.isArray(tasks)) return [];
+  return tasks.map((t) => (typeof t === 'object' && t !== null ? (t as { env?: { module?: unknown }; dataset?: unknown }) : {}));
+}
+
+function resolveDataset(spec: string, baseDir: string, path: string, problems: string[]): string {
+  const file = isAbsolute(spec) ? spec : resolve(baseDir, spec);
+  if (!existsSync(file)) problems.push(`${path}: file does not exist (got ${JSON.stringify(spec)}, resolved to ${file})`);
+  return file;
 }
 
 function resolveEnvModule(spec: string, baseDir: string, path: string, problems: string[]): string {

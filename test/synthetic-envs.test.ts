@@ -34,13 +34,13 @@ describe('guess-number', () => {
     for (const t of targets) assert.ok(t >= 1 && t <= 100);
   });
 
-  it('starts with a system message and a user message stating the range and turn budget', () => {
+  it('states the range and turn budget in the system message, which message trimming always keeps', () => {
     const env = createGuessNumber({ min: 3, max: 9, maxTurns: 4 });
     env.reset({ seed: 1, params: {} });
     const prompt = env.getTaskPrompt();
     assert.deepEqual(prompt.map((m) => m.role), ['system', 'user']);
-    assert.match(prompt[1].content, /between 3 and 9/);
-    assert.match(prompt[1].content, /4 guesses/);
+    assert.match(prompt[0].content, /between 3 and 9/);
+    assert.match(prompt[0].content, /4 guesses/);
   });
 
   it('terminates with reward 1 on a correct first guess, reading the last integer of the reply', () => {

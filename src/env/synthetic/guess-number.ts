@@ -29,6 +29,8 @@ export const NO_INTEGER_REWARD = -0.1;
 export const GUESS_NUMBER_SYSTEM_PROMPT =
   'You are playing a number guessing game. Think briefly if you like, then end your reply with your guess as a single integer.';
 
+export const FIRST_GUESS_PROMPT = 'Make your first guess.';
+
 /** The mock policy recognises the game by this sentence; keep them in sync (testing/mock-llm/policy.ts). */
 export function guessNumberTaskText(min: number, max: number, maxTurns: number): string {
   return (
@@ -83,9 +85,11 @@ export function createEnv(params: EnvParams = {}): GuessNumberEnvironment {
       turns = 0;
       phase = 'running';
       const task = guessNumberTaskText(min, max, maxTurns);
+      // The rules go in the system message: message trimming (messageCut) always keeps it, so the
+      // agent still knows the range after the first user turn has been cut away.
       messages = [
-        { role: 'system', content: GUESS_NUMBER_SYSTEM_PROMPT },
-        { role: 'user', content: task },
+        { role: 'system', content: `${GUESS_NUMBER_SYSTEM_PROMPT} ${task}` },
+        { role: 'user', content: FIRST_GUESS_PROMPT },
       ];
       return { observation: task, info: { min, max, maxTurns } };
     },

@@ -99,7 +99,7 @@ const ARITHMETIC_TEMPLATES = ['{n}', 'The answer is {n}.', '= {n}'];
 
 function answerFor(messages: readonly PromptMessage[], rng: Rng, mistakeRate: number): { kind: TaskKind; answer: string } {
   for (let i = 0; i < messages.length; i++) {
-    if (messages[i].role !== 'user') continue;
+    if (messages[i].role !== 'user' && messages[i].role !== 'system') continue;
     const task = GUESS_TASK.exec(messages[i].content);
     if (task === null) continue;
     const min = Number(task[1]);

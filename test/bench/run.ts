@@ -1,0 +1,187 @@
+/**
+ * `npm run bench` — the engine beside a bare undici request loop, against the same mock inference
+ * server (in its own process), at the same concurrency, in one run.
+ *
+ * Figures: engine steps/s and CPU per step (all threads of this process: coordinator + workers), the
+ * bare loop's requests/s and CPU per request, and their ratios. CPU is process.cpuUsage() (user +
+ * system, every thread); the mock server's CPU is not counted on either side.
+ *
+ *   npm run bench                      # default: 3 repeats × 5 s per side
+ *   npm run bench -- --quick           # smoke: 1 repeat × 1.5 s
+ *   npm run bench -- --concurrency 256 --seconds 8 --repeats 5
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { availableParallelism, cpus } from 'node:os';
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { Pool } from 'undici';
+import { createEngine } from '../../src/index.ts';
+
+const { values } = parseArgs({
+  options: {
+    quick: { type: 'boolean' },
+    concurrency: { type: 'string' },
+    seconds: { type: 'string' },
+    repeats: { type: 'string' },
+    threads: { type: 'string' },
+    'latency-ms': { type: 'string' },
+    out: { type: 'string' },
+  },
+});
+const quick = values.quick ?? false;
+const threads = Number(values.threads ?? availableParallelism());
+const groupSize = 4;
+/** Rollouts in flight on the engine side = requests in flight on the bare side. */
+const concurrency = Number(values.concurrency ?? 64);
+const seconds = Number(values.seconds ?? (quick ? 1.5 : 5));
+const repeats = Number(values.repeats ?? (quick ? 1 : 3));
+const latencyMs = Number(values['latency-ms'] ?? 0);
+const maxTokens = 64;
+
+interface Sample {
+  operations: number;
+  seconds: number;
+  cpuMs: number;
+}
+
+async function startMockProcess(): Promise<{ url: string; child: ChildProcess }> {
+  const main = new URL('../../src/cli/main.ts', import.meta.url).pathname;
+  const child = spawn(process.execPath, ['--import', 'tsx', main, 'mock-llm', '--port', '0', '--latency-ms', String(latencyMs)], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  const url = await new Promise<string>((resolve, reject) => {
+    let out = '';
+    child.stdout!.on('data', (c) => {
+      out += c;
+      const m = /listening on (http:\/\/\S+)/.exec(out);
+      if (m) resolve(m[1]);
+    });
+    child.once('exit', (code) => reject(new Error(`mock server exited with ${code}`)));
+  });
+  return { url, child };
+}
+
+/** What one engine step sends: a guess-number turn, built like the agent loop builds it. */
+function chatBody(): string {
+  return JSON.stringify({
+    model: 'mock-policy',
+    messages: [
+      { role: 'system', content: 'You are playing a number guessing game. Reply with a single integer.' },
+      { role: 'user', content: "I'm thinking of an integer between 1 and 100. What is your guess?" },
+    ],
+    max_tokens: maxTokens,
+    temperature: 1,
+    logprobs: true,
+    return_token_ids: true,
+  });
+}
+
+async function bareLoop(url: string): Promise<Sample> {
+  const origin = new URL(url).origin;
+  const pool = new Pool(origin, { connections: concurrency, headersTimeout: 60_000, bodyTimeout: 60_000 });
+  const body = chatBody();
+  let operations = 0;
+  let stop = false;
+  const worker = async () => {
+    while (!stop) {
+      const res = await pool.request({ method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json' }, body });
+      const reply = JSON.parse(await res.body.text()) as { choices: { message: { content: string } }[] };
+      if (typeof reply.choices[0].message.content !== 'string') throw new Error('bad reply');
+      operations++;
+    }
+  };
+  // warm-up: open the connections
+  stop = false;
+  const cpu0 = process.cpuUsage();
+  const t0 = performance.now();
+  const timer = setTimeout(() => (stop = true), seconds * 1000);
+  await Promise.all(Array.from({ length: concurrency }, worker));
+  clearTimeout(timer);
+  const elapsed = (performance.now() - t0) / 1000;
+  const cpu = process.cpuUsage(cpu0);
+  await pool.close();
+  return { operations, seconds: elapsed, cpuMs: (cpu.user + cpu.system) / 1000 };
+}
+
+async function engineRun(url: string): Promise<Sample> {
+  const groupsInFlight = Math.max(1, Math.round(concurrency / groupSize));
+  const engine = createEngine({
+    logLevel: 'warn',
+    llm: { url, connections: Math.ceil(concurrency / threads) + 8 },
+    batchSize: groupsInFlight,
+    workers: { threads, groupsPerWorker: Math.ceil(groupsInFlight / threads) + 1 },
+    tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize, maxSteps: 8, maxTokens }],
+  });
+  await engine.start();
+  await engine.getBatch(); // warm-up: workers loaded, connections open
+  const before = await engine.stats();
+  const steps0 = before.workers.reduce((n, w) => n + w.steps, 0);
+  const cpu0 = process.cpuUsage();
+  const t0 = performance.now();
+  let turns = 0;
+  while (performance.now() - t0 < seconds * 1000) {
+    const batch = await engine.getBatch();
+    turns += batch.stats.turns;
+  }
+  const elapsed = (performance.now() - t0) / 1000;
+  const cpu = process.cpuUsage(cpu0);
+  const after = await engine.stats();
+  const steps = after.workers.reduce((n, w) => n + w.steps, 0) - steps0;
+  await engine.close();
+  // Inference calls (turns) are the unit the bare loop also counts; env steps can be one fewer per
+  // episode (a `length` finish ends it without a step). Count turns from the workers' step counter
+  // when it is larger (it includes groups still in the buffer).
+  const operations = Math.max(turns, steps);
+  return { operations, seconds: elapsed, cpuMs: (cpu.user + cpu.system) / 1000 };
+}
+
+function stats(xs: number[]): { median: number; min: number; max: number } {
+  const s = [...xs].sort((a, b) => a - b);
+  return { median: s[Math.floor(s.length / 2)], min: s[0], max: s[s.length - 1] };
+}
+
+async function main(): Promise<void> {
+  const { url, child } = await startMockProcess();
+  const bare: Sample[] = [];
+  const engine: Sample[] = [];
+  try {
+    for (let i = 0; i < repeats; i++) {
+      bare.push(await bareLoop(url));
+      engine.push(await engineRun(url));
+    }
+  } finally {
+    child.kill('SIGTERM');
+  }
+  const rate = (s: Sample) => s.operations / s.seconds;
+  const cpuPer = (s: Sample) => (s.cpuMs * 1000) / s.operations; // µs per operation
+  const bareRate = stats(bare.map(rate));
+  const engineRate = stats(engine.map(rate));
+  const bareCpu = stats(bare.map(cpuPer));
+  const engineCpu = stats(engine.map(cpuPer));
+  const result = {
+    machine: { cpus: cpus().length, model: cpus()[0]?.model, node: process.version, platform: process.platform },
+    settings: { concurrency, seconds, repeats, threads, groupSize, latencyMs, maxTokens },
+    bare: { requestsPerSecond: bareRate, cpuUsPerRequest: bareCpu, samples: bare },
+    engine: { stepsPerSecond: engineRate, cpuUsPerStep: engineCpu, samples: engine },
+    ratios: {
+      engineCpuPerStepOverBareCpuPerRequest: engineCpu.median / bareCpu.median,
+      engineStepsPerSecondOverBareRequestsPerSecond: engineRate.median / bareRate.median,
+    },
+  };
+  const fmt = (n: number, d = 0) => n.toFixed(d).padStart(10);
+  const spread = (s: { min: number; max: number }, d = 0) => `${s.min.toFixed(d)}–${s.max.toFixed(d)}`;
+  console.log(`\nrollout-engine bench — ${result.machine.cpus} × ${result.machine.model}, Node ${process.version}`);
+  console.log(`concurrency ${concurrency} (engine: ${threads} workers × ${concurrency / groupSize} groups × ${groupSize}), ${seconds} s × ${repeats} repeats, mock latency ${latencyMs} ms, mock server in its own process\n`);
+  console.log(`${'side'.padEnd(28)}${'ops/s'.padStart(10)}${'CPU µs/op'.padStart(10)}   spread (ops/s; CPU µs/op)`);
+  console.log(`${'bare undici loop (requests)'.padEnd(28)}${fmt(bareRate.median)}${fmt(bareCpu.median)}   ${spread(bareRate)}; ${spread(bareCpu)}`);
+  console.log(`${'engine (agent steps)'.padEnd(28)}${fmt(engineRate.median)}${fmt(engineCpu.median)}   ${spread(engineRate)}; ${spread(engineCpu)}`);
+  console.log(`\nratio engine/bare: CPU per step ${result.ratios.engineCpuPerStepOverBareCpuPerRequest.toFixed(2)}×, throughput ${result.ratios.engineStepsPerSecondOverBareRequestsPerSecond.toFixed(2)}×`);
+  const outDir = values.out ?? 'bench-results';
+  mkdirSync(outDir, { recursive: true });
+  const file = join(outDir, `bench-${new Date().toISOString().replace(/[:.]/g, '-')}.json`);
+  writeFileSync(file, `${JSON.stringify(result, null, 2)}\n`);
+  console.log(`result written to ${file}`);
+}
+
+await main();
