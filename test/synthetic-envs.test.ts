@@ -2,8 +2,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { createEnv as createArithmetic, evaluateExpression } from '../src/env/synthetic/arithmetic.ts';
 import { createEnv as createGuessNumber, NO_INTEGER_REWARD, winReward } from '../src/env/synthetic/guess-number.ts';
-import { SYNTHETIC_ENVS, syntheticEnvModuleUrl } from '../src/env/synthetic/index.ts';
-import type { SyntheticEnvName } from '../src/env/synthetic/index.ts';
+import { resolveConfig, BUILTIN_ENVS } from '../src/config.ts';
 import { lastInteger } from '../src/env/synthetic/params.ts';
 import { createRng } from '../src/env/synthetic/rng.ts';
 
@@ -180,8 +179,9 @@ describe('parameter validation and registry', () => {
   });
 
   it('maps every builtin name to a module exporting createEnv and default as the same factory', async () => {
-    for (const name of Object.keys(SYNTHETIC_ENVS) as SyntheticEnvName[]) {
-      const mod = (await import(syntheticEnvModuleUrl(name).href)) as Record<string, unknown>;
+    for (const name of Object.keys(BUILTIN_ENVS)) {
+      const [task] = resolveConfig({ tasks: [{ name: 't', env: { module: `builtin:${name}` } }] }).tasks;
+      const mod = (await import(task.env.moduleUrl)) as Record<string, unknown>;
       assert.equal(typeof mod.createEnv, 'function', name);
       assert.equal(mod.default, mod.createEnv, name);
     }
