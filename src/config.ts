@@ -66,6 +66,10 @@ const LlmSpec = z.strictObject({
   /** Ask for vLLM-style token ids (`return_token_ids`) and logprobs. */
   returnTokenIds: z.boolean().default(true),
   logprobs: z.boolean().default(true),
+  /** Send a per-rollout, per-turn `seed`, so a continued generation samples like the one it continues. */
+  sendSeed: z.boolean().default(true),
+  /** Server route that aborts every request in flight (SGLang `/abort_request`); null = cancel client-side. */
+  abortPath: z.string().startsWith('/').nullable().default('/abort_request'),
 });
 
 const MockSpec = z.strictObject({
@@ -84,8 +88,35 @@ const WorkersSpec = z.strictObject({
 });
 
 const ProducerSpec = z.strictObject({
+  /** sync: produce each batch on demand; async: keep producing in the background between batches. */
+  strategy: z.enum(['sync', 'async']).default('sync'),
   /** Failed groups tolerated while producing one batch before `getBatch` rejects; null = 2 × batchSize. */
   maxFailedGroupsPerStep: positiveInt.nullable().default(null),
+  /** async: extra groups scheduled per task, as a fraction of its share of the batch. */
+  overSampleThreshold: z.number().min(0).finite().default(0),
+  /** Continue interrupted rollouts after a weight update instead of restarting them. */
+  partialRollout: z.boolean().default(false),
+  /** async: how many weight syncs behind the trainer a sample may be. */
+  maxStaleness: nonNegativeInt.default(0),
+  /** async: train steps between weight syncs. */
+  syncWeightsInterval: positiveInt.default(1),
+  /** async: −1 = expired groups are dropped; 0 = retried whenever any exist; N > 0 = tail-batch mode once N are expired. */
+  tailBatchTriggerSize: z.number().int().min(-1).default(0),
+  /** Group validity filter: `drop-equal-rewards` marks groups whose rewards are all equal FILTERED (no GRPO signal). */
+  filter: z.enum(['none', 'drop-equal-rewards']).default('none'),
+  /** Order COMPLETED groups are taken in: insertion (`fifo`) or stalest first, then oldest. */
+  takeOrder: z.enum(['fifo', 'stalest']).default('fifo'),
+  /** Token-level mask: tokens this many steps stale (or more) are masked out of the loss; null = off. */
+  tokenStalenessThreshold: positiveInt.nullable().default(null),
+});
+
+const PauseSpec = z.strictObject({
+  /** abort: in-flight calls are aborted (server-side, else client-side) and return partial tokens; drain: they finish first. */
+  mode: z.enum(['abort', 'drain']).default('abort'),
+  /** Re-send the pause (and the server abort) this often while groups drain. */
+  resignalIntervalMs: positiveInt.default(5_000),
+  /** Cancel what is still in flight, client-side, after this long. */
+  timeoutMs: positiveInt.default(60_000),
 });
 
 const DEFAULT_TASKS = [
@@ -114,6 +145,9 @@ export const EngineConfigSchema = z.strictObject({
   mock: MockSpec.default(() => MockSpec.parse({})),
   workers: WorkersSpec.default(() => WorkersSpec.parse({})),
   producer: ProducerSpec.default(() => ProducerSpec.parse({})),
+  pause: PauseSpec.default(() => PauseSpec.parse({})),
+  /** Checkpoint file to resume the run from (written by engine.checkpoint()). */
+  resumeFrom: z.string().min(1).nullable().default(null),
   logLevel: z.enum(LOG_LEVELS).default(() => (process.env.LOG_LEVEL as (typeof LOG_LEVELS)[number] | undefined) ?? 'info'),
 });
 
@@ -125,6 +159,8 @@ export type TaskConfig = ParsedConfig['tasks'][number] & {
 };
 export type LlmConfig = ParsedConfig['llm'];
 export type MockConfig = ParsedConfig['mock'];
+export type ProducerConfig = ParsedConfig['producer'];
+export type PauseConfig = ParsedConfig['pause'];
 export type ResolvedConfig = Omit<ParsedConfig, 'tasks'> & { tasks: TaskConfig[] };
 
 export interface ResolveOptions {
@@ -147,7 +183,9 @@ export function resolveConfig(input: unknown, options: ResolveOptions = {}): Res
   }));
   if (!parsed.success || problems.length > 0) throw new ConfigError(problems);
   const tasks = parsed.data.tasks.map((task, i): TaskConfig => ({ ...task, dataset: located[i].dataset, env: { ...task.env, moduleUrl: located[i].moduleUrl } }));
-  return { ...parsed.data, tasks };
+  const resumeFrom = parsed.data.resumeFrom === null ? null : resolveDataset(parsed.data.resumeFrom, baseDir, 'resumeFrom', problems);
+  if (problems.length > 0) throw new ConfigError(problems);
+  return { ...parsed.data, tasks, resumeFrom };
 }
 
 /** The tasks' path fields from unvalidated input, where they have the right shape. */

@@ -8,7 +8,8 @@
  */
 import { resolveConfig, type EngineConfigInput, type ResolvedConfig, type ResolveOptions } from './config.ts';
 import { Coordinator, type CoordinatorOptions, type EngineStats } from './coordinator/engine.ts';
-import type { Batch } from './coordinator/producer.ts';
+import type { Batch, PauseReport } from './coordinator/producer.ts';
+import { RolloutEngineError } from './protocol/errors.ts';
 
 export class Engine {
   readonly #coordinator: Coordinator;
@@ -37,10 +38,39 @@ export class Engine {
     return this.#coordinator.getBatch(trainStep);
   }
 
-  /** Batches for consecutive train steps; `steps` bounds it (default: until the loop breaks). */
+  /**
+   * NORMAL batches for consecutive train steps; `steps` bounds it (default: until the loop breaks).
+   * It does not update weights itself: with the async strategy, an EXPIRED_BATCH ends the iteration
+   * with an error telling the caller to sync weights (use getBatch for that loop).
+   */
   async *batches(options: { steps?: number } = {}): AsyncGenerator<Batch, void, undefined> {
     const steps = options.steps ?? Infinity;
-    for (let i = 0; i < steps; i++) yield await this.getBatch();
+    for (let i = 0; i < steps; i++) {
+      const batch = await this.getBatch();
+      if (batch.status !== 'NORMAL') {
+        throw new RolloutEngineError('ERR_BATCH_STATUS', `train step ${batch.trainStep}: ${batch.status} — sync the weights (pauseForWeightUpdate, resume) and call getBatch again`);
+      }
+      yield batch;
+    }
+  }
+
+  /**
+   * Pause for a weight update: workers stop issuing inference calls at once, in-flight calls are
+   * aborted (or drained, `pause.mode`), and every interrupted rollout comes back ABORTED with what it
+   * had. Resolves with timings once every group in flight is back on the main thread.
+   */
+  pauseForWeightUpdate(): Promise<PauseReport> {
+    return this.#coordinator.pauseForWeightUpdate();
+  }
+
+  /** The inference servers hold weights `modelStep`: production continues, new tokens are tagged with it. */
+  resume(options: { modelStep: number }): Promise<void> {
+    return this.#coordinator.resume(options);
+  }
+
+  /** Save the run to one file (atomic); `createEngine({ resumeFrom: path })` continues it. */
+  checkpoint(path: string): Promise<{ path: string; bytes: number }> {
+    return this.#coordinator.checkpoint(path);
   }
 
   stats(): Promise<EngineStats> {
@@ -61,7 +91,9 @@ export function createEngine(config: EngineConfigInput = {}, options: ResolveOpt
 export { resolveConfig, EngineConfigSchema, BUILTIN_ENVS } from './config.ts';
 export type { EngineConfigInput, ResolvedConfig, TaskConfig, LlmConfig, MockConfig, ResolveOptions } from './config.ts';
 export type { EngineStats, CoordinatorOptions } from './coordinator/engine.ts';
-export type { Batch, BatchStats, GroupCounts } from './coordinator/producer.ts';
+export type { Batch, BatchStats, GroupCounts, PauseReport, ProducerHooks } from './coordinator/producer.ts';
+export { hasRewardSpread } from './coordinator/producer.ts';
+export type { ProduceStatus, ShouldContinue } from './coordinator/strategies.ts';
 export type { WorkerPool } from './coordinator/worker-pool.ts';
 export { ConfigError, ProtocolError, RolloutEngineError } from './protocol/errors.ts';
 export { LlmError } from './llm/errors.ts';

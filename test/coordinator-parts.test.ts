@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { allocateBatch } from '../src/coordinator/allocate.ts';
-import { SettledQueue } from '../src/coordinator/settled-queue.ts';
+import { Notifier } from '../src/coordinator/notifier.ts';
 import { ReplayBuffer } from '../src/buffer/replay-buffer.ts';
 import { mixSeed } from '../src/buffer/sampler.ts';
 import { trimMessages } from '../src/rollout/trim.ts';
@@ -22,20 +22,19 @@ describe('batch allocation across tasks', () => {
   });
 });
 
-describe('SettledQueue', () => {
-  it('hands out results in the order they settle, not the order they were added', async () => {
-    const queue = new SettledQueue<string>();
-    const a = deferred<string>();
-    const b = deferred<string>();
-    queue.add(a.promise);
-    queue.add(b.promise);
-    const first = queue.next();
-    b.resolve('b');
-    a.resolve('a');
-    assert.equal(await first, 'b');
-    assert.equal(await queue.next(), 'a');
-    assert.equal(queue.size, 0);
-    await assert.rejects(queue.next(), /nothing in flight/);
+describe('Notifier', () => {
+  it('wakes every waiter pending at notify(), and not the ones that start waiting later', async () => {
+    const notifier = new Notifier();
+    const woken: string[] = [];
+    const a = notifier.wait().then(() => woken.push('a'));
+    const b = notifier.wait().then(() => woken.push('b'));
+    notifier.notify();
+    let lateWoken = false;
+    void notifier.wait().then(() => (lateWoken = true));
+    await Promise.all([a, b]);
+    await Promise.resolve();
+    assert.deepEqual(woken, ['a', 'b']);
+    assert.equal(lateWoken, false);
   });
 });
 
@@ -62,7 +61,7 @@ describe('replay buffer', () => {
     const buffer = new ReplayBuffer(['a']);
     buffer.put(group('a', 1, Status.FAILED));
     buffer.put(group('a', 2, Status.ABORTED));
-    assert.deepEqual(buffer.dropped, { FAILED: 1, FILTERED: 0 });
+    assert.deepEqual(buffer.dropped, { FAILED: 1, FILTERED: 0, EXPIRED: 0 });
     assert.equal(buffer.lastDropReason, 'boom 1');
     assert.equal(buffer.count('a', Status.ABORTED), 1);
     assert.equal(buffer.count('a', Status.COMPLETED), 0);

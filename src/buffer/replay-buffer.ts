@@ -1,38 +1,95 @@
 /**
- * The replay buffer: groups by task and status, taken FIFO by insertion.
+ * The replay buffer: groups by task and status.
  *
  * Invariants:
- * - a group id is in at most one status pool of its task;
- * - FAILED and FILTERED groups are never stored — they are counted in `dropped` and their reasons kept
- *   in `lastDropReason`, so every group the producer made is either stored, taken or counted here.
+ * - a group id is in at most one pool (task × status) at a time;
+ * - only COMPLETED, ABORTED and EXPIRED groups are stored; FAILED, FILTERED and expired-but-not-
+ *   retryable groups are counted in `dropped` (with the last reason) and let go — so every group the
+ *   producer made is stored, taken, or counted here;
+ * - Map iteration order is insertion order, which is what "FIFO by insertion" means below.
+ *
+ * Expiry lifecycle (on every put and every refresh, for COMPLETED / ABORTED / EXPIRED groups): a
+ * member whose staleness reaches the threshold has expired. When expired groups are retryable, only
+ * the expired members are reset to their prompt and marked EXPIRED (siblings keep their responses);
+ * when they are not, the whole group is dropped and counted.
  */
-import { Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { groupStatus, resetToPrompt, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { rolloutMinModelStep, rolloutStaleness } from './staleness.ts';
 
 const STORED_STATUSES = [Status.COMPLETED, Status.ABORTED, Status.EXPIRED] as const;
-type StoredStatus = (typeof STORED_STATUSES)[number];
+export type StoredStatus = (typeof STORED_STATUSES)[number];
+export type DropReason = 'FAILED' | 'FILTERED' | 'EXPIRED';
+export type TakeOrder = 'fifo' | 'stalest';
+
+export interface ExpiryPolicy {
+  /** The consumer's train step staleness is measured against. */
+  trainStep: number;
+  /** staleThreshold(maxStaleness, syncWeightsInterval); Infinity disables expiry (sync strategy). */
+  threshold: number;
+  /** true: reset expired members and keep the group as EXPIRED; false: drop the group. */
+  retryable: boolean;
+}
+
+export interface BufferSnapshot {
+  /** Every stored group, pool by pool in insertion order. */
+  groups: RolloutGroup[];
+  dropped: Record<DropReason, number>;
+  lastDropReason: string | null;
+}
 
 export class ReplayBuffer {
-  /** task → status → (group id → group); Map iteration order is insertion order, which gives FIFO. */
+  /** task → status → (group id → group). */
   readonly #pools = new Map<string, Map<StoredStatus, Map<string, RolloutGroup>>>();
-  readonly #dropped = { FAILED: 0, FILTERED: 0 };
+  readonly #dropped: Record<DropReason, number> = { FAILED: 0, FILTERED: 0, EXPIRED: 0 };
   #lastDropReason: string | null = null;
+  /** Called with every group that leaves the buffer's accounting by being dropped. */
+  onDrop: ((group: RolloutGroup, reason: DropReason) => void) | null = null;
 
   constructor(taskNames: readonly string[]) {
     for (const name of taskNames) this.#pools.set(name, new Map(STORED_STATUSES.map((s) => [s, new Map()])));
   }
 
-  /** Store a finished group under its status; FAILED / FILTERED ones are counted and let go. */
-  put(group: RolloutGroup): void {
+  /**
+   * Store a finished group under its status after the expiry lifecycle; returns where it went
+   * (its stored status, or the drop reason).
+   */
+  put(group: RolloutGroup, expiry?: ExpiryPolicy): StoredStatus | DropReason {
     const pools = this.#taskPools(group.taskName);
     for (const pool of pools.values()) pool.delete(group.id);
+    group.status = groupStatus(group.rollouts);
     if (group.status === Status.FAILED || group.status === Status.FILTERED) {
-      this.#dropped[group.status]++;
-      this.#lastDropReason = group.error ?? group.rollouts.find((r) => r.error !== null)?.error ?? group.status;
-      return;
+      this.#drop(group, group.status);
+      return group.status;
     }
-    const pool = pools.get(group.status as StoredStatus);
+    if (expiry !== undefined && !applyExpiry(group, expiry)) {
+      this.#drop(group, 'EXPIRED');
+      return 'EXPIRED';
+    }
+    const status = group.status as StoredStatus;
+    const pool = pools.get(status);
     if (pool === undefined) throw new Error(`replay buffer cannot store group ${group.id} with status ${group.status}`);
     pool.set(group.id, group);
+    return status;
+  }
+
+  /**
+   * Re-run the expiry lifecycle over every stored group (the consumer's step moved). A group that
+   * stays in its pool keeps its place in the insertion order.
+   */
+  refresh(expiry: ExpiryPolicy): void {
+    for (const pools of this.#pools.values()) {
+      for (const [status, pool] of pools) {
+        for (const group of [...pool.values()]) {
+          if (!applyExpiry(group, expiry)) {
+            pool.delete(group.id);
+            this.#drop(group, 'EXPIRED');
+          } else if (group.status !== status) {
+            pool.delete(group.id);
+            pools.get(group.status as StoredStatus)!.set(group.id, group);
+          }
+        }
+      }
+    }
   }
 
   count(taskName?: string, status: StoredStatus = Status.COMPLETED): number {
@@ -41,19 +98,41 @@ export class ReplayBuffer {
     return n;
   }
 
-  /** Remove and return up to `n` COMPLETED groups of a task, oldest first. */
-  take(taskName: string, n: number): RolloutGroup[] {
+  /**
+   * Remove and return up to `n` COMPLETED groups of a task: oldest first (`fifo`), or stalest first
+   * then oldest (`stalest`, measured by the oldest token's model step).
+   */
+  take(taskName: string, n: number, order: TakeOrder = 'fifo'): RolloutGroup[] {
     const pool = this.#taskPools(taskName).get(Status.COMPLETED)!;
-    const out: RolloutGroup[] = [];
-    for (const [id, group] of pool) {
-      if (out.length >= n) break;
-      pool.delete(id);
-      out.push(group);
+    let chosen: RolloutGroup[];
+    if (order === 'fifo') {
+      chosen = [];
+      for (const group of pool.values()) {
+        if (chosen.length >= n) break;
+        chosen.push(group);
+      }
+    } else {
+      // Array.prototype.sort is stable, so equal staleness keeps insertion order (oldest first).
+      chosen = [...pool.values()].sort((a, b) => groupMinModelStep(a) - groupMinModelStep(b)).slice(0, n);
     }
-    return out;
+    for (const group of chosen) pool.delete(group.id);
+    return chosen;
   }
 
-  get dropped(): Readonly<Record<'FAILED' | 'FILTERED', number>> {
+  /** Remove and return the oldest group of the first non-empty pool in `statuses`, for regeneration. */
+  takeForRetry(taskName: string, statuses: readonly StoredStatus[]): RolloutGroup | null {
+    const pools = this.#taskPools(taskName);
+    for (const status of statuses) {
+      const pool = pools.get(status)!;
+      for (const [id, group] of pool) {
+        pool.delete(id);
+        return group;
+      }
+    }
+    return null;
+  }
+
+  get dropped(): Readonly<Record<DropReason, number>> {
     return { ...this.#dropped };
   }
 
@@ -61,9 +140,58 @@ export class ReplayBuffer {
     return this.#lastDropReason;
   }
 
+  snapshot(): BufferSnapshot {
+    const groups: RolloutGroup[] = [];
+    for (const pools of this.#pools.values()) for (const pool of pools.values()) groups.push(...pool.values());
+    return { groups, dropped: { ...this.#dropped }, lastDropReason: this.#lastDropReason };
+  }
+
+  /** Replace the contents in place (no expiry: the restored consumer step decides on the next refresh). */
+  restore(snapshot: BufferSnapshot): void {
+    for (const pools of this.#pools.values()) for (const pool of pools.values()) pool.clear();
+    for (const group of snapshot.groups) this.put(group);
+    Object.assign(this.#dropped, snapshot.dropped);
+    this.#lastDropReason = snapshot.lastDropReason;
+  }
+
+  #drop(group: RolloutGroup, reason: DropReason): void {
+    this.#dropped[reason]++;
+    this.#lastDropReason = reason === 'EXPIRED' ? `group ${group.id} expired (too stale) and expired groups are not retried` : (group.error ?? group.rollouts.find((r) => r.error !== null)?.error ?? reason);
+    this.onDrop?.(group, reason);
+  }
+
   #taskPools(taskName: string): Map<StoredStatus, Map<string, RolloutGroup>> {
     const pools = this.#pools.get(taskName);
     if (pools === undefined) throw new Error(`replay buffer has no task ${JSON.stringify(taskName)}`);
     return pools;
   }
+}
+
+/**
+ * The expiry lifecycle for one group. Returns false when the group must be dropped (it has an
+ * expired member and expired groups are not retryable).
+ */
+export function applyExpiry(group: RolloutGroup, { trainStep, threshold, retryable }: ExpiryPolicy): boolean {
+  if (!Number.isFinite(threshold)) return true;
+  let expiredAny = false;
+  for (const rollout of group.rollouts) {
+    if (rollout.status !== Status.COMPLETED && rollout.status !== Status.ABORTED) continue;
+    if (rolloutStaleness(rollout, trainStep) < threshold) continue;
+    expiredAny = true;
+    if (!retryable) break;
+    resetToPrompt(rollout, Status.EXPIRED);
+  }
+  if (!expiredAny) return true;
+  if (!retryable) return false;
+  group.status = groupStatus(group.rollouts); // EXPIRED, or ABORTED if an interrupted member remains
+  return true;
+}
+
+function groupMinModelStep(group: RolloutGroup): number {
+  let min = Infinity;
+  for (const r of group.rollouts) {
+    const m = rolloutMinModelStep(r);
+    if (m !== null && m < min) min = m;
+  }
+  return min;
 }

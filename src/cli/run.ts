@@ -61,13 +61,23 @@ export async function runCommand(argv: string[]): Promise<number> {
   process.once('SIGTERM', stopOnSignal);
 
   const started = performance.now();
-  const batches: Batch[] = [];
+  const batches: NormalBatch[] = [];
+  let landed: Record<Status, number> | null = null;
   try {
     await engine.start();
-    for await (const batch of engine.batches({ steps })) {
+    for (let step = 1; step <= steps; ) {
+      const batch = await engine.getBatch(step);
+      if (batch.status !== 'NORMAL') {
+        // No trainer is attached: stand in for one by "syncing" weights to the step just trained.
+        await engine.pauseForWeightUpdate();
+        await engine.resume({ modelStep: Math.max(engine.config.modelStep, step - 1) });
+        continue;
+      }
       await writer.write(batch);
       batches.push(batch);
+      step++;
     }
+    landed = (await engine.stats()).groups.landed;
   } finally {
     await writer.close();
     await engine.close();
@@ -75,7 +85,7 @@ export async function runCommand(argv: string[]): Promise<number> {
     process.off('SIGTERM', stopOnSignal);
   }
   const seconds = (performance.now() - started) / 1000;
-  const summary = summarize(batches, seconds, writer.path);
+  const summary = summarize(batches, landed ?? emptyLanded(), seconds, writer.path);
   const { writeFileSync, mkdirSync } = await import('node:fs');
   mkdirSync(runDir, { recursive: true });
   writeFileSync(join(runDir, 'summary.json'), `${JSON.stringify(summary, null, 2)}\n`);
@@ -128,8 +138,13 @@ interface RunSummary {
   output: string;
 }
 
-function summarize(batches: Batch[], seconds: number, output: string): RunSummary {
-  const produced: Record<Status, number> = { INIT: 0, COMPLETED: 0, ABORTED: 0, EXPIRED: 0, FAILED: 0, FILTERED: 0 };
+type NormalBatch = Extract<Batch, { status: 'NORMAL' }>;
+
+function emptyLanded(): Record<Status, number> {
+  return { INIT: 0, COMPLETED: 0, ABORTED: 0, EXPIRED: 0, FAILED: 0, FILTERED: 0 };
+}
+
+function summarize(batches: NormalBatch[], produced: Record<Status, number>, seconds: number, output: string): RunSummary {
   let groups = 0;
   let rollouts = 0;
   let rewardSum = 0;
@@ -141,7 +156,6 @@ function summarize(batches: Batch[], seconds: number, output: string): RunSummar
     rewardSum += b.stats.meanReward * b.stats.rollouts;
     turns += b.stats.turns;
     responseTokens += b.stats.responseTokens;
-    for (const [status, n] of Object.entries(b.stats.produced)) produced[status as Status] += n;
   }
   return {
     batches: batches.length,

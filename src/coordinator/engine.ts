@@ -1,34 +1,42 @@
 /**
  * The coordinator: owns every piece of bookkeeping on the main thread and composes the parts.
  *
- *   Sampler ─► SyncProducer ─► WorkerPool (Piscina threads run the agent loops)
- *                   │                │
- *                   └─► ReplayBuffer ◄┘ (finished groups)  ─► getBatch() ─► trainer
+ *   Sampler ─► Producer (sync | async strategy) ─► WorkerPool (Piscina threads run the agent loops)
+ *                  │   ▲                                │
+ *                  │   └── ABORTED / EXPIRED retries    │ finished groups
+ *                  ▼                                    ▼
+ *              ReplayBuffer ◄───────────────────────────┘  ─► getBatch(trainStep) ─► trainer
+ *   PauseControl ── shared flag ──► every worker (pause / resume, model step)
  *
  * The public `Engine` class in src/index.ts is a thin shell over this.
  */
 import type { ResolvedConfig } from '../config.ts';
-import { ReplayBuffer } from '../buffer/replay-buffer.ts';
+import type { DropReason } from '../buffer/replay-buffer.ts';
 import { Sampler } from '../buffer/sampler.ts';
 import { probeInferenceServer } from '../llm/client.ts';
 import { createLogger, type Logger } from '../log.ts';
 import { RolloutEngineError } from '../protocol/errors.ts';
 import type { WorkerStats } from '../protocol/messages.ts';
+import { readCheckpoint, writeCheckpoint } from './checkpoint.ts';
+import { PauseControl } from './pause-control.ts';
+import { Producer, type Batch, type GroupCounts, type PauseReport, type ProducerHooks, type ProducerSnapshot } from './producer.ts';
 import { PiscinaWorkerPool, type WorkerPool } from './worker-pool.ts';
-import { SyncProducer, type Batch, type GroupCounts } from './producer.ts';
 
 export interface EngineStats {
   modelStep: number;
   /** The train step the next `getBatch()` without an argument produces for. */
   nextTrainStep: number;
+  /** The step the producer is producing for (async: may run ahead of the trainer). */
+  producerFutureStep: number;
+  paused: boolean;
   groups: GroupCounts;
-  buffer: { completed: number; aborted: number; expired: number; dropped: { FAILED: number; FILTERED: number } };
+  buffer: { completed: number; aborted: number; expired: number; dropped: Record<DropReason, number>; lastDropReason: string | null };
   workers: WorkerStats[];
 }
 
-export interface CoordinatorOptions {
-  /** Replace the worker pool (tests, remote pools). */
-  pool?: (config: ResolvedConfig, llmUrl: string, log: Logger) => WorkerPool;
+export interface CoordinatorOptions extends ProducerHooks {
+  /** Replace the worker pool (remote pools; tests). */
+  pool?: (config: ResolvedConfig, llmUrl: string, control: SharedArrayBuffer, log: Logger) => WorkerPool;
   log?: Logger;
 }
 
@@ -42,11 +50,9 @@ export class Coordinator {
   #llmUrl: string | null = null;
   #closeMock: (() => Promise<void>) | null = null;
   #pool: WorkerPool | null = null;
-  #buffer: ReplayBuffer | null = null;
-  #producer: SyncProducer | null = null;
-  #nextTrainStep = 1;
-  /** Serializes getBatch calls: one round of production at a time. */
-  #round: Promise<unknown> = Promise.resolve();
+  #producer: Producer | null = null;
+  /** Serializes getBatch / pause / resume / checkpoint: one at a time, in call order. */
+  #queue: Promise<unknown> = Promise.resolve();
 
   constructor(config: ResolvedConfig, options: CoordinatorOptions = {}) {
     this.config = config;
@@ -63,6 +69,7 @@ export class Coordinator {
     this.#state = 'starting';
     try {
       const { config } = this;
+      const resumed = config.resumeFrom === null ? null : readCheckpoint(config.resumeFrom, config);
       const samplers = new Map<string, Sampler>();
       for (const task of config.tasks) samplers.set(task.name, await Sampler.create(task, config.seed));
       this.#llmUrl = config.llm.url ?? (await this.#startEmbeddedMock());
@@ -70,13 +77,24 @@ export class Coordinator {
       if (models.length > 0 && !models.includes(config.llm.model)) {
         this.log.warn({ model: config.llm.model, served: models }, 'llm.model is not among the models the server lists');
       }
-      const pool = this.#options.pool?.(config, this.#llmUrl, this.log) ?? new PiscinaWorkerPool({ config, llmUrl: this.#llmUrl, log: this.log });
+      const control = new PauseControl(resumed?.modelStep ?? config.modelStep);
+      const pool =
+        this.#options.pool?.(config, this.#llmUrl, control.block, this.log) ??
+        new PiscinaWorkerPool({ config, llmUrl: this.#llmUrl, control: control.block, log: this.log });
       this.#pool = pool;
-      this.#buffer = new ReplayBuffer(config.tasks.map((t) => t.name));
-      this.#producer = new SyncProducer(config, pool, this.#buffer, samplers);
+      this.#producer = new Producer({ config, pool, control, samplers, log: this.log, llmUrl: this.#llmUrl, hooks: this.#options });
+      if (resumed !== null) this.#producer.restore(resumed);
+      this.#producer.start();
       this.#state = 'running';
       this.log.info(
-        { llm: this.#llmUrl, threads: config.workers.threads, groupsPerWorker: config.workers.groupsPerWorker, tasks: config.tasks.map((t) => t.name) },
+        {
+          llm: this.#llmUrl,
+          strategy: config.producer.strategy,
+          threads: config.workers.threads,
+          groupsPerWorker: config.workers.groupsPerWorker,
+          tasks: config.tasks.map((t) => t.name),
+          ...(resumed ? { resumedFrom: config.resumeFrom, nextTrainStep: this.#producer.progress.nextConsumerStep } : {}),
+        },
         'engine started',
       );
     } catch (err) {
@@ -85,34 +103,62 @@ export class Coordinator {
     }
   }
 
-  /** Produce and take the batch for `trainStep` (default: the step after the last one taken). */
+  /** Produce (sync) or wait for (async) and take the batch for `trainStep` (default: the next one). */
   getBatch(trainStep?: number): Promise<Batch> {
-    const round = this.#round.then(() => this.#produce(trainStep));
-    this.#round = round.catch(() => undefined);
-    return round;
+    return this.#serialized(async (producer) => {
+      const step = trainStep ?? producer.progress.nextConsumerStep;
+      if (!Number.isInteger(step) || step < 1) throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `trainStep must be a positive integer (got ${String(trainStep)})`);
+      const batch = await producer.getBatch(step);
+      if (batch.status === 'NORMAL') {
+        const s = batch.stats!;
+        this.log.info({ trainStep: step, groups: s.groups, meanReward: round3(s.meanReward), maxStaleness: s.staleness.max, ms: Math.round(s.produceMs) }, 'batch ready');
+      } else this.log.info({ trainStep: step, status: batch.status }, 'no batch');
+      return batch;
+    });
   }
 
-  async #produce(trainStep: number | undefined): Promise<Batch> {
-    if (this.#state !== 'running') throw new RolloutEngineError('ERR_ENGINE_STATE', `getBatch() needs a running engine; it is ${this.#state}`);
-    const step = trainStep ?? this.#nextTrainStep;
-    if (!Number.isInteger(step) || step < 1) throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `trainStep must be a positive integer (got ${String(trainStep)})`);
-    const batch = await this.#producer!.produceBatch(step);
-    this.#nextTrainStep = step + 1;
-    this.log.info({ trainStep: step, groups: batch.stats.groups, meanReward: round3(batch.stats.meanReward), ms: Math.round(batch.stats.produceMs) }, 'batch ready');
-    return batch;
+  /** Pause production for a weight update; resolves when every group in flight is back (or timed out). */
+  pauseForWeightUpdate(): Promise<PauseReport> {
+    // Not queued behind a getBatch in progress: the pause is what lets that call return.
+    return this.#withProducer((producer) => producer.pause());
+  }
+
+  /** New weights are in the inference servers: continue with `modelStep`. */
+  resume(options: { modelStep: number }): Promise<void> {
+    return this.#withProducer(async (producer) => producer.resume(options.modelStep));
+  }
+
+  /** Write the run's state to `path` atomically. Production goes on; groups in flight are saved as they were sent. */
+  checkpoint(path: string): Promise<{ path: string; bytes: number }> {
+    return this.#serialized(async (producer) => ({ path, bytes: writeCheckpoint(path, this.config, producer.snapshot()) }));
+  }
+
+  snapshot(): ProducerSnapshot | null {
+    return this.#producer?.snapshot() ?? null;
   }
 
   async stats(): Promise<EngineStats> {
-    const buffer = this.#buffer;
+    const producer = this.#producer;
+    const buffer = producer?.buffer;
     return {
-      modelStep: this.#producer?.modelStep ?? this.config.modelStep,
-      nextTrainStep: this.#nextTrainStep,
-      groups: structuredClone(this.#producer?.counts ?? { scheduled: 0, inFlight: 0, finished: { INIT: 0, COMPLETED: 0, ABORTED: 0, EXPIRED: 0, FAILED: 0, FILTERED: 0 }, taken: 0 }),
+      modelStep: producer?.modelStep ?? this.config.modelStep,
+      nextTrainStep: producer?.progress.nextConsumerStep ?? 1,
+      producerFutureStep: producer?.progress.producerFutureStep ?? 1,
+      paused: producer?.paused ?? false,
+      groups: structuredClone(producer?.counts) ?? {
+        scheduled: 0,
+        retried: 0,
+        inFlight: 0,
+        landed: { INIT: 0, COMPLETED: 0, ABORTED: 0, EXPIRED: 0, FAILED: 0, FILTERED: 0 },
+        taken: 0,
+        dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 },
+      },
       buffer: {
         completed: buffer?.count(undefined, 'COMPLETED') ?? 0,
         aborted: buffer?.count(undefined, 'ABORTED') ?? 0,
         expired: buffer?.count(undefined, 'EXPIRED') ?? 0,
-        dropped: buffer?.dropped ?? { FAILED: 0, FILTERED: 0 },
+        dropped: buffer?.dropped ?? { FAILED: 0, FILTERED: 0, EXPIRED: 0 },
+        lastDropReason: buffer?.lastDropReason ?? null,
       },
       workers: (await this.#pool?.stats()) ?? [],
     };
@@ -120,11 +166,26 @@ export class Coordinator {
 
   async close(): Promise<void> {
     if (this.#state === 'closed' || this.#state === 'closing') return;
+    const wasRunning = this.#state === 'running';
     this.#state = 'closing';
-    await this.#round; // let a round in progress land its groups first
+    if (wasRunning) await this.#queue; // let a call in progress land its groups first
+    await this.#producer?.close();
     await this.#pool?.close();
     await this.#closeMock?.();
     this.#state = 'closed';
+  }
+
+  #withProducer<T>(fn: (producer: Producer) => Promise<T>): Promise<T> {
+    if (this.#state !== 'running' || this.#producer === null) {
+      return Promise.reject(new RolloutEngineError('ERR_ENGINE_STATE', `the engine must be running (it is ${this.#state})`));
+    }
+    return fn(this.#producer);
+  }
+
+  #serialized<T>(fn: (producer: Producer) => Promise<T>): Promise<T> {
+    const run = this.#queue.then(() => this.#withProducer(fn));
+    this.#queue = run.catch(() => undefined);
+    return run;
   }
 
   async #startEmbeddedMock(): Promise<string> {

@@ -1,28 +1,43 @@
 /**
- * Synchronous production: make one batch per train step, on demand.
+ * The producer: schedules groups on the worker pool, lands finished groups in the replay buffer, and
+ * serves batches, weight-update pauses and checkpoints. Everything here runs on the main thread;
+ * the strategies (./strategies.ts) decide *what* to schedule, this class owns the bookkeeping.
  *
- * Per task: start the task's share of the batch at once, then top up while
- * `in flight + completed < share`, until `share` groups are COMPLETED. FAILED groups are counted and
- * replaced; past `maxFailedGroupsPerStep` the round stops (after letting in-flight groups land, so
- * nothing is lost) and `getBatch` rejects with the last reason — an unreachable server or a broken
- * environment becomes one clear error instead of an endless loop.
+ * Invariants (checked by the property test):
+ * - every group drawn from a sampler is, at any moment, in exactly one place: in flight (`#inFlight`),
+ *   stored in the buffer, taken by the trainer, or dropped (FAILED / FILTERED / EXPIRED) and counted:
+ *   `counts.scheduled = inFlight + stored + taken + dropped`;
+ * - a group lands (`#land`) exactly once per dispatch: the pool's runGroup never rejects, and the
+ *   `then` callback runs atomically on this thread, so no claim protocol is needed;
+ * - groups never leave the buffer except through `take` (to the trainer) or `spawn` (back in flight).
  */
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { ResolvedConfig } from '../config.ts';
-import type { ReplayBuffer } from '../buffer/replay-buffer.ts';
+import { ReplayBuffer, type BufferSnapshot, type DropReason, type ExpiryPolicy } from '../buffer/replay-buffer.ts';
 import type { Sampler } from '../buffer/sampler.ts';
+import { rolloutStaleness, staleThreshold, tokenLossMask } from '../buffer/staleness.ts';
+import { abortInference } from '../llm/client.ts';
+import type { Logger } from '../log.ts';
 import { RolloutEngineError } from '../protocol/errors.ts';
-import { responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
-import { allocateBatch } from './allocate.ts';
-import { SettledQueue } from './settled-queue.ts';
+import { groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { Notifier } from './notifier.ts';
+import type { PauseControl } from './pause-control.ts';
+import { ProduceProgress, type ProgressState } from './progress.ts';
+import { AsyncStrategy, SyncStrategy, type ProduceContext, type ProduceStatus, type ShouldContinue } from './strategies.ts';
 import type { WorkerPool } from './worker-pool.ts';
 
-/** Cumulative group counts since the engine started: `scheduled = inFlight + Σ finished statuses`. */
+/** Cumulative group counts since the run started. */
 export interface GroupCounts {
+  /** Fresh groups drawn from the samplers. */
   scheduled: number;
+  /** Groups sent again from the ABORTED / EXPIRED pools. */
+  retried: number;
   inFlight: number;
-  finished: Record<Status, number>;
+  /** Landings by the status the group came back with (a retried group lands more than once). */
+  landed: Record<Status, number>;
   /** COMPLETED groups handed to the trainer. */
   taken: number;
+  dropped: Record<DropReason, number>;
 }
 
 export interface BatchStats {
@@ -32,123 +47,542 @@ export interface BatchStats {
   /** Agent turns (inference calls) in the batch's rollouts. */
   turns: number;
   responseTokens: number;
-  /** Groups produced this round by final status, including ones not in the batch (failed, left in the buffer). */
-  produced: Record<Status, number>;
+  /** Staleness of the batch's rollouts at this train step. */
+  staleness: { min: number; max: number; mean: number };
+  /** Tokens masked out of the loss by the token-level staleness threshold. */
+  maskedTokens: number;
+  /** Since the previous batch: groups produced per task (every status) and their response tokens. */
+  producedSamples: Record<string, number>;
+  producedTokens: Record<string, number>;
+  /** Since the previous batch: mean reward of COMPLETED groups as generated (before filtering). */
+  rawMeanReward: Record<string, number | null>;
   produceMs: number;
   byTask: Record<string, { groups: number; meanReward: number }>;
 }
 
-export interface Batch {
-  trainStep: number;
-  status: 'NORMAL';
-  groups: RolloutGroup[];
-  stats: BatchStats;
+/**
+ * NORMAL: `groups` holds the batch. UPDATE_WEIGHT_AND_ABORT: a weight update is in progress — resume,
+ * then ask again. EXPIRED_BATCH: the weights are too stale to produce this step — sync the weights
+ * (pause, load, resume), then ask again. Both of the latter come with no groups.
+ */
+export type Batch =
+  | { trainStep: number; status: 'NORMAL'; groups: RolloutGroup[]; stats: BatchStats }
+  | { trainStep: number; status: 'UPDATE_WEIGHT_AND_ABORT' | 'EXPIRED_BATCH'; groups: []; stats: null };
+
+export interface PauseReport {
+  /** From the request until every worker acknowledged it (stopped issuing inference calls). */
+  workersStoppedMs: number | null;
+  /** From the request until every group in flight was back on the main thread. */
+  allBackMs: number;
+  groupsBack: number;
+  serverAbort: boolean;
+  /** In-flight calls were cancelled client-side (abort mode without a server abort, or the timeout). */
+  cancelled: boolean;
+  /** Groups still running when the pause gave up waiting (they land later; none is lost). */
+  stillInFlight: number;
+}
+
+export interface ProducerHooks {
+  /** `is_valid_sample_fn`: false turns a COMPLETED group FILTERED. */
+  isValidGroup?: (group: RolloutGroup) => boolean;
+  shouldContinue?: ShouldContinue;
+}
+
+export interface ProducerSnapshot {
+  modelStep: number;
+  progress: ProgressState;
+  buffer: BufferSnapshot;
+  samplers: Record<string, number>;
+  counts: GroupCounts;
+  /** Groups in flight at snapshot time, as they were sent: restored as ABORTED, to run again. */
+  inFlight: RolloutGroup[];
 }
 
 export function emptyStatusCounts(): Record<Status, number> {
   return { INIT: 0, COMPLETED: 0, ABORTED: 0, EXPIRED: 0, FAILED: 0, FILTERED: 0 };
 }
 
-export class SyncProducer {
+/** The built-in filter: a group whose rewards are all equal carries no GRPO signal. */
+export function hasRewardSpread(group: RolloutGroup): boolean {
+  const first = group.rollouts[0]?.reward;
+  return group.rollouts.some((r) => r.reward !== first);
+}
+
+export class Producer implements ProduceContext {
+  readonly progress: ProduceProgress;
+  readonly buffer: ReplayBuffer;
+  readonly counts: GroupCounts = { scheduled: 0, retried: 0, inFlight: 0, landed: emptyStatusCounts(), taken: 0, dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 } };
   readonly #config: ResolvedConfig;
   readonly #pool: WorkerPool;
-  readonly #buffer: ReplayBuffer;
+  readonly #control: PauseControl;
   readonly #samplers: Map<string, Sampler>;
-  readonly counts: GroupCounts = { scheduled: 0, inFlight: 0, finished: emptyStatusCounts(), taken: 0 };
-  modelStep: number;
+  readonly #log: Logger;
+  readonly #llmUrl: string;
+  readonly #isValidGroup: ((group: RolloutGroup) => boolean) | null;
+  readonly #sync: SyncStrategy;
+  readonly #async: AsyncStrategy;
+  readonly #threshold: number;
+  /** Group id → the group as it was sent; the result replaces it when it lands. */
+  readonly #inFlight = new Map<string, RolloutGroup>();
+  readonly #inFlightByTask = new Map<string, number>();
+  /** Wakes whoever waits for a group to land (strategies, getBatch, pause). */
+  readonly #landed = new Notifier();
+  /** Wakes the background loop: consumer moved, resume, close, failure cleared. */
+  readonly #changed = new Notifier();
+  #modelStep: number;
+  #paused = false;
+  #closed = false;
+  #loop: Promise<void> | null = null;
+  /** Where the background loop is: EXPIRED_BATCH means it waits for fresher weights. */
+  #loopStatus: ProduceStatus = 'NORMAL';
+  #failedSinceBatch = 0;
+  #lastFailure: string | null = null;
 
-  constructor(config: ResolvedConfig, pool: WorkerPool, buffer: ReplayBuffer, samplers: Map<string, Sampler>) {
+  constructor(options: {
+    config: ResolvedConfig;
+    pool: WorkerPool;
+    control: PauseControl;
+    samplers: Map<string, Sampler>;
+    log: Logger;
+    llmUrl: string;
+    hooks?: ProducerHooks;
+  }) {
+    const { config } = options;
     this.#config = config;
-    this.#pool = pool;
-    this.#buffer = buffer;
-    this.#samplers = samplers;
-    this.modelStep = config.modelStep;
+    this.#pool = options.pool;
+    this.#control = options.control;
+    this.#samplers = options.samplers;
+    this.#log = options.log;
+    this.#llmUrl = options.llmUrl;
+    this.#modelStep = config.modelStep;
+    this.progress = new ProduceProgress(config.tasks, config.batchSize);
+    this.buffer = new ReplayBuffer(config.tasks.map((t) => t.name));
+    this.buffer.onDrop = (_group, reason) => this.counts.dropped[reason]++;
+    for (const task of config.tasks) this.#inFlightByTask.set(task.name, 0);
+    const p = config.producer;
+    this.#isValidGroup = options.hooks?.isValidGroup ?? (p.filter === 'drop-equal-rewards' ? hasRewardSpread : null);
+    this.#threshold = p.strategy === 'async' ? staleThreshold(p.maxStaleness, p.syncWeightsInterval) : Infinity;
+    this.#sync = new SyncStrategy(options.hooks?.shouldContinue);
+    this.#async = new AsyncStrategy({
+      overSampleThreshold: p.overSampleThreshold,
+      staleThreshold: this.#threshold === Infinity ? Number.MAX_SAFE_INTEGER : this.#threshold,
+      tailBatchTriggerSize: p.tailBatchTriggerSize,
+      shouldContinue: options.hooks?.shouldContinue,
+    });
   }
 
-  async produceBatch(trainStep: number): Promise<Batch> {
-    const start = performance.now();
-    const shares = allocateBatch(this.#config.batchSize, this.#config.tasks);
-    const produced = emptyStatusCounts();
-    const results = await Promise.allSettled(
-      this.#config.tasks.map((task) => this.#produceTask(task.name, shares.get(task.name)!, produced)),
-    );
-    const failure = results.find((r) => r.status === 'rejected');
-    if (failure) throw (failure as PromiseRejectedResult).reason;
-
-    const groups: RolloutGroup[] = [];
-    const byTask: BatchStats['byTask'] = {};
-    for (const task of this.#config.tasks) {
-      const taken = this.#buffer.take(task.name, shares.get(task.name)!);
-      byTask[task.name] = { groups: taken.length, meanReward: meanReward(taken) };
-      groups.push(...taken);
-    }
-    this.counts.taken += groups.length;
-    let rollouts = 0;
-    let turns = 0;
-    let responseTokens = 0;
-    for (const group of groups) {
-      rollouts += group.rollouts.length;
-      for (const r of group.rollouts) {
-        turns += r.turns.length;
-        responseTokens += responseTokenCount(r);
-      }
-    }
-    return {
-      trainStep,
-      status: 'NORMAL',
-      groups,
-      stats: { groups: groups.length, rollouts, meanReward: meanReward(groups), turns, responseTokens, produced, produceMs: performance.now() - start, byTask },
-    };
+  get modelStep(): number {
+    return this.#modelStep;
   }
 
-  async #produceTask(taskName: string, share: number, produced: Record<Status, number>): Promise<void> {
-    const sampler = this.#samplers.get(taskName)!;
-    const maxFailed = this.#config.producer.maxFailedGroupsPerStep ?? 2 * this.#config.batchSize;
-    const inFlight = new SettledQueue<RolloutGroup>();
-    let completed = this.#buffer.count(taskName, Status.COMPLETED);
-    let failed = 0;
-    let lastFailure: string | null = null;
+  get futureStep(): number {
+    return this.progress.producerFutureStep;
+  }
 
-    const launch = () => {
+  get paused(): boolean {
+    return this.#paused;
+  }
+
+  get inFlightTotal(): number {
+    return this.#inFlight.size;
+  }
+
+  /** Start background production (async strategy); the sync strategy produces inside getBatch. */
+  start(): void {
+    if (this.#config.producer.strategy === 'async' && this.#loop === null) this.#loop = this.#runAsync();
+  }
+
+  // ── ProduceContext ────────────────────────────────────────────────────────────────────────────
+
+  shouldAbort(): boolean {
+    return this.#paused || this.#closed;
+  }
+
+  spawn(task: string, fromExpiredPool: boolean): void {
+    let group = this.buffer.takeForRetry(task, fromExpiredPool ? [Status.EXPIRED, Status.ABORTED] : [Status.ABORTED]);
+    if (group !== null) this.counts.retried++;
+    else {
+      group = this.#samplers.get(task)!.draw();
       this.counts.scheduled++;
-      this.counts.inFlight++;
-      inFlight.add(this.#pool.runGroup(sampler.draw(), this.modelStep));
-    };
-    const land = async () => {
-      const group = await inFlight.next();
-      this.counts.inFlight--;
-      this.counts.finished[group.status]++;
-      produced[group.status]++;
-      this.#buffer.put(group);
-      return group;
-    };
+    }
+    this.#dispatch(group);
+  }
 
-    while (inFlight.size + completed < share) launch();
-    while (completed < share && inFlight.size > 0) {
-      const group = await land();
-      if (group.status === Status.COMPLETED) completed++;
-      else if (group.status === Status.FAILED) {
-        failed++;
-        lastFailure = group.error ?? group.rollouts.find((r) => r.error !== null)?.error ?? 'unknown';
-        if (failed > maxFailed) {
-          while (inFlight.size > 0) await land(); // account for every group before giving up
-          throw new RolloutEngineError(
-            'ERR_TOO_MANY_FAILED_GROUPS',
-            `task ${taskName}: ${failed} groups failed while producing one batch (producer.maxFailedGroupsPerStep = ${maxFailed}); last reason: ${lastFailure}`,
-          );
+  inFlight(task: string): number {
+    return this.#inFlightByTask.get(task)!;
+  }
+
+  completed(task: string): number {
+    return this.buffer.count(task, Status.COMPLETED);
+  }
+
+  expired(task: string): number {
+    return this.buffer.count(task, Status.EXPIRED);
+  }
+
+  available(task: string): number {
+    return this.progress.consumedSamples[task] + this.completed(task);
+  }
+
+  target(task: string): number {
+    return this.progress.targetSamples[task];
+  }
+
+  checkFailures(task: string): void {
+    const max = this.#config.producer.maxFailedGroupsPerStep ?? 2 * this.#config.batchSize;
+    if (this.#failedSinceBatch > max) {
+      throw new RolloutEngineError(
+        'ERR_TOO_MANY_FAILED_GROUPS',
+        `task ${task}: ${this.#failedSinceBatch} groups failed since the last batch (producer.maxFailedGroupsPerStep = ${max}); last reason: ${this.#lastFailure}`,
+      );
+    }
+  }
+
+  landed(): Promise<void> {
+    return this.#landed.wait();
+  }
+
+  // ── dispatch and landing ──────────────────────────────────────────────────────────────────────
+
+  #dispatch(group: RolloutGroup): void {
+    this.#inFlight.set(group.id, group);
+    this.#inFlightByTask.set(group.taskName, this.#inFlightByTask.get(group.taskName)! + 1);
+    this.counts.inFlight++;
+    void this.#pool.runGroup(group, this.#modelStep).then((result) => this.#land(group, result));
+  }
+
+  #land(sent: RolloutGroup, group: RolloutGroup): void {
+    this.#inFlight.delete(sent.id);
+    this.#inFlightByTask.set(sent.taskName, this.#inFlightByTask.get(sent.taskName)! - 1);
+    this.counts.inFlight--;
+    group.status = groupStatus(group.rollouts);
+    this.counts.landed[group.status]++;
+    const task = group.taskName;
+    let tokens = 0;
+    for (const r of group.rollouts) tokens += responseTokenCount(r);
+    this.progress.addProduced(task, group.rollouts.length, tokens);
+    if (group.status === Status.COMPLETED) {
+      let sum = 0;
+      for (const r of group.rollouts) sum += r.reward;
+      this.progress.addRewards(task, sum, group.rollouts.length);
+      if (this.#isValidGroup !== null && !this.#isValidGroup(group)) {
+        for (const r of group.rollouts) r.status = Status.FILTERED;
+        group.status = Status.FILTERED;
+        group.error = 'filtered: the group validity filter rejected it';
+      }
+    } else if (group.status === Status.FAILED) {
+      this.#failedSinceBatch++;
+      this.#lastFailure = group.error ?? group.rollouts.find((r) => r.error !== null)?.error ?? 'unknown';
+    }
+    this.buffer.put(group, this.#expiry());
+    this.#landed.notify();
+  }
+
+  #expiry(trainStep = this.progress.nextConsumerStep): ExpiryPolicy {
+    return { trainStep, threshold: this.#threshold, retryable: this.#config.producer.tailBatchTriggerSize >= 0 };
+  }
+
+  // ── the consumer ──────────────────────────────────────────────────────────────────────────────
+
+  async getBatch(trainStep: number): Promise<Batch> {
+    if (this.#paused) return { trainStep, status: 'UPDATE_WEIGHT_AND_ABORT', groups: [], stats: null };
+    this.progress.beginConsume(trainStep);
+    this.buffer.refresh(this.#expiry(trainStep));
+    const shares = this.progress.shares();
+    if (this.#config.producer.strategy === 'sync') {
+      const start = performance.now();
+      const statuses = await this.#produceSync(shares);
+      this.progress.produceMs += performance.now() - start;
+      if (statuses.includes('UPDATE_WEIGHT_AND_ABORT')) return { trainStep, status: 'UPDATE_WEIGHT_AND_ABORT', groups: [], stats: null };
+    }
+    this.#changed.notify(); // the consumer moved: the background loop re-checks its targets
+    for (;;) {
+      try {
+        for (const [task] of shares) this.checkFailures(task);
+      } catch (err) {
+        // Reported once: the next getBatch starts a fresh failure budget and production resumes.
+        this.#failedSinceBatch = 0;
+        this.#changed.notify();
+        throw err;
+      }
+      const batch = this.#tryTake(trainStep, shares);
+      if (batch !== null) return batch;
+      if (this.#paused) return { trainStep, status: 'UPDATE_WEIGHT_AND_ABORT', groups: [], stats: null };
+      if (this.#loopStatus === 'EXPIRED_BATCH' && this.#async.isModelExpired(this.progress.producerFutureStep, this.#modelStep)) {
+        return { trainStep, status: 'EXPIRED_BATCH', groups: [], stats: null };
+      }
+      if (this.#config.producer.strategy === 'sync') {
+        // Token masking expired some members: produce the shortfall.
+        await this.#produceSync(shares);
+        continue;
+      }
+      await this.#landed.wait();
+    }
+  }
+
+  async #produceSync(shares: Map<string, number>): Promise<ProduceStatus[]> {
+    const results = await Promise.allSettled([...shares].map(([task, share]) => this.#sync.produce(this, task, share)));
+    const failure = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (failure === undefined) return results.map((r) => (r as PromiseFulfilledResult<ProduceStatus>).value);
+    // Let every group in flight land before giving up, so the counts still add up.
+    while (this.#inFlight.size > 0) await this.#landed.wait();
+    this.#failedSinceBatch = 0;
+    throw failure.reason;
+  }
+
+  /** Take every task's share if the buffer holds it (after the token mask), else null. */
+  #tryTake(trainStep: number, shares: Map<string, number>): Batch | null {
+    for (const [task, share] of shares) if (this.completed(task) < share) return null;
+    const order = this.#config.producer.takeOrder;
+    const tokenThreshold = this.#config.producer.tokenStalenessThreshold;
+    const chosen = new Map<string, RolloutGroup[]>();
+    let short = false;
+    let maskedTokens = 0;
+    for (const [task, share] of shares) {
+      const groups = this.buffer.take(task, share, order);
+      const kept: RolloutGroup[] = [];
+      for (const group of groups) {
+        const masked = tokenThreshold === null ? 0 : applyTokenMask(group, trainStep, tokenThreshold);
+        if (masked < 0) {
+          // a member kept no token: it expires, and the group goes back through the expiry lifecycle
+          this.buffer.put(group, this.#expiry(trainStep));
+          short = true;
+        } else {
+          maskedTokens += masked;
+          kept.push(group);
         }
       }
-      while (inFlight.size + completed < share) launch();
+      chosen.set(task, kept);
     }
+    if (short) {
+      for (const groups of chosen.values()) for (const g of groups) this.buffer.put(g); // keep them for the next try
+      return null;
+    }
+    const groups = [...chosen.values()].flat();
+    this.progress.markConsumed(new Map([...chosen].map(([task, gs]) => [task, gs.length])));
+    this.progress.finishConsume(trainStep);
+    this.counts.taken += groups.length;
+    this.#failedSinceBatch = 0;
+    this.#changed.notify();
+    return { trainStep, status: 'NORMAL', groups, stats: this.#batchStats(trainStep, chosen, maskedTokens) };
+  }
+
+  #batchStats(trainStep: number, chosen: Map<string, RolloutGroup[]>, maskedTokens: number): BatchStats {
+    const window = this.progress.takeWindow();
+    const byTask: BatchStats['byTask'] = {};
+    let rollouts = 0;
+    let rewardSum = 0;
+    let turns = 0;
+    let responseTokens = 0;
+    let sMin = Infinity;
+    let sMax = -Infinity;
+    let sSum = 0;
+    for (const [task, groups] of chosen) {
+      let taskReward = 0;
+      let taskRollouts = 0;
+      for (const g of groups) {
+        for (const r of g.rollouts) {
+          taskReward += r.reward;
+          taskRollouts++;
+          turns += r.turns.length;
+          responseTokens += responseTokenCount(r);
+          const s = rolloutStaleness(r, trainStep);
+          sMin = Math.min(sMin, s);
+          sMax = Math.max(sMax, s);
+          sSum += s;
+        }
+      }
+      byTask[task] = { groups: groups.length, meanReward: taskRollouts === 0 ? 0 : taskReward / taskRollouts };
+      rollouts += taskRollouts;
+      rewardSum += taskReward;
+    }
+    return {
+      groups: [...chosen.values()].reduce((n, gs) => n + gs.length, 0),
+      rollouts,
+      meanReward: rollouts === 0 ? 0 : rewardSum / rollouts,
+      turns,
+      responseTokens,
+      staleness: rollouts === 0 ? { min: 0, max: 0, mean: 0 } : { min: sMin, max: sMax, mean: sSum / rollouts },
+      maskedTokens,
+      producedSamples: window.producedSamples,
+      producedTokens: window.producedTokens,
+      rawMeanReward: window.meanReward,
+      produceMs: window.produceMs,
+      byTask,
+    };
+  }
+
+  // ── background production (async strategy) ──────────────────────────────────────────────────
+
+  async #runAsync(): Promise<void> {
+    while (!this.#closed) {
+      if (this.#paused) {
+        await this.#changed.wait();
+        continue;
+      }
+      const future = this.progress.producerFutureStep;
+      if (this.#async.isModelExpired(future, this.#modelStep)) {
+        this.#loopStatus = 'EXPIRED_BATCH';
+        this.#landed.notify(); // a getBatch waiting for groups must learn that none are coming
+        await this.#changed.wait();
+        continue;
+      }
+      this.#loopStatus = 'NORMAL';
+      this.progress.ensureTargetUpto(future);
+      const start = performance.now();
+      let statuses: ProduceStatus[];
+      try {
+        statuses = await Promise.all([...this.progress.shares()].map(([task, share]) => this.#async.produce(this, task, share)));
+      } catch (err) {
+        // Too many failures: stop scheduling until a getBatch reports it and the counter is reset.
+        this.#log.error({ err: (err as Error).message }, 'production stopped');
+        this.#landed.notify();
+        await this.#changed.wait();
+        continue;
+      } finally {
+        this.progress.produceMs += performance.now() - start;
+      }
+      if (statuses.includes('UPDATE_WEIGHT_AND_ABORT')) continue;
+      if (statuses.includes('EXPIRED_BATCH')) continue; // re-checked at the top of the loop
+      // This step's targets are met: run ahead one step while the weights are fresh enough for it.
+      if (!this.#async.isModelExpired(future + 1, this.#modelStep)) this.progress.advanceFutureStep();
+      else await this.#changed.wait();
+    }
+  }
+
+  // ── weight updates ────────────────────────────────────────────────────────────────────────────
+
+  /**
+   * Stop production for a weight update and bring every group in flight back: workers stop issuing
+   * inference calls at once (shared flag), in-flight calls are aborted (abort mode) or allowed to
+   * finish (drain mode), and interrupted rollouts land as ABORTED with what they had.
+   */
+  async pause(): Promise<PauseReport> {
+    const { mode, resignalIntervalMs, timeoutMs } = this.#config.pause;
+    const start = performance.now();
+    this.#paused = true;
+    this.#changed.notify();
+    this.#landed.notify();
+    this.#control.pause();
+    const groupsBefore = this.#inFlight.size;
+    const workersStoppedMs = await this.#control.waitForAcks(this.#pool.liveWorkers, Math.min(timeoutMs, 1_000), start);
+    const abortPath = this.#config.llm.abortPath;
+    let serverAbort = false;
+    let cancelled = false;
+    if (mode === 'abort' && this.#inFlight.size > 0) {
+      serverAbort = abortPath !== null && (await abortInference(this.#llmUrl, abortPath, { apiKey: this.#config.llm.apiKey }));
+      if (!serverAbort) {
+        this.#control.cancel();
+        cancelled = true;
+      }
+    }
+    let deadline = start + timeoutMs;
+    let nextSignal = start + resignalIntervalMs;
+    while (this.#inFlight.size > 0) {
+      const wakeAt = Math.min(deadline, nextSignal);
+      await Promise.race([this.#landed.wait(), sleep(Math.max(0, wakeAt - performance.now()), undefined, { ref: false })]);
+      const now = performance.now();
+      if (this.#inFlight.size === 0) break;
+      if (now >= deadline) {
+        if (cancelled) break; // cancelled and waited another interval: report what is left, it lands later
+        this.#log.warn({ inFlight: this.#inFlight.size, timeoutMs }, 'pause timed out: cancelling in-flight inference client-side');
+        this.#control.cancel();
+        cancelled = true;
+        deadline = now + resignalIntervalMs;
+      } else if (now >= nextSignal) {
+        this.#control.resignal();
+        if (serverAbort && abortPath !== null) await abortInference(this.#llmUrl, abortPath, { apiKey: this.#config.llm.apiKey });
+        nextSignal = now + resignalIntervalMs;
+      }
+    }
+    const report: PauseReport = {
+      workersStoppedMs,
+      allBackMs: performance.now() - start,
+      groupsBack: groupsBefore - this.#inFlight.size,
+      serverAbort,
+      cancelled,
+      stillInFlight: this.#inFlight.size,
+    };
+    this.#log.info(report, 'paused for a weight update');
+    return report;
+  }
+
+  /** New weights are loaded: tag new tokens with `modelStep` and produce again. */
+  resume(modelStep: number): void {
+    if (!Number.isInteger(modelStep) || modelStep < this.#modelStep) {
+      throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `modelStep must be an integer >= the current model step ${this.#modelStep} (got ${String(modelStep)})`);
+    }
+    this.#modelStep = modelStep;
+    this.#paused = false;
+    this.#control.resume(modelStep);
+    this.buffer.refresh(this.#expiry());
+    this.#changed.notify();
+    this.#landed.notify();
+  }
+
+  // ── checkpoints ───────────────────────────────────────────────────────────────────────────────
+
+  snapshot(): ProducerSnapshot {
+    return {
+      modelStep: this.#modelStep,
+      progress: this.progress.snapshot(),
+      buffer: this.buffer.snapshot(),
+      samplers: Object.fromEntries([...this.#samplers].map(([name, s]) => [name, s.cursor])),
+      counts: structuredClone(this.counts),
+      inFlight: [...this.#inFlight.values()],
+    };
+  }
+
+  /** Before start(): state from a checkpoint, updated in place. In-flight groups come back ABORTED. */
+  restore(snapshot: ProducerSnapshot): void {
+    this.#modelStep = snapshot.modelStep;
+    this.#control.resume(snapshot.modelStep);
+    this.progress.restore(snapshot.progress);
+    for (const [name, cursor] of Object.entries(snapshot.samplers)) {
+      const sampler = this.#samplers.get(name);
+      if (sampler) sampler.cursor = cursor;
+    }
+    Object.assign(this.counts, structuredClone(snapshot.counts));
+    const interrupted = snapshot.inFlight.map((group) => {
+      for (const r of group.rollouts) if (r.status === Status.INIT || r.status === Status.EXPIRED) resetToPrompt(r, Status.ABORTED);
+      group.status = groupStatus(group.rollouts);
+      return group;
+    });
+    this.buffer.restore({ ...snapshot.buffer, groups: [...snapshot.buffer.groups, ...interrupted] });
+    this.counts.inFlight = 0;
+  }
+
+  async close(): Promise<void> {
+    this.#closed = true;
+    this.#changed.notify();
+    this.#landed.notify();
+    await this.#loop;
   }
 }
 
-function meanReward(groups: readonly RolloutGroup[]): number {
-  let sum = 0;
-  let n = 0;
-  for (const g of groups) for (const r of g.rollouts) {
-    sum += r.reward;
-    n++;
+/**
+ * Set each turn's loss mask; returns the number of masked tokens, or −1 when some member kept no
+ * token at all (it is then reset and marked EXPIRED, to be generated again).
+ */
+function applyTokenMask(group: RolloutGroup, trainStep: number, tokenThreshold: number): number {
+  let masked = 0;
+  let memberExpired = false;
+  for (const rollout of group.rollouts) {
+    let total = 0;
+    let kept = 0;
+    for (const turn of rollout.turns) {
+      const mask = tokenLossMask(turn, trainStep, tokenThreshold);
+      if (mask === null) continue;
+      turn.lossMask = mask;
+      total += mask.length;
+      for (let i = 0; i < mask.length; i++) kept += mask[i];
+    }
+    masked += total - kept;
+    if (total > 0 && kept === 0) {
+      resetToPrompt(rollout, Status.EXPIRED);
+      memberExpired = true;
+    }
   }
-  return n === 0 ? 0 : sum / n;
+  if (memberExpired) group.status = groupStatus(group.rollouts);
+  return memberExpired ? -1 : masked;
 }

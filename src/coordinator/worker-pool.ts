@@ -24,6 +24,8 @@ export interface WorkerPool {
   runGroup(group: RolloutGroup, modelStep: number): Promise<RolloutGroup>;
   /** Live counters of every worker that has registered. */
   stats(): Promise<WorkerStats[]>;
+  /** Worker threads alive now (each acknowledges a pause broadcast). */
+  readonly liveWorkers: number;
   close(): Promise<void>;
 }
 
@@ -32,6 +34,8 @@ export interface PiscinaWorkerPoolOptions {
   /** Base URL of the inference server (the configured one, or the embedded mock's). */
   llmUrl: string;
   log: Logger;
+  /** The pause broadcast block every worker watches. */
+  control: SharedArrayBuffer;
   /** Overrides the worker entry file (tests use it to load a worker that misbehaves on purpose). */
   workerUrl?: URL;
 }
@@ -48,6 +52,7 @@ export class PiscinaWorkerPool implements WorkerPool {
     this.#log = options.log;
     const init: WorkerInit = {
       v: PROTOCOL_VERSION,
+      control: options.control,
       llm: { ...config.llm, url: options.llmUrl },
       logLevel: config.logLevel,
       tasks: Object.fromEntries(
@@ -57,7 +62,14 @@ export class PiscinaWorkerPool implements WorkerPool {
             moduleUrl: t.env.moduleUrl,
             exportName: t.env.export,
             envParams: t.env.params,
-            agent: { maxSteps: t.maxSteps, messageCut: t.messageCut, maxTokens: t.maxTokens, temperature: t.temperature },
+            agent: {
+              maxSteps: t.maxSteps,
+              messageCut: t.messageCut,
+              maxTokens: t.maxTokens,
+              temperature: t.temperature,
+              partialRollout: config.producer.partialRollout,
+              sendSeed: config.llm.sendSeed,
+            },
           },
         ]),
       ),
@@ -99,6 +111,10 @@ export class PiscinaWorkerPool implements WorkerPool {
     } catch (err) {
       return failedGroup(group, `worker failed while running the group: ${describeError(err)}`);
     }
+  }
+
+  get liveWorkers(): number {
+    return this.#controls.size;
   }
 
   async stats(): Promise<WorkerStats[]> {

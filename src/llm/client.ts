@@ -27,6 +27,13 @@ export interface ChatRequest {
   messages: ChatMessage[];
   maxTokens: number;
   temperature: number;
+  /** Sampling seed (OpenAI `seed`): the same rollout turn samples the same way when it is continued. */
+  seed?: number;
+  /**
+   * Text of a partial assistant reply to continue (a generation interrupted by a weight update):
+   * sent as a final assistant message with vLLM's `continue_final_message`.
+   */
+  continueFrom?: string;
 }
 
 /** Retry-After is honoured up to this bound: a server asking for minutes should fail the rollout instead. */
@@ -77,11 +84,14 @@ export class LlmClient {
    * `signal` cancels it (pause, shutdown): the rejection is then an ERR_LLM_ABORTED LlmError.
    */
   async chat(request: ChatRequest, signal?: AbortSignal): Promise<ChatResult> {
+    const continuing = request.continueFrom !== undefined;
     const body = JSON.stringify({
       model: this.#options.model,
-      messages: request.messages,
+      messages: continuing ? [...request.messages, { role: 'assistant', content: request.continueFrom }] : request.messages,
       max_tokens: request.maxTokens,
       temperature: request.temperature,
+      ...(request.seed !== undefined ? { seed: request.seed } : {}),
+      ...(continuing ? { continue_final_message: true, add_generation_prompt: false } : {}),
       ...(this.#options.logprobs ? { logprobs: true } : {}),
       ...(this.#options.returnTokenIds ? { return_token_ids: true } : {}),
     });
@@ -184,6 +194,32 @@ export async function probeInferenceServer(url: string, options: { apiKey?: stri
     if (err instanceof LlmError) throw err;
     const code = (err as { code?: string }).code ?? (err as Error).name;
     throw new LlmError('ERR_LLM_UNREACHABLE', `inference server ${base.origin}${path} unreachable: ${code} ${(err as Error).message} (check llm.url / --llm-url)`, { cause: err });
+  } finally {
+    await pool.close();
+  }
+}
+
+/**
+ * Ask an inference server to abort every request in flight (SGLang's `POST /abort_request
+ * {"abort_all": true}`, the mock's alias of `/admin/abort`): they are answered at once with finish
+ * reason `abort` and the tokens generated so far. Resolves false when the server does not support it.
+ */
+export async function abortInference(url: string, path: string, options: { apiKey?: string | null; timeoutMs?: number } = {}): Promise<boolean> {
+  const base = new URL(url);
+  const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
+  const pool = new Pool(base.origin, { connections: 1 });
+  try {
+    const response = await pool.request({
+      method: 'POST',
+      path: `${prefix}${path}`,
+      headers: { 'content-type': 'application/json', ...(options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {}) },
+      body: JSON.stringify({ abort_all: true }),
+      signal: AbortSignal.timeout(options.timeoutMs ?? 2_000),
+    });
+    await response.body.dump();
+    return response.statusCode >= 200 && response.statusCode < 300;
+  } catch {
+    return false;
   } finally {
     await pool.close();
   }

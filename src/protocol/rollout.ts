@@ -67,6 +67,11 @@ export interface TurnRecord {
   truncated: boolean;
   /** Whether the turn should be trained on (reference Interactor semantics, see rollout/agent-loop.ts). */
   trainable: boolean;
+  /**
+   * Set when the batch is taken with a token-level staleness threshold: 1 = the token counts in the
+   * loss, 0 = too stale. Absent otherwise (every token counts).
+   */
+  lossMask?: Uint8Array;
   timings: TurnTimings;
 }
 
@@ -167,6 +172,18 @@ export function newGroup(sample: PromptSample, size: number): RolloutGroup {
     });
   }
   return { id, taskName: sample.taskName, sample, status: Status.INIT, rollouts, error: null };
+}
+
+/** Forget a rollout's responses: it will be generated again from its prompt. */
+export function resetToPrompt(rollout: RolloutState, status: Status): void {
+  rollout.status = status;
+  rollout.messages = [];
+  rollout.turns = [];
+  rollout.reward = 0;
+  rollout.terminated = false;
+  rollout.truncated = false;
+  rollout.finishReason = null;
+  rollout.error = null;
 }
 
 /** Total response tokens of a rollout (0 when the server returned no ids). */

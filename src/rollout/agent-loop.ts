@@ -5,16 +5,28 @@
  *   reset(seed, params) → [ getTaskPrompt → trim → inference → step → record turn ] × ≤ maxSteps
  *
  * The episode ends on terminated / truncated, an empty prompt, or maxSteps. A `length` finish reason
- * ends it as truncated (the reference Interactor does the same). Every outcome is a status on the
- * rollout — this module never throws for an episode's failure.
+ * ends it as truncated (as in the reference Interactor). Every outcome is a status on the rollout —
+ * this module never throws for an episode's failure.
+ *
+ * Pauses: before each inference call the episode checks the shared pause flag; when set, it stops
+ * there and comes back ABORTED with its turns so far. A call the server aborts comes back with the
+ * tokens it had, kept as a partial last turn (finish reason `abort`).
+ *
+ * Continuing an ABORTED rollout (partial rollouts on): a fresh environment is reset with the same
+ * seed and the recorded actions are stepped again (environments are deterministic under seed and
+ * actions; a replay that disagrees with the record restarts the rollout from its prompt instead).
+ * A partial last turn is then continued with `continue_final_message`, `max_tokens` reduced by what
+ * it already has, and the new tokens tagged with the current model step. With partial rollouts off,
+ * an ABORTED rollout restarts from its prompt.
  */
 import type { ChatResult } from '../llm/reply.ts';
 import type { ChatRequest } from '../llm/client.ts';
 import { checkStepResult, checkTaskPrompt } from '../env/replies.ts';
-import type { EnvironmentFactory, EnvParams } from '../env/types.ts';
+import type { Environment, EnvironmentFactory, EnvParams } from '../env/types.ts';
 import { describeError } from '../protocol/errors.ts';
 import {
   groupStatus,
+  resetToPrompt,
   statusForFinishReason,
   Status,
   type ChatMessage,
@@ -29,10 +41,21 @@ export interface AgentSettings {
   messageCut: number;
   maxTokens: number;
   temperature: number;
+  /** Continue ABORTED rollouts where they stopped instead of restarting them. */
+  partialRollout: boolean;
+  /** Send a per-rollout, per-turn `seed` with every inference call. */
+  sendSeed: boolean;
 }
 
 export interface ChatClient {
   chat(request: ChatRequest, signal?: AbortSignal): Promise<ChatResult>;
+}
+
+/** What the agent loop needs to know about pauses (rollout/pause-gate.ts in a worker). */
+export interface PauseView {
+  readonly paused: boolean;
+  readonly modelStep: number;
+  readonly signal: AbortSignal;
 }
 
 export interface EpisodeContext {
@@ -41,14 +64,12 @@ export interface EpisodeContext {
   envParams: EnvParams;
   llm: ChatClient;
   settings: AgentSettings;
-  /** Model step to tag tokens with when the server does not report a weight version. */
-  modelStep: number;
+  gate: PauseView;
   workerId: number;
   /** Called once per environment step, for worker counters. */
   onStep?: () => void;
-  /** Called when an episode ends badly, for logs (the reason is also on the rollout). */
+  /** Called when an episode ends badly or a continuation has to restart, for logs. */
   onProblem?: (rollout: RolloutState, reason: string) => void;
-  signal?: AbortSignal;
 }
 
 export async function runGroup(group: RolloutGroup, ctx: EpisodeContext, queueMs: number): Promise<RolloutGroup> {
@@ -57,96 +78,158 @@ export async function runGroup(group: RolloutGroup, ctx: EpisodeContext, queueMs
   return group;
 }
 
-/** Mutates `rollout` into a final status (COMPLETED, ABORTED or FAILED). */
+class ReplayMismatch extends Error {}
+
+/** Mutates `rollout` into a final status (COMPLETED, ABORTED or FAILED). COMPLETED ones are left as they are. */
 export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, queueMs = 0): Promise<void> {
-  const { settings, llm } = ctx;
+  if (rollout.status === Status.COMPLETED) return; // a sibling kept from an earlier run of its group
+  const { settings } = ctx;
+  if (rollout.status === Status.ABORTED && !settings.partialRollout) resetToPrompt(rollout, Status.INIT);
+  rollout.error = null;
   const timings = rollout.timings;
-  timings.queueMs = queueMs;
-  timings.startedAt = Date.now();
+  timings.queueMs += queueMs;
+  if (timings.startedAt === 0) timings.startedAt = Date.now();
   const start = performance.now();
   rollout.workerId = ctx.workerId;
-  let env: ReturnType<EnvironmentFactory> | undefined;
+  let env: Environment | undefined;
   try {
     env = ctx.createEnv(ctx.envParams);
-    let t = performance.now();
-    await env.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams });
-    timings.envMs += performance.now() - t;
-    let ended = false;
-    for (let step = 1; step <= settings.maxSteps && !ended; step++) {
-      const turnStart = performance.now();
-      const fullPrompt = checkTaskPrompt(await env.getTaskPrompt());
-      const promptMs = performance.now() - turnStart;
-      const prompt = trimMessages(fullPrompt, settings.messageCut);
-      if (prompt.length === 0) {
-        timings.envMs += promptMs;
-        break;
-      }
-      t = performance.now();
-      const reply = await llm.chat({ messages: prompt, maxTokens: settings.maxTokens, temperature: settings.temperature }, ctx.signal);
-      const inferenceMs = performance.now() - t;
-      timings.inferenceMs += inferenceMs;
-      rollout.finishReason = reply.finishReason;
-      rollout.messages = [...fullPrompt, { role: 'assistant', content: reply.content }];
-
-      const replyStatus = statusForFinishReason(reply.finishReason);
-      if (replyStatus !== Status.COMPLETED) {
-        // abort: keep what was generated so it can continue later; anything unknown: fail with it.
-        rollout.turns.push(turnRecord(step, prompt, reply, ctx, { reward: 0, terminated: false, truncated: false }, promptMs, inferenceMs, turnStart));
-        rollout.status = replyStatus;
-        rollout.error = replyStatus === Status.FAILED ? `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(reply.finishReason)}` : 'inference aborted';
-        return;
-      }
-      if (reply.finishReason === 'length') {
-        rollout.turns.push(turnRecord(step, prompt, reply, ctx, { reward: 0, terminated: true, truncated: true }, promptMs, inferenceMs, turnStart));
-        rollout.terminated = true;
-        rollout.truncated = true;
-        break;
-      }
-      t = performance.now();
-      const outcome = checkStepResult(await env.step(reply.content));
-      const stepMs = performance.now() - t;
-      timings.envMs += promptMs + stepMs;
-      ctx.onStep?.();
-      rollout.reward += outcome.reward;
-      rollout.turns.push(turnRecord(step, prompt, reply, ctx, outcome, promptMs + stepMs, inferenceMs, turnStart));
-      if (outcome.terminated || outcome.truncated) {
-        rollout.terminated = outcome.terminated;
-        rollout.truncated = outcome.truncated;
-        ended = true;
-      } else if (step === settings.maxSteps) {
-        rollout.truncated = true; // out of steps: the episode did not finish on its own
-      }
+    let partial: TurnRecord | null = null;
+    try {
+      partial = await prepare(env, rollout);
+    } catch (err) {
+      if (!(err instanceof ReplayMismatch)) throw err;
+      ctx.onProblem?.(rollout, `${err.message}; restarting the rollout from its prompt`);
+      resetToPrompt(rollout, Status.INIT);
+      await closeEnv(env, rollout, ctx);
+      env = ctx.createEnv(ctx.envParams);
+      partial = await prepare(env, rollout);
     }
-    rollout.status = Status.COMPLETED;
+    await play(env, rollout, partial, ctx);
   } catch (err) {
     const code = (err as { code?: unknown }).code;
     rollout.status = code === 'ERR_LLM_ABORTED' ? Status.ABORTED : Status.FAILED;
     rollout.error = describeError(err);
     ctx.onProblem?.(rollout, rollout.error);
   } finally {
-    if (env?.close) {
-      try {
-        await env.close();
-      } catch (err) {
-        ctx.onProblem?.(rollout, `env close failed: ${describeError(err)}`);
-      }
-    }
-    timings.totalMs = performance.now() - start;
+    if (env) await closeEnv(env, rollout, ctx);
+    timings.totalMs += performance.now() - start;
     timings.finishedAt = Date.now();
   }
+}
+
+/**
+ * Reset the environment and bring it to where the rollout stopped: every recorded complete turn is
+ * stepped again. Returns the partial last turn to continue, if any.
+ */
+async function prepare(env: Environment, rollout: RolloutState): Promise<TurnRecord | null> {
+  const t = performance.now();
+  await env.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams });
+  const last = rollout.turns.at(-1);
+  const partial = last !== undefined && last.finishReason === 'abort' ? last : null;
+  const complete = partial ? rollout.turns.length - 1 : rollout.turns.length;
+  for (let i = 0; i < complete; i++) {
+    const turn = rollout.turns[i];
+    checkTaskPrompt(await env.getTaskPrompt());
+    const outcome = checkStepResult(await env.step(turn.response));
+    if (outcome.reward !== turn.reward || outcome.terminated !== turn.terminated || outcome.truncated !== turn.truncated) {
+      throw new ReplayMismatch(
+        `environment replay of step ${turn.step} disagrees with the record (reward ${outcome.reward} vs ${turn.reward}, terminated ${outcome.terminated} vs ${turn.terminated})`,
+      );
+    }
+  }
+  rollout.timings.envMs += performance.now() - t;
+  return partial;
+}
+
+async function play(env: Environment, rollout: RolloutState, partial: TurnRecord | null, ctx: EpisodeContext): Promise<void> {
+  const { settings, llm, gate } = ctx;
+  const timings = rollout.timings;
+  const firstStep = rollout.turns.length + (partial ? 0 : 1);
+  for (let step = firstStep; step <= settings.maxSteps; step++) {
+    if (gate.paused) {
+      rollout.status = Status.ABORTED; // stopped at a turn boundary: continues from here after the resume
+      return;
+    }
+    const turnStart = performance.now();
+    const fullPrompt = checkTaskPrompt(await env.getTaskPrompt());
+    const promptMs = performance.now() - turnStart;
+    const prompt = trimMessages(fullPrompt, settings.messageCut);
+    if (prompt.length === 0) {
+      timings.envMs += promptMs;
+      break;
+    }
+    const already = partial?.responseIds?.length ?? 0;
+    let t = performance.now();
+    const reply = await llm.chat(
+      {
+        messages: prompt,
+        maxTokens: Math.max(1, settings.maxTokens - already),
+        temperature: settings.temperature,
+        ...(settings.sendSeed ? { seed: turnSeed(rollout, step) } : {}),
+        ...(partial ? { continueFrom: partial.response } : {}),
+      },
+      gate.signal,
+    );
+    const inferenceMs = performance.now() - t;
+    timings.inferenceMs += inferenceMs;
+    const modelStep = reply.weightVersion ?? gate.modelStep;
+    const turn = turnRecord(step, prompt, reply, modelStep, settings, promptMs, inferenceMs, turnStart);
+    if (partial) {
+      mergeContinuation(partial, turn);
+      rollout.turns.pop();
+      partial = null;
+    }
+    rollout.turns.push(turn);
+    rollout.finishReason = turn.finishReason;
+    rollout.messages = [...fullPrompt, { role: 'assistant', content: turn.response }];
+
+    const replyStatus = statusForFinishReason(turn.finishReason);
+    if (replyStatus !== Status.COMPLETED) {
+      // abort: the turn keeps its tokens and is continued after the resume; anything unknown: fail with it.
+      rollout.status = replyStatus;
+      rollout.error = replyStatus === Status.FAILED ? `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(turn.finishReason)}` : null;
+      return;
+    }
+    if (turn.finishReason === 'length') {
+      turn.terminated = turn.truncated = turn.trainable = true;
+      rollout.terminated = rollout.truncated = true;
+      break;
+    }
+    t = performance.now();
+    const outcome = checkStepResult(await env.step(turn.response));
+    const stepMs = performance.now() - t;
+    timings.envMs += promptMs + stepMs;
+    ctx.onStep?.();
+    turn.reward = outcome.reward;
+    turn.terminated = outcome.terminated;
+    turn.truncated = outcome.truncated;
+    // With trimming every turn is a self-contained sample; without it only the last turn holds the
+    // whole conversation, so only that one is trained on (reference Interactor semantics).
+    turn.trainable = settings.messageCut > 0 || outcome.terminated || outcome.truncated;
+    turn.timings.envMs += stepMs;
+    turn.timings.totalMs = performance.now() - turnStart;
+    rollout.reward += outcome.reward;
+    if (outcome.terminated || outcome.truncated) {
+      rollout.terminated = outcome.terminated;
+      rollout.truncated = outcome.truncated;
+      break;
+    }
+    if (step === settings.maxSteps) rollout.truncated = true; // out of steps: it did not finish on its own
+  }
+  rollout.status = Status.COMPLETED;
 }
 
 function turnRecord(
   step: number,
   messages: ChatMessage[],
   reply: ChatResult,
-  ctx: EpisodeContext,
-  outcome: { reward: number; terminated: boolean; truncated: boolean },
+  modelStep: number,
+  settings: AgentSettings,
   envMs: number,
   inferenceMs: number,
   turnStart: number,
 ): TurnRecord {
-  const modelStep = reply.weightVersion ?? ctx.modelStep;
   const responseIds = reply.responseIds;
   return {
     step,
@@ -158,12 +241,50 @@ function turnRecord(
     logprobs: reply.logprobs,
     modelSteps: responseIds === null ? null : new Int32Array(responseIds.length).fill(modelStep),
     modelStep,
-    reward: outcome.reward,
-    terminated: outcome.terminated,
-    truncated: outcome.truncated,
-    // With trimming every turn is a self-contained sample; without it only the last turn holds the
-    // whole conversation, so only that one is trained on (reference Interactor semantics).
-    trainable: ctx.settings.messageCut > 0 || outcome.terminated || outcome.truncated,
+    reward: 0,
+    terminated: false,
+    truncated: false,
+    trainable: settings.messageCut > 0,
     timings: { inferenceMs, envMs, totalMs: performance.now() - turnStart },
   };
+}
+
+/**
+ * Fold the partial turn in front of its continuation: one turn whose tokens are the partial's (with
+ * their old model steps) followed by the new ones (with the new step), and the original prompt ids.
+ */
+function mergeContinuation(partial: TurnRecord, turn: TurnRecord): void {
+  turn.response = partial.response + turn.response;
+  turn.promptIds = partial.promptIds ?? turn.promptIds;
+  turn.responseIds = concat(partial.responseIds, turn.responseIds, Int32Array);
+  turn.logprobs = concat(partial.logprobs, turn.logprobs, Float32Array);
+  turn.modelSteps = concat(partial.modelSteps, turn.modelSteps, Int32Array);
+  turn.timings.inferenceMs += partial.timings.inferenceMs;
+  turn.timings.totalMs += partial.timings.totalMs;
+}
+
+function concat<T extends Int32Array | Float32Array>(a: T | null, b: T | null, Kind: { new (n: number): T }): T | null {
+  if (a === null || b === null) return null; // ids from only one part cannot be aligned
+  const out = new Kind(a.length + b.length);
+  out.set(a);
+  out.set(b, a.length);
+  return out;
+}
+
+/** A seed per (prompt, rollout, step): a continuation samples with the seed of the turn it continues. */
+function turnSeed(rollout: RolloutState, step: number): number {
+  let h = Math.imul(rollout.sample.seed ^ 0x9e3779b9, 0x85ebca6b) ^ Math.imul(rollout.index + 1, 0xc2b2ae35) ^ Math.imul(step, 0x27d4eb2f);
+  h ^= h >>> 15;
+  h = Math.imul(h, 0x2c1b3c6d);
+  h ^= h >>> 12;
+  return h >>> 1;
+}
+
+async function closeEnv(env: Environment, rollout: RolloutState, ctx: EpisodeContext): Promise<void> {
+  if (!env.close) return;
+  try {
+    await env.close();
+  } catch (err) {
+    ctx.onProblem?.(rollout, `env close failed: ${describeError(err)}`);
+  }
 }

@@ -21,6 +21,7 @@ import {
 } from '../protocol/messages.ts';
 import { Status } from '../protocol/rollout.ts';
 import { runGroup, type AgentSettings } from './agent-loop.ts';
+import { PauseGate } from './pause-gate.ts';
 
 /** Per-task settings a worker needs; sent once as workerData. */
 export interface WorkerTaskSettings {
@@ -32,6 +33,8 @@ export interface WorkerTaskSettings {
 
 export interface WorkerInit {
   v: typeof PROTOCOL_VERSION;
+  /** The pause broadcast (protocol/control-block.ts), shared with the coordinator. */
+  control: SharedArrayBuffer;
   llm: LlmClientOptions;
   tasks: Record<string, WorkerTaskSettings>;
   logLevel: string;
@@ -41,6 +44,7 @@ export class WorkerRuntime implements WorkerControl {
   readonly #init: WorkerInit;
   readonly #llm: LlmClient;
   readonly #log: Logger;
+  readonly #gate: PauseGate;
   #inFlightGroups = 0;
   #inFlightRollouts = 0;
   #groupsDone = 0;
@@ -53,6 +57,7 @@ export class WorkerRuntime implements WorkerControl {
     this.#init = init;
     this.#llm = new LlmClient(init.llm);
     this.#log = createLogger(init.logLevel, { worker: threadId });
+    this.#gate = new PauseGate(init.control);
   }
 
   async runGroup(message: RunGroupMessage): Promise<GroupResultMessage> {
@@ -69,7 +74,7 @@ export class WorkerRuntime implements WorkerControl {
         envParams: task.envParams,
         llm: this.#llm,
         settings: task.agent,
-        modelStep: message.modelStep,
+        gate: this.#gate,
         workerId: threadId,
         onStep: () => this.#steps++,
         onProblem: (rollout, reason) => this.#log.warn({ rollout: rollout.id, status: rollout.status }, reason),

@@ -122,7 +122,7 @@ async function engineRun(url: string): Promise<Sample> {
   let turns = 0;
   while (performance.now() - t0 < seconds * 1000) {
     const batch = await engine.getBatch();
-    turns += batch.stats.turns;
+    turns += batch.stats?.turns ?? 0;
   }
   const elapsed = (performance.now() - t0) / 1000;
   const cpu = process.cpuUsage(cpu0);

@@ -4,6 +4,9 @@
  *
  * Randomness comes from (server seed, request counter), not from the prompt alone: identical prompts
  * of one group get different replies, while a whole run stays reproducible for a fixed arrival order.
+ * A request that sends its own `seed` draws from (server seed, request seed) instead, so resending the
+ * conversation with that seed reproduces the completion whatever else the server answered meanwhile:
+ * that is what lets an aborted generation be continued exactly (see the server's continue_final_message).
  */
 import { evaluateExpression } from '../../env/synthetic/arithmetic.ts';
 import { FEEDBACK } from '../../env/synthetic/guess-number.ts';
@@ -125,8 +128,32 @@ function answerFor(messages: readonly PromptMessage[], rng: Rng, mistakeRate: nu
   return { kind: 'generic', answer: '' };
 }
 
-export function generateCompletion(messages: readonly PromptMessage[], options: PolicyOptions, requestIndex: number): Completion {
-  const rng = createRng(mixSeeds(options.seed, requestIndex));
+/** Tags request-seeded streams, so a request with seed n does not replay the n-th unseeded request. */
+const REQUEST_SEED_TAG = 0x5eed;
+
+/**
+ * Seed of one random stream of a request (`stream` tells the policy, logprobs, … apart). With a
+ * request seed only (server seed, request seed) count; without one, the request counter does.
+ */
+export function requestStreamSeed(serverSeed: number, requestIndex: number, requestSeed: number | undefined, stream?: number): number {
+  if (requestSeed === undefined) return stream === undefined ? mixSeeds(serverSeed, requestIndex) : mixSeeds(serverSeed, requestIndex, stream);
+  return stream === undefined
+    ? mixSeeds(serverSeed, REQUEST_SEED_TAG, requestSeed)
+    : mixSeeds(serverSeed, REQUEST_SEED_TAG, requestSeed, stream);
+}
+
+/**
+ * The policy's reply to `messages`. `requestIndex` (the server's request counter) seeds it unless
+ * `requestSeed` is given, in which case the index is ignored and the reply is a pure function of
+ * (options, messages, requestSeed).
+ */
+export function generateCompletion(
+  messages: readonly PromptMessage[],
+  options: PolicyOptions,
+  requestIndex: number,
+  requestSeed?: number,
+): Completion {
+  const rng = createRng(requestStreamSeed(options.seed, requestIndex, requestSeed));
   const { kind, answer } = answerFor(messages, rng, options.mistakeRate);
   const ids: number[] = [];
   const filler = fillerInto(rng, options.thinkTokens, ids);

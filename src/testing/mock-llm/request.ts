@@ -12,6 +12,15 @@ export interface ChatRequest {
   maxTokens: number | null;
   logprobs: boolean;
   returnTokenIds: boolean;
+  /** OpenAI `seed`: when set, the completion depends on it and the conversation only (see policy.ts). */
+  seed: number | undefined;
+  /**
+   * vLLM `continue_final_message`: the last message is an assistant message to continue, not a turn
+   * to answer (partial rollouts resume an aborted generation this way).
+   */
+  continueFinalMessage: boolean;
+  /** vLLM `add_generation_prompt` (default true): whether the prompt ends with an open assistant header. */
+  addGenerationPrompt: boolean;
 }
 
 export class RequestError extends Error {
@@ -68,6 +77,8 @@ function optional(body: Record<string, unknown>, key: string, check: (v: unknown
 const isBool = (v: unknown): boolean => typeof v === 'boolean';
 const isNumber = (v: unknown): boolean => typeof v === 'number' && Number.isFinite(v);
 const isPositiveInt = (v: unknown): boolean => typeof v === 'number' && Number.isSafeInteger(v) && v > 0;
+/** vLLM takes any int64 seed; beyond 2^53 JSON numbers are already rounded, so nearby huge seeds may coincide. */
+const isInt64 = (v: unknown): boolean => typeof v === 'number' && Number.isInteger(v) && Math.abs(v) <= 2 ** 63;
 
 export function parseChatRequest(raw: string): ChatRequest {
   let body: unknown;
@@ -94,17 +105,33 @@ export function parseChatRequest(raw: string): ChatRequest {
   const returnTokenIds = optional(b, 'return_token_ids', isBool, 'must be a boolean');
   optional(b, 'temperature', isNumber, 'must be a number');
   optional(b, 'top_p', isNumber, 'must be a number');
-  optional(b, 'seed', (v) => typeof v === 'number' && Number.isInteger(v), 'must be an integer');
+  const seed = optional(b, 'seed', isInt64, 'must be a 64-bit integer') as number | undefined;
   optional(
     b,
     'stop',
     (v) => typeof v === 'string' || (Array.isArray(v) && v.every((s) => typeof s === 'string')),
     'must be a string or an array of strings',
   );
+  const continueFinal = optional(b, 'continue_final_message', isBool, 'must be a boolean') === true;
+  const addGenerationPrompt = optional(b, 'add_generation_prompt', isBool, 'must be a boolean');
+  if (continueFinal) {
+    // vLLM rejects both flags true, and its add_generation_prompt defaults to true: an engine that
+    // forgets to send false would fail against the real server, so it fails here too.
+    if (addGenerationPrompt !== false) {
+      bad('add_generation_prompt', 'must be false when continue_final_message is true (it defaults to true, as in vLLM)', b.add_generation_prompt);
+    }
+    const last = messages[messages.length - 1];
+    if (last.role !== 'assistant') {
+      bad('continue_final_message', `needs the last message to be an assistant message (messages[${messages.length - 1}].role)`, last.role);
+    }
+  }
   return {
     messages,
     maxTokens: (maxCompletion ?? maxTokens ?? null) as number | null,
     logprobs: logprobs === true,
     returnTokenIds: returnTokenIds === true,
+    seed,
+    continueFinalMessage: continueFinal,
+    addGenerationPrompt: addGenerationPrompt !== false,
   };
 }

@@ -3,10 +3,11 @@
  * token was ~90% of the mock's CPU per request (≈90 µs for 300 tokens); concatenating cached
  * fragments costs ≈4 µs, which keeps the mock from becoming the bottleneck of a load test.
  */
-import { createRng, mixSeeds } from '../../env/synthetic/rng.ts';
+import { createRng } from '../../env/synthetic/rng.ts';
+import { requestStreamSeed } from './policy.ts';
 import { tokenJson } from './tokens.ts';
 
-/** Sub-stream of the server seed, so logprobs never perturb the policy's choices. */
+/** Sub-stream of the request's randomness, so logprobs never perturb the policy's choices. */
 const LOGPROB_STREAM = 0x10b;
 
 /**
@@ -28,13 +29,23 @@ export interface CompletionBody {
   weightVersion: number;
   logprobs: boolean;
   returnTokenIds: boolean;
-  /** Server seed: with `index` it fixes the logprobs, so an aborted prefix keeps the same values. */
+  /**
+   * Server seed: with `requestSeed` (else `index`) it fixes the logprobs, so an aborted prefix keeps
+   * the same values, and so does a continuation under the same request seed.
+   */
   seed: number;
+  requestSeed: number | undefined;
+  /**
+   * Position of `ids[0]` in the whole completion (tokens a continued assistant message already had):
+   * a continuation's logprobs are the ones the uninterrupted completion has at those positions.
+   */
+  offset: number;
 }
 
-function logprobsJson(ids: readonly number[], seed: number, index: number): string {
+function logprobsJson(ids: readonly number[], c: CompletionBody): string {
   if (ids.length === 0) return '{"content":[]}';
-  const rng = createRng(mixSeeds(seed, index, LOGPROB_STREAM));
+  const rng = createRng(requestStreamSeed(c.seed, c.index, c.requestSeed, LOGPROB_STREAM));
+  for (let i = 0; i < c.offset; i++) rng.next();
   let json = '{"content":[';
   for (let i = 0; i < ids.length; i++) {
     if (i > 0) json += ',';
@@ -51,7 +62,7 @@ export function completionJson(c: CompletionBody): string {
     `{"id":"chatcmpl-mock-${c.index}","object":"chat.completion","created":${Math.floor(Date.now() / 1000)},` +
     `"model":${JSON.stringify(c.model)},"choices":[{"index":0,` +
     `"message":{"role":"assistant","content":${JSON.stringify(c.content)}},` +
-    `"logprobs":${c.logprobs ? logprobsJson(c.ids, c.seed, c.index) : 'null'},` +
+    `"logprobs":${c.logprobs ? logprobsJson(c.ids, c) : 'null'},` +
     `"finish_reason":${JSON.stringify(c.finishReason)}`;
   if (c.returnTokenIds) json += `,"token_ids":${JSON.stringify(c.ids)}`;
   json +=

@@ -1,8 +1,9 @@
 /**
  * The mock inference server: OpenAI-compatible chat completions on node:http, with the vLLM/SGLang
- * extras an RL engine relies on (token ids, logprobs, abort, weight version). Shipped for the demo
- * run, tests, load tests and benchmarks, so the per-request path stays cheap: one JSON.parse, cached
- * tokenisation, timers for latency (never busy-waiting), one JSON.stringify.
+ * extras an RL engine relies on (token ids, logprobs, abort, weight version, and per-request `seed`
+ * with `continue_final_message` for partial rollouts). Shipped for the demo run, tests, load tests and
+ * benchmarks, so the per-request path stays cheap: one JSON.parse, cached tokenisation, timers for
+ * latency (never busy-waiting), one JSON.stringify.
  */
 import { createServer } from 'node:http';
 import type { IncomingMessage, ServerResponse } from 'node:http';
@@ -14,7 +15,7 @@ import { generateCompletion } from './policy.ts';
 import { RequestError, parseChatRequest } from './request.ts';
 import type { ChatRequest } from './request.ts';
 import { completionJson } from './response.ts';
-import { decodeIds, promptTokenIds, rememberEncoding } from './tokens.ts';
+import { decodeIds, encodeText, promptTokenIds, rememberEncoding } from './tokens.ts';
 
 export { MOCK_LLM_DEFAULTS };
 export type { MockLlmOptions, ResolvedMockLlmOptions };
@@ -120,6 +121,12 @@ function errorBody(message: string, type: string, param: string | null = null) {
   return { error: { message, type, param, code: null } };
 }
 
+function startsWith(ids: readonly number[], prefix: readonly number[]): boolean {
+  if (prefix.length > ids.length) return false;
+  for (let i = 0; i < prefix.length; i++) if (ids[i] !== prefix[i]) return false;
+  return true;
+}
+
 function hostForUrl(host: string): string {
   if (host === '0.0.0.0') return '127.0.0.1';
   if (host === '::') return '[::1]';
@@ -162,21 +169,41 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
 
   function complete(res: ServerResponse, request: ChatRequest): void {
     const index = requestIndex++;
+    // Faults follow the request counter even for seeded requests: a retry with the same seed must be
+    // able to succeed.
     if (opts.errorRate > 0 && createRng(mixSeeds(opts.seed, index, ERROR_STREAM)).next() < opts.errorRate) {
       counters.errorsInjected += 1;
       sendJson(res, 500, errorBody(`injected error (errorRate=${opts.errorRate})`, 'server_error'));
       return;
     }
-    const completion = generateCompletion(request.messages, policy, index);
-    let ids = completion.ids;
+    const messages = request.messages;
+    // A continuation is the completion of the conversation without the partial assistant message,
+    // minus the tokens that message already holds: under the same request seed, partial + continuation
+    // equals the uninterrupted completion exactly.
+    const partial = request.continueFinalMessage ? messages[messages.length - 1].content : null;
+    const completion = generateCompletion(partial === null ? messages : messages.slice(0, -1), policy, index, request.seed);
+    let skip = 0;
+    let extendsCompletion = true;
+    if (partial !== null) {
+      const partialIds = encodeText(partial);
+      // Best effort when the partial message is not a prefix (another seed, an edited or foreign
+      // text): skip as many tokens as it has, so the reply still has roughly the remaining length.
+      extendsCompletion = startsWith(completion.ids, partialIds);
+      skip = Math.min(partialIds.length, completion.ids.length);
+    }
+    let ids = skip > 0 ? completion.ids.slice(skip) : completion.ids;
+    const fullLength = ids.length;
     let natural: NaturalFinish = 'stop';
     if (request.maxTokens !== null && ids.length > request.maxTokens) {
       ids = ids.slice(0, request.maxTokens);
       natural = 'length';
-    } else {
+    } else if (extendsCompletion) {
+      // The next turn re-sends partial + continuation = completion.text.
       rememberEncoding(completion.text, completion.ids);
     }
-    const promptIds = promptTokenIds(request.messages);
+    // Exact whenever extendsCompletion: the skipped ids decode to `partial`, a whole-character prefix.
+    const fullText = partial === null ? completion.text : extendsCompletion ? completion.text.slice(partial.length) : null;
+    const promptIds = promptTokenIds(messages, partial !== null ? 'continue' : request.addGenerationPrompt ? 'generation' : 'closed');
     // The version that "generated" the reply: the one current when generation started.
     const version = weightVersion;
     const startedAt = performance.now();
@@ -188,7 +215,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
       const json = completionJson({
         index,
         model: opts.model,
-        content: out.length === completion.ids.length ? completion.text : decodeIds(out),
+        content: out.length === fullLength && fullText !== null ? fullText : decodeIds(out),
         finishReason: reason,
         ids: out,
         promptIds,
@@ -196,6 +223,8 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
         logprobs: request.logprobs,
         returnTokenIds: request.returnTokenIds,
         seed: opts.seed,
+        requestSeed: request.seed,
+        offset: skip,
       });
       sendText(res, 200, json);
     };

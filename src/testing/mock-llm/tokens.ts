@@ -72,10 +72,18 @@ export function rememberEncoding(text: string, ids: readonly number[]): void {
 const roleIds = new Map<string, readonly number[]>();
 
 /**
- * Prompt ids under a ChatML-style template the mock defines:
- * `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then `<|im_start|>assistant\n`.
+ * How a prompt ends: `generation` opens an assistant turn (add_generation_prompt, the default);
+ * `continue` leaves the last message open, without its end marker, so generation extends it
+ * (continue_final_message); `closed` ends after the last message's end marker.
  */
-export function promptTokenIds(messages: readonly { role: string; content: string }[]): number[] {
+export type PromptEnd = 'generation' | 'continue' | 'closed';
+
+/**
+ * Prompt ids under a ChatML-style template the mock defines:
+ * `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then `<|im_start|>assistant\n`
+ * (for `continue`: the last message is rendered as `<|im_start|>{role}\n{content}` and nothing follows).
+ */
+export function promptTokenIds(messages: readonly { role: string; content: string }[], end: PromptEnd = 'generation'): number[] {
   const ids: number[] = [];
   const push = (part: readonly number[]): void => {
     for (let i = 0; i < part.length; i++) ids.push(part[i]);
@@ -89,13 +97,15 @@ export function promptTokenIds(messages: readonly { role: string; content: strin
     ids.push(IM_START);
     push(rid);
   };
-  for (const message of messages) {
-    header(message.role);
-    push(encodeText(message.content));
+  const open = end === 'continue' ? messages.length - 1 : messages.length;
+  for (let i = 0; i < messages.length; i++) {
+    header(messages[i].role);
+    push(encodeText(messages[i].content));
+    if (i === open) break;
     ids.push(IM_END);
     push(NEWLINE);
   }
-  header('assistant');
+  if (end === 'generation') header('assistant');
   return ids;
 }
 

@@ -1,0 +1,73 @@
+/**
+ * Checkpoint files: the producer's whole state (progress, buffer contents including ABORTED partial
+ * rollouts, groups in flight, sampler cursors, model step) in one file, written atomically — write a
+ * temporary file, fsync it, rename it over the target, fsync the directory — so a crash leaves either
+ * the old checkpoint or the new one, never a torn file.
+ */
+import { closeSync, fsyncSync, openSync, readFileSync, renameSync, writeSync } from 'node:fs';
+import { dirname } from 'node:path';
+import type { ResolvedConfig } from '../config.ts';
+import { decodeCheckpoint, encodeCheckpoint } from '../protocol/codec.ts';
+import { RolloutEngineError } from '../protocol/errors.ts';
+import type { ProducerSnapshot } from './producer.ts';
+
+const CHECKPOINT_VERSION = 1;
+
+/** The config fields a checkpoint's contents depend on; resuming with other values would mix runs. */
+export function configFingerprint(config: ResolvedConfig): Record<string, unknown> {
+  const fp: Record<string, unknown> = {
+    seed: config.seed,
+    batchSize: config.batchSize,
+    'producer.strategy': config.producer.strategy,
+  };
+  config.tasks.forEach((t, i) => {
+    fp[`tasks[${i}].name`] = t.name;
+    fp[`tasks[${i}].groupSize`] = t.groupSize;
+    fp[`tasks[${i}].weight`] = t.weight;
+    fp[`tasks[${i}].dataset`] = t.dataset;
+    fp[`tasks[${i}].env.module`] = t.env.module;
+  });
+  fp['tasks.length'] = config.tasks.length;
+  return fp;
+}
+
+export function writeCheckpoint(path: string, config: ResolvedConfig, snapshot: ProducerSnapshot): number {
+  const bytes = encodeCheckpoint({ v: CHECKPOINT_VERSION, writtenAt: new Date().toISOString(), fingerprint: configFingerprint(config), producer: snapshot });
+  const tmp = `${path}.tmp-${process.pid}`;
+  const fd = openSync(tmp, 'w');
+  try {
+    let off = 0;
+    while (off < bytes.byteLength) off += writeSync(fd, bytes, off);
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+  renameSync(tmp, path);
+  const dir = openSync(dirname(path), 'r');
+  try {
+    fsyncSync(dir); // the rename itself must survive a crash
+  } finally {
+    closeSync(dir);
+  }
+  return bytes.byteLength;
+}
+
+export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSnapshot {
+  let bytes: Uint8Array;
+  try {
+    bytes = readFileSync(path);
+  } catch (err) {
+    throw new RolloutEngineError('ERR_CHECKPOINT', `resumeFrom: cannot read ${path}: ${(err as Error).message}`);
+  }
+  const state = decodeCheckpoint(bytes, path);
+  if (state.v !== CHECKPOINT_VERSION) throw new RolloutEngineError('ERR_CHECKPOINT', `${path}: checkpoint version ${String(state.v)} is not supported (expected ${CHECKPOINT_VERSION})`);
+  const saved = state.fingerprint as Record<string, unknown>;
+  const current = configFingerprint(config);
+  const differences = [...new Set([...Object.keys(saved), ...Object.keys(current)])]
+    .filter((k) => JSON.stringify(saved[k]) !== JSON.stringify(current[k]))
+    .map((k) => `${k}: checkpoint has ${JSON.stringify(saved[k])}, config has ${JSON.stringify(current[k])}`);
+  if (differences.length > 0) {
+    throw new RolloutEngineError('ERR_CHECKPOINT_MISMATCH', `${path} was written by a run with a different config:\n  - ${differences.join('\n  - ')}`);
+  }
+  return state.producer as ProducerSnapshot;
+}

@@ -1,0 +1,65 @@
+/**
+ * The coordinator's side of the pause broadcast (protocol/control-block.ts): write the state, bump the
+ * epoch, wake every worker, and measure how long until they have all seen it.
+ */
+import { CONTROL, createControlBlock, RunState } from '../protocol/control-block.ts';
+
+export class PauseControl {
+  readonly block: SharedArrayBuffer;
+  readonly #view: Int32Array;
+
+  constructor(modelStep: number) {
+    this.block = createControlBlock(modelStep);
+    this.#view = new Int32Array(this.block);
+  }
+
+  get state(): RunState {
+    return Atomics.load(this.#view, CONTROL.STATE) as RunState;
+  }
+
+  get modelStep(): number {
+    return Atomics.load(this.#view, CONTROL.MODEL_STEP);
+  }
+
+  pause(): void {
+    this.#broadcast(RunState.PAUSED);
+  }
+
+  /** Escalate: in-flight inference calls are cancelled client-side too. */
+  cancel(): void {
+    this.#broadcast(RunState.CANCEL);
+  }
+
+  /** Send the current state again (a worker that was busy in a long synchronous step re-reads it). */
+  resignal(): void {
+    this.#broadcast(this.state);
+  }
+
+  resume(modelStep: number): void {
+    Atomics.store(this.#view, CONTROL.MODEL_STEP, modelStep);
+    this.#broadcast(RunState.RUNNING);
+  }
+
+  /**
+   * Resolves with the milliseconds until `workers` acknowledgements arrived for the latest broadcast,
+   * or null after `timeoutMs`. Waits with Atomics.waitAsync: no polling, the main loop stays free.
+   */
+  async waitForAcks(workers: number, timeoutMs: number, since = performance.now()): Promise<number | null> {
+    const deadline = since + timeoutMs;
+    for (;;) {
+      const acks = Atomics.load(this.#view, CONTROL.ACKS);
+      if (acks >= workers) return performance.now() - since;
+      const left = deadline - performance.now();
+      if (left <= 0) return null;
+      const wait = Atomics.waitAsync(this.#view, CONTROL.ACKS, acks, left);
+      if (wait.async) await wait.value; // resolves on notify or on its own timeout
+    }
+  }
+
+  #broadcast(state: RunState): void {
+    Atomics.store(this.#view, CONTROL.ACKS, 0);
+    Atomics.store(this.#view, CONTROL.STATE, state);
+    Atomics.add(this.#view, CONTROL.EPOCH, 1);
+    Atomics.notify(this.#view, CONTROL.EPOCH);
+  }
+}

@@ -1,0 +1,57 @@
+/**
+ * The worker's view of the pause broadcast (protocol/control-block.ts).
+ *
+ * `paused` and `modelStep` read shared memory directly, so an episode checking before each inference
+ * call sees a pause the moment the coordinator writes it — no message has to be delivered first.
+ * `signal` aborts in-flight inference calls when the coordinator escalates to CANCEL.
+ */
+import { CONTROL, RunState } from '../protocol/control-block.ts';
+
+export class PauseGate {
+  readonly #view: Int32Array;
+  #epoch: number;
+  #cancel = new AbortController();
+  #closed = false;
+
+  constructor(block: SharedArrayBuffer) {
+    this.#view = new Int32Array(block);
+    this.#epoch = Atomics.load(this.#view, CONTROL.EPOCH);
+    this.#apply();
+    void this.#watch();
+  }
+
+  get paused(): boolean {
+    return Atomics.load(this.#view, CONTROL.STATE) !== RunState.RUNNING;
+  }
+
+  /** The weight version the coordinator last resumed with. */
+  get modelStep(): number {
+    return Atomics.load(this.#view, CONTROL.MODEL_STEP);
+  }
+
+  /** Aborts when the coordinator cancels in-flight calls; a fresh one after each resume. */
+  get signal(): AbortSignal {
+    return this.#cancel.signal;
+  }
+
+  close(): void {
+    this.#closed = true;
+  }
+
+  async #watch(): Promise<void> {
+    while (!this.#closed) {
+      const wait = Atomics.waitAsync(this.#view, CONTROL.EPOCH, this.#epoch);
+      if (wait.async) await wait.value;
+      this.#epoch = Atomics.load(this.#view, CONTROL.EPOCH);
+      this.#apply();
+      Atomics.add(this.#view, CONTROL.ACKS, 1);
+      Atomics.notify(this.#view, CONTROL.ACKS);
+    }
+  }
+
+  #apply(): void {
+    const state = Atomics.load(this.#view, CONTROL.STATE);
+    if (state === RunState.CANCEL && !this.#cancel.signal.aborted) this.#cancel.abort(new Error('inference cancelled for a weight update'));
+    if (state === RunState.RUNNING && this.#cancel.signal.aborted) this.#cancel = new AbortController();
+  }
+}
