@@ -15,6 +15,7 @@ function resultWithTokens(seed: number): GroupResultMessage {
     responseIds: Int32Array.from({ length: 1024 }, (_, i) => 2 * i + seed),
     logprobs: Float32Array.from({ length: 1024 }, (_, i) => -i / 1024 - seed),
     modelSteps: new Int32Array(1024).fill(seed),
+    seed: 11,
     modelStep: seed,
     reward: 1,
     terminated: true,

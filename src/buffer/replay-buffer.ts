@@ -140,6 +140,7 @@ export class ReplayBuffer {
     return this.#lastDropReason;
   }
 
+  /** The stored groups themselves, not copies: encode the snapshot before the buffer changes again. */
   snapshot(): BufferSnapshot {
     const groups: RolloutGroup[] = [];
     for (const pools of this.#pools.values()) for (const pool of pools.values()) groups.push(...pool.values());

@@ -10,7 +10,9 @@ export function allocateBatch(batchSize: number, tasks: readonly { name: string;
     return { name: t.name, index, count: Math.floor(exact), remainder: exact - Math.floor(exact) };
   });
   let left = batchSize - shares.reduce((sum, s) => sum + s.count, 0);
-  const byRemainder = [...shares].sort((a, b) => b.remainder - a.remainder || a.index - b.index);
+  // Remainders are floats (8/6 − 1 ≠ 2/6 exactly): equal up to rounding counts as a tie, and ties go
+  // to the task listed first.
+  const byRemainder = [...shares].sort((a, b) => (Math.abs(b.remainder - a.remainder) > 1e-9 ? b.remainder - a.remainder : a.index - b.index));
   for (const share of byRemainder) {
     if (left <= 0) break;
     share.count++;

@@ -84,7 +84,8 @@ export class AsyncStrategy {
   }
 
   oversample(share: number, tailBatch: boolean): number {
-    return tailBatch ? 0 : Math.ceil(this.#options.overSampleThreshold * share);
+    // 0.14 × 50 is 7.000000000000001 in floating point: forgive the rounding before taking the ceiling.
+    return tailBatch ? 0 : Math.max(0, Math.ceil(this.#options.overSampleThreshold * share - 1e-9));
   }
 
   async produce(ctx: ProduceContext, task: string, share: number): Promise<ProduceStatus> {

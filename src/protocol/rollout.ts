@@ -60,6 +60,8 @@ export interface TurnRecord {
   logprobs: Float32Array | null;
   /** Model step (weight version) that generated each response token; same length as responseIds. */
   modelSteps: Int32Array | null;
+  /** Sampling seed sent with the request (null when `llm.sendSeed` is off); a continuation reuses it. */
+  seed: number | null;
   /** Weight version the turn was generated with (the server's report, else the engine's model step). */
   modelStep: number;
   reward: number;

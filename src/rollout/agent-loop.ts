@@ -160,13 +160,14 @@ async function play(env: Environment, rollout: RolloutState, partial: TurnRecord
       break;
     }
     const already = partial?.responseIds?.length ?? 0;
+    const seed = settings.sendSeed ? turnSeed(rollout, step) : null;
     let t = performance.now();
     const reply = await llm.chat(
       {
         messages: prompt,
         maxTokens: Math.max(1, settings.maxTokens - already),
         temperature: settings.temperature,
-        ...(settings.sendSeed ? { seed: turnSeed(rollout, step) } : {}),
+        ...(seed !== null ? { seed } : {}),
         ...(partial ? { continueFrom: partial.response } : {}),
       },
       gate.signal,
@@ -174,7 +175,7 @@ async function play(env: Environment, rollout: RolloutState, partial: TurnRecord
     const inferenceMs = performance.now() - t;
     timings.inferenceMs += inferenceMs;
     const modelStep = reply.weightVersion ?? gate.modelStep;
-    const turn = turnRecord(step, prompt, reply, modelStep, settings, promptMs, inferenceMs, turnStart);
+    const turn = turnRecord(step, prompt, reply, modelStep, seed, settings, promptMs, inferenceMs, turnStart);
     if (partial) {
       mergeContinuation(partial, turn);
       rollout.turns.pop();
@@ -225,6 +226,7 @@ function turnRecord(
   messages: ChatMessage[],
   reply: ChatResult,
   modelStep: number,
+  seed: number | null,
   settings: AgentSettings,
   envMs: number,
   inferenceMs: number,
@@ -240,6 +242,7 @@ function turnRecord(
     responseIds,
     logprobs: reply.logprobs,
     modelSteps: responseIds === null ? null : new Int32Array(responseIds.length).fill(modelStep),
+    seed,
     modelStep,
     reward: 0,
     terminated: false,
