@@ -9,6 +9,10 @@
  *   npm run bench                      # default: 3 repeats × 5 s per side
  *   npm run bench -- --quick           # smoke: 1 repeat × 1.5 s
  *   npm run bench -- --concurrency 256 --seconds 8 --repeats 5
+ *
+ * Then pause figures: with `--pause-rollouts` (512) rollouts in flight against a slow server, the time
+ * until every worker has stopped issuing inference calls (the engine's own share) and until every
+ * group is back on the main thread, p50 / p99, in abort and drain modes.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -27,6 +31,7 @@ const { values } = parseArgs({
     threads: { type: 'string' },
     'latency-ms': { type: 'string' },
     out: { type: 'string' },
+    'pause-rollouts': { type: 'string' },
   },
 });
 const quick = values.quick ?? false;
@@ -38,6 +43,7 @@ const seconds = Number(values.seconds ?? (quick ? 1.5 : 5));
 const repeats = Number(values.repeats ?? (quick ? 1 : 3));
 const latencyMs = Number(values['latency-ms'] ?? 0);
 const maxTokens = 64;
+const pauseRollouts = Number(values['pause-rollouts'] ?? 512);
 
 interface Sample {
   operations: number;
@@ -45,9 +51,9 @@ interface Sample {
   cpuMs: number;
 }
 
-async function startMockProcess(): Promise<{ url: string; child: ChildProcess }> {
+async function startMockProcess(extra: string[] = ['--latency-ms', String(latencyMs)]): Promise<{ url: string; child: ChildProcess }> {
   const main = new URL('../../src/cli/main.ts', import.meta.url).pathname;
-  const child = spawn(process.execPath, ['--import', 'tsx', main, 'mock-llm', '--port', '0', '--latency-ms', String(latencyMs)], {
+  const child = spawn(process.execPath, ['--import', 'tsx', main, 'mock-llm', '--port', '0', ...extra], {
     stdio: ['ignore', 'pipe', 'inherit'],
   });
   const url = await new Promise<string>((resolve, reject) => {
@@ -141,6 +147,66 @@ function stats(xs: number[]): { median: number; min: number; max: number } {
   return { median: s[Math.floor(s.length / 2)], min: s[0], max: s[s.length - 1] };
 }
 
+function percentile(xs: number[], p: number): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.ceil((p / 100) * s.length) - 1)] ?? NaN;
+}
+
+interface PauseFigures {
+  mode: 'abort' | 'drain';
+  pauses: number;
+  rolloutsInFlight: { min: number; median: number };
+  workersStoppedMs: { p50: number; p99: number };
+  allBackMs: { p50: number; p99: number };
+}
+
+/**
+ * Pauses with `pauseRollouts` rollouts in flight against a slow server (generations take ~1 s), in
+ * one mode: the engine's own share (request → every worker acknowledged, i.e. stopped issuing) and
+ * the time until every group is back on the main thread.
+ */
+async function pauseBench(url: string, mode: 'abort' | 'drain', pauseRollouts: number, pauses: number): Promise<PauseFigures> {
+  const groups = Math.ceil(pauseRollouts / groupSize);
+  const engine = createEngine({
+    logLevel: 'warn',
+    llm: { url, connections: Math.ceil(pauseRollouts / threads) + 8, abortPath: '/admin/abort' },
+    batchSize: groups,
+    workers: { threads, groupsPerWorker: Math.ceil(groups / threads) },
+    tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize, maxSteps: 8, maxTokens: 400 }],
+    producer: { strategy: 'async', partialRollout: true, maxStaleness: 1_000_000 },
+    pause: { mode, timeoutMs: 30_000 },
+  });
+  await engine.start();
+  const stopped: number[] = [];
+  const back: number[] = [];
+  const inFlight: number[] = [];
+  try {
+    for (let i = 0; i < pauses; i++) {
+      // Let production fill up again; count rollouts in flight from the workers themselves.
+      let rollouts = 0;
+      for (let waited = 0; waited < 5_000; waited += 50) {
+        await new Promise((r) => setTimeout(r, 50));
+        rollouts = (await engine.stats()).workers.reduce((n, w) => n + w.inFlightRollouts, 0);
+        if (rollouts >= pauseRollouts * 0.95 && waited >= 300) break;
+      }
+      inFlight.push(rollouts);
+      const report = await engine.pauseForWeightUpdate();
+      if (report.workersStoppedMs !== null) stopped.push(report.workersStoppedMs);
+      back.push(report.allBackMs);
+      await engine.resume({ modelStep: i + 1 });
+    }
+  } finally {
+    await engine.close();
+  }
+  return {
+    mode,
+    pauses,
+    rolloutsInFlight: { min: Math.min(...inFlight), median: stats(inFlight).median },
+    workersStoppedMs: { p50: percentile(stopped, 50), p99: percentile(stopped, 99) },
+    allBackMs: { p50: percentile(back, 50), p99: percentile(back, 99) },
+  };
+}
+
 async function main(): Promise<void> {
   const { url, child } = await startMockProcess();
   const bare: Sample[] = [];
@@ -153,6 +219,14 @@ async function main(): Promise<void> {
   } finally {
     child.kill('SIGTERM');
   }
+  // A slow server for the pause figures: ~100 tokens/s per request, so generations are mid-way when paused.
+  const slow = await startMockProcess(['--latency-ms', '20', '--tokens-per-second', '100', '--think-tokens', '100']);
+  const pauseFigures: PauseFigures[] = [];
+  try {
+    for (const mode of ['abort', 'drain'] as const) pauseFigures.push(await pauseBench(slow.url, mode, pauseRollouts, quick ? 3 : mode === 'abort' ? 20 : 8));
+  } finally {
+    slow.child.kill('SIGTERM');
+  }
   const rate = (s: Sample) => s.operations / s.seconds;
   const cpuPer = (s: Sample) => (s.cpuMs * 1000) / s.operations; // µs per operation
   const bareRate = stats(bare.map(rate));
@@ -164,6 +238,7 @@ async function main(): Promise<void> {
     settings: { concurrency, seconds, repeats, threads, groupSize, latencyMs, maxTokens },
     bare: { requestsPerSecond: bareRate, cpuUsPerRequest: bareCpu, samples: bare },
     engine: { stepsPerSecond: engineRate, cpuUsPerStep: engineCpu, samples: engine },
+    pause: pauseFigures,
     ratios: {
       engineCpuPerStepOverBareCpuPerRequest: engineCpu.median / bareCpu.median,
       engineStepsPerSecondOverBareRequestsPerSecond: engineRate.median / bareRate.median,
@@ -177,6 +252,13 @@ async function main(): Promise<void> {
   console.log(`${'bare undici loop (requests)'.padEnd(28)}${fmt(bareRate.median)}${fmt(bareCpu.median)}   ${spread(bareRate)}; ${spread(bareCpu)}`);
   console.log(`${'engine (agent steps)'.padEnd(28)}${fmt(engineRate.median)}${fmt(engineCpu.median)}   ${spread(engineRate)}; ${spread(engineCpu)}`);
   console.log(`\nratio engine/bare: CPU per step ${result.ratios.engineCpuPerStepOverBareCpuPerRequest.toFixed(2)}×, throughput ${result.ratios.engineStepsPerSecondOverBareRequestsPerSecond.toFixed(2)}×`);
+  console.log(`\npause for a weight update, ${pauseRollouts} rollouts in flight (slow server: 100 tokens/s per request)`);
+  console.log(`${'mode'.padEnd(8)}${'pauses'.padStart(8)}${'in flight'.padStart(11)}${'workers stopped p50/p99 ms'.padStart(30)}${'all back p50/p99 ms'.padStart(24)}`);
+  for (const f of pauseFigures) {
+    console.log(
+      `${f.mode.padEnd(8)}${String(f.pauses).padStart(8)}${String(f.rolloutsInFlight.median).padStart(11)}${`${f.workersStoppedMs.p50.toFixed(2)} / ${f.workersStoppedMs.p99.toFixed(2)}`.padStart(30)}${`${f.allBackMs.p50.toFixed(1)} / ${f.allBackMs.p99.toFixed(1)}`.padStart(24)}`,
+    );
+  }
   const outDir = values.out ?? 'bench-results';
   mkdirSync(outDir, { recursive: true });
   const file = join(outDir, `bench-${new Date().toISOString().replace(/[:.]/g, '-')}.json`);
