@@ -155,6 +155,12 @@ export class ReplayBuffer {
     this.#lastDropReason = snapshot.lastDropReason;
   }
 
+  /** Let a group go and count it (it was taken out, and cannot be stored again). */
+  drop(group: RolloutGroup, reason: DropReason): void {
+    for (const pool of this.#taskPools(group.taskName).values()) pool.delete(group.id);
+    this.#drop(group, reason);
+  }
+
   #drop(group: RolloutGroup, reason: DropReason): void {
     this.#dropped[reason]++;
     this.#lastDropReason = reason === 'EXPIRED' ? `group ${group.id} expired (too stale) and expired groups are not retried` : (group.error ?? group.rollouts.find((r) => r.error !== null)?.error ?? reason);

@@ -16,3 +16,28 @@ export class Notifier {
     for (const resolve of waiters) resolve();
   }
 }
+
+/**
+ * A wake-up for one waiter that is never lost: a `notify()` while nobody waits is remembered, and the
+ * next `wait()` returns at once. The background production loop parks on this; a notify that
+ * arrives while it is busy in a round must still make it look again afterwards.
+ */
+export class WakeUp {
+  #pending = false;
+  #waiter: (() => void) | null = null;
+
+  wait(): Promise<void> {
+    if (this.#pending) {
+      this.#pending = false;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => (this.#waiter = resolve));
+  }
+
+  notify(): void {
+    const waiter = this.#waiter;
+    this.#waiter = null;
+    if (waiter) waiter();
+    else this.#pending = true;
+  }
+}

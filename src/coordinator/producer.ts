@@ -15,12 +15,12 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { ResolvedConfig } from '../config.ts';
 import { ReplayBuffer, type BufferSnapshot, type DropReason, type ExpiryPolicy } from '../buffer/replay-buffer.ts';
 import type { Sampler } from '../buffer/sampler.ts';
-import { rolloutStaleness, staleThreshold, tokenLossMask } from '../buffer/staleness.ts';
+import { rolloutStaleness, seqStaleness, staleThreshold, tokenLossMask } from '../buffer/staleness.ts';
 import { abortInference } from '../llm/client.ts';
 import type { Logger } from '../log.ts';
 import { RolloutEngineError } from '../protocol/errors.ts';
 import { groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
-import { Notifier } from './notifier.ts';
+import { Notifier, WakeUp } from './notifier.ts';
 import type { PauseControl } from './pause-control.ts';
 import { ProduceProgress, type ProgressState } from './progress.ts';
 import { AsyncStrategy, SyncStrategy, type ProduceContext, type ProduceStatus, type ShouldContinue } from './strategies.ts';
@@ -122,19 +122,18 @@ export class Producer implements ProduceContext {
   readonly #sync: SyncStrategy;
   readonly #async: AsyncStrategy;
   readonly #threshold: number;
+  readonly #produceThreshold: number;
   /** Group id → the group as it was sent; the result replaces it when it lands. */
   readonly #inFlight = new Map<string, RolloutGroup>();
   readonly #inFlightByTask = new Map<string, number>();
   /** Wakes whoever waits for a group to land (strategies, getBatch, pause). */
   readonly #landed = new Notifier();
-  /** Wakes the background loop: consumer moved, resume, close, failure cleared. */
-  readonly #changed = new Notifier();
+  /** Wakes the background loop (its only waiter): consumer moved, resume, close, groups put back. */
+  readonly #changed = new WakeUp();
   #modelStep: number;
   #paused = false;
   #closed = false;
   #loop: Promise<void> | null = null;
-  /** Where the background loop is: EXPIRED_BATCH means it waits for fresher weights. */
-  #loopStatus: ProduceStatus = 'NORMAL';
   #failedSinceBatch = 0;
   #lastFailure: string | null = null;
 
@@ -162,10 +161,13 @@ export class Producer implements ProduceContext {
     const p = config.producer;
     this.#isValidGroup = options.hooks?.isValidGroup ?? (p.filter === 'drop-equal-rewards' ? hasRewardSpread : null);
     this.#threshold = p.strategy === 'async' ? staleThreshold(p.maxStaleness, p.syncWeightsInterval) : Infinity;
+    // Producing for a step is pointless once its samples would expire on arrival — or have every token
+    // masked by the token-level threshold: either bound makes the weights too stale for the step.
+    this.#produceThreshold = Math.min(this.#threshold, p.tokenStalenessThreshold ?? Infinity);
     this.#sync = new SyncStrategy(options.hooks?.shouldContinue);
     this.#async = new AsyncStrategy({
       overSampleThreshold: p.overSampleThreshold,
-      staleThreshold: this.#threshold === Infinity ? Number.MAX_SAFE_INTEGER : this.#threshold,
+      staleThreshold: this.#produceThreshold === Infinity ? Number.MAX_SAFE_INTEGER : this.#produceThreshold,
       tailBatchTriggerSize: p.tailBatchTriggerSize,
       shouldContinue: options.hooks?.shouldContinue,
     });
@@ -285,18 +287,22 @@ export class Producer implements ProduceContext {
   // ── the consumer ──────────────────────────────────────────────────────────────────────────────
 
   async getBatch(trainStep: number): Promise<Batch> {
-    if (this.#paused) return { trainStep, status: 'UPDATE_WEIGHT_AND_ABORT', groups: [], stats: null };
+    const empty = (status: 'UPDATE_WEIGHT_AND_ABORT' | 'EXPIRED_BATCH'): Batch => ({ trainStep, status, groups: [], stats: null });
+    if (this.#paused) return empty('UPDATE_WEIGHT_AND_ABORT');
     this.progress.beginConsume(trainStep);
     this.buffer.refresh(this.#expiry(trainStep));
-    const shares = this.progress.shares();
-    if (this.#config.producer.strategy === 'sync') {
-      const start = performance.now();
-      const statuses = await this.#produceSync(shares);
-      this.progress.produceMs += performance.now() - start;
-      if (statuses.includes('UPDATE_WEIGHT_AND_ABORT')) return { trainStep, status: 'UPDATE_WEIGHT_AND_ABORT', groups: [], stats: null };
-    }
     this.#changed.notify(); // the consumer moved: the background loop re-checks its targets
+    const shares = this.progress.shares();
+    const sync = this.#config.producer.strategy === 'sync';
     for (;;) {
+      if (this.#closed) throw new RolloutEngineError('ERR_ENGINE_STATE', 'the engine closed while a batch was being produced');
+      const dispatched = this.counts.scheduled + this.counts.retried;
+      if (sync) {
+        const start = performance.now();
+        const statuses = await this.#produceSync(shares);
+        this.progress.produceMs += performance.now() - start;
+        if (statuses.includes('UPDATE_WEIGHT_AND_ABORT')) return empty('UPDATE_WEIGHT_AND_ABORT');
+      }
       try {
         for (const [task] of shares) this.checkFailures(task);
       } catch (err) {
@@ -307,17 +313,18 @@ export class Producer implements ProduceContext {
       }
       const batch = this.#tryTake(trainStep, shares);
       if (batch !== null) return batch;
-      if (this.#paused) return { trainStep, status: 'UPDATE_WEIGHT_AND_ABORT', groups: [], stats: null };
-      if (this.#loopStatus === 'EXPIRED_BATCH' && this.#async.isModelExpired(this.progress.producerFutureStep, this.#modelStep)) {
-        return { trainStep, status: 'EXPIRED_BATCH', groups: [], stats: null };
+      if (this.#paused) return empty('UPDATE_WEIGHT_AND_ABORT');
+      // Nothing generated with these weights can be used at this step: the trainer must sync first.
+      if (this.#modelTooStale(trainStep)) return empty('EXPIRED_BATCH');
+      if (!sync) await this.#landed.wait();
+      else if (this.counts.scheduled + this.counts.retried === dispatched) {
+        throw new RolloutEngineError('ERR_PRODUCTION_STALLED', `train step ${trainStep}: production stopped before the batch was complete (a shouldContinue hook that returns false too early?)`);
       }
-      if (this.#config.producer.strategy === 'sync') {
-        // Token masking expired some members: produce the shortfall.
-        await this.#produceSync(shares);
-        continue;
-      }
-      await this.#landed.wait();
     }
+  }
+
+  #modelTooStale(trainStep: number): boolean {
+    return seqStaleness(this.#modelStep, trainStep) >= this.#produceThreshold;
   }
 
   async #produceSync(shares: Map<string, number>): Promise<ProduceStatus[]> {
@@ -344,8 +351,9 @@ export class Producer implements ProduceContext {
       for (const group of groups) {
         const masked = tokenThreshold === null ? 0 : applyTokenMask(group, trainStep, tokenThreshold);
         if (masked < 0) {
-          // a member kept no token: it expires, and the group goes back through the expiry lifecycle
-          this.buffer.put(group, this.#expiry(trainStep));
+          // A member kept no token: it expired. Retry the group, or drop it when expired groups are not retried.
+          if (this.#expiry(trainStep).retryable) this.buffer.put(group);
+          else this.buffer.drop(group, 'EXPIRED');
           short = true;
         } else {
           maskedTokens += masked;
@@ -356,6 +364,7 @@ export class Producer implements ProduceContext {
     }
     if (short) {
       for (const groups of chosen.values()) for (const g of groups) this.buffer.put(g); // keep them for the next try
+      this.#changed.notify(); // the background loop must replace what expired
       return null;
     }
     const groups = [...chosen.values()].flat();
@@ -422,12 +431,10 @@ export class Producer implements ProduceContext {
       }
       const future = this.progress.producerFutureStep;
       if (this.#async.isModelExpired(future, this.#modelStep)) {
-        this.#loopStatus = 'EXPIRED_BATCH';
         this.#landed.notify(); // a getBatch waiting for groups must learn that none are coming
         await this.#changed.wait();
         continue;
       }
-      this.#loopStatus = 'NORMAL';
       this.progress.ensureTargetUpto(future);
       const start = performance.now();
       let statuses: ProduceStatus[];

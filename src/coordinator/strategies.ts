@@ -35,7 +35,12 @@ export interface ProduceContext {
   readonly futureStep: number;
 }
 
-export class SyncStrategy {
+/** What the producer asks of a strategy: schedule one task's groups until its share of the work is done. */
+export interface ProduceStrategy {
+  produce(ctx: ProduceContext, task: string, share: number): Promise<ProduceStatus>;
+}
+
+export class SyncStrategy implements ProduceStrategy {
   readonly #shouldContinue: ShouldContinue;
 
   constructor(shouldContinue: ShouldContinue = defaultShouldContinue) {
@@ -62,7 +67,7 @@ export interface AsyncStrategyOptions {
   shouldContinue?: ShouldContinue;
 }
 
-export class AsyncStrategy {
+export class AsyncStrategy implements ProduceStrategy {
   readonly #options: AsyncStrategyOptions;
   readonly #shouldContinue: ShouldContinue;
 
