@@ -26,13 +26,41 @@ const positiveInt = z.number().int().positive();
 const nonNegativeInt = z.number().int().min(0);
 const params = z.record(z.string(), z.unknown());
 
-const EnvSpec = z.strictObject({
-  /** `builtin:guess-number`, `builtin:arithmetic`, or a path to an ES module (relative to the config file). */
+const httpUrl = z.url({ protocol: /^https?$/ });
+
+const HttpEnvSpec = z.strictObject({
+  /** Env servers speaking the env-server protocol (`rollout env-server`, or your own); actors spread across them. */
+  urls: z.array(httpUrl).min(1),
+  /** Environment name on the servers: requests go to `/{name}/{id}/…`. */
+  name: z.string().min(1),
+  timeoutMs: positiveInt.default(30_000),
+  /** Extra attempts after a 5xx, a timeout or a transport error (never after a 4xx). */
+  retries: nonNegativeInt.default(2),
+  retryBackoffMs: nonNegativeInt.default(500),
+  maxResponseBytes: positiveInt.default(16 * 1024 * 1024),
+  /** The servers deduplicate `step` by the step index the engine sends, so a step may be retried safely. */
+  dedupeSteps: z.boolean().default(false),
+});
+
+const EnvSpec = z
+  .strictObject({
+    /** `builtin:guess-number`, `builtin:arithmetic`, or a path to an ES module (relative to the config file). */
+    module: z.string().min(1).optional(),
+    /** Export holding the EnvironmentFactory. */
+    export: z.string().min(1).default('default'),
+    /** Environment actors behind HTTP instead of an in-process module. */
+    http: HttpEnvSpec.optional(),
+    /** Passed to the factory once per episode (in-process environments). */
+    params: params.default({}),
+    /** Actors of this environment alive at once per worker thread; null = no limit beyond the worker's concurrency. */
+    poolSize: positiveInt.nullable().default(null),
+  })
+  .refine((env) => (env.module === undefined) !== (env.http === undefined), { message: 'give exactly one of env.module (in-process) or env.http (env servers)' });
+
+const HooksSpec = z.strictObject({
+  /** ES module exporting `beforeInference` and/or `onEpisodeEnd` (see README "Episode hooks"). */
   module: z.string().min(1),
-  /** Export holding the EnvironmentFactory. */
   export: z.string().min(1).default('default'),
-  /** Passed to the factory once per episode. */
-  params: params.default({}),
 });
 
 const TaskSpec = z.strictObject({
@@ -49,11 +77,20 @@ const TaskSpec = z.strictObject({
   messageCut: nonNegativeInt.default(3),
   maxTokens: positiveInt.default(512),
   temperature: z.number().min(0).max(2).default(1),
+  hooks: HooksSpec.nullable().default(null),
+});
+
+const PolicySpec = z.strictObject({
+  /** Endpoints serving this agent's policy; default: `llm.url`. */
+  url: z.union([httpUrl, z.array(httpUrl).min(1)]).optional(),
+  model: z.string().min(1).optional(),
+  temperature: z.number().min(0).max(2).optional(),
+  maxTokens: positiveInt.optional(),
 });
 
 const LlmSpec = z.strictObject({
   /** OpenAI-compatible base URL (`http://host:8000` or `http://host:8000/v1`); null = start the built-in mock server. */
-  url: z.url({ protocol: /^https?$/ }).nullable().default(null),
+  url: z.union([httpUrl, z.array(httpUrl).min(1)]).nullable().default(null),
   model: z.string().min(1).default('mock-policy'),
   apiKey: z.string().nullable().default(null),
   /** Budget for one inference request, headers and body included. */
@@ -70,6 +107,14 @@ const LlmSpec = z.strictObject({
   sendSeed: z.boolean().default(true),
   /** Server route that aborts every request in flight (SGLang `/abort_request`); null = cancel client-side. */
   abortPath: z.string().startsWith('/').nullable().default('/abort_request'),
+  /** Inference calls one worker has in flight at most (the reference's LLM semaphore); null = no limit. */
+  maxConcurrency: positiveInt.nullable().default(null),
+  /** The first wave of episodes on a worker waits a random 0..startupJitterMs before its first call. */
+  startupJitterMs: nonNegativeInt.default(0),
+  /** Path inserted after `/v1` with `{session}` replaced by the rollout id, e.g. `/sessions/{session}` (session-routing gateways). */
+  sessionPath: z.string().startsWith('/').includes('{session}').nullable().default(null),
+  /** Per-agent policies for multi-agent environments: agent id → endpoints, model, temperature, max tokens. */
+  policies: z.record(z.string().min(1), PolicySpec).default({}),
 });
 
 const MockSpec = z.strictObject({
@@ -146,6 +191,10 @@ export const EngineConfigSchema = z.strictObject({
   workers: WorkersSpec.default(() => WorkersSpec.parse({})),
   producer: ProducerSpec.default(() => ProducerSpec.parse({})),
   pause: PauseSpec.default(() => PauseSpec.parse({})),
+  /** Run directory: step records go to `<runDir>/steps/` (one JSONL file per worker); null = not recorded. */
+  runDir: z.string().min(1).nullable().default(null),
+  /** Record every step of every session (when `runDir` is set). */
+  recordSteps: z.boolean().default(true),
   /** Checkpoint file to resume the run from (written by engine.checkpoint()). */
   resumeFrom: z.string().min(1).nullable().default(null),
   logLevel: z.enum(LOG_LEVELS).default(() => (process.env.LOG_LEVEL as (typeof LOG_LEVELS)[number] | undefined) ?? 'info'),
@@ -154,8 +203,11 @@ export const EngineConfigSchema = z.strictObject({
 /** What users write (every field optional where a default exists). */
 export type EngineConfigInput = z.input<typeof EngineConfigSchema>;
 type ParsedConfig = z.output<typeof EngineConfigSchema>;
-export type TaskConfig = ParsedConfig['tasks'][number] & {
-  env: ParsedConfig['tasks'][number]['env'] & { moduleUrl: string };
+type ParsedTask = ParsedConfig['tasks'][number];
+export type TaskConfig = Omit<ParsedTask, 'env' | 'hooks'> & {
+  /** `moduleUrl` is the resolved in-process module (null for an HTTP environment). */
+  env: ParsedTask['env'] & { moduleUrl: string | null };
+  hooks: (NonNullable<ParsedTask['hooks']> & { moduleUrl: string }) | null;
 };
 export type LlmConfig = ParsedConfig['llm'];
 export type MockConfig = ParsedConfig['mock'];
@@ -178,21 +230,32 @@ export function resolveConfig(input: unknown, options: ResolveOptions = {}): Res
   // Paths are checked even when other fields are wrong, so one run reports every problem.
   const rawTasks = parsed.success ? parsed.data.tasks : rawTaskPaths(input);
   const located = rawTasks.map((task, i) => ({
-    moduleUrl: typeof task.env?.module === 'string' ? resolveEnvModule(task.env.module, baseDir, `tasks[${i}].env.module`, problems) : '',
+    moduleUrl: typeof task.env?.module === 'string' ? resolveEnvModule(task.env.module, baseDir, `tasks[${i}].env.module`, problems) : null,
     dataset: typeof task.dataset === 'string' ? resolveDataset(task.dataset, baseDir, `tasks[${i}].dataset`, problems) : null,
+    hooksUrl: typeof task.hooks?.module === 'string' ? resolveEnvModule(task.hooks.module, baseDir, `tasks[${i}].hooks.module`, problems) : null,
   }));
   if (!parsed.success || problems.length > 0) throw new ConfigError(problems);
-  const tasks = parsed.data.tasks.map((task, i): TaskConfig => ({ ...task, dataset: located[i].dataset, env: { ...task.env, moduleUrl: located[i].moduleUrl } }));
+  const tasks = parsed.data.tasks.map(
+    (task, i): TaskConfig => ({
+      ...task,
+      dataset: located[i].dataset,
+      env: { ...task.env, moduleUrl: located[i].moduleUrl },
+      hooks: task.hooks === null ? null : { ...task.hooks, moduleUrl: located[i].hooksUrl! },
+    }),
+  );
   const resumeFrom = parsed.data.resumeFrom === null ? null : resolveDataset(parsed.data.resumeFrom, baseDir, 'resumeFrom', problems);
+  const runDir = parsed.data.runDir === null ? null : isAbsolute(parsed.data.runDir) ? parsed.data.runDir : resolve(baseDir, parsed.data.runDir);
   if (problems.length > 0) throw new ConfigError(problems);
-  return { ...parsed.data, tasks, resumeFrom };
+  return { ...parsed.data, tasks, resumeFrom, runDir };
 }
 
 /** The tasks' path fields from unvalidated input, where they have the right shape. */
-function rawTaskPaths(input: unknown): { env?: { module?: unknown }; dataset?: unknown }[] {
+type RawTaskPaths = { env?: { module?: unknown }; dataset?: unknown; hooks?: { module?: unknown } | null };
+
+function rawTaskPaths(input: unknown): RawTaskPaths[] {
   const tasks = (input as { tasks?: unknown } | null)?.tasks;
   if (!Array.isArray(tasks)) return [];
-  return tasks.map((t) => (typeof t === 'object' && t !== null ? (t as { env?: { module?: unknown }; dataset?: unknown }) : {}));
+  return tasks.map((t) => (typeof t === 'object' && t !== null ? (t as RawTaskPaths) : {}));
 }
 
 function resolveDataset(spec: string, baseDir: string, path: string, problems: string[]): string {

@@ -8,6 +8,7 @@ function resultWithTokens(seed: number): GroupResultMessage {
   const group = newGroup({ taskName: 't', promptIndex: seed, drawIndex: seed, seed, envParams: { a: seed } }, 2);
   const turn: TurnRecord = {
     step: 1,
+    agentId: null,
     messages: [{ role: 'user', content: `hi ${seed}` }],
     response: 'ok',
     finishReason: 'stop',

@@ -228,7 +228,7 @@ describe('mock policy', () => {
         last = env.step((await chat(mock, { messages: prompt })).choices[0].message.content);
       }
       assert.equal(last!.terminated, true, `seed ${seed}`);
-      assert.ok(last!.reward > 0 && (last!.info!.turns as number) <= 7);
+      assert.ok((last!.reward as number) > 0 && (last!.info!.turns as number) <= 7);
     }
   });
 

@@ -38,6 +38,7 @@ function turn(steps: number[] | null, opts: { modelStep?: number; response?: str
   const modelSteps = steps === null ? null : Int32Array.from(steps);
   return {
     step: opts.step ?? 1,
+    agentId: null,
     messages: [{ role: 'user', content: 'question' }],
     response: opts.response ?? (steps === null ? '' : 'tok'.repeat(steps.length)),
     finishReason: 'stop',

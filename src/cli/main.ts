@@ -4,6 +4,7 @@
  * exit code; errors with a code (config, usage, inference) print one readable line, not a stack.
  */
 import { RolloutEngineError } from '../protocol/errors.ts';
+import { envServerCommand } from './env-server.ts';
 import { mockLlmCommand } from './mock-llm.ts';
 import { runCommand } from './run.ts';
 
@@ -19,6 +20,7 @@ Run \`rollout <command> --help\` for a command's options.`;
 const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
   run: runCommand,
   'mock-llm': mockLlmCommand,
+  'env-server': envServerCommand,
 };
 
 async function main(argv: string[]): Promise<number> {

@@ -36,7 +36,7 @@ export interface EngineStats {
 
 export interface CoordinatorOptions extends ProducerHooks {
   /** Replace the worker pool (remote pools; tests). */
-  pool?: (config: ResolvedConfig, llmUrl: string, control: SharedArrayBuffer, log: Logger) => WorkerPool;
+  pool?: (config: ResolvedConfig, llmUrls: string[], control: SharedArrayBuffer, log: Logger) => WorkerPool;
   log?: Logger;
 }
 
@@ -47,7 +47,7 @@ export class Coordinator {
   readonly log: Logger;
   readonly #options: CoordinatorOptions;
   #state: State = 'created';
-  #llmUrl: string | null = null;
+  #llmUrls: string[] = [];
   #closeMock: (() => Promise<void>) | null = null;
   #pool: WorkerPool | null = null;
   #producer: Producer | null = null;
@@ -60,8 +60,9 @@ export class Coordinator {
     this.log = options.log ?? createLogger(config.logLevel, { thread: 'main' });
   }
 
+  /** The first inference endpoint (the embedded mock's when `llm.url` is null); null before start(). */
   get llmUrl(): string | null {
-    return this.#llmUrl;
+    return this.#llmUrls[0] ?? null;
   }
 
   async start(): Promise<void> {
@@ -72,23 +73,27 @@ export class Coordinator {
       const resumed = config.resumeFrom === null ? null : readCheckpoint(config.resumeFrom, config);
       const samplers = new Map<string, Sampler>();
       for (const task of config.tasks) samplers.set(task.name, await Sampler.create(task, config.seed));
-      this.#llmUrl = config.llm.url ?? (await this.#startEmbeddedMock());
-      const models = await probeInferenceServer(this.#llmUrl, { apiKey: config.llm.apiKey });
-      if (models.length > 0 && !models.includes(config.llm.model)) {
-        this.log.warn({ model: config.llm.model, served: models }, 'llm.model is not among the models the server lists');
+      const configured = config.llm.url;
+      this.#llmUrls = configured === null ? [await this.#startEmbeddedMock()] : Array.isArray(configured) ? configured : [configured];
+      const policyUrls = Object.values(config.llm.policies).flatMap((p) => (p.url === undefined ? [] : Array.isArray(p.url) ? p.url : [p.url]));
+      for (const url of new Set([...this.#llmUrls, ...policyUrls])) {
+        const models = await probeInferenceServer(url, { apiKey: config.llm.apiKey });
+        if (models.length > 0 && !models.includes(config.llm.model) && !policyUrls.includes(url)) {
+          this.log.warn({ url, model: config.llm.model, served: models }, 'llm.model is not among the models the server lists');
+        }
       }
       const control = new PauseControl(resumed?.modelStep ?? config.modelStep);
       const pool =
-        this.#options.pool?.(config, this.#llmUrl, control.block, this.log) ??
-        new PiscinaWorkerPool({ config, llmUrl: this.#llmUrl, control: control.block, log: this.log });
+        this.#options.pool?.(config, this.#llmUrls, control.block, this.log) ??
+        new PiscinaWorkerPool({ config, llmUrls: this.#llmUrls, control: control.block, log: this.log });
       this.#pool = pool;
-      this.#producer = new Producer({ config, pool, control, samplers, log: this.log, llmUrl: this.#llmUrl, hooks: this.#options });
+      this.#producer = new Producer({ config, pool, control, samplers, log: this.log, llmUrls: this.#llmUrls, hooks: this.#options });
       if (resumed !== null) this.#producer.restore(resumed);
       this.#producer.start();
       this.#state = 'running';
       this.log.info(
         {
-          llm: this.#llmUrl,
+          llm: this.#llmUrls,
           strategy: config.producer.strategy,
           threads: config.workers.threads,
           groupsPerWorker: config.workers.groupsPerWorker,

@@ -117,7 +117,7 @@ export class Producer implements ProduceContext {
   readonly #control: PauseControl;
   readonly #samplers: Map<string, Sampler>;
   readonly #log: Logger;
-  readonly #llmUrl: string;
+  readonly #llmUrls: string[];
   readonly #isValidGroup: ((group: RolloutGroup) => boolean) | null;
   readonly #sync: SyncStrategy;
   readonly #async: AsyncStrategy;
@@ -143,7 +143,7 @@ export class Producer implements ProduceContext {
     control: PauseControl;
     samplers: Map<string, Sampler>;
     log: Logger;
-    llmUrl: string;
+    llmUrls: string[];
     hooks?: ProducerHooks;
   }) {
     const { config } = options;
@@ -152,7 +152,7 @@ export class Producer implements ProduceContext {
     this.#control = options.control;
     this.#samplers = options.samplers;
     this.#log = options.log;
-    this.#llmUrl = options.llmUrl;
+    this.#llmUrls = options.llmUrls;
     this.#modelStep = config.modelStep;
     this.progress = new ProduceProgress(config.tasks, config.batchSize);
     this.buffer = new ReplayBuffer(config.tasks.map((t) => t.name));
@@ -477,7 +477,7 @@ export class Producer implements ProduceContext {
     let serverAbort = false;
     let cancelled = false;
     if (mode === 'abort' && this.#inFlight.size > 0) {
-      serverAbort = abortPath !== null && (await abortInference(this.#llmUrl, abortPath, { apiKey: this.#config.llm.apiKey }));
+      serverAbort = abortPath !== null && (await this.#abortOnServers(abortPath));
       if (!serverAbort) {
         this.#control.cancel();
         cancelled = true;
@@ -498,10 +498,11 @@ export class Producer implements ProduceContext {
         deadline = now + resignalIntervalMs;
       } else if (now >= nextSignal) {
         this.#control.resignal();
-        if (serverAbort && abortPath !== null) await abortInference(this.#llmUrl, abortPath, { apiKey: this.#config.llm.apiKey });
+        if (serverAbort && abortPath !== null) await this.#abortOnServers(abortPath);
         nextSignal = now + resignalIntervalMs;
       }
     }
+    await this.#pool.flush(); // step records of the interrupted episodes reach the disk before the weights change
     const report: PauseReport = {
       workersStoppedMs,
       allBackMs: performance.now() - start,
@@ -512,6 +513,14 @@ export class Producer implements ProduceContext {
     };
     this.#log.info(report, 'paused for a weight update');
     return report;
+  }
+
+  /** Ask every inference endpoint to abort what it is generating; true when all of them could. */
+  async #abortOnServers(path: string): Promise<boolean> {
+    const policyUrls = Object.values(this.#config.llm.policies).flatMap((p) => (p.url === undefined ? [] : Array.isArray(p.url) ? p.url : [p.url]));
+    const urls = [...new Set([...this.#llmUrls, ...policyUrls])];
+    const results = await Promise.all(urls.map((url) => abortInference(url, path, { apiKey: this.#config.llm.apiKey })));
+    return results.every(Boolean);
   }
 
   /** New weights are loaded: tag new tokens with `modelStep` and produce again. */

@@ -9,6 +9,7 @@
  * the reason, so the producer's counts always add up.
  */
 import * as Comlink from 'comlink';
+import { join } from 'node:path';
 import { Piscina } from 'piscina';
 import type { ResolvedConfig } from '../config.ts';
 import type { Logger } from '../log.ts';
@@ -26,13 +27,15 @@ export interface WorkerPool {
   stats(): Promise<WorkerStats[]>;
   /** Worker threads alive now (each acknowledges a pause broadcast). */
   readonly liveWorkers: number;
+  /** Every worker writes its buffered step records to disk. */
+  flush(): Promise<void>;
   close(): Promise<void>;
 }
 
 export interface PiscinaWorkerPoolOptions {
   config: ResolvedConfig;
-  /** Base URL of the inference server (the configured one, or the embedded mock's). */
-  llmUrl: string;
+  /** Base URLs of the inference servers (the configured ones, or the embedded mock's). */
+  llmUrls: string[];
   log: Logger;
   /** The pause broadcast block every worker watches. */
   control: SharedArrayBuffer;
@@ -50,30 +53,7 @@ export class PiscinaWorkerPool implements WorkerPool {
   constructor(options: PiscinaWorkerPoolOptions) {
     const { config } = options;
     this.#log = options.log;
-    const init: WorkerInit = {
-      v: PROTOCOL_VERSION,
-      control: options.control,
-      llm: { ...config.llm, url: options.llmUrl },
-      logLevel: config.logLevel,
-      tasks: Object.fromEntries(
-        config.tasks.map((t) => [
-          t.name,
-          {
-            moduleUrl: t.env.moduleUrl,
-            exportName: t.env.export,
-            envParams: t.env.params,
-            agent: {
-              maxSteps: t.maxSteps,
-              messageCut: t.messageCut,
-              maxTokens: t.maxTokens,
-              temperature: t.temperature,
-              partialRollout: config.producer.partialRollout,
-              sendSeed: config.llm.sendSeed,
-            },
-          },
-        ]),
-      ),
-    };
+    const init = workerInit(config, options.llmUrls, options.control);
     const threads = config.workers.threads;
     this.#pool = new Piscina({
       filename: (options.workerUrl ?? projectModuleUrl('workers/episode-worker')).href,
@@ -124,9 +104,15 @@ export class PiscinaWorkerPool implements WorkerPool {
     return settled.flatMap((s) => (s.status === 'fulfilled' ? [s.value] : []));
   }
 
+  async flush(): Promise<void> {
+    await Promise.allSettled([...this.#controls.values()].map((c) => withDeadline(c.flush(), FLUSH_DEADLINE_MS)));
+  }
+
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
+    // Workers release their actors and flush their records before the threads are terminated.
+    await Promise.allSettled([...this.#controls.values()].map((c) => withDeadline(c.close(), FLUSH_DEADLINE_MS)));
     for (const control of this.#controls.values()) control[Comlink.releaseProxy]();
     this.#controls.clear();
     await this.#pool.destroy();
@@ -134,6 +120,58 @@ export class PiscinaWorkerPool implements WorkerPool {
 }
 
 const STATS_DEADLINE_MS = 1_000;
+const FLUSH_DEADLINE_MS = 10_000;
+
+/** What every worker is started with (workerData): resolved once from the config. */
+export function workerInit(config: ResolvedConfig, llmUrls: string[], control: SharedArrayBuffer): WorkerInit {
+  const { llm } = config;
+  const urls = (url: string | string[] | undefined) => (url === undefined ? llmUrls : Array.isArray(url) ? url : [url]);
+  return {
+    v: PROTOCOL_VERSION,
+    control,
+    logLevel: config.logLevel,
+    recordsDir: config.runDir !== null && config.recordSteps ? join(config.runDir, 'steps') : null,
+    firstWave: config.workers.groupsPerWorker * Math.max(...config.tasks.map((t) => t.groupSize)),
+    llm: {
+      client: {
+        apiKey: llm.apiKey,
+        timeoutMs: llm.timeoutMs,
+        retries: llm.retries,
+        retryBackoffMs: llm.retryBackoffMs,
+        connections: llm.connections,
+        returnTokenIds: llm.returnTokenIds,
+        logprobs: llm.logprobs,
+        sessionPath: llm.sessionPath,
+      },
+      default: { urls: llmUrls, model: llm.model, temperature: null, maxTokens: null },
+      policies: Object.fromEntries(
+        Object.entries(llm.policies).map(([agent, p]) => [agent, { urls: urls(p.url), model: p.model ?? llm.model, temperature: p.temperature ?? null, maxTokens: p.maxTokens ?? null }]),
+      ),
+      maxConcurrency: llm.maxConcurrency,
+      startupJitterMs: llm.startupJitterMs,
+    },
+    tasks: Object.fromEntries(
+      config.tasks.map((t) => [
+        t.name,
+        {
+          env:
+            t.env.http !== undefined
+              ? { kind: 'http', http: { ...t.env.http }, poolSize: t.env.poolSize }
+              : { kind: 'module', moduleUrl: t.env.moduleUrl!, exportName: t.env.export, params: t.env.params, poolSize: t.env.poolSize },
+          hooks: t.hooks === null ? null : { moduleUrl: t.hooks.moduleUrl, exportName: t.hooks.export },
+          agent: {
+            maxSteps: t.maxSteps,
+            messageCut: t.messageCut,
+            maxTokens: t.maxTokens,
+            temperature: t.temperature,
+            partialRollout: config.producer.partialRollout,
+            sendSeed: llm.sendSeed,
+          },
+        },
+      ]),
+    ),
+  };
+}
 
 function withDeadline<T>(promise: Promise<T>, ms: number): Promise<T> {
   let timer: NodeJS.Timeout | undefined;

@@ -1,35 +1,38 @@
 /**
- * Loads environment factories inside a worker from `moduleUrl` + export name. Imports are cached per
- * worker, so a module is evaluated once however many episodes use it.
+ * Loads user modules inside a worker (environment factories, episode hooks) from `moduleUrl` + export
+ * name. Imports are cached per worker, so a module is evaluated once however many episodes use it.
  */
 import type { EnvironmentFactory } from './types.ts';
 
-const factories = new Map<string, Promise<EnvironmentFactory>>();
+const exports = new Map<string, Promise<unknown>>();
 const TYPESCRIPT_FILE = /\.[cm]?ts$/;
 let typescriptLoader: Promise<void> | null = null;
 
 export function loadEnvironmentFactory(moduleUrl: string, exportName: string): Promise<EnvironmentFactory> {
-  const key = `${moduleUrl}#${exportName}`;
-  let factory = factories.get(key);
-  if (factory === undefined) {
-    factory = importFactory(moduleUrl, exportName);
-    // A failed import is not cached: the next episode retries and reports the error again.
-    factory.catch(() => factories.delete(key));
-    factories.set(key, factory);
-  }
-  return factory;
+  return loadExport(moduleUrl, exportName, 'env.export', 'function') as Promise<EnvironmentFactory>;
 }
 
-async function importFactory(moduleUrl: string, exportName: string): Promise<EnvironmentFactory> {
-  const mod = (await importModule(moduleUrl)) as Record<string, unknown>;
-  const factory = mod[exportName];
-  if (typeof factory !== 'function') {
-    const available = Object.keys(mod).filter((k) => typeof mod[k] === 'function');
-    throw new Error(
-      `env.export: ${JSON.stringify(exportName)} of ${moduleUrl} is not a function (got ${typeof factory}; function exports: ${available.join(', ') || 'none'})`,
-    );
+/** A user module's export (environment factories, episode hooks), imported once per worker. */
+export function loadExport(moduleUrl: string, exportName: string, field: string, kind: 'function' | 'object'): Promise<unknown> {
+  const key = `${moduleUrl}#${exportName}`;
+  let value = exports.get(key);
+  if (value === undefined) {
+    value = importExport(moduleUrl, exportName, field, kind);
+    // A failed import is not cached: the next episode retries and reports the error again.
+    value.catch(() => exports.delete(key));
+    exports.set(key, value);
   }
-  return factory as EnvironmentFactory;
+  return value;
+}
+
+async function importExport(moduleUrl: string, exportName: string, field: string, kind: 'function' | 'object'): Promise<unknown> {
+  const mod = (await importModule(moduleUrl)) as Record<string, unknown>;
+  const value = mod[exportName];
+  if (typeof value !== kind || value === null) {
+    const available = Object.keys(mod).filter((k) => typeof mod[k] === kind);
+    throw new Error(`${field}: ${JSON.stringify(exportName)} of ${moduleUrl} is not a${kind === 'object' ? 'n' : ''} ${kind} (got ${value === null ? 'null' : typeof value}; ${kind} exports: ${available.join(', ') || 'none'})`);
+  }
+  return value;
 }
 
 /**

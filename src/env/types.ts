@@ -21,9 +21,15 @@ export interface ResetResult {
   info?: Record<string, unknown>;
 }
 
+/** A multi-agent environment prompts each agent separately: agent id → its conversation. */
+export type AgentPrompts = Record<string, ChatMessage[]>;
+/** …and takes one action per agent id. */
+export type AgentActions = Record<string, string>;
+
 export interface StepResult {
   observation: unknown;
-  reward: number;
+  /** One reward, or one per agent id in a multi-agent environment. */
+  reward: number | Record<string, number>;
   terminated: boolean;
   truncated: boolean;
   info?: Record<string, unknown>;
@@ -33,9 +39,13 @@ type MaybePromise<T> = T | Promise<T>;
 
 export interface Environment {
   reset(options: ResetOptions): MaybePromise<ResetResult>;
-  /** The conversation so far as OpenAI chat messages; an empty array ends the episode. */
-  getTaskPrompt(): MaybePromise<ChatMessage[]>;
-  step(action: string): MaybePromise<StepResult>;
+  /**
+   * The conversation so far as OpenAI chat messages; an empty array ends the episode. A multi-agent
+   * environment returns one conversation per agent id (an empty object, or all empty, ends it).
+   */
+  getTaskPrompt(): MaybePromise<ChatMessage[] | AgentPrompts>;
+  /** The model's reply; a multi-agent environment receives one reply per agent id it prompted. */
+  step(action: string | AgentActions): MaybePromise<StepResult>;
   close?(): MaybePromise<void>;
 }
 

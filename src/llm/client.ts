@@ -21,6 +21,8 @@ export interface LlmClientOptions {
   connections: number;
   returnTokenIds: boolean;
   logprobs: boolean;
+  /** Path after `/v1` with `{session}` replaced by the session id (session-routing gateways); null = none. */
+  sessionPath?: string | null;
 }
 
 export interface ChatRequest {
@@ -54,7 +56,8 @@ const TRANSPORT_ERROR_CODES = new Set([
 export class LlmClient {
   readonly #options: LlmClientOptions;
   readonly #pool: Pool;
-  readonly #path: string;
+  /** `…/v1`: the chat path is this + optional session path + `/chat/completions`. */
+  readonly #v1: string;
   readonly #origin: string;
   readonly #headers: Record<string, string>;
 
@@ -62,7 +65,7 @@ export class LlmClient {
     this.#options = options;
     const url = new URL(options.url);
     this.#origin = url.origin;
-    this.#path = chatCompletionsPath(url.pathname);
+    this.#v1 = v1Path(url.pathname);
     this.#headers = { 'content-type': 'application/json' };
     if (options.apiKey) this.#headers.authorization = `Bearer ${options.apiKey}`;
     this.#pool = new Pool(url.origin, {
@@ -76,14 +79,20 @@ export class LlmClient {
   }
 
   get url(): string {
-    return `${this.#origin}${this.#path}`;
+    return `${this.#origin}${this.#v1}/chat/completions`;
+  }
+
+  #chatPath(sessionId: string | undefined): string {
+    const template = this.#options.sessionPath;
+    if (!template || sessionId === undefined) return `${this.#v1}/chat/completions`;
+    return `${this.#v1}${template.replaceAll('{session}', encodeURIComponent(sessionId))}/chat/completions`;
   }
 
   /**
    * One chat completion, retried on 429 / 5xx / transport errors with exponential backoff.
    * `signal` cancels it (pause, shutdown): the rejection is then an ERR_LLM_ABORTED LlmError.
    */
-  async chat(request: ChatRequest, signal?: AbortSignal): Promise<ChatResult> {
+  async chat(request: ChatRequest, signal?: AbortSignal, sessionId?: string): Promise<ChatResult> {
     const continuing = request.continueFrom !== undefined;
     const body = JSON.stringify({
       model: this.#options.model,
@@ -97,7 +106,7 @@ export class LlmClient {
     });
     const attempts = this.#options.retries + 1;
     for (let attempt = 1; ; attempt++) {
-      const outcome = await this.#attempt(body, signal);
+      const outcome = await this.#attempt(body, signal, this.#chatPath(sessionId));
       if (outcome.ok) return outcome.result;
       if (!outcome.retryable || attempt >= attempts) throw outcome.error;
       const backoff = outcome.retryAfterMs ?? this.#options.retryBackoffMs * 2 ** (attempt - 1);
@@ -112,6 +121,7 @@ export class LlmClient {
   async #attempt(
     body: string,
     signal: AbortSignal | undefined,
+    path: string,
   ): Promise<{ ok: true; result: ChatResult } | { ok: false; error: LlmError; retryable: boolean; retryAfterMs?: number }> {
     const timeout = AbortSignal.timeout(this.#options.timeoutMs);
     const combined = signal ? AbortSignal.any([signal, timeout]) : timeout;
@@ -121,7 +131,7 @@ export class LlmClient {
     try {
       const response = await this.#pool.request({
         method: 'POST',
-        path: this.#path,
+        path,
         headers: this.#headers,
         body,
         signal: combined,
@@ -175,7 +185,7 @@ export class LlmClient {
  */
 export async function probeInferenceServer(url: string, options: { apiKey?: string | null; timeoutMs?: number } = {}): Promise<string[]> {
   const base = new URL(url);
-  const path = chatCompletionsPath(base.pathname).replace(/\/chat\/completions$/, '/models');
+  const path = `${v1Path(base.pathname)}/models`;
   const pool = new Pool(base.origin, { connections: 1 });
   try {
     const response = await pool.request({
@@ -225,10 +235,10 @@ export async function abortInference(url: string, path: string, options: { apiKe
   }
 }
 
-/** `http://h` and `http://h/v1` (OpenAI SDK style) both mean `/v1/chat/completions`; other prefixes are kept (session routing). */
-function chatCompletionsPath(pathname: string): string {
+/** `http://h` and `http://h/v1` (OpenAI SDK style) both mean `/v1`; other prefixes are kept (routers, gateways). */
+function v1Path(pathname: string): string {
   const base = pathname.replace(/\/+$/, '');
-  return base.endsWith('/v1') ? `${base}/chat/completions` : `${base}/v1/chat/completions`;
+  return base.endsWith('/v1') ? base : `${base}/v1`;
 }
 
 function parseRetryAfter(value: string | string[] | undefined): number | undefined {

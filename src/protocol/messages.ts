@@ -74,4 +74,8 @@ export interface WorkerConfigPatch {
 export interface WorkerControl {
   stats(): WorkerStats;
   configure(patch: WorkerConfigPatch): void;
+  /** Write buffered step records to disk. */
+  flush(): Promise<void>;
+  /** Flush and release everything (actors deleted, connections closed) before the thread ends. */
+  close(): Promise<void>;
 }

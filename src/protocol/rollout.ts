@@ -50,6 +50,8 @@ export interface TurnTimings {
 export interface TurnRecord {
   /** 1-based step index within the episode. */
   step: number;
+  /** Agent id in a multi-agent environment (one turn per agent per step); null for a single agent. */
+  agentId: string | null;
   /** Messages sent to the inference server, after `messageCut` trimming. */
   messages: ChatMessage[];
   response: string;
@@ -100,8 +102,12 @@ export interface RolloutState {
   /** The last conversation seen: the environment's last prompt plus the final response. */
   messages: ChatMessage[];
   turns: TurnRecord[];
-  /** Sum of step rewards. */
+  /** Sum of step rewards (over every agent in a multi-agent environment). */
   reward: number;
+  /** Multi-agent: the sum of each agent's rewards; null for a single agent. */
+  agentRewards: Record<string, number> | null;
+  /** Times the rollout was reset to its prompt (expiry, restart after a pause): names its step-record session. */
+  attempt: number;
   terminated: boolean;
   truncated: boolean;
   /** Finish reason of the last inference call. */
@@ -165,6 +171,8 @@ export function newGroup(sample: PromptSample, size: number): RolloutGroup {
       messages: [],
       turns: [],
       reward: 0,
+      agentRewards: null,
+      attempt: 0,
       terminated: false,
       truncated: false,
       finishReason: null,
@@ -178,10 +186,12 @@ export function newGroup(sample: PromptSample, size: number): RolloutGroup {
 
 /** Forget a rollout's responses: it will be generated again from its prompt. */
 export function resetToPrompt(rollout: RolloutState, status: Status): void {
+  if (rollout.turns.length > 0) rollout.attempt++;
   rollout.status = status;
   rollout.messages = [];
   rollout.turns = [];
   rollout.reward = 0;
+  rollout.agentRewards = null;
   rollout.terminated = false;
   rollout.truncated = false;
   rollout.finishReason = null;

@@ -1,28 +1,36 @@
 /**
- * The agent loop: drives one episode of one rollout against an in-process environment, and a group
- * as its k episodes side by side. Runs inside worker threads.
+ * The agent loop: drives one episode of one rollout against an environment actor, and a group as its
+ * k episodes side by side. Runs inside worker threads.
  *
- *   reset(seed, params) → [ getTaskPrompt → trim → inference → step → record turn ] × ≤ maxSteps
+ *   acquire actor → reset(seed, params) → [ getTaskPrompt → hook → trim → inference → step → record ]
+ *   × ≤ maxSteps → done(actor)
  *
  * The episode ends on terminated / truncated, an empty prompt, or maxSteps. A `length` finish reason
  * ends it as truncated (as in the reference Interactor). Every outcome is a status on the rollout —
  * this module never throws for an episode's failure.
  *
+ * Multi-agent environments prompt each agent id separately; every agent's reply is generated with its
+ * own policy (llm/router.ts), the environment steps with one action per agent, and each agent's turn
+ * is recorded with its reward.
+ *
  * Pauses: before each inference call the episode checks the shared pause flag; when set, it stops
  * there and comes back ABORTED with its turns so far. A call the server aborts comes back with the
  * tokens it had, kept as a partial last turn (finish reason `abort`).
  *
- * Continuing an ABORTED rollout (partial rollouts on): a fresh environment is reset with the same
- * seed and the recorded actions are stepped again (environments are deterministic under seed and
- * actions; a replay that disagrees with the record restarts the rollout from its prompt instead).
- * A partial last turn is then continued with `continue_final_message`, `max_tokens` reduced by what
- * it already has, and the new tokens tagged with the current model step. With partial rollouts off,
- * an ABORTED rollout restarts from its prompt.
+ * Continuing an ABORTED rollout (partial rollouts on): a fresh actor is reset with the same seed and
+ * the recorded actions are stepped again (environments are deterministic under seed and actions; a
+ * replay that disagrees with the record restarts the rollout from its prompt instead). A partial last
+ * turn is then continued with `continue_final_message`, `max_tokens` reduced by what it already has,
+ * the same sampling seed, and the new tokens tagged with the current model step (a multi-agent step
+ * that was interrupted is played again whole). With partial rollouts off, an ABORTED rollout restarts
+ * from its prompt.
  */
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { ChatResult } from '../llm/reply.ts';
 import type { ChatRequest } from '../llm/client.ts';
-import { checkStepResult, checkTaskPrompt } from '../env/replies.ts';
-import type { Environment, EnvironmentFactory, EnvParams } from '../env/types.ts';
+import type { Route } from '../llm/router.ts';
+import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/replies.ts';
+import type { Environment, StepResult } from '../env/types.ts';
 import { describeError } from '../protocol/errors.ts';
 import {
   groupStatus,
@@ -48,7 +56,9 @@ export interface AgentSettings {
 }
 
 export interface ChatClient {
-  chat(request: ChatRequest, signal?: AbortSignal): Promise<ChatResult>;
+  chat(request: ChatRequest, signal: AbortSignal | undefined, route: Route): Promise<ChatResult>;
+  /** The episode is over: its session no longer needs to stay on one endpoint. */
+  endSession?(session: string): void;
 }
 
 /** What the agent loop needs to know about pauses (rollout/pause-gate.ts in a worker). */
@@ -58,16 +68,36 @@ export interface PauseView {
   readonly signal: AbortSignal;
 }
 
+/** Environment actors for one task: a fresh one per episode, handed back when the episode ends. */
+export interface ActorSource {
+  /** Null when no actor will come (the pool was closed or its episode budget is spent). */
+  acquire(signal?: AbortSignal): Promise<Environment | null>;
+  /** `failed`: the actor misbehaved and is recycled, not reused. */
+  done(env: Environment, failed: boolean): Promise<void>;
+}
+
+/** User hooks (`tasks[].hooks`): a hook that throws is logged and the episode goes on. */
+export interface EpisodeHooks {
+  /** May return rewritten messages for this inference call (before trimming). */
+  beforeInference?(ctx: { rolloutId: string; taskName: string; step: number; agentId: string | null; messages: ChatMessage[] }): ChatMessage[] | void | Promise<ChatMessage[] | void>;
+  onEpisodeEnd?(ctx: { rolloutId: string; taskName: string; status: Status; totalReward: number; lastInfo: Record<string, unknown> | null; steps: number }): void | Promise<void>;
+}
+
 export interface EpisodeContext {
-  createEnv: EnvironmentFactory;
-  /** Factory params from the task config (not the drawn prompt, which goes to reset). */
-  envParams: EnvParams;
+  actors: ActorSource;
   llm: ChatClient;
   settings: AgentSettings;
   gate: PauseView;
   workerId: number;
+  hooks?: EpisodeHooks | null;
+  /** Milliseconds to wait before the episode's first inference call (start-up jitter), or 0. */
+  startDelayMs?: () => number;
   /** Called once per environment step, for worker counters. */
   onStep?: () => void;
+  /** Called with every recorded turn once the environment has stepped on it (or it ended the episode). */
+  onTurn?: (rollout: RolloutState, turns: TurnRecord[], info: Record<string, unknown> | null) => void;
+  /** Called when an episode ends, whatever its status. */
+  onEpisodeEnd?: (rollout: RolloutState) => void;
   /** Called when an episode ends badly or a continuation has to restart, for logs. */
   onProblem?: (rollout: RolloutState, reason: string) => void;
 }
@@ -80,6 +110,12 @@ export async function runGroup(group: RolloutGroup, ctx: EpisodeContext, queueMs
 
 class ReplayMismatch extends Error {}
 
+interface Episode {
+  env: Environment;
+  lastInfo: Record<string, unknown> | null;
+  firstCall: boolean;
+}
+
 /** Mutates `rollout` into a final status (COMPLETED, ABORTED or FAILED). COMPLETED ones are left as they are. */
 export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, queueMs = 0): Promise<void> {
   if (rollout.status === Status.COMPLETED) return; // a sibling kept from an earlier run of its group
@@ -91,126 +127,152 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
   if (timings.startedAt === 0) timings.startedAt = Date.now();
   const start = performance.now();
   rollout.workerId = ctx.workerId;
-  let env: Environment | undefined;
+  let episode: Episode | null = null;
+  let actorFailed = false;
   try {
-    env = ctx.createEnv(ctx.envParams);
-    let partial: TurnRecord | null = null;
+    episode = await acquire(ctx);
+    let partial: TurnRecord | null;
     try {
-      partial = await prepare(env, rollout);
+      partial = await prepare(episode, rollout);
     } catch (err) {
       if (!(err instanceof ReplayMismatch)) throw err;
       ctx.onProblem?.(rollout, `${err.message}; restarting the rollout from its prompt`);
       resetToPrompt(rollout, Status.INIT);
-      await closeEnv(env, rollout, ctx);
-      env = ctx.createEnv(ctx.envParams);
-      partial = await prepare(env, rollout);
+      await ctx.actors.done(episode.env, false);
+      episode = await acquire(ctx);
+      partial = await prepare(episode, rollout);
     }
-    await play(env, rollout, partial, ctx);
+    await play(episode, rollout, partial, ctx);
   } catch (err) {
     const code = (err as { code?: unknown }).code;
     rollout.status = code === 'ERR_LLM_ABORTED' ? Status.ABORTED : Status.FAILED;
     rollout.error = describeError(err);
+    // An environment error (not an inference one) means the actor is not to be trusted again.
+    actorFailed = typeof code !== 'string' || !code.startsWith('ERR_LLM_');
     ctx.onProblem?.(rollout, rollout.error);
   } finally {
-    if (env) await closeEnv(env, rollout, ctx);
+    if (episode) {
+      try {
+        await ctx.actors.done(episode.env, actorFailed);
+      } catch (err) {
+        ctx.onProblem?.(rollout, `releasing the environment actor failed: ${describeError(err)}`);
+      }
+    }
+    ctx.llm.endSession?.(rollout.id);
     timings.totalMs += performance.now() - start;
     timings.finishedAt = Date.now();
+    if (rollout.status !== Status.ABORTED) await callHook(ctx, rollout, 'onEpisodeEnd', () =>
+      ctx.hooks?.onEpisodeEnd?.({ rolloutId: rollout.id, taskName: rollout.taskName, status: rollout.status, totalReward: rollout.reward, lastInfo: episode?.lastInfo ?? null, steps: lastStep(rollout) }),
+    );
+    ctx.onEpisodeEnd?.(rollout);
   }
 }
 
+async function acquire(ctx: EpisodeContext): Promise<Episode> {
+  const env = await ctx.actors.acquire(ctx.gate.signal);
+  if (env === null) throw Object.assign(new Error('no environment actor available: the actor pool is exhausted or closed'), { code: 'ERR_ENV_POOL_EXHAUSTED' });
+  return { env, lastInfo: null, firstCall: true };
+}
+
 /**
- * Reset the environment and bring it to where the rollout stopped: every recorded complete turn is
- * stepped again. Returns the partial last turn to continue, if any.
+ * Reset the actor and bring it to where the rollout stopped: every recorded complete step is played
+ * again. Returns the partial last turn to continue, if any (single-agent only; an interrupted
+ * multi-agent step is dropped and played again whole).
  */
-async function prepare(env: Environment, rollout: RolloutState): Promise<TurnRecord | null> {
+async function prepare(episode: Episode, rollout: RolloutState): Promise<TurnRecord | null> {
   const t = performance.now();
+  const { env } = episode;
   await env.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams });
-  const last = rollout.turns.at(-1);
-  const partial = last !== undefined && last.finishReason === 'abort' ? last : null;
-  const complete = partial ? rollout.turns.length - 1 : rollout.turns.length;
-  for (let i = 0; i < complete; i++) {
-    const turn = rollout.turns[i];
-    checkTaskPrompt(await env.getTaskPrompt());
-    const outcome = checkStepResult(await env.step(turn.response));
-    if (outcome.reward !== turn.reward || outcome.terminated !== turn.terminated || outcome.truncated !== turn.truncated) {
-      throw new ReplayMismatch(
-        `environment replay of step ${turn.step} disagrees with the record (reward ${outcome.reward} vs ${turn.reward}, terminated ${outcome.terminated} vs ${turn.terminated})`,
-      );
+  const steps = stepsOf(rollout.turns);
+  let partial: TurnRecord | null = null;
+  const last = steps.at(-1);
+  if (last !== undefined && last.some((turn) => turn.finishReason === 'abort')) {
+    steps.pop();
+    if (last.length === 1 && last[0].agentId === null) partial = last[0];
+    else rollout.turns.splice(rollout.turns.length - last.length); // multi-agent: redo the step whole
+  }
+  for (const turns of steps) {
+    checkAgentPrompts(await env.getTaskPrompt());
+    const outcome = checkStepResult(await env.step(actionOf(turns)));
+    episode.lastInfo = outcome.info ?? null;
+    for (const turn of turns) {
+      const reward = rewardFor(outcome.reward, turn.agentId);
+      if (reward !== turn.reward || outcome.terminated !== turn.terminated || outcome.truncated !== turn.truncated) {
+        throw new ReplayMismatch(
+          `environment replay of step ${turn.step} disagrees with the record (reward ${reward} vs ${turn.reward}, terminated ${outcome.terminated} vs ${turn.terminated})`,
+        );
+      }
     }
   }
   rollout.timings.envMs += performance.now() - t;
   return partial;
 }
 
-async function play(env: Environment, rollout: RolloutState, partial: TurnRecord | null, ctx: EpisodeContext): Promise<void> {
-  const { settings, llm, gate } = ctx;
+async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord | null, ctx: EpisodeContext): Promise<void> {
+  const { settings, gate } = ctx;
+  const { env } = episode;
   const timings = rollout.timings;
-  const firstStep = rollout.turns.length + (partial ? 0 : 1);
-  for (let step = firstStep; step <= settings.maxSteps; step++) {
+  for (let step = lastStep(rollout) + (partial ? 0 : 1); step <= settings.maxSteps; step++) {
     if (gate.paused) {
-      rollout.status = Status.ABORTED; // stopped at a turn boundary: continues from here after the resume
+      rollout.status = Status.ABORTED; // stopped at a step boundary: continues from here after the resume
       return;
     }
     const turnStart = performance.now();
-    const fullPrompt = checkTaskPrompt(await env.getTaskPrompt());
+    const raw = checkAgentPrompts(await env.getTaskPrompt());
     const promptMs = performance.now() - turnStart;
-    const prompt = trimMessages(fullPrompt, settings.messageCut);
-    if (prompt.length === 0) {
+    const agents: [string | null, ChatMessage[]][] = Array.isArray(raw) ? [[null, raw]] : Object.entries(raw);
+    const prompts: [string | null, ChatMessage[], ChatMessage[]][] = [];
+    for (const [agentId, messages] of agents) {
+      const rewritten = await callHook(ctx, rollout, 'beforeInference', async () => {
+        const out = await ctx.hooks?.beforeInference?.({ rolloutId: rollout.id, taskName: rollout.taskName, step, agentId, messages });
+        return out === undefined ? undefined : checkTaskPrompt(out); // a malformed rewrite is reported and ignored
+      });
+      const hooked = rewritten ?? messages;
+      const prompt = trimMessages(hooked, settings.messageCut);
+      if (prompt.length > 0) prompts.push([agentId, hooked, prompt]);
+    }
+    if (prompts.length === 0) {
       timings.envMs += promptMs;
       break;
     }
-    const already = partial?.responseIds?.length ?? 0;
-    const seed = settings.sendSeed ? turnSeed(rollout, step) : null;
-    let t = performance.now();
-    const reply = await llm.chat(
-      {
-        messages: prompt,
-        maxTokens: Math.max(1, settings.maxTokens - already),
-        temperature: settings.temperature,
-        ...(seed !== null ? { seed } : {}),
-        ...(partial ? { continueFrom: partial.response } : {}),
-      },
-      gate.signal,
-    );
-    const inferenceMs = performance.now() - t;
-    timings.inferenceMs += inferenceMs;
-    const modelStep = reply.weightVersion ?? gate.modelStep;
-    const turn = turnRecord(step, prompt, reply, modelStep, seed, settings, promptMs, inferenceMs, turnStart);
+    if (episode.firstCall) {
+      episode.firstCall = false;
+      const delay = ctx.startDelayMs?.() ?? 0;
+      if (delay > 0) await sleep(delay);
+    }
+    const t = performance.now();
+    const turns = await Promise.all(prompts.map(([agentId, , prompt]) => infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart)));
+    timings.inferenceMs += performance.now() - t;
     if (partial) {
-      mergeContinuation(partial, turn);
-      rollout.turns.pop();
+      rollout.turns.pop(); // the partial turn is folded into its continuation
       partial = null;
     }
-    rollout.turns.push(turn);
-    rollout.finishReason = turn.finishReason;
-    rollout.messages = [...fullPrompt, { role: 'assistant', content: turn.response }];
+    rollout.turns.push(...turns);
+    const lastTurn = turns[turns.length - 1];
+    rollout.finishReason = lastTurn.finishReason;
+    if (turns.length === 1) rollout.messages = [...prompts[0][1], { role: 'assistant', content: lastTurn.response }];
 
-    const replyStatus = statusForFinishReason(turn.finishReason);
-    if (replyStatus !== Status.COMPLETED) {
+    const interrupted = turns.find((turn) => statusForFinishReason(turn.finishReason) !== Status.COMPLETED);
+    if (interrupted) {
       // abort: the turn keeps its tokens and is continued after the resume; anything unknown: fail with it.
-      rollout.status = replyStatus;
-      rollout.error = replyStatus === Status.FAILED ? `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(turn.finishReason)}` : null;
+      rollout.status = statusForFinishReason(interrupted.finishReason);
+      rollout.error = rollout.status === Status.FAILED ? `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(interrupted.finishReason)}` : null;
       return;
     }
-    if (turn.finishReason === 'length') {
-      turn.terminated = turn.truncated = turn.trainable = true;
+    if (turns.some((turn) => turn.finishReason === 'length')) {
+      for (const turn of turns) turn.terminated = turn.truncated = turn.trainable = true;
       rollout.terminated = rollout.truncated = true;
+      ctx.onTurn?.(rollout, turns, null);
       break;
     }
-    t = performance.now();
-    const outcome = checkStepResult(await env.step(turn.response));
-    const stepMs = performance.now() - t;
+    const stepStart = performance.now();
+    const outcome = checkStepResult(await env.step(actionOf(turns)));
+    const stepMs = performance.now() - stepStart;
     timings.envMs += promptMs + stepMs;
+    episode.lastInfo = outcome.info ?? null;
     ctx.onStep?.();
-    turn.reward = outcome.reward;
-    turn.terminated = outcome.terminated;
-    turn.truncated = outcome.truncated;
-    // With trimming every turn is a self-contained sample; without it only the last turn holds the
-    // whole conversation, so only that one is trained on (reference Interactor semantics).
-    turn.trainable = settings.messageCut > 0 || outcome.terminated || outcome.truncated;
-    turn.timings.envMs += stepMs;
-    turn.timings.totalMs = performance.now() - turnStart;
-    rollout.reward += outcome.reward;
+    applyOutcome(rollout, turns, outcome, settings, stepMs, turnStart);
+    ctx.onTurn?.(rollout, turns, episode.lastInfo);
     if (outcome.terminated || outcome.truncated) {
       rollout.terminated = outcome.terminated;
       rollout.truncated = outcome.truncated;
@@ -221,8 +283,59 @@ async function play(env: Environment, rollout: RolloutState, partial: TurnRecord
   rollout.status = Status.COMPLETED;
 }
 
+/** One inference call for one agent (or the single agent), continuing `partial` when given. */
+async function infer(
+  rollout: RolloutState,
+  step: number,
+  agentId: string | null,
+  prompt: ChatMessage[],
+  partial: TurnRecord | null,
+  ctx: EpisodeContext,
+  promptMs: number,
+  turnStart: number,
+): Promise<TurnRecord> {
+  const { settings, gate } = ctx;
+  const already = partial?.responseIds?.length ?? 0;
+  const seed = settings.sendSeed ? turnSeed(rollout, step, agentId) : null;
+  const t = performance.now();
+  const reply = await ctx.llm.chat(
+    {
+      messages: prompt,
+      maxTokens: Math.max(1, settings.maxTokens - already),
+      temperature: settings.temperature,
+      ...(seed !== null ? { seed } : {}),
+      ...(partial ? { continueFrom: partial.response } : {}),
+    },
+    gate.signal,
+    agentId === null ? { session: rollout.id } : { session: rollout.id, agent: agentId },
+  );
+  const turn = turnRecord(step, agentId, prompt, reply, reply.weightVersion ?? gate.modelStep, seed, settings, promptMs, performance.now() - t, turnStart);
+  if (partial) mergeContinuation(partial, turn);
+  return turn;
+}
+
+function applyOutcome(rollout: RolloutState, turns: TurnRecord[], outcome: StepResult, settings: AgentSettings, stepMs: number, turnStart: number): void {
+  for (const turn of turns) {
+    const reward = rewardFor(outcome.reward, turn.agentId);
+    turn.reward = reward;
+    turn.terminated = outcome.terminated;
+    turn.truncated = outcome.truncated;
+    // With trimming every turn is a self-contained sample; without it only the last turn holds the
+    // whole conversation, so only that one is trained on (reference Interactor semantics).
+    turn.trainable = settings.messageCut > 0 || outcome.terminated || outcome.truncated;
+    turn.timings.envMs += stepMs;
+    turn.timings.totalMs = performance.now() - turnStart;
+    rollout.reward += reward;
+    if (turn.agentId !== null) {
+      rollout.agentRewards ??= {};
+      rollout.agentRewards[turn.agentId] = (rollout.agentRewards[turn.agentId] ?? 0) + reward;
+    }
+  }
+}
+
 function turnRecord(
   step: number,
+  agentId: string | null,
   messages: ChatMessage[],
   reply: ChatResult,
   modelStep: number,
@@ -235,6 +348,7 @@ function turnRecord(
   const responseIds = reply.responseIds;
   return {
     step,
+    agentId,
     messages,
     response: reply.content,
     finishReason: reply.finishReason,
@@ -274,20 +388,48 @@ function concat<T extends Int32Array | Float32Array>(a: T | null, b: T | null, K
   return out;
 }
 
-/** A seed per (prompt, rollout, step): a continuation samples with the seed of the turn it continues. */
-function turnSeed(rollout: RolloutState, step: number): number {
+/** Turns grouped by step (several per step in a multi-agent episode), in order. */
+function stepsOf(turns: readonly TurnRecord[]): TurnRecord[][] {
+  const steps: TurnRecord[][] = [];
+  for (const turn of turns) {
+    const last = steps.at(-1);
+    if (last !== undefined && last[0].step === turn.step) last.push(turn);
+    else steps.push([turn]);
+  }
+  return steps;
+}
+
+function actionOf(turns: readonly TurnRecord[]): string | Record<string, string> {
+  if (turns.length === 1 && turns[0].agentId === null) return turns[0].response;
+  return Object.fromEntries(turns.map((t) => [t.agentId ?? '', t.response]));
+}
+
+/** A multi-agent environment may give one reward for all, or one per agent id (missing = 0). */
+function rewardFor(reward: StepResult['reward'], agentId: string | null): number {
+  if (typeof reward === 'number') return reward;
+  return agentId === null ? Object.values(reward).reduce((a, b) => a + b, 0) : (reward[agentId] ?? 0);
+}
+
+function lastStep(rollout: RolloutState): number {
+  return rollout.turns.at(-1)?.step ?? 0;
+}
+
+/** A seed per (prompt, rollout, step, agent): a continuation samples with the seed of the turn it continues. */
+function turnSeed(rollout: RolloutState, step: number, agentId: string | null): number {
   let h = Math.imul(rollout.sample.seed ^ 0x9e3779b9, 0x85ebca6b) ^ Math.imul(rollout.index + 1, 0xc2b2ae35) ^ Math.imul(step, 0x27d4eb2f);
+  if (agentId !== null) for (let i = 0; i < agentId.length; i++) h = Math.imul(h ^ agentId.charCodeAt(i), 0x01000193);
   h ^= h >>> 15;
   h = Math.imul(h, 0x2c1b3c6d);
   h ^= h >>> 12;
   return h >>> 1;
 }
 
-async function closeEnv(env: Environment, rollout: RolloutState, ctx: EpisodeContext): Promise<void> {
-  if (!env.close) return;
+async function callHook<T>(ctx: EpisodeContext, rollout: RolloutState, name: string, call: () => T | Promise<T> | undefined): Promise<T | undefined> {
+  if (!ctx.hooks) return undefined;
   try {
-    await env.close();
+    return await call();
   } catch (err) {
-    ctx.onProblem?.(rollout, `env close failed: ${describeError(err)}`);
+    ctx.onProblem?.(rollout, `hook ${name} threw (ignored): ${describeError(err)}`);
+    return undefined;
   }
 }

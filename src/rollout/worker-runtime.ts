@@ -1,14 +1,17 @@
 /**
- * Everything a worker thread holds: the inference client, the environment factories, counters, and the
- * control API it exposes to the coordinator. The entry point in workers/ is a thin shell around this.
+ * Everything a worker thread holds: the inference router, one environment actor pool per task, the
+ * episode hooks, counters, and the control API it exposes to the coordinator. The entry point in
+ * workers/ is a thin shell around this.
  *
  * Invariant: `runGroup` never rejects for an episode's failure — each rollout carries its own status —
  * so one bad environment cannot take the other groups sharing this worker down with it.
  */
 import { threadId } from 'node:worker_threads';
-import { LlmClient, type LlmClientOptions } from '../llm/client.ts';
-import { loadEnvironmentFactory } from '../env/loader.ts';
+import { createActorPool, type ActorPool } from '../env/actor-pool.ts';
+import { createHttpEnvironments, type HttpEnvOptions } from '../env/http-env.ts';
+import { loadEnvironmentFactory, loadExport } from '../env/loader.ts';
 import type { EnvParams } from '../env/types.ts';
+import { LlmRouter, type RouterOptions } from '../llm/router.ts';
 import { createLogger, type Logger } from '../log.ts';
 import { describeError } from '../protocol/errors.ts';
 import {
@@ -20,14 +23,18 @@ import {
   type WorkerStats,
 } from '../protocol/messages.ts';
 import { Status } from '../protocol/rollout.ts';
-import { runGroup, type AgentSettings } from './agent-loop.ts';
+import { StepRecordWriter } from '../records/step-records.ts';
+import { runGroup, type AgentSettings, type EpisodeHooks } from './agent-loop.ts';
 import { PauseGate } from './pause-gate.ts';
+
+export type WorkerEnvSettings =
+  | { kind: 'module'; moduleUrl: string; exportName: string; params: EnvParams; poolSize: number | null }
+  | { kind: 'http'; http: HttpEnvOptions; poolSize: number | null };
 
 /** Per-task settings a worker needs; sent once as workerData. */
 export interface WorkerTaskSettings {
-  moduleUrl: string;
-  exportName: string;
-  envParams: EnvParams;
+  env: WorkerEnvSettings;
+  hooks: { moduleUrl: string; exportName: string } | null;
   agent: AgentSettings;
 }
 
@@ -35,16 +42,30 @@ export interface WorkerInit {
   v: typeof PROTOCOL_VERSION;
   /** The pause broadcast (protocol/control-block.ts), shared with the coordinator. */
   control: SharedArrayBuffer;
-  llm: LlmClientOptions;
+  llm: RouterOptions & { startupJitterMs: number };
   tasks: Record<string, WorkerTaskSettings>;
+  /** Where step records go (one JSONL file per worker); null = not recorded. */
+  recordsDir: string | null;
+  /** Episodes a worker starts at once at most: the size of its first wave (start-up jitter). */
+  firstWave: number;
   logLevel: string;
+}
+
+interface TaskRuntime {
+  settings: WorkerTaskSettings;
+  actors: ActorPool;
+  close(): Promise<void>;
+  hooks: Promise<EpisodeHooks | null>;
 }
 
 export class WorkerRuntime implements WorkerControl {
   readonly #init: WorkerInit;
-  readonly #llm: LlmClient;
+  readonly #llm: LlmRouter;
   readonly #log: Logger;
   readonly #gate: PauseGate;
+  readonly #tasks = new Map<string, TaskRuntime>();
+  readonly #records: StepRecordWriter | null;
+  #episodesStarted = 0;
   #inFlightGroups = 0;
   #inFlightRollouts = 0;
   #groupsDone = 0;
@@ -55,35 +76,83 @@ export class WorkerRuntime implements WorkerControl {
   constructor(init: WorkerInit) {
     if (init?.v !== PROTOCOL_VERSION) throw new Error(`worker init v must be ${PROTOCOL_VERSION}, got ${JSON.stringify(init?.v)}`);
     this.#init = init;
-    this.#llm = new LlmClient(init.llm);
+    this.#llm = new LlmRouter(init.llm);
     this.#log = createLogger(init.logLevel, { worker: threadId });
     this.#gate = new PauseGate(init.control);
+    this.#records = init.recordsDir === null ? null : new StepRecordWriter({ dir: init.recordsDir, fileName: `steps-${process.pid}-${threadId}.jsonl` });
+    for (const [name, settings] of Object.entries(init.tasks)) this.#tasks.set(name, this.#taskRuntime(settings));
   }
 
   async runGroup(message: RunGroupMessage): Promise<GroupResultMessage> {
     const { group } = message;
-    const task = this.#init.tasks[group.taskName];
+    const task = this.#tasks.get(group.taskName);
     const queueMs = Math.max(0, Date.now() - message.enqueuedAt);
     this.#inFlightGroups++;
     this.#inFlightRollouts += group.rollouts.length;
     try {
-      if (task === undefined) throw new Error(`unknown task ${JSON.stringify(group.taskName)} (worker knows ${Object.keys(this.#init.tasks).join(', ')})`);
-      const createEnv = await loadEnvironmentFactory(task.moduleUrl, task.exportName);
-      await runGroup(group, {
-        createEnv,
-        envParams: task.envParams,
-        llm: this.#llm,
-        settings: task.agent,
-        gate: this.#gate,
-        workerId: threadId,
-        onStep: () => this.#steps++,
-        onProblem: (rollout, reason) => this.#log.warn({ rollout: rollout.id, status: rollout.status }, reason),
-      }, queueMs);
+      if (task === undefined) throw new Error(`unknown task ${JSON.stringify(group.taskName)} (worker knows ${[...this.#tasks.keys()].join(', ')})`);
+      const hooks = await task.hooks;
+      const recorder = this.#records;
+      await runGroup(
+        group,
+        {
+          actors: task.actors,
+          llm: this.#llm,
+          settings: task.settings.agent,
+          gate: this.#gate,
+          workerId: threadId,
+          hooks,
+          startDelayMs: () => this.#startDelay(),
+          onStep: () => this.#steps++,
+          onTurn: recorder === null ? undefined : (rollout, turns, info) => {
+            for (const turn of turns) {
+              recorder.record({
+                type: 'step',
+                sessionId: `${rollout.id}#${rollout.attempt}`,
+                rolloutId: rollout.id,
+                groupId: rollout.groupId,
+                taskName: rollout.taskName,
+                attempt: rollout.attempt,
+                step: turn.step,
+                agentId: turn.agentId,
+                messages: turn.messages,
+                response: turn.response,
+                stepReward: turn.reward,
+                cumulativeReward: rollout.reward,
+                envState: { weightVersion: turn.modelStep, info },
+                terminated: turn.terminated,
+                truncated: turn.truncated,
+                trainable: turn.trainable,
+                finishReason: turn.finishReason,
+                time: Date.now(),
+              });
+            }
+          },
+          onEpisodeEnd: recorder === null ? undefined : (rollout) => {
+            if (rollout.status === Status.ABORTED) return; // it continues later: the session is not over
+            recorder.recordEnd({
+              type: 'end',
+              sessionId: `${rollout.id}#${rollout.attempt}`,
+              rolloutId: rollout.id,
+              groupId: rollout.groupId,
+              taskName: rollout.taskName,
+              attempt: rollout.attempt,
+              status: rollout.status,
+              totalReward: rollout.reward,
+              steps: rollout.turns.at(-1)?.step ?? 0,
+              time: Date.now(),
+            });
+          },
+          onProblem: (rollout, reason) => this.#log.warn({ rollout: rollout.id, status: rollout.status }, reason),
+        },
+        queueMs,
+      );
     } catch (err) {
       // Setup failed (module import, unknown task): every rollout fails with the same reason.
       const reason = describeError(err);
       this.#log.error({ group: group.id }, reason);
       for (const rollout of group.rollouts) {
+        if (rollout.status === Status.COMPLETED) continue;
         rollout.status = Status.FAILED;
         rollout.error = reason;
         rollout.workerId = threadId;
@@ -115,5 +184,46 @@ export class WorkerRuntime implements WorkerControl {
 
   configure(patch: WorkerConfigPatch): void {
     if (patch.logLevel !== undefined) this.#log.level = patch.logLevel;
+  }
+
+  /** Write buffered step records to disk (on a pause, and before the pool shuts down). */
+  async flush(): Promise<void> {
+    await this.#records?.flush();
+  }
+
+  async close(): Promise<void> {
+    this.#gate.close();
+    try {
+      await this.#records?.close();
+    } finally {
+      // Actors are deleted and connections closed even when the last record write failed.
+      await Promise.allSettled([...this.#tasks.values()].map((t) => t.close()));
+      await this.#llm.close();
+    }
+  }
+
+  #taskRuntime(settings: WorkerTaskSettings): TaskRuntime {
+    const { env } = settings;
+    // Without a configured size, the pool never makes an episode wait: the worker's own concurrency bounds it.
+    const size = env.poolSize ?? Number.MAX_SAFE_INTEGER;
+    const hooks = settings.hooks === null ? Promise.resolve(null) : (loadExport(settings.hooks.moduleUrl, settings.hooks.exportName, 'hooks.export', 'object') as Promise<EpisodeHooks>);
+    hooks.catch(() => undefined); // reported by each episode that awaits it
+    if (env.kind === 'http') {
+      const servers = createHttpEnvironments(env.http);
+      const actors = createActorPool({ size, create: () => servers.create(), prewarm: () => servers.prewarm() });
+      return { settings, actors, hooks, close: async () => { await actors.close(); await servers.close(); } };
+    }
+    const factory = loadEnvironmentFactory(env.moduleUrl, env.exportName);
+    factory.catch(() => undefined); // reported by each episode that awaits it
+    const actors = createActorPool({ size, create: async () => (await factory)(env.params) });
+    return { settings, actors, hooks, close: () => actors.close() };
+  }
+
+  /** Start-up jitter: the first wave of episodes spreads its first inference calls over the window. */
+  #startDelay(): number {
+    const jitter = this.#init.llm.startupJitterMs;
+    if (jitter <= 0 || this.#episodesStarted >= this.#init.firstWave) return 0;
+    this.#episodesStarted++;
+    return Math.random() * jitter;
   }
 }

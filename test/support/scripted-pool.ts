@@ -35,6 +35,8 @@ interface Held {
 
 export class ScriptedPool implements WorkerPool {
   readonly liveWorkers = 1;
+
+  async flush(): Promise<void> {}
   /** Continue ABORTED rollouts from their partial turn (the agent loop's `partialRollout`). */
   readonly partialRollout: boolean;
   /** Group id → the copy the "worker" holds, in dispatch order. */
@@ -152,6 +154,7 @@ function generate(rollout: RolloutState, modelStep: number, tokens: number, fini
   }
   const turn: TurnRecord = {
     step: rollout.turns.length + 1,
+    agentId: null,
     messages: [{ role: 'user', content: 'What is 1 + 1?' }],
     response: 'x'.repeat(tokens),
     finishReason,

@@ -1,0 +1,99 @@
+import { parseArgs } from 'node:util';
+import type { EnvParams } from '../env/types.ts';
+import { intFlag, numberFlag, UsageError } from './args.ts';
+
+export const ENV_SERVER_HELP = `Usage: rollout env-server --env <spec> [--env <spec> …] [options]
+
+Serve environment modules over the env-server protocol (HTTP), so rollouts elsewhere can use them with
+tasks[].env.http. Runs until Ctrl-C / SIGTERM.
+
+  <spec> is name=modulePath[#export], builtin:<name>, or name=builtin:<name>[#export]:
+    --env builtin:guess-number
+    --env maze=./envs/maze.ts#createEnv      (paths relative to the current directory; default export: default)
+
+Options:
+  --env <spec>              an environment to serve (repeatable)
+  --port <n>                port to listen on (default 8100; 0 = any free port)
+  --host <addr>             address to bind (default 127.0.0.1)
+  --params <json>           factory params: '{"max": 50}' for every environment, or 'name={"max": 50}' for one (repeatable)
+  --max-body-bytes <n>      largest request body accepted, else 413 (default 1048576)
+  --fail-first <n>          fault injection: answer the first n requests 503 (default 0)
+  --fail-rate <p>           fault injection: fraction of requests answered 500 before anything is applied
+  --hang-rate <p>           fault injection: fraction of requests never answered
+  --drop-reply-rate <p>     fault injection: fraction of calls applied whose reply is dropped (connection closed)
+  -h, --help                show this help
+
+Routes: POST /{env}/{id}/reset, GET /{env}/{id}/get_task_prompt, POST /{env}/{id}/step,
+GET /{env}/{id}/health|is_done|describe|render, DELETE /{env}/{id}, GET /envs.`;
+
+export async function envServerCommand(argv: string[]): Promise<number> {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      env: { type: 'string', multiple: true },
+      port: { type: 'string' },
+      host: { type: 'string' },
+      params: { type: 'string', multiple: true },
+      'max-body-bytes': { type: 'string' },
+      'fail-first': { type: 'string' },
+      'fail-rate': { type: 'string' },
+      'hang-rate': { type: 'string' },
+      'drop-reply-rate': { type: 'string' },
+      help: { type: 'boolean', short: 'h' },
+    },
+    strict: true,
+  });
+  if (values.help) {
+    console.log(ENV_SERVER_HELP);
+    return 0;
+  }
+  const specs = values.env ?? [];
+  if (specs.length === 0) throw new UsageError('--env is required (e.g. --env builtin:guess-number); see rollout env-server --help');
+
+  const { loadServedEnvs, resolveEnvModuleSpec, startEnvServer } = await import('../env/server.ts');
+  const names = specs.map((spec) => resolveEnvModuleSpec(spec).name);
+  const params = parseParams(values.params ?? [], names);
+  const envs = await loadServedEnvs(specs, params);
+  const server = await startEnvServer({
+    envs,
+    port: intFlag('port', values.port) ?? 8100,
+    host: values.host ?? '127.0.0.1',
+    maxBodyBytes: intFlag('max-body-bytes', values['max-body-bytes'], { min: 1 }),
+    failFirst: intFlag('fail-first', values['fail-first']),
+    failRate: numberFlag('fail-rate', values['fail-rate'], { max: 1 }),
+    hangRate: numberFlag('hang-rate', values['hang-rate'], { max: 1 }),
+    dropReplyRate: numberFlag('drop-reply-rate', values['drop-reply-rate'], { max: 1 }),
+  });
+  console.log(`env server listening on ${server.url} (envs: ${envs.map((e) => e.name).join(', ')})`);
+  await new Promise<void>((resolve) => {
+    const stop = () => resolve();
+    process.once('SIGINT', stop);
+    process.once('SIGTERM', stop);
+  });
+  await server.close();
+  return 0;
+}
+
+/** `{…}` applies to every served environment; `name={…}` to one (and wins over the shared one). */
+function parseParams(flags: string[], names: string[]): Record<string, EnvParams> {
+  const shared: EnvParams[] = [];
+  const own: Record<string, EnvParams> = {};
+  for (const flag of flags) {
+    const trimmed = flag.trim();
+    const eq = trimmed.startsWith('{') ? -1 : trimmed.indexOf('=');
+    const name = eq > 0 ? trimmed.slice(0, eq) : null;
+    const text = eq > 0 ? trimmed.slice(eq + 1) : trimmed;
+    let value: unknown;
+    try {
+      value = JSON.parse(text);
+    } catch {
+      throw new UsageError(`--params must be a JSON object or name=<JSON object> (got ${JSON.stringify(flag)})`);
+    }
+    if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new UsageError(`--params must be a JSON object (got ${JSON.stringify(flag)})`);
+    if (name === null) shared.push(value as EnvParams);
+    else if (!names.includes(name)) throw new UsageError(`--params ${JSON.stringify(flag)}: no served environment is named ${JSON.stringify(name)} (serving: ${names.join(', ')})`);
+    else own[name] = { ...own[name], ...(value as EnvParams) };
+  }
+  const base = Object.assign({}, ...shared) as EnvParams;
+  return Object.fromEntries(names.map((name) => [name, { ...base, ...own[name] }]));
+}

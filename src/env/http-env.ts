@@ -1,0 +1,517 @@
+/**
+ * Environments behind the env-server protocol (DESIGN.md, "Environments over HTTP"), as ordinary
+ * `Environment`s: the agent loop cannot tell an HTTP actor from an in-process one.
+ *
+ *   reset           POST   /{name}/{id}/reset            {"env_param": params, "seed": seed} → {observation, info}
+ *   getTaskPrompt   GET    /{name}/{id}/get_task_prompt  → [chat message, …]
+ *   step            POST   /{name}/{id}/step             {"action": action, "step": n}       → {observation, reward, terminated, truncated, info}
+ *   close           DELETE /{name}/{id}                  (200 even for an unknown id)
+ *   prewarm         GET    /envs                         → {"envs": [name, …]} (or a bare array)
+ *
+ * Next to src/llm, the only module that knows undici: one Pool per server URL, shared by every actor
+ * of this client (so a worker keeps a handful of keep-alive connections per server, not one per episode).
+ *
+ * Retries: 5xx, timeouts and transport errors are retried with exponential backoff; a 4xx is not (it is
+ * the caller's mistake or an unknown id, and asking again gives the same answer). `step` is the
+ * exception: it is not idempotent, so it is retried only when the request provably never left this
+ * process (connect errors), or when the server deduplicates by the step index we send (`dedupeSteps`).
+ */
+import { randomBytes } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { threadId } from 'node:worker_threads';
+import { Pool } from 'undici';
+import { createLogger } from '../log.ts';
+import { ConfigError } from '../protocol/errors.ts';
+import { EnvError } from './errors.ts';
+import { checkAgentPrompts, checkStepResult, EnvReplyError } from './replies.ts';
+import type { AgentActions, AgentPrompts, Environment, ResetOptions, ResetResult, StepResult } from './types.ts';
+import type { ChatMessage } from '../protocol/rollout.ts';
+
+export interface HttpEnvOptions {
+  /** Env servers serving `name`; new actors are spread over them (least busy first, then round-robin). */
+  urls: string[];
+  /** The environment's name on the servers: the first path segment of every call. */
+  name: string;
+  /** Budget of one HTTP attempt (connect + headers + body), not of the retried call. */
+  timeoutMs: number;
+  /** Extra attempts after the first, for the failures that may be retried (see the module comment). */
+  retries: number;
+  /** Wait before retry k (1-based) is `retryBackoffMs × 2^(k−1)`. */
+  retryBackoffMs: number;
+  /** Replies larger than this fail with ERR_ENV_TOO_LARGE (bytes are counted while reading). */
+  maxResponseBytes: number;
+  /** The servers return the cached reply for a repeated step index: `step` may then be retried like any call. */
+  dedupeSteps: boolean;
+  /** Connections per server URL (default 64). */
+  connections?: number;
+  /** Where a failed DELETE is reported (it never fails the episode); default: a pino logger on stderr. */
+  logger?: EnvWarningLogger;
+}
+
+export interface EnvWarningLogger {
+  warn(details: object, message: string): void;
+}
+
+/** One actor: an `Environment` bound to one env id on one server. */
+export interface HttpEnvironment extends Environment {
+  /** The env id on the server (unique across threads, processes and hosts). */
+  readonly id: string;
+  /** The server URL this actor lives on. */
+  readonly url: string;
+  reset(options: ResetOptions): Promise<ResetResult>;
+  getTaskPrompt(): Promise<ChatMessage[] | AgentPrompts>;
+  step(action: string | AgentActions): Promise<StepResult>;
+  close(): Promise<void>;
+}
+
+export interface HttpEnvironments {
+  /** A fresh actor with a new env id; nothing is sent until its `reset`. */
+  create(): HttpEnvironment;
+  /** Checks every server is up and serves `name` (a clear error naming the URL otherwise) and opens connections. */
+  prewarm(): Promise<void>;
+  /** Environment names served by every URL (in the first server's order). */
+  listEnvs(): Promise<string[]>;
+  /** Waits for pending DELETEs (bounded by the timeout), then cancels what is left (ERR_ENV_CLOSED) and closes the pools. */
+  close(): Promise<void>;
+}
+
+const DEFAULT_CONNECTIONS = 64;
+/** Connections opened per server by prewarm (never more than `connections`). */
+const PREWARM_CONNECTIONS = 4;
+/** undici's own default; kept explicit because it must stay below servers' keep-alive timeouts (Node: 5 s). */
+const KEEP_ALIVE_TIMEOUT_MS = 4_000;
+const MAX_CONNECT_TIMEOUT_MS = 10_000;
+
+/**
+ * Failures that happen before a single byte of the request is written: the connection was never
+ * established, so the server cannot have seen the call. Only these make a non-deduplicated `step`
+ * safe to retry. (ECONNRESET / "other side closed" are NOT here: on a reused keep-alive connection
+ * they can happen after the server read the request.)
+ */
+const NOT_SENT_CODES = new Set(['ECONNREFUSED', 'UND_ERR_CONNECT_TIMEOUT', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL']);
+const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT']);
+
+interface Endpoint {
+  /** As configured, without a trailing slash: used in messages. */
+  readonly url: string;
+  /** Path prefix of the URL (`http://h:1/api` → `/api`), prepended to every route. */
+  readonly prefix: string;
+  readonly pool: Pool;
+  /** Actors created on this server and not closed yet: the "busy" measure for spreading new actors. */
+  live: number;
+}
+
+/**
+ * How an attempt failed decides what may happen next:
+ * - `not-sent`: the server never saw it: every call may be retried, step included;
+ * - `maybe-applied`: 5xx, timeout, connection lost mid-call: retried unless it is a non-deduplicated step;
+ * - `final`: 4xx, a bad or oversized reply, the client closed: asking again cannot help.
+ */
+type Failure = { error: EnvError; kind: 'not-sent' | 'maybe-applied' | 'final' };
+type Attempt = { ok: true; body: string } | ({ ok: false } & Failure);
+
+interface CallSpec {
+  method: 'GET' | 'POST' | 'DELETE';
+  /** Route under the URL's prefix, e.g. `/guess-number/abc/reset`. */
+  path: string;
+  body?: string;
+  /** For messages: what the call was, e.g. `step 3 of env "abc"`. */
+  what: string;
+  /** Whether a repeat could apply the call twice (step without server-side dedupe). */
+  idempotent: boolean;
+}
+
+export function createHttpEnvironments(options: HttpEnvOptions): HttpEnvironments {
+  return new HttpEnvClient(options);
+}
+
+class HttpEnvClient implements HttpEnvironments {
+  readonly #options: HttpEnvOptions;
+  readonly #endpoints: Endpoint[];
+  /** Aborted by close(): cancels in-flight attempts and backoff waits. */
+  readonly #closing = new AbortController();
+  /** DELETEs in flight: close() lets them finish so shutdown does not leak env instances on the servers. */
+  readonly #pendingDeletes = new Set<Promise<void>>();
+  readonly #idPrefix: string;
+  #counter = 0;
+  /** Round-robin cursor among equally busy endpoints: the index after the last one picked. */
+  #cursor = 0;
+  #logger: EnvWarningLogger | undefined;
+  #closed: Promise<void> | null = null;
+
+  constructor(options: HttpEnvOptions) {
+    checkOptions(options);
+    this.#options = options;
+    this.#logger = options.logger;
+    // thread + process + random: ids stay unique when many workers on many hosts share one server.
+    this.#idPrefix = `${threadId}-${process.pid}-${randomBytes(4).toString('hex')}`;
+    const connections = options.connections ?? DEFAULT_CONNECTIONS;
+    this.#endpoints = options.urls.map((raw) => {
+      const url = new URL(raw);
+      return {
+        url: `${url.origin}${url.pathname.replace(/\/+$/, '')}`,
+        prefix: url.pathname.replace(/\/+$/, ''),
+        live: 0,
+        pool: new Pool(url.origin, {
+          connections,
+          // The AbortSignal of each attempt is the real bound; these make undici agree with it.
+          headersTimeout: options.timeoutMs,
+          bodyTimeout: options.timeoutMs,
+          connectTimeout: Math.min(options.timeoutMs, MAX_CONNECT_TIMEOUT_MS),
+          keepAliveTimeout: KEEP_ALIVE_TIMEOUT_MS,
+        }),
+      };
+    });
+  }
+
+  create(): HttpEnvironment {
+    if (this.#closing.signal.aborted) throw new EnvError('ERR_ENV_CLOSED', `environment client for ${JSON.stringify(this.#options.name)} is closed: no new actors`);
+    const endpoint = this.#pick();
+    endpoint.live += 1;
+    const id = `${this.#idPrefix}-${++this.#counter}`;
+    return new HttpActor(this, endpoint, id);
+  }
+
+  async prewarm(): Promise<void> {
+    const name = this.#options.name;
+    const warm = Math.max(1, Math.min(PREWARM_CONNECTIONS, this.#options.connections ?? DEFAULT_CONNECTIONS));
+    await Promise.all(
+      this.#endpoints.map(async (endpoint) => {
+        // Concurrent requests make the pool open `warm` connections now rather than during the first wave of episodes.
+        const lists = await Promise.all(Array.from({ length: warm }, () => this.#listOn(endpoint)));
+        const served = lists[0];
+        if (!served.includes(name)) {
+          throw new EnvError(
+            'ERR_ENV_HTTP',
+            `env server ${endpoint.url} does not serve environment ${JSON.stringify(name)} (GET /envs lists: ${served.map((n) => JSON.stringify(n)).join(', ') || 'nothing'})`,
+            { status: 404 },
+          );
+        }
+      }),
+    );
+  }
+
+  async listEnvs(): Promise<string[]> {
+    const lists = await Promise.all(this.#endpoints.map((endpoint) => this.#listOn(endpoint)));
+    return lists[0].filter((name) => lists.every((list) => list.includes(name)));
+  }
+
+  close(): Promise<void> {
+    this.#closed ??= (async () => {
+      // No new actors from here on; DELETEs already running are bounded by their own timeout and retries.
+      this.#closing.abort(new Error('environment client closed'));
+      await Promise.allSettled([...this.#pendingDeletes]);
+      await Promise.all(this.#endpoints.map((e) => e.pool.destroy()));
+    })();
+    return this.#closed;
+  }
+
+  // ---- used by HttpActor ----
+
+  get options(): HttpEnvOptions {
+    return this.#options;
+  }
+
+  released(endpoint: Endpoint): void {
+    endpoint.live -= 1;
+  }
+
+  trackDelete(p: Promise<void>): void {
+    this.#pendingDeletes.add(p);
+    void p.finally(() => this.#pendingDeletes.delete(p));
+  }
+
+  warn(details: object, message: string): void {
+    this.#logger ??= createLogger(process.env.LOG_LEVEL ?? 'info', { component: 'http-env' });
+    this.#logger.warn(details, message);
+  }
+
+  /**
+   * One protocol call with the retry policy; resolves to the reply text of a 2xx.
+   * DELETE is the one call allowed to start after close() began (pending episodes release their ids).
+   */
+  async call(endpoint: Endpoint, spec: CallSpec): Promise<string> {
+    const { retries, retryBackoffMs, dedupeSteps } = this.#options;
+    const attempts = retries + 1;
+    for (let attempt = 1; ; attempt++) {
+      const outcome = await this.#attempt(endpoint, spec);
+      if (outcome.ok) return outcome.body;
+      const { error, kind } = outcome;
+      if (kind === 'final') throw error;
+      if (kind === 'maybe-applied' && !spec.idempotent && !dedupeSteps) {
+        throw new EnvError(
+          'ERR_ENV_STEP_UNCERTAIN',
+          `${spec.what} may have been applied by the environment, so it is not retried (the server is not known to deduplicate steps; set dedupeSteps if it does): ${error.message}`,
+          { status: error.status, cause: error },
+        );
+      }
+      if (attempt >= attempts) {
+        if (attempts === 1) throw error;
+        throw new EnvError(error.code, `${error.message} (gave up after ${attempts} attempts)`, { status: error.status, cause: error.cause ?? error });
+      }
+      try {
+        await sleep(retryBackoffMs * 2 ** (attempt - 1), undefined, { signal: spec.method === 'DELETE' ? undefined : this.#closing.signal });
+      } catch {
+        throw this.#closedError(endpoint, spec);
+      }
+    }
+  }
+
+  async #attempt(endpoint: Endpoint, spec: CallSpec): Promise<Attempt> {
+    const url = `${endpoint.url}${spec.path}`;
+    const label = `${spec.method} ${url}`;
+    // A DELETE may run while close() waits for it; everything else stops at close().
+    if (this.#closing.signal.aborted && spec.method !== 'DELETE') return { ok: false, kind: 'final', error: this.#closedError(endpoint, spec) };
+    const timeout = AbortSignal.timeout(this.#options.timeoutMs);
+    const signal = spec.method === 'DELETE' ? timeout : AbortSignal.any([timeout, this.#closing.signal]);
+    const failed = (err: unknown): Attempt => {
+      if (this.#closing.signal.aborted && spec.method !== 'DELETE') return { ok: false, kind: 'final', error: this.#closedError(endpoint, spec, err) };
+      if (err instanceof EnvError) return { ok: false, kind: 'final', error: err };
+      const code = (err as { code?: unknown }).code;
+      // The pool was destroyed under us (a DELETE started after close() finished): nothing left to retry on.
+      if (code === 'UND_ERR_DESTROYED' || code === 'UND_ERR_CLOSED') return { ok: false, kind: 'final', error: this.#closedError(endpoint, spec, err) };
+      if (timeout.aborted || (typeof code === 'string' && TIMEOUT_CODES.has(code))) {
+        return { ok: false, kind: 'maybe-applied', error: new EnvError('ERR_ENV_TIMEOUT', `${label} (${spec.what}) timed out after ${this.#options.timeoutMs} ms`, { cause: err }) };
+      }
+      const detail = `${typeof code === 'string' ? `${code} ` : ''}${(err as Error)?.message ?? String(err)}`;
+      const notSent = typeof code === 'string' && NOT_SENT_CODES.has(code);
+      return {
+        ok: false,
+        kind: notSent ? 'not-sent' : 'maybe-applied',
+        error: new EnvError('ERR_ENV_UNREACHABLE', `${label} (${spec.what}) failed: env server ${endpoint.url} unreachable: ${detail}`, { cause: err }),
+      };
+    };
+
+    let statusCode: number;
+    let text: string;
+    try {
+      const response = await endpoint.pool.request({
+        method: spec.method,
+        path: `${endpoint.prefix}${spec.path}`,
+        headers: spec.body === undefined ? {} : { 'content-type': 'application/json' },
+        body: spec.body,
+        signal,
+      });
+      statusCode = response.statusCode;
+      text = await readLimited(response.body, response.headers['content-length'], this.#options.maxResponseBytes, `${label} (${spec.what})`);
+    } catch (err) {
+      return failed(err);
+    }
+    if (statusCode >= 200 && statusCode < 300) return { ok: true, body: text };
+    const error = new EnvError('ERR_ENV_HTTP', `${label} (${spec.what}) answered ${statusCode}: ${serverMessage(text)}`, { status: statusCode });
+    return { ok: false, kind: statusCode >= 500 ? 'maybe-applied' : 'final', error };
+  }
+
+  async #listOn(endpoint: Endpoint): Promise<string[]> {
+    const text = await this.call(endpoint, { method: 'GET', path: '/envs', what: 'list environments', idempotent: true });
+    const json = parseJson(text, `GET ${endpoint.url}/envs`);
+    const list = Array.isArray(json) ? json : (json as { envs?: unknown } | null)?.envs;
+    if (!Array.isArray(list)) throw badReply(`GET ${endpoint.url}/envs`, 'reply', json, 'an array of names or {"envs": [...]}');
+    return list.map((entry, i) => {
+      const name = typeof entry === 'string' ? entry : (entry as { name?: unknown } | null)?.name;
+      if (typeof name !== 'string') throw badReply(`GET ${endpoint.url}/envs`, `envs[${i}]`, entry, 'a name (string) or {"name": string}');
+      return name;
+    });
+  }
+
+  #closedError(endpoint: Endpoint, spec: CallSpec, cause?: unknown): EnvError {
+    return new EnvError('ERR_ENV_CLOSED', `${spec.method} ${endpoint.url}${spec.path} (${spec.what}) cancelled: the environment client was closed`, { cause });
+  }
+
+  /** Least busy endpoint; among equals, the first at or after the round-robin cursor. */
+  #pick(): Endpoint {
+    const n = this.#endpoints.length;
+    let best = this.#cursor % n;
+    for (let k = 1; k < n; k++) {
+      const i = (this.#cursor + k) % n;
+      if (this.#endpoints[i].live < this.#endpoints[best].live) best = i;
+    }
+    this.#cursor = best + 1;
+    return this.#endpoints[best];
+  }
+}
+
+/**
+ * One env id on one server. Invariants: the step index sent is 1 + the number of steps that succeeded
+ * since the last reset, so a retried step repeats its index (what lets a server deduplicate it); `close`
+ * sends at most one DELETE and releases the endpoint's busy count exactly once.
+ */
+class HttpActor implements HttpEnvironment {
+  readonly id: string;
+  readonly #client: HttpEnvClient;
+  readonly #endpoint: Endpoint;
+  readonly #base: string;
+  #stepsDone = 0;
+  #closed: Promise<void> | null = null;
+
+  constructor(client: HttpEnvClient, endpoint: Endpoint, id: string) {
+    this.#client = client;
+    this.#endpoint = endpoint;
+    this.id = id;
+    this.#base = `/${encodeURIComponent(client.options.name)}/${encodeURIComponent(id)}`;
+  }
+
+  get url(): string {
+    return this.#endpoint.url;
+  }
+
+  async reset({ seed, params }: ResetOptions): Promise<ResetResult> {
+    this.#stepsDone = 0;
+    const label = `POST ${this.#endpoint.url}${this.#base}/reset`;
+    const text = await this.#client.call(this.#endpoint, {
+      method: 'POST',
+      path: `${this.#base}/reset`,
+      body: JSON.stringify({ env_param: params, seed }),
+      what: `reset of env ${JSON.stringify(this.id)}`,
+      // A repeated reset starts the same episode again from the same seed: harmless.
+      idempotent: true,
+    });
+    const json = parseJson(text, label);
+    if (typeof json !== 'object' || json === null || Array.isArray(json)) throw badReply(label, 'reset()', json, 'an object {observation, info}');
+    const { observation, info } = json as { observation?: unknown; info?: unknown };
+    if (info !== undefined && info !== null && (typeof info !== 'object' || Array.isArray(info))) throw badReply(label, 'reset().info', info, 'an object');
+    return { observation, info: (info ?? undefined) as ResetResult['info'] };
+  }
+
+  async getTaskPrompt(): Promise<ChatMessage[] | AgentPrompts> {
+    const label = `GET ${this.#endpoint.url}${this.#base}/get_task_prompt`;
+    const text = await this.#client.call(this.#endpoint, {
+      method: 'GET',
+      path: `${this.#base}/get_task_prompt`,
+      what: `get_task_prompt of env ${JSON.stringify(this.id)}`,
+      idempotent: true,
+    });
+    return withLabel(label, () => checkAgentPrompts(parseJson(text, label)));
+  }
+
+  async step(action: string | AgentActions): Promise<StepResult> {
+    const n = this.#stepsDone + 1;
+    const label = `POST ${this.#endpoint.url}${this.#base}/step`;
+    const text = await this.#client.call(this.#endpoint, {
+      method: 'POST',
+      path: `${this.#base}/step`,
+      body: JSON.stringify({ action, step: n }),
+      what: `step ${n} of env ${JSON.stringify(this.id)}`,
+      idempotent: false,
+    });
+    // Counted once the server answered: from here on it has applied step n, whatever the reply's shape.
+    this.#stepsDone = n;
+    return withLabel(label, () => checkStepResult(parseJson(text, label)));
+  }
+
+  close(): Promise<void> {
+    this.#closed ??= this.#delete();
+    return this.#closed;
+  }
+
+  async #delete(): Promise<void> {
+    const done = this.#client
+      .call(this.#endpoint, { method: 'DELETE', path: this.#base, what: `delete of env ${JSON.stringify(this.id)}`, idempotent: true })
+      .then(
+        () => undefined,
+        // The episode's outcome is already decided: a failed delete only leaks an instance on the server.
+        (err: unknown) => this.#client.warn({ env: this.#client.options.name, id: this.id, url: this.#endpoint.url, err: (err as Error).message }, 'env DELETE failed (ignored)'),
+      )
+      .finally(() => this.#client.released(this.#endpoint));
+    this.#client.trackDelete(done);
+    return done;
+  }
+}
+
+/** Reads a body, counting bytes as they arrive, and stops (destroying the stream) past `limit`. */
+async function readLimited(body: AsyncIterable<Buffer> & { destroy(err?: Error): unknown }, contentLength: string | string[] | undefined, limit: number, label: string): Promise<string> {
+  const tooLarge = (size: string) =>
+    new EnvError('ERR_ENV_TOO_LARGE', `${label}: reply is larger than maxResponseBytes = ${limit} bytes (${size})`);
+  const declared = Number(Array.isArray(contentLength) ? contentLength[0] : contentLength);
+  if (Number.isFinite(declared) && declared > limit) {
+    body.destroy();
+    throw tooLarge(`content-length ${declared}`);
+  }
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of body) {
+    size += chunk.length;
+    if (size > limit) {
+      body.destroy();
+      throw tooLarge(`more than ${limit} bytes received`);
+    }
+    chunks.push(chunk);
+  }
+  return Buffer.concat(chunks, size).toString('utf8');
+}
+
+function parseJson(text: string, label: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new EnvError('ERR_ENV_BAD_REPLY', `${label}: reply is not JSON (got ${JSON.stringify(text.length > 80 ? `${text.slice(0, 77)}...` : text)})`);
+  }
+}
+
+/** The shared checkers (env/replies.ts) name the field; this adds which server said it. */
+function withLabel<T>(label: string, check: () => T): T {
+  try {
+    return check();
+  } catch (err) {
+    if (err instanceof EnvReplyError) throw new EnvError('ERR_ENV_BAD_REPLY', `${label}: ${err.message}`, { cause: err });
+    throw err;
+  }
+}
+
+function badReply(label: string, field: string, value: unknown, expected: string): EnvError {
+  let got: string;
+  try {
+    got = value === undefined ? 'undefined' : JSON.stringify(value);
+  } catch {
+    got = String(value);
+  }
+  if (got.length > 80) got = `${got.slice(0, 77)}...`;
+  return new EnvError('ERR_ENV_BAD_REPLY', `${label}: ${field} must be ${expected} (got ${got})`);
+}
+
+/** The server's own words: `{"error": …}`, `{"detail": …}` (FastAPI), `{"message": …}`, or the raw text. */
+function serverMessage(text: string): string {
+  try {
+    const parsed = JSON.parse(text) as Record<string, unknown> | null;
+    const err = parsed?.error;
+    const msg = typeof err === 'string' ? err : ((err as { message?: unknown } | undefined)?.message ?? parsed?.detail ?? parsed?.message);
+    if (typeof msg === 'string') return msg;
+    if (msg !== undefined) return JSON.stringify(msg);
+  } catch {
+    // not JSON: the raw text below
+  }
+  const trimmed = text.trim();
+  return trimmed.length > 300 ? `${trimmed.slice(0, 297)}...` : trimmed || '(empty body)';
+}
+
+function checkOptions(options: HttpEnvOptions): void {
+  const problems: string[] = [];
+  const show = (v: unknown) => JSON.stringify(v) ?? String(v);
+  if (!Array.isArray(options.urls) || options.urls.length === 0) problems.push(`urls: must list at least one env server URL (got ${show(options.urls)})`);
+  else {
+    options.urls.forEach((raw, i) => {
+      let url: URL | null = null;
+      try {
+        url = new URL(raw);
+      } catch {
+        // reported below
+      }
+      if (url === null || (url.protocol !== 'http:' && url.protocol !== 'https:')) problems.push(`urls[${i}]: must be an http(s) URL (got ${show(raw)})`);
+      else if (url.search || url.hash) problems.push(`urls[${i}]: must not have a query or fragment (got ${show(raw)})`);
+    });
+  }
+  if (typeof options.name !== 'string' || options.name === '' || options.name.includes('/')) problems.push(`name: must be a non-empty environment name without "/" (got ${show(options.name)})`);
+  const positive = (field: string, v: unknown) => {
+    if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) problems.push(`${field}: must be a positive number (got ${show(v)})`);
+  };
+  const nonNegativeInt = (field: string, v: unknown) => {
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) problems.push(`${field}: must be an integer >= 0 (got ${show(v)})`);
+  };
+  positive('timeoutMs', options.timeoutMs);
+  nonNegativeInt('retries', options.retries);
+  if (typeof options.retryBackoffMs !== 'number' || !Number.isFinite(options.retryBackoffMs) || options.retryBackoffMs < 0) problems.push(`retryBackoffMs: must be a number >= 0 (got ${show(options.retryBackoffMs)})`);
+  positive('maxResponseBytes', options.maxResponseBytes);
+  if (typeof options.dedupeSteps !== 'boolean') problems.push(`dedupeSteps: must be a boolean (got ${show(options.dedupeSteps)})`);
+  if (options.connections !== undefined && (!Number.isInteger(options.connections) || options.connections < 1)) problems.push(`connections: must be a positive integer (got ${show(options.connections)})`);
+  if (problems.length > 0) throw new ConfigError(problems.map((p) => `http env: ${p}`));
+}

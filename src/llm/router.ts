@@ -1,0 +1,140 @@
+/**
+ * Routes a worker's inference calls across endpoints and policies.
+ *
+ * - Session affinity: a session (one rollout, or one agent of it) stays on the endpoint it started on,
+ *   so the server's prefix cache holds its conversation; new sessions go to the endpoint with the
+ *   fewest requests outstanding from this worker (ties: round-robin).
+ * - Policies: in a multi-agent environment each agent id may have its own endpoints, model,
+ *   temperature and max tokens (`llm.policies`); agents without one use the default policy.
+ * - A per-worker concurrency limit (`llm.maxConcurrency`) caps calls in flight, as the reference's
+ *   LLM semaphore does.
+ */
+import type { ChatResult } from './reply.ts';
+import { LlmClient, type ChatRequest, type LlmClientOptions } from './client.ts';
+
+export interface PolicySettings {
+  urls: string[];
+  model: string;
+  temperature: number | null;
+  maxTokens: number | null;
+}
+
+export interface RouterOptions {
+  /** Client settings shared by every endpoint (model and url are per policy). */
+  client: Omit<LlmClientOptions, 'url' | 'model'>;
+  default: PolicySettings;
+  policies: Record<string, PolicySettings>;
+  maxConcurrency: number | null;
+}
+
+export interface Route {
+  /** Session id for affinity (and the session path): the rollout id. */
+  session: string;
+  /** Agent id in a multi-agent environment; undefined = the default policy. */
+  agent?: string;
+}
+
+interface Endpoint {
+  client: LlmClient;
+  outstanding: number;
+}
+
+interface Policy {
+  settings: PolicySettings;
+  endpoints: Endpoint[];
+  next: number;
+}
+
+export class LlmRouter {
+  readonly #policies = new Map<string, Policy>();
+  readonly #default: Policy;
+  /** session key → endpoint; entries live from a session's first call to endSession(). */
+  readonly #affinity = new Map<string, Endpoint>();
+  readonly #limit: number;
+  #active = 0;
+  readonly #waiting: (() => void)[] = [];
+
+  constructor(options: RouterOptions) {
+    // One client per distinct (url, model): policies sharing a server share its connection pool.
+    const clients = new Map<string, LlmClient>();
+    const build = (settings: PolicySettings): Policy => ({
+      settings,
+      next: 0,
+      endpoints: settings.urls.map((url) => {
+        const key = `${url}\u0000${settings.model}`;
+        let client = clients.get(key);
+        if (!client) clients.set(key, (client = new LlmClient({ ...options.client, url, model: settings.model })));
+        return { client, outstanding: 0 };
+      }),
+    });
+    this.#default = build(options.default);
+    for (const [agent, settings] of Object.entries(options.policies)) this.#policies.set(agent, build(settings));
+    this.#limit = options.maxConcurrency ?? Infinity;
+  }
+
+  async chat(request: ChatRequest, signal: AbortSignal | undefined, route: Route): Promise<ChatResult> {
+    const policy = (route.agent !== undefined ? this.#policies.get(route.agent) : undefined) ?? this.#default;
+    const key = route.agent === undefined ? route.session : `${route.session}\u0000${route.agent}`;
+    let endpoint = this.#affinity.get(key);
+    if (endpoint === undefined) {
+      endpoint = pickLeastOutstanding(policy);
+      this.#affinity.set(key, endpoint);
+    }
+    const effective: ChatRequest = {
+      ...request,
+      temperature: policy.settings.temperature ?? request.temperature,
+      maxTokens: policy.settings.maxTokens !== null ? Math.min(policy.settings.maxTokens, request.maxTokens) : request.maxTokens,
+    };
+    await this.#acquire();
+    endpoint.outstanding++;
+    try {
+      return await endpoint.client.chat(effective, signal, route.session);
+    } finally {
+      endpoint.outstanding--;
+      this.#release();
+    }
+  }
+
+  /** Forget a session's endpoint (its episode ended). */
+  endSession(session: string): void {
+    this.#affinity.delete(session);
+    const prefix = `${session}\u0000`;
+    for (const key of this.#affinity.keys()) if (key.startsWith(prefix)) this.#affinity.delete(key);
+  }
+
+  /** Requests outstanding per endpoint URL of the default policy (for tests and stats). */
+  outstanding(): number[] {
+    return this.#default.endpoints.map((e) => e.outstanding);
+  }
+
+  async close(): Promise<void> {
+    const clients = new Set<LlmClient>();
+    for (const policy of [this.#default, ...this.#policies.values()]) for (const e of policy.endpoints) clients.add(e.client);
+    await Promise.all([...clients].map((c) => c.close()));
+  }
+
+  #acquire(): Promise<void> {
+    if (this.#active < this.#limit) {
+      this.#active++;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => this.#waiting.push(resolve));
+  }
+
+  #release(): void {
+    const next = this.#waiting.shift();
+    if (next) next(); // the slot passes straight to the next waiter: #active stays the same
+    else this.#active--;
+  }
+}
+
+function pickLeastOutstanding(policy: Policy): Endpoint {
+  const n = policy.endpoints.length;
+  let best = policy.endpoints[policy.next % n];
+  for (let i = 1; i < n; i++) {
+    const e = policy.endpoints[(policy.next + i) % n];
+    if (e.outstanding < best.outstanding) best = e;
+  }
+  policy.next = (policy.next + 1) % n;
+  return best;
+}

@@ -1,0 +1,165 @@
+import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { createEngine, Status, type Engine } from '../src/index.ts';
+import { LlmRouter } from '../src/llm/router.ts';
+import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
+
+const fixture = (name: string) => new URL(`./fixtures/${name}`, import.meta.url).pathname;
+
+/** A chat server that records request paths and the most requests it ever had open at once. */
+async function countingServer(delayMs: number): Promise<{ url: string; server: Server; paths: string[]; peak: () => number }> {
+  let open = 0;
+  let peak = 0;
+  const paths: string[] = [];
+  const server = createServer((req, res) => {
+    open++;
+    peak = Math.max(peak, open);
+    paths.push(req.url ?? '');
+    req.resume();
+    setTimeout(() => {
+      open--;
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ choices: [{ message: { content: '4' }, finish_reason: 'stop' }] }));
+    }, delayMs);
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, server, paths, peak: () => peak };
+}
+
+const clientOptions = { apiKey: null, timeoutMs: 5000, retries: 0, retryBackoffMs: 1, connections: 16, returnTokenIds: false, logprobs: false };
+const request = { messages: [{ role: 'user' as const, content: 'hi' }], maxTokens: 8, temperature: 1 };
+
+describe('inference routing in a worker', () => {
+  it('never has more calls in flight than llm.maxConcurrency', async () => {
+    const s = await countingServer(20);
+    const router = new LlmRouter({ client: clientOptions, default: { urls: [s.url], model: 'm', temperature: null, maxTokens: null }, policies: {}, maxConcurrency: 2 });
+    await Promise.all(Array.from({ length: 8 }, (_, i) => router.chat(request, undefined, { session: `s${i}` })));
+    assert.equal(s.peak(), 2);
+    await router.close();
+    s.server.close();
+  });
+
+  it('puts the session id in the path when llm.sessionPath is set (session-routing gateways)', async () => {
+    const s = await countingServer(0);
+    const router = new LlmRouter({
+      client: { ...clientOptions, sessionPath: '/sessions/{session}' },
+      default: { urls: [`${s.url}/v1`], model: 'm', temperature: null, maxTokens: null },
+      policies: {},
+      maxConcurrency: null,
+    });
+    await router.chat(request, undefined, { session: 'guess/3/1' });
+    assert.deepEqual(s.paths, ['/v1/sessions/guess%2F3%2F1/chat/completions']);
+    await router.close();
+    s.server.close();
+  });
+
+  it('keeps a session on its endpoint and sends new sessions to the least busy one', async () => {
+    const a = await countingServer(30);
+    const b = await countingServer(30);
+    const router = new LlmRouter({ client: clientOptions, default: { urls: [a.url, b.url], model: 'm', temperature: null, maxTokens: null }, policies: {}, maxConcurrency: null });
+    // Two sessions start together: they land on different endpoints.
+    await Promise.all([router.chat(request, undefined, { session: 'x' }), router.chat(request, undefined, { session: 'y' })]);
+    assert.deepEqual([a.paths.length, b.paths.length], [1, 1]);
+    // Session x goes back to its endpoint even while that endpoint is the busier one.
+    const busy = router.chat(request, undefined, { session: 'y' });
+    await router.chat(request, undefined, { session: 'x' });
+    await busy;
+    const xOnA = a.paths.length === 2 ? a : b;
+    assert.equal(xOnA.paths.length, 2);
+    router.endSession('x');
+    await router.close();
+    a.server.close();
+    b.server.close();
+  });
+});
+
+describe('episodes with several endpoints, several agents and hooks', () => {
+  let serverA: MockLlm;
+  let serverB: MockLlm;
+  const engines: Engine[] = [];
+  before(async () => {
+    // The weight version each server reports tells which one generated a turn.
+    serverA = await startMockLlm({ port: 0, weightVersion: 100, latencyMs: 2, seed: 1 });
+    serverB = await startMockLlm({ port: 0, weightVersion: 200, latencyMs: 2, seed: 2 });
+  });
+  after(async () => {
+    await Promise.all(engines.map((e) => e.close()));
+    await Promise.all([serverA.close(), serverB.close()]);
+  });
+  function engine(config: Parameters<typeof createEngine>[0]): Engine {
+    const e = createEngine({ logLevel: 'silent', ...config });
+    engines.push(e);
+    return e;
+  }
+
+  it('keeps every multi-turn session on one endpoint and spreads sessions across endpoints', async () => {
+    const e = engine({
+      llm: { url: [serverA.url, serverB.url] },
+      batchSize: 8,
+      workers: { threads: 1 },
+      tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 4, maxSteps: 8 }],
+    });
+    await e.start();
+    const batch = await e.getBatch();
+    assert.equal(batch.status, 'NORMAL');
+    const perServer = { 100: 0, 200: 0 } as Record<number, number>;
+    for (const r of batch.groups.flatMap((g) => g.rollouts)) {
+      const servers = new Set(r.turns.map((t) => t.modelStep));
+      assert.equal(servers.size, 1, `rollout ${r.id} moved between endpoints: ${[...servers]}`);
+      perServer[[...servers][0]]++;
+    }
+    assert.ok(perServer[100] >= 8 && perServer[200] >= 8, `sessions spread unevenly: ${JSON.stringify(perServer)}`);
+  });
+
+  it('routes each agent of a two-agent episode to its own policy and rewards each agent separately', async () => {
+    const e = engine({
+      llm: { url: serverA.url, policies: { alice: { url: serverA.url }, bob: { url: serverB.url, temperature: 0.5 } } },
+      batchSize: 2,
+      workers: { threads: 1 },
+      tasks: [{ name: 'duo', env: { module: fixture('two-agent-env.ts') }, groupSize: 2, maxSteps: 4 }],
+    });
+    await e.start();
+    const batch = await e.getBatch();
+    assert.equal(batch.status, 'NORMAL');
+    for (const r of batch.groups.flatMap((g) => g.rollouts)) {
+      assert.equal(r.status, Status.COMPLETED);
+      assert.deepEqual(r.turns.map((t) => [t.step, t.agentId]), [[1, 'alice'], [1, 'bob'], [2, 'alice'], [2, 'bob']]);
+      for (const t of r.turns) assert.equal(t.modelStep, t.agentId === 'alice' ? 100 : 200);
+      assert.ok(r.agentRewards !== null);
+      const sum = (agent: string) => r.turns.filter((t) => t.agentId === agent).reduce((s, t) => s + t.reward, 0);
+      assert.deepEqual(r.agentRewards, { alice: sum('alice'), bob: sum('bob') });
+      assert.equal(r.reward, sum('alice') + sum('bob'));
+    }
+  });
+
+  it('lets a hook rewrite prompts and see each episode end; a hook that throws does not kill the episode', async () => {
+    const log = join(mkdtempSync(join(tmpdir(), 'rollout-hooks-')), 'ends.jsonl');
+    process.env.ROLLOUT_TEST_HOOK_LOG = log;
+    const e = engine({
+      llm: { url: serverA.url },
+      batchSize: 2,
+      workers: { threads: 1 },
+      tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, hooks: { module: fixture('hooks.ts') }, groupSize: 2, maxSteps: 8 }],
+    });
+    await e.start();
+    const batch = await e.getBatch();
+    const rollouts = batch.groups.flatMap((g) => g.rollouts);
+    for (const r of rollouts) {
+      assert.equal(r.status, Status.COMPLETED);
+      assert.match(r.turns[0].messages[0].content, /\[hooked\]$/);
+      if (r.turns.length > 1) assert.doesNotMatch(r.turns[1].messages[0].content, /\[hooked\]/, 'the throwing hook on step 2 left the prompt as it was');
+    }
+    await e.close();
+    const ends = readFileSync(log, 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    assert.deepEqual(ends.map((x) => x.rolloutId).sort(), rollouts.map((r) => r.id).sort());
+    for (const end of ends) {
+      const r = rollouts.find((x) => x.id === end.rolloutId)!;
+      assert.equal(end.totalReward, r.reward);
+      assert.equal(typeof end.lastInfo?.target, 'number');
+    }
+  });
+});
