@@ -1,5 +1,7 @@
 import assert from 'node:assert/strict';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { decodeCheckpoint } from '../src/protocol/codec.ts';
+import type { ProducerSnapshot } from '../src/coordinator/producer.ts';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -240,5 +242,49 @@ describe('checkpoints', () => {
       assert.match(err.message, /batchSize: checkpoint has 4, config has 8/);
       return true;
     });
+  });
+});
+
+describe('step records', () => {
+  let mock: MockLlm;
+  before(async () => {
+    mock = await startMockLlm({ port: 0, tokensPerSecond: 1000, latencyMs: 2, thinkTokens: 30, seed: 9 });
+  });
+  after(() => mock.close());
+
+  it('survive a pause and close, and the reader returns exactly the sessions that finished', async () => {
+    const { listCompletedSessions, indexSessions } = await import('../src/records/index.ts');
+    const runDir = mkdtempSync(join(tmpdir(), 'rollout-records-'));
+    const engine = createEngine({ ...asyncConfig(mock), runDir });
+    await engine.start();
+    const first = await train(engine, mock, 2, 2); // ends with a pause: records flushed without closing
+    const afterPause = new Map((await listCompletedSessions(join(runDir, 'steps'))).map((s) => [s.rolloutId, s]));
+    for (const r of first.batches.flatMap((b) => b.groups.flatMap((g) => g.rollouts))) {
+      const session = afterPause.get(r.id);
+      assert.ok(session, `rollout ${r.id}, taken, has its session on disk after the pause`);
+      assert.equal(session.totalReward, r.reward);
+      assert.equal(session.steps.length, r.turns.length);
+      assert.deepEqual(session.steps.map((s) => s.response), r.turns.map((t) => t.response));
+    }
+    const second = await train(engine, mock, 2, 2, 3);
+    // What is still in the buffer (or in flight) at the end, read back from a checkpoint.
+    await engine.pauseForWeightUpdate();
+    await engine.checkpoint(join(runDir, 'end.ckpt'));
+    await engine.close();
+    const held = (decodeCheckpoint(readFileSync(join(runDir, 'end.ckpt')), 'end.ckpt') as unknown as { producer: ProducerSnapshot }).producer;
+    const { completed, unfinished } = await indexSessions(join(runDir, 'steps'));
+    const completedIds = new Set(completed.map((s) => s.sessionId));
+    for (const r of [...first.batches, ...second.batches].flatMap((b) => b.groups.flatMap((g) => g.rollouts))) {
+      assert.ok(completedIds.has(`${r.id}#${r.attempt}`), `${r.id} finished and was taken: its session is listed`);
+    }
+    for (const g of [...held.buffer.groups, ...held.inFlight]) {
+      for (const r of g.rollouts) {
+        const id = `${r.id}#${r.attempt}`;
+        if (r.status === Status.COMPLETED) assert.ok(completedIds.has(id), `completed ${id} in the buffer is listed`);
+        else assert.ok(!completedIds.has(id), `${r.status} ${id} did not finish and is not listed`);
+      }
+    }
+    assert.ok(completed.every((s) => s.end.status === Status.COMPLETED));
+    assert.ok(unfinished.length >= 0);
   });
 });

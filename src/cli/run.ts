@@ -21,7 +21,7 @@ Options:
   --batch-size <n>     groups per batch (overrides batchSize)
   --threads <n>        worker threads (overrides workers.threads)
   --seed <n>           run seed (overrides seed)
-  --run-dir <dir>      where to write batches.jsonl and summary.json (default runs/<timestamp>)
+  --run-dir <dir>      where to write batches.jsonl, summary.json and steps/ (default runs/<timestamp>)
   --out <file>         batches file (default <run-dir>/batches.jsonl)
   -h, --help           show this help
 
@@ -53,8 +53,9 @@ export async function runCommand(argv: string[]): Promise<number> {
   const config = configPath === undefined ? {} : readJsonConfig(configPath);
   applyOverrides(config, values);
 
+  const runDir = resolve(values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : join('runs', timestamp())));
+  config.runDir = runDir; // step records go to <runDir>/steps/
   const engine = createEngine(config, { baseDir: configPath === undefined ? process.cwd() : dirname(configPath) });
-  const runDir = resolve(values['run-dir'] ?? join('runs', timestamp()));
   const writer = new BatchFileWriter(resolve(values.out ?? join(runDir, 'batches.jsonl')));
   const stopOnSignal = () => void engine.close();
   process.once('SIGINT', stopOnSignal);
