@@ -101,3 +101,5 @@ export { Status, groupStatus, statusForFinishReason } from './protocol/rollout.t
 export type { RolloutState, RolloutGroup, TurnRecord, ChatMessage, PromptSample, FinishReason } from './protocol/rollout.ts';
 export type { Environment, EnvironmentFactory, ResetOptions, ResetResult, StepResult, EnvParams } from './env/types.ts';
 export { BatchFileWriter, groupToJson } from './coordinator/batch-file.ts';
+export { listCompletedSessions, readStepRecords, indexSessions } from './records/index.ts';
+export type { StepRecord, SessionEnd, CompletedSession } from './records/index.ts';
