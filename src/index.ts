@@ -103,3 +103,6 @@ export type { Environment, EnvironmentFactory, ResetOptions, ResetResult, StepRe
 export { BatchFileWriter, groupToJson } from './coordinator/batch-file.ts';
 export { listCompletedSessions, readStepRecords, indexSessions } from './records/index.ts';
 export type { StepRecord, SessionEnd, CompletedSession } from './records/index.ts';
+export { EnvError } from './env/errors.ts';
+export { startEnvServer } from './env/server.ts';
+export { createHttpEnvironments } from './env/http-env.ts';

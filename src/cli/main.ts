@@ -13,6 +13,7 @@ const HELP = `Usage: rollout <command> [options]
 Commands:
   run        produce training batches (embedded mock server + synthetic environments by default)
   mock-llm   start the built-in mock inference server
+  env-server serve environment modules over the env-server protocol
   help       show this help
 
 Run \`rollout <command> --help\` for a command's options.`;

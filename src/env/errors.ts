@@ -8,7 +8,8 @@ import { RolloutEngineError } from '../protocol/errors.ts';
 /**
  * Stable codes:
  * - ERR_ENV_HTTP: the server answered a status that is not retried (4xx: unknown id, bad request…),
- *   or retries ran out on 5xx; `status` holds it and the message holds the server's own message;
+ *   or retries ran out on 5xx; `status` holds it and the message holds the server's own message.
+ *   Also prewarm's "this server does not serve that environment" (status 404, as its calls would get);
  * - ERR_ENV_UNREACHABLE: transport errors (refused, reset, DNS) persisted through every retry;
  * - ERR_ENV_TIMEOUT: a request exceeded the per-request timeout on every attempt;
  * - ERR_ENV_BAD_REPLY: the body is not JSON, or not the shape the protocol promises (the message names

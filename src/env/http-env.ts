@@ -419,11 +419,14 @@ class HttpActor implements HttpEnvironment {
 }
 
 /** Reads a body, counting bytes as they arrive, and stops (destroying the stream) past `limit`. */
-async function readLimited(body: AsyncIterable<Buffer> & { destroy(err?: Error): unknown }, contentLength: string | string[] | undefined, limit: number, label: string): Promise<string> {
+async function readLimited(body: AsyncIterable<Buffer> & { destroy(err?: Error): unknown; once(event: 'error', fn: () => void): unknown }, contentLength: string | string[] | undefined, limit: number, label: string): Promise<string> {
   const tooLarge = (size: string) =>
     new EnvError('ERR_ENV_TOO_LARGE', `${label}: reply is larger than maxResponseBytes = ${limit} bytes (${size})`);
   const declared = Number(Array.isArray(contentLength) ? contentLength[0] : contentLength);
   if (Number.isFinite(declared) && declared > limit) {
+    // Not read at all: destroying aborts the request (undici then drops the connection); the abort
+    // error it emits is ours to ignore.
+    body.once('error', () => {});
     body.destroy();
     throw tooLarge(`content-length ${declared}`);
   }
@@ -431,10 +434,8 @@ async function readLimited(body: AsyncIterable<Buffer> & { destroy(err?: Error):
   let size = 0;
   for await (const chunk of body) {
     size += chunk.length;
-    if (size > limit) {
-      body.destroy();
-      throw tooLarge(`more than ${limit} bytes received`);
-    }
+    // Leaving the loop by a throw destroys the stream (the iterator's return), so nothing more is buffered.
+    if (size > limit) throw tooLarge(`more than ${limit} bytes received`);
     chunks.push(chunk);
   }
   return Buffer.concat(chunks, size).toString('utf8');

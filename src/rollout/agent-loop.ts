@@ -145,10 +145,11 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
     await play(episode, rollout, partial, ctx);
   } catch (err) {
     const code = (err as { code?: unknown }).code;
-    rollout.status = code === 'ERR_LLM_ABORTED' ? Status.ABORTED : Status.FAILED;
+    // Cancelled by a pause (an inference call, or the wait for an actor): it continues after the resume.
+    rollout.status = code === 'ERR_LLM_ABORTED' || code === 'ERR_ACTOR_POOL_ABORTED' ? Status.ABORTED : Status.FAILED;
     rollout.error = describeError(err);
     // An environment error (not an inference one) means the actor is not to be trusted again.
-    actorFailed = typeof code !== 'string' || !code.startsWith('ERR_LLM_');
+    actorFailed = typeof code !== 'string' || !(code.startsWith('ERR_LLM_') || code.startsWith('ERR_ACTOR_POOL_'));
     ctx.onProblem?.(rollout, rollout.error);
   } finally {
     if (episode) {
