@@ -10,7 +10,7 @@ import { availableParallelism } from 'node:os';
 import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { z } from 'zod';
-import { ConfigError } from './protocol/errors.ts';
+import { ConfigError, preview } from './protocol/errors.ts';
 import { projectModuleUrl } from './paths.ts';
 
 const BUILTIN_PREFIX = 'builtin:';
@@ -295,10 +295,4 @@ function formatPath(path: readonly PropertyKey[]): string {
   let out = '';
   for (const key of path) out += typeof key === 'number' ? `[${key}]` : out === '' ? String(key) : `.${String(key)}`;
   return out;
-}
-
-function preview(value: unknown): string {
-  if (value === undefined) return 'undefined';
-  const text = JSON.stringify(value);
-  return text.length > 80 ? `${text.slice(0, 77)}...` : text;
 }

@@ -8,6 +8,14 @@ export class UsageError extends RolloutEngineError {
   }
 }
 
+/** Resolves on the first SIGINT or SIGTERM: a server command's "run until told to stop". */
+export function untilSignal(): Promise<void> {
+  return new Promise((resolve) => {
+    process.once('SIGINT', () => resolve());
+    process.once('SIGTERM', () => resolve());
+  });
+}
+
 export function intFlag(name: string, value: string | undefined, { min = 0 } = {}): number | undefined {
   if (value === undefined) return undefined;
   const n = Number(value);

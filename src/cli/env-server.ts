@@ -1,6 +1,6 @@
 import { parseArgs } from 'node:util';
 import type { EnvParams } from '../env/types.ts';
-import { intFlag, numberFlag, UsageError } from './args.ts';
+import { intFlag, numberFlag, untilSignal, UsageError } from './args.ts';
 
 export const ENV_SERVER_HELP = `Usage: rollout env-server --env <spec> [--env <spec> …] [options]
 
@@ -65,11 +65,7 @@ export async function envServerCommand(argv: string[]): Promise<number> {
     dropReplyRate: numberFlag('drop-reply-rate', values['drop-reply-rate'], { max: 1 }),
   });
   console.log(`env server listening on ${server.url} (envs: ${envs.map((e) => e.name).join(', ')})`);
-  await new Promise<void>((resolve) => {
-    const stop = () => resolve();
-    process.once('SIGINT', stop);
-    process.once('SIGTERM', stop);
-  });
+  await untilSignal();
   await server.close();
   return 0;
 }

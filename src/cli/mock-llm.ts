@@ -1,5 +1,5 @@
 import { parseArgs } from 'node:util';
-import { intFlag, numberFlag } from './args.ts';
+import { intFlag, numberFlag, untilSignal } from './args.ts';
 
 export const MOCK_LLM_HELP = `Usage: rollout mock-llm [options]
 
@@ -60,11 +60,7 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
   const { startMockLlm } = await import('../testing/mock-llm/server.ts');
   const server = await startMockLlm(options);
   console.log(`mock inference server listening on ${server.url} (model ${options.model ?? 'mock-policy'})`);
-  await new Promise<void>((resolve) => {
-    const stop = () => resolve();
-    process.once('SIGINT', stop);
-    process.once('SIGTERM', stop);
-  });
+  await untilSignal();
   await server.close();
   return 0;
 }

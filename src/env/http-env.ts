@@ -21,7 +21,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { threadId } from 'node:worker_threads';
 import { Pool } from 'undici';
 import { createLogger } from '../log.ts';
-import { ConfigError } from '../protocol/errors.ts';
+import { ConfigError, preview } from '../protocol/errors.ts';
 import { EnvError } from './errors.ts';
 import { checkAgentPrompts, checkStepResult, EnvReplyError } from './replies.ts';
 import type { AgentActions, AgentPrompts, Environment, ResetOptions, ResetResult, StepResult } from './types.ts';
@@ -460,14 +460,7 @@ function withLabel<T>(label: string, check: () => T): T {
 }
 
 function badReply(label: string, field: string, value: unknown, expected: string): EnvError {
-  let got: string;
-  try {
-    got = value === undefined ? 'undefined' : JSON.stringify(value);
-  } catch {
-    got = String(value);
-  }
-  if (got.length > 80) got = `${got.slice(0, 77)}...`;
-  return new EnvError('ERR_ENV_BAD_REPLY', `${label}: ${field} must be ${expected} (got ${got})`);
+  return new EnvError('ERR_ENV_BAD_REPLY', `${label}: ${field} must be ${expected} (got ${preview(value)})`);
 }
 
 /** The server's own words: `{"error": …}`, `{"detail": …}` (FastAPI), `{"message": …}`, or the raw text. */

@@ -3,7 +3,7 @@
  * the wrong shape fails the rollout with the field and the value, instead of corrupting the record.
  */
 import type { ChatMessage } from '../protocol/rollout.ts';
-import { RolloutEngineError } from '../protocol/errors.ts';
+import { preview, RolloutEngineError } from '../protocol/errors.ts';
 import type { StepResult } from './types.ts';
 
 const ROLES = new Set(['system', 'user', 'assistant', 'tool']);
@@ -56,12 +56,5 @@ export function checkStepResult(value: unknown): StepResult {
 }
 
 function bad(field: string, value: unknown, expected: string): EnvReplyError {
-  let got: string;
-  try {
-    got = value === undefined ? 'undefined' : JSON.stringify(value);
-  } catch {
-    got = String(value);
-  }
-  if (got.length > 80) got = `${got.slice(0, 77)}...`;
-  return new EnvReplyError(`environment ${field} must be ${expected} (got ${got})`);
+  return new EnvReplyError(`environment ${field} must be ${expected} (got ${preview(value)})`);
 }

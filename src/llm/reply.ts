@@ -4,6 +4,7 @@
  */
 import type { FinishReason } from '../protocol/rollout.ts';
 import { LlmError } from './errors.ts';
+import { preview } from '../protocol/errors.ts';
 
 export interface ChatResult {
   content: string;
@@ -98,12 +99,5 @@ function isObject(value: unknown): value is Record<string, unknown> {
 }
 
 function bad(field: string, value: unknown, expected: string): LlmError {
-  let got: string;
-  try {
-    got = value === undefined ? 'undefined' : JSON.stringify(value);
-  } catch {
-    got = String(value);
-  }
-  if (got.length > 80) got = `${got.slice(0, 77)}...`;
-  return new LlmError('ERR_LLM_BAD_REPLY', `inference reply: ${field} must be ${expected} (got ${got})`);
+  return new LlmError('ERR_LLM_BAD_REPLY', `inference reply: ${field} must be ${expected} (got ${preview(value)})`);
 }

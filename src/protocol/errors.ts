@@ -27,6 +27,17 @@ export class ConfigError extends RolloutEngineError {
   }
 }
 
+/** A value as it appears in an error message: JSON, cut to 80 characters. */
+export function preview(value: unknown): string {
+  let text: string;
+  try {
+    text = value === undefined ? 'undefined' : (JSON.stringify(value) ?? String(value));
+  } catch {
+    text = String(value);
+  }
+  return text.length > 80 ? `${text.slice(0, 77)}...` : text;
+}
+
 /** `code: message` for logs and rollout.error, whatever was thrown. */
 export function describeError(err: unknown): string {
   if (err instanceof Error) {
