@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { createEngine, Status, type Engine } from '../src/index.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
-import { spawnServer, type ChildServer } from './fixtures/flaky-env-server.ts';
+import { spawnServer, startFlakyProxy, type ChildServer } from './fixtures/flaky-env-server.ts';
 
 const MAIN = new URL('../src/cli/main.ts', import.meta.url).pathname;
 const PYTHON_SERVER = new URL('../examples/python_env_server.py', import.meta.url).pathname;
@@ -58,17 +58,41 @@ describe('the engine driving environments served by other processes', () => {
     }
   });
 
-  it('fails the rollouts with the server message when the server answers 4xx, and keeps the engine alive', async () => {
-    const e = engine({ http: { urls: [nodeServer.url], name: 'no-such-env' } }, { producer: { maxFailedGroupsPerStep: 2 } });
-    await e.start();
-    await assert.rejects(e.getBatch(), (err: Error & { code?: string }) => {
-      assert.equal(err.code, 'ERR_TOO_MANY_FAILED_GROUPS');
-      assert.match(err.message, /ERR_ENV_HTTP/);
-      assert.match(err.message, /404/);
+  it('refuses to start when an env server does not serve the configured environment, naming both', async () => {
+    const e = engine({ http: { urls: [nodeServer.url], name: 'no-such-env' } });
+    await assert.rejects(e.start(), (err: Error & { code?: string }) => {
+      assert.equal(err.code, 'ERR_ENV_HTTP');
+      assert.match(err.message, /no-such-env/);
+      assert.ok(err.message.includes(nodeServer.url));
       return true;
     });
-    const stats = await e.stats();
-    assert.equal(stats.groups.inFlight, 0);
-    assert.equal(stats.groups.dropped.FAILED, stats.groups.scheduled);
+  });
+
+  it('fails a rollout with the server message on a 4xx, retries a 5xx, and keeps producing', async () => {
+    // The first reset is refused with 422, the next one gets a 503; everything else passes through.
+    const proxy = await startFlakyProxy(nodeServer.url, [
+      { status: 422, body: JSON.stringify({ error: 'seed out of range for this env' }), pathEndsWith: '/reset' },
+      { status: 503, pathEndsWith: '/reset' },
+    ]);
+    try {
+      const e = createEngine({
+        logLevel: 'silent',
+        llm: { url: mock.url },
+        batchSize: 1,
+        workers: { threads: 1, groupsPerWorker: 1 },
+        tasks: [{ name: 'remote', env: { http: { urls: [proxy.url], name: 'guess-number', retryBackoffMs: 1 } }, groupSize: 1, maxSteps: 8 }],
+      });
+      engines.push(e);
+      await e.start();
+      const batch = await e.getBatch();
+      assert.equal(batch.status, 'NORMAL');
+      const stats = await e.stats();
+      assert.equal(stats.groups.dropped.FAILED, 1);
+      assert.match(stats.buffer.lastDropReason ?? '', /ERR_ENV_HTTP.*422.*seed out of range for this env/);
+      const resets = proxy.seen.filter((r) => r.path.endsWith('/reset'));
+      assert.deepEqual(resets.slice(0, 3).map((r) => r.rule), ['status 422', 'status 503', 'pass']);
+    } finally {
+      await proxy.close();
+    }
   });
 });

@@ -13,6 +13,7 @@
 import type { ResolvedConfig } from '../config.ts';
 import type { DropReason } from '../buffer/replay-buffer.ts';
 import { Sampler } from '../buffer/sampler.ts';
+import { createHttpEnvironments } from '../env/http-env.ts';
 import { probeInferenceServer } from '../llm/client.ts';
 import { createLogger, type Logger } from '../log.ts';
 import { RolloutEngineError } from '../protocol/errors.ts';
@@ -80,6 +81,16 @@ export class Coordinator {
         const models = await probeInferenceServer(url, { apiKey: config.llm.apiKey });
         if (models.length > 0 && !models.includes(config.llm.model) && !policyUrls.includes(url)) {
           this.log.warn({ url, model: config.llm.model, served: models }, 'llm.model is not among the models the server lists');
+        }
+      }
+      // Environment servers too: a wrong URL or env name is one clear error at start, not a failed group each.
+      for (const task of config.tasks) {
+        if (task.env.http === undefined) continue;
+        const servers = createHttpEnvironments(task.env.http);
+        try {
+          await servers.prewarm();
+        } finally {
+          await servers.close();
         }
       }
       const control = new PauseControl(resumed?.modelStep ?? config.modelStep);

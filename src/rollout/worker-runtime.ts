@@ -211,6 +211,8 @@ export class WorkerRuntime implements WorkerControl {
     if (env.kind === 'http') {
       const servers = createHttpEnvironments(env.http);
       const actors = createActorPool({ size, create: () => servers.create(), prewarm: () => servers.prewarm() });
+      // Open connections before the first episode needs them; a failure here shows again on first use.
+      actors.prewarm().catch((err) => this.#log.warn({ err: describeError(err) }, 'environment prewarm failed'));
       return { settings, actors, hooks, close: async () => { await actors.close(); await servers.close(); } };
     }
     const factory = loadEnvironmentFactory(env.moduleUrl, env.exportName);
