@@ -10,12 +10,29 @@ import { resolveConfig, type EngineConfigInput, type ResolvedConfig, type Resolv
 import { Coordinator, type CoordinatorOptions, type EngineStats } from './coordinator/engine.ts';
 import type { Batch, PauseReport } from './coordinator/producer.ts';
 import { RolloutEngineError } from './protocol/errors.ts';
+import { EngineMetrics } from './control/metrics.ts';
+import { startControlServer, type ControlServer, type ControlServerOptions } from './control/server.ts';
 
 export class Engine {
   readonly #coordinator: Coordinator;
+  readonly #metrics: EngineMetrics;
+  readonly #servers: ControlServer[] = [];
 
   constructor(config: ResolvedConfig, options?: CoordinatorOptions) {
-    this.#coordinator = new Coordinator(config, options);
+    this.#metrics = new EngineMetrics(() => this.#coordinator.stats());
+    this.#coordinator = new Coordinator(config, { ...options, observer: options?.observer ?? this.#metrics });
+  }
+
+  /** Serve the control API for trainers (see README "Control API"); closed with the engine. */
+  async listen(options: ControlServerOptions = {}): Promise<ControlServer> {
+    const server = await startControlServer(this, this.#metrics, options);
+    this.#servers.push(server);
+    return server;
+  }
+
+  /** Prometheus text of the engine's metrics. */
+  metrics(): Promise<string> {
+    return this.#metrics.text();
   }
 
   /** The validated config with every default filled in. */
@@ -78,8 +95,9 @@ export class Engine {
   }
 
   /** Stop the workers and the embedded mock; waits for a batch in progress. Safe to call twice. */
-  close(): Promise<void> {
-    return this.#coordinator.close();
+  async close(): Promise<void> {
+    await Promise.all(this.#servers.splice(0).map((s) => s.close()));
+    await this.#coordinator.close();
   }
 }
 
@@ -106,3 +124,4 @@ export type { StepRecord, SessionEnd, CompletedSession } from './records/index.t
 export { EnvError } from './env/errors.ts';
 export { startEnvServer } from './env/server.ts';
 export { createHttpEnvironments } from './env/http-env.ts';
+export type { ControlServer, ControlServerOptions } from './control/server.ts';

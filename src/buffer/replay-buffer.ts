@@ -13,7 +13,7 @@
  * the expired members are reset to their prompt and marked EXPIRED (siblings keep their responses);
  * when they are not, the whole group is dropped and counted.
  */
-import { groupStatus, resetToPrompt, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
 import { rolloutMinModelStep, rolloutStaleness } from './staleness.ts';
 
 const STORED_STATUSES = [Status.COMPLETED, Status.ABORTED, Status.EXPIRED] as const;
@@ -44,6 +44,8 @@ export class ReplayBuffer {
   #lastDropReason: string | null = null;
   /** Called with every group that leaves the buffer's accounting by being dropped. */
   onDrop: ((group: RolloutGroup, reason: DropReason) => void) | null = null;
+  /** Called with the response tokens thrown away when expired members are reset to their prompts. */
+  onReset: ((tokens: number) => void) | null = null;
 
   constructor(taskNames: readonly string[]) {
     for (const name of taskNames) this.#pools.set(name, new Map(STORED_STATUSES.map((s) => [s, new Map()])));
@@ -61,7 +63,7 @@ export class ReplayBuffer {
       this.#drop(group, group.status);
       return group.status;
     }
-    if (expiry !== undefined && !applyExpiry(group, expiry)) {
+    if (expiry !== undefined && !applyExpiry(group, expiry, this.onReset)) {
       this.#drop(group, 'EXPIRED');
       return 'EXPIRED';
     }
@@ -80,7 +82,7 @@ export class ReplayBuffer {
     for (const pools of this.#pools.values()) {
       for (const [status, pool] of pools) {
         for (const group of [...pool.values()]) {
-          if (!applyExpiry(group, expiry)) {
+          if (!applyExpiry(group, expiry, this.onReset)) {
             pool.delete(group.id);
             this.#drop(group, 'EXPIRED');
           } else if (group.status !== status) {
@@ -178,7 +180,7 @@ export class ReplayBuffer {
  * The expiry lifecycle for one group. Returns false when the group must be dropped (it has an
  * expired member and expired groups are not retryable).
  */
-export function applyExpiry(group: RolloutGroup, { trainStep, threshold, retryable }: ExpiryPolicy): boolean {
+export function applyExpiry(group: RolloutGroup, { trainStep, threshold, retryable }: ExpiryPolicy, onReset?: ((tokens: number) => void) | null): boolean {
   if (!Number.isFinite(threshold)) return true;
   let expiredAny = false;
   for (const rollout of group.rollouts) {
@@ -186,6 +188,7 @@ export function applyExpiry(group: RolloutGroup, { trainStep, threshold, retryab
     if (rolloutStaleness(rollout, trainStep) < threshold) continue;
     expiredAny = true;
     if (!retryable) break;
+    onReset?.(responseTokenCount(rollout));
     resetToPrompt(rollout, Status.EXPIRED);
   }
   if (!expiredAny) return true;

@@ -7,11 +7,13 @@ import { RolloutEngineError } from '../protocol/errors.ts';
 import { envServerCommand } from './env-server.ts';
 import { mockLlmCommand } from './mock-llm.ts';
 import { runCommand } from './run.ts';
+import { serveCommand } from './serve.ts';
 
 const HELP = `Usage: rollout <command> [options]
 
 Commands:
   run        produce training batches (embedded mock server + synthetic environments by default)
+  serve      run the engine behind the control API a trainer drives (batches, pause, resume, metrics)
   mock-llm   start the built-in mock inference server
   env-server serve environment modules over the env-server protocol
   help       show this help
@@ -20,6 +22,7 @@ Run \`rollout <command> --help\` for a command's options.`;
 
 const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
   run: runCommand,
+  serve: serveCommand,
   'mock-llm': mockLlmCommand,
   'env-server': envServerCommand,
 };

@@ -1,11 +1,10 @@
-import { readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { createEngine, type Batch } from '../index.ts';
 import { BatchFileWriter } from '../coordinator/batch-file.ts';
-import { ConfigError } from '../protocol/errors.ts';
 import type { Status } from '../protocol/rollout.ts';
-import { intFlag, UsageError } from './args.ts';
+import { intFlag } from './args.ts';
+import { CONFIG_FLAGS, configFromFlags } from './config-flags.ts';
 
 export const RUN_HELP = `Usage: rollout run [options]
 
@@ -21,6 +20,7 @@ Options:
   --batch-size <n>     groups per batch (overrides batchSize)
   --threads <n>        worker threads (overrides workers.threads)
   --seed <n>           run seed (overrides seed)
+  --strategy <s>       sync | async (overrides producer.strategy)
   --run-dir <dir>      where to write batches.jsonl, summary.json and steps/ (default runs/<timestamp>)
   --out <file>         batches file (default <run-dir>/batches.jsonl)
   -h, --help           show this help
@@ -31,13 +31,8 @@ export async function runCommand(argv: string[]): Promise<number> {
   const { values } = parseArgs({
     args: argv,
     options: {
-      config: { type: 'string' },
-      'llm-url': { type: 'string' },
-      model: { type: 'string' },
+      ...CONFIG_FLAGS,
       steps: { type: 'string' },
-      'batch-size': { type: 'string' },
-      threads: { type: 'string' },
-      seed: { type: 'string' },
       'run-dir': { type: 'string' },
       out: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
@@ -49,9 +44,7 @@ export async function runCommand(argv: string[]): Promise<number> {
     return 0;
   }
   const steps = intFlag('steps', values.steps, { min: 1 }) ?? 3;
-  const configPath = values.config === undefined ? undefined : resolve(values.config);
-  const config = configPath === undefined ? {} : readJsonConfig(configPath);
-  applyOverrides(config, values);
+  const { config, configPath } = configFromFlags(values);
 
   const runDir = resolve(values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : join('runs', timestamp())));
   config.runDir = runDir; // step records go to <runDir>/steps/
@@ -92,38 +85,6 @@ export async function runCommand(argv: string[]): Promise<number> {
   writeFileSync(join(runDir, 'summary.json'), `${JSON.stringify(summary, null, 2)}\n`);
   console.log(formatSummary(summary));
   return 0;
-}
-
-function readJsonConfig(path: string): Record<string, unknown> {
-  let text: string;
-  try {
-    text = readFileSync(path, 'utf8');
-  } catch (err) {
-    throw new UsageError(`--config: cannot read ${path}: ${(err as Error).message}`);
-  }
-  try {
-    const value = JSON.parse(text) as unknown;
-    if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('the top level must be an object');
-    return value as Record<string, unknown>;
-  } catch (err) {
-    throw new ConfigError([`${path}: not a valid JSON config (${(err as Error).message})`]);
-  }
-}
-
-function applyOverrides(config: Record<string, unknown>, values: Record<string, string | boolean | undefined>): void {
-  const section = (name: string) => {
-    const current = config[name];
-    if (current !== undefined && (typeof current !== 'object' || current === null)) return current; // let validation name it
-    return (config[name] = { ...(current as object | undefined) }) as Record<string, unknown>;
-  };
-  if (values['llm-url'] !== undefined) (section('llm') as Record<string, unknown>).url = values['llm-url'];
-  if (values.model !== undefined) (section('llm') as Record<string, unknown>).model = values.model;
-  const batchSize = intFlag('batch-size', values['batch-size'] as string | undefined, { min: 1 });
-  if (batchSize !== undefined) config.batchSize = batchSize;
-  const threads = intFlag('threads', values.threads as string | undefined, { min: 1 });
-  if (threads !== undefined) (section('workers') as Record<string, unknown>).threads = threads;
-  const seed = intFlag('seed', values.seed as string | undefined);
-  if (seed !== undefined) config.seed = seed;
 }
 
 interface RunSummary {

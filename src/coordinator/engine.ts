@@ -20,7 +20,7 @@ import { RolloutEngineError } from '../protocol/errors.ts';
 import type { WorkerStats } from '../protocol/messages.ts';
 import { readCheckpoint, writeCheckpoint } from './checkpoint.ts';
 import { PauseControl } from './pause-control.ts';
-import { Producer, type Batch, type GroupCounts, type PauseReport, type ProducerHooks, type ProducerSnapshot } from './producer.ts';
+import { Producer, type Batch, type GroupCounts, type PauseReport, type ProducerHooks, type ProducerObserver, type ProducerSnapshot } from './producer.ts';
 import { PiscinaWorkerPool, type WorkerPool } from './worker-pool.ts';
 
 export interface EngineStats {
@@ -36,6 +36,8 @@ export interface EngineStats {
 }
 
 export interface CoordinatorOptions extends ProducerHooks {
+  /** Told about landed, taken and dropped groups and pauses (metrics). */
+  observer?: ProducerObserver;
   /** Replace the worker pool (remote pools; tests). */
   pool?: (config: ResolvedConfig, llmUrls: string[], control: SharedArrayBuffer, log: Logger) => WorkerPool;
   log?: Logger;
@@ -98,7 +100,7 @@ export class Coordinator {
         this.#options.pool?.(config, this.#llmUrls, control.block, this.log) ??
         new PiscinaWorkerPool({ config, llmUrls: this.#llmUrls, control: control.block, log: this.log });
       this.#pool = pool;
-      this.#producer = new Producer({ config, pool, control, samplers, log: this.log, llmUrls: this.#llmUrls, hooks: this.#options });
+      this.#producer = new Producer({ config, pool, control, samplers, log: this.log, llmUrls: this.#llmUrls, hooks: this.#options, observer: this.#options.observer });
       if (resumed !== null) this.#producer.restore(resumed);
       this.#producer.start();
       this.#state = 'running';

@@ -88,6 +88,17 @@ export interface ProducerHooks {
   shouldContinue?: ShouldContinue;
 }
 
+/** Told about what happens to groups, for metrics; every call is synchronous and must be cheap. */
+export interface ProducerObserver {
+  /** A group came back from the workers; `sent` is the group as it was dispatched. */
+  landed?(group: RolloutGroup, sent: RolloutGroup): void;
+  taken?(groups: readonly RolloutGroup[], trainStep: number): void;
+  dropped?(group: RolloutGroup, reason: DropReason): void;
+  /** Response tokens thrown away: a member reset to its prompt, or a group dropped. */
+  discarded?(tokens: number): void;
+  paused?(report: PauseReport): void;
+}
+
 export interface ProducerSnapshot {
   modelStep: number;
   progress: ProgressState;
@@ -118,6 +129,7 @@ export class Producer implements ProduceContext {
   readonly #samplers: Map<string, Sampler>;
   readonly #log: Logger;
   readonly #llmUrls: string[];
+  readonly #observer: ProducerObserver;
   readonly #isValidGroup: ((group: RolloutGroup) => boolean) | null;
   readonly #sync: SyncStrategy;
   readonly #async: AsyncStrategy;
@@ -145,6 +157,7 @@ export class Producer implements ProduceContext {
     log: Logger;
     llmUrls: string[];
     hooks?: ProducerHooks;
+    observer?: ProducerObserver;
   }) {
     const { config } = options;
     this.#config = config;
@@ -156,7 +169,12 @@ export class Producer implements ProduceContext {
     this.#modelStep = config.modelStep;
     this.progress = new ProduceProgress(config.tasks, config.batchSize);
     this.buffer = new ReplayBuffer(config.tasks.map((t) => t.name));
-    this.buffer.onDrop = (_group, reason) => this.counts.dropped[reason]++;
+    this.#observer = options.observer ?? {};
+    this.buffer.onDrop = (group, reason) => {
+      this.counts.dropped[reason]++;
+      this.#observer.dropped?.(group, reason);
+    };
+    this.buffer.onReset = (tokens) => this.#observer.discarded?.(tokens);
     for (const task of config.tasks) this.#inFlightByTask.set(task.name, 0);
     const p = config.producer;
     this.#isValidGroup = options.hooks?.isValidGroup ?? (p.filter === 'drop-equal-rewards' ? hasRewardSpread : null);
@@ -202,7 +220,12 @@ export class Producer implements ProduceContext {
 
   spawn(task: string, fromExpiredPool: boolean): void {
     let group = this.buffer.takeForRetry(task, fromExpiredPool ? [Status.EXPIRED, Status.ABORTED] : [Status.ABORTED]);
-    if (group !== null) this.counts.retried++;
+    if (group !== null) {
+      this.counts.retried++;
+      // Time an interrupted rollout waited (paused, then queued for a retry) counts as paused time.
+      const now = Date.now();
+      for (const r of group.rollouts) if (r.status === Status.ABORTED && r.timings.finishedAt > 0) r.timings.pausedMs += now - r.timings.finishedAt;
+    }
     else {
       group = this.#samplers.get(task)!.draw();
       this.counts.scheduled++;
@@ -276,6 +299,7 @@ export class Producer implements ProduceContext {
       this.#failedSinceBatch++;
       this.#lastFailure = group.error ?? group.rollouts.find((r) => r.error !== null)?.error ?? 'unknown';
     }
+    this.#observer.landed?.(group, sent);
     this.buffer.put(group, this.#expiry());
     this.#landed.notify();
   }
@@ -373,6 +397,7 @@ export class Producer implements ProduceContext {
     this.counts.taken += groups.length;
     this.#failedSinceBatch = 0;
     this.#changed.notify();
+    this.#observer.taken?.(groups, trainStep);
     return { trainStep, status: 'NORMAL', groups, stats: this.#batchStats(trainStep, chosen, maskedTokens) };
   }
 
@@ -512,6 +537,7 @@ export class Producer implements ProduceContext {
       stillInFlight: this.#inFlight.size,
     };
     this.#log.info(report, 'paused for a weight update');
+    this.#observer.paused?.(report);
     return report;
   }
 

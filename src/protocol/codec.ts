@@ -58,3 +58,33 @@ export function decodeCheckpoint(bytes: Uint8Array, source: string): { v: number
   }
   return value as { v: number } & Record<string, unknown>;
 }
+
+const peerPackr = new Packr({ useRecords: false });
+
+/**
+ * msgpack for outside peers (the control API's `Accept: application/msgpack`): plain maps, and typed
+ * arrays as `bin` of their little-endian bytes — any msgpack library reads them, and a Python trainer
+ * turns them into arrays without parsing (`numpy.frombuffer(b, '<i4')` for ids and model steps,
+ * `'<f4'` for logprobs).
+ */
+export function encodeForPeer(value: unknown): Uint8Array {
+  return new Uint8Array(peerPackr.pack(typedArraysAsBytes(value)));
+}
+
+/** Decode a peer's msgpack request body (a ProtocolError for anything that is not msgpack). */
+export function decodeFromPeer(bytes: Uint8Array): unknown {
+  try {
+    return peerPackr.unpack(bytes);
+  } catch (err) {
+    throw new ProtocolError(`body is not valid msgpack (${bytes.byteLength} bytes): ${(err as Error).message}`);
+  }
+}
+
+function typedArraysAsBytes(value: unknown): unknown {
+  if (value === null || typeof value !== 'object') return value;
+  if (ArrayBuffer.isView(value)) return Buffer.from(value.buffer, value.byteOffset, value.byteLength);
+  if (Array.isArray(value)) return value.map(typedArraysAsBytes);
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(value)) out[k] = typedArraysAsBytes(v);
+  return out;
+}

@@ -63,6 +63,9 @@ export interface WorkerStats {
   /** Episodes that ended in each status since start. */
   rolloutsByStatus: Record<string, number>;
   heapUsedBytes: number;
+  /** Event-loop delay of the worker since the previous stats() call: a busy or blocked loop shows here. */
+  eventLoopDelayP99Ms: number;
+  eventLoopDelayMeanMs: number;
 }
 
 /** Settings a worker accepts at run time. */

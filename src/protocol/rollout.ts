@@ -85,6 +85,8 @@ export interface RolloutTimings {
   inferenceMs: number;
   envMs: number;
   totalMs: number;
+  /** Time spent interrupted by weight updates (back on the main thread, waiting to continue). */
+  pausedMs: number;
   /** Wall clock (ms since epoch) when the episode started / ended in the worker. */
   startedAt: number;
   finishedAt: number;
@@ -153,7 +155,7 @@ export function statusForFinishReason(reason: FinishReason): Status {
 }
 
 export function emptyTimings(): RolloutTimings {
-  return { queueMs: 0, inferenceMs: 0, envMs: 0, totalMs: 0, startedAt: 0, finishedAt: 0 };
+  return { queueMs: 0, inferenceMs: 0, envMs: 0, totalMs: 0, pausedMs: 0, startedAt: 0, finishedAt: 0 };
 }
 
 /** A fresh INIT group of `size` rollouts for one drawn prompt. Ids are stable: `{task}/{drawIndex}[/{i}]`. */

@@ -6,6 +6,7 @@
  * Invariant: `runGroup` never rejects for an episode's failure — each rollout carries its own status —
  * so one bad environment cannot take the other groups sharing this worker down with it.
  */
+import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { threadId } from 'node:worker_threads';
 import { createActorPool, type ActorPool } from '../env/actor-pool.ts';
 import { createHttpEnvironments, type HttpEnvOptions } from '../env/http-env.ts';
@@ -66,6 +67,7 @@ export class WorkerRuntime implements WorkerControl {
   readonly #tasks = new Map<string, TaskRuntime>();
   readonly #records: StepRecordWriter | null;
   #episodesStarted = 0;
+  readonly #loopDelay = monitorEventLoopDelay({ resolution: 10 });
   #inFlightGroups = 0;
   #inFlightRollouts = 0;
   #groupsDone = 0;
@@ -79,6 +81,7 @@ export class WorkerRuntime implements WorkerControl {
     this.#llm = new LlmRouter(init.llm);
     this.#log = createLogger(init.logLevel, { worker: threadId });
     this.#gate = new PauseGate(init.control);
+    this.#loopDelay.enable();
     this.#records = init.recordsDir === null ? null : new StepRecordWriter({ dir: init.recordsDir, fileName: `steps-${process.pid}-${threadId}.jsonl` });
     for (const [name, settings] of Object.entries(init.tasks)) this.#tasks.set(name, this.#taskRuntime(settings));
   }
@@ -170,7 +173,7 @@ export class WorkerRuntime implements WorkerControl {
   }
 
   stats(): WorkerStats {
-    return {
+    const stats: WorkerStats = {
       workerId: threadId,
       inFlightGroups: this.#inFlightGroups,
       inFlightRollouts: this.#inFlightRollouts,
@@ -179,7 +182,11 @@ export class WorkerRuntime implements WorkerControl {
       steps: this.#steps,
       rolloutsByStatus: { ...this.#rolloutsByStatus },
       heapUsedBytes: process.memoryUsage().heapUsed,
+      eventLoopDelayP99Ms: this.#loopDelay.percentile(99) / 1e6,
+      eventLoopDelayMeanMs: Number.isNaN(this.#loopDelay.mean) ? 0 : this.#loopDelay.mean / 1e6,
     };
+    this.#loopDelay.reset();
+    return stats;
   }
 
   configure(patch: WorkerConfigPatch): void {
@@ -193,6 +200,7 @@ export class WorkerRuntime implements WorkerControl {
 
   async close(): Promise<void> {
     this.#gate.close();
+    this.#loopDelay.disable();
     try {
       await this.#records?.close();
     } finally {

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""A fake trainer driving rollout-engine over its control API, with the Python standard library only.
+
+It does what a real GRPO/PPO trainer does around the engine: take the batch for each train step,
+"train" on it, and every few steps pause the engine, load new weights into the inference servers
+(here: tell the mock server its new weight version), and resume with the new model step.
+
+    rollout serve --port 8100 --strategy async &
+    python3 examples/python_trainer.py --url http://127.0.0.1:8100 --steps 6 --sync-every 2
+
+With the `msgpack` package installed, --msgpack asks for msgpack replies (token ids arrive as raw
+little-endian int32 bytes: numpy.frombuffer(ids, '<i4')).
+"""
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+
+
+class Engine:
+    def __init__(self, url, token=None, use_msgpack=False):
+        self.url = url.rstrip("/")
+        self.token = token
+        self.msgpack = None
+        if use_msgpack:
+            import msgpack  # optional dependency
+
+            self.msgpack = msgpack
+
+    def call(self, method, path, body=None, base=None):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request((base or self.url) + path, data=data, method=method)
+        req.add_header("content-type", "application/json")
+        if self.token:
+            req.add_header("authorization", "Bearer " + self.token)
+        if self.msgpack and base is None:
+            req.add_header("accept", "application/msgpack")
+        try:
+            with urllib.request.urlopen(req, timeout=600) as res:
+                raw = res.read()
+                if res.headers.get("content-type", "").startswith("application/msgpack"):
+                    return self.msgpack.unpackb(raw, raw=False)
+                return json.loads(raw) if raw else {}
+        except urllib.error.HTTPError as err:
+            detail = err.read().decode(errors="replace")
+            raise SystemExit(f"{method} {path} failed with {err.code}: {detail}")
+
+    def sync_weights(self, model_step, mock_url=None):
+        report = self.call("POST", "/pause")
+        if mock_url:  # stands in for loading new weights into vLLM / SGLang
+            self.call("POST", "/admin/weight_version", {"weight_version": model_step}, base=mock_url.rstrip("/"))
+        self.call("POST", "/resume", {"modelStep": model_step})
+        return report
+
+
+def staleness(rollout, train_step):
+    steps = []
+    for turn in rollout["turns"]:
+        ms = turn.get("modelSteps")
+        if isinstance(ms, (bytes, bytearray)):
+            import array
+
+            ms = array.array("i", ms).tolist()
+        if ms:
+            steps.extend(ms)
+    return train_step - min(steps) - 1 if steps else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--url", required=True, help="control API base URL")
+    ap.add_argument("--token", default=None)
+    ap.add_argument("--mock-url", default=None, help="mock inference server whose weight version to set on a sync")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--sync-every", type=int, default=2)
+    ap.add_argument("--msgpack", action="store_true")
+    args = ap.parse_args()
+
+    engine = Engine(args.url, args.token, args.msgpack)
+    status = engine.call("GET", "/status")
+    mock_url = args.mock_url or status.get("llmUrl")
+    print(f"engine: model step {status['modelStep']}, next train step {status['nextTrainStep']}", flush=True)
+    step = status["nextTrainStep"]
+    last = step + args.steps
+    while step < last:
+        batch = engine.call("POST", "/batch", {"trainStep": step})
+        if batch["status"] != "NORMAL":
+            print(f"step {step}: {batch['status']} -> syncing weights to {step - 1}", flush=True)
+            engine.sync_weights(step - 1, mock_url)
+            continue
+        rollouts = [r for g in batch["groups"] for r in g["rollouts"]]
+        rewards = [r["reward"] for r in rollouts]
+        worst = max(staleness(r, step) for r in rollouts)
+        print(
+            f"step {step}: {len(batch['groups'])} groups, {len(rollouts)} rollouts, "
+            f"mean reward {sum(rewards) / len(rewards):.3f}, max staleness {worst}",
+            flush=True,
+        )
+        if step % args.sync_every == 0:
+            report = engine.sync_weights(step, mock_url)
+            print(f"  weights -> {step}: pause took {report['allBackMs']:.1f} ms, {report['groupsBack']} groups back", flush=True)
+        step += 1
+    status = engine.call("GET", "/status")
+    print(f"done: taken {status['groups']['taken']} groups, model step {status['modelStep']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+/**
+ * Small HTTP plumbing for the control API: body reading with a limit, content negotiation between
+ * JSON and msgpack, bearer-token checks in constant time, and errors with stable codes.
+ */
+import { timingSafeEqual, createHash } from 'node:crypto';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { decodeFromPeer, encodeForPeer } from '../protocol/codec.ts';
+import { RolloutEngineError } from '../protocol/errors.ts';
+
+export class HttpError extends RolloutEngineError {
+  readonly status: number;
+  constructor(status: number, code: string, message: string) {
+    super(code, message);
+    this.status = status;
+  }
+}
+
+const MSGPACK = 'application/msgpack';
+
+export async function readBody(req: IncomingMessage, limit: number): Promise<unknown> {
+  const declared = Number(req.headers['content-length']);
+  if (Number.isFinite(declared) && declared > limit) throw new HttpError(413, 'ERR_BODY_TOO_LARGE', `request body of ${declared} bytes is over the ${limit}-byte limit`);
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of req) {
+    size += (chunk as Buffer).length;
+    if (size > limit) throw new HttpError(413, 'ERR_BODY_TOO_LARGE', `request body is over the ${limit}-byte limit`);
+    chunks.push(chunk as Buffer);
+  }
+  if (size === 0) return {};
+  const bytes = Buffer.concat(chunks);
+  const type = (req.headers['content-type'] ?? 'application/json').split(';')[0].trim();
+  if (type === MSGPACK) {
+    try {
+      return decodeFromPeer(bytes);
+    } catch (err) {
+      throw new HttpError(400, 'ERR_BAD_BODY', (err as Error).message);
+    }
+  }
+  try {
+    return JSON.parse(bytes.toString('utf8'));
+  } catch (err) {
+    throw new HttpError(400, 'ERR_BAD_BODY', `body is not valid JSON: ${(err as Error).message}`);
+  }
+}
+
+export function send(req: IncomingMessage, res: ServerResponse, status: number, value: unknown): void {
+  if ((req.headers.accept ?? '').includes(MSGPACK)) {
+    const body = encodeForPeer(value);
+    res.writeHead(status, { 'content-type': MSGPACK, 'content-length': body.byteLength }).end(body);
+    return;
+  }
+  const body = JSON.stringify(value, (_key, v: unknown) => (ArrayBuffer.isView(v) && !(v instanceof DataView) ? Array.from(v as Int32Array) : v));
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) }).end(body);
+}
+
+export function sendError(req: IncomingMessage, res: ServerResponse, err: unknown): void {
+  const status = err instanceof HttpError ? err.status : statusFor((err as { code?: string }).code);
+  const code = (err as { code?: unknown }).code;
+  send(req, res, status, { error: { code: typeof code === 'string' ? code : 'ERR_INTERNAL', message: (err as Error).message ?? String(err) } });
+}
+
+function statusFor(code: string | undefined): number {
+  if (code === 'ERR_INVALID_ARGUMENT') return 400;
+  if (code === 'ERR_ENGINE_STATE') return 409;
+  if (code === 'ERR_CHECKPOINT' || code === 'ERR_CHECKPOINT_MISMATCH') return 400;
+  return 500;
+}
+
+/** Compares digests, so neither the token's length nor its content leaks through timing. */
+export function tokenMatches(header: string | undefined, token: string): boolean {
+  const given = /^Bearer (.+)$/i.exec(header ?? '')?.[1] ?? '';
+  const a = createHash('sha256').update(given).digest();
+  const b = createHash('sha256').update(token).digest();
+  return timingSafeEqual(a, b);
+}

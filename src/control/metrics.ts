@@ -1,0 +1,135 @@
+/**
+ * Prometheus metrics (prom-client) for one engine, on a registry of its own so several engines in one
+ * process do not collide. Events arrive through the producer's observer (cheap, synchronous); gauges
+ * that need the workers are read at scrape time.
+ */
+import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { DropReason } from '../buffer/replay-buffer.ts';
+import { rolloutStaleness } from '../buffer/staleness.ts';
+import type { PauseReport, ProducerObserver } from '../coordinator/producer.ts';
+import type { EngineStats } from '../coordinator/engine.ts';
+import { responseTokenCount, type RolloutGroup } from '../protocol/rollout.ts';
+
+const SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
+const PAUSE_SECONDS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30];
+
+export class EngineMetrics implements ProducerObserver {
+  readonly registry = new Registry();
+  readonly #groups = new Counter({ name: 'rollout_engine_groups_landed_total', help: 'Groups back from the workers, by status', labelNames: ['status'], registers: [this.registry] });
+  readonly #dropped = new Counter({ name: 'rollout_engine_groups_dropped_total', help: 'Groups counted and let go (FAILED, FILTERED, EXPIRED)', labelNames: ['reason'], registers: [this.registry] });
+  readonly #taken = new Counter({ name: 'rollout_engine_groups_taken_total', help: 'Groups handed to the trainer', registers: [this.registry] });
+  readonly #turns = new Counter({ name: 'rollout_engine_turns_total', help: 'Agent turns (inference calls) completed', registers: [this.registry] });
+  readonly #tokens = new Counter({ name: 'rollout_engine_tokens_total', help: 'Response tokens: produced, and wasted (generated then discarded)', labelNames: ['kind'], registers: [this.registry] });
+  readonly #latency = new Histogram({ name: 'rollout_engine_rollout_seconds', help: 'Per-rollout time by phase (queue, inference, env, paused, total)', labelNames: ['phase'], buckets: SECONDS, registers: [this.registry] });
+  readonly #staleness = new Histogram({ name: 'rollout_engine_sample_staleness', help: 'Staleness of rollouts handed to the trainer (train step − oldest token model step − 1)', buckets: [-1, 0, 1, 2, 3, 4, 6, 8, 12, 16], registers: [this.registry] });
+  readonly #pause = new Histogram({ name: 'rollout_engine_pause_seconds', help: 'Weight-update pauses: until every worker stopped, until every group was back', labelNames: ['phase'], buckets: PAUSE_SECONDS, registers: [this.registry] });
+
+  /** Scrape-time gauges read the engine's live state through this. */
+  constructor(stats: () => Promise<EngineStats>) {
+    const registers = [this.registry];
+    let snapshot: Promise<EngineStats> | null = null;
+    // One stats() per scrape, shared by every gauge's collect().
+    const current = () => (snapshot ??= stats().finally(() => setImmediate(() => (snapshot = null))));
+    new Gauge({
+      name: 'rollout_engine_state',
+      help: 'model_step, next_train_step, producer_future_step, paused (1/0), groups_in_flight',
+      labelNames: ['field'],
+      registers,
+      async collect() {
+        const s = await current();
+        this.set({ field: 'model_step' }, s.modelStep);
+        this.set({ field: 'next_train_step' }, s.nextTrainStep);
+        this.set({ field: 'producer_future_step' }, s.producerFutureStep);
+        this.set({ field: 'paused' }, s.paused ? 1 : 0);
+        this.set({ field: 'groups_in_flight' }, s.groups.inFlight);
+      },
+    });
+    new Gauge({
+      name: 'rollout_engine_buffer_groups',
+      help: 'Groups stored in the replay buffer, by status',
+      labelNames: ['status'],
+      registers,
+      async collect() {
+        const s = await current();
+        this.set({ status: 'COMPLETED' }, s.buffer.completed);
+        this.set({ status: 'ABORTED' }, s.buffer.aborted);
+        this.set({ status: 'EXPIRED' }, s.buffer.expired);
+      },
+    });
+    new Gauge({
+      name: 'rollout_engine_worker_rollouts_in_flight',
+      help: 'Rollouts running on each worker thread',
+      labelNames: ['worker'],
+      registers,
+      async collect() {
+        this.reset();
+        for (const w of (await current()).workers) this.set({ worker: String(w.workerId) }, w.inFlightRollouts);
+      },
+    });
+    new Gauge({
+      name: 'rollout_engine_worker_event_loop_delay_seconds',
+      help: 'Event-loop delay of each worker thread since the previous scrape (p99)',
+      labelNames: ['worker'],
+      registers,
+      async collect() {
+        this.reset();
+        for (const w of (await current()).workers) this.set({ worker: String(w.workerId) }, w.eventLoopDelayP99Ms / 1000);
+      },
+    });
+  }
+
+  landed(group: RolloutGroup, sent: RolloutGroup): void {
+    this.#groups.inc({ status: group.status });
+    let produced = 0;
+    let wasted = 0;
+    for (let i = 0; i < group.rollouts.length; i++) {
+      const r = group.rollouts[i];
+      const before = sent.rollouts[i];
+      const sentTokens = before ? responseTokenCount(before) : 0;
+      // A rollout restarted from its prompt in the worker threw its earlier tokens away.
+      if (before && r.attempt > before.attempt) wasted += sentTokens;
+      else produced -= sentTokens;
+      produced += responseTokenCount(r);
+      this.#turns.inc(Math.max(0, r.turns.length - (before && r.attempt === before.attempt ? before.turns.length : 0)));
+      if (r.status === 'COMPLETED' || r.status === 'FAILED') {
+        const t = r.timings;
+        this.#latency.observe({ phase: 'queue' }, t.queueMs / 1000);
+        this.#latency.observe({ phase: 'inference' }, t.inferenceMs / 1000);
+        this.#latency.observe({ phase: 'env' }, t.envMs / 1000);
+        this.#latency.observe({ phase: 'paused' }, t.pausedMs / 1000);
+        this.#latency.observe({ phase: 'total' }, t.totalMs / 1000);
+      }
+    }
+    if (produced > 0) this.#tokens.inc({ kind: 'produced' }, produced);
+    if (wasted > 0) this.#tokens.inc({ kind: 'wasted' }, wasted);
+  }
+
+  taken(groups: readonly RolloutGroup[], trainStep: number): void {
+    this.#taken.inc(groups.length);
+    for (const g of groups) for (const r of g.rollouts) this.#staleness.observe(rolloutStaleness(r, trainStep));
+  }
+
+  dropped(group: RolloutGroup, reason: DropReason): void {
+    this.#dropped.inc({ reason });
+    let tokens = 0;
+    for (const r of group.rollouts) tokens += responseTokenCount(r);
+    if (tokens > 0) this.#tokens.inc({ kind: 'wasted' }, tokens);
+  }
+
+  discarded(tokens: number): void {
+    if (tokens > 0) this.#tokens.inc({ kind: 'wasted' }, tokens);
+  }
+
+  paused(report: PauseReport): void {
+    if (report.workersStoppedMs !== null) this.#pause.observe({ phase: 'workers_stopped' }, report.workersStoppedMs / 1000);
+    this.#pause.observe({ phase: 'all_back' }, report.allBackMs / 1000);
+  }
+
+  text(): Promise<string> {
+    return this.registry.metrics();
+  }
+
+  get contentType(): string {
+    return this.registry.contentType;
+  }
+}

@@ -1,0 +1,126 @@
+/**
+ * The control API a trainer drives the engine with (`rollout serve`, `engine.listen()`): node:http,
+ * loopback by default, optional bearer token, body size limit, JSON or msgpack both ways.
+ *
+ *   GET  /health                      liveness (no token needed)
+ *   GET  /status                      model step, train step, in flight, counts per status, paused
+ *   POST /batch       {trainStep?}    the batch for a train step (status NORMAL | EXPIRED_BATCH | UPDATE_WEIGHT_AND_ABORT)
+ *   POST /pause                       pause for a weight update; answers once every group is back
+ *   POST /resume      {modelStep}     the new weights are loaded
+ *   POST /checkpoint  {path}          write a checkpoint file
+ *   GET  /metrics                     Prometheus text
+ *
+ * Errors are `{"error": {"code", "message"}}` with a stable code.
+ */
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { EngineStats } from '../coordinator/engine.ts';
+import type { Batch, PauseReport } from '../coordinator/producer.ts';
+import type { EngineMetrics } from './metrics.ts';
+import { HttpError, readBody, send, sendError, tokenMatches } from './http.ts';
+
+/** The engine as the control API sees it. */
+export interface ControlTarget {
+  getBatch(trainStep?: number): Promise<Batch>;
+  pauseForWeightUpdate(): Promise<PauseReport>;
+  resume(options: { modelStep: number }): Promise<void>;
+  checkpoint(path: string): Promise<{ path: string; bytes: number }>;
+  stats(): Promise<EngineStats>;
+  readonly llmUrl: string | null;
+}
+
+export interface ControlServerOptions {
+  /** Address to bind; loopback unless you mean to expose it. */
+  host?: string;
+  port?: number;
+  /** Require `Authorization: Bearer <token>` on every route but /health. */
+  token?: string | null;
+  maxBodyBytes?: number;
+}
+
+export interface ControlServer {
+  url: string;
+  port: number;
+  close(): Promise<void>;
+}
+
+type Handler = (body: Record<string, unknown>) => Promise<unknown>;
+
+export async function startControlServer(engine: ControlTarget, metrics: EngineMetrics, options: ControlServerOptions = {}): Promise<ControlServer> {
+  const host = options.host ?? '127.0.0.1';
+  const token = options.token ?? null;
+  const maxBodyBytes = options.maxBodyBytes ?? 1024 * 1024;
+  const routes: Record<string, Handler> = {
+    'GET /health': async () => ({ status: 'ok' }),
+    'GET /status': async () => {
+      const { workers: _workers, ...status } = await engine.stats();
+      return { ...status, llmUrl: engine.llmUrl };
+    },
+    'POST /batch': async (body) => engine.getBatch(optionalInt(body, 'trainStep', 1)),
+    'POST /pause': async () => engine.pauseForWeightUpdate(),
+    'POST /resume': async (body) => {
+      const modelStep = requiredInt(body, 'modelStep', 0);
+      await engine.resume({ modelStep });
+      return { resumed: true, modelStep };
+    },
+    'POST /checkpoint': async (body) => {
+      const path = body.path;
+      if (typeof path !== 'string' || path === '') throw new HttpError(400, 'ERR_BAD_BODY', `path must be a non-empty string (got ${JSON.stringify(path)})`);
+      return engine.checkpoint(path);
+    },
+  };
+
+  const server = createServer((req, res) => void handle(req, res));
+  async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    try {
+      const path = new URL(req.url ?? '/', 'http://x').pathname;
+      const key = `${req.method} ${path}`;
+      if (token !== null && path !== '/health' && !tokenMatches(req.headers.authorization, token)) {
+        throw new HttpError(401, 'ERR_UNAUTHORIZED', 'missing or wrong bearer token (Authorization: Bearer …)');
+      }
+      if (key === 'GET /metrics') {
+        const text = await metrics.text();
+        res.writeHead(200, { 'content-type': metrics.contentType }).end(text);
+        return;
+      }
+      const handler = routes[key];
+      if (handler === undefined) {
+        const known = Object.keys(routes).some((k) => k.endsWith(` ${path}`)) || path === '/metrics';
+        throw known ? new HttpError(405, 'ERR_METHOD_NOT_ALLOWED', `${req.method} is not allowed on ${path}`) : new HttpError(404, 'ERR_NOT_FOUND', `no route ${req.method} ${path}`);
+      }
+      const body = req.method === 'POST' ? await readBody(req, maxBodyBytes) : {};
+      if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new HttpError(400, 'ERR_BAD_BODY', `body must be an object (got ${Array.isArray(body) ? 'an array' : typeof body})`);
+      send(req, res, 200, await handler(body as Record<string, unknown>));
+    } catch (err) {
+      if (!res.headersSent) sendError(req, res, err);
+      else res.destroy();
+    }
+  }
+
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(options.port ?? 0, host, () => resolve());
+  });
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://${host.includes(':') ? `[${host}]` : host}:${port}`,
+    port,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
+  };
+}
+
+function optionalInt(body: Record<string, unknown>, field: string, min: number): number | undefined {
+  return body[field] === undefined ? undefined : requiredInt(body, field, min);
+}
+
+function requiredInt(body: Record<string, unknown>, field: string, min: number): number {
+  const value = body[field];
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < min) {
+    throw new HttpError(400, 'ERR_BAD_BODY', `${field} must be an integer >= ${min} (got ${JSON.stringify(value)})`);
+  }
+  return value;
+}

@@ -1,0 +1,172 @@
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { request } from 'undici';
+import { createEngine, type ControlServer, type Engine } from '../src/index.ts';
+import { decodeFromPeer } from '../src/protocol/codec.ts';
+import { spawnServer, type ChildServer } from './fixtures/flaky-env-server.ts';
+
+const MAIN = new URL('../src/cli/main.ts', import.meta.url).pathname;
+const PYTHON_TRAINER = new URL('../examples/python_trainer.py', import.meta.url).pathname;
+const TOKEN = 'sesame-open-please';
+
+async function call(server: ControlServer, method: 'GET' | 'POST', path: string, options: { body?: string | Buffer; token?: string | null; headers?: Record<string, string> } = {}) {
+  const token = options.token === undefined ? TOKEN : options.token;
+  const res = await request(`${server.url}${path}`, {
+    method,
+    body: options.body,
+    headers: { 'content-type': 'application/json', ...(token ? { authorization: `Bearer ${token}` } : {}), ...options.headers },
+  });
+  const bytes = Buffer.from(await res.body.arrayBuffer());
+  const type = String(res.headers['content-type'] ?? '');
+  const body = type.startsWith('application/json') ? JSON.parse(bytes.toString()) : type.startsWith('application/msgpack') ? decodeFromPeer(bytes) : bytes.toString();
+  return { status: res.statusCode, body: body as any };
+}
+
+describe('control API', () => {
+  let engine: Engine;
+  let server: ControlServer;
+  before(async () => {
+    engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, producer: { strategy: 'async', maxStaleness: 1 } });
+    await engine.start();
+    server = await engine.listen({ port: 0, token: TOKEN, maxBodyBytes: 1024 });
+  });
+  after(() => engine.close());
+
+  it('answers /health without a token and binds to loopback by default', async () => {
+    const res = await call(server, 'GET', '/health', { token: null });
+    assert.deepEqual([res.status, res.body], [200, { status: 'ok' }]);
+    assert.match(server.url, /^http:\/\/127\.0\.0\.1:\d+$/);
+  });
+
+  it('refuses every other route without the right bearer token (401, stable code)', async () => {
+    for (const token of [null, 'wrong', `${TOKEN}x`]) {
+      const res = await call(server, 'GET', '/status', { token });
+      assert.equal(res.status, 401);
+      assert.equal(res.body.error.code, 'ERR_UNAUTHORIZED');
+    }
+    assert.equal((await call(server, 'GET', '/metrics', { token: null })).status, 401);
+  });
+
+  it('reports status: model step, train step, in flight, counts per status, paused', async () => {
+    const res = await call(server, 'GET', '/status');
+    assert.equal(res.status, 200);
+    for (const key of ['modelStep', 'nextTrainStep', 'paused', 'groups', 'buffer', 'llmUrl']) assert.ok(key in res.body, key);
+    assert.equal(typeof res.body.groups.inFlight, 'number');
+    assert.ok('COMPLETED' in res.body.groups.landed);
+  });
+
+  it('hands out a batch as JSON, and as msgpack with token ids as raw int32 bytes', async () => {
+    const json = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: 1 }) });
+    assert.equal(json.status, 200);
+    assert.equal(json.body.status, 'NORMAL');
+    assert.equal(json.body.groups.length, 2);
+    assert.ok(Array.isArray(json.body.groups[0].rollouts[0].turns[0].responseIds));
+    await call(server, 'POST', '/pause');
+    await call(server, 'POST', '/resume', { body: JSON.stringify({ modelStep: 1 }) });
+    const packed = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: 2 }), headers: { accept: 'application/msgpack' } });
+    assert.equal(packed.status, 200);
+    assert.equal(packed.body.status, 'NORMAL');
+    const turn = packed.body.groups[0].rollouts[0].turns[0];
+    assert.ok(turn.responseIds instanceof Uint8Array);
+    const ids = new Int32Array(turn.responseIds.buffer.slice(turn.responseIds.byteOffset, turn.responseIds.byteOffset + turn.responseIds.byteLength));
+    assert.ok(ids.length > 0 && ids.every((id) => id >= 0));
+  });
+
+  it('answers a take while paused with UPDATE_WEIGHT_AND_ABORT, and an expired step with EXPIRED_BATCH', async () => {
+    const pause = await call(server, 'POST', '/pause');
+    assert.equal(pause.status, 200);
+    assert.equal(typeof pause.body.allBackMs, 'number');
+    assert.equal((await call(server, 'GET', '/status')).body.paused, true);
+    const during = await call(server, 'POST', '/batch', { body: '{}' });
+    assert.deepEqual([during.status, during.body.status, during.body.groups], [200, 'UPDATE_WEIGHT_AND_ABORT', []]);
+    await call(server, 'POST', '/resume', { body: JSON.stringify({ modelStep: 1 }) });
+    const expired = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: 9 }) });
+    assert.deepEqual([expired.status, expired.body.status], [200, 'EXPIRED_BATCH']);
+  });
+
+  it('rejects malformed bodies with the field and value named', async () => {
+    const notJson = await call(server, 'POST', '/resume', { body: '{"modelStep": ' });
+    assert.deepEqual([notJson.status, notJson.body.error.code], [400, 'ERR_BAD_BODY']);
+    const badField = await call(server, 'POST', '/resume', { body: JSON.stringify({ modelStep: 'two' }) });
+    assert.equal(badField.status, 400);
+    assert.match(badField.body.error.message, /modelStep must be an integer >= 0 \(got "two"\)/);
+    const older = await call(server, 'POST', '/resume', { body: JSON.stringify({ modelStep: 0 }) });
+    assert.deepEqual([older.status, older.body.error.code], [400, 'ERR_INVALID_ARGUMENT']);
+    const array = await call(server, 'POST', '/batch', { body: '[1]' });
+    assert.equal(array.status, 400);
+    const badStep = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: 0 }) });
+    assert.match(badStep.body.error.message, /trainStep must be an integer >= 1 \(got 0\)/);
+    const noPath = await call(server, 'POST', '/checkpoint', { body: '{}' });
+    assert.match(noPath.body.error.message, /path must be a non-empty string/);
+  });
+
+  it('refuses an oversized body with 413', async () => {
+    const res = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: 3, padding: 'x'.repeat(4096) }) });
+    assert.deepEqual([res.status, res.body.error.code], [413, 'ERR_BODY_TOO_LARGE']);
+  });
+
+  it('writes a checkpoint, and answers unknown routes and methods with 404 and 405', async () => {
+    const path = join(mkdtempSync(join(tmpdir(), 'rollout-api-')), 'run.ckpt');
+    const res = await call(server, 'POST', '/checkpoint', { body: JSON.stringify({ path }) });
+    assert.equal(res.status, 200);
+    assert.ok(res.body.bytes > 0);
+    assert.equal((await call(server, 'GET', '/nope')).body.error.code, 'ERR_NOT_FOUND');
+    assert.equal((await call(server, 'GET', '/pause')).status, 405);
+  });
+
+  it('serves Prometheus metrics: groups, latency by phase, staleness, tokens, pauses, workers', async () => {
+    const res = await call(server, 'GET', '/metrics');
+    assert.equal(res.status, 200);
+    for (const name of [
+      'rollout_engine_groups_landed_total',
+      'rollout_engine_groups_taken_total',
+      'rollout_engine_rollout_seconds_bucket{le="0.005",phase="inference"}',
+      'rollout_engine_sample_staleness_bucket',
+      'rollout_engine_tokens_total{kind="produced"}',
+      'rollout_engine_pause_seconds_bucket',
+      'rollout_engine_worker_rollouts_in_flight',
+      'rollout_engine_worker_event_loop_delay_seconds',
+      'rollout_engine_state{field="model_step"} 1',
+    ]) {
+      assert.ok(res.body.includes(name), `missing ${name}`);
+    }
+  });
+});
+
+describe('the Python trainer example', () => {
+  let serve: ChildServer;
+  before(async () => {
+    const runDir = mkdtempSync(join(tmpdir(), 'rollout-serve-'));
+    serve = await spawnServer(process.execPath, ['--import', 'tsx', MAIN, 'serve', '--port', '0', '--strategy', 'async', '--batch-size', '4', '--threads', '1', '--run-dir', runDir], /control API listening on (http:\/\/\S+)/);
+  });
+  after(async () => {
+    const exit = await serve.stop();
+    assert.equal(exit.code, 0, 'rollout serve exits 0 on SIGTERM');
+  });
+
+  it('takes batches, pauses, loads weights into the mock server, resumes, and prints what it got', async () => {
+    const out = await new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve, reject) => {
+      const child = spawn('python3', [PYTHON_TRAINER, '--url', serve.url, '--steps', '4', '--sync-every', '2']);
+      let stdout = '';
+      let stderr = '';
+      child.stdout.on('data', (c) => (stdout += c));
+      child.stderr.on('data', (c) => (stderr += c));
+      const timer = setTimeout(() => {
+        child.kill('SIGKILL');
+        reject(new Error(`python trainer timed out\n${stdout}\n${stderr}`));
+      }, 60_000);
+      child.on('close', (code) => {
+        clearTimeout(timer);
+        resolve({ code, stdout, stderr });
+      });
+    });
+    assert.equal(out.code, 0, out.stderr);
+    assert.match(out.stdout, /step 1: 4 groups, 16 rollouts, mean reward -?\d\.\d{3}, max staleness 0/);
+    assert.match(out.stdout, /weights -> 2: pause took \d+\.\d ms/);
+    assert.match(out.stdout, /done: taken 16 groups, model step 4/);
+  });
+});
