@@ -4,6 +4,7 @@ import { createEngine, type Batch } from '../index.ts';
 import { BatchFileWriter } from '../coordinator/batch-file.ts';
 import type { Status } from '../protocol/rollout.ts';
 import { intFlag } from './args.ts';
+import { ProgressLine } from './progress.ts';
 import { CONFIG_FLAGS, configFromFlags } from './config-flags.ts';
 
 export const RUN_HELP = `Usage: rollout run [options]
@@ -45,6 +46,8 @@ export async function runCommand(argv: string[]): Promise<number> {
   }
   const steps = intFlag('steps', values.steps, { min: 1 }) ?? 3;
   const { config, configPath } = configFromFlags(values);
+  // On a terminal the live progress line replaces the per-batch info logs.
+  if (process.stderr.isTTY && process.env.LOG_LEVEL === undefined && config.logLevel === undefined) config.logLevel = 'warn';
 
   const runDir = resolve(values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : join('runs', timestamp())));
   config.runDir = runDir; // step records go to <runDir>/steps/
@@ -57,8 +60,10 @@ export async function runCommand(argv: string[]): Promise<number> {
   const started = performance.now();
   const batches: NormalBatch[] = [];
   let landed: Record<Status, number> | null = null;
+  const progress = new ProgressLine(engine, steps);
   try {
     await engine.start();
+    progress.start();
     for (let step = 1; step <= steps; ) {
       const batch = await engine.getBatch(step);
       if (batch.status !== 'NORMAL') {
@@ -69,10 +74,12 @@ export async function runCommand(argv: string[]): Promise<number> {
       }
       await writer.write(batch);
       batches.push(batch);
+      progress.batch(batch.groups.length, batch.stats.meanReward);
       step++;
     }
     landed = (await engine.stats()).groups.landed;
   } finally {
+    progress.stop();
     await writer.close();
     await engine.close();
     process.off('SIGINT', stopOnSignal);

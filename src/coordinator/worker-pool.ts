@@ -12,7 +12,7 @@ import * as Comlink from 'comlink';
 import { join } from 'node:path';
 import { Piscina } from 'piscina';
 import type { ResolvedConfig } from '../config.ts';
-import type { Logger } from '../log.ts';
+import { wantsPrettyLogs, type Logger } from '../log.ts';
 import { projectModuleUrl } from '../paths.ts';
 import { decodeMessage, encodeMessage } from '../protocol/codec.ts';
 import { describeError } from '../protocol/errors.ts';
@@ -130,6 +130,7 @@ export function workerInit(config: ResolvedConfig, llmUrls: string[], control: S
     v: PROTOCOL_VERSION,
     control,
     logLevel: config.logLevel,
+    prettyLogs: wantsPrettyLogs(),
     recordsDir: config.runDir !== null && config.recordSteps ? join(config.runDir, 'steps') : null,
     firstWave: config.workers.groupsPerWorker * Math.max(...config.tasks.map((t) => t.groupSize)),
     llm: {

@@ -50,6 +50,8 @@ export interface WorkerInit {
   /** Episodes a worker starts at once at most: the size of its first wave (start-up jitter). */
   firstWave: number;
   logLevel: string;
+  /** Readable log lines (the main thread's stderr is a terminal) instead of JSON. */
+  prettyLogs: boolean;
 }
 
 interface TaskRuntime {
@@ -79,7 +81,7 @@ export class WorkerRuntime implements WorkerControl {
     if (init?.v !== PROTOCOL_VERSION) throw new Error(`worker init v must be ${PROTOCOL_VERSION}, got ${JSON.stringify(init?.v)}`);
     this.#init = init;
     this.#llm = new LlmRouter(init.llm);
-    this.#log = createLogger(init.logLevel, { worker: threadId });
+    this.#log = createLogger(init.logLevel, { worker: threadId }, init.prettyLogs);
     this.#gate = new PauseGate(init.control);
     this.#loopDelay.enable();
     this.#records = init.recordsDir === null ? null : new StepRecordWriter({ dir: init.recordsDir, fileName: `steps-${process.pid}-${threadId}.jsonl` });
