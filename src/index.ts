@@ -125,3 +125,4 @@ export { EnvError } from './env/errors.ts';
 export { startEnvServer } from './env/server.ts';
 export { createHttpEnvironments } from './env/http-env.ts';
 export type { ControlServer, ControlServerOptions } from './control/server.ts';
+export { runLoadtest } from './loadtest/index.ts';

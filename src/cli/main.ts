@@ -5,6 +5,8 @@
  */
 import { RolloutEngineError } from '../protocol/errors.ts';
 import { envServerCommand } from './env-server.ts';
+import { gatewayCommand } from './gateway.ts';
+import { loadtestCommand } from './loadtest.ts';
 import { mockLlmCommand } from './mock-llm.ts';
 import { runCommand } from './run.ts';
 import { serveCommand } from './serve.ts';
@@ -16,6 +18,8 @@ Commands:
   serve      run the engine behind the control API a trainer drives (batches, pause, resume, metrics)
   mock-llm   start the built-in mock inference server
   env-server serve environment modules over the env-server protocol
+  gateway    OpenAI-compatible token-trace gateway: records per-session token traces, stitches training samples
+  loadtest   measure throughput, latency, pauses, memory and CPU against the mock server (JSON + HTML report)
   help       show this help
 
 Run \`rollout <command> --help\` for a command's options.`;
@@ -25,6 +29,8 @@ const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
   serve: serveCommand,
   'mock-llm': mockLlmCommand,
   'env-server': envServerCommand,
+  gateway: gatewayCommand,
+  loadtest: loadtestCommand,
 };
 
 async function main(argv: string[]): Promise<number> {

@@ -272,7 +272,7 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
     timings.envMs += promptMs + stepMs;
     episode.lastInfo = outcome.info ?? null;
     ctx.onStep?.();
-    applyOutcome(rollout, turns, outcome, settings, stepMs, turnStart);
+    applyOutcome(rollout, turns, outcome, settings, stepMs);
     ctx.onTurn?.(rollout, turns, episode.lastInfo);
     if (outcome.terminated || outcome.truncated) {
       rollout.terminated = outcome.terminated;
@@ -315,7 +315,7 @@ async function infer(
   return turn;
 }
 
-function applyOutcome(rollout: RolloutState, turns: TurnRecord[], outcome: StepResult, settings: AgentSettings, stepMs: number, turnStart: number): void {
+function applyOutcome(rollout: RolloutState, turns: TurnRecord[], outcome: StepResult, settings: AgentSettings, stepMs: number): void {
   for (const turn of turns) {
     const reward = rewardFor(outcome.reward, turn.agentId);
     turn.reward = reward;
@@ -325,7 +325,8 @@ function applyOutcome(rollout: RolloutState, turns: TurnRecord[], outcome: StepR
     // whole conversation, so only that one is trained on (reference Interactor semantics).
     turn.trainable = settings.messageCut > 0 || outcome.terminated || outcome.truncated;
     turn.timings.envMs += stepMs;
-    turn.timings.totalMs = performance.now() - turnStart;
+    // += : a continued turn already carries its partial's time (mergeContinuation)
+    turn.timings.totalMs += stepMs;
     rollout.reward += reward;
     if (turn.agentId !== null) {
       rollout.agentRewards ??= {};

@@ -14,13 +14,14 @@
  * until every worker has stopped issuing inference calls (the engine's own share) and until every
  * group is back on the main thread, p50 / p99, in abort and drain modes.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { availableParallelism, cpus } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { Pool } from 'undici';
 import { createEngine } from '../../src/index.ts';
+import { startMockProcess } from '../../src/loadtest/mock-process.ts';
+import { percentile } from '../../src/loadtest/stats.ts';
 
 const { values } = parseArgs({
   options: {
@@ -49,23 +50,6 @@ interface Sample {
   operations: number;
   seconds: number;
   cpuMs: number;
-}
-
-async function startMockProcess(extra: string[] = ['--latency-ms', String(latencyMs)]): Promise<{ url: string; child: ChildProcess }> {
-  const main = new URL('../../src/cli/main.ts', import.meta.url).pathname;
-  const child = spawn(process.execPath, ['--import', 'tsx', main, 'mock-llm', '--port', '0', ...extra], {
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  const url = await new Promise<string>((resolve, reject) => {
-    let out = '';
-    child.stdout!.on('data', (c) => {
-      out += c;
-      const m = /listening on (http:\/\/\S+)/.exec(out);
-      if (m) resolve(m[1]);
-    });
-    child.once('exit', (code) => reject(new Error(`mock server exited with ${code}`)));
-  });
-  return { url, child };
 }
 
 /** What one engine step sends: a guess-number turn, built like the agent loop builds it. */
@@ -147,11 +131,6 @@ function stats(xs: number[]): { median: number; min: number; max: number } {
   return { median: s[Math.floor(s.length / 2)], min: s[0], max: s[s.length - 1] };
 }
 
-function percentile(xs: number[], p: number): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.ceil((p / 100) * s.length) - 1)] ?? NaN;
-}
-
 interface PauseFigures {
   mode: 'abort' | 'drain';
   pauses: number;
@@ -208,16 +187,16 @@ async function pauseBench(url: string, mode: 'abort' | 'drain', pauseRollouts: n
 }
 
 async function main(): Promise<void> {
-  const { url, child } = await startMockProcess();
+  const mock = await startMockProcess(['--latency-ms', String(latencyMs)]);
   const bare: Sample[] = [];
   const engine: Sample[] = [];
   try {
     for (let i = 0; i < repeats; i++) {
-      bare.push(await bareLoop(url));
-      engine.push(await engineRun(url));
+      bare.push(await bareLoop(mock.url));
+      engine.push(await engineRun(mock.url));
     }
   } finally {
-    child.kill('SIGTERM');
+    await mock.close();
   }
   // A slow server for the pause figures: ~100 tokens/s per request, so generations are mid-way when paused.
   const slow = await startMockProcess(['--latency-ms', '20', '--tokens-per-second', '100', '--think-tokens', '100']);
@@ -225,7 +204,7 @@ async function main(): Promise<void> {
   try {
     for (const mode of ['abort', 'drain'] as const) pauseFigures.push(await pauseBench(slow.url, mode, pauseRollouts, quick ? 3 : mode === 'abort' ? 20 : 8));
   } finally {
-    slow.child.kill('SIGTERM');
+    await slow.close();
   }
   const rate = (s: Sample) => s.operations / s.seconds;
   const cpuPer = (s: Sample) => (s.cpuMs * 1000) / s.operations; // µs per operation

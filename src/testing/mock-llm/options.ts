@@ -3,6 +3,8 @@
  * option and the value, because these come from CLI flags and load-test configs as often as from code.
  */
 import { show } from '../../env/synthetic/params.ts';
+import { MOCK_TOKENIZERS } from './vocab.ts';
+import type { MockTokenizerName } from './vocab.ts';
 
 export interface MockLlmOptions {
   /** Interface to listen on. */
@@ -27,6 +29,12 @@ export interface MockLlmOptions {
   mistakeRate?: number;
   /** Largest accepted request body; bigger ones get 413. */
   maxBodyBytes?: number;
+  /**
+   * Vocabulary of the token-in endpoint (`POST /v1/completions` with token-id prompts): `cl100k` (the
+   * mock's own) or `qwen2.5` (for a token-trace gateway using the Qwen2.5 tokenizer; loaded at start).
+   * The chat endpoint always speaks cl100k.
+   */
+  tokenizer?: MockTokenizerName;
 }
 
 export type ResolvedMockLlmOptions = Readonly<Required<MockLlmOptions>>;
@@ -43,6 +51,7 @@ export const MOCK_LLM_DEFAULTS: ResolvedMockLlmOptions = Object.freeze({
   thinkTokens: 0,
   mistakeRate: 0.3,
   maxBodyBytes: 8 * 1024 * 1024,
+  tokenizer: 'cl100k',
 });
 
 const KNOWN = Object.keys(MOCK_LLM_DEFAULTS);
@@ -68,6 +77,11 @@ function text(name: string, value: unknown): string {
   return value;
 }
 
+function oneOf<T extends string>(name: string, value: unknown, allowed: readonly T[]): T {
+  if (!allowed.includes(value as T)) fail(name, `must be one of ${allowed.join(', ')}`, value);
+  return value as T;
+}
+
 export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMockLlmOptions {
   if (typeof options !== 'object' || options === null || Array.isArray(options)) fail('(options)', 'must be an object', options);
   for (const key of Object.keys(options)) {
@@ -87,6 +101,7 @@ export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMoc
     thinkTokens: integer('thinkTokens', o.thinkTokens, 0, 1_000_000),
     mistakeRate: finite('mistakeRate', o.mistakeRate, 0, 1),
     maxBodyBytes: integer('maxBodyBytes', o.maxBodyBytes, 1024, 1024 * 1024 * 1024),
+    tokenizer: oneOf('tokenizer', o.tokenizer, MOCK_TOKENIZERS),
   });
 }
 

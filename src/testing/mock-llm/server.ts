@@ -1,9 +1,10 @@
 /**
  * The mock inference server: OpenAI-compatible chat completions on node:http, with the vLLM/SGLang
  * extras an RL engine relies on (token ids, logprobs, abort, weight version, and per-request `seed`
- * with `continue_final_message` for partial rollouts). Shipped for the demo run, tests, load tests and
- * benchmarks, so the per-request path stays cheap: one JSON.parse, cached tokenisation, timers for
- * latency (never busy-waiting), one JSON.stringify.
+ * with `continue_final_message` for partial rollouts), and vLLM's token-in `/v1/completions` for
+ * clients that tokenize themselves (the token-trace gateway; see vocab.ts for the vocabulary option).
+ * Shipped for the demo run, tests, load tests and benchmarks, so the per-request path stays cheap:
+ * one JSON.parse, cached tokenisation, timers for latency (never busy-waiting), one JSON.stringify.
  */
 import { createServer } from 'node:http';
 import type { IncomingMessage, ServerResponse } from 'node:http';
@@ -14,8 +15,11 @@ import type { MockLlmOptions, ResolvedMockLlmOptions } from './options.ts';
 import { generateCompletion } from './policy.ts';
 import { RequestError, parseChatRequest } from './request.ts';
 import type { ChatRequest } from './request.ts';
+import { parseTokenCompletionRequest, textCompletionJson } from './completions.ts';
+import type { TokenCompletionRequest } from './completions.ts';
 import { completionJson } from './response.ts';
 import { decodeIds, encodeText, promptTokenIds, rememberEncoding } from './tokens.ts';
+import { loadVocabulary, parseChatMl } from './vocab.ts';
 
 export { MOCK_LLM_DEFAULTS };
 export type { MockLlmOptions, ResolvedMockLlmOptions };
@@ -135,6 +139,7 @@ function hostForUrl(host: string): string {
 
 export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLlm> {
   const opts = resolveMockLlmOptions(options);
+  const vocab = await loadVocabulary(opts.tokenizer);
   const policy = { seed: opts.seed, mistakeRate: opts.mistakeRate, thinkTokens: opts.thinkTokens };
   const inFlight = new Set<InFlight>();
   const waiters: { count: number; resolve: () => void }[] = [];
@@ -169,13 +174,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
 
   function complete(res: ServerResponse, request: ChatRequest): void {
     const index = requestIndex++;
-    // Faults follow the request counter even for seeded requests: a retry with the same seed must be
-    // able to succeed.
-    if (opts.errorRate > 0 && createRng(mixSeeds(opts.seed, index, ERROR_STREAM)).next() < opts.errorRate) {
-      counters.errorsInjected += 1;
-      sendJson(res, 500, errorBody(`injected error (errorRate=${opts.errorRate})`, 'server_error'));
-      return;
-    }
+    if (injectedFault(res, index)) return;
     const messages = request.messages;
     // A continuation is the completion of the conversation without the partial assistant message,
     // minus the tokens that message already holds: under the same request seed, partial + continuation
@@ -206,7 +205,6 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     const promptIds = promptTokenIds(messages, partial !== null ? 'continue' : request.addGenerationPrompt ? 'generation' : 'closed');
     // The version that "generated" the reply: the one current when generation started.
     const version = weightVersion;
-    const startedAt = performance.now();
 
     const respond = (reason: NaturalFinish | 'abort', count: number): void => {
       const out = count >= ids.length ? ids : ids.slice(0, count);
@@ -229,24 +227,33 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
       sendText(res, 200, json);
     };
 
-    const generationMs = opts.tokensPerSecond > 0 ? (ids.length / opts.tokensPerSecond) * 1000 : 0;
+    schedule(res, ids.length, natural, respond);
+  }
+
+  /**
+   * Answers through `respond` once the simulated generation of `count` tokens is done: at once without
+   * latency, else on a timer, as an in-flight entry that abortAll() / a client hang-up can cut short.
+   */
+  function schedule(res: ServerResponse, count: number, natural: NaturalFinish, respond: (reason: NaturalFinish | 'abort', count: number) => void): void {
+    const startedAt = performance.now();
+    const generationMs = opts.tokensPerSecond > 0 ? (count / opts.tokensPerSecond) * 1000 : 0;
     const totalMs = opts.latencyMs + generationMs;
     if (totalMs <= 0) {
-      respond(natural, ids.length);
+      respond(natural, count);
       return;
     }
     const entry: InFlight = {
-      timer: setTimeout(() => entry.finish(natural, ids.length), totalMs),
-      finish(reason, count) {
+      timer: setTimeout(() => entry.finish(natural, count), totalMs),
+      finish(reason, n) {
         if (!inFlight.delete(entry)) return;
         clearTimeout(entry.timer);
-        respond(reason, count);
+        respond(reason, n);
       },
       generatedSoFar() {
         const elapsed = performance.now() - startedAt - opts.latencyMs;
         if (elapsed < 0) return 0;
-        if (opts.tokensPerSecond === 0) return ids.length;
-        return Math.min(ids.length, Math.floor((elapsed / 1000) * opts.tokensPerSecond));
+        if (opts.tokensPerSecond === 0) return count;
+        return Math.min(count, Math.floor((elapsed / 1000) * opts.tokensPerSecond));
       },
     };
     inFlight.add(entry);
@@ -261,6 +268,90 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
       }
     });
     notifyWaiters();
+  }
+
+  /** Faults follow the request counter even for seeded requests: a retry with the same seed must be able to succeed. */
+  function injectedFault(res: ServerResponse, index: number): boolean {
+    if (opts.errorRate > 0 && createRng(mixSeeds(opts.seed, index, ERROR_STREAM)).next() < opts.errorRate) {
+      counters.errorsInjected += 1;
+      sendJson(res, 500, errorBody(`injected error (errorRate=${opts.errorRate})`, 'server_error'));
+      return true;
+    }
+    return false;
+  }
+
+  /**
+   * Token-in completion (vLLM's /v1/completions with a token-id prompt): the prompt is decoded with the
+   * configured vocabulary, read as a ChatML conversation, answered by the same policy as the chat
+   * endpoint, and the reply is encoded back in that vocabulary. A natural stop ends with the
+   * end-of-turn token, like a chat model's sampled ids. An open assistant message at the end of the
+   * prompt is continued (the tokens it already has are skipped), as continue_final_message does.
+   */
+  function completeTokens(res: ServerResponse, request: TokenCompletionRequest): void {
+    let promptIds: number[];
+    let promptText: string;
+    try {
+      promptIds = typeof request.prompt === 'string' ? vocab.encode(request.prompt) : request.prompt;
+      promptText = typeof request.prompt === 'string' ? request.prompt : vocab.decode(request.prompt);
+    } catch (error) {
+      reject(res, 400, `prompt is not in the ${vocab.name} vocabulary of this mock: ${(error as Error).message} (start it with tokenizer: 'qwen2.5' for a Qwen-tokenizing client)`, 'prompt');
+      return;
+    }
+    const index = requestIndex++;
+    if (injectedFault(res, index)) return;
+    const { messages, partial } = parseChatMl(promptText);
+    const completion = generateCompletion(messages, policy, index, request.seed);
+    const full = vocab.name === 'cl100k' ? completion.ids.slice() : vocab.encode(completion.text);
+    full.push(vocab.endOfTurnId);
+    const skip = partial === null ? 0 : Math.min(vocab.encode(partial).length, full.length - 1);
+    let ids = skip > 0 ? full.slice(skip) : full;
+    let natural: NaturalFinish = 'stop';
+    if (ids.length > request.maxTokens) {
+      ids = ids.slice(0, request.maxTokens);
+      natural = 'length';
+    }
+    const version = weightVersion;
+    schedule(res, ids.length, natural, (reason, count) => {
+      const out = count >= ids.length ? ids : ids.slice(0, count);
+      counters.promptTokens += promptIds.length;
+      counters.completionTokens += out.length;
+      sendText(
+        res,
+        200,
+        textCompletionJson({
+          index,
+          model: opts.model,
+          vocab,
+          ids: out,
+          promptIds,
+          finishReason: reason,
+          weightVersion: version,
+          logprobs: request.logprobs,
+          returnTokenIds: request.returnTokenIds,
+          seed: opts.seed,
+          requestSeed: request.seed,
+          offset: skip,
+        }),
+      );
+    });
+  }
+
+  async function tokenCompletions(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    counters.requests += 1;
+    const raw = await readBody(req, opts.maxBodyBytes);
+    let request: TokenCompletionRequest;
+    try {
+      request = parseTokenCompletionRequest(raw);
+    } catch (error) {
+      if (!(error instanceof RequestError)) throw error;
+      reject(res, 400, error.message, error.param);
+      return;
+    }
+    if (closing) {
+      sendJson(res, 503, errorBody('the mock server is shutting down', 'server_error'));
+      return;
+    }
+    completeTokens(res, request);
   }
 
   async function chatCompletions(req: IncomingMessage, res: ServerResponse): Promise<void> {
@@ -316,6 +407,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
       },
     },
     '/v1/chat/completions': { POST: chatCompletions },
+    '/v1/completions': { POST: tokenCompletions },
     '/admin/abort': { POST: (req, res) => (req.resume(), sendJson(res, 200, { aborted: abortAll() })) },
     '/admin/weight_version': { GET: weightVersionRoute, POST: weightVersionRoute },
   };

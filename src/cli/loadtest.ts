@@ -1,0 +1,144 @@
+import { join } from 'node:path';
+import { parseArgs } from 'node:util';
+import { defaultLoadtestOptions, formatTable, LOADTEST_ENVS, runLoadtest, type LoadtestEnv, type LoadtestOptions } from '../loadtest/index.ts';
+import { intFlag, numberFlag, UsageError } from './args.ts';
+
+export const LOADTEST_HELP = `Usage: rollout loadtest [options]
+
+Size a deployment before spending GPUs: run the engine on the built-in synthetic environments against
+the mock inference server (started in its own process, so its CPU is not counted as the engine's),
+take batches like a trainer for --duration seconds, and report throughput, latency per phase, pause
+timings, memory per in-flight rollout and the engine's CPU per agent step. Prints a table and writes
+report.json and a self-contained report.html (open it in any browser).
+
+Load:
+  --rollouts <n>           rollouts in flight, rounded up to whole groups (default 256)
+  --group-size <n>         rollouts per group (default 4)
+  --workers <n>            worker threads (default: available CPUs)
+  --envs <list>            comma-separated: ${LOADTEST_ENVS.join(', ')} (default both; guess-number is multi-turn)
+  --env-cpu-us <µs>        CPU each environment step burns (default 0)
+Mock inference server:
+  --latency-ms <ms>        fixed latency per request (default 20)
+  --tokens-per-second <n>  generation rate per request; 0 = instant (default 0)
+  --think-tokens <n>       filler tokens in every answer, to size responses (default 16)
+  --max-tokens <n>         max_tokens per turn (default max(512, think tokens + 64))
+Run:
+  --duration <s>           measured seconds, after start-up (default 10)
+  --train-ms <ms>          time the stand-in trainer spends per batch, so async production overlaps it (default 0)
+  --strategy <s>           sync | async (default async; async syncs weights when a batch would be too stale)
+  --max-staleness <n>      async: weight syncs a sample may lag (default 1)
+  --pause-every <s>        also pause for a weight update every <s> seconds, to measure pauses (default off)
+  --pause-mode <m>         abort | drain: what a pause does to calls in flight (default abort)
+  --seed <n>               run seed (default 0)
+  --out <dir>              where report.json and report.html go (default runs/loadtest-<timestamp>)
+  -h, --help               show this help
+
+Example:
+  rollout loadtest --rollouts 1024 --workers 4 --latency-ms 200 --tokens-per-second 50 --think-tokens 200 --duration 30 --pause-every 5`;
+
+export async function loadtestCommand(argv: string[]): Promise<number> {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      rollouts: { type: 'string' },
+      'group-size': { type: 'string' },
+      workers: { type: 'string' },
+      envs: { type: 'string' },
+      'env-cpu-us': { type: 'string' },
+      'latency-ms': { type: 'string' },
+      'tokens-per-second': { type: 'string' },
+      'think-tokens': { type: 'string' },
+      'max-tokens': { type: 'string' },
+      duration: { type: 'string' },
+      'train-ms': { type: 'string' },
+      strategy: { type: 'string' },
+      'max-staleness': { type: 'string' },
+      'pause-every': { type: 'string' },
+      'pause-mode': { type: 'string' },
+      seed: { type: 'string' },
+      out: { type: 'string' },
+      help: { type: 'boolean', short: 'h' },
+    },
+    strict: true,
+  });
+  if (values.help) {
+    console.log(LOADTEST_HELP);
+    return 0;
+  }
+  const options = loadtestOptions(values);
+  const workers = `${options.workers} worker${options.workers === 1 ? '' : 's'}`;
+  console.error(`rollout loadtest: ${options.rollouts} rollouts in flight on ${workers} (${options.envs.join('+')}), ${options.strategy}, ${options.durationS} s…`);
+  // Ctrl-C or a kill mid-run: exit through process.exit so the mock server's process is ended too.
+  const interrupted = (signal: NodeJS.Signals) => {
+    console.error(`rollout loadtest: ${signal}, stopping without a report`);
+    process.exit(128 + (signal === 'SIGINT' ? 2 : 15));
+  };
+  process.once('SIGINT', interrupted);
+  process.once('SIGTERM', interrupted);
+  try {
+    const { report, files } = await runLoadtest(options);
+    console.log(formatTable(report, files));
+    return 0;
+  } finally {
+    process.off('SIGINT', interrupted);
+    process.off('SIGTERM', interrupted);
+  }
+}
+
+/** Flags → options; every error names the flag and the value. */
+export function loadtestOptions(values: Record<string, string | boolean | undefined>): LoadtestOptions {
+  const str = (name: string) => values[name] as string | undefined;
+  const defaults = defaultLoadtestOptions(str('out') ?? join('runs', `loadtest-${timestamp()}`));
+  const thinkTokens = intFlag('think-tokens', str('think-tokens')) ?? defaults.thinkTokens;
+  const workers = intFlag('workers', str('workers'), { min: 1 }) ?? defaults.workers;
+  return {
+    ...defaults,
+    rollouts: intFlag('rollouts', str('rollouts'), { min: 1 }) ?? defaults.rollouts,
+    groupSize: intFlag('group-size', str('group-size'), { min: 1 }) ?? defaults.groupSize,
+    workers,
+    envs: envsFlag(str('envs')) ?? defaults.envs,
+    envCpuUs: numberFlag('env-cpu-us', str('env-cpu-us'), { max: 60_000_000 }) ?? defaults.envCpuUs,
+    latencyMs: numberFlag('latency-ms', str('latency-ms')) ?? defaults.latencyMs,
+    tokensPerSecond: numberFlag('tokens-per-second', str('tokens-per-second')) ?? defaults.tokensPerSecond,
+    thinkTokens,
+    maxTokens: intFlag('max-tokens', str('max-tokens'), { min: 1 }) ?? Math.max(defaults.maxTokens, thinkTokens + 64),
+    durationS: positiveFlag('duration', str('duration')) ?? defaults.durationS,
+    trainMs: numberFlag('train-ms', str('train-ms')) ?? defaults.trainMs,
+    strategy: choiceFlag('strategy', str('strategy'), ['sync', 'async'] as const) ?? defaults.strategy,
+    maxStaleness: intFlag('max-staleness', str('max-staleness')) ?? defaults.maxStaleness,
+    pauseEveryS: positiveFlag('pause-every', str('pause-every')) ?? defaults.pauseEveryS,
+    pauseMode: choiceFlag('pause-mode', str('pause-mode'), ['abort', 'drain'] as const) ?? defaults.pauseMode,
+    seed: intFlag('seed', str('seed')) ?? defaults.seed,
+  };
+}
+
+/** A duration: zero would measure nothing, so it is rejected along with negatives. */
+function positiveFlag(name: string, value: string | undefined): number | undefined {
+  const n = numberFlag(name, value);
+  if (n === 0) throw new UsageError(`--${name} must be a number > 0 (got ${JSON.stringify(value)})`);
+  return n;
+}
+
+function choiceFlag<T extends string>(name: string, value: string | undefined, choices: readonly T[]): T | undefined {
+  if (value === undefined) return undefined;
+  if (!(choices as readonly string[]).includes(value)) throw new UsageError(`--${name} must be one of ${choices.join(', ')} (got ${JSON.stringify(value)})`);
+  return value as T;
+}
+
+function envsFlag(value: string | undefined): LoadtestEnv[] | undefined {
+  if (value === undefined) return undefined;
+  const names = value.split(',').map((s) => s.trim());
+  const envs: LoadtestEnv[] = [];
+  for (const name of names) {
+    if (!(LOADTEST_ENVS as readonly string[]).includes(name)) {
+      throw new UsageError(`--envs: unknown environment ${JSON.stringify(name)} (known: ${LOADTEST_ENVS.join(', ')}; got ${JSON.stringify(value)})`);
+    }
+    if (envs.includes(name as LoadtestEnv)) throw new UsageError(`--envs: ${JSON.stringify(name)} is listed twice (got ${JSON.stringify(value)})`);
+    envs.push(name as LoadtestEnv);
+  }
+  return envs;
+}
+
+function timestamp(): string {
+  return new Date().toISOString().replace(/[-:]/g, '').replace(/\..*$/, '').replace('T', '-');
+}

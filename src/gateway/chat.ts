@@ -1,0 +1,167 @@
+/**
+ * One chat call through the gateway, independent of HTTP: render → plan the prompt (delta tokens +
+ * prefix check) → context check → backend → commit the trace. Nothing in the session changes until
+ * the backend has answered, so a failed call (backend down, client gone, 4xx) leaves the session
+ * exactly as it was and the agent may simply retry.
+ */
+import { randomUUID } from 'node:crypto';
+import type { TokenBackend } from './backend.ts';
+import { GatewayError } from './errors.ts';
+import type { ChatModel } from './model.ts';
+import { planPrompt } from './prompt.ts';
+import type { ChatCompletionRequest } from './request.ts';
+import type { CallReply } from './response.ts';
+import type { SessionStore } from './sessions.ts';
+import { hashIds } from './trace.ts';
+import type { CallTrace } from './trace.ts';
+
+export interface ChatContext {
+  model: ChatModel;
+  backend: TokenBackend;
+  sessions: SessionStore;
+  /** Model id echoed in replies when the request names none. */
+  servedModel: string;
+  maxContext: number;
+  defaultMaxTokens: number | null;
+  /** Weight version for calls whose backend reports none. */
+  modelStep(): number;
+}
+
+export async function runChatCall(ctx: ChatContext, request: ChatCompletionRequest, sessionId: string | null, signal?: AbortSignal): Promise<CallReply> {
+  const t0 = performance.now();
+  const id = sessionId ?? `anon-${randomUUID()}`;
+  const rendered = ctx.model.render(request.messages, { addGenerationPrompt: true, tools: request.tools });
+  const t1 = performance.now();
+
+  const existing = ctx.sessions.get(id);
+  if (existing?.busy) {
+    throw new GatewayError('ERR_GATEWAY_SESSION_BUSY', `session ${JSON.stringify(id)} already has a call in flight; a session's turns are sequential (each prompt extends the previous completion)`, {
+      param: 'session_id',
+      details: { session_id: id },
+    });
+  }
+  const base = existing !== undefined && existing.traces.length > 0 ? existing : null;
+  const plan = planPrompt(ctx.model, id, base, rendered, (char) => messageAt(ctx.model, request, char));
+  const promptLength = plan.promptIds.length;
+  if (promptLength >= ctx.maxContext) {
+    throw new GatewayError('ERR_GATEWAY_CONTEXT_LENGTH', `session ${JSON.stringify(id)}: the prompt is ${promptLength} tokens and the context limit is ${ctx.maxContext} tokens (max-context), which leaves no room for a completion`, {
+      param: 'messages',
+      details: { session_id: id, prompt_tokens: promptLength, max_context: ctx.maxContext },
+    });
+  }
+  const room = ctx.maxContext - promptLength;
+  // Clamped rather than rejected (vLLM would 400): an agent near the end of its context still gets a
+  // reply, finishing with `length`, and the sample is marked truncated.
+  const maxTokens = Math.min(request.maxTokens ?? ctx.defaultMaxTokens ?? room, room);
+  const promptHash = hashIds(plan.promptIds);
+  const t2 = performance.now();
+
+  const session = ctx.sessions.open(id, sessionId === null);
+  session.busy = true;
+  let result;
+  try {
+    result = await ctx.backend.generate(
+      {
+        promptIds: plan.promptIds,
+        maxTokens,
+        topLogprobs: request.topLogprobs,
+        temperature: request.temperature,
+        topP: request.topP,
+        topK: request.topK,
+        minP: request.minP,
+        presencePenalty: request.presencePenalty,
+        frequencyPenalty: request.frequencyPenalty,
+        repetitionPenalty: request.repetitionPenalty,
+        seed: request.seed,
+        stop: request.stop,
+      },
+      signal,
+    );
+    checkVocabulary(ctx, result.completionIds);
+  } catch (err) {
+    session.busy = false;
+    if (session.traces.length === 0) ctx.sessions.release(id, 'failed');
+    else ctx.sessions.touch(session);
+    throw err;
+  }
+  const t3 = performance.now();
+
+  const ids = result.completionIds;
+  const last = ids.length > 0 ? ids[ids.length - 1] : -1;
+  // The stop token (end of turn) stays in the trace — the policy sampled it and must learn to — but not
+  // in the message content, as with vLLM's skip_special_tokens. The session's text keeps it, because
+  // the template writes it back after the assistant message on the next turn.
+  const stripStop = result.finishReason === 'stop' && ctx.model.specialIds.has(last);
+  const contentTokens = stripStop ? ids.length - 1 : ids.length;
+  const content = ctx.model.decode(ids.slice(0, contentTokens));
+  const modelStep = result.weightVersion ?? ctx.modelStep();
+
+  if (plan.kind === 'replay') session.traces.pop();
+  const trace: CallTrace = {
+    index: session.traces.length,
+    promptLength,
+    deltaLength: plan.deltaLength,
+    promptHash,
+    completionIds: Int32Array.from(ids),
+    logprobs: Float32Array.from(result.logprobs),
+    finishReason: result.finishReason,
+    modelStep,
+    timings: { renderMs: t1 - t0, tokenizeMs: t2 - t1, backendMs: t3 - t2, totalMs: 0 },
+  };
+  session.traces.push(trace);
+  const tokens = plan.promptIds;
+  for (let i = 0; i < ids.length; i++) tokens.push(ids[i]);
+  session.tokens = tokens;
+  session.coveredText = rendered + content + (stripStop ? ctx.model.tokenText(last) : '');
+  session.lastPromptText = rendered;
+  session.lastPromptLength = promptLength;
+  session.busy = false;
+  ctx.sessions.touch(session);
+  trace.timings.totalMs = performance.now() - t0;
+
+  return {
+    id: `chatcmpl-${randomUUID().replaceAll('-', '').slice(0, 24)}`,
+    created: Math.floor(Date.now() / 1000),
+    model: request.model ?? ctx.servedModel,
+    sessionId: id,
+    content,
+    contentTokens,
+    completionIds: ids,
+    promptTokens: promptLength,
+    promptIds: request.returnTokenIds ? tokens.slice(0, promptLength) : null,
+    logprobs: result.logprobs,
+    topLogprobs: result.topLogprobs,
+    finishReason: result.finishReason,
+    modelStep,
+    wantLogprobs: request.logprobs,
+    wantTopLogprobs: request.topLogprobs,
+    wantTokenIds: request.returnTokenIds,
+    includeUsage: request.includeUsage,
+  };
+}
+
+/** Ids from a backend serving another tokenizer would decode to garbage (or silently to nothing). */
+function checkVocabulary(ctx: ChatContext, ids: readonly number[]): void {
+  for (let i = 0; i < ids.length; i++) {
+    if (!ctx.model.hasToken(ids[i])) {
+      throw new GatewayError('ERR_BACKEND_BAD_REPLY', `backend ${ctx.backend.endpoint} returned token id ${ids[i]} (completion position ${i}), which is not in the ${ctx.model.name} vocabulary: the backend serves another tokenizer than the gateway's`, {
+        details: { position: i, token_id: ids[i] },
+      });
+    }
+  }
+}
+
+/**
+ * The first message whose rendering reaches past character `char` — rendering growing prefixes of the
+ * conversation, so it costs O(messages) renders: for the mismatch error only.
+ */
+function messageAt(model: ChatModel, request: ChatCompletionRequest, char: number): number | null {
+  for (let k = 1; k <= request.messages.length; k++) {
+    try {
+      if (model.render(request.messages.slice(0, k), { addGenerationPrompt: false, tools: request.tools }).length > char) return k - 1;
+    } catch {
+      return null;
+    }
+  }
+  return null;
+}

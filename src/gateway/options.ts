@@ -1,0 +1,133 @@
+/**
+ * Gateway options: defaults and validation in one place. Errors (ERR_INVALID_CONFIG) name the option
+ * and the value, since these come from CLI flags as often as from code.
+ */
+import { ConfigError, preview } from '../protocol/errors.ts';
+import type { BackendKind } from './backend.ts';
+import type { ReleaseReason } from './sessions.ts';
+
+export interface GatewayOptions {
+  backend: {
+    kind: BackendKind;
+    url: string;
+    /** Model name sent to the backend (vLLM `model`); default: `model`, or none when that is unset. */
+    model?: string | null;
+    apiKey?: string | null;
+    /** Budget of one backend call, generation included (ms). */
+    timeoutMs?: number;
+    /** Keep-alive connections to the backend. */
+    connections?: number;
+  };
+  /** Interface to listen on (default 127.0.0.1). */
+  host?: string;
+  /** TCP port; 0 picks a free one (read it back from `Gateway.port`). */
+  port?: number;
+  /** Tokenizer + chat template: a built-in name (`qwen2.5`) or a directory with tokenizer.json and tokenizer_config.json. */
+  tokenizer?: string;
+  /** Model id served on /v1/models and echoed in replies (default: the tokenizer name). */
+  model?: string | null;
+  /** Context window in tokens: prompt + completion never exceed it (default: the tokenizer's model_max_length, capped at 32768). */
+  maxContext?: number | null;
+  /** Completion budget when a request names none; null = the rest of the context. */
+  defaultMaxTokens?: number | null;
+  /** A session idle this long is released with its traces (ms). */
+  sessionTtlMs?: number;
+  /** Live sessions at most; more get 429. */
+  maxSessions?: number;
+  /** Weight version recorded for calls whose backend reports none; `setModelStep` changes it. */
+  modelStep?: number;
+  maxBodyBytes?: number;
+  /** Called whenever a session's traces are dropped, with why (metrics, or waiting for a TTL in tests). */
+  onSessionReleased?: ((sessionId: string, reason: ReleaseReason) => void) | null;
+}
+
+export interface ResolvedGatewayOptions {
+  backend: Required<GatewayOptions['backend']>;
+  host: string;
+  port: number;
+  tokenizer: string;
+  model: string | null;
+  maxContext: number | null;
+  defaultMaxTokens: number | null;
+  sessionTtlMs: number;
+  maxSessions: number;
+  modelStep: number;
+  maxBodyBytes: number;
+  onSessionReleased: ((sessionId: string, reason: ReleaseReason) => void) | null;
+}
+
+export const GATEWAY_DEFAULTS = Object.freeze({
+  host: '127.0.0.1',
+  port: 0,
+  tokenizer: 'qwen2.5',
+  sessionTtlMs: 10 * 60_000,
+  maxSessions: 10_000,
+  modelStep: 0,
+  maxBodyBytes: 16 * 1024 * 1024,
+  backendTimeoutMs: 600_000,
+  backendConnections: 64,
+});
+
+/** Default context when the tokenizer config names none, and the cap on model_max_length (Qwen says 131072). */
+export const DEFAULT_MAX_CONTEXT = 32_768;
+
+const KNOWN = ['backend', 'host', 'port', 'tokenizer', 'model', 'maxContext', 'defaultMaxTokens', 'sessionTtlMs', 'maxSessions', 'modelStep', 'maxBodyBytes', 'onSessionReleased'];
+const KNOWN_BACKEND = ['kind', 'url', 'model', 'apiKey', 'timeoutMs', 'connections'];
+
+function fail(name: string, rule: string, value: unknown): never {
+  throw new ConfigError([`gateway.${name}: ${rule} (got ${preview(value)})`]);
+}
+
+function integer(name: string, value: unknown, min: number, max = Number.MAX_SAFE_INTEGER): number {
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < min || value > max) fail(name, `must be an integer in [${min}, ${max}]`, value);
+  return value;
+}
+
+function text(name: string, value: unknown): string {
+  if (typeof value !== 'string' || value.length === 0) fail(name, 'must be a non-empty string', value);
+  return value;
+}
+
+function callback<T>(name: string, value: T): T {
+  if (typeof value !== 'function') fail(name, 'must be a function', value);
+  return value;
+}
+
+function unknownKeys(where: string, obj: object, known: string[]): void {
+  for (const key of Object.keys(obj)) {
+    if (!known.includes(key)) throw new ConfigError([`gateway.${where}${key}: unknown option (known: ${known.join(', ')})`]);
+  }
+}
+
+export function resolveGatewayOptions(options: GatewayOptions): ResolvedGatewayOptions {
+  if (typeof options !== 'object' || options === null) fail('(options)', 'must be an object', options);
+  unknownKeys('', options, KNOWN);
+  const b = options.backend;
+  if (typeof b !== 'object' || b === null) fail('backend', 'must be an object {kind, url}', b);
+  unknownKeys('backend.', b, KNOWN_BACKEND);
+  if (b.kind !== 'vllm' && b.kind !== 'sglang') fail('backend.kind', 'must be "vllm" or "sglang"', b.kind);
+  const url = text('backend.url', b.url);
+  if (!/^https?:\/\//.test(url)) fail('backend.url', 'must be an http(s) URL', url);
+  const model = options.model === undefined || options.model === null ? null : text('model', options.model);
+  return {
+    backend: {
+      kind: b.kind,
+      url,
+      model: b.model === undefined ? model : b.model === null ? null : text('backend.model', b.model),
+      apiKey: b.apiKey ?? null,
+      timeoutMs: integer('backend.timeoutMs', b.timeoutMs ?? GATEWAY_DEFAULTS.backendTimeoutMs, 1),
+      connections: integer('backend.connections', b.connections ?? GATEWAY_DEFAULTS.backendConnections, 1, 100_000),
+    },
+    host: text('host', options.host ?? GATEWAY_DEFAULTS.host),
+    port: integer('port', options.port ?? GATEWAY_DEFAULTS.port, 0, 65535),
+    tokenizer: text('tokenizer', options.tokenizer ?? GATEWAY_DEFAULTS.tokenizer),
+    model,
+    maxContext: options.maxContext === undefined || options.maxContext === null ? null : integer('maxContext', options.maxContext, 2),
+    defaultMaxTokens: options.defaultMaxTokens === undefined || options.defaultMaxTokens === null ? null : integer('defaultMaxTokens', options.defaultMaxTokens, 1),
+    sessionTtlMs: integer('sessionTtlMs', options.sessionTtlMs ?? GATEWAY_DEFAULTS.sessionTtlMs, 1, 2 ** 31 - 1),
+    maxSessions: integer('maxSessions', options.maxSessions ?? GATEWAY_DEFAULTS.maxSessions, 1),
+    modelStep: integer('modelStep', options.modelStep ?? GATEWAY_DEFAULTS.modelStep, 0),
+    maxBodyBytes: integer('maxBodyBytes', options.maxBodyBytes ?? GATEWAY_DEFAULTS.maxBodyBytes, 1024),
+    onSessionReleased: options.onSessionReleased === undefined || options.onSessionReleased === null ? null : callback('onSessionReleased', options.onSessionReleased),
+  };
+}

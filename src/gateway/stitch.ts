@@ -1,0 +1,105 @@
+/**
+ * A session's calls become one training sample: the observation is the last prompt plus the last
+ * completion, and every call's completion is an action span inside it. Nothing is re-tokenized: the
+ * spans hold the exact ids the policy sampled, with their logprobs and weight versions.
+ *
+ * The sample is checked against the traces before it is returned — each call's prompt hash matches
+ * the buffer prefix it claims, each action span equals that call's completion ids, spans are ordered
+ * and the last one ends the observation — so a bug in the gateway fails loudly instead of training
+ * on misaligned logprobs.
+ */
+import { GatewayError } from './errors.ts';
+import { EMPTY_HASH, hashIds } from './trace.ts';
+import type { CallTrace } from './trace.ts';
+
+export interface StitchedSample {
+  sessionId: string;
+  /** Last prompt + last completion: every token the model saw or produced, in order. */
+  observationTokens: Int32Array;
+  /** `[start, end)` of each call's completion in `observationTokens`, in call order. */
+  actionRanges: [number, number][];
+  /** Aligned to `observationTokens`: the sampled token's logprob inside actions, 0 outside. */
+  rolloutLogprobs: Float32Array;
+  /** Aligned to `observationTokens`: the weight version that generated each action token, −1 outside actions. */
+  modelSteps: Int32Array;
+  /** The last call stopped on its token budget (finish reason `length`). */
+  truncated: boolean;
+  reward: number | null;
+  /** Finish reason of each call, in order. */
+  finishReasons: string[];
+}
+
+export interface StitchInput {
+  sessionId: string;
+  tokens: ArrayLike<number>;
+  traces: readonly CallTrace[];
+}
+
+function broken(sessionId: string, why: string, details: Record<string, unknown>): GatewayError {
+  return new GatewayError('ERR_GATEWAY_STITCH', `session ${JSON.stringify(sessionId)}: traces do not stitch: ${why}`, { details: { session_id: sessionId, ...details } });
+}
+
+export function stitchTraces(input: StitchInput, options: { reward?: number | null } = {}): StitchedSample {
+  const { sessionId, tokens, traces } = input;
+  const reward = options.reward ?? null;
+  if (reward !== null && (typeof reward !== 'number' || !Number.isFinite(reward))) {
+    throw new GatewayError('ERR_GATEWAY_BAD_REQUEST', `reward must be a finite number or null (got ${typeof reward === 'number' ? String(reward) : JSON.stringify(reward)})`, { param: 'reward' });
+  }
+  if (traces.length === 0) throw broken(sessionId, 'the session has no completed call', { calls: 0 });
+  const observation = Int32Array.from(tokens);
+  const logprobs = new Float32Array(observation.length);
+  const steps = new Int32Array(observation.length).fill(-1);
+  const ranges: [number, number][] = [];
+  let hashedTo = 0;
+  let hash = EMPTY_HASH;
+  let previousEnd = 0;
+  for (const trace of traces) {
+    const start = trace.promptLength;
+    const end = start + trace.completionIds.length;
+    if (start < previousEnd) throw broken(sessionId, `call ${trace.index} starts at token ${start}, inside the previous action which ends at ${previousEnd}`, { call: trace.index, start, previous_end: previousEnd });
+    if (end > observation.length) throw broken(sessionId, `call ${trace.index} ends at token ${end}, past the ${observation.length} tokens of the session`, { call: trace.index, end, tokens: observation.length });
+    hash = hashIds(observation, hashedTo, start, hash);
+    hashedTo = start;
+    if (hash !== trace.promptHash) throw broken(sessionId, `call ${trace.index}: the first ${start} tokens are not the prompt that call sent`, { call: trace.index, prompt_length: start });
+    if (trace.logprobs.length !== trace.completionIds.length) {
+      throw broken(sessionId, `call ${trace.index} has ${trace.logprobs.length} logprobs for ${trace.completionIds.length} completion tokens`, { call: trace.index });
+    }
+    for (let j = 0; j < trace.completionIds.length; j++) {
+      if (observation[start + j] !== trace.completionIds[j]) {
+        throw broken(sessionId, `call ${trace.index}: token ${start + j} is ${observation[start + j]} but that call generated ${trace.completionIds[j]}`, { call: trace.index, position: start + j });
+      }
+    }
+    logprobs.set(trace.logprobs, start);
+    steps.fill(trace.modelStep, start, end);
+    ranges.push([start, end]);
+    previousEnd = end;
+  }
+  if (previousEnd !== observation.length) {
+    throw broken(sessionId, `the last action ends at token ${previousEnd} but the session holds ${observation.length} (observation must be last prompt + last completion)`, { last_end: previousEnd, tokens: observation.length });
+  }
+  const last = traces[traces.length - 1];
+  return {
+    sessionId,
+    observationTokens: observation,
+    actionRanges: ranges,
+    rolloutLogprobs: logprobs,
+    modelSteps: steps,
+    truncated: last.finishReason === 'length',
+    reward,
+    finishReasons: traces.map((t) => t.finishReason),
+  };
+}
+
+/** The sample as JSON for `POST /v1/sessions/{id}/stitch` (the reference executor's snake_case names). */
+export function stitchedSampleJson(sample: StitchedSample): Record<string, unknown> {
+  return {
+    session_id: sample.sessionId,
+    observation_tokens: Array.from(sample.observationTokens),
+    action_ranges: sample.actionRanges,
+    rollout_log_probs: Array.from(sample.rolloutLogprobs),
+    model_steps: Array.from(sample.modelSteps),
+    truncated: sample.truncated,
+    reward: sample.reward,
+    finish_reasons: sample.finishReasons,
+  };
+}

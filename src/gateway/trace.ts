@@ -1,0 +1,67 @@
+/**
+ * What a session keeps: one token buffer and one trace per call.
+ *
+ * Invariant: `tokens` is the last call's prompt followed by its completion, and every earlier call's
+ * prompt is a prefix of it (delta tokenization only ever appends). So a trace stores where its prompt
+ * ends instead of a copy of it — memory stays O(context) per session instead of O(turns × context) —
+ * plus a hash of the prompt it sent and its own copy of the completion, which is what stitching checks
+ * the buffer against.
+ */
+
+export interface CallTimings {
+  /** Chat-template rendering of the whole conversation. */
+  renderMs: number;
+  /** Prefix check plus tokenization of the new text. */
+  tokenizeMs: number;
+  /** The backend round trip (generation included). */
+  backendMs: number;
+  /** From the body being parsed to the answer being ready: gateway overhead = totalMs − backendMs. */
+  totalMs: number;
+}
+
+export interface CallTrace {
+  /** 0-based position of the call in its session. */
+  index: number;
+  /** The call's prompt is `tokens[0, promptLength)` of its session. */
+  promptLength: number;
+  /** Ids the gateway tokenized for this call: the new part of the conversation (all of it on the first call). */
+  deltaLength: number;
+  /** FNV-1a of the prompt ids as sent to the backend. */
+  promptHash: number;
+  completionIds: Int32Array;
+  /** Logprob of each completion token under the policy that sampled it. */
+  logprobs: Float32Array;
+  finishReason: string;
+  /** Weight version that generated the completion (the backend's report, else the gateway's model step). */
+  modelStep: number;
+  timings: CallTimings;
+}
+
+/** A trace with its prompt ids materialised (views into one copy of the session's tokens). */
+export interface CallRecord extends Omit<CallTrace, 'promptHash'> {
+  promptIds: Int32Array;
+}
+
+/** Every call of a session with its prompt ids; the views share one buffer, so this costs O(context), not O(calls × context). */
+export function callRecords(tokens: ArrayLike<number>, traces: readonly CallTrace[]): CallRecord[] {
+  const all = Int32Array.from(tokens);
+  return traces.map(({ promptHash: _hash, ...trace }) => ({ ...trace, promptIds: all.subarray(0, trace.promptLength) }));
+}
+
+const FNV_OFFSET = 0x811c9dc5;
+const FNV_PRIME = 0x01000193;
+
+/** FNV-1a over 32-bit ids, continuing from `hash` (so a prefix hash can be extended). */
+export function hashIds(ids: ArrayLike<number>, from = 0, to = ids.length, hash = FNV_OFFSET): number {
+  let h = hash;
+  for (let i = from; i < to; i++) {
+    const v = ids[i];
+    h = Math.imul(h ^ (v & 0xff), FNV_PRIME);
+    h = Math.imul(h ^ ((v >>> 8) & 0xff), FNV_PRIME);
+    h = Math.imul(h ^ ((v >>> 16) & 0xff), FNV_PRIME);
+    h = Math.imul(h ^ (v >>> 24), FNV_PRIME);
+  }
+  return h >>> 0;
+}
+
+export const EMPTY_HASH = FNV_OFFSET >>> 0;

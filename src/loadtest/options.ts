@@ -1,0 +1,59 @@
+/**
+ * What a load test runs: the knobs of `rollout loadtest` as typed values, with their defaults.
+ * The CLI (src/cli/loadtest.ts) turns flags into these; `runLoadtest` takes them as they are.
+ */
+import { availableParallelism } from 'node:os';
+
+export const LOADTEST_ENVS = ['guess-number', 'arithmetic'] as const;
+export type LoadtestEnv = (typeof LOADTEST_ENVS)[number];
+
+export interface LoadtestOptions {
+  /** Rollouts in flight (rounded up to whole groups): batchSize = ceil(rollouts / groupSize). */
+  rollouts: number;
+  groupSize: number;
+  /** Built-in synthetic environments, one task each, sharing the batch equally. */
+  envs: LoadtestEnv[];
+  /** Mock server: fixed latency per request, generation rate (0 = instant), filler tokens per answer. */
+  latencyMs: number;
+  tokensPerSecond: number;
+  thinkTokens: number;
+  /** Environment CPU burnt per step (the synthetic envs' `cpuCostUs` param), in µs. */
+  envCpuUs: number;
+  maxTokens: number;
+  workers: number;
+  /** Time the stand-in trainer spends on each batch before asking for the next (0 = takes them back to back). */
+  trainMs: number;
+  /** Measured time, after start-up. */
+  durationS: number;
+  strategy: 'sync' | 'async';
+  /** Pause for a weight update every this many seconds; null = only when the async producer asks (EXPIRED_BATCH). */
+  pauseEveryS: number | null;
+  pauseMode: 'abort' | 'drain';
+  /** async: weight syncs a sample may lag (producer.maxStaleness). */
+  maxStaleness: number;
+  seed: number;
+  /** Where report.json and report.html go. */
+  outDir: string;
+}
+
+export function defaultLoadtestOptions(outDir: string): LoadtestOptions {
+  return {
+    rollouts: 256,
+    groupSize: 4,
+    envs: [...LOADTEST_ENVS],
+    latencyMs: 20,
+    tokensPerSecond: 0,
+    thinkTokens: 16,
+    envCpuUs: 0,
+    maxTokens: 512,
+    workers: availableParallelism(),
+    trainMs: 0,
+    durationS: 10,
+    strategy: 'async',
+    pauseEveryS: null,
+    pauseMode: 'abort',
+    maxStaleness: 1,
+    seed: 0,
+    outDir,
+  };
+}

@@ -1,0 +1,89 @@
+/**
+ * Small statistics for the load-test report: nearest-rank percentiles, summaries and fixed-width
+ * histograms. Shared with the benchmark (test/bench/run.ts) so both quote percentiles the same way.
+ */
+
+/** Nearest-rank percentile of unsorted values (p in 0..100); NaN for no values. */
+export function percentile(values: readonly number[], p: number): number {
+  if (values.length === 0) return NaN;
+  return percentileOfSorted([...values].sort((a, b) => a - b), p);
+}
+
+/** Nearest-rank percentile of values already sorted ascending. */
+export function percentileOfSorted(sorted: readonly number[], p: number): number {
+  if (sorted.length === 0) return NaN;
+  const rank = Math.ceil((p / 100) * sorted.length) - 1;
+  return sorted[Math.min(sorted.length - 1, Math.max(0, rank))];
+}
+
+export function median(values: readonly number[]): number {
+  return percentile(values, 50);
+}
+
+export interface Histogram {
+  /** Lower edge of the first bin and width of every bin, in the values' unit. */
+  start: number;
+  binWidth: number;
+  /** counts[i] holds values in [start + i·binWidth, start + (i+1)·binWidth); the last bin also holds everything above. */
+  counts: number[];
+  /** Values above the last bin's upper edge, counted in the last bin (the long tail is cut at p99.5 to keep the shape visible). */
+  overflow: number;
+}
+
+export interface Distribution {
+  count: number;
+  mean: number;
+  min: number;
+  p50: number;
+  p90: number;
+  p99: number;
+  max: number;
+  histogram: Histogram;
+}
+
+const HISTOGRAM_BINS = 30;
+
+/** Summary figures and a histogram; every figure is null-free (0 with count 0) so JSON readers need no guards. */
+export function distribution(values: readonly number[]): Distribution {
+  if (values.length === 0) {
+    return { count: 0, mean: 0, min: 0, p50: 0, p90: 0, p99: 0, max: 0, histogram: { start: 0, binWidth: 0, counts: [], overflow: 0 } };
+  }
+  const sorted = [...values].sort((a, b) => a - b);
+  let sum = 0;
+  for (const v of sorted) sum += v;
+  return {
+    count: sorted.length,
+    mean: sum / sorted.length,
+    min: sorted[0],
+    p50: percentileOfSorted(sorted, 50),
+    p90: percentileOfSorted(sorted, 90),
+    p99: percentileOfSorted(sorted, 99),
+    max: sorted[sorted.length - 1],
+    histogram: histogram(sorted),
+  };
+}
+
+function histogram(sorted: readonly number[]): Histogram {
+  const start = Math.max(0, Math.floor(sorted[0]));
+  // A few extreme values would squash the body into one bin: the range ends at p99.5 and the rest overflows.
+  const top = percentileOfSorted(sorted, 99.5);
+  const binWidth = niceWidth((top - start) / HISTOGRAM_BINS);
+  const bins = Math.max(1, Math.min(HISTOGRAM_BINS, Math.ceil((top - start) / binWidth) + 1));
+  const counts = new Array<number>(bins).fill(0);
+  let overflow = 0;
+  for (const v of sorted) {
+    const i = Math.floor((v - start) / binWidth);
+    if (i >= bins) overflow++;
+    counts[Math.min(bins - 1, Math.max(0, i))]++;
+  }
+  return { start, binWidth, counts, overflow };
+}
+
+/** Round a bin width up to 1, 2 or 5 × a power of ten, so bin edges read well on an axis. */
+function niceWidth(raw: number): number {
+  if (!(raw > 0)) return 1;
+  const exponent = Math.floor(Math.log10(raw));
+  const base = 10 ** exponent;
+  for (const step of [1, 2, 5, 10]) if (raw <= step * base) return step * base;
+  return 10 * base;
+}

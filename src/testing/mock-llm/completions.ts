@@ -1,0 +1,141 @@
+/**
+ * vLLM's token-in completions shape for the mock: `POST /v1/completions {prompt: number[] | string,
+ * max_tokens, logprobs: k, return_token_ids, seed}` → `choices[0].token_ids` (ending in the end-of-turn
+ * token when generation stopped on it, as a real chat model's ids do), `choices[0].logprobs`
+ * (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`), `finish_reason`, `usage`,
+ * `metadata.weight_version`. Validation errors name the field, as on the chat endpoint.
+ */
+import { show } from '../../env/synthetic/params.ts';
+import { createRng } from '../../env/synthetic/rng.ts';
+import { requestStreamSeed } from './policy.ts';
+import { RequestError } from './request.ts';
+import type { MockVocabulary } from './vocab.ts';
+
+export interface TokenCompletionRequest {
+  /** Prompt ids; a string prompt is encoded with the server's vocabulary. */
+  prompt: number[] | string;
+  /** vLLM's default is 16 when the request names none. */
+  maxTokens: number;
+  /** Alternatives per token to return (vLLM `logprobs: k`); null = no logprobs. */
+  logprobs: number | null;
+  returnTokenIds: boolean;
+  seed: number | undefined;
+}
+
+export const VLLM_DEFAULT_MAX_TOKENS = 16;
+
+function bad(param: string, rule: string, value: unknown): never {
+  throw new RequestError(`${param} ${rule} (got ${show(value)})`, param);
+}
+
+const isInt64 = (v: unknown): boolean => typeof v === 'number' && Number.isInteger(v) && Math.abs(v) <= 2 ** 63;
+
+export function parseTokenCompletionRequest(raw: string): TokenCompletionRequest {
+  let body: unknown;
+  try {
+    body = JSON.parse(raw);
+  } catch (error) {
+    throw new RequestError(`request body is not valid JSON: ${(error as Error).message}`, null);
+  }
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new RequestError(`request body must be a JSON object (got ${show(body)})`, null);
+  const b = body as Record<string, unknown>;
+  const prompt = b.prompt;
+  if (typeof prompt === 'string') {
+    if (prompt.length === 0) bad('prompt', 'must not be empty', prompt);
+  } else if (Array.isArray(prompt)) {
+    if (prompt.length === 0) bad('prompt', 'must be a non-empty array of token ids', prompt);
+    for (let i = 0; i < prompt.length; i++) {
+      if (!Number.isSafeInteger(prompt[i]) || prompt[i] < 0) bad(`prompt[${i}]`, 'must be a token id (a non-negative integer; one prompt per request)', prompt[i]);
+    }
+  } else {
+    bad('prompt', 'must be an array of token ids or a string', prompt);
+  }
+  const check = (key: string, ok: (v: unknown) => boolean, rule: string): unknown => {
+    const v = b[key];
+    if (v === undefined || v === null) return undefined;
+    if (!ok(v)) bad(key, rule, v);
+    return v;
+  };
+  const maxTokens = check('max_tokens', (v) => Number.isSafeInteger(v) && (v as number) > 0, 'must be a positive integer') as number | undefined;
+  const logprobs = check('logprobs', (v) => Number.isInteger(v) && (v as number) >= 0 && (v as number) <= 20, 'must be an integer in [0, 20]') as number | undefined;
+  const returnTokenIds = check('return_token_ids', (v) => typeof v === 'boolean', 'must be a boolean');
+  const seed = check('seed', isInt64, 'must be a 64-bit integer') as number | undefined;
+  const n = check('n', (v) => Number.isSafeInteger(v) && (v as number) > 0, 'must be a positive integer');
+  if (n !== undefined && n !== 1) bad('n', 'must be 1 (the mock generates one choice)', n);
+  if (check('stream', (v) => typeof v === 'boolean', 'must be a boolean') === true) bad('stream', 'is not supported by the mock (send stream: false)', true);
+  if (check('echo', (v) => typeof v === 'boolean', 'must be a boolean') === true) bad('echo', 'is not supported by the mock', true);
+  check('model', (v) => typeof v === 'string', 'must be a string');
+  check('temperature', (v) => typeof v === 'number' && Number.isFinite(v), 'must be a number');
+  check('top_p', (v) => typeof v === 'number' && Number.isFinite(v), 'must be a number');
+  return {
+    prompt: prompt as number[] | string,
+    maxTokens: maxTokens ?? VLLM_DEFAULT_MAX_TOKENS,
+    logprobs: logprobs ?? null,
+    returnTokenIds: returnTokenIds === true,
+    seed,
+  };
+}
+
+/** Sub-stream of the request's randomness for logprobs (the chat endpoint's tag): never perturbs the policy. */
+const LOGPROB_STREAM = 0x10b;
+
+export interface TextCompletionBody {
+  index: number;
+  model: string;
+  vocab: MockVocabulary;
+  ids: readonly number[];
+  promptIds: readonly number[];
+  finishReason: string;
+  weightVersion: number;
+  logprobs: number | null;
+  returnTokenIds: boolean;
+  seed: number;
+  requestSeed: number | undefined;
+  /** Position of ids[0] in the whole completion (tokens a continued assistant message already had). */
+  offset: number;
+}
+
+/** log(0.999 − 0.95·u³): mostly confident tokens, an occasional uncertain one; always < 0. */
+function logprobAt(u: number): number {
+  return Math.round(Math.log(0.999 - 0.95 * u * u * u) * 1e4) / 1e4;
+}
+
+export function textCompletionJson(c: TextCompletionBody): string {
+  const stopped = c.ids.length > 0 && c.ids[c.ids.length - 1] === c.vocab.endOfTurnId && c.finishReason === 'stop';
+  // As vLLM's skip_special_tokens: the text leaves the end-of-turn token out, the ids keep it.
+  const text = c.vocab.decode(stopped ? c.ids.slice(0, -1) : c.ids);
+  let logprobs: Record<string, unknown> | null = null;
+  if (c.logprobs !== null) {
+    const rng = createRng(requestStreamSeed(c.seed, c.index, c.requestSeed, LOGPROB_STREAM));
+    for (let i = 0; i < c.offset; i++) rng.next();
+    const tokens: string[] = [];
+    const values: number[] = [];
+    const top: Record<string, number>[] = [];
+    const offsets: number[] = [];
+    let at = 0;
+    for (const id of c.ids) {
+      const token = c.vocab.tokenText(id);
+      const lp = logprobAt(rng.next());
+      tokens.push(token);
+      values.push(lp);
+      top.push(c.logprobs > 0 ? { [token]: lp } : {});
+      offsets.push(at);
+      at += token.length;
+    }
+    logprobs = { tokens, token_logprobs: values, top_logprobs: top, text_offset: offsets };
+  }
+  const choice: Record<string, unknown> = { index: 0, text, logprobs, finish_reason: c.finishReason, stop_reason: null };
+  if (c.returnTokenIds) {
+    choice.token_ids = c.ids;
+    choice.prompt_token_ids = c.promptIds;
+  }
+  return JSON.stringify({
+    id: `cmpl-mock-${c.index}`,
+    object: 'text_completion',
+    created: Math.floor(Date.now() / 1000),
+    model: c.model,
+    choices: [choice],
+    usage: { prompt_tokens: c.promptIds.length, completion_tokens: c.ids.length, total_tokens: c.promptIds.length + c.ids.length },
+    metadata: { weight_version: c.weightVersion },
+  });
+}

