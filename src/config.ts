@@ -65,7 +65,8 @@ const HooksSpec = z.strictObject({
 
 const TaskSpec = z.strictObject({
   name: z.string().regex(/^[A-Za-z0-9_.-]+$/, 'must be letters, digits, "_", "." or "-"'),
-  env: EnvSpec,
+  /** The environment; optional for a black-box `agent`, whose prompts may come from the dataset (`messages`, `label`). */
+  env: EnvSpec.nullable().default(null),
   /** JSONL file, one JSON object of environment reset params per line; null = the environment draws its own task from the seed. */
   dataset: z.string().min(1).nullable().default(null),
   /** Rollouts per prompt (GRPO's k). */
@@ -78,6 +79,21 @@ const TaskSpec = z.strictObject({
   maxTokens: positiveInt.default(512),
   temperature: z.number().min(0).max(2).default(1),
   hooks: HooksSpec.nullable().default(null),
+  /**
+   * A black-box agent: a module whose export receives `{ baseURL, sessionId, prompt, label, signal }` and
+   * talks to the token-trace gateway with any OpenAI client (see README "Black-box agents"). null = the
+   * built-in agent loop.
+   */
+  agent: HooksSpec.nullable().default(null),
+}).refine((task) => task.env !== null || task.agent !== null, { message: 'a task needs an env (or a black-box agent that takes its prompts from the dataset)', path: ['env'] });
+
+const GatewaySpec = z.strictObject({
+  /** Tokenizer + chat template of the policy: `qwen2.5`, or a directory with tokenizer.json and tokenizer_config.json. */
+  tokenizer: z.string().min(1).default('qwen2.5'),
+  /** Token-in API of the inference servers: vLLM's /v1/completions with token ids, or SGLang's /generate. */
+  backend: z.enum(['vllm', 'sglang']).default('vllm'),
+  maxContext: positiveInt.nullable().default(null),
+  sessionTtlMs: positiveInt.default(600_000),
 });
 
 const PolicySpec = z.strictObject({
@@ -191,6 +207,8 @@ export const EngineConfigSchema = z.strictObject({
   workers: WorkersSpec.default(() => WorkersSpec.parse({})),
   producer: ProducerSpec.default(() => ProducerSpec.parse({})),
   pause: PauseSpec.default(() => PauseSpec.parse({})),
+  /** The token-trace gateway black-box agents talk to (started when a task has `agent`). */
+  gateway: GatewaySpec.default(() => GatewaySpec.parse({})),
   /** Run directory: step records go to `<runDir>/steps/` (one JSONL file per worker); null = not recorded. */
   runDir: z.string().min(1).nullable().default(null),
   /** Record every step of every session (when `runDir` is set). */
@@ -204,10 +222,11 @@ export const EngineConfigSchema = z.strictObject({
 export type EngineConfigInput = z.input<typeof EngineConfigSchema>;
 type ParsedConfig = z.output<typeof EngineConfigSchema>;
 type ParsedTask = ParsedConfig['tasks'][number];
-export type TaskConfig = Omit<ParsedTask, 'env' | 'hooks'> & {
-  /** `moduleUrl` is the resolved in-process module (null for an HTTP environment). */
-  env: ParsedTask['env'] & { moduleUrl: string | null };
+export type TaskConfig = Omit<ParsedTask, 'env' | 'hooks' | 'agent'> & {
+  /** `moduleUrl` is the resolved in-process module (null for an HTTP environment); no env only with an `agent`. */
+  env: (NonNullable<ParsedTask['env']> & { moduleUrl: string | null }) | null;
   hooks: (NonNullable<ParsedTask['hooks']> & { moduleUrl: string }) | null;
+  agent: (NonNullable<ParsedTask['agent']> & { moduleUrl: string }) | null;
 };
 export type LlmConfig = ParsedConfig['llm'];
 export type MockConfig = ParsedConfig['mock'];
@@ -233,14 +252,16 @@ export function resolveConfig(input: unknown, options: ResolveOptions = {}): Res
     moduleUrl: typeof task.env?.module === 'string' ? resolveEnvModule(task.env.module, baseDir, `tasks[${i}].env.module`, problems) : null,
     dataset: typeof task.dataset === 'string' ? resolveDataset(task.dataset, baseDir, `tasks[${i}].dataset`, problems) : null,
     hooksUrl: typeof task.hooks?.module === 'string' ? resolveEnvModule(task.hooks.module, baseDir, `tasks[${i}].hooks.module`, problems) : null,
+    agentUrl: typeof task.agent?.module === 'string' ? resolveEnvModule(task.agent.module, baseDir, `tasks[${i}].agent.module`, problems) : null,
   }));
   if (!parsed.success || problems.length > 0) throw new ConfigError(problems);
   const tasks = parsed.data.tasks.map(
     (task, i): TaskConfig => ({
       ...task,
       dataset: located[i].dataset,
-      env: { ...task.env, moduleUrl: located[i].moduleUrl },
+      env: task.env === null ? null : { ...task.env, moduleUrl: located[i].moduleUrl },
       hooks: task.hooks === null ? null : { ...task.hooks, moduleUrl: located[i].hooksUrl! },
+      agent: task.agent === null ? null : { ...task.agent, moduleUrl: located[i].agentUrl! },
     }),
   );
   const resumeFrom = parsed.data.resumeFrom === null ? null : resolveDataset(parsed.data.resumeFrom, baseDir, 'resumeFrom', problems);
@@ -250,7 +271,7 @@ export function resolveConfig(input: unknown, options: ResolveOptions = {}): Res
 }
 
 /** The tasks' path fields from unvalidated input, where they have the right shape. */
-type RawTaskPaths = { env?: { module?: unknown }; dataset?: unknown; hooks?: { module?: unknown } | null };
+type RawTaskPaths = { env?: { module?: unknown }; dataset?: unknown; hooks?: { module?: unknown } | null; agent?: { module?: unknown } | null };
 
 function rawTaskPaths(input: unknown): RawTaskPaths[] {
   const tasks = (input as { tasks?: unknown } | null)?.tasks;

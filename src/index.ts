@@ -126,3 +126,7 @@ export { startEnvServer } from './env/server.ts';
 export { createHttpEnvironments } from './env/http-env.ts';
 export type { ControlServer, ControlServerOptions } from './control/server.ts';
 export { runLoadtest } from './loadtest/index.ts';
+export { startGateway, stitchTraces } from './gateway/index.ts';
+export type { Gateway, GatewayOptions, StitchedSample } from './gateway/index.ts';
+export type { BlackBoxAgent, BlackBoxInput, BlackBoxResult } from './rollout/blackbox-loop.ts';
+export type { StitchedSession } from './protocol/rollout.ts';

@@ -20,7 +20,7 @@ describe('config validation', () => {
     assert.deepEqual(config.tasks.map((t) => t.name), ['guess-number', 'arithmetic']);
     assert.equal(config.llm.url, null);
     assert.ok(config.workers.threads >= 1);
-    assert.match(config.tasks[0].env.moduleUrl!, /^file:.*guess-number\.(ts|js)$/);
+    assert.match(config.tasks[0].env!.moduleUrl!, /^file:.*guess-number\.(ts|js)$/);
   });
 
   it('names the field, the value and what was expected for each bad option', () => {

@@ -181,7 +181,7 @@ describe('parameter validation and registry', () => {
   it('maps every builtin name to a module exporting createEnv and default as the same factory', async () => {
     for (const name of Object.keys(BUILTIN_ENVS)) {
       const [task] = resolveConfig({ tasks: [{ name: 't', env: { module: `builtin:${name}` } }] }).tasks;
-      const mod = (await import(task.env.moduleUrl!)) as Record<string, unknown>;
+      const mod = (await import(task.env!.moduleUrl!)) as Record<string, unknown>;
       assert.equal(typeof mod.createEnv, 'function', name);
       assert.equal(mod.default, mod.createEnv, name);
     }

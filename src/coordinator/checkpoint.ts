@@ -25,7 +25,8 @@ export function configFingerprint(config: ResolvedConfig): Record<string, unknow
     fp[`tasks[${i}].groupSize`] = t.groupSize;
     fp[`tasks[${i}].weight`] = t.weight;
     fp[`tasks[${i}].dataset`] = t.dataset;
-    fp[`tasks[${i}].env.module`] = t.env.module;
+    fp[`tasks[${i}].env.module`] = t.env?.module ?? t.env?.http?.name ?? null;
+    fp[`tasks[${i}].agent.module`] = t.agent?.module ?? null;
   });
   fp['tasks.length'] = config.tasks.length;
   return fp;

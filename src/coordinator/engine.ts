@@ -14,6 +14,7 @@ import type { ResolvedConfig } from '../config.ts';
 import type { DropReason } from '../buffer/replay-buffer.ts';
 import { Sampler } from '../buffer/sampler.ts';
 import { createHttpEnvironments } from '../env/http-env.ts';
+import type { Gateway } from '../gateway/index.ts';
 import { probeInferenceServer } from '../llm/client.ts';
 import { createLogger, type Logger } from '../log.ts';
 import { RolloutEngineError } from '../protocol/errors.ts';
@@ -52,6 +53,8 @@ export class Coordinator {
   #state: State = 'created';
   #llmUrls: string[] = [];
   #closeMock: (() => Promise<void>) | null = null;
+  /** The token-trace gateway, when a task has a black-box agent. */
+  #gateway: Gateway | null = null;
   #pool: WorkerPool | null = null;
   #producer: Producer | null = null;
   /** Serializes getBatch / pause / resume / checkpoint: one at a time, in call order. */
@@ -87,7 +90,7 @@ export class Coordinator {
       }
       // Environment servers too: a wrong URL or env name is one clear error at start, not a failed group each.
       for (const task of config.tasks) {
-        if (task.env.http === undefined) continue;
+        if (task.env?.http === undefined) continue;
         const servers = createHttpEnvironments(task.env.http);
         try {
           await servers.prewarm();
@@ -96,9 +99,23 @@ export class Coordinator {
         }
       }
       const control = new PauseControl(resumed?.modelStep ?? config.modelStep);
+      if (config.tasks.some((t) => t.agent !== null)) {
+        // One gateway per process: it holds the policy's tokenizer, and workers reach it over loopback.
+        const { startGateway } = await import('../gateway/index.ts');
+        this.#gateway = await startGateway({
+          backend: { kind: config.gateway.backend, url: this.#llmUrls[0], model: config.llm.model, apiKey: config.llm.apiKey },
+          tokenizer: config.gateway.tokenizer,
+          maxContext: config.gateway.maxContext,
+          sessionTtlMs: config.gateway.sessionTtlMs,
+          modelStep: resumed?.modelStep ?? config.modelStep,
+          port: 0,
+        });
+        this.log.info({ url: this.#gateway.url }, 'token-trace gateway started');
+      }
+      const gatewayUrl = this.#gateway?.url ?? null;
       const pool =
         this.#options.pool?.(config, this.#llmUrls, control.block, this.log) ??
-        new PiscinaWorkerPool({ config, llmUrls: this.#llmUrls, control: control.block, log: this.log });
+        new PiscinaWorkerPool({ config, llmUrls: this.#llmUrls, control: control.block, log: this.log, gatewayUrl });
       this.#pool = pool;
       this.#producer = new Producer({ config, pool, control, samplers, log: this.log, llmUrls: this.#llmUrls, hooks: this.#options, observer: this.#options.observer });
       if (resumed !== null) this.#producer.restore(resumed);
@@ -143,7 +160,10 @@ export class Coordinator {
 
   /** New weights are in the inference servers: continue with `modelStep`. */
   resume(options: { modelStep: number }): Promise<void> {
-    return this.#withProducer(async (producer) => producer.resume(options.modelStep));
+    return this.#withProducer(async (producer) => {
+      producer.resume(options.modelStep);
+      this.#gateway?.setModelStep(options.modelStep);
+    });
   }
 
   /** Write the run's state to `path` atomically. Production goes on; groups in flight are saved as they were sent. */
@@ -189,6 +209,7 @@ export class Coordinator {
     if (wasRunning) await this.#queue; // let a call in progress land its groups first
     await this.#producer?.close();
     await this.#pool?.close();
+    await this.#gateway?.close();
     await this.#closeMock?.();
     this.#state = 'closed';
   }
@@ -209,7 +230,9 @@ export class Coordinator {
   async #startEmbeddedMock(): Promise<string> {
     // Loaded lazily: a production run against a real server never pays for the tokenizer tables.
     const { startMockLlm } = await import('../testing/mock-llm/server.ts');
-    const mock = await startMockLlm({ ...this.config.mock, host: '127.0.0.1', port: 0, model: this.config.llm.model });
+    // Black-box agents reach the mock through the gateway's token-in calls, in the gateway's vocabulary.
+    const tokenizer = this.config.tasks.some((t) => t.agent !== null) ? { tokenizer: 'qwen2.5' as const } : {};
+    const mock = await startMockLlm({ ...this.config.mock, ...tokenizer, host: '127.0.0.1', port: 0, model: this.config.llm.model });
     this.#closeMock = () => mock.close();
     this.log.info({ url: mock.url }, 'embedded mock inference server started');
     return mock.url;

@@ -11,14 +11,14 @@
 import * as Comlink from 'comlink';
 import { join } from 'node:path';
 import { Piscina } from 'piscina';
-import type { ResolvedConfig } from '../config.ts';
+import type { ResolvedConfig, TaskConfig } from '../config.ts';
 import { wantsPrettyLogs, type Logger } from '../log.ts';
 import { projectModuleUrl } from '../paths.ts';
 import { decodeMessage, encodeMessage } from '../protocol/codec.ts';
 import { describeError } from '../protocol/errors.ts';
 import { isWorkerRegistration, PROTOCOL_VERSION, type WorkerControl, type WorkerStats } from '../protocol/messages.ts';
 import { Status, type RolloutGroup } from '../protocol/rollout.ts';
-import type { WorkerInit } from '../rollout/worker-runtime.ts';
+import type { WorkerEnvSettings, WorkerInit } from '../rollout/worker-runtime.ts';
 
 export interface WorkerPool {
   /** Run every rollout of `group`; resolves with the group in a final status, never rejects. */
@@ -37,6 +37,8 @@ export interface PiscinaWorkerPoolOptions {
   /** Base URLs of the inference servers (the configured ones, or the embedded mock's). */
   llmUrls: string[];
   log: Logger;
+  /** The token-trace gateway for black-box agents, when a task has one. */
+  gatewayUrl?: string | null;
   /** The pause broadcast block every worker watches. */
   control: SharedArrayBuffer;
   /** Overrides the worker entry file (tests use it to load a worker that misbehaves on purpose). */
@@ -53,7 +55,7 @@ export class PiscinaWorkerPool implements WorkerPool {
   constructor(options: PiscinaWorkerPoolOptions) {
     const { config } = options;
     this.#log = options.log;
-    const init = workerInit(config, options.llmUrls, options.control);
+    const init = workerInit(config, options.llmUrls, options.control, options.gatewayUrl ?? null);
     const threads = config.workers.threads;
     this.#pool = new Piscina({
       filename: (options.workerUrl ?? projectModuleUrl('workers/episode-worker')).href,
@@ -123,7 +125,13 @@ const STATS_DEADLINE_MS = 1_000;
 const FLUSH_DEADLINE_MS = 10_000;
 
 /** What every worker is started with (workerData): resolved once from the config. */
-export function workerInit(config: ResolvedConfig, llmUrls: string[], control: SharedArrayBuffer): WorkerInit {
+function workerEnv(env: TaskConfig['env']): WorkerEnvSettings | null {
+  if (env === null) return null;
+  if (env.http !== undefined) return { kind: 'http', http: { ...env.http }, poolSize: env.poolSize };
+  return { kind: 'module', moduleUrl: env.moduleUrl!, exportName: env.export, params: env.params, poolSize: env.poolSize };
+}
+
+export function workerInit(config: ResolvedConfig, llmUrls: string[], control: SharedArrayBuffer, gatewayUrl: string | null = null): WorkerInit {
   const { llm } = config;
   const urls = (url: string | string[] | undefined) => (url === undefined ? llmUrls : Array.isArray(url) ? url : [url]);
   return {
@@ -131,6 +139,7 @@ export function workerInit(config: ResolvedConfig, llmUrls: string[], control: S
     control,
     logLevel: config.logLevel,
     prettyLogs: wantsPrettyLogs(),
+    gatewayUrl,
     recordsDir: config.runDir !== null && config.recordSteps ? join(config.runDir, 'steps') : null,
     firstWave: config.workers.groupsPerWorker * Math.max(...config.tasks.map((t) => t.groupSize)),
     llm: {
@@ -155,11 +164,9 @@ export function workerInit(config: ResolvedConfig, llmUrls: string[], control: S
       config.tasks.map((t) => [
         t.name,
         {
-          env:
-            t.env.http !== undefined
-              ? { kind: 'http', http: { ...t.env.http }, poolSize: t.env.poolSize }
-              : { kind: 'module', moduleUrl: t.env.moduleUrl!, exportName: t.env.export, params: t.env.params, poolSize: t.env.poolSize },
+          env: workerEnv(t.env),
           hooks: t.hooks === null ? null : { moduleUrl: t.hooks.moduleUrl, exportName: t.hooks.export },
+          blackbox: t.agent === null ? null : { moduleUrl: t.agent.moduleUrl, exportName: t.agent.export },
           agent: {
             maxSteps: t.maxSteps,
             messageCut: t.messageCut,

@@ -5,7 +5,7 @@
  * exactly as it was and the agent may simply retry.
  */
 import { randomUUID } from 'node:crypto';
-import type { TokenBackend } from './backend.ts';
+import type { TokenBackend } from '../llm/token-backend.ts';
 import { GatewayError } from './errors.ts';
 import type { ChatModel } from './model.ts';
 import { planPrompt } from './prompt.ts';

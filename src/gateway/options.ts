@@ -3,7 +3,7 @@
  * and the value, since these come from CLI flags as often as from code.
  */
 import { ConfigError, preview } from '../protocol/errors.ts';
-import type { BackendKind } from './backend.ts';
+import type { BackendKind } from '../llm/token-backend.ts';
 import type { ReleaseReason } from './sessions.ts';
 
 export interface GatewayOptions {

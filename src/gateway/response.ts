@@ -6,7 +6,7 @@
  * The stream is produced after generation is complete (the backend is called token-in/token-out,
  * non-streaming), so it is one write: the chunk format is what OpenAI clients need, not the timing.
  */
-import type { TopLogprob } from './backend.ts';
+import type { TopLogprob } from '../llm/token-backend.ts';
 import type { ChatModel } from './model.ts';
 
 export interface CallReply {

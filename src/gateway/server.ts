@@ -17,7 +17,7 @@
 import { createServer } from 'node:http';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
-import { createTokenBackend } from './backend.ts';
+import { createTokenBackend } from '../llm/token-backend.ts';
 import { runChatCall } from './chat.ts';
 import type { ChatContext } from './chat.ts';
 import { GatewayError } from './errors.ts';

@@ -119,6 +119,22 @@ export interface RolloutState {
   timings: RolloutTimings;
   /** Worker thread that ran the episode. */
   workerId: number | null;
+  /**
+   * Black-box agents (their own OpenAI client, through the token-trace gateway): the session as one
+   * training sample — observation tokens, the exact completion spans, logprobs aligned to them.
+   */
+  stitched?: StitchedSession;
+}
+
+export interface StitchedSession {
+  observationTokens: Int32Array;
+  /** [start, end) of every completion inside observationTokens. */
+  actionRanges: [number, number][];
+  /** Logprob of each observation token (0 outside the action ranges). */
+  rolloutLogprobs: Float32Array;
+  /** Model step of each observation token (−1 outside the action ranges). */
+  modelSteps: Int32Array;
+  truncated: boolean;
 }
 
 /** The k rollouts of one prompt: the unit the producer schedules and the buffer stores. */

@@ -23,9 +23,10 @@ import {
   type WorkerControl,
   type WorkerStats,
 } from '../protocol/messages.ts';
-import { Status } from '../protocol/rollout.ts';
+import { groupStatus, Status } from '../protocol/rollout.ts';
 import { StepRecordWriter } from '../records/step-records.ts';
 import { runGroup, type AgentSettings, type EpisodeHooks } from './agent-loop.ts';
+import { runBlackBoxEpisode, type BlackBoxAgent } from './blackbox-loop.ts';
 import { PauseGate } from './pause-gate.ts';
 
 export type WorkerEnvSettings =
@@ -34,8 +35,11 @@ export type WorkerEnvSettings =
 
 /** Per-task settings a worker needs; sent once as workerData. */
 export interface WorkerTaskSettings {
-  env: WorkerEnvSettings;
+  /** Null only for a black-box agent whose prompts come from the dataset. */
+  env: WorkerEnvSettings | null;
   hooks: { moduleUrl: string; exportName: string } | null;
+  /** A black-box agent module (rollout/blackbox-loop.ts) instead of the built-in agent loop. */
+  blackbox: { moduleUrl: string; exportName: string } | null;
   agent: AgentSettings;
 }
 
@@ -45,6 +49,8 @@ export interface WorkerInit {
   control: SharedArrayBuffer;
   llm: RouterOptions & { startupJitterMs: number };
   tasks: Record<string, WorkerTaskSettings>;
+  /** The token-trace gateway black-box agents talk to; null when no task has one. */
+  gatewayUrl: string | null;
   /** Where step records go (one JSONL file per worker); null = not recorded. */
   recordsDir: string | null;
   /** Episodes a worker starts at once at most: the size of its first wave (start-up jitter). */
@@ -56,9 +62,10 @@ export interface WorkerInit {
 
 interface TaskRuntime {
   settings: WorkerTaskSettings;
-  actors: ActorPool;
+  actors: ActorPool | null;
   close(): Promise<void>;
   hooks: Promise<EpisodeHooks | null>;
+  blackbox: Promise<BlackBoxAgent> | null;
 }
 
 export class WorkerRuntime implements WorkerControl {
@@ -96,6 +103,14 @@ export class WorkerRuntime implements WorkerControl {
     this.#inFlightRollouts += group.rollouts.length;
     try {
       if (task === undefined) throw new Error(`unknown task ${JSON.stringify(group.taskName)} (worker knows ${[...this.#tasks.keys()].join(', ')})`);
+      if (task.blackbox !== null) {
+        const agent = await task.blackbox;
+        const ctx = { agent, gatewayUrl: this.#init.gatewayUrl!, actors: task.actors, gate: this.#gate, workerId: threadId, onProblem: (r: { id: string; status: string }, reason: string) => this.#log.warn({ rollout: r.id, status: r.status }, reason) };
+        await Promise.all(group.rollouts.map((rollout) => runBlackBoxEpisode(rollout, ctx, queueMs)));
+        group.status = groupStatus(group.rollouts);
+        return { v: PROTOCOL_VERSION, type: 'group-result', group, workerId: threadId };
+      }
+      if (task.actors === null) throw new Error(`task ${group.taskName} has no environment`);
       const hooks = await task.hooks;
       const recorder = this.#records;
       await runGroup(
@@ -214,21 +229,24 @@ export class WorkerRuntime implements WorkerControl {
 
   #taskRuntime(settings: WorkerTaskSettings): TaskRuntime {
     const { env } = settings;
-    // Without a configured size, the pool never makes an episode wait: the worker's own concurrency bounds it.
-    const size = env.poolSize ?? Number.MAX_SAFE_INTEGER;
     const hooks = settings.hooks === null ? Promise.resolve(null) : (loadExport(settings.hooks.moduleUrl, settings.hooks.exportName, 'hooks.export', 'object') as Promise<EpisodeHooks>);
     hooks.catch(() => undefined); // reported by each episode that awaits it
+    const blackbox = settings.blackbox === null ? null : (loadExport(settings.blackbox.moduleUrl, settings.blackbox.exportName, 'agent.export', 'function') as Promise<BlackBoxAgent>);
+    blackbox?.catch(() => undefined);
+    if (env === null) return { settings, actors: null, hooks, blackbox, close: async () => {} };
+    // Without a configured size, the pool never makes an episode wait: the worker's own concurrency bounds it.
+    const size = env.poolSize ?? Number.MAX_SAFE_INTEGER;
     if (env.kind === 'http') {
       const servers = createHttpEnvironments(env.http);
       const actors = createActorPool({ size, create: () => servers.create(), prewarm: () => servers.prewarm() });
       // Open connections before the first episode needs them; a failure here shows again on first use.
       actors.prewarm().catch((err) => this.#log.warn({ err: describeError(err) }, 'environment prewarm failed'));
-      return { settings, actors, hooks, close: async () => { await actors.close(); await servers.close(); } };
+      return { settings, actors, hooks, blackbox, close: async () => { await actors.close(); await servers.close(); } };
     }
     const factory = loadEnvironmentFactory(env.moduleUrl, env.exportName);
     factory.catch(() => undefined); // reported by each episode that awaits it
     const actors = createActorPool({ size, create: async () => (await factory)(env.params) });
-    return { settings, actors, hooks, close: () => actors.close() };
+    return { settings, actors, hooks, blackbox, close: () => actors.close() };
   }
 
   /** Start-up jitter: the first wave of episodes spreads its first inference calls over the window. */

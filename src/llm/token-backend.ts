@@ -15,7 +15,7 @@
  */
 import { Pool } from 'undici';
 import { ConfigError } from '../protocol/errors.ts';
-import { GatewayError } from './errors.ts';
+import { GatewayError } from '../gateway/errors.ts';
 
 export type BackendKind = 'vllm' | 'sglang';
 

@@ -1,0 +1,82 @@
+/**
+ * A worker's client for the token-trace gateway's session routes: read a session's traces, stitch it
+ * into one training sample. Part of llm/ because it is the only other place that speaks undici.
+ */
+import { request } from 'undici';
+import { LlmError } from './errors.ts';
+
+export interface GatewayCall {
+  promptIds: Int32Array;
+  completionIds: Int32Array;
+  logprobs: Float32Array;
+  finishReason: string;
+  modelStep: number;
+}
+
+export interface GatewaySample {
+  observationTokens: Int32Array;
+  actionRanges: [number, number][];
+  rolloutLogprobs: Float32Array;
+  modelSteps: Int32Array;
+  truncated: boolean;
+  reward: number | null;
+}
+
+export function sessionBaseUrl(gatewayUrl: string, sessionId: string): string {
+  return `${gatewayUrl}/v1/sessions/${encodeURIComponent(sessionId)}`;
+}
+
+export async function fetchTraces(gatewayUrl: string, sessionId: string): Promise<GatewayCall[]> {
+  const body = (await call('GET', `${sessionBaseUrl(gatewayUrl, sessionId)}/traces`)) as { calls: { prompt_token_ids: number[]; completion_token_ids: number[]; logprobs: number[]; finish_reason: string; model_step: number }[] } | null;
+  if (body === null) return []; // the agent made no inference call in this session
+  return body.calls.map((c) => ({
+    promptIds: Int32Array.from(c.prompt_token_ids),
+    completionIds: Int32Array.from(c.completion_token_ids),
+    logprobs: Float32Array.from(c.logprobs),
+    finishReason: c.finish_reason,
+    modelStep: c.model_step,
+  }));
+}
+
+/** The session as one sample; the gateway then releases it. */
+export async function stitchSession(gatewayUrl: string, sessionId: string, reward: number | null): Promise<GatewaySample> {
+  const body = (await call('POST', `${sessionBaseUrl(gatewayUrl, sessionId)}/stitch`, { reward })) as {
+    observation_tokens: number[];
+    action_ranges: [number, number][];
+    rollout_log_probs: number[];
+    model_steps: number[];
+    truncated: boolean;
+    reward: number | null;
+  };
+  return {
+    observationTokens: Int32Array.from(body.observation_tokens),
+    actionRanges: body.action_ranges,
+    rolloutLogprobs: Float32Array.from(body.rollout_log_probs),
+    modelSteps: Int32Array.from(body.model_steps),
+    truncated: body.truncated,
+    reward: body.reward,
+  };
+}
+
+/** Drop a session (an interrupted episode that will be played again). */
+export async function releaseSession(gatewayUrl: string, sessionId: string): Promise<void> {
+  await call('DELETE', sessionBaseUrl(gatewayUrl, sessionId)).catch(() => undefined);
+}
+
+async function call(method: 'GET' | 'POST' | 'DELETE', url: string, json?: unknown): Promise<unknown> {
+  let res;
+  try {
+    res = await request(url, {
+      method,
+      headers: json === undefined ? {} : { 'content-type': 'application/json' },
+      body: json === undefined ? undefined : JSON.stringify(json),
+      signal: AbortSignal.timeout(30_000),
+    });
+  } catch (err) {
+    throw new LlmError('ERR_LLM_UNREACHABLE', `token-trace gateway ${url} unreachable: ${(err as Error).message}`, { cause: err });
+  }
+  const text = await res.body.text();
+  if (res.statusCode === 404 && method === 'GET') return null;
+  if (res.statusCode >= 300) throw new LlmError('ERR_LLM_HTTP', `token-trace gateway ${method} ${url} answered ${res.statusCode}: ${text.slice(0, 300)}`, { status: res.statusCode });
+  return text === '' ? {} : JSON.parse(text);
+}

@@ -1,0 +1,147 @@
+/**
+ * The black-box agent loop: the episode is driven by a user module that speaks only the OpenAI API
+ * (any client, any agent framework). It runs inside a worker like any other agent loop; its inference
+ * goes through the token-trace gateway, which records the exact tokens and logprobs of every call of
+ * the session. Afterwards the session's calls become the rollout's turns and the session is stitched
+ * into one training sample (`rollout.stitched`).
+ *
+ *   user module({ baseURL: <gateway>/v1/sessions/<id>, sessionId, prompt, label, signal })
+ *     → { reward?, info? } | number | void
+ *
+ * The prompt and label come from the task's environment (reset → getTaskPrompt; the reward, when the
+ * module gives none, from stepping the environment with the agent's last reply) or, without an
+ * environment, from the dataset line (`messages`, `label`). A black-box episode cannot be continued
+ * mid-way after a weight update: an interrupted one comes back ABORTED and is played again whole.
+ */
+import { checkStepResult, checkTaskPrompt } from '../env/replies.ts';
+import type { Environment } from '../env/types.ts';
+import { fetchTraces, releaseSession, sessionBaseUrl, stitchSession } from '../llm/gateway-client.ts';
+import { describeError } from '../protocol/errors.ts';
+import { resetToPrompt, Status, type ChatMessage, type RolloutState, type TurnRecord } from '../protocol/rollout.ts';
+import type { ActorSource, PauseView } from './agent-loop.ts';
+
+export interface BlackBoxInput {
+  /** OpenAI-compatible base URL for this session (give it to any OpenAI client as `baseURL`). */
+  baseURL: string;
+  sessionId: string;
+  prompt: ChatMessage[];
+  label: unknown;
+  /** Aborts when the engine cancels in-flight work for a weight update. */
+  signal: AbortSignal;
+}
+
+export type BlackBoxResult = { reward?: number | null; info?: Record<string, unknown> } | number | null | undefined | void;
+export type BlackBoxAgent = (input: BlackBoxInput) => Promise<BlackBoxResult> | BlackBoxResult;
+
+export interface BlackBoxContext {
+  agent: BlackBoxAgent;
+  gatewayUrl: string;
+  /** The task's environment, or null when prompts come from the dataset. */
+  actors: ActorSource | null;
+  gate: PauseView;
+  workerId: number;
+  onProblem?: (rollout: RolloutState, reason: string) => void;
+}
+
+export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxContext, queueMs = 0): Promise<void> {
+  if (rollout.status === Status.COMPLETED) return;
+  if (rollout.status !== Status.INIT) resetToPrompt(rollout, Status.INIT); // never continued mid-way: played again whole
+  const timings = rollout.timings;
+  timings.queueMs += queueMs;
+  if (timings.startedAt === 0) timings.startedAt = Date.now();
+  const start = performance.now();
+  rollout.workerId = ctx.workerId;
+  const sessionId = `${rollout.id}#${rollout.attempt}`;
+  let env: Environment | null = null;
+  let envFailed = false;
+  try {
+    let prompt: ChatMessage[];
+    let label: unknown = rollout.sample.envParams.label;
+    if (ctx.actors !== null) {
+      env = await ctx.actors.acquire(ctx.gate.signal);
+      if (env === null) throw Object.assign(new Error('no environment actor available: the actor pool is exhausted or closed'), { code: 'ERR_ENV_POOL_EXHAUSTED' });
+      const t = performance.now();
+      const reset = await env.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams });
+      prompt = checkTaskPrompt(await env.getTaskPrompt());
+      timings.envMs += performance.now() - t;
+      label ??= reset.info?.label;
+    } else {
+      prompt = checkTaskPrompt(rollout.sample.envParams.messages ?? []);
+    }
+    if (ctx.gate.paused) {
+      rollout.status = Status.ABORTED;
+      return;
+    }
+    const t = performance.now();
+    let result: BlackBoxResult;
+    let agentError: unknown = null;
+    try {
+      result = await ctx.agent({ baseURL: sessionBaseUrl(ctx.gatewayUrl, sessionId), sessionId, prompt, label, signal: ctx.gate.signal });
+    } catch (err) {
+      agentError = err;
+    }
+    timings.inferenceMs += performance.now() - t;
+    const calls = await fetchTraces(ctx.gatewayUrl, sessionId);
+    rollout.turns = calls.map((c, i): TurnRecord => ({
+      step: i + 1,
+      agentId: null,
+      messages: [],
+      response: '',
+      finishReason: c.finishReason,
+      promptIds: c.promptIds,
+      responseIds: c.completionIds,
+      logprobs: c.logprobs,
+      modelSteps: new Int32Array(c.completionIds.length).fill(c.modelStep),
+      seed: null,
+      modelStep: c.modelStep,
+      reward: 0,
+      terminated: false,
+      truncated: c.finishReason === 'length',
+      trainable: true,
+      timings: { inferenceMs: 0, envMs: 0, totalMs: 0 },
+    }));
+    const interrupted = calls.some((c) => c.finishReason === 'abort') || (agentError !== null && ctx.gate.paused);
+    if (interrupted) {
+      await releaseSession(ctx.gatewayUrl, sessionId);
+      rollout.status = Status.ABORTED;
+      return;
+    }
+    if (agentError !== null) throw agentError;
+    let reward = typeof result === 'number' ? result : (result?.reward ?? null);
+    if (reward === null && env !== null) {
+      // The environment judges the agent's final answer.
+      const outcome = checkStepResult(await env.step(finalAnswer(result)));
+      reward = typeof outcome.reward === 'number' ? outcome.reward : Object.values(outcome.reward).reduce((a, b) => a + b, 0);
+    }
+    const sample = await stitchSession(ctx.gatewayUrl, sessionId, reward);
+    rollout.stitched = { observationTokens: sample.observationTokens, actionRanges: sample.actionRanges, rolloutLogprobs: sample.rolloutLogprobs, modelSteps: sample.modelSteps, truncated: sample.truncated };
+    rollout.reward = reward ?? 0;
+    const lastTurn = rollout.turns.at(-1);
+    if (lastTurn) {
+      lastTurn.reward = rollout.reward;
+      lastTurn.terminated = true;
+    }
+    rollout.truncated = sample.truncated;
+    rollout.terminated = !sample.truncated;
+    rollout.finishReason = lastTurn?.finishReason ?? null;
+    rollout.status = Status.COMPLETED;
+  } catch (err) {
+    const code = (err as { code?: unknown }).code;
+    rollout.status = code === 'ERR_ACTOR_POOL_ABORTED' ? Status.ABORTED : Status.FAILED;
+    rollout.error = describeError(err);
+    envFailed = typeof code === 'string' && code.startsWith('ERR_ENV_');
+    ctx.onProblem?.(rollout, rollout.error);
+    await releaseSession(ctx.gatewayUrl, sessionId);
+  } finally {
+    if (env !== null && ctx.actors !== null) await ctx.actors.done(env, envFailed).catch(() => undefined);
+    timings.totalMs += performance.now() - start;
+    timings.finishedAt = Date.now();
+  }
+}
+
+/** The answer the environment judges: what the module returned as `info.answer`. */
+function finalAnswer(result: BlackBoxResult): string {
+  const answer = typeof result === 'object' && result !== null ? result.info?.answer : undefined;
+  if (typeof answer === 'string') return answer;
+  throw Object.assign(new Error('the black-box agent returned no reward and no info.answer for the environment to judge'), { code: 'ERR_AGENT_NO_REWARD' });
+}

@@ -1,0 +1,43 @@
+import assert from 'node:assert/strict';
+import { after, describe, it } from 'node:test';
+import { createEngine, Status, type Engine } from '../src/index.ts';
+
+const AGENT = new URL('./fixtures/blackbox-agent.ts', import.meta.url).pathname;
+
+describe('black-box agents through the token-trace gateway', () => {
+  const engines: Engine[] = [];
+  after(() => Promise.all(engines.map((e) => e.close())));
+
+  it('runs an OpenAI-client agent inside the workers and stitches each session into one training sample', async () => {
+    const engine = createEngine({
+      logLevel: 'silent',
+      batchSize: 2,
+      workers: { threads: 1 },
+      tasks: [{ name: 'bb-math', env: { module: 'builtin:arithmetic' }, agent: { module: AGENT }, groupSize: 2 }],
+    });
+    engines.push(engine);
+    await engine.start();
+    const batch = await engine.getBatch();
+    assert.equal(batch.status, 'NORMAL');
+    for (const rollout of batch.groups.flatMap((g) => g.rollouts)) {
+      assert.equal(rollout.status, Status.COMPLETED, rollout.error ?? '');
+      assert.ok(rollout.reward === 0 || rollout.reward === 1, 'the environment judged the final answer');
+      assert.equal(rollout.turns.length, 2, 'one turn per inference call of the agent');
+      const s = rollout.stitched!;
+      assert.ok(s, 'the session was stitched');
+      assert.equal(s.actionRanges.length, 2);
+      rollout.turns.forEach((turn, i) => {
+        const [start, end] = s.actionRanges[i];
+        assert.deepEqual([...s.observationTokens.subarray(start, end)], [...turn.responseIds!], `action ${i} is exactly the completion`);
+        assert.deepEqual([...s.rolloutLogprobs.subarray(start, end)], [...turn.logprobs!]);
+        // the call's prompt is the observation up to where its completion starts
+        assert.deepEqual([...turn.promptIds!], [...s.observationTokens.subarray(0, start)]);
+      });
+      assert.equal(s.observationTokens.length, s.actionRanges[1][1]);
+    }
+  });
+
+  it('rejects a task without an environment and without a black-box agent, naming the field', () => {
+    assert.throws(() => createEngine({ tasks: [{ name: 'x', env: null }] }), { code: 'ERR_INVALID_CONFIG', message: /tasks\[0\]\.env: a task needs an env/ });
+  });
+});
