@@ -213,6 +213,13 @@ export const EngineConfigSchema = z.strictObject({
   runDir: z.string().min(1).nullable().default(null),
   /** Record every step of every session (when `runDir` is set). */
   recordSteps: z.boolean().default(true),
+  /**
+   * With `runDir`: write `<runDir>/engine.ckpt` atomically after every batch taken, before it is handed
+   * out — a run killed at any moment resumes from it (see README "Guarantees").
+   */
+  checkpointEachBatch: z.boolean().default(true),
+  /** Continue from `<runDir>/engine.ckpt` when it exists (a restarted run). */
+  resume: z.boolean().default(false),
   /** Checkpoint file to resume the run from (written by engine.checkpoint()). */
   resumeFrom: z.string().min(1).nullable().default(null),
   logLevel: z.enum(LOG_LEVELS).default(() => (process.env.LOG_LEVEL as (typeof LOG_LEVELS)[number] | undefined) ?? 'info'),

@@ -816,7 +816,7 @@ describe('async strategy produce round (coordinator/strategies.ts AsyncStrategy.
         completed += inFlight;
         inFlight = 0;
       },
-      modelStep: o.modelStep ?? 4,
+      servingModelStep: o.modelStep ?? 4,
       futureStep: o.futureStep ?? 5,
     };
     return { ctx, log };

@@ -1,9 +1,10 @@
+import { existsSync, readFileSync, truncateSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { createEngine, type Batch } from '../index.ts';
 import { BatchFileWriter } from '../coordinator/batch-file.ts';
 import type { Status } from '../protocol/rollout.ts';
-import { intFlag } from './args.ts';
+import { intFlag, UsageError } from './args.ts';
 import { ProgressLine } from './progress.ts';
 import { CONFIG_FLAGS, configFromFlags } from './config-flags.ts';
 
@@ -22,7 +23,8 @@ Options:
   --threads <n>        worker threads (overrides workers.threads)
   --seed <n>           run seed (overrides seed)
   --strategy <s>       sync | async (overrides producer.strategy)
-  --run-dir <dir>      where to write batches.jsonl, summary.json and steps/ (default runs/<timestamp>)
+  --run-dir <dir>      where to write batches.jsonl, summary.json, steps/ and engine.ckpt (default runs/<timestamp>)
+  --resume             continue the run in --run-dir after its last written batch (after a crash or a stop)
   --out <file>         batches file (default <run-dir>/batches.jsonl)
   -h, --help           show this help
 
@@ -35,6 +37,7 @@ export async function runCommand(argv: string[]): Promise<number> {
       ...CONFIG_FLAGS,
       steps: { type: 'string' },
       'run-dir': { type: 'string' },
+      resume: { type: 'boolean' },
       out: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
@@ -49,11 +52,21 @@ export async function runCommand(argv: string[]): Promise<number> {
   // On a terminal the live progress line replaces the per-batch info logs.
   if (process.stderr.isTTY && process.env.LOG_LEVEL === undefined && config.logLevel === undefined) config.logLevel = 'warn';
 
+  if (values.resume && values['run-dir'] === undefined && typeof config.runDir !== 'string') throw new UsageError('--resume needs --run-dir (the directory of the run to continue)');
   const runDir = resolve(values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : join('runs', timestamp())));
-  config.runDir = runDir; // step records go to <runDir>/steps/
+  config.runDir = runDir; // step records go to <runDir>/steps/, the per-batch checkpoint to <runDir>/engine.ckpt
+  if (values.resume) config.resume = true;
+  const batchesPath = resolve(values.out ?? join(runDir, 'batches.jsonl'));
+  // Resuming: the batches file is the trainer's record of what it received; continue after its last step.
+  const firstStep = values.resume ? lastWrittenStep(batchesPath) + 1 : 1;
   const engine = createEngine(config, { baseDir: configPath === undefined ? process.cwd() : dirname(configPath) });
-  const writer = new BatchFileWriter(resolve(values.out ?? join(runDir, 'batches.jsonl')));
-  const stopOnSignal = () => void engine.close();
+  const writer = new BatchFileWriter(batchesPath);
+  // SIGINT / SIGTERM: stop taking batches, let groups in flight come back, checkpoint, exit 0.
+  let stopping = false;
+  const stopOnSignal = () => {
+    stopping = true;
+    void engine.pauseForWeightUpdate().catch(() => undefined);
+  };
   process.once('SIGINT', stopOnSignal);
   process.once('SIGTERM', stopOnSignal);
 
@@ -64,8 +77,9 @@ export async function runCommand(argv: string[]): Promise<number> {
   try {
     await engine.start();
     progress.start();
-    for (let step = 1; step <= steps; ) {
+    for (let step = firstStep; step <= steps && !stopping; ) {
       const batch = await engine.getBatch(step);
+      if (stopping) break;
       if (batch.status !== 'NORMAL') {
         // No trainer is attached: stand in for one by "syncing" weights to the step just trained.
         await engine.pauseForWeightUpdate();
@@ -78,6 +92,11 @@ export async function runCommand(argv: string[]): Promise<number> {
       step++;
     }
     landed = (await engine.stats()).groups.landed;
+    if (stopping) {
+      await engine.pauseForWeightUpdate();
+      await engine.checkpoint(join(runDir, 'engine.ckpt'));
+      console.error(`rollout run: stopped by a signal after ${batches.length} batches; continue with --resume --run-dir ${runDir}`);
+    }
   } finally {
     progress.stop();
     await writer.close();
@@ -152,6 +171,24 @@ function formatSummary(s: RunSummary): string {
     `  steps       ${s.turns} agent steps, ${s.responseTokens} response tokens`,
     `  time        ${s.seconds.toFixed(2)} s, ${s.stepsPerSecond.toFixed(1)} steps/s`,
   ].join('\n');
+}
+
+/**
+ * The last train step fully written to a batches file (0 when there is none). A line cut short by a
+ * crash is removed first, so appending continues on a clean line.
+ */
+function lastWrittenStep(path: string): number {
+  if (!existsSync(path)) return 0;
+  const text = readFileSync(path, 'utf8');
+  const end = text.lastIndexOf('\n') + 1;
+  if (end < text.length) truncateSync(path, Buffer.byteLength(text.slice(0, end)));
+  let last = 0;
+  for (const line of text.slice(0, end).split('\n')) {
+    if (line === '') continue;
+    const step = (JSON.parse(line) as { trainStep?: unknown }).trainStep;
+    if (typeof step === 'number' && step > last) last = step;
+  }
+  return last;
 }
 
 function timestamp(): string {

@@ -10,6 +10,8 @@
  *
  * The public `Engine` class in src/index.ts is a thin shell over this.
  */
+import { existsSync, mkdirSync } from 'node:fs';
+import { join } from 'node:path';
 import type { ResolvedConfig } from '../config.ts';
 import type { DropReason } from '../buffer/replay-buffer.ts';
 import { Sampler } from '../buffer/sampler.ts';
@@ -53,6 +55,7 @@ export class Coordinator {
   #state: State = 'created';
   #llmUrls: string[] = [];
   #closeMock: (() => Promise<void>) | null = null;
+  #embeddedMock: { setWeightVersion(n: number): void } | null = null;
   /** The token-trace gateway, when a task has a black-box agent. */
   #gateway: Gateway | null = null;
   #pool: WorkerPool | null = null;
@@ -76,7 +79,9 @@ export class Coordinator {
     this.#state = 'starting';
     try {
       const { config } = this;
-      const resumed = config.resumeFrom === null ? null : readCheckpoint(config.resumeFrom, config);
+      const autoPath = this.#autoCheckpointPath();
+      const resumeFrom = config.resumeFrom ?? (config.resume && autoPath !== null && existsSync(autoPath) ? autoPath : null);
+      const resumed = resumeFrom === null ? null : readCheckpoint(resumeFrom, config);
       const samplers = new Map<string, Sampler>();
       for (const task of config.tasks) samplers.set(task.name, await Sampler.create(task, config.seed));
       const configured = config.llm.url;
@@ -98,6 +103,7 @@ export class Coordinator {
           await servers.close();
         }
       }
+      if (config.runDir !== null) mkdirSync(config.runDir, { recursive: true });
       const control = new PauseControl(resumed?.modelStep ?? config.modelStep);
       if (config.tasks.some((t) => t.agent !== null)) {
         // One gateway per process: it holds the policy's tokenizer, and workers reach it over loopback.
@@ -118,7 +124,10 @@ export class Coordinator {
         new PiscinaWorkerPool({ config, llmUrls: this.#llmUrls, control: control.block, log: this.log, gatewayUrl });
       this.#pool = pool;
       this.#producer = new Producer({ config, pool, control, samplers, log: this.log, llmUrls: this.#llmUrls, hooks: this.#options, observer: this.#options.observer });
-      if (resumed !== null) this.#producer.restore(resumed);
+      if (resumed !== null) {
+        this.#producer.restore(resumed);
+        this.#embeddedMock?.setWeightVersion(resumed.modelStep);
+      }
       this.#producer.start();
       this.#state = 'running';
       this.log.info(
@@ -128,7 +137,7 @@ export class Coordinator {
           threads: config.workers.threads,
           groupsPerWorker: config.workers.groupsPerWorker,
           tasks: config.tasks.map((t) => t.name),
-          ...(resumed ? { resumedFrom: config.resumeFrom, nextTrainStep: this.#producer.progress.nextConsumerStep } : {}),
+          ...(resumed ? { resumedFrom: resumeFrom, nextTrainStep: this.#producer.progress.nextConsumerStep } : {}),
         },
         'engine started',
       );
@@ -144,6 +153,9 @@ export class Coordinator {
       const step = trainStep ?? producer.progress.nextConsumerStep;
       if (!Number.isInteger(step) || step < 1) throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `trainStep must be a positive integer (got ${String(trainStep)})`);
       const batch = await producer.getBatch(step);
+      const autoPath = this.#autoCheckpointPath();
+      // Saved before the batch leaves: after a crash the run resumes past it, and asking for the same step again re-delivers it.
+      if (batch.status === 'NORMAL' && autoPath !== null) writeCheckpoint(autoPath, this.config, producer.snapshot());
       if (batch.status === 'NORMAL') {
         const s = batch.stats!;
         this.log.info({ trainStep: step, groups: s.groups, meanReward: round3(s.meanReward), maxStaleness: s.staleness.max, ms: Math.round(s.produceMs) }, 'batch ready');
@@ -163,12 +175,19 @@ export class Coordinator {
     return this.#withProducer(async (producer) => {
       producer.resume(options.modelStep);
       this.#gateway?.setModelStep(options.modelStep);
+      this.#embeddedMock?.setWeightVersion(options.modelStep); // "loading" the new weights into the embedded server
     });
   }
 
   /** Write the run's state to `path` atomically. Production goes on; groups in flight are saved as they were sent. */
   checkpoint(path: string): Promise<{ path: string; bytes: number }> {
     return this.#serialized(async (producer) => ({ path, bytes: writeCheckpoint(path, this.config, producer.snapshot()) }));
+  }
+
+  /** `<runDir>/engine.ckpt` when every batch is checkpointed, else null. */
+  #autoCheckpointPath(): string | null {
+    const { runDir, checkpointEachBatch } = this.config;
+    return runDir !== null && checkpointEachBatch ? join(runDir, 'engine.ckpt') : null;
   }
 
   snapshot(): ProducerSnapshot | null {
@@ -234,6 +253,7 @@ export class Coordinator {
     const tokenizer = this.config.tasks.some((t) => t.agent !== null) ? { tokenizer: 'qwen2.5' as const } : {};
     const mock = await startMockLlm({ ...this.config.mock, ...tokenizer, host: '127.0.0.1', port: 0, model: this.config.llm.model });
     this.#closeMock = () => mock.close();
+    this.#embeddedMock = mock;
     this.log.info({ url: mock.url }, 'embedded mock inference server started');
     return mock.url;
   }

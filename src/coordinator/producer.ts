@@ -107,6 +107,8 @@ export interface ProducerSnapshot {
   counts: GroupCounts;
   /** Groups in flight at snapshot time, as they were sent: restored as ABORTED, to run again. */
   inFlight: RolloutGroup[];
+  /** The last batch handed out: asking for its train step again gets it again (delivery survives a crash). */
+  lastBatch: Extract<Batch, { status: 'NORMAL' }> | null;
 }
 
 export function emptyStatusCounts(): Record<Status, number> {
@@ -147,6 +149,12 @@ export class Producer implements ProduceContext {
   #closed = false;
   #loop: Promise<void> | null = null;
   #failedSinceBatch = 0;
+  #lastBatch: Extract<Batch, { status: 'NORMAL' }> | null = null;
+  /** Newest weight version seen on tokens generated since the last resume (null: none yet). */
+  #servedModelStep: number | null = null;
+  /** Counts resumes; a group dispatched before the latest one says nothing about the new weights. */
+  #resumeEpoch = 0;
+  readonly #dispatchEpoch = new Map<string, number>();
   #lastFailure: string | null = null;
 
   constructor(options: {
@@ -193,6 +201,15 @@ export class Producer implements ProduceContext {
 
   get modelStep(): number {
     return this.#modelStep;
+  }
+
+  /**
+   * The engine's model step, unless the servers report generating with older weights (a resume whose
+   * weights did not load): then theirs. Staleness decisions use this, so stale servers stop production
+   * with EXPIRED_BATCH instead of a loop of groups that expire on arrival.
+   */
+  get servingModelStep(): number {
+    return this.#servedModelStep === null ? this.#modelStep : Math.min(this.#modelStep, this.#servedModelStep);
   }
 
   get futureStep(): number {
@@ -271,6 +288,7 @@ export class Producer implements ProduceContext {
 
   #dispatch(group: RolloutGroup): void {
     this.#inFlight.set(group.id, group);
+    this.#dispatchEpoch.set(group.id, this.#resumeEpoch);
     this.#inFlightByTask.set(group.taskName, this.#inFlightByTask.get(group.taskName)! + 1);
     this.counts.inFlight++;
     void this.#pool.runGroup(group, this.#modelStep).then((result) => this.#land(group, result));
@@ -299,9 +317,26 @@ export class Producer implements ProduceContext {
       this.#failedSinceBatch++;
       this.#lastFailure = group.error ?? group.rollouts.find((r) => r.error !== null)?.error ?? 'unknown';
     }
+    if (this.#dispatchEpoch.get(sent.id) === this.#resumeEpoch) this.#noteServedVersion(group, sent);
+    this.#dispatchEpoch.delete(sent.id);
     this.#observer.landed?.(group, sent);
     this.buffer.put(group, this.#expiry());
     this.#landed.notify();
+  }
+
+  #noteServedVersion(group: RolloutGroup, sent: RolloutGroup): void {
+    for (let i = 0; i < group.rollouts.length; i++) {
+      const turns = group.rollouts[i].turns;
+      const last = turns.at(-1);
+      // Only a turn generated in this dispatch tells what the servers hold now.
+      if (last === undefined || turns.length <= (sent.rollouts[i]?.turns.length ?? 0)) continue;
+      if (this.#servedModelStep === null || last.modelStep > this.#servedModelStep) {
+        if (last.modelStep < this.#modelStep && (this.#servedModelStep ?? -1) < last.modelStep) {
+          this.#log.warn({ served: last.modelStep, modelStep: this.#modelStep }, 'the inference servers report an older weight version than the engine resumed with: did the new weights load?');
+        }
+        this.#servedModelStep = last.modelStep;
+      }
+    }
   }
 
   #expiry(trainStep = this.progress.nextConsumerStep): ExpiryPolicy {
@@ -311,6 +346,9 @@ export class Producer implements ProduceContext {
   // ── the consumer ──────────────────────────────────────────────────────────────────────────────
 
   async getBatch(trainStep: number): Promise<Batch> {
+    // Asking again for the step just handed out (a trainer retrying after a lost reply, or restarted
+    // after a crash) gets the same batch: a batch is delivered at least once and taken exactly once.
+    if (this.#lastBatch !== null && this.#lastBatch.trainStep === trainStep) return this.#lastBatch;
     const empty = (status: 'UPDATE_WEIGHT_AND_ABORT' | 'EXPIRED_BATCH'): Batch => ({ trainStep, status, groups: [], stats: null });
     if (this.#paused) return empty('UPDATE_WEIGHT_AND_ABORT');
     this.progress.beginConsume(trainStep);
@@ -348,7 +386,7 @@ export class Producer implements ProduceContext {
   }
 
   #modelTooStale(trainStep: number): boolean {
-    return seqStaleness(this.#modelStep, trainStep) >= this.#produceThreshold;
+    return seqStaleness(this.servingModelStep, trainStep) >= this.#produceThreshold;
   }
 
   async #produceSync(shares: Map<string, number>): Promise<ProduceStatus[]> {
@@ -398,7 +436,8 @@ export class Producer implements ProduceContext {
     this.#failedSinceBatch = 0;
     this.#changed.notify();
     this.#observer.taken?.(groups, trainStep);
-    return { trainStep, status: 'NORMAL', groups, stats: this.#batchStats(trainStep, chosen, maskedTokens) };
+    this.#lastBatch = { trainStep, status: 'NORMAL', groups, stats: this.#batchStats(trainStep, chosen, maskedTokens) };
+    return this.#lastBatch;
   }
 
   #batchStats(trainStep: number, chosen: Map<string, RolloutGroup[]>, maskedTokens: number): BatchStats {
@@ -455,7 +494,7 @@ export class Producer implements ProduceContext {
         continue;
       }
       const future = this.progress.producerFutureStep;
-      if (this.#async.isModelExpired(future, this.#modelStep)) {
+      if (this.#async.isModelExpired(future, this.servingModelStep)) {
         this.#landed.notify(); // a getBatch waiting for groups must learn that none are coming
         await this.#changed.wait();
         continue;
@@ -477,7 +516,7 @@ export class Producer implements ProduceContext {
       if (statuses.includes('UPDATE_WEIGHT_AND_ABORT')) continue;
       if (statuses.includes('EXPIRED_BATCH')) continue; // re-checked at the top of the loop
       // This step's targets are met: run ahead one step while the weights are fresh enough for it.
-      if (!this.#async.isModelExpired(future + 1, this.#modelStep)) this.progress.advanceFutureStep();
+      if (!this.#async.isModelExpired(future + 1, this.servingModelStep)) this.progress.advanceFutureStep();
       else await this.#changed.wait();
     }
   }
@@ -555,6 +594,8 @@ export class Producer implements ProduceContext {
       throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `modelStep must be an integer >= the current model step ${this.#modelStep} (got ${String(modelStep)})`);
     }
     this.#modelStep = modelStep;
+    this.#servedModelStep = null; // learnt again from the first tokens the new weights generate
+    this.#resumeEpoch++;
     this.#paused = false;
     this.#control.resume(modelStep);
     this.buffer.refresh(this.#expiry());
@@ -572,11 +613,13 @@ export class Producer implements ProduceContext {
       samplers: Object.fromEntries([...this.#samplers].map(([name, s]) => [name, s.cursor])),
       counts: structuredClone(this.counts),
       inFlight: [...this.#inFlight.values()],
+      lastBatch: this.#lastBatch,
     };
   }
 
   /** Before start(): state from a checkpoint, updated in place. In-flight groups come back ABORTED. */
   restore(snapshot: ProducerSnapshot): void {
+    this.#lastBatch = snapshot.lastBatch ?? null;
     this.#modelStep = snapshot.modelStep;
     this.#control.resume(snapshot.modelStep);
     this.progress.restore(snapshot.progress);

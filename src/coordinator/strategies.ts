@@ -31,7 +31,8 @@ export interface ProduceContext {
   checkFailures(task: string): void;
   /** Resolves when any group lands. */
   landed(): Promise<void>;
-  readonly modelStep: number;
+  /** Weights the servers generate with: the engine's model step, or older when the servers report older. */
+  readonly servingModelStep: number;
   readonly futureStep: number;
 }
 
@@ -101,7 +102,7 @@ export class AsyncStrategy implements ProduceStrategy {
     const scheduled = target + this.oversample(share, tailBatch);
     for (;;) {
       if (ctx.shouldAbort()) return 'UPDATE_WEIGHT_AND_ABORT';
-      if (this.isModelExpired(ctx.futureStep, ctx.modelStep)) return 'EXPIRED_BATCH';
+      if (this.isModelExpired(ctx.futureStep, ctx.servingModelStep)) return 'EXPIRED_BATCH';
       ctx.checkFailures(task);
       const available = ctx.available(task);
       if (!this.#shouldContinue(available, target)) return 'NORMAL';

@@ -150,7 +150,7 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
     rollout.error = describeError(err);
     // An environment error (not an inference one) means the actor is not to be trusted again.
     actorFailed = typeof code !== 'string' || !(code.startsWith('ERR_LLM_') || code.startsWith('ERR_ACTOR_POOL_'));
-    ctx.onProblem?.(rollout, rollout.error);
+    if (rollout.status === Status.FAILED) ctx.onProblem?.(rollout, rollout.error); // an interruption is not a problem
   } finally {
     if (episode) {
       try {

@@ -5,12 +5,13 @@
  * call sees a pause the moment the coordinator writes it — no message has to be delivered first.
  * `signal` aborts in-flight inference calls when the coordinator escalates to CANCEL.
  */
+import { setMaxListeners } from 'node:events';
 import { CONTROL, RunState } from '../protocol/control-block.ts';
 
 export class PauseGate {
   readonly #view: Int32Array;
   #epoch: number;
-  #cancel = new AbortController();
+  #cancel = quietController();
   #closed = false;
 
   constructor(block: SharedArrayBuffer) {
@@ -52,6 +53,13 @@ export class PauseGate {
   #apply(): void {
     const state = Atomics.load(this.#view, CONTROL.STATE);
     if (state === RunState.CANCEL && !this.#cancel.signal.aborted) this.#cancel.abort(new Error('inference cancelled for a weight update'));
-    if (state === RunState.RUNNING && this.#cancel.signal.aborted) this.#cancel = new AbortController();
+    if (state === RunState.RUNNING && this.#cancel.signal.aborted) this.#cancel = quietController();
   }
+}
+
+/** Every inference call in flight listens on the one cancel signal: hundreds of listeners are expected. */
+function quietController(): AbortController {
+  const controller = new AbortController();
+  setMaxListeners(0, controller.signal);
+  return controller;
 }

@@ -13,6 +13,10 @@
  * Then pause figures: with `--pause-rollouts` (512) rollouts in flight against a slow server, the time
  * until every worker has stopped issuing inference calls (the engine's own share) and until every
  * group is back on the main thread, p50 / p99, in abort and drain modes.
+ *
+ * Also the Python baseline (test/bench/python_baseline.py, via python-baseline.ts): an asyncio loop
+ * built like the reference Interactor, environment through an executor and called directly, against
+ * the same mock process at the same concurrency; skipped with a line saying why without aiohttp.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { availableParallelism, cpus } from 'node:os';
@@ -22,6 +26,7 @@ import { Pool } from 'undici';
 import { createEngine } from '../../src/index.ts';
 import { startMockProcess } from '../../src/loadtest/mock-process.ts';
 import { percentile } from '../../src/loadtest/stats.ts';
+import { runPythonBaseline } from './python-baseline.ts';
 
 const { values } = parseArgs({
   options: {
@@ -126,6 +131,29 @@ async function engineRun(url: string): Promise<Sample> {
   return { operations, seconds: elapsed, cpuMs: (cpu.user + cpu.system) / 1000 };
 }
 
+interface PythonRuns {
+  executor: (Sample & { episodes: number; meanReward: number | null })[];
+  direct: (Sample & { episodes: number; meanReward: number | null })[];
+  /** Why the baseline could not run (aiohttp missing, …); null while it runs. */
+  skipped: string | null;
+  versions: { interpreter: string; python: string; aiohttp: string } | null;
+}
+
+/** One repeat of the Python baseline, both modes, against `url`; the first failure skips it from then on. */
+async function pythonRound(url: string, runs: PythonRuns): Promise<void> {
+  for (const mode of ['executor', 'direct'] as const) {
+    if (runs.skipped !== null) return;
+    const outcome = await runPythonBaseline({ url, concurrency, seconds, mode, maxTokens });
+    if (!outcome.ok) {
+      runs.skipped = outcome.reason;
+      return;
+    }
+    const r = outcome.result;
+    runs.versions ??= { interpreter: outcome.interpreter, python: r.python, aiohttp: r.aiohttp };
+    runs[mode].push({ operations: r.steps, seconds: r.seconds, cpuMs: r.cpuSeconds * 1000, episodes: r.episodes, meanReward: r.meanReward });
+  }
+}
+
 function stats(xs: number[]): { median: number; min: number; max: number } {
   const s = [...xs].sort((a, b) => a - b);
   return { median: s[Math.floor(s.length / 2)], min: s[0], max: s[s.length - 1] };
@@ -190,10 +218,12 @@ async function main(): Promise<void> {
   const mock = await startMockProcess(['--latency-ms', String(latencyMs)]);
   const bare: Sample[] = [];
   const engine: Sample[] = [];
+  const python: PythonRuns = { executor: [], direct: [], skipped: null, versions: null };
   try {
     for (let i = 0; i < repeats; i++) {
       bare.push(await bareLoop(mock.url));
       engine.push(await engineRun(mock.url));
+      await pythonRound(mock.url, python);
     }
   } finally {
     await mock.close();
@@ -212,15 +242,22 @@ async function main(): Promise<void> {
   const engineRate = stats(engine.map(rate));
   const bareCpu = stats(bare.map(cpuPer));
   const engineCpu = stats(engine.map(cpuPer));
+  const pythonFigures = (samples: PythonRuns['executor']) =>
+    samples.length === 0 ? null : { stepsPerSecond: stats(samples.map(rate)), cpuUsPerStep: stats(samples.map(cpuPer)), samples };
+  const pyExecutor = pythonFigures(python.executor);
+  const pyDirect = pythonFigures(python.direct);
   const result = {
     machine: { cpus: cpus().length, model: cpus()[0]?.model, node: process.version, platform: process.platform },
     settings: { concurrency, seconds, repeats, threads, groupSize, latencyMs, maxTokens },
     bare: { requestsPerSecond: bareRate, cpuUsPerRequest: bareCpu, samples: bare },
     engine: { stepsPerSecond: engineRate, cpuUsPerStep: engineCpu, samples: engine },
+    python: { skipped: python.skipped, ...python.versions, executor: pyExecutor, direct: pyDirect },
     pause: pauseFigures,
     ratios: {
       engineCpuPerStepOverBareCpuPerRequest: engineCpu.median / bareCpu.median,
       engineStepsPerSecondOverBareRequestsPerSecond: engineRate.median / bareRate.median,
+      engineStepsPerSecondOverPythonExecutorStepsPerSecond: pyExecutor ? engineRate.median / pyExecutor.stepsPerSecond.median : null,
+      engineStepsPerSecondOverPythonDirectStepsPerSecond: pyDirect ? engineRate.median / pyDirect.stepsPerSecond.median : null,
     },
   };
   const fmt = (n: number, d = 0) => n.toFixed(d).padStart(10);
@@ -230,7 +267,18 @@ async function main(): Promise<void> {
   console.log(`${'side'.padEnd(28)}${'ops/s'.padStart(10)}${'CPU µs/op'.padStart(10)}   spread (ops/s; CPU µs/op)`);
   console.log(`${'bare undici loop (requests)'.padEnd(28)}${fmt(bareRate.median)}${fmt(bareCpu.median)}   ${spread(bareRate)}; ${spread(bareCpu)}`);
   console.log(`${'engine (agent steps)'.padEnd(28)}${fmt(engineRate.median)}${fmt(engineCpu.median)}   ${spread(engineRate)}; ${spread(engineCpu)}`);
+  if (python.skipped !== null) console.log(`python baseline skipped: ${python.skipped}`);
+  for (const [label, f] of [['python asyncio (executor)', pyExecutor], ['python asyncio (direct)', pyDirect]] as const) {
+    if (f) console.log(`${label.padEnd(28)}${fmt(f.stepsPerSecond.median)}${fmt(f.cpuUsPerStep.median)}   ${spread(f.stepsPerSecond)}; ${spread(f.cpuUsPerStep)}`);
+  }
   console.log(`\nratio engine/bare: CPU per step ${result.ratios.engineCpuPerStepOverBareCpuPerRequest.toFixed(2)}×, throughput ${result.ratios.engineStepsPerSecondOverBareRequestsPerSecond.toFixed(2)}×`);
+  if (pyExecutor) {
+    const direct = result.ratios.engineStepsPerSecondOverPythonDirectStepsPerSecond;
+    console.log(
+      `ratio engine steps/s ÷ python executor steps/s: ${result.ratios.engineStepsPerSecondOverPythonExecutorStepsPerSecond!.toFixed(2)}×` +
+        ` (÷ python direct: ${direct === null ? 'n/a' : `${direct.toFixed(2)}×`}; ${python.versions!.interpreter}, Python ${python.versions!.python}, aiohttp ${python.versions!.aiohttp})`,
+    );
+  }
   console.log(`\npause for a weight update, ${pauseRollouts} rollouts in flight (slow server: 100 tokens/s per request)`);
   console.log(`${'mode'.padEnd(8)}${'pauses'.padStart(8)}${'in flight'.padStart(11)}${'workers stopped p50/p99 ms'.padStart(30)}${'all back p50/p99 ms'.padStart(24)}`);
   for (const f of pauseFigures) {
