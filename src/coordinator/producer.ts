@@ -637,11 +637,22 @@ export class Producer implements ProduceContext {
     this.counts.inFlight = 0;
   }
 
+  /**
+   * Stop scheduling, cancel what is in flight (calls aborted client-side, episodes stop at their next
+   * step) and wait — bounded — for those groups to land as ABORTED, so closing the workers does not
+   * fail them half-way.
+   */
   async close(): Promise<void> {
     this.#closed = true;
     this.#changed.notify();
     this.#landed.notify();
     await this.#loop;
+    if (this.#inFlight.size === 0) return;
+    this.#control.cancel();
+    const deadline = performance.now() + Math.min(this.#config.pause.timeoutMs, 10_000);
+    while (this.#inFlight.size > 0 && performance.now() < deadline) {
+      await Promise.race([this.#landed.wait(), sleep(100, undefined, { ref: false })]);
+    }
   }
 }
 

@@ -71,7 +71,7 @@ export class LlmClient {
     this.#pool = new Pool(url.origin, {
       connections: options.connections,
       // A non-streaming completion sends its headers only once generation is done: both timeouts are the
-      // whole request budget, and the AbortSignal below is what actually bounds the request.
+      // whole request budget (a stalled body is cut the same way), so no per-call timer is needed.
       headersTimeout: options.timeoutMs,
       bodyTimeout: options.timeoutMs,
       keepAliveTimeout: 60_000,
@@ -123,8 +123,8 @@ export class LlmClient {
     signal: AbortSignal | undefined,
     path: string,
   ): Promise<{ ok: true; result: ChatResult } | { ok: false; error: LlmError; retryable: boolean; retryAfterMs?: number }> {
-    const timeout = AbortSignal.timeout(this.#options.timeoutMs);
-    const combined = signal ? AbortSignal.any([signal, timeout]) : timeout;
+    // The request budget is enforced by the pool's headers and body timeouts (both llm.timeoutMs): a
+    // timer and a composite signal per call cost more than the rest of the client's work per step.
     let statusCode: number;
     let text: string;
     let retryAfter: string | string[] | undefined;
@@ -134,14 +134,14 @@ export class LlmClient {
         path,
         headers: this.#headers,
         body,
-        signal: combined,
+        signal,
       });
       statusCode = response.statusCode;
       retryAfter = response.headers['retry-after'];
       text = await response.body.text();
     } catch (err) {
       if (signal?.aborted) throw aborted(signal);
-      if (timeout.aborted || (err as { code?: string }).code === 'UND_ERR_HEADERS_TIMEOUT' || (err as { code?: string }).code === 'UND_ERR_BODY_TIMEOUT') {
+      if ((err as { code?: string }).code === 'UND_ERR_HEADERS_TIMEOUT' || (err as { code?: string }).code === 'UND_ERR_BODY_TIMEOUT') {
         return { ok: false, retryable: false, error: new LlmError('ERR_LLM_TIMEOUT', `inference request to ${this.url} timed out after ${this.#options.timeoutMs} ms (llm.timeoutMs)`, { cause: err }) };
       }
       const code = (err as { code?: string }).code ?? 'unknown';

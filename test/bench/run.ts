@@ -105,7 +105,10 @@ async function engineRun(url: string): Promise<Sample> {
     logLevel: 'warn',
     llm: { url, connections: Math.ceil(concurrency / threads) + 8 },
     batchSize: groupsInFlight,
-    workers: { threads, groupsPerWorker: Math.ceil(groupsInFlight / threads) + 1 },
+    // Exactly `concurrency` rollouts run at once (the pool's capacity); async production with
+    // over-sampling keeps that capacity full between batches, as a steady loop does.
+    workers: { threads, groupsPerWorker: Math.ceil(groupsInFlight / threads) },
+    producer: { strategy: 'async', maxStaleness: 1_000_000, overSampleThreshold: 1 },
     tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize, maxSteps: 8, maxTokens }],
   });
   await engine.start();
@@ -200,7 +203,7 @@ async function pauseBench(url: string, mode: 'abort' | 'drain', pauseRollouts: n
       const report = await engine.pauseForWeightUpdate();
       if (report.workersStoppedMs !== null) stopped.push(report.workersStoppedMs);
       back.push(report.allBackMs);
-      await engine.resume({ modelStep: i + 1 });
+      await engine.resume({ modelStep: 0 }); // the mock keeps its weights: no new version to report
     }
   } finally {
     await engine.close();
