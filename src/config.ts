@@ -146,6 +146,8 @@ const WorkersSpec = z.strictObject({
   /** Groups one worker runs at once on its event loop. */
   groupsPerWorker: positiveInt.default(64),
   maxOldGenerationSizeMb: positiveInt.nullable().default(null),
+  /** A worker whose event loop does not answer for this long (a spinning environment) is terminated and replaced; null = never. */
+  watchdogMs: positiveInt.nullable().default(60_000),
 });
 
 const ProducerSpec = z.strictObject({
@@ -167,6 +169,11 @@ const ProducerSpec = z.strictObject({
   filter: z.enum(['none', 'drop-equal-rewards']).default('none'),
   /** Order COMPLETED groups are taken in: insertion (`fifo`) or stalest first, then oldest. */
   takeOrder: z.enum(['fifo', 'stalest']).default('fifo'),
+  /**
+   * Memory budget for the buffer plus the groups in flight (approximate bytes). Over it, the producer
+   * stops scheduling and waits for the trainer to take batches; nothing is dropped. null = no budget.
+   */
+  memoryBudgetBytes: positiveInt.nullable().default(null),
   /** Token-level mask: tokens this many steps stale (or more) are masked out of the loss; null = off. */
   tokenStalenessThreshold: positiveInt.nullable().default(null),
 });

@@ -118,6 +118,16 @@ describe('control API', () => {
     assert.equal((await call(server, 'GET', '/pause')).status, 405);
   });
 
+  it('answers 429 with Retry-After once a client goes over the request rate', async () => {
+    const limited = await engine.listen({ port: 0, rateLimitPerSecond: 5 });
+    const statuses: number[] = [];
+    for (let i = 0; i < 15; i++) statuses.push((await call(limited, 'GET', '/health', { token: null })).status);
+    assert.ok(statuses.slice(0, 10).every((s) => s === 200), 'a burst of twice the rate is allowed');
+    assert.ok(statuses.includes(429));
+    const res = await call(limited, 'GET', '/health', { token: null });
+    assert.equal(res.body.error.code, 'ERR_RATE_LIMITED');
+  });
+
   it('serves Prometheus metrics: groups, latency by phase, staleness, tokens, pauses, workers', async () => {
     const res = await call(server, 'GET', '/metrics');
     assert.equal(res.status, 200);

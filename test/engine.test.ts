@@ -122,3 +122,29 @@ describe('engine against the mock inference server, in real worker threads', () 
     assertAccounted(await e.stats());
   });
 });
+
+describe('the worker watchdog', () => {
+  it('terminates a worker whose environment spins, fails its group with the reason, and keeps producing', async () => {
+    const mock = await startMockLlm({ port: 0 });
+    const e = createEngine({
+      logLevel: 'silent',
+      llm: { url: mock.url },
+      batchSize: 2,
+      workers: { threads: 1, groupsPerWorker: 1, watchdogMs: 300 },
+      producer: { maxFailedGroupsPerStep: 5 },
+      tasks: [{ name: 'faulty', env: { module: FAULTY_ENV }, dataset: datasetOf(['ok', 'spin', 'ok', 'ok', 'ok', 'ok']), groupSize: 1, maxSteps: 2 }],
+    });
+    try {
+      await e.start();
+      const batch = await e.getBatch();
+      assert.equal(batch.status, 'NORMAL');
+      const stats = await e.stats();
+      assert.equal(stats.groups.dropped.FAILED, 1);
+      assert.match(stats.buffer.lastDropReason ?? '', /did not answer for 300 ms \(workers\.watchdogMs\) and was terminated by the watchdog/);
+      assertAccounted(stats);
+    } finally {
+      await e.close();
+      await mock.close();
+    }
+  });
+});

@@ -812,6 +812,7 @@ describe('async strategy produce round (coordinator/strategies.ts AsyncStrategy.
       available: () => (o.consumed ?? 0) + completed,
       target: () => o.target,
       checkFailures: () => {},
+      hasRoom: () => true,
       landed: async () => {
         completed += inFlight;
         inFlight = 0;

@@ -13,7 +13,7 @@
  * the expired members are reset to their prompt and marked EXPIRED (siblings keep their responses);
  * when they are not, the whole group is dropped and counted.
  */
-import { groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { approxGroupBytes, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
 import { rolloutMinModelStep, rolloutStaleness } from './staleness.ts';
 
 const STORED_STATUSES = [Status.COMPLETED, Status.ABORTED, Status.EXPIRED] as const;
@@ -41,6 +41,9 @@ export class ReplayBuffer {
   /** task → status → (group id → group). */
   readonly #pools = new Map<string, Map<StoredStatus, Map<string, RolloutGroup>>>();
   readonly #dropped: Record<DropReason, number> = { FAILED: 0, FILTERED: 0, EXPIRED: 0 };
+  /** Approximate bytes of every stored group (approxGroupBytes), kept as groups come and go. */
+  readonly #sizes = new Map<string, number>();
+  #bytes = 0;
   #lastDropReason: string | null = null;
   /** Called with every group that leaves the buffer's accounting by being dropped. */
   onDrop: ((group: RolloutGroup, reason: DropReason) => void) | null = null;
@@ -71,6 +74,10 @@ export class ReplayBuffer {
     const pool = pools.get(status);
     if (pool === undefined) throw new Error(`replay buffer cannot store group ${group.id} with status ${group.status}`);
     pool.set(group.id, group);
+    this.#forget(group.id);
+    const size = approxGroupBytes(group);
+    this.#sizes.set(group.id, size);
+    this.#bytes += size;
     return status;
   }
 
@@ -84,6 +91,7 @@ export class ReplayBuffer {
         for (const group of [...pool.values()]) {
           if (!applyExpiry(group, expiry, this.onReset)) {
             pool.delete(group.id);
+            this.#forget(group.id);
             this.#drop(group, 'EXPIRED');
           } else if (group.status !== status) {
             pool.delete(group.id);
@@ -117,7 +125,10 @@ export class ReplayBuffer {
       // Array.prototype.sort is stable, so equal staleness keeps insertion order (oldest first).
       chosen = [...pool.values()].sort((a, b) => groupMinModelStep(a) - groupMinModelStep(b)).slice(0, n);
     }
-    for (const group of chosen) pool.delete(group.id);
+    for (const group of chosen) {
+      pool.delete(group.id);
+      this.#forget(group.id);
+    }
     return chosen;
   }
 
@@ -128,6 +139,7 @@ export class ReplayBuffer {
       const pool = pools.get(status)!;
       for (const [id, group] of pool) {
         pool.delete(id);
+        this.#forget(id);
         return group;
       }
     }
@@ -152,6 +164,8 @@ export class ReplayBuffer {
   /** Replace the contents in place (no expiry: the restored consumer step decides on the next refresh). */
   restore(snapshot: BufferSnapshot): void {
     for (const pools of this.#pools.values()) for (const pool of pools.values()) pool.clear();
+    this.#sizes.clear();
+    this.#bytes = 0;
     for (const group of snapshot.groups) this.put(group);
     Object.assign(this.#dropped, snapshot.dropped);
     this.#lastDropReason = snapshot.lastDropReason;
@@ -163,7 +177,20 @@ export class ReplayBuffer {
     this.#drop(group, reason);
   }
 
+  /** Approximate bytes held by stored groups. */
+  get bytes(): number {
+    return this.#bytes;
+  }
+
+  #forget(id: string): void {
+    const size = this.#sizes.get(id);
+    if (size === undefined) return;
+    this.#sizes.delete(id);
+    this.#bytes -= size;
+  }
+
   #drop(group: RolloutGroup, reason: DropReason): void {
+    this.#forget(group.id);
     this.#dropped[reason]++;
     this.#lastDropReason = reason === 'EXPIRED' ? `group ${group.id} expired (too stale) and expired groups are not retried` : (group.error ?? group.rollouts.find((r) => r.error !== null)?.error ?? reason);
     this.onDrop?.(group, reason);

@@ -36,6 +36,8 @@ export interface ControlServerOptions {
   /** Require `Authorization: Bearer <token>` on every route but /health. */
   token?: string | null;
   maxBodyBytes?: number;
+  /** Requests per second per client address (token bucket, bursts of twice that); over it: 429. */
+  rateLimitPerSecond?: number;
 }
 
 export interface ControlServer {
@@ -50,6 +52,7 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
   const host = options.host ?? '127.0.0.1';
   const token = options.token ?? null;
   const maxBodyBytes = options.maxBodyBytes ?? 1024 * 1024;
+  const limiter = new RateLimiter(options.rateLimitPerSecond ?? 200);
   const routes: Record<string, Handler> = {
     'GET /health': async () => ({ status: 'ok' }),
     'GET /status': async () => {
@@ -75,6 +78,10 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
     try {
       const path = new URL(req.url ?? '/', 'http://x').pathname;
       const key = `${req.method} ${path}`;
+      if (!limiter.allow(req.socket.remoteAddress ?? '')) {
+        res.setHeader('retry-after', '1');
+        throw new HttpError(429, 'ERR_RATE_LIMITED', 'too many requests from this address; retry after a second');
+      }
       if (token !== null && path !== '/health' && !tokenMatches(req.headers.authorization, token)) {
         throw new HttpError(401, 'ERR_UNAUTHORIZED', 'missing or wrong bearer token (Authorization: Bearer …)');
       }
@@ -123,4 +130,27 @@ function requiredInt(body: Record<string, unknown>, field: string, min: number):
     throw new HttpError(400, 'ERR_BAD_BODY', `${field} must be an integer >= ${min} (got ${JSON.stringify(value)})`);
   }
   return value;
+}
+
+/** A token bucket per client address: `rate` tokens a second, up to `2 × rate` saved for bursts. */
+class RateLimiter {
+  readonly #rate: number;
+  readonly #buckets = new Map<string, { tokens: number; at: number }>();
+
+  constructor(rate: number) {
+    this.#rate = rate;
+  }
+
+  allow(client: string): boolean {
+    const now = performance.now();
+    const burst = 2 * this.#rate;
+    const bucket = this.#buckets.get(client) ?? { tokens: burst, at: now };
+    bucket.tokens = Math.min(burst, bucket.tokens + ((now - bucket.at) / 1000) * this.#rate);
+    bucket.at = now;
+    this.#buckets.set(client, bucket);
+    if (this.#buckets.size > 10_000) this.#buckets.clear(); // bounded: forgetting buckets only ever allows more
+    if (bucket.tokens < 1) return false;
+    bucket.tokens -= 1;
+    return true;
+  }
 }

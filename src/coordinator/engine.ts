@@ -34,7 +34,7 @@ export interface EngineStats {
   producerFutureStep: number;
   paused: boolean;
   groups: GroupCounts;
-  buffer: { completed: number; aborted: number; expired: number; dropped: Record<DropReason, number>; lastDropReason: string | null };
+  buffer: { completed: number; aborted: number; expired: number; bytes: number; dropped: Record<DropReason, number>; lastDropReason: string | null };
   workers: WorkerStats[];
 }
 
@@ -214,6 +214,7 @@ export class Coordinator {
         completed: buffer?.count(undefined, 'COMPLETED') ?? 0,
         aborted: buffer?.count(undefined, 'ABORTED') ?? 0,
         expired: buffer?.count(undefined, 'EXPIRED') ?? 0,
+        bytes: buffer?.bytes ?? 0,
         dropped: buffer?.dropped ?? { FAILED: 0, FILTERED: 0, EXPIRED: 0 },
         lastDropReason: buffer?.lastDropReason ?? null,
       },

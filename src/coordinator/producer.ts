@@ -19,7 +19,7 @@ import { rolloutStaleness, seqStaleness, staleThreshold, tokenLossMask } from '.
 import { abortInference } from '../llm/client.ts';
 import type { Logger } from '../log.ts';
 import { RolloutEngineError } from '../protocol/errors.ts';
-import { groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { approxGroupBytes, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
 import { Notifier, WakeUp } from './notifier.ts';
 import type { PauseControl } from './pause-control.ts';
 import { ProduceProgress, type ProgressState } from './progress.ts';
@@ -152,6 +152,8 @@ export class Producer implements ProduceContext {
   #lastBatch: Extract<Batch, { status: 'NORMAL' }> | null = null;
   /** Newest weight version seen on tokens generated since the last resume (null: none yet). */
   #servedModelStep: number | null = null;
+  /** Moving average of landed groups' approximate bytes (memory budget). */
+  #meanGroupBytes = 4096;
   /** Counts resumes; a group dispatched before the latest one says nothing about the new weights. */
   #resumeEpoch = 0;
   readonly #dispatchEpoch = new Map<string, number>();
@@ -270,6 +272,13 @@ export class Producer implements ProduceContext {
     return this.progress.targetSamples[task];
   }
 
+  hasRoom(): boolean {
+    const budget = this.#config.producer.memoryBudgetBytes;
+    if (budget === null) return true;
+    // Groups in flight are counted at the average size of landed ones (their real size is not known yet).
+    return this.buffer.bytes + (this.#inFlight.size + 1) * this.#meanGroupBytes <= budget;
+  }
+
   checkFailures(task: string): void {
     const max = this.#config.producer.maxFailedGroupsPerStep ?? 2 * this.#config.batchSize;
     if (this.#failedSinceBatch > max) {
@@ -300,6 +309,7 @@ export class Producer implements ProduceContext {
     this.counts.inFlight--;
     group.status = groupStatus(group.rollouts);
     this.counts.landed[group.status]++;
+    if (this.#config.producer.memoryBudgetBytes !== null) this.#meanGroupBytes = 0.9 * this.#meanGroupBytes + 0.1 * approxGroupBytes(group);
     const task = group.taskName;
     let tokens = 0;
     for (const r of group.rollouts) tokens += responseTokenCount(r);
@@ -378,10 +388,16 @@ export class Producer implements ProduceContext {
       if (this.#paused) return empty('UPDATE_WEIGHT_AND_ABORT');
       // Nothing generated with these weights can be used at this step: the trainer must sync first.
       if (this.#modelTooStale(trainStep)) return empty('EXPIRED_BATCH');
-      if (!sync) await this.#landed.wait();
-      else if (this.counts.scheduled + this.counts.retried === dispatched) {
-        throw new RolloutEngineError('ERR_PRODUCTION_STALLED', `train step ${trainStep}: production stopped before the batch was complete (a shouldContinue hook that returns false too early?)`);
+      const stalled = sync ? this.counts.scheduled + this.counts.retried === dispatched : this.#inFlight.size === 0 && !this.hasRoom();
+      if (stalled) {
+        const budget = this.#config.producer.memoryBudgetBytes;
+        const why =
+          budget !== null && !this.hasRoom()
+            ? `producer.memoryBudgetBytes (${budget}) cannot hold one batch: the buffer holds ≈${Math.round(this.buffer.bytes)} bytes`
+            : 'a shouldContinue hook that returns false too early?';
+        throw new RolloutEngineError('ERR_PRODUCTION_STALLED', `train step ${trainStep}: production stopped before the batch was complete (${why})`);
       }
+      if (!sync) await this.#landed.wait();
     }
   }
 

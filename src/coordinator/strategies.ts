@@ -27,6 +27,8 @@ export interface ProduceContext {
   /** consumed + COMPLETED in the buffer (absolute, cumulative). */
   available(task: string): number;
   target(task: string): number;
+  /** Whether one more group fits the memory budget (buffer + in flight). */
+  hasRoom(): boolean;
   /** Rejects when too many groups failed since the last batch. */
   checkFailures(task: string): void;
   /** Resolves when any group lands. */
@@ -52,7 +54,7 @@ export class SyncStrategy implements ProduceStrategy {
     while (this.#shouldContinue(ctx.completed(task), share)) {
       ctx.checkFailures(task);
       if (ctx.shouldAbort()) return 'UPDATE_WEIGHT_AND_ABORT';
-      while (ctx.inFlight(task) + ctx.completed(task) < share) ctx.spawn(task, false);
+      while (ctx.inFlight(task) + ctx.completed(task) < share && ctx.hasRoom()) ctx.spawn(task, false);
       if (ctx.inFlight(task) === 0) break;
       await ctx.landed();
     }
@@ -106,7 +108,8 @@ export class AsyncStrategy implements ProduceStrategy {
       ctx.checkFailures(task);
       const available = ctx.available(task);
       if (!this.#shouldContinue(available, target)) return 'NORMAL';
-      while (available + ctx.inFlight(task) < scheduled && !ctx.shouldAbort()) ctx.spawn(task, fromExpiredPool);
+      // Over the memory budget it stops scheduling: the loop below waits for groups to land and be taken.
+      while (available + ctx.inFlight(task) < scheduled && !ctx.shouldAbort() && ctx.hasRoom()) ctx.spawn(task, fromExpiredPool);
       if (ctx.inFlight(task) === 0) return 'NORMAL';
       await ctx.landed();
     }

@@ -51,6 +51,11 @@ export class PiscinaWorkerPool implements WorkerPool {
   /** One control proxy per live worker thread; removed when piscina destroys the worker. */
   readonly #controls = new Map<number, Comlink.Remote<WorkerControl>>();
   #closed = false;
+  #watchdog: NodeJS.Timeout | null = null;
+  /** Workers being checked right now (one probe at a time per worker). */
+  readonly #probing = new Set<number>();
+  /** Why the watchdog last terminated a worker: added to the reason of the groups that died with it. */
+  #lastKill: { at: number; reason: string } | null = null;
 
   constructor(options: PiscinaWorkerPoolOptions) {
     const { config } = options;
@@ -81,6 +86,11 @@ export class PiscinaWorkerPool implements WorkerPool {
     });
     // With no task on it, a dying worker is reported here instead of through a task's rejection.
     this.#pool.on('error', (err: unknown) => this.#log.error({ err: describeError(err) }, 'worker pool error'));
+    const watchdogMs = config.workers.watchdogMs;
+    if (watchdogMs !== null) {
+      this.#watchdog = setInterval(() => void this.#checkWorkers(watchdogMs), Math.max(50, watchdogMs / 4));
+      this.#watchdog.unref();
+    }
   }
 
   async runGroup(group: RolloutGroup, modelStep: number): Promise<RolloutGroup> {
@@ -91,7 +101,8 @@ export class PiscinaWorkerPool implements WorkerPool {
       if (message.type !== 'group-result') throw new Error(`worker answered ${message.type} to run-group`);
       return message.group;
     } catch (err) {
-      return failedGroup(group, `worker failed while running the group: ${describeError(err)}`);
+      const kill = this.#lastKill !== null && Date.now() - this.#lastKill.at < 5_000 ? ` (${this.#lastKill.reason})` : '';
+      return failedGroup(group, `worker failed while running the group: ${describeError(err)}${kill}`);
     }
   }
 
@@ -106,6 +117,29 @@ export class PiscinaWorkerPool implements WorkerPool {
     return settled.flatMap((s) => (s.status === 'fulfilled' ? [s.value] : []));
   }
 
+  /**
+   * The watchdog: a worker whose event loop cannot answer a stats call within `watchdogMs` is stuck
+   * (an environment spinning, a synchronous loop that never yields). Terminating it fails its groups
+   * with the reason, and piscina starts a replacement.
+   */
+  async #checkWorkers(watchdogMs: number): Promise<void> {
+    for (const [workerId, control] of this.#controls) {
+      if (this.#probing.has(workerId)) continue;
+      this.#probing.add(workerId);
+      withDeadline(control.stats(), watchdogMs)
+        .catch(() => {
+          if (this.#closed || !this.#controls.has(workerId)) return;
+          const worker = this.#pool.threads.find((w) => w.threadId === workerId);
+          if (worker === undefined) return;
+          const reason = `worker ${workerId} did not answer for ${watchdogMs} ms (workers.watchdogMs) and was terminated by the watchdog`;
+          this.#lastKill = { at: Date.now(), reason };
+          this.#log.error({ worker: workerId }, reason);
+          void worker.terminate();
+        })
+        .finally(() => this.#probing.delete(workerId));
+    }
+  }
+
   async flush(): Promise<void> {
     await Promise.allSettled([...this.#controls.values()].map((c) => withDeadline(c.flush(), FLUSH_DEADLINE_MS)));
   }
@@ -113,6 +147,7 @@ export class PiscinaWorkerPool implements WorkerPool {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
+    if (this.#watchdog !== null) clearInterval(this.#watchdog);
     // Workers release their actors and flush their records before the threads are terminated.
     await Promise.allSettled([...this.#controls.values()].map((c) => withDeadline(c.close(), FLUSH_DEADLINE_MS)));
     for (const control of this.#controls.values()) control[Comlink.releaseProxy]();

@@ -222,3 +222,22 @@ export function responseTokenCount(rollout: RolloutState): number {
   for (const turn of rollout.turns) n += turn.responseIds?.length ?? 0;
   return n;
 }
+
+/**
+ * Approximate memory a group holds: its token arrays' bytes plus its text at two bytes a character,
+ * plus a fixed cost per object. Used for the producer's memory budget, where a cheap estimate that
+ * grows with the real thing is what matters.
+ */
+export function approxGroupBytes(group: RolloutGroup): number {
+  let bytes = 256;
+  for (const r of group.rollouts) {
+    bytes += 512;
+    for (const m of r.messages) bytes += 64 + 2 * m.content.length;
+    for (const t of r.turns) {
+      bytes += 256 + 2 * t.response.length;
+      for (const m of t.messages) bytes += 64 + 2 * m.content.length;
+      bytes += (t.promptIds?.byteLength ?? 0) + (t.responseIds?.byteLength ?? 0) + (t.logprobs?.byteLength ?? 0) + (t.modelSteps?.byteLength ?? 0);
+    }
+  }
+  return bytes;
+}

@@ -21,8 +21,32 @@ export interface MockLlmOptions {
   seed?: number;
   /** Weight version reported in every completion's `metadata.weight_version`. */
   weightVersion?: number;
-  /** Fraction of chat completions answered with a 500 instead (injected faults). */
+  /**
+   * Injected faults, as per-request probabilities (chat and token-in completions). One die per request,
+   * drawn from the seed and the request's arrival index, picks at most one fault: the rates are bands
+   * of [0, 1) in this order, so their sum must be ≤ 1, and a given seed faults the same requests
+   * whatever the other knobs say about the policy.
+   *
+   * errorRate: answered 500 at once.
+   */
   errorRate?: number;
+  /** Answered 429 at once with `Retry-After: 0` (a server shedding load; the client may retry now). */
+  rateLimitRate?: number;
+  /** The connection is reset (RST) without an answer, after the request body was read. */
+  resetRate?: number;
+  /**
+   * Never answered: the request is held until the client hangs up (its timeout or cancel) or close().
+   * `/admin/abort` does not release it — a stuck request ignores the server's abort, as a wedged
+   * scheduler would.
+   */
+  hangRate?: number;
+  /** Answered 200 after the usual generation time with a body that is not JSON. */
+  malformedRate?: number;
+  /**
+   * Answered 200 after the usual generation time, with a `content-length` larger than the body:
+   * the first part of the real completion is sent, then the connection is cut mid-body.
+   */
+  truncateRate?: number;
   /** Reasoning-like filler tokens (no digits) prepended to every answer: sets the response size. */
   thinkTokens?: number;
   /** How often the policy plays imperfectly (random guess / off-by-a-little answer). */
@@ -48,6 +72,11 @@ export const MOCK_LLM_DEFAULTS: ResolvedMockLlmOptions = Object.freeze({
   seed: 0,
   weightVersion: 0,
   errorRate: 0,
+  rateLimitRate: 0,
+  resetRate: 0,
+  hangRate: 0,
+  malformedRate: 0,
+  truncateRate: 0,
   thinkTokens: 0,
   mistakeRate: 0.3,
   maxBodyBytes: 8 * 1024 * 1024,
@@ -55,6 +84,10 @@ export const MOCK_LLM_DEFAULTS: ResolvedMockLlmOptions = Object.freeze({
 });
 
 const KNOWN = Object.keys(MOCK_LLM_DEFAULTS);
+
+/** The fault knobs, in the order their bands are laid out on the per-request die. */
+export const MOCK_FAULTS = ['errorRate', 'rateLimitRate', 'resetRate', 'hangRate', 'malformedRate', 'truncateRate'] as const;
+export type MockFaultOption = (typeof MOCK_FAULTS)[number];
 
 function fail(name: string, rule: string, value: unknown): never {
   throw new Error(`mock-llm: option ${name} ${rule} (got ${show(value)})`);
@@ -89,6 +122,13 @@ export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMoc
   }
   const o = { ...MOCK_LLM_DEFAULTS };
   for (const [key, value] of Object.entries(options)) if (value !== undefined) (o as Record<string, unknown>)[key] = value;
+  const rates = Object.fromEntries(MOCK_FAULTS.map((name) => [name, finite(name, o[name], 0, 1)])) as Record<MockFaultOption, number>;
+  const total = MOCK_FAULTS.reduce((sum, name) => sum + rates[name], 0);
+  // One die per request: overlapping bands would make some faults silently rarer than asked.
+  if (total > 1 + 1e-9) {
+    const given = MOCK_FAULTS.filter((name) => rates[name] > 0).map((name) => `${name}=${rates[name]}`);
+    throw new Error(`mock-llm: fault rates must sum to at most 1 (got ${given.join(' + ')} = ${Math.round(total * 1e6) / 1e6})`);
+  }
   return Object.freeze({
     host: text('host', o.host),
     port: integer('port', o.port, 0, 65535),
@@ -97,7 +137,7 @@ export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMoc
     tokensPerSecond: finite('tokensPerSecond', o.tokensPerSecond, 0, 1e9),
     seed: integer('seed', o.seed, Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER),
     weightVersion: validateWeightVersion(o.weightVersion, 'option weightVersion'),
-    errorRate: finite('errorRate', o.errorRate, 0, 1),
+    ...rates,
     thinkTokens: integer('thinkTokens', o.thinkTokens, 0, 1_000_000),
     mistakeRate: finite('mistakeRate', o.mistakeRate, 0, 1),
     maxBodyBytes: integer('maxBodyBytes', o.maxBodyBytes, 1024, 1024 * 1024 * 1024),
