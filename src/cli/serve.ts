@@ -45,6 +45,9 @@ export async function serveCommand(argv: string[]): Promise<number> {
     // One line a supervisor (or a test) can wait for.
     console.log(`control API listening on ${server.url} (inference: ${engine.llmUrl})`);
     await untilSignal();
+    // Graceful stop: groups in flight come home, then the state is saved for --resume-style restarts.
+    await engine.pauseForWeightUpdate();
+    await engine.checkpoint(join(config.runDir as string, 'engine.ckpt'));
   } finally {
     await engine.close();
   }
