@@ -1,3 +1,4 @@
+import { CLI_MAIN, rollout } from './support/cli.ts';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { after, before, describe, it } from 'node:test';
@@ -5,7 +6,7 @@ import { resolveEnvModuleSpec, startEnvServer, type EnvServer } from '../src/env
 import { createEnv as createGuessNumberEnv } from '../src/env/synthetic/guess-number.ts';
 import { createProbeEnv, probeCalls, spawnServer } from './fixtures/flaky-env-server.ts';
 
-const MAIN = new URL('../src/cli/main.ts', import.meta.url).pathname;
+const MAIN = CLI_MAIN;
 
 interface Answer {
   status: number;
@@ -31,24 +32,6 @@ async function call(url: string, method: string, path: string, body?: unknown, r
   return { status: response.status, type: response.headers.get('content-type') ?? '', text, json };
 }
 
-/** Runs the CLI to completion (bounded), for the commands that exit by themselves. */
-function rollout(args: string[], timeoutMs = 30_000): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, ...args], { env: { ...process.env, LOG_LEVEL: 'warn' } });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (c) => (stdout += c));
-    child.stderr.on('data', (c) => (stderr += c));
-    const timer = setTimeout(() => {
-      child.kill('SIGKILL');
-      reject(new Error(`rollout ${args.join(' ')} did not finish in ${timeoutMs} ms\n${stderr}`));
-    }, timeoutMs);
-    child.on('close', (code) => {
-      clearTimeout(timer);
-      resolve({ code, stdout, stderr });
-    });
-  });
-}
 
 describe('env server (in-process)', { timeout: 30_000 }, () => {
   let server: EnvServer;

@@ -1,29 +1,13 @@
 /** `rollout gateway`: flags, usage errors, and a real process serving an OpenAI client until SIGTERM. */
+import { CLI_MAIN, rollout } from './support/cli.ts';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { describe, it } from 'node:test';
 import OpenAI from 'openai';
 import { request } from 'undici';
 
-const MAIN = new URL('../src/cli/main.ts', import.meta.url).pathname;
+const MAIN = CLI_MAIN;
 
-function rollout(args: string[], timeoutMs = 60_000): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, ...args]);
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (c) => (stdout += c));
-    child.stderr.on('data', (c) => (stderr += c));
-    const timer = setTimeout(() => {
-      child.kill('SIGKILL');
-      reject(new Error(`rollout ${args.join(' ')} did not finish in ${timeoutMs} ms\n${stderr}`));
-    }, timeoutMs);
-    child.on('close', (code) => {
-      clearTimeout(timer);
-      resolve({ code, stdout, stderr });
-    });
-  });
-}
 
 describe('rollout gateway command', () => {
   it('prints its options with --help and is listed in the main help', async () => {

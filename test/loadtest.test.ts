@@ -1,3 +1,4 @@
+import { rollout } from './support/cli.ts';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
@@ -6,26 +7,8 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { before, describe, it } from 'node:test';
 
-const MAIN = new URL('../src/cli/main.ts', import.meta.url).pathname;
 const CHROMIUM = '/usr/bin/chromium';
 
-function rollout(args: string[], { timeoutMs = 60_000 } = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, ...args], { env: { ...process.env, LOG_LEVEL: 'warn' } });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (c) => (stdout += c));
-    child.stderr.on('data', (c) => (stderr += c));
-    const timer = setTimeout(() => {
-      child.kill('SIGKILL');
-      reject(new Error(`rollout ${args.join(' ')} did not finish in ${timeoutMs} ms\n${stderr}`));
-    }, timeoutMs);
-    child.on('close', (code) => {
-      clearTimeout(timer);
-      resolve({ code, stdout, stderr });
-    });
-  });
-}
 
 describe('rollout loadtest', () => {
   const out = mkdtempSync(join(tmpdir(), 'rollout-loadtest-'));

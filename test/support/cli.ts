@@ -1,0 +1,28 @@
+/** Runs the `rollout` CLI from source as a child process, bounded, for commands that exit by themselves. */
+import { spawn } from 'node:child_process';
+
+export const CLI_MAIN = new URL('../../src/cli/main.ts', import.meta.url).pathname;
+
+export interface CliResult {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+}
+
+export function rollout(args: string[], { timeoutMs = 60_000, env = { LOG_LEVEL: 'warn' } as Record<string, string> } = {}): Promise<CliResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ['--import', 'tsx', CLI_MAIN, ...args], { env: { ...process.env, ...env } });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (c) => (stdout += c));
+    child.stderr.on('data', (c) => (stderr += c));
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL');
+      reject(new Error(`rollout ${args.join(' ')} did not finish in ${timeoutMs} ms\n${stderr}`));
+    }, timeoutMs);
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      resolve({ code, stdout, stderr });
+    });
+  });
+}
