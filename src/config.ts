@@ -290,7 +290,10 @@ type RawTaskPaths = { env?: { module?: unknown }; dataset?: unknown; hooks?: { m
 function rawTaskPaths(input: unknown): RawTaskPaths[] {
   const tasks = (input as { tasks?: unknown } | null)?.tasks;
   if (!Array.isArray(tasks)) return [];
-  return tasks.map((t) => (typeof t === 'object' && t !== null ? (t as RawTaskPaths) : {}));
+  // A plain loop, not tasks.map: map consults a user-supplied `constructor`, and this runs on unvalidated input.
+  const out: RawTaskPaths[] = [];
+  for (let i = 0; i < tasks.length; i++) out.push(typeof tasks[i] === 'object' && tasks[i] !== null ? (tasks[i] as RawTaskPaths) : {});
+  return out;
 }
 
 function resolveDataset(spec: string, baseDir: string, path: string, problems: string[]): string {

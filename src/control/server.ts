@@ -18,6 +18,9 @@ import type { EngineStats } from '../coordinator/engine.ts';
 import type { Batch, PauseReport } from '../coordinator/producer.ts';
 import type { EngineMetrics } from './metrics.ts';
 import { HttpError, readBody, send, sendError, tokenMatches } from './http.ts';
+import { preview } from '../protocol/errors.ts';
+
+const MAX_STEP = 0x7fffffff;
 
 /** The engine as the control API sees it. */
 export interface ControlTarget {
@@ -68,7 +71,7 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
     },
     'POST /checkpoint': async (body) => {
       const path = body.path;
-      if (typeof path !== 'string' || path === '') throw new HttpError(400, 'ERR_BAD_BODY', `path must be a non-empty string (got ${JSON.stringify(path)})`);
+      if (typeof path !== 'string' || path === '') throw new HttpError(400, 'ERR_BAD_BODY', `path must be a non-empty string (got ${preview(path)})`);
       return engine.checkpoint(path);
     },
   };
@@ -126,8 +129,9 @@ function optionalInt(body: Record<string, unknown>, field: string, min: number):
 
 function requiredInt(body: Record<string, unknown>, field: string, min: number): number {
   const value = body[field];
-  if (typeof value !== 'number' || !Number.isInteger(value) || value < min) {
-    throw new HttpError(400, 'ERR_BAD_BODY', `${field} must be an integer >= ${min} (got ${JSON.stringify(value)})`);
+  // Steps live in 32-bit shared memory and typed arrays: larger values are refused here, not wrapped later.
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > MAX_STEP) {
+    throw new HttpError(400, 'ERR_BAD_BODY', `${field} must be an integer in [${min}, ${MAX_STEP}] (got ${preview(value)})`);
   }
   return value;
 }

@@ -4,7 +4,7 @@
  * temporary file, fsync it, rename it over the target, fsync the directory — so a crash leaves either
  * the old checkpoint or the new one, never a torn file.
  */
-import { closeSync, fsyncSync, openSync, readFileSync, renameSync, writeSync } from 'node:fs';
+import { closeSync, fsyncSync, openSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { ResolvedConfig } from '../config.ts';
 import { decodeCheckpoint, encodeCheckpoint } from '../protocol/codec.ts';
@@ -35,15 +35,24 @@ export function configFingerprint(config: ResolvedConfig): Record<string, unknow
 export function writeCheckpoint(path: string, config: ResolvedConfig, snapshot: ProducerSnapshot): number {
   const bytes = encodeCheckpoint({ v: CHECKPOINT_VERSION, writtenAt: new Date().toISOString(), fingerprint: configFingerprint(config), producer: snapshot });
   const tmp = `${path}.tmp-${process.pid}`;
-  const fd = openSync(tmp, 'w');
   try {
-    let off = 0;
-    while (off < bytes.byteLength) off += writeSync(fd, bytes, off);
-    fsyncSync(fd);
-  } finally {
-    closeSync(fd);
+    const fd = openSync(tmp, 'w');
+    try {
+      let off = 0;
+      while (off < bytes.byteLength) off += writeSync(fd, bytes, off);
+      fsyncSync(fd);
+    } finally {
+      closeSync(fd);
+    }
+    renameSync(tmp, path);
+  } catch (err) {
+    try {
+      rmSync(tmp, { force: true });
+    } catch {
+      // the path itself was unusable: there is no temporary file to remove
+    }
+    throw new RolloutEngineError('ERR_CHECKPOINT', `cannot write a checkpoint to ${JSON.stringify(path)}: ${(err as Error).message}`, { cause: err });
   }
-  renameSync(tmp, path);
   const dir = openSync(dirname(path), 'r');
   try {
     fsyncSync(dir); // the rename itself must survive a crash

@@ -606,8 +606,8 @@ export class Producer implements ProduceContext {
 
   /** New weights are loaded: tag new tokens with `modelStep` and produce again. */
   resume(modelStep: number): void {
-    if (!Number.isInteger(modelStep) || modelStep < this.#modelStep) {
-      throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `modelStep must be an integer >= the current model step ${this.#modelStep} (got ${String(modelStep)})`);
+    if (!Number.isInteger(modelStep) || modelStep < this.#modelStep || modelStep > 0x7fffffff) {
+      throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `modelStep must be an integer from the current model step ${this.#modelStep} to 2147483647 (got ${String(modelStep)})`);
     }
     this.#modelStep = modelStep;
     this.#servedModelStep = null; // learnt again from the first tokens the new weights generate

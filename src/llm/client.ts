@@ -23,6 +23,11 @@ export interface LlmClientOptions {
   logprobs: boolean;
   /** Path after `/v1` with `{session}` replaced by the session id (session-routing gateways); null = none. */
   sessionPath?: string | null;
+  /**
+   * True while retries must wait (a weight-update pause): a failed call is then not sent again — the
+   * rollout comes back ABORTED and continues after the resume, instead of generating during the update.
+   */
+  holdRetries?: () => boolean;
 }
 
 export interface ChatRequest {
@@ -109,6 +114,7 @@ export class LlmClient {
       const outcome = await this.#attempt(body, signal, this.#chatPath(sessionId));
       if (outcome.ok) return outcome.result;
       if (!outcome.retryable || attempt >= attempts) throw outcome.error;
+      if (this.#options.holdRetries?.()) throw new LlmError('ERR_LLM_ABORTED', `not retried while paused for a weight update (after: ${outcome.error.message})`);
       const backoff = outcome.retryAfterMs ?? this.#options.retryBackoffMs * 2 ** (attempt - 1);
       try {
         await sleep(backoff, undefined, { signal });

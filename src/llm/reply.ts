@@ -87,8 +87,9 @@ function weightVersionOf(body: Record<string, unknown>): number | null {
   ];
   for (const v of candidates) {
     if (v == null) continue;
-    const n = typeof v === 'string' ? Number(v) : v;
-    if (typeof n !== 'number' || !Number.isInteger(n)) throw bad('metadata.weight_version', v, 'an integer');
+    const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
+    // Model steps are stored as int32 per token: a version outside that range is a bad reply, not a wrap.
+    if (typeof n !== 'number' || !Number.isInteger(n) || n < 0 || n > 0x7fffffff) throw bad('metadata.weight_version', v, 'an integer in [0, 2147483647]');
     return n;
   }
   return null;

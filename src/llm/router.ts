@@ -54,7 +54,7 @@ export class LlmRouter {
   #active = 0;
   readonly #waiting: (() => void)[] = [];
 
-  constructor(options: RouterOptions) {
+  constructor(options: RouterOptions, hooks: { holdRetries?: () => boolean } = {}) {
     // One client per distinct (url, model): policies sharing a server share its connection pool.
     const clients = new Map<string, LlmClient>();
     const build = (settings: PolicySettings): Policy => ({
@@ -63,7 +63,7 @@ export class LlmRouter {
       endpoints: settings.urls.map((url) => {
         const key = `${url}\u0000${settings.model}`;
         let client = clients.get(key);
-        if (!client) clients.set(key, (client = new LlmClient({ ...options.client, url, model: settings.model })));
+        if (!client) clients.set(key, (client = new LlmClient({ ...options.client, url, model: settings.model, holdRetries: hooks.holdRetries })));
         return { client, outstanding: 0 };
       }),
     });

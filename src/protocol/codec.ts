@@ -6,7 +6,7 @@
  */
 import { Packr } from 'msgpackr';
 import { PROTOCOL_VERSION, WIRE_MESSAGE_TYPES, type WireMessage } from './messages.ts';
-import { ProtocolError } from './errors.ts';
+import { preview, ProtocolError } from './errors.ts';
 
 const packr = new Packr({ useRecords: false, moreTypes: true });
 
@@ -31,10 +31,10 @@ export function decodeMessage(bytes: Uint8Array): WireMessage {
   }
   const { v, type } = value as { v?: unknown; type?: unknown };
   if (v !== PROTOCOL_VERSION) {
-    throw new ProtocolError(`message.v must be ${PROTOCOL_VERSION}, got ${JSON.stringify(v)} (worker and coordinator from different versions?)`);
+    throw new ProtocolError(`message.v must be ${PROTOCOL_VERSION}, got ${preview(v)} (worker and coordinator from different versions?)`);
   }
   if (!WIRE_MESSAGE_TYPES.includes(type as WireMessage['type'])) {
-    throw new ProtocolError(`message.type must be one of ${WIRE_MESSAGE_TYPES.join(', ')}, got ${JSON.stringify(type)}`);
+    throw new ProtocolError(`message.type must be one of ${WIRE_MESSAGE_TYPES.join(', ')}, got ${preview(type)}`);
   }
   return value as WireMessage;
 }

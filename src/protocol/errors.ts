@@ -31,9 +31,14 @@ export class ConfigError extends RolloutEngineError {
 export function preview(value: unknown): string {
   let text: string;
   try {
-    text = value === undefined ? 'undefined' : (JSON.stringify(value) ?? String(value));
+    text = value === undefined ? 'undefined' : typeof value === 'bigint' ? `${value}n` : (JSON.stringify(value) ?? String(value));
   } catch {
-    text = String(value);
+    // BigInts inside objects, cycles, objects without a usable toString: still a message, never a throw.
+    try {
+      text = String(value);
+    } catch {
+      text = `[unprintable ${typeof value}]`;
+    }
   }
   return text.length > 80 ? `${text.slice(0, 77)}...` : text;
 }

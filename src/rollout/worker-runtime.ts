@@ -87,9 +87,10 @@ export class WorkerRuntime implements WorkerControl {
   constructor(init: WorkerInit) {
     if (init?.v !== PROTOCOL_VERSION) throw new Error(`worker init v must be ${PROTOCOL_VERSION}, got ${JSON.stringify(init?.v)}`);
     this.#init = init;
-    this.#llm = new LlmRouter(init.llm);
     this.#log = createLogger(init.logLevel, { worker: threadId }, init.prettyLogs);
     this.#gate = new PauseGate(init.control);
+    const gate = this.#gate;
+    this.#llm = new LlmRouter(init.llm, { holdRetries: () => gate.paused });
     this.#loopDelay.enable();
     this.#records = init.recordsDir === null ? null : new StepRecordWriter({ dir: init.recordsDir, fileName: `steps-${process.pid}-${threadId}.jsonl` });
     for (const [name, settings] of Object.entries(init.tasks)) this.#tasks.set(name, this.#taskRuntime(settings));

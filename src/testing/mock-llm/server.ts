@@ -5,13 +5,17 @@
  * clients that tokenize themselves (the token-trace gateway; see vocab.ts for the vocabulary option).
  * Shipped for the demo run, tests, load tests and benchmarks, so the per-request path stays cheap:
  * one JSON.parse, cached tokenisation, timers for latency (never busy-waiting), one JSON.stringify.
+ *
+ * Fault injection for reliability tests (options.ts): per-request rates of 500s, 429s with
+ * `Retry-After: 0`, connection resets, hangs, non-JSON bodies and bodies cut short, drawn from the seed
+ * and the request's arrival index, so a sequential client sees the same faults on every run.
  */
 import { createServer } from 'node:http';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import { createRng, mixSeeds } from '../../env/synthetic/rng.ts';
-import { MOCK_LLM_DEFAULTS, resolveMockLlmOptions, validateWeightVersion } from './options.ts';
-import type { MockLlmOptions, ResolvedMockLlmOptions } from './options.ts';
+import { MOCK_FAULTS, MOCK_LLM_DEFAULTS, resolveMockLlmOptions, validateWeightVersion } from './options.ts';
+import type { MockFaultOption, MockLlmOptions, ResolvedMockLlmOptions } from './options.ts';
 import { generateCompletion } from './policy.ts';
 import { RequestError, parseChatRequest } from './request.ts';
 import type { ChatRequest } from './request.ts';
@@ -36,8 +40,12 @@ export interface MockLlmStats {
   aborted: number;
   /** Completions whose client went away before the answer. */
   cancelled: number;
-  /** Requests answered 500 by `errorRate`. */
+  /** Requests answered 500 by `errorRate` (also counted in `faults.error`). */
   errorsInjected: number;
+  /** Injected faults by kind (see the rate options): every request that drew one. */
+  faults: Record<MockFault, number>;
+  /** Requests held unanswered by `hangRate` right now. */
+  hanging: number;
   /** Requests answered 4xx (bad body, unknown route, too large). */
   rejected: number;
 }
@@ -60,6 +68,19 @@ export interface MockLlm {
 }
 
 type NaturalFinish = 'stop' | 'length';
+
+/** The kinds of injected faults, one per rate option. */
+export type MockFault = 'error' | 'rateLimit' | 'reset' | 'hang' | 'malformed' | 'truncate';
+const FAULT_OF: Record<MockFaultOption, MockFault> = {
+  errorRate: 'error',
+  rateLimitRate: 'rateLimit',
+  resetRate: 'reset',
+  hangRate: 'hang',
+  malformedRate: 'malformed',
+  truncateRate: 'truncate',
+};
+/** Faults that spoil the generated reply (after the usual generation time) instead of answering at once. */
+type ReplyFault = 'malformed' | 'truncate';
 
 interface InFlight {
   timer: NodeJS.Timeout;
@@ -144,6 +165,10 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
   const inFlight = new Set<InFlight>();
   const waiters: { count: number; resolve: () => void }[] = [];
   const counters = { requests: 0, promptTokens: 0, completionTokens: 0, aborted: 0, cancelled: 0, errorsInjected: 0, rejected: 0 };
+  const faultCounts: Record<MockFault, number> = { error: 0, rateLimit: 0, reset: 0, hang: 0, malformed: 0, truncate: 0 };
+  const anyFault = MOCK_FAULTS.some((name) => opts[name] > 0);
+  /** Requests held by `hangRate`: released only by the client hanging up or close(). */
+  const hung = new Set<ServerResponse>();
   let weightVersion = opts.weightVersion;
   let requestIndex = 0;
   let closing = false;
@@ -174,7 +199,8 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
 
   function complete(res: ServerResponse, request: ChatRequest): void {
     const index = requestIndex++;
-    if (injectedFault(res, index)) return;
+    const fault = injectFault(res, index);
+    if (fault === 'answered') return;
     const messages = request.messages;
     // A continuation is the completion of the conversation without the partial assistant message,
     // minus the tokens that message already holds: under the same request seed, partial + continuation
@@ -224,7 +250,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
         requestSeed: request.seed,
         offset: skip,
       });
-      sendText(res, 200, json);
+      deliver(res, json, fault);
     };
 
     schedule(res, ids.length, natural, respond);
@@ -270,14 +296,71 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     notifyWaiters();
   }
 
-  /** Faults follow the request counter even for seeded requests: a retry with the same seed must be able to succeed. */
-  function injectedFault(res: ServerResponse, index: number): boolean {
-    if (opts.errorRate > 0 && createRng(mixSeeds(opts.seed, index, ERROR_STREAM)).next() < opts.errorRate) {
-      counters.errorsInjected += 1;
-      sendJson(res, 500, errorBody(`injected error (errorRate=${opts.errorRate})`, 'server_error'));
-      return true;
+  /**
+   * The fault request `index` draws, if any: one die from (seed, index), the rates laid out as bands in
+   * MOCK_FAULTS order (errorRate first, so runs that only set it fault exactly the requests they did
+   * before the other knobs existed). Faults follow the request counter even for seeded requests: a
+   * retry with the same seed must be able to succeed.
+   */
+  function drawFault(index: number): MockFault | null {
+    if (!anyFault) return null;
+    const u = createRng(mixSeeds(opts.seed, index, ERROR_STREAM)).next();
+    let edge = 0;
+    for (const name of MOCK_FAULTS) {
+      edge += opts[name];
+      if (u < edge) return FAULT_OF[name];
     }
-    return false;
+    return null;
+  }
+
+  /**
+   * Applies the faults that replace the answer: 'answered' when the request is dealt with (answered,
+   * reset or held). A reply fault is returned for `deliver` to apply to the generated reply; null = none.
+   */
+  function injectFault(res: ServerResponse, index: number): 'answered' | ReplyFault | null {
+    const fault = drawFault(index);
+    if (fault === null) return null;
+    faultCounts[fault] += 1;
+    switch (fault) {
+      case 'error':
+        counters.errorsInjected += 1;
+        sendJson(res, 500, errorBody(`injected error (errorRate=${opts.errorRate})`, 'server_error'));
+        return 'answered';
+      case 'rateLimit':
+        sendJson(res, 429, errorBody(`injected rate limit (rateLimitRate=${opts.rateLimitRate})`, 'rate_limit_error'), { 'retry-after': '0' });
+        return 'answered';
+      case 'reset': {
+        // RST rather than FIN: what a crashed proxy or a killed server process looks like to the client.
+        const socket = res.socket;
+        if (socket !== null && typeof socket.resetAndDestroy === 'function') socket.resetAndDestroy();
+        else res.destroy();
+        return 'answered';
+      }
+      case 'hang':
+        hung.add(res);
+        res.once('close', () => hung.delete(res));
+        return 'answered';
+      default:
+        return fault;
+    }
+  }
+
+  /** Sends a generated reply, spoilt by the request's reply fault if it drew one. */
+  function deliver(res: ServerResponse, text: string, fault: ReplyFault | null): void {
+    if (fault === null || res.headersSent || res.destroyed) {
+      sendText(res, 200, text);
+      return;
+    }
+    // Half of the completion's JSON: a prefix of a JSON object is never JSON (its closing brace is the last byte).
+    const body = Buffer.from(text, 'utf8');
+    const cut = body.subarray(0, Math.max(1, body.length >> 1));
+    if (fault === 'malformed') {
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': cut.length }).end(cut);
+      return;
+    }
+    // truncate: promise the whole body, send half of it, then cut the connection once that half is flushed.
+    res.writeHead(200, { 'content-type': 'application/json', 'content-length': body.length });
+    res.write(cut, () => res.destroy());
   }
 
   /**
@@ -298,7 +381,8 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
       return;
     }
     const index = requestIndex++;
-    if (injectedFault(res, index)) return;
+    const fault = injectFault(res, index);
+    if (fault === 'answered') return;
     const { messages, partial } = parseChatMl(promptText);
     const completion = generateCompletion(messages, policy, index, request.seed);
     const full = vocab.name === 'cl100k' ? completion.ids.slice() : vocab.encode(completion.text);
@@ -315,9 +399,8 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
       const out = count >= ids.length ? ids : ids.slice(0, count);
       counters.promptTokens += promptIds.length;
       counters.completionTokens += out.length;
-      sendText(
+      deliver(
         res,
-        200,
         textCompletionJson({
           index,
           model: opts.model,
@@ -332,6 +415,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
           requestSeed: request.seed,
           offset: skip,
         }),
+        fault,
       );
     });
   }
@@ -474,7 +558,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
       weightVersion = validateWeightVersion(version);
     },
     abortAll,
-    stats: () => ({ ...counters, inFlight: inFlight.size }),
+    stats: () => ({ ...counters, faults: { ...faultCounts }, hanging: hung.size, inFlight: inFlight.size }),
     waitForInFlight(count) {
       if (inFlight.size >= count) return Promise.resolve();
       return new Promise((resolve) => waiters.push({ count, resolve }));
@@ -483,6 +567,8 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
       closed ??= new Promise<void>((resolve) => {
         closing = true;
         abortAll();
+        // Held requests are never answered: cut them, so close() does not wait for the clients' timeouts.
+        for (const res of hung) res.destroy();
         server.close(() => resolve());
         for (const [socket, open] of sockets) if (open === 0) socket.destroy();
         // Requests still uploading their body would otherwise hold close() open until they time out.
