@@ -6,9 +6,10 @@
  * bare loop's requests/s and CPU per request, and their ratios. CPU is process.cpuUsage() (user +
  * system, every thread); the mock server's CPU is not counted on either side.
  *
- *   npm run bench                      # default: 3 repeats × 5 s per side
- *   npm run bench -- --quick           # smoke: 1 repeat × 1.5 s
+ *   npm run bench                      # default: 3 repeats × 5 s per side, 10k rollouts for memory
+ *   npm run bench -- --quick           # smoke: 1 repeat × 1.5 s, 2k rollouts for memory (< 1 min)
  *   npm run bench -- --concurrency 256 --seconds 8 --repeats 5
+ *   npm run bench -- --memory-rollouts 20000 --memory-think-tokens 1024 --env-cpu-us 1000
  *
  * Then pause figures: with `--pause-rollouts` (512) rollouts in flight against a slow server, the time
  * until every worker has stopped issuing inference calls (the engine's own share) and until every
@@ -17,16 +18,24 @@
  * Also the Python baseline (test/bench/python_baseline.py, via python-baseline.ts): an asyncio loop
  * built like the reference Interactor, environment through an executor and called directly, against
  * the same mock process at the same concurrency; skipped with a line saying why without aiohttp.
+ *
+ * Then the rest of issue 7's targets (./targets.ts): latency-bound efficiency at 64 and 512 in flight
+ * with 50 ms per call (and the Python loop at 512 / 50 ms), two workers against one on an environment
+ * that burns CPU per step, and memory per in-flight rollout against its raw payload (./memory.ts,
+ * rollouts held mid-episode by ./stall-proxy.ts). The last table lists every target with its figure
+ * and PASS / FAIL; the JSON result (bench-results/) holds all of it.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { availableParallelism, cpus } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { Pool } from 'undici';
 import { createEngine } from '../../src/index.ts';
 import { startMockProcess } from '../../src/loadtest/mock-process.ts';
 import { percentile } from '../../src/loadtest/stats.ts';
+import { bareLoop, engineThroughput, type Sample } from './engine-throughput.ts';
+import { describeShare, startCpuMeter, type CpuShare } from './machine.ts';
 import { runPythonBaseline } from './python-baseline.ts';
+import { latencyBound, memoryRuns, printTargets, row, workerScaling, type TargetRow } from './targets.ts';
 
 const { values } = parseArgs({
   options: {
@@ -38,6 +47,9 @@ const { values } = parseArgs({
     'latency-ms': { type: 'string' },
     out: { type: 'string' },
     'pause-rollouts': { type: 'string' },
+    'memory-rollouts': { type: 'string' },
+    'memory-think-tokens': { type: 'string' },
+    'env-cpu-us': { type: 'string' },
   },
 });
 const quick = values.quick ?? false;
@@ -50,88 +62,19 @@ const repeats = Number(values.repeats ?? (quick ? 1 : 3));
 const latencyMs = Number(values['latency-ms'] ?? 0);
 const maxTokens = 64;
 const pauseRollouts = Number(values['pause-rollouts'] ?? 512);
+/** Target 5: rollouts held in flight (issue 7 says 10k; --quick uses fewer to stay short). */
+const memoryRollouts = Number(values['memory-rollouts'] ?? (quick ? 2_000 : 10_000));
+/** Filler tokens per mock answer in the memory runs: sets how much payload a rollout holds per turn. */
+const memoryThinkTokens = Number(values['memory-think-tokens'] ?? 256);
+/** Target 6: CPU the environment burns per step (guess-number's `cpuCostUs`). */
+const envCpuUs = Number(values['env-cpu-us'] ?? 500);
 
-interface Sample {
-  operations: number;
-  seconds: number;
-  cpuMs: number;
+function bareRun(url: string): Promise<Sample> {
+  return bareLoop({ url, concurrency, seconds, maxTokens });
 }
 
-/** What one engine step sends: a guess-number turn, built like the agent loop builds it. */
-function chatBody(): string {
-  return JSON.stringify({
-    model: 'mock-policy',
-    messages: [
-      { role: 'system', content: 'You are playing a number guessing game. Reply with a single integer.' },
-      { role: 'user', content: "I'm thinking of an integer between 1 and 100. What is your guess?" },
-    ],
-    max_tokens: maxTokens,
-    temperature: 1,
-    logprobs: true,
-    return_token_ids: true,
-  });
-}
-
-async function bareLoop(url: string): Promise<Sample> {
-  const origin = new URL(url).origin;
-  const pool = new Pool(origin, { connections: concurrency, headersTimeout: 60_000, bodyTimeout: 60_000 });
-  const body = chatBody();
-  let operations = 0;
-  let stop = false;
-  const worker = async () => {
-    while (!stop) {
-      const res = await pool.request({ method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json' }, body });
-      const reply = JSON.parse(await res.body.text()) as { choices: { message: { content: string } }[] };
-      if (typeof reply.choices[0].message.content !== 'string') throw new Error('bad reply');
-      operations++;
-    }
-  };
-  // warm-up: open the connections
-  stop = false;
-  const cpu0 = process.cpuUsage();
-  const t0 = performance.now();
-  const timer = setTimeout(() => (stop = true), seconds * 1000);
-  await Promise.all(Array.from({ length: concurrency }, worker));
-  clearTimeout(timer);
-  const elapsed = (performance.now() - t0) / 1000;
-  const cpu = process.cpuUsage(cpu0);
-  await pool.close();
-  return { operations, seconds: elapsed, cpuMs: (cpu.user + cpu.system) / 1000 };
-}
-
-async function engineRun(url: string): Promise<Sample> {
-  const groupsInFlight = Math.max(1, Math.round(concurrency / groupSize));
-  const engine = createEngine({
-    logLevel: 'warn',
-    llm: { url, connections: Math.ceil(concurrency / threads) + 8 },
-    batchSize: groupsInFlight,
-    // Exactly `concurrency` rollouts run at once (the pool's capacity); async production with
-    // over-sampling keeps that capacity full between batches, as a steady loop does.
-    workers: { threads, groupsPerWorker: Math.ceil(groupsInFlight / threads) },
-    producer: { strategy: 'async', maxStaleness: 1_000_000, overSampleThreshold: 1 },
-    tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize, maxSteps: 8, maxTokens }],
-  });
-  await engine.start();
-  await engine.getBatch(); // warm-up: workers loaded, connections open
-  const before = await engine.stats();
-  const steps0 = before.workers.reduce((n, w) => n + w.steps, 0);
-  const cpu0 = process.cpuUsage();
-  const t0 = performance.now();
-  let turns = 0;
-  while (performance.now() - t0 < seconds * 1000) {
-    const batch = await engine.getBatch();
-    turns += batch.stats?.turns ?? 0;
-  }
-  const elapsed = (performance.now() - t0) / 1000;
-  const cpu = process.cpuUsage(cpu0);
-  const after = await engine.stats();
-  const steps = after.workers.reduce((n, w) => n + w.steps, 0) - steps0;
-  await engine.close();
-  // Inference calls (turns) are the unit the bare loop also counts; env steps can be one fewer per
-  // episode (a `length` finish ends it without a step). Count turns from the workers' step counter
-  // when it is larger (it includes groups still in the buffer).
-  const operations = Math.max(turns, steps);
-  return { operations, seconds: elapsed, cpuMs: (cpu.user + cpu.system) / 1000 };
+function engineRun(url: string): Promise<Sample> {
+  return engineThroughput({ url, concurrency, threads, seconds, groupSize, maxTokens });
 }
 
 interface PythonRuns {
@@ -218,19 +161,24 @@ async function pauseBench(url: string, mode: 'abort' | 'drain', pauseRollouts: n
 }
 
 async function main(): Promise<void> {
+  // Other processes on these cores (tests, servers) lower every figure: each part says how busy they were.
+  const cpuShare: Record<string, CpuShare | null> = {};
+  let meter = startCpuMeter();
   const mock = await startMockProcess(['--latency-ms', String(latencyMs)]);
   const bare: Sample[] = [];
   const engine: Sample[] = [];
   const python: PythonRuns = { executor: [], direct: [], skipped: null, versions: null };
   try {
     for (let i = 0; i < repeats; i++) {
-      bare.push(await bareLoop(mock.url));
+      bare.push(await bareRun(mock.url));
       engine.push(await engineRun(mock.url));
       await pythonRound(mock.url, python);
     }
   } finally {
     await mock.close();
   }
+  cpuShare.throughput = meter();
+  meter = startCpuMeter();
   // A slow server for the pause figures: ~100 tokens/s per request, so generations are mid-way when paused.
   const slow = await startMockProcess(['--latency-ms', '20', '--tokens-per-second', '100', '--think-tokens', '100']);
   const pauseFigures: PauseFigures[] = [];
@@ -239,6 +187,28 @@ async function main(): Promise<void> {
   } finally {
     await slow.close();
   }
+  cpuShare.pause = meter();
+  meter = startCpuMeter();
+  // Target 3 (and target 2's second ratio): 50 ms per call, 64 and 512 in flight; the Python loop at 512.
+  const latency = await latencyBound({
+    concurrencies: [64, 512],
+    pythonConcurrency: 512,
+    pythonModes: quick ? ['executor'] : ['executor', 'direct'],
+    threads,
+    seconds,
+    repeats,
+    groupSize,
+    maxTokens,
+  });
+  cpuShare.latencyBound = meter();
+  meter = startCpuMeter();
+  // Target 6: an environment that costs CPU per step, one worker against two, same rollouts in flight.
+  const scaling = await workerScaling({ cpuCostUs: envCpuUs, concurrency: 64, seconds, repeats, groupSize, maxTokens });
+  cpuShare.workerScaling = meter();
+  meter = startCpuMeter();
+  // Target 5: rollouts held in flight at turn 1 and at turn 3.
+  const memory = await memoryRuns({ rollouts: memoryRollouts, thinkTokens: memoryThinkTokens, threads, groupSize });
+  cpuShare.memory = meter();
   const rate = (s: Sample) => s.operations / s.seconds;
   const cpuPer = (s: Sample) => (s.cpuMs * 1000) / s.operations; // µs per operation
   const bareRate = stats(bare.map(rate));
@@ -250,8 +220,8 @@ async function main(): Promise<void> {
   const pyExecutor = pythonFigures(python.executor);
   const pyDirect = pythonFigures(python.direct);
   const result = {
-    machine: { cpus: cpus().length, model: cpus()[0]?.model, node: process.version, platform: process.platform },
-    settings: { concurrency, seconds, repeats, threads, groupSize, latencyMs, maxTokens },
+    machine: { cpus: cpus().length, model: cpus()[0]?.model, node: process.version, platform: process.platform, cpuShare },
+    settings: { concurrency, seconds, repeats, threads, groupSize, latencyMs, maxTokens, pauseRollouts, memoryRollouts, memoryThinkTokens, envCpuUs },
     bare: { requestsPerSecond: bareRate, cpuUsPerRequest: bareCpu, samples: bare },
     engine: { stepsPerSecond: engineRate, cpuUsPerStep: engineCpu, samples: engine },
     python: { skipped: python.skipped, ...python.versions, executor: pyExecutor, direct: pyDirect },
@@ -262,6 +232,10 @@ async function main(): Promise<void> {
       engineStepsPerSecondOverPythonExecutorStepsPerSecond: pyExecutor ? engineRate.median / pyExecutor.stepsPerSecond.median : null,
       engineStepsPerSecondOverPythonDirectStepsPerSecond: pyDirect ? engineRate.median / pyDirect.stepsPerSecond.median : null,
     },
+    latencyBound: latency,
+    workerScaling: scaling,
+    memory,
+    targets: [] as TargetRow[],
   };
   const fmt = (n: number, d = 0) => n.toFixed(d).padStart(10);
   const spread = (s: { min: number; max: number }, d = 0) => `${s.min.toFixed(d)}–${s.max.toFixed(d)}`;
@@ -274,6 +248,7 @@ async function main(): Promise<void> {
   for (const [label, f] of [['python asyncio (executor)', pyExecutor], ['python asyncio (direct)', pyDirect]] as const) {
     if (f) console.log(`${label.padEnd(28)}${fmt(f.stepsPerSecond.median)}${fmt(f.cpuUsPerStep.median)}   ${spread(f.stepsPerSecond)}; ${spread(f.cpuUsPerStep)}`);
   }
+  console.log(describeShare(cpuShare.throughput, cpus().length));
   console.log(`\nratio engine/bare: CPU per step ${result.ratios.engineCpuPerStepOverBareCpuPerRequest.toFixed(2)}×, throughput ${result.ratios.engineStepsPerSecondOverBareRequestsPerSecond.toFixed(2)}×`);
   if (pyExecutor) {
     const direct = result.ratios.engineStepsPerSecondOverPythonDirectStepsPerSecond;
@@ -289,6 +264,96 @@ async function main(): Promise<void> {
       `${f.mode.padEnd(8)}${String(f.pauses).padStart(8)}${String(f.rolloutsInFlight.median).padStart(11)}${`${f.workersStoppedMs.p50.toFixed(2)} / ${f.workersStoppedMs.p99.toFixed(2)}`.padStart(30)}${`${f.allBackMs.p50.toFixed(1)} / ${f.allBackMs.p99.toFixed(1)}`.padStart(24)}`,
     );
   }
+
+  console.log(describeShare(cpuShare.pause, cpus().length));
+  const lat = (c: number) => latency.points.find((p) => p.concurrency === c)!;
+  console.log(`\nlatency-bound efficiency: mock ${latency.latencyMs} ms fixed per call, 0 ms per token; ${threads} workers; ${seconds} s × ${repeats} repeats`);
+  console.log(`${'in flight'.padEnd(10)}${'bound/s'.padStart(9)}${'steps/s'.padStart(9)}${'% bound'.padStart(9)}${'spread %'.padStart(13)}${'group occ.'.padStart(12)}${'call ms'.padStart(9)}${'loop ms'.padStart(9)}${'bare loop %'.padStart(13)}   cores engine + mock`);
+  for (const p of latency.points) {
+    console.log(
+      `${String(p.concurrency).padEnd(10)}${fmt(p.boundStepsPerSecond).slice(1)}${fmt(p.stepsPerSecond.median).slice(1)}${p.efficiencyPct.median.toFixed(1).padStart(9)}${spread(p.efficiencyPct, 1).padStart(13)}` +
+        `${`${p.groupOccupancyPct.toFixed(1)} %`.padStart(12)}${p.meanInferenceMs.toFixed(1).padStart(9)}${p.workerLoopDelayMeanMs.toFixed(1).padStart(9)}${p.bare.efficiencyPct.median.toFixed(1).padStart(13)}   ${p.engineCores.toFixed(2)} + ${p.mockCores === null ? 'n/a' : p.mockCores.toFixed(2)}`,
+    );
+  }
+  console.log('  (group occ.: share of group slots issuing calls — a rollout that ended waits for its group; call ms: engine-side time per call; loop ms: workers\' mean event-loop delay beyond its 10 ms sampling;');
+  console.log('   bare loop %: the bare undici loop, same mock and calls in flight, as % of the same bound — what mock and transport allow)');
+  if (latency.python.skipped !== null) console.log(`python baseline at ${latency.python.concurrency} in flight skipped: ${latency.python.skipped}`);
+  for (const r of latency.python.runs) {
+    console.log(`python asyncio (${r.mode}) at ${latency.python.concurrency} in flight: ${r.stepsPerSecond.median.toFixed(0)} steps/s (${spread(r.stepsPerSecond)}) → engine ÷ python ${(lat(latency.python.concurrency).stepsPerSecond.median / r.stepsPerSecond.median).toFixed(2)}×`);
+  }
+
+  console.log(describeShare(cpuShare.latencyBound, cpus().length));
+  console.log(`\nworker scaling: guess-number burning ${scaling.cpuCostUs} µs CPU per step, ${scaling.concurrency} in flight, 0 ms latency; ${seconds} s × ${repeats} repeats`);
+  for (const side of [scaling.one, scaling.two]) {
+    console.log(`${`${side.threads} worker${side.threads > 1 ? 's' : ''}`.padEnd(10)}${fmt(side.stepsPerSecond.median)} steps/s (${spread(side.stepsPerSecond)})   cores busy: engine ${side.engineCores.toFixed(2)} + mock ${side.mockCores === null ? 'n/a' : side.mockCores.toFixed(2)} of ${cpus().length}`);
+  }
+  console.log(`ratio 2 workers ÷ 1 worker: ${scaling.ratio.toFixed(2)}×`);
+  console.log(describeShare(cpuShare.workerScaling, cpus().length));
+
+  const kb = (b: number) => `${(b / 1024).toFixed(1)} KiB`;
+  console.log(`\nmemory per in-flight rollout: ${memory.rollouts} rollouts held in flight by the stall proxy (mock answers ${memory.thinkTokens} filler tokens + the guess)`);
+  console.log(`${'held at'.padEnd(9)}${'in flight'.padStart(10)}${'calls held'.padStart(11)}${'payload'.padStart(11)}${'heap'.padStart(11)}${'+ ArrayBuf'.padStart(11)}${'RSS'.padStart(11)}   ratio to payload: heap / heap + ArrayBuffers / RSS`);
+  for (const m of memory.phases) {
+    console.log(
+      `${`turn ${m.holdAtTurn}`.padEnd(9)}${String(m.rolloutsInFlight).padStart(10)}${String(m.callsHeld).padStart(11)}${kb(m.payloadHeld.totalBytes).padStart(11)}${kb(m.perRollout.heapBytes).padStart(11)}${kb(m.perRollout.heapPlusArrayBuffersBytes).padStart(11)}${kb(m.perRollout.rssBytes).padStart(11)}` +
+        `   ${m.ratio.heap.toFixed(2)}× / ${m.ratio.heapPlusArrayBuffers.toFixed(2)}× / ${m.ratio.rss.toFixed(2)}×${m.notes.length ? `  (${m.notes.join('; ')})` : ''}`,
+    );
+  }
+  const t3 = memory.phases.find((m) => m.holdAtTurn === 3)!;
+  const t1 = memory.phases.find((m) => m.holdAtTurn === 1)!;
+  const pb = t3.payloadHeld;
+  console.log(
+    `  payload at turn 3 (per rollout, ${pb.turns.toFixed(2)} turns): prompt ids ${kb(pb.promptIdsBytes)}, response ids ${kb(pb.responseIdsBytes)}, logprobs ${kb(pb.logprobsBytes)}, text ${kb(pb.textBytes)} (UTF-16)`,
+  );
+  if (memory.fixedBytesPerRollout !== null && memory.bytesPerPayloadByte !== null) {
+    console.log(`  fit over the two (heap + ArrayBuffers): ≈ ${kb(memory.fixedBytesPerRollout)} per rollout in flight whatever it holds + ${memory.bytesPerPayloadByte.toFixed(2)} bytes per payload byte`);
+  }
+  const mainShare = (m: (typeof memory.phases)[number]) => {
+    const l = m.loaded[Math.floor(m.loaded.length / 2)];
+    return (l.mainHeapBytes + l.mainArrayBufferBytes - m.baseline.mainHeapBytes - m.baseline.mainArrayBufferBytes) / Math.max(1, m.rolloutsInFlight);
+  };
+  console.log(`  main thread's share per rollout: ${kb(mainShare(t1))} at turn 1, ${kb(mainShare(t3))} at turn 3 (the rest is in the workers)`);
+  const ref = memory.bareRequest;
+  console.log(
+    `  reference — ${ref.requests} bare undici calls pending (one connection each, first-turn body): ${kb(ref.heapBytes + ref.arrayBufferBytes)} per call (heap ${kb(ref.heapBytes)} + ArrayBuffers ${kb(ref.arrayBufferBytes)})`,
+  );
+
+  const ratioText = (r: number | null) => (r === null ? 'not run' : `${r.toFixed(2)}×`);
+  console.log(describeShare(cpuShare.memory, cpus().length));
+  const settingsNote = (c: number, l: number) => (concurrency === c && latencyMs === l ? '' : ` (issue 7 states it at ${c} in flight, ${l} ms)`);
+  const abort = pauseFigures.find((f) => f.mode === 'abort')!;
+  const pyLat = latency.python.runs.find((r) => r.mode === 'executor');
+  result.targets = [
+    row({ target: `1 · ${concurrency} in flight, ${latencyMs} ms`, figure: 'engine CPU per step ÷ bare loop CPU per request', value: result.ratios.engineCpuPerStepOverBareCpuPerRequest, limit: 1.3, kind: 'max', unit: '×',
+      detail: `${engineCpu.median.toFixed(0)} vs ${bareCpu.median.toFixed(0)} µs${settingsNote(64, 0)}` }),
+    row({ target: `2 · ${concurrency} in flight, ${latencyMs} ms`, figure: 'engine ÷ Python loop (executor) steps/s', value: result.ratios.engineStepsPerSecondOverPythonExecutorStepsPerSecond, limit: 7, kind: 'min', unit: '×',
+      detail: pyExecutor ? `${engineRate.median.toFixed(0)} vs ${pyExecutor.stepsPerSecond.median.toFixed(0)}/s; ÷ direct ${ratioText(result.ratios.engineStepsPerSecondOverPythonDirectStepsPerSecond)}${settingsNote(64, 0)}` : `python skipped: ${python.skipped}` }),
+    row({ target: `2 · ${latency.python.concurrency} in flight, ${latency.latencyMs} ms`, figure: 'engine ÷ Python loop (executor) steps/s', value: latency.engineOverPythonExecutor, limit: 4, kind: 'min', unit: '×',
+      detail: pyLat ? `${lat(latency.python.concurrency).stepsPerSecond.median.toFixed(0)} vs ${pyLat.stepsPerSecond.median.toFixed(0)}/s; ÷ direct ${ratioText(latency.engineOverPythonDirect)}` : `python skipped: ${latency.python.skipped}` }),
+    ...latency.points.map((p) =>
+      row({ target: `3 · ${p.concurrency} in flight, ${latency.latencyMs} ms`, figure: 'steps/s ÷ (in flight ÷ latency)', value: p.efficiencyPct.median, limit: p.concurrency <= 64 ? 97 : 90, kind: 'min', unit: ' %', digits: 1,
+        detail: `${p.stepsPerSecond.median.toFixed(0)} of ${p.boundStepsPerSecond.toFixed(0)}/s; group occupancy ${p.groupOccupancyPct.toFixed(1)} %, ${p.meanInferenceMs.toFixed(1)} ms per call; bare loop ${p.bare.efficiencyPct.median.toFixed(1)} %` }),
+    ),
+    row({ target: `4 · ${pauseRollouts} in flight, abort`, figure: 'pause: every worker stopped issuing, p99', value: abort.workersStoppedMs.p99, limit: 2, kind: 'max', unit: ' ms',
+      detail: `p50 ${abort.workersStoppedMs.p50.toFixed(2)} ms over ${abort.pauses} pauses` }),
+    row({ target: `4 · ${pauseRollouts} in flight, abort`, figure: 'pause: every partial rollout back, p99', value: abort.allBackMs.p99, limit: 10, kind: 'max', unit: ' ms',
+      detail: `p50 ${abort.allBackMs.p50.toFixed(1)} ms over ${abort.pauses} pauses, server-side abort` }),
+    ...[t3, t1].map((m) =>
+      row({ target: `5 · ${m.rolloutsInFlight} in flight, turn ${m.holdAtTurn}`, figure: 'memory per rollout ÷ raw payload held', value: m.ratio.heapPlusArrayBuffers, limit: 1.2, kind: 'max', unit: '×',
+        detail: `${kb(m.perRollout.heapPlusArrayBuffersBytes)} vs ${kb(m.payloadHeld.totalBytes)}; V8 heap alone ${m.ratio.heap.toFixed(2)}×${memory.rollouts < 10_000 ? ' (issue 7: 10k)' : ''}` }),
+    ),
+    row({ target: `6 · ${scaling.cpuCostUs} µs/step, ${scaling.concurrency} in flight`, figure: '2 workers ÷ 1 worker steps/s', value: scaling.ratio, limit: 1.7, kind: 'min', unit: '×',
+      detail: `${scaling.two.stepsPerSecond.median.toFixed(0)} vs ${scaling.one.stepsPerSecond.median.toFixed(0)}/s; 2 workers: engine ${scaling.two.engineCores.toFixed(2)} + mock ${scaling.two.mockCores?.toFixed(2) ?? 'n/a'} cores of ${cpus().length}` }),
+  ];
+  printTargets(result.targets);
+  // Memory is not a matter of CPU time; every other part is.
+  const shared = Object.entries(cpuShare).filter(([part, c]) => part !== 'memory' && c !== null && c.othersCores > 0.15 * cpus().length);
+  if (shared.length > 0) {
+    console.log(
+      `other processes shared the CPUs during: ${shared.map(([part, c]) => `${part} (${c!.othersCores.toFixed(2)} cores)`).join(', ')} — rates there are low and ratios skewed either way; rerun on a quiet machine`,
+    );
+  }
+
   const outDir = values.out ?? 'bench-results';
   mkdirSync(outDir, { recursive: true });
   const file = join(outDir, `bench-${new Date().toISOString().replace(/[:.]/g, '-')}.json`);

@@ -1,0 +1,261 @@
+/**
+ * The figures of issue 7 that the side-by-side throughput and pause runs of ./run.ts do not give, and
+ * the final table of every target with its figure and a pass/fail mark.
+ *
+ *   latencyBound   target 3 (and 2's second ratio): mock at 50 ms fixed latency, 0 ms per token;
+ *                  engine steps/s at 64 and 512 in flight ÷ (in flight ÷ 0.050 s); the Python loop
+ *                  at 512 in flight against the same mock; as a control, the bare undici loop at the
+ *                  same calls in flight (what the mock and the transport allow without the engine).
+ *   workerScaling  target 6: builtin:guess-number burning `cpuCostUs` per step, zero latency, the same
+ *                  rollouts in flight with workers.threads = 1 and 2.
+ *   memory         target 5: ./memory.ts, rollouts held at turn 1 and at turn 3, and as a reference
+ *                  the same number of bare undici calls pending (the transport's own share).
+ */
+import { startMockProcess, type MockProcess } from '../../src/loadtest/mock-process.ts';
+import { bareLoop, engineThroughput, type Sample, type ThroughputSample } from './engine-throughput.ts';
+import { bareRequestMemory, memoryBench, type BareRequestMemory, type MemoryFigures } from './memory.ts';
+import { runPythonBaseline, type PythonBaselineMode } from './python-baseline.ts';
+
+export interface Spread {
+  median: number;
+  min: number;
+  max: number;
+}
+
+export function spreadOf(xs: number[]): Spread {
+  const s = [...xs].sort((a, b) => a - b);
+  return { median: s[Math.floor(s.length / 2)], min: s[0], max: s[s.length - 1] };
+}
+
+const rate = (s: { operations: number; seconds: number }) => s.operations / s.seconds;
+
+// --- target 3 (+ 2b) ---------------------------------------------------------------------------
+
+export const LATENCY_MS = 50;
+
+export interface LatencyPoint {
+  concurrency: number;
+  /** in flight ÷ latency: the most calls per second that many rollouts can make. */
+  boundStepsPerSecond: number;
+  stepsPerSecond: Spread;
+  /** steps/s ÷ bound, %. */
+  efficiencyPct: Spread;
+  /** Medians over repeats of the diagnostic figures (see ThroughputSample.detail). */
+  groupOccupancyPct: number;
+  meanInferenceMs: number;
+  workerLoopDelayMeanMs: number;
+  engineCores: number;
+  mockCores: number | null;
+  samples: ThroughputSample[];
+  /**
+   * Control: the bare undici loop (same mock, same number of calls in flight, every one busy all the
+   * time) as % of the same bound — what the mock and the transport allow without the engine.
+   */
+  bare: { efficiencyPct: Spread; samples: Sample[] };
+}
+
+export interface PythonAtLatency {
+  mode: PythonBaselineMode;
+  stepsPerSecond: Spread;
+  samples: { steps: number; seconds: number; cpuSeconds: number }[];
+}
+
+export interface LatencyBound {
+  latencyMs: number;
+  threads: number;
+  points: LatencyPoint[];
+  python: { concurrency: number; skipped: string | null; runs: PythonAtLatency[] };
+  /** Engine steps/s at the Python point's concurrency ÷ Python executor steps/s (medians). */
+  engineOverPythonExecutor: number | null;
+  engineOverPythonDirect: number | null;
+}
+
+export interface LatencyOptions {
+  concurrencies: number[];
+  pythonConcurrency: number;
+  pythonModes: PythonBaselineMode[];
+  threads: number;
+  seconds: number;
+  repeats: number;
+  groupSize: number;
+  maxTokens: number;
+}
+
+export async function latencyBound(o: LatencyOptions): Promise<LatencyBound> {
+  const mock = await startMockProcess(['--latency-ms', String(LATENCY_MS)]);
+  const engine = new Map<number, ThroughputSample[]>(o.concurrencies.map((c) => [c, []]));
+  const bare = new Map<number, Sample[]>(o.concurrencies.map((c) => [c, []]));
+  const python = new Map<PythonBaselineMode, PythonAtLatency['samples']>(o.pythonModes.map((m) => [m, []]));
+  let skipped: string | null = null;
+  try {
+    for (let i = 0; i < o.repeats; i++) {
+      for (const c of o.concurrencies) {
+        engine.get(c)!.push(await engineThroughput({ url: mock.url, concurrency: c, threads: o.threads, seconds: o.seconds, groupSize: o.groupSize, maxTokens: o.maxTokens, detail: true, mock }));
+        bare.get(c)!.push(await bareLoop({ url: mock.url, concurrency: c, seconds: o.seconds, maxTokens: o.maxTokens }));
+      }
+      for (const mode of o.pythonModes) {
+        if (skipped !== null) break;
+        const outcome = await runPythonBaseline({ url: mock.url, concurrency: o.pythonConcurrency, seconds: o.seconds, mode, maxTokens: o.maxTokens });
+        if (!outcome.ok) skipped = outcome.reason;
+        else python.get(mode)!.push({ steps: outcome.result.steps, seconds: outcome.result.seconds, cpuSeconds: outcome.result.cpuSeconds });
+      }
+    }
+  } finally {
+    await mock.close();
+  }
+  const points = o.concurrencies.map((concurrency): LatencyPoint => {
+    const samples = engine.get(concurrency)!;
+    const bound = concurrency / (LATENCY_MS / 1000);
+    const med = (f: (s: ThroughputSample) => number) => spreadOf(samples.map(f)).median;
+    return {
+      concurrency,
+      boundStepsPerSecond: bound,
+      stepsPerSecond: spreadOf(samples.map(rate)),
+      efficiencyPct: spreadOf(samples.map((s) => (100 * rate(s)) / bound)),
+      groupOccupancyPct: med((s) => 100 * (s.detail?.groupOccupancy ?? NaN)),
+      meanInferenceMs: med((s) => s.detail?.meanInferenceMs ?? NaN),
+      workerLoopDelayMeanMs: med((s) => s.workerLoopDelayMeanMs),
+      engineCores: med((s) => s.cpuMs / 1000 / s.seconds),
+      mockCores: samples.every((s) => s.mockCpuMs !== null) ? med((s) => s.mockCpuMs! / 1000 / s.seconds) : null,
+      samples,
+      bare: { efficiencyPct: spreadOf(bare.get(concurrency)!.map((s) => (100 * rate(s)) / bound)), samples: bare.get(concurrency)! },
+    };
+  });
+  const runs = o.pythonModes
+    .filter((m) => python.get(m)!.length > 0)
+    .map((mode): PythonAtLatency => ({ mode, samples: python.get(mode)!, stepsPerSecond: spreadOf(python.get(mode)!.map((s) => s.steps / s.seconds)) }));
+  const enginePoint = points.find((p) => p.concurrency === o.pythonConcurrency);
+  const over = (mode: PythonBaselineMode) => {
+    const run = runs.find((r) => r.mode === mode);
+    return enginePoint && run ? enginePoint.stepsPerSecond.median / run.stepsPerSecond.median : null;
+  };
+  return {
+    latencyMs: LATENCY_MS,
+    threads: o.threads,
+    points,
+    python: { concurrency: o.pythonConcurrency, skipped, runs },
+    engineOverPythonExecutor: over('executor'),
+    engineOverPythonDirect: over('direct'),
+  };
+}
+
+// --- target 6 ----------------------------------------------------------------------------------
+
+export interface ScalingSide {
+  threads: number;
+  stepsPerSecond: Spread;
+  engineCores: number;
+  mockCores: number | null;
+  samples: ThroughputSample[];
+}
+
+export interface WorkerScaling {
+  cpuCostUs: number;
+  concurrency: number;
+  one: ScalingSide;
+  two: ScalingSide;
+  /** two ÷ one, medians. */
+  ratio: number;
+}
+
+export async function workerScaling(o: { cpuCostUs: number; concurrency: number; seconds: number; repeats: number; groupSize: number; maxTokens: number }): Promise<WorkerScaling> {
+  const mock: MockProcess = await startMockProcess(['--latency-ms', '0']);
+  const by = new Map<number, ThroughputSample[]>([[1, []], [2, []]]);
+  try {
+    for (let i = 0; i < o.repeats; i++) {
+      for (const threads of [1, 2]) {
+        by.get(threads)!.push(
+          await engineThroughput({ url: mock.url, concurrency: o.concurrency, threads, seconds: o.seconds, groupSize: o.groupSize, maxTokens: o.maxTokens, envParams: { cpuCostUs: o.cpuCostUs }, mock }),
+        );
+      }
+    }
+  } finally {
+    await mock.close();
+  }
+  const side = (threads: number): ScalingSide => {
+    const samples = by.get(threads)!;
+    return {
+      threads,
+      stepsPerSecond: spreadOf(samples.map(rate)),
+      engineCores: spreadOf(samples.map((s) => s.cpuMs / 1000 / s.seconds)).median,
+      mockCores: samples.every((s) => s.mockCpuMs !== null) ? spreadOf(samples.map((s) => s.mockCpuMs! / 1000 / s.seconds)).median : null,
+      samples,
+    };
+  };
+  const one = side(1);
+  const two = side(2);
+  return { cpuCostUs: o.cpuCostUs, concurrency: o.concurrency, one, two, ratio: two.stepsPerSecond.median / one.stepsPerSecond.median };
+}
+
+// --- target 5 ----------------------------------------------------------------------------------
+
+export interface MemoryResult {
+  rollouts: number;
+  thinkTokens: number;
+  /** Held at turn 1 (prompt only) and at turn 3 (two turns played). */
+  phases: MemoryFigures[];
+  /**
+   * From the two phases, memory ≈ fixed + slope × payload (heap + ArrayBuffers): the cost of a rollout
+   * in flight whatever it holds, and the cost per byte of payload it holds.
+   */
+  fixedBytesPerRollout: number | null;
+  bytesPerPayloadByte: number | null;
+  /** The same number of chat calls pending from a bare undici Pool: the transport's own share. */
+  bareRequest: BareRequestMemory;
+}
+
+export async function memoryRuns(o: { rollouts: number; thinkTokens: number; threads: number; groupSize: number }): Promise<MemoryResult> {
+  const phases: MemoryFigures[] = [];
+  for (const holdAtTurn of [1, 3] as const) phases.push(await memoryBench({ rollouts: o.rollouts, holdAtTurn, threads: o.threads, groupSize: o.groupSize, thinkTokens: o.thinkTokens }));
+  const [a, b] = phases;
+  const dx = b.payloadHeld.totalBytes - a.payloadHeld.totalBytes;
+  const slope = dx > 0 ? (b.perRollout.heapPlusArrayBuffersBytes - a.perRollout.heapPlusArrayBuffersBytes) / dx : null;
+  const bareRequest = await bareRequestMemory(o.rollouts);
+  return {
+    rollouts: o.rollouts,
+    thinkTokens: o.thinkTokens,
+    bareRequest,
+    phases,
+    bytesPerPayloadByte: slope,
+    fixedBytesPerRollout: slope === null ? null : a.perRollout.heapPlusArrayBuffersBytes - slope * a.payloadHeld.totalBytes,
+  };
+}
+
+// --- the final table ---------------------------------------------------------------------------
+
+export interface TargetRow {
+  /** Issue 7's target number and condition, e.g. "3 · 512 in flight, 50 ms". */
+  target: string;
+  figure: string;
+  /** The measured value compared with the limit; null when it could not be measured. */
+  value: number | null;
+  limit: string;
+  pass: boolean | null;
+  measured: string;
+  /** What the figure includes, its spread, what limits it. */
+  detail: string;
+}
+
+export function row(o: { target: string; figure: string; value: number | null; limit: number; kind: 'max' | 'min'; unit: string; digits?: number; detail: string }): TargetRow {
+  const ok = o.value !== null && Number.isFinite(o.value);
+  return {
+    target: o.target,
+    figure: o.figure,
+    value: ok ? o.value : null,
+    limit: `${o.kind === 'max' ? '≤' : '≥'} ${o.limit}${o.unit}`,
+    pass: ok ? (o.kind === 'max' ? o.value! <= o.limit : o.value! >= o.limit) : null,
+    measured: ok ? `${o.value!.toFixed(o.digits ?? 2)}${o.unit}` : 'n/a',
+    detail: o.detail,
+  };
+}
+
+export function printTargets(rows: TargetRow[]): void {
+  const width = (f: (r: TargetRow) => string, title: string) => Math.max(title.length, ...rows.map((r) => f(r).length));
+  const w = [width((r) => r.target, 'target'), width((r) => r.figure, 'figure'), width((r) => r.limit, 'target'), width((r) => r.measured, 'measured')];
+  console.log('\nissue 7 targets (this run)');
+  console.log(`${'#'.padEnd(w[0])}  ${'figure'.padEnd(w[1])}  ${'target'.padEnd(w[2])}  ${'measured'.padStart(w[3])}  ok    detail`);
+  for (const r of rows) {
+    const mark = r.pass === null ? 'n/a ' : r.pass ? 'PASS' : 'FAIL';
+    console.log(`${r.target.padEnd(w[0])}  ${r.figure.padEnd(w[1])}  ${r.limit.padEnd(w[2])}  ${r.measured.padStart(w[3])}  ${mark}  ${r.detail}`);
+  }
+}
