@@ -93,13 +93,13 @@ describe('control API', () => {
     assert.deepEqual([notJson.status, notJson.body.error.code], [400, 'ERR_BAD_BODY']);
     const badField = await call(server, 'POST', '/resume', { body: JSON.stringify({ modelStep: 'two' }) });
     assert.equal(badField.status, 400);
-    assert.match(badField.body.error.message, /modelStep must be an integer >= 0 \(got "two"\)/);
+    assert.match(badField.body.error.message, /modelStep must be an integer in \[0, 2147483647\] \(got "two"\)/);
     const older = await call(server, 'POST', '/resume', { body: JSON.stringify({ modelStep: 0 }) });
     assert.deepEqual([older.status, older.body.error.code], [400, 'ERR_INVALID_ARGUMENT']);
     const array = await call(server, 'POST', '/batch', { body: '[1]' });
     assert.equal(array.status, 400);
     const badStep = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: 0 }) });
-    assert.match(badStep.body.error.message, /trainStep must be an integer >= 1 \(got 0\)/);
+    assert.match(badStep.body.error.message, /trainStep must be an integer in \[1, 2147483647\] \(got 0\)/);
     const noPath = await call(server, 'POST', '/checkpoint', { body: '{}' });
     assert.match(noPath.body.error.message, /path must be a non-empty string/);
   });

@@ -187,7 +187,7 @@ describe('weight updates with partial rollouts, against the mock server over HTT
     const during = await engine.getBatch(2);
     assert.equal(during.status, 'UPDATE_WEIGHT_AND_ABORT');
     await engine.resume({ modelStep: 1 });
-    await assert.rejects(engine.resume({ modelStep: 0 }), { code: 'ERR_INVALID_ARGUMENT', message: /modelStep must be an integer >= the current model step 1 \(got 0\)/ });
+    await assert.rejects(engine.resume({ modelStep: 0 }), { code: 'ERR_INVALID_ARGUMENT', message: /modelStep must be an integer from the current model step 1 to 2147483647 \(got 0\)/ });
   });
 });
 
