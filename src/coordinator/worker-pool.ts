@@ -52,6 +52,12 @@ export class PiscinaWorkerPool implements WorkerPool {
   readonly #controls = new Map<number, Comlink.Remote<WorkerControl>>();
   #closed = false;
   #watchdog: NodeJS.Timeout | null = null;
+  /** Set when no worker can run at all; every queued and later group fails with it. */
+  #broken: string | null = null;
+  #lastTaskError: string | null = null;
+  #liveness: NodeJS.Timeout;
+  #breakPool: (err: Error) => void = () => {};
+  readonly #brokenPromise: Promise<never> = new Promise<never>((_, reject) => (this.#breakPool = reject));
   /** Workers being checked right now (one probe at a time per worker). */
   readonly #probing = new Set<number>();
   /** Why the watchdog last terminated a worker: added to the reason of the groups that died with it. */
@@ -60,6 +66,7 @@ export class PiscinaWorkerPool implements WorkerPool {
   constructor(options: PiscinaWorkerPoolOptions) {
     const { config } = options;
     this.#log = options.log;
+    this.#brokenPromise.catch(() => undefined); // observed through runGroup's race
     const init = workerInit(config, options.llmUrls, options.control, options.gatewayUrl ?? null);
     const threads = config.workers.threads;
     this.#pool = new Piscina({
@@ -86,6 +93,15 @@ export class PiscinaWorkerPool implements WorkerPool {
     });
     // With no task on it, a dying worker is reported here instead of through a task's rejection.
     this.#pool.on('error', (err: unknown) => this.#log.error({ err: describeError(err) }, 'worker pool error'));
+    // Piscina stops replacing workers that die while starting: with none left, queued groups would wait
+    // for ever. Checked on a short timer: fail them — and every later one — with the reason instead.
+    this.#liveness = setInterval(() => {
+      if (this.#broken !== null || this.#closed || this.#pool.threads.length > 0) return;
+      this.#broken = `no worker thread is running: workers die while starting (last error: ${this.#lastTaskError ?? 'none'}); check workers.maxOldGenerationSizeMb and that environment modules load`;
+      this.#log.error(this.#broken);
+      this.#breakPool(new Error(this.#broken));
+    }, 250);
+    this.#liveness.unref();
     const watchdogMs = config.workers.watchdogMs;
     if (watchdogMs !== null) {
       this.#watchdog = setInterval(() => void this.#checkWorkers(watchdogMs), Math.max(50, watchdogMs / 4));
@@ -94,15 +110,18 @@ export class PiscinaWorkerPool implements WorkerPool {
   }
 
   async runGroup(group: RolloutGroup, modelStep: number): Promise<RolloutGroup> {
+    if (this.#broken !== null) return failedGroup(group, this.#broken);
     const bytes = encodeMessage({ v: PROTOCOL_VERSION, type: 'run-group', group, modelStep, enqueuedAt: Date.now() });
     try {
-      const resultBytes = (await this.#pool.run(bytes, { transferList: [bytes.buffer as ArrayBuffer] })) as Uint8Array;
+      const resultBytes = (await Promise.race([this.#pool.run(bytes, { transferList: [bytes.buffer as ArrayBuffer] }), this.#brokenPromise])) as Uint8Array;
       const message = decodeMessage(resultBytes);
       if (message.type !== 'group-result') throw new Error(`worker answered ${message.type} to run-group`);
       return message.group;
     } catch (err) {
       const kill = this.#lastKill !== null && Date.now() - this.#lastKill.at < 5_000 ? ` (${this.#lastKill.reason})` : '';
-      return failedGroup(group, `worker failed while running the group: ${describeError(err)}${kill}`);
+      const reason = `worker failed while running the group: ${describeError(err)}${kill}`;
+      this.#lastTaskError = describeError(err);
+      return failedGroup(group, reason);
     }
   }
 
@@ -148,6 +167,7 @@ export class PiscinaWorkerPool implements WorkerPool {
     if (this.#closed) return;
     this.#closed = true;
     if (this.#watchdog !== null) clearInterval(this.#watchdog);
+    clearInterval(this.#liveness);
     // Workers release their actors and flush their records before the threads are terminated.
     await Promise.allSettled([...this.#controls.values()].map((c) => withDeadline(c.close(), FLUSH_DEADLINE_MS)));
     for (const control of this.#controls.values()) control[Comlink.releaseProxy]();
