@@ -57,8 +57,8 @@ const EnvSpec = z
   })
   .refine((env) => (env.module === undefined) !== (env.http === undefined), { message: 'give exactly one of env.module (in-process) or env.http (env servers)' });
 
-const HooksSpec = z.strictObject({
-  /** ES module exporting `beforeInference` and/or `onEpisodeEnd` (see README "Episode hooks"). */
+/** A user module's export: episode hooks (`beforeInference` / `onEpisodeEnd`) or a black-box agent. */
+const ModuleExportSpec = z.strictObject({
   module: z.string().min(1),
   export: z.string().min(1).default('default'),
 });
@@ -78,13 +78,13 @@ const TaskSpec = z.strictObject({
   messageCut: nonNegativeInt.default(3),
   maxTokens: positiveInt.default(512),
   temperature: z.number().min(0).max(2).default(1),
-  hooks: HooksSpec.nullable().default(null),
+  hooks: ModuleExportSpec.nullable().default(null),
   /**
    * A black-box agent: a module whose export receives `{ baseURL, sessionId, prompt, label, signal }` and
    * talks to the token-trace gateway with any OpenAI client (see README "Black-box agents"). null = the
    * built-in agent loop.
    */
-  agent: HooksSpec.nullable().default(null),
+  agent: ModuleExportSpec.nullable().default(null),
 }).refine((task) => task.env !== null || task.agent !== null, { message: 'a task needs an env (or a black-box agent that takes its prompts from the dataset)', path: ['env'] });
 
 const GatewaySpec = z.strictObject({
@@ -333,4 +333,14 @@ function formatPath(path: readonly PropertyKey[]): string {
   let out = '';
   for (const key of path) out += typeof key === 'number' ? `[${key}]` : out === '' ? String(key) : `.${String(key)}`;
   return out;
+}
+
+/** `llm.url` and policy urls may be one URL or a list. */
+export function urlList(url: string | string[]): string[] {
+  return Array.isArray(url) ? url : [url];
+}
+
+/** Endpoints named by `llm.policies` (beyond the default ones). */
+export function policyUrls(config: ResolvedConfig): string[] {
+  return Object.values(config.llm.policies).flatMap((p) => (p.url === undefined ? [] : urlList(p.url)));
 }

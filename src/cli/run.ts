@@ -2,6 +2,7 @@ import { existsSync, readFileSync, truncateSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { createEngine, type Batch } from '../index.ts';
+import { emptyStatusCounts } from '../coordinator/producer.ts';
 import { BatchFileWriter } from '../coordinator/batch-file.ts';
 import type { Status } from '../protocol/rollout.ts';
 import { intFlag, UsageError } from './args.ts';
@@ -105,7 +106,7 @@ export async function runCommand(argv: string[]): Promise<number> {
     process.off('SIGTERM', stopOnSignal);
   }
   const seconds = (performance.now() - started) / 1000;
-  const summary = summarize(batches, landed ?? emptyLanded(), seconds, writer.path);
+  const summary = summarize(batches, landed ?? emptyStatusCounts(), seconds, writer.path);
   const { writeFileSync, mkdirSync } = await import('node:fs');
   mkdirSync(runDir, { recursive: true });
   writeFileSync(join(runDir, 'summary.json'), `${JSON.stringify(summary, null, 2)}\n`);
@@ -127,10 +128,6 @@ interface RunSummary {
 }
 
 type NormalBatch = Extract<Batch, { status: 'NORMAL' }>;
-
-function emptyLanded(): Record<Status, number> {
-  return { INIT: 0, COMPLETED: 0, ABORTED: 0, EXPIRED: 0, FAILED: 0, FILTERED: 0 };
-}
 
 function summarize(batches: NormalBatch[], produced: Record<Status, number>, seconds: number, output: string): RunSummary {
   let groups = 0;

@@ -4,7 +4,7 @@
  */
 import { timingSafeEqual, createHash } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { decodeFromPeer, encodeForPeer } from '../protocol/codec.ts';
+import { decodeFromPeer, encodeForPeer, toJson } from '../protocol/codec.ts';
 import { RolloutEngineError } from '../protocol/errors.ts';
 
 export class HttpError extends RolloutEngineError {
@@ -50,7 +50,7 @@ export function send(req: IncomingMessage, res: ServerResponse, status: number, 
     res.writeHead(status, { 'content-type': MSGPACK, 'content-length': body.byteLength }).end(body);
     return;
   }
-  const body = JSON.stringify(value, (_key, v: unknown) => (ArrayBuffer.isView(v) && !(v instanceof DataView) ? Array.from(v as Int32Array) : v));
+  const body = toJson(value);
   res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) }).end(body);
 }
 

@@ -7,13 +7,12 @@ import { createWriteStream, mkdirSync, type WriteStream } from 'node:fs';
 import { once } from 'node:events';
 import { dirname } from 'node:path';
 import type { Batch } from './producer.ts';
+import { toJson } from '../protocol/codec.ts';
 import type { RolloutGroup } from '../protocol/rollout.ts';
 
 /** JSON text of a group, typed arrays written as number arrays. */
 export function groupToJson(group: RolloutGroup, trainStep: number): string {
-  return JSON.stringify({ trainStep, ...group }, (_key, value: unknown) =>
-    ArrayBuffer.isView(value) && !(value instanceof DataView) ? Array.from(value as Int32Array | Float32Array) : value,
-  );
+  return toJson({ trainStep, ...group });
 }
 
 export class BatchFileWriter {

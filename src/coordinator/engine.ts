@@ -12,18 +12,19 @@
  */
 import { existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import type { ResolvedConfig } from '../config.ts';
+import { policyUrls, urlList, type ResolvedConfig } from '../config.ts';
 import type { DropReason } from '../buffer/replay-buffer.ts';
 import { Sampler } from '../buffer/sampler.ts';
 import { createHttpEnvironments } from '../env/http-env.ts';
 import type { Gateway } from '../gateway/index.ts';
+import type { MockLlm } from '../testing/mock-llm/server.ts';
 import { probeInferenceServer } from '../llm/client.ts';
 import { createLogger, type Logger } from '../log.ts';
 import { RolloutEngineError } from '../protocol/errors.ts';
 import type { WorkerStats } from '../protocol/messages.ts';
 import { readCheckpoint, writeCheckpoint } from './checkpoint.ts';
 import { PauseControl } from './pause-control.ts';
-import { Producer, type Batch, type GroupCounts, type PauseReport, type ProducerHooks, type ProducerObserver, type ProducerSnapshot } from './producer.ts';
+import { emptyGroupCounts, Producer, type Batch, type GroupCounts, type PauseReport, type ProducerHooks, type ProducerObserver, type ProducerSnapshot } from './producer.ts';
 import { PiscinaWorkerPool, type WorkerPool } from './worker-pool.ts';
 
 export interface EngineStats {
@@ -54,8 +55,8 @@ export class Coordinator {
   readonly #options: CoordinatorOptions;
   #state: State = 'created';
   #llmUrls: string[] = [];
-  #closeMock: (() => Promise<void>) | null = null;
-  #embeddedMock: { setWeightVersion(n: number): void } | null = null;
+  /** The built-in mock server, when `llm.url` is null: resume "loads" weights into it by setting its version. */
+  #embeddedMock: MockLlm | null = null;
   /** The token-trace gateway, when a task has a black-box agent. */
   #gateway: Gateway | null = null;
   #pool: WorkerPool | null = null;
@@ -85,11 +86,11 @@ export class Coordinator {
       const samplers = new Map<string, Sampler>();
       for (const task of config.tasks) samplers.set(task.name, await Sampler.create(task, config.seed));
       const configured = config.llm.url;
-      this.#llmUrls = configured === null ? [await this.#startEmbeddedMock()] : Array.isArray(configured) ? configured : [configured];
-      const policyUrls = Object.values(config.llm.policies).flatMap((p) => (p.url === undefined ? [] : Array.isArray(p.url) ? p.url : [p.url]));
-      for (const url of new Set([...this.#llmUrls, ...policyUrls])) {
+      this.#llmUrls = configured === null ? [await this.#startEmbeddedMock()] : urlList(configured);
+      const policyEndpoints = policyUrls(config);
+      for (const url of new Set([...this.#llmUrls, ...policyEndpoints])) {
         const models = await probeInferenceServer(url, { apiKey: config.llm.apiKey });
-        if (models.length > 0 && !models.includes(config.llm.model) && !policyUrls.includes(url)) {
+        if (models.length > 0 && !models.includes(config.llm.model) && !policyEndpoints.includes(url)) {
           this.log.warn({ url, model: config.llm.model, served: models }, 'llm.model is not among the models the server lists');
         }
       }
@@ -202,14 +203,7 @@ export class Coordinator {
       nextTrainStep: producer?.progress.nextConsumerStep ?? 1,
       producerFutureStep: producer?.progress.producerFutureStep ?? 1,
       paused: producer?.paused ?? false,
-      groups: structuredClone(producer?.counts) ?? {
-        scheduled: 0,
-        retried: 0,
-        inFlight: 0,
-        landed: { INIT: 0, COMPLETED: 0, ABORTED: 0, EXPIRED: 0, FAILED: 0, FILTERED: 0 },
-        taken: 0,
-        dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 },
-      },
+      groups: structuredClone(producer?.counts) ?? emptyGroupCounts(),
       buffer: {
         completed: buffer?.count(undefined, 'COMPLETED') ?? 0,
         aborted: buffer?.count(undefined, 'ABORTED') ?? 0,
@@ -230,7 +224,7 @@ export class Coordinator {
     await this.#producer?.close();
     await this.#pool?.close();
     await this.#gateway?.close();
-    await this.#closeMock?.();
+    await this.#embeddedMock?.close();
     this.#state = 'closed';
   }
 
@@ -253,7 +247,6 @@ export class Coordinator {
     // Black-box agents reach the mock through the gateway's token-in calls, in the gateway's vocabulary.
     const tokenizer = this.config.tasks.some((t) => t.agent !== null) ? { tokenizer: 'qwen2.5' as const } : {};
     const mock = await startMockLlm({ ...this.config.mock, ...tokenizer, host: '127.0.0.1', port: 0, model: this.config.llm.model });
-    this.#closeMock = () => mock.close();
     this.#embeddedMock = mock;
     this.log.info({ url: mock.url }, 'embedded mock inference server started');
     return mock.url;

@@ -12,7 +12,7 @@
  * - groups never leave the buffer except through `take` (to the trainer) or `spawn` (back in flight).
  */
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { ResolvedConfig } from '../config.ts';
+import { policyUrls, type ResolvedConfig } from '../config.ts';
 import { ReplayBuffer, type BufferSnapshot, type DropReason, type ExpiryPolicy } from '../buffer/replay-buffer.ts';
 import type { Sampler } from '../buffer/sampler.ts';
 import { rolloutStaleness, seqStaleness, staleThreshold, tokenLossMask } from '../buffer/staleness.ts';
@@ -115,6 +115,10 @@ export function emptyStatusCounts(): Record<Status, number> {
   return { INIT: 0, COMPLETED: 0, ABORTED: 0, EXPIRED: 0, FAILED: 0, FILTERED: 0 };
 }
 
+export function emptyGroupCounts(): GroupCounts {
+  return { scheduled: 0, retried: 0, inFlight: 0, landed: emptyStatusCounts(), taken: 0, dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 } };
+}
+
 /** The built-in filter: a group whose rewards are all equal carries no GRPO signal. */
 export function hasRewardSpread(group: RolloutGroup): boolean {
   const first = group.rollouts[0]?.reward;
@@ -124,7 +128,7 @@ export function hasRewardSpread(group: RolloutGroup): boolean {
 export class Producer implements ProduceContext {
   readonly progress: ProduceProgress;
   readonly buffer: ReplayBuffer;
-  readonly counts: GroupCounts = { scheduled: 0, retried: 0, inFlight: 0, landed: emptyStatusCounts(), taken: 0, dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 } };
+  readonly counts: GroupCounts = emptyGroupCounts();
   readonly #config: ResolvedConfig;
   readonly #pool: WorkerPool;
   readonly #control: PauseControl;
@@ -598,8 +602,7 @@ export class Producer implements ProduceContext {
 
   /** Ask every inference endpoint to abort what it is generating; true when all of them could. */
   async #abortOnServers(path: string): Promise<boolean> {
-    const policyUrls = Object.values(this.#config.llm.policies).flatMap((p) => (p.url === undefined ? [] : Array.isArray(p.url) ? p.url : [p.url]));
-    const urls = [...new Set([...this.#llmUrls, ...policyUrls])];
+    const urls = [...new Set([...this.#llmUrls, ...policyUrls(this.#config)])];
     const results = await Promise.all(urls.map((url) => abortInference(url, path, { apiKey: this.#config.llm.apiKey })));
     return results.every(Boolean);
   }

@@ -11,7 +11,7 @@
 import * as Comlink from 'comlink';
 import { join } from 'node:path';
 import { Piscina } from 'piscina';
-import type { ResolvedConfig, TaskConfig } from '../config.ts';
+import { urlList, type ResolvedConfig, type TaskConfig } from '../config.ts';
 import { wantsPrettyLogs, type Logger } from '../log.ts';
 import { projectModuleUrl } from '../paths.ts';
 import { decodeMessage, encodeMessage } from '../protocol/codec.ts';
@@ -188,7 +188,7 @@ function workerEnv(env: TaskConfig['env']): WorkerEnvSettings | null {
 
 export function workerInit(config: ResolvedConfig, llmUrls: string[], control: SharedArrayBuffer, gatewayUrl: string | null = null): WorkerInit {
   const { llm } = config;
-  const urls = (url: string | string[] | undefined) => (url === undefined ? llmUrls : Array.isArray(url) ? url : [url]);
+  const urls = (url: string | string[] | undefined) => (url === undefined ? llmUrls : urlList(url));
   return {
     v: PROTOCOL_VERSION,
     control,

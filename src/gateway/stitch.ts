@@ -8,22 +8,14 @@
  * and the last one ends the observation — so a bug in the gateway fails loudly instead of training
  * on misaligned logprobs.
  */
+import type { StitchedSession } from '../protocol/rollout.ts';
 import { GatewayError } from './errors.ts';
 import { EMPTY_HASH, hashIds } from './trace.ts';
 import type { CallTrace } from './trace.ts';
 
-export interface StitchedSample {
+/** A stitched session (the training sample fields are protocol/rollout.ts StitchedSession) with its id and reward. */
+export interface StitchedSample extends StitchedSession {
   sessionId: string;
-  /** Last prompt + last completion: every token the model saw or produced, in order. */
-  observationTokens: Int32Array;
-  /** `[start, end)` of each call's completion in `observationTokens`, in call order. */
-  actionRanges: [number, number][];
-  /** Aligned to `observationTokens`: the sampled token's logprob inside actions, 0 outside. */
-  rolloutLogprobs: Float32Array;
-  /** Aligned to `observationTokens`: the weight version that generated each action token, −1 outside actions. */
-  modelSteps: Int32Array;
-  /** The last call stopped on its token budget (finish reason `length`). */
-  truncated: boolean;
   reward: number | null;
   /** Finish reason of each call, in order. */
   finishReasons: string[];

@@ -3,6 +3,7 @@
  * into one training sample. Part of llm/ because it is the only other place that speaks undici.
  */
 import { request } from 'undici';
+import type { StitchedSession } from '../protocol/rollout.ts';
 import { LlmError } from './errors.ts';
 
 export interface GatewayCall {
@@ -11,15 +12,6 @@ export interface GatewayCall {
   logprobs: Float32Array;
   finishReason: string;
   modelStep: number;
-}
-
-export interface GatewaySample {
-  observationTokens: Int32Array;
-  actionRanges: [number, number][];
-  rolloutLogprobs: Float32Array;
-  modelSteps: Int32Array;
-  truncated: boolean;
-  reward: number | null;
 }
 
 export function sessionBaseUrl(gatewayUrl: string, sessionId: string): string {
@@ -39,7 +31,7 @@ export async function fetchTraces(gatewayUrl: string, sessionId: string): Promis
 }
 
 /** The session as one sample; the gateway then releases it. */
-export async function stitchSession(gatewayUrl: string, sessionId: string, reward: number | null): Promise<GatewaySample> {
+export async function stitchSession(gatewayUrl: string, sessionId: string, reward: number | null): Promise<StitchedSession & { reward: number | null }> {
   const body = (await call('POST', `${sessionBaseUrl(gatewayUrl, sessionId)}/stitch`, { reward })) as {
     observation_tokens: number[];
     action_ranges: [number, number][];

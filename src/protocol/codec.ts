@@ -88,3 +88,8 @@ function typedArraysAsBytes(value: unknown): unknown {
   for (const [k, v] of Object.entries(value)) out[k] = typedArraysAsBytes(v);
   return out;
 }
+
+/** JSON for outside readers (batch files, the control API): typed arrays become number lists. */
+export function toJson(value: unknown): string {
+  return JSON.stringify(value, (_key, v: unknown) => (ArrayBuffer.isView(v) && !(v instanceof DataView) ? Array.from(v as Int32Array) : v));
+}

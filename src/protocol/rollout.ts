@@ -127,13 +127,15 @@ export interface RolloutState {
 }
 
 export interface StitchedSession {
+  /** Last prompt + last completion: every token the model saw or produced, in order. */
   observationTokens: Int32Array;
-  /** [start, end) of every completion inside observationTokens. */
+  /** `[start, end)` of each call's completion inside observationTokens, in call order. */
   actionRanges: [number, number][];
   /** Logprob of each observation token (0 outside the action ranges). */
   rolloutLogprobs: Float32Array;
   /** Model step of each observation token (−1 outside the action ranges). */
   modelSteps: Int32Array;
+  /** The last call stopped on its token budget (finish reason `length`). */
   truncated: boolean;
 }
 

@@ -114,7 +114,8 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
       reward = typeof outcome.reward === 'number' ? outcome.reward : Object.values(outcome.reward).reduce((a, b) => a + b, 0);
     }
     const sample = await stitchSession(ctx.gatewayUrl, sessionId, reward);
-    rollout.stitched = { observationTokens: sample.observationTokens, actionRanges: sample.actionRanges, rolloutLogprobs: sample.rolloutLogprobs, modelSteps: sample.modelSteps, truncated: sample.truncated };
+    const { reward: _reward, ...stitched } = sample;
+    rollout.stitched = stitched;
     rollout.reward = reward ?? 0;
     const lastTurn = rollout.turns.at(-1);
     if (lastTurn) {

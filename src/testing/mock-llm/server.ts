@@ -420,41 +420,29 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     });
   }
 
-  async function tokenCompletions(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    counters.requests += 1;
-    const raw = await readBody(req, opts.maxBodyBytes);
-    let request: TokenCompletionRequest;
-    try {
-      request = parseTokenCompletionRequest(raw);
-    } catch (error) {
-      if (!(error instanceof RequestError)) throw error;
-      reject(res, 400, error.message, error.param);
-      return;
-    }
-    if (closing) {
-      sendJson(res, 503, errorBody('the mock server is shutting down', 'server_error'));
-      return;
-    }
-    completeTokens(res, request);
+  /** A generation route: count, read and validate the body (400 naming the field), refuse while closing, answer. */
+  function generationRoute<R>(parse: (raw: string) => R, answer: (res: ServerResponse, request: R) => void) {
+    return async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
+      counters.requests += 1;
+      const raw = await readBody(req, opts.maxBodyBytes);
+      let request: R;
+      try {
+        request = parse(raw);
+      } catch (error) {
+        if (!(error instanceof RequestError)) throw error;
+        reject(res, 400, error.message, error.param);
+        return;
+      }
+      if (closing) {
+        sendJson(res, 503, errorBody('the mock server is shutting down', 'server_error'));
+        return;
+      }
+      answer(res, request);
+    };
   }
 
-  async function chatCompletions(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    counters.requests += 1;
-    const raw = await readBody(req, opts.maxBodyBytes);
-    let request: ChatRequest;
-    try {
-      request = parseChatRequest(raw);
-    } catch (error) {
-      if (!(error instanceof RequestError)) throw error;
-      reject(res, 400, error.message, error.param);
-      return;
-    }
-    if (closing) {
-      sendJson(res, 503, errorBody('the mock server is shutting down', 'server_error'));
-      return;
-    }
-    complete(res, request);
-  }
+  const tokenCompletions = generationRoute<TokenCompletionRequest>(parseTokenCompletionRequest, completeTokens);
+  const chatCompletions = generationRoute<ChatRequest>(parseChatRequest, complete);
 
   async function weightVersionRoute(req: IncomingMessage, res: ServerResponse): Promise<void> {
     if (req.method === 'GET') {
