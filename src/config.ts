@@ -145,6 +145,12 @@ const WorkersSpec = z.strictObject({
   threads: positiveInt.default(() => availableParallelism()),
   /** Groups one worker runs at once on its event loop. */
   groupsPerWorker: positiveInt.default(64),
+  /**
+   * Episodes one worker runs at once; null = every rollout of its groups. Set below groupsPerWorker ×
+   * groupSize so that a rollout ending early hands its slot to a waiting group's rollout instead of
+   * idling until its siblings finish: inference calls in flight then stay at this bound.
+   */
+  rolloutsPerWorker: positiveInt.nullable().default(null),
   maxOldGenerationSizeMb: positiveInt.nullable().default(null),
   /** A worker whose event loop does not answer for this long (a spinning environment) is terminated and replaced; null = never. */
   watchdogMs: positiveInt.nullable().default(60_000),

@@ -2,6 +2,9 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { allocateBatch } from '../src/coordinator/allocate.ts';
 import { Notifier } from '../src/coordinator/notifier.ts';
+import { PauseControl } from '../src/coordinator/pause-control.ts';
+import { wallClockUs } from '../src/protocol/control-block.ts';
+import { PauseGate } from '../src/rollout/pause-gate.ts';
 import { ReplayBuffer } from '../src/buffer/replay-buffer.ts';
 import { mixSeed } from '../src/buffer/sampler.ts';
 import { trimMessages } from '../src/rollout/trim.ts';
@@ -115,5 +118,20 @@ describe('prompt seeds', () => {
     assert.notEqual(mixSeed(0, 'a', 1), mixSeed(0, 'a', 2));
     assert.notEqual(mixSeed(0, 'a', 1), mixSeed(0, 'b', 1));
     assert.notEqual(mixSeed(0, 'a', 1), mixSeed(1, 'a', 1));
+  });
+});
+
+describe('pause broadcast: the last-send clock', () => {
+  it('measures a pause by the last call a worker sent after the request, 0 when none was', () => {
+    const control = new PauseControl(0);
+    const gate = new PauseGate(control.block);
+    gate.noteSend();
+    const requested = wallClockUs();
+    control.pause();
+    assert.equal(control.lastSendAfterMs(requested), 0);
+    const later = wallClockUs() - 5_000n; // a send stamped 5 ms after a request made then
+    gate.noteSend();
+    assert.ok(control.lastSendAfterMs(later) >= 5);
+    gate.close();
   });
 });

@@ -163,3 +163,74 @@ describe('episodes with several endpoints, several agents and hooks', () => {
     }
   });
 });
+
+describe('episode slots (workers.rolloutsPerWorker)', () => {
+  /**
+   * A chat server for sessions routed by path (`/v1/sessions/{task/group/index}/…`): rollout 0 of every
+   * group ends at once (finish reason `length`), the others are held until calls from a second group
+   * have arrived — which only happens if rollout 0's slot went to another group's rollout. Records the
+   * most calls open at once and the groups seen calling while another group's calls were open.
+   */
+  async function slotServer(): Promise<{ url: string; close(): Promise<void>; peak: () => number; overlapped: () => boolean }> {
+    let open = 0;
+    let peak = 0;
+    let overlapped = false;
+    const openGroups = new Map<string, number>();
+    const groupsSeen = new Set<string>();
+    let releaseHeld!: () => void;
+    const secondGroup = new Promise<void>((r) => (releaseHeld = r));
+    const server = createServer((req, res) => {
+      req.resume();
+      if (req.method === 'GET') return void res.writeHead(200, { 'content-type': 'application/json' }).end('{"data":[{"id":"m"}]}');
+      const session = decodeURIComponent(/\/sessions\/([^/]+)\//.exec(req.url ?? '')![1]);
+      const group = session.slice(0, session.lastIndexOf('/'));
+      const index = Number(session.slice(session.lastIndexOf('/') + 1));
+      open++;
+      peak = Math.max(peak, open);
+      if ([...openGroups.keys()].some((g) => g !== group)) overlapped = true;
+      openGroups.set(group, (openGroups.get(group) ?? 0) + 1);
+      groupsSeen.add(group);
+      if (groupsSeen.size >= 2) releaseHeld();
+      const answer = (finish: string) => {
+        open--;
+        const left = openGroups.get(group)! - 1;
+        if (left === 0) openGroups.delete(group);
+        else openGroups.set(group, left);
+        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ choices: [{ message: { content: '50' }, finish_reason: finish }] }));
+      };
+      if (index === 0) answer('length');
+      else void secondGroup.then(() => answer('stop'));
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    return {
+      url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+      close: () => new Promise((r) => server.close(() => r())),
+      peak: () => peak,
+      overlapped: () => overlapped,
+    };
+  }
+
+  it('runs at most rolloutsPerWorker episodes, and a rollout that ends early hands its slot to another group while its siblings play on', async () => {
+    const s = await slotServer();
+    const e = createEngine({
+      logLevel: 'silent',
+      llm: { url: s.url, sessionPath: '/sessions/{session}', returnTokenIds: false, logprobs: false, retries: 0 },
+      batchSize: 3,
+      workers: { threads: 1, groupsPerWorker: 2, rolloutsPerWorker: 4 },
+      tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 4, maxSteps: 2 }],
+    });
+    try {
+      await e.start();
+      // Without the hand-over the first group's held calls would wait for a second group for ever.
+      const batch = await e.getBatch();
+      assert.equal(batch.status, 'NORMAL');
+      assert.equal(batch.groups.length, 3);
+      for (const g of batch.groups) assert.equal(g.status, Status.COMPLETED);
+      assert.ok(s.overlapped(), 'calls of two groups were never open at once');
+      assert.equal(s.peak(), 4);
+    } finally {
+      await e.close();
+      await s.close();
+    }
+  });
+});

@@ -134,4 +134,19 @@ describe('inference client', () => {
     await assert.rejects(pending, { code: 'ERR_LLM_ABORTED', message: /pause/ });
     await llm.close();
   });
+
+  it('sends nothing once the pause flag is set, though the caller decided to call before the pause', async () => {
+    const { url, requests } = await serve([ok({ choices: [{ message: { content: '1' }, finish_reason: 'stop' }] })]);
+    let paused = false;
+    let sends = 0;
+    const llm = client(url, { paused: () => paused, onSend: () => sends++ });
+    paused = true; // e.g. set while the episode awaited its environment, after its step-boundary check
+    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_ABORTED', message: /not sent: paused/ });
+    assert.equal(requests.length, 0);
+    assert.equal(sends, 0);
+    paused = false;
+    await llm.chat(request);
+    assert.equal(sends, 1);
+    await llm.close();
+  });
 });

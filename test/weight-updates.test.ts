@@ -115,8 +115,11 @@ describe('weight updates with partial rollouts, against the mock server over HTT
     const engine = createEngine(asyncConfig(mock));
     engines.push(engine);
     await engine.start();
-    const { batches } = await train(engine, mock, 6, 2);
-    const continued = batches.flatMap((b) => b.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns.filter((t) => new Set(t.modelSteps).size > 1))));
+    // Whether a pause catches a generation half-way is up to timing: train on until one did (bounded).
+    const continuedIn = (b: NormalBatch) => b.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns.filter((t) => new Set(t.modelSteps).size > 1)));
+    const batches: NormalBatch[] = [];
+    for (let first = 1; first <= 21 && !batches.some((b) => continuedIn(b).length > 0); first += 4) batches.push(...(await train(engine, mock, 4, 2, first)).batches);
+    const continued = batches.flatMap(continuedIn);
     assert.ok(continued.length > 0, 'at least one turn was continued after a pause');
     for (const turn of continued) {
       assert.equal(typeof turn.seed, 'number');

@@ -58,12 +58,22 @@ export class EngineMetrics implements ProducerObserver {
     });
     new Gauge({
       name: 'rollout_engine_worker_rollouts_in_flight',
-      help: 'Rollouts running on each worker thread',
+      help: 'Rollouts of the groups each worker thread holds (running, waiting for an episode slot, or done and waiting for their group)',
       labelNames: ['worker'],
       registers,
       async collect() {
         this.reset();
         for (const w of (await current()).workers) this.set({ worker: String(w.workerId) }, w.inFlightRollouts);
+      },
+    });
+    new Gauge({
+      name: 'rollout_engine_worker_episodes_running',
+      help: 'Episodes each worker thread is playing (holding an episode slot, workers.rolloutsPerWorker)',
+      labelNames: ['worker'],
+      registers,
+      async collect() {
+        this.reset();
+        for (const w of (await current()).workers) this.set({ worker: String(w.workerId) }, w.episodesRunning);
       },
     });
     new Gauge({
@@ -122,6 +132,7 @@ export class EngineMetrics implements ProducerObserver {
 
   paused(report: PauseReport): void {
     if (report.workersStoppedMs !== null) this.#pause.observe({ phase: 'workers_stopped' }, report.workersStoppedMs / 1000);
+    if (report.workersAckedMs !== null) this.#pause.observe({ phase: 'workers_acked' }, report.workersAckedMs / 1000);
     this.#pause.observe({ phase: 'all_back' }, report.allBackMs / 1000);
   }
 

@@ -2,15 +2,26 @@
  * The coordinator's side of the pause broadcast (protocol/control-block.ts): write the state, bump the
  * epoch, wake every worker, and measure how long until they have all seen it.
  */
-import { CONTROL, createControlBlock, RunState } from '../protocol/control-block.ts';
+import { CONTROL, createControlBlock, LAST_SEND, RunState } from '../protocol/control-block.ts';
 
 export class PauseControl {
   readonly block: SharedArrayBuffer;
   readonly #view: Int32Array;
+  readonly #clock: BigInt64Array;
 
   constructor(modelStep: number) {
     this.block = createControlBlock(modelStep);
     this.#view = new Int32Array(this.block);
+    this.#clock = new BigInt64Array(this.block);
+  }
+
+  /**
+   * Milliseconds from `sinceUs` (wallClockUs() taken before the pause was written) to the last
+   * inference call any worker sent; 0 when none was sent after it.
+   */
+  lastSendAfterMs(sinceUs: bigint): number {
+    const last = Atomics.load(this.#clock, LAST_SEND);
+    return last > sinceUs ? Number(last - sinceUs) / 1000 : 0;
   }
 
   get state(): RunState {

@@ -16,9 +16,10 @@ import { policyUrls, type ResolvedConfig } from '../config.ts';
 import { ReplayBuffer, type BufferSnapshot, type DropReason, type ExpiryPolicy } from '../buffer/replay-buffer.ts';
 import type { Sampler } from '../buffer/sampler.ts';
 import { rolloutStaleness, seqStaleness, staleThreshold, tokenLossMask } from '../buffer/staleness.ts';
-import { abortInference } from '../llm/client.ts';
+import { InferenceAborter } from '../llm/client.ts';
 import type { Logger } from '../log.ts';
 import { RolloutEngineError } from '../protocol/errors.ts';
+import { wallClockUs } from '../protocol/control-block.ts';
 import { approxGroupBytes, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
 import { Notifier, WakeUp } from './notifier.ts';
 import type { PauseControl } from './pause-control.ts';
@@ -70,8 +71,13 @@ export type Batch =
   | { trainStep: number; status: 'UPDATE_WEIGHT_AND_ABORT' | 'EXPIRED_BATCH'; groups: []; stats: null };
 
 export interface PauseReport {
-  /** From the request until every worker acknowledged it (stopped issuing inference calls). */
+  /**
+   * From the request until every worker stopped issuing inference calls: the time of the last call any
+   * worker sent after the request (0 when none was). Null when the workers did not acknowledge in time.
+   */
   workersStoppedMs: number | null;
+  /** From the request until every worker's event loop had run its pause watcher (a busy loop delays this). */
+  workersAckedMs: number | null;
   /** From the request until every group in flight was back on the main thread. */
   allBackMs: number;
   groupsBack: number;
@@ -162,6 +168,8 @@ export class Producer implements ProduceContext {
   #resumeEpoch = 0;
   readonly #dispatchEpoch = new Map<string, number>();
   #lastFailure: string | null = null;
+  /** Created on the first server-side abort; keeps its connections for the next pauses. */
+  #aborter: InferenceAborter | null = null;
 
   constructor(options: {
     config: ResolvedConfig;
@@ -550,22 +558,24 @@ export class Producer implements ProduceContext {
    */
   async pause(): Promise<PauseReport> {
     const { mode, resignalIntervalMs, timeoutMs } = this.#config.pause;
+    const requestedUs = wallClockUs();
     const start = performance.now();
     this.#paused = true;
     this.#changed.notify();
     this.#landed.notify();
     this.#control.pause();
     const groupsBefore = this.#inFlight.size;
-    const workersStoppedMs = await this.#control.waitForAcks(this.#pool.liveWorkers, Math.min(timeoutMs, 1_000), start);
+    // The server abort does not wait for the workers' acks: from the store above no worker can send a
+    // call (the send path reads the flag in the same tick), so the acks only measure, they gate nothing.
     const abortPath = this.#config.llm.abortPath;
-    let serverAbort = false;
+    const serverAborting = mode === 'abort' && groupsBefore > 0 && abortPath !== null ? this.#abortOnServers(abortPath) : null;
+    const workersAckedMs = await this.#control.waitForAcks(this.#pool.liveWorkers, Math.min(timeoutMs, 1_000), start);
+    const workersStoppedMs = workersAckedMs === null ? null : this.#control.lastSendAfterMs(requestedUs);
+    const serverAbort = serverAborting !== null && (await serverAborting);
     let cancelled = false;
-    if (mode === 'abort' && this.#inFlight.size > 0) {
-      serverAbort = abortPath !== null && (await this.#abortOnServers(abortPath));
-      if (!serverAbort) {
-        this.#control.cancel();
-        cancelled = true;
-      }
+    if (mode === 'abort' && this.#inFlight.size > 0 && !serverAbort) {
+      this.#control.cancel();
+      cancelled = true;
     }
     let deadline = start + timeoutMs;
     let nextSignal = start + resignalIntervalMs;
@@ -589,6 +599,7 @@ export class Producer implements ProduceContext {
     await this.#pool.flush(); // step records of the interrupted episodes reach the disk before the weights change
     const report: PauseReport = {
       workersStoppedMs,
+      workersAckedMs,
       allBackMs: performance.now() - start,
       groupsBack: groupsBefore - this.#inFlight.size,
       serverAbort,
@@ -603,8 +614,8 @@ export class Producer implements ProduceContext {
   /** Ask every inference endpoint to abort what it is generating; true when all of them could. */
   async #abortOnServers(path: string): Promise<boolean> {
     const urls = [...new Set([...this.#llmUrls, ...policyUrls(this.#config)])];
-    const results = await Promise.all(urls.map((url) => abortInference(url, path, { apiKey: this.#config.llm.apiKey })));
-    return results.every(Boolean);
+    this.#aborter ??= new InferenceAborter(path, { apiKey: this.#config.llm.apiKey });
+    return this.#aborter.abortAll(urls);
   }
 
   /** New weights are loaded: tag new tokens with `modelStep` and produce again. */
@@ -666,6 +677,7 @@ export class Producer implements ProduceContext {
     this.#changed.notify();
     this.#landed.notify();
     await this.#loop;
+    await this.#aborter?.close();
     if (this.#inFlight.size === 0) return;
     this.#control.cancel();
     const deadline = performance.now() + Math.min(this.#config.pause.timeoutMs, 10_000);

@@ -196,7 +196,8 @@ export function workerInit(config: ResolvedConfig, llmUrls: string[], control: S
     prettyLogs: wantsPrettyLogs(),
     gatewayUrl,
     recordsDir: config.runDir !== null && config.recordSteps ? join(config.runDir, 'steps') : null,
-    firstWave: config.workers.groupsPerWorker * Math.max(...config.tasks.map((t) => t.groupSize)),
+    firstWave: Math.min(config.workers.groupsPerWorker * Math.max(...config.tasks.map((t) => t.groupSize)), config.workers.rolloutsPerWorker ?? Infinity),
+    rolloutsPerWorker: config.workers.rolloutsPerWorker,
     llm: {
       client: {
         apiKey: llm.apiKey,

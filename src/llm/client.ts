@@ -24,10 +24,13 @@ export interface LlmClientOptions {
   /** Path after `/v1` with `{session}` replaced by the session id (session-routing gateways); null = none. */
   sessionPath?: string | null;
   /**
-   * True while retries must wait (a weight-update pause): a failed call is then not sent again — the
-   * rollout comes back ABORTED and continues after the resume, instead of generating during the update.
+   * True during a weight-update pause (a shared-memory read). Checked synchronously right before a
+   * call is handed to the transport, and before a retry: nothing is sent while paused — the rollout
+   * comes back ABORTED and continues after the resume, instead of generating during the update.
    */
-  holdRetries?: () => boolean;
+  paused?: () => boolean;
+  /** Told in the same tick as a call is handed to the transport (the pause broadcast's last-send clock). */
+  onSend?: () => void;
 }
 
 export interface ChatRequest {
@@ -110,11 +113,14 @@ export class LlmClient {
       ...(this.#options.returnTokenIds ? { return_token_ids: true } : {}),
     });
     const attempts = this.#options.retries + 1;
+    // Between the agent loop's step-boundary check and here there are awaits (environment, hooks, a
+    // call slot): this check, in the same tick as the send, is what makes "stopped issuing" immediate.
+    if (this.#options.paused?.()) throw new LlmError('ERR_LLM_ABORTED', 'inference call not sent: paused for a weight update');
     for (let attempt = 1; ; attempt++) {
       const outcome = await this.#attempt(body, signal, this.#chatPath(sessionId));
       if (outcome.ok) return outcome.result;
       if (!outcome.retryable || attempt >= attempts) throw outcome.error;
-      if (this.#options.holdRetries?.()) throw new LlmError('ERR_LLM_ABORTED', `not retried while paused for a weight update (after: ${outcome.error.message})`);
+      if (this.#options.paused?.()) throw new LlmError('ERR_LLM_ABORTED', `not retried while paused for a weight update (after: ${outcome.error.message})`);
       const backoff = outcome.retryAfterMs ?? this.#options.retryBackoffMs * 2 ** (attempt - 1);
       try {
         await sleep(backoff, undefined, { signal });
@@ -135,6 +141,7 @@ export class LlmClient {
     let text: string;
     let retryAfter: string | string[] | undefined;
     try {
+      this.#options.onSend?.();
       const response = await this.#pool.request({
         method: 'POST',
         path,
@@ -216,28 +223,58 @@ export async function probeInferenceServer(url: string, options: { apiKey?: stri
 }
 
 /**
- * Ask an inference server to abort every request in flight (SGLang's `POST /abort_request
+ * Asks inference servers to abort every request in flight (SGLang's `POST /abort_request
  * {"abort_all": true}`, the mock's alias of `/admin/abort`): they are answered at once with finish
- * reason `abort` and the tokens generated so far. Resolves false when the server does not support it.
+ * reason `abort` and the tokens generated so far.
+ *
+ * One keep-alive connection per server, opened on first use and kept: a pause is on the critical path
+ * of a weight update, and a fresh TCP connection per pause would add its handshake to every one.
  */
-export async function abortInference(url: string, path: string, options: { apiKey?: string | null; timeoutMs?: number } = {}): Promise<boolean> {
-  const base = new URL(url);
-  const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
-  const pool = new Pool(base.origin, { connections: 1 });
-  try {
-    const response = await pool.request({
-      method: 'POST',
-      path: `${prefix}${path}`,
-      headers: { 'content-type': 'application/json', ...(options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {}) },
-      body: JSON.stringify({ abort_all: true }),
-      signal: AbortSignal.timeout(options.timeoutMs ?? 2_000),
-    });
-    await response.body.dump();
-    return response.statusCode >= 200 && response.statusCode < 300;
-  } catch {
-    return false;
-  } finally {
-    await pool.close();
+export class InferenceAborter {
+  readonly #path: string;
+  readonly #headers: Record<string, string>;
+  readonly #timeoutMs: number;
+  readonly #pools = new Map<string, { pool: Pool; path: string }>();
+
+  constructor(path: string, options: { apiKey?: string | null; timeoutMs?: number } = {}) {
+    this.#path = path;
+    this.#timeoutMs = options.timeoutMs ?? 2_000;
+    this.#headers = { 'content-type': 'application/json', ...(options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {}) };
+  }
+
+  /** Resolves true when every server accepted the abort, false when any does not support it or failed. */
+  async abortAll(urls: readonly string[]): Promise<boolean> {
+    const results = await Promise.all(urls.map((url) => this.#abort(url)));
+    return results.every(Boolean);
+  }
+
+  async close(): Promise<void> {
+    const pools = [...this.#pools.values()];
+    this.#pools.clear();
+    await Promise.all(pools.map((p) => p.pool.close()));
+  }
+
+  async #abort(url: string): Promise<boolean> {
+    let target = this.#pools.get(url);
+    if (target === undefined) {
+      const base = new URL(url);
+      const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
+      target = { pool: new Pool(base.origin, { connections: 1, keepAliveTimeout: 600_000 }), path: `${prefix}${this.#path}` };
+      this.#pools.set(url, target);
+    }
+    try {
+      const response = await target.pool.request({
+        method: 'POST',
+        path: target.path,
+        headers: this.#headers,
+        body: '{"abort_all":true}',
+        signal: AbortSignal.timeout(this.#timeoutMs),
+      });
+      await response.body.dump();
+      return response.statusCode >= 200 && response.statusCode < 300;
+    } catch {
+      return false;
+    }
   }
 }
 

@@ -10,7 +10,9 @@
  *   LLM semaphore does.
  */
 import type { ChatResult } from './reply.ts';
+import { Slots } from '../slots.ts';
 import { LlmClient, type ChatRequest, type LlmClientOptions } from './client.ts';
+import { LlmError } from './errors.ts';
 
 export interface PolicySettings {
   urls: string[];
@@ -50,11 +52,12 @@ export class LlmRouter {
   readonly #default: Policy;
   /** session key → endpoint; entries live from a session's first call to endSession(). */
   readonly #affinity = new Map<string, Endpoint>();
-  readonly #limit: number;
-  #active = 0;
-  readonly #waiting: (() => void)[] = [];
+  /** Calls in flight on this worker (`llm.maxConcurrency`). */
+  readonly #calls: Slots;
+  /** session → its per-agent affinity keys (multi-agent sessions only), so endSession does not scan every key. */
+  readonly #agentKeys = new Map<string, string[]>();
 
-  constructor(options: RouterOptions, hooks: { holdRetries?: () => boolean } = {}) {
+  constructor(options: RouterOptions, hooks: { paused?: () => boolean; onSend?: () => void } = {}) {
     // One client per distinct (url, model): policies sharing a server share its connection pool.
     const clients = new Map<string, LlmClient>();
     const build = (settings: PolicySettings): Policy => ({
@@ -63,13 +66,13 @@ export class LlmRouter {
       endpoints: settings.urls.map((url) => {
         const key = `${url}\u0000${settings.model}`;
         let client = clients.get(key);
-        if (!client) clients.set(key, (client = new LlmClient({ ...options.client, url, model: settings.model, holdRetries: hooks.holdRetries })));
+        if (!client) clients.set(key, (client = new LlmClient({ ...options.client, url, model: settings.model, paused: hooks.paused, onSend: hooks.onSend })));
         return { client, outstanding: 0 };
       }),
     });
     this.#default = build(options.default);
     for (const [agent, settings] of Object.entries(options.policies)) this.#policies.set(agent, build(settings));
-    this.#limit = options.maxConcurrency ?? Infinity;
+    this.#calls = new Slots(options.maxConcurrency ?? Infinity);
   }
 
   async chat(request: ChatRequest, signal: AbortSignal | undefined, route: Route): Promise<ChatResult> {
@@ -79,27 +82,38 @@ export class LlmRouter {
     if (endpoint === undefined) {
       endpoint = pickLeastOutstanding(policy);
       this.#affinity.set(key, endpoint);
+      if (route.agent !== undefined) {
+        const keys = this.#agentKeys.get(route.session);
+        if (keys === undefined) this.#agentKeys.set(route.session, [key]);
+        else keys.push(key);
+      }
     }
     const effective: ChatRequest = {
       ...request,
       temperature: policy.settings.temperature ?? request.temperature,
       maxTokens: policy.settings.maxTokens !== null ? Math.min(policy.settings.maxTokens, request.maxTokens) : request.maxTokens,
     };
-    await this.#acquire();
+    try {
+      await this.#calls.acquire(signal);
+    } catch (reason) {
+      throw new LlmError('ERR_LLM_ABORTED', `inference call cancelled while waiting for a slot (llm.maxConcurrency): ${reason instanceof Error ? reason.message : String(reason)}`);
+    }
     endpoint.outstanding++;
     try {
       return await endpoint.client.chat(effective, signal, route.session);
     } finally {
       endpoint.outstanding--;
-      this.#release();
+      this.#calls.release();
     }
   }
 
   /** Forget a session's endpoint (its episode ended). */
   endSession(session: string): void {
     this.#affinity.delete(session);
-    const prefix = `${session}\u0000`;
-    for (const key of this.#affinity.keys()) if (key.startsWith(prefix)) this.#affinity.delete(key);
+    const keys = this.#agentKeys.get(session);
+    if (keys === undefined) return;
+    this.#agentKeys.delete(session);
+    for (const key of keys) this.#affinity.delete(key);
   }
 
   /** Requests outstanding per endpoint URL of the default policy (for tests and stats). */
@@ -113,19 +127,6 @@ export class LlmRouter {
     await Promise.all([...clients].map((c) => c.close()));
   }
 
-  #acquire(): Promise<void> {
-    if (this.#active < this.#limit) {
-      this.#active++;
-      return Promise.resolve();
-    }
-    return new Promise((resolve) => this.#waiting.push(resolve));
-  }
-
-  #release(): void {
-    const next = this.#waiting.shift();
-    if (next) next(); // the slot passes straight to the next waiter: #active stays the same
-    else this.#active--;
-  }
 }
 
 function pickLeastOutstanding(policy: Policy): Endpoint {

@@ -56,7 +56,10 @@ export function isWorkerRegistration(value: unknown): value is WorkerRegistratio
 export interface WorkerStats {
   workerId: number;
   inFlightGroups: number;
+  /** Rollouts of the groups the worker holds, whatever their state. */
   inFlightRollouts: number;
+  /** Episodes being played (holding an episode slot); ≤ workers.rolloutsPerWorker. */
+  episodesRunning: number;
   groupsDone: number;
   rolloutsDone: number;
   steps: number;

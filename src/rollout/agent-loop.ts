@@ -33,12 +33,10 @@ import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/repl
 import type { Environment, StepResult } from '../env/types.ts';
 import { describeError } from '../protocol/errors.ts';
 import {
-  groupStatus,
   resetToPrompt,
   statusForFinishReason,
   Status,
   type ChatMessage,
-  type RolloutGroup,
   type RolloutState,
   type TurnRecord,
 } from '../protocol/rollout.ts';
@@ -102,12 +100,6 @@ export interface EpisodeContext {
   onProblem?: (rollout: RolloutState, reason: string) => void;
 }
 
-export async function runGroup(group: RolloutGroup, ctx: EpisodeContext, queueMs: number): Promise<RolloutGroup> {
-  await Promise.all(group.rollouts.map((rollout) => runEpisode(rollout, ctx, queueMs)));
-  group.status = groupStatus(group.rollouts);
-  return group;
-}
-
 class ReplayMismatch extends Error {}
 
 interface Episode {
@@ -119,6 +111,12 @@ interface Episode {
 /** Mutates `rollout` into a final status (COMPLETED, ABORTED or FAILED). COMPLETED ones are left as they are. */
 export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, queueMs = 0): Promise<void> {
   if (rollout.status === Status.COMPLETED) return; // a sibling kept from an earlier run of its group
+  if (ctx.gate.paused) {
+    // Started (or given an episode slot) during a pause: nothing to do until the resume, not even a reset.
+    rollout.status = Status.ABORTED;
+    rollout.workerId = ctx.workerId;
+    return;
+  }
   const { settings } = ctx;
   if (rollout.status === Status.ABORTED && !settings.partialRollout) resetToPrompt(rollout, Status.INIT);
   rollout.error = null;

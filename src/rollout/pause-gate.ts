@@ -6,16 +6,18 @@
  * `signal` aborts in-flight inference calls when the coordinator escalates to CANCEL.
  */
 import { setMaxListeners } from 'node:events';
-import { CONTROL, RunState } from '../protocol/control-block.ts';
+import { CONTROL, LAST_SEND, RunState, wallClockUs } from '../protocol/control-block.ts';
 
 export class PauseGate {
   readonly #view: Int32Array;
+  readonly #clock: BigInt64Array;
   #epoch: number;
   #cancel = quietController();
   #closed = false;
 
   constructor(block: SharedArrayBuffer) {
     this.#view = new Int32Array(block);
+    this.#clock = new BigInt64Array(block);
     this.#epoch = Atomics.load(this.#view, CONTROL.EPOCH);
     this.#apply();
     void this.#watch();
@@ -23,6 +25,11 @@ export class PauseGate {
 
   get paused(): boolean {
     return Atomics.load(this.#view, CONTROL.STATE) !== RunState.RUNNING;
+  }
+
+  /** Called in the same tick as an inference call is handed to the transport (after checking `paused`). */
+  noteSend(): void {
+    Atomics.store(this.#clock, LAST_SEND, wallClockUs());
   }
 
   /** The weight version the coordinator last resumed with. */

@@ -23,11 +23,12 @@ import {
   type WorkerControl,
   type WorkerStats,
 } from '../protocol/messages.ts';
-import { groupStatus, Status } from '../protocol/rollout.ts';
+import { groupStatus, Status, type RolloutState } from '../protocol/rollout.ts';
 import { StepRecordWriter } from '../records/step-records.ts';
-import { runGroup, type AgentSettings, type EpisodeHooks } from './agent-loop.ts';
+import { runEpisode, type AgentSettings, type EpisodeContext, type EpisodeHooks } from './agent-loop.ts';
 import { runBlackBoxEpisode, type BlackBoxAgent } from './blackbox-loop.ts';
 import { PauseGate } from './pause-gate.ts';
+import { Slots } from '../slots.ts';
 
 export type WorkerEnvSettings =
   | { kind: 'module'; moduleUrl: string; exportName: string; params: EnvParams; poolSize: number | null }
@@ -55,6 +56,8 @@ export interface WorkerInit {
   recordsDir: string | null;
   /** Episodes a worker starts at once at most: the size of its first wave (start-up jitter). */
   firstWave: number;
+  /** Episodes this worker runs at once (`workers.rolloutsPerWorker`); null = every rollout of its groups. */
+  rolloutsPerWorker: number | null;
   logLevel: string;
   /** Readable log lines (the main thread's stderr is a terminal) instead of JSON. */
   prettyLogs: boolean;
@@ -79,6 +82,12 @@ export class WorkerRuntime implements WorkerControl {
   readonly #loopDelay = monitorEventLoopDelay({ resolution: 10 });
   #inFlightGroups = 0;
   #inFlightRollouts = 0;
+  /**
+   * Episodes running (holding a slot). A rollout whose episode ended gives its slot to a waiting one at
+   * once, even while its siblings still play: calls in flight stay at the bound instead of dropping
+   * as each group's shorter episodes finish (the slots count episodes, the group waits for its last).
+   */
+  readonly #episodeSlots: Slots;
   #groupsDone = 0;
   #rolloutsDone = 0;
   #steps = 0;
@@ -89,8 +98,9 @@ export class WorkerRuntime implements WorkerControl {
     this.#init = init;
     this.#log = createLogger(init.logLevel, { worker: threadId }, init.prettyLogs);
     this.#gate = new PauseGate(init.control);
+    this.#episodeSlots = new Slots(init.rolloutsPerWorker ?? Infinity);
     const gate = this.#gate;
-    this.#llm = new LlmRouter(init.llm, { holdRetries: () => gate.paused });
+    this.#llm = new LlmRouter(init.llm, { paused: () => gate.paused, onSend: () => gate.noteSend() });
     this.#loopDelay.enable();
     this.#records = init.recordsDir === null ? null : new StepRecordWriter({ dir: init.recordsDir, fileName: `steps-${process.pid}-${threadId}.jsonl` });
     for (const [name, settings] of Object.entries(init.tasks)) this.#tasks.set(name, this.#taskRuntime(settings));
@@ -107,67 +117,65 @@ export class WorkerRuntime implements WorkerControl {
       if (task.blackbox !== null) {
         const agent = await task.blackbox;
         const ctx = { agent, gatewayUrl: this.#init.gatewayUrl!, actors: task.actors, gate: this.#gate, workerId: threadId, onProblem: (r: { id: string; status: string }, reason: string) => this.#log.warn({ rollout: r.id, status: r.status }, reason) };
-        await Promise.all(group.rollouts.map((rollout) => runBlackBoxEpisode(rollout, ctx, queueMs)));
+        await Promise.all(group.rollouts.map((rollout) => this.#inSlot(rollout, (waitedMs) => runBlackBoxEpisode(rollout, ctx, queueMs + waitedMs))));
         group.status = groupStatus(group.rollouts);
         return { v: PROTOCOL_VERSION, type: 'group-result', group, workerId: threadId };
       }
       if (task.actors === null) throw new Error(`task ${group.taskName} has no environment`);
       const hooks = await task.hooks;
       const recorder = this.#records;
-      await runGroup(
-        group,
-        {
-          actors: task.actors,
-          llm: this.#llm,
-          settings: task.settings.agent,
-          gate: this.#gate,
-          workerId: threadId,
-          hooks,
-          startDelayMs: () => this.#startDelay(),
-          onStep: () => this.#steps++,
-          onTurn: recorder === null ? undefined : (rollout, turns, info) => {
-            for (const turn of turns) {
-              recorder.record({
-                type: 'step',
-                sessionId: `${rollout.id}#${rollout.attempt}`,
-                rolloutId: rollout.id,
-                groupId: rollout.groupId,
-                taskName: rollout.taskName,
-                attempt: rollout.attempt,
-                step: turn.step,
-                agentId: turn.agentId,
-                messages: turn.messages,
-                response: turn.response,
-                stepReward: turn.reward,
-                cumulativeReward: rollout.reward,
-                envState: { weightVersion: turn.modelStep, info },
-                terminated: turn.terminated,
-                truncated: turn.truncated,
-                trainable: turn.trainable,
-                finishReason: turn.finishReason,
-                time: Date.now(),
-              });
-            }
-          },
-          onEpisodeEnd: recorder === null ? undefined : (rollout) => {
-            if (rollout.status === Status.ABORTED) return; // it continues later: the session is not over
-            recorder.recordEnd({
-              type: 'end',
+      const ctx: EpisodeContext = {
+        actors: task.actors,
+        llm: this.#llm,
+        settings: task.settings.agent,
+        gate: this.#gate,
+        workerId: threadId,
+        hooks,
+        startDelayMs: () => this.#startDelay(),
+        onStep: () => this.#steps++,
+        onTurn: recorder === null ? undefined : (rollout, turns, info) => {
+          for (const turn of turns) {
+            recorder.record({
+              type: 'step',
               sessionId: `${rollout.id}#${rollout.attempt}`,
               rolloutId: rollout.id,
               groupId: rollout.groupId,
               taskName: rollout.taskName,
               attempt: rollout.attempt,
-              status: rollout.status,
-              totalReward: rollout.reward,
-              steps: rollout.turns.at(-1)?.step ?? 0,
+              step: turn.step,
+              agentId: turn.agentId,
+              messages: turn.messages,
+              response: turn.response,
+              stepReward: turn.reward,
+              cumulativeReward: rollout.reward,
+              envState: { weightVersion: turn.modelStep, info },
+              terminated: turn.terminated,
+              truncated: turn.truncated,
+              trainable: turn.trainable,
+              finishReason: turn.finishReason,
               time: Date.now(),
             });
-          },
-          onProblem: (rollout, reason) => this.#log.warn({ rollout: rollout.id, status: rollout.status }, reason),
+          }
         },
-        queueMs,
-      );
+        onEpisodeEnd: recorder === null ? undefined : (rollout) => {
+          if (rollout.status === Status.ABORTED) return; // it continues later: the session is not over
+          recorder.recordEnd({
+            type: 'end',
+            sessionId: `${rollout.id}#${rollout.attempt}`,
+            rolloutId: rollout.id,
+            groupId: rollout.groupId,
+            taskName: rollout.taskName,
+            attempt: rollout.attempt,
+            status: rollout.status,
+            totalReward: rollout.reward,
+            steps: rollout.turns.at(-1)?.step ?? 0,
+            time: Date.now(),
+          });
+        },
+        onProblem: (rollout, reason) => this.#log.warn({ rollout: rollout.id, status: rollout.status }, reason),
+      };
+      await Promise.all(group.rollouts.map((rollout) => this.#inSlot(rollout, (waitedMs) => runEpisode(rollout, ctx, queueMs + waitedMs))));
+      group.status = groupStatus(group.rollouts);
     } catch (err) {
       // Setup failed (module import, unknown task): every rollout fails with the same reason.
       const reason = describeError(err);
@@ -195,6 +203,7 @@ export class WorkerRuntime implements WorkerControl {
       workerId: threadId,
       inFlightGroups: this.#inFlightGroups,
       inFlightRollouts: this.#inFlightRollouts,
+      episodesRunning: this.#episodeSlots.taken,
       groupsDone: this.#groupsDone,
       rolloutsDone: this.#rolloutsDone,
       steps: this.#steps,
@@ -248,6 +257,24 @@ export class WorkerRuntime implements WorkerControl {
     factory.catch(() => undefined); // reported by each episode that awaits it
     const actors = createActorPool({ size, create: async () => (await factory)(env.params) });
     return { settings, actors, hooks, blackbox, close: () => actors.close() };
+  }
+
+  /** Runs one episode holding one of the worker's episode slots; the wait counts as queue time. */
+  async #inSlot(rollout: RolloutState, run: (waitedMs: number) => Promise<void>): Promise<void> {
+    if (rollout.status === Status.COMPLETED) return; // a sibling kept from an earlier run needs no slot
+    const t = performance.now();
+    try {
+      await this.#episodeSlots.acquire(this.#gate.signal);
+    } catch {
+      rollout.status = Status.ABORTED; // cancelled for a weight update before it started: it runs after the resume
+      rollout.workerId = threadId;
+      return;
+    }
+    try {
+      await run(performance.now() - t);
+    } finally {
+      this.#episodeSlots.release();
+    }
   }
 
   /** Start-up jitter: the first wave of episodes spreads its first inference calls over the window. */

@@ -32,6 +32,11 @@ export interface ThroughputOptions {
   detail?: boolean;
   /** The mock's process, to report its CPU over the window. */
   mock?: MockProcess;
+  /**
+   * Extra groups a worker holds beyond what its episode slots need, as a fraction (default 0.5); 0 =
+   * no episode slots: `concurrency` counts every rollout of the groups held, finished or not.
+   */
+  groupSlack?: number;
 }
 
 export interface ThroughputSample extends Sample {
@@ -60,13 +65,17 @@ export interface ThroughputSample extends Sample {
 
 export async function engineThroughput(o: ThroughputOptions): Promise<ThroughputSample> {
   const groupsInFlight = Math.max(1, Math.round(o.concurrency / o.groupSize));
+  const rolloutsPerWorker = Math.ceil(o.concurrency / o.threads);
   const engine = createEngine({
     logLevel: 'warn',
-    llm: { url: o.url, connections: Math.ceil(o.concurrency / o.threads) + 8 },
+    llm: { url: o.url, connections: rolloutsPerWorker + 8 },
     batchSize: groupsInFlight,
-    // Exactly `concurrency` rollouts run at once (the pool's capacity); async production with
-    // over-sampling keeps that capacity full between batches, as a steady loop does.
-    workers: { threads: o.threads, groupsPerWorker: Math.ceil(groupsInFlight / o.threads) },
+    // Exactly `concurrency` episodes run at once (episode slots); each worker holds half as many groups
+    // again, whose rollouts take the slot of a rollout that ended before its siblings. Async production
+    // with over-sampling keeps the workers supplied between batches, as a steady loop does.
+    workers: o.groupSlack === 0
+      ? { threads: o.threads, groupsPerWorker: Math.ceil(groupsInFlight / o.threads) }
+      : { threads: o.threads, rolloutsPerWorker, groupsPerWorker: Math.ceil(((1 + (o.groupSlack ?? 0.5)) * rolloutsPerWorker) / o.groupSize) },
     producer: { strategy: 'async', maxStaleness: 1_000_000, overSampleThreshold: 1 },
     tasks: [{ name: 'guess', env: { module: 'builtin:guess-number', params: o.envParams ?? {} }, groupSize: o.groupSize, maxSteps: 8, maxTokens: o.maxTokens }],
   });

@@ -110,13 +110,15 @@ interface PauseFigures {
   pauses: number;
   rolloutsInFlight: { min: number; median: number };
   workersStoppedMs: { p50: number; p99: number };
+  workersAckedMs: { p50: number; p99: number };
   allBackMs: { p50: number; p99: number };
 }
 
 /**
  * Pauses with `pauseRollouts` rollouts in flight against a slow server (generations take ~1 s), in
- * one mode: the engine's own share (request → every worker acknowledged, i.e. stopped issuing) and
- * the time until every group is back on the main thread.
+ * one mode: the engine's own share (request → the last inference call any worker sent, from the
+ * control block's last-send clock), the time until every worker's event loop acknowledged it, and the
+ * time until every group is back on the main thread.
  */
 async function pauseBench(url: string, mode: 'abort' | 'drain', pauseRollouts: number, pauses: number): Promise<PauseFigures> {
   const groups = Math.ceil(pauseRollouts / groupSize);
@@ -131,6 +133,7 @@ async function pauseBench(url: string, mode: 'abort' | 'drain', pauseRollouts: n
   });
   await engine.start();
   const stopped: number[] = [];
+  const acked: number[] = [];
   const back: number[] = [];
   const inFlight: number[] = [];
   try {
@@ -145,6 +148,7 @@ async function pauseBench(url: string, mode: 'abort' | 'drain', pauseRollouts: n
       inFlight.push(rollouts);
       const report = await engine.pauseForWeightUpdate();
       if (report.workersStoppedMs !== null) stopped.push(report.workersStoppedMs);
+      if (report.workersAckedMs !== null) acked.push(report.workersAckedMs);
       back.push(report.allBackMs);
       await engine.resume({ modelStep: 0 }); // the mock keeps its weights: no new version to report
     }
@@ -156,6 +160,7 @@ async function pauseBench(url: string, mode: 'abort' | 'drain', pauseRollouts: n
     pauses,
     rolloutsInFlight: { min: Math.min(...inFlight), median: stats(inFlight).median },
     workersStoppedMs: { p50: percentile(stopped, 50), p99: percentile(stopped, 99) },
+    workersAckedMs: { p50: percentile(acked, 50), p99: percentile(acked, 99) },
     allBackMs: { p50: percentile(back, 50), p99: percentile(back, 99) },
   };
 }
@@ -258,12 +263,14 @@ async function main(): Promise<void> {
     );
   }
   console.log(`\npause for a weight update, ${pauseRollouts} rollouts in flight (slow server: 100 tokens/s per request)`);
-  console.log(`${'mode'.padEnd(8)}${'pauses'.padStart(8)}${'in flight'.padStart(11)}${'workers stopped p50/p99 ms'.padStart(30)}${'all back p50/p99 ms'.padStart(24)}`);
+  console.log(`${'mode'.padEnd(8)}${'pauses'.padStart(8)}${'in flight'.padStart(11)}${'stopped issuing p50/p99 ms'.padStart(30)}${'acked p50/p99 ms'.padStart(22)}${'all back p50/p99 ms'.padStart(24)}`);
+  const pair = (x: { p50: number; p99: number }, digits: number) => `${x.p50.toFixed(digits)} / ${x.p99.toFixed(digits)}`;
   for (const f of pauseFigures) {
     console.log(
-      `${f.mode.padEnd(8)}${String(f.pauses).padStart(8)}${String(f.rolloutsInFlight.median).padStart(11)}${`${f.workersStoppedMs.p50.toFixed(2)} / ${f.workersStoppedMs.p99.toFixed(2)}`.padStart(30)}${`${f.allBackMs.p50.toFixed(1)} / ${f.allBackMs.p99.toFixed(1)}`.padStart(24)}`,
+      `${f.mode.padEnd(8)}${String(f.pauses).padStart(8)}${String(f.rolloutsInFlight.median).padStart(11)}${pair(f.workersStoppedMs, 3).padStart(30)}${pair(f.workersAckedMs, 2).padStart(22)}${pair(f.allBackMs, 1).padStart(24)}`,
     );
   }
+  console.log('stopped issuing: request → the last call any worker sent (0 = none after it); acked: every worker loop ran its pause watcher');
 
   console.log(describeShare(cpuShare.pause, cpus().length));
   const lat = (c: number) => latency.points.find((p) => p.concurrency === c)!;
@@ -335,7 +342,7 @@ async function main(): Promise<void> {
         detail: `${p.stepsPerSecond.median.toFixed(0)} of ${p.boundStepsPerSecond.toFixed(0)}/s; group occupancy ${p.groupOccupancyPct.toFixed(1)} %, ${p.meanInferenceMs.toFixed(1)} ms per call; bare loop ${p.bare.efficiencyPct.median.toFixed(1)} %` }),
     ),
     row({ target: `4 · ${pauseRollouts} in flight, abort`, figure: 'pause: every worker stopped issuing, p99', value: abort.workersStoppedMs.p99, limit: 2, kind: 'max', unit: ' ms',
-      detail: `p50 ${abort.workersStoppedMs.p50.toFixed(2)} ms over ${abort.pauses} pauses` }),
+      detail: `p50 ${abort.workersStoppedMs.p50.toFixed(3)} ms over ${abort.pauses} pauses (last-send clock); every worker acked p99 ${abort.workersAckedMs.p99.toFixed(1)} ms` }),
     row({ target: `4 · ${pauseRollouts} in flight, abort`, figure: 'pause: every partial rollout back, p99', value: abort.allBackMs.p99, limit: 10, kind: 'max', unit: ' ms',
       detail: `p50 ${abort.allBackMs.p50.toFixed(1)} ms over ${abort.pauses} pauses, server-side abort` }),
     ...[t3, t1].map((m) =>
