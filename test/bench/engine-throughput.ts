@@ -33,8 +33,8 @@ export interface ThroughputOptions {
   /** The mock's process, to report its CPU over the window. */
   mock?: MockProcess;
   /**
-   * Extra groups a worker holds beyond what its episode slots need, as a fraction (default 0.5); 0 =
-   * no episode slots: `concurrency` counts every rollout of the groups held, finished or not.
+   * Episode slots (workers.rolloutsPerWorker) with this fraction of extra groups held per worker (0.5 =
+   * half as many again); 0 / absent = no slots: `concurrency` counts every rollout of the groups held.
    */
   groupSlack?: number;
 }
@@ -70,12 +70,13 @@ export async function engineThroughput(o: ThroughputOptions): Promise<Throughput
     logLevel: 'warn',
     llm: { url: o.url, connections: rolloutsPerWorker + 8 },
     batchSize: groupsInFlight,
-    // Exactly `concurrency` episodes run at once (episode slots); each worker holds half as many groups
-    // again, whose rollouts take the slot of a rollout that ended before its siblings. Async production
-    // with over-sampling keeps the workers supplied between batches, as a steady loop does.
-    workers: o.groupSlack === 0
+    // Without slack: exactly `concurrency` rollouts held (the pool's capacity), finished ones waiting for
+    // their group. With it: exactly `concurrency` episodes playing (episode slots), each worker holding
+    // that many more groups, whose rollouts take the slot of one that ended before its siblings.
+    // Async production with over-sampling keeps the workers supplied between batches, as a steady loop does.
+    workers: !o.groupSlack
       ? { threads: o.threads, groupsPerWorker: Math.ceil(groupsInFlight / o.threads) }
-      : { threads: o.threads, rolloutsPerWorker, groupsPerWorker: Math.ceil(((1 + (o.groupSlack ?? 0.5)) * rolloutsPerWorker) / o.groupSize) },
+      : { threads: o.threads, rolloutsPerWorker, groupsPerWorker: Math.ceil(((1 + o.groupSlack) * rolloutsPerWorker) / o.groupSize) },
     producer: { strategy: 'async', maxStaleness: 1_000_000, overSampleThreshold: 1 },
     tasks: [{ name: 'guess', env: { module: 'builtin:guess-number', params: o.envParams ?? {} }, groupSize: o.groupSize, maxSteps: 8, maxTokens: o.maxTokens }],
   });

@@ -35,7 +35,7 @@ import { percentile } from '../../src/loadtest/stats.ts';
 import { bareLoop, engineThroughput, type Sample } from './engine-throughput.ts';
 import { describeShare, startCpuMeter, type CpuShare } from './machine.ts';
 import { runPythonBaseline } from './python-baseline.ts';
-import { latencyBound, memoryRuns, printTargets, row, workerScaling, type TargetRow } from './targets.ts';
+import { LATENCY_GROUP_SLACK, latencyBound, memoryRuns, printTargets, row, workerScaling, type TargetRow } from './targets.ts';
 
 const { values } = parseArgs({
   options: {
@@ -282,7 +282,9 @@ async function main(): Promise<void> {
         `${`${p.groupOccupancyPct.toFixed(1)} %`.padStart(12)}${p.meanInferenceMs.toFixed(1).padStart(9)}${p.workerLoopDelayMeanMs.toFixed(1).padStart(9)}${p.bare.efficiencyPct.median.toFixed(1).padStart(13)}   ${p.engineCores.toFixed(2)} + ${p.mockCores === null ? 'n/a' : p.mockCores.toFixed(2)}`,
     );
   }
-  console.log('  (group occ.: share of group slots issuing calls — a rollout that ended waits for its group; call ms: engine-side time per call; loop ms: workers\' mean event-loop delay beyond its 10 ms sampling;');
+  console.log(`  (in flight: episodes playing — workers.rolloutsPerWorker = in flight ÷ workers, each worker holding ${1 + LATENCY_GROUP_SLACK}× as many groups' rollouts, so a rollout that`);
+  console.log('   ended before its siblings hands its slot on; group occ.: Σ turns ÷ Σ (group size × longest rollout), what calls in flight would sag to without episode slots;');
+  console.log('   call ms: engine-side time per call; loop ms: workers\' mean event-loop delay beyond its 10 ms sampling;');
   console.log('   bare loop %: the bare undici loop, same mock and calls in flight, as % of the same bound — what mock and transport allow)');
   if (latency.python.skipped !== null) console.log(`python baseline at ${latency.python.concurrency} in flight skipped: ${latency.python.skipped}`);
   for (const r of latency.python.runs) {
