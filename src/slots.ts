@@ -1,3 +1,5 @@
+import type { CancelSignal } from './cancel.ts';
+
 /**
  * A counting semaphore with a first-come-first-served queue: the bound on episodes a worker runs at
  * once (`workers.rolloutsPerWorker`) and on inference calls in flight (`llm.maxConcurrency`).
@@ -25,7 +27,7 @@ export class Slots {
   }
 
   /** Resolves once a slot is held; rejects with `signal`'s reason if it aborts first (no slot is then held). */
-  acquire(signal?: AbortSignal): Promise<void> {
+  acquire(signal?: CancelSignal): Promise<void> {
     if (signal?.aborted) return Promise.reject(signal.reason);
     if (this.#taken < this.size) {
       this.#taken++;

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
+import { CancelHub, delay } from '../src/cancel.ts';
 import { Slots } from '../src/slots.ts';
 
 describe('Slots', () => {
@@ -42,5 +43,28 @@ describe('Slots', () => {
     assert.throws(() => new Slots(0), /positive integer/);
     assert.throws(() => new Slots(1.5), /positive integer/);
     assert.throws(() => new Slots(1).release(), /without a slot held/);
+  });
+});
+
+describe('CancelHub', () => {
+  it('calls every listener once on the first abort, forgets removed ones, and is what undici-style callers can listen on', async () => {
+    const hub = new CancelHub();
+    const heard: string[] = [];
+    const a = () => heard.push('a');
+    const b = () => heard.push('b');
+    hub.addEventListener('abort', a);
+    hub.addEventListener('abort', b);
+    hub.removeEventListener('abort', b);
+    const slots = new Slots(1);
+    await slots.acquire();
+    const waiting = slots.acquire(hub);
+    const sleeping = delay(60_000, hub);
+    hub.abort(new Error('cancelled for a weight update'));
+    hub.abort(new Error('second abort is ignored'));
+    assert.deepEqual(heard, ['a']);
+    assert.equal(hub.aborted, true);
+    await assert.rejects(waiting, /cancelled for a weight update/);
+    await assert.rejects(sleeping, /cancelled for a weight update/);
+    await assert.rejects(delay(1, hub), /cancelled for a weight update/);
   });
 });

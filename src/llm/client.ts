@@ -5,8 +5,8 @@
  * times cheaper than `fetch` per call, and keep-alive connections are what keep the engine's own cost
  * per step small next to the HTTP round trip.
  */
-import { setTimeout as sleep } from 'node:timers/promises';
 import { Pool } from 'undici';
+import { delay, type CancelSignal } from '../cancel.ts';
 import type { ChatMessage } from '../protocol/rollout.ts';
 import { LlmError } from './errors.ts';
 import { parseChatReply, type ChatResult } from './reply.ts';
@@ -100,7 +100,7 @@ export class LlmClient {
    * One chat completion, retried on 429 / 5xx / transport errors with exponential backoff.
    * `signal` cancels it (pause, shutdown): the rejection is then an ERR_LLM_ABORTED LlmError.
    */
-  async chat(request: ChatRequest, signal?: AbortSignal, sessionId?: string): Promise<ChatResult> {
+  async chat(request: ChatRequest, signal?: CancelSignal, sessionId?: string): Promise<ChatResult> {
     const continuing = request.continueFrom !== undefined;
     const body = JSON.stringify({
       model: this.#options.model,
@@ -123,7 +123,7 @@ export class LlmClient {
       if (this.#options.paused?.()) throw new LlmError('ERR_LLM_ABORTED', `not retried while paused for a weight update (after: ${outcome.error.message})`);
       const backoff = outcome.retryAfterMs ?? this.#options.retryBackoffMs * 2 ** (attempt - 1);
       try {
-        await sleep(backoff, undefined, { signal });
+        await delay(backoff, signal);
       } catch {
         throw aborted(signal);
       }
@@ -132,7 +132,7 @@ export class LlmClient {
 
   async #attempt(
     body: string,
-    signal: AbortSignal | undefined,
+    signal: CancelSignal | undefined,
     path: string,
   ): Promise<{ ok: true; result: ChatResult } | { ok: false; error: LlmError; retryable: boolean; retryAfterMs?: number }> {
     // The request budget is enforced by the pool's headers and body timeouts (both llm.timeoutMs): a
@@ -147,7 +147,8 @@ export class LlmClient {
         path,
         headers: this.#headers,
         body,
-        signal,
+        // undici takes any object with addEventListener/removeEventListener (or on/removeListener) as a signal.
+        signal: signal as AbortSignal | undefined,
       });
       statusCode = response.statusCode;
       retryAfter = response.headers['retry-after'];
@@ -303,7 +304,7 @@ function serverMessage(text: string): string {
   return text.length > 200 ? `${text.slice(0, 197)}...` : text || '(empty body)';
 }
 
-function aborted(signal: AbortSignal | undefined): LlmError {
+function aborted(signal: CancelSignal | undefined): LlmError {
   const reason = signal?.reason instanceof Error ? signal.reason.message : String(signal?.reason ?? 'aborted');
   return new LlmError('ERR_LLM_ABORTED', `inference request cancelled: ${reason}`);
 }

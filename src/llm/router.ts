@@ -10,6 +10,7 @@
  *   LLM semaphore does.
  */
 import type { ChatResult } from './reply.ts';
+import type { CancelSignal } from '../cancel.ts';
 import { Slots } from '../slots.ts';
 import { LlmClient, type ChatRequest, type LlmClientOptions } from './client.ts';
 import { LlmError } from './errors.ts';
@@ -75,7 +76,7 @@ export class LlmRouter {
     this.#calls = new Slots(options.maxConcurrency ?? Infinity);
   }
 
-  async chat(request: ChatRequest, signal: AbortSignal | undefined, route: Route): Promise<ChatResult> {
+  async chat(request: ChatRequest, signal: CancelSignal | undefined, route: Route): Promise<ChatResult> {
     const policy = (route.agent !== undefined ? this.#policies.get(route.agent) : undefined) ?? this.#default;
     const key = route.agent === undefined ? route.session : `${route.session}\u0000${route.agent}`;
     let endpoint = this.#affinity.get(key);

@@ -26,6 +26,7 @@
  * from its prompt.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
+import type { CancelSignal } from '../cancel.ts';
 import type { ChatResult } from '../llm/reply.ts';
 import type { ChatRequest } from '../llm/client.ts';
 import type { Route } from '../llm/router.ts';
@@ -54,7 +55,7 @@ export interface AgentSettings {
 }
 
 export interface ChatClient {
-  chat(request: ChatRequest, signal: AbortSignal | undefined, route: Route): Promise<ChatResult>;
+  chat(request: ChatRequest, signal: CancelSignal | undefined, route: Route): Promise<ChatResult>;
   /** The episode is over: its session no longer needs to stay on one endpoint. */
   endSession?(session: string): void;
 }
@@ -64,6 +65,8 @@ export interface PauseView {
   readonly paused: boolean;
   readonly modelStep: number;
   readonly signal: AbortSignal;
+  /** Aborts with `signal`; what inference calls listen on (O(1) per call however many are in flight). */
+  readonly callSignal: CancelSignal;
 }
 
 /** Environment actors for one task: a fresh one per episode, handed back when the episode ends. */
@@ -305,7 +308,7 @@ async function infer(
       ...(seed !== null ? { seed } : {}),
       ...(partial ? { continueFrom: partial.response } : {}),
     },
-    gate.signal,
+    gate.callSignal,
     agentId === null ? { session: rollout.id } : { session: rollout.id, agent: agentId },
   );
   const turn = turnRecord(step, agentId, prompt, reply, reply.weightVersion ?? gate.modelStep, seed, settings, promptMs, performance.now() - t, turnStart);
