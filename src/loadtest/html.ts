@@ -136,9 +136,10 @@ function pauseSection(r: LoadtestReport): string {
   const events = p.events
     .map((e, i) => `<tr><td>${i + 1}</td><td>${num(e.t)} s</td><td>${esc(e.reason)}</td><td>${e.inFlightBefore}</td><td>${e.groupsBack}</td><td>${e.workersStoppedMs === null ? '—' : ms(e.workersStoppedMs)}</td><td>${ms(e.allBackMs)}</td><td>${ms(e.resumeMs)}</td><td>${e.modelStep}</td><td>${e.serverAbort ? 'server' : e.cancelled ? 'client' : '—'}</td></tr>`)
     .join('\n');
-  return `<p>${p.count} pauses (${reasons}). “Workers stopped”: from the request until every worker stopped issuing inference calls; “all back”: until every group in flight was back on the main thread; “resume”: loading the weight version into the mock and resuming.</p>
+  return `<p>${p.count} pauses (${reasons}). “Workers stopped”: from the request until the last inference call any worker sent (0 when none was sent after it — workers read the pause flag in the same tick as they send); “workers acked”: until every worker’s event loop ran its pause watcher; “all back”: until every group in flight was back on the main thread; “resume”: loading the weight version into the mock and resuming.</p>
 <table><thead><tr><th></th><th>count</th><th>p50</th><th>p99</th><th>max</th></tr></thead><tbody>
 ${spreadRow('workers stopped', p.workersStoppedMs)}
+${spreadRow('workers acked', p.workersAckedMs)}
 ${spreadRow('all groups back', p.allBackMs)}
 ${spreadRow('resume', p.resumeMs)}
 </tbody></table>

@@ -60,7 +60,10 @@ export interface LoadtestReport {
   pauses: {
     count: number;
     byReason: Record<string, number>;
+    /** Request → the last inference call any worker sent (the control block's last-send clock). */
     workersStoppedMs: Spread;
+    /** Request → every worker's event loop ran its pause watcher. */
+    workersAckedMs: Spread;
     allBackMs: Spread;
     resumeMs: Spread;
     events: { t: number; reason: string; inFlightBefore: number; groupsBack: number; workersStoppedMs: number | null; allBackMs: number; resumeMs: number; modelStep: number; serverAbort: boolean; cancelled: boolean; stillInFlight: number }[];
@@ -212,6 +215,7 @@ function pauseFigures(run: EngineRun): LoadtestReport['pauses'] {
     count: pauses.length,
     byReason,
     workersStoppedMs: spread(pauses.flatMap((p) => (p.workersStoppedMs === null ? [] : [p.workersStoppedMs]))),
+    workersAckedMs: spread(pauses.flatMap((p) => (p.workersAckedMs === null ? [] : [p.workersAckedMs]))),
     allBackMs: spread(pauses.map((p) => p.allBackMs)),
     resumeMs: spread(pauses.map((p) => p.resumeMs)),
     events: pauses.map((p) => ({
