@@ -41,6 +41,25 @@ describe('msgpack codec', () => {
     assert.deepEqual(decoded, message);
   });
 
+  it('sends a message that several turns share once, and the decoded turns share it again', () => {
+    const withSystem = (text: string) => {
+      const message = resultWithTokens(5);
+      const rollout = message.group.rollouts[0];
+      const system = { role: 'system' as const, content: text };
+      const first = rollout.turns[0];
+      first.messages = [system, { role: 'user', content: 'guess' }];
+      rollout.turns.push({ ...first, step: 2, messages: [...first.messages, { role: 'assistant', content: '50' }, { role: 'user', content: 'higher' }] });
+      return message;
+    };
+    const big = withSystem('x'.repeat(10_000));
+    const bytes = encodeMessage(big);
+    const grown = bytes.byteLength - encodeMessage(withSystem('x')).byteLength;
+    assert.ok(grown > 9_000 && grown < 11_000, `a 10 kB system message in two turns adds ${grown} bytes: sent once`);
+    const turns = (decodeMessage(bytes) as GroupResultMessage).group.rollouts[0].turns;
+    assert.equal(turns[1].messages[0], turns[0].messages[0]);
+    assert.deepEqual(turns[1].messages, big.group.rollouts[0].turns[1].messages);
+  });
+
   it('gives each encoding its own buffer, so a later pack never overwrites or detaches an earlier one', () => {
     const first = encodeMessage(resultWithTokens(1));
     const firstCopy = Uint8Array.from(first);

