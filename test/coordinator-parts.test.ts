@@ -8,7 +8,7 @@ import { PauseGate } from '../src/rollout/pause-gate.ts';
 import { ReplayBuffer } from '../src/buffer/replay-buffer.ts';
 import { mixSeed } from '../src/buffer/sampler.ts';
 import { trimMessages } from '../src/rollout/trim.ts';
-import { groupStatus, newGroup, Status, type ChatMessage } from '../src/protocol/rollout.ts';
+import { fillModelSteps, groupStatus, newGroup, Status, type ChatMessage } from '../src/protocol/rollout.ts';
 
 function deferred<T>() {
   let resolve!: (v: T) => void;
@@ -133,5 +133,21 @@ describe('pause broadcast: the last-send clock', () => {
     gate.noteSend();
     assert.ok(control.lastSendAfterMs(later) >= 5);
     gate.close();
+  });
+});
+
+describe('implicit model steps', () => {
+  it('fills a turn whose tokens all have its model step, and keeps explicit (continued) or absent ones', () => {
+    const group = newGroup({ taskName: 't', promptIndex: 0, drawIndex: 0, seed: 1, envParams: {} }, 1);
+    const base = { agentId: null, messages: [], response: 'r', finishReason: 'stop' as const, promptIds: null, logprobs: null, seed: null, reward: 0, terminated: false, truncated: false, trainable: true, timings: { inferenceMs: 0, envMs: 0, totalMs: 0 } };
+    group.rollouts[0].turns.push(
+      { ...base, step: 1, responseIds: Int32Array.of(5, 6, 7), modelSteps: null, modelStep: 4 },
+      { ...base, step: 2, responseIds: Int32Array.of(8, 9), modelSteps: Int32Array.of(3, 4), modelStep: 4 },
+      { ...base, step: 3, responseIds: null, modelSteps: null, modelStep: 4 },
+    );
+    const [implicit, continued, noIds] = fillModelSteps(group).rollouts[0].turns;
+    assert.deepEqual(implicit.modelSteps, Int32Array.of(4, 4, 4));
+    assert.deepEqual(continued.modelSteps, Int32Array.of(3, 4));
+    assert.equal(noIds.modelSteps, null);
   });
 });

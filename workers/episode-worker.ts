@@ -6,7 +6,7 @@ import { MessageChannel, parentPort, threadId } from 'node:worker_threads';
 import * as Comlink from 'comlink';
 import { move, workerData } from 'piscina';
 import { decodeMessage, encodeMessage } from '../src/protocol/codec.ts';
-import type { WorkerRegistration } from '../src/protocol/messages.ts';
+import type { TaskBox, WorkerRegistration } from '../src/protocol/messages.ts';
 import { WorkerRuntime } from '../src/rollout/worker-runtime.ts';
 
 const runtime = new WorkerRuntime(workerData);
@@ -17,8 +17,10 @@ Comlink.expose(runtime, port1 as unknown as Comlink.Endpoint);
 const registration: WorkerRegistration = { type: 'rollout-engine:register-control', workerId: threadId, port: port2 };
 parentPort?.postMessage(registration, [port2]);
 
-export default async function runTask(bytes: Uint8Array): Promise<unknown> {
-  const message = decodeMessage(bytes);
+export default async function runTask(box: TaskBox): Promise<unknown> {
+  if (box?.bytes == null) throw new Error('worker expects a task box with the run-group bytes');
+  const message = decodeMessage(box.bytes);
+  box.bytes = null; // piscina keeps the task until it settles: the group, not its bytes, is what plays
   if (message.type !== 'run-group') throw new Error(`worker expects run-group messages, got ${message.type}`);
   const result = await runtime.runGroup(message);
   return move(encodeMessage(result));

@@ -16,8 +16,8 @@ import { wantsPrettyLogs, type Logger } from '../log.ts';
 import { projectModuleUrl } from '../paths.ts';
 import { decodeMessage, encodeMessage } from '../protocol/codec.ts';
 import { describeError } from '../protocol/errors.ts';
-import { isWorkerRegistration, PROTOCOL_VERSION, type WorkerControl, type WorkerStats } from '../protocol/messages.ts';
-import { Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { isWorkerRegistration, PROTOCOL_VERSION, type TaskBox, type WorkerControl, type WorkerStats } from '../protocol/messages.ts';
+import { fillModelSteps, Status, type RolloutGroup } from '../protocol/rollout.ts';
 import type { WorkerEnvSettings, WorkerInit } from '../rollout/worker-runtime.ts';
 
 export interface WorkerPool {
@@ -113,10 +113,11 @@ export class PiscinaWorkerPool implements WorkerPool {
     if (this.#broken !== null) return failedGroup(group, this.#broken);
     const bytes = encodeMessage({ v: PROTOCOL_VERSION, type: 'run-group', group, modelStep, enqueuedAt: Date.now() });
     try {
-      const resultBytes = (await Promise.race([this.#pool.run(bytes, { transferList: [bytes.buffer as ArrayBuffer] }), this.#brokenPromise])) as Uint8Array;
+      const box: TaskBox = { bytes };
+      const resultBytes = (await Promise.race([this.#pool.run(box, { transferList: [bytes.buffer as ArrayBuffer] }), this.#brokenPromise])) as Uint8Array;
       const message = decodeMessage(resultBytes);
       if (message.type !== 'group-result') throw new Error(`worker answered ${message.type} to run-group`);
-      return message.group;
+      return fillModelSteps(message.group);
     } catch (err) {
       const kill = this.#lastKill !== null && Date.now() - this.#lastKill.at < 5_000 ? ` (${this.#lastKill.reason})` : '';
       const reason = `worker failed while running the group: ${describeError(err)}${kill}`;

@@ -46,6 +46,7 @@ export interface ChatRequest {
   continueFrom?: string;
 }
 
+const utf8 = new TextEncoder();
 /** Retry-After is honoured up to this bound: a server asking for minutes should fail the rollout instead. */
 const MAX_RETRY_AFTER_MS = 30_000;
 const TRANSPORT_ERROR_CODES = new Set([
@@ -102,7 +103,9 @@ export class LlmClient {
    */
   async chat(request: ChatRequest, signal?: CancelSignal, sessionId?: string): Promise<ChatResult> {
     const continuing = request.continueFrom !== undefined;
-    const body = JSON.stringify({
+    // The payload object, not its JSON: each attempt serialises it again (retries are rare), so no
+    // string or buffer of the body stays alive while the call waits for its answer.
+    const payload = {
       model: this.#options.model,
       messages: continuing ? [...request.messages, { role: 'assistant', content: request.continueFrom }] : request.messages,
       max_tokens: request.maxTokens,
@@ -111,13 +114,13 @@ export class LlmClient {
       ...(continuing ? { continue_final_message: true, add_generation_prompt: false } : {}),
       ...(this.#options.logprobs ? { logprobs: true } : {}),
       ...(this.#options.returnTokenIds ? { return_token_ids: true } : {}),
-    });
+    };
     const attempts = this.#options.retries + 1;
     // Between the agent loop's step-boundary check and here there are awaits (environment, hooks, a
     // call slot): this check, in the same tick as the send, is what makes "stopped issuing" immediate.
     if (this.#options.paused?.()) throw new LlmError('ERR_LLM_ABORTED', 'inference call not sent: paused for a weight update');
     for (let attempt = 1; ; attempt++) {
-      const outcome = await this.#attempt(body, signal, this.#chatPath(sessionId));
+      const outcome = await this.#attempt(payload, signal, this.#chatPath(sessionId));
       if (outcome.ok) return outcome.result;
       if (!outcome.retryable || attempt >= attempts) throw outcome.error;
       if (this.#options.paused?.()) throw new LlmError('ERR_LLM_ABORTED', `not retried while paused for a weight update (after: ${outcome.error.message})`);
@@ -131,7 +134,7 @@ export class LlmClient {
   }
 
   async #attempt(
-    body: string,
+    payload: object,
     signal: CancelSignal | undefined,
     path: string,
   ): Promise<{ ok: true; result: ChatResult } | { ok: false; error: LlmError; retryable: boolean; retryAfterMs?: number }> {
@@ -146,7 +149,9 @@ export class LlmClient {
         method: 'POST',
         path,
         headers: this.#headers,
-        body,
+        // Bytes of their own, not a string: undici keeps the body referenced until the answer arrives,
+        // and copies a string into shared 8 KiB Buffer pool slabs, which a few live bodies pin whole.
+        body: utf8.encode(JSON.stringify(payload)),
         // undici takes any object with addEventListener/removeEventListener (or on/removeListener) as a signal.
         signal: signal as AbortSignal | undefined,
       });

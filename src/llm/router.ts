@@ -76,7 +76,7 @@ export class LlmRouter {
     this.#calls = new Slots(options.maxConcurrency ?? Infinity);
   }
 
-  async chat(request: ChatRequest, signal: CancelSignal | undefined, route: Route): Promise<ChatResult> {
+  chat(request: ChatRequest, signal: CancelSignal | undefined, route: Route): Promise<ChatResult> {
     const policy = (route.agent !== undefined ? this.#policies.get(route.agent) : undefined) ?? this.#default;
     const key = route.agent === undefined ? route.session : `${route.session}\u0000${route.agent}`;
     let endpoint = this.#affinity.get(key);
@@ -89,11 +89,21 @@ export class LlmRouter {
         else keys.push(key);
       }
     }
-    const effective: ChatRequest = {
-      ...request,
-      temperature: policy.settings.temperature ?? request.temperature,
-      maxTokens: policy.settings.maxTokens !== null ? Math.min(policy.settings.maxTokens, request.maxTokens) : request.maxTokens,
-    };
+    const { temperature, maxTokens } = policy.settings;
+    const effective: ChatRequest =
+      temperature === null && maxTokens === null
+        ? request
+        : { ...request, temperature: temperature ?? request.temperature, maxTokens: maxTokens !== null ? Math.min(maxTokens, request.maxTokens) : request.maxTokens };
+    if (this.#calls.size !== Infinity) return this.#chatInSlot(endpoint, effective, signal, route.session);
+    // No call limit: no suspended frame of ours per call in flight (memory per episode), just the count.
+    endpoint.outstanding++;
+    const done = () => void endpoint.outstanding--;
+    const call = endpoint.client.chat(effective, signal, route.session);
+    call.then(done, done);
+    return call;
+  }
+
+  async #chatInSlot(endpoint: Endpoint, request: ChatRequest, signal: CancelSignal | undefined, session: string): Promise<ChatResult> {
     try {
       await this.#calls.acquire(signal);
     } catch (reason) {
@@ -101,7 +111,7 @@ export class LlmRouter {
     }
     endpoint.outstanding++;
     try {
-      return await endpoint.client.chat(effective, signal, route.session);
+      return await endpoint.client.chat(request, signal, session);
     } finally {
       endpoint.outstanding--;
       this.#calls.release();

@@ -38,6 +38,15 @@ export type WireMessageType = WireMessage['type'];
 export const WIRE_MESSAGE_TYPES: readonly WireMessageType[] = ['run-group', 'group-result'];
 
 /** Worker → pool, once at start-up (structured clone: it carries a port, so it is not msgpack). */
+/**
+ * What a piscina task carries: the encoded run-group message in a box, so that the worker can drop
+ * the bytes once decoded (piscina holds the task object until the task settles, for as long as the
+ * group plays).
+ */
+export interface TaskBox {
+  bytes: Uint8Array | null;
+}
+
 export interface WorkerRegistration {
   type: 'rollout-engine:register-control';
   workerId: number;

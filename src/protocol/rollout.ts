@@ -60,7 +60,13 @@ export interface TurnRecord {
   promptIds: Int32Array | null;
   responseIds: Int32Array | null;
   logprobs: Float32Array | null;
-  /** Model step (weight version) that generated each response token; same length as responseIds. */
+  /**
+   * Model step (weight version) that generated each response token; same length as responseIds.
+   * Workers leave it null while every token has the turn's `modelStep` (a turn not continued across
+   * a weight update): an episode in flight does not hold 4 bytes a token of one repeated number, and
+   * the wire does not carry them. The pool fills it in as a group arrives (`fillModelSteps`), so
+   * everything on the main thread sees it whenever there are response ids.
+   */
   modelSteps: Int32Array | null;
   /** Sampling seed sent with the request (null when `llm.sendSeed` is off); a continuation reuses it. */
   seed: number | null;
@@ -242,4 +248,16 @@ export function approxGroupBytes(group: RolloutGroup): number {
     }
   }
   return bytes;
+}
+
+/** A turn's per-token model steps, made from its `modelStep` when a worker left them implicit. */
+export function modelStepsOf(turn: TurnRecord): Int32Array | null {
+  if (turn.modelSteps !== null || turn.responseIds === null) return turn.modelSteps;
+  return new Int32Array(turn.responseIds.length).fill(turn.modelStep);
+}
+
+/** Fill in the model steps workers leave implicit (see TurnRecord.modelSteps), in place. */
+export function fillModelSteps(group: RolloutGroup): RolloutGroup {
+  for (const rollout of group.rollouts) for (const turn of rollout.turns) turn.modelSteps = modelStepsOf(turn);
+  return group;
 }

@@ -34,6 +34,7 @@ import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/repl
 import type { Environment, StepResult } from '../env/types.ts';
 import { describeError } from '../protocol/errors.ts';
 import {
+  modelStepsOf,
   resetToPrompt,
   statusForFinishReason,
   Status,
@@ -243,7 +244,9 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
       if (delay > 0) await sleep(delay);
     }
     const t = performance.now();
-    const turns = await Promise.all(prompts.map(([agentId, , prompt]) => infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart)));
+    const call = ([agentId, , prompt]: (typeof prompts)[number]) => infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart);
+    // One agent (the usual case) awaits its call directly: a Promise.all is one more object per episode in flight.
+    const turns = prompts.length === 1 ? [await call(prompts[0])] : await Promise.all(prompts.map(call));
     timings.inferenceMs += performance.now() - t;
     if (partial) {
       rollout.turns.pop(); // the partial turn is folded into its continuation
@@ -358,7 +361,7 @@ function turnRecord(
     promptIds: reply.promptIds,
     responseIds,
     logprobs: reply.logprobs,
-    modelSteps: responseIds === null ? null : new Int32Array(responseIds.length).fill(modelStep),
+    modelSteps: null, // every token has `modelStep`: implicit until the group reaches the main thread
     seed,
     modelStep,
     reward: 0,
@@ -374,11 +377,12 @@ function turnRecord(
  * their old model steps) followed by the new ones (with the new step), and the original prompt ids.
  */
 function mergeContinuation(partial: TurnRecord, turn: TurnRecord): void {
+  // First, while each part's ids still give its own length: the new tokens' steps are implicit.
+  turn.modelSteps = concat(modelStepsOf(partial), modelStepsOf(turn), Int32Array);
   turn.response = partial.response + turn.response;
   turn.promptIds = partial.promptIds ?? turn.promptIds;
   turn.responseIds = concat(partial.responseIds, turn.responseIds, Int32Array);
   turn.logprobs = concat(partial.logprobs, turn.logprobs, Float32Array);
-  turn.modelSteps = concat(partial.modelSteps, turn.modelSteps, Int32Array);
   turn.timings.inferenceMs += partial.timings.inferenceMs;
   turn.timings.totalMs += partial.timings.totalMs;
 }

@@ -260,8 +260,13 @@ export class WorkerRuntime implements WorkerControl {
   }
 
   /** Runs one episode holding one of the worker's episode slots; the wait counts as queue time. */
-  async #inSlot(rollout: RolloutState, run: (waitedMs: number) => Promise<void>): Promise<void> {
-    if (rollout.status === Status.COMPLETED) return; // a sibling kept from an earlier run needs no slot
+  #inSlot(rollout: RolloutState, run: (waitedMs: number) => Promise<void>): Promise<void> {
+    if (rollout.status === Status.COMPLETED) return Promise.resolve(); // a sibling kept from an earlier run needs no slot
+    // Without a bound there is nothing to hold: no extra suspended frame per episode in flight.
+    return this.#episodeSlots.size === Infinity ? run(0) : this.#heldSlot(rollout, run);
+  }
+
+  async #heldSlot(rollout: RolloutState, run: (waitedMs: number) => Promise<void>): Promise<void> {
     const t = performance.now();
     try {
       await this.#episodeSlots.acquire(this.#gate.signal);

@@ -40,6 +40,17 @@ export function guessNumberTaskText(min: number, max: number, maxTurns: number):
   );
 }
 
+/** One system prompt string per task text: thousands of episodes in flight share it instead of each building its own. */
+const systemPrompts = new Map<string, string>();
+function systemPrompt(task: string): string {
+  let prompt = systemPrompts.get(task);
+  if (prompt === undefined) {
+    if (systemPrompts.size >= 1024) systemPrompts.clear(); // ranges drawn per prompt: keep it bounded
+    systemPrompts.set(task, (prompt = `${GUESS_NUMBER_SYSTEM_PROMPT} ${task}`));
+  }
+  return prompt;
+}
+
 export const FEEDBACK = {
   tooLow: 'Too low.',
   tooHigh: 'Too high.',
@@ -88,7 +99,7 @@ export function createEnv(params: EnvParams = {}): GuessNumberEnvironment {
       // The rules go in the system message: message trimming (messageCut) always keeps it, so the
       // agent still knows the range after the first user turn has been cut away.
       messages = [
-        { role: 'system', content: `${GUESS_NUMBER_SYSTEM_PROMPT} ${task}` },
+        { role: 'system', content: systemPrompt(task) },
         { role: 'user', content: FIRST_GUESS_PROMPT },
       ];
       return { observation: task, info: { min, max, maxTurns } };
