@@ -336,9 +336,9 @@ async function main(): Promise<void> {
     row({ target: `1 · ${concurrency} in flight, ${latencyMs} ms`, figure: 'engine CPU per step ÷ bare loop CPU per request', value: result.ratios.engineCpuPerStepOverBareCpuPerRequest, limit: 1.3, kind: 'max', unit: '×',
       detail: `${engineCpu.median.toFixed(0)} vs ${bareCpu.median.toFixed(0)} µs${settingsNote(64, 0)}` }),
     row({ target: `2 · ${concurrency} in flight, ${latencyMs} ms`, figure: 'engine ÷ Python loop (executor) steps/s', value: result.ratios.engineStepsPerSecondOverPythonExecutorStepsPerSecond, limit: 7, kind: 'min', unit: '×',
-      detail: pyExecutor ? `${engineRate.median.toFixed(0)} vs ${pyExecutor.stepsPerSecond.median.toFixed(0)}/s; ÷ direct ${ratioText(result.ratios.engineStepsPerSecondOverPythonDirectStepsPerSecond)}${settingsNote(64, 0)}` : `python skipped: ${python.skipped}` }),
+      detail: pyExecutor ? `${engineRate.median.toFixed(0)} vs ${pyExecutor.stepsPerSecond.median.toFixed(0)}/s; ÷ direct ${ratioText(result.ratios.engineStepsPerSecondOverPythonDirectStepsPerSecond)}; bare loop ÷ Python ${(bareRate.median / pyExecutor.stepsPerSecond.median).toFixed(2)}× (the mock's ceiling here)${settingsNote(64, 0)}` : `python skipped: ${python.skipped}` }),
     row({ target: `2 · ${latency.python.concurrency} in flight, ${latency.latencyMs} ms`, figure: 'engine ÷ Python loop (executor) steps/s', value: latency.engineOverPythonExecutor, limit: 4, kind: 'min', unit: '×',
-      detail: pyLat ? `${lat(latency.python.concurrency).stepsPerSecond.median.toFixed(0)} vs ${pyLat.stepsPerSecond.median.toFixed(0)}/s; ÷ direct ${ratioText(latency.engineOverPythonDirect)}` : `python skipped: ${latency.python.skipped}` }),
+      detail: pyLat ? `${lat(latency.python.concurrency).stepsPerSecond.median.toFixed(0)} vs ${pyLat.stepsPerSecond.median.toFixed(0)}/s; ÷ direct ${ratioText(latency.engineOverPythonDirect)}; at most ${(lat(latency.python.concurrency).boundStepsPerSecond / pyLat.stepsPerSecond.median).toFixed(2)}× (in flight ÷ latency ÷ Python)` : `python skipped: ${latency.python.skipped}` }),
     ...latency.points.map((p) =>
       row({ target: `3 · ${p.concurrency} in flight, ${latency.latencyMs} ms`, figure: 'steps/s ÷ (in flight ÷ latency)', value: p.efficiencyPct.median, limit: p.concurrency <= 64 ? 97 : 90, kind: 'min', unit: ' %', digits: 1,
         detail: `${p.stepsPerSecond.median.toFixed(0)} of ${p.boundStepsPerSecond.toFixed(0)}/s; group occupancy ${p.groupOccupancyPct.toFixed(1)} %, ${p.meanInferenceMs.toFixed(1)} ms per call; bare loop ${p.bare.efficiencyPct.median.toFixed(1)} %` }),
@@ -349,7 +349,7 @@ async function main(): Promise<void> {
       detail: `p50 ${abort.allBackMs.p50.toFixed(1)} ms over ${abort.pauses} pauses, server-side abort` }),
     ...[t3, t1].map((m) =>
       row({ target: `5 · ${m.rolloutsInFlight} in flight, turn ${m.holdAtTurn}`, figure: 'memory per rollout ÷ raw payload held', value: m.ratio.heapPlusArrayBuffers, limit: 1.2, kind: 'max', unit: '×',
-        detail: `${kb(m.perRollout.heapPlusArrayBuffersBytes)} vs ${kb(m.payloadHeld.totalBytes)}; V8 heap alone ${m.ratio.heap.toFixed(2)}×${memory.rollouts < 10_000 ? ' (issue 7: 10k)' : ''}` }),
+        detail: `${kb(m.perRollout.heapPlusArrayBuffersBytes)} vs ${kb(m.payloadHeld.totalBytes)}; V8 heap alone ${m.ratio.heap.toFixed(2)}×; without the pending HTTP call's own ${kb(ref.heapBytes + ref.arrayBufferBytes)} ${((m.perRollout.heapPlusArrayBuffersBytes - ref.heapBytes - ref.arrayBufferBytes) / m.payloadHeld.totalBytes).toFixed(2)}×${memory.rollouts < 10_000 ? ' (issue 7: 10k)' : ''}` }),
     ),
     row({ target: `6 · ${scaling.cpuCostUs} µs/step, ${scaling.concurrency} in flight`, figure: '2 workers ÷ 1 worker steps/s', value: scaling.ratio, limit: 1.7, kind: 'min', unit: '×',
       detail: `${scaling.two.stepsPerSecond.median.toFixed(0)} vs ${scaling.one.stepsPerSecond.median.toFixed(0)}/s; 2 workers: engine ${scaling.two.engineCores.toFixed(2)} + mock ${scaling.two.mockCores?.toFixed(2) ?? 'n/a'} cores of ${cpus().length}` }),
