@@ -1,5 +1,7 @@
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync } from 'node:fs';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { decodeCheckpoint } from '../src/protocol/codec.ts';
 import type { ProducerSnapshot } from '../src/coordinator/producer.ts';
 import { tmpdir } from 'node:os';
@@ -191,6 +193,56 @@ describe('weight updates with partial rollouts, against the mock server over HTT
     assert.equal(during.status, 'UPDATE_WEIGHT_AND_ABORT');
     await engine.resume({ modelStep: 1 });
     await assert.rejects(engine.resume({ modelStep: 0 }), { code: 'ERR_INVALID_ARGUMENT', message: /modelStep must be an integer from the current model step 1 to 2147483647 \(got 0\)/ });
+  });
+});
+
+describe('server-side abort racing a call in transit (regression)', () => {
+  it('aborts again a call that reached the server after its first abort, instead of waiting for it to finish', async () => {
+    // Every chat call is held until an abort the server has seen *after* the call arrived; the first
+    // abort is answered but ignored, as if every call were still on the wire when it came.
+    let aborts = 0;
+    const held = new Set<() => void>();
+    const server = createServer((req, res) => {
+      let body = '';
+      req.on('data', (c) => (body += c));
+      req.on('end', () => {
+        if (req.method === 'GET') return void res.writeHead(200, { 'content-type': 'application/json' }).end('{"data":[{"id":"m"}]}');
+        if (req.url === '/abort_request') {
+          aborts++;
+          if (aborts > 1) for (const answer of [...held]) answer();
+          return void res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+        }
+        const answer = () => {
+          held.delete(answer);
+          res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ choices: [{ message: { content: '4' }, finish_reason: 'abort' }] }));
+        };
+        held.add(answer);
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const engine = createEngine({
+      logLevel: 'silent',
+      llm: { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, returnTokenIds: false, logprobs: false },
+      batchSize: 2,
+      workers: { threads: 1, groupsPerWorker: 2 },
+      tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 4 }],
+      producer: { strategy: 'async', partialRollout: true, maxStaleness: 4 },
+      pause: { mode: 'abort', resignalIntervalMs: 60_000, timeoutMs: 60_000 },
+    });
+    try {
+      await engine.start();
+      while (held.size < 4) await new Promise((r) => setImmediate(r)); // every rollout has a call out
+      const report = await engine.pauseForWeightUpdate();
+      assert.equal(report.serverAbort, true);
+      assert.equal(report.stillInFlight, 0);
+      assert.equal(report.groupsBack, 2);
+      assert.ok(aborts >= 2, `the abort was sent again (${aborts} sent)`);
+      assert.ok(report.allBackMs < 10_000, `back in ${report.allBackMs.toFixed(0)} ms, not at the pause timeout`);
+    } finally {
+      await engine.close();
+      server.closeAllConnections();
+      server.close();
+    }
   });
 });
 

@@ -70,6 +70,9 @@ export type Batch =
   | { trainStep: number; status: 'NORMAL'; groups: RolloutGroup[]; stats: BatchStats }
   | { trainStep: number; status: 'UPDATE_WEIGHT_AND_ABORT' | 'EXPIRED_BATCH'; groups: []; stats: null };
 
+/** While groups are still out after a server-side abort, it is sent again this often (see pause()). */
+const SERVER_ABORT_REPEAT_MS = 50;
+
 export interface PauseReport {
   /**
    * From the request until every worker stopped issuing inference calls: the time of the last call any
@@ -579,11 +582,20 @@ export class Producer implements ProduceContext {
     }
     let deadline = start + timeoutMs;
     let nextSignal = start + resignalIntervalMs;
+    // A call sent just before the pause can reach its server after the abort did, and then generates
+    // to the end. Abort again now that every worker is past its send path, and every
+    // SERVER_ABORT_REPEAT_MS while groups are out: aborts are idempotent and cost one small request.
+    let nextAbort = serverAbort ? performance.now() : Infinity;
+    const repeatedAborts: Promise<boolean>[] = [];
     while (this.#inFlight.size > 0) {
-      const wakeAt = Math.min(deadline, nextSignal);
+      const wakeAt = Math.min(deadline, nextSignal, nextAbort);
       await Promise.race([this.#landed.wait(), sleep(Math.max(0, wakeAt - performance.now()), undefined, { ref: false })]);
       const now = performance.now();
       if (this.#inFlight.size === 0) break;
+      if (now >= nextAbort && now < deadline) {
+        repeatedAborts.push(this.#abortOnServers(abortPath!));
+        nextAbort = now + SERVER_ABORT_REPEAT_MS;
+      }
       if (now >= deadline) {
         if (cancelled) break; // cancelled and waited another interval: report what is left, it lands later
         this.#log.warn({ inFlight: this.#inFlight.size, timeoutMs }, 'pause timed out: cancelling in-flight inference client-side');
@@ -592,15 +604,17 @@ export class Producer implements ProduceContext {
         deadline = now + resignalIntervalMs;
       } else if (now >= nextSignal) {
         this.#control.resignal();
-        if (serverAbort && abortPath !== null) await this.#abortOnServers(abortPath);
         nextSignal = now + resignalIntervalMs;
       }
     }
+    const allBackMs = performance.now() - start;
+    // An abort still on its way must not land after the resume and cut the next calls short.
+    await Promise.all(repeatedAborts);
     await this.#pool.flush(); // step records of the interrupted episodes reach the disk before the weights change
     const report: PauseReport = {
       workersStoppedMs,
       workersAckedMs,
-      allBackMs: performance.now() - start,
+      allBackMs,
       groupsBack: groupsBefore - this.#inFlight.size,
       serverAbort,
       cancelled,
