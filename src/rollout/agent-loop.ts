@@ -66,8 +66,6 @@ export interface PauseView {
   readonly paused: boolean;
   readonly modelStep: number;
   readonly signal: AbortSignal;
-  /** Aborts with `signal`; what inference calls listen on (O(1) per call however many are in flight). */
-  readonly callSignal: CancelSignal;
 }
 
 /** Environment actors for one task: a fresh one per episode, handed back when the episode ends. */
@@ -311,7 +309,7 @@ async function infer(
       ...(seed !== null ? { seed } : {}),
       ...(partial ? { continueFrom: partial.response } : {}),
     },
-    gate.callSignal,
+    gate.signal,
     agentId === null ? { session: rollout.id } : { session: rollout.id, agent: agentId },
   );
   const turn = turnRecord(step, agentId, prompt, reply, reply.weightVersion ?? gate.modelStep, seed, settings, promptMs, performance.now() - t, turnStart);

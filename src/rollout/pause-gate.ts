@@ -6,7 +6,6 @@
  * `signal` aborts in-flight inference calls when the coordinator escalates to CANCEL.
  */
 import { setMaxListeners } from 'node:events';
-import { CancelHub, type CancelSignal } from '../cancel.ts';
 import { CONTROL, LAST_SEND, RunState, wallClockUs } from '../protocol/control-block.ts';
 
 export class PauseGate {
@@ -14,7 +13,6 @@ export class PauseGate {
   readonly #clock: BigInt64Array;
   #epoch: number;
   #cancel = quietController();
-  #calls = new CancelHub();
   #closed = false;
 
   constructor(block: SharedArrayBuffer) {
@@ -44,11 +42,6 @@ export class PauseGate {
     return this.#cancel.signal;
   }
 
-  /** The same cancel for inference calls, as a CancelHub: one per call in flight listens on it. */
-  get callSignal(): CancelSignal {
-    return this.#calls;
-  }
-
   close(): void {
     this.#closed = true;
   }
@@ -67,13 +60,10 @@ export class PauseGate {
   #apply(): void {
     const state = Atomics.load(this.#view, CONTROL.STATE);
     if (state === RunState.CANCEL && !this.#cancel.signal.aborted) {
-      const reason = new Error('inference cancelled for a weight update');
-      this.#cancel.abort(reason);
-      this.#calls.abort(reason);
+      this.#cancel.abort(new Error('inference cancelled for a weight update'));
     }
     if (state === RunState.RUNNING && this.#cancel.signal.aborted) {
       this.#cancel = quietController();
-      this.#calls = new CancelHub();
     }
   }
 }
