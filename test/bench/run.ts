@@ -13,7 +13,8 @@
  *
  * Then pause figures: with `--pause-rollouts` (512) rollouts in flight against a slow server, the time
  * until every worker has stopped issuing inference calls (the engine's own share) and until every
- * group is back on the main thread, p50 / p99, in abort and drain modes.
+ * group is back on the main thread, p50 / p99, in abort and drain modes; and as the floor under the
+ * latter, a bare undici client reading the same number of aborted replies (no engine).
  *
  * Also the Python baseline (test/bench/python_baseline.py, via python-baseline.ts): an asyncio loop
  * built like the reference Interactor, environment through an executor and called directly, against
@@ -29,6 +30,8 @@ import { mkdirSync, writeFileSync } from 'node:fs';
 import { availableParallelism, cpus } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
+import { Pool } from 'undici';
+import { FIRST_GUESS_PROMPT, GUESS_NUMBER_SYSTEM_PROMPT, guessNumberTaskText } from '../../src/env/synthetic/guess-number.ts';
 import { createEngine } from '../../src/index.ts';
 import { startMockProcess } from '../../src/loadtest/mock-process.ts';
 import { percentile } from '../../src/loadtest/stats.ts';
@@ -165,6 +168,46 @@ async function pauseBench(url: string, mode: 'abort' | 'drain', pauseRollouts: n
   };
 }
 
+/**
+ * The floor under "every partial rollout back": `calls` bare undici requests in flight on one pool
+ * (same slow mock, same body shape as a guess-number turn), then the server-side abort; the time from
+ * the abort request until the last aborted reply has been read. No engine, no parsing, one thread.
+ */
+async function bareAbortFloor(url: string, calls: number, rounds: number): Promise<{ p50: number; p99: number }> {
+  const pool = new Pool(url, { connections: calls + 8, headersTimeout: 60_000, bodyTimeout: 60_000 });
+  const admin = new Pool(url, { connections: 1 });
+  const body = JSON.stringify({
+    model: 'mock-policy',
+    messages: [
+      { role: 'system', content: `${GUESS_NUMBER_SYSTEM_PROMPT} ${guessNumberTaskText(1, 100, 8)}` },
+      { role: 'user', content: FIRST_GUESS_PROMPT },
+    ],
+    max_tokens: 400,
+    logprobs: true,
+    return_token_ids: true,
+  });
+  const times: number[] = [];
+  try {
+    for (let round = 0; round < rounds; round++) {
+      let lastReadAt = 0;
+      const pending = Array.from({ length: calls }, async () => {
+        const res = await pool.request({ method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json' }, body });
+        await res.body.text();
+        lastReadAt = performance.now();
+      });
+      await new Promise((r) => setTimeout(r, 600)); // generations are mid-way (≈ 60 of 100+ tokens)
+      const t0 = performance.now();
+      const abort = await admin.request({ method: 'POST', path: '/admin/abort', headers: { 'content-type': 'application/json' }, body: '{"abort_all":true}' });
+      await abort.body.dump();
+      await Promise.all(pending);
+      times.push(lastReadAt - t0);
+    }
+  } finally {
+    await Promise.all([pool.close(), admin.close()]);
+  }
+  return { p50: percentile(times, 50), p99: percentile(times, 99) };
+}
+
 async function main(): Promise<void> {
   // Other processes on these cores (tests, servers) lower every figure: each part says how busy they were.
   const cpuShare: Record<string, CpuShare | null> = {};
@@ -187,8 +230,10 @@ async function main(): Promise<void> {
   // A slow server for the pause figures: ~100 tokens/s per request, so generations are mid-way when paused.
   const slow = await startMockProcess(['--latency-ms', '20', '--tokens-per-second', '100', '--think-tokens', '100']);
   const pauseFigures: PauseFigures[] = [];
+  let abortFloor = { p50: NaN, p99: NaN };
   try {
     for (const mode of ['abort', 'drain'] as const) pauseFigures.push(await pauseBench(slow.url, mode, pauseRollouts, quick ? 3 : mode === 'abort' ? 20 : 8));
+    abortFloor = await bareAbortFloor(slow.url, pauseRollouts, quick ? 3 : 10);
   } finally {
     await slow.close();
   }
@@ -231,6 +276,7 @@ async function main(): Promise<void> {
     engine: { stepsPerSecond: engineRate, cpuUsPerStep: engineCpu, samples: engine },
     python: { skipped: python.skipped, ...python.versions, executor: pyExecutor, direct: pyDirect },
     pause: pauseFigures,
+    pauseBareAbortFloorMs: abortFloor,
     ratios: {
       engineCpuPerStepOverBareCpuPerRequest: engineCpu.median / bareCpu.median,
       engineStepsPerSecondOverBareRequestsPerSecond: engineRate.median / bareRate.median,
@@ -271,6 +317,7 @@ async function main(): Promise<void> {
     );
   }
   console.log('stopped issuing: request → the last call any worker sent (0 = none after it); acked: every worker loop ran its pause watcher');
+  console.log(`floor: a bare undici client with ${pauseRollouts} calls in flight reads the ${pauseRollouts} aborted replies ${abortFloor.p50.toFixed(1)} / ${abortFloor.p99.toFixed(1)} ms (p50 / p99) after the abort request — no engine`);
 
   console.log(describeShare(cpuShare.pause, cpus().length));
   const lat = (c: number) => latency.points.find((p) => p.concurrency === c)!;
@@ -346,7 +393,7 @@ async function main(): Promise<void> {
     row({ target: `4 · ${pauseRollouts} in flight, abort`, figure: 'pause: every worker stopped issuing, p99', value: abort.workersStoppedMs.p99, limit: 2, kind: 'max', unit: ' ms',
       detail: `p50 ${abort.workersStoppedMs.p50.toFixed(3)} ms over ${abort.pauses} pauses (last-send clock); every worker acked p99 ${abort.workersAckedMs.p99.toFixed(1)} ms` }),
     row({ target: `4 · ${pauseRollouts} in flight, abort`, figure: 'pause: every partial rollout back, p99', value: abort.allBackMs.p99, limit: 10, kind: 'max', unit: ' ms',
-      detail: `p50 ${abort.allBackMs.p50.toFixed(1)} ms over ${abort.pauses} pauses, server-side abort` }),
+      detail: `p50 ${abort.allBackMs.p50.toFixed(1)} ms over ${abort.pauses} pauses, server-side abort; a bare client reading the same aborted replies: ${abortFloor.p50.toFixed(1)} / ${abortFloor.p99.toFixed(1)} ms` }),
     ...[t3, t1].map((m) =>
       row({ target: `5 · ${m.rolloutsInFlight} in flight, turn ${m.holdAtTurn}`, figure: 'memory per rollout ÷ raw payload held', value: m.ratio.heapPlusArrayBuffers, limit: 1.2, kind: 'max', unit: '×',
         detail: `${kb(m.perRollout.heapPlusArrayBuffersBytes)} vs ${kb(m.payloadHeld.totalBytes)}; V8 heap alone ${m.ratio.heap.toFixed(2)}×; without the pending HTTP call's own ${kb(ref.heapBytes + ref.arrayBufferBytes)} ${((m.perRollout.heapPlusArrayBuffersBytes - ref.heapBytes - ref.arrayBufferBytes) / m.payloadHeld.totalBytes).toFixed(2)}×${memory.rollouts < 10_000 ? ' (issue 7: 10k)' : ''}` }),
