@@ -187,7 +187,7 @@ const ProducerSpec = z.strictObject({
 const PauseSpec = z.strictObject({
   /** abort: in-flight calls are aborted (server-side, else client-side) and return partial tokens; drain: they finish first. */
   mode: z.enum(['abort', 'drain']).default('abort'),
-  /** Re-send the pause (and the server abort) this often while groups drain. */
+  /** Re-send the pause flag this often while groups drain (a server-side abort is repeated every 50 ms). */
   resignalIntervalMs: positiveInt.default(5_000),
   /** Cancel what is still in flight, client-side, after this long. */
   timeoutMs: positiveInt.default(60_000),

@@ -234,3 +234,25 @@ describe('episode slots (workers.rolloutsPerWorker)', () => {
     }
   });
 });
+
+describe('what episodes are given (regression)', () => {
+  it('gives every rollout of a group reset params of its own, though the wire shares them', async () => {
+    const mock = await startMockLlm({ port: 0 });
+    const e = createEngine({
+      logLevel: 'silent',
+      llm: { url: mock.url },
+      batchSize: 2,
+      workers: { threads: 1 },
+      tasks: [{ name: 'marks', env: { module: fixture('params-counting-env.ts'), export: 'createEnv', params: { resets: [] } }, groupSize: 4, maxSteps: 1 }],
+    });
+    try {
+      await e.start();
+      const batch = await e.getBatch();
+      assert.equal(batch.status, 'NORMAL');
+      for (const g of batch.groups) assert.deepEqual(g.rollouts.map((r) => r.reward), [1, 1, 1, 1]);
+    } finally {
+      await e.close();
+      await mock.close();
+    }
+  });
+});

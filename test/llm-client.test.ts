@@ -135,6 +135,21 @@ describe('inference client', () => {
     await llm.close();
   });
 
+  it('does not send a retry once paused, even when the pause came during an earlier attempt (regression)', async () => {
+    let paused = false;
+    const { url, requests } = await serve([
+      (_req, res) => {
+        paused = true; // the weight update starts while the first attempt is out
+        res.writeHead(503).end('busy');
+      },
+      ok(),
+    ]);
+    const llm = client(url, { paused: () => paused, retryBackoffMs: 1 });
+    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_ABORTED', message: /not retried while paused.*503/ });
+    assert.equal(requests.length, 1);
+    await llm.close();
+  });
+
   it('sends nothing once the pause flag is set, though the caller decided to call before the pause', async () => {
     const { url, requests } = await serve([ok({ choices: [{ message: { content: '1' }, finish_reason: 'stop' }] })]);
     let paused = false;

@@ -246,6 +246,46 @@ describe('server-side abort racing a call in transit (regression)', () => {
   });
 });
 
+describe('a resume while a pause is still waiting (regression)', () => {
+  it('ends the pause: no more server aborts or client-side cancels once the trainer has resumed', async () => {
+    // The server never honours an abort: held calls stay out, so the pause would wait for its timeout.
+    let aborts = 0;
+    const server = createServer((req, res) => {
+      req.resume();
+      req.on('end', () => {
+        if (req.method === 'GET') return void res.writeHead(200, { 'content-type': 'application/json' }).end('{"data":[{"id":"m"}]}');
+        if (req.url === '/abort_request') return void (aborts++, res.writeHead(200).end('{}'));
+        res.on('close', () => undefined); // held until the client goes away
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const engine = createEngine({
+      logLevel: 'silent',
+      llm: { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, returnTokenIds: false, logprobs: false },
+      batchSize: 1,
+      workers: { threads: 1, groupsPerWorker: 1 },
+      tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 2 }],
+      producer: { strategy: 'async', partialRollout: true, maxStaleness: 4 },
+      pause: { mode: 'abort', resignalIntervalMs: 60_000, timeoutMs: 60_000 },
+    });
+    try {
+      await engine.start();
+      while ((await engine.stats()).workers.reduce((n, w) => n + w.episodesRunning, 0) < 2) await new Promise((r) => setImmediate(r));
+      const pausing = engine.pauseForWeightUpdate();
+      while (aborts < 2) await new Promise((r) => setImmediate(r)); // the pause is repeating its abort
+      await engine.resume({ modelStep: 1 });
+      const report = await pausing; // returns at once: the resume ended it, not the 60 s timeout
+      assert.equal(report.cancelled, false);
+      assert.equal(report.stillInFlight, 1);
+      assert.equal((await engine.stats()).paused, false);
+    } finally {
+      await engine.close();
+      server.closeAllConnections();
+      server.close();
+    }
+  });
+});
+
 describe('checkpoints', () => {
   let mock: MockLlm;
   before(async () => {

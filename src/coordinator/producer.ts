@@ -561,6 +561,10 @@ export class Producer implements ProduceContext {
    */
   async pause(): Promise<PauseReport> {
     const { mode, resignalIntervalMs, timeoutMs } = this.#config.pause;
+    // A resume or close before this returns (a trainer whose /pause timed out, a shutdown) ends it:
+    // from then on no abort or cancel may cut short the calls that run on the new weights.
+    const epoch = this.#resumeEpoch;
+    const pausing = () => this.#paused && !this.#closed && this.#resumeEpoch === epoch;
     const requestedUs = wallClockUs();
     const start = performance.now();
     this.#paused = true;
@@ -576,7 +580,7 @@ export class Producer implements ProduceContext {
     const workersStoppedMs = workersAckedMs === null ? null : this.#control.lastSendAfterMs(requestedUs);
     const serverAbort = serverAborting !== null && (await serverAborting);
     let cancelled = false;
-    if (mode === 'abort' && this.#inFlight.size > 0 && !serverAbort) {
+    if (mode === 'abort' && this.#inFlight.size > 0 && !serverAbort && pausing()) {
       this.#control.cancel();
       cancelled = true;
     }
@@ -587,11 +591,11 @@ export class Producer implements ProduceContext {
     // SERVER_ABORT_REPEAT_MS while groups are out: aborts are idempotent and cost one small request.
     let nextAbort = serverAbort ? performance.now() : Infinity;
     const repeatedAborts: Promise<boolean>[] = [];
-    while (this.#inFlight.size > 0) {
+    while (this.#inFlight.size > 0 && pausing()) {
       const wakeAt = Math.min(deadline, nextSignal, nextAbort);
       await Promise.race([this.#landed.wait(), sleep(Math.max(0, wakeAt - performance.now()), undefined, { ref: false })]);
       const now = performance.now();
-      if (this.#inFlight.size === 0) break;
+      if (this.#inFlight.size === 0 || !pausing()) break;
       if (now >= nextAbort && now < deadline) {
         repeatedAborts.push(this.#abortOnServers(abortPath!));
         nextAbort = now + SERVER_ABORT_REPEAT_MS;
@@ -627,6 +631,7 @@ export class Producer implements ProduceContext {
 
   /** Ask every inference endpoint to abort what it is generating; true when all of them could. */
   async #abortOnServers(path: string): Promise<boolean> {
+    if (this.#closed) return false; // close() has closed the aborter's connections
     const urls = [...new Set([...this.#llmUrls, ...policyUrls(this.#config)])];
     this.#aborter ??= new InferenceAborter(path, { apiKey: this.#config.llm.apiKey });
     return this.#aborter.abortAll(urls);

@@ -116,14 +116,19 @@ export class LlmClient {
       ...(this.#options.returnTokenIds ? { return_token_ids: true } : {}),
     };
     const attempts = this.#options.retries + 1;
-    // Between the agent loop's step-boundary check and here there are awaits (environment, hooks, a
-    // call slot): this check, in the same tick as the send, is what makes "stopped issuing" immediate.
-    if (this.#options.paused?.()) throw new LlmError('ERR_LLM_ABORTED', 'inference call not sent: paused for a weight update');
+    let lastError: LlmError | null = null;
     for (let attempt = 1; ; attempt++) {
+      // Between the agent loop's step-boundary check and here there are awaits (environment, hooks, a
+      // call slot, a retry's backoff): this check, in the same tick as the send, is what makes
+      // "stopped issuing" immediate — for a first attempt and a retry alike.
+      if (this.#options.paused?.()) {
+        throw new LlmError('ERR_LLM_ABORTED', lastError === null ? 'inference call not sent: paused for a weight update' : `not retried while paused for a weight update (after: ${lastError.message})`);
+      }
       const outcome = await this.#attempt(payload, signal, this.#chatPath(sessionId));
       if (outcome.ok) return outcome.result;
       if (!outcome.retryable || attempt >= attempts) throw outcome.error;
-      if (this.#options.paused?.()) throw new LlmError('ERR_LLM_ABORTED', `not retried while paused for a weight update (after: ${outcome.error.message})`);
+      lastError = outcome.error;
+      if (this.#options.paused?.()) continue; // refused at the top of the loop at once, not after a backoff
       const backoff = outcome.retryAfterMs ?? this.#options.retryBackoffMs * 2 ** (attempt - 1);
       try {
         await delay(backoff, signal);
@@ -261,14 +266,14 @@ export class InferenceAborter {
   }
 
   async #abort(url: string): Promise<boolean> {
-    let target = this.#pools.get(url);
-    if (target === undefined) {
-      const base = new URL(url);
-      const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
-      target = { pool: new Pool(base.origin, { connections: 1, keepAliveTimeout: 600_000 }), path: `${prefix}${this.#path}` };
-      this.#pools.set(url, target);
-    }
     try {
+      let target = this.#pools.get(url);
+      if (target === undefined) {
+        const base = new URL(url);
+        const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
+        target = { pool: new Pool(base.origin, { connections: 1, keepAliveTimeout: 600_000 }), path: `${prefix}${this.#path}` };
+        this.#pools.set(url, target);
+      }
       const response = await target.pool.request({
         method: 'POST',
         path: target.path,

@@ -244,7 +244,7 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
     const t = performance.now();
     const call = ([agentId, , prompt]: (typeof prompts)[number]) => infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart);
     // One agent (the usual case) awaits its call directly: a Promise.all is one more object per episode in flight.
-    const turns = prompts.length === 1 ? [await call(prompts[0])] : await Promise.all(prompts.map(call));
+    const turns = prompts.length === 1 ? [await call(prompts[0])] : await allOrFirstError(prompts.map(call));
     timings.inferenceMs += performance.now() - t;
     if (partial) {
       rollout.turns.pop(); // the partial turn is folded into its continuation
@@ -391,6 +391,17 @@ function concat<T extends Int32Array | Float32Array>(a: T | null, b: T | null, K
   out.set(a);
   out.set(b, a.length);
   return out;
+}
+
+/**
+ * Every agent's call of a step, or the first failure once all of them have settled: a rollout is not
+ * returned (ABORTED by a pause, say) while one of its calls is still generating on a server.
+ */
+async function allOrFirstError<T>(calls: Promise<T>[]): Promise<T[]> {
+  const settled = await Promise.allSettled(calls);
+  const failed = settled.find((s) => s.status === 'rejected');
+  if (failed !== undefined) throw failed.reason;
+  return settled.map((s) => (s as PromiseFulfilledResult<T>).value);
 }
 
 /** Turns grouped by step (several per step in a multi-agent episode), in order. */

@@ -88,6 +88,8 @@ export class WorkerRuntime implements WorkerControl {
    * as each group's shorter episodes finish (the slots count episodes, the group waits for its last).
    */
   readonly #episodeSlots: Slots;
+  /** Episodes being played, with or without a slot bound (the slots only count when bounded). */
+  #episodesRunning = 0;
   #groupsDone = 0;
   #rolloutsDone = 0;
   #steps = 0;
@@ -108,6 +110,10 @@ export class WorkerRuntime implements WorkerControl {
 
   async runGroup(message: RunGroupMessage): Promise<GroupResultMessage> {
     const { group } = message;
+    // The wire keeps shared references (protocol/codec.ts), so a group's rollouts arrive sharing one
+    // `sample`. Episodes hand parts of it to user code (an environment's reset params, a black-box
+    // agent's prompt), which may change what it is given: each rollout gets its own.
+    for (const rollout of group.rollouts) if (rollout.sample === group.sample) rollout.sample = structuredClone(group.sample);
     const task = this.#tasks.get(group.taskName);
     const queueMs = Math.max(0, Date.now() - message.enqueuedAt);
     this.#inFlightGroups++;
@@ -203,7 +209,7 @@ export class WorkerRuntime implements WorkerControl {
       workerId: threadId,
       inFlightGroups: this.#inFlightGroups,
       inFlightRollouts: this.#inFlightRollouts,
-      episodesRunning: this.#episodeSlots.taken,
+      episodesRunning: this.#episodesRunning,
       groupsDone: this.#groupsDone,
       rolloutsDone: this.#rolloutsDone,
       steps: this.#steps,
@@ -263,7 +269,12 @@ export class WorkerRuntime implements WorkerControl {
   #inSlot(rollout: RolloutState, run: (waitedMs: number) => Promise<void>): Promise<void> {
     if (rollout.status === Status.COMPLETED) return Promise.resolve(); // a sibling kept from an earlier run needs no slot
     // Without a bound there is nothing to hold: no extra suspended frame per episode in flight.
-    return this.#episodeSlots.size === Infinity ? run(0) : this.#heldSlot(rollout, run);
+    if (this.#episodeSlots.size !== Infinity) return this.#heldSlot(rollout, run);
+    this.#episodesRunning++;
+    const done = () => void this.#episodesRunning--;
+    const episode = run(0);
+    episode.then(done, done);
+    return episode;
   }
 
   async #heldSlot(rollout: RolloutState, run: (waitedMs: number) => Promise<void>): Promise<void> {
@@ -275,9 +286,11 @@ export class WorkerRuntime implements WorkerControl {
       rollout.workerId = threadId;
       return;
     }
+    this.#episodesRunning++;
     try {
       await run(performance.now() - t);
     } finally {
+      this.#episodesRunning--;
       this.#episodeSlots.release();
     }
   }
