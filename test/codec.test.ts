@@ -26,7 +26,7 @@ function resultWithTokens(seed: number): GroupResultMessage {
   };
   group.rollouts[0].turns.push(turn);
   group.rollouts[0].status = Status.COMPLETED;
-  return { v: PROTOCOL_VERSION, type: 'group-result', group, workerId: 7 };
+  return { v: PROTOCOL_VERSION, type: 'group-result', group, keptTurns: [0, 0], workerId: 7 };
 }
 
 describe('msgpack codec', () => {

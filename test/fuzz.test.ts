@@ -349,6 +349,7 @@ describe('error messages for values JSON cannot show', () => {
 const GROUP_MESSAGE: WireMessage = {
   v: PROTOCOL_VERSION,
   type: 'group-result',
+  keptTurns: [],
   workerId: 1,
   group: {
     id: 't/0',

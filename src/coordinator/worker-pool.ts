@@ -17,6 +17,7 @@ import { projectModuleUrl } from '../paths.ts';
 import { decodeMessage, encodeMessage } from '../protocol/codec.ts';
 import { describeError } from '../protocol/errors.ts';
 import { isWorkerRegistration, PROTOCOL_VERSION, type TaskBox, type WorkerControl, type WorkerStats } from '../protocol/messages.ts';
+import { restoreKeptTurns } from '../protocol/result-delta.ts';
 import { fillModelSteps, Status, type RolloutGroup } from '../protocol/rollout.ts';
 import type { WorkerEnvSettings, WorkerInit } from '../rollout/worker-runtime.ts';
 
@@ -117,7 +118,7 @@ export class PiscinaWorkerPool implements WorkerPool {
       const resultBytes = (await Promise.race([this.#pool.run(box, { transferList: [bytes.buffer as ArrayBuffer] }), this.#brokenPromise])) as Uint8Array;
       const message = decodeMessage(resultBytes);
       if (message.type !== 'group-result') throw new Error(`worker answered ${message.type} to run-group`);
-      return fillModelSteps(message.group);
+      return fillModelSteps(restoreKeptTurns(message.group, group, message.keptTurns));
     } catch (err) {
       const kill = this.#lastKill !== null && Date.now() - this.#lastKill.at < 5_000 ? ` (${this.#lastKill.reason})` : '';
       const reason = `worker failed while running the group: ${describeError(err)}${kill}`;

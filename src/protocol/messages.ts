@@ -29,7 +29,10 @@ export interface RunGroupMessage {
 export interface GroupResultMessage {
   v: typeof PROTOCOL_VERSION;
   type: 'group-result';
+  /** Each rollout without the leading turns counted in `keptTurns` (see protocol/result-delta.ts). */
   group: RolloutGroup;
+  /** Per rollout: leading turns of the dispatched rollout left out because they are unchanged. */
+  keptTurns: number[];
   workerId: number;
 }
 

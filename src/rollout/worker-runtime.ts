@@ -23,6 +23,7 @@ import {
   type WorkerControl,
   type WorkerStats,
 } from '../protocol/messages.ts';
+import { omitKeptTurns, receivedTurns } from '../protocol/result-delta.ts';
 import { groupStatus, Status, type RolloutState } from '../protocol/rollout.ts';
 import { StepRecordWriter } from '../records/step-records.ts';
 import { runEpisode, type AgentSettings, type EpisodeContext, type EpisodeHooks } from './agent-loop.ts';
@@ -114,6 +115,8 @@ export class WorkerRuntime implements WorkerControl {
     // `sample`. Episodes hand parts of it to user code (an environment's reset params, a black-box
     // agent's prompt), which may change what it is given: each rollout gets its own.
     for (const rollout of group.rollouts) if (rollout.sample === group.sample) rollout.sample = structuredClone(group.sample);
+    const received = receivedTurns(group);
+    const result = (): GroupResultMessage => ({ v: PROTOCOL_VERSION, type: 'group-result', keptTurns: omitKeptTurns(group, received), group, workerId: threadId });
     const task = this.#tasks.get(group.taskName);
     const queueMs = Math.max(0, Date.now() - message.enqueuedAt);
     this.#inFlightGroups++;
@@ -125,7 +128,7 @@ export class WorkerRuntime implements WorkerControl {
         const ctx = { agent, gatewayUrl: this.#init.gatewayUrl!, actors: task.actors, gate: this.#gate, workerId: threadId, onProblem: (r: { id: string; status: string }, reason: string) => this.#log.warn({ rollout: r.id, status: r.status }, reason) };
         await Promise.all(group.rollouts.map((rollout) => this.#inSlot(rollout, (waitedMs) => runBlackBoxEpisode(rollout, ctx, queueMs + waitedMs))));
         group.status = groupStatus(group.rollouts);
-        return { v: PROTOCOL_VERSION, type: 'group-result', group, workerId: threadId };
+        return result();
       }
       if (task.actors === null) throw new Error(`task ${group.taskName} has no environment`);
       const hooks = await task.hooks;
@@ -201,7 +204,7 @@ export class WorkerRuntime implements WorkerControl {
       this.#rolloutsDone += group.rollouts.length;
       for (const rollout of group.rollouts) this.#rolloutsByStatus[rollout.status] = (this.#rolloutsByStatus[rollout.status] ?? 0) + 1;
     }
-    return { v: PROTOCOL_VERSION, type: 'group-result', group, workerId: threadId };
+    return result();
   }
 
   stats(): WorkerStats {
