@@ -14,6 +14,8 @@ report.json and a self-contained report.html (open it in any browser).
 Load:
   --rollouts <n>           rollouts in flight, rounded up to whole groups (default 256)
   --group-size <n>         rollouts per group (default 4)
+  --episode-slots          count episodes playing, not rollouts held: a rollout that ends before its
+                           siblings hands its slot to another group's (workers.rolloutsPerWorker)
   --workers <n>            worker threads (default: available CPUs)
   --envs <list>            comma-separated: ${LOADTEST_ENVS.join(', ')} (default both; guess-number is multi-turn)
   --env-cpu-us <µs>        CPU each environment step burns (default 0)
@@ -42,6 +44,7 @@ export async function loadtestCommand(argv: string[]): Promise<number> {
     options: {
       rollouts: { type: 'string' },
       'group-size': { type: 'string' },
+      'episode-slots': { type: 'boolean' },
       workers: { type: 'string' },
       envs: { type: 'string' },
       'env-cpu-us': { type: 'string' },
@@ -95,6 +98,7 @@ export function loadtestOptions(values: Record<string, string | boolean | undefi
     ...defaults,
     rollouts: intFlag('rollouts', str('rollouts'), { min: 1 }) ?? defaults.rollouts,
     groupSize: intFlag('group-size', str('group-size'), { min: 1 }) ?? defaults.groupSize,
+    episodeSlots: values['episode-slots'] === true,
     workers,
     envs: envsFlag(str('envs')) ?? defaults.envs,
     envCpuUs: numberFlag('env-cpu-us', str('env-cpu-us'), { max: 60_000_000 }) ?? defaults.envCpuUs,

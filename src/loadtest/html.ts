@@ -178,7 +178,7 @@ function settingsTable(r: LoadtestReport): string {
     ['strategy', s.strategy],
     ['rollouts in flight (requested → effective)', `${s.rollouts} → ${s.rolloutsInFlight}`],
     ['group size / batch size (groups)', `${s.groupSize} / ${s.batchSize}`],
-    ['workers × groups per worker, connections per worker', `${s.workers} × ${s.groupsPerWorker}, ${s.connectionsPerWorker}`],
+    ['workers × groups per worker, connections per worker', `${s.workers} × ${s.groupsPerWorker}, ${s.connectionsPerWorker}${s.episodeSlots ? ' (episode slots: rollouts in flight = episodes playing)' : ''}`],
     ['environments', s.envs.join(', ')],
     ['environment CPU per step', `${s.envCpuUs} µs`],
     ['mock latency / token rate / think tokens', `${s.latencyMs} ms / ${s.tokensPerSecond === 0 ? 'instant' : `${s.tokensPerSecond} tokens/s`} / ${s.thinkTokens}`],

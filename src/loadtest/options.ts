@@ -11,6 +11,12 @@ export interface LoadtestOptions {
   /** Rollouts in flight (rounded up to whole groups): batchSize = ceil(rollouts / groupSize). */
   rollouts: number;
   groupSize: number;
+  /**
+   * Count episodes playing instead of rollouts held (workers.rolloutsPerWorker = rollouts ÷ workers,
+   * each worker holding half as many groups again): a rollout that ends before its siblings hands its
+   * slot on, so calls in flight stay at `rollouts`.
+   */
+  episodeSlots: boolean;
   /** Built-in synthetic environments, one task each, sharing the batch equally. */
   envs: LoadtestEnv[];
   /** Mock server: fixed latency per request, generation rate (0 = instant), filler tokens per answer. */
@@ -40,6 +46,7 @@ export function defaultLoadtestOptions(outDir: string): LoadtestOptions {
   return {
     rollouts: 256,
     groupSize: 4,
+    episodeSlots: false,
     envs: [...LOADTEST_ENVS],
     latencyMs: 20,
     tokensPerSecond: 0,

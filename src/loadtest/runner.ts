@@ -33,12 +33,15 @@ export interface EngineRun {
 
 export function engineConfig(options: LoadtestOptions, llmUrl: string): EngineConfigInput {
   const groups = Math.ceil(options.rollouts / options.groupSize);
+  const rolloutsPerWorker = Math.ceil(options.rollouts / options.workers);
   return {
     logLevel: (process.env.LOG_LEVEL as EngineConfigInput['logLevel']) ?? 'warn',
     seed: options.seed,
     batchSize: groups,
     // Every group of a batch must be able to run at once, and every rollout needs its connection.
-    workers: { threads: options.workers, groupsPerWorker: Math.ceil(groups / options.workers) + 1 },
+    workers: options.episodeSlots
+      ? { threads: options.workers, rolloutsPerWorker, groupsPerWorker: Math.ceil((1.5 * rolloutsPerWorker) / options.groupSize) + 1 }
+      : { threads: options.workers, groupsPerWorker: Math.ceil(groups / options.workers) + 1 },
     llm: {
       url: llmUrl,
       connections: Math.ceil((groups * options.groupSize) / options.workers) + 8,
