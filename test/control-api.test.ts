@@ -1,5 +1,4 @@
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -8,6 +7,7 @@ import { request } from 'undici';
 import { createEngine, type ControlServer, type Engine } from '../src/index.ts';
 import { decodeFromPeer } from '../src/protocol/codec.ts';
 import { spawnServer, type ChildServer } from './fixtures/flaky-env-server.ts';
+import { runToExit } from './support/cli.ts';
 
 const MAIN = new URL('../src/cli/main.ts', import.meta.url).pathname;
 const PYTHON_TRAINER = new URL('../examples/python_trainer.py', import.meta.url).pathname;
@@ -159,21 +159,7 @@ describe('the Python trainer example', () => {
   });
 
   it('takes batches, pauses, loads weights into the mock server, resumes, and prints what it got', async () => {
-    const out = await new Promise<{ code: number | null; stdout: string; stderr: string }>((resolve, reject) => {
-      const child = spawn('python3', [PYTHON_TRAINER, '--url', serve.url, '--steps', '4', '--sync-every', '2']);
-      let stdout = '';
-      let stderr = '';
-      child.stdout.on('data', (c) => (stdout += c));
-      child.stderr.on('data', (c) => (stderr += c));
-      const timer = setTimeout(() => {
-        child.kill('SIGKILL');
-        reject(new Error(`python trainer timed out\n${stdout}\n${stderr}`));
-      }, 60_000);
-      child.on('close', (code) => {
-        clearTimeout(timer);
-        resolve({ code, stdout, stderr });
-      });
-    });
+    const out = await runToExit('python3', [PYTHON_TRAINER, '--url', serve.url, '--steps', '4', '--sync-every', '2']);
     assert.equal(out.code, 0, out.stderr);
     assert.match(out.stdout, /step 1: 4 groups, 16 rollouts, mean reward -?\d\.\d{3}, max staleness 0/);
     assert.match(out.stdout, /weights -> 2: pause took \d+\.\d ms/);

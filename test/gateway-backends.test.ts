@@ -12,6 +12,7 @@ import OpenAI from 'openai';
 import { startGateway } from '../src/gateway/index.ts';
 import type { ChatModel, Gateway } from '../src/gateway/index.ts';
 import { loadChatModel } from '../src/gateway/model.ts';
+import { rejection } from './support/openai-errors.ts';
 
 type Reply = { status: number; json: unknown } | 'hang';
 interface Scripted {
@@ -70,17 +71,6 @@ async function scriptedServer(): Promise<Scripted> {
 
 function client(baseURL: string): OpenAI {
   return new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 30_000 });
-}
-
-async function rejection(promise: Promise<unknown>): Promise<{ status: number; error: { code: string; message: string } }> {
-  try {
-    await promise;
-  } catch (err) {
-    const e = err as { status?: number; error?: unknown };
-    assert.ok(typeof e.status === 'number', `expected an HTTP error, got ${String(err)}`);
-    return { status: e.status, error: e.error as never };
-  }
-  assert.fail('the call succeeded but should have been rejected');
 }
 
 let model: ChatModel;

@@ -13,6 +13,7 @@ import { startGateway } from '../src/gateway/index.ts';
 import type { Gateway, GatewayOptions, ReleaseReason } from '../src/gateway/index.ts';
 import { startMockLlm } from '../src/testing/mock-llm/server.ts';
 import type { MockLlm, MockLlmOptions } from '../src/testing/mock-llm/server.ts';
+import { rejection } from './support/openai-errors.ts';
 
 type Message = ChatCompletionMessageParam;
 /** vLLM-style extras the gateway returns when asked. */
@@ -70,17 +71,6 @@ function guessGame(seed: number) {
 async function turn(openai: OpenAI, messages: Message[], extra: Record<string, unknown> = {}, headers?: Record<string, string>): Promise<Traced> {
   const body = { model: 'qwen2.5', messages, max_tokens: 64, logprobs: true, return_token_ids: true, ...extra };
   return (await openai.chat.completions.create(body as never, headers ? { headers } : undefined)) as unknown as Traced;
-}
-
-async function rejection(promise: Promise<unknown>): Promise<{ status: number; error: { code: string; message: string; details?: Record<string, any>; param: string | null } }> {
-  try {
-    await promise;
-  } catch (err) {
-    const e = err as { status?: number; error?: unknown };
-    assert.ok(typeof e.status === 'number', `expected an HTTP error, got ${String(err)}`);
-    return { status: e.status, error: e.error as never };
-  }
-  assert.fail('the call succeeded but should have been rejected');
 }
 
 describe('token-trace gateway with the openai client', () => {

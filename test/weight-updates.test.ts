@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync } from 'node:fs';
-import { createServer } from 'node:http';
+import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { decodeCheckpoint } from '../src/protocol/codec.ts';
 import type { ProducerSnapshot } from '../src/coordinator/producer.ts';
@@ -196,6 +196,19 @@ describe('weight updates with partial rollouts, against the mock server over HTT
   });
 });
 
+/** An engine against a hand-written server that holds chat calls: abort mode, no re-signal or timeout within a test. */
+function abortingEngine(server: Server, { groups, maxSteps }: { groups: number; maxSteps: number }): Engine {
+  return createEngine({
+    logLevel: 'silent',
+    llm: { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, returnTokenIds: false, logprobs: false },
+    batchSize: groups,
+    workers: { threads: 1, groupsPerWorker: groups },
+    tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps }],
+    producer: { strategy: 'async', partialRollout: true, maxStaleness: 4 },
+    pause: { mode: 'abort', resignalIntervalMs: 60_000, timeoutMs: 60_000 },
+  });
+}
+
 describe('server-side abort racing a call in transit (regression)', () => {
   it('aborts again a call that reached the server after its first abort, instead of waiting for it to finish', async () => {
     // Every chat call is held until an abort the server has seen *after* the call arrived; the first
@@ -220,15 +233,7 @@ describe('server-side abort racing a call in transit (regression)', () => {
       });
     });
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-    const engine = createEngine({
-      logLevel: 'silent',
-      llm: { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, returnTokenIds: false, logprobs: false },
-      batchSize: 2,
-      workers: { threads: 1, groupsPerWorker: 2 },
-      tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 4 }],
-      producer: { strategy: 'async', partialRollout: true, maxStaleness: 4 },
-      pause: { mode: 'abort', resignalIntervalMs: 60_000, timeoutMs: 60_000 },
-    });
+    const engine = abortingEngine(server, { groups: 2, maxSteps: 4 });
     try {
       await engine.start();
       while (held.size < 4) await new Promise((r) => setImmediate(r)); // every rollout has a call out
@@ -259,15 +264,7 @@ describe('a resume while a pause is still waiting (regression)', () => {
       });
     });
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-    const engine = createEngine({
-      logLevel: 'silent',
-      llm: { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, returnTokenIds: false, logprobs: false },
-      batchSize: 1,
-      workers: { threads: 1, groupsPerWorker: 1 },
-      tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 2 }],
-      producer: { strategy: 'async', partialRollout: true, maxStaleness: 4 },
-      pause: { mode: 'abort', resignalIntervalMs: 60_000, timeoutMs: 60_000 },
-    });
+    const engine = abortingEngine(server, { groups: 1, maxSteps: 2 });
     try {
       await engine.start();
       while ((await engine.stats()).workers.reduce((n, w) => n + w.episodesRunning, 0) < 2) await new Promise((r) => setImmediate(r));

@@ -45,12 +45,12 @@ export async function startMockProcess(args: readonly string[], options: MockPro
       cpuMs: () => processCpuMs(child.pid!),
       close: async () => {
         process.off('exit', killOnExit);
-        await stop(child);
+        await stopChild(child);
       },
     };
   } catch (err) {
     process.off('exit', killOnExit);
-    await stop(child);
+    await stopChild(child);
     throw err;
   }
 }
@@ -101,7 +101,8 @@ function waitForUrl(child: ChildProcess, timeoutMs: number, stderr: () => string
   });
 }
 
-async function stop(child: ChildProcess): Promise<void> {
+/** SIGTERM a child process, SIGKILL it if it has not exited within 5 s; resolves once it has exited. */
+export async function stopChild(child: ChildProcess): Promise<void> {
   if (child.exitCode !== null || child.signalCode !== null) return;
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
   child.kill('SIGTERM');

@@ -22,6 +22,7 @@ import type { AddressInfo } from 'node:net';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { parseArgs } from 'node:util';
 import { Pool } from 'undici';
+import { stopChild } from '../../src/loadtest/mock-process.ts';
 
 export interface StallProxyStats {
   /** Requests held right now. */
@@ -82,14 +83,9 @@ export async function startStallProxy(upstream: string, holdFromAssistant: numbe
   };
 }
 
-async function stop(child: ChildProcess, killOnExit: () => void): Promise<void> {
+function stop(child: ChildProcess, killOnExit: () => void): Promise<void> {
   process.off('exit', killOnExit);
-  if (child.exitCode !== null || child.signalCode !== null) return;
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  child.kill('SIGTERM');
-  const timer = setTimeout(() => child.kill('SIGKILL'), 5_000);
-  await exited;
-  clearTimeout(timer);
+  return stopChild(child);
 }
 
 // --- the proxy process ------------------------------------------------------------------------

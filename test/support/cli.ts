@@ -1,4 +1,4 @@
-/** Runs the `rollout` CLI from source as a child process, bounded, for commands that exit by themselves. */
+/** Runs the `rollout` CLI from source (or any command) as a child process, bounded, for commands that exit by themselves. */
 import { spawn } from 'node:child_process';
 
 export const CLI_MAIN = new URL('../../src/cli/main.ts', import.meta.url).pathname;
@@ -10,15 +10,20 @@ export interface CliResult {
 }
 
 export function rollout(args: string[], { timeoutMs = 60_000, env = { LOG_LEVEL: 'warn' } as Record<string, string> } = {}): Promise<CliResult> {
+  return runToExit(process.execPath, ['--import', 'tsx', CLI_MAIN, ...args], { timeoutMs, env });
+}
+
+/** Runs a command to its exit, collecting its output; killed and rejected after `timeoutMs`. */
+export function runToExit(command: string, args: string[], { timeoutMs = 60_000, env = {} as Record<string, string> } = {}): Promise<CliResult> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', CLI_MAIN, ...args], { env: { ...process.env, ...env } });
+    const child = spawn(command, args, { env: { ...process.env, ...env } });
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (c) => (stdout += c));
     child.stderr.on('data', (c) => (stderr += c));
     const timer = setTimeout(() => {
       child.kill('SIGKILL');
-      reject(new Error(`rollout ${args.join(' ')} did not finish in ${timeoutMs} ms\n${stderr}`));
+      reject(new Error(`${command} ${args.join(' ')} did not finish in ${timeoutMs} ms\n${stdout}\n${stderr}`));
     }, timeoutMs);
     child.on('close', (code) => {
       clearTimeout(timer);
