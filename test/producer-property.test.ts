@@ -221,7 +221,7 @@ class Run {
     }
     this.pool = new ScriptedPool({ partialRollout: config.producer.partialRollout });
     this.control = new PauseControl(0);
-    this.producer = new Producer({ config, pool: this.pool, control: this.control, samplers, log, llmUrls: [LLM_URL], hooks: {} });
+    this.producer = new Producer({ config, pool: this.pool, control: this.control, samplers, log, endpoints: [LLM_URL], hooks: {} });
     const onDrop = this.producer.buffer.onDrop;
     this.producer.buffer.onDrop = (group, reason) => {
       onDrop?.(group, reason);

@@ -733,7 +733,7 @@ describe('replay buffer snapshot and restore (buffer/replay-buffer.ts)', () => {
 // ── coordinator/strategies.ts ────────────────────────────────────────────────────────────────────
 
 describe('async strategy decisions (coordinator/strategies.ts AsyncStrategy)', () => {
-  const strategy = (staleThreshold: number, tailBatchTriggerSize = 0, overSampleThreshold = 0) => new AsyncStrategy({ staleThreshold, tailBatchTriggerSize, overSampleThreshold });
+  const strategy = (staleThreshold: number, tailBatchTriggerSize = 0, overSampleThreshold = 0) => new AsyncStrategy({ produceThreshold: staleThreshold, tailBatchTriggerSize, overSampleThreshold });
 
   const expiredRows: [threshold: number, trainStep: number, modelStep: number, want: boolean, arithmetic: string][] = [
     [2, 5, 4, false, '5−4−1 = 0 < 2'],
@@ -835,7 +835,7 @@ describe('async strategy produce round (coordinator/strategies.ts AsyncStrategy.
   for (const row of rows) {
     it(`${row.name}`, async () => {
       const { ctx, log } = fakeCtx(row.opts);
-      const s = new AsyncStrategy({ staleThreshold: 2, tailBatchTriggerSize: row.trigger, overSampleThreshold: row.over });
+      const s = new AsyncStrategy({ produceThreshold: 2, tailBatchTriggerSize: row.trigger, overSampleThreshold: row.over });
       assert.equal(await s.produce(ctx, 'a', row.share), row.status);
       assert.equal(log.length, row.spawned);
       assert.ok(log.every((f) => f === row.fromExpired));

@@ -13,7 +13,7 @@
  * the expired members are reset to their prompt and marked EXPIRED (siblings keep their responses);
  * when they are not, the whole group is dropped and counted.
  */
-import { approxGroupBytes, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { approxGroupBytes, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
 import { rolloutMinModelStep, rolloutStaleness } from './staleness.ts';
 
 const STORED_STATUSES = [Status.COMPLETED, Status.ABORTED, Status.EXPIRED] as const;
@@ -37,10 +37,14 @@ export interface BufferSnapshot {
   lastDropReason: string | null;
 }
 
+export function emptyDropCounts(): Record<DropReason, number> {
+  return { FAILED: 0, FILTERED: 0, EXPIRED: 0 };
+}
+
 export class ReplayBuffer {
   /** task → status → (group id → group). */
   readonly #pools = new Map<string, Map<StoredStatus, Map<string, RolloutGroup>>>();
-  readonly #dropped: Record<DropReason, number> = { FAILED: 0, FILTERED: 0, EXPIRED: 0 };
+  readonly #dropped: Record<DropReason, number> = emptyDropCounts();
   /** Approximate bytes of every stored group (approxGroupBytes), kept as groups come and go. */
   readonly #sizes = new Map<string, number>();
   #bytes = 0;
@@ -122,8 +126,13 @@ export class ReplayBuffer {
         chosen.push(group);
       }
     } else {
-      // Array.prototype.sort is stable, so equal staleness keeps insertion order (oldest first).
-      chosen = [...pool.values()].sort((a, b) => groupMinModelStep(a) - groupMinModelStep(b)).slice(0, n);
+      // Each key once (it scans every token's model step); the sort is stable, so equal staleness keeps
+      // insertion order (oldest first).
+      chosen = [...pool.values()]
+        .map((group) => ({ group, minStep: groupMinModelStep(group) }))
+        .sort((a, b) => a.minStep - b.minStep)
+        .slice(0, n)
+        .map((keyed) => keyed.group);
     }
     for (const group of chosen) {
       pool.delete(group.id);
@@ -192,7 +201,7 @@ export class ReplayBuffer {
   #drop(group: RolloutGroup, reason: DropReason): void {
     this.#forget(group.id);
     this.#dropped[reason]++;
-    this.#lastDropReason = reason === 'EXPIRED' ? `group ${group.id} expired (too stale) and expired groups are not retried` : (group.error ?? group.rollouts.find((r) => r.error !== null)?.error ?? reason);
+    this.#lastDropReason = reason === 'EXPIRED' ? `group ${group.id} expired (too stale) and expired groups are not retried` : (groupError(group) ?? reason);
     this.onDrop?.(group, reason);
   }
 

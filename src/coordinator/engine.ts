@@ -13,7 +13,7 @@
 import { existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { policyUrls, urlList, type ResolvedConfig } from '../config.ts';
-import type { DropReason } from '../buffer/replay-buffer.ts';
+import { emptyDropCounts, type DropReason } from '../buffer/replay-buffer.ts';
 import { Sampler } from '../buffer/sampler.ts';
 import { createHttpEnvironments } from '../env/http-env.ts';
 import type { Gateway } from '../gateway/index.ts';
@@ -88,7 +88,8 @@ export class Coordinator {
       const configured = config.llm.url;
       this.#llmUrls = configured === null ? [await this.#startEmbeddedMock()] : urlList(configured);
       const policyEndpoints = policyUrls(config);
-      for (const url of new Set([...this.#llmUrls, ...policyEndpoints])) {
+      const endpoints = [...new Set([...this.#llmUrls, ...policyEndpoints])];
+      for (const url of endpoints) {
         const models = await probeInferenceServer(url, { apiKey: config.llm.apiKey });
         if (models.length > 0 && !models.includes(config.llm.model) && !policyEndpoints.includes(url)) {
           this.log.warn({ url, model: config.llm.model, served: models }, 'llm.model is not among the models the server lists');
@@ -124,7 +125,7 @@ export class Coordinator {
         this.#options.pool?.(config, this.#llmUrls, control.block, this.log) ??
         new PiscinaWorkerPool({ config, llmUrls: this.#llmUrls, control: control.block, log: this.log, gatewayUrl });
       this.#pool = pool;
-      this.#producer = new Producer({ config, pool, control, samplers, log: this.log, llmUrls: this.#llmUrls, hooks: this.#options, observer: this.#options.observer });
+      this.#producer = new Producer({ config, pool, control, samplers, log: this.log, endpoints, hooks: this.#options, observer: this.#options.observer });
       if (resumed !== null) {
         this.#producer.restore(resumed);
         this.#embeddedMock?.setWeightVersion(resumed.modelStep);
@@ -209,7 +210,7 @@ export class Coordinator {
         aborted: buffer?.count(undefined, 'ABORTED') ?? 0,
         expired: buffer?.count(undefined, 'EXPIRED') ?? 0,
         bytes: buffer?.bytes ?? 0,
-        dropped: buffer?.dropped ?? { FAILED: 0, FILTERED: 0, EXPIRED: 0 },
+        dropped: buffer?.dropped ?? emptyDropCounts(),
         lastDropReason: buffer?.lastDropReason ?? null,
       },
       workers: (await this.#pool?.stats()) ?? [],

@@ -11,16 +11,15 @@
  *   `then` callback runs atomically on this thread, so no claim protocol is needed;
  * - groups never leave the buffer except through `take` (to the trainer) or `spawn` (back in flight).
  */
-import { setTimeout as sleep } from 'node:timers/promises';
-import { policyUrls, type ResolvedConfig } from '../config.ts';
-import { ReplayBuffer, type BufferSnapshot, type DropReason, type ExpiryPolicy } from '../buffer/replay-buffer.ts';
+import type { ResolvedConfig } from '../config.ts';
+import { emptyDropCounts, ReplayBuffer, type BufferSnapshot, type DropReason, type ExpiryPolicy } from '../buffer/replay-buffer.ts';
 import type { Sampler } from '../buffer/sampler.ts';
-import { rolloutStaleness, seqStaleness, staleThreshold, tokenLossMask } from '../buffer/staleness.ts';
+import { rolloutStaleness, staleThreshold, tokenLossMask } from '../buffer/staleness.ts';
 import { InferenceAborter } from '../llm/client.ts';
 import type { Logger } from '../log.ts';
 import { RolloutEngineError } from '../protocol/errors.ts';
 import { wallClockUs } from '../protocol/control-block.ts';
-import { approxGroupBytes, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { approxGroupBytes, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
 import { Notifier, WakeUp } from './notifier.ts';
 import type { PauseControl } from './pause-control.ts';
 import { ProduceProgress, type ProgressState } from './progress.ts';
@@ -125,7 +124,7 @@ export function emptyStatusCounts(): Record<Status, number> {
 }
 
 export function emptyGroupCounts(): GroupCounts {
-  return { scheduled: 0, retried: 0, inFlight: 0, landed: emptyStatusCounts(), taken: 0, dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 } };
+  return { scheduled: 0, retried: 0, inFlight: 0, landed: emptyStatusCounts(), taken: 0, dropped: emptyDropCounts() };
 }
 
 /** The built-in filter: a group whose rewards are all equal carries no GRPO signal. */
@@ -137,13 +136,15 @@ export function hasRewardSpread(group: RolloutGroup): boolean {
 export class Producer implements ProduceContext {
   readonly progress: ProduceProgress;
   readonly buffer: ReplayBuffer;
-  readonly counts: GroupCounts = emptyGroupCounts();
+  /** Every count but `inFlight`, which is derived (the `counts` getter). */
+  readonly #counts: GroupCounts = emptyGroupCounts();
   readonly #config: ResolvedConfig;
   readonly #pool: WorkerPool;
   readonly #control: PauseControl;
   readonly #samplers: Map<string, Sampler>;
   readonly #log: Logger;
-  readonly #llmUrls: string[];
+  /** Every inference endpoint (the default policy's and the agents' own), deduplicated: what a pause aborts. */
+  readonly #endpoints: string[];
   readonly #observer: ProducerObserver;
   readonly #isValidGroup: ((group: RolloutGroup) => boolean) | null;
   readonly #sync: SyncStrategy;
@@ -164,12 +165,11 @@ export class Producer implements ProduceContext {
   #failedSinceBatch = 0;
   #lastBatch: Extract<Batch, { status: 'NORMAL' }> | null = null;
   /** Newest weight version seen on tokens generated since the last resume (null: none yet). */
-  #servedModelStep: number | null = null;
+  #reportedModelStep: number | null = null;
   /** Moving average of landed groups' approximate bytes (memory budget). */
   #meanGroupBytes = 4096;
   /** Counts resumes; a group dispatched before the latest one says nothing about the new weights. */
   #resumeEpoch = 0;
-  readonly #dispatchEpoch = new Map<string, number>();
   #lastFailure: string | null = null;
   /** Created on the first server-side abort; keeps its connections for the next pauses. */
   #aborter: InferenceAborter | null = null;
@@ -180,7 +180,7 @@ export class Producer implements ProduceContext {
     control: PauseControl;
     samplers: Map<string, Sampler>;
     log: Logger;
-    llmUrls: string[];
+    endpoints: string[];
     hooks?: ProducerHooks;
     observer?: ProducerObserver;
   }) {
@@ -190,13 +190,13 @@ export class Producer implements ProduceContext {
     this.#control = options.control;
     this.#samplers = options.samplers;
     this.#log = options.log;
-    this.#llmUrls = options.llmUrls;
+    this.#endpoints = options.endpoints;
     this.#modelStep = config.modelStep;
     this.progress = new ProduceProgress(config.tasks, config.batchSize);
     this.buffer = new ReplayBuffer(config.tasks.map((t) => t.name));
     this.#observer = options.observer ?? {};
     this.buffer.onDrop = (group, reason) => {
-      this.counts.dropped[reason]++;
+      this.#counts.dropped[reason]++;
       this.#observer.dropped?.(group, reason);
     };
     this.buffer.onReset = (tokens) => this.#observer.discarded?.(tokens);
@@ -210,7 +210,7 @@ export class Producer implements ProduceContext {
     this.#sync = new SyncStrategy(options.hooks?.shouldContinue);
     this.#async = new AsyncStrategy({
       overSampleThreshold: p.overSampleThreshold,
-      staleThreshold: this.#produceThreshold === Infinity ? Number.MAX_SAFE_INTEGER : this.#produceThreshold,
+      produceThreshold: this.#produceThreshold,
       tailBatchTriggerSize: p.tailBatchTriggerSize,
       shouldContinue: options.hooks?.shouldContinue,
     });
@@ -226,11 +226,16 @@ export class Producer implements ProduceContext {
    * with EXPIRED_BATCH instead of a loop of groups that expire on arrival.
    */
   get servingModelStep(): number {
-    return this.#servedModelStep === null ? this.#modelStep : Math.min(this.#modelStep, this.#servedModelStep);
+    return this.#reportedModelStep === null ? this.#modelStep : Math.min(this.#modelStep, this.#reportedModelStep);
   }
 
   get futureStep(): number {
     return this.progress.producerFutureStep;
+  }
+
+  /** A copy of the counts, `inFlight` being the groups in flight right now. */
+  get counts(): GroupCounts {
+    return { ...structuredClone(this.#counts), inFlight: this.#inFlight.size };
   }
 
   get paused(): boolean {
@@ -255,14 +260,14 @@ export class Producer implements ProduceContext {
   spawn(task: string, fromExpiredPool: boolean): void {
     let group = this.buffer.takeForRetry(task, fromExpiredPool ? [Status.EXPIRED, Status.ABORTED] : [Status.ABORTED]);
     if (group !== null) {
-      this.counts.retried++;
+      this.#counts.retried++;
       // Time an interrupted rollout waited (paused, then queued for a retry) counts as paused time.
       const now = Date.now();
       for (const r of group.rollouts) if (r.status === Status.ABORTED && r.timings.finishedAt > 0) r.timings.pausedMs += now - r.timings.finishedAt;
     }
     else {
       group = this.#samplers.get(task)!.draw();
-      this.counts.scheduled++;
+      this.#counts.scheduled++;
     }
     this.#dispatch(group);
   }
@@ -308,22 +313,29 @@ export class Producer implements ProduceContext {
     return this.#landed.wait();
   }
 
+  /** A group landed, or `ms` passed. The timer is cleared either way: a pause wakes once per landing. */
+  async #landedWithin(ms: number): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    const elapsed = new Promise<void>((resolve) => (timer = setTimeout(resolve, Math.max(0, ms)).unref()));
+    await Promise.race([this.#landed.wait(), elapsed]);
+    clearTimeout(timer);
+  }
+
   // ── dispatch and landing ──────────────────────────────────────────────────────────────────────
 
   #dispatch(group: RolloutGroup): void {
     this.#inFlight.set(group.id, group);
-    this.#dispatchEpoch.set(group.id, this.#resumeEpoch);
     this.#inFlightByTask.set(group.taskName, this.#inFlightByTask.get(group.taskName)! + 1);
-    this.counts.inFlight++;
-    void this.#pool.runGroup(group, this.#modelStep).then((result) => this.#land(group, result));
+    const epoch = this.#resumeEpoch;
+    void this.#pool.runGroup(group, this.#modelStep).then((result) => this.#land(group, result, epoch));
   }
 
-  #land(sent: RolloutGroup, group: RolloutGroup): void {
+  /** `epoch`: the resume count when the group was dispatched. */
+  #land(sent: RolloutGroup, group: RolloutGroup, epoch: number): void {
     this.#inFlight.delete(sent.id);
     this.#inFlightByTask.set(sent.taskName, this.#inFlightByTask.get(sent.taskName)! - 1);
-    this.counts.inFlight--;
     group.status = groupStatus(group.rollouts);
-    this.counts.landed[group.status]++;
+    this.#counts.landed[group.status]++;
     if (this.#config.producer.memoryBudgetBytes !== null) this.#meanGroupBytes = 0.9 * this.#meanGroupBytes + 0.1 * approxGroupBytes(group);
     const task = group.taskName;
     let tokens = 0;
@@ -340,26 +352,26 @@ export class Producer implements ProduceContext {
       }
     } else if (group.status === Status.FAILED) {
       this.#failedSinceBatch++;
-      this.#lastFailure = group.error ?? group.rollouts.find((r) => r.error !== null)?.error ?? 'unknown';
+      this.#lastFailure = groupError(group) ?? 'unknown';
     }
-    if (this.#dispatchEpoch.get(sent.id) === this.#resumeEpoch) this.#noteServedVersion(group, sent);
-    this.#dispatchEpoch.delete(sent.id);
+    // A group dispatched before the latest resume says nothing about the new weights.
+    if (epoch === this.#resumeEpoch) this.#noteReportedVersion(group, sent);
     this.#observer.landed?.(group, sent);
     this.buffer.put(group, this.#expiry());
     this.#landed.notify();
   }
 
-  #noteServedVersion(group: RolloutGroup, sent: RolloutGroup): void {
+  #noteReportedVersion(group: RolloutGroup, sent: RolloutGroup): void {
     for (let i = 0; i < group.rollouts.length; i++) {
       const turns = group.rollouts[i].turns;
       const last = turns.at(-1);
       // Only a turn generated in this dispatch tells what the servers hold now.
       if (last === undefined || turns.length <= (sent.rollouts[i]?.turns.length ?? 0)) continue;
-      if (this.#servedModelStep === null || last.modelStep > this.#servedModelStep) {
-        if (last.modelStep < this.#modelStep && (this.#servedModelStep ?? -1) < last.modelStep) {
+      if (this.#reportedModelStep === null || last.modelStep > this.#reportedModelStep) {
+        if (last.modelStep < this.#modelStep && (this.#reportedModelStep ?? -1) < last.modelStep) {
           this.#log.warn({ served: last.modelStep, modelStep: this.#modelStep }, 'the inference servers report an older weight version than the engine resumed with: did the new weights load?');
         }
-        this.#servedModelStep = last.modelStep;
+        this.#reportedModelStep = last.modelStep;
       }
     }
   }
@@ -383,7 +395,7 @@ export class Producer implements ProduceContext {
     const sync = this.#config.producer.strategy === 'sync';
     for (;;) {
       if (this.#closed) throw new RolloutEngineError('ERR_ENGINE_STATE', 'the engine closed while a batch was being produced');
-      const dispatched = this.counts.scheduled + this.counts.retried;
+      const dispatched = this.#counts.scheduled + this.#counts.retried;
       if (sync) {
         const start = performance.now();
         const statuses = await this.#produceSync(shares);
@@ -403,7 +415,7 @@ export class Producer implements ProduceContext {
       if (this.#paused) return empty('UPDATE_WEIGHT_AND_ABORT');
       // Nothing generated with these weights can be used at this step: the trainer must sync first.
       if (this.#modelTooStale(trainStep)) return empty('EXPIRED_BATCH');
-      const stalled = sync ? this.counts.scheduled + this.counts.retried === dispatched : this.#inFlight.size === 0 && !this.hasRoom();
+      const stalled = sync ? this.#counts.scheduled + this.#counts.retried === dispatched : this.#inFlight.size === 0 && !this.hasRoom();
       if (stalled) {
         const budget = this.#config.producer.memoryBudgetBytes;
         const why =
@@ -417,7 +429,7 @@ export class Producer implements ProduceContext {
   }
 
   #modelTooStale(trainStep: number): boolean {
-    return seqStaleness(this.servingModelStep, trainStep) >= this.#produceThreshold;
+    return this.#async.isModelExpired(trainStep, this.servingModelStep);
   }
 
   async #produceSync(shares: Map<string, number>): Promise<ProduceStatus[]> {
@@ -463,7 +475,7 @@ export class Producer implements ProduceContext {
     const groups = [...chosen.values()].flat();
     this.progress.markConsumed(new Map([...chosen].map(([task, gs]) => [task, gs.length])));
     this.progress.finishConsume(trainStep);
-    this.counts.taken += groups.length;
+    this.#counts.taken += groups.length;
     this.#failedSinceBatch = 0;
     this.#changed.notify();
     this.#observer.taken?.(groups, trainStep);
@@ -593,7 +605,7 @@ export class Producer implements ProduceContext {
     const repeatedAborts: Promise<boolean>[] = [];
     while (this.#inFlight.size > 0 && pausing()) {
       const wakeAt = Math.min(deadline, nextSignal, nextAbort);
-      await Promise.race([this.#landed.wait(), sleep(Math.max(0, wakeAt - performance.now()), undefined, { ref: false })]);
+      await this.#landedWithin(wakeAt - performance.now());
       const now = performance.now();
       if (this.#inFlight.size === 0 || !pausing()) break;
       if (now >= nextAbort && now < deadline) {
@@ -632,9 +644,8 @@ export class Producer implements ProduceContext {
   /** Ask every inference endpoint to abort what it is generating; true when all of them could. */
   async #abortOnServers(path: string): Promise<boolean> {
     if (this.#closed) return false; // close() has closed the aborter's connections
-    const urls = [...new Set([...this.#llmUrls, ...policyUrls(this.#config)])];
     this.#aborter ??= new InferenceAborter(path, { apiKey: this.#config.llm.apiKey });
-    return this.#aborter.abortAll(urls);
+    return this.#aborter.abortAll(this.#endpoints);
   }
 
   /** New weights are loaded: tag new tokens with `modelStep` and produce again. */
@@ -643,7 +654,7 @@ export class Producer implements ProduceContext {
       throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `modelStep must be an integer from the current model step ${this.#modelStep} to 2147483647 (got ${String(modelStep)})`);
     }
     this.#modelStep = modelStep;
-    this.#servedModelStep = null; // learnt again from the first tokens the new weights generate
+    this.#reportedModelStep = null; // learnt again from the first tokens the new weights generate
     this.#resumeEpoch++;
     this.#paused = false;
     this.#control.resume(modelStep);
@@ -660,7 +671,7 @@ export class Producer implements ProduceContext {
       progress: this.progress.snapshot(),
       buffer: this.buffer.snapshot(),
       samplers: Object.fromEntries([...this.#samplers].map(([name, s]) => [name, s.cursor])),
-      counts: structuredClone(this.counts),
+      counts: this.counts,
       inFlight: [...this.#inFlight.values()],
       lastBatch: this.#lastBatch,
     };
@@ -676,14 +687,13 @@ export class Producer implements ProduceContext {
       const sampler = this.#samplers.get(name);
       if (sampler) sampler.cursor = cursor;
     }
-    Object.assign(this.counts, structuredClone(snapshot.counts));
+    Object.assign(this.#counts, structuredClone(snapshot.counts), { inFlight: 0 });
     const interrupted = snapshot.inFlight.map((group) => {
       for (const r of group.rollouts) if (r.status === Status.INIT || r.status === Status.EXPIRED) resetToPrompt(r, Status.ABORTED);
       group.status = groupStatus(group.rollouts);
       return group;
     });
     this.buffer.restore({ ...snapshot.buffer, groups: [...snapshot.buffer.groups, ...interrupted] });
-    this.counts.inFlight = 0;
   }
 
   /**
@@ -701,7 +711,7 @@ export class Producer implements ProduceContext {
     this.#control.cancel();
     const deadline = performance.now() + Math.min(this.#config.pause.timeoutMs, 10_000);
     while (this.#inFlight.size > 0 && performance.now() < deadline) {
-      await Promise.race([this.#landed.wait(), sleep(100, undefined, { ref: false })]);
+      await this.#landedWithin(100);
     }
   }
 }

@@ -64,8 +64,11 @@ export class SyncStrategy implements ProduceStrategy {
 
 export interface AsyncStrategyOptions {
   overSampleThreshold: number;
-  /** (maxStaleness + 1) × syncWeightsInterval. */
-  staleThreshold: number;
+  /**
+   * Staleness from which weights are too old to produce with: the lower of the expiry threshold,
+   * (maxStaleness + 1) × syncWeightsInterval, and the token-level one; Infinity = never.
+   */
+  produceThreshold: number;
   tailBatchTriggerSize: number;
   shouldContinue?: ShouldContinue;
 }
@@ -81,7 +84,7 @@ export class AsyncStrategy implements ProduceStrategy {
 
   /** Too stale to produce for `trainStep` with weights `modelStep`: the trainer must sync first. */
   isModelExpired(trainStep: number, modelStep: number): boolean {
-    return seqStaleness(modelStep, trainStep) >= this.#options.staleThreshold;
+    return seqStaleness(modelStep, trainStep) >= this.#options.produceThreshold;
   }
 
   /** Whether new work is drawn from the EXPIRED pool, and whether over-sampling is off (tail batch). */

@@ -40,7 +40,6 @@ export type WireMessage = RunGroupMessage | GroupResultMessage;
 export type WireMessageType = WireMessage['type'];
 export const WIRE_MESSAGE_TYPES: readonly WireMessageType[] = ['run-group', 'group-result'];
 
-/** Worker → pool, once at start-up (structured clone: it carries a port, so it is not msgpack). */
 /**
  * What a piscina task carries: the encoded run-group message in a box, so that the worker can drop
  * the bytes once decoded (piscina holds the task object until the task settles, for as long as the
@@ -50,6 +49,7 @@ export interface TaskBox {
   bytes: Uint8Array | null;
 }
 
+/** Worker → pool, once at start-up (structured clone: it carries a port, so it is not msgpack). */
 export interface WorkerRegistration {
   type: 'rollout-engine:register-control';
   workerId: number;
@@ -83,15 +83,9 @@ export interface WorkerStats {
   eventLoopDelayMeanMs: number;
 }
 
-/** Settings a worker accepts at run time. */
-export interface WorkerConfigPatch {
-  logLevel?: string;
-}
-
 /** The API each worker exposes on its control port. */
 export interface WorkerControl {
   stats(): WorkerStats;
-  configure(patch: WorkerConfigPatch): void;
   /** Write buffered step records to disk. */
   flush(): Promise<void>;
   /** Flush and release everything (actors deleted, connections closed) before the thread ends. */

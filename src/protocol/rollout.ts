@@ -261,3 +261,8 @@ export function fillModelSteps(group: RolloutGroup): RolloutGroup {
   for (const rollout of group.rollouts) for (const turn of rollout.turns) turn.modelSteps = modelStepsOf(turn);
   return group;
 }
+
+/** Why a group went wrong: its own error, else its first member's; null when none has one. */
+export function groupError(group: RolloutGroup): string | null {
+  return group.error ?? group.rollouts.find((r) => r.error !== null)?.error ?? null;
+}

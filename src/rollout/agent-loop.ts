@@ -32,7 +32,7 @@ import type { ChatRequest } from '../llm/client.ts';
 import type { Route } from '../llm/router.ts';
 import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/replies.ts';
 import type { Environment, StepResult } from '../env/types.ts';
-import { describeError } from '../protocol/errors.ts';
+import { describeError, RolloutEngineError } from '../protocol/errors.ts';
 import {
   modelStepsOf,
   resetToPrompt,
@@ -162,7 +162,7 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
     ctx.llm.endSession?.(rollout.id);
     timings.totalMs += performance.now() - start;
     timings.finishedAt = Date.now();
-    if (rollout.status !== Status.ABORTED) await callHook(ctx, rollout, 'onEpisodeEnd', () =>
+    if (rollout.status !== Status.ABORTED && ctx.hooks?.onEpisodeEnd !== undefined) await callHook(ctx, rollout, 'onEpisodeEnd', () =>
       ctx.hooks?.onEpisodeEnd?.({ rolloutId: rollout.id, taskName: rollout.taskName, status: rollout.status, totalReward: rollout.reward, lastInfo: episode?.lastInfo ?? null, steps: lastStep(rollout) }),
     );
     ctx.onEpisodeEnd?.(rollout);
@@ -170,9 +170,14 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
 }
 
 async function acquire(ctx: EpisodeContext): Promise<Episode> {
-  const env = await ctx.actors.acquire(ctx.gate.signal);
-  if (env === null) throw Object.assign(new Error('no environment actor available: the actor pool is exhausted or closed'), { code: 'ERR_ENV_POOL_EXHAUSTED' });
-  return { env, lastInfo: null, firstCall: true };
+  return { env: await acquireActor(ctx.actors, ctx.gate.signal), lastInfo: null, firstCall: true };
+}
+
+/** A fresh environment actor for an episode; an exhausted or closed pool is the episode's failure. */
+export async function acquireActor(actors: ActorSource, signal: AbortSignal): Promise<Environment> {
+  const env = await actors.acquire(signal);
+  if (env === null) throw new RolloutEngineError('ERR_ENV_POOL_EXHAUSTED', 'no environment actor available: the actor pool is exhausted or closed');
+  return env;
 }
 
 /**
@@ -224,7 +229,8 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
     const agents: [string | null, ChatMessage[]][] = Array.isArray(raw) ? [[null, raw]] : Object.entries(raw);
     const prompts: [string | null, ChatMessage[], ChatMessage[]][] = [];
     for (const [agentId, messages] of agents) {
-      const rewritten = await callHook(ctx, rollout, 'beforeInference', async () => {
+      // Without the hook no closure or await per agent per step.
+      const rewritten = ctx.hooks?.beforeInference === undefined ? undefined : await callHook(ctx, rollout, 'beforeInference', async () => {
         const out = await ctx.hooks?.beforeInference?.({ rolloutId: rollout.id, taskName: rollout.taskName, step, agentId, messages });
         return out === undefined ? undefined : checkTaskPrompt(out); // a malformed rewrite is reported and ignored
       });
@@ -359,7 +365,7 @@ function turnRecord(
     promptIds: reply.promptIds,
     responseIds,
     logprobs: reply.logprobs,
-    modelSteps: null, // every token has `modelStep`: implicit until the group reaches the main thread
+    modelSteps: null, // every token has `modelStep`: implicit until the group reaches the main thread (TurnRecord.modelSteps)
     seed,
     modelStep,
     reward: 0,
@@ -421,7 +427,7 @@ function actionOf(turns: readonly TurnRecord[]): string | Record<string, string>
 }
 
 /** A multi-agent environment may give one reward for all, or one per agent id (missing = 0). */
-function rewardFor(reward: StepResult['reward'], agentId: string | null): number {
+export function rewardFor(reward: StepResult['reward'], agentId: string | null): number {
   if (typeof reward === 'number') return reward;
   return agentId === null ? Object.values(reward).reduce((a, b) => a + b, 0) : (reward[agentId] ?? 0);
 }

@@ -18,7 +18,8 @@ import type { Environment } from '../env/types.ts';
 import { fetchTraces, releaseSession, sessionBaseUrl, stitchSession } from '../llm/gateway-client.ts';
 import { describeError } from '../protocol/errors.ts';
 import { resetToPrompt, Status, type ChatMessage, type RolloutState, type TurnRecord } from '../protocol/rollout.ts';
-import type { ActorSource, PauseView } from './agent-loop.ts';
+import { acquireActor, rewardFor, type ActorSource, type PauseView } from './agent-loop.ts';
+import { sessionIdOf } from '../records/step-records.ts';
 
 export interface BlackBoxInput {
   /** OpenAI-compatible base URL for this session (give it to any OpenAI client as `baseURL`). */
@@ -51,15 +52,14 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
   if (timings.startedAt === 0) timings.startedAt = Date.now();
   const start = performance.now();
   rollout.workerId = ctx.workerId;
-  const sessionId = `${rollout.id}#${rollout.attempt}`;
+  const sessionId = sessionIdOf(rollout.id, rollout.attempt);
   let env: Environment | null = null;
   let envFailed = false;
   try {
     let prompt: ChatMessage[];
     let label: unknown = rollout.sample.envParams.label;
     if (ctx.actors !== null) {
-      env = await ctx.actors.acquire(ctx.gate.signal);
-      if (env === null) throw Object.assign(new Error('no environment actor available: the actor pool is exhausted or closed'), { code: 'ERR_ENV_POOL_EXHAUSTED' });
+      env = await acquireActor(ctx.actors, ctx.gate.signal);
       const t = performance.now();
       const reset = await env.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams });
       prompt = checkTaskPrompt(await env.getTaskPrompt());
@@ -91,7 +91,7 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
       promptIds: c.promptIds,
       responseIds: c.completionIds,
       logprobs: c.logprobs,
-      modelSteps: new Int32Array(c.completionIds.length).fill(c.modelStep),
+      modelSteps: null, // every token has `modelStep` (TurnRecord.modelSteps)
       seed: null,
       modelStep: c.modelStep,
       reward: 0,
@@ -111,7 +111,7 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
     if (reward === null && env !== null) {
       // The environment judges the agent's final answer.
       const outcome = checkStepResult(await env.step(finalAnswer(result)));
-      reward = typeof outcome.reward === 'number' ? outcome.reward : Object.values(outcome.reward).reduce((a, b) => a + b, 0);
+      reward = rewardFor(outcome.reward, null);
     }
     const sample = await stitchSession(ctx.gatewayUrl, sessionId, reward);
     const { reward: _reward, ...stitched } = sample;

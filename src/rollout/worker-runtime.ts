@@ -19,13 +19,12 @@ import {
   PROTOCOL_VERSION,
   type GroupResultMessage,
   type RunGroupMessage,
-  type WorkerConfigPatch,
   type WorkerControl,
   type WorkerStats,
 } from '../protocol/messages.ts';
 import { omitKeptTurns, receivedTurns } from '../protocol/result-delta.ts';
 import { groupStatus, Status, type RolloutState } from '../protocol/rollout.ts';
-import { StepRecordWriter } from '../records/step-records.ts';
+import { sessionIdOf, StepRecordWriter } from '../records/step-records.ts';
 import { runEpisode, type AgentSettings, type EpisodeContext, type EpisodeHooks } from './agent-loop.ts';
 import { runBlackBoxEpisode, type BlackBoxAgent } from './blackbox-loop.ts';
 import { PauseGate } from './pause-gate.ts';
@@ -146,7 +145,7 @@ export class WorkerRuntime implements WorkerControl {
           for (const turn of turns) {
             recorder.record({
               type: 'step',
-              sessionId: `${rollout.id}#${rollout.attempt}`,
+              sessionId: sessionIdOf(rollout.id, rollout.attempt),
               rolloutId: rollout.id,
               groupId: rollout.groupId,
               taskName: rollout.taskName,
@@ -170,7 +169,7 @@ export class WorkerRuntime implements WorkerControl {
           if (rollout.status === Status.ABORTED) return; // it continues later: the session is not over
           recorder.recordEnd({
             type: 'end',
-            sessionId: `${rollout.id}#${rollout.attempt}`,
+            sessionId: sessionIdOf(rollout.id, rollout.attempt),
             rolloutId: rollout.id,
             groupId: rollout.groupId,
             taskName: rollout.taskName,
@@ -223,10 +222,6 @@ export class WorkerRuntime implements WorkerControl {
     };
     this.#loopDelay.reset();
     return stats;
-  }
-
-  configure(patch: WorkerConfigPatch): void {
-    if (patch.logLevel !== undefined) this.#log.level = patch.logLevel;
   }
 
   /** Write buffered step records to disk (on a pause, and before the pool shuts down). */
