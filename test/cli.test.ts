@@ -37,6 +37,17 @@ describe('rollout CLI', () => {
     assert.equal(summary.groups, 8);
   });
 
+  it('`rollout run --resume` after a crash cut a batch short writes that step again whole (regression)', async () => {
+    const runDir = mkdtempSync(join(tmpdir(), 'rollout-cli-resume-'));
+    const line = (step: number, i: number) => JSON.stringify({ trainStep: step, id: `earlier/${step}/${i}` });
+    // Step 1 whole, step 2 cut after one of its four groups and in the middle of the next line.
+    writeFileSync(join(runDir, 'batches.jsonl'), `${[1, 2, 3, 4].map((i) => line(1, i)).join('\n')}\n${line(2, 1)}\n{"trainStep":2,"id`);
+    const { code, stderr } = await rollout(['run', '--resume', '--steps', '3', '--batch-size', '4', '--threads', '1', '--run-dir', runDir]);
+    assert.equal(code, 0, stderr);
+    const steps = readFileSync(join(runDir, 'batches.jsonl'), 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { trainStep: number }).trainStep);
+    assert.deepEqual(steps, [1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]);
+  });
+
   it('`rollout run --config` rejects a bad config with the field, the value and exit code 1', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'rollout-cfg-'));
     const config = join(dir, 'bad.json');

@@ -58,9 +58,9 @@ export async function runCommand(argv: string[]): Promise<number> {
   config.runDir = runDir; // step records go to <runDir>/steps/, the per-batch checkpoint to <runDir>/engine.ckpt
   if (values.resume) config.resume = true;
   const batchesPath = resolve(values.out ?? join(runDir, 'batches.jsonl'));
-  // Resuming: the batches file is the trainer's record of what it received; continue after its last step.
-  const firstStep = values.resume ? lastWrittenStep(batchesPath) + 1 : 1;
   const engine = createEngine(config, { baseDir: configPath === undefined ? process.cwd() : dirname(configPath) });
+  // Resuming: the batches file is the trainer's record of what it received; continue after its last step.
+  const firstStep = values.resume ? lastWrittenStep(batchesPath, engine.config.batchSize) + 1 : 1;
   const writer = new BatchFileWriter(batchesPath);
   // SIGINT / SIGTERM: stop taking batches, let groups in flight come back, checkpoint, exit 0.
   let stopping = false;
@@ -171,21 +171,23 @@ function formatSummary(s: RunSummary): string {
 }
 
 /**
- * The last train step fully written to a batches file (0 when there is none). A line cut short by a
- * crash is removed first, so appending continues on a clean line.
+ * The last train step fully written to a batches file (0 when there is none): `batchSize` lines. A
+ * crash can leave a batch cut short — a line, or whole lines of its step — so the file is cut back to
+ * its last complete step and the step after it is taken (the engine delivers that batch again).
  */
-function lastWrittenStep(path: string): number {
+function lastWrittenStep(path: string, batchSize: number): number {
   if (!existsSync(path)) return 0;
   const text = readFileSync(path, 'utf8');
-  const end = text.lastIndexOf('\n') + 1;
-  if (end < text.length) truncateSync(path, Buffer.byteLength(text.slice(0, end)));
-  let last = 0;
-  for (const line of text.slice(0, end).split('\n')) {
-    if (line === '') continue;
-    const step = (JSON.parse(line) as { trainStep?: unknown }).trainStep;
-    if (typeof step === 'number' && step > last) last = step;
+  let complete = { step: 0, end: 0 }; // the last complete step and where its last line ends
+  let current = { step: 0, lines: 0 };
+  for (let start = 0, nl = text.indexOf('\n'); nl >= 0; start = nl + 1, nl = text.indexOf('\n', start)) {
+    const step = (JSON.parse(text.slice(start, nl)) as { trainStep?: unknown }).trainStep;
+    if (typeof step !== 'number') continue;
+    current = step === current.step ? { step, lines: current.lines + 1 } : { step, lines: 1 };
+    if (current.lines === batchSize) complete = { step, end: nl + 1 };
   }
-  return last;
+  if (complete.end < text.length) truncateSync(path, Buffer.byteLength(text.slice(0, complete.end)));
+  return complete.step;
 }
 
 function timestamp(): string {

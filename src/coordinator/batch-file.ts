@@ -30,12 +30,12 @@ export class BatchFileWriter {
     return this.#lines;
   }
 
-  /** Append every group of the batch; resolves once the stream has room again (backpressure). */
+  /** Append every group of the batch in one write; resolves once the stream has room again (backpressure). */
   async write(batch: Batch): Promise<void> {
-    for (const group of batch.groups) {
-      this.#lines++;
-      if (!this.#stream.write(`${groupToJson(group, batch.trainStep)}\n`)) await once(this.#stream, 'drain');
-    }
+    let text = '';
+    for (const group of batch.groups) text += `${groupToJson(group, batch.trainStep)}\n`;
+    this.#lines += batch.groups.length;
+    if (!this.#stream.write(text)) await once(this.#stream, 'drain');
   }
 
   async close(): Promise<void> {
