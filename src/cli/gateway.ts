@@ -90,8 +90,6 @@ export async function gatewayCommand(argv: string[]): Promise<number> {
   try {
     gateway = await startGateway({
       ...options,
-      sessionTtlMs: options.sessionTtlMs,
-      maxSessions: options.maxSessions,
       backend: { kind, url: mock?.url ?? values['backend-url']!, timeoutMs: backendTimeoutMs, apiKey: process.env.ROLLOUT_BACKEND_API_KEY ?? null },
     });
   } catch (err) {

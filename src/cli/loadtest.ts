@@ -89,7 +89,7 @@ export async function loadtestCommand(argv: string[]): Promise<number> {
 }
 
 /** Flags → options; every error names the flag and the value. */
-export function loadtestOptions(values: Record<string, string | boolean | undefined>): LoadtestOptions {
+function loadtestOptions(values: Record<string, string | boolean | undefined>): LoadtestOptions {
   const str = (name: string) => values[name] as string | undefined;
   const defaults = defaultLoadtestOptions(str('out') ?? join('runs', `loadtest-${timestamp()}`));
   const thinkTokens = intFlag('think-tokens', str('think-tokens')) ?? defaults.thinkTokens;

@@ -45,7 +45,8 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
     console.log(MOCK_LLM_HELP);
     return 0;
   }
-  const options = dropUndefined({
+  // Undefined values are left to the mock's defaults (resolveMockLlmOptions skips them).
+  const options = {
     port: intFlag('port', values.port) ?? 8000,
     host: values.host ?? '127.0.0.1',
     model: values.model,
@@ -56,15 +57,11 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
     errorRate: numberFlag('error-rate', values['error-rate'], { max: 1 }),
     weightVersion: intFlag('weight-version', values['weight-version']),
     seed: intFlag('seed', values.seed),
-  });
+  };
   const { startMockLlm } = await import('../testing/mock-llm/server.ts');
   const server = await startMockLlm(options);
   console.log(`mock inference server listening on ${server.url} (model ${options.model ?? 'mock-policy'})`);
   await untilSignal();
   await server.close();
   return 0;
-}
-
-function dropUndefined<T extends Record<string, unknown>>(obj: T): T {
-  return Object.fromEntries(Object.entries(obj).filter(([, v]) => v !== undefined)) as T;
 }

@@ -21,7 +21,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { threadId } from 'node:worker_threads';
 import { Pool } from 'undici';
 import { createLogger } from '../log.ts';
-import { ConfigError, preview } from '../protocol/errors.ts';
+import { ConfigError, preview, serverMessage } from '../protocol/errors.ts';
 import { EnvError } from './errors.ts';
 import { checkAgentPrompts, checkStepResult, EnvReplyError } from './replies.ts';
 import type { AgentActions, AgentPrompts, Environment, ResetOptions, ResetResult, StepResult } from './types.ts';
@@ -298,7 +298,7 @@ class HttpEnvClient implements HttpEnvironments {
       return failed(err);
     }
     if (statusCode >= 200 && statusCode < 300) return { ok: true, body: text };
-    const error = new EnvError('ERR_ENV_HTTP', `${label} (${spec.what}) answered ${statusCode}: ${serverMessage(text)}`, { status: statusCode });
+    const error = new EnvError('ERR_ENV_HTTP', `${label} (${spec.what}) answered ${statusCode}: ${serverMessage(text, 300)}`, { status: statusCode });
     return { ok: false, kind: statusCode >= 500 ? 'maybe-applied' : 'final', error };
   }
 
@@ -463,25 +463,9 @@ function badReply(label: string, field: string, value: unknown, expected: string
   return new EnvError('ERR_ENV_BAD_REPLY', `${label}: ${field} must be ${expected} (got ${preview(value)})`);
 }
 
-/** The server's own words: `{"error": …}`, `{"detail": …}` (FastAPI), `{"message": …}`, or the raw text. */
-function serverMessage(text: string): string {
-  try {
-    const parsed = JSON.parse(text) as Record<string, unknown> | null;
-    const err = parsed?.error;
-    const msg = typeof err === 'string' ? err : ((err as { message?: unknown } | undefined)?.message ?? parsed?.detail ?? parsed?.message);
-    if (typeof msg === 'string') return msg;
-    if (msg !== undefined) return JSON.stringify(msg);
-  } catch {
-    // not JSON: the raw text below
-  }
-  const trimmed = text.trim();
-  return trimmed.length > 300 ? `${trimmed.slice(0, 297)}...` : trimmed || '(empty body)';
-}
-
 function checkOptions(options: HttpEnvOptions): void {
   const problems: string[] = [];
-  const show = (v: unknown) => JSON.stringify(v) ?? String(v);
-  if (!Array.isArray(options.urls) || options.urls.length === 0) problems.push(`urls: must list at least one env server URL (got ${show(options.urls)})`);
+  if (!Array.isArray(options.urls) || options.urls.length === 0) problems.push(`urls: must list at least one env server URL (got ${preview(options.urls)})`);
   else {
     options.urls.forEach((raw, i) => {
       let url: URL | null = null;
@@ -490,22 +474,22 @@ function checkOptions(options: HttpEnvOptions): void {
       } catch {
         // reported below
       }
-      if (url === null || (url.protocol !== 'http:' && url.protocol !== 'https:')) problems.push(`urls[${i}]: must be an http(s) URL (got ${show(raw)})`);
-      else if (url.search || url.hash) problems.push(`urls[${i}]: must not have a query or fragment (got ${show(raw)})`);
+      if (url === null || (url.protocol !== 'http:' && url.protocol !== 'https:')) problems.push(`urls[${i}]: must be an http(s) URL (got ${preview(raw)})`);
+      else if (url.search || url.hash) problems.push(`urls[${i}]: must not have a query or fragment (got ${preview(raw)})`);
     });
   }
-  if (typeof options.name !== 'string' || options.name === '' || options.name.includes('/')) problems.push(`name: must be a non-empty environment name without "/" (got ${show(options.name)})`);
+  if (typeof options.name !== 'string' || options.name === '' || options.name.includes('/')) problems.push(`name: must be a non-empty environment name without "/" (got ${preview(options.name)})`);
   const positive = (field: string, v: unknown) => {
-    if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) problems.push(`${field}: must be a positive number (got ${show(v)})`);
+    if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) problems.push(`${field}: must be a positive number (got ${preview(v)})`);
   };
   const nonNegativeInt = (field: string, v: unknown) => {
-    if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) problems.push(`${field}: must be an integer >= 0 (got ${show(v)})`);
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) problems.push(`${field}: must be an integer >= 0 (got ${preview(v)})`);
   };
   positive('timeoutMs', options.timeoutMs);
   nonNegativeInt('retries', options.retries);
-  if (typeof options.retryBackoffMs !== 'number' || !Number.isFinite(options.retryBackoffMs) || options.retryBackoffMs < 0) problems.push(`retryBackoffMs: must be a number >= 0 (got ${show(options.retryBackoffMs)})`);
+  if (typeof options.retryBackoffMs !== 'number' || !Number.isFinite(options.retryBackoffMs) || options.retryBackoffMs < 0) problems.push(`retryBackoffMs: must be a number >= 0 (got ${preview(options.retryBackoffMs)})`);
   positive('maxResponseBytes', options.maxResponseBytes);
-  if (typeof options.dedupeSteps !== 'boolean') problems.push(`dedupeSteps: must be a boolean (got ${show(options.dedupeSteps)})`);
-  if (options.connections !== undefined && (!Number.isInteger(options.connections) || options.connections < 1)) problems.push(`connections: must be a positive integer (got ${show(options.connections)})`);
+  if (typeof options.dedupeSteps !== 'boolean') problems.push(`dedupeSteps: must be a boolean (got ${preview(options.dedupeSteps)})`);
+  if (options.connections !== undefined && (!Number.isInteger(options.connections) || options.connections < 1)) problems.push(`connections: must be a positive integer (got ${preview(options.connections)})`);
   if (problems.length > 0) throw new ConfigError(problems.map((p) => `http env: ${p}`));
 }

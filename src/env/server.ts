@@ -27,7 +27,7 @@ import { pathToFileURL } from 'node:url';
 import { existsSync } from 'node:fs';
 import { BUILTIN_ENVS } from '../config.ts';
 import { projectModuleUrl } from '../paths.ts';
-import { ConfigError } from '../protocol/errors.ts';
+import { ConfigError, preview } from '../protocol/errors.ts';
 import { loadEnvironmentFactory } from './loader.ts';
 import type { Environment, EnvironmentFactory, EnvParams } from './types.ts';
 
@@ -493,16 +493,6 @@ async function readJson(req: IncomingMessage, limit: number): Promise<unknown> {
   } catch {
     throw new HttpFailure(400, `request body is not JSON (got ${preview(text)})`);
   }
-}
-
-function preview(value: unknown): string {
-  let text: string;
-  try {
-    text = value === undefined ? 'undefined' : JSON.stringify(value);
-  } catch {
-    text = String(value);
-  }
-  return text.length > 80 ? `${text.slice(0, 77)}...` : text;
 }
 
 // ---- loading environment modules for `rollout env-server` ----

@@ -5,7 +5,7 @@
  * exactly as it was and the agent may simply retry.
  */
 import { randomUUID } from 'node:crypto';
-import type { TokenBackend } from '../llm/token-backend.ts';
+import { samplingParamsOf, type TokenBackend } from './backend.ts';
 import { GatewayError } from './errors.ts';
 import type { ChatModel } from './model.ts';
 import { planPrompt } from './prompt.ts';
@@ -61,20 +61,7 @@ export async function runChatCall(ctx: ChatContext, request: ChatCompletionReque
   let result;
   try {
     result = await ctx.backend.generate(
-      {
-        promptIds: plan.promptIds,
-        maxTokens,
-        topLogprobs: request.topLogprobs,
-        temperature: request.temperature,
-        topP: request.topP,
-        topK: request.topK,
-        minP: request.minP,
-        presencePenalty: request.presencePenalty,
-        frequencyPenalty: request.frequencyPenalty,
-        repetitionPenalty: request.repetitionPenalty,
-        seed: request.seed,
-        stop: request.stop,
-      },
+      { ...samplingParamsOf(request), promptIds: plan.promptIds, maxTokens, topLogprobs: request.topLogprobs },
       signal,
     );
     checkVocabulary(ctx, result.completionIds);

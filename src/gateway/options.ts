@@ -3,21 +3,12 @@
  * and the value, since these come from CLI flags as often as from code.
  */
 import { ConfigError, preview } from '../protocol/errors.ts';
-import type { BackendKind } from '../llm/token-backend.ts';
+import type { BackendOptions } from './backend.ts';
 import type { ReleaseReason } from './sessions.ts';
 
 export interface GatewayOptions {
-  backend: {
-    kind: BackendKind;
-    url: string;
-    /** Model name sent to the backend (vLLM `model`); default: `model`, or none when that is unset. */
-    model?: string | null;
-    apiKey?: string | null;
-    /** Budget of one backend call, generation included (ms). */
-    timeoutMs?: number;
-    /** Keep-alive connections to the backend. */
-    connections?: number;
-  };
+  /** The token-in backend (`model` defaults to the gateway's `model`, or none when that is unset). */
+  backend: BackendOptions;
   /** Interface to listen on (default 127.0.0.1). */
   host?: string;
   /** TCP port; 0 picks a free one (read it back from `Gateway.port`). */

@@ -90,7 +90,7 @@ function tokenAt(model: ChatModel, tokens: readonly number[], char: number): { t
   return { token: lo, charStart: model.decode(tokens.slice(0, lo)).length };
 }
 
-export function prefixMismatch(model: ChatModel, sessionId: string, base: PromptBase, rendered: string, messageAt: (char: number) => number | null = () => null): GatewayError {
+function prefixMismatch(model: ChatModel, sessionId: string, base: PromptBase, rendered: string, messageAt: (char: number) => number | null = () => null): GatewayError {
   const char = firstDifference(base.coveredText, rendered);
   const message = messageAt(char);
   // A render shorter than what the session holds differs right where it ends.

@@ -5,9 +5,10 @@
  */
 import { preview } from '../protocol/errors.ts';
 import { GatewayError } from './errors.ts';
+import type { SamplingParams } from './backend.ts';
 import type { ChatMessageInput } from './model.ts';
 
-export interface ChatCompletionRequest {
+export interface ChatCompletionRequest extends SamplingParams {
   messages: ChatMessageInput[];
   model: string | null;
   /** Completion budget (max_completion_tokens, else max_tokens); null = the rest of the context. */
@@ -21,19 +22,10 @@ export interface ChatCompletionRequest {
   returnTokenIds: boolean;
   sessionId: string | null;
   tools: unknown[] | null;
-  temperature?: number;
-  topP?: number;
-  topK?: number;
-  minP?: number;
-  presencePenalty?: number;
-  frequencyPenalty?: number;
-  repetitionPenalty?: number;
-  seed?: number;
-  stop?: string[];
 }
 
 const ROLES = new Set(['system', 'developer', 'user', 'assistant', 'tool', 'function']);
-export const MAX_SESSION_ID_LENGTH = 256;
+const MAX_SESSION_ID_LENGTH = 256;
 
 function bad(param: string, rule: string, value: unknown): never {
   throw new GatewayError('ERR_GATEWAY_BAD_REQUEST', `${param} ${rule} (got ${preview(value)})`, { param });

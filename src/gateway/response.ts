@@ -6,7 +6,7 @@
  * The stream is produced after generation is complete (the backend is called token-in/token-out,
  * non-streaming), so it is one write: the chunk format is what OpenAI clients need, not the timing.
  */
-import type { TopLogprob } from '../llm/token-backend.ts';
+import type { TopLogprob } from './backend.ts';
 import type { ChatModel } from './model.ts';
 
 export interface CallReply {
@@ -76,7 +76,7 @@ export function chatCompletionBody(model: ChatModel, reply: CallReply): Record<s
  * inside a multi-byte character yields '' and its text comes with the token that completes it (the
  * incremental detokenization vLLM and TGI use: decode a short window and emit only settled text).
  */
-export function contentPieces(model: ChatModel, ids: readonly number[], contentTokens: number, content: string): string[] {
+function contentPieces(model: ChatModel, ids: readonly number[], contentTokens: number, content: string): string[] {
   const pieces = new Array<string>(ids.length).fill('');
   let prefixOffset = 0;
   let readOffset = 0;

@@ -17,7 +17,8 @@
 import { createServer } from 'node:http';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
-import { createTokenBackend } from '../llm/token-backend.ts';
+import { sessionBaseUrl } from '../llm/gateway-client.ts';
+import { createTokenBackend } from './backend.ts';
 import { runChatCall } from './chat.ts';
 import type { ChatContext } from './chat.ts';
 import { GatewayError } from './errors.ts';
@@ -361,7 +362,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     model: servedModel,
     maxContext,
     chatModel: model,
-    sessionBaseURL: (sessionId) => `${url}/v1/sessions/${encodeURIComponent(sessionId)}`,
+    sessionBaseURL: (sessionId) => sessionBaseUrl(url, sessionId),
     stitch,
     session: (sessionId) => sessions.summary(sessionId),
     traces(sessionId) {

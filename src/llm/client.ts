@@ -7,6 +7,7 @@
  */
 import { Pool } from 'undici';
 import { delay, type CancelSignal } from '../cancel.ts';
+import { serverMessage } from '../protocol/errors.ts';
 import type { ChatMessage } from '../protocol/rollout.ts';
 import { LlmError } from './errors.ts';
 import { parseChatReply, type ChatResult } from './reply.ts';
@@ -49,7 +50,8 @@ export interface ChatRequest {
 const utf8 = new TextEncoder();
 /** Retry-After is honoured up to this bound: a server asking for minutes should fail the rollout instead. */
 const MAX_RETRY_AFTER_MS = 30_000;
-const TRANSPORT_ERROR_CODES = new Set([
+/** undici / socket error codes of a request that failed in transport (worth a retry, or a hint to check the URL). */
+export const TRANSPORT_ERROR_CODES = new Set([
   'ECONNREFUSED',
   'ECONNRESET',
   'EPIPE',
@@ -303,16 +305,6 @@ function parseRetryAfter(value: string | string[] | undefined): number | undefin
   return Number.isFinite(ms) ? Math.min(Math.max(ms, 0), MAX_RETRY_AFTER_MS) : undefined;
 }
 
-function serverMessage(text: string): string {
-  try {
-    const parsed = JSON.parse(text) as { error?: { message?: unknown } | string; message?: unknown };
-    const msg = typeof parsed.error === 'string' ? parsed.error : (parsed.error?.message ?? parsed.message);
-    if (typeof msg === 'string') return msg;
-  } catch {
-    // not JSON: fall through to the raw text
-  }
-  return text.length > 200 ? `${text.slice(0, 197)}...` : text || '(empty body)';
-}
 
 function aborted(signal: CancelSignal | undefined): LlmError {
   const reason = signal?.reason instanceof Error ? signal.reason.message : String(signal?.reason ?? 'aborted');

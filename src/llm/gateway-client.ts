@@ -14,6 +14,7 @@ export interface GatewayCall {
   modelStep: number;
 }
 
+/** The session routes' base, `<gateway>/v1/sessions/<id>`: the one place both sides build it. */
 export function sessionBaseUrl(gatewayUrl: string, sessionId: string): string {
   return `${gatewayUrl}/v1/sessions/${encodeURIComponent(sessionId)}`;
 }

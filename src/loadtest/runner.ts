@@ -31,7 +31,7 @@ export interface EngineRun {
   notes: string[];
 }
 
-export function engineConfig(options: LoadtestOptions, llmUrl: string): EngineConfigInput {
+function engineConfig(options: LoadtestOptions, llmUrl: string): EngineConfigInput {
   const groups = Math.ceil(options.rollouts / options.groupSize);
   const rolloutsPerWorker = Math.ceil(options.rollouts / options.workers);
   return {

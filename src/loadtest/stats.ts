@@ -10,7 +10,7 @@ export function percentile(values: readonly number[], p: number): number {
 }
 
 /** Nearest-rank percentile of values already sorted ascending. */
-export function percentileOfSorted(sorted: readonly number[], p: number): number {
+function percentileOfSorted(sorted: readonly number[], p: number): number {
   if (sorted.length === 0) return NaN;
   const rank = Math.ceil((p / 100) * sorted.length) - 1;
   return sorted[Math.min(sorted.length - 1, Math.max(0, rank))];

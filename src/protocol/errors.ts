@@ -51,3 +51,21 @@ export function describeError(err: unknown): string {
   }
   return String(err);
 }
+
+/**
+ * The message in an HTTP error body — OpenAI's `{error: {message}}` or `{error: "…"}`, FastAPI's
+ * `{detail}`, or a bare `{message}` — else the body's text, cut to `maxLength` characters.
+ */
+export function serverMessage(text: string, maxLength = 200): string {
+  try {
+    const parsed = JSON.parse(text) as Record<string, unknown> | null;
+    const err = parsed?.error;
+    const msg = typeof err === 'string' ? err : ((err as { message?: unknown } | undefined)?.message ?? parsed?.message ?? parsed?.detail);
+    if (typeof msg === 'string') return msg;
+    if (msg !== undefined) return JSON.stringify(msg);
+  } catch {
+    // not JSON: the raw text below
+  }
+  const trimmed = text.trim();
+  return trimmed.length > maxLength ? `${trimmed.slice(0, maxLength - 3)}...` : trimmed || '(empty body)';
+}

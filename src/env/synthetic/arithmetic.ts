@@ -28,10 +28,10 @@ const MAX_OPERAND = 1_000_000;
 /** Multipliers stay small, like the `45 * 2` in a hand-written exercise, so values stay readable. */
 const MAX_MULTIPLIER = 9;
 
-export const ARITHMETIC_SYSTEM_PROMPT = 'You are a careful calculator.';
+const ARITHMETIC_SYSTEM_PROMPT = 'You are a careful calculator.';
 
 /** The mock policy recognises the task by this sentence; keep them in sync (testing/mock-llm/policy.ts). */
-export function arithmeticTaskText(expression: string): string {
+function arithmeticTaskText(expression: string): string {
   return `Compute ${expression}. Answer with the number only.`;
 }
 
@@ -67,7 +67,7 @@ export function evaluateExpression(expression: string): number {
   return result === 0 ? 0 : result; // normalise -0
 }
 
-export function drawExpression(rng: Rng, terms: number, maxOperand: number): string {
+function drawExpression(rng: Rng, terms: number, maxOperand: number): string {
   let expression = String(rng.int(1, maxOperand));
   for (let i = 1; i < terms; i++) {
     const op = rng.pick(['+', '-', '*'] as const);

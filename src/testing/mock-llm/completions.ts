@@ -22,7 +22,7 @@ export interface TokenCompletionRequest {
   seed: number | undefined;
 }
 
-export const VLLM_DEFAULT_MAX_TOKENS = 16;
+const VLLM_DEFAULT_MAX_TOKENS = 16;
 
 function bad(param: string, rule: string, value: unknown): never {
   throw new RequestError(`${param} ${rule} (got ${show(value)})`, param);

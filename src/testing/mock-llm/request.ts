@@ -6,7 +6,7 @@
 import { show } from '../../env/synthetic/params.ts';
 import type { PromptMessage } from './policy.ts';
 
-export interface ChatRequest {
+export interface MockChatRequest {
   messages: PromptMessage[];
   /** Completion token budget (max_completion_tokens, else max_tokens); null = unlimited. */
   maxTokens: number | null;
@@ -80,7 +80,7 @@ const isPositiveInt = (v: unknown): boolean => typeof v === 'number' && Number.i
 /** vLLM takes any int64 seed; beyond 2^53 JSON numbers are already rounded, so nearby huge seeds may coincide. */
 const isInt64 = (v: unknown): boolean => typeof v === 'number' && Number.isInteger(v) && Math.abs(v) <= 2 ** 63;
 
-export function parseChatRequest(raw: string): ChatRequest {
+export function parseChatRequest(raw: string): MockChatRequest {
   let body: unknown;
   try {
     body = JSON.parse(raw);

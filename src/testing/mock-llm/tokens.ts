@@ -13,7 +13,7 @@ const IM_END = encode(ImEnd, { allowedSpecial: new Set([ImEnd]) })[0];
 const NEWLINE = encode('\n');
 
 /** A Map kept in recency order: re-inserting on a hit moves the key to the back, eviction takes the front. */
-export class LruCache<K, V> {
+class LruCache<K, V> {
   readonly #max: number;
   readonly #map = new Map<K, V>();
 

@@ -14,8 +14,10 @@
  * multiply. One undici Pool per backend origin; keep-alive is what keeps the per-call cost small.
  */
 import { Pool } from 'undici';
-import { ConfigError } from '../protocol/errors.ts';
-import { GatewayError } from '../gateway/errors.ts';
+import { TRANSPORT_ERROR_CODES } from '../llm/client.ts';
+import { ConfigError, serverMessage } from '../protocol/errors.ts';
+import { GatewayError } from './errors.ts';
+import { GATEWAY_DEFAULTS } from './options.ts';
 
 export type BackendKind = 'vllm' | 'sglang';
 
@@ -31,9 +33,8 @@ export interface BackendOptions {
   connections?: number;
 }
 
-export interface SamplingRequest {
-  promptIds: readonly number[];
-  maxTokens: number;
+/** Sampling settings an agent may send and a backend honours; unset = the backend's default. */
+export interface SamplingParams {
   temperature?: number;
   topP?: number;
   topK?: number;
@@ -43,6 +44,20 @@ export interface SamplingRequest {
   repetitionPenalty?: number;
   seed?: number;
   stop?: string[];
+}
+
+const SAMPLING_PARAMS = ['temperature', 'topP', 'topK', 'minP', 'presencePenalty', 'frequencyPenalty', 'repetitionPenalty', 'seed', 'stop'] as const satisfies readonly (keyof SamplingParams)[];
+
+/** The sampling settings of anything that carries them (a parsed chat request). */
+export function samplingParamsOf(source: SamplingParams): SamplingParams {
+  const params: SamplingParams = {};
+  for (const key of SAMPLING_PARAMS) (params as Record<string, unknown>)[key] = source[key];
+  return params;
+}
+
+export interface SamplingRequest extends SamplingParams {
+  promptIds: readonly number[];
+  maxTokens: number;
   /** Alternatives per position to return besides the sampled token (OpenAI top_logprobs); 0 = none. */
   topLogprobs: number;
 }
@@ -72,8 +87,6 @@ export interface TokenBackend {
   close(): Promise<void>;
 }
 
-const TRANSPORT_ERROR_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'UND_ERR_SOCKET', 'UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_CLOSED']);
-
 export function createTokenBackend(options: BackendOptions): TokenBackend {
   if (options.kind !== 'vllm' && options.kind !== 'sglang') {
     throw new ConfigError([`backend.kind: must be "vllm" or "sglang" (got ${JSON.stringify(options.kind)})`]);
@@ -84,16 +97,16 @@ export function createTokenBackend(options: BackendOptions): TokenBackend {
   } catch {
     throw new ConfigError([`backend.url: must be an http(s) URL (got ${JSON.stringify(options.url)})`]);
   }
-  const timeoutMs = options.timeoutMs ?? 600_000;
+  const timeoutMs = options.timeoutMs ?? GATEWAY_DEFAULTS.backendTimeoutMs;
   const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
   const path = options.kind === 'vllm' ? `${prefix}/v1/completions` : `${prefix}/generate`;
   const endpoint = `${base.origin}${path}`;
   const headers: Record<string, string> = { 'content-type': 'application/json' };
   if (options.apiKey) headers.authorization = `Bearer ${options.apiKey}`;
   const pool = new Pool(base.origin, {
-    connections: options.connections ?? 64,
+    connections: options.connections ?? GATEWAY_DEFAULTS.backendConnections,
     // A non-streaming generation sends headers only when it is done: both timeouts are the request
-    // budget, and the AbortSignal below is what bounds the call.
+    // budget, so no timer or composite signal is needed per call (as in llm/client.ts).
     headersTimeout: timeoutMs,
     bodyTimeout: timeoutMs,
     keepAliveTimeout: 60_000,
@@ -105,18 +118,16 @@ export function createTokenBackend(options: BackendOptions): TokenBackend {
     kind: options.kind,
     endpoint,
     async generate(request, signal) {
-      const timeout = AbortSignal.timeout(timeoutMs);
-      const combined = signal ? AbortSignal.any([signal, timeout]) : timeout;
       let status: number;
       let text: string;
       try {
-        const response = await pool.request({ method: 'POST', path, headers, body: JSON.stringify(encodeBody(request)), signal: combined });
+        const response = await pool.request({ method: 'POST', path, headers, body: JSON.stringify(encodeBody(request)), signal });
         status = response.statusCode;
         text = await response.body.text();
       } catch (err) {
         const code = (err as { code?: string }).code ?? (err as Error).name;
         if (signal?.aborted) throw new GatewayError('ERR_BACKEND_ABORTED', `backend call to ${endpoint} cancelled: ${String(signal.reason instanceof Error ? signal.reason.message : signal.reason)}`, { cause: err });
-        if (timeout.aborted || code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT') {
+        if (code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT') {
           throw new GatewayError('ERR_BACKEND_TIMEOUT', `backend ${endpoint} did not answer within ${timeoutMs} ms (backend.timeoutMs)`, { cause: err });
         }
         const hint = TRANSPORT_ERROR_CODES.has(code) ? ' (is the backend running? check --backend-url)' : '';
@@ -254,13 +265,3 @@ function parseSglang(json: unknown, endpoint: string): GenerationResult {
   return { completionIds: ids, logprobs, topLogprobs: top, finishReason, weightVersion: weightVersionOf(meta.weight_version) };
 }
 
-function serverMessage(text: string): string {
-  try {
-    const parsed = JSON.parse(text) as { error?: { message?: unknown } | string; message?: unknown; detail?: unknown };
-    const msg = typeof parsed.error === 'string' ? parsed.error : (parsed.error?.message ?? parsed.message ?? parsed.detail);
-    if (typeof msg === 'string') return msg;
-  } catch {
-    // not JSON: the raw text
-  }
-  return text.length > 200 ? `${text.slice(0, 197)}...` : text || '(empty body)';
-}
