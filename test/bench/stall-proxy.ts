@@ -54,7 +54,7 @@ export async function startStallProxy(upstream: string, holdFromAssistant: numbe
   process.once('exit', killOnExit);
   let stderr = '';
   child.stderr!.on('data', (c: Buffer) => (stderr = (stderr + c.toString()).slice(-4_000)));
-  const url = await new Promise<string>((resolve, reject) => {
+  const listening = new Promise<string>((resolve, reject) => {
     let out = '';
     const timer = setTimeout(() => reject(new Error(`stall proxy did not start within 30 s\n${stderr}`)), 30_000);
     child.stdout!.on('data', (c: Buffer) => {
@@ -70,6 +70,13 @@ export async function startStallProxy(upstream: string, holdFromAssistant: numbe
       reject(new Error(`stall proxy exited (code ${code})\n${stderr}`));
     });
   });
+  let url: string;
+  try {
+    url = await listening;
+  } catch (err) {
+    await stop(child, killOnExit); // a proxy that did not start must not outlive the bench
+    throw err;
+  }
   const admin = async (method: string, path: string): Promise<unknown> => {
     const res = await fetch(`${url}${path}`, { method });
     if (!res.ok) throw new Error(`stall proxy ${method} ${path}: HTTP ${res.status}`);
