@@ -2,10 +2,8 @@
  * What a cancellable operation needs of a signal — the part of AbortSignal that undici, the slots and
  * the inference client use.
  *
- * Tried and measured: a Set-based hub for the calls in flight, since Node's EventTarget walks its
- * listener list on every add and remove. At the tens to hundreds of calls a worker holds it cost as
- * much or more per call than the walk (≈33 vs ≈30 µs per undici call in a loop of 32; a Set keyed by a
- * fresh closure per call has to hash each one), so inference calls listen on the gate's AbortSignal.
+ * Inference calls do not add a listener each: the client keeps its calls in flight per signal and
+ * puts one listener on the signal (llm/exchange.ts).
  */
 export interface CancelSignal {
   readonly aborted: boolean;

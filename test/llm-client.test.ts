@@ -135,6 +135,39 @@ describe('inference client', () => {
     await llm.close();
   });
 
+  it('cancels every call under one signal through a single listener, calls queued for a connection included', async () => {
+    const held: ServerResponse[] = [];
+    let arrived!: () => void;
+    const bothInServer = new Promise<void>((r) => (arrived = r));
+    const hold: Handler = (_req, res) => {
+      held.push(res);
+      if (held.length === 2) arrived();
+    };
+    const { url, requests } = await serve([hold, hold, hold]);
+    const llm = client(url, { connections: 2, retries: 0 }); // the third call waits for a connection
+    const controller = new AbortController();
+    let listeners = 0;
+    const signal = {
+      get aborted() { return controller.signal.aborted; },
+      get reason() { return controller.signal.reason; },
+      addEventListener(type: 'abort', listener: () => void, options?: { once?: boolean }) {
+        listeners++;
+        controller.signal.addEventListener(type, listener, options);
+      },
+      removeEventListener(type: 'abort', listener: () => void) {
+        controller.signal.removeEventListener(type, listener);
+      },
+    };
+    const calls = [llm.chat(request, signal), llm.chat(request, signal), llm.chat(request, signal)];
+    await bothInServer;
+    controller.abort(new Error('pause'));
+    for (const call of calls) await assert.rejects(call, { code: 'ERR_LLM_ABORTED', message: /pause/ });
+    assert.equal(listeners, 1);
+    assert.equal(requests.length, 2); // the queued one never left
+    held.forEach((res) => res.destroy());
+    await llm.close();
+  });
+
   it('does not send a retry once paused, even when the pause came during an earlier attempt (regression)', async () => {
     let paused = false;
     const { url, requests } = await serve([

@@ -10,6 +10,7 @@ import { delay, type CancelSignal } from '../cancel.ts';
 import { serverMessage } from '../protocol/errors.ts';
 import type { ChatMessage } from '../protocol/rollout.ts';
 import { LlmError } from './errors.ts';
+import { Exchanges } from './exchange.ts';
 import { parseChatReply, type ChatResult } from './reply.ts';
 
 export interface LlmClientOptions {
@@ -71,6 +72,7 @@ export class LlmClient {
   readonly #v1: string;
   readonly #origin: string;
   readonly #headers: Record<string, string>;
+  readonly #exchanges = new Exchanges();
 
   constructor(options: LlmClientOptions) {
     this.#options = options;
@@ -152,19 +154,17 @@ export class LlmClient {
     let retryAfter: string | string[] | undefined;
     try {
       this.#options.onSend?.();
-      const response = await this.#pool.request({
-        method: 'POST',
-        path,
-        headers: this.#headers,
+      const response = await this.#exchanges.run(
+        this.#pool,
+        this.#origin,
         // Bytes of their own, not a string: undici keeps the body referenced until the answer arrives,
         // and copies a string into shared 8 KiB Buffer pool slabs, which a few live bodies pin whole.
-        body: utf8.encode(JSON.stringify(payload)),
-        // undici takes any object with addEventListener/removeEventListener (or on/removeListener) as a signal.
-        signal: signal as AbortSignal | undefined,
-      });
+        { method: 'POST', path, headers: this.#headers, body: utf8.encode(JSON.stringify(payload)) },
+        signal,
+      );
       statusCode = response.statusCode;
       retryAfter = response.headers['retry-after'];
-      text = await response.body.text();
+      text = response.text;
     } catch (err) {
       if (signal?.aborted) throw aborted(signal);
       if ((err as { code?: string }).code === 'UND_ERR_HEADERS_TIMEOUT' || (err as { code?: string }).code === 'UND_ERR_BODY_TIMEOUT') {
