@@ -48,6 +48,21 @@ export interface ChatRequest {
   continueFrom?: string;
 }
 
+/** The OpenAI chat-completions request body for `request` (the object; each attempt serialises it). */
+export function chatPayload(options: Pick<LlmClientOptions, 'model' | 'logprobs' | 'returnTokenIds'>, request: ChatRequest): object {
+  const continuing = request.continueFrom !== undefined;
+  return {
+    model: options.model,
+    messages: continuing ? [...request.messages, { role: 'assistant', content: request.continueFrom }] : request.messages,
+    max_tokens: request.maxTokens,
+    temperature: request.temperature,
+    ...(request.seed !== undefined ? { seed: request.seed } : {}),
+    ...(continuing ? { continue_final_message: true, add_generation_prompt: false } : {}),
+    ...(options.logprobs ? { logprobs: true } : {}),
+    ...(options.returnTokenIds ? { return_token_ids: true } : {}),
+  };
+}
+
 const utf8 = new TextEncoder();
 /** Retry-After is honoured up to this bound: a server asking for minutes should fail the rollout instead. */
 const MAX_RETRY_AFTER_MS = 30_000;
@@ -106,19 +121,9 @@ export class LlmClient {
    * `signal` cancels it (pause, shutdown): the rejection is then an ERR_LLM_ABORTED LlmError.
    */
   async chat(request: ChatRequest, signal?: CancelSignal, sessionId?: string): Promise<ChatResult> {
-    const continuing = request.continueFrom !== undefined;
     // The payload object, not its JSON: each attempt serialises it again (retries are rare), so no
     // string or buffer of the body stays alive while the call waits for its answer.
-    const payload = {
-      model: this.#options.model,
-      messages: continuing ? [...request.messages, { role: 'assistant', content: request.continueFrom }] : request.messages,
-      max_tokens: request.maxTokens,
-      temperature: request.temperature,
-      ...(request.seed !== undefined ? { seed: request.seed } : {}),
-      ...(continuing ? { continue_final_message: true, add_generation_prompt: false } : {}),
-      ...(this.#options.logprobs ? { logprobs: true } : {}),
-      ...(this.#options.returnTokenIds ? { return_token_ids: true } : {}),
-    };
+    const payload = chatPayload(this.#options, request);
     const attempts = this.#options.retries + 1;
     let lastError: LlmError | null = null;
     for (let attempt = 1; ; attempt++) {

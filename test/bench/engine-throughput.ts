@@ -7,11 +7,16 @@
  * process.cpuUsage() over the window (coordinator and every worker thread, not the mock server).
  */
 import { Pool } from 'undici';
+import { FIRST_GUESS_PROMPT, GUESS_NUMBER_SYSTEM_PROMPT, guessNumberTaskText } from '../../src/env/synthetic/guess-number.ts';
 import { createEngine, type Batch } from '../../src/index.ts';
+import { chatPayload } from '../../src/llm/client.ts';
 import type { MockProcess } from '../../src/loadtest/mock-process.ts';
+import { threadCpuMs } from './machine.ts';
 
 /** src/rollout/worker-runtime.ts: monitorEventLoopDelay({ resolution: 10 }); its mean includes the interval. */
 const WORKER_LOOP_MONITOR_RESOLUTION_MS = 10;
+/** Batches taken before the measured window, at least one. */
+const WARM_UP_MS = 1_000;
 
 export interface Sample {
   operations: number;
@@ -37,6 +42,8 @@ export interface ThroughputOptions {
    * half as many again); 0 / absent = no slots: `concurrency` counts every rollout of the groups held.
    */
   groupSlack?: number;
+  /** Keep up to this many chat bodies the engine sent (built from the turns taken), for the bare loop. */
+  recordBodies?: number;
 }
 
 export interface ThroughputSample extends Sample {
@@ -61,6 +68,13 @@ export interface ThroughputSample extends Sample {
    * interval the workers' monitor uses (an idle loop reads ≈ 0): a saturated worker shows here.
    */
   workerLoopDelayMeanMs: number;
+  /**
+   * CPU over the window by thread (ms): the main thread, the `threads` busiest other threads (the
+   * workers), and the rest (V8's GC and compiler helpers, libuv's pool); null where /proc is unreadable.
+   */
+  cpuSplit: { mainMs: number; workersMs: number; helpersMs: number } | null;
+  /** With `recordBodies`: the chat bodies of the turns taken, as the engine's client serialised them. */
+  bodies: string[];
 }
 
 export async function engineThroughput(o: ThroughputOptions): Promise<ThroughputSample> {
@@ -82,7 +96,11 @@ export async function engineThroughput(o: ThroughputOptions): Promise<Throughput
   });
   await engine.start();
   try {
-    await engine.getBatch(); // warm-up: workers loaded, connections open
+    // Warm-up: workers loaded, connections open, and the workers' code optimised — each run starts
+    // new worker threads, whose JIT compiles everything again on V8's helper threads.
+    const warmUntil = performance.now() + WARM_UP_MS;
+    do await engine.getBatch();
+    while (performance.now() < warmUntil);
     const before = await engine.stats(); // also resets the workers' event-loop delay histograms
     const steps0 = before.workers.reduce((n, w) => n + w.steps, 0);
     const acc = { slots: 0, turns: 0, inferenceMs: 0, turnMs: 0 };
@@ -101,6 +119,14 @@ export async function engineThroughput(o: ThroughputOptions): Promise<Throughput
       }
     };
     const mockCpu0 = o.mock?.cpuMs() ?? null;
+    const bodies: string[] = [];
+    const record = (batch: Batch) => {
+      for (const g of batch.groups) for (const r of g.rollouts) for (const t of r.turns) {
+        if (bodies.length >= (o.recordBodies ?? 0)) return;
+        bodies.push(JSON.stringify(chatPayload(CLIENT, { messages: t.messages, maxTokens: o.maxTokens, temperature: 1, seed: t.seed ?? undefined })));
+      }
+    };
+    const threads0 = threadCpuMs();
     const cpu0 = process.cpuUsage();
     const t0 = performance.now();
     let turns = 0;
@@ -108,9 +134,11 @@ export async function engineThroughput(o: ThroughputOptions): Promise<Throughput
       const batch = await engine.getBatch();
       turns += batch.stats?.turns ?? 0;
       if (o.detail) gather(batch);
+      if (o.recordBodies) record(batch);
     }
     const elapsed = (performance.now() - t0) / 1000;
     const cpu = process.cpuUsage(cpu0);
+    const threads1 = threadCpuMs();
     const mockCpu1 = o.mock?.cpuMs() ?? null;
     const after = await engine.stats();
     const steps = after.workers.reduce((n, w) => n + w.steps, 0) - steps0;
@@ -122,6 +150,8 @@ export async function engineThroughput(o: ThroughputOptions): Promise<Throughput
       seconds: elapsed,
       cpuMs: (cpu.user + cpu.system) / 1000,
       workerLoopDelayMeanMs: Math.max(0, after.workers.reduce((n, w) => n + w.eventLoopDelayMeanMs, 0) / Math.max(1, after.workers.length) - WORKER_LOOP_MONITOR_RESOLUTION_MS),
+      cpuSplit: cpuSplit(threads0, threads1, o.threads),
+      bodies,
       mockCpuMs: mockCpu0 !== null && mockCpu1 !== null ? mockCpu1 - mockCpu0 : null,
       detail: o.detail
         ? { groupOccupancy: acc.turns / Math.max(1, acc.slots), meanInferenceMs: acc.inferenceMs / Math.max(1, acc.turns), meanTurnMs: acc.turnMs / Math.max(1, acc.turns), turns: acc.turns }
@@ -132,30 +162,54 @@ export async function engineThroughput(o: ThroughputOptions): Promise<Throughput
   }
 }
 
-/** What one engine step sends: a guess-number turn, built like the agent loop builds it. */
-function chatBody(maxTokens: number): string {
-  return JSON.stringify({
-    model: 'mock-policy',
-    messages: [
-      { role: 'system', content: 'You are playing a number guessing game. Reply with a single integer.' },
-      { role: 'user', content: "I'm thinking of an integer between 1 and 100. What is your guess?" },
-    ],
-    max_tokens: maxTokens,
-    temperature: 1,
-    logprobs: true,
-    return_token_ids: true,
-  });
+function cpuSplit(before: Map<number, number> | null, after: Map<number, number> | null, workers: number): ThroughputSample['cpuSplit'] {
+  if (before === null || after === null) return null;
+  let mainMs = 0;
+  const others: number[] = [];
+  for (const [tid, ms] of after) {
+    const used = ms - (before.get(tid) ?? 0);
+    if (tid === process.pid) mainMs = used;
+    else others.push(used);
+  }
+  others.sort((a, b) => b - a);
+  const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
+  return { mainMs, workersMs: sum(others.slice(0, workers)), helpersMs: sum(others.slice(workers)) };
 }
 
-/** The bare side: `concurrency` loops sending the same chat body over one undici Pool, for `seconds`. */
-export async function bareLoop({ url, concurrency, seconds, maxTokens }: { url: string; concurrency: number; seconds: number; maxTokens: number }): Promise<Sample> {
+/**
+ * The engine's client options that shape a chat body (the config defaults with the mock's model name):
+ * the bare loop sends the very bodies the engine sent, serialised by the client's own chatPayload.
+ */
+const CLIENT = { model: 'mock-policy', logprobs: true, returnTokenIds: true };
+
+/** A first-turn guess-number body, for a bare loop run before any engine bodies are recorded. */
+export function firstTurnBody(maxTokens: number): string {
+  return JSON.stringify(
+    chatPayload(CLIENT, {
+      messages: [
+        { role: 'system', content: `${GUESS_NUMBER_SYSTEM_PROMPT} ${guessNumberTaskText(1, 100, 8)}` },
+        { role: 'user', content: FIRST_GUESS_PROMPT },
+      ],
+      maxTokens,
+      temperature: 1,
+    }),
+  );
+}
+
+/**
+ * The bare side: `concurrency` loops over one undici Pool for `seconds`, sending `bodies` in turn — the
+ * chat bodies the engine sent (every turn of its conversations, so later turns' longer prompts too).
+ */
+export async function bareLoop({ url, concurrency, seconds, bodies }: { url: string; concurrency: number; seconds: number; bodies: readonly string[] }): Promise<Sample> {
+  if (bodies.length === 0) throw new Error('bareLoop needs at least one chat body');
   const origin = new URL(url).origin;
   const pool = new Pool(origin, { connections: concurrency, headersTimeout: 60_000, bodyTimeout: 60_000 });
-  const body = chatBody(maxTokens);
   let operations = 0;
+  let next = 0;
   let stop = false;
   const worker = async () => {
     while (!stop) {
+      const body = bodies[next++ % bodies.length];
       const res = await pool.request({ method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json' }, body });
       const reply = JSON.parse(await res.body.text()) as { choices: { message: { content: string } }[] };
       if (typeof reply.choices[0].message.content !== 'string') throw new Error('bad reply');

@@ -8,7 +8,7 @@
  * stall proxy and the Python runs are started and stopped inside each part, so measure a part only
  * after its children are gone.
  */
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 
 /** USER_HZ: 100 on every mainstream Linux configuration. */
 const TICKS_PER_SECOND = 100;
@@ -65,4 +65,23 @@ export function describeShare(share: CpuShare | null, cores: number): string {
   if (share === null) return 'machine load: n/a';
   const warn = share.othersCores > 0.15 * cores ? '  ← other processes shared the CPUs: timings and rates here are unreliable' : '';
   return `machine: ${share.machineCores.toFixed(2)} of ${cores} cores busy over ${share.seconds.toFixed(0)} s, ${share.othersCores.toFixed(2)} by other processes${warn}`;
+}
+
+/** CPU time (ms) of each thread of this process by Linux thread id, or null where /proc is unreadable. */
+export function threadCpuMs(): Map<number, number> | null {
+  try {
+    const out = new Map<number, number>();
+    for (const tid of readdirSync('/proc/self/task')) {
+      try {
+        const stat = readFileSync(`/proc/self/task/${tid}/stat`, 'utf8');
+        const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+        out.set(Number(tid), ((Number(f[11]) + Number(f[12])) * 1000) / TICKS_PER_SECOND);
+      } catch {
+        // the thread ended between the listing and the read
+      }
+    }
+    return out;
+  } catch {
+    return null;
+  }
 }

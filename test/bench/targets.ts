@@ -87,6 +87,8 @@ export interface LatencyOptions {
   repeats: number;
   groupSize: number;
   maxTokens: number;
+  /** Chat bodies the engine sent (the throughput runs recorded them): what the bare loop sends. */
+  bodies: readonly string[];
 }
 
 export async function latencyBound(o: LatencyOptions): Promise<LatencyBound> {
@@ -99,7 +101,7 @@ export async function latencyBound(o: LatencyOptions): Promise<LatencyBound> {
     for (let i = 0; i < o.repeats; i++) {
       for (const c of o.concurrencies) {
         engine.get(c)!.push(await engineThroughput({ url: mock.url, concurrency: c, threads: o.threads, seconds: o.seconds, groupSize: o.groupSize, maxTokens: o.maxTokens, detail: true, mock, groupSlack: LATENCY_GROUP_SLACK }));
-        bare.get(c)!.push(await bareLoop({ url: mock.url, concurrency: c, seconds: o.seconds, maxTokens: o.maxTokens }));
+        bare.get(c)!.push(await bareLoop({ url: mock.url, concurrency: c, seconds: o.seconds, bodies: o.bodies }));
       }
       for (const mode of o.pythonModes) {
         if (skipped !== null) break;
