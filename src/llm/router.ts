@@ -40,6 +40,13 @@ export interface Route {
 interface Endpoint {
   client: LlmClient;
   outstanding: number;
+  /** `outstanding--`, made once per endpoint: a closure made per call lives as long as the call. */
+  settled: () => void;
+}
+
+function endpointOf(client: LlmClient): Endpoint {
+  const endpoint: Endpoint = { client, outstanding: 0, settled: () => void endpoint.outstanding-- };
+  return endpoint;
 }
 
 interface Policy {
@@ -68,7 +75,7 @@ export class LlmRouter {
         const key = `${url}\u0000${settings.model}`;
         let client = clients.get(key);
         if (!client) clients.set(key, (client = new LlmClient({ ...options.client, url, model: settings.model, paused: hooks.paused, onSend: hooks.onSend })));
-        return { client, outstanding: 0 };
+        return endpointOf(client);
       }),
     });
     this.#default = build(options.default);
@@ -95,11 +102,10 @@ export class LlmRouter {
         ? request
         : { ...request, temperature: temperature ?? request.temperature, maxTokens: maxTokens !== null ? Math.min(maxTokens, request.maxTokens) : request.maxTokens };
     if (this.#calls.size !== Infinity) return this.#chatInSlot(endpoint, effective, signal, route.session);
-    // No call limit: no suspended frame of ours per call in flight (memory per episode), just the count.
+    // No call limit: no suspended frame or closure of ours per call in flight (memory per episode), just the count.
     endpoint.outstanding++;
-    const done = () => void endpoint.outstanding--;
     const call = endpoint.client.chat(effective, signal, route.session);
-    call.then(done, done);
+    call.then(endpoint.settled, endpoint.settled);
     return call;
   }
 

@@ -248,9 +248,12 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
       if (delay > 0) await sleep(delay);
     }
     const t = performance.now();
-    const call = ([agentId, , prompt]: (typeof prompts)[number]) => infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart);
-    // One agent (the usual case) awaits its call directly: a Promise.all is one more object per episode in flight.
-    const turns = prompts.length === 1 ? [await call(prompts[0])] : await allOrFirstError(prompts.map(call));
+    // One agent (the usual case) awaits its call directly: a Promise.all, or a closure held across the
+    // await, is one more thing per episode in flight.
+    const turns =
+      prompts.length === 1
+        ? [await infer(rollout, step, prompts[0][0], prompts[0][2], prompts[0][0] === null ? partial : null, ctx, promptMs, turnStart)]
+        : await allOrFirstError(prompts.map(([agentId, , prompt]) => infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart)));
     timings.inferenceMs += performance.now() - t;
     if (partial) {
       rollout.turns.pop(); // the partial turn is folded into its continuation
@@ -292,8 +295,11 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
   rollout.status = Status.COMPLETED;
 }
 
-/** One inference call for one agent (or the single agent), continuing `partial` when given. */
-async function infer(
+/**
+ * One inference call for one agent (or the single agent), continuing `partial` when given. Not an
+ * async function: the call in flight holds a callback instead of one more suspended frame.
+ */
+function infer(
   rollout: RolloutState,
   step: number,
   agentId: string | null,
@@ -307,7 +313,7 @@ async function infer(
   const already = partial?.responseIds?.length ?? 0;
   const seed = settings.sendSeed ? turnSeed(rollout, step, agentId) : null;
   const t = performance.now();
-  const reply = await ctx.llm.chat(
+  const call = ctx.llm.chat(
     {
       messages: prompt,
       maxTokens: Math.max(1, settings.maxTokens - already),
@@ -318,9 +324,11 @@ async function infer(
     gate.signal,
     agentId === null ? { session: rollout.id } : { session: rollout.id, agent: agentId },
   );
-  const turn = turnRecord(step, agentId, prompt, reply, reply.weightVersion ?? gate.modelStep, seed, settings, promptMs, performance.now() - t, turnStart);
-  if (partial) mergeContinuation(partial, turn);
-  return turn;
+  return call.then((reply) => {
+    const turn = turnRecord(step, agentId, prompt, reply, reply.weightVersion ?? gate.modelStep, seed, settings, promptMs, performance.now() - t, turnStart);
+    if (partial) mergeContinuation(partial, turn);
+    return turn;
+  });
 }
 
 function applyOutcome(rollout: RolloutState, turns: TurnRecord[], outcome: StepResult, settings: AgentSettings, stepMs: number): void {

@@ -23,7 +23,7 @@ import {
   type WorkerStats,
 } from '../protocol/messages.ts';
 import { omitKeptTurns, receivedTurns } from '../protocol/result-delta.ts';
-import { groupStatus, Status, type RolloutState } from '../protocol/rollout.ts';
+import { groupStatus, Status, type RolloutGroup, type RolloutState, type TurnRecord } from '../protocol/rollout.ts';
 import { sessionIdOf, StepRecordWriter } from '../records/step-records.ts';
 import { runEpisode, type AgentSettings, type EpisodeContext, type EpisodeHooks } from './agent-loop.ts';
 import { runBlackBoxEpisode, type BlackBoxAgent } from './blackbox-loop.ts';
@@ -69,6 +69,8 @@ interface TaskRuntime {
   close(): Promise<void>;
   hooks: Promise<EpisodeHooks | null>;
   blackbox: Promise<BlackBoxAgent> | null;
+  /** The context every episode of this task runs with, once its hooks have loaded. */
+  episodes?: EpisodeContext;
 }
 
 export class WorkerRuntime implements WorkerControl {
@@ -90,6 +92,8 @@ export class WorkerRuntime implements WorkerControl {
   readonly #episodeSlots: Slots;
   /** Episodes being played, with or without a slot bound (the slots only count when bounded). */
   #episodesRunning = 0;
+  /** `#episodesRunning--`, made once: a closure made per episode would live as long as the episode. */
+  readonly #episodeEnded = () => void this.#episodesRunning--;
   #groupsDone = 0;
   #rolloutsDone = 0;
   #steps = 0;
@@ -115,7 +119,6 @@ export class WorkerRuntime implements WorkerControl {
     // agent's prompt), which may change what it is given: each rollout gets its own.
     for (const rollout of group.rollouts) if (rollout.sample === group.sample) rollout.sample = structuredClone(group.sample);
     const received = receivedTurns(group);
-    const result = (): GroupResultMessage => ({ v: PROTOCOL_VERSION, type: 'group-result', keptTurns: omitKeptTurns(group, received), group, workerId: threadId });
     const task = this.#tasks.get(group.taskName);
     const queueMs = Math.max(0, Date.now() - message.enqueuedAt);
     this.#inFlightGroups++;
@@ -127,61 +130,13 @@ export class WorkerRuntime implements WorkerControl {
         const ctx = { agent, gatewayUrl: this.#init.gatewayUrl!, actors: task.actors, gate: this.#gate, workerId: threadId, onProblem: (r: { id: string; status: string }, reason: string) => this.#log.warn({ rollout: r.id, status: r.status }, reason) };
         await Promise.all(group.rollouts.map((rollout) => this.#inSlot(rollout, (waitedMs) => runBlackBoxEpisode(rollout, ctx, queueMs + waitedMs))));
         group.status = groupStatus(group.rollouts);
-        return result();
+        return groupResult(group, received);
       }
       if (task.actors === null) throw new Error(`task ${group.taskName} has no environment`);
+      // One context per task, made once: every group of it shares its callbacks (a set of closures per
+      // group lived as long as the group).
       const hooks = await task.hooks;
-      const recorder = this.#records;
-      const ctx: EpisodeContext = {
-        actors: task.actors,
-        llm: this.#llm,
-        settings: task.settings.agent,
-        gate: this.#gate,
-        workerId: threadId,
-        hooks,
-        startDelayMs: () => this.#startDelay(),
-        onStep: () => this.#steps++,
-        onTurn: recorder === null ? undefined : (rollout, turns, info) => {
-          for (const turn of turns) {
-            recorder.record({
-              type: 'step',
-              sessionId: sessionIdOf(rollout.id, rollout.attempt),
-              rolloutId: rollout.id,
-              groupId: rollout.groupId,
-              taskName: rollout.taskName,
-              attempt: rollout.attempt,
-              step: turn.step,
-              agentId: turn.agentId,
-              messages: turn.messages,
-              response: turn.response,
-              stepReward: turn.reward,
-              cumulativeReward: rollout.reward,
-              envState: { weightVersion: turn.modelStep, info },
-              terminated: turn.terminated,
-              truncated: turn.truncated,
-              trainable: turn.trainable,
-              finishReason: turn.finishReason,
-              time: Date.now(),
-            });
-          }
-        },
-        onEpisodeEnd: recorder === null ? undefined : (rollout) => {
-          if (rollout.status === Status.ABORTED) return; // it continues later: the session is not over
-          recorder.recordEnd({
-            type: 'end',
-            sessionId: sessionIdOf(rollout.id, rollout.attempt),
-            rolloutId: rollout.id,
-            groupId: rollout.groupId,
-            taskName: rollout.taskName,
-            attempt: rollout.attempt,
-            status: rollout.status,
-            totalReward: rollout.reward,
-            steps: rollout.turns.at(-1)?.step ?? 0,
-            time: Date.now(),
-          });
-        },
-        onProblem: (rollout, reason) => this.#log.warn({ rollout: rollout.id, status: rollout.status }, reason),
-      };
+      const ctx = (task.episodes ??= this.#episodeContext(task.settings.agent, task.actors, hooks));
       await Promise.all(group.rollouts.map((rollout) => this.#inSlot(rollout, (waitedMs) => runEpisode(rollout, ctx, queueMs + waitedMs))));
       group.status = groupStatus(group.rollouts);
     } catch (err) {
@@ -203,7 +158,7 @@ export class WorkerRuntime implements WorkerControl {
       this.#rolloutsDone += group.rollouts.length;
       for (const rollout of group.rollouts) this.#rolloutsByStatus[rollout.status] = (this.#rolloutsByStatus[rollout.status] ?? 0) + 1;
     }
-    return result();
+    return groupResult(group, received);
   }
 
   stats(): WorkerStats {
@@ -263,15 +218,69 @@ export class WorkerRuntime implements WorkerControl {
     return { settings, actors, hooks, blackbox, close: () => actors.close() };
   }
 
+  /** What every episode of a task is given: made on the task's first group and kept (TaskRuntime.episodes). */
+  #episodeContext(settings: AgentSettings, actors: ActorPool, hooks: EpisodeHooks | null): EpisodeContext {
+    const recorder = this.#records;
+    return {
+      actors,
+      llm: this.#llm,
+      settings,
+      gate: this.#gate,
+      workerId: threadId,
+      hooks,
+      startDelayMs: () => this.#startDelay(),
+      onStep: () => this.#steps++,
+      onTurn: recorder === null ? undefined : (rollout, turns, info) => {
+        for (const turn of turns) {
+          recorder.record({
+            type: 'step',
+            sessionId: sessionIdOf(rollout.id, rollout.attempt),
+            rolloutId: rollout.id,
+            groupId: rollout.groupId,
+            taskName: rollout.taskName,
+            attempt: rollout.attempt,
+            step: turn.step,
+            agentId: turn.agentId,
+            messages: turn.messages,
+            response: turn.response,
+            stepReward: turn.reward,
+            cumulativeReward: rollout.reward,
+            envState: { weightVersion: turn.modelStep, info },
+            terminated: turn.terminated,
+            truncated: turn.truncated,
+            trainable: turn.trainable,
+            finishReason: turn.finishReason,
+            time: Date.now(),
+          });
+        }
+      },
+      onEpisodeEnd: recorder === null ? undefined : (rollout) => {
+        if (rollout.status === Status.ABORTED) return; // it continues later: the session is not over
+        recorder.recordEnd({
+          type: 'end',
+          sessionId: sessionIdOf(rollout.id, rollout.attempt),
+          rolloutId: rollout.id,
+          groupId: rollout.groupId,
+          taskName: rollout.taskName,
+          attempt: rollout.attempt,
+          status: rollout.status,
+          totalReward: rollout.reward,
+          steps: rollout.turns.at(-1)?.step ?? 0,
+          time: Date.now(),
+        });
+      },
+      onProblem: (rollout, reason) => this.#log.warn({ rollout: rollout.id, status: rollout.status }, reason),
+    };
+  }
+
   /** Runs one episode holding one of the worker's episode slots; the wait counts as queue time. */
   #inSlot(rollout: RolloutState, run: (waitedMs: number) => Promise<void>): Promise<void> {
     if (rollout.status === Status.COMPLETED) return Promise.resolve(); // a sibling kept from an earlier run needs no slot
     // Without a bound there is nothing to hold: no extra suspended frame per episode in flight.
     if (this.#episodeSlots.size !== Infinity) return this.#heldSlot(rollout, run);
     this.#episodesRunning++;
-    const done = () => void this.#episodesRunning--;
     const episode = run(0);
-    episode.then(done, done);
+    episode.then(this.#episodeEnded, this.#episodeEnded);
     return episode;
   }
 
@@ -300,4 +309,9 @@ export class WorkerRuntime implements WorkerControl {
     this.#episodesStarted++;
     return Math.random() * jitter;
   }
+}
+
+/** The answer to a run-group message: `received` is what the group held on arrival (receivedTurns). */
+function groupResult(group: RolloutGroup, received: TurnRecord[][]): GroupResultMessage {
+  return { v: PROTOCOL_VERSION, type: 'group-result', keptTurns: omitKeptTurns(group, received), group, workerId: threadId };
 }
