@@ -150,8 +150,8 @@ export class LlmClient {
         const response = await this.#exchanges.run(
           this.#pool,
           this.#origin,
-          // Bytes of their own, not a string: undici copies a string into shared 8 KiB Buffer pool slabs,
-          // which a few live bodies would pin whole; bytes are let go once written (exchange.ts).
+          // Bytes of their own, not a string: undici keeps the body referenced until the answer arrives,
+          // and copies a string into shared 8 KiB Buffer pool slabs, which a few live bodies pin whole.
           { method: 'POST', path, headers: this.#headers, body: utf8.encode(JSON.stringify(payload)) },
           signal,
         );

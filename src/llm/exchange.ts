@@ -36,16 +36,11 @@ export class Exchanges {
    */
   run(dispatcher: Dispatcher, origin: string, request: ExchangeRequest, signal?: CancelSignal): Promise<ExchangeResult> {
     if (signal?.aborted) return Promise.reject(signal.reason);
-    const bytes = request.body instanceof Uint8Array ? request.body : null;
-    // Same bytes on the wire (content-length, not chunked), but undici can drop the body once sent.
-    // undici documents Iterable bodies (docs/api/Dispatcher.md); its types do not list them.
-    const body = (bytes === null ? (request.body ?? null) : new OneShotBody(bytes)) as Dispatcher.DispatchOptions['body'];
-    const headers = bytes === null ? request.headers : { ...request.headers, 'content-length': String(bytes.byteLength) };
     return new Promise<ExchangeResult>((resolve, reject) => {
       const calls = signal === undefined ? null : this.#callsOf(signal);
       const exchange = new Exchange(resolve, reject, calls);
       calls?.add(exchange);
-      dispatcher.dispatch({ origin, method: request.method, path: request.path, headers, body }, exchange);
+      dispatcher.dispatch({ origin, method: request.method, path: request.path, headers: request.headers, body: request.body ?? null }, exchange);
     });
   }
 
@@ -61,27 +56,6 @@ export class Exchanges {
       calls = set;
     }
     return calls;
-  }
-}
-
-/**
- * A request body undici lets go of once it is written. undici keeps the body it is given on its
- * Request (and in the abort closure of the write) until the answer has arrived: for a completion that
- * is the whole generation, and the body is the whole conversation as JSON — the largest thing a call
- * in flight held (heap snapshot of the memory bench at turn 3: ≈3.5 KB of ≈32 KB per rollout). Given
- * as an iterable of one chunk, undici holds only this wrapper, and the chunk is let go as it is written.
- */
-class OneShotBody implements Iterable<Uint8Array> {
-  #bytes: Uint8Array | null;
-
-  constructor(bytes: Uint8Array) {
-    this.#bytes = bytes;
-  }
-
-  *[Symbol.iterator](): Iterator<Uint8Array> {
-    const bytes = this.#bytes;
-    this.#bytes = null;
-    if (bytes !== null) yield bytes;
   }
 }
 
