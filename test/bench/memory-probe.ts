@@ -45,9 +45,11 @@ export function threadMemory(): ThreadMemory {
 if (!isMainThread) {
   const channel = new BroadcastChannel(PROBE_CHANNEL);
   channel.unref(); // never keeps a worker alive
+  let answered = -1;
   channel.onmessage = (event) => {
     const data = (event as { data: ProbeRequest | ProbeReply }).data;
-    if (data?.type !== 'gc') return; // other workers' replies
+    if (data?.type !== 'gc' || data.id === answered) return; // other workers' replies, or asked again
+    answered = data.id;
     collectGarbage();
     channel.postMessage({ type: 'memory', id: data.id, memory: threadMemory() } satisfies ProbeReply);
   };

@@ -86,6 +86,10 @@ export interface MemoryFigures {
 /** GC every thread, then read every thread's memory: main thread, and each worker through the probe. */
 async function snapshot(engine: Engine, channel: BroadcastChannel, threads: number, id: number): Promise<MemorySnapshot> {
   const replies = new Map<number, ThreadMemory>();
+  // Asked again until every worker answered: a worker still importing the probe module misses a
+  // broadcast (a worker answers each id once).
+  const ask = () => channel.postMessage({ type: 'gc', id });
+  const again = setInterval(ask, 500);
   const got = new Promise<void>((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`memory probe: ${replies.size} of ${threads} workers answered within 20 s`)), 20_000);
     channel.onmessage = (event: unknown) => {
@@ -98,8 +102,12 @@ async function snapshot(engine: Engine, channel: BroadcastChannel, threads: numb
       }
     };
   });
-  channel.postMessage({ type: 'gc', id });
-  await got;
+  ask();
+  try {
+    await got;
+  } finally {
+    clearInterval(again);
+  }
   collectGarbage();
   const main = threadMemory();
   // Heap used as the engine reports it (the workers' GC just ran), for the figure the brief names.
