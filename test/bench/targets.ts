@@ -12,6 +12,7 @@
  *   memory         target 5: ./memory.ts, rollouts held at turn 1 and at turn 3, and as a reference
  *                  the same number of bare undici calls pending (the transport's own share).
  */
+import { availableParallelism } from 'node:os';
 import { startMockProcess, type MockProcess } from '../../src/loadtest/mock-process.ts';
 import { bareLoop, engineThroughput, type Sample, type ThroughputSample } from './engine-throughput.ts';
 import { bareRequestMemory, memoryBench, type BareRequestMemory, type MemoryFigures } from './memory.ts';
@@ -156,6 +157,10 @@ export interface ScalingSide {
   stepsPerSecond: Spread;
   engineCores: number;
   mockCores: number | null;
+  /** CPU of the worker threads per step (µs): the same at 1 and 2 workers = no contention inside the engine. */
+  workerCpuUsPerStep: number | null;
+  /** Everything on the machine per step (engine and mock, µs): what the cores must pay for each step. */
+  machineCpuUsPerStep: number | null;
   samples: ThroughputSample[];
 }
 
@@ -166,6 +171,11 @@ export interface WorkerScaling {
   two: ScalingSide;
   /** two ÷ one, medians. */
   ratio: number;
+  /**
+   * What this machine allows two workers: all its cores ÷ the CPU a step costs at two workers (engine
+   * and mock), ÷ the one-worker rate. A ratio near it is the cores' limit, not the engine's.
+   */
+  ceiling: number | null;
 }
 
 export async function workerScaling(o: { cpuCostUs: number; concurrency: number; seconds: number; repeats: number; groupSize: number; maxTokens: number }): Promise<WorkerScaling> {
@@ -189,12 +199,15 @@ export async function workerScaling(o: { cpuCostUs: number; concurrency: number;
       stepsPerSecond: spreadOf(samples.map(rate)),
       engineCores: spreadOf(samples.map((s) => s.cpuMs / 1000 / s.seconds)).median,
       mockCores: samples.every((s) => s.mockCpuMs !== null) ? spreadOf(samples.map((s) => s.mockCpuMs! / 1000 / s.seconds)).median : null,
+      workerCpuUsPerStep: samples.every((s) => s.cpuSplit !== null) ? spreadOf(samples.map((s) => (s.cpuSplit!.workersMs * 1000) / s.operations)).median : null,
+      machineCpuUsPerStep: samples.every((s) => s.mockCpuMs !== null) ? spreadOf(samples.map((s) => ((s.cpuMs + s.mockCpuMs!) * 1000) / s.operations)).median : null,
       samples,
     };
   };
   const one = side(1);
   const two = side(2);
-  return { cpuCostUs: o.cpuCostUs, concurrency: o.concurrency, one, two, ratio: two.stepsPerSecond.median / one.stepsPerSecond.median };
+  const ceiling = two.machineCpuUsPerStep === null ? null : (availableParallelism() * 1e6) / two.machineCpuUsPerStep / one.stepsPerSecond.median;
+  return { cpuCostUs: o.cpuCostUs, concurrency: o.concurrency, one, two, ratio: two.stepsPerSecond.median / one.stepsPerSecond.median, ceiling };
 }
 
 // --- target 5 ----------------------------------------------------------------------------------
