@@ -71,6 +71,18 @@ describe('inference client', () => {
     await llm.close();
   });
 
+  it('reads a reply that starts with a UTF-8 byte order mark, as undici request() did', async () => {
+    const { url } = await serve([
+      (_req, res) => {
+        const json = JSON.stringify({ choices: [{ message: { content: 'héllo' }, finish_reason: 'stop' }] });
+        res.writeHead(200, { 'content-type': 'application/json' }).end(Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from(json)]));
+      },
+    ]);
+    const llm = client(url);
+    assert.equal((await llm.chat(request)).content, 'héllo');
+    await llm.close();
+  });
+
   it('retries a 503 and a 429 with backoff, then returns the success', async () => {
     const { url, requests } = await serve([status(503, 'busy'), status(429, '', { 'retry-after': '0' }), ok()]);
     const llm = client(url);

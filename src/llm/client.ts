@@ -1,9 +1,10 @@
 /**
  * OpenAI chat-completions client for one worker thread — the only module (with env/) that knows undici.
  *
- * One undici Pool per inference origin, shared by every episode on the worker: `request()` is several
- * times cheaper than `fetch` per call, and keep-alive connections are what keep the engine's own cost
- * per step small next to the HTTP round trip.
+ * One undici Pool per inference origin, shared by every episode on the worker, and calls sent through
+ * its `dispatch` with a handler of our own (llm/exchange.ts) — cheaper per call than `request()`, itself
+ * several times cheaper than `fetch`; keep-alive connections are what keep the engine's own cost per
+ * step small next to the HTTP round trip.
  */
 import { Pool } from 'undici';
 import { delay, type CancelSignal } from '../cancel.ts';
@@ -144,10 +145,13 @@ export class LlmClient {
       }
       // The request budget is enforced by the pool's headers and body timeouts (both llm.timeoutMs): a
       // timer and a composite signal per call cost more than the rest of the client's work per step.
-      let outcome: Outcome;
+      // Only the exchange is in the try: what the answer means is read after it (#outcomeOf), so a
+      // fault there is not mistaken for a transport error.
+      let response: ExchangeResult | null = null;
+      let failure: unknown = null;
       try {
         this.#options.onSend?.();
-        const response = await this.#exchanges.run(
+        response = await this.#exchanges.run(
           this.#pool,
           this.#origin,
           // Bytes of their own, not a string: undici keeps the body referenced until the answer arrives,
@@ -155,11 +159,11 @@ export class LlmClient {
           { method: 'POST', path, headers: this.#headers, body: utf8.encode(JSON.stringify(payload)) },
           signal,
         );
-        outcome = this.#outcomeOf(response); // never throws: a bad answer is an outcome too
       } catch (err) {
         if (signal?.aborted) throw aborted(signal);
-        outcome = this.#transportOutcome(err);
+        failure = err;
       }
+      const outcome = response !== null ? this.#outcomeOf(response) : this.#transportOutcome(failure);
       if (outcome.ok) return outcome.result;
       if (!outcome.retryable || attempt >= attempts) throw outcome.error;
       lastError = outcome.error;

@@ -25,7 +25,8 @@ export interface ExchangeResult {
 
 /**
  * The exchanges in flight on one client, by the signal that cancels them. Invariant: a call is in its
- * signal's set from dispatch until it settles, and each signal carries at most one listener from here.
+ * signal's set from dispatch until it settles or the signal aborts (the abort cancels every call in
+ * the set and empties it), and each signal carries at most one listener from here.
  */
 export class Exchanges {
   readonly #bySignal = new WeakMap<CancelSignal, Set<Exchange>>();
@@ -80,8 +81,9 @@ class Exchange implements Dispatcher.DispatchHandler {
 
   cancel(reason: unknown): void {
     if (this.#settled) return;
-    if (this.#controller !== null) this.#controller.abort(reason as Error);
-    else this.#cancelReason = reason ?? new Error('aborted');
+    const error = reason ?? new Error('aborted');
+    if (this.#controller !== null) this.#controller.abort(error as Error);
+    else this.#cancelReason = error;
   }
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
@@ -100,7 +102,9 @@ class Exchange implements Dispatcher.DispatchHandler {
 
   onResponseEnd(): void {
     const chunks = this.#chunks;
-    const text = chunks.length === 1 ? chunks[0].toString('utf8') : Buffer.concat(chunks).toString('utf8');
+    const body = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks);
+    // A UTF-8 byte order mark is not part of the text (as undici's own body.text() reads it).
+    const text = body.toString('utf8', hasBom(body) ? 3 : 0);
     this.#settle();
     this.#resolve({ statusCode: this.#statusCode, headers: this.#headers, text });
   }
@@ -115,4 +119,8 @@ class Exchange implements Dispatcher.DispatchHandler {
     this.#chunks = [];
     this.#calls?.delete(this);
   }
+}
+
+function hasBom(bytes: Buffer): boolean {
+  return bytes.length >= 3 && bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf;
 }

@@ -250,10 +250,13 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
     const t = performance.now();
     // One agent (the usual case) awaits its call directly: a Promise.all, or a closure held across the
     // await, is one more thing per episode in flight.
-    const turns =
-      prompts.length === 1
-        ? [await infer(rollout, step, prompts[0][0], prompts[0][2], prompts[0][0] === null ? partial : null, ctx, promptMs, turnStart)]
-        : await allOrFirstError(prompts.map(([agentId, , prompt]) => infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart)));
+    let turns: TurnRecord[];
+    if (prompts.length === 1) {
+      const [agentId, , prompt] = prompts[0];
+      turns = [await infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart)];
+    } else {
+      turns = await allOrFirstError(prompts.map(([agentId, , prompt]) => infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart)));
+    }
     timings.inferenceMs += performance.now() - t;
     if (partial) {
       rollout.turns.pop(); // the partial turn is folded into its continuation
@@ -313,17 +316,24 @@ function infer(
   const already = partial?.responseIds?.length ?? 0;
   const seed = settings.sendSeed ? turnSeed(rollout, step, agentId) : null;
   const t = performance.now();
-  const call = ctx.llm.chat(
-    {
-      messages: prompt,
-      maxTokens: Math.max(1, settings.maxTokens - already),
-      temperature: settings.temperature,
-      ...(seed !== null ? { seed } : {}),
-      ...(partial ? { continueFrom: partial.response } : {}),
-    },
-    gate.signal,
-    agentId === null ? { session: rollout.id } : { session: rollout.id, agent: agentId },
-  );
+  let call: Promise<ChatResult>;
+  try {
+    call = ctx.llm.chat(
+      {
+        messages: prompt,
+        maxTokens: Math.max(1, settings.maxTokens - already),
+        temperature: settings.temperature,
+        ...(seed !== null ? { seed } : {}),
+        ...(partial ? { continueFrom: partial.response } : {}),
+      },
+      gate.signal,
+      agentId === null ? { session: rollout.id } : { session: rollout.id, agent: agentId },
+    );
+  } catch (err) {
+    // As from an async function: a client that throws instead of rejecting fails this call only, and a
+    // multi-agent step still waits for its other calls (allOrFirstError).
+    return Promise.reject(err);
+  }
   return call.then((reply) => {
     const turn = turnRecord(step, agentId, prompt, reply, reply.weightVersion ?? gate.modelStep, seed, settings, promptMs, performance.now() - t, turnStart);
     if (partial) mergeContinuation(partial, turn);

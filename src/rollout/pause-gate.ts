@@ -68,7 +68,10 @@ export class PauseGate {
   }
 }
 
-/** Every inference call in flight listens on the one cancel signal: hundreds of listeners are expected. */
+/**
+ * Episodes waiting for an actor or a call slot listen on the one cancel signal (inference calls add one
+ * listener per client, llm/exchange.ts): hundreds of listeners are possible.
+ */
 function quietController(): AbortController {
   const controller = new AbortController();
   setMaxListeners(0, controller.signal);

@@ -7,8 +7,8 @@
  * process.cpuUsage() over the window (coordinator and every worker thread, not the mock server).
  */
 import { Pool } from 'undici';
-import { FIRST_GUESS_PROMPT, GUESS_NUMBER_SYSTEM_PROMPT, guessNumberTaskText } from '../../src/env/synthetic/guess-number.ts';
-import { createEngine, type Batch } from '../../src/index.ts';
+import { FIRST_GUESS_PROMPT, GUESS_NUMBER_DEFAULTS, GUESS_NUMBER_SYSTEM_PROMPT, guessNumberTaskText } from '../../src/env/synthetic/guess-number.ts';
+import { createEngine, type Batch, type TurnRecord } from '../../src/index.ts';
 import { chatPayload } from '../../src/llm/client.ts';
 import type { MockProcess } from '../../src/loadtest/mock-process.ts';
 import { threadCpuMs } from './machine.ts';
@@ -119,11 +119,12 @@ export async function engineThroughput(o: ThroughputOptions): Promise<Throughput
       }
     };
     const mockCpu0 = o.mock?.cpuMs() ?? null;
-    const bodies: string[] = [];
+    // Turns only, in the window: their bodies are serialised after it, off the engine's CPU figure.
+    const recorded: TurnRecord[] = [];
     const record = (batch: Batch) => {
       for (const g of batch.groups) for (const r of g.rollouts) for (const t of r.turns) {
-        if (bodies.length >= (o.recordBodies ?? 0)) return;
-        bodies.push(JSON.stringify(chatPayload(CLIENT, { messages: t.messages, maxTokens: o.maxTokens, temperature: 1, seed: t.seed ?? undefined })));
+        if (recorded.length >= (o.recordBodies ?? 0)) return;
+        recorded.push(t);
       }
     };
     const threads0 = threadCpuMs();
@@ -151,7 +152,7 @@ export async function engineThroughput(o: ThroughputOptions): Promise<Throughput
       cpuMs: (cpu.user + cpu.system) / 1000,
       workerLoopDelayMeanMs: Math.max(0, after.workers.reduce((n, w) => n + w.eventLoopDelayMeanMs, 0) / Math.max(1, after.workers.length) - WORKER_LOOP_MONITOR_RESOLUTION_MS),
       cpuSplit: cpuSplit(threads0, threads1, o.threads),
-      bodies,
+      bodies: recorded.map((t) => JSON.stringify(chatPayload(CLIENT, { messages: t.messages, maxTokens: o.maxTokens, temperature: 1, seed: t.seed ?? undefined }))),
       mockCpuMs: mockCpu0 !== null && mockCpu1 !== null ? mockCpu1 - mockCpu0 : null,
       detail: o.detail
         ? { groupOccupancy: acc.turns / Math.max(1, acc.slots), meanInferenceMs: acc.inferenceMs / Math.max(1, acc.turns), meanTurnMs: acc.turnMs / Math.max(1, acc.turns), turns: acc.turns }
@@ -187,7 +188,7 @@ export function firstTurnBody(maxTokens: number): string {
   return JSON.stringify(
     chatPayload(CLIENT, {
       messages: [
-        { role: 'system', content: `${GUESS_NUMBER_SYSTEM_PROMPT} ${guessNumberTaskText(1, 100, 8)}` },
+        { role: 'system', content: `${GUESS_NUMBER_SYSTEM_PROMPT} ${guessNumberTaskText(GUESS_NUMBER_DEFAULTS.min, GUESS_NUMBER_DEFAULTS.max, GUESS_NUMBER_DEFAULTS.maxTurns)}` },
         { role: 'user', content: FIRST_GUESS_PROMPT },
       ],
       maxTokens,

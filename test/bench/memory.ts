@@ -26,11 +26,11 @@
 import { fileURLToPath } from 'node:url';
 import { BroadcastChannel } from 'node:worker_threads';
 import { Pool } from 'undici';
-import { FIRST_GUESS_PROMPT, GUESS_NUMBER_DEFAULTS, GUESS_NUMBER_SYSTEM_PROMPT, guessNumberTaskText } from '../../src/env/synthetic/guess-number.ts';
 import { createEngine, type Engine, type RolloutState } from '../../src/index.ts';
 import { startMockProcess } from '../../src/loadtest/mock-process.ts';
 import { collectGarbage, PROBE_CHANNEL, threadMemory, type ProbeReply, type ThreadMemory } from './memory-probe.ts';
 import { startStallProxy, type StallProxy } from './stall-proxy.ts';
+import { firstTurnBody } from './engine-throughput.ts';
 
 const PROBE_MODULE = fileURLToPath(new URL('./memory-probe.ts', import.meta.url));
 
@@ -290,18 +290,7 @@ export async function bareRequestMemory(requests: number): Promise<BareRequestMe
   try {
     proxy = await startStallProxy(mock.url, 0);
     const pool = new Pool(new URL(proxy.url).origin, { connections: requests + 8, headersTimeout: 0, bodyTimeout: 0 });
-    const { min, max, maxTurns } = GUESS_NUMBER_DEFAULTS;
-    const body = JSON.stringify({
-      model: 'mock-policy',
-      messages: [
-        { role: 'system', content: `${GUESS_NUMBER_SYSTEM_PROMPT} ${guessNumberTaskText(min, max, maxTurns)}` },
-        { role: 'user', content: FIRST_GUESS_PROMPT },
-      ],
-      max_tokens: 64,
-      temperature: 1,
-      logprobs: true,
-      return_token_ids: true,
-    });
+    const body = firstTurnBody(64);
     try {
       collectGarbage();
       const before = threadMemory();

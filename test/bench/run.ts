@@ -78,8 +78,8 @@ function bareRun(url: string, bodies: readonly string[]): Promise<Sample> {
   return bareLoop({ url, concurrency, seconds, bodies });
 }
 
-function engineRun(url: string, workers: number, mock: MockProcess): Promise<ThroughputSample> {
-  return engineThroughput({ url, concurrency, threads: workers, seconds, groupSize, maxTokens, mock, recordBodies: RECORDED_BODIES });
+function engineRun(url: string, workers: number, mock: MockProcess, recordBodies = 0): Promise<ThroughputSample> {
+  return engineThroughput({ url, concurrency, threads: workers, seconds, groupSize, maxTokens, mock, recordBodies });
 }
 
 interface PythonRuns {
@@ -214,7 +214,7 @@ async function main(): Promise<void> {
   let bodies: string[] = [];
   try {
     for (let i = 0; i < repeats; i++) {
-      engine.push(await engineRun(mock.url, threads, mock));
+      engine.push(await engineRun(mock.url, threads, mock, bodies.length === 0 ? RECORDED_BODIES : 0));
       if (bodies.length === 0) bodies = engine[0].bodies;
       if (threads > 1) engineOne.push(await engineRun(mock.url, 1, mock));
       bare.push(await bareRun(mock.url, bodies));
@@ -360,7 +360,12 @@ async function main(): Promise<void> {
   for (const side of [scaling.one, scaling.two]) {
     console.log(`${`${side.threads} worker${side.threads > 1 ? 's' : ''}`.padEnd(10)}${fmt(side.stepsPerSecond.median)} steps/s (${spread(side.stepsPerSecond)})   cores busy: engine ${side.engineCores.toFixed(2)} + mock ${side.mockCores === null ? 'n/a' : side.mockCores.toFixed(2)} of ${cpus().length}`);
   }
-  console.log(`ratio 2 workers ÷ 1 worker: ${scaling.ratio.toFixed(2)}×${scaling.ceiling === null ? '' : `; this machine allows at most ${scaling.ceiling.toFixed(2)}× (${cpus().length} cores ÷ ${scaling.two.machineCpuUsPerStep!.toFixed(0)} µs of engine + mock CPU per step at 2 workers, ÷ the 1-worker rate)`}`);
+  console.log(
+    `ratio 2 workers ÷ 1 worker: ${scaling.ratio.toFixed(2)}×` +
+      (scaling.ceiling === null
+        ? ''
+        : `; ${scaling.cores} cores allow at most ${scaling.ceiling.toFixed(2)}× at the 1-worker cost per step (${scaling.one.machineCpuUsPerStep!.toFixed(0)} µs of engine + mock CPU; ${scaling.two.machineCpuUsPerStep!.toFixed(0)} µs at 2 workers)`),
+  );
   if (scaling.one.workerCpuUsPerStep !== null && scaling.two.workerCpuUsPerStep !== null) {
     console.log(`worker-thread CPU per step: ${scaling.one.workerCpuUsPerStep.toFixed(0)} µs with 1 worker, ${scaling.two.workerCpuUsPerStep.toFixed(0)} µs with 2 (equal: each worker does the same work per step, nothing in the engine holds the other back)`);
   }
@@ -424,7 +429,7 @@ async function main(): Promise<void> {
         detail: `${kb(m.perRollout.heapPlusArrayBuffersBytes)} vs ${kb(m.payloadHeld.totalBytes)}; V8 heap alone ${m.ratio.heap.toFixed(2)}×; without the pending HTTP call's own ${kb(ref.heapBytes + ref.arrayBufferBytes)} ${((m.perRollout.heapPlusArrayBuffersBytes - ref.heapBytes - ref.arrayBufferBytes) / m.payloadHeld.totalBytes).toFixed(2)}×${memory.rollouts < 10_000 ? ' (issue 7: 10k)' : ''}` }),
     ),
     row({ target: `6 · ${scaling.cpuCostUs} µs/step, ${scaling.concurrency} in flight`, figure: '2 workers ÷ 1 worker steps/s', value: scaling.ratio, limit: 1.7, kind: 'min', unit: '×',
-      detail: `${scaling.two.stepsPerSecond.median.toFixed(0)} vs ${scaling.one.stepsPerSecond.median.toFixed(0)}/s; 2 workers: engine ${scaling.two.engineCores.toFixed(2)} + mock ${scaling.two.mockCores?.toFixed(2) ?? 'n/a'} cores of ${cpus().length}${scaling.ceiling === null ? '' : `; at most ${scaling.ceiling.toFixed(2)}× on ${cpus().length} cores`}` }),
+      detail: `${scaling.two.stepsPerSecond.median.toFixed(0)} vs ${scaling.one.stepsPerSecond.median.toFixed(0)}/s; 2 workers: engine ${scaling.two.engineCores.toFixed(2)} + mock ${scaling.two.mockCores?.toFixed(2) ?? 'n/a'} cores of ${cpus().length}${scaling.ceiling === null ? '' : `; at most ${scaling.ceiling.toFixed(2)}× on ${scaling.cores} cores at the 1-worker cost per step`}` }),
   ];
   printTargets(result.targets);
   // Memory is not a matter of CPU time; every other part is.

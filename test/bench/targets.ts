@@ -172,10 +172,12 @@ export interface WorkerScaling {
   /** two ÷ one, medians. */
   ratio: number;
   /**
-   * What this machine allows two workers: all its cores ÷ the CPU a step costs at two workers (engine
-   * and mock), ÷ the one-worker rate. A ratio near it is the cores' limit, not the engine's.
+   * What this machine allows two workers if a step cost what it costs with one (engine and mock CPU):
+   * its cores ÷ that, ÷ the one-worker rate, at most 2. Below it, the rest is what running two workers
+   * beside the main thread and the mock adds per step (`two.machineCpuUsPerStep`).
    */
   ceiling: number | null;
+  cores: number;
 }
 
 export async function workerScaling(o: { cpuCostUs: number; concurrency: number; seconds: number; repeats: number; groupSize: number; maxTokens: number }): Promise<WorkerScaling> {
@@ -206,8 +208,9 @@ export async function workerScaling(o: { cpuCostUs: number; concurrency: number;
   };
   const one = side(1);
   const two = side(2);
-  const ceiling = two.machineCpuUsPerStep === null ? null : (availableParallelism() * 1e6) / two.machineCpuUsPerStep / one.stepsPerSecond.median;
-  return { cpuCostUs: o.cpuCostUs, concurrency: o.concurrency, one, two, ratio: two.stepsPerSecond.median / one.stepsPerSecond.median, ceiling };
+  const cores = availableParallelism();
+  const ceiling = one.machineCpuUsPerStep === null ? null : Math.min(2, (cores * 1e6) / one.machineCpuUsPerStep / one.stepsPerSecond.median);
+  return { cpuCostUs: o.cpuCostUs, concurrency: o.concurrency, one, two, ratio: two.stepsPerSecond.median / one.stepsPerSecond.median, ceiling, cores };
 }
 
 // --- target 5 ----------------------------------------------------------------------------------
