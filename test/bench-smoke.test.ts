@@ -17,6 +17,8 @@ describe('bench parts (smoke, no figures checked)', () => {
   it('records the chat bodies the engine sent, every turn of an episode, and the bare loop replays them', async () => {
     const engine = await engineThroughput({ url: mock.url, concurrency: 8, threads: 1, seconds: 0.2, groupSize: 4, maxTokens: 32, recordBodies: 50 });
     assert.ok(engine.operations > 0);
+    // Workers report their OS thread ids, so the CPU split finds them (Linux /proc).
+    if (process.platform === 'linux') assert.ok(engine.cpuSplit !== null && engine.cpuSplit.workersMs >= 0 && engine.cpuSplit.mainMs > 0);
     assert.ok(engine.bodies.length > 0 && engine.bodies.length <= 50);
     const sent = engine.bodies.map((b) => JSON.parse(b) as { model: string; messages: { role: string }[]; max_tokens: number; logprobs: boolean; return_token_ids: boolean });
     for (const body of sent) {

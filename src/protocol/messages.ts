@@ -67,6 +67,8 @@ export function isWorkerRegistration(value: unknown): value is WorkerRegistratio
 /** Live counters of one worker thread. */
 export interface WorkerStats {
   workerId: number;
+  /** The thread's id in the operating system (Linux tid: `top -H`, /proc/<pid>/task/<tid>); null elsewhere. */
+  osThreadId: number | null;
   inFlightGroups: number;
   /** Rollouts of the groups the worker holds, whatever their state. */
   inFlightRollouts: number;

@@ -6,6 +6,7 @@
  * Invariant: `runGroup` never rejects for an episode's failure — each rollout carries its own status —
  * so one bad environment cannot take the other groups sharing this worker down with it.
  */
+import { readlinkSync } from 'node:fs';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { threadId } from 'node:worker_threads';
 import { createActorPool, type ActorPool } from '../env/actor-pool.ts';
@@ -29,6 +30,16 @@ import { runEpisode, type AgentSettings, type EpisodeContext, type EpisodeHooks 
 import { runBlackBoxEpisode, type BlackBoxAgent } from './blackbox-loop.ts';
 import { PauseGate } from './pause-gate.ts';
 import { Slots } from '../slots.ts';
+
+/** This thread's Linux tid, read once (/proc/thread-self links to <pid>/task/<tid>); null off Linux. */
+const OS_THREAD_ID = ((): number | null => {
+  try {
+    const tid = Number(readlinkSync('/proc/thread-self').split('/').pop());
+    return Number.isInteger(tid) ? tid : null;
+  } catch {
+    return null;
+  }
+})();
 
 export type WorkerEnvSettings =
   | { kind: 'module'; moduleUrl: string; exportName: string; params: EnvParams; poolSize: number | null }
@@ -164,6 +175,7 @@ export class WorkerRuntime implements WorkerControl {
   stats(): WorkerStats {
     const stats: WorkerStats = {
       workerId: threadId,
+      osThreadId: OS_THREAD_ID,
       inFlightGroups: this.#inFlightGroups,
       inFlightRollouts: this.#inFlightRollouts,
       episodesRunning: this.#episodesRunning,

@@ -69,8 +69,8 @@ export interface ThroughputSample extends Sample {
    */
   workerLoopDelayMeanMs: number;
   /**
-   * CPU over the window by thread (ms): the main thread, the `threads` busiest other threads (the
-   * workers), and the rest (V8's GC and compiler helpers, libuv's pool); null where /proc is unreadable.
+   * CPU over the window by thread (ms): the main thread, the worker threads (by the OS thread ids they
+   * report), and the rest (V8's GC and compiler helpers, libuv's pool); null where /proc is unreadable.
    */
   cpuSplit: { mainMs: number; workersMs: number; helpersMs: number } | null;
   /** With `recordBodies`: the chat bodies of the turns taken, as the engine's client serialised them. */
@@ -151,7 +151,7 @@ export async function engineThroughput(o: ThroughputOptions): Promise<Throughput
       seconds: elapsed,
       cpuMs: (cpu.user + cpu.system) / 1000,
       workerLoopDelayMeanMs: Math.max(0, after.workers.reduce((n, w) => n + w.eventLoopDelayMeanMs, 0) / Math.max(1, after.workers.length) - WORKER_LOOP_MONITOR_RESOLUTION_MS),
-      cpuSplit: cpuSplit(threads0, threads1, o.threads),
+      cpuSplit: cpuSplit(threads0, threads1, after.workers.map((w) => w.osThreadId)),
       bodies: recorded.map((t) => JSON.stringify(chatPayload(CLIENT, { messages: t.messages, maxTokens: o.maxTokens, temperature: 1, seed: t.seed ?? undefined }))),
       mockCpuMs: mockCpu0 !== null && mockCpu1 !== null ? mockCpu1 - mockCpu0 : null,
       detail: o.detail
@@ -163,18 +163,17 @@ export async function engineThroughput(o: ThroughputOptions): Promise<Throughput
   }
 }
 
-function cpuSplit(before: Map<number, number> | null, after: Map<number, number> | null, workers: number): ThroughputSample['cpuSplit'] {
-  if (before === null || after === null) return null;
-  let mainMs = 0;
-  const others: number[] = [];
+function cpuSplit(before: Map<number, number> | null, after: Map<number, number> | null, workerTids: (number | null)[]): ThroughputSample['cpuSplit'] {
+  if (before === null || after === null || workerTids.some((tid) => tid === null)) return null;
+  const workers = new Set(workerTids);
+  const split = { mainMs: 0, workersMs: 0, helpersMs: 0 };
   for (const [tid, ms] of after) {
     const used = ms - (before.get(tid) ?? 0);
-    if (tid === process.pid) mainMs = used;
-    else others.push(used);
+    if (tid === process.pid) split.mainMs += used;
+    else if (workers.has(tid)) split.workersMs += used;
+    else split.helpersMs += used;
   }
-  others.sort((a, b) => b - a);
-  const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
-  return { mainMs, workersMs: sum(others.slice(0, workers)), helpersMs: sum(others.slice(workers)) };
+  return split;
 }
 
 /**
