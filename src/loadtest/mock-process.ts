@@ -115,8 +115,13 @@ export async function stopChild(child: ChildProcess): Promise<void> {
 const CLOCK_TICKS_PER_SECOND = 100;
 
 function processCpuMs(pid: number): number | null {
+  return statCpuMs(`/proc/${pid}/stat`);
+}
+
+/** User + system CPU (ms) from a Linux stat file (a process's, or a thread's /proc/<pid>/task/<tid>/stat); null if unreadable. */
+export function statCpuMs(path: string): number | null {
   try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const stat = readFileSync(path, 'utf8');
     // Fields after the command name (which may hold spaces, hence the last ')'): utime is the 14th, stime the 15th.
     const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
     const ticks = Number(fields[11]) + Number(fields[12]);

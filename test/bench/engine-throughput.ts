@@ -182,7 +182,7 @@ function cpuSplit(before: Map<number, number> | null, after: Map<number, number>
  */
 const CLIENT = { model: 'mock-policy', logprobs: true, returnTokenIds: true };
 
-/** A first-turn guess-number body, for a bare loop run before any engine bodies are recorded. */
+/** A first-turn guess-number body with the env's defaults: the bare references for pauses and memory send it. */
 export function firstTurnBody(maxTokens: number): string {
   return JSON.stringify(
     chatPayload(CLIENT, {

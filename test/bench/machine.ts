@@ -9,6 +9,7 @@
  * after its children are gone.
  */
 import { readdirSync, readFileSync } from 'node:fs';
+import { statCpuMs } from '../../src/loadtest/mock-process.ts';
 
 /** USER_HZ: 100 on every mainstream Linux configuration. */
 const TICKS_PER_SECOND = 100;
@@ -72,13 +73,8 @@ export function threadCpuMs(): Map<number, number> | null {
   try {
     const out = new Map<number, number>();
     for (const tid of readdirSync('/proc/self/task')) {
-      try {
-        const stat = readFileSync(`/proc/self/task/${tid}/stat`, 'utf8');
-        const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-        out.set(Number(tid), ((Number(f[11]) + Number(f[12])) * 1000) / TICKS_PER_SECOND);
-      } catch {
-        // the thread ended between the listing and the read
-      }
+      const ms = statCpuMs(`/proc/self/task/${tid}/stat`);
+      if (ms !== null) out.set(Number(tid), ms); // null: the thread ended between the listing and the read
     }
     return out;
   } catch {

@@ -317,7 +317,7 @@ async function main(): Promise<void> {
     if (sp) console.log(`engine CPU per step by thread, ${label}: main ${sp.mainUs.toFixed(0)} µs + workers ${sp.workersUs.toFixed(0)} µs + V8/libuv helper threads (GC, compiler) ${sp.helpersUs.toFixed(0)} µs`);
   }
   console.log(describeShare(cpuShare.throughput, cpus().length));
-  console.log(`\nratio engine/bare: CPU per step ${result.ratios.engineCpuPerStepOverBareCpuPerRequest.toFixed(2)}×${engineOneCpu ? ` (1 worker: ${(engineOneCpu.median / bareCpu.median).toFixed(2)}×)` : ''}, throughput ${result.ratios.engineStepsPerSecondOverBareRequestsPerSecond.toFixed(2)}×`);
+  console.log(`\nratio engine/bare: CPU per step ${result.ratios.engineCpuPerStepOverBareCpuPerRequest.toFixed(2)}×${result.ratios.engineOneWorkerCpuPerStepOverBareCpuPerRequest === null ? '' : ` (1 worker: ${result.ratios.engineOneWorkerCpuPerStepOverBareCpuPerRequest.toFixed(2)}×)`}, throughput ${result.ratios.engineStepsPerSecondOverBareRequestsPerSecond.toFixed(2)}×`);
   if (pyExecutor) {
     const direct = result.ratios.engineStepsPerSecondOverPythonDirectStepsPerSecond;
     console.log(
@@ -358,7 +358,7 @@ async function main(): Promise<void> {
   console.log(describeShare(cpuShare.latencyBound, cpus().length));
   console.log(`\nworker scaling: guess-number burning ${scaling.cpuCostUs} µs CPU per step, ${scaling.concurrency} in flight, 0 ms latency; ${seconds} s × ${repeats} repeats`);
   for (const side of [scaling.one, scaling.two]) {
-    console.log(`${`${side.threads} worker${side.threads > 1 ? 's' : ''}`.padEnd(10)}${fmt(side.stepsPerSecond.median)} steps/s (${spread(side.stepsPerSecond)})   cores busy: engine ${side.engineCores.toFixed(2)} + mock ${side.mockCores === null ? 'n/a' : side.mockCores.toFixed(2)} of ${cpus().length}`);
+    console.log(`${workersLabel(side.threads).padEnd(10)}${fmt(side.stepsPerSecond.median)} steps/s (${spread(side.stepsPerSecond)})   cores busy: engine ${side.engineCores.toFixed(2)} + mock ${side.mockCores === null ? 'n/a' : side.mockCores.toFixed(2)} of ${cpus().length}`);
   }
   console.log(
     `ratio 2 workers ÷ 1 worker: ${scaling.ratio.toFixed(2)}×` +
