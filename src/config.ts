@@ -109,7 +109,7 @@ const LlmSpec = z.strictObject({
   url: z.union([httpUrl, z.array(httpUrl).min(1)]).nullable().default(null),
   model: z.string().min(1).default('mock-policy'),
   apiKey: z.string().nullable().default(null),
-  /** Budget for one inference request, headers and body included. */
+  /** Budget for one inference request, headers and body included (with `stream`: until the first event, then between events). */
   timeoutMs: positiveInt.default(120_000),
   /** Extra attempts after a 429, a 5xx or a transport error. */
   retries: nonNegativeInt.default(3),
@@ -119,6 +119,12 @@ const LlmSpec = z.strictObject({
   /** Ask for vLLM-style token ids (`return_token_ids`) and logprobs. */
   returnTokenIds: z.boolean().default(true),
   logprobs: z.boolean().default(true),
+  /**
+   * Ask for streamed replies (`stream: true`, server-sent events), read as they arrive. With
+   * `pause.mode: abort`, a pause then returns each call in flight at once with the tokens it holds,
+   * instead of waiting for the server's aborted answers; costs a little CPU per event.
+   */
+  stream: z.boolean().default(false),
   /** Send a per-rollout, per-turn `seed`, so a continued generation samples like the one it continues. */
   sendSeed: z.boolean().default(true),
   /** Server route that aborts every request in flight (SGLang `/abort_request`); null = cancel client-side. */

@@ -41,6 +41,37 @@ async function chat(mock: MockLlm, body: Record<string, unknown>): Promise<Compl
   return json as Completion;
 }
 
+interface Chunk {
+  id: string;
+  object: string;
+  choices: { delta: { role?: string; content?: string }; finish_reason: string | null; token_ids?: number[]; logprobs: Completion['choices'][0]['logprobs'] }[];
+  prompt_token_ids?: number[];
+  usage?: Completion['usage'];
+  metadata?: { weight_version: number };
+}
+
+/** The data of each server-sent event of a streamed completion, in order; `onEvent` sees them as they arrive. */
+async function streamEvents(mock: MockLlm, body: Record<string, unknown>, onEvent?: (data: string) => void): Promise<string[]> {
+  const res = await request(`${mock.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  assert.equal(res.statusCode, 200);
+  assert.match(String(res.headers['content-type']), /^text\/event-stream/);
+  const events: string[] = [];
+  let pending = '';
+  for await (const chunk of res.body) {
+    pending += chunk.toString('utf8');
+    let end: number;
+    while ((end = pending.indexOf('\n\n')) !== -1) {
+      const event = pending.slice(0, end);
+      pending = pending.slice(end + 2);
+      assert.ok(event.startsWith('data: '), event);
+      events.push(event.slice(6));
+      onEvent?.(event.slice(6));
+    }
+  }
+  assert.equal(pending, '');
+  return events;
+}
+
 const HELLO = [{ role: 'user', content: 'Say something.' }];
 const GUESS_PROMPT = (() => {
   const env = createGuessNumber();
@@ -106,7 +137,8 @@ describe('mock inference server', () => {
       [{ messages: [{ role: 'user', content: 42 }] }, 'messages[0].content', /messages\[0\]\.content must be .* \(got 42\)/],
       [{ messages: HELLO, max_tokens: -3 }, 'max_tokens', /max_tokens must be a positive integer \(got -3\)/],
       [{ messages: HELLO, logprobs: 'yes' }, 'logprobs', /logprobs must be a boolean \(got "yes"\)/],
-      [{ messages: HELLO, stream: true }, 'stream', /stream is not supported by the mock/],
+      [{ messages: HELLO, stream_options: { include_usage: true } }, 'stream_options', /stream_options is only allowed with stream: true/],
+      [{ messages: HELLO, stream: true, stream_options: { include_usage: 1 } }, 'stream_options.include_usage', /stream_options.include_usage must be a boolean \(got 1\)/],
     ];
     for (const [body, param, message] of cases) {
       const { status, json } = await call(mock, 'POST', '/v1/chat/completions', body);
@@ -137,6 +169,54 @@ describe('mock inference server', () => {
     assert.equal(choice.token_ids!.length, reply.usage.completion_tokens);
     assert.equal(choice.logprobs!.content.length, reply.usage.completion_tokens);
     assert.equal(decode(choice.token_ids!), choice.message.content);
+    assert.deepEqual([mock.stats().aborted, mock.stats().inFlight], [1, 0]);
+  });
+
+  it('streams a reply as vLLM does (role first, then tokens, finish reason, usage, [DONE]) adding up to the whole reply', async (t) => {
+    const mock = await start(t, { tokensPerSecond: 4000, thinkTokens: 120, streamIntervalMs: 5, seed: 1 });
+    const body = { messages: GUESS_PROMPT, seed: 9, return_token_ids: true, logprobs: true };
+    const whole = (await chat(mock, body)).choices[0];
+    const events = await streamEvents(mock, { ...body, stream: true, stream_options: { include_usage: true } });
+    assert.equal(events.at(-1), '[DONE]');
+    const chunks = events.slice(0, -1).map((e) => JSON.parse(e) as Chunk);
+    assert.ok(chunks.every((c) => c.object === 'chat.completion.chunk' && c.id === chunks[0].id));
+    assert.deepEqual(chunks[0].choices[0].delta, { role: 'assistant', content: '' });
+    assert.ok(chunks[0].prompt_token_ids!.length > 0);
+    const usage = chunks.at(-1)!;
+    assert.deepEqual(usage.choices, []);
+    const tokens = chunks.slice(1, -1);
+    assert.ok(tokens.length > 2, `${tokens.length} token events: the reply came in pieces`);
+    assert.ok(tokens.slice(0, -1).every((c) => c.choices[0].finish_reason === null));
+    assert.equal(tokens.at(-1)!.choices[0].finish_reason, whole.finish_reason);
+    assert.equal(tokens.at(-1)!.metadata!.weight_version, 0);
+    const ids = tokens.flatMap((c) => c.choices[0].token_ids!);
+    assert.deepEqual(ids, whole.token_ids);
+    assert.equal(tokens.map((c) => c.choices[0].delta.content).join(''), whole.message.content);
+    assert.deepEqual(tokens.flatMap((c) => c.choices[0].logprobs!.content.map((l) => l.logprob)), whole.logprobs!.content.map((l) => l.logprob));
+    assert.equal(usage.usage!.completion_tokens, ids.length);
+  });
+
+  it('ends a stream aborted mid-way with finish_reason abort, its events holding exactly the tokens generated', async (t) => {
+    const mock = await start(t, { tokensPerSecond: 2000, thinkTokens: 4000, streamIntervalMs: 5 });
+    const events: string[] = [];
+    let twoTokenEvents!: () => void;
+    const started = new Promise<void>((r) => (twoTokenEvents = r));
+    const reading = streamEvents(mock, { messages: HELLO, return_token_ids: true, logprobs: true, stream: true, stream_options: { include_usage: true } }, (e) => {
+      events.push(e);
+      if (events.length === 3) twoTokenEvents(); // the role event and two with tokens
+    });
+    await started;
+    assert.deepEqual(await call(mock, 'POST', '/admin/abort'), { status: 200, json: { aborted: 1 } });
+    const all = await reading;
+    assert.equal(all.at(-1), '[DONE]');
+    const chunks = all.slice(1, -1).map((e) => JSON.parse(e) as Chunk);
+    const usage = chunks.pop()!;
+    assert.equal(chunks.at(-1)!.choices[0].finish_reason, 'abort');
+    const ids = chunks.flatMap((c) => c.choices[0].token_ids!);
+    assert.ok(ids.length > 0 && ids.length < 4000, `${ids.length} tokens`);
+    assert.equal(usage.usage!.completion_tokens, ids.length);
+    assert.equal(chunks.flatMap((c) => c.choices[0].logprobs!.content).length, ids.length);
+    assert.equal(decode(ids), chunks.map((c) => c.choices[0].delta.content).join(''));
     assert.deepEqual([mock.stats().aborted, mock.stats().inFlight], [1, 0]);
   });
 

@@ -58,7 +58,7 @@ describe('weight updates with partial rollouts, against the mock server over HTT
   let mock: MockLlm;
   const engines: Engine[] = [];
   before(async () => {
-    mock = await startMockLlm({ port: 0, tokensPerSecond: 1000, latencyMs: 2, thinkTokens: 30, seed: 3 });
+    mock = await startMockLlm({ port: 0, tokensPerSecond: 1000, latencyMs: 2, thinkTokens: 30, seed: 3, streamIntervalMs: 5 });
   });
   after(async () => {
     await Promise.all(engines.map((e) => e.close()));
@@ -111,30 +111,34 @@ describe('weight updates with partial rollouts, against the mock server over HTT
     assert.equal(stats.groups.taken, 40);
   });
 
-  it('a continued generation is exactly the token sequence the server would have produced uninterrupted', async () => {
-    // The mock samples from (its seed, the request seed); the engine sends one seed per rollout turn and
-    // reuses it for the continuation, so partial + continuation must equal one straight generation.
-    const engine = createEngine(asyncConfig(mock));
-    engines.push(engine);
-    await engine.start();
-    // Whether a pause catches a generation half-way is up to timing: train on until one did (bounded).
-    const continuedIn = (b: NormalBatch) => b.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns.filter((t) => new Set(t.modelSteps).size > 1)));
-    const batches: NormalBatch[] = [];
-    for (let first = 1; first <= 21 && !batches.some((b) => continuedIn(b).length > 0); first += 4) batches.push(...(await train(engine, mock, 4, 2, first)).batches);
-    const continued = batches.flatMap(continuedIn);
-    assert.ok(continued.length > 0, 'at least one turn was continued after a pause');
-    for (const turn of continued) {
-      assert.equal(typeof turn.seed, 'number');
-      const res = await fetch(`${mock.url}/v1/chat/completions`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ model: 'mock-policy', messages: turn.messages, max_tokens: 200, seed: turn.seed, return_token_ids: true }),
-      });
-      const body = (await res.json()) as { choices: { token_ids: number[]; message: { content: string } }[] };
-      assert.deepEqual([...turn.responseIds!], body.choices[0].token_ids);
-      assert.equal(turn.response, body.choices[0].message.content);
-    }
-  });
+  for (const stream of [false, true]) {
+    const what = stream ? 'streamed and held by the pause (llm.stream)' : 'aborted by the server';
+    it(`a continued generation is exactly the token sequence the server would have produced uninterrupted: ${what}`, async () => {
+      // The mock samples from (its seed, the request seed); the engine sends one seed per rollout turn and
+      // reuses it for the continuation, so partial + continuation must equal one straight generation.
+      // Streamed, the partial is what the worker held when the pause came, not what the server answered.
+      const engine = createEngine(asyncConfig(mock, { llm: { url: mock.url, abortPath: '/admin/abort', stream } }));
+      engines.push(engine);
+      await engine.start();
+      // Whether a pause catches a generation half-way is up to timing: train on until one did (bounded).
+      const continuedIn = (b: NormalBatch) => b.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns.filter((t) => new Set(t.modelSteps).size > 1)));
+      const batches: NormalBatch[] = [];
+      for (let first = 1; first <= 21 && !batches.some((b) => continuedIn(b).length > 0); first += 4) batches.push(...(await train(engine, mock, 4, 2, first)).batches);
+      const continued = batches.flatMap(continuedIn);
+      assert.ok(continued.length > 0, 'at least one turn was continued after a pause');
+      for (const turn of continued) {
+        assert.equal(typeof turn.seed, 'number');
+        const res = await fetch(`${mock.url}/v1/chat/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ model: 'mock-policy', messages: turn.messages, max_tokens: 200, seed: turn.seed, return_token_ids: true }),
+        });
+        const body = (await res.json()) as { choices: { token_ids: number[]; message: { content: string } }[] };
+        assert.deepEqual([...turn.responseIds!], body.choices[0].token_ids);
+        assert.equal(turn.response, body.choices[0].message.content);
+      }
+    });
+  }
 
   it('drain mode lets in-flight calls finish, then stops every rollout at a turn boundary', async () => {
     const engine = createEngine(asyncConfig(mock, { pause: { mode: 'drain' } }));

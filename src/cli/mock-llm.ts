@@ -5,7 +5,7 @@ export const MOCK_LLM_HELP = `Usage: rollout mock-llm [options]
 
 Start the built-in mock inference server (OpenAI-compatible) and keep it running until Ctrl-C.
 It plays the synthetic environments imperfectly, returns real BPE token ids and logprobs in the
-vLLM shape, and can be aborted or given a new weight version like a real server.
+vLLM shape (whole or streamed as server-sent events), and can be aborted or given a new weight version like a real server.
 
 Options:
   --port <n>               port to listen on (default 8000; 0 = any free port)
@@ -13,6 +13,7 @@ Options:
   --model <name>           model id it serves (default mock-policy)
   --latency-ms <ms>        fixed latency per request (default 0)
   --tokens-per-second <n>  generation rate per request; 0 = instant (default 0)
+  --stream-interval-ms <ms>  a streamed reply (stream: true) sends its new tokens this often (default 20)
   --think-tokens <n>       filler tokens before every answer, to size responses (default 0)
   --mistake-rate <p>       how often the policy plays badly, 0..1 (default 0.3)
   --error-rate <p>         fraction of requests answered 500, 0..1 (default 0)
@@ -32,6 +33,7 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
       model: { type: 'string' },
       'latency-ms': { type: 'string' },
       'tokens-per-second': { type: 'string' },
+      'stream-interval-ms': { type: 'string' },
       'think-tokens': { type: 'string' },
       'mistake-rate': { type: 'string' },
       'error-rate': { type: 'string' },
@@ -52,6 +54,7 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
     model: values.model,
     latencyMs: numberFlag('latency-ms', values['latency-ms']),
     tokensPerSecond: numberFlag('tokens-per-second', values['tokens-per-second']),
+    streamIntervalMs: numberFlag('stream-interval-ms', values['stream-interval-ms']),
     thinkTokens: intFlag('think-tokens', values['think-tokens']),
     mistakeRate: numberFlag('mistake-rate', values['mistake-rate'], { max: 1 }),
     errorRate: numberFlag('error-rate', values['error-rate'], { max: 1 }),

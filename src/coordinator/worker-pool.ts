@@ -210,6 +210,9 @@ export function workerInit(config: ResolvedConfig, llmUrls: string[], control: S
         returnTokenIds: llm.returnTokenIds,
         logprobs: llm.logprobs,
         sessionPath: llm.sessionPath,
+        stream: llm.stream,
+        // Drain mode lets every call finish on the old weights; only an aborting pause holds streams.
+        holdOnPause: llm.stream && config.pause.mode === 'abort',
       },
       default: { urls: llmUrls, model: llm.model, temperature: null, maxTokens: null },
       policies: Object.fromEntries(

@@ -13,6 +13,7 @@ import type { ChatMessage } from '../protocol/rollout.ts';
 import { LlmError } from './errors.ts';
 import { Exchanges, type ExchangeResult } from './exchange.ts';
 import { parseChatReply, type ChatResult } from './reply.ts';
+import { ChatStream } from './stream-reply.ts';
 
 export interface LlmClientOptions {
   url: string;
@@ -34,6 +35,18 @@ export interface LlmClientOptions {
   paused?: () => boolean;
   /** Told in the same tick as a call is handed to the transport (the pause broadcast's last-send clock). */
   onSend?: () => void;
+  /**
+   * Ask for the reply as server-sent events (`stream: true`, usage included) and read them as they
+   * arrive (llm/stream-reply.ts). Replies are the same; a streamed call holds its tokens before the end.
+   */
+  stream?: boolean;
+  /**
+   * With `stream`: when `hold` aborts (a pause in abort mode), a call in flight settles at once as an
+   * aborted generation with the tokens it holds, instead of waiting for the server's aborted answer.
+   */
+  holdOnPause?: boolean;
+  /** The pause gate's hold signal (rollout/pause-gate.ts), read per call: a fresh one after each resume. */
+  hold?: () => CancelSignal;
 }
 
 export interface ChatRequest {
@@ -50,7 +63,7 @@ export interface ChatRequest {
 }
 
 /** The OpenAI chat-completions request body for `request` (the object; each attempt serialises it). */
-export function chatPayload(options: Pick<LlmClientOptions, 'model' | 'logprobs' | 'returnTokenIds'>, request: ChatRequest): object {
+export function chatPayload(options: Pick<LlmClientOptions, 'model' | 'logprobs' | 'returnTokenIds' | 'stream'>, request: ChatRequest): object {
   const continuing = request.continueFrom !== undefined;
   return {
     model: options.model,
@@ -61,6 +74,7 @@ export function chatPayload(options: Pick<LlmClientOptions, 'model' | 'logprobs'
     ...(continuing ? { continue_final_message: true, add_generation_prompt: false } : {}),
     ...(options.logprobs ? { logprobs: true } : {}),
     ...(options.returnTokenIds ? { return_token_ids: true } : {}),
+    ...(options.stream ? { stream: true, stream_options: { include_usage: true } } : {}),
   };
 }
 
@@ -103,7 +117,8 @@ export class LlmClient {
     this.#pool = new Pool(url.origin, {
       connections: options.connections,
       // A non-streaming completion sends its headers only once generation is done: both timeouts are the
-      // whole request budget (a stalled body is cut the same way), so no per-call timer is needed.
+      // whole request budget (a stalled body is cut the same way), so no per-call timer is needed. A
+      // streamed one is bounded the same way until its first event, then between events.
       headersTimeout: options.timeoutMs,
       bodyTimeout: options.timeoutMs,
       keepAliveTimeout: 60_000,
@@ -149,6 +164,8 @@ export class LlmClient {
       // fault there is not mistaken for a transport error.
       let response: ExchangeResult | null = null;
       let failure: unknown = null;
+      // Per attempt: a retry reads its own stream from the start.
+      const events = this.#options.stream ? new ChatStream({ tokenIds: this.#options.returnTokenIds, logprobs: this.#options.logprobs }) : undefined;
       try {
         this.#options.onSend?.();
         response = await this.#exchanges.run(
@@ -156,14 +173,15 @@ export class LlmClient {
           this.#origin,
           // Bytes of their own, not a string: undici keeps the body referenced until the answer arrives,
           // and copies a string into shared 8 KiB Buffer pool slabs, which a few live bodies pin whole.
-          { method: 'POST', path, headers: this.#headers, body: utf8.encode(JSON.stringify(payload)) },
+          { method: 'POST', path, headers: this.#headers, body: utf8.encode(JSON.stringify(payload)), events },
           signal,
+          events !== undefined && this.#options.holdOnPause ? this.#options.hold?.() : undefined,
         );
       } catch (err) {
         if (signal?.aborted) throw aborted(signal);
         failure = err;
       }
-      const outcome = response !== null ? this.#outcomeOf(response) : this.#transportOutcome(failure);
+      const outcome = response !== null ? this.#outcomeOf(response, events) : this.#transportOutcome(failure);
       if (outcome.ok) return outcome.result;
       if (!outcome.retryable || attempt >= attempts) throw outcome.error;
       lastError = outcome.error;
@@ -191,8 +209,10 @@ export class LlmClient {
   }
 
   /** What an answer means: the parsed reply, or an error (retryable for 429 and 5xx). */
-  #outcomeOf(response: ExchangeResult): Outcome {
+  #outcomeOf(response: ExchangeResult, events: ChatStream | undefined): Outcome {
     const { statusCode, text } = response;
+    // Held by a pause: the tokens that have arrived are the partial generation, whatever the answer was to be.
+    if (response.held && events !== undefined) return this.#streamOutcome(() => events.held());
     if (statusCode !== 200) {
       return {
         ok: false,
@@ -201,6 +221,7 @@ export class LlmClient {
         error: new LlmError('ERR_LLM_HTTP', `inference server answered ${statusCode}: ${serverMessage(text)}`, { status: statusCode }),
       };
     }
+    if (response.streamed && events !== undefined) return this.#streamOutcome(() => events.result());
     let json: unknown;
     try {
       json = JSON.parse(text);
@@ -209,6 +230,14 @@ export class LlmClient {
     }
     try {
       return { ok: true, result: parseChatReply(json) };
+    } catch (err) {
+      return { ok: false, retryable: false, error: err as LlmError };
+    }
+  }
+
+  #streamOutcome(read: () => ChatResult): Outcome {
+    try {
+      return { ok: true, result: read() };
     } catch (err) {
       return { ok: false, retryable: false, error: err as LlmError };
     }

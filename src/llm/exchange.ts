@@ -14,76 +14,123 @@ export interface ExchangeRequest {
   path: string;
   headers: Record<string, string>;
   body?: Uint8Array | string | null;
+  /**
+   * Takes the body of a 200 `text/event-stream` answer chunk by chunk as it arrives, instead of it
+   * being collected (a streamed completion). Any other answer is collected as usual.
+   */
+  events?: BodySink;
+}
+
+export interface BodySink {
+  write(chunk: Uint8Array): void;
 }
 
 export interface ExchangeResult {
   statusCode: number;
   headers: Record<string, string | string[] | undefined>;
-  /** The whole body as UTF-8 text. */
+  /** The whole body as UTF-8 text; empty when it went to the request's `events` sink. */
   text: string;
+  /** The body went to the `events` sink. */
+  streamed: boolean;
+  /**
+   * Settled by a hold before the answer ended: the rest is read and dropped, so the connection is
+   * reused once the server ends the answer (its abort), and is not handed to the sink.
+   */
+  held: boolean;
 }
 
 /**
- * The exchanges in flight on one client, by the signal that cancels them. Invariant: a call is in its
- * signal's set from dispatch until it settles or the signal aborts (the abort cancels every call in
- * the set and empties it), and each signal carries at most one listener from here.
+ * The exchanges in flight on one client, by the signal that cancels them and the one that holds them.
+ * Invariant: a call is in a signal's set from dispatch until undici is done with it or the signal
+ * aborts (the abort acts on every call in the set and empties it), and each signal carries at most one
+ * listener from here.
  */
 export class Exchanges {
-  readonly #bySignal = new WeakMap<CancelSignal, Set<Exchange>>();
+  readonly #cancelling = new WeakMap<CancelSignal, Set<Exchange>>();
+  readonly #holding = new WeakMap<CancelSignal, Set<Exchange>>();
 
   /**
    * Sends `request` and reads the whole answer. Rejects with undici's error (timeouts, transport), or
-   * with the signal's reason once it aborts.
+   * with `signal`'s reason once it aborts. `hold` aborting settles the call at once with what it has
+   * (`held`), however far the answer got.
    */
-  run(dispatcher: Dispatcher, origin: string, request: ExchangeRequest, signal?: CancelSignal): Promise<ExchangeResult> {
+  run(dispatcher: Dispatcher, origin: string, request: ExchangeRequest, signal?: CancelSignal, hold?: CancelSignal): Promise<ExchangeResult> {
     if (signal?.aborted) return Promise.reject(signal.reason);
     return new Promise<ExchangeResult>((resolve, reject) => {
-      const calls = signal === undefined ? null : this.#callsOf(signal);
-      const exchange = new Exchange(resolve, reject, calls);
-      calls?.add(exchange);
+      const exchange = new Exchange(resolve, reject, request.events ?? null);
+      if (signal !== undefined) exchange.track(callsOf(this.#cancelling, signal, (call, reason) => call.cancel(reason)));
+      if (hold !== undefined) {
+        if (hold.aborted) {
+          // Paused before it was sent: nothing reached the server, so there is nothing to hold.
+          resolve({ statusCode: 0, headers: {}, text: '', streamed: false, held: true });
+          return;
+        }
+        exchange.track(callsOf(this.#holding, hold, (call) => call.hold()));
+      }
       dispatcher.dispatch({ origin, method: request.method, path: request.path, headers: request.headers, body: request.body ?? null }, exchange);
     });
   }
-
-  #callsOf(signal: CancelSignal): Set<Exchange> {
-    let calls = this.#bySignal.get(signal);
-    if (calls === undefined) {
-      const set = new Set<Exchange>();
-      signal.addEventListener('abort', () => {
-        for (const call of set) call.cancel(signal.reason);
-        set.clear();
-      }, { once: true });
-      this.#bySignal.set(signal, set);
-      calls = set;
-    }
-    return calls;
-  }
 }
 
-/** undici's handler for one exchange; settles its promise exactly once. */
+function callsOf(bySignal: WeakMap<CancelSignal, Set<Exchange>>, signal: CancelSignal, act: (call: Exchange, reason: unknown) => void): Set<Exchange> {
+  let calls = bySignal.get(signal);
+  if (calls === undefined) {
+    const set = new Set<Exchange>();
+    signal.addEventListener('abort', () => {
+      for (const call of set) act(call, signal.reason);
+      set.clear();
+    }, { once: true });
+    bySignal.set(signal, set);
+    calls = set;
+  }
+  return calls;
+}
+
+/**
+ * undici's handler for one exchange; settles its promise exactly once. A hold settles it early, and it
+ * stays registered (cancellable) until undici is done with it.
+ */
 class Exchange implements Dispatcher.DispatchHandler {
   readonly #resolve: (result: ExchangeResult) => void;
   readonly #reject: (err: unknown) => void;
-  readonly #calls: Set<Exchange> | null;
+  readonly #events: BodySink | null;
+  /** The sets this call is registered in (by its cancel and hold signals). */
+  #sets: Set<Exchange>[] | null = null;
   #controller: Dispatcher.DispatchController | null = null;
   /** Set when cancelled before undici handed over its controller: it aborts as soon as it does. */
   #cancelReason: unknown = undefined;
   #statusCode = 0;
   #headers: ExchangeResult['headers'] = {};
   #chunks: Buffer[] = [];
+  /** The body goes to `#events` (a 200 event stream), not to `#chunks`. */
+  #streamed = false;
   #settled = false;
+  #done = false;
 
-  constructor(resolve: (result: ExchangeResult) => void, reject: (err: unknown) => void, calls: Set<Exchange> | null) {
+  constructor(resolve: (result: ExchangeResult) => void, reject: (err: unknown) => void, events: BodySink | null) {
     this.#resolve = resolve;
     this.#reject = reject;
-    this.#calls = calls;
+    this.#events = events;
+  }
+
+  track(calls: Set<Exchange>): void {
+    calls.add(this);
+    (this.#sets ??= []).push(calls);
   }
 
   cancel(reason: unknown): void {
-    if (this.#settled) return;
+    if (this.#done) return;
     const error = reason ?? new Error('aborted');
     if (this.#controller !== null) this.#controller.abort(error as Error);
     else this.#cancelReason = error;
+  }
+
+  /** Settle now with what has arrived; a call not yet sent is cancelled instead (the server never saw it). */
+  hold(): void {
+    if (this.#settled) return;
+    if (this.#controller === null) this.#cancelReason = new Error('held by a pause before it was sent');
+    this.#settle();
+    this.#resolve({ statusCode: this.#statusCode, headers: this.#headers, text: '', streamed: this.#streamed, held: true });
   }
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
@@ -94,22 +141,30 @@ class Exchange implements Dispatcher.DispatchHandler {
   onResponseStart(_controller: Dispatcher.DispatchController, statusCode: number, headers: ExchangeResult['headers']): void {
     this.#statusCode = statusCode;
     this.#headers = headers;
+    const type = headers['content-type'];
+    this.#streamed = this.#events !== null && statusCode === 200 && typeof type === 'string' && type.startsWith('text/event-stream');
   }
 
   onResponseData(_controller: Dispatcher.DispatchController, chunk: Buffer): void {
-    this.#chunks.push(chunk);
+    if (this.#settled) return; // held: the rest is dropped
+    if (this.#streamed) this.#events!.write(chunk);
+    else this.#chunks.push(chunk);
   }
 
   onResponseEnd(): void {
+    this.#finish();
+    if (this.#settled) return;
     const chunks = this.#chunks;
     const body = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks);
     // A UTF-8 byte order mark is not part of the text (as undici's own body.text() reads it).
     const text = body.toString('utf8', hasBom(body) ? 3 : 0);
     this.#settle();
-    this.#resolve({ statusCode: this.#statusCode, headers: this.#headers, text });
+    this.#resolve({ statusCode: this.#statusCode, headers: this.#headers, text, streamed: this.#streamed, held: false });
   }
 
   onResponseError(_controller: Dispatcher.DispatchController, error: Error): void {
+    this.#finish();
+    if (this.#settled) return;
     this.#settle();
     this.#reject(error);
   }
@@ -117,7 +172,13 @@ class Exchange implements Dispatcher.DispatchHandler {
   #settle(): void {
     this.#settled = true;
     this.#chunks = [];
-    this.#calls?.delete(this);
+  }
+
+  /** undici is done with the exchange: nothing can cancel or hold it any more. */
+  #finish(): void {
+    this.#done = true;
+    if (this.#sets !== null) for (const calls of this.#sets) calls.delete(this);
+    this.#sets = null;
   }
 }
 

@@ -57,29 +57,46 @@ export function parseChatReply(body: unknown): ChatResult {
 
 function parseLogprobs(value: unknown): Float32Array | null {
   if (value == null) return null;
-  if (!isObject(value) || !Array.isArray(value.content)) throw bad('choices[0].logprobs.content', isObject(value) ? value.content : value, 'an array');
-  const entries = value.content;
-  const out = new Float32Array(entries.length);
+  const out = new Float32Array(logprobEntries(value).length);
+  readLogprobs(value, (lp, i) => (out[i] = lp));
+  return out;
+}
+
+function logprobEntries(value: unknown, where = REPLY): unknown[] {
+  if (!isObject(value) || !Array.isArray(value.content)) throw bad('choices[0].logprobs.content', isObject(value) ? value.content : value, 'an array', where);
+  return value.content;
+}
+
+/** Each `logprobs.content[i].logprob`, checked, to `take`; returns how many. */
+export function readLogprobs(value: unknown, take: (logprob: number, i: number) => void, where = REPLY): number {
+  const entries = logprobEntries(value, where);
   for (let i = 0; i < entries.length; i++) {
     const lp = (entries[i] as { logprob?: unknown } | null)?.logprob;
-    if (typeof lp !== 'number' || Number.isNaN(lp)) throw bad(`choices[0].logprobs.content[${i}].logprob`, lp, 'a number');
-    out[i] = lp;
+    if (typeof lp !== 'number' || Number.isNaN(lp)) throw bad(`choices[0].logprobs.content[${i}].logprob`, lp, 'a number', where);
+    take(lp, i);
   }
-  return out;
+  return entries.length;
 }
 
 function intArray(value: unknown, field: string): Int32Array {
   if (!Array.isArray(value)) throw bad(field, value, 'an array of token ids');
   const out = new Int32Array(value.length);
-  for (let i = 0; i < value.length; i++) {
-    const id = value[i];
-    if (!Number.isInteger(id) || id < 0 || id > 0x7fffffff) throw bad(`${field}[${i}]`, id, 'a non-negative integer token id');
-    out[i] = id;
-  }
+  readTokenIds(value, field, (id, i) => (out[i] = id));
   return out;
 }
 
-function weightVersionOf(body: Record<string, unknown>): number | null {
+/** Each token id of `value` (a JSON array), checked, to `take`; returns how many. */
+export function readTokenIds(value: unknown, field: string, take: (id: number, i: number) => void, where = REPLY): number {
+  if (!Array.isArray(value)) throw bad(field, value, 'an array of token ids', where);
+  for (let i = 0; i < value.length; i++) {
+    const id = value[i];
+    if (!Number.isInteger(id) || id < 0 || id > 0x7fffffff) throw bad(`${field}[${i}]`, id, 'a non-negative integer token id', where);
+    take(id, i);
+  }
+  return value.length;
+}
+
+export function weightVersionOf(body: Record<string, unknown>, where = REPLY): number | null {
   const candidates = [
     isObject(body.metadata) ? body.metadata.weight_version : undefined,
     isObject(body.meta_info) ? body.meta_info.weight_version : undefined,
@@ -89,16 +106,19 @@ function weightVersionOf(body: Record<string, unknown>): number | null {
     if (v == null) continue;
     const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
     // Model steps are stored as int32 per token: a version outside that range is a bad reply, not a wrap.
-    if (typeof n !== 'number' || !Number.isInteger(n) || n < 0 || n > 0x7fffffff) throw bad('metadata.weight_version', v, 'an integer in [0, 2147483647]');
+    if (typeof n !== 'number' || !Number.isInteger(n) || n < 0 || n > 0x7fffffff) throw bad('metadata.weight_version', v, 'an integer in [0, 2147483647]', where);
     return n;
   }
   return null;
 }
 
-function isObject(value: unknown): value is Record<string, unknown> {
+export function isObject(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
 
-function bad(field: string, value: unknown, expected: string): LlmError {
-  return new LlmError('ERR_LLM_BAD_REPLY', `inference reply: ${field} must be ${expected} (got ${preview(value)})`);
+/** Where a bad field was found, first in its error message: the reply, or one event of a streamed reply. */
+const REPLY = 'inference reply';
+
+export function bad(field: string, value: unknown, expected: string, where = REPLY): LlmError {
+  return new LlmError('ERR_LLM_BAD_REPLY', `${where}: ${field} must be ${expected} (got ${preview(value)})`);
 }

@@ -3,7 +3,8 @@
  *
  * `paused` and `modelStep` read shared memory directly, so an episode checking before each inference
  * call sees a pause the moment the coordinator writes it — no message has to be delivered first.
- * `signal` aborts in-flight inference calls when the coordinator escalates to CANCEL.
+ * `signal` aborts in-flight inference calls when the coordinator escalates to CANCEL; `hold` aborts on
+ * every pause, for streamed calls that come back at once with the tokens they hold (llm/client.ts).
  */
 import { setMaxListeners } from 'node:events';
 import { CONTROL, LAST_SEND, RunState, wallClockUs } from '../protocol/control-block.ts';
@@ -13,6 +14,7 @@ export class PauseGate {
   readonly #clock: BigInt64Array;
   #epoch: number;
   #cancel = quietController();
+  #hold = quietController();
   #closed = false;
 
   constructor(block: SharedArrayBuffer) {
@@ -42,6 +44,11 @@ export class PauseGate {
     return this.#cancel.signal;
   }
 
+  /** Aborts when a pause begins (any state but RUNNING); a fresh one after each resume. */
+  get hold(): AbortSignal {
+    return this.#hold.signal;
+  }
+
   close(): void {
     this.#closed = true;
   }
@@ -62,9 +69,11 @@ export class PauseGate {
     if (state === RunState.CANCEL && !this.#cancel.signal.aborted) {
       this.#cancel.abort(new Error('inference cancelled for a weight update'));
     }
+    if (state !== RunState.RUNNING && !this.#hold.signal.aborted) this.#hold.abort(new Error('held for a weight update'));
     if (state === RunState.RUNNING && this.#cancel.signal.aborted) {
       this.#cancel = quietController();
     }
+    if (state === RunState.RUNNING && this.#hold.signal.aborted) this.#hold = quietController();
   }
 }
 

@@ -44,6 +44,8 @@ export interface ThroughputOptions {
   groupSlack?: number;
   /** Keep up to this many chat bodies the engine sent (built from the turns taken), for the bare loop. */
   recordBodies?: number;
+  /** Streamed replies (llm.stream): the cost of reading server-sent events instead of one body. */
+  stream?: boolean;
 }
 
 export interface ThroughputSample extends Sample {
@@ -82,7 +84,7 @@ export async function engineThroughput(o: ThroughputOptions): Promise<Throughput
   const rolloutsPerWorker = Math.ceil(o.concurrency / o.threads);
   const engine = createEngine({
     logLevel: 'warn',
-    llm: { url: o.url, connections: rolloutsPerWorker + 8 },
+    llm: { url: o.url, connections: rolloutsPerWorker + 8, stream: o.stream ?? false },
     batchSize: groupsInFlight,
     // Without slack: exactly `concurrency` rollouts held (the pool's capacity), finished ones waiting for
     // their group. With it: exactly `concurrency` episodes playing (episode slots), each worker holding

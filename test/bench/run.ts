@@ -13,8 +13,9 @@
  *
  * Then pause figures: with `--pause-rollouts` (512) rollouts in flight against a slow server, the time
  * until every worker has stopped issuing inference calls (the engine's own share) and until every
- * group is back on the main thread, p50 / p99, in abort and drain modes; and as the floor under the
- * latter, a bare undici client reading the same number of aborted replies (no engine).
+ * group is back on the main thread, p50 / p99, in abort mode (replies whole, then streamed and held)
+ * and drain mode; and as the floor under the whole-reply abort, a bare undici client reading the same
+ * number of aborted replies (no engine).
  *
  * Also the Python baseline (test/bench/python_baseline.py, via python-baseline.ts): an asyncio loop
  * built like the reference Interactor, environment through an executor and called directly, against
@@ -78,8 +79,8 @@ function bareRun(url: string, bodies: readonly string[]): Promise<Sample> {
   return bareLoop({ url, concurrency, seconds, bodies });
 }
 
-function engineRun(url: string, workers: number, mock: MockProcess, recordBodies = 0): Promise<ThroughputSample> {
-  return engineThroughput({ url, concurrency, threads: workers, seconds, groupSize, maxTokens, mock, recordBodies });
+function engineRun(url: string, workers: number, mock: MockProcess, recordBodies = 0, stream = false): Promise<ThroughputSample> {
+  return engineThroughput({ url, concurrency, threads: workers, seconds, groupSize, maxTokens, mock, recordBodies, stream });
 }
 
 interface PythonRuns {
@@ -110,8 +111,14 @@ function stats(xs: number[]): { median: number; min: number; max: number } {
   return { median: s[Math.floor(s.length / 2)], min: s[0], max: s[s.length - 1] };
 }
 
+function pauseLabel(f: PauseFigures): string {
+  return f.stream ? `${f.mode}, streamed` : f.mode;
+}
+
 interface PauseFigures {
   mode: 'abort' | 'drain';
+  /** Replies streamed (llm.stream): an aborting pause holds each call with the tokens it has. */
+  stream: boolean;
   pauses: number;
   rolloutsInFlight: { min: number; median: number };
   workersStoppedMs: { p50: number; p99: number };
@@ -125,11 +132,11 @@ interface PauseFigures {
  * control block's last-send clock), the time until every worker's event loop acknowledged it, and the
  * time until every group is back on the main thread.
  */
-async function pauseBench(url: string, mode: 'abort' | 'drain', pauseRollouts: number, pauses: number): Promise<PauseFigures> {
+async function pauseBench(url: string, mode: 'abort' | 'drain', stream: boolean, pauseRollouts: number, pauses: number): Promise<PauseFigures> {
   const groups = Math.ceil(pauseRollouts / groupSize);
   const engine = createEngine({
     logLevel: 'warn',
-    llm: { url, connections: Math.ceil(pauseRollouts / threads) + 8, abortPath: '/admin/abort' },
+    llm: { url, connections: Math.ceil(pauseRollouts / threads) + 8, abortPath: '/admin/abort', stream },
     batchSize: groups,
     workers: { threads, groupsPerWorker: Math.ceil(groups / threads) },
     tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize, maxSteps: 8, maxTokens: 400 }],
@@ -162,6 +169,7 @@ async function pauseBench(url: string, mode: 'abort' | 'drain', pauseRollouts: n
   }
   return {
     mode,
+    stream,
     pauses,
     rolloutsInFlight: { min: Math.min(...inFlight), median: stats(inFlight).median },
     workersStoppedMs: { p50: percentile(stopped, 50), p99: percentile(stopped, 99) },
@@ -210,6 +218,8 @@ async function main(): Promise<void> {
   const engine: ThroughputSample[] = [];
   // On a machine whose cores the mock shares, one worker can cost less per step than `threads`.
   const engineOne: ThroughputSample[] = [];
+  // Streamed replies at 1 worker: what reading server-sent events costs next to one body per reply.
+  const engineStreamed: ThroughputSample[] = [];
   const python: PythonRuns = { executor: [], direct: [], skipped: null, versions: null };
   let bodies: string[] = [];
   try {
@@ -217,6 +227,7 @@ async function main(): Promise<void> {
       engine.push(await engineRun(mock.url, threads, mock, bodies.length === 0 ? RECORDED_BODIES : 0));
       if (bodies.length === 0) bodies = engine[0].bodies;
       if (threads > 1) engineOne.push(await engineRun(mock.url, 1, mock));
+      engineStreamed.push(await engineRun(mock.url, 1, mock, 0, true));
       bare.push(await bareRun(mock.url, bodies));
       await pythonRound(mock.url, python);
     }
@@ -226,11 +237,14 @@ async function main(): Promise<void> {
   cpuShare.throughput = meter();
   meter = startCpuMeter();
   // A slow server for the pause figures: ~100 tokens/s per request, so generations are mid-way when paused.
-  const slow = await startMockProcess(['--latency-ms', '20', '--tokens-per-second', '100', '--think-tokens', '100']);
+  // Streamed replies send their new tokens every 20 ms (2 per event at this rate).
+  const slow = await startMockProcess(['--latency-ms', '20', '--tokens-per-second', '100', '--think-tokens', '100', '--stream-interval-ms', '20']);
   const pauseFigures: PauseFigures[] = [];
   let abortFloor = { p50: NaN, p99: NaN };
   try {
-    for (const mode of ['abort', 'drain'] as const) pauseFigures.push(await pauseBench(slow.url, mode, pauseRollouts, quick ? 3 : mode === 'abort' ? 20 : 8));
+    for (const [mode, stream] of [['abort', false], ['abort', true], ['drain', false]] as const) {
+      pauseFigures.push(await pauseBench(slow.url, mode, stream, pauseRollouts, quick ? 3 : mode === 'abort' ? 20 : 8));
+    }
     abortFloor = await bareAbortFloor(slow.url, pauseRollouts, quick ? 3 : 10);
   } finally {
     await slow.close();
@@ -266,6 +280,8 @@ async function main(): Promise<void> {
   const engineCpu = stats(engine.map(cpuPer));
   const engineOneRate = engineOne.length > 0 ? stats(engineOne.map(rate)) : null;
   const engineOneCpu = engineOne.length > 0 ? stats(engineOne.map(cpuPer)) : null;
+  const streamedRate = stats(engineStreamed.map(rate));
+  const streamedCpu = stats(engineStreamed.map(cpuPer));
   /** Median µs per step of each kind of thread: where the engine's CPU goes. */
   const split = (samples: ThroughputSample[]) => {
     const withSplit = samples.filter((s) => s.cpuSplit !== null);
@@ -283,6 +299,7 @@ async function main(): Promise<void> {
     settings: { concurrency, seconds, repeats, threads, groupSize, latencyMs, maxTokens, pauseRollouts, memoryRollouts, memoryThinkTokens, envCpuUs },
     bare: { requestsPerSecond: bareRate, cpuUsPerRequest: bareCpu, bodies: bodyStats, samples: bare },
     engine: { threads, stepsPerSecond: engineRate, cpuUsPerStep: engineCpu, cpuSplitUsPerStep: split(engine), samples: engine.map(({ bodies: _, ...s }) => s) },
+    engineOneWorkerStreamed: { threads: 1, stepsPerSecond: streamedRate, cpuUsPerStep: streamedCpu, cpuSplitUsPerStep: split(engineStreamed), samples: engineStreamed.map(({ bodies: _, ...s }) => s) },
     engineOneWorker: engineOneRate && engineOneCpu ? { threads: 1, stepsPerSecond: engineOneRate, cpuUsPerStep: engineOneCpu, cpuSplitUsPerStep: split(engineOne), samples: engineOne.map(({ bodies: _, ...s }) => s) } : null,
     python: { skipped: python.skipped, ...python.versions, executor: pyExecutor, direct: pyDirect },
     pause: pauseFigures,
@@ -308,6 +325,7 @@ async function main(): Promise<void> {
   const workersLabel = (n: number) => `${n} worker${n > 1 ? 's' : ''}`;
   console.log(`${`engine, ${workersLabel(threads)} (steps)`.padEnd(28)}${fmt(engineRate.median)}${fmt(engineCpu.median)}   ${spread(engineRate)}; ${spread(engineCpu)}`);
   if (engineOneRate && engineOneCpu) console.log(`${'engine, 1 worker (steps)'.padEnd(28)}${fmt(engineOneRate.median)}${fmt(engineOneCpu.median)}   ${spread(engineOneRate)}; ${spread(engineOneCpu)}`);
+  console.log(`${'engine, 1 worker, streamed'.padEnd(28)}${fmt(streamedRate.median)}${fmt(streamedCpu.median)}   ${spread(streamedRate)}; ${spread(streamedCpu)}   (llm.stream; the mock sends each reply as 4 events here)`);
   if (python.skipped !== null) console.log(`python baseline skipped: ${python.skipped}`);
   for (const [label, f] of [['python asyncio (executor)', pyExecutor], ['python asyncio (direct)', pyDirect]] as const) {
     if (f) console.log(`${label.padEnd(28)}${fmt(f.stepsPerSecond.median)}${fmt(f.cpuUsPerStep.median)}   ${spread(f.stepsPerSecond)}; ${spread(f.cpuUsPerStep)}`);
@@ -326,14 +344,15 @@ async function main(): Promise<void> {
     );
   }
   console.log(`\npause for a weight update, ${pauseRollouts} rollouts in flight (slow server: 100 tokens/s per request)`);
-  console.log(`${'mode'.padEnd(8)}${'pauses'.padStart(8)}${'in flight'.padStart(11)}${'stopped issuing p50/p99 ms'.padStart(30)}${'acked p50/p99 ms'.padStart(22)}${'all back p50/p99 ms'.padStart(24)}`);
+  console.log(`${'mode'.padEnd(14)}${'pauses'.padStart(8)}${'in flight'.padStart(11)}${'stopped issuing p50/p99 ms'.padStart(30)}${'acked p50/p99 ms'.padStart(22)}${'all back p50/p99 ms'.padStart(24)}`);
   const pair = (x: { p50: number; p99: number }, digits: number) => `${x.p50.toFixed(digits)} / ${x.p99.toFixed(digits)}`;
   for (const f of pauseFigures) {
     console.log(
-      `${f.mode.padEnd(8)}${String(f.pauses).padStart(8)}${String(f.rolloutsInFlight.median).padStart(11)}${pair(f.workersStoppedMs, 3).padStart(30)}${pair(f.workersAckedMs, 2).padStart(22)}${pair(f.allBackMs, 1).padStart(24)}`,
+      `${pauseLabel(f).padEnd(14)}${String(f.pauses).padStart(8)}${String(f.rolloutsInFlight.median).padStart(11)}${pair(f.workersStoppedMs, 3).padStart(30)}${pair(f.workersAckedMs, 2).padStart(22)}${pair(f.allBackMs, 1).padStart(24)}`,
     );
   }
   console.log('stopped issuing: request → the last call any worker sent (0 = none after it); acked: every worker loop ran its pause watcher');
+  console.log('abort, streamed: llm.stream — each call in flight comes back with the tokens it holds, without waiting for the aborted replies');
   console.log(`floor: a bare undici client with ${pauseRollouts} calls in flight reads the ${pauseRollouts} aborted replies ${abortFloor.p50.toFixed(1)} / ${abortFloor.p99.toFixed(1)} ms (p50 / p99) after the abort request — no engine`);
 
   console.log(describeShare(cpuShare.pause, cpus().length));
@@ -403,7 +422,8 @@ async function main(): Promise<void> {
   console.log(describeShare(cpuShare.memory, cpus().length));
   const splitNote = (sp: { mainUs: number; workersUs: number; helpersUs: number } | null) => (sp ? ` (main ${sp.mainUs.toFixed(0)} + workers ${sp.workersUs.toFixed(0)} + helpers ${sp.helpersUs.toFixed(0)})` : '');
   const settingsNote = (c: number, l: number) => (concurrency === c && latencyMs === l ? '' : ` (issue 7 states it at ${c} in flight, ${l} ms)`);
-  const abort = pauseFigures.find((f) => f.mode === 'abort')!;
+  const abort = pauseFigures.find((f) => f.mode === 'abort' && !f.stream)!;
+  const held = pauseFigures.find((f) => f.mode === 'abort' && f.stream)!;
   const pyLat = latency.python.runs.find((r) => r.mode === 'executor');
   result.targets = [
     row({ target: `1 · ${concurrency} in flight, ${latencyMs} ms, ${workersLabel(threads)}`, figure: 'engine CPU per step ÷ bare loop CPU per request', value: result.ratios.engineCpuPerStepOverBareCpuPerRequest, limit: 1.3, kind: 'max', unit: '×',
@@ -424,6 +444,8 @@ async function main(): Promise<void> {
       detail: `p50 ${abort.workersStoppedMs.p50.toFixed(3)} ms over ${abort.pauses} pauses (last-send clock); every worker acked p99 ${abort.workersAckedMs.p99.toFixed(1)} ms` }),
     row({ target: `4 · ${pauseRollouts} in flight, abort`, figure: 'pause: every partial rollout back, p99', value: abort.allBackMs.p99, limit: 10, kind: 'max', unit: ' ms',
       detail: `p50 ${abort.allBackMs.p50.toFixed(1)} ms over ${abort.pauses} pauses, server-side abort; a bare client reading the same aborted replies: ${abortFloor.p50.toFixed(1)} / ${abortFloor.p99.toFixed(1)} ms` }),
+    row({ target: `4 · ${pauseRollouts} in flight, abort, streamed`, figure: 'pause: every partial rollout back, p99', value: held.allBackMs.p99, limit: 10, kind: 'max', unit: ' ms',
+      detail: `p50 ${held.allBackMs.p50.toFixed(1)} ms over ${held.pauses} pauses; llm.stream: calls held with their tokens, server-side abort too; stopped issuing p99 ${held.workersStoppedMs.p99.toFixed(3)} ms` }),
     ...[t3, t1].map((m) =>
       row({ target: `5 · ${m.rolloutsInFlight} in flight, turn ${m.holdAtTurn}`, figure: 'memory per rollout ÷ raw payload held', value: m.ratio.heapPlusArrayBuffers, limit: 1.2, kind: 'max', unit: '×',
         detail: `${kb(m.perRollout.heapPlusArrayBuffersBytes)} vs ${kb(m.payloadHeld.totalBytes)}; V8 heap alone ${m.ratio.heap.toFixed(2)}×; without the pending HTTP call's own ${kb(ref.heapBytes + ref.arrayBufferBytes)} ${((m.perRollout.heapPlusArrayBuffersBytes - ref.heapBytes - ref.arrayBufferBytes) / m.payloadHeld.totalBytes).toFixed(2)}×${memory.rollouts < 10_000 ? ' (issue 7: 10k)' : ''}` }),

@@ -17,6 +17,12 @@ export interface MockLlmOptions {
   latencyMs?: number;
   /** Output generation rate per request; 0 = the whole answer is ready after `latencyMs`. */
   tokensPerSecond?: number;
+  /**
+   * A streamed completion (`stream: true`) sends the tokens generated since its last event every
+   * streamIntervalMs (vLLM sends one event per scheduler step, i.e. per token; a coarser interval keeps
+   * the mock's own CPU small next to the clients' under hundreds of streams).
+   */
+  streamIntervalMs?: number;
   /** Seeds the policy, the logprobs and error injection. */
   seed?: number;
   /** Weight version reported in every completion's `metadata.weight_version`. */
@@ -69,6 +75,7 @@ export const MOCK_LLM_DEFAULTS: ResolvedMockLlmOptions = Object.freeze({
   model: 'mock-policy',
   latencyMs: 0,
   tokensPerSecond: 0,
+  streamIntervalMs: 20,
   seed: 0,
   weightVersion: 0,
   errorRate: 0,
@@ -135,6 +142,7 @@ export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMoc
     model: text('model', o.model),
     latencyMs: finite('latencyMs', o.latencyMs, 0, 3_600_000),
     tokensPerSecond: finite('tokensPerSecond', o.tokensPerSecond, 0, 1e9),
+    streamIntervalMs: finite('streamIntervalMs', o.streamIntervalMs, 1, 60_000),
     seed: integer('seed', o.seed, Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER),
     weightVersion: validateWeightVersion(o.weightVersion, 'option weightVersion'),
     ...rates,

@@ -21,6 +21,10 @@ export interface MockChatRequest {
   continueFinalMessage: boolean;
   /** vLLM `add_generation_prompt` (default true): whether the prompt ends with an open assistant header. */
   addGenerationPrompt: boolean;
+  /** `stream`: the answer comes as server-sent `chat.completion.chunk` events, ending with `data: [DONE]`. */
+  stream: boolean;
+  /** `stream_options.include_usage`: a last chunk with no choices carries the usage. */
+  includeUsage: boolean;
 }
 
 export class RequestError extends Error {
@@ -93,9 +97,11 @@ export function parseChatRequest(raw: string): MockChatRequest {
   const b = body as Record<string, unknown>;
   const messages = parseMessages(b.messages);
   optional(b, 'model', (v) => typeof v === 'string', 'must be a string');
-  if (optional(b, 'stream', isBool, 'must be a boolean') === true) {
-    throw new RequestError('stream is not supported by the mock (send stream: false)', 'stream');
-  }
+  const stream = optional(b, 'stream', isBool, 'must be a boolean') === true;
+  const streamOptions = optional(b, 'stream_options', (v) => typeof v === 'object' && !Array.isArray(v), 'must be an object') as Record<string, unknown> | undefined;
+  if (streamOptions !== undefined && !stream) bad('stream_options', 'is only allowed with stream: true (as in vLLM)', streamOptions);
+  const includeUsage = streamOptions?.include_usage;
+  if (includeUsage != null && !isBool(includeUsage)) bad('stream_options.include_usage', 'must be a boolean', includeUsage);
   const n = optional(b, 'n', isPositiveInt, 'must be a positive integer');
   if (n !== undefined && n !== 1) bad('n', 'must be 1 (the mock generates one choice)', n);
   const maxTokens = optional(b, 'max_tokens', isPositiveInt, 'must be a positive integer');
@@ -133,5 +139,7 @@ export function parseChatRequest(raw: string): MockChatRequest {
     seed,
     continueFinalMessage: continueFinal,
     addGenerationPrompt: addGenerationPrompt !== false,
+    stream,
+    includeUsage: includeUsage === true,
   };
 }

@@ -42,16 +42,25 @@ export interface CompletionBody {
   offset: number;
 }
 
-function logprobsJson(ids: readonly number[], c: CompletionBody): string {
-  if (ids.length === 0) return '{"content":[]}';
+/** The logprob draws of a completion, advanced past the `offset` tokens a continued message already has. */
+export function logprobDraws(c: Pick<CompletionBody, 'seed' | 'index' | 'requestSeed' | 'offset'>): { next(): number } {
   const rng = createRng(requestStreamSeed(c.seed, c.index, c.requestSeed, LOGPROB_STREAM));
   for (let i = 0; i < c.offset; i++) rng.next();
-  let json = '{"content":[';
-  for (let i = 0; i < ids.length; i++) {
-    if (i > 0) json += ',';
-    json += `{"token":${tokenJson(ids[i])},"logprob":${LOGPROBS[Math.floor(rng.next() * LOGPROBS.length)]},"bytes":null,"top_logprobs":[]}`;
+  return rng;
+}
+
+/** `logprobs.content` entries of `ids[from..to)`, comma-separated, drawing one value per token from `draws`. */
+export function logprobEntries(ids: readonly number[], from: number, to: number, draws: { next(): number }): string {
+  let json = '';
+  for (let i = from; i < to; i++) {
+    if (i > from) json += ',';
+    json += `{"token":${tokenJson(ids[i])},"logprob":${LOGPROBS[Math.floor(draws.next() * LOGPROBS.length)]},"bytes":null,"top_logprobs":[]}`;
   }
-  return `${json}]}`;
+  return json;
+}
+
+function logprobsJson(ids: readonly number[], c: CompletionBody): string {
+  return `{"content":[${logprobEntries(ids, 0, ids.length, logprobDraws(c))}]}`;
 }
 
 /** OpenAI chat.completion plus the vLLM extras (`token_ids`, `prompt_token_ids`) and `metadata.weight_version`. */
