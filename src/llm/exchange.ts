@@ -1,10 +1,11 @@
 /**
- * One HTTP exchange read whole — undici's own primitive, `dispatch` with a handler, instead of
- * `request()`. An inference reply is read once, whole, and parsed: `request()` builds a Readable body
- * stream per response and, given a signal, adds and removes an 'abort' listener on it per call. With
- * hundreds of calls in flight on one worker all listening on the pause gate's one signal, Node's
- * EventTarget walks that list on every add and remove; here one listener per signal cancels every call
- * registered under it (`Exchanges`), and a response is a list of chunks decoded once at its end.
+ * One HTTP exchange — undici's own primitive, `dispatch` with a handler, instead of `request()`. An
+ * inference reply is read once, whole, and parsed: `request()` builds a Readable body stream per
+ * response and, given a signal, adds and removes an 'abort' listener on it per call. With hundreds of
+ * calls in flight on one worker all listening on the pause gate's one signal, Node's EventTarget walks
+ * that list on every add and remove; here one listener per signal cancels every call registered under
+ * it (`Exchanges`), and a response is a list of chunks decoded once at its end — or, for a streamed
+ * reply, handed chunk by chunk to a sink, so that a pause can hold the call with what it has.
  */
 import type { Dispatcher } from 'undici';
 import type { CancelSignal } from '../cancel.ts';
@@ -56,17 +57,12 @@ export class Exchanges {
    */
   run(dispatcher: Dispatcher, origin: string, request: ExchangeRequest, signal?: CancelSignal, hold?: CancelSignal): Promise<ExchangeResult> {
     if (signal?.aborted) return Promise.reject(signal.reason);
+    // Held before it was sent: nothing reached the server, so there is nothing to wait for.
+    if (hold?.aborted) return Promise.resolve({ statusCode: 0, headers: {}, text: '', streamed: false, held: true });
     return new Promise<ExchangeResult>((resolve, reject) => {
       const exchange = new Exchange(resolve, reject, request.events ?? null);
       if (signal !== undefined) exchange.track(callsOf(this.#cancelling, signal, (call, reason) => call.cancel(reason)));
-      if (hold !== undefined) {
-        if (hold.aborted) {
-          // Paused before it was sent: nothing reached the server, so there is nothing to hold.
-          resolve({ statusCode: 0, headers: {}, text: '', streamed: false, held: true });
-          return;
-        }
-        exchange.track(callsOf(this.#holding, hold, (call) => call.hold()));
-      }
+      if (hold !== undefined) exchange.track(callsOf(this.#holding, hold, (call) => call.hold()));
       dispatcher.dispatch({ origin, method: request.method, path: request.path, headers: request.headers, body: request.body ?? null }, exchange);
     });
   }

@@ -124,6 +124,8 @@ interface PauseFigures {
   workersStoppedMs: { p50: number; p99: number };
   workersAckedMs: { p50: number; p99: number };
   allBackMs: { p50: number; p99: number };
+  /** Every pause's time until all groups were back, in order (the first pause runs code no pause has warmed). */
+  allBackSamplesMs: number[];
 }
 
 /**
@@ -175,6 +177,7 @@ async function pauseBench(url: string, mode: 'abort' | 'drain', stream: boolean,
     workersStoppedMs: { p50: percentile(stopped, 50), p99: percentile(stopped, 99) },
     workersAckedMs: { p50: percentile(acked, 50), p99: percentile(acked, 99) },
     allBackMs: { p50: percentile(back, 50), p99: percentile(back, 99) },
+    allBackSamplesMs: back,
   };
 }
 

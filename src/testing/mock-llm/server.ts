@@ -1,7 +1,8 @@
 /**
  * The mock inference server: OpenAI-compatible chat completions on node:http, with the vLLM/SGLang
  * extras an RL engine relies on (token ids, logprobs, abort, weight version, and per-request `seed`
- * with `continue_final_message` for partial rollouts), and vLLM's token-in `/v1/completions` for
+ * with `continue_final_message` for partial rollouts; replies whole or streamed as server-sent events,
+ * stream.ts), and vLLM's token-in `/v1/completions` for
  * clients that tokenize themselves (the token-trace gateway; see vocab.ts for the vocabulary option).
  * Shipped for the demo run, tests, load tests and benchmarks, so the per-request path stays cheap:
  * one JSON.parse, cached tokenisation, timers for latency (never busy-waiting), one JSON.stringify.
