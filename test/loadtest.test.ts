@@ -98,13 +98,35 @@ describe('rollout loadtest', () => {
     const duration = await rollout(['loadtest', '--duration', '0'], { timeoutMs: 20_000 });
     assert.equal(duration.code, 2);
     assert.match(duration.stderr, /--duration must be a number > 0 \(got "0"\)/);
+    const interval = await rollout(['loadtest', '--stream', '--stream-interval-ms', '0.5'], { timeoutMs: 20_000 });
+    assert.equal(interval.code, 2);
+    assert.match(interval.stderr, /--stream-interval-ms must be a number in \[1, 60000\] \(got "0.5"\)/);
   });
 
   it('explains its options with --help', async () => {
     const help = await rollout(['loadtest', '--help'], { timeoutMs: 20_000 });
     assert.equal(help.code, 0);
-    for (const flag of ['--rollouts', '--latency-ms', '--tokens-per-second', '--think-tokens', '--env-cpu-us', '--workers', '--duration', '--strategy', '--pause-every', '--out']) {
+    for (const flag of ['--rollouts', '--latency-ms', '--tokens-per-second', '--think-tokens', '--env-cpu-us', '--workers', '--duration', '--strategy', '--pause-every', '--stream', '--out']) {
       assert.ok(help.stdout.includes(flag), flag);
     }
+  });
+});
+
+describe('rollout loadtest --stream', () => {
+  it('runs on streamed replies, holding calls at each pause, and accounts for every group', async () => {
+    const out = mkdtempSync(join(tmpdir(), 'rollout-loadtest-stream-'));
+    // Slow generations (100 tokens/s, 5 ms events) so the pauses catch calls mid-stream.
+    const run = await rollout([
+      'loadtest', '--duration', '2', '--rollouts', '32', '--workers', '2', '--pause-every', '0.5', '--stream', '--stream-interval-ms', '5',
+      '--latency-ms', '5', '--tokens-per-second', '100', '--think-tokens', '20', '--out', out,
+    ]);
+    assert.equal(run.code, 0, run.stderr);
+    const report = JSON.parse(readFileSync(join(out, 'report.json'), 'utf8'));
+    assert.deepEqual([report.settings.stream, report.settings.streamIntervalMs], [true, 5]);
+    assert.ok(report.throughput.stepsPerSecond > 0);
+    assert.ok(report.pauses.byReason.scheduled >= 2, JSON.stringify(report.pauses.byReason));
+    assert.ok(report.outcomes.groups.landed.ABORTED > 0, `pauses brought groups back ABORTED: ${JSON.stringify(report.outcomes.groups.landed)}`);
+    assert.equal(report.outcomes.groups.landed.FAILED, 0);
+    assert.match(readFileSync(join(out, 'report.html'), 'utf8'), /streamed, an event every 5 ms \(pauses hold calls with their tokens\)/);
   });
 });

@@ -24,6 +24,9 @@ Mock inference server:
   --tokens-per-second <n>  generation rate per request; 0 = instant (default 0)
   --think-tokens <n>       filler tokens in every answer, to size responses (default 16)
   --max-tokens <n>         max_tokens per turn (default max(512, think tokens + 64))
+  --stream                 streamed replies (llm.stream): an aborting pause holds each call with the
+                           tokens it has instead of waiting for the server's aborted replies
+  --stream-interval-ms <ms>  how often a streamed reply sends its new tokens (default 20)
 Run:
   --duration <s>           measured seconds, after start-up (default 10)
   --train-ms <ms>          time the stand-in trainer spends per batch, so async production overlaps it (default 0)
@@ -52,6 +55,8 @@ export async function loadtestCommand(argv: string[]): Promise<number> {
       'tokens-per-second': { type: 'string' },
       'think-tokens': { type: 'string' },
       'max-tokens': { type: 'string' },
+      stream: { type: 'boolean' },
+      'stream-interval-ms': { type: 'string' },
       duration: { type: 'string' },
       'train-ms': { type: 'string' },
       strategy: { type: 'string' },
@@ -112,6 +117,8 @@ function loadtestOptions(values: Record<string, string | boolean | undefined>): 
     maxStaleness: intFlag('max-staleness', str('max-staleness')) ?? defaults.maxStaleness,
     pauseEveryS: positiveFlag('pause-every', str('pause-every')) ?? defaults.pauseEveryS,
     pauseMode: choiceFlag('pause-mode', str('pause-mode'), ['abort', 'drain'] as const) ?? defaults.pauseMode,
+    stream: values.stream === true,
+    streamIntervalMs: numberFlag('stream-interval-ms', str('stream-interval-ms'), { min: 1, max: 60_000 }) ?? defaults.streamIntervalMs,
     seed: intFlag('seed', str('seed')) ?? defaults.seed,
   };
 }

@@ -54,7 +54,7 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
     model: values.model,
     latencyMs: numberFlag('latency-ms', values['latency-ms']),
     tokensPerSecond: numberFlag('tokens-per-second', values['tokens-per-second']),
-    streamIntervalMs: numberFlag('stream-interval-ms', values['stream-interval-ms']),
+    streamIntervalMs: numberFlag('stream-interval-ms', values['stream-interval-ms'], { min: 1, max: 60_000 }),
     thinkTokens: intFlag('think-tokens', values['think-tokens']),
     mistakeRate: numberFlag('mistake-rate', values['mistake-rate'], { max: 1 }),
     errorRate: numberFlag('error-rate', values['error-rate'], { max: 1 }),

@@ -184,6 +184,7 @@ function settingsTable(r: LoadtestReport): string {
     ['mock latency / token rate / think tokens', `${s.latencyMs} ms / ${s.tokensPerSecond === 0 ? 'instant' : `${s.tokensPerSecond} tokens/s`} / ${s.thinkTokens}`],
     ['max tokens per turn', String(s.maxTokens)],
     ['pause every / mode', `${s.pauseEveryS === null ? 'off' : `${s.pauseEveryS} s`} / ${s.pauseMode}`],
+    ['replies', s.stream ? `streamed, an event every ${s.streamIntervalMs} ms${s.pauseMode === 'abort' ? ' (pauses hold calls with their tokens)' : ''}` : 'whole'],
     ['trainer time per batch', `${s.trainMs} ms`],
     ['max staleness (async), partial rollouts', `${s.maxStaleness}, ${s.partialRollout ? 'on' : 'off'}`],
     ['seed', String(s.seed)],

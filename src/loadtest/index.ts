@@ -25,6 +25,7 @@ export async function runLoadtest(options: LoadtestOptions): Promise<LoadtestRes
     '--latency-ms', String(options.latencyMs),
     '--tokens-per-second', String(options.tokensPerSecond),
     '--think-tokens', String(options.thinkTokens),
+    '--stream-interval-ms', String(options.streamIntervalMs),
     '--seed', String(options.seed),
   ]);
   let report: LoadtestReport;

@@ -35,6 +35,12 @@ export interface LoadtestOptions {
   /** Pause for a weight update every this many seconds; null = only when the async producer asks (EXPIRED_BATCH). */
   pauseEveryS: number | null;
   pauseMode: 'abort' | 'drain';
+  /**
+   * Streamed replies (llm.stream): the mock sends the tokens generated every `streamIntervalMs`, and an
+   * aborting pause holds each call with the tokens it has instead of waiting for the aborted replies.
+   */
+  stream: boolean;
+  streamIntervalMs: number;
   /** async: weight syncs a sample may lag (producer.maxStaleness). */
   maxStaleness: number;
   seed: number;
@@ -59,6 +65,8 @@ export function defaultLoadtestOptions(outDir: string): LoadtestOptions {
     strategy: 'async',
     pauseEveryS: null,
     pauseMode: 'abort',
+    stream: false,
+    streamIntervalMs: 20,
     maxStaleness: 1,
     seed: 0,
     outDir,

@@ -46,6 +46,7 @@ function engineConfig(options: LoadtestOptions, llmUrl: string): EngineConfigInp
       url: llmUrl,
       connections: Math.ceil((groups * options.groupSize) / options.workers) + 8,
       abortPath: '/admin/abort',
+      stream: options.stream,
     },
     tasks: options.envs.map((env) => ({
       name: env,
