@@ -142,6 +142,8 @@ const LlmSpec = z.strictObject({
 const MockSpec = z.strictObject({
   latencyMs: z.number().min(0).default(0),
   tokensPerSecond: z.number().min(0).default(0),
+  /** How often a streamed reply (llm.stream) sends its new tokens. */
+  streamIntervalMs: z.number().min(1).max(60_000).default(20),
   thinkTokens: nonNegativeInt.default(0),
   mistakeRate: z.number().min(0).max(1).default(0.3),
   seed: z.number().int().default(0),
