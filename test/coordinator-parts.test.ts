@@ -137,6 +137,36 @@ describe('pause broadcast: the last-send clock', () => {
   });
 });
 
+describe('pause broadcast: the worker gate', () => {
+  it('gives a call made in the tick of a resume fresh hold and cancel signals, before its watcher has run (regression)', async () => {
+    const control = new PauseControl(0);
+    const gate = new PauseGate(control.block);
+    control.pause();
+    control.cancel();
+    await control.waitForAcks(1, 5_000);
+    assert.ok(gate.hold.aborted && gate.signal.aborted);
+    control.resume(1);
+    // The watcher has not run yet: the shared state says RUNNING, and the signals follow it.
+    assert.equal(gate.paused, false);
+    assert.equal(gate.hold.aborted, false);
+    assert.equal(gate.signal.aborted, false);
+    gate.close();
+  });
+
+  it('holds before it cancels when a worker sees the pause and its escalation at once (streamed calls keep their tokens)', async () => {
+    const control = new PauseControl(0);
+    const gate = new PauseGate(control.block);
+    const order: string[] = [];
+    gate.hold.addEventListener('abort', () => order.push('hold'));
+    gate.signal.addEventListener('abort', () => order.push('cancel'));
+    control.pause();
+    control.cancel(); // both written before the worker's watcher runs
+    await control.waitForAcks(1, 5_000);
+    assert.deepEqual(order, ['hold', 'cancel']);
+    gate.close();
+  });
+});
+
 describe('implicit model steps', () => {
   it('fills a turn whose tokens all have its model step, and keeps explicit (continued) or absent ones', () => {
     const group = newGroup({ taskName: 't', promptIndex: 0, drawIndex: 0, seed: 1, envParams: {} }, 1);

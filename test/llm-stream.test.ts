@@ -89,6 +89,38 @@ describe('streamed replies (stream: true)', () => {
     assert.throws(() => serverError.result(), { message: /event 2: the server reported an error: CUDA out of memory/ });
   });
 
+  it('takes an event in only once all its fields are checked: a pause after a bad event reports that event, not a partial reply', () => {
+    const stream = new ChatStream({ tokenIds: true, logprobs: false });
+    const ok = stream.write(new TextEncoder().encode(`${ROLE}${event({ delta: { content: 'a' }, token_ids: [5] })}${event({ delta: { content: 'b' }, token_ids: [6, -1] })}`));
+    assert.equal(ok, false, 'the exchange is told to stop reading');
+    assert.throws(() => stream.held(), { code: 'ERR_LLM_BAD_REPLY', message: /inference stream event 3: choices\[0\]\.token_ids\[1\] must be a non-negative integer token id \(got -1\)/ });
+    const reported = new ChatStream({ tokenIds: false, logprobs: false });
+    reported.write(new TextEncoder().encode(`${ROLE}data: {"error": {"message": "engine dead"}}\n\n`));
+    assert.throws(() => reported.held(), { message: /the server reported an error: engine dead/ });
+  });
+
+  it('ends an event at a bare CR that ends a chunk, so a pause right after it holds that event (regression)', () => {
+    const stream = new ChatStream({ tokenIds: true, logprobs: true });
+    stream.write(new TextEncoder().encode(`${ROLE}${tokens('ab', [1, 2])}`.replaceAll('\n', '\r')));
+    assert.deepEqual([...stream.held().responseIds!], [1, 2]);
+    stream.write(new TextEncoder().encode(`\n${tokens('c', [3], 'stop')}data: [DONE]\r\n\r\n`));
+    assert.deepEqual([stream.result().content, [...stream.result().responseIds!]], ['abc', [1, 2, 3]]);
+  });
+
+  it('cuts a stream at its first bad event instead of reading it to the end', async () => {
+    let closed!: () => void;
+    const cut = new Promise<void>((r) => (closed = r));
+    const { url, server } = await scripted((res) => {
+      res.once('close', () => closed());
+      res.writeHead(200, { 'content-type': 'text/event-stream' }).write(`${ROLE}data: {"choices": 7}\n\n`); // and never ends
+    });
+    servers.push(server);
+    const llm = client(url, { stream: true });
+    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /inference stream event 2: choices must be an array \(got 7\)/ });
+    await cut; // the server saw the client hang up
+    await llm.close();
+  });
+
   it('fails a stream that ends without a finish reason with ERR_LLM_BAD_REPLY, and one of the mock cut mid-way as a transport error', async () => {
     const { url, server } = await scripted((res) => res.writeHead(200, { 'content-type': 'text/event-stream' }).end(`${ROLE}${tokens('a', [1])}`));
     servers.push(server);
@@ -129,9 +161,10 @@ describe('streamed replies (stream: true)', () => {
     let chunks = 0;
     const sink = {
       write(chunk: Uint8Array) {
-        stream.write(chunk);
         chunks++;
+        const ok = stream.write(chunk);
         if (stream.held().responseIds!.length === 2) twoEvents();
+        return ok;
       },
     };
     const hold = new AbortController();
@@ -148,6 +181,27 @@ describe('streamed replies (stream: true)', () => {
     assert.equal(next.statusCode, 200);
     assert.equal(chunks, before);
     assert.deepEqual([state.requests, state.connections], [2, 1]); // the second call went out on the same connection
+    await pool.close();
+  });
+
+  it('cuts a held exchange that the server does not end within holdDrainMs (no abort route, or an abort that missed it)', async () => {
+    let closed!: () => void;
+    const cut = new Promise<void>((r) => (closed = r));
+    let started!: () => void;
+    const streaming = new Promise<void>((r) => (started = r));
+    const { url, server } = await scripted((res) => {
+      res.once('close', () => closed());
+      res.writeHead(200, { 'content-type': 'text/event-stream' }).write(ROLE, () => started()); // generates on, never ends
+    });
+    servers.push(server);
+    const pool = new Pool(url, { connections: 1 });
+    const exchanges = new Exchanges({ holdDrainMs: 20 });
+    const hold = new AbortController();
+    const call = exchanges.run(pool, url, { method: 'POST', path: '/', headers: {}, body: '{}', events: new ChatStream({ tokenIds: true, logprobs: true }) }, undefined, hold.signal);
+    await streaming;
+    hold.abort();
+    assert.equal((await call).held, true);
+    await cut; // 20 ms later the connection is cut, and the server stops generating for it
     await pool.close();
   });
 

@@ -140,6 +140,29 @@ describe('weight updates with partial rollouts, against the mock server over HTT
     });
   }
 
+  it('with streamed replies and no server-side abort, a pause holds every call and cuts the held streams client-side', async () => {
+    // Long generations (≈ 2 s each): without the cut, every connection would stay busy reading a held
+    // stream the server never ends, and nothing would be sent after the resume.
+    const slow = await startMockLlm({ port: 0, tokensPerSecond: 200, thinkTokens: 400, streamIntervalMs: 5, seed: 2 });
+    const engine = createEngine(asyncConfig(slow, { llm: { url: slow.url, abortPath: null, stream: true, connections: 8 } }));
+    engines.push(engine);
+    try {
+      await engine.start();
+      await slow.waitForInFlight(8);
+      const pause = await engine.pauseForWeightUpdate();
+      assert.deepEqual([pause.serverAbort, pause.cancelled, pause.stillInFlight], [false, true, 0]);
+      assert.ok(pause.groupsBack > 0);
+      const stats = await engine.stats();
+      assert.equal(stats.buffer.aborted, pause.groupsBack, 'every group in flight came back ABORTED');
+      const before = slow.stats().requests;
+      await engine.resume({ modelStep: 1 });
+      await slow.waitForRequests(before + 8); // the connections are free again: the continued calls go out
+    } finally {
+      await engine.close();
+      await slow.close();
+    }
+  });
+
   it('drain mode lets in-flight calls finish, then stops every rollout at a turn boundary', async () => {
     const engine = createEngine(asyncConfig(mock, { pause: { mode: 'drain' } }));
     engines.push(engine);

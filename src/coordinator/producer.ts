@@ -592,7 +592,10 @@ export class Producer implements ProduceContext {
     const workersStoppedMs = workersAckedMs === null ? null : this.#control.lastSendAfterMs(requestedUs);
     const serverAbort = serverAborting !== null && (await serverAborting);
     let cancelled = false;
-    if (mode === 'abort' && this.#inFlight.size > 0 && !serverAbort && pausing()) {
+    // Streamed calls held by the pause may have landed already, but their answers are still being read:
+    // without a server-side abort to end them, they are cut client-side all the same.
+    const heldStreams = this.#config.llm.stream && groupsBefore > 0;
+    if (mode === 'abort' && (this.#inFlight.size > 0 || heldStreams) && !serverAbort && pausing()) {
       this.#control.cancel();
       cancelled = true;
     }

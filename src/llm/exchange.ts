@@ -23,7 +23,8 @@ export interface ExchangeRequest {
 }
 
 export interface BodySink {
-  write(chunk: Uint8Array): void;
+  /** One chunk of the body; false when the body is unusable from here on (the exchange stops reading and cuts its connection). */
+  write(chunk: Uint8Array): boolean;
 }
 
 export interface ExchangeResult {
@@ -34,8 +35,9 @@ export interface ExchangeResult {
   /** The body went to the `events` sink. */
   streamed: boolean;
   /**
-   * Settled by a hold before the answer ended: the rest is read and dropped, so the connection is
-   * reused once the server ends the answer (its abort), and is not handed to the sink.
+   * Settled by a hold before the answer ended. The rest is read and dropped (not handed to the sink),
+   * so the connection is reused when the server ends the answer (its abort); one the server has not
+   * ended `holdDrainMs` after the hold is cut (vLLM and SGLang stop generating for a client that hangs up).
    */
   held: boolean;
 }
@@ -49,6 +51,17 @@ export interface ExchangeResult {
 export class Exchanges {
   readonly #cancelling = new WeakMap<CancelSignal, Set<Exchange>>();
   readonly #holding = new WeakMap<CancelSignal, Set<Exchange>>();
+  readonly #holdDrainMs: number;
+
+  /**
+   * `holdDrainMs`: how long a held exchange may go on reading before it is cut. Long enough for a
+   * server's abort to end it (a kept connection is cheaper than a new one); short enough that a server
+   * without an abort, or an abort that missed a call still in transit, does not keep a connection busy
+   * and generating into the next round.
+   */
+  constructor({ holdDrainMs = 1_000 }: { holdDrainMs?: number } = {}) {
+    this.#holdDrainMs = holdDrainMs;
+  }
 
   /**
    * Sends `request` and reads the whole answer. Rejects with undici's error (timeouts, transport), or
@@ -57,24 +70,34 @@ export class Exchanges {
    */
   run(dispatcher: Dispatcher, origin: string, request: ExchangeRequest, signal?: CancelSignal, hold?: CancelSignal): Promise<ExchangeResult> {
     if (signal?.aborted) return Promise.reject(signal.reason);
-    // Held before it was sent: nothing reached the server, so there is nothing to wait for.
+    // Already held: nothing is sent, so there is nothing to wait for (the client does not send while
+    // paused; this keeps a caller that does not check from sending during a pause).
     if (hold?.aborted) return Promise.resolve({ statusCode: 0, headers: {}, text: '', streamed: false, held: true });
     return new Promise<ExchangeResult>((resolve, reject) => {
       const exchange = new Exchange(resolve, reject, request.events ?? null);
-      if (signal !== undefined) exchange.track(callsOf(this.#cancelling, signal, (call, reason) => call.cancel(reason)));
-      if (hold !== undefined) exchange.track(callsOf(this.#holding, hold, (call) => call.hold()));
+      if (signal !== undefined) exchange.track(callsOf(this.#cancelling, signal, (calls, reason) => calls.forEach((call) => call.cancel(reason))));
+      if (hold !== undefined) exchange.track(callsOf(this.#holding, hold, (calls) => this.#holdAll(calls)));
       dispatcher.dispatch({ origin, method: request.method, path: request.path, headers: request.headers, body: request.body ?? null }, exchange);
     });
   }
+
+  #holdAll(calls: Exchange[]): void {
+    for (const call of calls) call.hold();
+    const drained = setTimeout(() => {
+      for (const call of calls) call.cancel(new Error(`a held answer was not ended by the server within ${this.#holdDrainMs} ms (llm/exchange.ts holdDrainMs)`));
+    }, this.#holdDrainMs);
+    drained.unref();
+  }
 }
 
-function callsOf(bySignal: WeakMap<CancelSignal, Set<Exchange>>, signal: CancelSignal, act: (call: Exchange, reason: unknown) => void): Set<Exchange> {
+function callsOf(bySignal: WeakMap<CancelSignal, Set<Exchange>>, signal: CancelSignal, act: (calls: Exchange[], reason: unknown) => void): Set<Exchange> {
   let calls = bySignal.get(signal);
   if (calls === undefined) {
     const set = new Set<Exchange>();
     signal.addEventListener('abort', () => {
-      for (const call of set) act(call, signal.reason);
+      const now = [...set];
       set.clear();
+      act(now, signal.reason);
     }, { once: true });
     bySignal.set(signal, set);
     calls = set;
@@ -141,10 +164,17 @@ class Exchange implements Dispatcher.DispatchHandler {
     this.#streamed = this.#events !== null && statusCode === 200 && typeof type === 'string' && type.startsWith('text/event-stream');
   }
 
-  onResponseData(_controller: Dispatcher.DispatchController, chunk: Buffer): void {
+  onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
     if (this.#settled) return; // held: the rest is dropped
-    if (this.#streamed) this.#events!.write(chunk);
-    else this.#chunks.push(chunk);
+    if (!this.#streamed) {
+      this.#chunks.push(chunk);
+      return;
+    }
+    if (this.#events!.write(chunk)) return;
+    // The sink cannot use the rest (a bad event): answer now with what it has, and stop reading.
+    this.#settle();
+    this.#resolve({ statusCode: this.#statusCode, headers: this.#headers, text: '', streamed: true, held: false });
+    controller.abort(new Error('the event stream is unusable from here on'));
   }
 
   onResponseEnd(): void {

@@ -6,7 +6,8 @@
  * The events add up to the same ChatResult a whole reply gives: text deltas joined, `token_ids` and
  * `logprobs.content` appended, `prompt_token_ids` from the first event, the finish reason and weight
  * version from the last, usage from the usage event. A bad event is an ERR_LLM_BAD_REPLY naming the
- * event's number and the field; nothing after it is read.
+ * event's number and the field: `write` then answers false (the exchange stops reading and cuts the
+ * connection), and an event counts only once every field of it has been checked.
  */
 import type { FinishReason } from '../protocol/rollout.ts';
 import { preview } from '../protocol/errors.ts';
@@ -19,6 +20,8 @@ export class ChatStream {
   readonly #decoder = new TextDecoder();
   /** Text after the last complete line (an event's lines may arrive split across chunks). */
   #pending = '';
+  /** The last chunk ended with \r, taken as a line end: a \n starting the next one is its second half. */
+  #skipLf = false;
   /** `data:` lines of the event being read. */
   #data: string[] = [];
   #events = 0;
@@ -42,20 +45,24 @@ export class ChatStream {
     this.#wantLogprobs = options.logprobs;
   }
 
-  /** Bytes of the event stream as they arrive. */
-  write(chunk: Uint8Array): void {
-    if (this.#error !== null || this.#done) return;
-    let text = this.#pending + this.#decoder.decode(chunk, { stream: true });
-    // Lines end with \n, \r\n or \r; a \r at the very end may be the first half of a \r\n: kept for later.
-    const splitCr = text.endsWith('\r');
-    if (splitCr) text = text.slice(0, -1);
+  /** Bytes of the event stream as they arrive; false once an event was bad (nothing more is read). */
+  write(chunk: Uint8Array): boolean {
+    if (this.#error !== null) return false;
+    if (this.#done) return true; // after [DONE]: the rest is the server's business
+    let text = this.#decoder.decode(chunk, { stream: true });
+    if (this.#skipLf && text.startsWith('\n')) text = text.slice(1);
+    // Lines end with \n, \r\n or \r. A \r at the very end is taken as a line end now (its event may be
+    // complete, and a pause may hold the call before the next chunk); a \n after it is then skipped.
+    this.#skipLf = text.endsWith('\r');
+    text = this.#pending + text;
     if (text.includes('\r')) text = text.replace(/\r\n?/g, '\n');
     let start = 0;
     for (let end = text.indexOf('\n'); end !== -1 && this.#error === null && !this.#done; end = text.indexOf('\n', start)) {
       this.#line(text.slice(start, end));
       start = end + 1;
     }
-    this.#pending = splitCr ? `${text.slice(start)}\r` : text.slice(start);
+    this.#pending = text.slice(start);
+    return this.#error === null;
   }
 
   /** The whole reply, once the stream has ended: what it said, or why it cannot be used. */
@@ -63,7 +70,7 @@ export class ChatStream {
     if (this.#error !== null) throw this.#error;
     if (!this.#done) {
       // A last line without its line end, a last event without its blank line.
-      if (this.#pending !== '') this.#line(this.#pending.replace(/\r$/, ''));
+      if (this.#pending !== '') this.#line(this.#pending);
       this.#pending = '';
       if (this.#data.length > 0) this.#dispatch();
     }
@@ -74,8 +81,9 @@ export class ChatStream {
     return this.#result(this.#finishReason);
   }
 
-  /** What has arrived so far, as a generation aborted here (a pause holding the call). */
+  /** What has arrived so far, as a generation aborted here (a pause holding the call); a bad event's error if there was one. */
   held(): ChatResult {
+    if (this.#error !== null) throw this.#error;
     return this.#result(this.#finishReason ?? 'abort');
   }
 
@@ -129,6 +137,7 @@ export class ChatStream {
     }
   }
 
+  /** Checks every field of one event, then takes it in: a bad event leaves nothing of itself behind. */
   #chunk(body: unknown, where: string): void {
     if (!isObject(body)) throw bad('event', body, 'a JSON object', where);
     if (body.error !== undefined) {
@@ -136,40 +145,48 @@ export class ChatStream {
       const message = isObject(body.error) && typeof body.error.message === 'string' ? body.error.message : preview(body.error);
       throw new LlmError('ERR_LLM_BAD_REPLY', `${where}: the server reported an error: ${message}`);
     }
+    let promptIds: number[] | null = null;
     if (body.prompt_token_ids != null) {
-      const ids: number[] = [];
-      readTokenIds(body.prompt_token_ids, 'prompt_token_ids', (id) => ids.push(id), where);
-      this.#promptIds = Int32Array.from(ids);
+      promptIds = [];
+      readTokenIds(body.prompt_token_ids, 'prompt_token_ids', (id) => promptIds!.push(id), where);
     }
     const version = weightVersionOf(body, where);
-    if (version !== null) this.#weightVersion = version;
-    if (isObject(body.usage)) {
-      if (typeof body.usage.prompt_tokens === 'number') this.#promptTokens = body.usage.prompt_tokens;
-      if (typeof body.usage.completion_tokens === 'number') this.#completionTokens = body.usage.completion_tokens;
-    }
-    const choices = body.choices;
-    if (choices == null) return;
+    const usage = isObject(body.usage) ? body.usage : null;
+    const choices = body.choices ?? [];
     if (!Array.isArray(choices)) throw bad('choices', choices, 'an array', where);
-    if (choices.length === 0) return; // the usage event
-    const choice = choices[0];
-    if (!isObject(choice)) throw bad('choices[0]', choice, 'an object', where);
-    const delta = choice.delta ?? {};
-    if (!isObject(delta)) throw bad('choices[0].delta', delta, 'an object', where);
-    const content = delta.content ?? '';
-    if (typeof content !== 'string') throw bad('choices[0].delta.content', content, 'a string or null', where);
+    const choice: unknown = choices[0] ?? null; // none: the usage event
+    let content = '';
+    const ids: number[] = [];
+    const logprobs: number[] = [];
+    let finishReason: string | null = null;
+    if (choice !== null) {
+      if (!isObject(choice)) throw bad('choices[0]', choice, 'an object', where);
+      const delta = choice.delta ?? {};
+      if (!isObject(delta)) throw bad('choices[0].delta', delta, 'an object', where);
+      content = (delta.content ?? '') as string;
+      if (typeof content !== 'string') throw bad('choices[0].delta.content', content, 'a string or null', where);
+      if (choice.token_ids != null) readTokenIds(choice.token_ids, 'choices[0].token_ids', (id) => ids.push(id), where);
+      if (choice.logprobs != null) readLogprobs(choice.logprobs, (lp) => logprobs.push(lp), where);
+      if (choice.token_ids != null && choice.logprobs != null && ids.length !== logprobs.length) {
+        throw new LlmError('ERR_LLM_BAD_REPLY', `${where}: choices[0].logprobs.content has ${logprobs.length} entries but choices[0].token_ids has ${ids.length}`);
+      }
+      if (choice.finish_reason != null) {
+        if (typeof choice.finish_reason !== 'string' || choice.finish_reason === '') throw bad('choices[0].finish_reason', choice.finish_reason, 'a non-empty string or null', where);
+        finishReason = choice.finish_reason;
+      }
+      // Tokens arrived without ids (or logprobs): the server does not send them, and partial arrays would lie.
+      if (choice.token_ids == null && (logprobs.length > 0 || content !== '')) this.#idsMissing = true;
+      if (choice.logprobs == null && (ids.length > 0 || content !== '')) this.#logprobsMissing = true;
+    }
+    if (promptIds !== null) this.#promptIds = Int32Array.from(promptIds);
+    if (version !== null) this.#weightVersion = version;
+    if (usage !== null) {
+      if (typeof usage.prompt_tokens === 'number') this.#promptTokens = usage.prompt_tokens;
+      if (typeof usage.completion_tokens === 'number') this.#completionTokens = usage.completion_tokens;
+    }
     this.#content += content;
-    const ids = choice.token_ids == null ? 0 : readTokenIds(choice.token_ids, 'choices[0].token_ids', (id) => this.#ids.push(id), where);
-    const logprobs = choice.logprobs == null ? 0 : readLogprobs(choice.logprobs, (lp) => this.#logprobs.push(lp), where);
-    if (choice.token_ids != null && choice.logprobs != null && ids !== logprobs) {
-      throw new LlmError('ERR_LLM_BAD_REPLY', `${where}: choices[0].logprobs.content has ${logprobs} entries but choices[0].token_ids has ${ids}`);
-    }
-    // Tokens arrived without ids (or logprobs): the server does not send them, and partial arrays would lie.
-    if (choice.token_ids == null && (logprobs > 0 || content !== '')) this.#idsMissing = true;
-    if (choice.logprobs == null && (ids > 0 || content !== '')) this.#logprobsMissing = true;
-    const finishReason = choice.finish_reason;
-    if (finishReason != null) {
-      if (typeof finishReason !== 'string' || finishReason === '') throw bad('choices[0].finish_reason', finishReason, 'a non-empty string or null', where);
-      this.#finishReason = finishReason;
-    }
+    for (const id of ids) this.#ids.push(id);
+    for (const lp of logprobs) this.#logprobs.push(lp);
+    if (finishReason !== null) this.#finishReason = finishReason;
   }
 }

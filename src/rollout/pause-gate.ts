@@ -39,13 +39,19 @@ export class PauseGate {
     return Atomics.load(this.#view, CONTROL.MODEL_STEP);
   }
 
-  /** Aborts when the coordinator cancels in-flight calls; a fresh one after each resume. */
+  /**
+   * Aborts when the coordinator cancels in-flight calls; a fresh one after each resume. Renewed here
+   * too, not only by the watcher: a call made in the tick the resume is written (before the watcher
+   * has run) must not take the old, aborted signal and be refused at once.
+   */
   get signal(): AbortSignal {
+    if (this.#cancel.signal.aborted && !this.paused) this.#cancel = quietController();
     return this.#cancel.signal;
   }
 
-  /** Aborts when a pause begins (any state but RUNNING); a fresh one after each resume. */
+  /** Aborts when a pause begins (any state but RUNNING); a fresh one after each resume (renewed as `signal` is). */
   get hold(): AbortSignal {
+    if (this.#hold.signal.aborted && !this.paused) this.#hold = quietController();
     return this.#hold.signal;
   }
 
@@ -66,13 +72,13 @@ export class PauseGate {
 
   #apply(): void {
     const state = Atomics.load(this.#view, CONTROL.STATE);
+    // Hold before cancelling: a worker that sees PAUSED and CANCEL at once (it missed the first
+    // broadcast) still returns its streamed calls with their tokens; the cancel then cuts their connections.
+    if (state !== RunState.RUNNING && !this.#hold.signal.aborted) this.#hold.abort(new Error('held for a weight update'));
     if (state === RunState.CANCEL && !this.#cancel.signal.aborted) {
       this.#cancel.abort(new Error('inference cancelled for a weight update'));
     }
-    if (state !== RunState.RUNNING && !this.#hold.signal.aborted) this.#hold.abort(new Error('held for a weight update'));
-    if (state === RunState.RUNNING && this.#cancel.signal.aborted) {
-      this.#cancel = quietController();
-    }
+    if (state === RunState.RUNNING && this.#cancel.signal.aborted) this.#cancel = quietController();
     if (state === RunState.RUNNING && this.#hold.signal.aborted) this.#hold = quietController();
   }
 }

@@ -65,6 +65,8 @@ export interface MockLlm {
   stats(): MockLlmStats;
   /** Resolves once at least `count` completions are in flight (for tests and load shaping; no polling). */
   waitForInFlight(count: number): Promise<void>;
+  /** Resolves once at least `count` generation requests have arrived since the start (stats().requests). */
+  waitForRequests(count: number): Promise<void>;
   /** Aborts in-flight completions, then closes every connection. Idempotent; never hangs. */
   close(): Promise<void>;
 }
@@ -168,6 +170,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
   const policy = { seed: opts.seed, mistakeRate: opts.mistakeRate, thinkTokens: opts.thinkTokens };
   const inFlight = new Set<InFlight>();
   const waiters: { count: number; resolve: () => void }[] = [];
+  const requestWaiters: { count: number; resolve: () => void }[] = [];
   const counters = { requests: 0, promptTokens: 0, completionTokens: 0, aborted: 0, cancelled: 0, errorsInjected: 0, rejected: 0 };
   const faultCounts: Record<MockFault, number> = { error: 0, rateLimit: 0, reset: 0, hang: 0, malformed: 0, truncate: 0 };
   const anyFault = MOCK_FAULTS.some((name) => opts[name] > 0);
@@ -480,6 +483,9 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
   function generationRoute<R>(parse: (raw: string) => R, answer: (res: ServerResponse, request: R) => void) {
     return async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
       counters.requests += 1;
+      for (let i = requestWaiters.length - 1; i >= 0; i--) {
+        if (counters.requests >= requestWaiters[i].count) requestWaiters.splice(i, 1)[0].resolve();
+      }
       const raw = await readBody(req, opts.maxBodyBytes);
       let request: R;
       try {
@@ -606,6 +612,10 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     waitForInFlight(count) {
       if (inFlight.size >= count) return Promise.resolve();
       return new Promise((resolve) => waiters.push({ count, resolve }));
+    },
+    waitForRequests(count) {
+      if (counters.requests >= count) return Promise.resolve();
+      return new Promise((resolve) => requestWaiters.push({ count, resolve }));
     },
     close() {
       closed ??= new Promise<void>((resolve) => {
