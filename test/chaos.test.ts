@@ -198,7 +198,9 @@ function reasonKey(reason: string | null): string {
   return /ERR_[A-Z_]+/.exec(reason)?.[0] ?? reason.slice(0, 40);
 }
 
-describe('chaos: faulty inference, faulty environments and a dying worker, with weight updates', { timeout: 120_000 }, () => {
+// Whole replies, then streamed ones (llm.stream): the faults then hit event streams (half a last
+// event, a stream cut before its end), and pauses hold the calls in flight with their tokens.
+for (const stream of [false, true]) describe(`chaos: faulty inference, faulty environments and a dying worker, with weight updates${stream ? ', replies streamed' : ''}`, { timeout: 120_000 }, () => {
   let mock: MockLlm;
   let envServer: ChildServer;
   let engine: Engine;
@@ -216,7 +218,7 @@ describe('chaos: faulty inference, faulty environments and a dying worker, with 
     const lines = Array.from({ length: 40 }, (_, i) => JSON.stringify(i === KILL_LINE ? { kill: true } : {}));
     writeFileSync(join(dir, 'local.jsonl'), lines.join('\n'));
     // Slow enough (prefill 15 ms, 1500 tokens/s) that pauses find generations in flight to abort.
-    mock = await startMockLlm({ port: 0, seed: 11, latencyMs: 15, tokensPerSecond: 1500, ...INFERENCE_FAULTS });
+    mock = await startMockLlm({ port: 0, seed: 11, latencyMs: 15, tokensPerSecond: 1500, streamIntervalMs: 5, ...INFERENCE_FAULTS });
     envServer = await spawnServer(
       process.execPath,
       ['--import', 'tsx', MAIN, 'env-server', '--env', 'guess-number=builtin:guess-number', '--params', '{"max": 20}', '--port', '0', ...ENV_FAULTS],
@@ -236,7 +238,7 @@ describe('chaos: faulty inference, faulty environments and a dying worker, with 
         logLevel: 'silent',
         seed: 5,
         batchSize: 8,
-        llm: { url: mock.url, timeoutMs: 1_000, retries: 3, retryBackoffMs: 5 },
+        llm: { url: mock.url, timeoutMs: 1_000, retries: 3, retryBackoffMs: 5, stream },
         workers: { threads: 2, groupsPerWorker: 12 },
         producer: {
           strategy: 'async',
@@ -366,7 +368,7 @@ describe('chaos: faulty inference, faulty environments and a dying worker, with 
       ['run time', `${run.seconds.toFixed(1)} s`],
     ];
     const width = Math.max(...rows.map(([k]) => k.length));
-    console.log(`\nchaos run: ${STEPS} steps × ${8} groups\n${rows.map(([k, v]) => `  ${k.padEnd(width)}  ${v}`).join('\n')}`);
+    console.log(`\nchaos run${stream ? ' (replies streamed)' : ''}: ${STEPS} steps × ${8} groups\n${rows.map(([k, v]) => `  ${k.padEnd(width)}  ${v}`).join('\n')}`);
     console.log(`  identity: scheduled ${g.scheduled} = in flight ${g.inFlight} + stored ${stored} + taken ${g.taken} + dropped ${g.dropped.FAILED + g.dropped.FILTERED + g.dropped.EXPIRED}`);
     for (const [key, { example }] of reasons.slice(0, 6)) console.log(`  e.g. ${key}: ${example.slice(0, 160)}`);
   }
