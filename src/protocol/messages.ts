@@ -12,7 +12,7 @@
 import type { MessagePort } from 'node:worker_threads';
 import type { RolloutGroup } from './rollout.ts';
 
-export const PROTOCOL_VERSION = 1;
+export const PROTOCOL_VERSION = 2;
 
 /** Coordinator → worker: run every rollout of one group. */
 export interface RunGroupMessage {
