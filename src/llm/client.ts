@@ -212,7 +212,7 @@ export class LlmClient {
   #outcomeOf(response: ExchangeResult, events: ChatStream | undefined): Outcome {
     const { statusCode, text } = response;
     // Held by a pause: the tokens that have arrived are the partial generation, whatever the answer was to be.
-    if (response.held && events !== undefined) return this.#streamOutcome(() => events.held());
+    if (response.held && events !== undefined) return this.#replyOutcome(heldReply, events);
     if (statusCode !== 200) {
       return {
         ok: false,
@@ -221,23 +221,20 @@ export class LlmClient {
         error: new LlmError('ERR_LLM_HTTP', `inference server answered ${statusCode}: ${serverMessage(text)}`, { status: statusCode }),
       };
     }
-    if (response.streamed && events !== undefined) return this.#streamOutcome(() => events.result());
+    if (response.streamed && events !== undefined) return this.#replyOutcome(streamedReply, events);
     let json: unknown;
     try {
       json = JSON.parse(text);
     } catch {
       return { ok: false, retryable: false, error: new LlmError('ERR_LLM_BAD_REPLY', `inference reply is not JSON: ${JSON.stringify(text.slice(0, 80))}`) };
     }
-    try {
-      return { ok: true, result: parseChatReply(json) };
-    } catch (err) {
-      return { ok: false, retryable: false, error: err as LlmError };
-    }
+    return this.#replyOutcome(parseChatReply, json);
   }
 
-  #streamOutcome(read: () => ChatResult): Outcome {
+  /** The reply `read` makes of `input`, or the LlmError it throws (a bad reply is not retried). No closure per call. */
+  #replyOutcome<T>(read: (input: T) => ChatResult, input: T): Outcome {
     try {
-      return { ok: true, result: read() };
+      return { ok: true, result: read(input) };
     } catch (err) {
       return { ok: false, retryable: false, error: err as LlmError };
     }
@@ -247,6 +244,9 @@ export class LlmClient {
     await this.#pool.close();
   }
 }
+
+const heldReply = (events: ChatStream): ChatResult => events.held();
+const streamedReply = (events: ChatStream): ChatResult => events.result();
 
 /**
  * `GET /v1/models` once, to fail fast with a clear message when the server is down or misconfigured,

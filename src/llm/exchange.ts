@@ -148,8 +148,7 @@ class Exchange implements Dispatcher.DispatchHandler {
   hold(): void {
     if (this.#settled) return;
     if (this.#controller === null) this.#cancelReason = new Error('held by a pause before it was sent');
-    this.#settle();
-    this.#resolve({ statusCode: this.#statusCode, headers: this.#headers, text: '', streamed: this.#streamed, held: true });
+    this.#answer('', true);
   }
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
@@ -172,8 +171,7 @@ class Exchange implements Dispatcher.DispatchHandler {
     }
     if (this.#events!.write(chunk)) return;
     // The sink cannot use the rest (a bad event): answer now with what it has, and stop reading.
-    this.#settle();
-    this.#resolve({ statusCode: this.#statusCode, headers: this.#headers, text: '', streamed: true, held: false });
+    this.#answer('', false);
     controller.abort(new Error('the event stream is unusable from here on'));
   }
 
@@ -183,9 +181,7 @@ class Exchange implements Dispatcher.DispatchHandler {
     const chunks = this.#chunks;
     const body = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks);
     // A UTF-8 byte order mark is not part of the text (as undici's own body.text() reads it).
-    const text = body.toString('utf8', hasBom(body) ? 3 : 0);
-    this.#settle();
-    this.#resolve({ statusCode: this.#statusCode, headers: this.#headers, text, streamed: this.#streamed, held: false });
+    this.#answer(body.toString('utf8', hasBom(body) ? 3 : 0), false);
   }
 
   onResponseError(_controller: Dispatcher.DispatchController, error: Error): void {
@@ -193,6 +189,12 @@ class Exchange implements Dispatcher.DispatchHandler {
     if (this.#settled) return;
     this.#settle();
     this.#reject(error);
+  }
+
+  /** Settle with the answer so far: its status and headers, `text` (empty when streamed or held). */
+  #answer(text: string, held: boolean): void {
+    this.#settle();
+    this.#resolve({ statusCode: this.#statusCode, headers: this.#headers, text, streamed: this.#streamed, held });
   }
 
   #settle(): void {

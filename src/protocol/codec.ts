@@ -130,25 +130,26 @@ function restoreArrays(message: WireMessage, block: ArrayBuffer): void {
     if (!Array.isArray(turns)) continue;
     for (let t = 0; t < turns.length; t++) {
       const turn = turns[t] as Record<string, unknown> | null;
-      if (turn === null || typeof turn !== 'object') continue;
-      for (const field of TURN_ARRAYS) {
-        const ref = turn[field];
-        if (!Array.isArray(ref)) continue;
-        const [kind, offset, length] = ref as unknown[];
-        const Kind = ARRAY_KINDS[kind as number];
-        const fits = Kind !== undefined && Number.isInteger(offset) && Number.isInteger(length) && (offset as number) % 8 === 0 && (length as number) >= 0 &&
-          (offset as number) + (length as number) * Kind.BYTES_PER_ELEMENT <= block.byteLength;
-        if (!fits) {
-          throw new ProtocolError(`message.group.rollouts[${r}].turns[${t}].${field} must reference the arrays after the body, got ${preview(ref)} (${block.byteLength} bytes there)`);
-        }
-        let view = views.get(offset as number);
-        if (view === undefined || view.constructor !== Kind || view.length !== length) {
-          view = new Kind(block, offset as number, length as number);
-          views.set(offset as number, view);
-        }
-        turn[field] = view;
-      }
+      if (turn !== null && typeof turn === 'object') restoreTurnArrays(turn, `message.group.rollouts[${r}].turns[${t}]`, block, views);
     }
+  }
+}
+
+function restoreTurnArrays(turn: Record<string, unknown>, where: string, block: ArrayBuffer, views: Map<number, TurnArray>): void {
+  for (const field of TURN_ARRAYS) {
+    const ref = turn[field];
+    if (!Array.isArray(ref)) continue;
+    const [kind, offset, length] = ref as unknown[];
+    const Kind = ARRAY_KINDS[kind as number];
+    const fits = Kind !== undefined && Number.isInteger(offset) && Number.isInteger(length) && (offset as number) % 8 === 0 && (length as number) >= 0 &&
+      (offset as number) + (length as number) * Kind.BYTES_PER_ELEMENT <= block.byteLength;
+    if (!fits) throw new ProtocolError(`${where}.${field} must reference the arrays after the body, got ${preview(ref)} (${block.byteLength} bytes there)`);
+    let view = views.get(offset as number);
+    if (view === undefined || view.constructor !== Kind || view.length !== length) {
+      view = new Kind(block, offset as number, length as number);
+      views.set(offset as number, view);
+    }
+    turn[field] = view;
   }
 }
 

@@ -148,6 +148,20 @@ function sendText(res: ServerResponse, status: number, text: string, headers?: R
   res.end(text);
 }
 
+/** Promises that resolve once `current()` reaches a count (waitForInFlight, waitForRequests); `notify` after each change. */
+function countWaiters(current: () => number): { wait(count: number): Promise<void>; notify(): void } {
+  const waiting: { count: number; resolve: () => void }[] = [];
+  return {
+    wait(count) {
+      if (current() >= count) return Promise.resolve();
+      return new Promise((resolve) => waiting.push({ count, resolve }));
+    },
+    notify() {
+      for (let i = waiting.length - 1; i >= 0; i--) if (current() >= waiting[i].count) waiting.splice(i, 1)[0].resolve();
+    },
+  };
+}
+
 function errorBody(message: string, type: string, param: string | null = null) {
   return { error: { message, type, param, code: null } };
 }
@@ -169,8 +183,6 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
   const vocab = await loadVocabulary(opts.tokenizer);
   const policy = { seed: opts.seed, mistakeRate: opts.mistakeRate, thinkTokens: opts.thinkTokens };
   const inFlight = new Set<InFlight>();
-  const waiters: { count: number; resolve: () => void }[] = [];
-  const requestWaiters: { count: number; resolve: () => void }[] = [];
   const counters = { requests: 0, promptTokens: 0, completionTokens: 0, aborted: 0, cancelled: 0, errorsInjected: 0, rejected: 0 };
   const faultCounts: Record<MockFault, number> = { error: 0, rateLimit: 0, reset: 0, hang: 0, malformed: 0, truncate: 0 };
   const anyFault = MOCK_FAULTS.some((name) => opts[name] > 0);
@@ -185,14 +197,8 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     sendJson(res, status, errorBody(message, 'invalid_request_error', param), headers);
   };
 
-  const notifyWaiters = (): void => {
-    for (let i = waiters.length - 1; i >= 0; i--) {
-      if (inFlight.size >= waiters[i].count) {
-        waiters[i].resolve();
-        waiters.splice(i, 1);
-      }
-    }
-  };
+  const inFlightReached = countWaiters(() => inFlight.size);
+  const requestsReached = countWaiters(() => counters.requests);
 
   function abortAll(): number {
     let n = 0;
@@ -355,7 +361,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
         res.destroy();
       }
     });
-    notifyWaiters();
+    inFlightReached.notify();
   }
 
   /**
@@ -483,9 +489,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
   function generationRoute<R>(parse: (raw: string) => R, answer: (res: ServerResponse, request: R) => void) {
     return async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
       counters.requests += 1;
-      for (let i = requestWaiters.length - 1; i >= 0; i--) {
-        if (counters.requests >= requestWaiters[i].count) requestWaiters.splice(i, 1)[0].resolve();
-      }
+      requestsReached.notify();
       const raw = await readBody(req, opts.maxBodyBytes);
       let request: R;
       try {
@@ -609,14 +613,8 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     },
     abortAll,
     stats: () => ({ ...counters, faults: { ...faultCounts }, hanging: hung.size, inFlight: inFlight.size }),
-    waitForInFlight(count) {
-      if (inFlight.size >= count) return Promise.resolve();
-      return new Promise((resolve) => waiters.push({ count, resolve }));
-    },
-    waitForRequests(count) {
-      if (counters.requests >= count) return Promise.resolve();
-      return new Promise((resolve) => requestWaiters.push({ count, resolve }));
-    },
+    waitForInFlight: inFlightReached.wait,
+    waitForRequests: requestsReached.wait,
     close() {
       closed ??= new Promise<void>((resolve) => {
         closing = true;
