@@ -85,6 +85,32 @@ describe('msgpack codec', () => {
     assert.deepEqual(rollout.turns[1].responseIds, Int32Array.of(9, 8, 7), 'encoding leaves the caller\'s turns as they were');
   });
 
+  it('lays out prompt ids that are prefix views of one array once, and the decoded turns view one copy of them', () => {
+    const message = resultWithTokens(5);
+    const rollout = message.group.rollouts[0];
+    const last = rollout.turns[0].promptIds!; // 4096 ids = 16 KiB
+    rollout.turns.unshift({ ...rollout.turns[0], step: 1, promptIds: last.subarray(0, 1000) }, { ...rollout.turns[0], step: 2, promptIds: last.subarray(0, 3000) });
+    const shared = encodeMessage(message).byteLength;
+    const apart = encodeMessage({ ...message, group: { ...message.group, rollouts: [{ ...rollout, turns: rollout.turns.map((t) => ({ ...t, promptIds: t.promptIds!.slice() })) }, message.group.rollouts[1]] } }).byteLength;
+    assert.ok(apart - shared >= 4 * 4000, `the two earlier prompts ride inside the last one (${shared} vs ${apart} bytes)`);
+    const turns = (decodeMessage(encodeMessage(message)) as GroupResultMessage).group.rollouts[0].turns;
+    assert.deepEqual(turns.map((t) => Array.from(t.promptIds!)), rollout.turns.map((t) => Array.from(t.promptIds!)));
+    assert.deepEqual(new Set(turns.map((t) => t.promptIds!.byteOffset)).size, 1, 'each earlier prompt is a prefix view of the last');
+  });
+
+  it('lays out views spread thinly over a larger buffer one by one, so the bytes between them never travel', () => {
+    const message = resultWithTokens(6);
+    const pooled = new Int32Array(64 * 1024); // 256 KiB, as a pooled allocation might be
+    pooled.set([1, 2, 3], 10);
+    pooled.set([7, 8], 60_000);
+    const [turn] = message.group.rollouts[0].turns;
+    message.group.rollouts[0].turns.push({ ...turn, step: 2, promptIds: pooled.subarray(10, 13), responseIds: pooled.subarray(60_000, 60_002) });
+    const bytes = encodeMessage(message);
+    assert.ok(bytes.byteLength < 64 * 1024, `${bytes.byteLength} bytes`);
+    const second = (decodeMessage(bytes) as GroupResultMessage).group.rollouts[0].turns[1];
+    assert.deepEqual([Array.from(second.promptIds!), Array.from(second.responseIds!)], [[1, 2, 3], [7, 8]]);
+  });
+
   it('refuses a message whose array reference points outside the arrays after the body, naming the field', () => {
     const bytes = encodeMessage(resultWithTokens(1));
     const cut = bytes.subarray(0, bytes.byteLength - 8); // the last array loses its end

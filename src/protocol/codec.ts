@@ -14,7 +14,10 @@
  * finaliser for the GC), 2–3 µs apiece at the ≈ 90 arrays of a multi-turn group — most of the main
  * thread's time per group. Beside the body they are one copied block, and each array a view into it.
  *
- *   [ u32 body length | msgpack body (arrays as [kind, offset, length]) | pad to 8 | arrays, each 8-aligned ]
+ *   [ u32 body length | msgpack body (arrays as [kind, offset, length]) | pad to 8 | regions, each 8-aligned ]
+ *
+ * A region is one array, or one span of a buffer several arrays view (a turn's prompt ids are a
+ * prefix of the next turn's: rollout/prompt-prefix.ts); an offset is a multiple of its kind's size.
  */
 import { Packr } from 'msgpackr';
 import { PROTOCOL_VERSION, WIRE_MESSAGE_TYPES, type WireMessage } from './messages.ts';
@@ -36,7 +39,9 @@ const align8 = (n: number): number => (n + 7) & ~7;
  */
 export function encodeMessage(message: WireMessage): Uint8Array {
   const beside = new ArraysBeside();
-  const body = threadPackr.pack(withArraysBeside(message, beside));
+  const refsMessage = withArraysBeside(message, beside);
+  beside.layout();
+  const body = threadPackr.pack(refsMessage);
   const start = align8(HEADER_BYTES + body.byteLength);
   const out = new Uint8Array(start + beside.bytes);
   new DataView(out.buffer).setUint32(0, body.byteLength, true);
@@ -74,28 +79,71 @@ export function decodeMessage(bytes: Uint8Array): WireMessage {
   return value as WireMessage;
 }
 
-/** The arrays of one message, laid out in order; an array met twice (turns share them) is laid out once. */
+/**
+ * The arrays of one message, laid out in order. An array met twice is laid out once, and so are views
+ * of one buffer that cover it densely (a turn's prompt ids viewing a later turn's: rollout/prompt-
+ * prefix.ts): one region, each view a reference into it. Views spread thinly over a larger buffer (a
+ * pooled allocation) are laid out each on its own, so unrelated bytes never ride along.
+ */
 class ArraysBeside {
-  readonly #arrays: TurnArray[] = [];
-  readonly #refs = new Map<TurnArray, [number, number, number]>();
+  /** Keyed by buffer, then kind: a region holds one kind, so each view's offset in it is a multiple of its element size. */
+  readonly #byBuffer = new Map<ArrayBufferLike, (BufferViews | undefined)[]>();
+  /** The same, in the order first met: the layout follows the turns. */
+  readonly #inOrder: BufferViews[] = [];
+  readonly #pieces: { buffer: ArrayBufferLike; from: number; length: number; at: number }[] = [];
   bytes = 0;
 
+  /** A reference whose offset is filled in by `layout()`, before the body is packed. */
   ref(array: TurnArray, kind: number): [number, number, number] {
-    let ref = this.#refs.get(array);
+    let byKind = this.#byBuffer.get(array.buffer);
+    if (byKind === undefined) this.#byBuffer.set(array.buffer, (byKind = []));
+    let views = byKind[kind];
+    if (views === undefined) {
+      views = { buffer: array.buffer, from: array.byteOffset, to: array.byteOffset, distinctBytes: 0, refs: new Map() };
+      byKind[kind] = views;
+      this.#inOrder.push(views);
+    }
+    let ref = views.refs.get(array);
     if (ref === undefined) {
-      ref = [kind, this.bytes, array.length];
-      this.#refs.set(array, ref);
-      this.#arrays.push(array);
-      this.bytes += align8(array.byteLength);
+      ref = [kind, -1, array.length];
+      views.refs.set(array, ref);
+      views.from = Math.min(views.from, array.byteOffset);
+      views.to = Math.max(views.to, array.byteOffset + array.byteLength);
+      views.distinctBytes += array.byteLength;
     }
     return ref;
   }
 
-  copyInto(out: Uint8Array, start: number): void {
-    for (const array of this.#arrays) {
-      out.set(new Uint8Array(array.buffer, array.byteOffset, array.byteLength), start + this.#refs.get(array)![1]);
+  layout(): void {
+    for (const views of this.#inOrder) {
+      if (views.to - views.from <= views.distinctBytes) {
+        const at = this.#place(views.buffer, views.from, views.to - views.from);
+        for (const [array, ref] of views.refs) ref[1] = at + array.byteOffset - views.from;
+      } else {
+        for (const [array, ref] of views.refs) ref[1] = this.#place(views.buffer, array.byteOffset, array.byteLength);
+      }
     }
   }
+
+  copyInto(out: Uint8Array, start: number): void {
+    for (const piece of this.#pieces) out.set(new Uint8Array(piece.buffer, piece.from, piece.length), start + piece.at);
+  }
+
+  #place(buffer: ArrayBufferLike, from: number, length: number): number {
+    const at = this.bytes;
+    this.#pieces.push({ buffer, from, length, at });
+    this.bytes += align8(length);
+    return at;
+  }
+}
+
+/** The distinct views of one kind into one buffer met in a message: the bytes they span, and their references. */
+interface BufferViews {
+  buffer: ArrayBufferLike;
+  from: number;
+  to: number;
+  distinctBytes: number;
+  refs: Map<TurnArray, [number, number, number]>;
 }
 
 /** The message with each turn's arrays replaced by references into `beside`; the caller's objects are not changed. */
@@ -141,7 +189,7 @@ function restoreTurnArrays(turn: Record<string, unknown>, where: string, block: 
     if (!Array.isArray(ref)) continue;
     const [kind, offset, length] = ref as unknown[];
     const Kind = ARRAY_KINDS[kind as number];
-    const fits = Kind !== undefined && Number.isInteger(offset) && Number.isInteger(length) && (offset as number) % 8 === 0 && (length as number) >= 0 &&
+    const fits = Kind !== undefined && Number.isInteger(offset) && Number.isInteger(length) && (offset as number) % Kind.BYTES_PER_ELEMENT === 0 && (length as number) >= 0 &&
       (offset as number) + (length as number) * Kind.BYTES_PER_ELEMENT <= block.byteLength;
     if (!fits) throw new ProtocolError(`${where}.${field} must reference the arrays after the body, got ${preview(ref)} (${block.byteLength} bytes there)`);
     let view = views.get(offset as number);

@@ -232,19 +232,25 @@ export function responseTokenCount(rollout: RolloutState): number {
 }
 
 /**
- * Approximate memory a group holds: its token arrays' bytes plus its text at two bytes a character,
- * plus a fixed cost per object. Used for the producer's memory budget, where a cheap estimate that
- * grows with the real thing is what matters.
+ * Approximate memory a group holds: the buffers under its token arrays, each once (the arrays of a
+ * group that crossed threads are views into one block, and a turn's prompt ids may view a later
+ * turn's: rollout/prompt-prefix.ts), plus its text at two bytes a character and a fixed cost per
+ * object. Used for the producer's memory budget, where a cheap estimate that grows with the real
+ * thing is what matters.
  */
 export function approxGroupBytes(group: RolloutGroup): number {
   let bytes = 256;
+  const buffers = new Set<ArrayBufferLike>();
   for (const r of group.rollouts) {
     bytes += 512;
     for (const m of r.messages) bytes += 64 + 2 * m.content.length;
     for (const t of r.turns) {
       bytes += 256 + 2 * t.response.length;
       for (const m of t.messages) bytes += 64 + 2 * m.content.length;
-      bytes += (t.promptIds?.byteLength ?? 0) + (t.responseIds?.byteLength ?? 0) + (t.logprobs?.byteLength ?? 0) + (t.modelSteps?.byteLength ?? 0);
+      for (const array of [t.promptIds, t.responseIds, t.logprobs, t.modelSteps]) if (array !== null && !buffers.has(array.buffer)) {
+        buffers.add(array.buffer);
+        bytes += array.buffer.byteLength;
+      }
     }
   }
   return bytes;

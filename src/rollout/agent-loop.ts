@@ -42,6 +42,7 @@ import {
   type RolloutState,
   type TurnRecord,
 } from '../protocol/rollout.ts';
+import { sharePromptPrefix } from './prompt-prefix.ts';
 import { trimMessages } from './trim.ts';
 
 export interface AgentSettings {
@@ -218,6 +219,7 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
   const { settings, gate } = ctx;
   const { env } = episode;
   const timings = rollout.timings;
+  const firstNewTurn = rollout.turns.length - (partial ? 1 : 0); // the partial turn is replaced, not kept
   for (let step = lastStep(rollout) + (partial ? 0 : 1); step <= settings.maxSteps; step++) {
     if (gate.paused) {
       rollout.status = Status.ABORTED; // stopped at a step boundary: continues from here after the resume
@@ -263,6 +265,7 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
       partial = null;
     }
     rollout.turns.push(...turns);
+    for (let i = rollout.turns.length - turns.length; i < rollout.turns.length; i++) sharePromptPrefix(rollout.turns, firstNewTurn, i);
     const lastTurn = turns[turns.length - 1];
     rollout.finishReason = lastTurn.finishReason;
     if (turns.length === 1) rollout.messages = [...prompts[0][1], { role: 'assistant', content: lastTurn.response }];
