@@ -81,7 +81,7 @@ describe('env server (in-process)', { timeout: 30_000 }, () => {
     assert.match((notJson.json as { error: string }).error, /request body is not JSON/);
     const huge = await call(url, 'POST', '/guess-number/r1/reset', { env_param: { pad: 'x'.repeat(5_000) } });
     assert.equal(huge.status, 413);
-    assert.match((huge.json as { error: string }).error, /over the server's limit of 4096 bytes/);
+    assert.match((huge.json as { error: string }).error, /request body is \d+ bytes, over the limit of 4096 bytes \(maxBodyBytes, --max-body-bytes\)/);
     // None of them created the id.
     assert.equal((await call(url, 'GET', '/guess-number/r1/health')).status, 404);
   });

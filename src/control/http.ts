@@ -6,6 +6,7 @@ import { timingSafeEqual, createHash } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { decodeFromPeer, encodeForPeer, toJson } from '../protocol/codec.ts';
 import { RolloutEngineError } from '../protocol/errors.ts';
+import { readRequestBody, type BodyErrors } from '../http-body.ts';
 
 export class HttpError extends RolloutEngineError {
   readonly status: number;
@@ -17,18 +18,14 @@ export class HttpError extends RolloutEngineError {
 
 const MSGPACK = 'application/msgpack';
 
+const bodyErrors: BodyErrors = {
+  tooLarge: (message) => new HttpError(413, 'ERR_BODY_TOO_LARGE', message),
+  aborted: (message) => new HttpError(400, 'ERR_BAD_BODY', message),
+};
+
 export async function readBody(req: IncomingMessage, limit: number): Promise<unknown> {
-  const declared = Number(req.headers['content-length']);
-  if (Number.isFinite(declared) && declared > limit) throw new HttpError(413, 'ERR_BODY_TOO_LARGE', `request body of ${declared} bytes is over the ${limit}-byte limit`);
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req) {
-    size += (chunk as Buffer).length;
-    if (size > limit) throw new HttpError(413, 'ERR_BODY_TOO_LARGE', `request body is over the ${limit}-byte limit`);
-    chunks.push(chunk as Buffer);
-  }
-  if (size === 0) return {};
-  const bytes = Buffer.concat(chunks);
+  const bytes = await readRequestBody(req, limit, bodyErrors);
+  if (bytes.byteLength === 0) return {};
   const type = (req.headers['content-type'] ?? 'application/json').split(';')[0].trim();
   if (type === MSGPACK) {
     try {

@@ -30,6 +30,7 @@ import { projectModuleUrl } from '../paths.ts';
 import { ConfigError, preview } from '../protocol/errors.ts';
 import { loadEnvironmentFactory } from './loader.ts';
 import type { Environment, EnvironmentFactory, EnvParams } from './types.ts';
+import { readRequestBody, type BodyErrors } from '../http-body.ts';
 
 export interface ServedEnv {
   /** Path segment clients use: letters, digits, "_", "." and "-". */
@@ -470,24 +471,14 @@ function send(res: ServerResponse, reply: Reply): void {
   res.end(payload);
 }
 
+const bodyErrors: BodyErrors = {
+  tooLarge: (message) => new HttpFailure(413, `${message} (maxBodyBytes, --max-body-bytes)`),
+  aborted: (message) => new HttpFailure(400, message),
+};
+
 /** The request body as JSON; 413 past `limit` bytes (checked on the header and while reading), 400 when not JSON. */
 async function readJson(req: IncomingMessage, limit: number): Promise<unknown> {
-  const declared = Number(req.headers['content-length']);
-  if (Number.isFinite(declared) && declared > limit) {
-    req.resume();
-    throw new HttpFailure(413, `request body is ${declared} bytes, over the server's limit of ${limit} bytes`);
-  }
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req as AsyncIterable<Buffer>) {
-    size += chunk.length;
-    if (size > limit) {
-      req.resume();
-      throw new HttpFailure(413, `request body is over the server's limit of ${limit} bytes`);
-    }
-    chunks.push(chunk);
-  }
-  const text = Buffer.concat(chunks, size).toString('utf8');
+  const text = (await readRequestBody(req, limit, bodyErrors)).toString('utf8');
   try {
     return JSON.parse(text);
   } catch {

@@ -1,34 +1,15 @@
 /** node:http plumbing for the gateway: bounded body reading and JSON answers in OpenAI's error shape. */
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { readRequestBody, type BodyErrors } from '../http-body.ts';
 import { GatewayError, errorBody } from './errors.ts';
 
-export function readBody(req: IncomingMessage, limit: number): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const declared = Number(req.headers['content-length']);
-    if (declared > limit) {
-      req.resume();
-      reject(new GatewayError('ERR_GATEWAY_BODY_TOO_LARGE', `request body is ${declared} bytes; the limit is ${limit} (maxBodyBytes)`));
-      return;
-    }
-    const chunks: Buffer[] = [];
-    let size = 0;
-    req.on('data', (chunk: Buffer) => {
-      size += chunk.length;
-      if (size > limit) {
-        req.removeAllListeners('data');
-        req.resume();
-        reject(new GatewayError('ERR_GATEWAY_BODY_TOO_LARGE', `request body exceeds the limit of ${limit} bytes (maxBodyBytes)`));
-        return;
-      }
-      chunks.push(chunk);
-    });
-    req.on('end', () => resolve(Buffer.concat(chunks, size).toString('utf8')));
-    req.on('error', reject);
-    // A connection cut mid-upload must not leave the handler pending forever.
-    req.on('close', () => {
-      if (!req.complete) reject(new GatewayError('ERR_BACKEND_ABORTED', 'request aborted by the client while uploading'));
-    });
-  });
+const bodyErrors: BodyErrors = {
+  tooLarge: (message) => new GatewayError('ERR_GATEWAY_BODY_TOO_LARGE', `${message} (maxBodyBytes)`),
+  aborted: (message) => new GatewayError('ERR_BACKEND_ABORTED', message),
+};
+
+export async function readBody(req: IncomingMessage, limit: number): Promise<string> {
+  return (await readRequestBody(req, limit, bodyErrors)).toString('utf8');
 }
 
 export function sendText(res: ServerResponse, status: number, text: string, headers: Record<string, string> = {}): void {

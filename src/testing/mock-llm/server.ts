@@ -26,6 +26,7 @@ import { completionJson } from './response.ts';
 import { CompletionStream } from './stream.ts';
 import { decodeIds, encodeText, promptTokenIds, rememberEncoding } from './tokens.ts';
 import { loadVocabulary, parseChatMl } from './vocab.ts';
+import { readRequestBody, type BodyErrors } from '../../http-body.ts';
 
 export { MOCK_LLM_DEFAULTS };
 export type { MockLlmOptions, ResolvedMockLlmOptions };
@@ -106,32 +107,10 @@ const CLOSE_GRACE_MS = 200;
 
 class BodyTooLarge extends Error {}
 
-function readBody(req: IncomingMessage, limit: number): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const declared = Number(req.headers['content-length']);
-    if (declared > limit) {
-      reject(new BodyTooLarge(`request body is ${declared} bytes; the limit is ${limit}`));
-      return;
-    }
-    const chunks: Buffer[] = [];
-    let size = 0;
-    req.on('data', (chunk: Buffer) => {
-      size += chunk.length;
-      if (size > limit) {
-        req.removeAllListeners('data');
-        req.resume();
-        reject(new BodyTooLarge(`request body exceeds the limit of ${limit} bytes`));
-        return;
-      }
-      chunks.push(chunk);
-    });
-    req.on('end', () => resolve(chunks.length === 1 ? chunks[0].toString('utf8') : Buffer.concat(chunks, size).toString('utf8')));
-    req.on('error', reject);
-    // A connection cut mid-upload (client gone, or close()) must not leave the handler pending forever.
-    req.on('close', () => {
-      if (!req.complete) reject(new Error('request aborted by the client'));
-    });
-  });
+const bodyErrors: BodyErrors = { tooLarge: (message) => new BodyTooLarge(message), aborted: (message) => new Error(message) };
+
+async function readBody(req: IncomingMessage, limit: number): Promise<string> {
+  return (await readRequestBody(req, limit, bodyErrors)).toString('utf8');
 }
 
 function sendJson(res: ServerResponse, status: number, body: unknown, headers?: Record<string, string>): void {

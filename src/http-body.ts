@@ -1,0 +1,45 @@
+/**
+ * Reading a node:http request body with a size limit — the one reader behind every server the engine
+ * ships (control API, gateway, environment server, mock inference server). Each names its own errors.
+ *
+ * The limit is checked on the declared Content-Length first, then on the bytes as they arrive, so a
+ * client that lies about (or omits) its length still cannot make the server buffer more than `limit`.
+ */
+import type { IncomingMessage } from 'node:http';
+
+export interface BodyErrors {
+  /** The body is over the limit; `message` names its size or the limit. */
+  tooLarge(message: string): Error;
+  /** The connection closed before the body ended. */
+  aborted(message: string): Error;
+}
+
+export function readRequestBody(req: IncomingMessage, limit: number, errors: BodyErrors): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const declared = Number(req.headers['content-length']);
+    if (Number.isFinite(declared) && declared > limit) {
+      req.resume(); // read and drop it, so the answer can still be written on this connection
+      reject(errors.tooLarge(`request body is ${declared} bytes, over the limit of ${limit} bytes`));
+      return;
+    }
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const onData = (chunk: Buffer): void => {
+      size += chunk.length;
+      if (size > limit) {
+        req.off('data', onData);
+        req.resume();
+        reject(errors.tooLarge(`request body is over the limit of ${limit} bytes`));
+        return;
+      }
+      chunks.push(chunk);
+    };
+    req.on('data', onData);
+    req.on('end', () => resolve(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size)));
+    req.on('error', reject);
+    // A connection cut mid-upload (the client gone, or the server closing) must not leave the handler pending.
+    req.on('close', () => {
+      if (!req.complete) reject(errors.aborted('request aborted by the client while uploading'));
+    });
+  });
+}
