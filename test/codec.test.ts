@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
+import { Packr } from 'msgpackr';
 import { decodeMessage, encodeMessage } from '../src/protocol/codec.ts';
 import { PROTOCOL_VERSION, type GroupResultMessage } from '../src/protocol/messages.ts';
 import { newGroup, Status, type TurnRecord } from '../src/protocol/rollout.ts';
@@ -27,6 +28,22 @@ function resultWithTokens(seed: number): GroupResultMessage {
   group.rollouts[0].turns.push(turn);
   group.rollouts[0].status = Status.COMPLETED;
   return { v: PROTOCOL_VERSION, type: 'group-result', group, keptTurns: [0, 0], workerId: 7 };
+}
+
+/** The same message bytes with its msgpack body changed by `edit` (the arrays block kept as it was). */
+function withBody(bytes: Uint8Array, edit: (body: unknown) => void): Uint8Array {
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const bodyLength = view.getUint32(0, true);
+  const start = (4 + bodyLength + 7) & ~7;
+  const packr = new Packr({ useRecords: false, moreTypes: true, structuredClone: true });
+  const body = packr.unpack(bytes.subarray(4, 4 + bodyLength));
+  edit(body);
+  const packed = packr.pack(body);
+  const out = new Uint8Array(((4 + packed.byteLength + 7) & ~7) + bytes.byteLength - start);
+  new DataView(out.buffer).setUint32(0, packed.byteLength, true);
+  out.set(packed, 4);
+  out.set(bytes.subarray(start), (4 + packed.byteLength + 7) & ~7);
+  return out;
 }
 
 describe('msgpack codec', () => {
@@ -111,11 +128,27 @@ describe('msgpack codec', () => {
     assert.deepEqual([Array.from(second.promptIds!), Array.from(second.responseIds!)], [[1, 2, 3], [7, 8]]);
   });
 
+  it('sends a decoded group on again with only the bytes its views cover (regression: logprobs rode twice inside a region of ids)', () => {
+    const message = resultWithTokens(7);
+    const rollout = message.group.rollouts[0];
+    const base = rollout.turns[0];
+    const last = base.promptIds!;
+    // Three turns whose prompts are prefixes of the last: in the decoded block their ids and logprobs interleave.
+    rollout.turns = [1000, 2000, 4096].map((n, i) => ({ ...base, step: i + 1, promptIds: last.subarray(0, n), responseIds: base.responseIds!.slice(), logprobs: base.logprobs!.slice() }));
+    const first = encodeMessage(message);
+    const again = encodeMessage(decodeMessage(first));
+    assert.ok(again.byteLength <= first.byteLength, `${again.byteLength} bytes sent on, ${first.byteLength} the first time`);
+    assert.deepEqual(decodeMessage(again), message);
+  });
+
   it('refuses a message whose array reference points outside the arrays after the body, naming the field', () => {
     const bytes = encodeMessage(resultWithTokens(1));
     const cut = bytes.subarray(0, bytes.byteLength - 8); // the last array loses its end
     assert.throws(() => decodeMessage(cut), { code: 'ERR_PROTOCOL', message: /message\.group\.rollouts\[0\]\.turns\[0\]\.modelSteps must reference the arrays after the body/ });
     assert.throws(() => decodeMessage(bytes.subarray(0, 10)), { code: 'ERR_PROTOCOL', message: /header declares a \d+-byte body, but only 6 bytes follow/ });
+    // A negative offset (−4 % 4 is −0, so only an explicit bound refuses it) used to reach the typed-array constructor.
+    const negative = withBody(bytes, (body) => ((body as GroupResultMessage).group.rollouts[0].turns[0] as unknown as Record<string, unknown>).promptIds = [0, -4, 1]);
+    assert.throws(() => decodeMessage(negative), { code: 'ERR_PROTOCOL', message: /turns\[0\]\.promptIds must reference the arrays after the body, got \[0,-4,1\]/ });
   });
 
   it('rejects bytes from another protocol version with a message naming the field', () => {

@@ -10,6 +10,7 @@ import { after, before, describe, it } from 'node:test';
 import { createEngine, Status, type Batch, type Engine, type EngineConfigInput } from '../src/index.ts';
 import { rolloutStaleness, staleThreshold } from '../src/buffer/staleness.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
+import { promptTokenIds } from '../src/testing/mock-llm/tokens.ts';
 
 type NormalBatch = Extract<Batch, { status: 'NORMAL' }>;
 
@@ -115,6 +116,27 @@ describe('weight updates with partial rollouts, against the mock server over HTT
       for (const batch of (await train(engine, mock, 2, 2, first)).batches) continuedTurns += continuedIn(batch);
     }
     assert.ok(continuedTurns > 0, 'some generation interrupted by a weight update was continued with the new weights');
+  });
+
+  it('with the whole conversation sent (messageCut 0), every turn of rollouts continued across pauses holds the prompt ids the server sent for it', async () => {
+    // Prompt ids are shared along an episode (rollout/prompt-prefix.ts) while turns are continued,
+    // replayed, sent back to the coordinator and out again: no turn may end up with another's ids.
+    const engine = createEngine(asyncConfig(mock, { tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 4, maxSteps: 8, maxTokens: 200, messageCut: 0 }] }));
+    engines.push(engine);
+    await engine.start();
+    const continuedIn = (b: NormalBatch) => b.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns.filter((t) => new Set(t.modelSteps).size > 1)));
+    const batches: NormalBatch[] = [];
+    for (let first = 1; first <= 21 && !batches.some((b) => continuedIn(b).length > 0); first += 4) batches.push(...(await train(engine, mock, 4, 2, first)).batches);
+    assert.ok(batches.some((b) => continuedIn(b).length > 0), 'at least one turn was continued after a pause');
+    let shared = 0;
+    for (const rollout of batches.flatMap((b) => b.groups.flatMap((g) => g.rollouts))) {
+      const last = rollout.turns.at(-1)!.promptIds!;
+      for (const turn of rollout.turns) {
+        assert.deepEqual(Array.from(turn.promptIds!), promptTokenIds(turn.messages), `${rollout.id} turn ${turn.step}`);
+        if (turn !== rollout.turns.at(-1) && turn.promptIds!.buffer === last.buffer) shared++;
+      }
+    }
+    assert.ok(shared > 0, 'earlier turns view the last turn\'s prompt ids');
   });
 
   for (const stream of [false, true]) {

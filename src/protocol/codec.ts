@@ -16,7 +16,7 @@
  *
  *   [ u32 body length | msgpack body (arrays as [kind, offset, length]) | pad to 8 | regions, each 8-aligned ]
  *
- * A region is one array, or one span of a buffer several arrays view (a turn's prompt ids are a
+ * A region is one array, or one run of overlapping views of a buffer (a turn's prompt ids are a
  * prefix of the next turn's: rollout/prompt-prefix.ts); an offset is a multiple of its kind's size.
  */
 import { Packr } from 'msgpackr';
@@ -81,9 +81,9 @@ export function decodeMessage(bytes: Uint8Array): WireMessage {
 
 /**
  * The arrays of one message, laid out in order. An array met twice is laid out once, and so are views
- * of one buffer that cover it densely (a turn's prompt ids viewing a later turn's: rollout/prompt-
- * prefix.ts): one region, each view a reference into it. Views spread thinly over a larger buffer (a
- * pooled allocation) are laid out each on its own, so unrelated bytes never ride along.
+ * of one buffer that overlap or touch (a turn's prompt ids viewing a later turn's: rollout/prompt-
+ * prefix.ts): one region per run of them, each view a reference into it. Bytes of a buffer that no
+ * view covers never travel (views into a pooled allocation, or into a decoded block sent on again).
  */
 class ArraysBeside {
   /** Keyed by buffer, then kind: a region holds one kind, so each view's offset in it is a multiple of its element size. */
@@ -99,7 +99,7 @@ class ArraysBeside {
     if (byKind === undefined) this.#byBuffer.set(array.buffer, (byKind = []));
     let views = byKind[kind];
     if (views === undefined) {
-      views = { buffer: array.buffer, from: array.byteOffset, to: array.byteOffset, distinctBytes: 0, refs: new Map() };
+      views = { buffer: array.buffer, refs: new Map() };
       byKind[kind] = views;
       this.#inOrder.push(views);
     }
@@ -107,20 +107,26 @@ class ArraysBeside {
     if (ref === undefined) {
       ref = [kind, -1, array.length];
       views.refs.set(array, ref);
-      views.from = Math.min(views.from, array.byteOffset);
-      views.to = Math.max(views.to, array.byteOffset + array.byteLength);
-      views.distinctBytes += array.byteLength;
     }
     return ref;
   }
 
   layout(): void {
-    for (const views of this.#inOrder) {
-      if (views.to - views.from <= views.distinctBytes) {
-        const at = this.#place(views.buffer, views.from, views.to - views.from);
-        for (const [array, ref] of views.refs) ref[1] = at + array.byteOffset - views.from;
-      } else {
-        for (const [array, ref] of views.refs) ref[1] = this.#place(views.buffer, array.byteOffset, array.byteLength);
+    for (const { buffer, refs } of this.#inOrder) {
+      if (refs.size === 1) {
+        const [[array, ref]] = refs;
+        ref[1] = this.#place(buffer, array.byteOffset, array.byteLength);
+        continue;
+      }
+      const byOffset = [...refs.keys()].sort((x, y) => x.byteOffset - y.byteOffset);
+      for (let i = 0; i < byOffset.length; ) {
+        // A run: views each starting at or before the end of the ones before it.
+        const from = byOffset[i].byteOffset;
+        let to = from + byOffset[i].byteLength;
+        let j = i + 1;
+        for (; j < byOffset.length && byOffset[j].byteOffset <= to; j++) to = Math.max(to, byOffset[j].byteOffset + byOffset[j].byteLength);
+        const at = this.#place(buffer, from, to - from);
+        for (; i < j; i++) refs.get(byOffset[i])![1] = at + byOffset[i].byteOffset - from;
       }
     }
   }
@@ -137,12 +143,9 @@ class ArraysBeside {
   }
 }
 
-/** The distinct views of one kind into one buffer met in a message: the bytes they span, and their references. */
+/** The distinct views of one kind into one buffer met in a message, with their references. */
 interface BufferViews {
   buffer: ArrayBufferLike;
-  from: number;
-  to: number;
-  distinctBytes: number;
   refs: Map<TurnArray, [number, number, number]>;
 }
 
@@ -189,7 +192,7 @@ function restoreTurnArrays(turn: Record<string, unknown>, where: string, block: 
     if (!Array.isArray(ref)) continue;
     const [kind, offset, length] = ref as unknown[];
     const Kind = ARRAY_KINDS[kind as number];
-    const fits = Kind !== undefined && Number.isInteger(offset) && Number.isInteger(length) && (offset as number) % Kind.BYTES_PER_ELEMENT === 0 && (length as number) >= 0 &&
+    const fits = Kind !== undefined && Number.isInteger(offset) && Number.isInteger(length) && (offset as number) >= 0 && (offset as number) % Kind.BYTES_PER_ELEMENT === 0 && (length as number) >= 0 &&
       (offset as number) + (length as number) * Kind.BYTES_PER_ELEMENT <= block.byteLength;
     if (!fits) throw new ProtocolError(`${where}.${field} must reference the arrays after the body, got ${preview(ref)} (${block.byteLength} bytes there)`);
     let view = views.get(offset as number);
