@@ -24,7 +24,8 @@
  * Then the rest of issue 7's targets (./targets.ts): latency-bound efficiency at 64 and 512 in flight
  * with 50 ms per call (and the Python loop at 512 / 50 ms), two workers against one on an environment
  * that burns CPU per step, and memory per in-flight rollout against its raw payload (./memory.ts,
- * rollouts held mid-episode by ./stall-proxy.ts). The last table lists every target with its figure
+ * rollouts held mid-episode by ./stall-proxy.ts), and beside it what long episodes' prompt ids cost
+ * with the whole conversation sent (./long-episodes.ts). The last table lists every target with its figure
  * and PASS / FAIL; the JSON result (bench-results/) holds all of it.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -38,6 +39,7 @@ import { percentile } from '../../src/loadtest/stats.ts';
 import { bareLoop, engineThroughput, firstTurnBody, type Sample, type ThroughputSample } from './engine-throughput.ts';
 import { describeShare, startCpuMeter, type CpuShare } from './machine.ts';
 import { runPythonBaseline } from './python-baseline.ts';
+import { longEpisodes } from './long-episodes.ts';
 import { LATENCY_GROUP_SLACK, latencyBound, memoryRuns, printTargets, row, workerScaling, type TargetRow } from './targets.ts';
 
 const { values } = parseArgs({
@@ -275,6 +277,8 @@ async function main(): Promise<void> {
   // Target 5: rollouts held in flight at turn 1 and at turn 3.
   const memory = await memoryRuns({ rollouts: memoryRollouts, thinkTokens: memoryThinkTokens, threads, groupSize });
   cpuShare.memory = meter();
+  // Beside target 5: what long episodes' prompt ids cost with the whole conversation sent.
+  const long = await longEpisodes({ groups: 8, maxTurns: 16, thinkTokens: 200 });
   const rate = (s: Sample) => s.operations / s.seconds;
   const cpuPer = (s: Sample) => (s.cpuMs * 1000) / s.operations; // µs per operation
   const bareRate = stats(bare.map(rate));
@@ -317,6 +321,7 @@ async function main(): Promise<void> {
     latencyBound: latency,
     workerScaling: scaling,
     memory,
+    longEpisodes: long,
     targets: [] as TargetRow[],
   };
   const fmt = (n: number, d = 0) => n.toFixed(d).padStart(10);
@@ -419,6 +424,11 @@ async function main(): Promise<void> {
   const ref = memory.bareRequest;
   console.log(
     `  reference — ${ref.requests} bare undici calls pending (one connection each, first-turn body): ${kb(ref.heapBytes + ref.arrayBufferBytes)} per call (heap ${kb(ref.heapBytes)} + ArrayBuffers ${kb(ref.arrayBufferBytes)})`,
+  );
+
+  console.log(
+    `\nlong episodes, whole conversation sent (messageCut 0): ${long.groups} groups of guess-number, ${long.turnsPerRollout.toFixed(1)} turns per rollout, 200 filler tokens per answer\n` +
+      `  prompt ids per rollout: ${kb(long.promptIdsSentBytes)} as the server sent them (Σ over turns), ${kb(long.promptIdsHeldBytes)} held (each prompt a view into the next: ${(long.promptIdsSentBytes / long.promptIdsHeldBytes).toFixed(1)}× less); a group result between threads ${kb(long.wireBytesPerGroup)}`,
   );
 
   const ratioText = (r: number | null) => (r === null ? 'not run' : `${r.toFixed(2)}×`);
