@@ -1,7 +1,13 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { createEngine } from '../src/index.ts';
-import type { TurnRecord } from '../src/protocol/rollout.ts';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { resolveConfig } from '../src/config.ts';
+import { readCheckpoint, writeCheckpoint } from '../src/coordinator/checkpoint.ts';
+import type { ProducerSnapshot } from '../src/coordinator/producer.ts';
+import { newGroup, Status, type TurnRecord } from '../src/protocol/rollout.ts';
 import { sharePromptPrefix } from '../src/rollout/prompt-prefix.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
 import { promptTokenIds } from '../src/testing/mock-llm/tokens.ts';
@@ -67,6 +73,21 @@ describe('prompt ids shared along an episode (rollout/prompt-prefix.ts)', () => 
   it('leaves turns without prompt ids (a server that returns none) alone', () => {
     const turns = record([turn(1, null), turn(2, [1, 2])]);
     assert.deepEqual(ids(turns), [null, [1, 2]]);
+  });
+});
+
+describe('prompt ids restored from a checkpoint', () => {
+  it('are shared again along each rollout (the file holds every prompt whole)', () => {
+    const config = resolveConfig({ llm: { url: 'http://127.0.0.1:9' }, tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' } }] });
+    const group = newGroup({ taskName: 'guess', promptIndex: 0, drawIndex: 0, seed: 1, envParams: {} }, 1);
+    group.rollouts[0].turns = [turn(1, [1, 2]), turn(2, [1, 2, 3, 4]), turn(3, [1, 2, 3, 4, 5])];
+    group.rollouts[0].status = Status.COMPLETED;
+    const path = join(mkdtempSync(join(tmpdir(), 'prompt-prefix-')), 'engine.ckpt');
+    const snapshot = { modelStep: 0, progress: {}, buffer: { groups: [group], dropped: {}, lastDropReason: null }, samplers: {}, counts: {}, inFlight: [], lastBatch: null };
+    writeCheckpoint(path, config, snapshot as unknown as ProducerSnapshot);
+    const turns = readCheckpoint(path, config).buffer.groups[0].rollouts[0].turns;
+    assert.deepEqual(ids(turns), [[1, 2], [1, 2, 3, 4], [1, 2, 3, 4, 5]]);
+    assert.ok(turns.every((t) => t.promptIds!.buffer === turns[2].promptIds!.buffer));
   });
 });
 

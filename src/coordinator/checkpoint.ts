@@ -9,6 +9,7 @@ import { dirname } from 'node:path';
 import type { ResolvedConfig } from '../config.ts';
 import { decodeCheckpoint, encodeCheckpoint } from '../protocol/codec.ts';
 import { RolloutEngineError } from '../protocol/errors.ts';
+import { sharePromptPrefixes } from '../rollout/prompt-prefix.ts';
 import type { ProducerSnapshot } from './producer.ts';
 
 const CHECKPOINT_VERSION = 1;
@@ -79,5 +80,8 @@ export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSn
   if (differences.length > 0) {
     throw new RolloutEngineError('ERR_CHECKPOINT_MISMATCH', `${path} was written by a run with a different config:\n  - ${differences.join('\n  - ')}`);
   }
-  return state.producer as ProducerSnapshot;
+  const producer = state.producer as ProducerSnapshot;
+  // A checkpoint holds each turn's prompt ids whole: share them again, as the run that wrote it did.
+  for (const group of [...producer.buffer.groups, ...producer.inFlight, ...(producer.lastBatch?.groups ?? [])]) sharePromptPrefixes(group);
+  return producer;
 }

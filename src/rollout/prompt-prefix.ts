@@ -13,7 +13,7 @@
  * Invariant: a view this makes starts where the array it replaces started and is no longer, so it
  * holds exactly the ids that array held; nothing is ever written through one.
  */
-import type { TurnRecord } from '../protocol/rollout.ts';
+import type { RolloutGroup, TurnRecord } from '../protocol/rollout.ts';
 
 /**
  * After `turns[last]` was recorded: share its prompt ids with the earlier turns of the same agent, back
@@ -37,6 +37,11 @@ export function sharePromptPrefix(turns: TurnRecord[], from: number, last: numbe
     }
     turn.promptIds = ids.subarray(0, earlier.length);
   }
+}
+
+/** The same along every rollout of a group that arrived with each prompt whole (a checkpoint), in place. */
+export function sharePromptPrefixes(group: RolloutGroup): void {
+  for (const rollout of group.rollouts) for (let i = 1; i < rollout.turns.length; i++) sharePromptPrefix(rollout.turns, 0, i);
 }
 
 function startsWith(ids: Int32Array, prefix: Int32Array): boolean {
