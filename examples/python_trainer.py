@@ -9,7 +9,9 @@ It does what a real GRPO/PPO trainer does around the engine: take the batch for 
     python3 examples/python_trainer.py --url http://127.0.0.1:8100 --steps 6 --sync-every 2
 
 With the `msgpack` package installed, --msgpack asks for msgpack replies (token ids arrive as raw
-little-endian int32 bytes: numpy.frombuffer(ids, '<i4')).
+little-endian int32 bytes: numpy.frombuffer(ids, '<i4')). --compact asks for compact batches, where a
+turn whose conversation begins a later turn's names that turn instead of repeating it, and expands
+them (expand_compact below).
 """
 import argparse
 import json
@@ -54,6 +56,32 @@ class Engine:
         return report
 
 
+def expand_compact(batch):
+    """The full form of a compact batch, in place: each named prefix taken from the turn that carries it."""
+    for group in batch["groups"]:
+        for rollout in group["rollouts"]:
+            turns = rollout["turns"]
+            for turn in turns:
+                ref = turn.pop("messagesPrefixOf", None)
+                if ref:
+                    turn["messages"] = turns[ref["turn"]]["messages"][: ref["length"]]
+                ref = turn.pop("promptIdsPrefixOf", None)
+                if ref:
+                    ids = turns[ref["turn"]]["promptIds"]
+                    # msgpack: int32 bytes, 4 per id; JSON: a list of ids
+                    turn["promptIds"] = ids[: 4 * ref["length"]] if isinstance(ids, (bytes, bytearray)) else ids[: ref["length"]]
+    return batch
+
+
+def prompt_tokens(rollouts):
+    n = 0
+    for rollout in rollouts:
+        for turn in rollout["turns"]:
+            ids = turn.get("promptIds") or []
+            n += len(ids) // 4 if isinstance(ids, (bytes, bytearray)) else len(ids)
+    return n
+
+
 def staleness(rollout, train_step):
     steps = []
     for turn in rollout["turns"]:
@@ -75,6 +103,7 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--sync-every", type=int, default=2)
     ap.add_argument("--msgpack", action="store_true")
+    ap.add_argument("--compact", action="store_true", help="take compact batches and expand them")
     args = ap.parse_args()
 
     engine = Engine(args.url, args.token, args.msgpack)
@@ -84,17 +113,19 @@ def main():
     step = status["nextTrainStep"]
     last = step + args.steps
     while step < last:
-        batch = engine.call("POST", "/batch", {"trainStep": step})
+        batch = engine.call("POST", "/batch", {"trainStep": step, "compact": args.compact})
         if batch["status"] != "NORMAL":
             print(f"step {step}: {batch['status']} -> syncing weights to {step - 1}", flush=True)
             engine.sync_weights(step - 1, mock_url)
             continue
+        if args.compact:
+            expand_compact(batch)
         rollouts = [r for g in batch["groups"] for r in g["rollouts"]]
         rewards = [r["reward"] for r in rollouts]
         worst = max(staleness(r, step) for r in rollouts)
         print(
             f"step {step}: {len(batch['groups'])} groups, {len(rollouts)} rollouts, "
-            f"mean reward {sum(rewards) / len(rewards):.3f}, max staleness {worst}",
+            f"mean reward {sum(rewards) / len(rewards):.3f}, max staleness {worst}, {prompt_tokens(rollouts)} prompt tokens",
             flush=True,
         )
         if step % args.sync_every == 0:

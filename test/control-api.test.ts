@@ -26,6 +26,65 @@ async function call(server: ControlServer, method: 'GET' | 'POST', path: string,
   return { status: res.statusCode, body: body as any };
 }
 
+/** The full form of a compact batch (README, "Control API"): each named prefix copied from the turn that carries it. */
+function expandCompact(batch: any): any {
+  for (const rollout of batch.groups.flatMap((g: any) => g.rollouts)) {
+    for (const turn of rollout.turns) {
+      const m = turn.messagesPrefixOf;
+      if (m) turn.messages = rollout.turns[m.turn].messages.slice(0, m.length);
+      const p = turn.promptIdsPrefixOf;
+      if (p) {
+        const ids = rollout.turns[p.turn].promptIds;
+        turn.promptIds = ids instanceof Uint8Array ? ids.subarray(0, 4 * p.length) : ids.slice(0, p.length); // msgpack: int32 bytes
+      }
+      delete turn.messagesPrefixOf;
+      delete turn.promptIdsPrefixOf;
+    }
+  }
+  return batch;
+}
+
+/** Typed arrays and Buffers as plain arrays of bytes, so the two decodings compare by content. */
+const plain = (value: unknown): unknown => JSON.parse(JSON.stringify(value, (_k, v) => (v instanceof Uint8Array || (v && v.type === 'Buffer') ? Array.from(v instanceof Uint8Array ? v : v.data) : v)));
+
+describe('compact batches (POST /batch {"compact": true})', () => {
+  let engine: Engine;
+  let server: ControlServer;
+  before(async () => {
+    engine = createEngine({
+      logLevel: 'silent',
+      batchSize: 2,
+      workers: { threads: 1 },
+      tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 8, messageCut: 0 }],
+    });
+    await engine.start();
+    server = await engine.listen({ port: 0, token: TOKEN });
+  });
+  after(() => engine.close());
+
+  for (const accept of ['application/json', 'application/msgpack']) {
+    it(`name the later turn whose conversation a turn begins, and expand to exactly the full batch (${accept})`, async () => {
+      const step = accept === 'application/json' ? 1 : 2;
+      const compact = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: step, compact: true }), headers: { accept } });
+      assert.equal(compact.status, 200);
+      const turns = compact.body.groups.flatMap((g: any) => g.rollouts.flatMap((r: any) => r.turns));
+      assert.ok(turns.some((t: any) => t.messages === null && t.messagesPrefixOf), 'some turn names the turn carrying its messages');
+      assert.ok(turns.some((t: any) => t.promptIds === null && t.promptIdsPrefixOf), 'some turn names the turn carrying its prompt ids');
+      const bytes = (x: unknown) => Buffer.byteLength(JSON.stringify(plain(x)));
+      // Asking for the same train step again hands out the same batch (redelivery): here in full.
+      const full = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: step }), headers: { accept } });
+      assert.ok(bytes(compact.body) < bytes(full.body));
+      assert.deepEqual(plain(expandCompact(compact.body)), plain(full.body));
+    });
+  }
+
+  it('refuses a compact flag that is not a boolean, naming the field', async () => {
+    const res = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: 3, compact: 'yes' }) });
+    assert.deepEqual([res.status, res.body.error.code], [400, 'ERR_BAD_BODY']);
+    assert.match(res.body.error.message, /compact must be true or false \(got "yes"\)/);
+  });
+});
+
 describe('control API', () => {
   let engine: Engine;
   let server: ControlServer;
@@ -164,5 +223,18 @@ describe('the Python trainer example', () => {
     assert.match(out.stdout, /step 1: 4 groups, 16 rollouts, mean reward -?\d\.\d{3}, max staleness 0/);
     assert.match(out.stdout, /weights -> 2: pause took \d+\.\d ms/);
     assert.match(out.stdout, /done: taken 16 groups, model step 4/);
+  });
+
+  it('takes compact batches and expands them to the full ones (the example\'s expand_compact)', async () => {
+    const out = await runToExit('python3', [PYTHON_TRAINER, '--url', serve.url, '--steps', '2', '--sync-every', '100', '--compact']);
+    assert.equal(out.code, 0, out.stderr);
+    const lines = [...out.stdout.matchAll(/step (\d+): .*, (\d+) prompt tokens/g)];
+    assert.equal(lines.length, 2, out.stdout);
+    // The last batch is handed out again for its train step: here in full, to count what the example counted.
+    const [, step, counted] = lines[1];
+    const res = await request(`${serve.url}/batch`, { method: 'POST', body: JSON.stringify({ trainStep: Number(step) }), headers: { 'content-type': 'application/json' } });
+    const full = (await res.body.json()) as { groups: { rollouts: { turns: { promptIds: number[] | null }[] }[] }[] };
+    const promptTokens = full.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns)).reduce((n, t) => n + (t.promptIds?.length ?? 0), 0);
+    assert.equal(Number(counted), promptTokens);
   });
 });

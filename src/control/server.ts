@@ -4,7 +4,9 @@
  *
  *   GET  /health                      liveness (no token needed)
  *   GET  /status                      model step, train step, in flight, counts per status, paused
- *   POST /batch       {trainStep?}    the batch for a train step (status NORMAL | EXPIRED_BATCH | UPDATE_WEIGHT_AND_ABORT)
+ *   POST /batch       {trainStep?, compact?}  the batch for a train step (status NORMAL | EXPIRED_BATCH |
+ *                                     UPDATE_WEIGHT_AND_ABORT); compact: turns name the later turn whose
+ *                                     conversation they begin (./compact-batch.ts)
  *   POST /pause                       pause for a weight update; answers once every group is back
  *   POST /resume      {modelStep}     the new weights are loaded
  *   POST /checkpoint  {path}          write a checkpoint file
@@ -17,6 +19,7 @@ import type { AddressInfo } from 'node:net';
 import type { EngineStats } from '../coordinator/engine.ts';
 import type { Batch, PauseReport } from '../coordinator/producer.ts';
 import type { EngineMetrics } from './metrics.ts';
+import { compactBatch } from './compact-batch.ts';
 import { HttpError, readBody, send, sendError, tokenMatches } from './http.ts';
 import { preview } from '../protocol/errors.ts';
 
@@ -62,7 +65,11 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
       const { workers: _workers, ...status } = await engine.stats();
       return { ...status, llmUrl: engine.llmUrl };
     },
-    'POST /batch': async (body) => engine.getBatch(optionalInt(body, 'trainStep', 1)),
+    'POST /batch': async (body) => {
+      const compact = optionalBool(body, 'compact') ?? false; // checked before the batch is taken
+      const batch = await engine.getBatch(optionalInt(body, 'trainStep', 1));
+      return compact ? compactBatch(batch) : batch;
+    },
     'POST /pause': async () => engine.pauseForWeightUpdate(),
     'POST /resume': async (body) => {
       const modelStep = requiredInt(body, 'modelStep', 0);
@@ -121,6 +128,12 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
         server.closeAllConnections();
       }),
   };
+}
+
+function optionalBool(body: Record<string, unknown>, field: string): boolean | undefined {
+  const value = body[field];
+  if (value !== undefined && typeof value !== 'boolean') throw new HttpError(400, 'ERR_BAD_BODY', `${field} must be true or false (got ${preview(value)})`);
+  return value;
 }
 
 function optionalInt(body: Record<string, unknown>, field: string, min: number): number | undefined {

@@ -5,12 +5,14 @@
  * lengths — quadratic in its turns. The engine keeps each prompt that extends the previous one as a
  * view into the last (src/rollout/prompt-prefix.ts). This runs one batch of guess-number played to
  * many turns against a mock of its own (`thinkTokens` filler tokens per answer) and reports, per rollout, the prompt ids as the server sent
- * them (Σ over turns) against the bytes the rollout's turns actually hold, and a group result's size
- * on the thread wire.
+ * them (Σ over turns) against the bytes the rollout's turns actually hold, a group result's size on
+ * the thread wire, and the batch's size per rollout as the control API sends it (msgpack), in full
+ * and compact (src/control/compact-batch.ts).
  */
 import { createEngine, type RolloutState } from '../../src/index.ts';
 import { startMockProcess } from '../../src/loadtest/mock-process.ts';
-import { encodeMessage } from '../../src/protocol/codec.ts';
+import { compactBatch } from '../../src/control/compact-batch.ts';
+import { encodeForPeer, encodeMessage } from '../../src/protocol/codec.ts';
 import { PROTOCOL_VERSION } from '../../src/protocol/messages.ts';
 
 export interface LongEpisodeFigures {
@@ -22,6 +24,9 @@ export interface LongEpisodeFigures {
   promptIdsHeldBytes: number;
   /** A group's result message between threads (protocol/codec.ts), mean bytes. */
   wireBytesPerGroup: number;
+  /** Per rollout: the batch as the control API sends it with msgpack, in full and compact (`{"compact": true}`). */
+  batchBytesFull: number;
+  batchBytesCompact: number;
 }
 
 export async function longEpisodes(o: { groups: number; maxTurns: number; thinkTokens: number }): Promise<LongEpisodeFigures> {
@@ -57,6 +62,8 @@ export async function longEpisodes(o: { groups: number; maxTurns: number; thinkT
       promptIdsSentBytes: rollouts.reduce((s, r) => s + r.turns.reduce((t, turn) => t + (turn.promptIds?.byteLength ?? 0), 0), 0) / n,
       promptIdsHeldBytes: rollouts.reduce((s, r) => s + heldPromptBytes(r), 0) / n,
       wireBytesPerGroup: wire / Math.max(1, batch.groups.length),
+      batchBytesFull: encodeForPeer(batch).byteLength / n,
+      batchBytesCompact: encodeForPeer(compactBatch(batch)).byteLength / n,
     };
   } finally {
     await engine.close();

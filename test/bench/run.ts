@@ -428,7 +428,8 @@ async function main(): Promise<void> {
 
   console.log(
     `\nlong episodes, whole conversation sent (messageCut 0): ${long.groups} groups of guess-number, ${long.turnsPerRollout.toFixed(1)} turns per rollout, 200 filler tokens per answer\n` +
-      `  prompt ids per rollout: ${kb(long.promptIdsSentBytes)} as the server sent them (Σ over turns), ${kb(long.promptIdsHeldBytes)} held (each prompt a view into the next: ${(long.promptIdsSentBytes / long.promptIdsHeldBytes).toFixed(1)}× less); a group result between threads ${kb(long.wireBytesPerGroup)}`,
+      `  prompt ids per rollout: ${kb(long.promptIdsSentBytes)} as the server sent them (Σ over turns), ${kb(long.promptIdsHeldBytes)} held (each prompt a view into the next: ${(long.promptIdsSentBytes / long.promptIdsHeldBytes).toFixed(1)}× less); a group result between threads ${kb(long.wireBytesPerGroup)}\n` +
+      `  the batch to the trainer (control API, msgpack) per rollout: ${kb(long.batchBytesFull)} in full, ${kb(long.batchBytesCompact)} compact ({"compact": true}: turns name the later turn whose conversation they begin)`,
   );
 
   const ratioText = (r: number | null) => (r === null ? 'not run' : `${r.toFixed(2)}×`);

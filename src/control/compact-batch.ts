@@ -1,0 +1,69 @@
+/**
+ * `POST /batch {"compact": true}`: a batch whose turns do not repeat the conversation.
+ *
+ * Turn k of a multi-turn rollout is sent its whole conversation so far: its `messages` and its
+ * `promptIds` begin with turn k−1's. Written out per turn, a rollout's batch entry grows with the
+ * square of its turns — at 16 turns of 200-token answers with the whole conversation sent, 322 KiB of
+ * msgpack per rollout, 77 KiB without the repeats. In the compact form a turn whose messages (or
+ * prompt ids) are the first `length` of a later turn's of the same agent names that turn instead:
+ *
+ *   "messages": null,  "messagesPrefixOf":  { "turn": j, "length": n }   →  turns[j].messages[:n]
+ *   "promptIds": null, "promptIdsPrefixOf": { "turn": j, "length": n }   →  turns[j].promptIds[:n]
+ *
+ * (`turn` indexes the rollout's `turns`; turn j carries its field whole; with msgpack the ids are
+ * int32 bytes, so the prefix is the first 4·n bytes.) Everything else is as in the full form, and the
+ * batch the engine holds for redelivery is not changed.
+ */
+import type { Batch } from '../coordinator/producer.ts';
+import type { ChatMessage, RolloutState, TurnRecord } from '../protocol/rollout.ts';
+
+export interface CompactTurnFields {
+  messagesPrefixOf?: { turn: number; length: number };
+  promptIdsPrefixOf?: { turn: number; length: number };
+}
+
+/** The wire form only (its turns break TurnRecord's types); the batch given is not changed. */
+export function compactBatch(batch: Batch): unknown {
+  if (batch.status !== 'NORMAL') return batch;
+  return { ...batch, groups: batch.groups.map((group) => ({ ...group, rollouts: group.rollouts.map(compactRollout) })) };
+}
+
+type CompactTurn = Omit<TurnRecord, 'messages'> & { messages: ChatMessage[] | null } & CompactTurnFields;
+
+function compactRollout(rollout: RolloutState): Omit<RolloutState, 'turns'> & { turns: CompactTurn[] } {
+  const turns: CompactTurn[] = rollout.turns.slice();
+  // Scanning backwards, per agent: the nearest later turn that carries its messages / ids whole.
+  const messagesCarrier = new Map<string | null, number>();
+  const idsCarrier = new Map<string | null, number>();
+  for (let i = turns.length - 1; i >= 0; i--) {
+    const turn = rollout.turns[i];
+    let compact: CompactTurn = turn;
+    const m = messagesCarrier.get(turn.agentId);
+    if (m !== undefined && turn.messages.length > 0 && isMessagesPrefix(turn.messages, rollout.turns[m].messages)) {
+      compact = { ...compact, messages: null, messagesPrefixOf: { turn: m, length: turn.messages.length } };
+    } else {
+      messagesCarrier.set(turn.agentId, i);
+    }
+    const p = idsCarrier.get(turn.agentId);
+    if (p !== undefined && turn.promptIds !== null && turn.promptIds.length > 0 && isIdsPrefix(turn.promptIds, rollout.turns[p].promptIds)) {
+      compact = { ...compact, promptIds: null, promptIdsPrefixOf: { turn: p, length: turn.promptIds.length } };
+    } else {
+      idsCarrier.set(turn.agentId, i);
+    }
+    turns[i] = compact;
+  }
+  return { ...rollout, turns };
+}
+
+/** The same message objects, in order (turns of a rollout share them: protocol/codec.ts). */
+function isMessagesPrefix(prefix: readonly ChatMessage[], of: readonly ChatMessage[]): boolean {
+  if (prefix.length > of.length) return false;
+  for (let i = 0; i < prefix.length; i++) if (prefix[i] !== of[i]) return false;
+  return true;
+}
+
+function isIdsPrefix(prefix: Int32Array, of: Int32Array | null): boolean {
+  if (of === null || prefix.length > of.length) return false;
+  if (prefix.buffer === of.buffer && prefix.byteOffset === of.byteOffset) return true; // a view of it (rollout/prompt-prefix.ts)
+  return Buffer.from(prefix.buffer, prefix.byteOffset, prefix.byteLength).equals(Buffer.from(of.buffer, of.byteOffset, prefix.byteLength));
+}
