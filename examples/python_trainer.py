@@ -10,8 +10,8 @@ It does what a real GRPO/PPO trainer does around the engine: take the batch for 
 
 With the `msgpack` package installed, --msgpack asks for msgpack replies (token ids arrive as raw
 little-endian int32 bytes: numpy.frombuffer(ids, '<i4')). --compact asks for compact batches, where a
-turn whose conversation begins a later turn's names that turn instead of repeating it, and expands
-them (expand_compact below).
+turn whose messages or prompt ids begin those of a later turn of the same agent names that turn
+instead of repeating them, and expands them (expand_compact below).
 """
 import argparse
 import json
@@ -57,7 +57,9 @@ class Engine:
 
 
 def expand_compact(batch):
-    """The full form of a compact batch, in place: each named prefix taken from the turn that carries it."""
+    """The full form of a compact batch, in place: each named prefix taken from the turn that carries it
+    (the turn of the same agent that holds the field whole). The expanded turns share the carrier's
+    message dicts; copy them before changing one."""
     for group in batch["groups"]:
         for rollout in group["rollouts"]:
             turns = rollout["turns"]
@@ -73,13 +75,15 @@ def expand_compact(batch):
     return batch
 
 
-def prompt_tokens(rollouts):
-    n = 0
+def prompt_sizes(rollouts):
+    """Prompt tokens and messages sent over every turn (what a compact batch must expand back to)."""
+    tokens = messages = 0
     for rollout in rollouts:
         for turn in rollout["turns"]:
             ids = turn.get("promptIds") or []
-            n += len(ids) // 4 if isinstance(ids, (bytes, bytearray)) else len(ids)
-    return n
+            tokens += len(ids) // 4 if isinstance(ids, (bytes, bytearray)) else len(ids)
+            messages += len(turn["messages"])
+    return tokens, messages
 
 
 def staleness(rollout, train_step):
@@ -125,7 +129,8 @@ def main():
         worst = max(staleness(r, step) for r in rollouts)
         print(
             f"step {step}: {len(batch['groups'])} groups, {len(rollouts)} rollouts, "
-            f"mean reward {sum(rewards) / len(rewards):.3f}, max staleness {worst}, {prompt_tokens(rollouts)} prompt tokens",
+            f"mean reward {sum(rewards) / len(rewards):.3f}, max staleness {worst}, "
+            "{} prompt tokens, {} messages".format(*prompt_sizes(rollouts)),
             flush=True,
         )
         if step % args.sync_every == 0:

@@ -5,7 +5,9 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { request } from 'undici';
 import { createEngine, type ControlServer, type Engine } from '../src/index.ts';
-import { decodeFromPeer } from '../src/protocol/codec.ts';
+import { compactBatch } from '../src/control/compact-batch.ts';
+import { decodeFromPeer, toJson } from '../src/protocol/codec.ts';
+import { newGroup } from '../src/protocol/rollout.ts';
 import { spawnServer, type ChildServer } from './fixtures/flaky-env-server.ts';
 import { runToExit } from './support/cli.ts';
 
@@ -78,10 +80,28 @@ describe('compact batches (POST /batch {"compact": true})', () => {
     });
   }
 
-  it('refuses a compact flag that is not a boolean, naming the field', async () => {
-    const res = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: 3, compact: 'yes' }) });
+  it('refuses a compact flag that is not a boolean, naming the field, without taking the batch', async () => {
+    const before = (await call(server, 'GET', '/status')).body.nextTrainStep;
+    const res = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: before, compact: 'yes' }) });
     assert.deepEqual([res.status, res.body.error.code], [400, 'ERR_BAD_BODY']);
     assert.match(res.body.error.message, /compact must be true or false \(got "yes"\)/);
+    assert.equal((await call(server, 'GET', '/status')).body.nextTrainStep, before);
+  });
+
+  it('compacts messages that are equal copies (as a restored checkpoint holds them), past turns with no prompt ids', () => {
+    const group = newGroup({ taskName: 't', promptIndex: 0, drawIndex: 0, seed: 1, envParams: {} }, 1);
+    const said = (n: number) => [{ role: 'user' as const, content: 'guess' }, { role: 'assistant' as const, content: '50' }, { role: 'user' as const, content: 'higher' }].slice(0, n);
+    const turn = (step: number, ids: number[] | null) => ({
+      step, agentId: null, messages: said(2 * step - 1), response: '', finishReason: 'stop', promptIds: ids === null ? null : Int32Array.from(ids), responseIds: null, logprobs: null,
+      modelSteps: null, seed: null, modelStep: 0, reward: 0, terminated: false, truncated: false, trainable: true, timings: { inferenceMs: 0, envMs: 0, totalMs: 0 },
+    });
+    group.rollouts[0].turns = [turn(1, [1, 2]), { ...turn(1, null), step: 2, messages: [] }, turn(2, [1, 2, 3])];
+    const batch = { trainStep: 1, status: 'NORMAL' as const, groups: [group], stats: {} as never };
+    const sent = JSON.parse(toJson(batch));
+    const [first, empty] = (compactBatch(batch) as typeof sent).groups[0].rollouts[0].turns;
+    assert.deepEqual([first.messages, first.messagesPrefixOf, first.promptIds, first.promptIdsPrefixOf], [null, { turn: 2, length: 1 }, null, { turn: 2, length: 2 }]);
+    assert.deepEqual([empty.messages, empty.promptIds, 'messagesPrefixOf' in empty], [[], null, false]);
+    assert.deepEqual(JSON.parse(toJson(batch)), sent, 'the batch given is not changed');
   });
 });
 
@@ -228,13 +248,13 @@ describe('the Python trainer example', () => {
   it('takes compact batches and expands them to the full ones (the example\'s expand_compact)', async () => {
     const out = await runToExit('python3', [PYTHON_TRAINER, '--url', serve.url, '--steps', '2', '--sync-every', '100', '--compact']);
     assert.equal(out.code, 0, out.stderr);
-    const lines = [...out.stdout.matchAll(/step (\d+): .*, (\d+) prompt tokens/g)];
+    const lines = [...out.stdout.matchAll(/step (\d+): .*, (\d+) prompt tokens, (\d+) messages/g)];
     assert.equal(lines.length, 2, out.stdout);
     // The last batch is handed out again for its train step: here in full, to count what the example counted.
-    const [, step, counted] = lines[1];
+    const [, step, tokens, messages] = lines[1];
     const res = await request(`${serve.url}/batch`, { method: 'POST', body: JSON.stringify({ trainStep: Number(step) }), headers: { 'content-type': 'application/json' } });
-    const full = (await res.body.json()) as { groups: { rollouts: { turns: { promptIds: number[] | null }[] }[] }[] };
-    const promptTokens = full.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns)).reduce((n, t) => n + (t.promptIds?.length ?? 0), 0);
-    assert.equal(Number(counted), promptTokens);
+    const full = (await res.body.json()) as { groups: { rollouts: { turns: { promptIds: number[] | null; messages: unknown[] }[] }[] }[] };
+    const turns = full.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns));
+    assert.deepEqual([Number(tokens), Number(messages)], [turns.reduce((n, t) => n + (t.promptIds?.length ?? 0), 0), turns.reduce((n, t) => n + t.messages.length, 0)]);
   });
 });

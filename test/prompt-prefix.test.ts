@@ -77,10 +77,12 @@ describe('prompt ids shared along an episode (rollout/prompt-prefix.ts)', () => 
 });
 
 describe('prompt ids restored from a checkpoint', () => {
-  it('are shared again along each rollout (the file holds every prompt whole)', () => {
+  it('are shared again along each rollout, with its messages (the file holds every turn\'s conversation whole)', () => {
     const config = resolveConfig({ llm: { url: 'http://127.0.0.1:9' }, tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' } }] });
     const group = newGroup({ taskName: 'guess', promptIndex: 0, drawIndex: 0, seed: 1, envParams: {} }, 1);
     group.rollouts[0].turns = [turn(1, [1, 2]), turn(2, [1, 2, 3, 4]), turn(3, [1, 2, 3, 4, 5])];
+    const said = [{ role: 'user' as const, content: 'guess' }, { role: 'assistant' as const, content: '50' }, { role: 'user' as const, content: 'higher' }];
+    group.rollouts[0].turns.forEach((t, i) => (t.messages = said.slice(0, 1 + i)));
     group.rollouts[0].status = Status.COMPLETED;
     const path = join(mkdtempSync(join(tmpdir(), 'prompt-prefix-')), 'engine.ckpt');
     const snapshot = { modelStep: 0, progress: {}, buffer: { groups: [group], dropped: {}, lastDropReason: null }, samplers: {}, counts: {}, inFlight: [], lastBatch: null };
@@ -88,6 +90,8 @@ describe('prompt ids restored from a checkpoint', () => {
     const turns = readCheckpoint(path, config).buffer.groups[0].rollouts[0].turns;
     assert.deepEqual(ids(turns), [[1, 2], [1, 2, 3, 4], [1, 2, 3, 4, 5]]);
     assert.ok(turns.every((t) => t.promptIds!.buffer === turns[2].promptIds!.buffer));
+    assert.deepEqual(turns.map((t) => t.messages.length), [1, 2, 3]);
+    assert.ok(turns.every((t) => t.messages.every((m, k) => m === turns[2].messages[k])), 'each message is one object again');
   });
 });
 

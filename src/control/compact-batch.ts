@@ -1,8 +1,8 @@
 /**
  * `POST /batch {"compact": true}`: a batch whose turns do not repeat the conversation.
  *
- * Turn k of a multi-turn rollout is sent its whole conversation so far: its `messages` and its
- * `promptIds` begin with turn k−1's. Written out per turn, a rollout's batch entry grows with the
+ * With the whole conversation sent (messageCut 0, or until trimming starts), turn k of a multi-turn
+ * rollout is sent everything so far: its `messages` and its `promptIds` begin with turn k−1's. Written out per turn, a rollout's batch entry grows with the
  * square of its turns — at 16 turns of 200-token answers with the whole conversation sent, 322 KiB of
  * msgpack per rollout, 77 KiB without the repeats. In the compact form a turn whose messages (or
  * prompt ids) are the first `length` of a later turn's of the same agent names that turn instead:
@@ -15,7 +15,7 @@
  * batch the engine holds for redelivery is not changed.
  */
 import type { Batch } from '../coordinator/producer.ts';
-import type { ChatMessage, RolloutState, TurnRecord } from '../protocol/rollout.ts';
+import { sameMessage, type ChatMessage, type RolloutState, type TurnRecord } from '../protocol/rollout.ts';
 
 export interface CompactTurnFields {
   messagesPrefixOf?: { turn: number; length: number };
@@ -38,27 +38,32 @@ function compactRollout(rollout: RolloutState): Omit<RolloutState, 'turns'> & { 
   for (let i = turns.length - 1; i >= 0; i--) {
     const turn = rollout.turns[i];
     let compact: CompactTurn = turn;
-    const m = messagesCarrier.get(turn.agentId);
-    if (m !== undefined && turn.messages.length > 0 && isMessagesPrefix(turn.messages, rollout.turns[m].messages)) {
-      compact = { ...compact, messages: null, messagesPrefixOf: { turn: m, length: turn.messages.length } };
-    } else {
-      messagesCarrier.set(turn.agentId, i);
+    // A turn with nothing in a field neither names a carrier nor becomes one: the chain goes past it.
+    if (turn.messages.length > 0) {
+      const m = messagesCarrier.get(turn.agentId);
+      if (m !== undefined && isMessagesPrefix(turn.messages, rollout.turns[m].messages)) {
+        compact = { ...compact, messages: null, messagesPrefixOf: { turn: m, length: turn.messages.length } };
+      } else {
+        messagesCarrier.set(turn.agentId, i);
+      }
     }
-    const p = idsCarrier.get(turn.agentId);
-    if (p !== undefined && turn.promptIds !== null && turn.promptIds.length > 0 && isIdsPrefix(turn.promptIds, rollout.turns[p].promptIds)) {
-      compact = { ...compact, promptIds: null, promptIdsPrefixOf: { turn: p, length: turn.promptIds.length } };
-    } else {
-      idsCarrier.set(turn.agentId, i);
+    if (turn.promptIds !== null && turn.promptIds.length > 0) {
+      const p = idsCarrier.get(turn.agentId);
+      if (p !== undefined && isIdsPrefix(turn.promptIds, rollout.turns[p].promptIds)) {
+        compact = { ...compact, promptIds: null, promptIdsPrefixOf: { turn: p, length: turn.promptIds.length } };
+      } else {
+        idsCarrier.set(turn.agentId, i);
+      }
     }
     turns[i] = compact;
   }
   return { ...rollout, turns };
 }
 
-/** The same message objects, in order (turns of a rollout share them: protocol/codec.ts). */
+/** The same messages, in order (usually the very objects: turns of a rollout share them, protocol/codec.ts). */
 function isMessagesPrefix(prefix: readonly ChatMessage[], of: readonly ChatMessage[]): boolean {
   if (prefix.length > of.length) return false;
-  for (let i = 0; i < prefix.length; i++) if (prefix[i] !== of[i]) return false;
+  for (let i = 0; i < prefix.length; i++) if (!sameMessage(prefix[i], of[i])) return false;
   return true;
 }
 

@@ -26,6 +26,22 @@ export interface ChatMessage {
   name?: string;
 }
 
+/**
+ * Two messages say the same thing: the same object (turns of a rollout share them), or equal field by
+ * field (a copy, as a checkpoint restores them).
+ */
+export function sameMessage(a: ChatMessage, b: ChatMessage): boolean {
+  if (a === b) return true;
+  const keys = Object.keys(a);
+  if (keys.length !== Object.keys(b).length) return false;
+  for (const key of keys) {
+    const x = (a as unknown as Record<string, unknown>)[key];
+    const y = (b as unknown as Record<string, unknown>)[key];
+    if (x !== y && (typeof x !== 'object' || x === null || JSON.stringify(x) !== JSON.stringify(y))) return false;
+  }
+  return true;
+}
+
 /** Why the inference server stopped generating; anything else it sends is kept as-is and fails the rollout. */
 export type FinishReason = 'stop' | 'length' | 'tool_calls' | 'abort' | (string & {});
 

@@ -13,7 +13,7 @@
  * Invariant: a view this makes starts where the array it replaces started and is no longer, so it
  * holds exactly the ids that array held; nothing is ever written through one.
  */
-import type { RolloutGroup, TurnRecord } from '../protocol/rollout.ts';
+import { sameMessage, type ChatMessage, type RolloutGroup, type TurnRecord } from '../protocol/rollout.ts';
 
 /**
  * After `turns[last]` was recorded: share its prompt ids with the earlier turns of the same agent, back
@@ -39,9 +39,22 @@ export function sharePromptPrefix(turns: TurnRecord[], from: number, last: numbe
   }
 }
 
-/** The same along every rollout of a group that arrived with each prompt whole (a checkpoint), in place. */
+/**
+ * The same along every rollout of a group that arrived with each turn's conversation whole (a
+ * checkpoint keeps no shared objects), in place: prompt ids as above, and each message equal to the
+ * one at its place in the agent's previous turn becomes that very object again.
+ */
 export function sharePromptPrefixes(group: RolloutGroup): void {
-  for (const rollout of group.rollouts) for (let i = 1; i < rollout.turns.length; i++) sharePromptPrefix(rollout.turns, 0, i);
+  for (const rollout of group.rollouts) {
+    const previous = new Map<string | null, ChatMessage[]>();
+    for (let i = 0; i < rollout.turns.length; i++) {
+      const { messages, agentId } = rollout.turns[i];
+      const before = previous.get(agentId);
+      if (before !== undefined) for (let k = 0; k < Math.min(before.length, messages.length) && sameMessage(before[k], messages[k]); k++) messages[k] = before[k];
+      previous.set(agentId, messages);
+      if (i > 0) sharePromptPrefix(rollout.turns, 0, i);
+    }
+  }
 }
 
 function startsWith(ids: Int32Array, prefix: Int32Array): boolean {
