@@ -10,6 +10,19 @@ const MAIN = CLI_MAIN;
 
 
 describe('rollout CLI', () => {
+  it('`rollout run --compact` writes turns that name the later turn carrying their conversation', async () => {
+    const runDir = mkdtempSync(join(tmpdir(), 'rollout-run-'));
+    const { code, stderr } = await rollout(['run', '--steps', '1', '--batch-size', '4', '--threads', '1', '--run-dir', runDir, '--compact']);
+    assert.equal(code, 0, stderr);
+    const rollouts = readFileSync(join(runDir, 'batches.jsonl'), 'utf8').trim().split('\n').flatMap((l) => JSON.parse(l).rollouts);
+    const named = rollouts.flatMap((r: any) => r.turns.filter((t: any) => t.messagesPrefixOf).map((t: any) => [t, r.turns[t.messagesPrefixOf.turn]]));
+    assert.ok(named.length > 0, 'some turn names a later one');
+    for (const [turn, carrier] of named) {
+      assert.equal(turn.messages, null);
+      assert.ok(Array.isArray(carrier.messages) && carrier.messages.length >= turn.messagesPrefixOf.length, 'the named turn carries its messages whole');
+    }
+  });
+
   it('`rollout run` on embedded defaults writes batches as JSONL and prints a summary', async () => {
     const runDir = mkdtempSync(join(tmpdir(), 'rollout-run-'));
     const { code, stdout, stderr } = await rollout(['run', '--steps', '2', '--batch-size', '4', '--run-dir', runDir]);

@@ -27,6 +27,8 @@ Options:
   --run-dir <dir>      where to write batches.jsonl, summary.json, steps/ and engine.ckpt (default runs/<timestamp>)
   --resume             continue the run in --run-dir after its last written batch (after a crash or a stop)
   --out <file>         batches file (default <run-dir>/batches.jsonl)
+  --compact            turns that begin a later turn's conversation name it instead of repeating it
+                       (messagesPrefixOf / promptIdsPrefixOf, as POST /batch {"compact": true})
   -h, --help           show this help
 
 Logs go to stderr (LOG_LEVEL=debug|info|warn|error); the summary goes to stdout.`;
@@ -40,6 +42,7 @@ export async function runCommand(argv: string[]): Promise<number> {
       'run-dir': { type: 'string' },
       resume: { type: 'boolean' },
       out: { type: 'string' },
+      compact: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
     },
     strict: true,
@@ -61,7 +64,7 @@ export async function runCommand(argv: string[]): Promise<number> {
   const engine = createEngine(config, { baseDir: configPath === undefined ? process.cwd() : dirname(configPath) });
   // Resuming: the batches file is the trainer's record of what it received; continue after its last step.
   const firstStep = values.resume ? lastWrittenStep(batchesPath, engine.config.batchSize) + 1 : 1;
-  const writer = new BatchFileWriter(batchesPath);
+  const writer = new BatchFileWriter(batchesPath, { compact: values.compact ?? false });
   // SIGINT / SIGTERM: stop taking batches, let groups in flight come back, checkpoint, exit 0.
   let stopping = false;
   const stopOnSignal = () => {

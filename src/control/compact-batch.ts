@@ -1,5 +1,6 @@
 /**
- * `POST /batch {"compact": true}`: a batch whose turns do not repeat the conversation.
+ * `POST /batch {"compact": true}` and `rollout run --compact`: batches whose turns do not repeat the
+ * conversation.
  *
  * With the whole conversation sent (messageCut 0, or until trimming starts), turn k of a multi-turn
  * rollout is sent everything so far: its `messages` and its `promptIds` begin with turn k−1's. Written out per turn, a rollout's batch entry grows with the
@@ -15,7 +16,7 @@
  * batch the engine holds for redelivery is not changed.
  */
 import type { Batch } from '../coordinator/producer.ts';
-import { sameMessage, type ChatMessage, type RolloutState, type TurnRecord } from '../protocol/rollout.ts';
+import { sameMessage, type ChatMessage, type RolloutGroup, type RolloutState, type TurnRecord } from '../protocol/rollout.ts';
 
 export interface CompactTurnFields {
   messagesPrefixOf?: { turn: number; length: number };
@@ -25,7 +26,12 @@ export interface CompactTurnFields {
 /** The wire form only (its turns break TurnRecord's types); the batch given is not changed. */
 export function compactBatch(batch: Batch): unknown {
   if (batch.status !== 'NORMAL') return batch;
-  return { ...batch, groups: batch.groups.map((group) => ({ ...group, rollouts: group.rollouts.map(compactRollout) })) };
+  return { ...batch, groups: batch.groups.map(compactGroup) };
+}
+
+/** One group in the compact form (a line of `rollout run --compact`'s batches file). */
+export function compactGroup(group: RolloutGroup): unknown {
+  return { ...group, rollouts: group.rollouts.map(compactRollout) };
 }
 
 type CompactTurn = Omit<TurnRecord, 'messages'> & { messages: ChatMessage[] | null } & CompactTurnFields;

@@ -7,21 +7,24 @@ import { createWriteStream, mkdirSync, type WriteStream } from 'node:fs';
 import { once } from 'node:events';
 import { dirname } from 'node:path';
 import type { Batch } from './producer.ts';
+import { compactGroup } from '../control/compact-batch.ts';
 import { toJson } from '../protocol/codec.ts';
 import type { RolloutGroup } from '../protocol/rollout.ts';
 
-/** JSON text of a group, typed arrays written as number arrays. */
-export function groupToJson(group: RolloutGroup, trainStep: number): string {
-  return toJson({ trainStep, ...group });
+/** JSON text of a group, typed arrays written as number arrays; `compact`: control/compact-batch.ts. */
+export function groupToJson(group: RolloutGroup, trainStep: number, compact = false): string {
+  return toJson({ trainStep, ...(compact ? (compactGroup(group) as RolloutGroup) : group) });
 }
 
 export class BatchFileWriter {
   readonly path: string;
   readonly #stream: WriteStream;
+  readonly #compact: boolean;
   #lines = 0;
 
-  constructor(path: string) {
+  constructor(path: string, options: { compact?: boolean } = {}) {
     this.path = path;
+    this.#compact = options.compact ?? false;
     mkdirSync(dirname(path), { recursive: true });
     this.#stream = createWriteStream(path, { flags: 'a' });
   }
@@ -33,7 +36,7 @@ export class BatchFileWriter {
   /** Append every group of the batch in one write; resolves once the stream has room again (backpressure). */
   async write(batch: Batch): Promise<void> {
     let text = '';
-    for (const group of batch.groups) text += `${groupToJson(group, batch.trainStep)}\n`;
+    for (const group of batch.groups) text += `${groupToJson(group, batch.trainStep, this.#compact)}\n`;
     this.#lines += batch.groups.length;
     if (!this.#stream.write(text)) await once(this.#stream, 'drain');
   }
