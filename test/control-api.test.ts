@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { request } from 'undici';
 import { createEngine, type ControlServer, type Engine } from '../src/index.ts';
-import { compactBatch } from '../src/control/compact-batch.ts';
+import { compactBatch } from '../src/protocol/compact.ts';
 import { decodeFromPeer, toJson } from '../src/protocol/codec.ts';
 import { newGroup } from '../src/protocol/rollout.ts';
 import { spawnServer, type ChildServer } from './fixtures/flaky-env-server.ts';

@@ -1,11 +1,12 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { createEngine } from '../src/index.ts';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { resolveConfig } from '../src/config.ts';
-import { readCheckpoint, writeCheckpoint } from '../src/coordinator/checkpoint.ts';
+import { configFingerprint, readCheckpoint, writeCheckpoint } from '../src/coordinator/checkpoint.ts';
+import { decodeCheckpoint, encodeCheckpoint } from '../src/protocol/codec.ts';
 import type { ProducerSnapshot } from '../src/coordinator/producer.ts';
 import { newGroup, Status, type TurnRecord } from '../src/protocol/rollout.ts';
 import { sharePromptPrefix } from '../src/rollout/prompt-prefix.ts';
@@ -76,22 +77,55 @@ describe('prompt ids shared along an episode (rollout/prompt-prefix.ts)', () => 
   });
 });
 
-describe('prompt ids restored from a checkpoint', () => {
-  it('are shared again along each rollout, with its messages (the file holds every turn\'s conversation whole)', () => {
-    const config = resolveConfig({ llm: { url: 'http://127.0.0.1:9' }, tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' } }] });
+describe('conversations in checkpoints', () => {
+  const config = resolveConfig({ llm: { url: 'http://127.0.0.1:9' }, tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' } }] });
+  const said = Array.from({ length: 9 }, (_, i) => ({ role: i % 2 === 0 ? ('user' as const) : ('assistant' as const), content: `message ${i} `.repeat(50) }));
+  /** A 5-turn rollout with the whole conversation sent: each turn's messages and prompt ids begin the next's. */
+  function snapshotWithConversation(): ProducerSnapshot {
     const group = newGroup({ taskName: 'guess', promptIndex: 0, drawIndex: 0, seed: 1, envParams: {} }, 1);
-    group.rollouts[0].turns = [turn(1, [1, 2]), turn(2, [1, 2, 3, 4]), turn(3, [1, 2, 3, 4, 5])];
-    const said = [{ role: 'user' as const, content: 'guess' }, { role: 'assistant' as const, content: '50' }, { role: 'user' as const, content: 'higher' }];
-    group.rollouts[0].turns.forEach((t, i) => (t.messages = said.slice(0, 1 + i)));
+    const ids = Array.from({ length: 2000 }, (_, i) => i);
+    group.rollouts[0].turns = [1, 2, 3, 4, 5].map((step) => ({ ...turn(step, ids.slice(0, 400 * step)), messages: said.slice(0, 2 * step - 1) }));
     group.rollouts[0].status = Status.COMPLETED;
-    const path = join(mkdtempSync(join(tmpdir(), 'prompt-prefix-')), 'engine.ckpt');
-    const snapshot = { modelStep: 0, progress: {}, buffer: { groups: [group], dropped: {}, lastDropReason: null }, samplers: {}, counts: {}, inFlight: [], lastBatch: null };
-    writeCheckpoint(path, config, snapshot as unknown as ProducerSnapshot);
-    const turns = readCheckpoint(path, config).buffer.groups[0].rollouts[0].turns;
-    assert.deepEqual(ids(turns), [[1, 2], [1, 2, 3, 4], [1, 2, 3, 4, 5]]);
-    assert.ok(turns.every((t) => t.promptIds!.buffer === turns[2].promptIds!.buffer));
-    assert.deepEqual(turns.map((t) => t.messages.length), [1, 2, 3]);
-    assert.ok(turns.every((t) => t.messages.every((m, k) => m === turns[2].messages[k])), 'each message is one object again');
+    return { modelStep: 0, progress: {}, buffer: { groups: [group], dropped: {}, lastDropReason: null }, samplers: {}, counts: {}, inFlight: [], lastBatch: null } as unknown as ProducerSnapshot;
+  }
+  const tempPath = () => join(mkdtempSync(join(tmpdir(), 'prompt-prefix-')), 'engine.ckpt');
+  const plainTurns = (snapshot: ProducerSnapshot) => snapshot.buffer.groups[0].rollouts[0].turns.map((t) => ({ ...t, promptIds: Array.from(t.promptIds!) }));
+
+  it('write each conversation once (version 2), and read back the same turns, sharing their prompt ids and messages', () => {
+    const snapshot = snapshotWithConversation();
+    const path = tempPath();
+    const bytes = writeCheckpoint(path, config, snapshot);
+    const whole = encodeCheckpoint({ v: 1, fingerprint: {}, producer: snapshot as unknown as Record<string, unknown> }).byteLength;
+    assert.ok(bytes < whole / 2, `${bytes} bytes, ${whole} with every turn whole`);
+    const restored = readCheckpoint(path, config);
+    assert.deepEqual(plainTurns(restored), plainTurns(snapshot));
+    const turns = restored.buffer.groups[0].rollouts[0].turns;
+    assert.ok(turns.every((t) => t.promptIds!.buffer === turns[4].promptIds!.buffer), 'prompt ids are views of the last');
+    assert.ok(turns.every((t) => t.messages.every((m, k) => m === turns[4].messages[k])), 'each message is one object');
+    assert.deepEqual(plainTurns(snapshotWithConversation()), plainTurns(snapshot), 'writing leaves the snapshot as it was');
+  });
+
+  it('read version 1 files (every turn whole) and share their conversations again', () => {
+    const snapshot = snapshotWithConversation();
+    const path = tempPath();
+    writeFileSync(path, encodeCheckpoint({ v: 1, fingerprint: configFingerprint(config), producer: snapshot as unknown as Record<string, unknown> }));
+    const restored = readCheckpoint(path, config);
+    assert.deepEqual(plainTurns(restored), plainTurns(snapshot));
+    const turns = restored.buffer.groups[0].rollouts[0].turns;
+    assert.ok(turns.every((t) => t.promptIds!.buffer === turns[4].promptIds!.buffer));
+    assert.ok(turns.every((t) => t.messages.every((m, k) => m === turns[4].messages[k])));
+  });
+
+  it('refuse a reference that names no turn carrying enough, naming the field', () => {
+    const path = tempPath();
+    writeCheckpoint(path, config, snapshotWithConversation());
+    const state = decodeCheckpoint(readFileSync(path), path) as unknown as { producer: ProducerSnapshot };
+    (state.producer.buffer.groups[0].rollouts[0].turns[1] as unknown as { messagesPrefixOf: unknown }).messagesPrefixOf = { turn: 9, length: 3 };
+    writeFileSync(path, encodeCheckpoint(state as unknown as { v: number } & Record<string, unknown>));
+    assert.throws(() => readCheckpoint(path, config), {
+      code: 'ERR_CHECKPOINT',
+      message: /producer\.buffer\.groups\[0\]\.rollouts\[0\]\.turns\[1\]\.messagesPrefixOf must name a turn whose messages has at least its length, got \{"turn":9,"length":3\}/,
+    });
   });
 });
 

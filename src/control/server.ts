@@ -6,7 +6,7 @@
  *   GET  /status                      model step, train step, in flight, counts per status, paused
  *   POST /batch       {trainStep?, compact?}  the batch for a train step (status NORMAL | EXPIRED_BATCH |
  *                                     UPDATE_WEIGHT_AND_ABORT); compact: turns name the later turn whose
- *                                     conversation they begin (./compact-batch.ts)
+ *                                     conversation they begin (../protocol/compact.ts)
  *   POST /pause                       pause for a weight update; answers once every group is back
  *   POST /resume      {modelStep}     the new weights are loaded
  *   POST /checkpoint  {path}          write a checkpoint file
@@ -19,7 +19,7 @@ import type { AddressInfo } from 'node:net';
 import type { EngineStats } from '../coordinator/engine.ts';
 import type { Batch, PauseReport } from '../coordinator/producer.ts';
 import type { EngineMetrics } from './metrics.ts';
-import { compactBatch } from './compact-batch.ts';
+import { compactBatch } from '../protocol/compact.ts';
 import { HttpError, readBody, send, sendError, tokenMatches } from './http.ts';
 import { preview } from '../protocol/errors.ts';
 

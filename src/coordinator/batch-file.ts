@@ -7,11 +7,11 @@ import { createWriteStream, mkdirSync, type WriteStream } from 'node:fs';
 import { once } from 'node:events';
 import { dirname } from 'node:path';
 import type { Batch } from './producer.ts';
-import { compactGroup } from '../control/compact-batch.ts';
+import { compactGroup } from '../protocol/compact.ts';
 import { toJson } from '../protocol/codec.ts';
 import type { RolloutGroup } from '../protocol/rollout.ts';
 
-/** JSON text of a group, typed arrays written as number arrays; `compact`: control/compact-batch.ts. */
+/** JSON text of a group, typed arrays written as number arrays; `compact`: protocol/compact.ts. */
 export function groupToJson(group: RolloutGroup, trainStep: number, compact = false): string {
   return toJson({ trainStep, ...(compact ? (compactGroup(group) as RolloutGroup) : group) });
 }

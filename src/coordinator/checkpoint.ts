@@ -1,18 +1,24 @@
 /**
  * Checkpoint files: the producer's whole state (progress, buffer contents including ABORTED partial
- * rollouts, groups in flight, sampler cursors, model step) in one file, written atomically — write a
- * temporary file, fsync it, rename it over the target, fsync the directory — so a crash leaves either
- * the old checkpoint or the new one, never a torn file.
+ * rollouts, groups in flight, sampler cursors, model step) in one file, its groups in the compact
+ * form, written atomically — write a temporary file, fsync it, rename it over the target, fsync the
+ * directory — so a crash leaves either the old checkpoint or the new one, never a torn file.
  */
 import { closeSync, fsyncSync, openSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { ResolvedConfig } from '../config.ts';
 import { decodeCheckpoint, encodeCheckpoint } from '../protocol/codec.ts';
 import { RolloutEngineError } from '../protocol/errors.ts';
+import { compactGroup, expandGroup } from '../protocol/compact.ts';
+import type { RolloutGroup } from '../protocol/rollout.ts';
 import { sharePromptPrefixes } from '../rollout/prompt-prefix.ts';
 import type { ProducerSnapshot } from './producer.ts';
 
-const CHECKPOINT_VERSION = 1;
+/**
+ * 2: groups in the compact form (protocol/compact.ts), so a long episode's conversation is written
+ * once, not once per turn. 1 (groups whole) is still read.
+ */
+const CHECKPOINT_VERSION = 2;
 
 /** The config fields a checkpoint's contents depend on; resuming with other values would mix runs. */
 export function configFingerprint(config: ResolvedConfig): Record<string, unknown> {
@@ -34,7 +40,13 @@ export function configFingerprint(config: ResolvedConfig): Record<string, unknow
 }
 
 export function writeCheckpoint(path: string, config: ResolvedConfig, snapshot: ProducerSnapshot): number {
-  const bytes = encodeCheckpoint({ v: CHECKPOINT_VERSION, writtenAt: new Date().toISOString(), fingerprint: configFingerprint(config), producer: snapshot });
+  const producer: ProducerSnapshot = {
+    ...snapshot,
+    buffer: { ...snapshot.buffer, groups: snapshot.buffer.groups.map(compactGroup) as RolloutGroup[] },
+    inFlight: snapshot.inFlight.map(compactGroup) as RolloutGroup[],
+    lastBatch: snapshot.lastBatch === null ? null : { ...snapshot.lastBatch, groups: snapshot.lastBatch.groups.map(compactGroup) as RolloutGroup[] },
+  };
+  const bytes = encodeCheckpoint({ v: CHECKPOINT_VERSION, writtenAt: new Date().toISOString(), fingerprint: configFingerprint(config), producer });
   const tmp = `${path}.tmp-${process.pid}`;
   try {
     const fd = openSync(tmp, 'w');
@@ -71,7 +83,9 @@ export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSn
     throw new RolloutEngineError('ERR_CHECKPOINT', `resumeFrom: cannot read ${path}: ${(err as Error).message}`);
   }
   const state = decodeCheckpoint(bytes, path);
-  if (state.v !== CHECKPOINT_VERSION) throw new RolloutEngineError('ERR_CHECKPOINT', `${path}: checkpoint version ${String(state.v)} is not supported (expected ${CHECKPOINT_VERSION})`);
+  if (state.v !== CHECKPOINT_VERSION && state.v !== 1) {
+    throw new RolloutEngineError('ERR_CHECKPOINT', `${path}: checkpoint version ${String(state.v)} is not supported (expected 1 or ${CHECKPOINT_VERSION})`);
+  }
   const saved = state.fingerprint as Record<string, unknown>;
   const current = configFingerprint(config);
   const differences = [...new Set([...Object.keys(saved), ...Object.keys(current)])]
@@ -81,7 +95,16 @@ export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSn
     throw new RolloutEngineError('ERR_CHECKPOINT_MISMATCH', `${path} was written by a run with a different config:\n  - ${differences.join('\n  - ')}`);
   }
   const producer = state.producer as ProducerSnapshot;
-  // A checkpoint holds each turn's prompt ids whole: share them again, as the run that wrote it did.
-  for (const group of [...producer.buffer.groups, ...producer.inFlight, ...(producer.lastBatch?.groups ?? [])]) sharePromptPrefixes(group);
+  const groups: [RolloutGroup, string][] = [
+    ...producer.buffer.groups.map((g, i): [RolloutGroup, string] => [g, `${path}: producer.buffer.groups[${i}]`]),
+    ...producer.inFlight.map((g, i): [RolloutGroup, string] => [g, `${path}: producer.inFlight[${i}]`]),
+    ...(producer.lastBatch?.groups ?? []).map((g, i): [RolloutGroup, string] => [g, `${path}: producer.lastBatch.groups[${i}]`]),
+  ];
+  for (const [group, where] of groups) {
+    if (state.v !== 1) expandGroup(group, where);
+    // What the file did not keep shared (version 1: every turn whole; any version: the rollout's
+    // last conversation beside its turns) is shared again, as the run that wrote it held it.
+    sharePromptPrefixes(group);
+  }
   return producer;
 }

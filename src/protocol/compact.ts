@@ -1,10 +1,10 @@
 /**
- * `POST /batch {"compact": true}` and `rollout run --compact`: batches whose turns do not repeat the
- * conversation.
+ * The compact form of groups: turns that do not repeat the conversation. The trainer gets it from
+ * `POST /batch {"compact": true}` and `rollout run --compact`; checkpoint files are written in it.
  *
  * With the whole conversation sent (messageCut 0, or until trimming starts), turn k of a multi-turn
- * rollout is sent everything so far: its `messages` and its `promptIds` begin with turn k−1's. Written out per turn, a rollout's batch entry grows with the
- * square of its turns — at 16 turns of 200-token answers with the whole conversation sent, 322 KiB of
+ * rollout is sent everything so far: its `messages` and its `promptIds` begin with turn k−1's.
+ * Written out per turn, a rollout's batch entry grows with the square of its turns — at 16 turns of 200-token answers with the whole conversation sent, 322 KiB of
  * msgpack per rollout, 77 KiB without the repeats. In the compact form a turn whose messages (or
  * prompt ids) are the first `length` of a later turn's of the same agent names that turn instead:
  *
@@ -16,7 +16,8 @@
  * batch the engine holds for redelivery is not changed.
  */
 import type { Batch } from '../coordinator/producer.ts';
-import { sameMessage, type ChatMessage, type RolloutGroup, type RolloutState, type TurnRecord } from '../protocol/rollout.ts';
+import { RolloutEngineError } from './errors.ts';
+import { sameMessage, type ChatMessage, type RolloutGroup, type RolloutState, type TurnRecord } from './rollout.ts';
 
 export interface CompactTurnFields {
   messagesPrefixOf?: { turn: number; length: number };
@@ -77,4 +78,36 @@ function isIdsPrefix(prefix: Int32Array, of: Int32Array | null): boolean {
   if (of === null || prefix.length > of.length) return false;
   if (prefix.buffer === of.buffer && prefix.byteOffset === of.byteOffset) return true; // a view of it (rollout/prompt-prefix.ts)
   return Buffer.from(prefix.buffer, prefix.byteOffset, prefix.byteLength).equals(Buffer.from(of.buffer, of.byteOffset, prefix.byteLength));
+}
+
+/**
+ * The full form again, in place (a checkpoint read back): each named prefix becomes the carrier's
+ * first messages (the same objects) and a view of its prompt ids. A reference that names no carrier
+ * holding enough is an ERR_CHECKPOINT naming the field.
+ */
+export function expandGroup(group: RolloutGroup, where: string): RolloutGroup {
+  group.rollouts.forEach((rollout, r) => {
+    rollout.turns.forEach((turn, t) => {
+      const compact = turn as CompactTurn;
+      const at = `${where}.rollouts[${r}].turns[${t}]`;
+      if (compact.messagesPrefixOf !== undefined) {
+        turn.messages = prefixOf(rollout.turns, compact.messagesPrefixOf, 'messages', `${at}.messagesPrefixOf`) as ChatMessage[];
+        delete compact.messagesPrefixOf;
+      }
+      if (compact.promptIdsPrefixOf !== undefined) {
+        turn.promptIds = prefixOf(rollout.turns, compact.promptIdsPrefixOf, 'promptIds', `${at}.promptIdsPrefixOf`) as Int32Array;
+        delete compact.promptIdsPrefixOf;
+      }
+    });
+  });
+  return group;
+}
+
+function prefixOf(turns: TurnRecord[], ref: unknown, field: 'messages' | 'promptIds', where: string): ChatMessage[] | Int32Array {
+  const { turn, length } = (ref ?? {}) as { turn?: unknown; length?: unknown };
+  const carried = Number.isInteger(turn) ? (turns[turn as number] as CompactTurn | undefined)?.[field] : undefined;
+  if (carried == null || !Number.isInteger(length) || (length as number) < 0 || (length as number) > carried.length) {
+    throw new RolloutEngineError('ERR_CHECKPOINT', `${where} must name a turn whose ${field} has at least its length, got ${JSON.stringify(ref)}`);
+  }
+  return carried instanceof Int32Array ? carried.subarray(0, length as number) : carried.slice(0, length as number);
 }
