@@ -8,7 +8,7 @@ import { resolveConfig } from '../src/config.ts';
 import { configFingerprint, readCheckpoint, writeCheckpoint } from '../src/coordinator/checkpoint.ts';
 import { decodeCheckpoint, encodeCheckpoint } from '../src/protocol/codec.ts';
 import type { ProducerSnapshot } from '../src/coordinator/producer.ts';
-import { newGroup, Status, type TurnRecord } from '../src/protocol/rollout.ts';
+import { newGroup, Status, type ChatMessage, type TurnRecord } from '../src/protocol/rollout.ts';
 import { sharePromptPrefix } from '../src/rollout/prompt-prefix.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
 import { promptTokenIds } from '../src/testing/mock-llm/tokens.ts';
@@ -114,6 +114,38 @@ describe('conversations in checkpoints', () => {
     const turns = restored.buffer.groups[0].rollouts[0].turns;
     assert.ok(turns.every((t) => t.promptIds!.buffer === turns[4].promptIds!.buffer));
     assert.ok(turns.every((t) => t.messages.every((m, k) => m === turns[4].messages[k])));
+  });
+
+  it('refuse a carrier that holds no messages array or no Int32Array of ids, naming the field, instead of crashing', () => {
+    for (const [field, value, message] of [
+      ['messages', 'hello', /turns\[0\]\.messagesPrefixOf must name a turn whose messages has at least its length/],
+      ['promptIds', [1, 2, 3], /turns\[0\]\.promptIdsPrefixOf must name a turn whose promptIds has at least its length/],
+    ] as const) {
+      const path = tempPath();
+      writeCheckpoint(path, config, snapshotWithConversation());
+      const state = decodeCheckpoint(readFileSync(path), path) as unknown as { producer: ProducerSnapshot };
+      (state.producer.buffer.groups[0].rollouts[0].turns[4] as unknown as Record<string, unknown>)[field] = value;
+      writeFileSync(path, encodeCheckpoint(state as unknown as { v: number } & Record<string, unknown>));
+      assert.throws(() => readCheckpoint(path, config), { code: 'ERR_CHECKPOINT', message });
+    }
+    const path = tempPath();
+    writeCheckpoint(path, config, snapshotWithConversation());
+    const state = decodeCheckpoint(readFileSync(path), path) as unknown as { producer: ProducerSnapshot };
+    (state.producer.buffer.groups[0].rollouts[0].turns[4] as unknown as Record<string, unknown>).messages = null;
+    writeFileSync(path, encodeCheckpoint(state as unknown as { v: number } & Record<string, unknown>));
+    assert.throws(() => readCheckpoint(path, config), { code: 'ERR_CHECKPOINT', message: /turns\[0\]\.messagesPrefixOf must name a turn whose messages/ });
+  });
+
+  it('keep a message that differs only by a field one side lacks (regression: a missing field compared equal to undefined)', () => {
+    const snapshot = snapshotWithConversation();
+    const [first, second] = snapshot.buffer.groups[0].rollouts[0].turns;
+    first.messages = [{ role: 'user', content: 'q', name: undefined }];
+    second.messages = [{ role: 'user', content: 'q', tool_call_id: 'abc' } as unknown as ChatMessage, ...second.messages.slice(1)];
+    const path = tempPath();
+    writeCheckpoint(path, config, snapshot);
+    const [a, b] = readCheckpoint(path, config).buffer.groups[0].rollouts[0].turns;
+    assert.equal('tool_call_id' in a.messages[0], false);
+    assert.equal((b.messages[0] as unknown as { tool_call_id: string }).tool_call_id, 'abc');
   });
 
   it('refuse a reference that names no turn carrying enough, naming the field', () => {

@@ -8,9 +8,9 @@ import { closeSync, fsyncSync, openSync, readFileSync, renameSync, rmSync, write
 import { dirname } from 'node:path';
 import type { ResolvedConfig } from '../config.ts';
 import { decodeCheckpoint, encodeCheckpoint } from '../protocol/codec.ts';
-import { RolloutEngineError } from '../protocol/errors.ts';
+import { preview, RolloutEngineError } from '../protocol/errors.ts';
 import { compactGroup, expandGroup } from '../protocol/compact.ts';
-import type { RolloutGroup } from '../protocol/rollout.ts';
+import type { RolloutGroup, TurnRecord } from '../protocol/rollout.ts';
 import { sharePromptPrefixes } from '../rollout/prompt-prefix.ts';
 import type { ProducerSnapshot } from './producer.ts';
 
@@ -75,6 +75,28 @@ export function writeCheckpoint(path: string, config: ResolvedConfig, snapshot: 
   return bytes.byteLength;
 }
 
+/**
+ * The shape reading relies on, checked before (`fields` false: rollouts and turns are arrays of
+ * objects) and after expanding (every turn holds a messages array and Int32Array-or-null prompt ids).
+ */
+function checkConversations(group: RolloutGroup, where: string, fields: boolean): void {
+  const rollouts: unknown = (group as { rollouts?: unknown } | null)?.rollouts;
+  if (!Array.isArray(rollouts)) throw new RolloutEngineError('ERR_CHECKPOINT', `${where}.rollouts must be an array, got ${preview(rollouts)}`);
+  rollouts.forEach((rollout: { turns?: unknown } | null, r) => {
+    const turns = rollout?.turns;
+    if (!Array.isArray(turns)) throw new RolloutEngineError('ERR_CHECKPOINT', `${where}.rollouts[${r}].turns must be an array, got ${preview(turns)}`);
+    turns.forEach((turn: Partial<TurnRecord> | null, t) => {
+      const at = `${where}.rollouts[${r}].turns[${t}]`;
+      if (typeof turn !== 'object' || turn === null) throw new RolloutEngineError('ERR_CHECKPOINT', `${at} must be an object, got ${preview(turn)}`);
+      if (!fields) return;
+      if (!Array.isArray(turn.messages)) throw new RolloutEngineError('ERR_CHECKPOINT', `${at}.messages must be an array, got ${preview(turn.messages)}`);
+      if (turn.promptIds !== null && !(turn.promptIds instanceof Int32Array)) {
+        throw new RolloutEngineError('ERR_CHECKPOINT', `${at}.promptIds must be an Int32Array or null, got ${preview(turn.promptIds)}`);
+      }
+    });
+  });
+}
+
 export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSnapshot {
   let bytes: Uint8Array;
   try {
@@ -101,7 +123,9 @@ export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSn
     ...(producer.lastBatch?.groups ?? []).map((g, i): [RolloutGroup, string] => [g, `${path}: producer.lastBatch.groups[${i}]`]),
   ];
   for (const [group, where] of groups) {
+    checkConversations(group, where, false);
     if (state.v !== 1) expandGroup(group, where);
+    checkConversations(group, where, true);
     // What the file did not keep shared (version 1: every turn whole; any version: the rollout's
     // last conversation beside its turns) is shared again, as the run that wrote it held it.
     sharePromptPrefixes(group);

@@ -105,9 +105,10 @@ export function expandGroup(group: RolloutGroup, where: string): RolloutGroup {
 
 function prefixOf(turns: TurnRecord[], ref: unknown, field: 'messages' | 'promptIds', where: string): ChatMessage[] | Int32Array {
   const { turn, length } = (ref ?? {}) as { turn?: unknown; length?: unknown };
-  const carried = Number.isInteger(turn) ? (turns[turn as number] as CompactTurn | undefined)?.[field] : undefined;
-  if (carried == null || !Number.isInteger(length) || (length as number) < 0 || (length as number) > carried.length) {
+  const carried: unknown = Number.isInteger(turn) ? (turns[turn as number] as CompactTurn | undefined)?.[field] : undefined;
+  const kindOk = field === 'messages' ? Array.isArray(carried) : carried instanceof Int32Array;
+  if (!kindOk || !Number.isInteger(length) || (length as number) < 0 || (length as number) > (carried as unknown[] | Int32Array).length) {
     throw new RolloutEngineError('ERR_CHECKPOINT', `${where} must name a turn whose ${field} has at least its length, got ${JSON.stringify(ref)}`);
   }
-  return carried instanceof Int32Array ? carried.subarray(0, length as number) : carried.slice(0, length as number);
+  return carried instanceof Int32Array ? carried.subarray(0, length as number) : (carried as ChatMessage[]).slice(0, length as number);
 }

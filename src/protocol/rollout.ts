@@ -4,6 +4,7 @@
  * Token ids, logprobs and per-token model steps are typed arrays so they cross threads as raw bytes
  * (msgpackr `moreTypes`) instead of number lists.
  */
+import { isDeepStrictEqual } from 'node:util';
 
 export const Status = {
   INIT: 'INIT',
@@ -27,19 +28,11 @@ export interface ChatMessage {
 }
 
 /**
- * Two messages say the same thing: the same object (turns of a rollout share them), or equal field by
- * field (a copy, as a checkpoint restores them).
+ * Two messages say the same thing: the same object (turns of a rollout share them), or deeply equal
+ * (a copy, as a checkpoint restores them) — every own field, a missing one differing from `undefined`.
  */
 export function sameMessage(a: ChatMessage, b: ChatMessage): boolean {
-  if (a === b) return true;
-  const keys = Object.keys(a);
-  if (keys.length !== Object.keys(b).length) return false;
-  for (const key of keys) {
-    const x = (a as unknown as Record<string, unknown>)[key];
-    const y = (b as unknown as Record<string, unknown>)[key];
-    if (x !== y && (typeof x !== 'object' || x === null || JSON.stringify(x) !== JSON.stringify(y))) return false;
-  }
-  return true;
+  return a === b || isDeepStrictEqual(a, b);
 }
 
 /** Why the inference server stopped generating; anything else it sends is kept as-is and fails the rollout. */
