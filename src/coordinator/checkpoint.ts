@@ -11,7 +11,7 @@ import { decodeCheckpoint, encodeCheckpoint } from '../protocol/codec.ts';
 import { preview, RolloutEngineError } from '../protocol/errors.ts';
 import { compactGroup, expandGroup } from '../protocol/compact.ts';
 import type { RolloutGroup, TurnRecord } from '../protocol/rollout.ts';
-import { sharePromptPrefixes } from '../rollout/prompt-prefix.ts';
+import { shareConversations } from '../rollout/prompt-prefix.ts';
 import type { ProducerSnapshot } from './producer.ts';
 
 /**
@@ -128,7 +128,7 @@ export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSn
     checkConversations(group, where, true);
     // What the file did not keep shared (version 1: every turn whole; any version: the rollout's
     // last conversation beside its turns) is shared again, as the run that wrote it held it.
-    sharePromptPrefixes(group);
+    shareConversations(group);
   }
   return producer;
 }

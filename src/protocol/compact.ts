@@ -17,7 +17,7 @@
  */
 import type { Batch } from '../coordinator/producer.ts';
 import { RolloutEngineError } from './errors.ts';
-import { sameMessage, type ChatMessage, type RolloutGroup, type RolloutState, type TurnRecord } from './rollout.ts';
+import { idsStartWith, sameMessage, type ChatMessage, type RolloutGroup, type RolloutState, type TurnRecord } from './rollout.ts';
 
 export interface CompactTurnFields {
   messagesPrefixOf?: { turn: number; length: number };
@@ -56,7 +56,8 @@ function compactRollout(rollout: RolloutState): Omit<RolloutState, 'turns'> & { 
     }
     if (turn.promptIds !== null && turn.promptIds.length > 0) {
       const p = idsCarrier.get(turn.agentId);
-      if (p !== undefined && isIdsPrefix(turn.promptIds, rollout.turns[p].promptIds)) {
+      const carried = p === undefined ? null : rollout.turns[p].promptIds;
+      if (p !== undefined && carried !== null && idsStartWith(carried, turn.promptIds)) {
         compact = { ...compact, promptIds: null, promptIdsPrefixOf: { turn: p, length: turn.promptIds.length } };
       } else {
         idsCarrier.set(turn.agentId, i);
@@ -72,12 +73,6 @@ function isMessagesPrefix(prefix: readonly ChatMessage[], of: readonly ChatMessa
   if (prefix.length > of.length) return false;
   for (let i = 0; i < prefix.length; i++) if (!sameMessage(prefix[i], of[i])) return false;
   return true;
-}
-
-function isIdsPrefix(prefix: Int32Array, of: Int32Array | null): boolean {
-  if (of === null || prefix.length > of.length) return false;
-  if (prefix.buffer === of.buffer && prefix.byteOffset === of.byteOffset) return true; // a view of it (rollout/prompt-prefix.ts)
-  return Buffer.from(prefix.buffer, prefix.byteOffset, prefix.byteLength).equals(Buffer.from(of.buffer, of.byteOffset, prefix.byteLength));
 }
 
 /**

@@ -35,6 +35,13 @@ export function sameMessage(a: ChatMessage, b: ChatMessage): boolean {
   return a === b || isDeepStrictEqual(a, b);
 }
 
+/** `ids` begins with `prefix`, token for token (a view of it, or a copy: compared as bytes). */
+export function idsStartWith(ids: Int32Array, prefix: Int32Array): boolean {
+  if (prefix.length > ids.length) return false;
+  if (prefix.buffer === ids.buffer && prefix.byteOffset === ids.byteOffset) return true;
+  return Buffer.from(ids.buffer, ids.byteOffset, prefix.byteLength).equals(Buffer.from(prefix.buffer, prefix.byteOffset, prefix.byteLength));
+}
+
 /** Why the inference server stopped generating; anything else it sends is kept as-is and fails the rollout. */
 export type FinishReason = 'stop' | 'length' | 'tool_calls' | 'abort' | (string & {});
 

@@ -13,7 +13,7 @@
  * Invariant: a view this makes starts where the array it replaces started and is no longer, so it
  * holds exactly the ids that array held; nothing is ever written through one.
  */
-import { sameMessage, type ChatMessage, type RolloutGroup, type TurnRecord } from '../protocol/rollout.ts';
+import { idsStartWith, sameMessage, type ChatMessage, type RolloutGroup, type TurnRecord } from '../protocol/rollout.ts';
 
 /**
  * After `turns[last]` was recorded: share its prompt ids with the earlier turns of the same agent, back
@@ -30,7 +30,7 @@ export function sharePromptPrefix(turns: TurnRecord[], from: number, last: numbe
     const earlier = turn.promptIds;
     if (earlier === null) return;
     if (previous === null) {
-      if (!startsWith(ids, earlier)) return;
+      if (!idsStartWith(ids, earlier)) return;
       previous = earlier;
     } else if (earlier.buffer !== previous.buffer || earlier.byteOffset !== previous.byteOffset || earlier.length > previous.length) {
       return; // not a prefix view of the previous turn's ids: the chain of shared prompts ends here
@@ -44,7 +44,7 @@ export function sharePromptPrefix(turns: TurnRecord[], from: number, last: numbe
  * checkpoint keeps no shared objects), in place: prompt ids as above, and each message equal to the
  * one at its place in the agent's previous turn becomes that very object again.
  */
-export function sharePromptPrefixes(group: RolloutGroup): void {
+export function shareConversations(group: RolloutGroup): void {
   for (const rollout of group.rollouts) {
     const previous = new Map<string | null, ChatMessage[]>();
     for (let i = 0; i < rollout.turns.length; i++) {
@@ -55,9 +55,4 @@ export function sharePromptPrefixes(group: RolloutGroup): void {
       if (i > 0) sharePromptPrefix(rollout.turns, 0, i);
     }
   }
-}
-
-function startsWith(ids: Int32Array, prefix: Int32Array): boolean {
-  if (prefix.length > ids.length) return false;
-  return Buffer.from(ids.buffer, ids.byteOffset, prefix.byteLength).equals(Buffer.from(prefix.buffer, prefix.byteOffset, prefix.byteLength));
 }
