@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { request } from 'undici';
 import { createEngine, type ControlServer, type Engine } from '../src/index.ts';
-import { compactBatch } from '../src/protocol/compact.ts';
+import { compactGroup } from '../src/protocol/compact.ts';
 import { decodeFromPeer, toJson } from '../src/protocol/codec.ts';
 import { newGroup } from '../src/protocol/rollout.ts';
 import { spawnServer, type ChildServer } from './fixtures/flaky-env-server.ts';
@@ -96,12 +96,11 @@ describe('compact batches (POST /batch {"compact": true})', () => {
       modelSteps: null, seed: null, modelStep: 0, reward: 0, terminated: false, truncated: false, trainable: true, timings: { inferenceMs: 0, envMs: 0, totalMs: 0 },
     });
     group.rollouts[0].turns = [turn(1, [1, 2]), { ...turn(1, null), step: 2, messages: [] }, turn(2, [1, 2, 3])];
-    const batch = { trainStep: 1, status: 'NORMAL' as const, groups: [group], stats: {} as never };
-    const sent = JSON.parse(toJson(batch));
-    const [first, empty] = (compactBatch(batch) as typeof sent).groups[0].rollouts[0].turns;
+    const sent = JSON.parse(toJson(group));
+    const [first, empty] = (compactGroup(group) as typeof sent).rollouts[0].turns;
     assert.deepEqual([first.messages, first.messagesPrefixOf, first.promptIds, first.promptIdsPrefixOf], [null, { turn: 2, length: 1 }, null, { turn: 2, length: 2 }]);
     assert.deepEqual([empty.messages, empty.promptIds, 'messagesPrefixOf' in empty], [[], null, false]);
-    assert.deepEqual(JSON.parse(toJson(batch)), sent, 'the batch given is not changed');
+    assert.deepEqual(JSON.parse(toJson(group)), sent, 'the group given is not changed');
   });
 });
 

@@ -19,7 +19,7 @@ import type { AddressInfo } from 'node:net';
 import type { EngineStats } from '../coordinator/engine.ts';
 import type { Batch, PauseReport } from '../coordinator/producer.ts';
 import type { EngineMetrics } from './metrics.ts';
-import { compactBatch } from '../protocol/compact.ts';
+import { compactGroup } from '../protocol/compact.ts';
 import { HttpError, readBody, send, sendError, tokenMatches } from './http.ts';
 import { preview } from '../protocol/errors.ts';
 
@@ -68,7 +68,7 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
     'POST /batch': async (body) => {
       const compact = optionalBool(body, 'compact') ?? false; // checked before the batch is taken
       const batch = await engine.getBatch(optionalInt(body, 'trainStep', 1));
-      return compact ? compactBatch(batch) : batch;
+      return compact && batch.status === 'NORMAL' ? { ...batch, groups: batch.groups.map(compactGroup) } : batch;
     },
     'POST /pause': async () => engine.pauseForWeightUpdate(),
     'POST /resume': async (body) => {

@@ -11,14 +11,15 @@ import { compactGroup } from '../protocol/compact.ts';
 import { toJson } from '../protocol/codec.ts';
 import type { RolloutGroup } from '../protocol/rollout.ts';
 
-/** JSON text of a group, typed arrays written as number arrays; `compact`: protocol/compact.ts. */
-export function groupToJson(group: RolloutGroup, trainStep: number, compact = false): string {
-  return toJson({ trainStep, ...(compact ? (compactGroup(group) as RolloutGroup) : group) });
+/** JSON text of a group, typed arrays written as number arrays. */
+export function groupToJson(group: RolloutGroup, trainStep: number): string {
+  return toJson({ trainStep, ...group });
 }
 
 export class BatchFileWriter {
   readonly path: string;
   readonly #stream: WriteStream;
+  /** Lines in the compact form (protocol/compact.ts). */
   readonly #compact: boolean;
   #lines = 0;
 
@@ -36,7 +37,7 @@ export class BatchFileWriter {
   /** Append every group of the batch in one write; resolves once the stream has room again (backpressure). */
   async write(batch: Batch): Promise<void> {
     let text = '';
-    for (const group of batch.groups) text += `${groupToJson(group, batch.trainStep, this.#compact)}\n`;
+    for (const group of batch.groups) text += `${groupToJson(this.#compact ? (compactGroup(group) as RolloutGroup) : group, batch.trainStep)}\n`;
     this.#lines += batch.groups.length;
     if (!this.#stream.write(text)) await once(this.#stream, 'drain');
   }

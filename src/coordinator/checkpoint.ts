@@ -10,7 +10,7 @@ import type { ResolvedConfig } from '../config.ts';
 import { decodeCheckpoint, encodeCheckpoint } from '../protocol/codec.ts';
 import { preview, RolloutEngineError } from '../protocol/errors.ts';
 import { compactGroup, expandGroup } from '../protocol/compact.ts';
-import type { RolloutGroup, TurnRecord } from '../protocol/rollout.ts';
+import type { RolloutGroup } from '../protocol/rollout.ts';
 import { shareConversations } from '../rollout/prompt-prefix.ts';
 import type { ProducerSnapshot } from './producer.ts';
 
@@ -19,6 +19,8 @@ import type { ProducerSnapshot } from './producer.ts';
  * once, not once per turn. 1 (groups whole) is still read.
  */
 const CHECKPOINT_VERSION = 2;
+/** Version 1 wrote each group whole. */
+const WHOLE_GROUPS_VERSION = 1;
 
 /** The config fields a checkpoint's contents depend on; resuming with other values would mix runs. */
 export function configFingerprint(config: ResolvedConfig): Record<string, unknown> {
@@ -75,26 +77,30 @@ export function writeCheckpoint(path: string, config: ResolvedConfig, snapshot: 
   return bytes.byteLength;
 }
 
-/**
- * The shape reading relies on, checked before (`fields` false: rollouts and turns are arrays of
- * objects) and after expanding (every turn holds a messages array and Int32Array-or-null prompt ids).
- */
-function checkConversations(group: RolloutGroup, where: string, fields: boolean): void {
+const fail = (message: string) => new RolloutEngineError('ERR_CHECKPOINT', message);
+
+/** What expanding relies on: rollouts and turns are arrays of objects. */
+function checkGroupShape(group: RolloutGroup, where: string): void {
   const rollouts: unknown = (group as { rollouts?: unknown } | null)?.rollouts;
-  if (!Array.isArray(rollouts)) throw new RolloutEngineError('ERR_CHECKPOINT', `${where}.rollouts must be an array, got ${preview(rollouts)}`);
+  if (!Array.isArray(rollouts)) throw fail(`${where}.rollouts must be an array, got ${preview(rollouts)}`);
   rollouts.forEach((rollout: { turns?: unknown } | null, r) => {
     const turns = rollout?.turns;
-    if (!Array.isArray(turns)) throw new RolloutEngineError('ERR_CHECKPOINT', `${where}.rollouts[${r}].turns must be an array, got ${preview(turns)}`);
-    turns.forEach((turn: Partial<TurnRecord> | null, t) => {
-      const at = `${where}.rollouts[${r}].turns[${t}]`;
-      if (typeof turn !== 'object' || turn === null) throw new RolloutEngineError('ERR_CHECKPOINT', `${at} must be an object, got ${preview(turn)}`);
-      if (!fields) return;
-      if (!Array.isArray(turn.messages)) throw new RolloutEngineError('ERR_CHECKPOINT', `${at}.messages must be an array, got ${preview(turn.messages)}`);
-      if (turn.promptIds !== null && !(turn.promptIds instanceof Int32Array)) {
-        throw new RolloutEngineError('ERR_CHECKPOINT', `${at}.promptIds must be an Int32Array or null, got ${preview(turn.promptIds)}`);
-      }
+    if (!Array.isArray(turns)) throw fail(`${where}.rollouts[${r}].turns must be an array, got ${preview(turns)}`);
+    turns.forEach((turn: unknown, t) => {
+      if (typeof turn !== 'object' || turn === null) throw fail(`${where}.rollouts[${r}].turns[${t}] must be an object, got ${preview(turn)}`);
     });
   });
+}
+
+/** What sharing conversations again relies on, once expanded: a messages array and Int32Array-or-null prompt ids per turn. */
+function checkTurnFields(group: RolloutGroup, where: string): void {
+  group.rollouts.forEach((rollout, r) =>
+    rollout.turns.forEach((turn, t) => {
+      const at = `${where}.rollouts[${r}].turns[${t}]`;
+      if (!Array.isArray(turn.messages)) throw fail(`${at}.messages must be an array, got ${preview(turn.messages)}`);
+      if (turn.promptIds !== null && !(turn.promptIds instanceof Int32Array)) throw fail(`${at}.promptIds must be an Int32Array or null, got ${preview(turn.promptIds)}`);
+    }),
+  );
 }
 
 export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSnapshot {
@@ -105,8 +111,8 @@ export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSn
     throw new RolloutEngineError('ERR_CHECKPOINT', `resumeFrom: cannot read ${path}: ${(err as Error).message}`);
   }
   const state = decodeCheckpoint(bytes, path);
-  if (state.v !== CHECKPOINT_VERSION && state.v !== 1) {
-    throw new RolloutEngineError('ERR_CHECKPOINT', `${path}: checkpoint version ${String(state.v)} is not supported (expected 1 or ${CHECKPOINT_VERSION})`);
+  if (state.v !== CHECKPOINT_VERSION && state.v !== WHOLE_GROUPS_VERSION) {
+    throw fail(`${path}: checkpoint version ${String(state.v)} is not supported (expected ${WHOLE_GROUPS_VERSION} or ${CHECKPOINT_VERSION})`);
   }
   const saved = state.fingerprint as Record<string, unknown>;
   const current = configFingerprint(config);
@@ -123,11 +129,11 @@ export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSn
     ...(producer.lastBatch?.groups ?? []).map((g, i): [RolloutGroup, string] => [g, `${path}: producer.lastBatch.groups[${i}]`]),
   ];
   for (const [group, where] of groups) {
-    checkConversations(group, where, false);
-    if (state.v !== 1) expandGroup(group, where);
-    checkConversations(group, where, true);
-    // What the file did not keep shared (version 1: every turn whole; any version: the rollout's
-    // last conversation beside its turns) is shared again, as the run that wrote it held it.
+    checkGroupShape(group, where);
+    if (state.v !== WHOLE_GROUPS_VERSION) expandGroup(group, where);
+    checkTurnFields(group, where);
+    // What the file did not keep shared (version 1 wrote every turn whole) is shared again, as the run
+    // that wrote it held it.
     shareConversations(group);
   }
   return producer;

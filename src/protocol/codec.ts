@@ -82,51 +82,48 @@ export function decodeMessage(bytes: Uint8Array): WireMessage {
 /**
  * The arrays of one message, laid out in order. An array met twice is laid out once, and so are views
  * of one buffer that overlap or touch (a turn's prompt ids viewing a later turn's: rollout/prompt-
- * prefix.ts): one region per run of them, each view a reference into it. Bytes of a buffer that no
- * view covers never travel (views into a pooled allocation, or into a decoded block sent on again).
+ * prefix.ts): one region per run of them, each view a reference into it. A region starts at its first
+ * view's offset rounded down to 8, so every view keeps its offset mod 8 and views of any kind share
+ * it; past those ≤ 7 bytes, bytes no view covers never travel (views into a pooled allocation, or into
+ * a decoded block sent on again).
  */
 class ArraysBeside {
-  /** Keyed by buffer, then kind: a region holds one kind, so each view's offset in it is a multiple of its element size. */
-  readonly #byBuffer = new Map<ArrayBufferLike, (BufferViews | undefined)[]>();
-  /** The same, in the order first met: the layout follows the turns. */
-  readonly #inOrder: BufferViews[] = [];
+  /** By buffer, in the order first met (the layout follows the turns). */
+  readonly #byBuffer = new Map<ArrayBufferLike, BufferViews>();
   readonly #pieces: { buffer: ArrayBufferLike; from: number; length: number; at: number }[] = [];
   bytes = 0;
 
   /** A reference whose offset is filled in by `layout()`, before the body is packed. */
-  ref(array: TurnArray, kind: number): [number, number, number] {
-    let byKind = this.#byBuffer.get(array.buffer);
-    if (byKind === undefined) this.#byBuffer.set(array.buffer, (byKind = []));
-    let views = byKind[kind];
+  ref(array: TurnArray, kind: number): Ref {
+    const views = this.#byBuffer.get(array.buffer);
     if (views === undefined) {
-      views = { buffer: array.buffer, refs: new Map() };
-      byKind[kind] = views;
-      this.#inOrder.push(views);
+      const ref: Ref = [kind, -1, array.length];
+      this.#byBuffer.set(array.buffer, { first: array, ref, more: null }); // the usual case: an array owning its buffer
+      return ref;
     }
-    let ref = views.refs.get(array);
-    if (ref === undefined) {
-      ref = [kind, -1, array.length];
-      views.refs.set(array, ref);
-    }
+    if (views.first === array) return views.ref;
+    views.more ??= new Map();
+    let ref = views.more.get(array);
+    if (ref === undefined) views.more.set(array, (ref = [kind, -1, array.length]));
     return ref;
   }
 
   layout(): void {
-    for (const { buffer, refs } of this.#inOrder) {
-      if (refs.size === 1) {
-        const [[array, ref]] = refs;
-        ref[1] = this.#place(buffer, array.byteOffset, array.byteLength);
+    for (const [buffer, { first, ref, more }] of this.#byBuffer) {
+      if (more === null) {
+        ref[1] = this.#place(buffer, first.byteOffset, first.byteLength);
         continue;
       }
-      const byOffset = [...refs.keys()].sort((x, y) => x.byteOffset - y.byteOffset);
-      for (let i = 0; i < byOffset.length; ) {
+      const views: [TurnArray, Ref][] = [[first, ref], ...more];
+      views.sort((x, y) => x[0].byteOffset - y[0].byteOffset);
+      for (let i = 0; i < views.length; ) {
         // A run: views each starting at or before the end of the ones before it.
-        const from = byOffset[i].byteOffset;
-        let to = from + byOffset[i].byteLength;
+        const from = views[i][0].byteOffset & ~7;
+        let to = views[i][0].byteOffset + views[i][0].byteLength;
         let j = i + 1;
-        for (; j < byOffset.length && byOffset[j].byteOffset <= to; j++) to = Math.max(to, byOffset[j].byteOffset + byOffset[j].byteLength);
+        for (; j < views.length && views[j][0].byteOffset <= to; j++) to = Math.max(to, views[j][0].byteOffset + views[j][0].byteLength);
         const at = this.#place(buffer, from, to - from);
-        for (; i < j; i++) refs.get(byOffset[i])![1] = at + byOffset[i].byteOffset - from;
+        for (; i < j; i++) views[i][1][1] = at + views[i][0].byteOffset - from;
       }
     }
   }
@@ -143,10 +140,14 @@ class ArraysBeside {
   }
 }
 
-/** The distinct views of one kind into one buffer met in a message, with their references. */
+/** A reference to an array beside the body: [kind, offset, length]. */
+type Ref = [number, number, number];
+
+/** The views met of one buffer: the first (often the only one), then any others. */
 interface BufferViews {
-  buffer: ArrayBufferLike;
-  refs: Map<TurnArray, [number, number, number]>;
+  first: TurnArray;
+  ref: Ref;
+  more: Map<TurnArray, Ref> | null;
 }
 
 /** The message with each turn's arrays replaced by references into `beside`; the caller's objects are not changed. */

@@ -4,9 +4,10 @@
  *
  * With the whole conversation sent (messageCut 0, or until trimming starts), turn k of a multi-turn
  * rollout is sent everything so far: its `messages` and its `promptIds` begin with turn k−1's.
- * Written out per turn, a rollout's batch entry grows with the square of its turns — at 16 turns of 200-token answers with the whole conversation sent, 322 KiB of
- * msgpack per rollout, 77 KiB without the repeats. In the compact form a turn whose messages (or
- * prompt ids) are the first `length` of a later turn's of the same agent names that turn instead:
+ * Written out per turn, a rollout's batch entry grows with the square of its turns (the bench's 16
+ * turns of 200-token answers: 322 KiB of msgpack per rollout, 108 KiB compact). In the compact form a
+ * turn whose messages (or prompt ids) are the first `length` of a later turn's of the same agent names
+ * that turn instead:
  *
  *   "messages": null,  "messagesPrefixOf":  { "turn": j, "length": n }   →  turns[j].messages[:n]
  *   "promptIds": null, "promptIdsPrefixOf": { "turn": j, "length": n }   →  turns[j].promptIds[:n]
@@ -15,22 +16,15 @@
  * int32 bytes, so the prefix is the first 4·n bytes.) Everything else is as in the full form, and the
  * batch the engine holds for redelivery is not changed.
  */
-import type { Batch } from '../coordinator/producer.ts';
-import { RolloutEngineError } from './errors.ts';
-import { idsStartWith, sameMessage, type ChatMessage, type RolloutGroup, type RolloutState, type TurnRecord } from './rollout.ts';
+import { preview, RolloutEngineError } from './errors.ts';
+import { idsStartWith, sharedMessageCount, type ChatMessage, type RolloutGroup, type RolloutState, type TurnRecord } from './rollout.ts';
 
-export interface CompactTurnFields {
+interface CompactTurnFields {
   messagesPrefixOf?: { turn: number; length: number };
   promptIdsPrefixOf?: { turn: number; length: number };
 }
 
-/** The wire form only (its turns break TurnRecord's types); the batch given is not changed. */
-export function compactBatch(batch: Batch): unknown {
-  if (batch.status !== 'NORMAL') return batch;
-  return { ...batch, groups: batch.groups.map(compactGroup) };
-}
-
-/** One group in the compact form (a line of `rollout run --compact`'s batches file). */
+/** One group in the compact form, a copy (its turns break TurnRecord's types); the group given is not changed. */
 export function compactGroup(group: RolloutGroup): unknown {
   return { ...group, rollouts: group.rollouts.map(compactRollout) };
 }
@@ -48,7 +42,7 @@ function compactRollout(rollout: RolloutState): Omit<RolloutState, 'turns'> & { 
     // A turn with nothing in a field neither names a carrier nor becomes one: the chain goes past it.
     if (turn.messages.length > 0) {
       const m = messagesCarrier.get(turn.agentId);
-      if (m !== undefined && isMessagesPrefix(turn.messages, rollout.turns[m].messages)) {
+      if (m !== undefined && sharedMessageCount(turn.messages, rollout.turns[m].messages) === turn.messages.length) {
         compact = { ...compact, messages: null, messagesPrefixOf: { turn: m, length: turn.messages.length } };
       } else {
         messagesCarrier.set(turn.agentId, i);
@@ -68,12 +62,6 @@ function compactRollout(rollout: RolloutState): Omit<RolloutState, 'turns'> & { 
   return { ...rollout, turns };
 }
 
-/** The same messages, in order (usually the very objects: turns of a rollout share them, protocol/codec.ts). */
-function isMessagesPrefix(prefix: readonly ChatMessage[], of: readonly ChatMessage[]): boolean {
-  if (prefix.length > of.length) return false;
-  for (let i = 0; i < prefix.length; i++) if (!sameMessage(prefix[i], of[i])) return false;
-  return true;
-}
 
 /**
  * The full form again, in place (a checkpoint read back): each named prefix becomes the carrier's
@@ -103,7 +91,7 @@ function prefixOf(turns: TurnRecord[], ref: unknown, field: 'messages' | 'prompt
   const carried: unknown = Number.isInteger(turn) ? (turns[turn as number] as CompactTurn | undefined)?.[field] : undefined;
   const kindOk = field === 'messages' ? Array.isArray(carried) : carried instanceof Int32Array;
   if (!kindOk || !Number.isInteger(length) || (length as number) < 0 || (length as number) > (carried as unknown[] | Int32Array).length) {
-    throw new RolloutEngineError('ERR_CHECKPOINT', `${where} must name a turn whose ${field} has at least its length, got ${JSON.stringify(ref)}`);
+    throw new RolloutEngineError('ERR_CHECKPOINT', `${where} must name a turn whose ${field} has at least its length, got ${preview(ref)}`);
   }
   return carried instanceof Int32Array ? carried.subarray(0, length as number) : (carried as ChatMessage[]).slice(0, length as number);
 }

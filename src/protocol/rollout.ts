@@ -35,6 +35,14 @@ export function sameMessage(a: ChatMessage, b: ChatMessage): boolean {
   return a === b || isDeepStrictEqual(a, b);
 }
 
+/** How many leading messages two conversations share (usually the very objects: turns of a rollout share them). */
+export function sharedMessageCount(a: readonly ChatMessage[], b: readonly ChatMessage[]): number {
+  const n = Math.min(a.length, b.length);
+  let k = 0;
+  while (k < n && sameMessage(a[k], b[k])) k++;
+  return k;
+}
+
 /** `ids` begins with `prefix`, token for token (a view of it, or a copy: compared as bytes). */
 export function idsStartWith(ids: Int32Array, prefix: Int32Array): boolean {
   if (prefix.length > ids.length) return false;
@@ -257,16 +265,22 @@ export function responseTokenCount(rollout: RolloutState): number {
 export function approxGroupBytes(group: RolloutGroup): number {
   let bytes = 256;
   const buffers = new Set<ArrayBufferLike>();
+  const count = (array: ArrayBufferView | null | undefined): void => {
+    if (array == null || buffers.has(array.buffer)) return;
+    buffers.add(array.buffer);
+    bytes += array.buffer.byteLength;
+  };
   for (const r of group.rollouts) {
     bytes += 512;
     for (const m of r.messages) bytes += 64 + 2 * m.content.length;
     for (const t of r.turns) {
       bytes += 256 + 2 * t.response.length;
       for (const m of t.messages) bytes += 64 + 2 * m.content.length;
-      for (const array of [t.promptIds, t.responseIds, t.logprobs, t.modelSteps]) if (array !== null && !buffers.has(array.buffer)) {
-        buffers.add(array.buffer);
-        bytes += array.buffer.byteLength;
-      }
+      count(t.promptIds);
+      count(t.responseIds);
+      count(t.logprobs);
+      count(t.modelSteps);
+      count(t.lossMask);
     }
   }
   return bytes;

@@ -11,7 +11,7 @@
  */
 import { createEngine, type RolloutState } from '../../src/index.ts';
 import { startMockProcess } from '../../src/loadtest/mock-process.ts';
-import { compactBatch } from '../../src/protocol/compact.ts';
+import { compactGroup } from '../../src/protocol/compact.ts';
 import { encodeForPeer, encodeMessage } from '../../src/protocol/codec.ts';
 import { PROTOCOL_VERSION } from '../../src/protocol/messages.ts';
 
@@ -63,7 +63,7 @@ export async function longEpisodes(o: { groups: number; maxTurns: number; thinkT
       promptIdsHeldBytes: rollouts.reduce((s, r) => s + heldPromptBytes(r), 0) / n,
       wireBytesPerGroup: wire / Math.max(1, batch.groups.length),
       batchBytesFull: encodeForPeer(batch).byteLength / n,
-      batchBytesCompact: encodeForPeer(compactBatch(batch)).byteLength / n,
+      batchBytesCompact: encodeForPeer({ ...batch, groups: batch.groups.map(compactGroup) }).byteLength / n,
     };
   } finally {
     await engine.close();
