@@ -5,9 +5,7 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { request } from 'undici';
 import { createEngine, type ControlServer, type Engine } from '../src/index.ts';
-import { compactGroup } from '../src/protocol/compact.ts';
-import { decodeFromPeer, toJson } from '../src/protocol/codec.ts';
-import { newGroup } from '../src/protocol/rollout.ts';
+import { decodeFromPeer } from '../src/protocol/codec.ts';
 import { spawnServer, type ChildServer } from './fixtures/flaky-env-server.ts';
 import { runToExit } from './support/cli.ts';
 
@@ -86,21 +84,6 @@ describe('compact batches (POST /batch {"compact": true})', () => {
     assert.deepEqual([res.status, res.body.error.code], [400, 'ERR_BAD_BODY']);
     assert.match(res.body.error.message, /compact must be true or false \(got "yes"\)/);
     assert.equal((await call(server, 'GET', '/status')).body.nextTrainStep, before);
-  });
-
-  it('compacts messages that are equal copies (as a restored checkpoint holds them), past turns with no prompt ids', () => {
-    const group = newGroup({ taskName: 't', promptIndex: 0, drawIndex: 0, seed: 1, envParams: {} }, 1);
-    const said = (n: number) => [{ role: 'user' as const, content: 'guess' }, { role: 'assistant' as const, content: '50' }, { role: 'user' as const, content: 'higher' }].slice(0, n);
-    const turn = (step: number, ids: number[] | null) => ({
-      step, agentId: null, messages: said(2 * step - 1), response: '', finishReason: 'stop', promptIds: ids === null ? null : Int32Array.from(ids), responseIds: null, logprobs: null,
-      modelSteps: null, seed: null, modelStep: 0, reward: 0, terminated: false, truncated: false, trainable: true, timings: { inferenceMs: 0, envMs: 0, totalMs: 0 },
-    });
-    group.rollouts[0].turns = [turn(1, [1, 2]), { ...turn(1, null), step: 2, messages: [] }, turn(2, [1, 2, 3])];
-    const sent = JSON.parse(toJson(group));
-    const [first, empty] = (compactGroup(group) as typeof sent).rollouts[0].turns;
-    assert.deepEqual([first.messages, first.messagesPrefixOf, first.promptIds, first.promptIdsPrefixOf], [null, { turn: 2, length: 1 }, null, { turn: 2, length: 2 }]);
-    assert.deepEqual([empty.messages, empty.promptIds, 'messagesPrefixOf' in empty], [[], null, false]);
-    assert.deepEqual(JSON.parse(toJson(group)), sent, 'the group given is not changed');
   });
 });
 

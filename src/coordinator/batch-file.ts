@@ -7,12 +7,12 @@ import { createWriteStream, mkdirSync, type WriteStream } from 'node:fs';
 import { once } from 'node:events';
 import { dirname } from 'node:path';
 import type { Batch } from './producer.ts';
-import { compactGroup } from '../protocol/compact.ts';
+import { compactGroup, type CompactGroup } from '../protocol/compact.ts';
 import { toJson } from '../protocol/codec.ts';
 import type { RolloutGroup } from '../protocol/rollout.ts';
 
 /** JSON text of a group, typed arrays written as number arrays. */
-export function groupToJson(group: RolloutGroup, trainStep: number): string {
+export function groupToJson(group: RolloutGroup | CompactGroup, trainStep: number): string {
   return toJson({ trainStep, ...group });
 }
 
@@ -37,7 +37,7 @@ export class BatchFileWriter {
   /** Append every group of the batch in one write; resolves once the stream has room again (backpressure). */
   async write(batch: Batch): Promise<void> {
     let text = '';
-    for (const group of batch.groups) text += `${groupToJson(this.#compact ? (compactGroup(group) as RolloutGroup) : group, batch.trainStep)}\n`;
+    for (const group of batch.groups) text += `${groupToJson(this.#compact ? compactGroup(group) : group, batch.trainStep)}\n`;
     this.#lines += batch.groups.length;
     if (!this.#stream.write(text)) await once(this.#stream, 'drain');
   }

@@ -10,8 +10,8 @@ import type { ResolvedConfig } from '../config.ts';
 import { decodeCheckpoint, encodeCheckpoint } from '../protocol/codec.ts';
 import { preview, RolloutEngineError } from '../protocol/errors.ts';
 import { compactGroup, expandGroup } from '../protocol/compact.ts';
-import type { RolloutGroup } from '../protocol/rollout.ts';
-import { shareConversations } from '../rollout/prompt-prefix.ts';
+import { sharedMessageCount, type ChatMessage, type RolloutGroup } from '../protocol/rollout.ts';
+import { sharePromptPrefix } from '../rollout/prompt-prefix.ts';
 import type { ProducerSnapshot } from './producer.ts';
 
 /**
@@ -42,11 +42,11 @@ export function configFingerprint(config: ResolvedConfig): Record<string, unknow
 }
 
 export function writeCheckpoint(path: string, config: ResolvedConfig, snapshot: ProducerSnapshot): number {
-  const producer: ProducerSnapshot = {
+  const producer = {
     ...snapshot,
-    buffer: { ...snapshot.buffer, groups: snapshot.buffer.groups.map(compactGroup) as RolloutGroup[] },
-    inFlight: snapshot.inFlight.map(compactGroup) as RolloutGroup[],
-    lastBatch: snapshot.lastBatch === null ? null : { ...snapshot.lastBatch, groups: snapshot.lastBatch.groups.map(compactGroup) as RolloutGroup[] },
+    buffer: { ...snapshot.buffer, groups: snapshot.buffer.groups.map(compactGroup) },
+    inFlight: snapshot.inFlight.map(compactGroup),
+    lastBatch: snapshot.lastBatch === null ? null : { ...snapshot.lastBatch, groups: snapshot.lastBatch.groups.map(compactGroup) },
   };
   const bytes = encodeCheckpoint({ v: CHECKPOINT_VERSION, writtenAt: new Date().toISOString(), fingerprint: configFingerprint(config), producer });
   const tmp = `${path}.tmp-${process.pid}`;
@@ -103,6 +103,26 @@ function checkTurnFields(group: RolloutGroup, where: string): void {
   );
 }
 
+/**
+ * What the file did not keep shared (it holds no shared objects; version 1 wrote every turn whole) is
+ * shared again, as the run that wrote it held it, in place: prompt ids as the agent loop shares them
+ * (rollout/prompt-prefix.ts), and each message equal to the one at its place in the agent's previous
+ * turn becomes that very object again.
+ */
+function shareConversations(group: RolloutGroup): void {
+  for (const rollout of group.rollouts) {
+    const previous = new Map<string | null, ChatMessage[]>();
+    for (let i = 0; i < rollout.turns.length; i++) {
+      const { messages, agentId } = rollout.turns[i];
+      const before = previous.get(agentId) ?? [];
+      const shared = sharedMessageCount(before, messages);
+      for (let k = 0; k < shared; k++) messages[k] = before[k];
+      previous.set(agentId, messages);
+      if (i > 0) sharePromptPrefix(rollout.turns, 0, i);
+    }
+  }
+}
+
 export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSnapshot {
   let bytes: Uint8Array;
   try {
@@ -132,8 +152,6 @@ export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSn
     checkGroupShape(group, where);
     if (state.v !== WHOLE_GROUPS_VERSION) expandGroup(group, where);
     checkTurnFields(group, where);
-    // What the file did not keep shared (version 1 wrote every turn whole) is shared again, as the run
-    // that wrote it held it.
     shareConversations(group);
   }
   return producer;

@@ -24,14 +24,17 @@ interface CompactTurnFields {
   promptIdsPrefixOf?: { turn: number; length: number };
 }
 
-/** One group in the compact form, a copy (its turns break TurnRecord's types); the group given is not changed. */
-export function compactGroup(group: RolloutGroup): unknown {
+type CompactTurn = Omit<TurnRecord, 'messages'> & { messages: ChatMessage[] | null } & CompactTurnFields;
+type CompactRollout = Omit<RolloutState, 'turns'> & { turns: CompactTurn[] };
+/** A group as the compact form writes it: a turn's `messages` / `promptIds` may be null, named by a prefix reference. */
+export type CompactGroup = Omit<RolloutGroup, 'rollouts'> & { rollouts: CompactRollout[] };
+
+/** One group in the compact form, a copy; the group given is not changed. */
+export function compactGroup(group: RolloutGroup): CompactGroup {
   return { ...group, rollouts: group.rollouts.map(compactRollout) };
 }
 
-type CompactTurn = Omit<TurnRecord, 'messages'> & { messages: ChatMessage[] | null } & CompactTurnFields;
-
-function compactRollout(rollout: RolloutState): Omit<RolloutState, 'turns'> & { turns: CompactTurn[] } {
+function compactRollout(rollout: RolloutState): CompactRollout {
   const turns: CompactTurn[] = rollout.turns.slice();
   // Scanning backwards, per agent: the nearest later turn that carries its messages / ids whole.
   const messagesCarrier = new Map<string | null, number>();

@@ -14,7 +14,7 @@
  * Invariant: a view this makes starts where the array it replaces started and is no longer, so it
  * holds exactly the ids that array held; nothing is ever written through one.
  */
-import { idsStartWith, sharedMessageCount, type ChatMessage, type RolloutGroup, type TurnRecord } from '../protocol/rollout.ts';
+import { idsStartWith, type TurnRecord } from '../protocol/rollout.ts';
 
 /**
  * After `turns[last]` was recorded: share its prompt ids with the earlier turns of the same agent, back
@@ -37,24 +37,5 @@ export function sharePromptPrefix(turns: TurnRecord[], from: number, last: numbe
       return; // not a prefix view of the previous turn's ids: the chain of shared prompts ends here
     }
     turn.promptIds = ids.subarray(0, earlier.length);
-  }
-}
-
-/**
- * The same along every rollout of a group that arrived with each turn's conversation whole (a
- * checkpoint keeps no shared objects), in place: prompt ids as above, and each message equal to the
- * one at its place in the agent's previous turn becomes that very object again.
- */
-export function shareConversations(group: RolloutGroup): void {
-  for (const rollout of group.rollouts) {
-    const previous = new Map<string | null, ChatMessage[]>();
-    for (let i = 0; i < rollout.turns.length; i++) {
-      const { messages, agentId } = rollout.turns[i];
-      const before = previous.get(agentId) ?? [];
-      const shared = sharedMessageCount(before, messages);
-      for (let k = 0; k < shared; k++) messages[k] = before[k];
-      previous.set(agentId, messages);
-      if (i > 0) sharePromptPrefix(rollout.turns, 0, i);
-    }
   }
 }
