@@ -7,6 +7,7 @@ import { createServer, request as httpRequest, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { startMockLlm, type MockLlm } from '../src/testing/index.ts';
+import { callFloor } from './bench/call-floor.ts';
 import { bareLoop, engineThroughput } from './bench/engine-throughput.ts';
 
 /** A pass-through proxy on 127.0.0.1:0 that keeps every chat body it forwards. */
@@ -54,5 +55,12 @@ describe('bench parts (smoke, no figures checked)', () => {
     const bare = await bareLoop({ url: mock.url, concurrency: 8, seconds: 0.2, bodies: engine.bodies });
     assert.ok(bare.operations > 0);
     assert.ok(bare.cpuMs > 0);
+  });
+
+  it('measures the call floor in order: the server sees the call, its timer fires, then the client has the answer', async () => {
+    const floor = await callFloor(5, 4);
+    assert.equal(floor.calls, 4);
+    assert.ok(floor.serverSawMs < floor.timerFiredMs && floor.timerFiredMs < floor.answeredMs, JSON.stringify(floor));
+    assert.equal(floor.boundPct, (100 * 5) / floor.answeredMs);
   });
 });

@@ -22,7 +22,8 @@
  * the same mock process at the same concurrency; skipped with a line saying why without aiohttp.
  *
  * Then the rest of issue 7's targets (./targets.ts): latency-bound efficiency at 64 and 512 in flight
- * with 50 ms per call (and the Python loop at 512 / 50 ms), two workers against one on an environment
+ * with 50 ms per call (and the Python loop at 512 / 50 ms; ./call-floor.ts: what one such call costs here
+ * with no engine and no mock), two workers against one on an environment
  * that burns CPU per step, and memory per in-flight rollout against its raw payload (./memory.ts,
  * rollouts held mid-episode by ./stall-proxy.ts), and beside it what long episodes' prompt ids cost
  * with the whole conversation sent (./long-episodes.ts). The last table lists every target with its figure
@@ -36,6 +37,7 @@ import { Pool } from 'undici';
 import { createEngine } from '../../src/index.ts';
 import { startMockProcess, type MockProcess } from '../../src/loadtest/mock-process.ts';
 import { percentile } from '../../src/loadtest/stats.ts';
+import { callFloor, describeCallFloor } from './call-floor.ts';
 import { bareLoop, engineThroughput, firstTurnBody, type Sample, type ThroughputSample } from './engine-throughput.ts';
 import { describeShare, startCpuMeter, type CpuShare } from './machine.ts';
 import { runPythonBaseline } from './python-baseline.ts';
@@ -269,6 +271,8 @@ async function main(): Promise<void> {
     bodies,
   });
   cpuShare.latencyBound = meter();
+  // What a call over the same latency costs with no engine and no mock: the ceiling under target 3.
+  const floor = await callFloor(latency.latencyMs, quick ? 20 : 40);
   meter = startCpuMeter();
   // Target 6: an environment that costs CPU per step, one worker against two, same rollouts in flight.
   const scaling = await workerScaling({ cpuCostUs: envCpuUs, concurrency: 64, seconds, repeats, groupSize, maxTokens });
@@ -319,6 +323,7 @@ async function main(): Promise<void> {
       engineStepsPerSecondOverPythonDirectStepsPerSecond: pyDirect ? engineRate.median / pyDirect.stepsPerSecond.median : null,
     },
     latencyBound: latency,
+    latencyCallFloor: floor,
     workerScaling: scaling,
     memory,
     longEpisodes: long,
@@ -377,6 +382,7 @@ async function main(): Promise<void> {
   console.log('   ended before its siblings hands its slot on; group occ.: Σ turns ÷ Σ (group size × longest rollout), what calls in flight would sag to without episode slots;');
   console.log('   call ms: engine-side time per call; loop ms: workers\' mean event-loop delay beyond its 10 ms sampling;');
   console.log('   bare loop %: the bare undici loop, same mock and calls in flight, as % of the same bound — what mock and transport allow)');
+  console.log(describeCallFloor(floor));
   if (latency.python.skipped !== null) console.log(`python baseline at ${latency.python.concurrency} in flight skipped: ${latency.python.skipped}`);
   for (const r of latency.python.runs) {
     console.log(`python asyncio (${r.mode}) at ${latency.python.concurrency} in flight: ${r.stepsPerSecond.median.toFixed(0)} steps/s (${spread(r.stepsPerSecond)}) → engine ÷ python ${(lat(latency.python.concurrency).stepsPerSecond.median / r.stepsPerSecond.median).toFixed(2)}×`);
@@ -452,7 +458,7 @@ async function main(): Promise<void> {
       detail: pyLat ? `${lat(latency.python.concurrency).stepsPerSecond.median.toFixed(0)} vs ${pyLat.stepsPerSecond.median.toFixed(0)}/s; ÷ direct ${ratioText(latency.engineOverPythonDirect)}; at most ${(lat(latency.python.concurrency).boundStepsPerSecond / pyLat.stepsPerSecond.median).toFixed(2)}× (in flight ÷ latency ÷ Python)` : `python skipped: ${latency.python.skipped}` }),
     ...latency.points.map((p) =>
       row({ target: `3 · ${p.concurrency} in flight, ${latency.latencyMs} ms`, figure: 'steps/s ÷ (in flight ÷ latency)', value: p.efficiencyPct.median, limit: p.concurrency <= 64 ? 97 : 90, kind: 'min', unit: ' %', digits: 1,
-        detail: `${p.stepsPerSecond.median.toFixed(0)} of ${p.boundStepsPerSecond.toFixed(0)}/s; group occupancy ${p.groupOccupancyPct.toFixed(1)} %, ${p.meanInferenceMs.toFixed(1)} ms per call; bare loop ${p.bare.efficiencyPct.median.toFixed(1)} %` }),
+        detail: `${p.stepsPerSecond.median.toFixed(0)} of ${p.boundStepsPerSecond.toFixed(0)}/s; group occupancy ${p.groupOccupancyPct.toFixed(1)} %, ${p.meanInferenceMs.toFixed(1)} ms per call; bare loop ${p.bare.efficiencyPct.median.toFixed(1)} %; one call alone, no engine or mock: ${floor.boundPct.toFixed(1)} %` }),
     ),
     row({ target: `4 · ${pauseRollouts} in flight, abort`, figure: 'pause: every worker stopped issuing, p99', value: abort.workersStoppedMs.p99, limit: 2, kind: 'max', unit: ' ms',
       detail: `p50 ${abort.workersStoppedMs.p50.toFixed(3)} ms over ${abort.pauses} pauses (last-send clock); every worker acked p99 ${abort.workersAckedMs.p99.toFixed(1)} ms` }),
