@@ -202,7 +202,7 @@ export function firstTurnBody(maxTokens: number): string {
  * The bare side: `concurrency` loops over one undici Pool for `seconds`, sending `bodies` in turn — the
  * chat bodies the engine sent (every turn of its conversations, so later turns' longer prompts too).
  */
-export async function bareLoop({ url, concurrency, seconds, bodies }: { url: string; concurrency: number; seconds: number; bodies: readonly string[] }): Promise<Sample> {
+export async function bareLoop({ url, concurrency, seconds, bodies, mock }: { url: string; concurrency: number; seconds: number; bodies: readonly string[]; mock?: Pick<MockProcess, 'cpuMs'> }): Promise<Sample & { mockCpuMs: number | null }> {
   if (bodies.length === 0) throw new Error('bareLoop needs at least one chat body');
   const origin = new URL(url).origin;
   const pool = new Pool(origin, { connections: concurrency, headersTimeout: 60_000, bodyTimeout: 60_000 });
@@ -220,6 +220,7 @@ export async function bareLoop({ url, concurrency, seconds, bodies }: { url: str
   };
   // warm-up: open the connections
   stop = false;
+  const mockCpu0 = mock?.cpuMs() ?? null;
   const cpu0 = process.cpuUsage();
   const t0 = performance.now();
   const timer = setTimeout(() => (stop = true), seconds * 1000);
@@ -227,6 +228,7 @@ export async function bareLoop({ url, concurrency, seconds, bodies }: { url: str
   clearTimeout(timer);
   const elapsed = (performance.now() - t0) / 1000;
   const cpu = process.cpuUsage(cpu0);
+  const mockCpu1 = mock?.cpuMs() ?? null;
   await pool.close();
-  return { operations, seconds: elapsed, cpuMs: (cpu.user + cpu.system) / 1000 };
+  return { operations, seconds: elapsed, cpuMs: (cpu.user + cpu.system) / 1000, mockCpuMs: mockCpu0 !== null && mockCpu1 !== null ? mockCpu1 - mockCpu0 : null };
 }

@@ -79,8 +79,8 @@ const envCpuUs = Number(values['env-cpu-us'] ?? 500);
 /** Chat bodies the engine sent, kept from its first run: the bare loop sends the same ones. */
 const RECORDED_BODIES = 4_000;
 
-function bareRun(url: string, bodies: readonly string[]): Promise<Sample> {
-  return bareLoop({ url, concurrency, seconds, bodies });
+function bareRun(url: string, bodies: readonly string[], mock: MockProcess): Promise<Sample & { mockCpuMs: number | null }> {
+  return bareLoop({ url, concurrency, seconds, bodies, mock });
 }
 
 function engineRun(url: string, workers: number, mock: MockProcess, recordBodies = 0, stream = false): Promise<ThroughputSample> {
@@ -221,7 +221,7 @@ async function main(): Promise<void> {
   const cpuShare: Record<string, CpuShare | null> = {};
   let meter = startCpuMeter();
   const mock = await startMockProcess(['--latency-ms', String(latencyMs)]);
-  const bare: Sample[] = [];
+  const bare: (Sample & { mockCpuMs: number | null })[] = [];
   const engine: ThroughputSample[] = [];
   // On a machine whose cores the mock shares, one worker can cost less per step than `threads`.
   const engineOne: ThroughputSample[] = [];
@@ -235,7 +235,7 @@ async function main(): Promise<void> {
       if (bodies.length === 0) bodies = engine[0].bodies;
       if (threads > 1) engineOne.push(await engineRun(mock.url, 1, mock));
       engineStreamed.push(await engineRun(mock.url, 1, mock, 0, true));
-      bare.push(await bareRun(mock.url, bodies));
+      bare.push(await bareRun(mock.url, bodies, mock));
       await pythonRound(mock.url, python);
     }
   } finally {
@@ -347,6 +347,10 @@ async function main(): Promise<void> {
   for (const [label, sp] of [[workersLabel(threads), result.engine.cpuSplitUsPerStep], ['1 worker', result.engineOneWorker?.cpuSplitUsPerStep ?? null]] as const) {
     if (sp) console.log(`engine CPU per step by thread, ${label}: main ${sp.mainUs.toFixed(0)} µs + workers ${sp.workersUs.toFixed(0)} µs + V8/libuv helper threads (GC, compiler) ${sp.helpersUs.toFixed(0)} µs`);
   }
+  const mockPerCall = (samples: { operations: number; mockCpuMs: number | null }[]) =>
+    samples.length > 0 && samples.every((s) => s.mockCpuMs !== null) ? `${stats(samples.map((s) => (s.mockCpuMs! * 1000) / s.operations)).median.toFixed(0)} µs` : 'n/a';
+  // The mock does the same work per call whoever calls: what its CPU per call does shows what sharing the cores costs every thread.
+  console.log(`the mock's CPU per call (the same work each time): beside the bare loop ${mockPerCall(bare)}, the engine at 1 worker ${mockPerCall(threads > 1 ? engineOne : engine)}${threads > 1 ? `, at ${threads} workers ${mockPerCall(engine)}` : ''}`);
   console.log(describeShare(cpuShare.throughput, cpus().length));
   console.log(`\nratio engine/bare: CPU per step ${result.ratios.engineCpuPerStepOverBareCpuPerRequest.toFixed(2)}×${result.ratios.engineOneWorkerCpuPerStepOverBareCpuPerRequest === null ? '' : ` (1 worker: ${result.ratios.engineOneWorkerCpuPerStepOverBareCpuPerRequest.toFixed(2)}×)`}, throughput ${result.ratios.engineStepsPerSecondOverBareRequestsPerSecond.toFixed(2)}×`);
   if (pyExecutor) {
