@@ -4,7 +4,8 @@
  *
  * Figures: engine steps/s and CPU per step (all threads of this process: coordinator + workers), the
  * bare loop's requests/s and CPU per request, and their ratios. CPU is process.cpuUsage() (user +
- * system, every thread); the mock server's CPU is not counted on either side.
+ * system, every thread); the mock server's CPU is not counted on either side (it is printed per call
+ * beside each side: its work per call is the same, so its rise shows what sharing the cores costs).
  *
  *   npm run bench                      # default: 3 repeats × 5 s per side, 10k rollouts for memory
  *   npm run bench -- --quick           # smoke: 1 repeat × 1.5 s, 2k rollouts for memory (< 1 min)
