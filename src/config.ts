@@ -111,6 +111,11 @@ const LlmSpec = z.strictObject({
   apiKey: z.string().nullable().default(null),
   /** Budget for one inference request, headers and body included (with `stream`: until the first event, then between events). */
   timeoutMs: positiveInt.default(120_000),
+  /**
+   * Largest reply read (a whole body, or a stream's events together): a bigger one fails the call
+   * (ERR_LLM_BAD_REPLY). Far above a 32k-token reply with logprobs and a few top alternatives per token.
+   */
+  maxReplyBytes: positiveInt.default(64 * 1024 * 1024),
   /** Extra attempts after a 429, a 5xx or a transport error. */
   retries: nonNegativeInt.default(3),
   retryBackoffMs: nonNegativeInt.default(200),

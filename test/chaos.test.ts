@@ -159,7 +159,7 @@ describe('mock inference server fault knobs', () => {
     for (const [knob, code, retried] of expected) {
       const m = await mock({ [knob]: 1 });
       // A long backoff: only the 429's Retry-After: 0 lets its retries run at once.
-      const client = new LlmClient({ url: m.url, model: 'm', apiKey: null, timeoutMs: 200, retries: 2, retryBackoffMs: knob === 'rateLimitRate' ? 5_000 : 1, connections: 2, returnTokenIds: true, logprobs: true });
+      const client = new LlmClient({ url: m.url, model: 'm', apiKey: null, maxReplyBytes: 64 * 1024 * 1024, timeoutMs: 200, retries: 2, retryBackoffMs: knob === 'rateLimitRate' ? 5_000 : 1, connections: 2, returnTokenIds: true, logprobs: true });
       const start = performance.now();
       await assert.rejects(client.chat({ messages: [{ role: 'user', content: 'hi' }], maxTokens: 8, temperature: 1 }), (err: Error & { code?: string }) => {
         assert.equal(err.code, code, `${knob}: ${err.message}`);

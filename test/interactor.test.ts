@@ -30,7 +30,7 @@ async function countingServer(delayMs: number): Promise<{ url: string; server: S
   return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, server, paths, peak: () => peak };
 }
 
-const clientOptions = { apiKey: null, timeoutMs: 5000, retries: 0, retryBackoffMs: 1, connections: 16, returnTokenIds: false, logprobs: false };
+const clientOptions = { apiKey: null, maxReplyBytes: 64 * 1024 * 1024, timeoutMs: 5000, retries: 0, retryBackoffMs: 1, connections: 16, returnTokenIds: false, logprobs: false };
 const request = { messages: [{ role: 'user' as const, content: 'hi' }], maxTokens: 8, temperature: 1 };
 
 describe('inference routing in a worker', () => {

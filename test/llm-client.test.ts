@@ -41,7 +41,7 @@ const status =
     res.writeHead(code, headers).end(body);
 
 function client(url: string, overrides: Partial<LlmClientOptions> = {}): LlmClient {
-  return new LlmClient({ url, model: 'm', apiKey: null, timeoutMs: 2000, retries: 2, retryBackoffMs: 1, connections: 4, returnTokenIds: true, logprobs: true, ...overrides });
+  return new LlmClient({ url, model: 'm', apiKey: null, maxReplyBytes: 64 * 1024 * 1024, timeoutMs: 2000, retries: 2, retryBackoffMs: 1, connections: 4, returnTokenIds: true, logprobs: true, ...overrides });
 }
 const request = { messages: [{ role: 'user' as const, content: 'hi' }], maxTokens: 16, temperature: 1 };
 
@@ -130,6 +130,41 @@ describe('inference client', () => {
     const { url, requests } = await serve([() => {}, ok()]);
     const llm = client(url, { timeoutMs: 100 });
     await assert.rejects(llm.chat(request), { code: 'ERR_LLM_TIMEOUT', message: /timed out after 100 ms/ });
+    assert.equal(requests.length, 1);
+    await llm.close();
+  });
+
+  /** Answers 200 and keeps writing `chunk` every `everyMs` until the client hangs up; resolves `closed` then. */
+  function endless(chunk: string, everyMs: number): { handler: Handler; closed: Promise<void> } {
+    let hungUp!: () => void;
+    const closed = new Promise<void>((r) => (hungUp = r));
+    const handler: Handler = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' }).write('{"choices":[');
+      const timer = setInterval(() => res.write(chunk), everyMs);
+      res.on('close', () => {
+        clearInterval(timer);
+        hungUp();
+      });
+    };
+    return { handler, closed };
+  }
+
+  it('cuts a reply larger than llm.maxReplyBytes with ERR_LLM_BAD_REPLY naming the option, and does not retry it (regression: an endless body grew the worker to 16 GB)', async () => {
+    const body = endless(' '.repeat(4096), 1);
+    const { url, requests } = await serve([body.handler, ok()]);
+    const llm = client(url, { maxReplyBytes: 64 * 1024 });
+    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /larger than llm\.maxReplyBytes = 65536 bytes/ });
+    await body.closed; // the connection was cut, so the server stops writing
+    assert.equal(requests.length, 1);
+    await llm.close();
+  });
+
+  it('cuts a whole reply still trickling in after llm.timeoutMs with ERR_LLM_TIMEOUT, though no gap between chunks reaches it (regression)', async () => {
+    const body = endless(' ', 10);
+    const { url, requests } = await serve([body.handler, ok()]);
+    const llm = client(url, { timeoutMs: 150 });
+    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_TIMEOUT', message: /still arriving after \d+ ms \(llm\.timeoutMs = 150\)/ });
+    await body.closed;
     assert.equal(requests.length, 1);
     await llm.close();
   });

@@ -11,7 +11,7 @@ import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
 const request = { messages: [{ role: 'user' as const, content: 'Guess a number between 1 and 100.' }], maxTokens: 200, temperature: 1, seed: 5 };
 
 function client(url: string, overrides: Partial<LlmClientOptions> = {}): LlmClient {
-  return new LlmClient({ url, model: 'm', apiKey: null, timeoutMs: 5000, retries: 0, retryBackoffMs: 1, connections: 2, returnTokenIds: true, logprobs: true, ...overrides });
+  return new LlmClient({ url, model: 'm', apiKey: null, maxReplyBytes: 64 * 1024 * 1024, timeoutMs: 5000, retries: 0, retryBackoffMs: 1, connections: 2, returnTokenIds: true, logprobs: true, ...overrides });
 }
 
 /** One chunk event of a streamed completion (the shape vLLM sends). */

@@ -204,6 +204,7 @@ export function workerInit(config: ResolvedConfig, llmUrls: string[], control: S
       client: {
         apiKey: llm.apiKey,
         timeoutMs: llm.timeoutMs,
+        maxReplyBytes: llm.maxReplyBytes,
         retries: llm.retries,
         retryBackoffMs: llm.retryBackoffMs,
         connections: llm.connections,

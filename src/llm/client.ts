@@ -20,6 +20,8 @@ export interface LlmClientOptions {
   model: string;
   apiKey: string | null;
   timeoutMs: number;
+  /** Largest inference reply read (a whole body, or a stream's events together); over it the call fails. */
+  maxReplyBytes: number;
   retries: number;
   retryBackoffMs: number;
   connections: number;
@@ -105,10 +107,17 @@ export class LlmClient {
   readonly #v1: string;
   readonly #origin: string;
   readonly #headers: Record<string, string>;
-  readonly #exchanges = new Exchanges();
+  readonly #exchanges: Exchanges;
 
   constructor(options: LlmClientOptions) {
     this.#options = options;
+    this.#exchanges = new Exchanges({
+      limits: {
+        maxBodyBytes: options.maxReplyBytes,
+        wholeBodyMs: options.timeoutMs,
+        names: { maxBodyBytes: 'llm.maxReplyBytes', wholeBodyMs: 'llm.timeoutMs' },
+      },
+    });
     const url = new URL(options.url);
     this.#origin = url.origin;
     this.#v1 = v1Path(url.pathname);
@@ -116,9 +125,10 @@ export class LlmClient {
     if (options.apiKey) this.#headers.authorization = `Bearer ${options.apiKey}`;
     this.#pool = new Pool(url.origin, {
       connections: options.connections,
-      // A non-streaming completion sends its headers only once generation is done: both timeouts are the
-      // whole request budget (a stalled body is cut the same way), so no per-call timer is needed. A
-      // streamed one is bounded the same way until its first event, then between events.
+      // A non-streaming completion sends its headers only once generation is done: the headers timeout
+      // is the request budget, the body timeout cuts a stalled body, and the exchange cuts a body still
+      // arriving after the budget (llm/exchange.ts) — no per-call timer. A streamed one is bounded the
+      // same way until its first event, then between events; any reply by llm.maxReplyBytes.
       headersTimeout: options.timeoutMs,
       bodyTimeout: options.timeoutMs,
       keepAliveTimeout: 60_000,
@@ -197,6 +207,8 @@ export class LlmClient {
 
   /** A request that got no answer (timeouts, transport errors; not a cancellation). */
   #transportOutcome(err: unknown): Outcome {
+    // The exchange cut an answer over its limits (size, or a body past the budget): not worth a retry.
+    if (err instanceof LlmError) return { ok: false, retryable: false, error: err };
     const code = (err as { code?: string }).code;
     if (code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT') {
       return { ok: false, retryable: false, error: new LlmError('ERR_LLM_TIMEOUT', `inference request to ${this.url} timed out after ${this.#options.timeoutMs} ms (llm.timeoutMs)`, { cause: err }) };

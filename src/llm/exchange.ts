@@ -9,6 +9,7 @@
  */
 import type { Dispatcher } from 'undici';
 import type { CancelSignal } from '../cancel.ts';
+import { LlmError } from './errors.ts';
 
 export interface ExchangeRequest {
   method: 'GET' | 'POST';
@@ -43,6 +44,21 @@ export interface ExchangeResult {
 }
 
 /**
+ * What one answer may cost. undici's `bodyTimeout` bounds only the gap between chunks, so a server that
+ * keeps sending (an endless or trickling body) is bounded here: by size always, and a whole body (not
+ * an event stream, which lasts as long as its generation) by time since the request was sent.
+ */
+export interface ExchangeLimits {
+  maxBodyBytes: number;
+  /** Milliseconds from the request's send to the end of a whole body. */
+  wholeBodyMs: number;
+  /** Option names for the errors (`llm.maxReplyBytes`, `llm.timeoutMs`). */
+  names: { maxBodyBytes: string; wholeBodyMs: string };
+}
+
+const NO_LIMITS: ExchangeLimits = { maxBodyBytes: Infinity, wholeBodyMs: Infinity, names: { maxBodyBytes: 'maxBodyBytes', wholeBodyMs: 'wholeBodyMs' } };
+
+/**
  * The exchanges in flight on one client, by the signal that cancels them and the one that holds them.
  * Invariant: a call is in a signal's set from dispatch until undici is done with it or the signal
  * aborts (the abort acts on every call in the set and empties it), and each signal carries at most one
@@ -52,6 +68,7 @@ export class Exchanges {
   readonly #cancelling = new WeakMap<CancelSignal, Set<Exchange>>();
   readonly #holding = new WeakMap<CancelSignal, Set<Exchange>>();
   readonly #holdDrainMs: number;
+  readonly #limits: ExchangeLimits;
 
   /**
    * `holdDrainMs`: how long a held exchange may go on reading before it is cut. Long enough for a
@@ -59,8 +76,9 @@ export class Exchanges {
    * without an abort, or an abort that missed a call still in transit, does not keep a connection busy
    * and generating into the next round.
    */
-  constructor({ holdDrainMs = 1_000 }: { holdDrainMs?: number } = {}) {
+  constructor({ holdDrainMs = 1_000, limits = NO_LIMITS }: { holdDrainMs?: number; limits?: ExchangeLimits } = {}) {
     this.#holdDrainMs = holdDrainMs;
+    this.#limits = limits;
   }
 
   /**
@@ -74,7 +92,7 @@ export class Exchanges {
     // paused; this keeps a caller that does not check from sending during a pause).
     if (hold?.aborted) return Promise.resolve({ statusCode: 0, headers: {}, text: '', streamed: false, held: true });
     return new Promise<ExchangeResult>((resolve, reject) => {
-      const exchange = new Exchange(resolve, reject, request.events ?? null);
+      const exchange = new Exchange(resolve, reject, request.events ?? null, this.#limits);
       if (signal !== undefined) exchange.track(callsOf(this.#cancelling, signal, (calls, reason) => calls.forEach((call) => call.cancel(reason))));
       if (hold !== undefined) exchange.track(callsOf(this.#holding, hold, (calls) => this.#holdAll(calls)));
       dispatcher.dispatch({ origin, method: request.method, path: request.path, headers: request.headers, body: request.body ?? null }, exchange);
@@ -113,6 +131,10 @@ class Exchange implements Dispatcher.DispatchHandler {
   readonly #resolve: (result: ExchangeResult) => void;
   readonly #reject: (err: unknown) => void;
   readonly #events: BodySink | null;
+  readonly #limits: ExchangeLimits;
+  /** When undici wrote the request (a call queued for a connection has not started its budget). */
+  #sentAt = 0;
+  #bytes = 0;
   /** The sets this call is registered in (by its cancel and hold signals). */
   #sets: Set<Exchange>[] | null = null;
   #controller: Dispatcher.DispatchController | null = null;
@@ -126,10 +148,11 @@ class Exchange implements Dispatcher.DispatchHandler {
   #settled = false;
   #done = false;
 
-  constructor(resolve: (result: ExchangeResult) => void, reject: (err: unknown) => void, events: BodySink | null) {
+  constructor(resolve: (result: ExchangeResult) => void, reject: (err: unknown) => void, events: BodySink | null, limits: ExchangeLimits) {
     this.#resolve = resolve;
     this.#reject = reject;
     this.#events = events;
+    this.#limits = limits;
   }
 
   track(calls: Set<Exchange>): void {
@@ -153,6 +176,7 @@ class Exchange implements Dispatcher.DispatchHandler {
 
   onRequestStart(controller: Dispatcher.DispatchController): void {
     this.#controller = controller;
+    this.#sentAt = performance.now();
     if (this.#cancelReason !== undefined) controller.abort(this.#cancelReason as Error);
   }
 
@@ -165,7 +189,18 @@ class Exchange implements Dispatcher.DispatchHandler {
 
   onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
     if (this.#settled) return; // held: the rest is dropped
+    this.#bytes += chunk.length;
+    const limits = this.#limits;
+    if (this.#bytes > limits.maxBodyBytes) {
+      this.#fail(controller, new LlmError('ERR_LLM_BAD_REPLY', `inference reply is larger than ${limits.names.maxBodyBytes} = ${limits.maxBodyBytes} bytes; cut at ${this.#bytes}`));
+      return;
+    }
     if (!this.#streamed) {
+      const ms = performance.now() - this.#sentAt;
+      if (ms > limits.wholeBodyMs) {
+        this.#fail(controller, new LlmError('ERR_LLM_TIMEOUT', `inference reply still arriving after ${Math.round(ms)} ms (${limits.names.wholeBodyMs} = ${limits.wholeBodyMs}); cut at ${this.#bytes} bytes`));
+        return;
+      }
       this.#chunks.push(chunk);
       return;
     }
@@ -189,6 +224,13 @@ class Exchange implements Dispatcher.DispatchHandler {
     if (this.#settled) return;
     this.#settle();
     this.#reject(error);
+  }
+
+  /** Reject with `error` and stop reading: the connection is cut (its answer is unusable). */
+  #fail(controller: Dispatcher.DispatchController, error: LlmError): void {
+    this.#settle();
+    this.#reject(error);
+    controller.abort(error);
   }
 
   /** Settle with the answer so far: its status and headers, `text` (empty when streamed or held). */
