@@ -1,7 +1,7 @@
 import { CLI_MAIN, rollout } from './support/cli.ts';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
@@ -50,15 +50,59 @@ describe('rollout CLI', () => {
     assert.equal(summary.groups, 8);
   });
 
-  it('`rollout run --resume` after a crash cut a batch short writes that step again whole (regression)', async () => {
+  it('`rollout run --resume` after a crash cut a batch short writes that step again whole, the same batch (regression)', async () => {
     const runDir = mkdtempSync(join(tmpdir(), 'rollout-cli-resume-'));
-    const line = (step: number, i: number) => JSON.stringify({ trainStep: step, id: `earlier/${step}/${i}` });
-    // Step 1 whole, step 2 cut after one of its four groups and in the middle of the next line.
-    writeFileSync(join(runDir, 'batches.jsonl'), `${[1, 2, 3, 4].map((i) => line(1, i)).join('\n')}\n${line(2, 1)}\n{"trainStep":2,"id`);
-    const { code, stderr } = await rollout(['run', '--resume', '--steps', '3', '--batch-size', '4', '--threads', '1', '--run-dir', runDir]);
+    const args = ['--batch-size', '4', '--threads', '1', '--run-dir', runDir];
+    const first = await rollout(['run', '--steps', '2', ...args]);
+    assert.equal(first.code, 0, first.stderr);
+    const path = join(runDir, 'batches.jsonl');
+    const written = readFileSync(path, 'utf8').trim().split('\n');
+    assert.equal(written.length, 8);
+    // Step 2 cut after one of its four groups and in the middle of the next line.
+    writeFileSync(path, `${written.slice(0, 5).join('\n')}\n${written[5].slice(0, 20)}`);
+    const { code, stderr } = await rollout(['run', '--resume', '--steps', '3', ...args]);
     assert.equal(code, 0, stderr);
-    const steps = readFileSync(join(runDir, 'batches.jsonl'), 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { trainStep: number }).trainStep);
-    assert.deepEqual(steps, [1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]);
+    const lines = readFileSync(path, 'utf8').trim().split('\n');
+    assert.deepEqual(lines.map((l) => (JSON.parse(l) as { trainStep: number }).trainStep), [1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]);
+    assert.deepEqual(lines.slice(0, 8), written, 'step 2 is the batch handed out before the crash, delivered again');
+  });
+
+  it('`rollout run` refuses a run dir that already holds batches unless told --resume, and --resume without its checkpoint (regression: groups written twice)', async () => {
+    const runDir = mkdtempSync(join(tmpdir(), 'rollout-cli-again-'));
+    const args = ['--steps', '1', '--batch-size', '2', '--threads', '1', '--run-dir', runDir];
+    assert.equal((await rollout(['run', ...args])).code, 0);
+    const before = readFileSync(join(runDir, 'batches.jsonl'), 'utf8');
+    const again = await rollout(['run', ...args]);
+    assert.equal(again.code, 2);
+    assert.match(again.stderr, /batches\.jsonl already holds batches: pass --resume/);
+    rmSync(join(runDir, 'engine.ckpt'));
+    const resumed = await rollout(['run', '--resume', ...args]);
+    assert.equal(resumed.code, 2);
+    assert.match(resumed.stderr, /--resume: .*engine\.ckpt is missing/);
+    assert.equal(readFileSync(join(runDir, 'batches.jsonl'), 'utf8'), before, 'the batches file is left as it was');
+  });
+
+  it('`rollout run --resume` names the line of a batches file that is not JSON, and leaves the file alone', async () => {
+    const runDir = mkdtempSync(join(tmpdir(), 'rollout-cli-corrupt-'));
+    const args = ['--steps', '1', '--batch-size', '2', '--threads', '1', '--run-dir', runDir];
+    assert.equal((await rollout(['run', ...args])).code, 0);
+    const path = join(runDir, 'batches.jsonl');
+    const [one] = readFileSync(path, 'utf8').split('\n');
+    writeFileSync(path, `${one}\ngarbage{\n`);
+    const { code, stderr } = await rollout(['run', '--resume', ...args]);
+    assert.equal(code, 2);
+    assert.match(stderr, /batches\.jsonl line 2 is not JSON/);
+    assert.equal(readFileSync(path, 'utf8'), `${one}\ngarbage{\n`);
+  });
+
+  it('`rollout run` that fails still writes its summary with the reason, and exits 1', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'rollout-fail-summary-'));
+    const { code, stdout } = await rollout(['run', '--llm-url', 'http://127.0.0.1:9/v1', '--run-dir', dir], { timeoutMs: 20_000 });
+    assert.equal(code, 1);
+    assert.match(stdout, /0 batches written/);
+    const summary = JSON.parse(readFileSync(join(dir, 'summary.json'), 'utf8')) as { batches: number; error: string | null };
+    assert.equal(summary.batches, 0);
+    assert.match(summary.error ?? '', /ERR_LLM_UNREACHABLE/);
   });
 
   it('`rollout run --config` rejects a bad config with the field, the value and exit code 1', async () => {

@@ -87,6 +87,37 @@ describe('compact batches (POST /batch {"compact": true})', () => {
   });
 });
 
+describe('train steps only go forward', () => {
+  let engine: Engine;
+  let server: ControlServer;
+  before(async () => {
+    engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, producer: { strategy: 'async', maxStaleness: 100 } });
+    await engine.start();
+    server = await engine.listen({ port: 0, token: TOKEN });
+  });
+  after(() => engine.close());
+
+  it('refuses a step before the last one handed out with 409 ERR_TRAIN_STEP, delivers the last again, and goes on producing (regression: async production hung)', async () => {
+    const take = (trainStep: number) => call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep }) });
+    const ids = (res: Awaited<ReturnType<typeof take>>) => (res.body.groups as { id: string }[]).map((g) => g.id);
+    assert.equal((await take(1)).body.status, 'NORMAL');
+    const second = await take(3); // a trainer may skip a step
+    assert.equal(second.body.status, 'NORMAL');
+    for (const step of [1, 2]) {
+      const refused = await take(step);
+      assert.equal(refused.status, 409);
+      assert.equal(refused.body.error.code, 'ERR_TRAIN_STEP');
+      assert.match(refused.body.error.message, new RegExp(`train step ${step} was handed out already \\(the last batch was step 3\\)`));
+    }
+    await assert.rejects(engine.getBatch(2), { code: 'ERR_TRAIN_STEP' });
+    assert.deepEqual(ids(await take(3)), ids(second), 'the last step is delivered again');
+    const status = await call(server, 'GET', '/status');
+    assert.equal(status.body.nextTrainStep, 4, 'a refused step does not move the consumer back');
+    const next = await call(server, 'POST', '/batch', { body: '{}' });
+    assert.deepEqual([next.body.trainStep, next.body.status], [4, 'NORMAL']);
+  });
+});
+
 describe('control API', () => {
   let engine: Engine;
   let server: ControlServer;

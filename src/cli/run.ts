@@ -1,9 +1,10 @@
-import { existsSync, readFileSync, truncateSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, statSync, truncateSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { createEngine, type Batch } from '../index.ts';
 import { emptyStatusCounts } from '../coordinator/producer.ts';
 import { BatchFileWriter } from '../coordinator/batch-file.ts';
+import { describeError } from '../protocol/errors.ts';
 import type { Status } from '../protocol/rollout.ts';
 import { intFlag, UsageError } from './args.ts';
 import { ProgressLine } from './progress.ts';
@@ -61,9 +62,16 @@ export async function runCommand(argv: string[]): Promise<number> {
   config.runDir = runDir; // step records go to <runDir>/steps/, the per-batch checkpoint to <runDir>/engine.ckpt
   if (values.resume) config.resume = true;
   const batchesPath = resolve(values.out ?? join(runDir, 'batches.jsonl'));
+  const holdsBatches = existsSync(batchesPath) && statSync(batchesPath).size > 0;
+  // Appending a new run to an old file would give the trainer the same steps (and group ids) twice.
+  if (!values.resume && holdsBatches) throw new UsageError(`${batchesPath} already holds batches: pass --resume to continue that run, or choose another --run-dir / --out`);
+  const checkpointPath = join(runDir, 'engine.ckpt');
+  if (values.resume && holdsBatches && !existsSync(checkpointPath)) {
+    throw new UsageError(`--resume: ${checkpointPath} is missing, so the run in ${batchesPath} cannot continue without producing its groups again; start a new --run-dir instead`);
+  }
   const engine = createEngine(config, { baseDir: configPath === undefined ? process.cwd() : dirname(configPath) });
   // Resuming: the batches file is the trainer's record of what it received; continue after its last step.
-  const firstStep = values.resume ? lastWrittenStep(batchesPath, engine.config.batchSize) + 1 : 1;
+  const lastWritten = values.resume ? lastWrittenStep(batchesPath, engine.config.batchSize) : 0;
   const writer = new BatchFileWriter(batchesPath, { compact: values.compact ?? false });
   // SIGINT / SIGTERM: stop taking batches, let groups in flight come back, checkpoint, exit 0.
   let stopping = false;
@@ -77,10 +85,13 @@ export async function runCommand(argv: string[]): Promise<number> {
   const started = performance.now();
   const batches: NormalBatch[] = [];
   let landed: Record<Status, number> | null = null;
+  let failure: unknown = null;
   const progress = new ProgressLine(engine, steps);
   try {
     await engine.start();
     progress.start();
+    // A checkpoint named in the config (resumeFrom) carries its own next step: its batches were handed out already.
+    const firstStep = values.resume ? lastWritten + 1 : (await engine.stats()).nextTrainStep;
     for (let step = firstStep; step <= steps && !stopping; ) {
       const batch = await engine.getBatch(step);
       if (stopping) break;
@@ -101,6 +112,10 @@ export async function runCommand(argv: string[]): Promise<number> {
       await engine.checkpoint(join(runDir, 'engine.ckpt'));
       console.error(`rollout run: stopped by a signal after ${batches.length} batches; continue with --resume --run-dir ${runDir}`);
     }
+  } catch (err) {
+    // The run failed: what it wrote and what it produced are still summarised below, then the error is thrown.
+    failure = err;
+    landed = await engine.stats().then((s) => s.groups.landed, () => null);
   } finally {
     progress.stop();
     await writer.close();
@@ -109,11 +124,11 @@ export async function runCommand(argv: string[]): Promise<number> {
     process.off('SIGTERM', stopOnSignal);
   }
   const seconds = (performance.now() - started) / 1000;
-  const summary = summarize(batches, landed ?? emptyStatusCounts(), seconds, writer.path);
-  const { writeFileSync, mkdirSync } = await import('node:fs');
+  const summary = summarize(batches, landed ?? emptyStatusCounts(), seconds, writer.path, failure === null ? null : describeError(failure));
   mkdirSync(runDir, { recursive: true });
   writeFileSync(join(runDir, 'summary.json'), `${JSON.stringify(summary, null, 2)}\n`);
   console.log(formatSummary(summary));
+  if (failure !== null) throw failure;
   return 0;
 }
 
@@ -128,11 +143,13 @@ interface RunSummary {
   seconds: number;
   stepsPerSecond: number;
   output: string;
+  /** Why the run stopped before its last step; null when it finished (or was stopped by a signal). */
+  error: string | null;
 }
 
 type NormalBatch = Extract<Batch, { status: 'NORMAL' }>;
 
-function summarize(batches: NormalBatch[], produced: Record<Status, number>, seconds: number, output: string): RunSummary {
+function summarize(batches: NormalBatch[], produced: Record<Status, number>, seconds: number, output: string, error: string | null): RunSummary {
   let groups = 0;
   let rollouts = 0;
   let rewardSum = 0;
@@ -156,6 +173,7 @@ function summarize(batches: NormalBatch[], produced: Record<Status, number>, sec
     seconds,
     stepsPerSecond: seconds > 0 ? turns / seconds : 0,
     output,
+    error,
   };
 }
 
@@ -170,6 +188,7 @@ function formatSummary(s: RunSummary): string {
     `  rollouts    ${s.rollouts}, mean reward ${s.meanReward.toFixed(3)}`,
     `  steps       ${s.turns} agent steps, ${s.responseTokens} response tokens`,
     `  time        ${s.seconds.toFixed(2)} s, ${s.stepsPerSecond.toFixed(1)} steps/s`,
+    ...(s.error === null ? [] : [`  failed      ${s.error}`]),
   ].join('\n');
 }
 
@@ -183,8 +202,15 @@ function lastWrittenStep(path: string, batchSize: number): number {
   const text = readFileSync(path, 'utf8');
   let complete = { step: 0, end: 0 }; // the last complete step and where its last line ends
   let current = { step: 0, lines: 0 };
+  let line = 0;
   for (let start = 0, nl = text.indexOf('\n'); nl >= 0; start = nl + 1, nl = text.indexOf('\n', start)) {
-    const step = (JSON.parse(text.slice(start, nl)) as { trainStep?: unknown }).trainStep;
+    line++;
+    let step: unknown;
+    try {
+      step = (JSON.parse(text.slice(start, nl)) as { trainStep?: unknown } | null)?.trainStep;
+    } catch (err) {
+      throw new UsageError(`--resume: ${path} line ${line} is not JSON (${(err as Error).message}); the file is the record of what was handed out, so it is left as it is`);
+    }
     if (typeof step !== 'number') continue;
     current = step === current.step ? { step, lines: current.lines + 1 } : { step, lines: 1 };
     if (current.lines === batchSize) complete = { step, end: nl + 1 };

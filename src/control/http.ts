@@ -59,7 +59,7 @@ export function sendError(req: IncomingMessage, res: ServerResponse, err: unknow
 
 function statusFor(code: string | undefined): number {
   if (code === 'ERR_INVALID_ARGUMENT') return 400;
-  if (code === 'ERR_ENGINE_STATE') return 409;
+  if (code === 'ERR_ENGINE_STATE' || code === 'ERR_TRAIN_STEP') return 409;
   if (code === 'ERR_CHECKPOINT' || code === 'ERR_CHECKPOINT_MISMATCH') return 400;
   return 500;
 }
