@@ -8,6 +8,11 @@ It does what a real GRPO/PPO trainer does around the engine: take the batch for 
     rollout serve --port 8100 --strategy async &
     python3 examples/python_trainer.py --url http://127.0.0.1:8100 --steps 6 --sync-every 2
 
+The bearer token comes from --token or $ROLLOUT_TOKEN. A weight sync tells the mock server its new
+weight version (POST /admin/weight_version): the one named by --mock-url, else the engine's own
+inference server when it is the mock; a real vLLM / SGLang server is left alone (load weights there
+your own way).
+
 With the `msgpack` package installed, --msgpack asks for msgpack replies (token ids arrive as raw
 little-endian int32 bytes: numpy.frombuffer(ids, '<i4')). --compact asks for compact batches, where a
 turn whose messages or prompt ids begin those of a later turn of the same agent names that turn
@@ -15,6 +20,7 @@ instead of repeating them, and expands them (expand_compact below).
 """
 import argparse
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -30,7 +36,7 @@ class Engine:
 
             self.msgpack = msgpack
 
-    def call(self, method, path, body=None, base=None):
+    def call(self, method, path, body=None, base=None, missing_ok=False):
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request((base or self.url) + path, data=data, method=method)
         req.add_header("content-type", "application/json")
@@ -45,13 +51,19 @@ class Engine:
                     return self.msgpack.unpackb(raw, raw=False)
                 return json.loads(raw) if raw else {}
         except urllib.error.HTTPError as err:
+            if missing_ok and err.code == 404:
+                return None
             detail = err.read().decode(errors="replace")
             raise SystemExit(f"{method} {path} failed with {err.code}: {detail}")
 
-    def sync_weights(self, model_step, mock_url=None):
+    def sync_weights(self, model_step, mock):
         report = self.call("POST", "/pause")
-        if mock_url:  # stands in for loading new weights into vLLM / SGLang
-            self.call("POST", "/admin/weight_version", {"weight_version": model_step}, base=mock_url.rstrip("/"))
+        if mock["url"]:  # stands in for loading new weights into vLLM / SGLang
+            base = mock["url"].rstrip("/")
+            base = base[:-3] if base.endswith("/v1") else base
+            if self.call("POST", "/admin/weight_version", {"weight_version": model_step}, base=base, missing_ok=not mock["named"]) is None:
+                print(f"  {base} has no /admin/weight_version (not the mock): load the weights there your own way", flush=True)
+                mock["url"] = None
         self.call("POST", "/resume", {"modelStep": model_step})
         return report
 
@@ -102,8 +114,8 @@ def staleness(rollout, train_step):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", required=True, help="control API base URL")
-    ap.add_argument("--token", default=None)
-    ap.add_argument("--mock-url", default=None, help="mock inference server whose weight version to set on a sync")
+    ap.add_argument("--token", default=os.environ.get("ROLLOUT_TOKEN"), help="bearer token (default: $ROLLOUT_TOKEN)")
+    ap.add_argument("--mock-url", default=None, help="mock inference server whose weight version to set on a sync (default: the engine's, when it is the mock)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--sync-every", type=int, default=2)
     ap.add_argument("--msgpack", action="store_true")
@@ -112,15 +124,22 @@ def main():
 
     engine = Engine(args.url, args.token, args.msgpack)
     status = engine.call("GET", "/status")
-    mock_url = args.mock_url or status.get("llmUrl")
+    mock = {"url": args.mock_url or status.get("llmUrl"), "named": args.mock_url is not None}
     print(f"engine: model step {status['modelStep']}, next train step {status['nextTrainStep']}", flush=True)
     step = status["nextTrainStep"]
     last = step + args.steps
+    synced_for = None  # the step a sync was last made for: a second EXPIRED_BATCH after it means the weights did not load
     while step < last:
         batch = engine.call("POST", "/batch", {"trainStep": step, "compact": args.compact})
+        if batch["status"] == "EXPIRED_BATCH" and synced_for == step:
+            raise SystemExit(
+                f"step {step}: EXPIRED_BATCH again after a weight sync: the inference server still reports an older"
+                " weight version (did the new weights load? with the mock, pass --mock-url)"
+            )
         if batch["status"] != "NORMAL":
             print(f"step {step}: {batch['status']} -> syncing weights to {step - 1}", flush=True)
-            engine.sync_weights(step - 1, mock_url)
+            engine.sync_weights(step - 1, mock)
+            synced_for = step
             continue
         if args.compact:
             expand_compact(batch)
@@ -134,7 +153,7 @@ def main():
             flush=True,
         )
         if step % args.sync_every == 0:
-            report = engine.sync_weights(step, mock_url)
+            report = engine.sync_weights(step, mock)
             print(f"  weights -> {step}: pause took {report['allBackMs']:.1f} ms, {report['groupsBack']} groups back", flush=True)
         step += 1
     status = engine.call("GET", "/status")
