@@ -194,6 +194,18 @@ describe('control API', () => {
     assert.match(badStep.body.error.message, /trainStep must be an integer in \[1, 2147483647\] \(got 0\)/);
     const noPath = await call(server, 'POST', '/checkpoint', { body: '{}' });
     assert.match(noPath.body.error.message, /path must be a non-empty string/);
+    const nullBody = await call(server, 'POST', '/batch', { body: 'null' });
+    assert.match(nullBody.body.error.message, /body must be an object \(got null\)/);
+  });
+
+  it('refuses a field a route does not take, naming it, without taking a batch (regression: {"trainstep": 5} took the next batch)', async () => {
+    const before = (await call(server, 'GET', '/status')).body.groups.taken;
+    const typo = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainstep: 5 }) });
+    assert.equal(typo.status, 400);
+    assert.equal(typo.body.error.message, 'unknown field "trainstep" (POST /batch takes trainStep, compact)');
+    const pause = await call(server, 'POST', '/pause', { body: JSON.stringify({ now: true }) });
+    assert.equal(pause.body.error.message, 'unknown field "now" (POST /pause takes no fields)');
+    assert.equal((await call(server, 'GET', '/status')).body.groups.taken, before);
   });
 
   it('refuses an oversized body with 413', async () => {

@@ -117,6 +117,17 @@ describe('inference client', () => {
     await llm.close();
   });
 
+  it('refuses a logprob above 0 or beyond float32, naming the entry (regression: -1e39 reached the batch as null)', async () => {
+    const reply = (logprob: number) => ok({ choices: [{ message: { content: 'x' }, finish_reason: 'stop', token_ids: [1, 2], logprobs: { content: [{ logprob: -1 }, { logprob }] } }] });
+    const { url } = await serve([reply(5), reply(-1e39), reply(1e-7)]);
+    const llm = client(url);
+    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /logprobs\.content\[1\]\.logprob must be a log-probability: a finite number ≤ 0 \(got 5\)/ });
+    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /logprobs\.content\[1\]\.logprob must be a log-probability.*\(got -1e\+39\)/ });
+    const rounded = await llm.chat(request); // a hair above 0 is the server's rounding
+    assert.equal(rounded.logprobs?.length, 2);
+    await llm.close();
+  });
+
   it('fails with ERR_LLM_UNREACHABLE naming the URL when nothing listens, after its retries', async () => {
     const { url, server } = await scriptedServer([]);
     await new Promise((r) => server.close(r));

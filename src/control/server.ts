@@ -106,7 +106,13 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
         throw known ? new HttpError(405, 'ERR_METHOD_NOT_ALLOWED', `${req.method} is not allowed on ${path}`) : new HttpError(404, 'ERR_NOT_FOUND', `no route ${req.method} ${path}`);
       }
       const body = req.method === 'POST' ? await readBody(req, maxBodyBytes) : {};
-      if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new HttpError(400, 'ERR_BAD_BODY', `body must be an object (got ${Array.isArray(body) ? 'an array' : typeof body})`);
+      if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new HttpError(400, 'ERR_BAD_BODY', `body must be an object (got ${body === null ? 'null' : Array.isArray(body) ? 'an array' : typeof body})`);
+      // A misspelt field would otherwise be ignored: `{"trainstep": 5}` takes the next batch, not step 5.
+      const fields = BODY_FIELDS[key] ?? [];
+      const unknown = Object.keys(body).find((field) => !fields.includes(field));
+      if (unknown !== undefined) {
+        throw new HttpError(400, 'ERR_BAD_BODY', `unknown field ${JSON.stringify(unknown)} (${key} takes ${fields.length === 0 ? 'no fields' : fields.join(', ')})`);
+      }
       send(req, res, 200, await handler(body as Record<string, unknown>));
     } catch (err) {
       if (!res.headersSent) sendError(req, res, err);
@@ -129,6 +135,13 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
       }),
   };
 }
+
+/** The fields each route reads from its body; any other is refused. */
+const BODY_FIELDS: Record<string, readonly string[]> = {
+  'POST /batch': ['trainStep', 'compact'],
+  'POST /resume': ['modelStep'],
+  'POST /checkpoint': ['path'],
+};
 
 function optionalBool(body: Record<string, unknown>, field: string): boolean | undefined {
   const value = body[field];

@@ -67,12 +67,19 @@ function logprobEntries(value: unknown, where = REPLY): unknown[] {
   return value.content;
 }
 
+/** A logprob may come out a hair above 0 from the server's float arithmetic; more is not a log-probability. */
+const LOGPROB_ROUNDING = 1e-3;
+const FLOAT32_MAX = 3.4028234663852886e38;
+
 /** Each `logprobs.content[i].logprob`, checked, to `take`; returns how many. */
 export function readLogprobs(value: unknown, take: (logprob: number, i: number) => void, where = REPLY): number {
   const entries = logprobEntries(value, where);
   for (let i = 0; i < entries.length; i++) {
     const lp = (entries[i] as { logprob?: unknown } | null)?.logprob;
-    if (typeof lp !== 'number' || Number.isNaN(lp)) throw bad(`choices[0].logprobs.content[${i}].logprob`, lp, 'a number', where);
+    // Stored as float32: beyond its range a logprob would become -Infinity (null in JSON) in the batch.
+    if (typeof lp !== 'number' || !(lp <= LOGPROB_ROUNDING) || lp < -FLOAT32_MAX) {
+      throw bad(`choices[0].logprobs.content[${i}].logprob`, lp, 'a log-probability: a finite number ≤ 0', where);
+    }
     take(lp, i);
   }
   return entries.length;
