@@ -16,11 +16,18 @@ export function untilSignal(): Promise<void> {
   });
 }
 
-export function intFlag(name: string, value: string | undefined, { min = 0 } = {}): number | undefined {
+export function intFlag(name: string, value: string | undefined, { min = 0, max = Infinity } = {}): number | undefined {
   if (value === undefined) return undefined;
   const n = Number(value);
-  if (!Number.isInteger(n) || n < min) throw new UsageError(`--${name} must be an integer >= ${min} (got ${JSON.stringify(value)})`);
+  if (!Number.isInteger(n) || n < min || n > max) {
+    throw new UsageError(`--${name} must be an integer ${max === Infinity ? `>= ${min}` : `in [${min}, ${max}]`} (got ${JSON.stringify(value)})`);
+  }
   return n;
+}
+
+/** A TCP port to listen on (0: any free one). */
+export function portFlag(value: string | undefined): number | undefined {
+  return intFlag('port', value, { max: 65_535 });
 }
 
 export function numberFlag(name: string, value: string | undefined, { min = 0, max = Infinity } = {}): number | undefined {

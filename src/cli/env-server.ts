@@ -1,6 +1,6 @@
 import { parseArgs } from 'node:util';
 import type { EnvParams } from '../env/types.ts';
-import { intFlag, numberFlag, untilSignal, UsageError } from './args.ts';
+import { intFlag, numberFlag, untilSignal, UsageError, portFlag } from './args.ts';
 
 export const ENV_SERVER_HELP = `Usage: rollout env-server --env <spec> [--env <spec> …] [options]
 
@@ -56,7 +56,7 @@ export async function envServerCommand(argv: string[]): Promise<number> {
   const envs = await loadServedEnvs(specs, params);
   const server = await startEnvServer({
     envs,
-    port: intFlag('port', values.port) ?? 8100,
+    port: portFlag(values.port) ?? 8100,
     host: values.host ?? '127.0.0.1',
     maxBodyBytes: intFlag('max-body-bytes', values['max-body-bytes'], { min: 1 }),
     failFirst: intFlag('fail-first', values['fail-first']),

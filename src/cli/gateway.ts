@@ -1,5 +1,5 @@
 import { parseArgs } from 'node:util';
-import { UsageError, intFlag, untilSignal } from './args.ts';
+import { UsageError, intFlag, untilSignal, portFlag } from './args.ts';
 
 export const GATEWAY_HELP = `Usage: rollout gateway --backend-url <url> [options]
        rollout gateway --embedded-mock [options]
@@ -67,7 +67,7 @@ export async function gatewayCommand(argv: string[]): Promise<number> {
   if (embedded && (kind !== 'vllm' || tokenizer !== 'qwen2.5')) {
     throw new UsageError(`--embedded-mock serves the vllm shape in the qwen2.5 vocabulary (got --backend ${kind} --tokenizer ${tokenizer})`);
   }
-  const port = intFlag('port', values.port) ?? 8100;
+  const port = portFlag(values.port) ?? 8100;
   const options = {
     host: values.host ?? '127.0.0.1',
     port,

@@ -1,5 +1,5 @@
 import { parseArgs } from 'node:util';
-import { intFlag, numberFlag, untilSignal } from './args.ts';
+import { intFlag, numberFlag, untilSignal, portFlag } from './args.ts';
 
 export const MOCK_LLM_HELP = `Usage: rollout mock-llm [options]
 
@@ -49,7 +49,7 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
   }
   // Undefined values are left to the mock's defaults (resolveMockLlmOptions skips them).
   const options = {
-    port: intFlag('port', values.port) ?? 8000,
+    port: portFlag(values.port) ?? 8000,
     host: values.host ?? '127.0.0.1',
     model: values.model,
     latencyMs: numberFlag('latency-ms', values['latency-ms']),

@@ -1,7 +1,7 @@
 import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { createEngine } from '../index.ts';
-import { intFlag, untilSignal } from './args.ts';
+import { untilSignal, portFlag } from './args.ts';
 import { CONFIG_FLAGS, configFromFlags } from './config-flags.ts';
 
 export const SERVE_HELP = `Usage: rollout serve [options]
@@ -35,7 +35,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     console.log(SERVE_HELP);
     return 0;
   }
-  const port = intFlag('port', values.port) ?? 8100;
+  const port = portFlag(values.port) ?? 8100;
   const { config, configPath } = configFromFlags(values);
   config.runDir = resolve(values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : join('runs', `serve-${Date.now()}`)));
   const engine = createEngine(config, { baseDir: configPath === undefined ? process.cwd() : dirname(configPath) });

@@ -21,7 +21,7 @@ import type { Batch, PauseReport } from '../coordinator/producer.ts';
 import type { EngineMetrics } from './metrics.ts';
 import { compactGroup } from '../protocol/compact.ts';
 import { HttpError, readBody, send, sendError, tokenMatches } from './http.ts';
-import { preview } from '../protocol/errors.ts';
+import { preview, RolloutEngineError } from '../protocol/errors.ts';
 
 const MAX_STEP = 0x7fffffff;
 
@@ -121,7 +121,9 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
   }
 
   await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
+    server.once('error', (err: NodeJS.ErrnoException) =>
+      reject(new RolloutEngineError('ERR_LISTEN', `control API cannot listen on host ${JSON.stringify(host)} port ${options.port ?? 0}: ${err.code ?? ''} ${err.message}`.trim(), { cause: err })),
+    );
     server.listen(options.port ?? 0, host, () => resolve());
   });
   const { port } = server.address() as AddressInfo;

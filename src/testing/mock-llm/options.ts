@@ -3,6 +3,7 @@
  * option and the value, because these come from CLI flags and load-test configs as often as from code.
  */
 import { show } from '../../env/synthetic/params.ts';
+import { RolloutEngineError } from '../../protocol/errors.ts';
 import { MOCK_TOKENIZERS } from './vocab.ts';
 import type { MockTokenizerName } from './vocab.ts';
 
@@ -97,7 +98,7 @@ export const MOCK_FAULTS = ['errorRate', 'rateLimitRate', 'resetRate', 'hangRate
 export type MockFaultOption = (typeof MOCK_FAULTS)[number];
 
 function fail(name: string, rule: string, value: unknown): never {
-  throw new Error(`mock-llm: option ${name} ${rule} (got ${show(value)})`);
+  throw new RolloutEngineError('ERR_INVALID_OPTION', `mock-llm: option ${name} ${rule} (got ${show(value)})`);
 }
 
 function integer(name: string, value: unknown, min: number, max: number): number {
@@ -125,7 +126,7 @@ function oneOf<T extends string>(name: string, value: unknown, allowed: readonly
 export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMockLlmOptions {
   if (typeof options !== 'object' || options === null || Array.isArray(options)) fail('(options)', 'must be an object', options);
   for (const key of Object.keys(options)) {
-    if (!KNOWN.includes(key)) throw new Error(`mock-llm: unknown option ${key} (known: ${KNOWN.join(', ')})`);
+    if (!KNOWN.includes(key)) throw new RolloutEngineError('ERR_INVALID_OPTION', `mock-llm: unknown option ${key} (known: ${KNOWN.join(', ')})`);
   }
   const o = { ...MOCK_LLM_DEFAULTS };
   for (const [key, value] of Object.entries(options)) if (value !== undefined) (o as Record<string, unknown>)[key] = value;
@@ -134,7 +135,7 @@ export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMoc
   // One die per request: overlapping bands would make some faults silently rarer than asked.
   if (total > 1 + 1e-9) {
     const given = MOCK_FAULTS.filter((name) => rates[name] > 0).map((name) => `${name}=${rates[name]}`);
-    throw new Error(`mock-llm: fault rates must sum to at most 1 (got ${given.join(' + ')} = ${Math.round(total * 1e6) / 1e6})`);
+    throw new RolloutEngineError('ERR_INVALID_OPTION', `mock-llm: fault rates must sum to at most 1 (got ${given.join(' + ')} = ${Math.round(total * 1e6) / 1e6})`);
   }
   return Object.freeze({
     host: text('host', o.host),
@@ -156,7 +157,7 @@ export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMoc
 /** Weight versions are non-negative integers, like a trainer's step counter. */
 export function validateWeightVersion(value: unknown, name = 'weight_version'): number {
   if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0) {
-    throw new Error(`mock-llm: ${name} must be a non-negative integer (got ${show(value)})`);
+    throw new RolloutEngineError('ERR_INVALID_OPTION', `mock-llm: ${name} must be a non-negative integer (got ${show(value)})`);
   }
   return value;
 }
