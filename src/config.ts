@@ -70,7 +70,7 @@ const TaskSpec = z.strictObject({
   /** JSONL file, one JSON object of environment reset params per line; null = the environment draws its own task from the seed. */
   dataset: z.string().min(1).nullable().default(null),
   /** Rollouts per prompt (GRPO's k). */
-  groupSize: positiveInt.default(4),
+  groupSize: positiveInt.max(65_536).default(4),
   /** Share of each batch (largest-remainder split across tasks). */
   weight: z.number().positive().finite().default(1),
   maxSteps: positiveInt.default(16),
@@ -155,7 +155,8 @@ const MockSpec = z.strictObject({
 });
 
 const WorkersSpec = z.strictObject({
-  threads: positiveInt.default(() => availableParallelism()),
+  /** Each is a thread with a V8 heap of its own: far more than the cores is a mistake, not a setting (1e9 ran out of memory). */
+  threads: positiveInt.max(1024).default(() => availableParallelism()),
   /** Groups one worker runs at once on its event loop. */
   groupsPerWorker: positiveInt.default(64),
   /**
@@ -175,7 +176,7 @@ const ProducerSpec = z.strictObject({
   /** Failed groups tolerated while producing one batch before `getBatch` rejects; null = 2 × batchSize. */
   maxFailedGroupsPerStep: positiveInt.nullable().default(null),
   /** async: extra groups scheduled per task, as a fraction of its share of the batch. */
-  overSampleThreshold: z.number().min(0).finite().default(0),
+  overSampleThreshold: z.number().min(0).max(100).default(0),
   /** Continue interrupted rollouts after a weight update instead of restarting them. */
   partialRollout: z.boolean().default(false),
   /** async: how many weight syncs behind the trainer a sample may be. */
@@ -214,7 +215,7 @@ const DEFAULT_TASKS = [
 export const EngineConfigSchema = z.strictObject({
   seed: z.number().int().default(0),
   /** Groups per train step, summed over tasks. */
-  batchSize: positiveInt.default(8),
+  batchSize: positiveInt.max(1_000_000).default(8),
   /** Weight version the inference servers start with. */
   modelStep: nonNegativeInt.default(0),
   tasks: z

@@ -30,6 +30,13 @@ describe('config validation', () => {
     assert.ok(issues.some((i) => i.startsWith('llm.url:') && i.includes('"not a url"')), issues.join('\n'));
   });
 
+  it('refuses sizes no run can mean, naming the field (regression: threads 1e9 and overSampleThreshold 1e308 ran out of memory)', () => {
+    const issues = issuesOf({ workers: { threads: 1e9 }, producer: { strategy: 'async', overSampleThreshold: 1e308 }, batchSize: 1e7 });
+    assert.ok(issues.some((i) => i.startsWith('workers.threads:') && i.includes('<=1024') && i.includes('(got 1000000000)')), issues.join('\n'));
+    assert.ok(issues.some((i) => i.startsWith('producer.overSampleThreshold:') && i.includes('<=100')), issues.join('\n'));
+    assert.ok(issues.some((i) => i.startsWith('batchSize:') && i.includes('<=1000000')), issues.join('\n'));
+  });
+
   it('rejects unknown options, so a typo is not silently ignored', () => {
     const issues = issuesOf({ batchsize: 8 });
     assert.deepEqual(issues, ['(root): unknown option "batchsize"']);
