@@ -128,6 +128,21 @@ describe('inference client', () => {
     await llm.close();
   });
 
+  it('says once, not per call, that a server answers without the token ids and logprobs it was asked for (regression: text-only turns went unnoticed)', async () => {
+    const textOnly = ok({ prompt_token_ids: undefined, choices: [{ message: { content: 'x' }, finish_reason: 'stop' }] });
+    const { url } = await serve([textOnly, textOnly]);
+    const warnings: string[] = [];
+    const llm = client(url, { warn: (message) => warnings.push(message) });
+    for (let i = 0; i < 2; i++) {
+      const reply = await llm.chat(request);
+      assert.deepEqual([reply.responseIds, reply.logprobs], [null, null]);
+    }
+    assert.equal(warnings.length, 2, warnings.join('\n'));
+    assert.match(warnings[0], /answers without token ids though llm\.returnTokenIds/);
+    assert.match(warnings[1], /answers without logprobs though llm\.logprobs/);
+    await llm.close();
+  });
+
   it('fails with ERR_LLM_UNREACHABLE naming the URL when nothing listens, after its retries', async () => {
     const { url, server } = await scriptedServer([]);
     await new Promise((r) => server.close(r));

@@ -49,6 +49,8 @@ export interface LlmClientOptions {
   holdOnPause?: boolean;
   /** The pause gate's hold signal (rollout/pause-gate.ts), read per call: a fresh one after each resume. */
   hold?: () => CancelSignal;
+  /** Told once per client of a reply that lacks what was asked for (token ids, logprobs): the worker logs it. */
+  warn?: (message: string) => void;
 }
 
 export interface ChatRequest {
@@ -108,6 +110,8 @@ export class LlmClient {
   readonly #origin: string;
   readonly #headers: Record<string, string>;
   readonly #exchanges: Exchanges;
+  /** What a reply lacked that was asked for, already warned of (once per client, not per call). */
+  readonly #warned = new Set<string>();
 
   constructor(options: LlmClientOptions) {
     this.#options = options;
@@ -192,7 +196,10 @@ export class LlmClient {
         failure = err;
       }
       const outcome = response !== null ? this.#outcomeOf(response, events) : this.#transportOutcome(failure);
-      if (outcome.ok) return outcome.result;
+      if (outcome.ok) {
+        if (this.#warned.size < 2) this.#checkAsked(outcome.result);
+        return outcome.result;
+      }
       if (!outcome.retryable || attempt >= attempts) throw outcome.error;
       lastError = outcome.error;
       if (this.#options.paused?.()) continue; // refused at the top of the loop at once, not after a backoff
@@ -202,6 +209,22 @@ export class LlmClient {
       } catch {
         throw aborted(signal);
       }
+    }
+  }
+
+  /**
+   * A server that ignores `return_token_ids` / `logprobs` answers with text only: the turns are then
+   * kept without token ids or logprobs, which a trainer cannot train on — said once, not per call.
+   */
+  #checkAsked(result: ChatResult): void {
+    const { returnTokenIds, logprobs } = this.#options;
+    const missing: [string, string][] = [];
+    if (returnTokenIds && result.responseIds === null && result.finishReason !== 'abort') missing.push(['token ids', 'llm.returnTokenIds (choices[0].token_ids, prompt_token_ids: vLLM ≥ 0.10.2 with return_token_ids)']);
+    if (logprobs && result.logprobs === null && result.finishReason !== 'abort') missing.push(['logprobs', 'llm.logprobs (choices[0].logprobs.content)']);
+    for (const [what, asked] of missing) {
+      if (this.#warned.has(what)) continue;
+      this.#warned.add(what);
+      this.#options.warn?.(`${this.url} answers without ${what} though ${asked} asks for them: its turns are kept as text only (said once)`);
     }
   }
 

@@ -65,7 +65,7 @@ export class LlmRouter {
   /** session → its per-agent affinity keys (multi-agent sessions only), so endSession does not scan every key. */
   readonly #agentKeys = new Map<string, string[]>();
 
-  constructor(options: RouterOptions, hooks: Pick<LlmClientOptions, 'paused' | 'onSend' | 'hold'> = {}) {
+  constructor(options: RouterOptions, hooks: Pick<LlmClientOptions, 'paused' | 'onSend' | 'hold' | 'warn'> = {}) {
     // One client per distinct (url, model): policies sharing a server share its connection pool.
     const clients = new Map<string, LlmClient>();
     const build = (settings: PolicySettings): Policy => ({
@@ -74,7 +74,7 @@ export class LlmRouter {
       endpoints: settings.urls.map((url) => {
         const key = `${url}\u0000${settings.model}`;
         let client = clients.get(key);
-        if (!client) clients.set(key, (client = new LlmClient({ ...options.client, url, model: settings.model, paused: hooks.paused, onSend: hooks.onSend, hold: hooks.hold })));
+        if (!client) clients.set(key, (client = new LlmClient({ ...options.client, url, model: settings.model, paused: hooks.paused, onSend: hooks.onSend, hold: hooks.hold, warn: hooks.warn })));
         return endpointOf(client);
       }),
     });

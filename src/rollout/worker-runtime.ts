@@ -117,7 +117,8 @@ export class WorkerRuntime implements WorkerControl {
     this.#gate = new PauseGate(init.control);
     this.#episodeSlots = new Slots(init.rolloutsPerWorker ?? Infinity);
     const gate = this.#gate;
-    this.#llm = new LlmRouter(init.llm, { paused: () => gate.paused, onSend: () => gate.noteSend(), hold: () => gate.hold });
+    const log = this.#log;
+    this.#llm = new LlmRouter(init.llm, { paused: () => gate.paused, onSend: () => gate.noteSend(), hold: () => gate.hold, warn: (message) => log.warn(message) });
     this.#loopDelay.enable();
     this.#records = init.recordsDir === null ? null : new StepRecordWriter({ dir: init.recordsDir, fileName: `steps-${process.pid}-${threadId}.jsonl` });
     for (const [name, settings] of Object.entries(init.tasks)) this.#tasks.set(name, this.#taskRuntime(settings));
