@@ -6,6 +6,7 @@ import { describe, it } from 'node:test';
 import { resolveConfig } from '../src/config.ts';
 import { configFingerprint, readCheckpoint, writeCheckpoint } from '../src/coordinator/checkpoint.ts';
 import type { ProducerSnapshot } from '../src/coordinator/producer.ts';
+import { producerSnapshot } from './support/snapshot.ts';
 import { decodeCheckpoint, encodeCheckpoint, toJson } from '../src/protocol/codec.ts';
 import { compactGroup } from '../src/protocol/compact.ts';
 import { newGroup, Status, type ChatMessage } from '../src/protocol/rollout.ts';
@@ -33,7 +34,7 @@ describe('conversations in checkpoints', () => {
     const ids = Array.from({ length: 2000 }, (_, i) => i);
     group.rollouts[0].turns = [1, 2, 3, 4, 5].map((step) => ({ ...turn(step, ids.slice(0, 400 * step)), messages: said.slice(0, 2 * step - 1) }));
     group.rollouts[0].status = Status.COMPLETED;
-    return { modelStep: 0, progress: {}, buffer: { groups: [group], dropped: {}, lastDropReason: null }, samplers: {}, counts: {}, inFlight: [], lastBatch: null } as unknown as ProducerSnapshot;
+    return producerSnapshot(config, [group]);
   }
   const tempPath = () => join(mkdtempSync(join(tmpdir(), 'compact-')), 'engine.ckpt');
   const plainTurns = (snapshot: ProducerSnapshot) => snapshot.buffer.groups[0].rollouts[0].turns.map((t) => ({ ...t, promptIds: Array.from(t.promptIds!) }));
@@ -81,6 +82,29 @@ describe('conversations in checkpoints', () => {
     (state.producer.buffer.groups[0].rollouts[0].turns[4] as unknown as Record<string, unknown>).messages = null;
     writeFileSync(path, encodeCheckpoint(state as unknown as { v: number } & Record<string, unknown>));
     assert.throws(() => readCheckpoint(path, config), { code: 'ERR_CHECKPOINT', message: /turns\[0\]\.messagesPrefixOf must name a turn whose messages/ });
+  });
+
+  it('refuse a snapshot whose counts, steps, cursors or groups are not what the producer needs, naming the field (regression: TypeErrors, and a count of null after restore)', () => {
+    const cases: [(p: Record<string, any>, state: Record<string, any>) => void, RegExp][] = [
+      [(_p, state) => delete state.producer, /: producer must be an object, got undefined/],
+      [(_p, state) => delete state.fingerprint, /: fingerprint must be an object, got undefined/],
+      [(p) => (p.buffer = null), /producer\.buffer\.groups must be an array, got null/],
+      [(p) => (p.counts.scheduled = 'lots'), /producer\.counts\.scheduled must be a non-negative integer, got "lots"/],
+      [(p) => (p.progress.nextConsumerStep = 'x'), /producer\.progress\.nextConsumerStep must be a positive integer, got "x"/],
+      [(p) => delete p.samplers.guess, /producer\.samplers\.guess must be a non-negative integer/],
+      [(p) => p.inFlight.push({ junk: true }), /producer\.inFlight\[0\]\.taskName must be a task of the config \(guess\), got undefined/],
+      [(p) => (p.buffer.groups[0].status = 'WHATEVER'), /producer\.buffer\.groups\[0\]\.status must be one of INIT, COMPLETED/],
+      [(p) => (p.buffer.groups[0].rollouts[0].reward = 'abc'), /producer\.buffer\.groups\[0\]\.rollouts\[0\]\.reward must be a finite number, got "abc"/],
+      [(p) => (p.lastBatch = { trainStep: 0, groups: [] }), /producer\.lastBatch\.trainStep must be a positive integer, got 0/],
+    ];
+    for (const [edit, message] of cases) {
+      const path = tempPath();
+      writeCheckpoint(path, config, snapshotWithConversation());
+      const state = decodeCheckpoint(readFileSync(path), path) as unknown as Record<string, any>;
+      edit(state.producer, state);
+      writeFileSync(path, encodeCheckpoint(state as { v: number } & Record<string, unknown>));
+      assert.throws(() => readCheckpoint(path, config), { code: 'ERR_CHECKPOINT', message });
+    }
   });
 
   it('keep a message that differs only by a field one side lacks (regression: a missing field compared equal to undefined)', () => {

@@ -10,7 +10,7 @@ import type { ResolvedConfig } from '../config.ts';
 import { decodeCheckpoint, encodeCheckpoint } from '../protocol/codec.ts';
 import { preview, RolloutEngineError } from '../protocol/errors.ts';
 import { compactGroup, expandGroup } from '../protocol/compact.ts';
-import { sharedMessageCount, type ChatMessage, type RolloutGroup } from '../protocol/rollout.ts';
+import { sharedMessageCount, Status, type ChatMessage, type RolloutGroup } from '../protocol/rollout.ts';
 import { sharePromptPrefix } from '../rollout/prompt-prefix.ts';
 import type { ProducerSnapshot } from './producer.ts';
 
@@ -79,11 +79,66 @@ export function writeCheckpoint(path: string, config: ResolvedConfig, snapshot: 
 
 const fail = (message: string) => new RolloutEngineError('ERR_CHECKPOINT', message);
 
-/** What expanding relies on: rollouts and turns are arrays of objects. */
-function checkGroupShape(group: RolloutGroup, where: string): void {
-  const rollouts: unknown = (group as { rollouts?: unknown } | null)?.rollouts;
+const STATUSES: readonly unknown[] = Object.values(Status);
+const isObject = (value: unknown): value is Record<string, unknown> => typeof value === 'object' && value !== null && !Array.isArray(value);
+const isCount = (value: unknown): value is number => Number.isInteger(value) && (value as number) >= 0;
+
+/**
+ * What restoring relies on outside the groups: the numbers the producer counts and steps with, for
+ * every task of the config. A file that passes the version and fingerprint checks but was cut or
+ * edited is refused here, naming the field, instead of failing later (a TypeError, a count of null).
+ */
+function checkSnapshotShape(state: Record<string, unknown>, path: string, tasks: readonly string[]): ProducerSnapshot {
+  const at = (field: string) => `${path}: ${field}`;
+  const need = (ok: boolean, field: string, value: unknown, expected: string) => {
+    if (!ok) throw fail(`${at(field)} must be ${expected}, got ${preview(value)}`);
+  };
+  const producer = state.producer;
+  need(isObject(producer), 'producer', producer, 'an object');
+  const p = producer as Record<string, unknown>;
+  need(isCount(p.modelStep), 'producer.modelStep', p.modelStep, 'a non-negative integer');
+  const progress = p.progress as Record<string, unknown>;
+  need(isObject(progress), 'producer.progress', progress, 'an object');
+  for (const field of ['nextConsumerStep', 'producerFutureStep']) need(isCount(progress[field]) && (progress[field] as number) >= 1, `producer.progress.${field}`, progress[field], 'a positive integer');
+  need(isCount(progress.targetUptoFutureStep), 'producer.progress.targetUptoFutureStep', progress.targetUptoFutureStep, 'a non-negative integer');
+  for (const field of ['consumedSamples', 'targetSamples', 'rewardSum', 'rewardCount', 'producedSamples', 'producedTokens']) {
+    const perTask = progress[field] as Record<string, unknown>;
+    need(isObject(perTask), `producer.progress.${field}`, perTask, 'an object by task');
+    for (const task of tasks) need(Number.isFinite(perTask[task]), `producer.progress.${field}.${task}`, perTask[task], 'a finite number');
+  }
+  const samplers = p.samplers as Record<string, unknown>;
+  need(isObject(samplers), 'producer.samplers', samplers, 'an object by task');
+  for (const task of tasks) need(isCount(samplers[task]), `producer.samplers.${task}`, samplers[task], 'a non-negative integer (the task\'s sampler cursor)');
+  const counts = p.counts as Record<string, unknown>;
+  need(isObject(counts), 'producer.counts', counts, 'an object');
+  for (const field of ['scheduled', 'retried', 'inFlight', 'taken']) need(isCount(counts[field]), `producer.counts.${field}`, counts[field], 'a non-negative integer');
+  for (const field of ['landed', 'dropped']) {
+    const byStatus = counts[field] as Record<string, unknown>;
+    need(isObject(byStatus), `producer.counts.${field}`, byStatus, 'an object by status');
+    for (const [status, n] of Object.entries(byStatus)) need(isCount(n), `producer.counts.${field}.${status}`, n, 'a non-negative integer');
+  }
+  const buffer = p.buffer as Record<string, unknown>;
+  need(isObject(buffer) && Array.isArray(buffer.groups), 'producer.buffer.groups', isObject(buffer) ? buffer.groups : buffer, 'an array');
+  need(Array.isArray(p.inFlight), 'producer.inFlight', p.inFlight, 'an array');
+  const last = p.lastBatch as Record<string, unknown> | null | undefined;
+  if (last != null) {
+    need(isObject(last), 'producer.lastBatch', last, 'an object or null');
+    need(isCount(last.trainStep) && (last.trainStep as number) >= 1, 'producer.lastBatch.trainStep', last.trainStep, 'a positive integer');
+    need(Array.isArray(last.groups), 'producer.lastBatch.groups', last.groups, 'an array');
+  }
+  return producer as unknown as ProducerSnapshot;
+}
+
+/** What expanding and restoring rely on: a known task and status, rollouts and turns as arrays of objects, rewards as numbers. */
+function checkGroupShape(group: RolloutGroup, where: string, tasks: readonly string[]): void {
+  if (!isObject(group)) throw fail(`${where} must be a group object, got ${preview(group)}`);
+  if (!tasks.includes(group.taskName)) throw fail(`${where}.taskName must be a task of the config (${tasks.join(', ')}), got ${preview(group.taskName)}`);
+  if (!STATUSES.includes(group.status)) throw fail(`${where}.status must be one of ${STATUSES.join(', ')}, got ${preview(group.status)}`);
+  const rollouts: unknown = group.rollouts;
   if (!Array.isArray(rollouts)) throw fail(`${where}.rollouts must be an array, got ${preview(rollouts)}`);
-  rollouts.forEach((rollout: { turns?: unknown } | null, r) => {
+  rollouts.forEach((rollout: { turns?: unknown; status?: unknown; reward?: unknown } | null, r) => {
+    if (!STATUSES.includes(rollout?.status)) throw fail(`${where}.rollouts[${r}].status must be one of ${STATUSES.join(', ')}, got ${preview(rollout?.status)}`);
+    if (!Number.isFinite(rollout?.reward)) throw fail(`${where}.rollouts[${r}].reward must be a finite number, got ${preview(rollout?.reward)}`);
     const turns = rollout?.turns;
     if (!Array.isArray(turns)) throw fail(`${where}.rollouts[${r}].turns must be an array, got ${preview(turns)}`);
     turns.forEach((turn: unknown, t) => {
@@ -134,7 +189,8 @@ export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSn
   if (state.v !== CHECKPOINT_VERSION && state.v !== WHOLE_GROUPS_VERSION) {
     throw fail(`${path}: checkpoint version ${String(state.v)} is not supported (expected ${WHOLE_GROUPS_VERSION} or ${CHECKPOINT_VERSION})`);
   }
-  const saved = state.fingerprint as Record<string, unknown>;
+  const saved = state.fingerprint;
+  if (!isObject(saved)) throw fail(`${path}: fingerprint must be an object, got ${preview(saved)}`);
   const current = configFingerprint(config);
   const differences = [...new Set([...Object.keys(saved), ...Object.keys(current)])]
     .filter((k) => JSON.stringify(saved[k]) !== JSON.stringify(current[k]))
@@ -142,14 +198,15 @@ export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSn
   if (differences.length > 0) {
     throw new RolloutEngineError('ERR_CHECKPOINT_MISMATCH', `${path} was written by a run with a different config:\n  - ${differences.join('\n  - ')}`);
   }
-  const producer = state.producer as ProducerSnapshot;
+  const tasks = config.tasks.map((t) => t.name);
+  const producer = checkSnapshotShape(state, path, tasks);
   const groups: [RolloutGroup, string][] = [
     ...producer.buffer.groups.map((g, i): [RolloutGroup, string] => [g, `${path}: producer.buffer.groups[${i}]`]),
     ...producer.inFlight.map((g, i): [RolloutGroup, string] => [g, `${path}: producer.inFlight[${i}]`]),
     ...(producer.lastBatch?.groups ?? []).map((g, i): [RolloutGroup, string] => [g, `${path}: producer.lastBatch.groups[${i}]`]),
   ];
   for (const [group, where] of groups) {
-    checkGroupShape(group, where);
+    checkGroupShape(group, where, tasks);
     if (state.v !== WHOLE_GROUPS_VERSION) expandGroup(group, where);
     checkTurnFields(group, where);
     shareConversations(group);
