@@ -1,4 +1,7 @@
 import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { createEngine, Status, type Engine } from '../src/index.ts';
 
@@ -35,6 +38,22 @@ describe('black-box agents through the token-trace gateway', () => {
       });
       assert.equal(s.observationTokens.length, s.actionRanges[1][1]);
     }
+  });
+
+  it('fails a rollout whose agent returns no reward when no environment can judge it, naming why (regression: kept with a silent reward of 0)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'bb-noenv-'));
+    const dataset = join(dir, 'prompts.jsonl');
+    writeFileSync(dataset, `${JSON.stringify({ messages: [{ role: 'user', content: 'What is 2 + 3?' }], label: '5' })}\n`);
+    const engine = createEngine({
+      logLevel: 'silent',
+      batchSize: 1,
+      workers: { threads: 1 },
+      producer: { maxFailedGroupsPerStep: 1 },
+      tasks: [{ name: 'bb-noenv', env: null, dataset, agent: { module: AGENT }, groupSize: 1 }],
+    });
+    engines.push(engine);
+    await engine.start();
+    await assert.rejects(engine.getBatch(), { message: /ERR_AGENT_NO_REWARD: the black-box agent returned no reward, and its task has no environment to judge an answer/ });
   });
 
   it('rejects a task without an environment and without a black-box agent, naming the field', () => {

@@ -113,10 +113,14 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
       const outcome = checkStepResult(await env.step(finalAnswer(result)));
       reward = rewardFor(outcome.reward, null);
     }
+    // A sample without a reward teaches nothing: failed with the reason, not kept with a silent 0.
+    if (reward === null) {
+      throw Object.assign(new Error('the black-box agent returned no reward, and its task has no environment to judge an answer (tasks[].env is null): return { reward }, e.g. computed from the label it is given'), { code: 'ERR_AGENT_NO_REWARD' });
+    }
     const sample = await stitchSession(ctx.gatewayUrl, sessionId, reward);
     const { reward: _reward, ...stitched } = sample;
     rollout.stitched = stitched;
-    rollout.reward = reward ?? 0;
+    rollout.reward = reward;
     const lastTurn = rollout.turns.at(-1);
     if (lastTurn) {
       lastTurn.reward = rollout.reward;
