@@ -82,6 +82,18 @@ describe('rollout CLI', () => {
     assert.equal(readFileSync(join(runDir, 'batches.jsonl'), 'utf8'), before, 'the batches file is left as it was');
   });
 
+  it('`rollout run` from a checkpoint named in the config continues after its last step (regression: it began again at step 1)', async () => {
+    const first = mkdtempSync(join(tmpdir(), 'rollout-cli-from-'));
+    assert.equal((await rollout(['run', '--steps', '2', '--batch-size', '2', '--threads', '1', '--run-dir', first])).code, 0);
+    const second = mkdtempSync(join(tmpdir(), 'rollout-cli-from-'));
+    const config = join(second, 'config.json');
+    writeFileSync(config, JSON.stringify({ batchSize: 2, resumeFrom: join(first, 'engine.ckpt') }));
+    const { code, stderr } = await rollout(['run', '--config', config, '--steps', '1', '--threads', '1', '--run-dir', second]);
+    assert.equal(code, 0, stderr);
+    const steps = readFileSync(join(second, 'batches.jsonl'), 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { trainStep: number }).trainStep);
+    assert.deepEqual(steps, [3, 3]);
+  });
+
   it('`rollout run --resume` names the line of a batches file that is not JSON, and leaves the file alone', async () => {
     const runDir = mkdtempSync(join(tmpdir(), 'rollout-cli-corrupt-'));
     const args = ['--steps', '1', '--batch-size', '2', '--threads', '1', '--run-dir', runDir];

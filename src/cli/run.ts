@@ -20,7 +20,7 @@ Options:
   --config <file>      JSON engine config (see README "Config reference"); paths in it are relative to it
   --llm-url <url>      OpenAI-compatible inference server, e.g. http://127.0.0.1:8000/v1 (overrides llm.url)
   --model <name>       model name to request (overrides llm.model)
-  --steps <n>          train steps (batches) to produce (default 3)
+  --steps <n>          train steps (batches) to produce (default 3); with --resume, the step the run ends at
   --batch-size <n>     groups per batch (overrides batchSize)
   --threads <n>        worker threads (overrides workers.threads)
   --seed <n>           run seed (overrides seed)
@@ -92,7 +92,9 @@ export async function runCommand(argv: string[]): Promise<number> {
     progress.start();
     // A checkpoint named in the config (resumeFrom) carries its own next step: its batches were handed out already.
     const firstStep = values.resume ? lastWritten + 1 : (await engine.stats()).nextTrainStep;
-    for (let step = firstStep; step <= steps && !stopping; ) {
+    // Resuming the same run, --steps is where it ends, so the command that crashed is the one that finishes it.
+    const lastStep = values.resume ? steps : firstStep + steps - 1;
+    for (let step = firstStep; step <= lastStep && !stopping; ) {
       const batch = await engine.getBatch(step);
       if (stopping) break;
       if (batch.status !== 'NORMAL') {
