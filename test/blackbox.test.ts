@@ -56,6 +56,19 @@ describe('black-box agents through the token-trace gateway', () => {
     await assert.rejects(engine.getBatch(), { message: /ERR_AGENT_NO_REWARD: the black-box agent returned no reward, and its task has no environment to judge an answer/ });
   });
 
+  it('fails a rollout whose agent returns a reward that is not a finite number (regression: NaN reached the batch and the checkpoint as null)', async () => {
+    const engine = createEngine({
+      logLevel: 'silent',
+      batchSize: 1,
+      workers: { threads: 1 },
+      producer: { maxFailedGroupsPerStep: 1 },
+      tasks: [{ name: 'bb-nan', env: { module: 'builtin:arithmetic' }, agent: { module: new URL('./fixtures/blackbox-nan-agent.ts', import.meta.url).pathname }, groupSize: 1 }],
+    });
+    engines.push(engine);
+    await engine.start();
+    await assert.rejects(engine.getBatch(), { message: /ERR_AGENT_BAD_REWARD: the black-box agent returned reward NaN: a reward must be a finite number/ });
+  });
+
   it('rejects a task without an environment and without a black-box agent, naming the field', () => {
     assert.throws(() => createEngine({ tasks: [{ name: 'x', env: null }] }), { code: 'ERR_INVALID_CONFIG', message: /tasks\[0\]\.env: a task needs an env/ });
   });

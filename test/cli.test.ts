@@ -94,6 +94,36 @@ describe('rollout CLI', () => {
     assert.deepEqual(steps, [3, 3]);
   });
 
+  it('`rollout run --resume` of a run that began from a config\'s checkpoint continues from its own checkpoint, and the same command finishes it (regression: groups delivered twice)', async () => {
+    const origin = mkdtempSync(join(tmpdir(), 'rollout-cli-origin-'));
+    assert.equal((await rollout(['run', '--steps', '2', '--batch-size', '2', '--threads', '1', '--run-dir', origin])).code, 0);
+    const runDir = mkdtempSync(join(tmpdir(), 'rollout-cli-later-'));
+    const config = join(runDir, 'config.json');
+    writeFileSync(config, JSON.stringify({ batchSize: 2, resumeFrom: join(origin, 'engine.ckpt') }));
+    const args = ['--config', config, '--steps', '2', '--threads', '1', '--run-dir', runDir];
+    assert.equal((await rollout(['run', ...args])).code, 0);
+    const path = join(runDir, 'batches.jsonl');
+    const written = readFileSync(path, 'utf8').trim().split('\n');
+    writeFileSync(path, `${written.slice(0, 2).join('\n')}\n`); // a crash before step 4 was written out
+    const { code, stderr } = await rollout(['run', '--resume', ...args]);
+    assert.equal(code, 0, stderr);
+    assert.deepEqual(readFileSync(path, 'utf8').trim().split('\n'), written, 'steps 3 and 4, step 4 the batch handed out before the crash');
+  });
+
+  it('`rollout run --resume` refuses a checkpoint older than its batches file, leaving both as they were', async () => {
+    const runDir = mkdtempSync(join(tmpdir(), 'rollout-cli-stale-'));
+    const args = ['--batch-size', '2', '--threads', '1', '--run-dir', runDir];
+    assert.equal((await rollout(['run', '--steps', '1', ...args])).code, 0);
+    const stale = readFileSync(join(runDir, 'engine.ckpt'));
+    assert.equal((await rollout(['run', '--resume', '--steps', '3', ...args])).code, 0);
+    writeFileSync(join(runDir, 'engine.ckpt'), stale);
+    const before = readFileSync(join(runDir, 'batches.jsonl'), 'utf8');
+    const { code, stderr } = await rollout(['run', '--resume', '--steps', '4', ...args]);
+    assert.equal(code, 2);
+    assert.match(stderr, /--resume: .*batches\.jsonl ends at step 3 but .*engine\.ckpt handed out step 1/);
+    assert.equal(readFileSync(join(runDir, 'batches.jsonl'), 'utf8'), before);
+  });
+
   it('`rollout run --resume` names the line of a batches file that is not JSON, and leaves the file alone', async () => {
     const runDir = mkdtempSync(join(tmpdir(), 'rollout-cli-corrupt-'));
     const args = ['--steps', '1', '--batch-size', '2', '--threads', '1', '--run-dir', runDir];

@@ -107,7 +107,7 @@ describe('train steps only go forward', () => {
       const refused = await take(step);
       assert.equal(refused.status, 409);
       assert.equal(refused.body.error.code, 'ERR_TRAIN_STEP');
-      assert.match(refused.body.error.message, new RegExp(`train step ${step} was handed out already \\(the last batch was step 3\\)`));
+      assert.equal(refused.body.error.message, `train step ${step} is behind the consumer, which is at step 4: steps only go forward; the last batch handed out, step 3, is delivered again when asked for`);
     }
     await assert.rejects(engine.getBatch(2), { code: 'ERR_TRAIN_STEP' });
     assert.deepEqual(ids(await take(3)), ids(second), 'the last step is delivered again');
@@ -115,6 +115,18 @@ describe('train steps only go forward', () => {
     assert.equal(status.body.nextTrainStep, 4, 'a refused step does not move the consumer back');
     const next = await call(server, 'POST', '/batch', { body: '{}' });
     assert.deepEqual([next.body.trainStep, next.body.status], [4, 'NORMAL']);
+  });
+
+  it('refuses a step behind one that was asked for but expired, so the consumer never moves back', async () => {
+    const expired = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: 300 }) }); // model step 0, maxStaleness 100
+    assert.equal(expired.body.status, 'EXPIRED_BATCH');
+    const behind = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: 250 }) });
+    assert.deepEqual([behind.status, behind.body.error.code], [409, 'ERR_TRAIN_STEP']);
+    assert.match(behind.body.error.message, /train step 250 is behind the consumer, which is at step 300/);
+    await call(server, 'POST', '/pause');
+    await call(server, 'POST', '/resume', { body: JSON.stringify({ modelStep: 299 }) });
+    const taken = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: 300 }) });
+    assert.deepEqual([taken.body.trainStep, taken.body.status], [300, 'NORMAL']);
   });
 });
 

@@ -20,7 +20,7 @@ Options:
   --config <file>      JSON engine config (see README "Config reference"); paths in it are relative to it
   --llm-url <url>      OpenAI-compatible inference server, e.g. http://127.0.0.1:8000/v1 (overrides llm.url)
   --model <name>       model name to request (overrides llm.model)
-  --steps <n>          train steps (batches) to produce (default 3); with --resume, the step the run ends at
+  --steps <n>          train steps (batches) the run produces (default 3); resumed, counted from its first
   --batch-size <n>     groups per batch (overrides batchSize)
   --threads <n>        worker threads (overrides workers.threads)
   --seed <n>           run seed (overrides seed)
@@ -61,17 +61,20 @@ export async function runCommand(argv: string[]): Promise<number> {
   const runDir = resolve(values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : join('runs', timestamp())));
   config.runDir = runDir; // step records go to <runDir>/steps/, the per-batch checkpoint to <runDir>/engine.ckpt
   if (values.resume) config.resume = true;
+  const checkpointPath = join(runDir, 'engine.ckpt');
+  // The run's own checkpoint, whatever checkpointEachBatch says (a signal stop writes one too), and not
+  // the checkpoint the run may have started from (a config's resumeFrom).
+  if (values.resume && existsSync(checkpointPath)) config.resumeFrom = checkpointPath;
   const batchesPath = resolve(values.out ?? join(runDir, 'batches.jsonl'));
   const holdsBatches = existsSync(batchesPath) && statSync(batchesPath).size > 0;
   // Appending a new run to an old file would give the trainer the same steps (and group ids) twice.
   if (!values.resume && holdsBatches) throw new UsageError(`${batchesPath} already holds batches: pass --resume to continue that run, or choose another --run-dir / --out`);
-  const checkpointPath = join(runDir, 'engine.ckpt');
   if (values.resume && holdsBatches && !existsSync(checkpointPath)) {
     throw new UsageError(`--resume: ${checkpointPath} is missing, so the run in ${batchesPath} cannot continue without producing its groups again; start a new --run-dir instead`);
   }
   const engine = createEngine(config, { baseDir: configPath === undefined ? process.cwd() : dirname(configPath) });
   // Resuming: the batches file is the trainer's record of what it received; continue after its last step.
-  const lastWritten = values.resume ? lastWrittenStep(batchesPath, engine.config.batchSize) : 0;
+  const written = values.resume ? writtenSteps(batchesPath, engine.config.batchSize) : { first: 0, last: 0 };
   const writer = new BatchFileWriter(batchesPath, { compact: values.compact ?? false });
   // SIGINT / SIGTERM: stop taking batches, let groups in flight come back, checkpoint, exit 0.
   let stopping = false;
@@ -91,9 +94,16 @@ export async function runCommand(argv: string[]): Promise<number> {
     await engine.start();
     progress.start();
     // A checkpoint named in the config (resumeFrom) carries its own next step: its batches were handed out already.
-    const firstStep = values.resume ? lastWritten + 1 : (await engine.stats()).nextTrainStep;
-    // Resuming the same run, --steps is where it ends, so the command that crashed is the one that finishes it.
-    const lastStep = values.resume ? steps : firstStep + steps - 1;
+    const nextTrainStep = (await engine.stats()).nextTrainStep;
+    // The checkpoint is written after a batch is taken and before it is written out: the file ends at
+    // the checkpoint's last step, or one before it (that batch is delivered again). Anything else is
+    // another run's checkpoint, or an older one.
+    if (values.resume && existsSync(checkpointPath) && written.last !== nextTrainStep - 1 && written.last !== nextTrainStep - 2) {
+      throw new UsageError(`--resume: ${batchesPath} ends at step ${written.last} but ${checkpointPath} handed out step ${nextTrainStep - 1}: they are not of the same run, or the checkpoint is older than the batches`);
+    }
+    const firstStep = values.resume ? written.last + 1 : nextTrainStep;
+    // Resumed, the run still began at its first written step: the command that crashed is the one that finishes it.
+    const lastStep = (values.resume && written.first > 0 ? written.first : firstStep) + steps - 1;
     for (let step = firstStep; step <= lastStep && !stopping; ) {
       const batch = await engine.getBatch(step);
       if (stopping) break;
@@ -125,6 +135,8 @@ export async function runCommand(argv: string[]): Promise<number> {
     process.off('SIGINT', stopOnSignal);
     process.off('SIGTERM', stopOnSignal);
   }
+  // Refused before anything ran (a checkpoint of another run): the run dir's summary is left as it was.
+  if (failure instanceof UsageError) throw failure;
   const seconds = (performance.now() - started) / 1000;
   const summary = summarize(batches, landed ?? emptyStatusCounts(), seconds, writer.path, failure === null ? null : describeError(failure));
   mkdirSync(runDir, { recursive: true });
@@ -195,15 +207,17 @@ function formatSummary(s: RunSummary): string {
 }
 
 /**
- * The last train step fully written to a batches file (0 when there is none): `batchSize` lines. A
- * crash can leave a batch cut short — a line, or whole lines of its step — so the file is cut back to
- * its last complete step and the step after it is taken (the engine delivers that batch again).
+ * The first train step in a batches file and the last one fully written (`batchSize` lines); 0 when
+ * there is none. A crash can leave a batch cut short — a line, or whole lines of its step — so the file
+ * is cut back to its last complete step and the step after it is taken (the engine delivers that batch
+ * again).
  */
-function lastWrittenStep(path: string, batchSize: number): number {
-  if (!existsSync(path)) return 0;
+function writtenSteps(path: string, batchSize: number): { first: number; last: number } {
+  if (!existsSync(path)) return { first: 0, last: 0 };
   const text = readFileSync(path, 'utf8');
   let complete = { step: 0, end: 0 }; // the last complete step and where its last line ends
   let current = { step: 0, lines: 0 };
+  let first = 0;
   let line = 0;
   for (let start = 0, nl = text.indexOf('\n'); nl >= 0; start = nl + 1, nl = text.indexOf('\n', start)) {
     line++;
@@ -214,11 +228,12 @@ function lastWrittenStep(path: string, batchSize: number): number {
       throw new UsageError(`--resume: ${path} line ${line} is not JSON (${(err as Error).message}); the file is the record of what was handed out, so it is left as it is`);
     }
     if (typeof step !== 'number') continue;
+    if (first === 0) first = step;
     current = step === current.step ? { step, lines: current.lines + 1 } : { step, lines: 1 };
     if (current.lines === batchSize) complete = { step, end: nl + 1 };
   }
   if (complete.end < text.length) truncateSync(path, Buffer.byteLength(text.slice(0, complete.end)));
-  return complete.step;
+  return { first, last: complete.step };
 }
 
 function timestamp(): string {

@@ -112,10 +112,11 @@ function checkSnapshotShape(state: Record<string, unknown>, path: string, tasks:
   const counts = p.counts as Record<string, unknown>;
   need(isObject(counts), 'producer.counts', counts, 'an object');
   for (const field of ['scheduled', 'retried', 'inFlight', 'taken']) need(isCount(counts[field]), `producer.counts.${field}`, counts[field], 'a non-negative integer');
+  // landed is kept by status, dropped by drop reason
   for (const field of ['landed', 'dropped']) {
-    const byStatus = counts[field] as Record<string, unknown>;
-    need(isObject(byStatus), `producer.counts.${field}`, byStatus, 'an object by status');
-    for (const [status, n] of Object.entries(byStatus)) need(isCount(n), `producer.counts.${field}.${status}`, n, 'a non-negative integer');
+    const byKey = counts[field] as Record<string, unknown>;
+    need(isObject(byKey), `producer.counts.${field}`, byKey, 'an object of counts');
+    for (const [key, n] of Object.entries(byKey)) need(isCount(n), `producer.counts.${field}.${key}`, n, 'a non-negative integer');
   }
   const buffer = p.buffer as Record<string, unknown>;
   need(isObject(buffer) && Array.isArray(buffer.groups), 'producer.buffer.groups', isObject(buffer) ? buffer.groups : buffer, 'an array');

@@ -164,8 +164,6 @@ export class Producer implements ProduceContext {
   #loop: Promise<void> | null = null;
   #failedSinceBatch = 0;
   #lastBatch: Extract<Batch, { status: 'NORMAL' }> | null = null;
-  /** The last step taken, from a checkpoint that kept no batch (older ones): until this engine hands one out. */
-  #restoredTakenStep = 0;
   /** Newest weight version seen on tokens generated since the last resume (null: none yet). */
   #reportedModelStep: number | null = null;
   /** Moving average of landed groups' approximate bytes (memory budget). */
@@ -388,12 +386,14 @@ export class Producer implements ProduceContext {
     // Asking again for the step just handed out (a trainer retrying after a lost reply, or restarted
     // after a crash) gets the same batch: a batch is delivered at least once and taken exactly once.
     if (this.#lastBatch !== null && this.#lastBatch.trainStep === trainStep) return this.#lastBatch;
-    // Steps only go forward (a trainer may skip some). An earlier step was handed out already: another
-    // batch under its number would give the trainer two batches for one step, and moving the consumer
-    // back would leave the async producer waiting for a step it has passed (regression: it hung).
-    const taken = this.#lastTakenStep();
-    if (trainStep <= taken) {
-      throw new RolloutEngineError('ERR_TRAIN_STEP', `train step ${trainStep} was handed out already (the last batch was step ${taken}): ask for step ${taken} again to have it delivered again, or for a later step`);
+    // Steps only go forward (a trainer may skip some). A step behind the consumer was handed out or
+    // asked for already: another batch under its number would give the trainer two batches for one
+    // step, and moving the consumer back would leave the async producer waiting for a step it has
+    // passed (regression: it hung).
+    const next = this.progress.nextConsumerStep;
+    if (trainStep < next) {
+      const last = this.#lastBatch === null ? '' : `; the last batch handed out, step ${this.#lastBatch.trainStep}, is delivered again when asked for`;
+      throw new RolloutEngineError('ERR_TRAIN_STEP', `train step ${trainStep} is behind the consumer, which is at step ${next}: steps only go forward${last}`);
     }
     const empty = (status: 'UPDATE_WEIGHT_AND_ABORT' | 'EXPIRED_BATCH'): Batch => ({ trainStep, status, groups: [], stats: null });
     if (this.#paused) return empty('UPDATE_WEIGHT_AND_ABORT');
@@ -435,11 +435,6 @@ export class Producer implements ProduceContext {
       }
       if (!sync) await this.#landed.wait();
     }
-  }
-
-  /** The last step a batch was handed out for (0: none yet). */
-  #lastTakenStep(): number {
-    return this.#lastBatch?.trainStep ?? this.#restoredTakenStep;
   }
 
   #modelTooStale(trainStep: number): boolean {
@@ -697,7 +692,6 @@ export class Producer implements ProduceContext {
   /** Before start(): state from a checkpoint, updated in place. In-flight groups come back ABORTED. */
   restore(snapshot: ProducerSnapshot): void {
     this.#lastBatch = snapshot.lastBatch ?? null;
-    this.#restoredTakenStep = snapshot.progress.nextConsumerStep - 1;
     this.#modelStep = snapshot.modelStep;
     this.#control.resume(snapshot.modelStep);
     this.progress.restore(snapshot.progress);

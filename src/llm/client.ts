@@ -197,7 +197,7 @@ export class LlmClient {
       }
       const outcome = response !== null ? this.#outcomeOf(response, events) : this.#transportOutcome(failure);
       if (outcome.ok) {
-        if (this.#warned.size < 2) this.#checkAsked(outcome.result);
+        this.#checkAsked(outcome.result);
         return outcome.result;
       }
       if (!outcome.retryable || attempt >= attempts) throw outcome.error;
@@ -217,15 +217,15 @@ export class LlmClient {
    * kept without token ids or logprobs, which a trainer cannot train on — said once, not per call.
    */
   #checkAsked(result: ChatResult): void {
-    const { returnTokenIds, logprobs } = this.#options;
-    const missing: [string, string][] = [];
-    if (returnTokenIds && result.responseIds === null && result.finishReason !== 'abort') missing.push(['token ids', 'llm.returnTokenIds (choices[0].token_ids, prompt_token_ids: vLLM ≥ 0.10.2 with return_token_ids)']);
-    if (logprobs && result.logprobs === null && result.finishReason !== 'abort') missing.push(['logprobs', 'llm.logprobs (choices[0].logprobs.content)']);
-    for (const [what, asked] of missing) {
-      if (this.#warned.has(what)) continue;
-      this.#warned.add(what);
-      this.#options.warn?.(`${this.url} answers without ${what} though ${asked} asks for them: its turns are kept as text only (said once)`);
-    }
+    if (result.finishReason === 'abort') return; // an aborted call may have no tokens at all
+    if (this.#options.returnTokenIds && result.responseIds === null) this.#warnOnce('token ids', 'llm.returnTokenIds (choices[0].token_ids, prompt_token_ids: vLLM ≥ 0.10.2 with return_token_ids)');
+    if (this.#options.logprobs && result.logprobs === null) this.#warnOnce('logprobs', 'llm.logprobs (choices[0].logprobs.content)');
+  }
+
+  #warnOnce(what: string, asked: string): void {
+    if (this.#warned.has(what)) return;
+    this.#warned.add(what);
+    this.#options.warn?.(`${this.url} answers without ${what} though ${asked} asks for them: its turns are kept as text only (said once)`);
   }
 
   /** A request that got no answer (timeouts, transport errors; not a cancellation). */

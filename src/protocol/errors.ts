@@ -31,7 +31,8 @@ export class ConfigError extends RolloutEngineError {
 export function preview(value: unknown): string {
   let text: string;
   try {
-    text = value === undefined ? 'undefined' : typeof value === 'bigint' ? `${value}n` : (JSON.stringify(value) ?? String(value));
+    // NaN and ±Infinity as themselves: JSON would show them as null, the very value they are not.
+    text = value === undefined ? 'undefined' : typeof value === 'bigint' ? `${value}n` : typeof value === 'number' ? String(value) : (JSON.stringify(value) ?? String(value));
   } catch {
     // BigInts inside objects, cycles, objects without a usable toString: still a message, never a throw.
     try {

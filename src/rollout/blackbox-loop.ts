@@ -16,7 +16,7 @@
 import { checkStepResult, checkTaskPrompt } from '../env/replies.ts';
 import type { Environment } from '../env/types.ts';
 import { fetchTraces, releaseSession, sessionBaseUrl, stitchSession } from '../llm/gateway-client.ts';
-import { describeError } from '../protocol/errors.ts';
+import { describeError, preview } from '../protocol/errors.ts';
 import { resetToPrompt, Status, type ChatMessage, type RolloutState, type TurnRecord } from '../protocol/rollout.ts';
 import { acquireActor, rewardFor, type ActorSource, type PauseView } from './agent-loop.ts';
 import { sessionIdOf } from '../records/step-records.ts';
@@ -107,7 +107,12 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
       return;
     }
     if (agentError !== null) throw agentError;
-    let reward = typeof result === 'number' ? result : (result?.reward ?? null);
+    const returned: unknown = typeof result === 'number' ? result : (result?.reward ?? null);
+    // NaN (a score over zero cases) or a string would reach the batch and the checkpoint as null.
+    if (returned !== null && (typeof returned !== 'number' || !Number.isFinite(returned))) {
+      throw Object.assign(new Error(`the black-box agent returned reward ${preview(returned)}: a reward must be a finite number`), { code: 'ERR_AGENT_BAD_REWARD' });
+    }
+    let reward = returned as number | null;
     if (reward === null && env !== null) {
       // The environment judges the agent's final answer.
       const outcome = checkStepResult(await env.step(finalAnswer(result)));
