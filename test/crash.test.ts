@@ -88,4 +88,37 @@ describe('crash safety', () => {
     assert.match(stderr, /stopped by a signal after \d+ batches; continue with --resume/);
     assert.ok(existsSync(join(runDir, 'summary.json')));
   });
+
+  it('a run without per-batch checkpoints, stopped by SIGTERM, resumes from the checkpoint the stop wrote: every step once, no group twice (regression: it began again)', async () => {
+    const runDir = mkdtempSync(join(tmpdir(), 'rollout-term-noeach-'));
+    const config = join(runDir, '..', `${runDir.split('/').pop()}.json`);
+    writeFileSync(config, JSON.stringify({ checkpointEachBatch: false }));
+    const args = ['--import', 'tsx', MAIN, 'run', '--config', config, '--run-dir', runDir, '--batch-size', '4', '--threads', '1'];
+    const batches = join(runDir, 'batches.jsonl');
+    const child = spawn(process.execPath, [...args, '--steps', '1000'], { env: { ...process.env, LOG_LEVEL: 'warn', LOG_FORMAT: 'json' }, stdio: ['ignore', 'ignore', 'pipe'] });
+    let stderr = '';
+    child.stderr.on('data', (c) => (stderr += c));
+    // Wait until it has written a whole batch, then ask it to stop.
+    await new Promise<void>((resolve) => {
+      const check = setInterval(() => {
+        if (existsSync(batches) && readFileSync(batches, 'utf8').split('\n').length > 4) {
+          clearInterval(check);
+          resolve();
+        }
+      }, 50);
+    });
+    child.kill('SIGTERM');
+    assert.equal(await new Promise<number | null>((resolve) => child.on('exit', (c) => resolve(c))), 0, stderr);
+    assert.ok(existsSync(join(runDir, 'engine.ckpt')), 'the stop wrote a checkpoint');
+    const stoppedAt = Math.max(...readFileSync(batches, 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { trainStep: number }).trainStep));
+    const resumed = spawn(process.execPath, [...args, '--resume', '--steps', String(stoppedAt + 2)], { env: { ...process.env, LOG_LEVEL: 'warn' }, stdio: ['ignore', 'ignore', 'pipe'] });
+    let resumedErr = '';
+    resumed.stderr.on('data', (c) => (resumedErr += c));
+    assert.equal(await new Promise<number | null>((resolve) => resumed.on('exit', (c) => resolve(c))), 0, resumedErr);
+    const groups = readFileSync(batches, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { trainStep: number; id: string });
+    const steps = Array.from({ length: stoppedAt + 2 }, (_, i) => i + 1);
+    assert.deepEqual([...new Set(groups.map((g) => g.trainStep))], steps);
+    assert.ok(steps.every((step) => groups.filter((g) => g.trainStep === step).length === 4), 'each step whole, once');
+    assert.equal(new Set(groups.map((g) => g.id)).size, groups.length, 'no group delivered twice');
+  });
 });
