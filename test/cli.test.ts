@@ -8,6 +8,20 @@ import { describe, it } from 'node:test';
 
 const MAIN = CLI_MAIN;
 
+/** The train step of each line of a batches file. */
+function stepsOf(lines: string[]): number[] {
+  return lines.map((l) => (JSON.parse(l) as { trainStep: number }).trainStep);
+}
+
+/** A run dir whose config (two groups per batch) starts from the checkpoint of a finished two-step run. */
+async function startingAfterTwoSteps(): Promise<{ runDir: string; config: string }> {
+  const origin = mkdtempSync(join(tmpdir(), 'rollout-cli-origin-'));
+  assert.equal((await rollout(['run', '--steps', '2', '--batch-size', '2', '--threads', '1', '--run-dir', origin])).code, 0);
+  const runDir = mkdtempSync(join(tmpdir(), 'rollout-cli-later-'));
+  const config = join(runDir, 'config.json');
+  writeFileSync(config, JSON.stringify({ batchSize: 2, resumeFrom: join(origin, 'engine.ckpt') }));
+  return { runDir, config };
+}
 
 describe('rollout CLI', () => {
   it('`rollout run --compact` writes turns that name the later turn carrying their conversation', async () => {
@@ -63,7 +77,7 @@ describe('rollout CLI', () => {
     const { code, stderr } = await rollout(['run', '--resume', '--steps', '3', ...args]);
     assert.equal(code, 0, stderr);
     const lines = readFileSync(path, 'utf8').trim().split('\n');
-    assert.deepEqual(lines.map((l) => (JSON.parse(l) as { trainStep: number }).trainStep), [1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]);
+    assert.deepEqual(stepsOf(lines), [1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]);
     assert.deepEqual(lines.slice(0, 8), written, 'step 2 is the batch handed out before the crash, delivered again');
   });
 
@@ -83,23 +97,14 @@ describe('rollout CLI', () => {
   });
 
   it('`rollout run` from a checkpoint named in the config continues after its last step (regression: it began again at step 1)', async () => {
-    const first = mkdtempSync(join(tmpdir(), 'rollout-cli-from-'));
-    assert.equal((await rollout(['run', '--steps', '2', '--batch-size', '2', '--threads', '1', '--run-dir', first])).code, 0);
-    const second = mkdtempSync(join(tmpdir(), 'rollout-cli-from-'));
-    const config = join(second, 'config.json');
-    writeFileSync(config, JSON.stringify({ batchSize: 2, resumeFrom: join(first, 'engine.ckpt') }));
-    const { code, stderr } = await rollout(['run', '--config', config, '--steps', '1', '--threads', '1', '--run-dir', second]);
+    const { runDir, config } = await startingAfterTwoSteps();
+    const { code, stderr } = await rollout(['run', '--config', config, '--steps', '1', '--threads', '1', '--run-dir', runDir]);
     assert.equal(code, 0, stderr);
-    const steps = readFileSync(join(second, 'batches.jsonl'), 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { trainStep: number }).trainStep);
-    assert.deepEqual(steps, [3, 3]);
+    assert.deepEqual(stepsOf(readFileSync(join(runDir, 'batches.jsonl'), 'utf8').trim().split('\n')), [3, 3]);
   });
 
   it('`rollout run --resume` of a run that began from a config\'s checkpoint continues from its own checkpoint, and the same command finishes it (regression: groups delivered twice)', async () => {
-    const origin = mkdtempSync(join(tmpdir(), 'rollout-cli-origin-'));
-    assert.equal((await rollout(['run', '--steps', '2', '--batch-size', '2', '--threads', '1', '--run-dir', origin])).code, 0);
-    const runDir = mkdtempSync(join(tmpdir(), 'rollout-cli-later-'));
-    const config = join(runDir, 'config.json');
-    writeFileSync(config, JSON.stringify({ batchSize: 2, resumeFrom: join(origin, 'engine.ckpt') }));
+    const { runDir, config } = await startingAfterTwoSteps();
     const args = ['--config', config, '--steps', '2', '--threads', '1', '--run-dir', runDir];
     assert.equal((await rollout(['run', ...args])).code, 0);
     const path = join(runDir, 'batches.jsonl');

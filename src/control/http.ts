@@ -6,7 +6,7 @@ import { timingSafeEqual, createHash } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { decodeFromPeer, encodeForPeer, toJson } from '../protocol/codec.ts';
 import { RolloutEngineError } from '../protocol/errors.ts';
-import { readRequestBody, type BodyErrors } from '../http-body.ts';
+import { readRequestBody, type BodyErrors } from '../http-server.ts';
 
 export class HttpError extends RolloutEngineError {
   readonly status: number;

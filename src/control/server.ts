@@ -21,6 +21,7 @@ import type { Batch, PauseReport } from '../coordinator/producer.ts';
 import type { EngineMetrics } from './metrics.ts';
 import { compactGroup } from '../protocol/compact.ts';
 import { HttpError, readBody, send, sendError, tokenMatches } from './http.ts';
+import { listen } from '../http-server.ts';
 import { preview, RolloutEngineError } from '../protocol/errors.ts';
 
 const MAX_STEP = 0x7fffffff;
@@ -54,32 +55,50 @@ export interface ControlServer {
 
 type Handler = (body: Record<string, unknown>) => Promise<unknown>;
 
+/** A route: the body fields it reads (any other is refused) and what it does. */
+interface Route {
+  fields: readonly string[];
+  run: Handler;
+}
+
 export async function startControlServer(engine: ControlTarget, metrics: EngineMetrics, options: ControlServerOptions = {}): Promise<ControlServer> {
   const host = options.host ?? '127.0.0.1';
   const token = options.token ?? null;
   const maxBodyBytes = options.maxBodyBytes ?? 1024 * 1024;
   const limiter = new RateLimiter(options.rateLimitPerSecond ?? 200);
-  const routes: Record<string, Handler> = {
-    'GET /health': async () => ({ status: 'ok' }),
-    'GET /status': async () => {
-      const { workers: _workers, ...status } = await engine.stats();
-      return { ...status, llmUrl: engine.llmUrl };
+  const routes: Record<string, Route> = {
+    'GET /health': { fields: [], run: async () => ({ status: 'ok' }) },
+    'GET /status': {
+      fields: [],
+      run: async () => {
+        const { workers: _workers, ...status } = await engine.stats();
+        return { ...status, llmUrl: engine.llmUrl };
+      },
     },
-    'POST /batch': async (body) => {
-      const compact = optionalBool(body, 'compact') ?? false; // checked before the batch is taken
-      const batch = await engine.getBatch(optionalInt(body, 'trainStep', 1));
-      return compact && batch.status === 'NORMAL' ? { ...batch, groups: batch.groups.map(compactGroup) } : batch;
+    'POST /batch': {
+      fields: ['trainStep', 'compact'],
+      run: async (body) => {
+        const compact = optionalBool(body, 'compact') ?? false; // checked before the batch is taken
+        const batch = await engine.getBatch(optionalInt(body, 'trainStep', 1));
+        return compact && batch.status === 'NORMAL' ? { ...batch, groups: batch.groups.map(compactGroup) } : batch;
+      },
     },
-    'POST /pause': async () => engine.pauseForWeightUpdate(),
-    'POST /resume': async (body) => {
-      const modelStep = requiredInt(body, 'modelStep', 0);
-      await engine.resume({ modelStep });
-      return { resumed: true, modelStep };
+    'POST /pause': { fields: [], run: async () => engine.pauseForWeightUpdate() },
+    'POST /resume': {
+      fields: ['modelStep'],
+      run: async (body) => {
+        const modelStep = requiredInt(body, 'modelStep', 0);
+        await engine.resume({ modelStep });
+        return { resumed: true, modelStep };
+      },
     },
-    'POST /checkpoint': async (body) => {
-      const path = body.path;
-      if (typeof path !== 'string' || path === '') throw new HttpError(400, 'ERR_BAD_BODY', `path must be a non-empty string (got ${preview(path)})`);
-      return engine.checkpoint(path);
+    'POST /checkpoint': {
+      fields: ['path'],
+      run: async (body) => {
+        const path = body.path;
+        if (typeof path !== 'string' || path === '') throw new HttpError(400, 'ERR_BAD_BODY', `path must be a non-empty string (got ${preview(path)})`);
+        return engine.checkpoint(path);
+      },
     },
   };
 
@@ -100,32 +119,27 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
         res.writeHead(200, { 'content-type': metrics.contentType }).end(text);
         return;
       }
-      const handler = routes[key];
-      if (handler === undefined) {
+      const route = routes[key];
+      if (route === undefined) {
         const known = Object.keys(routes).some((k) => k.endsWith(` ${path}`)) || path === '/metrics';
         throw known ? new HttpError(405, 'ERR_METHOD_NOT_ALLOWED', `${req.method} is not allowed on ${path}`) : new HttpError(404, 'ERR_NOT_FOUND', `no route ${req.method} ${path}`);
       }
       const body = req.method === 'POST' ? await readBody(req, maxBodyBytes) : {};
       if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new HttpError(400, 'ERR_BAD_BODY', `body must be an object (got ${body === null ? 'null' : Array.isArray(body) ? 'an array' : typeof body})`);
       // A misspelt field would otherwise be ignored: `{"trainstep": 5}` takes the next batch, not step 5.
-      const fields = BODY_FIELDS[key] ?? [];
+      const { fields } = route;
       const unknown = Object.keys(body).find((field) => !fields.includes(field));
       if (unknown !== undefined) {
         throw new HttpError(400, 'ERR_BAD_BODY', `unknown field ${JSON.stringify(unknown)} (${key} takes ${fields.length === 0 ? 'no fields' : fields.join(', ')})`);
       }
-      send(req, res, 200, await handler(body as Record<string, unknown>));
+      send(req, res, 200, await route.run(body as Record<string, unknown>));
     } catch (err) {
       if (!res.headersSent) sendError(req, res, err);
       else res.destroy();
     }
   }
 
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', (err: NodeJS.ErrnoException) =>
-      reject(new RolloutEngineError('ERR_LISTEN', `control API cannot listen on host ${JSON.stringify(host)} port ${options.port ?? 0}: ${err.code ?? ''} ${err.message}`.trim(), { cause: err })),
-    );
-    server.listen(options.port ?? 0, host, () => resolve());
-  });
+  await listen(server, host, options.port ?? 0, (message, cause) => new RolloutEngineError('ERR_LISTEN', `control API ${message}`, { cause }));
   const { port } = server.address() as AddressInfo;
   return {
     url: `http://${host.includes(':') ? `[${host}]` : host}:${port}`,
@@ -137,13 +151,6 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
       }),
   };
 }
-
-/** The fields each route reads from its body; any other is refused. */
-const BODY_FIELDS: Record<string, readonly string[]> = {
-  'POST /batch': ['trainStep', 'compact'],
-  'POST /resume': ['modelStep'],
-  'POST /checkpoint': ['path'],
-};
 
 function optionalBool(body: Record<string, unknown>, field: string): boolean | undefined {
   const value = body[field];

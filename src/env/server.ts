@@ -30,7 +30,7 @@ import { projectModuleUrl } from '../paths.ts';
 import { ConfigError, preview } from '../protocol/errors.ts';
 import { loadEnvironmentFactory } from './loader.ts';
 import type { Environment, EnvironmentFactory, EnvParams } from './types.ts';
-import { readRequestBody, type BodyErrors } from '../http-body.ts';
+import { listen, readRequestBody, type BodyErrors } from '../http-server.ts';
 
 export interface ServedEnv {
   /** Path segment clients use: letters, digits, "_", "." and "-". */
@@ -399,13 +399,7 @@ export async function startEnvServer(options: EnvServerOptions): Promise<EnvServ
     );
   });
 
-  await new Promise<void>((resolvePromise, reject) => {
-    server.once('error', reject);
-    server.listen(options.port ?? 0, options.host ?? '127.0.0.1', () => {
-      server.off('error', reject);
-      resolvePromise();
-    });
-  });
+  await listen(server, options.host ?? '127.0.0.1', options.port ?? 0, (_message, cause) => cause);
   const address = server.address() as AddressInfo;
   const host = address.family === 'IPv6' ? `[${address.address}]` : address.address;
   let closing: Promise<void> | null = null;

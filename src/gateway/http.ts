@@ -1,6 +1,6 @@
 /** node:http plumbing for the gateway: bounded body reading and JSON answers in OpenAI's error shape. */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { readRequestBody, type BodyErrors } from '../http-body.ts';
+import { readRequestBody, type BodyErrors } from '../http-server.ts';
 import { GatewayError, errorBody } from './errors.ts';
 
 const bodyErrors: BodyErrors = {

@@ -22,6 +22,7 @@ import { createTokenBackend } from './backend.ts';
 import { runChatCall } from './chat.ts';
 import type { ChatContext } from './chat.ts';
 import { GatewayError } from './errors.ts';
+import { listen } from '../http-server.ts';
 import { hostForUrl, readBody, sendError, sendJson, sendText } from './http.ts';
 import { loadChatModel } from './model.ts';
 import type { ChatModel } from './model.ts';
@@ -338,14 +339,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   });
 
   try {
-    await new Promise<void>((resolve, reject) => {
-      const onError = (error: Error): void => reject(new GatewayError('ERR_GATEWAY_INTERNAL', `gateway: cannot listen on ${opts.host}:${opts.port}: ${error.message}`, { cause: error }));
-      server.once('error', onError);
-      server.listen(opts.port, opts.host, () => {
-        server.off('error', onError);
-        resolve();
-      });
-    });
+    await listen(server, opts.host, opts.port, (message, cause) => new GatewayError('ERR_GATEWAY_INTERNAL', `gateway: ${message}`, { cause }));
   } catch (err) {
     await backend.close();
     throw err;

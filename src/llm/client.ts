@@ -115,13 +115,7 @@ export class LlmClient {
 
   constructor(options: LlmClientOptions) {
     this.#options = options;
-    this.#exchanges = new Exchanges({
-      limits: {
-        maxBodyBytes: options.maxReplyBytes,
-        wholeBodyMs: options.timeoutMs,
-        names: { maxBodyBytes: 'llm.maxReplyBytes', wholeBodyMs: 'llm.timeoutMs' },
-      },
-    });
+    this.#exchanges = new Exchanges({ limits: { maxBodyBytes: options.maxReplyBytes, wholeBodyMs: options.timeoutMs } });
     const url = new URL(options.url);
     this.#origin = url.origin;
     this.#v1 = v1Path(url.pathname);

@@ -49,14 +49,13 @@ export interface ExchangeResult {
  * an event stream, which lasts as long as its generation) by time since the request was sent.
  */
 export interface ExchangeLimits {
+  /** `llm.maxReplyBytes` */
   maxBodyBytes: number;
-  /** Milliseconds from the request's send to the end of a whole body. */
+  /** `llm.timeoutMs`: milliseconds from the request's send to the end of a whole body. */
   wholeBodyMs: number;
-  /** Option names for the errors (`llm.maxReplyBytes`, `llm.timeoutMs`). */
-  names: { maxBodyBytes: string; wholeBodyMs: string };
 }
 
-const NO_LIMITS: ExchangeLimits = { maxBodyBytes: Infinity, wholeBodyMs: Infinity, names: { maxBodyBytes: 'maxBodyBytes', wholeBodyMs: 'wholeBodyMs' } };
+const NO_LIMITS: ExchangeLimits = { maxBodyBytes: Infinity, wholeBodyMs: Infinity };
 
 /**
  * The exchanges in flight on one client, by the signal that cancels them and the one that holds them.
@@ -192,13 +191,13 @@ class Exchange implements Dispatcher.DispatchHandler {
     this.#bytes += chunk.length;
     const limits = this.#limits;
     if (this.#bytes > limits.maxBodyBytes) {
-      this.#fail(controller, new LlmError('ERR_LLM_BAD_REPLY', `inference reply is larger than ${limits.names.maxBodyBytes} = ${limits.maxBodyBytes} bytes; cut at ${this.#bytes}`));
+      this.#fail(controller, new LlmError('ERR_LLM_BAD_REPLY', `inference reply is larger than llm.maxReplyBytes = ${limits.maxBodyBytes} bytes; cut at ${this.#bytes}`));
       return;
     }
     if (!this.#streamed) {
       const ms = performance.now() - this.#sentAt;
       if (ms > limits.wholeBodyMs) {
-        this.#fail(controller, new LlmError('ERR_LLM_TIMEOUT', `inference reply still arriving after ${Math.round(ms)} ms (${limits.names.wholeBodyMs} = ${limits.wholeBodyMs}); cut at ${this.#bytes} bytes`));
+        this.#fail(controller, new LlmError('ERR_LLM_TIMEOUT', `inference reply still arriving after ${Math.round(ms)} ms (llm.timeoutMs = ${limits.wholeBodyMs}); cut at ${this.#bytes} bytes`));
         return;
       }
       this.#chunks.push(chunk);

@@ -74,7 +74,7 @@ export class LlmRouter {
       endpoints: settings.urls.map((url) => {
         const key = `${url}\u0000${settings.model}`;
         let client = clients.get(key);
-        if (!client) clients.set(key, (client = new LlmClient({ ...options.client, url, model: settings.model, paused: hooks.paused, onSend: hooks.onSend, hold: hooks.hold, warn: hooks.warn })));
+        if (!client) clients.set(key, (client = new LlmClient({ ...options.client, ...hooks, url, model: settings.model })));
         return endpointOf(client);
       }),
     });

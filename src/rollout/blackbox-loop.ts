@@ -16,7 +16,7 @@
 import { checkStepResult, checkTaskPrompt } from '../env/replies.ts';
 import type { Environment } from '../env/types.ts';
 import { fetchTraces, releaseSession, sessionBaseUrl, stitchSession } from '../llm/gateway-client.ts';
-import { describeError, preview } from '../protocol/errors.ts';
+import { describeError, preview, RolloutEngineError } from '../protocol/errors.ts';
 import { resetToPrompt, Status, type ChatMessage, type RolloutState, type TurnRecord } from '../protocol/rollout.ts';
 import { acquireActor, rewardFor, type ActorSource, type PauseView } from './agent-loop.ts';
 import { sessionIdOf } from '../records/step-records.ts';
@@ -110,7 +110,7 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
     const returned: unknown = typeof result === 'number' ? result : (result?.reward ?? null);
     // NaN (a score over zero cases) or a string would reach the batch and the checkpoint as null.
     if (returned !== null && (typeof returned !== 'number' || !Number.isFinite(returned))) {
-      throw Object.assign(new Error(`the black-box agent returned reward ${preview(returned)}: a reward must be a finite number`), { code: 'ERR_AGENT_BAD_REWARD' });
+      throw new RolloutEngineError('ERR_AGENT_BAD_REWARD', `the black-box agent returned reward ${preview(returned)}: a reward must be a finite number`);
     }
     let reward = returned as number | null;
     if (reward === null && env !== null) {
@@ -120,7 +120,7 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
     }
     // A sample without a reward teaches nothing: failed with the reason, not kept with a silent 0.
     if (reward === null) {
-      throw Object.assign(new Error('the black-box agent returned no reward, and its task has no environment to judge an answer (tasks[].env is null): return { reward }, e.g. computed from the label it is given'), { code: 'ERR_AGENT_NO_REWARD' });
+      throw new RolloutEngineError('ERR_AGENT_NO_REWARD', 'the black-box agent returned no reward, and its task has no environment to judge an answer (tasks[].env is null): return { reward }, e.g. computed from the label it is given');
     }
     const sample = await stitchSession(ctx.gatewayUrl, sessionId, reward);
     const { reward: _reward, ...stitched } = sample;
@@ -153,5 +153,5 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
 function finalAnswer(result: BlackBoxResult): string {
   const answer = typeof result === 'object' && result !== null ? result.info?.answer : undefined;
   if (typeof answer === 'string') return answer;
-  throw Object.assign(new Error('the black-box agent returned no reward and no info.answer for the environment to judge'), { code: 'ERR_AGENT_NO_REWARD' });
+  throw new RolloutEngineError('ERR_AGENT_NO_REWARD', 'the black-box agent returned no reward and no info.answer for the environment to judge');
 }

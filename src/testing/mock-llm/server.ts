@@ -26,7 +26,7 @@ import { completionJson } from './response.ts';
 import { CompletionStream } from './stream.ts';
 import { decodeIds, encodeText, promptTokenIds, rememberEncoding } from './tokens.ts';
 import { loadVocabulary, parseChatMl } from './vocab.ts';
-import { readRequestBody, type BodyErrors } from '../../http-body.ts';
+import { listen, readRequestBody, type BodyErrors } from '../../http-server.ts';
 
 export { MOCK_LLM_DEFAULTS };
 export type { MockLlmOptions, ResolvedMockLlmOptions };
@@ -568,14 +568,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     socket.once('close', () => sockets.delete(socket));
   });
 
-  await new Promise<void>((resolve, rejectListen) => {
-    const onError = (error: Error): void => rejectListen(new Error(`mock-llm: cannot listen on ${opts.host}:${opts.port}: ${error.message}`));
-    server.once('error', onError);
-    server.listen(opts.port, opts.host, () => {
-      server.off('error', onError);
-      resolve();
-    });
-  });
+  await listen(server, opts.host, opts.port, (message) => new Error(`mock-llm: ${message}`));
   const port = (server.address() as AddressInfo).port;
   const url = `http://${hostForUrl(opts.host)}:${port}`;
   let closed: Promise<void> | null = null;

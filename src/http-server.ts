@@ -1,11 +1,27 @@
 /**
- * Reading a node:http request body with a size limit — the one reader behind every server the engine
- * ships (control API, gateway, environment server, mock inference server). Each names its own errors.
+ * What every node:http server the engine ships (control API, gateway, environment server, mock
+ * inference server) does alike: listen, and read a request body with a size limit. Each names its own
+ * errors.
  *
- * The limit is checked on the declared Content-Length first, then on the bytes as they arrive, so a
- * client that lies about (or omits) its length still cannot make the server buffer more than `limit`.
+ * The body limit is checked on the declared Content-Length first, then on the bytes as they arrive, so
+ * a client that lies about (or omits) its length still cannot make the server buffer more than `limit`.
  */
-import type { IncomingMessage } from 'node:http';
+import type { IncomingMessage, Server } from 'node:http';
+
+/**
+ * `server.listen` as a promise. A failure to bind (a port in use, a host that does not resolve) rejects
+ * with the error `named` makes of "cannot listen on host:port: <why>" and the cause.
+ */
+export function listen(server: Server, host: string, port: number, named: (message: string, cause: Error) => Error): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const onError = (error: Error): void => reject(named(`cannot listen on ${host}:${port}: ${error.message}`, error));
+    server.once('error', onError);
+    server.listen(port, host, () => {
+      server.off('error', onError);
+      resolve();
+    });
+  });
+}
 
 export interface BodyErrors {
   /** The body is over the limit; `message` names its size or the limit. */
