@@ -12,6 +12,7 @@ import { pathToFileURL } from 'node:url';
 import { z } from 'zod';
 import { ConfigError, preview } from './protocol/errors.ts';
 import { projectModuleUrl } from './paths.ts';
+import { SERVER_KINDS } from './llm/servers.ts';
 
 const BUILTIN_PREFIX = 'builtin:';
 /** Shipped synthetic environments, addressable as `builtin:<name>` in `tasks[].env.module`. */
@@ -90,8 +91,8 @@ const TaskSpec = z.strictObject({
 const GatewaySpec = z.strictObject({
   /** Tokenizer + chat template of the policy: `qwen2.5`, or a directory with tokenizer.json and tokenizer_config.json. */
   tokenizer: z.string().min(1).default('qwen2.5'),
-  /** Token-in API of the inference servers: vLLM's /v1/completions with token ids, or SGLang's /generate. */
-  backend: z.enum(['vllm', 'sglang']).default('vllm'),
+  /** Token-in API of the inference servers: vLLM's /v1/completions with token ids, SGLang's /generate, llama.cpp's /completion. */
+  backend: z.enum(['vllm', 'sglang', 'llamacpp']).default('vllm'),
   maxContext: positiveInt.nullable().default(null),
   sessionTtlMs: positiveInt.default(600_000),
 });
@@ -108,6 +109,21 @@ const LlmSpec = z.strictObject({
   /** OpenAI-compatible base URL (`http://host:8000` or `http://host:8000/v1`); null = start the built-in mock server. */
   url: z.union([httpUrl, z.array(httpUrl).min(1)]).nullable().default(null),
   model: z.string().min(1).default('mock-policy'),
+  /**
+   * The inference server's dialect (llm/servers.ts): where token ids, prompt ids and the weight version
+   * come back, which abort route exists, which token-in route `api: tokens` uses. `auto` tells it from
+   * what the server answers at start (`/v1/models` owned_by, llama.cpp's `/props`), and logs it.
+   */
+  server: z.enum(['auto', ...SERVER_KINDS]).default('auto'),
+  /**
+   * `chat`: the server renders and tokenizes (OpenAI chat completions). `tokens`: the engine renders the
+   * chat template with `llm.tokenizer` and sends token ids (vLLM /v1/completions, SGLang /generate,
+   * llama.cpp /completion), so each turn's prompt is the previous prompt + response + the new
+   * observation's tokens exactly — no retokenization drift.
+   */
+  api: z.enum(['chat', 'tokens']).default('chat'),
+  /** The policy's tokenizer and chat template for `api: tokens`: `qwen2.5`, or a directory with tokenizer.json and tokenizer_config.json. */
+  tokenizer: z.string().min(1).default('qwen2.5'),
   apiKey: z.string().nullable().default(null),
   /** Budget for one inference request, headers and body included (with `stream`: until the first event, then between events). */
   timeoutMs: positiveInt.default(120_000),
@@ -132,8 +148,11 @@ const LlmSpec = z.strictObject({
   stream: z.boolean().default(false),
   /** Send a per-rollout, per-turn `seed`, so a continued generation samples like the one it continues. */
   sendSeed: z.boolean().default(true),
-  /** Server route that aborts every request in flight (SGLang `/abort_request`); null = cancel client-side. */
-  abortPath: z.string().startsWith('/').nullable().default('/abort_request'),
+  /**
+   * Server route that aborts every request in flight; unset = the dialect's (SGLang `/abort_request`,
+   * vLLM dev mode `/abort_requests`, none on llama.cpp); null = cancel client-side.
+   */
+  abortPath: z.string().startsWith('/').nullable().optional(),
   /** Inference calls one worker has in flight at most (the reference's LLM semaphore); null = no limit. */
   maxConcurrency: positiveInt.nullable().default(null),
   /** The first wave of episodes on a worker waits a random 0..startupJitterMs before its first call. */

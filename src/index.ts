@@ -80,8 +80,12 @@ export class Engine {
     return this.#coordinator.pauseForWeightUpdate();
   }
 
-  /** The inference servers hold weights `modelStep`: production continues, new tokens are tagged with it. */
-  resume(options: { modelStep: number }): Promise<void> {
+  /**
+   * The inference servers hold weights `modelStep`: production continues, new tokens are tagged with
+   * it. `weightVersion` is the servers' own name for these weights, when they report one (SGLang's
+   * `--weight-version`, a string): a reply with another version is counted and warned of, once.
+   */
+  resume(options: { modelStep: number; weightVersion?: string | null }): Promise<void> {
     return this.#coordinator.resume(options);
   }
 

@@ -26,7 +26,7 @@ describe('rollout gateway command', () => {
     assert.match(missing.stderr, /give exactly one of --backend-url <url> or --embedded-mock/);
     const kind = await rollout(['gateway', '--backend-url', 'http://127.0.0.1:1', '--backend', 'tgi']);
     assert.equal(kind.code, 2);
-    assert.match(kind.stderr, /--backend must be vllm or sglang \(got "tgi"\)/);
+    assert.match(kind.stderr, /--backend must be vllm, sglang or llamacpp \(got "tgi"\)/);
     const port = await rollout(['gateway', '--backend-url', 'http://127.0.0.1:1', '--max-context', 'lots']);
     assert.equal(port.code, 2);
     assert.match(port.stderr, /--max-context must be an integer >= 2 \(got "lots"\)/);

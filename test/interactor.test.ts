@@ -214,7 +214,7 @@ describe('episode slots (workers.rolloutsPerWorker)', () => {
     const s = await slotServer();
     const e = createEngine({
       logLevel: 'silent',
-      llm: { url: s.url, sessionPath: '/sessions/{session}', returnTokenIds: false, logprobs: false, retries: 0 },
+      llm: { url: s.url, model: 'm', sessionPath: '/sessions/{session}', returnTokenIds: false, logprobs: false, retries: 0 },
       batchSize: 3,
       workers: { threads: 1, groupsPerWorker: 2, rolloutsPerWorker: 4 },
       tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 4, maxSteps: 2 }],

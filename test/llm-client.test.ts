@@ -2,7 +2,8 @@ import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
-import { LlmClient, probeInferenceServer, type LlmClientOptions } from '../src/llm/client.ts';
+import { LlmClient, type LlmClientOptions } from '../src/llm/client.ts';
+import { probeServer } from '../src/llm/servers.ts';
 
 type Handler = (req: IncomingMessage, res: ServerResponse, body: string) => void;
 
@@ -63,7 +64,7 @@ describe('inference client', () => {
     assert.deepEqual(reply.promptIds, Int32Array.from([1, 2, 3]));
     assert.deepEqual(reply.responseIds, Int32Array.from([7, 8]));
     assert.deepEqual(reply.logprobs, Float32Array.from([-0.5, -1]));
-    assert.equal(reply.weightVersion, 4);
+    assert.equal(reply.weightVersion, '4');
     const sent = JSON.parse(requests[0]);
     assert.equal(sent.return_token_ids, true);
     assert.equal(sent.logprobs, true);
@@ -148,7 +149,7 @@ describe('inference client', () => {
     await new Promise((r) => server.close(r));
     const llm = client(url, { retries: 1 });
     await assert.rejects(llm.chat(request), { code: 'ERR_LLM_UNREACHABLE', message: new RegExp(`${url}/v1/chat/completions unreachable: ECONNREFUSED`) });
-    await assert.rejects(probeInferenceServer(url), { code: 'ERR_LLM_UNREACHABLE', message: /ECONNREFUSED.*check llm\.url/ });
+    await assert.rejects(probeServer(url, { server: 'auto' }), { code: 'ERR_LLM_UNREACHABLE', message: /ECONNREFUSED.*check llm\.url/ });
     await llm.close();
   });
 

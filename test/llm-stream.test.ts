@@ -69,7 +69,7 @@ describe('streamed replies (stream: true)', () => {
       promptIds: Int32Array.of(1, 2, 3),
       responseIds: Int32Array.of(7, 8, 9),
       logprobs: Float32Array.of(-0.07, -0.08, -0.09),
-      weightVersion: 6,
+      weightVersion: '6',
       promptTokens: 3,
       completionTokens: 3,
     };

@@ -255,7 +255,7 @@ describe('weight updates with partial rollouts, against the mock server over HTT
 function abortingEngine(server: Server, { groups, maxSteps }: { groups: number; maxSteps: number }): Engine {
   return createEngine({
     logLevel: 'silent',
-    llm: { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, returnTokenIds: false, logprobs: false },
+    llm: { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, model: 'm', returnTokenIds: false, logprobs: false },
     batchSize: groups,
     workers: { threads: 1, groupsPerWorker: groups },
     tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps }],

@@ -11,7 +11,8 @@ weight versions per session, and stitches a session into one training sample.
 
 Options:
   --backend-url <url>        the inference server, e.g. http://127.0.0.1:8000
-  --backend <kind>           vllm (POST /v1/completions with token ids) or sglang (POST /generate); default vllm
+  --backend <kind>           vllm (POST /v1/completions with token ids), sglang (POST /generate) or
+                             llamacpp (POST /completion); default vllm
   --embedded-mock            serve from a built-in mock backend speaking the tokenizer's vocabulary
                              (qwen2.5 only; for trying the gateway without a GPU)
   --port <n>                 port to listen on (default 8100; 0 = any free port)
@@ -58,7 +59,7 @@ export async function gatewayCommand(argv: string[]): Promise<number> {
     return 0;
   }
   const kind = values.backend ?? 'vllm';
-  if (kind !== 'vllm' && kind !== 'sglang') throw new UsageError(`--backend must be vllm or sglang (got ${JSON.stringify(kind)})`);
+  if (kind !== 'vllm' && kind !== 'sglang' && kind !== 'llamacpp') throw new UsageError(`--backend must be vllm, sglang or llamacpp (got ${JSON.stringify(kind)})`);
   const tokenizer = values.tokenizer ?? 'qwen2.5';
   const embedded = values['embedded-mock'] === true;
   if (embedded === (values['backend-url'] !== undefined)) {

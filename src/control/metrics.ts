@@ -77,6 +77,16 @@ export class EngineMetrics implements ProducerObserver {
       },
     });
     new Gauge({
+      name: 'rollout_engine_weight_version_mismatches',
+      help: 'Inference replies whose weight version is none the trainer announced (resume weightVersion): a server not serving the weights it was said to load',
+      labelNames: ['worker'],
+      registers,
+      async collect() {
+        this.reset();
+        for (const w of (await current()).workers) this.set({ worker: String(w.workerId) }, w.weightVersionMismatches);
+      },
+    });
+    new Gauge({
       name: 'rollout_engine_worker_event_loop_delay_seconds',
       help: 'Event-loop delay of each worker thread since the previous scrape (p99)',
       labelNames: ['worker'],

@@ -8,7 +8,8 @@
  *                                     UPDATE_WEIGHT_AND_ABORT); compact: turns name the later turn whose
  *                                     conversation they begin (../protocol/compact.ts)
  *   POST /pause                       pause for a weight update; answers once every group is back
- *   POST /resume      {modelStep}     the new weights are loaded
+ *   POST /resume      {modelStep, weightVersion?}  the new weights are loaded (weightVersion: the
+ *                                     servers' name for them, e.g. SGLang's --weight-version)
  *   POST /checkpoint  {path}          write a checkpoint file
  *   GET  /metrics                     Prometheus text
  *
@@ -23,6 +24,7 @@ import { compactGroup } from '../protocol/compact.ts';
 import { HttpError, readBody, send, sendError, tokenMatches } from './http.ts';
 import { listen } from '../http-server.ts';
 import { preview, RolloutEngineError } from '../protocol/errors.ts';
+import { MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
 
 const MAX_STEP = 0x7fffffff;
 
@@ -30,7 +32,7 @@ const MAX_STEP = 0x7fffffff;
 export interface ControlTarget {
   getBatch(trainStep?: number): Promise<Batch>;
   pauseForWeightUpdate(): Promise<PauseReport>;
-  resume(options: { modelStep: number }): Promise<void>;
+  resume(options: { modelStep: number; weightVersion?: string | null }): Promise<void>;
   checkpoint(path: string): Promise<{ path: string; bytes: number }>;
   stats(): Promise<EngineStats>;
   readonly llmUrl: string | null;
@@ -85,11 +87,12 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
     },
     'POST /pause': { fields: [], run: async () => engine.pauseForWeightUpdate() },
     'POST /resume': {
-      fields: ['modelStep'],
+      fields: ['modelStep', 'weightVersion'],
       run: async (body) => {
         const modelStep = requiredInt(body, 'modelStep', 0);
-        await engine.resume({ modelStep });
-        return { resumed: true, modelStep };
+        const weightVersion = optionalVersion(body, 'weightVersion');
+        await engine.resume({ modelStep, weightVersion });
+        return { resumed: true, modelStep, ...(weightVersion !== null ? { weightVersion } : {}) };
       },
     },
     'POST /checkpoint': {
@@ -155,6 +158,17 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
 function optionalBool(body: Record<string, unknown>, field: string): boolean | undefined {
   const value = body[field];
   if (value !== undefined && typeof value !== 'boolean') throw new HttpError(400, 'ERR_BAD_BODY', `${field} must be true or false (got ${preview(value)})`);
+  return value;
+}
+
+/** A weight version is a name: a string, or an integer taken as its decimal text. */
+function optionalVersion(body: Record<string, unknown>, field: string): string | null {
+  const value = body[field];
+  if (value === undefined || value === null) return null;
+  if (Number.isSafeInteger(value)) return String(value);
+  if (typeof value !== 'string' || value === '' || value.length > MAX_WEIGHT_VERSION_LENGTH) {
+    throw new HttpError(400, 'ERR_BAD_BODY', `${field} must be a non-empty string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters, or an integer (got ${preview(value)})`);
+  }
   return value;
 }
 

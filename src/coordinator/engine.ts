@@ -18,7 +18,7 @@ import { Sampler } from '../buffer/sampler.ts';
 import { createHttpEnvironments } from '../env/http-env.ts';
 import type { Gateway } from '../gateway/index.ts';
 import type { MockLlm } from '../testing/mock-llm/server.ts';
-import { probeInferenceServer } from '../llm/client.ts';
+import { probeServer, serverGaps, DIALECTS, type ServerInfo } from '../llm/servers.ts';
 import { createLogger, type Logger } from '../log.ts';
 import { RolloutEngineError } from '../protocol/errors.ts';
 import type { WorkerStats } from '../protocol/messages.ts';
@@ -89,12 +89,7 @@ export class Coordinator {
       this.#llmUrls = configured === null ? [await this.#startEmbeddedMock()] : urlList(configured);
       const policyEndpoints = policyUrls(config);
       const endpoints = [...new Set([...this.#llmUrls, ...policyEndpoints])];
-      for (const url of endpoints) {
-        const models = await probeInferenceServer(url, { apiKey: config.llm.apiKey });
-        if (models.length > 0 && !models.includes(config.llm.model) && !policyEndpoints.includes(url)) {
-          this.log.warn({ url, model: config.llm.model, served: models }, 'llm.model is not among the models the server lists');
-        }
-      }
+      const servers = await this.#probeServers(endpoints, policyEndpoints);
       // Environment servers too: a wrong URL or env name is one clear error at start, not a failed group each.
       for (const task of config.tasks) {
         if (task.env?.http === undefined) continue;
@@ -123,9 +118,10 @@ export class Coordinator {
       const gatewayUrl = this.#gateway?.url ?? null;
       const pool =
         this.#options.pool?.(config, this.#llmUrls, control.block, this.log) ??
-        new PiscinaWorkerPool({ config, llmUrls: this.#llmUrls, control: control.block, log: this.log, gatewayUrl });
+        new PiscinaWorkerPool({ config, llmUrls: this.#llmUrls, control: control.block, log: this.log, gatewayUrl, servers });
       this.#pool = pool;
-      this.#producer = new Producer({ config, pool, control, samplers, log: this.log, endpoints, hooks: this.#options, observer: this.#options.observer });
+      const abortRoutes = new Map(servers.map((s) => [s.url, s.abort]));
+      this.#producer = new Producer({ config, pool, control, samplers, log: this.log, endpoints, abortRoutes, hooks: this.#options, observer: this.#options.observer });
       if (resumed !== null) {
         this.#producer.restore(resumed);
         this.#embeddedMock?.setWeightVersion(resumed.modelStep);
@@ -172,10 +168,10 @@ export class Coordinator {
     return this.#withProducer((producer) => producer.pause());
   }
 
-  /** New weights are in the inference servers: continue with `modelStep`. */
-  resume(options: { modelStep: number }): Promise<void> {
+  /** New weights are in the inference servers: continue with `modelStep` (the servers name them `weightVersion`). */
+  resume(options: { modelStep: number; weightVersion?: string | null }): Promise<void> {
     return this.#withProducer(async (producer) => {
-      producer.resume(options.modelStep);
+      producer.resume(options.modelStep, options.weightVersion ?? null);
       this.#gateway?.setModelStep(options.modelStep);
       this.#embeddedMock?.setWeightVersion(options.modelStep); // "loading" the new weights into the embedded server
     });
@@ -184,6 +180,32 @@ export class Coordinator {
   /** Write the run's state to `path` atomically. Production goes on; groups in flight are saved as they were sent. */
   checkpoint(path: string): Promise<{ path: string; bytes: number }> {
     return this.#serialized(async (producer) => ({ path, bytes: writeCheckpoint(path, this.config, producer.snapshot()) }));
+  }
+
+  /**
+   * Every endpoint probed once (llm/servers.ts): a server that is down, serves another model, or cannot
+   * do what `llm.api` needs is one clear error at start; its kind, context length and abort route are
+   * logged, and what the user loses on it is said now, not found at the first pause.
+   */
+  async #probeServers(endpoints: string[], policyEndpoints: string[]): Promise<ServerInfo[]> {
+    const { llm } = this.config;
+    const servers: ServerInfo[] = [];
+    for (const url of endpoints) {
+      const info = await probeServer(url, { server: llm.server, apiKey: llm.apiKey, abortPath: llm.abortPath });
+      const dialect = DIALECTS[info.kind];
+      // vLLM and SGLang answer 404 to a model they do not serve: every call would fail. llama.cpp serves
+      // its one model whatever the request names.
+      if (info.models.length > 0 && !info.models.includes(llm.model) && !policyEndpoints.includes(url) && info.kind !== 'llamacpp') {
+        throw new RolloutEngineError('ERR_LLM_MODEL', `llm.model: ${url} does not serve ${JSON.stringify(llm.model)} (it lists ${info.models.map((m) => JSON.stringify(m)).join(', ')}); set llm.model (--model) to one of them`);
+      }
+      if (llm.api === 'tokens' && dialect.tokenRoute === null) {
+        throw new RolloutEngineError('ERR_LLM_API', `llm.api "tokens": ${url} is a ${dialect.label} server, which has no token-in route; use llm.api "chat", or set llm.server if it is vLLM, SGLang or llama.cpp`);
+      }
+      this.log.info({ url, server: info.kind, contextLength: info.contextLength, abort: info.abort?.path ?? null, api: llm.api }, `inference server: ${dialect.label}${llm.server === 'auto' ? ' (llm.server auto)' : ''}`);
+      for (const gap of serverGaps(info, { api: llm.api, stream: llm.stream, wantIds: llm.returnTokenIds })) this.log.warn({ url, server: info.kind }, `${dialect.label} at ${url}: ${gap}`);
+      servers.push(info);
+    }
+    return servers;
   }
 
   /** `<runDir>/engine.ckpt` when every batch is checkpointed, else null. */

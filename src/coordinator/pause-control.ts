@@ -2,7 +2,7 @@
  * The coordinator's side of the pause broadcast (protocol/control-block.ts): write the state, bump the
  * epoch, wake every worker, and measure how long until they have all seen it.
  */
-import { CONTROL, createControlBlock, LAST_SEND, RunState } from '../protocol/control-block.ts';
+import { CONTROL, createControlBlock, LAST_SEND, RunState, writeWeightVersion } from '../protocol/control-block.ts';
 
 export class PauseControl {
   readonly block: SharedArrayBuffer;
@@ -46,7 +46,9 @@ export class PauseControl {
     this.#broadcast(this.state);
   }
 
-  resume(modelStep: number): void {
+  /** `weightVersion`: the server's name for these weights, as the trainer announced it (null: none). */
+  resume(modelStep: number, weightVersion: string | null = null): void {
+    writeWeightVersion(this.block, weightVersion);
     Atomics.store(this.#view, CONTROL.MODEL_STEP, modelStep);
     this.#broadcast(RunState.RUNNING);
   }

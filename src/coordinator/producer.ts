@@ -15,9 +15,11 @@ import type { ResolvedConfig } from '../config.ts';
 import { emptyDropCounts, ReplayBuffer, type BufferSnapshot, type DropReason, type ExpiryPolicy } from '../buffer/replay-buffer.ts';
 import type { Sampler } from '../buffer/sampler.ts';
 import { rolloutStaleness, staleThreshold, tokenLossMask } from '../buffer/staleness.ts';
-import { InferenceAborter } from '../llm/client.ts';
+import { InferenceAborter, type AbortRoute, type AbortTarget } from '../llm/client.ts';
+import { DIALECTS } from '../llm/servers.ts';
+import { MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
 import type { Logger } from '../log.ts';
-import { RolloutEngineError } from '../protocol/errors.ts';
+import { preview, RolloutEngineError } from '../protocol/errors.ts';
 import { wallClockUs } from '../protocol/control-block.ts';
 import { approxGroupBytes, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
 import { Notifier, WakeUp } from './notifier.ts';
@@ -143,8 +145,12 @@ export class Producer implements ProduceContext {
   readonly #control: PauseControl;
   readonly #samplers: Map<string, Sampler>;
   readonly #log: Logger;
-  /** Every inference endpoint (the default policy's and the agents' own), deduplicated: what a pause aborts. */
-  readonly #endpoints: string[];
+  /**
+   * Every inference endpoint (the default policy's and the agents' own), deduplicated, with its
+   * abort-all route: what a pause aborts. Endpoints without one are cancelled client-side.
+   */
+  readonly #abortTargets: AbortTarget[];
+  readonly #endpointCount: number;
   readonly #observer: ProducerObserver;
   readonly #isValidGroup: ((group: RolloutGroup) => boolean) | null;
   readonly #sync: SyncStrategy;
@@ -181,6 +187,8 @@ export class Producer implements ProduceContext {
     samplers: Map<string, Sampler>;
     log: Logger;
     endpoints: string[];
+    /** Each endpoint's abort-all route as probed at start (llm/servers.ts); default: from `llm.abortPath`. */
+    abortRoutes?: ReadonlyMap<string, AbortRoute | null>;
     hooks?: ProducerHooks;
     observer?: ProducerObserver;
   }) {
@@ -190,7 +198,12 @@ export class Producer implements ProduceContext {
     this.#control = options.control;
     this.#samplers = options.samplers;
     this.#log = options.log;
-    this.#endpoints = options.endpoints;
+    const configured: AbortRoute | null = config.llm.abortPath === null ? null : { path: config.llm.abortPath ?? DIALECTS.generic.abort!.path, body: DIALECTS.generic.abort!.body };
+    this.#abortTargets = options.endpoints.flatMap((url) => {
+      const route = options.abortRoutes?.has(url) ? options.abortRoutes.get(url)! : configured;
+      return route === null ? [] : [{ url, route }];
+    });
+    this.#endpointCount = options.endpoints.length;
     this.#modelStep = config.modelStep;
     this.progress = new ProduceProgress(config.tasks, config.batchSize);
     this.buffer = new ReplayBuffer(config.tasks.map((t) => t.name));
@@ -595,8 +608,7 @@ export class Producer implements ProduceContext {
     const groupsBefore = this.#inFlight.size;
     // The server abort does not wait for the workers' acks: from the store above no worker can send a
     // call (the send path reads the flag in the same tick), so the acks only measure, they gate nothing.
-    const abortPath = this.#config.llm.abortPath;
-    const serverAborting = mode === 'abort' && groupsBefore > 0 && abortPath !== null ? this.#abortOnServers(abortPath) : null;
+    const serverAborting = mode === 'abort' && groupsBefore > 0 && this.#abortTargets.length > 0 ? this.#abortOnServers() : null;
     const workersAckedMs = await this.#control.waitForAcks(this.#pool.liveWorkers, Math.min(timeoutMs, 1_000), start);
     const workersStoppedMs = workersAckedMs === null ? null : this.#control.lastSendAfterMs(requestedUs);
     const serverAbort = serverAborting !== null && (await serverAborting);
@@ -621,7 +633,7 @@ export class Producer implements ProduceContext {
       const now = performance.now();
       if (this.#inFlight.size === 0 || !pausing()) break;
       if (now >= nextAbort && now < deadline) {
-        repeatedAborts.push(this.#abortOnServers(abortPath!));
+        repeatedAborts.push(this.#abortOnServers());
         nextAbort = now + SERVER_ABORT_REPEAT_MS;
       }
       if (now >= deadline) {
@@ -653,23 +665,34 @@ export class Producer implements ProduceContext {
     return report;
   }
 
-  /** Ask every inference endpoint to abort what it is generating; true when all of them could. */
-  async #abortOnServers(path: string): Promise<boolean> {
+  /**
+   * Ask every inference endpoint to abort what it is generating; true when all of them could (an
+   * endpoint without an abort route cannot: its calls are then cancelled client-side).
+   */
+  async #abortOnServers(): Promise<boolean> {
     if (this.#closed) return false; // close() has closed the aborter's connections
-    this.#aborter ??= new InferenceAborter(path, { apiKey: this.#config.llm.apiKey });
-    return this.#aborter.abortAll(this.#endpoints);
+    this.#aborter ??= new InferenceAborter({ apiKey: this.#config.llm.apiKey });
+    const all = await this.#aborter.abortAll(this.#abortTargets);
+    return all && this.#abortTargets.length === this.#endpointCount;
   }
 
-  /** New weights are loaded: tag new tokens with `modelStep` and produce again. */
-  resume(modelStep: number): void {
+  /**
+   * New weights are loaded: tag new tokens with `modelStep` and produce again. `weightVersion` is the
+   * servers' name for these weights (SGLang's `--weight-version`, a string): replies that carry another
+   * one are reported as not serving them (rollout/pause-gate.ts).
+   */
+  resume(modelStep: number, weightVersion: string | null = null): void {
     if (!Number.isInteger(modelStep) || modelStep < this.#modelStep || modelStep > 0x7fffffff) {
       throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `modelStep must be an integer from the current model step ${this.#modelStep} to 2147483647 (got ${String(modelStep)})`);
+    }
+    if (weightVersion !== null && (typeof weightVersion !== 'string' || weightVersion === '' || weightVersion.length > MAX_WEIGHT_VERSION_LENGTH)) {
+      throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `weightVersion must be a non-empty string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters (got ${preview(weightVersion)})`);
     }
     this.#modelStep = modelStep;
     this.#reportedModelStep = null; // learnt again from the first tokens the new weights generate
     this.#resumeEpoch++;
     this.#paused = false;
-    this.#control.resume(modelStep);
+    this.#control.resume(modelStep, weightVersion);
     this.buffer.refresh(this.#expiry());
     this.#changed.notify();
     this.#landed.notify();

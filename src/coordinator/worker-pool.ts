@@ -20,6 +20,7 @@ import { isWorkerRegistration, PROTOCOL_VERSION, type TaskBox, type WorkerContro
 import { restoreKeptTurns } from '../protocol/result-delta.ts';
 import { fillModelSteps, Status, type RolloutGroup } from '../protocol/rollout.ts';
 import type { WorkerEnvSettings, WorkerInit } from '../rollout/worker-runtime.ts';
+import type { ServerInfo } from '../llm/servers.ts';
 
 export interface WorkerPool {
   /** Run every rollout of `group`; resolves with the group in a final status, never rejects. */
@@ -44,6 +45,8 @@ export interface PiscinaWorkerPoolOptions {
   control: SharedArrayBuffer;
   /** Overrides the worker entry file (tests use it to load a worker that misbehaves on purpose). */
   workerUrl?: URL;
+  /** What the start-up probe learnt of each inference endpoint (its dialect, context length). */
+  servers?: readonly ServerInfo[];
 }
 
 export class PiscinaWorkerPool implements WorkerPool {
@@ -68,7 +71,7 @@ export class PiscinaWorkerPool implements WorkerPool {
     const { config } = options;
     this.#log = options.log;
     this.#brokenPromise.catch(() => undefined); // observed through runGroup's race
-    const init = workerInit(config, options.llmUrls, options.control, options.gatewayUrl ?? null);
+    const init = workerInit(config, options.llmUrls, options.control, options.gatewayUrl ?? null, options.servers ?? []);
     const threads = config.workers.threads;
     this.#pool = new Piscina({
       filename: (options.workerUrl ?? projectModuleUrl('workers/episode-worker')).href,
@@ -188,7 +191,7 @@ function workerEnv(env: TaskConfig['env']): WorkerEnvSettings | null {
   return { kind: 'module', moduleUrl: env.moduleUrl!, exportName: env.export, params: env.params, poolSize: env.poolSize };
 }
 
-export function workerInit(config: ResolvedConfig, llmUrls: string[], control: SharedArrayBuffer, gatewayUrl: string | null = null): WorkerInit {
+export function workerInit(config: ResolvedConfig, llmUrls: string[], control: SharedArrayBuffer, gatewayUrl: string | null = null, servers: readonly ServerInfo[] = []): WorkerInit {
   const { llm } = config;
   const urls = (url: string | string[] | undefined) => (url === undefined ? llmUrls : urlList(url));
   return {
@@ -214,7 +217,12 @@ export function workerInit(config: ResolvedConfig, llmUrls: string[], control: S
         stream: llm.stream,
         // Drain mode lets every call finish on the old weights; only an aborting pause holds streams.
         holdOnPause: llm.stream && config.pause.mode === 'abort',
+        api: llm.api,
       },
+      // Unprobed endpoints (a test's own pool) are taken for `llm.server`, or generic under auto.
+      servers: Object.fromEntries(servers.map((s) => [s.url, { kind: s.kind, contextLength: s.contextLength }])),
+      fallbackServer: { kind: llm.server === 'auto' ? 'generic' : llm.server, contextLength: null },
+      tokenizer: llm.api === 'tokens' ? llm.tokenizer : null,
       default: { urls: llmUrls, model: llm.model, temperature: null, maxTokens: null },
       policies: Object.fromEntries(
         Object.entries(llm.policies).map(([agent, p]) => [agent, { urls: urls(p.url), model: p.model ?? llm.model, temperature: p.temperature ?? null, maxTokens: p.maxTokens ?? null }]),

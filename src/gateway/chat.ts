@@ -81,7 +81,7 @@ export async function runChatCall(ctx: ChatContext, request: ChatCompletionReque
   const stripStop = result.finishReason === 'stop' && ctx.model.specialIds.has(last);
   const contentTokens = stripStop ? ids.length - 1 : ids.length;
   const content = ctx.model.decode(ids.slice(0, contentTokens));
-  const modelStep = result.weightVersion ?? ctx.modelStep();
+  const modelStep = numericVersion(result.weightVersion) ?? ctx.modelStep();
 
   if (plan.kind === 'replay') session.traces.pop();
   const trace: CallTrace = {
@@ -125,6 +125,13 @@ export async function runChatCall(ctx: ChatContext, request: ChatCompletionReque
     wantTokenIds: request.returnTokenIds,
     includeUsage: request.includeUsage,
   };
+}
+
+/** A version that is a whole number is a model step; another name (SGLang's "default") says none. */
+function numericVersion(version: string | null): number | null {
+  if (version === null || !/^\d{1,10}$/.test(version)) return null;
+  const n = Number(version);
+  return n <= 0x7fffffff ? n : null;
 }
 
 /** Ids from a backend serving another tokenizer would decode to garbage (or silently to nothing). */

@@ -96,7 +96,7 @@ export function resolveGatewayOptions(options: GatewayOptions): ResolvedGatewayO
   const b = options.backend;
   if (typeof b !== 'object' || b === null) fail('backend', 'must be an object {kind, url}', b);
   unknownKeys('backend.', b, KNOWN_BACKEND);
-  if (b.kind !== 'vllm' && b.kind !== 'sglang') fail('backend.kind', 'must be "vllm" or "sglang"', b.kind);
+  if (b.kind !== 'vllm' && b.kind !== 'sglang' && b.kind !== 'llamacpp') fail('backend.kind', 'must be "vllm", "sglang" or "llamacpp"', b.kind);
   const url = text('backend.url', b.url);
   if (!/^https?:\/\//.test(url)) fail('backend.url', 'must be an http(s) URL', url);
   const model = options.model === undefined || options.model === null ? null : text('model', options.model);

@@ -14,6 +14,10 @@ import { LlmError } from './errors.ts';
 import { Exchanges, type ExchangeResult } from './exchange.ts';
 import { parseChatReply, type ChatResult } from './reply.ts';
 import { ChatStream } from './stream-reply.ts';
+import { DIALECTS, type ServerDialect, type ServerKind } from './servers.ts';
+import { contextOverflowReply, isContextOverflow } from './context.ts';
+import { TokenChat } from './token-chat.ts';
+import type { ChatModel } from '../gateway/model.ts';
 
 export interface LlmClientOptions {
   url: string;
@@ -51,6 +55,15 @@ export interface LlmClientOptions {
   hold?: () => CancelSignal;
   /** Told once per client of a reply that lacks what was asked for (token ids, logprobs): the worker logs it. */
   warn?: (message: string) => void;
+  /** The server's dialect and context length, as probed at start (llm/servers.ts); default: generic, unknown. */
+  server?: { kind: ServerKind; contextLength: number | null };
+  /**
+   * `chat` (default): OpenAI chat completions. `tokens`: the conversation is rendered and tokenized
+   * here (`chatModel`) and sent as ids to the dialect's token-in route (llm/token-chat.ts).
+   */
+  api?: 'chat' | 'tokens';
+  /** The policy's tokenizer and chat template, for `api: tokens` (loaded once per worker). */
+  chatModel?: () => Promise<ChatModel>;
 }
 
 export interface ChatRequest {
@@ -64,10 +77,21 @@ export interface ChatRequest {
    * sent as a final assistant message with vLLM's `continue_final_message`.
    */
   continueFrom?: string;
+  /** The same partial reply as tokens (`api: tokens`): its prompt ids and the ids generated so far. */
+  continueTokens?: { promptIds: Int32Array; responseIds: Int32Array };
+  /**
+   * The session's previous turn (`api: tokens`): the messages it was rendered from and its ids, so
+   * this turn's prompt extends that exact sequence even when no cache holds it (another worker, a
+   * restart after a pause).
+   */
+  previous?: { messages: readonly ChatMessage[]; promptIds: Int32Array | null; responseIds: Int32Array | null };
 }
 
-/** The OpenAI chat-completions request body for `request` (the object; each attempt serialises it). */
-export function chatPayload(options: Pick<LlmClientOptions, 'model' | 'logprobs' | 'returnTokenIds' | 'stream'>, request: ChatRequest): object {
+/**
+ * The OpenAI chat-completions request body for `request` (the object; each attempt serialises it).
+ * `ids`: the dialect's fields asking for token ids (llm/servers.ts); default vLLM's `return_token_ids`.
+ */
+export function chatPayload(options: Pick<LlmClientOptions, 'model' | 'logprobs' | 'returnTokenIds' | 'stream'>, request: ChatRequest, ids: Record<string, unknown> | null = VLLM_IDS): object {
   const continuing = request.continueFrom !== undefined;
   return {
     model: options.model,
@@ -77,13 +101,23 @@ export function chatPayload(options: Pick<LlmClientOptions, 'model' | 'logprobs'
     ...(request.seed !== undefined ? { seed: request.seed } : {}),
     ...(continuing ? { continue_final_message: true, add_generation_prompt: false } : {}),
     ...(options.logprobs ? { logprobs: true } : {}),
-    ...(options.returnTokenIds ? { return_token_ids: true } : {}),
+    ...(options.returnTokenIds && ids !== null ? ids : {}),
     ...(options.stream ? { stream: true, stream_options: { include_usage: true } } : {}),
   };
 }
 
+const VLLM_IDS = { return_token_ids: true };
+
 /** How one attempt ended: the reply, or why not and whether another attempt may do better. */
-type Outcome = { ok: true; result: ChatResult } | { ok: false; error: LlmError; retryable: boolean; retryAfterMs?: number };
+type Outcome<T = ChatResult> = { ok: true; result: T } | { ok: false; error: LlmError; retryable: boolean; retryAfterMs?: number };
+
+/** How the answer to one kind of call is read (chat, or a token-in route): plain functions, no closure per call. */
+interface CallReader<T> {
+  /** A 200 answer's JSON → the result (throws LlmError for a bad reply). */
+  parse(json: unknown): T;
+  /** A 4xx the call should not fail on (a context overflow ends the episode as truncated); null = none. */
+  onClientError?(status: number, text: string): T | null;
+}
 
 const utf8 = new TextEncoder();
 /** Retry-After is honoured up to this bound: a server asking for minutes should fail the rollout instead. */
@@ -112,9 +146,17 @@ export class LlmClient {
   readonly #exchanges: Exchanges;
   /** What a reply lacked that was asked for, already warned of (once per client, not per call). */
   readonly #warned = new Set<string>();
+  readonly #dialect: ServerDialect;
+  /** Chat replies read by this client's dialect (see #chatReader). */
+  readonly #chatReader: CallReader<ChatResult>;
+  /** `api: tokens`: the conversations, as token sequences (null in chat mode). */
+  readonly #tokens: TokenChat | null;
 
   constructor(options: LlmClientOptions) {
     this.#options = options;
+    this.#dialect = DIALECTS[options.server?.kind ?? 'generic'];
+    this.#chatReader = { parse: parseChatReply, onClientError: (status, text) => (isContextOverflow(status, text) ? contextOverflowReply(text) : null) };
+    this.#tokens = options.api === 'tokens' ? new TokenChat(this.#dialect, options, (path, payload, reader, signal) => this.#call(path, payload, reader, signal, false)) : null;
     this.#exchanges = new Exchanges({ limits: { maxBodyBytes: options.maxReplyBytes, wholeBodyMs: options.timeoutMs } });
     const url = new URL(options.url);
     this.#origin = url.origin;
@@ -146,17 +188,29 @@ export class LlmClient {
   /**
    * One chat completion, retried on 429 / 5xx / transport errors with exponential backoff.
    * `signal` cancels it (pause, shutdown): the rejection is then an ERR_LLM_ABORTED LlmError.
-   *
-   * The exchange is awaited here, in the one async frame of a call: every call in flight holds its
-   * suspended frames until the answer (heap snapshot of the memory bench: ≈0.5–0.8 KB per frame), so
-   * the reading of an answer is plain functions (`#outcomeOf`, `#transportOutcome`) instead of an
-   * awaited helper.
+   * With `api: tokens` the conversation goes out as token ids instead (llm/token-chat.ts), its
+   * sequence kept under `conversation` (one per agent of a multi-agent episode; default `sessionId`).
    */
-  async chat(request: ChatRequest, signal?: CancelSignal, sessionId?: string): Promise<ChatResult> {
+  chat(request: ChatRequest, signal?: CancelSignal, sessionId?: string, conversation = sessionId): Promise<ChatResult> {
+    if (this.#tokens !== null) return this.#tokens.chat(request, signal, conversation);
     // The payload object, not its JSON: each attempt serialises it again (retries are rare), so no
     // string or buffer of the body stays alive while the call waits for its answer.
-    const payload = chatPayload(this.#options, request);
-    const path = this.#chatPath(sessionId);
+    const payload = chatPayload(this.#options, request, this.#dialect.chatIdFields(this.#options.stream === true));
+    return this.#call(this.#chatPath(sessionId), payload, this.#chatReader, signal, this.#options.stream === true);
+  }
+
+  /** The episode is over: what `api: tokens` holds of its conversation is let go. */
+  endSession(conversation: string): void {
+    this.#tokens?.forget(conversation);
+  }
+
+  /**
+   * One call with retries. The exchange is awaited here, in the one async frame of a call: every call
+   * in flight holds its suspended frames until the answer (heap snapshot of the memory bench: ≈0.5–0.8
+   * KB per frame), so the reading of an answer is plain functions (`#outcomeOf`, `#transportOutcome`)
+   * instead of an awaited helper.
+   */
+  async #call<T>(path: string, payload: object, reader: CallReader<T>, signal: CancelSignal | undefined, stream: boolean): Promise<T> {
     const attempts = this.#options.retries + 1;
     let lastError: LlmError | null = null;
     for (let attempt = 1; ; attempt++) {
@@ -173,7 +227,7 @@ export class LlmClient {
       let response: ExchangeResult | null = null;
       let failure: unknown = null;
       // Per attempt: a retry reads its own stream from the start.
-      const events = this.#options.stream ? new ChatStream({ tokenIds: this.#options.returnTokenIds, logprobs: this.#options.logprobs }) : undefined;
+      const events = stream ? new ChatStream({ tokenIds: this.#options.returnTokenIds && this.#dialect.chatResponseIds, logprobs: this.#options.logprobs }) : undefined;
       try {
         this.#options.onSend?.();
         response = await this.#exchanges.run(
@@ -189,10 +243,10 @@ export class LlmClient {
         if (signal?.aborted) throw aborted(signal);
         failure = err;
       }
-      const outcome = response !== null ? this.#outcomeOf(response, events) : this.#transportOutcome(failure);
+      const outcome = response !== null ? this.#outcomeOf(response, events, reader) : this.#transportOutcome(failure);
       if (outcome.ok) {
-        this.#checkAsked(outcome.result);
-        return outcome.result;
+        if (reader === (this.#chatReader as unknown)) this.#checkAsked(outcome.result as ChatResult);
+        return outcome.result as T;
       }
       if (!outcome.retryable || attempt >= attempts) throw outcome.error;
       lastError = outcome.error;
@@ -212,7 +266,10 @@ export class LlmClient {
    */
   #checkAsked(result: ChatResult): void {
     if (result.finishReason === 'abort') return; // an aborted call may have no tokens at all
-    if (this.#options.returnTokenIds && result.responseIds === null) this.#warnOnce('token ids', 'llm.returnTokenIds (choices[0].token_ids, prompt_token_ids: vLLM ≥ 0.10.2 with return_token_ids)');
+    // What the dialect is known not to send was said once at start (llm/servers.ts serverGaps).
+    if (this.#options.returnTokenIds && result.responseIds === null && this.#dialect.chatResponseIds) {
+      this.#warnOnce('token ids', 'llm.returnTokenIds (choices[0].token_ids, prompt_token_ids: vLLM ≥ 0.10.2 with return_token_ids)');
+    }
     if (this.#options.logprobs && result.logprobs === null) this.#warnOnce('logprobs', 'llm.logprobs (choices[0].logprobs.content)');
   }
 
@@ -223,7 +280,7 @@ export class LlmClient {
   }
 
   /** A request that got no answer (timeouts, transport errors; not a cancellation). */
-  #transportOutcome(err: unknown): Outcome {
+  #transportOutcome(err: unknown): Outcome<never> {
     // The exchange cut an answer over its limits (size, or a body past the budget): not worth a retry.
     if (err instanceof LlmError) return { ok: false, retryable: false, error: err };
     const code = (err as { code?: string }).code;
@@ -238,10 +295,14 @@ export class LlmClient {
   }
 
   /** What an answer means: the parsed reply, or an error (retryable for 429 and 5xx). */
-  #outcomeOf(response: ExchangeResult, events: ChatStream | undefined): Outcome {
+  #outcomeOf<T>(response: ExchangeResult, events: ChatStream | undefined, reader: CallReader<T>): Outcome<T> {
     const { statusCode, text } = response;
     // Held by a pause: the tokens that have arrived are the partial generation, whatever the answer was to be.
-    if (response.held && events !== undefined) return this.#replyOutcome(heldReply, events);
+    if (response.held && events !== undefined) return this.#replyOutcome(heldReply, events) as Outcome<T>;
+    if (statusCode >= 400 && statusCode < 500 && reader.onClientError !== undefined) {
+      const result = reader.onClientError(statusCode, text);
+      if (result !== null) return { ok: true, result };
+    }
     if (statusCode !== 200) {
       return {
         ok: false,
@@ -250,18 +311,18 @@ export class LlmClient {
         error: new LlmError('ERR_LLM_HTTP', `inference server answered ${statusCode}: ${serverMessage(text)}`, { status: statusCode }),
       };
     }
-    if (response.streamed && events !== undefined) return this.#replyOutcome(streamedReply, events);
+    if (response.streamed && events !== undefined) return this.#replyOutcome(streamedReply, events) as Outcome<T>;
     let json: unknown;
     try {
       json = JSON.parse(text);
     } catch {
       return { ok: false, retryable: false, error: new LlmError('ERR_LLM_BAD_REPLY', `inference reply is not JSON: ${JSON.stringify(text.slice(0, 80))}`) };
     }
-    return this.#replyOutcome(parseChatReply, json);
+    return this.#replyOutcome(reader.parse, json);
   }
 
   /** The reply `read` makes of `input`, or the LlmError it throws (a bad reply is not retried). No closure per call. */
-  #replyOutcome<T>(read: (input: T) => ChatResult, input: T): Outcome {
+  #replyOutcome<I, T>(read: (input: I) => T, input: I): Outcome<T> {
     try {
       return { ok: true, result: read(input) };
     } catch (err) {
@@ -277,59 +338,38 @@ export class LlmClient {
 const heldReply = (events: ChatStream): ChatResult => events.held();
 const streamedReply = (events: ChatStream): ChatResult => events.result();
 
-/**
- * `GET /v1/models` once, to fail fast with a clear message when the server is down or misconfigured,
- * instead of discovering it one failed rollout at a time.
- */
-export async function probeInferenceServer(url: string, options: { apiKey?: string | null; timeoutMs?: number } = {}): Promise<string[]> {
-  const base = new URL(url);
-  const path = `${v1Path(base.pathname)}/models`;
-  const pool = new Pool(base.origin, { connections: 1 });
-  try {
-    const response = await pool.request({
-      method: 'GET',
-      path,
-      headers: options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {},
-      signal: AbortSignal.timeout(options.timeoutMs ?? 5_000),
-    });
-    const text = await response.body.text();
-    if (response.statusCode !== 200) {
-      throw new LlmError('ERR_LLM_HTTP', `GET ${base.origin}${path} answered ${response.statusCode}: ${serverMessage(text)}`, { status: response.statusCode });
-    }
-    const models = (JSON.parse(text) as { data?: { id?: unknown }[] }).data;
-    return Array.isArray(models) ? models.map((m) => String(m.id)) : [];
-  } catch (err) {
-    if (err instanceof LlmError) throw err;
-    const code = (err as { code?: string }).code ?? (err as Error).name;
-    throw new LlmError('ERR_LLM_UNREACHABLE', `inference server ${base.origin}${path} unreachable: ${code} ${(err as Error).message} (check llm.url / --llm-url)`, { cause: err });
-  } finally {
-    await pool.close();
-  }
+export interface AbortRoute {
+  path: string;
+  /** JSON body: SGLang `{"abort_all":true}`, vLLM `{}` (llm/servers.ts). */
+  body: string;
+}
+
+export interface AbortTarget {
+  url: string;
+  route: AbortRoute;
 }
 
 /**
  * Asks inference servers to abort every request in flight (SGLang's `POST /abort_request
- * {"abort_all": true}`, the mock's alias of `/admin/abort`): they are answered at once with finish
- * reason `abort` and the tokens generated so far.
+ * {"abort_all": true}`, vLLM's dev-mode `POST /abort_requests {}`, the mock's alias of `/admin/abort`):
+ * they are answered at once with finish reason `abort` and the tokens generated so far.
  *
  * One keep-alive connection per server, opened on first use and kept: a pause is on the critical path
  * of a weight update, and a fresh TCP connection per pause would add its handshake to every one.
  */
 export class InferenceAborter {
-  readonly #path: string;
   readonly #headers: Record<string, string>;
   readonly #timeoutMs: number;
   readonly #pools = new Map<string, { pool: Pool; path: string }>();
 
-  constructor(path: string, options: { apiKey?: string | null; timeoutMs?: number } = {}) {
-    this.#path = path;
+  constructor(options: { apiKey?: string | null; timeoutMs?: number } = {}) {
     this.#timeoutMs = options.timeoutMs ?? 2_000;
     this.#headers = { 'content-type': 'application/json', ...(options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {}) };
   }
 
   /** Resolves true when every server accepted the abort, false when any does not support it or failed. */
-  async abortAll(urls: readonly string[]): Promise<boolean> {
-    const results = await Promise.all(urls.map((url) => this.#abort(url)));
+  async abortAll(targets: readonly AbortTarget[]): Promise<boolean> {
+    const results = await Promise.all(targets.map((t) => this.#abort(t)));
     return results.every(Boolean);
   }
 
@@ -339,20 +379,20 @@ export class InferenceAborter {
     await Promise.all(pools.map((p) => p.pool.close()));
   }
 
-  async #abort(url: string): Promise<boolean> {
+  async #abort({ url, route }: AbortTarget): Promise<boolean> {
     try {
       let target = this.#pools.get(url);
       if (target === undefined) {
         const base = new URL(url);
         const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
-        target = { pool: new Pool(base.origin, { connections: 1, keepAliveTimeout: 600_000 }), path: `${prefix}${this.#path}` };
+        target = { pool: new Pool(base.origin, { connections: 1, keepAliveTimeout: 600_000 }), path: `${prefix}${route.path}` };
         this.#pools.set(url, target);
       }
       const response = await target.pool.request({
         method: 'POST',
         path: target.path,
         headers: this.#headers,
-        body: '{"abort_all":true}',
+        body: route.body,
         signal: AbortSignal.timeout(this.#timeoutMs),
       });
       await response.body.dump();

@@ -9,15 +9,28 @@ import { preview } from '../protocol/errors.ts';
 export interface ChatResult {
   content: string;
   finishReason: FinishReason;
-  /** vLLM `prompt_token_ids` / `choices[0].token_ids` when the server returns them. */
+  /**
+   * Prompt ids where the server puts them: vLLM's top-level `prompt_token_ids`, SGLang's per-choice
+   * `choices[0].prompt_token_ids` (asked with `return_prompt_token_ids`), a token-in reply's own prompt.
+   */
   promptIds: Int32Array | null;
+  /** vLLM `choices[0].token_ids`, or llama.cpp's `logprobs.content[].id` when every entry has one. */
   responseIds: Int32Array | null;
   /** `choices[0].logprobs.content[].logprob`, aligned with responseIds when both are present. */
   logprobs: Float32Array | null;
-  /** Weight version reported by the server (`metadata.weight_version`, SGLang `meta_info`, or top level). */
-  weightVersion: number | null;
+  /**
+   * Weight version reported by the server (`metadata.weight_version`, SGLang `meta_info`, or top
+   * level), as text: SGLang's are strings ("default" unless launched with `--weight-version`), so a
+   * version is a name the trainer announces, not a number (rollout/weight-versions.ts maps it to a step).
+   */
+  weightVersion: string | null;
   promptTokens: number | null;
   completionTokens: number | null;
+  /**
+   * Set (to the server's words, or the count) when the call did not fit the server's context: nothing
+   * was generated, and the episode ends as truncated (llm/context.ts).
+   */
+  contextExceeded?: string;
 }
 
 export function parseChatReply(body: unknown): ChatResult {
@@ -33,9 +46,14 @@ export function parseChatReply(body: unknown): ChatResult {
   const finishReason = choice.finish_reason;
   if (typeof finishReason !== 'string' || finishReason === '') throw bad('choices[0].finish_reason', finishReason, 'a non-empty string');
 
-  const promptIds = body.prompt_token_ids == null ? null : intArray(body.prompt_token_ids, 'prompt_token_ids');
-  const responseIds = choice.token_ids == null ? null : intArray(choice.token_ids, 'choices[0].token_ids');
+  const promptIds =
+    body.prompt_token_ids != null
+      ? intArray(body.prompt_token_ids, 'prompt_token_ids')
+      : choice.prompt_token_ids != null
+        ? intArray(choice.prompt_token_ids, 'choices[0].prompt_token_ids')
+        : null;
   const logprobs = parseLogprobs(choice.logprobs);
+  const responseIds = choice.token_ids != null ? intArray(choice.token_ids, 'choices[0].token_ids') : logprobIds(choice.logprobs);
   if (responseIds !== null && logprobs !== null && responseIds.length !== logprobs.length) {
     throw new LlmError(
       'ERR_LLM_BAD_REPLY',
@@ -59,6 +77,24 @@ function parseLogprobs(value: unknown): Float32Array | null {
   if (value == null) return null;
   const out = new Float32Array(logprobEntries(value).length);
   readLogprobs(value, (lp, i) => (out[i] = lp));
+  return out;
+}
+
+/**
+ * llama.cpp's `llama-server` sends no `token_ids`: each `logprobs.content[]` entry carries its token's
+ * `id` instead (tools/server/server-common.cpp, `completion_token_output::to_json`). Ids only when
+ * every entry has one, so they stay aligned with the logprobs.
+ */
+export function logprobIds(value: unknown, where = REPLY): Int32Array | null {
+  if (value == null) return null;
+  const entries = logprobEntries(value, where);
+  if (entries.length === 0 || (entries[0] as { id?: unknown } | null)?.id === undefined) return null;
+  const out = new Int32Array(entries.length);
+  for (let i = 0; i < entries.length; i++) {
+    const id = (entries[i] as { id?: unknown } | null)?.id;
+    if (!Number.isInteger(id) || (id as number) < 0 || (id as number) > 0x7fffffff) throw bad(`choices[0].logprobs.content[${i}].id`, id, 'a non-negative integer token id', where);
+    out[i] = id as number;
+  }
   return out;
 }
 
@@ -103,7 +139,15 @@ export function readTokenIds(value: unknown, field: string, take: (id: number, i
   return value.length;
 }
 
-export function weightVersionOf(body: Record<string, unknown>, where = REPLY): number | null {
+/** Longest weight version kept: a name, not a payload. */
+export const MAX_WEIGHT_VERSION_LENGTH = 256;
+
+/**
+ * The server's weight version as text. Any string or integer is accepted — a rollout never fails over
+ * a version's format; only a value that is no name at all (an object, a fraction, a huge string) is
+ * a bad reply.
+ */
+export function weightVersionOf(body: Record<string, unknown>, where = REPLY): string | null {
   const candidates = [
     isObject(body.metadata) ? body.metadata.weight_version : undefined,
     isObject(body.meta_info) ? body.meta_info.weight_version : undefined,
@@ -111,10 +155,9 @@ export function weightVersionOf(body: Record<string, unknown>, where = REPLY): n
   ];
   for (const v of candidates) {
     if (v == null) continue;
-    const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
-    // Model steps are stored as int32 per token: a version outside that range is a bad reply, not a wrap.
-    if (typeof n !== 'number' || !Number.isInteger(n) || n < 0 || n > 0x7fffffff) throw bad('metadata.weight_version', v, 'an integer in [0, 2147483647]', where);
-    return n;
+    if (typeof v === 'string' && v.length <= MAX_WEIGHT_VERSION_LENGTH) return v;
+    if (Number.isSafeInteger(v)) return String(v);
+    throw bad('metadata.weight_version', v, `a string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters or an integer`, where);
   }
   return null;
 }

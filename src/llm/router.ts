@@ -14,6 +14,8 @@ import type { CancelSignal } from '../cancel.ts';
 import { Slots } from '../slots.ts';
 import { LlmClient, type ChatRequest, type LlmClientOptions } from './client.ts';
 import { LlmError } from './errors.ts';
+import type { ServerKind } from './servers.ts';
+import type { ChatModel } from '../gateway/model.ts';
 
 export interface PolicySettings {
   urls: string[];
@@ -23,8 +25,14 @@ export interface PolicySettings {
 }
 
 export interface RouterOptions {
-  /** Client settings shared by every endpoint (model and url are per policy). */
-  client: Omit<LlmClientOptions, 'url' | 'model'>;
+  /** Client settings shared by every endpoint (model, url and server are per endpoint). */
+  client: Omit<LlmClientOptions, 'url' | 'model' | 'server' | 'chatModel'>;
+  /** Each endpoint's dialect and context length, as probed at start (llm/servers.ts). */
+  servers?: Record<string, { kind: ServerKind; contextLength: number | null }>;
+  /** For an endpoint not probed (a test's own pool): `llm.server`, or generic under `auto`. */
+  fallbackServer?: { kind: ServerKind; contextLength: number | null };
+  /** The policy's tokenizer for `api: tokens` (`llm.tokenizer`); null in chat mode. */
+  tokenizer?: string | null;
   default: PolicySettings;
   policies: Record<string, PolicySettings>;
   maxConcurrency: number | null;
@@ -68,13 +76,18 @@ export class LlmRouter {
   constructor(options: RouterOptions, hooks: Pick<LlmClientOptions, 'paused' | 'onSend' | 'hold' | 'warn'> = {}) {
     // One client per distinct (url, model): policies sharing a server share its connection pool.
     const clients = new Map<string, LlmClient>();
+    const tokenizer = options.tokenizer ?? null;
+    // Loaded on the first token-in call, once per worker (a multi-megabyte JSON), shared by every client.
+    let model: Promise<ChatModel> | null = null;
+    const chatModel = tokenizer === null ? undefined : () => (model ??= import('../gateway/model.ts').then((m) => m.loadChatModel(tokenizer)));
     const build = (settings: PolicySettings): Policy => ({
       settings,
       next: 0,
       endpoints: settings.urls.map((url) => {
         const key = `${url}\u0000${settings.model}`;
         let client = clients.get(key);
-        if (!client) clients.set(key, (client = new LlmClient({ ...options.client, ...hooks, url, model: settings.model })));
+        const server = options.servers?.[url] ?? options.fallbackServer;
+        if (!client) clients.set(key, (client = new LlmClient({ ...options.client, ...hooks, url, model: settings.model, server, chatModel })));
         return endpointOf(client);
       }),
     });
@@ -101,15 +114,15 @@ export class LlmRouter {
       temperature === null && maxTokens === null
         ? request
         : { ...request, temperature: temperature ?? request.temperature, maxTokens: maxTokens !== null ? Math.min(maxTokens, request.maxTokens) : request.maxTokens };
-    if (this.#calls.size !== Infinity) return this.#chatInSlot(endpoint, effective, signal, route.session);
+    if (this.#calls.size !== Infinity) return this.#chatInSlot(endpoint, effective, signal, route.session, key);
     // No call limit: no suspended frame or closure of ours per call in flight (memory per episode), just the count.
     endpoint.outstanding++;
-    const call = endpoint.client.chat(effective, signal, route.session);
+    const call = endpoint.client.chat(effective, signal, route.session, key);
     call.then(endpoint.settled, endpoint.settled);
     return call;
   }
 
-  async #chatInSlot(endpoint: Endpoint, request: ChatRequest, signal: CancelSignal | undefined, session: string): Promise<ChatResult> {
+  async #chatInSlot(endpoint: Endpoint, request: ChatRequest, signal: CancelSignal | undefined, session: string, conversation: string): Promise<ChatResult> {
     try {
       await this.#calls.acquire(signal);
     } catch (reason) {
@@ -117,20 +130,24 @@ export class LlmRouter {
     }
     endpoint.outstanding++;
     try {
-      return await endpoint.client.chat(request, signal, session);
+      return await endpoint.client.chat(request, signal, session, conversation);
     } finally {
       endpoint.outstanding--;
       this.#calls.release();
     }
   }
 
-  /** Forget a session's endpoint (its episode ended). */
+  /** Forget a session's endpoint (its episode ended), and what its client held of it. */
   endSession(session: string): void {
+    this.#affinity.get(session)?.client.endSession(session);
     this.#affinity.delete(session);
     const keys = this.#agentKeys.get(session);
     if (keys === undefined) return;
     this.#agentKeys.delete(session);
-    for (const key of keys) this.#affinity.delete(key);
+    for (const key of keys) {
+      this.#affinity.get(key)?.client.endSession(key);
+      this.#affinity.delete(key);
+    }
   }
 
   /** Requests outstanding per endpoint URL of the default policy (for tests and stats). */

@@ -12,7 +12,7 @@
 import type { FinishReason } from '../protocol/rollout.ts';
 import { preview } from '../protocol/errors.ts';
 import { LlmError } from './errors.ts';
-import { bad, isObject, readLogprobs, readTokenIds, weightVersionOf, type ChatResult } from './reply.ts';
+import { bad, isObject, logprobIds, readLogprobs, readTokenIds, weightVersionOf, type ChatResult } from './reply.ts';
 
 export class ChatStream {
   readonly #wantIds: boolean;
@@ -33,7 +33,7 @@ export class ChatStream {
   #logprobsMissing = false;
   #promptIds: Int32Array | null = null;
   #finishReason: FinishReason | null = null;
-  #weightVersion: number | null = null;
+  #weightVersion: string | null = null;
   #promptTokens: number | null = null;
   #completionTokens: number | null = null;
   #done = false;
@@ -166,7 +166,15 @@ export class ChatStream {
       content = (delta.content ?? '') as string;
       if (typeof content !== 'string') throw bad('choices[0].delta.content', content, 'a string or null', where);
       if (choice.token_ids != null) readTokenIds(choice.token_ids, 'choices[0].token_ids', (id) => ids.push(id), where);
-      if (choice.logprobs != null) readLogprobs(choice.logprobs, (lp) => logprobs.push(lp), where);
+      if (choice.logprobs != null) {
+        readLogprobs(choice.logprobs, (lp) => logprobs.push(lp), where);
+        // llama.cpp: the ids ride inside the logprobs entries (see logprobIds).
+        if (choice.token_ids == null) for (const id of logprobIds(choice.logprobs, where) ?? []) ids.push(id);
+      }
+      if (choice.prompt_token_ids != null && promptIds === null) {
+        promptIds = [];
+        readTokenIds(choice.prompt_token_ids, 'choices[0].prompt_token_ids', (id) => promptIds!.push(id), where);
+      }
       if (choice.token_ids != null && choice.logprobs != null && ids.length !== logprobs.length) {
         throw new LlmError('ERR_LLM_BAD_REPLY', `${where}: choices[0].logprobs.content has ${logprobs.length} entries but choices[0].token_ids has ${ids.length}`);
       }
@@ -175,7 +183,7 @@ export class ChatStream {
         finishReason = choice.finish_reason;
       }
       // Tokens arrived without ids (or logprobs): the server does not send them, and partial arrays would lie.
-      if (choice.token_ids == null && (logprobs.length > 0 || content !== '')) this.#idsMissing = true;
+      if (choice.token_ids == null && ids.length === 0 && (logprobs.length > 0 || content !== '')) this.#idsMissing = true;
       if (choice.logprobs == null && (ids.length > 0 || content !== '')) this.#logprobsMissing = true;
     }
     if (promptIds !== null) this.#promptIds = Int32Array.from(promptIds);

@@ -14,6 +14,11 @@
  * only says a worker's event loop got round to the watcher, which a busy loop delays although it can
  * no longer send anything (the send path reads STATE in the same tick). Last writer wins: two workers
  * sending within the same microseconds may leave the slightly earlier time — not worth a CAS loop.
+ *
+ * VERSION (UTF-8 bytes after LAST_SEND, their length in VERSION_LENGTH) is the weight version the
+ * trainer announced with MODEL_STEP (`resume({ modelStep, weightVersion })`), or none (length −1).
+ * Written before the epoch bump that publishes it; a worker reads it only when it applies an epoch,
+ * so it never sees a step with another step's version.
  */
 export const RunState = {
   /** Episodes run normally. */
@@ -30,16 +35,44 @@ export const CONTROL = {
   EPOCH: 1,
   ACKS: 2,
   MODEL_STEP: 3,
+  VERSION_LENGTH: 4,
 } as const;
 
-const INT32_SLOTS = 4;
+const INT32_SLOTS = 6; // 5 used; 6 keeps LAST_SEND 8-byte aligned
 /** Index of LAST_SEND in a BigInt64Array over the block (after the Int32 slots, 8-byte aligned). */
 export const LAST_SEND = (INT32_SLOTS * Int32Array.BYTES_PER_ELEMENT) / BigInt64Array.BYTES_PER_ELEMENT;
 
+/** Byte offset of the announced weight version's UTF-8 bytes. */
+export const VERSION_OFFSET = (LAST_SEND + 1) * BigInt64Array.BYTES_PER_ELEMENT;
+/** Room for a weight version: 256 characters of any script (reply.ts MAX_WEIGHT_VERSION_LENGTH). */
+export const VERSION_BYTES = 1024;
+
 export function createControlBlock(modelStep: number): SharedArrayBuffer {
-  const sab = new SharedArrayBuffer((LAST_SEND + 1) * BigInt64Array.BYTES_PER_ELEMENT);
-  Atomics.store(new Int32Array(sab), CONTROL.MODEL_STEP, modelStep);
+  const sab = new SharedArrayBuffer(VERSION_OFFSET + VERSION_BYTES);
+  const view = new Int32Array(sab);
+  Atomics.store(view, CONTROL.MODEL_STEP, modelStep);
+  Atomics.store(view, CONTROL.VERSION_LENGTH, -1);
   return sab;
+}
+
+/** Writes the announced weight version (null: none). The caller publishes it with an epoch bump. */
+export function writeWeightVersion(sab: SharedArrayBuffer, version: string | null): void {
+  const view = new Int32Array(sab);
+  if (version === null) {
+    Atomics.store(view, CONTROL.VERSION_LENGTH, -1);
+    return;
+  }
+  const bytes = new TextEncoder().encode(version);
+  if (bytes.length > VERSION_BYTES) throw new RangeError(`weight version is ${bytes.length} bytes of UTF-8; at most ${VERSION_BYTES} fit`);
+  new Uint8Array(sab, VERSION_OFFSET, VERSION_BYTES).set(bytes);
+  Atomics.store(view, CONTROL.VERSION_LENGTH, bytes.length);
+}
+
+export function readWeightVersion(sab: SharedArrayBuffer): string | null {
+  const length = Atomics.load(new Int32Array(sab), CONTROL.VERSION_LENGTH);
+  if (length < 0) return null;
+  // TextDecoder refuses views of shared memory: copy the bytes out first.
+  return new TextDecoder().decode(new Uint8Array(sab, VERSION_OFFSET, length).slice());
 }
 
 /** Wall-clock time in µs, comparable across threads (each thread's performance.now() has its own origin). */

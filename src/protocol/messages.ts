@@ -77,6 +77,8 @@ export interface WorkerStats {
   groupsDone: number;
   rolloutsDone: number;
   steps: number;
+  /** Replies whose weight version is none the trainer announced: a server not serving the weights it was said to load. */
+  weightVersionMismatches: number;
   /** Episodes that ended in each status since start. */
   rolloutsByStatus: Record<string, number>;
   heapUsedBytes: number;

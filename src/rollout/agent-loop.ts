@@ -67,6 +67,8 @@ export interface PauseView {
   readonly paused: boolean;
   readonly modelStep: number;
   readonly signal: AbortSignal;
+  /** The model step a reply's weight version names; −1 for a version the trainer did not announce (rollout/pause-gate.ts). */
+  stepOfVersion(version: string | null): number;
 }
 
 /** Environment actors for one task: a fresh one per episode, handed back when the episode ends. */
@@ -101,9 +103,17 @@ export interface EpisodeContext {
   onEpisodeEnd?: (rollout: RolloutState) => void;
   /** Called when an episode ends badly or a continuation has to restart, for logs. */
   onProblem?: (rollout: RolloutState, reason: string) => void;
+  /**
+   * A reply's weight version is none the trainer announced: the server is not serving the weights the
+   * trainer said it loaded. Its tokens are tagged with `modelStep` (the current one) all the same.
+   */
+  onVersionMismatch?: (version: string, modelStep: number) => void;
 }
 
 class ReplayMismatch extends Error {}
+
+/** A call that did not fit the server's context (llm/context.ts): the episode ends truncated, not failed. */
+class ContextExceeded extends Error {}
 
 interface Episode {
   env: Environment;
@@ -253,11 +263,18 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
     // One agent (the usual case) awaits its call directly: a Promise.all, or a closure held across the
     // await, is one more thing per episode in flight.
     let turns: TurnRecord[];
-    if (prompts.length === 1) {
-      const [agentId, , prompt] = prompts[0];
-      turns = [await infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart)];
-    } else {
-      turns = await allOrFirstError(prompts.map(([agentId, , prompt]) => infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart)));
+    try {
+      if (prompts.length === 1) {
+        const [agentId, , prompt] = prompts[0];
+        turns = [await infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart)];
+      } else {
+        turns = await allOrFirstError(prompts.map(([agentId, , prompt]) => infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart)));
+      }
+    } catch (err) {
+      if (!(err instanceof ContextExceeded)) throw err;
+      timings.inferenceMs += performance.now() - t;
+      endTruncated(rollout, partial, err.message);
+      return;
     }
     timings.inferenceMs += performance.now() - t;
     if (partial) {
@@ -319,6 +336,7 @@ function infer(
   const already = partial?.responseIds?.length ?? 0;
   const seed = settings.sendSeed ? turnSeed(rollout, step, agentId) : null;
   const t = performance.now();
+  const previous = partial === null ? previousTurn(rollout, agentId) : undefined;
   let call: Promise<ChatResult>;
   try {
     call = ctx.llm.chat(
@@ -328,6 +346,8 @@ function infer(
         temperature: settings.temperature,
         ...(seed !== null ? { seed } : {}),
         ...(partial ? { continueFrom: partial.response } : {}),
+        ...(partial?.promptIds && partial.responseIds ? { continueTokens: { promptIds: partial.promptIds, responseIds: partial.responseIds } } : {}),
+        ...(previous !== undefined ? { previous: { messages: previous.messages, promptIds: previous.promptIds, responseIds: previous.responseIds } } : {}),
       },
       gate.signal,
       agentId === null ? { session: rollout.id } : { session: rollout.id, agent: agentId },
@@ -338,10 +358,44 @@ function infer(
     return Promise.reject(err);
   }
   return call.then((reply) => {
-    const turn = turnRecord(step, agentId, prompt, reply, reply.weightVersion ?? gate.modelStep, seed, settings, promptMs, performance.now() - t, turnStart);
+    if (reply.contextExceeded !== undefined) throw new ContextExceeded(reply.contextExceeded);
+    let modelStep = gate.stepOfVersion(reply.weightVersion);
+    if (modelStep < 0) {
+      modelStep = gate.modelStep;
+      ctx.onVersionMismatch?.(reply.weightVersion!, modelStep);
+    }
+    const turn = turnRecord(step, agentId, prompt, reply, modelStep, seed, settings, promptMs, performance.now() - t, turnStart);
     if (partial) mergeContinuation(partial, turn);
     return turn;
   });
+}
+
+/** This agent's last turn in the rollout: a token-in call extends its exact sequence (llm/token-chat.ts). */
+function previousTurn(rollout: RolloutState, agentId: string | null): TurnRecord | undefined {
+  for (let i = rollout.turns.length - 1; i >= 0; i--) if (rollout.turns[i].agentId === agentId) return rollout.turns[i];
+  return undefined;
+}
+
+/**
+ * The conversation outgrew the server's context: the episode ends as truncated with every turn it has
+ * (a partial last turn kept as it is), and its last step is trained on, as when a reply hits
+ * max_tokens. With no turn yet, the very first prompt does not fit: nothing to train on, a failure.
+ */
+function endTruncated(rollout: RolloutState, partial: TurnRecord | null, why: string): void {
+  if (partial !== null) partial.finishReason = 'length';
+  const last = rollout.turns.at(-1);
+  if (last === undefined) {
+    rollout.status = Status.FAILED;
+    rollout.error = `ERR_CONTEXT_EXCEEDED: the first prompt does not fit the inference server's context (${why})`;
+    return;
+  }
+  for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === last.step; i--) {
+    const turn = rollout.turns[i];
+    turn.terminated = turn.truncated = turn.trainable = true;
+  }
+  rollout.terminated = rollout.truncated = true;
+  rollout.finishReason = 'length';
+  rollout.status = Status.COMPLETED;
 }
 
 function applyOutcome(rollout: RolloutState, turns: TurnRecord[], outcome: StepResult, settings: AgentSettings, stepMs: number): void {

@@ -7,9 +7,18 @@
  * every pause, for streamed calls that come back at once with the tokens they hold (llm/client.ts).
  */
 import { setMaxListeners } from 'node:events';
-import { CONTROL, LAST_SEND, RunState, wallClockUs } from '../protocol/control-block.ts';
+import { CONTROL, LAST_SEND, readWeightVersion, RunState, wallClockUs } from '../protocol/control-block.ts';
+
+/** Announced weight versions remembered: replies from before a few syncs back are not expected. */
+const ANNOUNCED_KEPT = 16;
 
 export class PauseGate {
+  readonly #block: SharedArrayBuffer;
+  /**
+   * Weight versions the trainer announced at each resume → the model step they name, oldest first.
+   * Filled only as epochs are applied, so a version is never paired with another resume's step.
+   */
+  readonly #announced = new Map<string, number>();
   readonly #view: Int32Array;
   readonly #clock: BigInt64Array;
   #epoch: number;
@@ -18,6 +27,7 @@ export class PauseGate {
   #closed = false;
 
   constructor(block: SharedArrayBuffer) {
+    this.#block = block;
     this.#view = new Int32Array(block);
     this.#clock = new BigInt64Array(block);
     this.#epoch = Atomics.load(this.#view, CONTROL.EPOCH);
@@ -37,6 +47,27 @@ export class PauseGate {
   /** The weight version the coordinator last resumed with. */
   get modelStep(): number {
     return Atomics.load(this.#view, CONTROL.MODEL_STEP);
+  }
+
+  /**
+   * The model step a reply's weight version stands for:
+   * - no version in the reply: the step the coordinator last resumed with;
+   * - a version the trainer announced (`resume({ modelStep, weightVersion })`): that announcement's step;
+   * - the trainer never announced one: a version that is a whole number is the step itself (the
+   *   mock, SGLang `--weight-version N`), any other name ("default") says nothing: the current step;
+   * - versions were announced and this is none of them: −1 — the server is not serving the weights
+   *   the trainer said it loaded (the caller reports it and tags the current step).
+   */
+  stepOfVersion(version: string | null): number {
+    if (version === null) return this.modelStep;
+    const announced = this.#announced.get(version);
+    if (announced !== undefined) return announced;
+    if (this.#announced.size > 0) return -1;
+    if (/^\d{1,10}$/.test(version)) {
+      const n = Number(version);
+      if (n <= 0x7fffffff) return n;
+    }
+    return this.modelStep;
   }
 
   /**
@@ -72,6 +103,14 @@ export class PauseGate {
 
   #apply(): void {
     const state = Atomics.load(this.#view, CONTROL.STATE);
+    if (state === RunState.RUNNING) {
+      const version = readWeightVersion(this.#block);
+      if (version !== null) {
+        this.#announced.delete(version); // re-inserted as the newest
+        this.#announced.set(version, Atomics.load(this.#view, CONTROL.MODEL_STEP));
+        if (this.#announced.size > ANNOUNCED_KEPT) this.#announced.delete(this.#announced.keys().next().value!);
+      }
+    }
     // Hold before cancelling: a worker that sees PAUSED and CANCEL at once (it missed the first
     // broadcast) still returns its streamed calls with their tokens; the cancel then cuts their connections.
     if (state !== RunState.RUNNING && !this.#hold.signal.aborted) this.#hold.abort(new Error('held for a weight update'));

@@ -108,6 +108,8 @@ export class WorkerRuntime implements WorkerControl {
   #groupsDone = 0;
   #rolloutsDone = 0;
   #steps = 0;
+  /** Replies whose weight version the trainer did not announce (PauseGate.stepOfVersion); warned of once. */
+  #versionMismatches = 0;
   readonly #rolloutsByStatus: Record<string, number> = {};
 
   constructor(init: WorkerInit) {
@@ -183,6 +185,7 @@ export class WorkerRuntime implements WorkerControl {
       groupsDone: this.#groupsDone,
       rolloutsDone: this.#rolloutsDone,
       steps: this.#steps,
+      weightVersionMismatches: this.#versionMismatches,
       rolloutsByStatus: { ...this.#rolloutsByStatus },
       heapUsedBytes: process.memoryUsage().heapUsed,
       eventLoopDelayP99Ms: this.#loopDelay.percentile(99) / 1e6,
@@ -283,6 +286,13 @@ export class WorkerRuntime implements WorkerControl {
         });
       },
       onProblem: (rollout, reason) => this.#log.warn({ rollout: rollout.id, status: rollout.status }, reason),
+      onVersionMismatch: (version, modelStep) => {
+        if (this.#versionMismatches++ > 0) return;
+        this.#log.warn(
+          { weightVersion: version, modelStep },
+          `an inference server answered with weight version ${JSON.stringify(version)}, which the trainer did not announce: it is not serving the weights of model step ${modelStep} (tokens tagged with that step; counted in weightVersionMismatches, said once)`,
+        );
+      },
     };
   }
 

@@ -1,0 +1,222 @@
+/**
+ * Inference server dialects: what each server kind answers, where, and what it lacks.
+ *
+ * The OpenAI chat API is common ground, but what an RL engine needs beyond it — token ids, prompt ids,
+ * an abort-all route, a weight version, a token-in route, the context length — is different on each
+ * server. Each trait below names the source it was read from; the mock (src/testing/mock-llm,
+ * `--dialect`) reproduces the same traits and its tests name the same sources.
+ *
+ * `probeServer` tells the kind at start (`llm.server: auto`) from what the server answers, reads the
+ * context length and whether the abort route exists, and says once what the user loses.
+ */
+import { Pool } from 'undici';
+import { serverMessage } from '../protocol/errors.ts';
+import { LlmError } from './errors.ts';
+
+export const SERVER_KINDS = ['vllm', 'sglang', 'llamacpp', 'openai', 'generic'] as const;
+/**
+ * `generic`: a server that is none of the known ones but may have their extras (the shipped mock, a
+ * router, a gateway): asked for everything vLLM-style, abort at `/abort_request` — the engine's
+ * behaviour before dialects existed.
+ */
+export type ServerKind = (typeof SERVER_KINDS)[number];
+
+export interface ServerDialect {
+  kind: ServerKind;
+  label: string;
+  /** Request fields that ask a chat completion for token ids (beyond `logprobs: true`). */
+  chatIdFields(stream: boolean): Record<string, unknown> | null;
+  /** Whether chat replies carry the response's token ids / the prompt's ids when asked (whole, streamed). */
+  chatResponseIds: boolean;
+  chatPromptIds: (stream: boolean) => boolean;
+  /** Whether replies carry a weight version. */
+  weightVersion: boolean;
+  /** Abort-all route and body; null = the server has none (a pause cancels calls client-side). */
+  abort: { path: string; body: string } | null;
+  /** Token-in route for `llm.api: tokens`; null = none. */
+  tokenRoute: '/v1/completions' | '/generate' | '/completion' | null;
+  /** How to keep what the missing abort route loses, for the start-up line. */
+  abortHint: string;
+}
+
+const VLLM: ServerDialect = {
+  kind: 'vllm',
+  label: 'vLLM',
+  // vllm/entrypoints/openai/protocol.py ChatCompletionRequest.return_token_ids (≥ 0.10.2): the reply
+  // then has top-level prompt_token_ids and choices[i].token_ids, streamed chunks included.
+  chatIdFields: () => ({ return_token_ids: true }),
+  chatResponseIds: true,
+  chatPromptIds: () => true,
+  // Replies carry none: the version lives behind dev-mode routes only.
+  weightVersion: false,
+  // vllm/entrypoints/openai/api_server.py: POST /abort_requests, registered only with
+  // VLLM_SERVER_DEV_MODE=1, a JSON body naming no request ids aborts them all ({}; an empty body is a 400).
+  abort: { path: '/abort_requests', body: '{}' },
+  tokenRoute: '/v1/completions',
+  abortHint: 'launch vLLM with VLLM_SERVER_DEV_MODE=1 (it then serves POST /abort_requests), or set llm.stream: true',
+};
+
+const SGLANG: ServerDialect = {
+  kind: 'sglang',
+  label: 'SGLang',
+  // python/sglang/srt/entrypoints/openai/serving_chat.py: prompt_token_ids go on each choice, only when
+  // the request sets return_prompt_token_ids, which a streamed request may not (400). The chat reply
+  // builder fills no response token_ids: exact tokens need the native /generate (llm.api: tokens).
+  chatIdFields: (stream) => (stream ? null : { return_prompt_token_ids: true }),
+  chatResponseIds: false,
+  chatPromptIds: (stream) => !stream,
+  // metadata.weight_version, a string: "default" unless launched with --weight-version (ServerArgs).
+  weightVersion: true,
+  // python/sglang/srt/entrypoints/http_server.py abort_request: {"abort_all": true} (older releases
+  // take only `rid`, and then abort nothing).
+  abort: { path: '/abort_request', body: '{"abort_all":true}' },
+  tokenRoute: '/generate',
+  abortHint: 'use an SGLang release whose /abort_request takes abort_all, or set llm.stream: true',
+};
+
+const LLAMACPP: ServerDialect = {
+  kind: 'llamacpp',
+  label: 'llama.cpp llama-server',
+  // tools/server: no token_ids field; with logprobs each logprobs.content[] entry carries the token's
+  // `id` (read by llm/reply.ts logprobIds). Chat replies carry no prompt ids: /completion does.
+  chatIdFields: () => null,
+  chatResponseIds: true,
+  chatPromptIds: () => false,
+  weightVersion: false,
+  // No abort route: closing the connection stops the slot.
+  abort: null,
+  tokenRoute: '/completion',
+  abortHint: 'set llm.stream: true (a pause then keeps the tokens a call has received)',
+};
+
+const OPENAI: ServerDialect = {
+  kind: 'openai',
+  label: 'OpenAI-compatible',
+  chatIdFields: () => null,
+  chatResponseIds: false,
+  chatPromptIds: () => false,
+  weightVersion: false,
+  abort: null,
+  tokenRoute: null,
+  abortHint: 'set llm.stream: true',
+};
+
+const GENERIC: ServerDialect = {
+  kind: 'generic',
+  label: 'OpenAI-compatible (vLLM-style extras)',
+  chatIdFields: () => ({ return_token_ids: true }),
+  chatResponseIds: true,
+  chatPromptIds: () => true,
+  weightVersion: true,
+  abort: { path: '/abort_request', body: '{"abort_all":true}' },
+  tokenRoute: '/v1/completions',
+  abortHint: 'set llm.abortPath to the server\'s abort-all route, or llm.stream: true',
+};
+
+export const DIALECTS: Record<ServerKind, ServerDialect> = { vllm: VLLM, sglang: SGLANG, llamacpp: LLAMACPP, openai: OPENAI, generic: GENERIC };
+
+/** What the engine learnt about one inference endpoint at start. */
+export interface ServerInfo {
+  url: string;
+  kind: ServerKind;
+  /** Model ids `/v1/models` lists. */
+  models: string[];
+  /** Tokens a sequence may hold (prompt + completion); null when the server does not say. */
+  contextLength: number | null;
+  /** The abort-all route in use (after `llm.abortPath` and the probe); null = cancel client-side. */
+  abort: { path: string; body: string } | null;
+}
+
+export interface ProbeOptions {
+  /** `llm.server`: `auto` tells the kind from the answers. */
+  server: ServerKind | 'auto';
+  apiKey?: string | null;
+  /** `llm.abortPath`: undefined = the dialect's route, null = none, a path = that route. */
+  abortPath?: string | null;
+  timeoutMs?: number;
+}
+
+/** `owned_by` of `/v1/models` entries → kind (vLLM and SGLang ModelCard defaults, llama.cpp's server). */
+const OWNERS: Record<string, ServerKind> = { vllm: 'vllm', sglang: 'sglang', llamacpp: 'llamacpp', openai: 'openai', system: 'openai', 'openai-internal': 'openai' };
+
+/**
+ * Probes one endpoint: `/v1/models` (which must answer: a down or misconfigured server is one clear
+ * error at start), then what the kind needs — llama.cpp's `/props` for its per-slot context, the abort
+ * route's existence (a GET: FastAPI answers 405 for a POST-only route and 404 for none, and a GET
+ * aborts nothing).
+ */
+export async function probeServer(url: string, options: ProbeOptions): Promise<ServerInfo> {
+  const base = new URL(url);
+  const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
+  const pool = new Pool(base.origin, { connections: 1 });
+  const headers: Record<string, string> = options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {};
+  const timeoutMs = options.timeoutMs ?? 5_000;
+  const get = async (path: string): Promise<{ status: number; json: unknown; text: string }> => {
+    const response = await pool.request({ method: 'GET', path: `${prefix}${path}`, headers, signal: AbortSignal.timeout(timeoutMs) });
+    const text = await response.body.text();
+    let json: unknown = null;
+    try {
+      json = JSON.parse(text);
+    } catch {
+      // not JSON: only the status counts
+    }
+    return { status: response.statusCode, json, text };
+  };
+  try {
+    let models: { status: number; json: unknown; text: string };
+    try {
+      models = await get('/v1/models');
+    } catch (err) {
+      const code = (err as { code?: string }).code ?? (err as Error).name;
+      throw new LlmError('ERR_LLM_UNREACHABLE', `inference server ${base.origin}${prefix}/v1/models unreachable: ${code} ${(err as Error).message} (check llm.url / --llm-url)`, { cause: err });
+    }
+    if (models.status !== 200) {
+      throw new LlmError('ERR_LLM_HTTP', `GET ${base.origin}${prefix}/v1/models answered ${models.status}: ${serverMessage(models.text)}`, { status: models.status });
+    }
+    const entries = Array.isArray((models.json as { data?: unknown } | null)?.data) ? ((models.json as { data: unknown[] }).data as Record<string, unknown>[]) : [];
+    const ids = entries.map((m) => String(m?.id));
+    const owner = typeof entries[0]?.owned_by === 'string' ? (entries[0].owned_by as string) : '';
+    let kind: ServerKind = options.server === 'auto' ? (OWNERS[owner] ?? 'generic') : options.server;
+    let contextLength = positiveInt(entries[0]?.max_model_len);
+    if (kind === 'llamacpp' || (options.server === 'auto' && kind === 'generic' && owner !== 'rollout-engine-mock')) {
+      const props = await get('/props').catch(() => null);
+      const settings = (props?.json as { default_generation_settings?: { n_ctx?: unknown } } | null)?.default_generation_settings;
+      if (props?.status === 200 && settings !== undefined) {
+        kind = 'llamacpp';
+        // n_ctx of one slot: what one sequence may hold (the server's context divided among --parallel slots).
+        contextLength = positiveInt(settings.n_ctx) ?? contextLength;
+      }
+    }
+    const dialect = DIALECTS[kind];
+    let abort = options.abortPath === undefined ? dialect.abort : options.abortPath === null ? null : { path: options.abortPath, body: dialect.abort?.body ?? '{"abort_all":true}' };
+    if (abort !== null && options.abortPath === undefined && kind !== 'generic') {
+      const probe = await get(abort.path).catch(() => null);
+      if (probe === null || probe.status === 404) abort = null;
+    }
+    return { url, kind, models: ids, contextLength, abort };
+  } finally {
+    await pool.close();
+  }
+}
+
+function positiveInt(value: unknown): number | null {
+  return Number.isSafeInteger(value) && (value as number) > 0 ? (value as number) : null;
+}
+
+/**
+ * What the user loses on this server, one sentence each, for the start-up warning (empty when nothing):
+ * said at start, not discovered at the first pause.
+ */
+export function serverGaps(info: ServerInfo, options: { api: 'chat' | 'tokens'; stream: boolean; wantIds: boolean }): string[] {
+  const dialect = DIALECTS[info.kind];
+  const gaps: string[] = [];
+  if (info.abort === null && !options.stream) {
+    gaps.push(`no abort-all route: a pause cancels calls client-side and a non-streamed call loses the tokens it had generated (to keep them: ${dialect.abortHint})`);
+  }
+  if (!dialect.weightVersion) gaps.push('its replies carry no weight version: a server that did not load the weights the trainer announced goes unnoticed');
+  if (options.api === 'chat' && options.wantIds) {
+    if (!dialect.chatResponseIds) gaps.push(`its chat replies carry no response token ids: turns are kept as text only (exact tokens: llm.api "tokens"${dialect.tokenRoute ? `, ${dialect.tokenRoute}` : ''})`);
+    else if (!dialect.chatPromptIds(options.stream)) gaps.push(`its ${options.stream ? 'streamed ' : ''}chat replies carry no prompt token ids (exact prompts: llm.api "tokens"${dialect.tokenRoute ? `, ${dialect.tokenRoute}` : ''})`);
+  }
+  return gaps;
+}

@@ -1,0 +1,134 @@
+/**
+ * `llm.api: tokens`: the conversation is rendered with the policy's chat template and tokenized here,
+ * and sent as token ids to the server's token-in route (llm/token-wire.ts). Each turn's prompt is the
+ * previous turn's prompt + response ids + the ids of only the new text after them (the gateway's delta
+ * tokenization, gateway/prompt.ts), so an episode is one exact token sequence: what the policy sampled
+ * is what the trainer sees, with no retokenization drift between turns.
+ *
+ * The sequence so far comes from the previous turn of the same session (`ChatRequest.previous`, its
+ * prompt and response ids and the messages it was rendered from), so it holds across pauses and
+ * workers: nothing but a cache lives here. A conversation that does not extend the previous one (the
+ * agent loop trimmed it, `messageCut` > 0) is tokenized whole.
+ *
+ * The prompt is counted before it is sent: over the server's context it is not sent at all, and
+ * `max_tokens` is capped to the room left (llm/context.ts).
+ */
+import type { CancelSignal } from '../cancel.ts';
+import type { ChatModel } from '../gateway/model.ts';
+import { planPrompt, type PromptBase } from '../gateway/prompt.ts';
+import type { ChatMessage } from '../protocol/rollout.ts';
+import { LlmError } from './errors.ts';
+import { contextOverflowReply } from './context.ts';
+import type { ChatRequest, LlmClientOptions } from './client.ts';
+import type { ChatResult } from './reply.ts';
+import type { ServerDialect } from './servers.ts';
+import { TOKEN_WIRES, type GenerationResult, type TokenWire } from './token-wire.ts';
+
+/** Sends one token-in call with the client's retries, pause checks and reply limits (LlmClient #call). */
+export type TokenCall = (path: string, payload: object, reader: { parse(json: unknown): GenerationResult }, signal: CancelSignal | undefined) => Promise<GenerationResult>;
+
+/** Sessions whose sequence is kept at once per client: an episode's next turn finds its own; older ones are rebuilt from `previous`. */
+const SESSIONS_KEPT = 4096;
+
+const fail = (why: string): LlmError => new LlmError('ERR_LLM_BAD_REPLY', `token-in reply: ${why}`);
+
+export class TokenChat {
+  readonly #wire: TokenWire;
+  readonly #options: LlmClientOptions;
+  readonly #call: TokenCall;
+  readonly #reader: { parse(json: unknown): GenerationResult };
+  /** session → its sequence after the last call (insertion order: oldest first, for eviction). */
+  readonly #sessions = new Map<string, PromptBase>();
+  #model: ChatModel | null = null;
+
+  constructor(dialect: ServerDialect, options: LlmClientOptions, call: TokenCall) {
+    if (dialect.tokenRoute === null) throw new LlmError('ERR_LLM_HTTP', `llm.api "tokens": a ${dialect.label} server has no token-in route`);
+    const kind = dialect.kind === 'generic' || dialect.kind === 'vllm' ? 'vllm' : dialect.kind === 'sglang' ? 'sglang' : 'llamacpp';
+    this.#wire = TOKEN_WIRES[kind];
+    this.#options = options;
+    this.#call = call;
+    this.#reader = { parse: (json) => this.#wire.parse(json, fail) };
+  }
+
+  async chat(request: ChatRequest, signal: CancelSignal | undefined, sessionId: string | undefined): Promise<ChatResult> {
+    const model = (this.#model ??= await this.#loadModel());
+    let promptIds: number[];
+    let rendered: string | null = null;
+    if (request.continueTokens !== undefined) {
+      // A generation cut by a pause goes on from its own tokens: the prompt it had plus what it made.
+      promptIds = [...request.continueTokens.promptIds, ...request.continueTokens.responseIds];
+    } else {
+      rendered = model.render(request.messages, { addGenerationPrompt: true });
+      const base = this.#base(model, sessionId, request.previous);
+      let plan;
+      try {
+        plan = planPrompt(model, sessionId ?? '', base, rendered);
+      } catch {
+        plan = planPrompt(model, sessionId ?? '', null, rendered); // not an extension (a trimmed conversation): whole
+      }
+      promptIds = plan.promptIds;
+    }
+    const contextLength = this.#options.server?.contextLength ?? null;
+    if (contextLength !== null && promptIds.length >= contextLength) {
+      if (sessionId !== undefined) this.#sessions.delete(sessionId);
+      return { ...contextOverflowReply(`the prompt is ${promptIds.length} tokens and the server's context is ${contextLength}`), promptIds: Int32Array.from(promptIds) };
+    }
+    const maxTokens = contextLength === null ? request.maxTokens : Math.min(request.maxTokens, contextLength - promptIds.length);
+    const payload = this.#wire.body(
+      { promptIds, maxTokens, topLogprobs: 0, temperature: request.temperature, ...(request.seed !== undefined ? { seed: request.seed } : {}) },
+      this.#options.model,
+    );
+    const result = await this.#call(this.#wire.path, payload, this.#reader, signal);
+    const ids = result.completionIds;
+    for (let i = 0; i < ids.length; i++) {
+      if (!model.hasToken(ids[i])) throw new LlmError('ERR_LLM_BAD_REPLY', `token-in reply: token id ${ids[i]} (completion position ${i}) is not in the ${model.name} vocabulary: the server serves another tokenizer than llm.tokenizer`);
+    }
+    // The stop token stays in the ids (the policy sampled it) but not in the text the environment sees,
+    // as a chat completion would give it; the session's text keeps it, since the template writes it back.
+    const last = ids.length > 0 ? ids[ids.length - 1] : -1;
+    const stripStop = result.finishReason === 'stop' && model.specialIds.has(last);
+    const content = model.decode(stripStop ? ids.slice(0, -1) : ids);
+    if (sessionId !== undefined && rendered !== null) {
+      this.#remember(sessionId, { tokens: promptIds.concat(ids), coveredText: rendered + content + (stripStop ? model.tokenText(last) : ''), lastPromptText: rendered, lastPromptLength: promptIds.length });
+    } else if (sessionId !== undefined) {
+      this.#sessions.delete(sessionId); // a continuation: the next turn rebuilds from it (`previous`)
+    }
+    return {
+      content,
+      finishReason: result.finishReason,
+      promptIds: Int32Array.from(promptIds),
+      responseIds: Int32Array.from(ids),
+      logprobs: Float32Array.from(result.logprobs),
+      weightVersion: result.weightVersion,
+      promptTokens: promptIds.length,
+      completionTokens: ids.length,
+    };
+  }
+
+  forget(sessionId: string): void {
+    this.#sessions.delete(sessionId);
+  }
+
+  /** The session's sequence so far: cached, or rebuilt from the previous turn the agent loop passes. */
+  #base(model: ChatModel, sessionId: string | undefined, previous: ChatRequest['previous']): PromptBase | null {
+    const cached = sessionId === undefined ? undefined : this.#sessions.get(sessionId);
+    if (cached !== undefined) return cached;
+    if (previous === undefined || previous.promptIds === null || previous.responseIds === null) return null;
+    const lastPromptText = model.render(previous.messages as ChatMessage[], { addGenerationPrompt: true });
+    const tokens = Array.from(previous.promptIds);
+    for (const id of previous.responseIds) tokens.push(id);
+    // decode keeps special tokens: the stop token's text is in it, as the template writes it back.
+    return { tokens, coveredText: lastPromptText + model.decode(Array.from(previous.responseIds)), lastPromptText, lastPromptLength: previous.promptIds.length };
+  }
+
+  #remember(sessionId: string, base: PromptBase): void {
+    this.#sessions.delete(sessionId);
+    this.#sessions.set(sessionId, base);
+    if (this.#sessions.size > SESSIONS_KEPT) this.#sessions.delete(this.#sessions.keys().next().value!);
+  }
+
+  async #loadModel(): Promise<ChatModel> {
+    if (this.#options.chatModel === undefined) throw new LlmError('ERR_LLM_HTTP', 'llm.api "tokens" needs the policy tokenizer (llm.tokenizer)');
+    return this.#options.chatModel();
+  }
+}

@@ -1,0 +1,242 @@
+/**
+ * Token-in / token-out wire shapes of each inference server: the request body for a prompt given as
+ * token ids, and the reply read back into completion ids with their logprobs. Shared by the gateway's
+ * backend (gateway/backend.ts) and the engine's `llm.api: tokens` (llm/client.ts), so each server's
+ * shape is written once.
+ *
+ * - vLLM `POST /v1/completions {model, prompt: number[], max_tokens, logprobs: k, return_token_ids}` →
+ *   `choices[0].token_ids`, `choices[0].logprobs.token_logprobs`, `choices[0].finish_reason`
+ *   (vllm/entrypoints/openai/serving_completion.py);
+ * - SGLang `POST /generate {input_ids, sampling_params, return_logprob}` → `output_ids`,
+ *   `meta_info.output_token_logprobs` ([logprob, id, text] per token), `meta_info.finish_reason`
+ *   (`{type}`), `meta_info.weight_version` (python/sglang/srt/entrypoints/http_server.py generate_request);
+ * - llama.cpp `POST /completion {prompt: number[], n_predict, n_probs, return_tokens}` → `tokens`,
+ *   `completion_probabilities[]` (`id`, `logprob`), `stop_type` (`eos` | `limit` | `word` | `none`),
+ *   `tokens_evaluated` (tools/server: the native completion route).
+ */
+
+/** Sampling settings an agent may send and a backend honours; unset = the backend's default. */
+export interface SamplingParams {
+  temperature?: number;
+  topP?: number;
+  topK?: number;
+  minP?: number;
+  presencePenalty?: number;
+  frequencyPenalty?: number;
+  repetitionPenalty?: number;
+  seed?: number;
+  stop?: string[];
+}
+
+export interface SamplingRequest extends SamplingParams {
+  promptIds: readonly number[] | Int32Array;
+  maxTokens: number;
+  /** Alternatives per position to return besides the sampled token (OpenAI top_logprobs); 0 = none. */
+  topLogprobs: number;
+}
+
+export interface TopLogprob {
+  token: string | null;
+  tokenId: number | null;
+  logprob: number;
+}
+
+export interface GenerationResult {
+  completionIds: number[];
+  /** Logprob of each sampled token; same length as completionIds. */
+  logprobs: number[];
+  /** Per position, when alternatives were asked for and the server sent them. */
+  topLogprobs: TopLogprob[][] | null;
+  /** `stop`, `length` or `abort` (each server's own words mapped to these where they differ). */
+  finishReason: string;
+  /** The weight version the server reports for this generation (as text), null when it reports none. */
+  weightVersion: string | null;
+}
+
+export type TokenWireKind = 'vllm' | 'sglang' | 'llamacpp';
+
+export interface TokenWire {
+  /** Path after the server's base (no `/v1` prefix handling here: the route is absolute). */
+  path: '/v1/completions' | '/generate' | '/completion';
+  body(request: SamplingRequest, model: string | null): Record<string, unknown>;
+  /** The reply, or an error made by `fail` naming what is wrong. */
+  parse(json: unknown, fail: (why: string) => Error): GenerationResult;
+}
+
+export const TOKEN_WIRES: Record<TokenWireKind, TokenWire> = {
+  vllm: { path: '/v1/completions', body: vllmBody, parse: parseVllm },
+  sglang: { path: '/generate', body: (r) => sglangBody(r), parse: parseSglang },
+  llamacpp: { path: '/completion', body: (r) => llamacppBody(r), parse: parseLlamacpp },
+};
+
+/** Plain arrays for JSON.stringify (an Int32Array would serialise as an object). */
+function ids(promptIds: readonly number[] | Int32Array): readonly number[] {
+  return promptIds instanceof Int32Array ? Array.from(promptIds) : promptIds;
+}
+
+function vllmBody(r: SamplingRequest, model: string | null): Record<string, unknown> {
+  return {
+    ...(model !== null ? { model } : {}),
+    prompt: ids(r.promptIds),
+    max_tokens: r.maxTokens,
+    // The sampled token's logprob is always needed for the trace; alternatives only when asked.
+    logprobs: Math.max(1, r.topLogprobs),
+    return_token_ids: true,
+    // The completion is decoded from ids by the caller: text-side trimming must not drop tokens.
+    include_stop_str_in_output: true,
+    ...(r.temperature !== undefined ? { temperature: r.temperature } : {}),
+    ...(r.topP !== undefined ? { top_p: r.topP } : {}),
+    ...(r.topK !== undefined ? { top_k: r.topK } : {}),
+    ...(r.minP !== undefined ? { min_p: r.minP } : {}),
+    ...(r.presencePenalty !== undefined ? { presence_penalty: r.presencePenalty } : {}),
+    ...(r.frequencyPenalty !== undefined ? { frequency_penalty: r.frequencyPenalty } : {}),
+    ...(r.repetitionPenalty !== undefined ? { repetition_penalty: r.repetitionPenalty } : {}),
+    ...(r.seed !== undefined ? { seed: r.seed } : {}),
+    ...(r.stop !== undefined ? { stop: r.stop } : {}),
+  };
+}
+
+function sglangBody(r: SamplingRequest): Record<string, unknown> {
+  const sampling: Record<string, unknown> = { max_new_tokens: r.maxTokens, no_stop_trim: true };
+  if (r.temperature !== undefined) sampling.temperature = r.temperature;
+  if (r.topP !== undefined) sampling.top_p = r.topP;
+  if (r.topK !== undefined) sampling.top_k = r.topK;
+  if (r.minP !== undefined) sampling.min_p = r.minP;
+  if (r.presencePenalty !== undefined) sampling.presence_penalty = r.presencePenalty;
+  if (r.frequencyPenalty !== undefined) sampling.frequency_penalty = r.frequencyPenalty;
+  if (r.repetitionPenalty !== undefined) sampling.repetition_penalty = r.repetitionPenalty;
+  if (r.seed !== undefined) sampling.sampling_seed = r.seed;
+  if (r.stop !== undefined) sampling.stop = r.stop;
+  return {
+    input_ids: ids(r.promptIds),
+    sampling_params: sampling,
+    return_logprob: true,
+    ...(r.topLogprobs > 0 ? { top_logprobs_num: r.topLogprobs } : {}),
+  };
+}
+
+function llamacppBody(r: SamplingRequest): Record<string, unknown> {
+  return {
+    prompt: ids(r.promptIds),
+    n_predict: r.maxTokens,
+    // One probability entry per sampled token is what carries its logprob (and id).
+    n_probs: Math.max(1, r.topLogprobs),
+    // Probabilities after sampling would give the sampler's truncated distribution, not the policy's.
+    post_sampling_probs: false,
+    return_tokens: true,
+    // The session's earlier turns stay in the slot's KV cache: each turn only adds its new tokens.
+    cache_prompt: true,
+    ...(r.temperature !== undefined ? { temperature: r.temperature } : {}),
+    ...(r.topP !== undefined ? { top_p: r.topP } : {}),
+    ...(r.topK !== undefined ? { top_k: r.topK } : {}),
+    ...(r.minP !== undefined ? { min_p: r.minP } : {}),
+    ...(r.presencePenalty !== undefined ? { presence_penalty: r.presencePenalty } : {}),
+    ...(r.frequencyPenalty !== undefined ? { frequency_penalty: r.frequencyPenalty } : {}),
+    ...(r.repetitionPenalty !== undefined ? { repeat_penalty: r.repetitionPenalty } : {}),
+    ...(r.seed !== undefined ? { seed: r.seed } : {}),
+    ...(r.stop !== undefined ? { stop: r.stop } : {}),
+  };
+}
+
+function isTokenIds(value: unknown): value is number[] {
+  return Array.isArray(value) && value.every((v) => Number.isSafeInteger(v) && (v as number) >= 0);
+}
+
+/** A version as text: SGLang's are strings ("default" unless launched with --weight-version). */
+function versionText(value: unknown): string | null {
+  if (typeof value === 'string') return value;
+  if (Number.isSafeInteger(value)) return String(value);
+  return null;
+}
+
+function parseVllm(json: unknown, fail: (why: string) => Error): GenerationResult {
+  const reply = json as { choices?: unknown; metadata?: { weight_version?: unknown } | null } | null;
+  const choice = (Array.isArray(reply?.choices) ? reply.choices[0] : undefined) as
+    | { token_ids?: unknown; logprobs?: { token_logprobs?: unknown; top_logprobs?: unknown } | null; finish_reason?: unknown }
+    | undefined;
+  if (typeof choice !== 'object' || choice === null) throw fail('no choices[0]');
+  if (!isTokenIds(choice.token_ids)) {
+    throw fail(`choices[0].token_ids must be an array of token ids (got ${typeof choice.token_ids}); vLLM needs return_token_ids support (>= 0.10.2)`);
+  }
+  const completionIds = choice.token_ids;
+  const logprobs = choice.logprobs?.token_logprobs;
+  if (!Array.isArray(logprobs) || logprobs.length !== completionIds.length || !logprobs.every((v) => typeof v === 'number')) {
+    throw fail(`choices[0].logprobs.token_logprobs must hold one number per token (${completionIds.length} tokens, got ${Array.isArray(logprobs) ? `${logprobs.length} entries` : typeof logprobs})`);
+  }
+  if (typeof choice.finish_reason !== 'string') throw fail(`choices[0].finish_reason must be a string (got ${JSON.stringify(choice.finish_reason)})`);
+  let top: TopLogprob[][] | null = null;
+  const rawTop = choice.logprobs?.top_logprobs;
+  if (Array.isArray(rawTop) && rawTop.length === completionIds.length) {
+    // vLLM keys alternatives by token text: ids are unknown, and text is ambiguous for partial bytes.
+    top = rawTop.map((entry) =>
+      typeof entry === 'object' && entry !== null ? Object.entries(entry as Record<string, number>).map(([token, logprob]) => ({ token, tokenId: null, logprob })) : [],
+    );
+  }
+  return { completionIds, logprobs: logprobs as number[], topLogprobs: top, finishReason: choice.finish_reason, weightVersion: versionText(reply?.metadata?.weight_version) };
+}
+
+function parseSglang(json: unknown, fail: (why: string) => Error): GenerationResult {
+  const reply = (Array.isArray(json) ? json[0] : json) as { output_ids?: unknown; meta_info?: Record<string, unknown> } | null;
+  if (typeof reply !== 'object' || reply === null) throw fail('the body is not an object');
+  if (!isTokenIds(reply.output_ids)) throw fail(`output_ids must be an array of token ids (got ${typeof reply.output_ids})`);
+  const completionIds = reply.output_ids;
+  const meta = reply.meta_info ?? {};
+  const entries = meta.output_token_logprobs;
+  if (!Array.isArray(entries) || entries.length !== completionIds.length) {
+    throw fail(`meta_info.output_token_logprobs must hold one [logprob, id, text] per token (${completionIds.length} tokens, got ${Array.isArray(entries) ? `${entries.length} entries` : typeof entries})`);
+  }
+  const logprobs = new Array<number>(completionIds.length);
+  for (let i = 0; i < completionIds.length; i++) {
+    const e = entries[i] as unknown[];
+    if (!Array.isArray(e) || typeof e[0] !== 'number') throw fail(`meta_info.output_token_logprobs[${i}] must be [logprob, id, text] (got ${JSON.stringify(e)})`);
+    if (e[1] !== undefined && e[1] !== null && e[1] !== completionIds[i]) throw fail(`meta_info.output_token_logprobs[${i}] is for token ${String(e[1])} but output_ids[${i}] is ${completionIds[i]}`);
+    logprobs[i] = e[0];
+  }
+  const finish = meta.finish_reason as { type?: unknown } | string | null | undefined;
+  const finishReason = typeof finish === 'string' ? finish : typeof finish?.type === 'string' ? finish.type : null;
+  if (finishReason === null) throw fail(`meta_info.finish_reason must be a string or {type} (got ${JSON.stringify(finish)})`);
+  let top: TopLogprob[][] | null = null;
+  const rawTop = meta.output_top_logprobs;
+  if (Array.isArray(rawTop) && rawTop.length === completionIds.length) {
+    top = rawTop.map((row) =>
+      Array.isArray(row)
+        ? (row as unknown[][]).map((e) => ({ logprob: Number(e[0]), tokenId: typeof e[1] === 'number' ? e[1] : null, token: typeof e[2] === 'string' ? e[2] : null }))
+        : [],
+    );
+  }
+  return { completionIds, logprobs, topLogprobs: top, finishReason, weightVersion: versionText(meta.weight_version) };
+}
+
+/** llama.cpp's stop_type → the OpenAI finish reason its own chat route gives for it. */
+const LLAMACPP_FINISH: Record<string, string> = { eos: 'stop', word: 'stop', limit: 'length', none: 'length' };
+
+function parseLlamacpp(json: unknown, fail: (why: string) => Error): GenerationResult {
+  const reply = json as { tokens?: unknown; completion_probabilities?: unknown; stop_type?: unknown; truncated?: unknown } | null;
+  if (typeof reply !== 'object' || reply === null) throw fail('the body is not an object');
+  if (!isTokenIds(reply.tokens)) throw fail(`tokens must be an array of token ids (got ${typeof reply.tokens}); send return_tokens: true`);
+  const completionIds = reply.tokens;
+  const probs = reply.completion_probabilities;
+  if (!Array.isArray(probs) || probs.length !== completionIds.length) {
+    throw fail(`completion_probabilities must hold one entry per token (${completionIds.length} tokens, got ${Array.isArray(probs) ? `${probs.length} entries` : typeof probs}); send n_probs ≥ 1`);
+  }
+  const logprobs = new Array<number>(completionIds.length);
+  let top: TopLogprob[][] | null = null;
+  for (let i = 0; i < completionIds.length; i++) {
+    const e = probs[i] as { id?: unknown; logprob?: unknown; top_logprobs?: unknown } | null;
+    if (typeof e?.logprob !== 'number') throw fail(`completion_probabilities[${i}].logprob must be a number (got ${JSON.stringify(e?.logprob)})`);
+    if (e.id !== undefined && e.id !== completionIds[i]) throw fail(`completion_probabilities[${i}] is for token ${String(e.id)} but tokens[${i}] is ${completionIds[i]}`);
+    logprobs[i] = e.logprob;
+    if (Array.isArray(e.top_logprobs)) {
+      top ??= [];
+      top[i] = (e.top_logprobs as { id?: unknown; token?: unknown; logprob?: unknown }[]).map((t) => ({
+        tokenId: typeof t.id === 'number' ? t.id : null,
+        token: typeof t.token === 'string' ? t.token : null,
+        logprob: Number(t.logprob),
+      }));
+    }
+  }
+  const stop = reply.stop_type;
+  const finishReason = typeof stop === 'string' ? (LLAMACPP_FINISH[stop] ?? stop) : null;
+  if (finishReason === null) throw fail(`stop_type must be a string (got ${JSON.stringify(stop)})`);
+  return { completionIds, logprobs, topLogprobs: top !== null && top.length === completionIds.length ? top : null, finishReason, weightVersion: null };
+}

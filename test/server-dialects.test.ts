@@ -1,0 +1,316 @@
+/**
+ * What each inference server sends back, read as the server sends it (llm/reply.ts, llm/servers.ts),
+ * and the engine's token-in episodes (`llm.api: tokens`). The reply shapes are those of the servers'
+ * own source, named beside each test; the mock reproduces them per dialect (test/mock-dialects.test.ts).
+ */
+import assert from 'node:assert/strict';
+import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { after, before, describe, it } from 'node:test';
+import { createEngine, Status, type Engine } from '../src/index.ts';
+import { chatPayload, LlmClient, type LlmClientOptions } from '../src/llm/client.ts';
+import { parseChatReply } from '../src/llm/reply.ts';
+import { ChatStream } from '../src/llm/stream-reply.ts';
+import { DIALECTS, probeServer, serverGaps } from '../src/llm/servers.ts';
+import { loadChatModel } from '../src/gateway/model.ts';
+import { PauseControl } from '../src/coordinator/pause-control.ts';
+import { PauseGate } from '../src/rollout/pause-gate.ts';
+import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
+
+type Handler = (req: IncomingMessage, body: string, res: ServerResponse) => void;
+
+/** A loopback server answering with `handler`; every request's method, path and body recorded. */
+async function double(handler: Handler): Promise<{ url: string; requests: { method: string; path: string; body: string }[]; close(): Promise<void> }> {
+  const requests: { method: string; path: string; body: string }[] = [];
+  const server = createServer((req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      requests.push({ method: req.method!, path: req.url!, body });
+      handler(req, body, res);
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  return { url: `http://127.0.0.1:${port}`, requests, close: () => new Promise((resolve) => server.close(() => resolve())) };
+}
+
+function json(res: ServerResponse, status: number, body: unknown): void {
+  res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(body));
+}
+
+const CLIENT: Omit<LlmClientOptions, 'url'> = {
+  model: 'm',
+  apiKey: null,
+  timeoutMs: 5_000,
+  maxReplyBytes: 1 << 20,
+  retries: 0,
+  retryBackoffMs: 0,
+  connections: 2,
+  returnTokenIds: true,
+  logprobs: true,
+};
+
+describe('inference replies as each server sends them', () => {
+  it('takes SGLang\'s string weight version "default" and its per-choice prompt_token_ids (sglang serving_chat.py _build_chat_response)', () => {
+    const reply = parseChatReply({
+      choices: [{ index: 0, message: { role: 'assistant', content: 'hi' }, finish_reason: 'stop', prompt_token_ids: [1, 2, 3], logprobs: { content: [{ token: 'hi', logprob: -0.5, bytes: [104, 105], top_logprobs: [] }] } }],
+      usage: { prompt_tokens: 3, completion_tokens: 1 },
+      metadata: { weight_version: 'default' },
+    });
+    assert.equal(reply.weightVersion, 'default');
+    assert.deepEqual(reply.promptIds, Int32Array.of(1, 2, 3));
+    assert.equal(reply.responseIds, null, 'SGLang chat replies fill no response token ids');
+    assert.deepEqual(reply.logprobs, Float32Array.of(-0.5));
+  });
+
+  it("reads llama.cpp's token ids from logprobs.content[].id (tools/server, no token_ids field)", () => {
+    const reply = parseChatReply({
+      choices: [{ index: 0, message: { role: 'assistant', content: 'ab' }, finish_reason: 'length', logprobs: { content: [{ id: 64, token: 'a', logprob: -1.25, bytes: [97], top_logprobs: [] }, { id: 65, token: 'b', logprob: -0.5, bytes: [98], top_logprobs: [] }] } }],
+    });
+    assert.deepEqual(reply.responseIds, Int32Array.of(64, 65));
+    assert.deepEqual(reply.logprobs, Float32Array.of(-1.25, -0.5));
+  });
+
+  it("reads llama.cpp's ids from streamed chunks' logprobs too", () => {
+    const stream = new ChatStream({ tokenIds: true, logprobs: true });
+    const chunk = (id: number, text: string, finish: string | null) =>
+      `data: ${JSON.stringify({ choices: [{ index: 0, delta: { content: text }, finish_reason: finish, logprobs: { content: [{ id, token: text, logprob: -0.25, bytes: [] }] } }] })}\n\n`;
+    stream.write(new TextEncoder().encode(chunk(7, 'x', null) + chunk(8, 'y', 'stop') + 'data: [DONE]\n\n'));
+    const result = stream.result();
+    assert.deepEqual(result.responseIds, Int32Array.of(7, 8));
+    assert.equal(result.content, 'xy');
+  });
+
+  it('refuses a weight version that is no name at all, naming the field', () => {
+    const base = { choices: [{ message: { content: '' }, finish_reason: 'stop' }] };
+    assert.throws(() => parseChatReply({ ...base, metadata: { weight_version: { v: 1 } } }), { code: 'ERR_LLM_BAD_REPLY', message: /metadata\.weight_version must be a string/ });
+    assert.equal(parseChatReply({ ...base, metadata: { weight_version: 12 } }).weightVersion, '12');
+  });
+});
+
+describe('weight versions named by the trainer', () => {
+  it('maps an announced version to its model step, and says -1 for a version the trainer did not announce', async () => {
+    const control = new PauseControl(0);
+    const gate = new PauseGate(control.block);
+    try {
+      assert.equal(gate.stepOfVersion(null), 0);
+      assert.equal(gate.stepOfVersion('3'), 3, 'no announcement: a whole-number version is the step (mock, --weight-version N)');
+      assert.equal(gate.stepOfVersion('default'), 0, "no announcement: SGLang's \"default\" names no step");
+      control.pause();
+      control.resume(7, 'ckpt-7');
+      await control.waitForAcks(1, 1_000);
+      assert.equal(gate.stepOfVersion('ckpt-7'), 7);
+      assert.equal(gate.stepOfVersion('default'), -1, 'the server still serves its launch weights');
+      control.pause();
+      control.resume(8, 'ckpt-8');
+      await control.waitForAcks(1, 1_000);
+      assert.equal(gate.stepOfVersion('ckpt-7'), 7, 'a reply generated before the last sync keeps its own step');
+      assert.equal(gate.stepOfVersion('ckpt-8'), 8);
+    } finally {
+      gate.close();
+      control.resume(8); // wakes the gate's watcher so it sees close()
+    }
+  });
+});
+
+describe('probing an inference server at start (llm.server: auto)', () => {
+  it('tells vLLM by /v1/models owned_by, reads max_model_len, and finds no abort route without dev mode (vllm api_server.py)', async (t) => {
+    const server = await double((req, _body, res) => {
+      if (req.url === '/v1/models') return json(res, 200, { object: 'list', data: [{ id: 'Qwen/Qwen2.5-0.5B', object: 'model', owned_by: 'vllm', root: 'Qwen/Qwen2.5-0.5B', max_model_len: 32768 }] });
+      json(res, 404, { detail: 'Not Found' });
+    });
+    t.after(() => server.close());
+    const info = await probeServer(server.url, { server: 'auto' });
+    assert.equal(info.kind, 'vllm');
+    assert.equal(info.contextLength, 32768);
+    assert.equal(info.abort, null, 'GET /abort_requests answered 404: not in dev mode');
+    assert.ok(server.requests.some((r) => r.method === 'GET' && r.path === '/abort_requests'), 'the route is checked with a GET, which aborts nothing');
+    const gaps = serverGaps(info, { api: 'chat', stream: false, wantIds: true });
+    assert.ok(gaps.some((g) => /no abort-all route.*VLLM_SERVER_DEV_MODE=1/.test(g)), gaps.join('\n'));
+    assert.ok(gaps.some((g) => /no weight version/.test(g)));
+  });
+
+  it("keeps vLLM's dev-mode abort route when it exists (405 to a GET) and aborts with a {} body", async (t) => {
+    const server = await double((req, _body, res) => {
+      if (req.url === '/v1/models') return json(res, 200, { data: [{ id: 'm', owned_by: 'vllm', max_model_len: 4096 }] });
+      if (req.url === '/abort_requests') return req.method === 'POST' ? json(res, 200, {}) : json(res, 405, { detail: 'Method Not Allowed' });
+      json(res, 404, { detail: 'Not Found' });
+    });
+    t.after(() => server.close());
+    const info = await probeServer(server.url, { server: 'auto' });
+    assert.deepEqual(info.abort, { path: '/abort_requests', body: '{}' });
+  });
+
+  it("tells llama.cpp by /props and takes a slot's n_ctx as the context (tools/server)", async (t) => {
+    const server = await double((req, _body, res) => {
+      if (req.url === '/v1/models') return json(res, 200, { object: 'list', data: [{ id: 'tiny.gguf', object: 'model', owned_by: 'llamacpp', meta: { n_ctx_train: 4096 } }] });
+      if (req.url === '/props') return json(res, 200, { default_generation_settings: { n_ctx: 1024 }, total_slots: 2, model_path: 'tiny.gguf' });
+      json(res, 404, { error: { code: 404, message: 'File Not Found', type: 'not_found_error' } });
+    });
+    t.after(() => server.close());
+    const info = await probeServer(server.url, { server: 'auto' });
+    assert.equal(info.kind, 'llamacpp');
+    assert.equal(info.contextLength, 1024);
+    assert.equal(info.abort, null, 'llama.cpp has no abort route: closing the connection stops the slot');
+    const gaps = serverGaps(info, { api: 'chat', stream: false, wantIds: true });
+    assert.ok(gaps.some((g) => /no prompt token ids.*llm\.api "tokens", \/completion/.test(g)), gaps.join('\n'));
+  });
+
+  it('says SGLang chat replies carry no response ids, and keeps its abort_all route', async (t) => {
+    const server = await double((req, _body, res) => {
+      if (req.url === '/v1/models') return json(res, 200, { object: 'list', data: [{ id: 'qwen', object: 'model', owned_by: 'sglang', root: 'qwen', max_model_len: 8192 }] });
+      if (req.url === '/abort_request') return json(res, 405, { detail: 'Method Not Allowed' });
+      json(res, 404, { detail: 'Not Found' });
+    });
+    t.after(() => server.close());
+    const info = await probeServer(server.url, { server: 'auto' });
+    assert.equal(info.kind, 'sglang');
+    assert.deepEqual(info.abort, { path: '/abort_request', body: '{"abort_all":true}' });
+    const gaps = serverGaps(info, { api: 'chat', stream: false, wantIds: true });
+    assert.ok(gaps.some((g) => /no response token ids.*\/generate/.test(g)), gaps.join('\n'));
+    assert.deepEqual(serverGaps(info, { api: 'tokens', stream: false, wantIds: true }), []);
+  });
+
+  it('refuses at start a model the server does not serve, naming llm.model and what it lists', async (t) => {
+    const mock = await startMockLlm({ port: 0, model: 'served-model' });
+    t.after(() => mock.close());
+    const engine = createEngine({ logLevel: 'silent', llm: { url: mock.url, model: 'other-model' }, workers: { threads: 1 } });
+    await assert.rejects(engine.start(), { code: 'ERR_LLM_MODEL', message: /llm\.model: .* does not serve "other-model" \(it lists "served-model"\)/ });
+    await engine.close();
+  });
+});
+
+describe('chat requests in each dialect', () => {
+  it('asks SGLang for return_prompt_token_ids on whole replies only (SGLang refuses it with stream: 400)', async (t) => {
+    const server = await double((_req, _body, res) => json(res, 200, { choices: [{ message: { content: 'x' }, finish_reason: 'stop' }] }));
+    t.after(() => server.close());
+    const client = new LlmClient({ ...CLIENT, url: server.url, server: { kind: 'sglang', contextLength: null } });
+    t.after(() => client.close());
+    await client.chat({ messages: [{ role: 'user', content: 'hi' }], maxTokens: 4, temperature: 1 });
+    const sent = JSON.parse(server.requests[0].body);
+    assert.equal(sent.return_prompt_token_ids, true);
+    assert.equal(sent.return_token_ids, undefined, 'SGLang has no return_token_ids');
+    const streamed = chatPayload({ ...CLIENT, stream: true }, { messages: [], maxTokens: 1, temperature: 1 }, DIALECTS.sglang.chatIdFields(true)) as Record<string, unknown>;
+    assert.equal(streamed.return_prompt_token_ids, undefined);
+    const llamacpp = chatPayload(CLIENT, { messages: [], maxTokens: 1, temperature: 1 }, DIALECTS.llamacpp.chatIdFields(false)) as Record<string, unknown>;
+    assert.equal(llamacpp.logprobs, true, "llama.cpp's ids come with the logprobs");
+    assert.equal(llamacpp.return_token_ids, undefined);
+  });
+
+  it('ends a chat call the server refuses for its context as a truncation (vLLM, SGLang, llama.cpp wordings)', async (t) => {
+    const wordings = [
+      { object: 'error', message: "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (1600 in the messages, 500 in the completion).", type: 'BadRequestError', code: 400 },
+      { object: 'error', message: "The input (5000 tokens) is longer than the model's context length (4096 tokens).", type: 'BadRequestError', code: 400 },
+      { error: { code: 400, message: 'the request exceeds the available context size, try increasing it', type: 'exceed_context_size_error', n_prompt_tokens: 1200, n_ctx: 1024 } },
+    ];
+    let i = 0;
+    const server = await double((_req, _body, res) => json(res, 400, wordings[i++]));
+    t.after(() => server.close());
+    const client = new LlmClient({ ...CLIENT, url: server.url });
+    t.after(() => client.close());
+    for (let k = 0; k < wordings.length; k++) {
+      const reply = await client.chat({ messages: [{ role: 'user', content: 'hi' }], maxTokens: 4, temperature: 1 });
+      assert.equal(reply.finishReason, 'length');
+      assert.ok(reply.contextExceeded !== undefined && reply.contextExceeded.length > 0);
+    }
+  });
+});
+
+describe('token-in episodes (llm.api: tokens)', () => {
+  let mock: MockLlm;
+  const engines: Engine[] = [];
+  before(async () => {
+    mock = await startMockLlm({ port: 0, seed: 3, tokenizer: 'qwen2.5' });
+  });
+  after(async () => {
+    await Promise.all(engines.map((e) => e.close()));
+    await mock.close();
+  });
+
+  it('keeps each episode one exact token sequence: every prompt begins with the previous prompt + response ids', async () => {
+    const engine = createEngine({
+      logLevel: 'silent',
+      batchSize: 2,
+      llm: { url: mock.url, api: 'tokens', tokenizer: 'qwen2.5' },
+      workers: { threads: 1 },
+      tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 6, messageCut: 0 }],
+    });
+    engines.push(engine);
+    await engine.start();
+    const batch = await engine.getBatch();
+    assert.equal(batch.status, 'NORMAL');
+    const qwen = await loadChatModel('qwen2.5');
+    let multiTurn = 0;
+    for (const rollout of batch.groups.flatMap((g) => g.rollouts)) {
+      assert.equal(rollout.status, Status.COMPLETED);
+      if (rollout.turns.length > 1) multiTurn++;
+      for (let i = 0; i < rollout.turns.length; i++) {
+        const turn = rollout.turns[i];
+        assert.ok(turn.promptIds && turn.responseIds && turn.logprobs, 'token-in turns carry prompt ids, response ids and logprobs');
+        assert.equal(turn.logprobs.length, turn.responseIds.length);
+        assert.equal(qwen.decode(Array.from(turn.responseIds)).replace(/<\|im_end\|>$/, ''), turn.response);
+        if (i === 0) {
+          assert.deepEqual(Array.from(turn.promptIds), qwen.encode(qwen.render(turn.messages, { addGenerationPrompt: true })), 'the first prompt is the chat template rendered and tokenized');
+          continue;
+        }
+        const before = rollout.turns[i - 1];
+        const prefix = [...before.promptIds!, ...before.responseIds!];
+        assert.deepEqual(Array.from(turn.promptIds.subarray(0, prefix.length)), prefix, `turn ${i} extends turn ${i - 1}'s prompt + response exactly`);
+        assert.ok(turn.promptIds.length > prefix.length, 'and adds the new observation');
+      }
+    }
+    assert.ok(multiTurn > 0, 'guess-number takes several turns');
+  });
+
+  it('counts the prompt before sending: over the context nothing is sent, and the reply says why', async (t) => {
+    const qwen = await loadChatModel('qwen2.5');
+    const messages = [{ role: 'user' as const, content: 'Guess a number between 1 and 100.' }];
+    const length = qwen.encode(qwen.render(messages, { addGenerationPrompt: true })).length;
+    const calls: unknown[] = [];
+    const server = await double((_req, body, res) => (calls.push(JSON.parse(body)), json(res, 200, {})));
+    t.after(() => server.close());
+    const client = new LlmClient({ ...CLIENT, url: server.url, api: 'tokens', server: { kind: 'vllm', contextLength: length }, chatModel: () => loadChatModel('qwen2.5') });
+    t.after(() => client.close());
+    const reply = await client.chat({ messages, maxTokens: 16, temperature: 1 }, undefined, 's1');
+    assert.equal(reply.finishReason, 'length');
+    assert.match(reply.contextExceeded ?? '', new RegExp(`the prompt is ${length} tokens and the server's context is ${length}`));
+    assert.equal(calls.length, 0, 'nothing sent');
+  });
+});
+
+describe('context limits end episodes as truncated, not failed', () => {
+  it('keeps the turns an episode has when the server refuses its next prompt for the context (chat mode)', async (t) => {
+    // Every rollout's first call is answered; its second is refused as vLLM refuses an overflow.
+    const calls = new Map<string, number>();
+    const server = await double((req, body, res) => {
+      if (req.url === '/v1/models') return json(res, 200, { data: [{ id: 'm', owned_by: 'vllm', max_model_len: 64 }] });
+      const messages = (JSON.parse(body) as { messages: unknown[] }).messages;
+      const key = JSON.stringify(messages[1] ?? messages[0]);
+      const n = (calls.get(key) ?? 0) + 1;
+      calls.set(key, n);
+      if (messages.length > 2) return json(res, 400, { object: 'error', message: "This model's maximum context length is 64 tokens. However, you requested 80 tokens (60 in the messages, 20 in the completion).", type: 'BadRequestError', code: 400 });
+      json(res, 200, { choices: [{ index: 0, message: { role: 'assistant', content: '50' }, finish_reason: 'stop', token_ids: [1, 2], logprobs: { content: [{ token: '5', logprob: -1 }, { token: '0', logprob: -1 }] } }], prompt_token_ids: [9, 9, 9] });
+    });
+    t.after(() => server.close());
+    const engine = createEngine({
+      logLevel: 'silent',
+      batchSize: 1,
+      llm: { url: server.url, model: 'm', abortPath: null },
+      workers: { threads: 1 },
+      tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 6, messageCut: 0 }],
+    });
+    t.after(() => engine.close());
+    await engine.start();
+    const batch = await engine.getBatch();
+    assert.equal(batch.status, 'NORMAL');
+    for (const rollout of batch.groups[0].rollouts) {
+      assert.equal(rollout.status, Status.COMPLETED, rollout.error ?? '');
+      assert.equal(rollout.truncated, true);
+      assert.equal(rollout.finishReason, 'length');
+      assert.equal(rollout.turns.length, 1, 'the refused call adds no turn');
+      assert.equal(rollout.turns[0].trainable, true, 'the last turn holds the whole conversation and is trained on');
+      assert.equal(rollout.turns[0].truncated, true);
+    }
+  });
+});
