@@ -10,6 +10,9 @@ export const CONFIG_FLAGS = {
   config: { type: 'string' },
   'llm-url': { type: 'string' },
   model: { type: 'string' },
+  server: { type: 'string' },
+  api: { type: 'string' },
+  tokenizer: { type: 'string' },
   'batch-size': { type: 'string' },
   threads: { type: 'string' },
   seed: { type: 'string' },
@@ -47,6 +50,10 @@ function applyOverrides(config: Record<string, unknown>, values: Record<string, 
   };
   if (values['llm-url'] !== undefined) (section('llm') as Record<string, unknown>).url = values['llm-url'];
   if (values.model !== undefined) (section('llm') as Record<string, unknown>).model = values.model;
+  // Checked by the config schema, which names llm.server / llm.api and the values it takes.
+  if (values.server !== undefined) (section('llm') as Record<string, unknown>).server = values.server;
+  if (values.api !== undefined) (section('llm') as Record<string, unknown>).api = values.api;
+  if (values.tokenizer !== undefined) (section('llm') as Record<string, unknown>).tokenizer = values.tokenizer;
   const batchSize = intFlag('batch-size', values['batch-size'] as string | undefined, { min: 1 });
   if (batchSize !== undefined) config.batchSize = batchSize;
   const threads = intFlag('threads', values.threads as string | undefined, { min: 1 });

@@ -20,6 +20,9 @@ Options:
   --config <file>      JSON engine config (see README "Config reference"); paths in it are relative to it
   --llm-url <url>      OpenAI-compatible inference server, e.g. http://127.0.0.1:8000/v1 (overrides llm.url)
   --model <name>       model name to request (overrides llm.model)
+  --server <kind>      auto | vllm | sglang | llamacpp | openai | generic (overrides llm.server)
+  --api <api>          chat | tokens: send token ids rendered with --tokenizer (overrides llm.api)
+  --tokenizer <name>   qwen2.5, or a directory with tokenizer.json (overrides llm.tokenizer)
   --steps <n>          train steps (batches) the run produces (default 3); resumed, counted from its first
   --batch-size <n>     groups per batch (overrides batchSize)
   --threads <n>        worker threads (overrides workers.threads)

@@ -15,6 +15,9 @@ Options:
   --config <file>      JSON engine config; paths in it are relative to it
   --llm-url <url>      OpenAI-compatible inference server (overrides llm.url)
   --model <name>       model name to request (overrides llm.model)
+  --server <kind>      auto | vllm | sglang | llamacpp | openai | generic (overrides llm.server)
+  --api <api>          chat | tokens: send token ids rendered with --tokenizer (overrides llm.api)
+  --tokenizer <name>   qwen2.5, or a directory with tokenizer.json (overrides llm.tokenizer)
   --batch-size <n>     groups per batch (overrides batchSize)
   --threads <n>        worker threads (overrides workers.threads)
   --seed <n>           run seed (overrides seed)

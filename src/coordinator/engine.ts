@@ -267,8 +267,13 @@ export class Coordinator {
   async #startEmbeddedMock(): Promise<string> {
     // Loaded lazily: a production run against a real server never pays for the tokenizer tables.
     const { startMockLlm } = await import('../testing/mock-llm/server.ts');
-    // Black-box agents reach the mock through the gateway's token-in calls, in the gateway's vocabulary.
-    const tokenizer = this.config.tasks.some((t) => t.agent !== null) ? { tokenizer: 'qwen2.5' as const } : {};
+    // Black-box agents reach the mock through the gateway's token-in calls, and `llm.api: tokens` sends
+    // ids of its own: the mock then reads and answers in that vocabulary.
+    const tokenIn = this.config.llm.api === 'tokens' || this.config.tasks.some((t) => t.agent !== null);
+    if (this.config.llm.api === 'tokens' && this.config.llm.tokenizer !== 'qwen2.5') {
+      throw new RolloutEngineError('ERR_LLM_API', `llm.tokenizer: the built-in mock speaks qwen2.5 ids only (got ${JSON.stringify(this.config.llm.tokenizer)}); give llm.url for another tokenizer`);
+    }
+    const tokenizer = tokenIn ? { tokenizer: 'qwen2.5' as const } : {};
     const mock = await startMockLlm({ ...this.config.mock, ...tokenizer, host: '127.0.0.1', port: 0, model: this.config.llm.model });
     this.#embeddedMock = mock;
     this.log.info({ url: mock.url }, 'embedded mock inference server started');
