@@ -1,12 +1,25 @@
 /**
- * Environments behind the env-server protocol (DESIGN.md, "Environments over HTTP"), as ordinary
- * `Environment`s: the agent loop cannot tell an HTTP actor from an in-process one.
+ * Environments behind an env server, as ordinary `Environment`s: the agent loop cannot tell an HTTP
+ * actor from an in-process one. Two dialects of the same five calls are spoken:
  *
- *   reset           POST   /{name}/{id}/reset            {"env_param": params, "seed": seed} → {observation, info}
+ *   `rollout`: rollout env-server's protocol (DESIGN.md, "Environments over HTTP")
+ *   reset           POST   /{name}/{id}/reset            {"env_param": line, "seed": seed}      → {observation, info}
  *   getTaskPrompt   GET    /{name}/{id}/get_task_prompt  → [chat message, …]
- *   step            POST   /{name}/{id}/step             {"action": action, "step": n}       → {observation, reward, terminated, truncated, info}
+ *   step            POST   /{name}/{id}/step             {"action": action, "step": n}          → {observation, reward, terminated, truncated, info}
  *   close           DELETE /{name}/{id}                  (200 even for an unknown id)
  *   prewarm         GET    /envs                         → {"envs": [name, …]} (or a bare array)
+ *
+ *   `safactory`: Safactory's env service (env/app.py of github.com/AI45Lab/SAfactory, read at
+ *   4fbd77abcb7bc23b370e99ad2c98c03d54822bbd)
+ *   reset           {"env_param": {...env.params, "dataset": line}, "seed": seed}: on an id's first
+ *                   reset env_param becomes the environment's constructor kwargs (Safactory's own
+ *                   launcher builds it so: core/data_manager/load_yaml.py); a later reset of the
+ *                   same id reuses that instance and ignores env_param
+ *   step            {"action": action}: no step index, and every step received is applied
+ *   prewarm         GET /envs → {"envs": [{"envname", "id", "state": "ready" | "pending"}, …]}: the
+ *                   live instances of every client, not the environments served
+ *
+ * `auto` (the config's default) tells them apart by each server's GET /envs, once per server and client.
  *
  * Next to src/llm, the only module that knows undici: one Pool per server URL, shared by every actor
  * of this client (so a worker keeps a handful of keep-alive connections per server, not one per episode).
@@ -14,7 +27,8 @@
  * Retries: 5xx, timeouts and transport errors are retried with exponential backoff; a 4xx is not (it is
  * the caller's mistake or an unknown id, and asking again gives the same answer). `step` is the
  * exception: it is not idempotent, so it is retried only when the request provably never left this
- * process (connect errors), or when the server deduplicates by the step index we send (`dedupeSteps`).
+ * process (connect errors), or when the server deduplicates by the step index we send (`dedupeSteps`,
+ * which a Safactory server cannot: it gets no index).
  */
 import { randomBytes } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -22,9 +36,10 @@ import { threadId } from 'node:worker_threads';
 import { Pool } from 'undici';
 import { createLogger } from '../log.ts';
 import { ConfigError, preview, serverMessage } from '../protocol/errors.ts';
+import { dialectConflicts, ENV_DIALECTS, formatConflict, type EnvDialect, type EnvDialectSetting } from './dialect.ts';
 import { EnvError } from './errors.ts';
 import { checkAgentPrompts, checkStepResult, EnvReplyError } from './replies.ts';
-import type { AgentActions, AgentPrompts, Environment, ResetOptions, ResetResult, StepResult } from './types.ts';
+import type { AgentActions, AgentPrompts, Environment, EnvParams, ResetOptions, ResetResult, StepResult } from './types.ts';
 import type { ChatMessage } from '../protocol/rollout.ts';
 
 export interface HttpEnvOptions {
@@ -42,6 +57,17 @@ export interface HttpEnvOptions {
   maxResponseBytes: number;
   /** The servers return the cached reply for a repeated step index: `step` may then be retried like any call. */
   dedupeSteps: boolean;
+  /**
+   * Which protocol the servers speak (see the module comment); `auto`: told by each server's GET /envs,
+   * asked before the first reset. Omitted: `rollout`, so code written before there were dialects makes
+   * exactly the calls it made (the config's default is `auto`).
+   */
+  dialect?: EnvDialectSetting;
+  /**
+   * The task's `env.params`. A Safactory server gets them in every reset's env_param, beside the
+   * dataset line; a rollout env-server takes none (its environments get theirs from the server).
+   */
+  params?: EnvParams;
   /** Connections per server URL (default 64). */
   connections?: number;
   /** Where a failed DELETE is reported (it never fails the episode); default: a pino logger on stderr. */
@@ -69,7 +95,7 @@ export interface HttpEnvironments {
   create(): HttpEnvironment;
   /** Checks every server is up and serves `name` (a clear error naming the URL otherwise) and opens connections. */
   prewarm(): Promise<void>;
-  /** Environment names served by every URL (in the first server's order). */
+  /** Environment names served by every URL (in the first server's order); a Safactory server lists none, so it fails. */
   listEnvs(): Promise<string[]>;
   /** Waits for pending DELETEs (bounded by the timeout), then cancels what is left (ERR_ENV_CLOSED) and closes the pools. */
   close(): Promise<void>;
@@ -99,7 +125,22 @@ interface Endpoint {
   readonly pool: Pool;
   /** Actors created on this server and not closed yet: the "busy" measure for spreading new actors. */
   live: number;
+  /** The protocol it speaks, once known (asked once per client; a failed ask is not kept). */
+  dialect: Promise<EnvDialect> | null;
 }
+
+/** One live instance in a Safactory server's GET /envs (any client's). */
+interface SafactoryInstance {
+  envname: string;
+  id: string;
+  state: string;
+}
+
+/**
+ * A GET /envs reply: names (rollout), live instances (Safactory), or an empty list, which either
+ * could send: a Safactory server before its first reset, or a rollout server serving nothing.
+ */
+type EnvListing = { kind: 'names'; names: string[] } | { kind: 'instances'; instances: SafactoryInstance[] } | { kind: 'empty' };
 
 /**
  * How an attempt failed decides what may happen next:
@@ -152,6 +193,7 @@ class HttpEnvClient implements HttpEnvironments {
         url: `${url.origin}${url.pathname.replace(/\/+$/, '')}`,
         prefix: url.pathname.replace(/\/+$/, ''),
         live: 0,
+        dialect: null,
         pool: new Pool(url.origin, {
           connections,
           // The AbortSignal of each attempt is the real bound; these make undici agree with it.
@@ -178,21 +220,36 @@ class HttpEnvClient implements HttpEnvironments {
     await Promise.all(
       this.#endpoints.map(async (endpoint) => {
         // Concurrent requests make the pool open `warm` connections now rather than during the first wave of episodes.
-        const lists = await Promise.all(Array.from({ length: warm }, () => this.#listOn(endpoint)));
-        const served = lists[0];
-        if (!served.includes(name)) {
-          throw new EnvError(
-            'ERR_ENV_HTTP',
-            `env server ${endpoint.url} does not serve environment ${JSON.stringify(name)} (GET /envs lists: ${served.map((n) => JSON.stringify(n)).join(', ') || 'nothing'})`,
-            { status: 404 },
-          );
+        const listings = await Promise.all(Array.from({ length: warm }, () => this.#listOn(endpoint)));
+        const listing = listings[0];
+        const dialect = this.#dialectFor(endpoint, listing);
+        if (dialect === 'safactory') {
+          await this.#probeName(endpoint);
+        } else {
+          const served = listing.kind === 'names' ? listing.names : [];
+          if (!served.includes(name)) {
+            throw new EnvError(
+              'ERR_ENV_HTTP',
+              `env server ${endpoint.url} does not serve environment ${JSON.stringify(name)} (GET /envs lists: ${served.map((n) => JSON.stringify(n)).join(', ') || 'nothing'})`,
+              { status: 404 },
+            );
+          }
         }
+        endpoint.dialect ??= Promise.resolve(dialect);
       }),
     );
   }
 
   async listEnvs(): Promise<string[]> {
-    const lists = await Promise.all(this.#endpoints.map((endpoint) => this.#listOn(endpoint)));
+    const lists = await Promise.all(
+      this.#endpoints.map(async (endpoint) => {
+        const listing = await this.#listOn(endpoint);
+        if (this.#dialectFor(endpoint, listing) === 'safactory') {
+          throw new EnvError('ERR_ENV_HTTP', `env server ${endpoint.url} speaks Safactory's protocol: its GET /envs lists live instances, not the environments it serves`);
+        }
+        return listing.kind === 'names' ? listing.names : [];
+      }),
+    );
     return lists[0].filter((name) => lists.every((list) => list.includes(name)));
   }
 
@@ -210,6 +267,20 @@ class HttpEnvClient implements HttpEnvironments {
 
   get options(): HttpEnvOptions {
     return this.#options;
+  }
+
+  /** The protocol `endpoint` speaks: the configured one, or (auto) what its GET /envs says. */
+  dialectOf(endpoint: Endpoint): Promise<EnvDialect> {
+    const configured = this.#options.dialect ?? 'rollout';
+    if (configured !== 'auto') return Promise.resolve(configured);
+    if (endpoint.dialect === null) {
+      const asked = this.#listOn(endpoint).then((listing) => this.#dialectFor(endpoint, listing));
+      endpoint.dialect = asked;
+      asked.catch(() => {
+        if (endpoint.dialect === asked) endpoint.dialect = null;
+      });
+    }
+    return endpoint.dialect;
   }
 
   released(endpoint: Endpoint): void {
@@ -302,16 +373,76 @@ class HttpEnvClient implements HttpEnvironments {
     return { ok: false, kind: statusCode >= 500 ? 'maybe-applied' : 'final', error };
   }
 
-  async #listOn(endpoint: Endpoint): Promise<string[]> {
+  async #listOn(endpoint: Endpoint): Promise<EnvListing> {
+    const label = `GET ${endpoint.url}/envs`;
     const text = await this.call(endpoint, { method: 'GET', path: '/envs', what: 'list environments', idempotent: true });
-    const json = parseJson(text, `GET ${endpoint.url}/envs`);
+    const json = parseJson(text, label);
     const list = Array.isArray(json) ? json : (json as { envs?: unknown } | null)?.envs;
-    if (!Array.isArray(list)) throw badReply(`GET ${endpoint.url}/envs`, 'reply', json, 'an array of names or {"envs": [...]}');
-    return list.map((entry, i) => {
-      const name = typeof entry === 'string' ? entry : (entry as { name?: unknown } | null)?.name;
-      if (typeof name !== 'string') throw badReply(`GET ${endpoint.url}/envs`, `envs[${i}]`, entry, 'a name (string) or {"name": string}');
-      return name;
-    });
+    if (!Array.isArray(list)) throw badReply(label, 'reply', json, 'an array of names or {"envs": [...]}');
+    if (list.length === 0) return { kind: 'empty' };
+    // Safactory's entries are instances ({envname, id, state}); rollout's are names. One kind per reply.
+    if (typeof list[0] === 'object' && list[0] !== null && 'envname' in list[0]) {
+      return {
+        kind: 'instances',
+        instances: list.map((entry, i) => {
+          const { envname, id, state } = (entry ?? {}) as Record<string, unknown>;
+          const expected = 'a Safactory instance {"envname": string, "id": string, "state": string}';
+          if (typeof entry !== 'object' || entry === null || Array.isArray(entry)) throw badReply(label, `envs[${i}]`, entry, expected);
+          if (typeof envname !== 'string') throw badReply(label, `envs[${i}].envname`, envname, 'a string');
+          if (typeof id !== 'string') throw badReply(label, `envs[${i}].id`, id, 'a string');
+          if (typeof state !== 'string') throw badReply(label, `envs[${i}].state`, state, 'a string');
+          return { envname, id, state };
+        }),
+      };
+    }
+    return {
+      kind: 'names',
+      names: list.map((entry, i) => {
+        const name = typeof entry === 'string' ? entry : (entry as { name?: unknown } | null)?.name;
+        if (typeof name !== 'string') throw badReply(label, `envs[${i}]`, entry, 'a name (string) or {"name": string}, like the entries before it');
+        return name;
+      }),
+    };
+  }
+
+  /**
+   * The dialect `listing` shows, checked against the configuration: a configured dialect must be the
+   * server's, and options the server's dialect cannot honour are refused (ConfigError).
+   */
+  #dialectFor(endpoint: Endpoint, listing: EnvListing): EnvDialect {
+    const configured = this.#options.dialect ?? 'rollout';
+    // An empty list is a rollout server's only when one was configured: a rollout server that serves
+    // nothing cannot serve the environment either, while a fresh Safactory server always lists nothing.
+    const shown: EnvDialect = listing.kind === 'names' || (listing.kind === 'empty' && configured === 'rollout') ? 'rollout' : 'safactory';
+    if (configured !== 'auto' && configured !== shown) {
+      const what = shown === 'rollout' ? 'environment names (rollout env-server\'s protocol)' : 'live instances (Safactory\'s protocol)';
+      throw new ConfigError([`http env: dialect: env server ${endpoint.url} lists ${what} on GET /envs, so it does not speak ${JSON.stringify(configured)}; set "${shown}" or "auto" (got ${JSON.stringify(configured)})`]);
+    }
+    const told = `env server ${endpoint.url} lists ${shown === 'rollout' ? 'environment names on GET /envs (rollout env-server\'s protocol)' : 'live instances on GET /envs (Safactory\'s protocol)'}; `;
+    const conflicts = dialectConflicts(shown, this.#options);
+    if (conflicts.length > 0) throw new ConfigError(conflicts.map((c) => `http env: ${formatConflict(c, told)}`));
+    return shown;
+  }
+
+  /**
+   * Safactory's GET /envs names no environments, so whether a server serves `name` is asked of its
+   * reset route, with an env_param that is not an object: env/app.py checks the name first (400
+   * "Unknown envname …" naming the served ones), then refuses that env_param (400) before it
+   * creates an instance. A server that creates one anyway gets it deleted.
+   */
+  async #probeName(endpoint: Endpoint): Promise<void> {
+    const name = this.#options.name;
+    const base = `/${encodeURIComponent(name)}/${encodeURIComponent(`${this.#idPrefix}-probe`)}`;
+    try {
+      await this.call(endpoint, { method: 'POST', path: `${base}/reset`, body: JSON.stringify({ env_param: [] }), what: `check that environment ${JSON.stringify(name)} is served`, idempotent: true });
+    } catch (err) {
+      if (!(err instanceof EnvError) || err.status === null || err.status >= 500) throw err;
+      if (err.status === 404 || (err.status === 400 && /Unknown envname/i.test(err.message))) {
+        throw new EnvError('ERR_ENV_HTTP', `env server ${endpoint.url} does not serve environment ${JSON.stringify(name)} (${err.message})`, { status: err.status, cause: err });
+      }
+      return;
+    }
+    await this.call(endpoint, { method: 'DELETE', path: base, what: `delete of the probe for ${JSON.stringify(name)}`, idempotent: true });
   }
 
   #closedError(endpoint: Endpoint, spec: CallSpec, cause?: unknown): EnvError {
@@ -334,7 +465,8 @@ class HttpEnvClient implements HttpEnvironments {
 /**
  * One env id on one server. Invariants: the step index sent is 1 + the number of steps that succeeded
  * since the last reset, so a retried step repeats its index (what lets a server deduplicate it); `close`
- * sends at most one DELETE and releases the endpoint's busy count exactly once.
+ * sends at most one DELETE and releases the endpoint's busy count exactly once; on a Safactory server a
+ * reset with another env_param than the id's last one starts a new instance (see `reset`).
  */
 class HttpActor implements HttpEnvironment {
   readonly id: string;
@@ -342,6 +474,8 @@ class HttpActor implements HttpEnvironment {
   readonly #endpoint: Endpoint;
   readonly #base: string;
   #stepsDone = 0;
+  /** Safactory: the env_param of the last reset sent (serialized), that the server's instance may have been made from. */
+  #lastEnvParam: string | null = null;
   #closed: Promise<void> | null = null;
 
   constructor(client: HttpEnvClient, endpoint: Endpoint, id: string) {
@@ -356,12 +490,23 @@ class HttpActor implements HttpEnvironment {
   }
 
   async reset({ seed, params }: ResetOptions): Promise<ResetResult> {
+    const dialect = await this.#client.dialectOf(this.#endpoint);
     this.#stepsDone = 0;
     const label = `POST ${this.#endpoint.url}${this.#base}/reset`;
+    // Safactory's launcher gives an environment its configured params with the dataset line under "dataset".
+    const envParam = dialect === 'safactory' ? { ...this.#client.options.params, dataset: params } : params;
+    if (dialect === 'safactory') {
+      const serialized = JSON.stringify(envParam);
+      if (this.#lastEnvParam !== null && this.#lastEnvParam !== serialized) {
+        // Safactory would reset the instance made from the old env_param and ignore the new one: make it anew.
+        await this.#client.call(this.#endpoint, { method: 'DELETE', path: this.#base, what: `delete of env ${JSON.stringify(this.id)} before a reset with other params`, idempotent: true });
+      }
+      this.#lastEnvParam = serialized;
+    }
     const text = await this.#client.call(this.#endpoint, {
       method: 'POST',
       path: `${this.#base}/reset`,
-      body: JSON.stringify({ env_param: params, seed }),
+      body: JSON.stringify({ env_param: envParam, seed }),
       what: `reset of env ${JSON.stringify(this.id)}`,
       // A repeated reset starts the same episode again from the same seed: harmless.
       idempotent: true,
@@ -385,12 +530,14 @@ class HttpActor implements HttpEnvironment {
   }
 
   async step(action: string | AgentActions): Promise<StepResult> {
+    const dialect = await this.#client.dialectOf(this.#endpoint);
     const n = this.#stepsDone + 1;
     const label = `POST ${this.#endpoint.url}${this.#base}/step`;
     const text = await this.#client.call(this.#endpoint, {
       method: 'POST',
       path: `${this.#base}/step`,
-      body: JSON.stringify({ action, step: n }),
+      // Safactory's step takes the action alone: an index it ignores would only suggest it deduplicates.
+      body: JSON.stringify(dialect === 'safactory' ? { action } : { action, step: n }),
       what: `step ${n} of env ${JSON.stringify(this.id)}`,
       idempotent: false,
     });
@@ -491,5 +638,9 @@ function checkOptions(options: HttpEnvOptions): void {
   positive('maxResponseBytes', options.maxResponseBytes);
   if (typeof options.dedupeSteps !== 'boolean') problems.push(`dedupeSteps: must be a boolean (got ${preview(options.dedupeSteps)})`);
   if (options.connections !== undefined && (!Number.isInteger(options.connections) || options.connections < 1)) problems.push(`connections: must be a positive integer (got ${preview(options.connections)})`);
+  const dialect = options.dialect ?? 'rollout';
+  if (!(ENV_DIALECTS as readonly unknown[]).includes(dialect)) problems.push(`dialect: must be "auto", "rollout" or "safactory" (got ${preview(options.dialect)})`);
+  else if (options.params !== undefined && (typeof options.params !== 'object' || options.params === null || Array.isArray(options.params))) problems.push(`params: must be an object (got ${preview(options.params)})`);
+  else if (dialect !== 'auto') problems.push(...dialectConflicts(dialect, options).map((c) => formatConflict(c)));
   if (problems.length > 0) throw new ConfigError(problems.map((p) => `http env: ${p}`));
 }

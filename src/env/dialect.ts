@@ -1,0 +1,41 @@
+/**
+ * The env-server dialects an HTTP environment may speak (env/http-env.ts has both protocols side by
+ * side), and the options each cannot honour. Shared by the config check, for a configured dialect,
+ * and by the HTTP client, for one a server's GET /envs showed: kept apart from the client so that
+ * validating a config does not load undici.
+ */
+import { preview } from '../protocol/errors.ts';
+import type { EnvParams } from './types.ts';
+
+export const ENV_DIALECTS = ['auto', 'rollout', 'safactory'] as const;
+export type EnvDialectSetting = (typeof ENV_DIALECTS)[number];
+export type EnvDialect = Exclude<EnvDialectSetting, 'auto'>;
+
+export interface DialectConflict {
+  /** The option, as HttpEnvOptions names it (`params` is the task's `env.params`). */
+  option: 'dedupeSteps' | 'params' | 'params.dataset';
+  why: string;
+  value: unknown;
+}
+
+export function dialectConflicts(dialect: EnvDialect, options: { dedupeSteps?: boolean; params?: EnvParams }): DialectConflict[] {
+  const conflicts: DialectConflict[] = [];
+  const params = options.params ?? {};
+  if (dialect === 'safactory') {
+    if (options.dedupeSteps === true) {
+      conflicts.push({ option: 'dedupeSteps', value: true, why: 'a Safactory server applies every step it receives (its step route takes no step index), so it cannot deduplicate steps' });
+    }
+    if (Object.hasOwn(params, 'dataset')) {
+      conflicts.push({ option: 'params.dataset', value: params.dataset, why: 'Safactory\'s env_param carries the dataset line under "dataset", which would replace this one' });
+    }
+  } else if (Object.keys(params).length > 0) {
+    // Sending them anyway would be silently ignored: the server builds its environments from its own.
+    conflicts.push({ option: 'params', value: params, why: 'a rollout env-server takes no params from the engine (its environments get theirs from the server: rollout env-server --params)' });
+  }
+  return conflicts;
+}
+
+/** `option: [context] why (got value)`, the form of every config problem. */
+export function formatConflict(conflict: DialectConflict, context = ''): string {
+  return `${conflict.option}: ${context}${conflict.why} (got ${preview(conflict.value)})`;
+}
