@@ -13,8 +13,8 @@ import type { ChatResult } from './reply.ts';
  *   or "… maximum context length is N tokens and your request has M input tokens …" (serving_engine.py);
  * - SGLang: "The input (N tokens) is longer than the model's context length (M tokens)." or "Requested
  *   token count exceeds the model's maximum context length of N tokens …" (tokenizer_manager.py);
- * - llama.cpp: "the request exceeds the available context size, try increasing it", type
- *   `exceed_context_size_error` (tools/server);
+ * - llama.cpp: "request (N tokens) exceeds the available context size (M tokens), try increasing it",
+ *   type `exceed_context_size_error` (tools/server/server-context.cpp, server-common.cpp);
  * - OpenAI: code `context_length_exceeded`.
  */
 const OVERFLOW = /maximum context length|longer than the model's context length|exceeds? the available context size|exceed_context_size_error|context_length_exceeded/i;

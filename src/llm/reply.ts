@@ -82,8 +82,9 @@ function parseLogprobs(value: unknown): Float32Array | null {
 
 /**
  * llama.cpp's `llama-server` sends no `token_ids`: each `logprobs.content[]` entry carries its token's
- * `id` instead (tools/server/server-common.cpp, `completion_token_output::to_json`). Ids only when
- * every entry has one, so they stay aligned with the logprobs.
+ * `id` instead (tools/server/server-task.cpp `completion_token_output::probs_vector_to_json`, in the
+ * llama.cpp that node-llama-cpp 3.22.1 bundles). Ids only when every entry has one, so they stay
+ * aligned with the logprobs.
  */
 export function logprobIds(value: unknown, where = REPLY): Int32Array | null {
   if (value == null) return null;

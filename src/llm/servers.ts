@@ -77,13 +77,14 @@ const SGLANG: ServerDialect = {
 const LLAMACPP: ServerDialect = {
   kind: 'llamacpp',
   label: 'llama.cpp llama-server',
-  // tools/server: no token_ids field; with logprobs each logprobs.content[] entry carries the token's
-  // `id` (read by llm/reply.ts logprobIds). Chat replies carry no prompt ids: /completion does.
+  // tools/server/server-task.cpp (llama.cpp bundled by node-llama-cpp 3.22.1): no token_ids field; with
+  // logprobs each logprobs.content[] entry carries the token's `id` (completion_token_output::
+  // probs_vector_to_json, read by llm/reply.ts logprobIds). Chat replies carry no prompt ids: /completion does.
   chatIdFields: () => null,
   chatResponseIds: true,
   chatPromptIds: () => false,
   weightVersion: false,
-  // No abort route: closing the connection stops the slot.
+  // No abort route (server-context.cpp registers none): closing the connection stops the slot.
   abort: null,
   tokenRoute: '/completion',
   abortHint: 'set llm.stream: true (a pause then keeps the tokens a call has received)',
@@ -183,7 +184,8 @@ export async function probeServer(url: string, options: ProbeOptions): Promise<S
       const settings = (props?.json as { default_generation_settings?: { n_ctx?: unknown } } | null)?.default_generation_settings;
       if (props?.status === 200 && settings !== undefined) {
         kind = 'llamacpp';
-        // n_ctx of one slot: what one sequence may hold (the server's context divided among --parallel slots).
+        // n_ctx of one slot (server-context.cpp: default_generation_settings.n_ctx = slot_n_ctx): what one
+        // sequence may hold, the server's context divided among its --parallel slots.
         contextLength = positiveInt(settings.n_ctx) ?? contextLength;
       }
     }

@@ -12,7 +12,7 @@
  *   (`{type}`), `meta_info.weight_version` (python/sglang/srt/entrypoints/http_server.py generate_request);
  * - llama.cpp `POST /completion {prompt: number[], n_predict, n_probs, return_tokens}` → `tokens`,
  *   `completion_probabilities[]` (`id`, `logprob`), `stop_type` (`eos` | `limit` | `word` | `none`),
- *   `tokens_evaluated` (tools/server: the native completion route).
+ *   `tokens_evaluated` (tools/server/server-task.cpp: stop_type_to_str, probs_vector_to_json).
  */
 
 /** Sampling settings an agent may send and a backend honours; unset = the backend's default. */
