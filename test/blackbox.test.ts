@@ -4,6 +4,10 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { createEngine, Status, type Engine } from '../src/index.ts';
+import { decodeCheckpoint, decodeMessage, encodeCheckpoint, encodeMessage, toJson } from '../src/protocol/codec.ts';
+import { compactGroup, expandGroup } from '../src/protocol/compact.ts';
+import { PROTOCOL_VERSION, type GroupResultMessage } from '../src/protocol/messages.ts';
+import type { RolloutGroup } from '../src/protocol/rollout.ts';
 
 const AGENT = new URL('./fixtures/blackbox-agent.ts', import.meta.url).pathname;
 
@@ -38,6 +42,49 @@ describe('black-box agents through the token-trace gateway', () => {
       });
       assert.equal(s.observationTokens.length, s.actionRanges[1][1]);
     }
+  });
+
+  it("keeps an agent's side calls out of its turns and its sample, and carries them beside the sample in rollout.stitched.sideCalls, through the thread codec and checkpoints", async () => {
+    const engine = createEngine({
+      logLevel: 'silent',
+      batchSize: 1,
+      workers: { threads: 1 },
+      tasks: [{ name: 'bb-side', env: { module: 'builtin:arithmetic' }, agent: { module: new URL('./fixtures/blackbox-side-call-agent.ts', import.meta.url).pathname }, groupSize: 2 }],
+    });
+    engines.push(engine);
+    await engine.start();
+    const batch = await engine.getBatch();
+    const group = batch.groups[0] as RolloutGroup;
+    for (const rollout of group.rollouts) {
+      assert.equal(rollout.status, Status.COMPLETED, rollout.error ?? '');
+      assert.equal(rollout.turns.length, 2, 'the two turns of the conversation; the judge is not a turn');
+      const s = rollout.stitched!;
+      assert.equal(s.actionRanges.length, 2);
+      rollout.turns.forEach((turn, i) => {
+        const [start, end] = s.actionRanges[i];
+        assert.deepEqual([...s.observationTokens.subarray(start, end)], [...turn.responseIds!], `action ${i} is turn ${i}'s completion`);
+        assert.deepEqual([...turn.promptIds!], [...s.observationTokens.subarray(0, start)]);
+      });
+      assert.equal(s.sideCalls?.length, 1);
+      const [side] = s.sideCalls!;
+      assert.equal(side.index, 1, "the judge was the session's second call");
+      assert.equal(side.finishReason, 'stop');
+      assert.ok(side.completionIds.length > 0);
+      assert.equal(side.logprobs.length, side.completionIds.length);
+      assert.ok([...side.logprobs].every((lp) => lp < 0));
+      const observation = [...s.observationTokens];
+      assert.notDeepEqual([...side.promptIds], observation.slice(0, side.promptIds.length), 'its prompt is its own, not a prefix of the sample');
+    }
+
+    // What the rollout carries survives every way a group travels: the thread codec, a checkpoint
+    // (compact form), and JSON for a trainer.
+    const overThread = decodeMessage(encodeMessage({ v: PROTOCOL_VERSION, type: 'group-result', group, keptTurns: group.rollouts.map(() => 0), workerId: 0 })) as GroupResultMessage;
+    const fromCheckpoint = expandGroup((decodeCheckpoint(encodeCheckpoint({ v: 2, group: compactGroup(group) }), 'test') as unknown as { group: RolloutGroup }).group, 'test');
+    for (const copy of [overThread.group, fromCheckpoint]) {
+      assert.deepEqual(copy.rollouts.map((r) => r.stitched), group.rollouts.map((r) => r.stitched));
+    }
+    const json = JSON.parse(toJson(group)) as { rollouts: { stitched: { sideCalls: { promptIds: number[]; logprobs: number[] }[] } }[] };
+    assert.deepEqual(json.rollouts[0].stitched.sideCalls[0].promptIds, [...group.rollouts[0].stitched!.sideCalls![0].promptIds]);
   });
 
   it('fails a rollout whose agent returns no reward when no environment can judge it, naming why (regression: kept with a silent reward of 0)', async () => {

@@ -4,7 +4,7 @@ import { describe, it } from 'node:test';
 import fc from 'fast-check';
 import { stitchTraces } from '../src/gateway/stitch.ts';
 import { hashIds } from '../src/gateway/trace.ts';
-import type { CallTrace } from '../src/gateway/trace.ts';
+import type { CallTrace, SideCallTrace } from '../src/gateway/trace.ts';
 
 interface CallSpec {
   delta: number[];
@@ -77,6 +77,40 @@ describe('stitching traces into a training sample', () => {
       }),
       { numRuns: 200 },
     );
+  });
+
+  it('puts side calls beside the main sample, each with its own prompt, completion, logprobs and model step, in call order, and leaves the main sample as it is', () => {
+    fc.assert(
+      fc.property(fc.array(callSpec, { minLength: 1, maxLength: 6 }), fc.array(callSpec, { maxLength: 4 }), (calls, sides) => {
+        const { tokens, traces } = session(calls);
+        // Side calls numbered after the main ones and listed out of order: the sample orders them.
+        const sideCalls: SideCallTrace[] = sides.map((c, i) => ({
+          index: calls.length + sides.length - 1 - i,
+          promptIds: Int32Array.from(c.delta),
+          deltaLength: c.delta.length,
+          completionIds: Int32Array.from(c.completion),
+          logprobs: Float32Array.from(c.logprobs),
+          finishReason: c.finish,
+          modelStep: c.step,
+          timings: { renderMs: 0, tokenizeMs: 0, backendMs: 0, totalMs: 0 },
+        }));
+        const { sideCalls: none, ...main } = stitchTraces({ sessionId: 's', tokens, traces });
+        const { sideCalls: out, ...withSides } = stitchTraces({ sessionId: 's', tokens, traces, sideCalls });
+        assert.deepEqual(withSides, main);
+        assert.deepEqual(none, []);
+        assert.deepEqual(
+          out.map((c) => [c.index, Array.from(c.promptIds), Array.from(c.completionIds), Array.from(c.logprobs), c.finishReason, c.modelStep]),
+          sideCalls.map((c, i) => [c.index, sides[i].delta, sides[i].completion, sides[i].logprobs, sides[i].finish, sides[i].step]).reverse(),
+        );
+      }),
+      { numRuns: 100 },
+    );
+  });
+
+  it('fails with ERR_GATEWAY_STITCH when a side call does not have one logprob per completion token', () => {
+    const { tokens, traces } = session([{ delta: [1, 2], completion: [10], logprobs: [-1], step: 0, finish: 'stop' }]);
+    const side: SideCallTrace = { index: 1, promptIds: Int32Array.of(5), deltaLength: 1, completionIds: Int32Array.of(6, 7), logprobs: Float32Array.of(-1), finishReason: 'stop', modelStep: 0, timings: { renderMs: 0, tokenizeMs: 0, backendMs: 0, totalMs: 0 } };
+    assert.throws(() => stitchTraces({ sessionId: 's', tokens, traces, sideCalls: [side] }), { code: 'ERR_GATEWAY_STITCH', message: /side call 1 has 1 logprobs for 2 completion tokens/ });
   });
 
   it('fails with ERR_GATEWAY_STITCH when an action span no longer holds the ids its call generated', () => {

@@ -9,7 +9,7 @@ import OpenAI from 'openai';
 import type { ChatCompletion, ChatCompletionMessageParam } from 'openai/resources/chat/completions';
 import { request } from 'undici';
 import { createEnv as createGuessNumber } from '../src/env/synthetic/guess-number.ts';
-import { startGateway } from '../src/gateway/index.ts';
+import { resolveGatewayOptions, startGateway, stitchedSampleJson } from '../src/gateway/index.ts';
 import type { Gateway, GatewayOptions, ReleaseReason } from '../src/gateway/index.ts';
 import { startMockLlm } from '../src/testing/mock-llm/server.ts';
 import type { MockLlm, MockLlmOptions } from '../src/testing/mock-llm/server.ts';
@@ -17,7 +17,7 @@ import { rejection } from './support/openai-errors.ts';
 
 type Message = ChatCompletionMessageParam;
 /** vLLM-style extras the gateway returns when asked. */
-type Traced = ChatCompletion & { prompt_token_ids: number[]; session_id: string; metadata: { weight_version: number }; choices: (ChatCompletion['choices'][number] & { token_ids: number[] })[] };
+type Traced = ChatCompletion & { prompt_token_ids: number[]; session_id: string; metadata: { weight_version: number; side_call: boolean }; choices: (ChatCompletion['choices'][number] & { token_ids: number[] })[] };
 
 interface Stack {
   mock: MockLlm;
@@ -203,47 +203,6 @@ describe('token-trace gateway with the openai client', () => {
     for (const id of ['from-body', 'from-header', 'from path/ü']) gateway.release(id);
   });
 
-  it('rejects a conversation whose earlier message was edited with a 400 naming the first differing position and both token spans', async () => {
-    const { gateway } = stack;
-    const openai = client(gateway.sessionBaseURL('edited'));
-    const messages: Message[] = [
-      { role: 'system', content: 'You are terse.' },
-      { role: 'user', content: 'Compute 3 + 4. Answer with the number only.' },
-    ];
-    const first = await turn(openai, messages);
-    messages.push({ role: 'assistant', content: first.choices[0].message.content }, { role: 'user', content: 'Compute 5 + 6. Answer with the number only.' });
-    const second = await turn(openai, messages);
-    messages.push({ role: 'assistant', content: second.choices[0].message.content }, { role: 'user', content: 'Compute 7 + 8. Answer with the number only.' });
-
-    const edited = structuredClone(messages);
-    edited[1] = { role: 'user', content: 'Compute 3 + 9. Answer with the number only.' };
-    const { status, error } = await rejection(turn(openai, edited));
-    assert.equal(status, 400);
-    assert.equal(error.code, 'ERR_GATEWAY_PREFIX_MISMATCH');
-    assert.equal(error.param, 'messages');
-    const held = [...second.prompt_token_ids, ...second.choices[0].token_ids];
-    const rendered = await fullTokenization(gateway, edited);
-    const at = error.details!.token_position as number;
-    assert.deepEqual(rendered.slice(0, at), held.slice(0, at), 'everything before the reported position is shared');
-    assert.notEqual(rendered[at], held[at], 'the tokens differ at the reported position');
-    assert.equal(error.details!.session_tokens[0], held[at]);
-    assert.equal(error.details!.request_tokens[0], rendered[at]);
-    assert.equal(gateway.chatModel.decode([held[at]]), '4', 'the position is the edited digit');
-    assert.match(error.message, new RegExp(`first difference at token ${at} \\(character \\d+, in messages\\[1\\]\\)`));
-    assert.equal(error.details!.message_index, 1);
-
-    // A client that rewrites the assistant's reply breaks the prefix too.
-    const rewritten = structuredClone(messages);
-    rewritten[2] = { role: 'assistant', content: `${first.choices[0].message.content} ` };
-    assert.equal((await rejection(turn(openai, rewritten))).error.code, 'ERR_GATEWAY_PREFIX_MISMATCH');
-
-    // The failed calls left the session untouched: the real conversation continues.
-    const third = await turn(openai, messages);
-    assert.deepEqual(third.prompt_token_ids, await fullTokenization(gateway, messages));
-    assert.equal(gateway.session('edited')!.calls.length, 3);
-    gateway.release('edited');
-  });
-
   it('stitches a session: action ranges are exactly the completion spans, logprobs and weight versions line up, observation = last prompt + last completion', async () => {
     const { gateway, mock } = stack;
     const openai = client(gateway.sessionBaseURL('stitched'));
@@ -340,6 +299,214 @@ describe('token-trace gateway with the openai client', () => {
     assert.match(((await notJson.body.json()) as any).error.message, /not valid JSON/);
     assert.equal((await http(gateway, 'GET', '/v1/nothing')).json.error.code, 'ERR_GATEWAY_NOT_FOUND');
     assert.equal((await http(gateway, 'GET', '/v1/chat/completions')).json.error.code, 'ERR_GATEWAY_METHOD');
+  });
+});
+
+describe("token-trace gateway with sideCalls 'refuse' (the old strictness)", () => {
+  let stack: Stack;
+  before(async () => {
+    stack = await startStack({}, { sideCalls: 'refuse' });
+  });
+  after(() => closeStack(stack));
+
+  it('rejects a conversation whose earlier message was edited with a 400 naming the first differing position and both token spans', async () => {
+    const { gateway } = stack;
+    const openai = client(gateway.sessionBaseURL('edited'));
+    const messages: Message[] = [
+      { role: 'system', content: 'You are terse.' },
+      { role: 'user', content: 'Compute 3 + 4. Answer with the number only.' },
+    ];
+    const first = await turn(openai, messages);
+    messages.push({ role: 'assistant', content: first.choices[0].message.content }, { role: 'user', content: 'Compute 5 + 6. Answer with the number only.' });
+    const second = await turn(openai, messages);
+    messages.push({ role: 'assistant', content: second.choices[0].message.content }, { role: 'user', content: 'Compute 7 + 8. Answer with the number only.' });
+
+    const edited = structuredClone(messages);
+    edited[1] = { role: 'user', content: 'Compute 3 + 9. Answer with the number only.' };
+    const { status, error } = await rejection(turn(openai, edited));
+    assert.equal(status, 400);
+    assert.equal(error.code, 'ERR_GATEWAY_PREFIX_MISMATCH');
+    assert.equal(error.param, 'messages');
+    const held = [...second.prompt_token_ids, ...second.choices[0].token_ids];
+    const rendered = await fullTokenization(gateway, edited);
+    const at = error.details!.token_position as number;
+    assert.deepEqual(rendered.slice(0, at), held.slice(0, at), 'everything before the reported position is shared');
+    assert.notEqual(rendered[at], held[at], 'the tokens differ at the reported position');
+    assert.equal(error.details!.session_tokens[0], held[at]);
+    assert.equal(error.details!.request_tokens[0], rendered[at]);
+    assert.equal(gateway.chatModel.decode([held[at]]), '4', 'the position is the edited digit');
+    assert.match(error.message, new RegExp(`first difference at token ${at} \\(character \\d+, in messages\\[1\\]\\)`));
+    assert.equal(error.details!.message_index, 1);
+    assert.match(error.message, /option sideCalls 'record'/, 'the error names the option that would record the call instead');
+
+    // A client that rewrites the assistant's reply breaks the prefix too.
+    const rewritten = structuredClone(messages);
+    rewritten[2] = { role: 'assistant', content: `${first.choices[0].message.content} ` };
+    assert.equal((await rejection(turn(openai, rewritten))).error.code, 'ERR_GATEWAY_PREFIX_MISMATCH');
+
+    // The failed calls left the session untouched: the real conversation continues.
+    const third = await turn(openai, messages);
+    assert.deepEqual(third.prompt_token_ids, await fullTokenization(gateway, messages));
+    assert.equal(gateway.session('edited')!.calls.length, 3);
+    gateway.release('edited');
+  });
+});
+
+describe('token-trace gateway side calls', () => {
+  let stack: Stack;
+  before(async () => {
+    stack = await startStack();
+  });
+  after(() => closeStack(stack));
+
+  const question = (a: number, b: number): Message => ({ role: 'user', content: `Compute ${a} + ${b}. Answer with the number only.` });
+  /** A side call as agents make them: a judge over the conversation so far, in a prompt of its own. */
+  const judge = (messages: Message[]): Message[] => [
+    { role: 'system', content: 'You grade answers. Reply with the corrected number only.' },
+    { role: 'user', content: messages.map((m) => `${m.role}: ${m.content as string}`).join('\n') },
+  ];
+  const logprobsOf = (reply: Traced): number[] => reply.choices[0].logprobs!.content!.map((e) => Math.fround(e.logprob));
+
+  it('records a side call that does not extend the conversation as its own trace instead of refusing it (regression: 400 ERR_GATEWAY_PREFIX_MISMATCH)', async () => {
+    const { gateway } = stack;
+    const openai = client(gateway.sessionBaseURL('side'));
+    const messages: Message[] = [{ role: 'system', content: 'You are terse.' }, question(3, 4)];
+    const first = await turn(openai, messages);
+    messages.push({ role: 'assistant', content: first.choices[0].message.content }, question(5, 6));
+    const second = await turn(openai, messages);
+    const held = gateway.session('side')!.tokens;
+
+    const sideMessages = judge(messages);
+    const side = await turn(openai, sideMessages);
+    assert.equal(side.choices[0].finish_reason, 'stop');
+    assert.deepEqual([first.metadata.side_call, second.metadata.side_call, side.metadata.side_call], [false, false, true]);
+    assert.deepEqual(side.prompt_token_ids, await fullTokenization(gateway, sideMessages), 'the whole render is tokenized fresh');
+    const summary = gateway.session('side')!;
+    assert.equal(summary.tokens, held, 'the main conversation is left as it was');
+    assert.deepEqual(summary.calls.map((c) => [c.index, c.kind]), [[0, 'main'], [1, 'main'], [2, 'side']]);
+    assert.deepEqual([summary.calls[2].prompt_tokens, summary.calls[2].delta_tokens], [side.prompt_token_ids.length, side.prompt_token_ids.length]);
+
+    const records = gateway.traces('side')!;
+    assert.deepEqual(records.map((r) => r.kind), ['main', 'main', 'side']);
+    assert.deepEqual(Array.from(records[2].promptIds), side.prompt_token_ids);
+    assert.deepEqual(Array.from(records[2].completionIds), side.choices[0].token_ids);
+    assert.deepEqual(Array.from(records[2].logprobs), logprobsOf(side));
+    assert.deepEqual(Array.from(records[1].promptIds), second.prompt_token_ids, 'the main calls keep their prompts');
+    const overHttp = await http(gateway, 'GET', '/v1/sessions/side/traces');
+    assert.deepEqual(overHttp.json.calls.map((c: any) => [c.index, c.kind]), [[0, 'main'], [1, 'main'], [2, 'side']]);
+    assert.deepEqual(overHttp.json.calls[2].prompt_token_ids, side.prompt_token_ids);
+    gateway.release('side');
+  });
+
+  it('continues the main conversation after a side call and stitches it exactly as without the side call, which comes out beside it with its own tokens, logprobs and model step', async () => {
+    const { gateway, mock } = stack;
+    // Two sessions play the same main conversation with the same request seeds (the mock's reply then
+    // depends on the conversation and the seed only); one of them asks a judge between its turns.
+    const play = async (sessionId: string, withSide: boolean) => {
+      const openai = client(gateway.sessionBaseURL(sessionId));
+      const messages: Message[] = [question(12, 30)];
+      const main: Traced[] = [];
+      let side: Traced | null = null;
+      for (let i = 0; i < 3; i++) {
+        const reply = await turn(openai, messages, { seed: 100 + i });
+        main.push(reply);
+        messages.push({ role: 'assistant', content: reply.choices[0].message.content }, question(i, 7));
+        if (withSide && i === 0) {
+          mock.setWeightVersion(7);
+          try {
+            side = await turn(openai, judge(messages));
+          } finally {
+            mock.setWeightVersion(0);
+          }
+        }
+      }
+      return { main, side };
+    };
+    const plain = await play('plain', false);
+    const withSide = await play('with-side', true);
+    assert.deepEqual(withSide.main.map((r) => r.prompt_token_ids), plain.main.map((r) => r.prompt_token_ids), 'the main calls after the side call extend the main conversation');
+    assert.deepEqual(withSide.main.map((r) => r.choices[0].token_ids), plain.main.map((r) => r.choices[0].token_ids));
+    assert.deepEqual(gateway.session('with-side')!.calls.map((c) => c.kind), ['main', 'side', 'main', 'main']);
+
+    const expected = gateway.stitch('plain', { reward: 1 });
+    const { status, json } = await http(gateway, 'POST', '/v1/sessions/with-side/stitch', { reward: 1 });
+    assert.equal(status, 200, JSON.stringify(json));
+    const { side_calls: sideCalls, session_id: _id, ...sample } = json;
+    const { side_calls: noSideCalls, session_id: _plainId, ...plainSample } = stitchedSampleJson(expected);
+    assert.deepEqual(sample, plainSample, 'the main sample is the one a session without the side call stitches to');
+    assert.deepEqual(noSideCalls, []);
+    assert.equal(json.action_ranges.length, 3, 'one action per main call');
+
+    const side = withSide.side!;
+    assert.deepEqual(sideCalls, [
+      {
+        index: 1,
+        prompt_token_ids: side.prompt_token_ids,
+        completion_token_ids: side.choices[0].token_ids,
+        logprobs: logprobsOf(side),
+        finish_reason: 'stop',
+        model_step: 7,
+      },
+    ]);
+    assert.ok(!json.model_steps.includes(7), 'no token of the main sample comes from the side call');
+  });
+
+  it("replaces a side call re-sent right after itself, and a main call re-sent after side calls, as the retry rule does; a side call re-sent later is a new one", async () => {
+    const { gateway } = stack;
+    const openai = client(gateway.sessionBaseURL('retries'));
+    const messages: Message[] = [question(2, 2)];
+    const first = await turn(openai, messages);
+    const withReply: Message[] = [...messages, { role: 'assistant', content: first.choices[0].message.content }];
+    const sideMessages = judge(withReply);
+    await turn(openai, sideMessages);
+    const retried = await turn(openai, sideMessages);
+    let calls = gateway.session('retries')!.calls;
+    assert.deepEqual(calls.map((c) => [c.index, c.kind]), [[0, 'main'], [1, 'side']], 'the re-sent side call replaced the first');
+    assert.deepEqual(Array.from(gateway.traces('retries')![1].completionIds), retried.choices[0].token_ids);
+
+    const again = await turn(openai, messages);
+    calls = gateway.session('retries')!.calls;
+    assert.deepEqual(calls.map((c) => [c.index, c.kind]), [[0, 'main'], [1, 'side']], 'the re-sent first question replaced the main call, in its place');
+    assert.equal(again.metadata.side_call, false);
+    assert.deepEqual(Array.from(gateway.traces('retries')![0].completionIds), again.choices[0].token_ids);
+
+    await turn(openai, sideMessages);
+    const next = await turn(openai, [...messages, { role: 'assistant', content: again.choices[0].message.content }, question(3, 3)]);
+    assert.equal(next.metadata.side_call, false, 'the conversation goes on from the retried reply');
+    calls = gateway.session('retries')!.calls;
+    assert.deepEqual(calls.map((c) => [c.index, c.kind]), [[0, 'main'], [1, 'side'], [2, 'side'], [3, 'main']], 'not right after itself: a side call of its own');
+    const sample = gateway.stitch('retries');
+    assert.equal(sample.actionRanges.length, 2);
+    assert.deepEqual(sample.sideCalls.map((c) => c.index), [1, 2]);
+  });
+
+  it('answers a side call past maxSideCalls with a 400 naming the limit, and the main conversation goes on', async () => {
+    const limited = await startStack({}, { maxSideCalls: 1 });
+    try {
+      const { gateway } = limited;
+      const openai = client(gateway.sessionBaseURL('limited'));
+      const messages: Message[] = [question(1, 1)];
+      const first = await turn(openai, messages);
+      messages.push({ role: 'assistant', content: first.choices[0].message.content });
+      await turn(openai, judge(messages));
+      const { status, error } = await rejection(turn(openai, [question(9, 9)]));
+      assert.equal(status, 400);
+      assert.equal(error.code, 'ERR_GATEWAY_TOO_MANY_SIDE_CALLS');
+      assert.match(error.message, /session "limited" already keeps 1 side calls \(maxSideCalls 1\)/);
+      assert.deepEqual([error.details!.side_calls, error.details!.max_side_calls], [1, 1]);
+      const next = await turn(openai, [...messages, question(2, 2)]);
+      assert.equal(next.metadata.side_call, false);
+      assert.deepEqual(gateway.session('limited')!.calls.map((c) => c.kind), ['main', 'side', 'main']);
+    } finally {
+      await closeStack(limited);
+    }
+  });
+
+  it('validates sideCalls and maxSideCalls, naming the option and the value', () => {
+    const backend = { kind: 'vllm' as const, url: 'http://127.0.0.1:1' };
+    assert.equal(resolveGatewayOptions({ backend }).sideCalls, 'record', 'side calls are recorded by default');
+    assert.throws(() => resolveGatewayOptions({ backend, sideCalls: 'ignore' as never }), { code: 'ERR_INVALID_CONFIG', message: /gateway\.sideCalls: must be "record" or "refuse" \(got "ignore"\)/ });
+    assert.throws(() => resolveGatewayOptions({ backend, maxSideCalls: 0 }), { code: 'ERR_INVALID_CONFIG', message: /gateway\.maxSideCalls: must be an integer in \[1, \d+\] \(got 0\)/ });
   });
 });
 

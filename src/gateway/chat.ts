@@ -3,17 +3,24 @@
  * prefix check) → context check → backend → commit the trace. Nothing in the session changes until
  * the backend has answered, so a failed call (backend down, client gone, 4xx) leaves the session
  * exactly as it was and the agent may simply retry.
+ *
+ * A main call (first, extend, replay) commits to the session's buffer and main traces; a side call
+ * (prompt.ts) only appends a trace of its own, so the main conversation is exactly as if it had not
+ * happened. A side call whose prompt ids are those of the side call just before it (the session's
+ * latest call) is that call's retry and replaces it, as `replay` does for main calls: an agent that
+ * re-sends an aborted or failed side call does not leave the dead one behind.
  */
 import { randomUUID } from 'node:crypto';
 import { samplingParamsOf, type TokenBackend } from './backend.ts';
 import { GatewayError } from './errors.ts';
 import type { ChatModel } from './model.ts';
 import { planPrompt } from './prompt.ts';
+import type { SideCallMode } from './prompt.ts';
 import type { ChatCompletionRequest } from './request.ts';
 import type { CallReply } from './response.ts';
-import type { SessionStore } from './sessions.ts';
+import type { Session, SessionStore } from './sessions.ts';
 import { hashIds } from './trace.ts';
-import type { CallTrace } from './trace.ts';
+import type { CallTrace, SideCallTrace } from './trace.ts';
 
 export interface ChatContext {
   model: ChatModel;
@@ -23,6 +30,8 @@ export interface ChatContext {
   servedModel: string;
   maxContext: number;
   defaultMaxTokens: number | null;
+  sideCalls: SideCallMode;
+  maxSideCalls: number;
   /** Weight version for calls whose backend reports none. */
   modelStep(): number;
 }
@@ -41,7 +50,22 @@ export async function runChatCall(ctx: ChatContext, request: ChatCompletionReque
     });
   }
   const base = existing !== undefined && existing.traces.length > 0 ? existing : null;
-  const plan = planPrompt(ctx.model, id, base, rendered, (char) => messageAt(ctx.model, request, char));
+  const plan = planPrompt(ctx.model, id, base, rendered, { sideCalls: ctx.sideCalls, messageAt: (char) => messageAt(ctx.model, request, char) });
+  let retriedSide: SideCallTrace | null = null;
+  if (plan.kind === 'side') {
+    // A side call needs a main call before it, so `existing` is set.
+    const previous = existing!.sideCalls.at(-1);
+    if (existing!.lastCallSide && previous !== undefined && sameIds(previous.promptIds, plan.promptIds)) {
+      retriedSide = previous;
+    } else if (existing!.sideCalls.length >= ctx.maxSideCalls) {
+      throw new GatewayError(
+        'ERR_GATEWAY_TOO_MANY_SIDE_CALLS',
+        `session ${JSON.stringify(id)} already keeps ${existing!.sideCalls.length} side calls (maxSideCalls ${ctx.maxSideCalls}), and this call does not extend its conversation: ` +
+          'stitch the session and start a new one, or raise maxSideCalls',
+        { param: 'messages', details: { session_id: id, side_calls: existing!.sideCalls.length, max_side_calls: ctx.maxSideCalls } },
+      );
+    }
+  }
   const promptLength = plan.promptIds.length;
   if (promptLength >= ctx.maxContext) {
     throw new GatewayError('ERR_GATEWAY_CONTEXT_LENGTH', `session ${JSON.stringify(id)}: the prompt is ${promptLength} tokens and the context limit is ${ctx.maxContext} tokens (max-context), which leaves no room for a completion`, {
@@ -53,7 +77,6 @@ export async function runChatCall(ctx: ChatContext, request: ChatCompletionReque
   // Clamped rather than rejected (vLLM would 400): an agent near the end of its context still gets a
   // reply, finishing with `length`, and the sample is marked truncated.
   const maxTokens = Math.min(request.maxTokens ?? ctx.defaultMaxTokens ?? room, room);
-  const promptHash = hashIds(plan.promptIds);
   const t2 = performance.now();
 
   const session = ctx.sessions.open(id, sessionId === null);
@@ -83,28 +106,51 @@ export async function runChatCall(ctx: ChatContext, request: ChatCompletionReque
   const content = ctx.model.decode(ids.slice(0, contentTokens));
   const modelStep = numericVersion(result.weightVersion) ?? ctx.modelStep();
 
-  if (plan.kind === 'replay') session.traces.pop();
-  const trace: CallTrace = {
-    index: session.traces.length,
-    promptLength,
-    deltaLength: plan.deltaLength,
-    promptHash,
-    completionIds: Int32Array.from(ids),
-    logprobs: Float32Array.from(result.logprobs),
-    finishReason: result.finishReason,
-    modelStep,
-    timings: { renderMs: t1 - t0, tokenizeMs: t2 - t1, backendMs: t3 - t2, totalMs: 0 },
-  };
-  session.traces.push(trace);
-  const tokens = plan.promptIds;
-  for (let i = 0; i < ids.length; i++) tokens.push(ids[i]);
-  session.tokens = tokens;
-  session.coveredText = rendered + content + (stripStop ? ctx.model.tokenText(last) : '');
-  session.lastPromptText = rendered;
-  session.lastPromptLength = promptLength;
+  const timings = { renderMs: t1 - t0, tokenizeMs: t2 - t1, backendMs: t3 - t2, totalMs: 0 };
+  const completionIds = Int32Array.from(ids);
+  const logprobs = Float32Array.from(result.logprobs);
+  let promptIds: readonly number[];
+  if (plan.kind === 'side') {
+    if (retriedSide !== null) session.sideCalls.pop();
+    session.sideCalls.push({
+      index: retriedSide?.index ?? nextIndex(session),
+      promptIds: Int32Array.from(plan.promptIds),
+      deltaLength: plan.deltaLength,
+      completionIds,
+      logprobs,
+      finishReason: result.finishReason,
+      modelStep,
+      timings,
+    });
+    session.lastCallSide = true;
+    promptIds = plan.promptIds;
+  } else {
+    // A retry takes the place of the call it replaces, so indices stay 0..calls−1 in every session.
+    const replaced = plan.kind === 'replay' ? session.traces.pop() : undefined;
+    const trace: CallTrace = {
+      index: replaced?.index ?? nextIndex(session),
+      promptLength,
+      deltaLength: plan.deltaLength,
+      promptHash: hashIds(plan.promptIds),
+      completionIds,
+      logprobs,
+      finishReason: result.finishReason,
+      modelStep,
+      timings,
+    };
+    session.traces.push(trace);
+    const tokens = plan.promptIds;
+    for (let i = 0; i < ids.length; i++) tokens.push(ids[i]);
+    session.tokens = tokens;
+    session.coveredText = rendered + content + (stripStop ? ctx.model.tokenText(last) : '');
+    session.lastPromptText = rendered;
+    session.lastPromptLength = promptLength;
+    session.lastCallSide = false;
+    promptIds = tokens;
+  }
   session.busy = false;
   ctx.sessions.touch(session);
-  trace.timings.totalMs = performance.now() - t0;
+  timings.totalMs = performance.now() - t0;
 
   return {
     id: `chatcmpl-${randomUUID().replaceAll('-', '').slice(0, 24)}`,
@@ -115,16 +161,29 @@ export async function runChatCall(ctx: ChatContext, request: ChatCompletionReque
     contentTokens,
     completionIds: ids,
     promptTokens: promptLength,
-    promptIds: request.returnTokenIds ? tokens.slice(0, promptLength) : null,
+    promptIds: request.returnTokenIds ? promptIds.slice(0, promptLength) : null,
     logprobs: result.logprobs,
     topLogprobs: result.topLogprobs,
     finishReason: result.finishReason,
     modelStep,
+    sideCall: plan.kind === 'side',
+    timings,
     wantLogprobs: request.logprobs,
     wantTopLogprobs: request.topLogprobs,
     wantTokenIds: request.returnTokenIds,
     includeUsage: request.includeUsage,
   };
+}
+
+/** Calls recorded so far (a retry replaces one): the next call's index. */
+function nextIndex(session: Session): number {
+  return session.traces.length + session.sideCalls.length;
+}
+
+function sameIds(a: Int32Array, b: readonly number[]): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
 }
 
 /** A version that is a whole number is a model step; another name (SGLang's "default") says none. */

@@ -7,9 +7,11 @@ import { RolloutEngineError } from '../protocol/errors.ts';
  * Client mistakes (4xx):
  * - ERR_GATEWAY_BAD_REQUEST (400): a field has the wrong type or value (`param` names it);
  * - ERR_GATEWAY_TEMPLATE (400): the model's chat template cannot render these messages;
- * - ERR_GATEWAY_PREFIX_MISMATCH (400): the conversation no longer starts with what the session
- *   already sent (an earlier message was edited or dropped); `details` has the first differing
- *   position and both token spans;
+ * - ERR_GATEWAY_PREFIX_MISMATCH (400, only with `sideCalls: 'refuse'`): the conversation no longer
+ *   starts with what the session already sent (an earlier message was edited or dropped, or a side
+ *   call); `details` has the first differing position and both token spans;
+ * - ERR_GATEWAY_TOO_MANY_SIDE_CALLS (400): the session already keeps `maxSideCalls` side calls (not
+ *   429: waiting does not help, so an OpenAI client must not retry it);
  * - ERR_GATEWAY_CONTEXT_LENGTH (400): the prompt fills the context window; both numbers in `details`;
  * - ERR_GATEWAY_UNKNOWN_SESSION (404): no live session with that id (never seen, stitched, deleted or expired);
  * - ERR_GATEWAY_NOT_FOUND (404) / ERR_GATEWAY_METHOD (405): no such route / method;
@@ -29,6 +31,7 @@ export type GatewayErrorCode =
   | 'ERR_GATEWAY_BAD_REQUEST'
   | 'ERR_GATEWAY_TEMPLATE'
   | 'ERR_GATEWAY_PREFIX_MISMATCH'
+  | 'ERR_GATEWAY_TOO_MANY_SIDE_CALLS'
   | 'ERR_GATEWAY_CONTEXT_LENGTH'
   | 'ERR_GATEWAY_UNKNOWN_SESSION'
   | 'ERR_GATEWAY_NOT_FOUND'
@@ -50,6 +53,7 @@ const STATUS: Record<GatewayErrorCode, number> = {
   ERR_GATEWAY_BAD_REQUEST: 400,
   ERR_GATEWAY_TEMPLATE: 400,
   ERR_GATEWAY_PREFIX_MISMATCH: 400,
+  ERR_GATEWAY_TOO_MANY_SIDE_CALLS: 400,
   ERR_GATEWAY_CONTEXT_LENGTH: 400,
   ERR_GATEWAY_UNKNOWN_SESSION: 404,
   ERR_GATEWAY_NOT_FOUND: 404,

@@ -14,5 +14,7 @@ export { BUILTIN_MODELS, loadChatModel } from './model.ts';
 export type { ChatMessageInput, ChatModel, RenderOptions } from './model.ts';
 export { GatewayError } from './errors.ts';
 export type { GatewayErrorCode } from './errors.ts';
-export type { CallRecord, CallTrace, CallTimings } from './trace.ts';
+export type { CallRecord, CallTrace, CallTimings, SideCallTrace } from './trace.ts';
+export type { SideCallMode } from './prompt.ts';
+export type { SideCall } from '../protocol/rollout.ts';
 export type { ReleaseReason, SessionSummary } from './sessions.ts';

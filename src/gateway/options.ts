@@ -4,6 +4,7 @@
  */
 import { ConfigError, preview } from '../protocol/errors.ts';
 import type { BackendOptions } from './backend.ts';
+import type { SideCallMode } from './prompt.ts';
 import type { ReleaseReason } from './sessions.ts';
 
 export interface GatewayOptions {
@@ -28,6 +29,13 @@ export interface GatewayOptions {
   /** Weight version recorded for calls whose backend reports none; `setModelStep` changes it. */
   modelStep?: number;
   maxBodyBytes?: number;
+  /**
+   * A call that does not extend its session's conversation: `record` (default) generates it and keeps
+   * it as a side call of the session, a sample of its own; `refuse` answers 400 ERR_GATEWAY_PREFIX_MISMATCH.
+   */
+  sideCalls?: SideCallMode;
+  /** Side calls one session keeps at most (each holds its own prompt ids); one more is refused. */
+  maxSideCalls?: number;
   /** Called whenever a session's traces are dropped, with why (metrics, or waiting for a TTL in tests). */
   onSessionReleased?: ((sessionId: string, reason: ReleaseReason) => void) | null;
 }
@@ -44,6 +52,8 @@ export interface ResolvedGatewayOptions {
   maxSessions: number;
   modelStep: number;
   maxBodyBytes: number;
+  sideCalls: SideCallMode;
+  maxSideCalls: number;
   onSessionReleased: ((sessionId: string, reason: ReleaseReason) => void) | null;
 }
 
@@ -55,6 +65,9 @@ export const GATEWAY_DEFAULTS = Object.freeze({
   maxSessions: 10_000,
   modelStep: 0,
   maxBodyBytes: 16 * 1024 * 1024,
+  sideCalls: 'record' as SideCallMode,
+  // Each side call holds up to a context of prompt ids (128 KiB at 32k tokens): 32 MiB a session at worst.
+  maxSideCalls: 256,
   backendTimeoutMs: 600_000,
   backendConnections: 64,
 });
@@ -62,7 +75,7 @@ export const GATEWAY_DEFAULTS = Object.freeze({
 /** Default context when the tokenizer config names none, and the cap on model_max_length (Qwen says 131072). */
 export const DEFAULT_MAX_CONTEXT = 32_768;
 
-const KNOWN = ['backend', 'host', 'port', 'tokenizer', 'model', 'maxContext', 'defaultMaxTokens', 'sessionTtlMs', 'maxSessions', 'modelStep', 'maxBodyBytes', 'onSessionReleased'];
+const KNOWN = ['backend', 'host', 'port', 'tokenizer', 'model', 'maxContext', 'defaultMaxTokens', 'sessionTtlMs', 'maxSessions', 'modelStep', 'maxBodyBytes', 'sideCalls', 'maxSideCalls', 'onSessionReleased'];
 const KNOWN_BACKEND = ['kind', 'url', 'model', 'apiKey', 'timeoutMs', 'connections'];
 
 function fail(name: string, rule: string, value: unknown): never {
@@ -77,6 +90,11 @@ function integer(name: string, value: unknown, min: number, max = Number.MAX_SAF
 function text(name: string, value: unknown): string {
   if (typeof value !== 'string' || value.length === 0) fail(name, 'must be a non-empty string', value);
   return value;
+}
+
+function oneOf<T extends string>(name: string, value: unknown, allowed: readonly T[]): T {
+  if (!allowed.includes(value as T)) fail(name, `must be ${allowed.map((a) => JSON.stringify(a)).join(' or ')}`, value);
+  return value as T;
 }
 
 function callback<T>(name: string, value: T): T {
@@ -119,6 +137,8 @@ export function resolveGatewayOptions(options: GatewayOptions): ResolvedGatewayO
     maxSessions: integer('maxSessions', options.maxSessions ?? GATEWAY_DEFAULTS.maxSessions, 1),
     modelStep: integer('modelStep', options.modelStep ?? GATEWAY_DEFAULTS.modelStep, 0),
     maxBodyBytes: integer('maxBodyBytes', options.maxBodyBytes ?? GATEWAY_DEFAULTS.maxBodyBytes, 1024),
+    sideCalls: oneOf('sideCalls', options.sideCalls ?? GATEWAY_DEFAULTS.sideCalls, ['record', 'refuse'] as const),
+    maxSideCalls: integer('maxSideCalls', options.maxSideCalls ?? GATEWAY_DEFAULTS.maxSideCalls, 1),
     onSessionReleased: options.onSessionReleased === undefined || options.onSessionReleased === null ? null : callback('onSessionReleased', options.onSessionReleased),
   };
 }

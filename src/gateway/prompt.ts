@@ -8,9 +8,24 @@
  * merge or split differently (BPE boundaries, partial UTF-8), and then the trained tokens would not
  * be the generated ones.
  *
- * When the render does not start with `coveredText`, an earlier message was edited, dropped or
- * reordered (or the client changed the assistant text it got back): the session's tokens no longer
- * describe this conversation, and the call fails with the first differing position and both spans.
+ * When the render does not start with `coveredText`, the call does not extend the session's
+ * conversation: an earlier message was edited, dropped or reordered, the client changed the assistant
+ * text it got back, or — most often in real agents — it is a side call (a summariser, a judge, a
+ * planner prompt, a retry with an edited history). What happens then is the `sideCalls` mode:
+ * - `record` (the gateway's default): the plan is a `side` call, its whole render tokenized fresh. The
+ *   caller records it as a trace of its own and leaves the session's tokens and text as they were, so
+ *   the agent's next main call still extends the main conversation.
+ * - `refuse` (the old strictness, and this function's default): the call fails with
+ *   ERR_GATEWAY_PREFIX_MISMATCH, the first differing position and both spans.
+ *
+ * The main line is the session's first conversation, and only ever grows by extension: a side call
+ * never becomes it, even when the agent goes on from the side call's reply — each call of such a new
+ * line is a side call again, tokenized whole. An agent that abandons its conversation for another
+ * should open a new session for it.
+ *
+ * A render equal to the main line's last prompt is a retry of that call (`replay`), also after side
+ * calls, since they leave the main state as it was. (Retrying a side call is the caller's rule: a side
+ * call with the very prompt ids of the call just before it replaces that call.)
  */
 import { GatewayError } from './errors.ts';
 import type { ChatModel } from './model.ts';
@@ -26,13 +41,18 @@ export interface PromptBase {
   lastPromptLength: number;
 }
 
+/** What a call that does not extend the session's conversation becomes (see the module header). */
+export type SideCallMode = 'record' | 'refuse';
+
 export interface PromptPlan {
   /**
    * `first`: a fresh session, the whole render tokenized; `extend`: base tokens + new-text ids;
    * `replay`: the client re-sent the previous call's conversation unchanged (its own retry, or a retry
-   * after an aborted generation): the previous call is dropped and its prompt is generated from again.
+   * after an aborted generation): the previous call is dropped and its prompt is generated from again;
+   * `side`: the render does not extend the conversation (`sideCalls: 'record'`), tokenized whole, and
+   * not a prompt the session's tokens hold.
    */
-  kind: 'first' | 'extend' | 'replay';
+  kind: 'first' | 'extend' | 'replay' | 'side';
   promptIds: number[];
   /** How many ids were tokenized for this call. */
   deltaLength: number;
@@ -43,11 +63,17 @@ const SPAN_TOKENS = 8;
 /** Characters of the new render tokenized to show its side of the mismatch. */
 const SPAN_CHARS = 256;
 
-/**
- * `messageAt(char)`: index of the message whose rendering holds character `char` of the render, for
- * the mismatch error (null when unknown).
- */
-export function planPrompt(model: ChatModel, sessionId: string, base: PromptBase | null, rendered: string, messageAt: (char: number) => number | null = () => null): PromptPlan {
+export interface PlanOptions {
+  /** Default `refuse`: a caller that cannot keep a side call apart must not get one. */
+  sideCalls?: SideCallMode;
+  /**
+   * Index of the message whose rendering holds character `char` of the render, for the mismatch error
+   * (null when unknown).
+   */
+  messageAt?: (char: number) => number | null;
+}
+
+export function planPrompt(model: ChatModel, sessionId: string, base: PromptBase | null, rendered: string, options: PlanOptions = {}): PromptPlan {
   if (base === null) {
     const ids = model.encode(rendered);
     return { kind: 'first', promptIds: ids, deltaLength: ids.length };
@@ -63,7 +89,11 @@ export function planPrompt(model: ChatModel, sessionId: string, base: PromptBase
     for (let i = 0; i < delta.length; i++) promptIds.push(delta[i]);
     return { kind: 'extend', promptIds, deltaLength: delta.length };
   }
-  throw prefixMismatch(model, sessionId, base, rendered, messageAt);
+  if (options.sideCalls === 'record') {
+    const ids = model.encode(rendered);
+    return { kind: 'side', promptIds: ids, deltaLength: ids.length };
+  }
+  throw prefixMismatch(model, sessionId, base, rendered, options.messageAt);
 }
 
 function firstDifference(a: string, b: string): number {
@@ -105,7 +135,8 @@ function prefixMismatch(model: ChatModel, sessionId: string, base: PromptBase, r
       `first difference at token ${token} (character ${char}${message !== null ? `, in messages[${message}]` : ''}): the session has ${JSON.stringify(sessionSpan)} ${JSON.stringify(sessionText)}, ` +
       `the re-rendered conversation has ${JSON.stringify(renderSpan)} ${JSON.stringify(renderText)}. ` +
       'An earlier message was edited, dropped or reordered, or an assistant message differs from the reply it got; ' +
-      'send the conversation unchanged plus new messages, or use a new session id.',
+      'send the conversation unchanged plus new messages, or use a new session id ' +
+      "(or let the gateway record such calls as side calls: option sideCalls 'record').",
     {
       param: 'messages',
       details: {

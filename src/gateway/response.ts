@@ -1,13 +1,15 @@
 /**
  * The OpenAI shapes of one finished call: a `chat.completion` object, or the same content as a
  * `chat.completion.chunk` SSE stream ending in `data: [DONE]`. Both carry vLLM's extras when asked
- * (`prompt_token_ids`, `token_ids`), plus `session_id` and `metadata.weight_version`.
+ * (`prompt_token_ids`, `token_ids`), plus `session_id`, `metadata.weight_version` and
+ * `metadata.side_call` (the call did not extend the session's conversation and was kept apart).
  *
  * The stream is produced after generation is complete (the backend is called token-in/token-out,
  * non-streaming), so it is one write: the chunk format is what OpenAI clients need, not the timing.
  */
 import type { TopLogprob } from './backend.ts';
 import type { ChatModel } from './model.ts';
+import type { CallTimings } from './trace.ts';
 
 export interface CallReply {
   id: string;
@@ -26,6 +28,10 @@ export interface CallReply {
   topLogprobs: TopLogprob[][] | null;
   finishReason: string;
   modelStep: number;
+  /** The call was recorded as a side call (prompt.ts). */
+  sideCall: boolean;
+  /** Of the trace recorded for the call. */
+  timings: CallTimings;
   /** What the client asked to get back. */
   wantLogprobs: boolean;
   wantTopLogprobs: number;
@@ -65,7 +71,7 @@ export function chatCompletionBody(model: ChatModel, reply: CallReply): Record<s
     choices: [choice],
     usage: usage(reply),
     session_id: reply.sessionId,
-    metadata: { weight_version: reply.modelStep },
+    metadata: { weight_version: reply.modelStep, side_call: reply.sideCall },
   };
   if (reply.wantTokenIds) body.prompt_token_ids = reply.promptIds;
   return body;
@@ -118,7 +124,7 @@ export function chatCompletionSse(model: ChatModel, reply: CallReply): string {
     out.push(`data: ${head}"choices":[${JSON.stringify(choice)}]}\n\n`);
   }
   const last = { index: 0, delta: {}, logprobs: null, finish_reason: reply.finishReason };
-  out.push(`data: ${head}"choices":[${JSON.stringify(last)}],"metadata":{"weight_version":${reply.modelStep}}}\n\n`);
+  out.push(`data: ${head}"choices":[${JSON.stringify(last)}],"metadata":{"weight_version":${reply.modelStep},"side_call":${reply.sideCall}}}\n\n`);
   if (reply.includeUsage) out.push(`data: ${head}"choices":[],"usage":${JSON.stringify(usage(reply))}}\n\n`);
   out.push('data: [DONE]\n\n');
   return out.join('');

@@ -8,8 +8,8 @@
  *   GET  /v1/models, /v1/sessions/{id}/models, /health
  *   POST /tokenize  {messages} | {text}        (also /v1/tokenize)
  *   GET  /v1/sessions/{id}                    summary of the session's calls
- *   GET  /v1/sessions/{id}/traces             every call's prompt ids, completion ids, logprobs, finish reason, model step
- *   POST /v1/sessions/{id}/stitch {reward?}   the training sample; releases the session
+ *   GET  /v1/sessions/{id}/traces             every call's kind (main or side), prompt ids, completion ids, logprobs, finish reason, model step
+ *   POST /v1/sessions/{id}/stitch {reward?}   the training sample, its side calls beside it; releases the session
  *   DELETE /v1/sessions/{id}                  releases the session (200 even when unknown)
  * A call without a session id gets a session of its own, named in the reply (`session_id`, header
  * `x-session-id`) so it can still be stitched.
@@ -67,14 +67,16 @@ export interface Gateway {
   /** baseURL for an OpenAI client whose every call belongs to `sessionId` (no extra body field needed). */
   sessionBaseURL(sessionId: string): string;
   /**
-   * The session as one training sample; the session and its traces are released. Throws
+   * The session's main conversation as one training sample, its side calls beside it (`sideCalls`);
+   * the session and its traces are released. Throws
    * ERR_GATEWAY_UNKNOWN_SESSION, ERR_GATEWAY_SESSION_BUSY (a call still in flight) or ERR_GATEWAY_STITCH.
    */
   stitch(sessionId: string, options?: { reward?: number | null }): StitchedSample;
   session(sessionId: string): SessionSummary | undefined;
   /**
-   * Each call of a live session with its prompt ids, completion ids, logprobs, finish reason and model
-   * step (what an agent loop turns into per-turn records); undefined for an unknown session. Does not release it.
+   * Each call of a live session, main and side, in call order, with its kind, prompt ids, completion
+   * ids, logprobs, finish reason and model step (what an agent loop turns into per-turn records);
+   * undefined for an unknown session. Does not release it.
    */
   traces(sessionId: string): CallRecord[] | undefined;
   /** Drops a session and its traces; false when there was none. */
@@ -127,7 +129,17 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   const backend = createTokenBackend(opts.backend);
   const sessions = new SessionStore({ ttlMs: opts.sessionTtlMs, maxSessions: opts.maxSessions, onRelease: opts.onSessionReleased });
   let modelStep = opts.modelStep;
-  const ctx: ChatContext = { model, backend, sessions, servedModel, maxContext, defaultMaxTokens: opts.defaultMaxTokens, modelStep: () => modelStep };
+  const ctx: ChatContext = {
+    model,
+    backend,
+    sessions,
+    servedModel,
+    maxContext,
+    defaultMaxTokens: opts.defaultMaxTokens,
+    sideCalls: opts.sideCalls,
+    maxSideCalls: opts.maxSideCalls,
+    modelStep: () => modelStep,
+  };
   const counters = { calls: 0, failedCalls: 0, stitched: 0, gatewayMs: 0, backendMs: 0 };
   const inFlight = new Set<AbortController>();
   let closing = false;
@@ -140,7 +152,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     }
     if (session.traces.length === 0) throw unknownSession(sessionId);
     try {
-      const sample = stitchTraces({ sessionId, tokens: session.tokens, traces: session.traces }, stitchOptions);
+      const sample = stitchTraces({ sessionId, tokens: session.tokens, traces: session.traces, sideCalls: session.sideCalls }, stitchOptions);
       counters.stitched += 1;
       return sample;
     } finally {
@@ -174,11 +186,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     } finally {
       inFlight.delete(controller);
     }
-    const trace = sessions.get(reply.sessionId)?.traces.at(-1);
-    if (trace !== undefined) {
-      counters.backendMs += trace.timings.backendMs;
-      counters.gatewayMs += trace.timings.totalMs - trace.timings.backendMs;
-    }
+    counters.backendMs += reply.timings.backendMs;
+    counters.gatewayMs += reply.timings.totalMs - reply.timings.backendMs;
     counters.calls += 1;
     const headers: Record<string, string> = HEADER_SAFE.test(reply.sessionId) ? { 'x-session-id': reply.sessionId } : {};
     if (request.stream) {
@@ -236,8 +245,9 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     if (session === undefined) throw unknownSession(sessionId!);
     sendJson(res, 200, {
       session_id: session.id,
-      calls: callRecords(session.tokens, session.traces).map((c) => ({
+      calls: callRecords(session.tokens, session.traces, session.sideCalls).map((c) => ({
         index: c.index,
+        kind: c.kind,
         prompt_token_ids: Array.from(c.promptIds),
         completion_token_ids: Array.from(c.completionIds),
         logprobs: Array.from(c.logprobs),
@@ -361,7 +371,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     session: (sessionId) => sessions.summary(sessionId),
     traces(sessionId) {
       const session = sessions.get(sessionId);
-      return session === undefined ? undefined : callRecords(session.tokens, session.traces);
+      return session === undefined ? undefined : callRecords(session.tokens, session.traces, session.sideCalls);
     },
     release: (sessionId) => sessions.release(sessionId, 'deleted'),
     setModelStep(step) {

@@ -8,11 +8,17 @@
  */
 import { GatewayError } from './errors.ts';
 import type { PromptBase } from './prompt.ts';
-import type { CallTrace } from './trace.ts';
+import type { CallTrace, SideCallTrace } from './trace.ts';
 
+/** The PromptBase fields describe the main conversation only: side calls never change them. */
 export interface Session extends PromptBase {
   readonly id: string;
+  /** The main conversation's calls (the trace.ts invariant), in call order. */
   traces: CallTrace[];
+  /** Calls that did not extend the main conversation, in call order. */
+  sideCalls: SideCallTrace[];
+  /** The session's latest call was a side call (the side-call retry rule, chat.ts). */
+  lastCallSide: boolean;
   busy: boolean;
   /** Date.now() of the last call or creation. */
   lastActivity: number;
@@ -23,10 +29,13 @@ export interface Session extends PromptBase {
 export interface SessionSummary {
   session_id: string;
   busy: boolean;
+  /** Tokens of the main conversation. */
   tokens: number;
   expires_in_ms: number;
+  /** Main and side calls in call order. */
   calls: {
     index: number;
+    kind: 'main' | 'side';
     prompt_tokens: number;
     delta_tokens: number;
     completion_tokens: number;
@@ -42,6 +51,19 @@ export type ReleaseReason = 'stitched' | 'deleted' | 'expired' | 'failed' | 'clo
 interface Entry {
   session: Session;
   timer: NodeJS.Timeout;
+}
+
+function callSummary(t: CallTrace | SideCallTrace, kind: 'main' | 'side', promptTokens: number): SessionSummary['calls'][number] {
+  return {
+    index: t.index,
+    kind,
+    prompt_tokens: promptTokens,
+    delta_tokens: t.deltaLength,
+    completion_tokens: t.completionIds.length,
+    finish_reason: t.finishReason,
+    model_step: t.modelStep,
+    timings: t.timings,
+  };
 }
 
 export class SessionStore {
@@ -82,6 +104,8 @@ export class SessionStore {
     const session: Session = {
       id,
       traces: [],
+      sideCalls: [],
+      lastCallSide: false,
       tokens: [],
       coveredText: '',
       lastPromptText: '',
@@ -125,15 +149,10 @@ export class SessionStore {
       busy: s.busy,
       tokens: s.tokens.length,
       expires_in_ms: Math.max(0, s.lastActivity + this.#ttlMs - Date.now()),
-      calls: s.traces.map((t) => ({
-        index: t.index,
-        prompt_tokens: t.promptLength,
-        delta_tokens: t.deltaLength,
-        completion_tokens: t.completionIds.length,
-        finish_reason: t.finishReason,
-        model_step: t.modelStep,
-        timings: t.timings,
-      })),
+      calls: [
+        ...s.traces.map((t) => callSummary(t, 'main', t.promptLength)),
+        ...s.sideCalls.map((t) => callSummary(t, 'side', t.promptIds.length)),
+      ].sort((a, b) => a.index - b.index),
     };
   }
 

@@ -1,30 +1,35 @@
 /**
- * A session's calls become one training sample: the observation is the last prompt plus the last
- * completion, and every call's completion is an action span inside it. Nothing is re-tokenized: the
- * spans hold the exact ids the policy sampled, with their logprobs and weight versions.
+ * A session's main calls become one training sample: the observation is the last main prompt plus the
+ * last main completion, and every main call's completion is an action span inside it. Nothing is
+ * re-tokenized: the spans hold the exact ids the policy sampled, with their logprobs and weight
+ * versions. Side calls (prompt.ts) do not touch it: each comes out beside it as a sample of its own
+ * (`sideCalls`: its prompt ids, completion ids, logprobs, finish reason and model step), in call order.
  *
  * The sample is checked against the traces before it is returned — each call's prompt hash matches
  * the buffer prefix it claims, each action span equals that call's completion ids, spans are ordered
  * and the last one ends the observation — so a bug in the gateway fails loudly instead of training
  * on misaligned logprobs.
  */
-import type { StitchedSession } from '../protocol/rollout.ts';
+import type { SideCall, StitchedSession } from '../protocol/rollout.ts';
 import { GatewayError } from './errors.ts';
 import { EMPTY_HASH, hashIds } from './trace.ts';
-import type { CallTrace } from './trace.ts';
+import type { CallTrace, SideCallTrace } from './trace.ts';
 
 /** A stitched session (the training sample fields are protocol/rollout.ts StitchedSession) with its id and reward. */
 export interface StitchedSample extends StitchedSession {
   sessionId: string;
   reward: number | null;
-  /** Finish reason of each call, in order. */
+  /** Finish reason of each main call, in order. */
   finishReasons: string[];
+  sideCalls: SideCall[];
 }
 
 export interface StitchInput {
   sessionId: string;
+  /** The main conversation's buffer and calls. */
   tokens: ArrayLike<number>;
   traces: readonly CallTrace[];
+  sideCalls?: readonly SideCallTrace[];
 }
 
 function broken(sessionId: string, why: string, details: Record<string, unknown>): GatewayError {
@@ -32,7 +37,7 @@ function broken(sessionId: string, why: string, details: Record<string, unknown>
 }
 
 export function stitchTraces(input: StitchInput, options: { reward?: number | null } = {}): StitchedSample {
-  const { sessionId, tokens, traces } = input;
+  const { sessionId, tokens, traces, sideCalls = [] } = input;
   const reward = options.reward ?? null;
   if (reward !== null && (typeof reward !== 'number' || !Number.isFinite(reward))) {
     throw new GatewayError('ERR_GATEWAY_BAD_REQUEST', `reward must be a finite number or null (got ${typeof reward === 'number' ? String(reward) : JSON.stringify(reward)})`, { param: 'reward' });
@@ -69,6 +74,11 @@ export function stitchTraces(input: StitchInput, options: { reward?: number | nu
   if (previousEnd !== observation.length) {
     throw broken(sessionId, `the last action ends at token ${previousEnd} but the session holds ${observation.length} (observation must be last prompt + last completion)`, { last_end: previousEnd, tokens: observation.length });
   }
+  for (const side of sideCalls) {
+    if (side.logprobs.length !== side.completionIds.length) {
+      throw broken(sessionId, `side call ${side.index} has ${side.logprobs.length} logprobs for ${side.completionIds.length} completion tokens`, { call: side.index });
+    }
+  }
   const last = traces[traces.length - 1];
   return {
     sessionId,
@@ -79,6 +89,10 @@ export function stitchTraces(input: StitchInput, options: { reward?: number | nu
     truncated: last.finishReason === 'length',
     reward,
     finishReasons: traces.map((t) => t.finishReason),
+    // Shared with the traces, not copied: the gateway releases a session once stitched, so nothing writes them again.
+    sideCalls: sideCalls
+      .map((t): SideCall => ({ index: t.index, promptIds: t.promptIds, completionIds: t.completionIds, logprobs: t.logprobs, finishReason: t.finishReason, modelStep: t.modelStep }))
+      .sort((a, b) => a.index - b.index),
   };
 }
 
@@ -93,5 +107,13 @@ export function stitchedSampleJson(sample: StitchedSample): Record<string, unkno
     truncated: sample.truncated,
     reward: sample.reward,
     finish_reasons: sample.finishReasons,
+    side_calls: sample.sideCalls.map((c) => ({
+      index: c.index,
+      prompt_token_ids: Array.from(c.promptIds),
+      completion_token_ids: Array.from(c.completionIds),
+      logprobs: Array.from(c.logprobs),
+      finish_reason: c.finishReason,
+      model_step: c.modelStep,
+    })),
   };
 }

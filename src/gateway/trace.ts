@@ -1,11 +1,16 @@
 /**
- * What a session keeps: one token buffer and one trace per call.
+ * What a session keeps: one token buffer for its main conversation, one trace per main call, and one
+ * trace per side call.
  *
- * Invariant: `tokens` is the last call's prompt followed by its completion, and every earlier call's
- * prompt is a prefix of it (delta tokenization only ever appends). So a trace stores where its prompt
- * ends instead of a copy of it — memory stays O(context) per session instead of O(turns × context) —
- * plus a hash of the prompt it sent and its own copy of the completion, which is what stitching checks
- * the buffer against.
+ * Invariant (main calls): `tokens` is the last main call's prompt followed by its completion, and
+ * every earlier main call's prompt is a prefix of it (delta tokenization only ever appends). So a
+ * main trace stores where its prompt ends instead of a copy of it — memory stays O(context) per
+ * session instead of O(turns × context) — plus a hash of the prompt it sent and its own copy of the
+ * completion, which is what stitching checks the buffer against.
+ *
+ * A side call (prompt.ts) is by definition not a prefix of `tokens`, so its trace holds its own
+ * prompt ids and never touches the buffer or the main traces. There are at most `maxSideCalls` of
+ * them per session, which bounds a session at O((1 + maxSideCalls) × context).
  */
 
 export interface CallTimings {
@@ -19,8 +24,9 @@ export interface CallTimings {
   totalMs: number;
 }
 
+/** A call of the session's main conversation. */
 export interface CallTrace {
-  /** 0-based position of the call in its session. */
+  /** 0-based position of the call among the session's calls, main and side (a retry takes the place of the call it replaces). */
   index: number;
   /** The call's prompt is `tokens[0, promptLength)` of its session. */
   promptLength: number;
@@ -37,15 +43,31 @@ export interface CallTrace {
   timings: CallTimings;
 }
 
-/** A trace with its prompt ids materialised (views into one copy of the session's tokens). */
-export interface CallRecord extends Omit<CallTrace, 'promptHash'> {
+/** A call that did not extend the main conversation: its whole render tokenized, its prompt ids its own. */
+export interface SideCallTrace extends Omit<CallTrace, 'promptLength' | 'promptHash'> {
   promptIds: Int32Array;
 }
 
-/** Every call of a session with its prompt ids; the views share one buffer, so this costs O(context), not O(calls × context). */
-export function callRecords(tokens: ArrayLike<number>, traces: readonly CallTrace[]): CallRecord[] {
+/**
+ * A trace with its prompt ids materialised (for main calls, views into one copy of the session's
+ * tokens); `promptLength` is `promptIds.length` for either kind.
+ */
+export interface CallRecord extends Omit<CallTrace, 'promptHash'> {
+  /** `main`: a call of the session's conversation (an action of the stitched sample); `side`: a side call, a sample of its own. */
+  kind: 'main' | 'side';
+  promptIds: Int32Array;
+}
+
+/**
+ * Every call of a session with its prompt ids, in call order. The main calls' views share one buffer,
+ * so this costs O(context) plus the side calls' own prompts, not O(calls × context).
+ */
+export function callRecords(tokens: ArrayLike<number>, traces: readonly CallTrace[], sideCalls: readonly SideCallTrace[] = []): CallRecord[] {
   const all = Int32Array.from(tokens);
-  return traces.map(({ promptHash: _hash, ...trace }) => ({ ...trace, promptIds: all.subarray(0, trace.promptLength) }));
+  const main = traces.map(({ promptHash: _hash, ...trace }): CallRecord => ({ ...trace, kind: 'main', promptIds: all.subarray(0, trace.promptLength) }));
+  if (sideCalls.length === 0) return main;
+  const side = sideCalls.map((trace): CallRecord => ({ ...trace, kind: 'side', promptLength: trace.promptIds.length }));
+  return main.concat(side).sort((a, b) => a.index - b.index);
 }
 
 const FNV_OFFSET = 0x811c9dc5;

@@ -3,10 +3,14 @@
  * into one training sample. Part of llm/ because it is the only other place that speaks undici.
  */
 import { request } from 'undici';
-import type { StitchedSession } from '../protocol/rollout.ts';
+import type { SideCall, StitchedSession } from '../protocol/rollout.ts';
 import { LlmError } from './errors.ts';
 
 export interface GatewayCall {
+  /** Position among the session's calls, main and side. */
+  index: number;
+  /** `main`: a call of the session's conversation (an action of the stitched sample); `side`: a side call, a sample of its own. */
+  kind: 'main' | 'side';
   promptIds: Int32Array;
   completionIds: Int32Array;
   logprobs: Float32Array;
@@ -20,9 +24,11 @@ export function sessionBaseUrl(gatewayUrl: string, sessionId: string): string {
 }
 
 export async function fetchTraces(gatewayUrl: string, sessionId: string): Promise<GatewayCall[]> {
-  const body = (await call('GET', `${sessionBaseUrl(gatewayUrl, sessionId)}/traces`)) as { calls: { prompt_token_ids: number[]; completion_token_ids: number[]; logprobs: number[]; finish_reason: string; model_step: number }[] } | null;
+  const body = (await call('GET', `${sessionBaseUrl(gatewayUrl, sessionId)}/traces`)) as { calls: (TracedCall & { index: number; kind: 'main' | 'side' })[] } | null;
   if (body === null) return []; // the agent made no inference call in this session
   return body.calls.map((c) => ({
+    index: c.index,
+    kind: c.kind,
     promptIds: Int32Array.from(c.prompt_token_ids),
     completionIds: Int32Array.from(c.completion_token_ids),
     logprobs: Float32Array.from(c.logprobs),
@@ -31,8 +37,8 @@ export async function fetchTraces(gatewayUrl: string, sessionId: string): Promis
   }));
 }
 
-/** The session as one sample; the gateway then releases it. */
-export async function stitchSession(gatewayUrl: string, sessionId: string, reward: number | null): Promise<StitchedSession & { reward: number | null }> {
+/** The session as one sample, its side calls beside it; the gateway then releases it. */
+export async function stitchSession(gatewayUrl: string, sessionId: string, reward: number | null): Promise<StitchedSession & { reward: number | null; sideCalls: SideCall[] }> {
   const body = (await call('POST', `${sessionBaseUrl(gatewayUrl, sessionId)}/stitch`, { reward })) as {
     observation_tokens: number[];
     action_ranges: [number, number][];
@@ -40,6 +46,7 @@ export async function stitchSession(gatewayUrl: string, sessionId: string, rewar
     model_steps: number[];
     truncated: boolean;
     reward: number | null;
+    side_calls: (TracedCall & { index: number })[];
   };
   return {
     observationTokens: Int32Array.from(body.observation_tokens),
@@ -48,7 +55,24 @@ export async function stitchSession(gatewayUrl: string, sessionId: string, rewar
     modelSteps: Int32Array.from(body.model_steps),
     truncated: body.truncated,
     reward: body.reward,
+    sideCalls: body.side_calls.map((c) => ({
+      index: c.index,
+      promptIds: Int32Array.from(c.prompt_token_ids),
+      completionIds: Int32Array.from(c.completion_token_ids),
+      logprobs: Float32Array.from(c.logprobs),
+      finishReason: c.finish_reason,
+      modelStep: c.model_step,
+    })),
   };
+}
+
+/** One call as the gateway's session routes write it. */
+interface TracedCall {
+  prompt_token_ids: number[];
+  completion_token_ids: number[];
+  logprobs: number[];
+  finish_reason: string;
+  model_step: number;
 }
 
 /** Drop a session (an interrupted episode that will be played again). */

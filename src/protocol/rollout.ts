@@ -167,6 +167,25 @@ export interface StitchedSession {
   modelSteps: Int32Array;
   /** The last call stopped on its token budget (finish reason `length`). */
   truncated: boolean;
+  /**
+   * The session's side calls (calls that did not extend its conversation: a summariser, a judge, a
+   * retry with an edited history), each a sample of its own beside this one, in call order. Absent in
+   * samples stitched before side calls were recorded.
+   */
+  sideCalls?: SideCall[];
+}
+
+/** One side call of a black-box session: its own prompt, not a prefix of the session's observation. */
+export interface SideCall {
+  /** Position of the call among all the session's calls (main and side), 0-based. */
+  index: number;
+  promptIds: Int32Array;
+  completionIds: Int32Array;
+  /** Logprob of each completion token under the policy that sampled it. */
+  logprobs: Float32Array;
+  finishReason: FinishReason;
+  /** Weight version that generated the completion. */
+  modelStep: number;
 }
 
 /** The k rollouts of one prompt: the unit the producer schedules and the buffer stores. */

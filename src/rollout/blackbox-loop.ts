@@ -2,8 +2,16 @@
  * The black-box agent loop: the episode is driven by a user module that speaks only the OpenAI API
  * (any client, any agent framework). It runs inside a worker like any other agent loop; its inference
  * goes through the token-trace gateway, which records the exact tokens and logprobs of every call of
- * the session. Afterwards the session's calls become the rollout's turns and the session is stitched
- * into one training sample (`rollout.stitched`).
+ * the session. Afterwards the session's main calls become the rollout's turns and the session is
+ * stitched into one training sample (`rollout.stitched`).
+ *
+ * Side calls (calls that did not extend the session's conversation: a summariser, a judge, a retry
+ * with an edited history; gateway/prompt.ts) are not turns: `turns[i]` stays the i-th main call and
+ * `stitched.actionRanges[i]` its completion, the last turn carries the reward and the end of the
+ * episode, as for every other agent loop. They come out in `stitched.sideCalls`, each with its own
+ * prompt ids, completion ids, logprobs, finish reason and model step: samples a trainer may use or
+ * not, with the reward it chooses (the rollout's is the natural one). An aborted side call interrupts
+ * the episode like a main one.
  *
  *   user module({ baseURL: <gateway>/v1/sessions/<id>, sessionId, prompt, label, signal })
  *     → { reward?, info? } | number | void
@@ -82,7 +90,7 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
     }
     timings.inferenceMs += performance.now() - t;
     const calls = await fetchTraces(ctx.gatewayUrl, sessionId);
-    rollout.turns = calls.map((c, i): TurnRecord => ({
+    rollout.turns = calls.filter((c) => c.kind === 'main').map((c, i): TurnRecord => ({
       step: i + 1,
       agentId: null,
       messages: [],
