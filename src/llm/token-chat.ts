@@ -60,13 +60,9 @@ export class TokenChat {
     } else {
       rendered = model.render(request.messages, { addGenerationPrompt: true });
       const base = this.#base(model, sessionId, request.previous);
-      let plan;
-      try {
-        plan = planPrompt(model, sessionId ?? '', base, rendered);
-      } catch {
-        plan = planPrompt(model, sessionId ?? '', null, rendered); // not an extension (a trimmed conversation): whole
-      }
-      promptIds = plan.promptIds;
+      // A conversation that does not extend the previous turn's (trimmed by messageCut) is tokenized
+      // whole, and becomes the sequence the next turn extends.
+      promptIds = planPrompt(model, sessionId ?? '', base, rendered, { sideCalls: 'record' }).promptIds;
     }
     const contextLength = this.#options.server?.contextLength ?? null;
     if (contextLength !== null && promptIds.length >= contextLength) {
