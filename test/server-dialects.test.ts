@@ -314,3 +314,47 @@ describe('context limits end episodes as truncated, not failed', () => {
     }
   });
 });
+
+describe("llama.cpp's left-out logprobs (tokens mode)", () => {
+  it('computes again the logprob llama.cpp leaves out for a token ending inside a UTF-8 character (server-context.cpp process_token)', async (t) => {
+    // Token 160 (a lone UTF-8 lead byte) got no completion_probabilities entry; the recompute call
+    // (the prefix + a forced whole token) lists its raw logprob among the alternatives.
+    const bodies: Record<string, unknown>[] = [];
+    const server = await double((req, body, res) => {
+      if (req.url === '/v1/models') return json(res, 200, { data: [{ id: 'm', owned_by: 'llamacpp' }] });
+      const sent = JSON.parse(body) as Record<string, unknown>;
+      bodies.push(sent);
+      if (bodies.length === 1) {
+        return json(res, 200, { tokens: [64, 160, 99, 151645], stop_type: 'eos', completion_probabilities: [{ id: 64, logprob: -1 }, { id: 99, logprob: -3 }, { id: 151645, logprob: -4 }] });
+      }
+      json(res, 200, { tokens: [64], stop_type: 'limit', completion_probabilities: [{ id: 64, logprob: -9, top_logprobs: [{ id: 5, logprob: -0.5 }, { id: 160, logprob: -2.5 }] }] });
+    });
+    t.after(() => server.close());
+    const client = new LlmClient({ ...CLIENT, url: server.url, api: 'tokens', server: { kind: 'llamacpp', contextLength: null }, chatModel: () => loadChatModel('qwen2.5') });
+    t.after(() => client.close());
+    const reply = await client.chat({ messages: [{ role: 'user', content: 'hi' }], maxTokens: 8, temperature: 1 }, undefined, 's');
+    assert.deepEqual(Array.from(reply.responseIds!), [64, 160, 99, 151645]);
+    assert.deepEqual(Array.from(reply.logprobs!), [-1, -2.5, -3, -4]);
+    assert.equal(bodies.length, 2);
+    const prompt = bodies[0].prompt as number[];
+    assert.deepEqual(bodies[1].prompt, [...prompt, 64], 'the prefix up to the left-out token');
+    assert.deepEqual(bodies[1].logit_bias, [[64, 100]], 'a whole token ("a") is forced, so its entry is sent');
+    assert.equal(bodies[1].n_predict, 1);
+  });
+
+  it('fails the call, naming the token, when the recomputed alternatives do not hold it', async (t) => {
+    let n = 0;
+    const server = await double((_req, _body, res) => {
+      if (n++ === 0) return json(res, 200, { tokens: [160], stop_type: 'limit', completion_probabilities: [] });
+      json(res, 200, { tokens: [64], stop_type: 'limit', completion_probabilities: [{ id: 64, logprob: -9, top_logprobs: [{ id: 5, logprob: -0.5 }] }] });
+    });
+    t.after(() => server.close());
+    const client = new LlmClient({ ...CLIENT, url: server.url, api: 'tokens', server: { kind: 'llamacpp', contextLength: null }, chatModel: () => loadChatModel('qwen2.5') });
+    t.after(() => client.close());
+    await assert.rejects(client.chat({ messages: [{ role: 'user', content: 'hi' }], maxTokens: 1, temperature: 1 }, undefined, 's'), {
+      code: 'ERR_LLM_BAD_REPLY',
+      message: /left out the logprob of completion token 0 \(id 160, which ends inside a UTF-8 character\)/,
+    });
+  });
+});
+

@@ -12,7 +12,7 @@ import { TRANSPORT_ERROR_CODES } from '../llm/client.ts';
 import { ConfigError, serverMessage } from '../protocol/errors.ts';
 import { GatewayError } from './errors.ts';
 import { GATEWAY_DEFAULTS } from './options.ts';
-import { TOKEN_WIRES, type GenerationResult, type SamplingParams, type SamplingRequest, type TokenWireKind, type TopLogprob } from '../llm/token-wire.ts';
+import { fillMissingLogprobs, TOKEN_WIRES, type GenerationResult, type SamplingParams, type SamplingRequest, type TokenWireKind, type TopLogprob } from '../llm/token-wire.ts';
 
 export type BackendKind = TokenWireKind;
 export const BACKEND_KINDS: readonly BackendKind[] = ['vllm', 'sglang', 'llamacpp'];
@@ -28,6 +28,11 @@ export interface BackendOptions {
   /** Whole-request budget (generation included), ms. */
   timeoutMs?: number;
   connections?: number;
+  /**
+   * A token whose text is whole ("a" in the policy's vocabulary): llama.cpp leaves out the logprob of
+   * a token ending inside a UTF-8 character, and it is computed again with this one generated after it.
+   */
+  completeTokenId?: number;
 }
 
 const SAMPLING_PARAMS = ['temperature', 'topP', 'topK', 'minP', 'presencePenalty', 'frequencyPenalty', 'repetitionPenalty', 'seed', 'stop'] as const satisfies readonly (keyof SamplingParams)[];
@@ -75,38 +80,45 @@ export function createTokenBackend(options: BackendOptions): TokenBackend {
   const model = options.model ?? null;
   const fail = (why: string) => badReply(endpoint, why);
 
+  /** One call's JSON answer; transport failures and non-200 answers become GatewayErrors. */
+  async function post(body: Record<string, unknown>, signal: AbortSignal | undefined): Promise<unknown> {
+    let status: number;
+    let text: string;
+    try {
+      const response = await pool.request({ method: 'POST', path, headers, body: JSON.stringify(body), signal });
+      status = response.statusCode;
+      text = await response.body.text();
+    } catch (err) {
+      const code = (err as { code?: string }).code ?? (err as Error).name;
+      if (signal?.aborted) throw new GatewayError('ERR_BACKEND_ABORTED', `backend call to ${endpoint} cancelled: ${String(signal.reason instanceof Error ? signal.reason.message : signal.reason)}`, { cause: err });
+      if (code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT') {
+        throw new GatewayError('ERR_BACKEND_TIMEOUT', `backend ${endpoint} did not answer within ${timeoutMs} ms (backend.timeoutMs)`, { cause: err });
+      }
+      const hint = TRANSPORT_ERROR_CODES.has(code) ? ' (is the backend running? check --backend-url)' : '';
+      throw new GatewayError('ERR_BACKEND_UNREACHABLE', `backend ${endpoint} unreachable: ${code} ${(err as Error).message}${hint}`, { cause: err });
+    }
+    if (status !== 200) {
+      // A 4xx is about the request (vLLM's own context check, a bad sampling value): the agent
+      // should see it as its own error, not as a gateway fault.
+      const passOn = status >= 400 && status < 500 && status !== 404 && status !== 405;
+      throw new GatewayError('ERR_BACKEND_HTTP', `backend ${endpoint} answered ${status}: ${serverMessage(text)}`, { status: passOn ? status : 502, details: { backend_status: status } });
+    }
+    try {
+      return JSON.parse(text);
+    } catch {
+      throw badReply(endpoint, `the body is not JSON: ${JSON.stringify(text.slice(0, 80))}`);
+    }
+  }
+
   return {
     kind: options.kind,
     endpoint,
     async generate(request, signal) {
-      let status: number;
-      let text: string;
-      try {
-        const response = await pool.request({ method: 'POST', path, headers, body: JSON.stringify(wire.body(request, model)), signal });
-        status = response.statusCode;
-        text = await response.body.text();
-      } catch (err) {
-        const code = (err as { code?: string }).code ?? (err as Error).name;
-        if (signal?.aborted) throw new GatewayError('ERR_BACKEND_ABORTED', `backend call to ${endpoint} cancelled: ${String(signal.reason instanceof Error ? signal.reason.message : signal.reason)}`, { cause: err });
-        if (code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT') {
-          throw new GatewayError('ERR_BACKEND_TIMEOUT', `backend ${endpoint} did not answer within ${timeoutMs} ms (backend.timeoutMs)`, { cause: err });
-        }
-        const hint = TRANSPORT_ERROR_CODES.has(code) ? ' (is the backend running? check --backend-url)' : '';
-        throw new GatewayError('ERR_BACKEND_UNREACHABLE', `backend ${endpoint} unreachable: ${code} ${(err as Error).message}${hint}`, { cause: err });
-      }
-      if (status !== 200) {
-        // A 4xx is about the request (vLLM's own context check, a bad sampling value): the agent
-        // should see it as its own error, not as a gateway fault.
-        const passOn = status >= 400 && status < 500 && status !== 404 && status !== 405;
-        throw new GatewayError('ERR_BACKEND_HTTP', `backend ${endpoint} answered ${status}: ${serverMessage(text)}`, { status: passOn ? status : 502, details: { backend_status: status } });
-      }
-      let json: unknown;
-      try {
-        json = JSON.parse(text);
-      } catch {
-        throw badReply(endpoint, `the body is not JSON: ${JSON.stringify(text.slice(0, 80))}`);
-      }
-      return wire.parse(json, fail);
+      const result = wire.parse(await post(wire.body(request, model), signal), fail);
+      if (result.missingLogprobs === undefined) return result;
+      // llama.cpp leaves out the logprob of a token ending inside a UTF-8 character: computed again.
+      if (options.completeTokenId === undefined) throw fail(`llama.cpp left out ${result.missingLogprobs.length} logprob(s) and no completeTokenId was given to compute them again`);
+      return fillMissingLogprobs(result, request.promptIds, options.completeTokenId, (body) => post(body, signal), fail);
     },
     close: () => pool.close(),
   };

@@ -41,7 +41,7 @@ export interface GatewayOptions {
 }
 
 export interface ResolvedGatewayOptions {
-  backend: Required<GatewayOptions['backend']>;
+  backend: Required<Omit<GatewayOptions['backend'], 'completeTokenId'>>;
   host: string;
   port: number;
   tokenizer: string;

@@ -126,7 +126,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   const model = await loadChatModel(opts.tokenizer);
   const maxContext = opts.maxContext ?? Math.min(model.maxLength ?? DEFAULT_MAX_CONTEXT, DEFAULT_MAX_CONTEXT);
   const servedModel = opts.model ?? opts.tokenizer;
-  const backend = createTokenBackend(opts.backend);
+  const backend = createTokenBackend({ ...opts.backend, completeTokenId: model.encode('a')[0] });
   const sessions = new SessionStore({ ttlMs: opts.sessionTtlMs, maxSessions: opts.maxSessions, onRelease: opts.onSessionReleased });
   let modelStep = opts.modelStep;
   const ctx: ChatContext = {

@@ -22,15 +22,17 @@ import { contextOverflowReply } from './context.ts';
 import type { ChatRequest, LlmClientOptions } from './client.ts';
 import type { ChatResult } from './reply.ts';
 import type { ServerDialect } from './servers.ts';
-import { TOKEN_WIRES, type GenerationResult, type TokenWire } from './token-wire.ts';
+import { fillMissingLogprobs, TOKEN_WIRES, type GenerationResult, type TokenWire } from './token-wire.ts';
 
 /** Sends one token-in call with the client's retries, pause checks and reply limits (LlmClient #call). */
-export type TokenCall = (path: string, payload: object, reader: { parse(json: unknown): GenerationResult }, signal: CancelSignal | undefined) => Promise<GenerationResult>;
+export type TokenCall = <T>(path: string, payload: object, reader: { parse(json: unknown): T }, signal: CancelSignal | undefined) => Promise<T>;
 
 /** Sessions whose sequence is kept at once per client: an episode's next turn finds its own; older ones are rebuilt from `previous`. */
 const SESSIONS_KEPT = 4096;
 
 const fail = (why: string): LlmError => new LlmError('ERR_LLM_BAD_REPLY', `token-in reply: ${why}`);
+/** A reply read as it is (llama.cpp's recompute calls pick one number out of it). */
+const RAW_JSON = { parse: (json: unknown) => json };
 
 export class TokenChat {
   readonly #wire: TokenWire;
@@ -40,6 +42,7 @@ export class TokenChat {
   /** session → its sequence after the last call (insertion order: oldest first, for eviction). */
   readonly #sessions = new Map<string, PromptBase>();
   #model: ChatModel | null = null;
+  #aToken: number | undefined;
 
   constructor(dialect: ServerDialect, options: LlmClientOptions, call: TokenCall) {
     if (dialect.tokenRoute === null) throw new LlmError('ERR_LLM_HTTP', `llm.api "tokens": a ${dialect.label} server has no token-in route`);
@@ -75,6 +78,10 @@ export class TokenChat {
       this.#options.model,
     );
     const result = await this.#call(this.#wire.path, payload, this.#reader, signal);
+    if (result.missingLogprobs !== undefined) {
+      // llama.cpp leaves out the logprob of a token ending inside a UTF-8 character: computed again.
+      await fillMissingLogprobs(result, promptIds, this.#completeToken(model), (body) => this.#call(this.#wire.path, body, RAW_JSON, signal), fail);
+    }
     const ids = result.completionIds;
     for (let i = 0; i < ids.length; i++) {
       if (!model.hasToken(ids[i])) throw new LlmError('ERR_LLM_BAD_REPLY', `token-in reply: token id ${ids[i]} (completion position ${i}) is not in the ${model.name} vocabulary: the server serves another tokenizer than llm.tokenizer`);
@@ -99,6 +106,11 @@ export class TokenChat {
       promptTokens: promptIds.length,
       completionTokens: ids.length,
     };
+  }
+
+  /** A token whose text is whole in any context ("a"), for llama.cpp's recompute calls. */
+  #completeToken(model: ChatModel): number {
+    return (this.#aToken ??= model.encode('a')[0]);
   }
 
   forget(sessionId: string): void {

@@ -51,6 +51,8 @@ export interface GenerationResult {
   finishReason: string;
   /** The weight version the server reports for this generation (as text), null when it reports none. */
   weightVersion: string | null;
+  /** Positions whose logprob the server left out (llama.cpp: a token ending inside a UTF-8 character); NaN there. */
+  missingLogprobs?: number[];
 }
 
 export type TokenWireKind = 'vllm' | 'sglang' | 'llamacpp';
@@ -216,27 +218,91 @@ function parseLlamacpp(json: unknown, fail: (why: string) => Error): GenerationR
   if (!isTokenIds(reply.tokens)) throw fail(`tokens must be an array of token ids (got ${typeof reply.tokens}); send return_tokens: true`);
   const completionIds = reply.tokens;
   const probs = reply.completion_probabilities;
-  if (!Array.isArray(probs) || probs.length !== completionIds.length) {
-    throw fail(`completion_probabilities must hold one entry per token (${completionIds.length} tokens, got ${Array.isArray(probs) ? `${probs.length} entries` : typeof probs}); send n_probs ≥ 1`);
+  if (!Array.isArray(probs) || probs.length > completionIds.length) {
+    throw fail(`completion_probabilities must hold at most one entry per token (${completionIds.length} tokens, got ${Array.isArray(probs) ? `${probs.length} entries` : typeof probs}); send n_probs ≥ 1`);
   }
+  // A token whose text ends inside a UTF-8 character gets no entry (server-context.cpp process_token:
+  // it is never added to the slot's outputs), so entries are matched to tokens by id; the gaps are
+  // listed for the caller to fill (llm/token-chat.ts), NaN until then.
   const logprobs = new Array<number>(completionIds.length);
+  const missing: number[] = [];
   let top: TopLogprob[][] | null = null;
+  let j = 0;
   for (let i = 0; i < completionIds.length; i++) {
-    const e = probs[i] as { id?: unknown; logprob?: unknown; top_logprobs?: unknown } | null;
-    if (typeof e?.logprob !== 'number') throw fail(`completion_probabilities[${i}].logprob must be a number (got ${JSON.stringify(e?.logprob)})`);
-    if (e.id !== undefined && e.id !== completionIds[i]) throw fail(`completion_probabilities[${i}] is for token ${String(e.id)} but tokens[${i}] is ${completionIds[i]}`);
+    const e = probs[j] as { id?: unknown; logprob?: unknown; top_logprobs?: unknown } | undefined;
+    if (e === undefined || e.id !== completionIds[i]) {
+      logprobs[i] = Number.NaN;
+      missing.push(i);
+      continue;
+    }
+    j++;
+    if (typeof e.logprob !== 'number') throw fail(`completion_probabilities[${j - 1}].logprob must be a number (got ${JSON.stringify(e.logprob)})`);
     logprobs[i] = e.logprob;
     if (Array.isArray(e.top_logprobs)) {
       top ??= [];
-      top[i] = (e.top_logprobs as { id?: unknown; token?: unknown; logprob?: unknown }[]).map((t) => ({
-        tokenId: typeof t.id === 'number' ? t.id : null,
-        token: typeof t.token === 'string' ? t.token : null,
-        logprob: Number(t.logprob),
-      }));
+      top[i] = topOf(e.top_logprobs);
     }
   }
+  if (j !== probs.length) throw fail(`completion_probabilities[${j}] is for token ${String((probs[j] as { id?: unknown })?.id)}, which is not among the tokens after the ones matched`);
   const stop = reply.stop_type;
   const finishReason = typeof stop === 'string' ? (LLAMACPP_FINISH[stop] ?? stop) : null;
   if (finishReason === null) throw fail(`stop_type must be a string (got ${JSON.stringify(stop)})`);
-  return { completionIds, logprobs, topLogprobs: top !== null && top.length === completionIds.length ? top : null, finishReason, weightVersion: null };
+  return {
+    completionIds,
+    logprobs,
+    topLogprobs: top !== null && missing.length === 0 && top.length === completionIds.length ? top : null,
+    finishReason,
+    weightVersion: null,
+    ...(missing.length > 0 ? { missingLogprobs: missing } : {}),
+  };
+}
+
+function topOf(entries: { id?: unknown; token?: unknown; logprob?: unknown }[]): TopLogprob[] {
+  return entries.map((t) => ({ tokenId: typeof t.id === 'number' ? t.id : null, token: typeof t.token === 'string' ? t.token : null, logprob: Number(t.logprob) }));
+}
+
+/** Alternatives asked for when a missing logprob is computed again: llama.cpp samples from its top 40 by default. */
+export const LLAMACPP_RECOMPUTE_TOP = 100;
+
+/**
+ * The request that gives back the logprob llama.cpp left out for the token after `prefix`: one token
+ * generated there, forced (`logit_bias`) to `completeToken` — one whose text is whole, so it gets its
+ * entry — whose alternatives are the raw distribution at that position (the bias is applied after the
+ * logprobs are read). The prefix is in the slot's cache: only one position is computed.
+ */
+export function llamacppRecomputeBody(prefix: readonly number[], completeToken: number): Record<string, unknown> {
+  return { prompt: prefix, n_predict: 1, n_probs: LLAMACPP_RECOMPUTE_TOP, post_sampling_probs: false, return_tokens: true, cache_prompt: true, logit_bias: [[completeToken, 100]] };
+}
+
+/** The logprob of `tokenId` among the alternatives of a recompute reply's one entry; null when it is not there. */
+function recomputedLogprob(json: unknown, tokenId: number): number | null {
+  const entry = (json as { completion_probabilities?: { top_logprobs?: { id?: unknown; logprob?: unknown }[] }[] } | null)?.completion_probabilities?.[0];
+  const hit = entry?.top_logprobs?.find((t) => t.id === tokenId);
+  return typeof hit?.logprob === 'number' ? hit.logprob : null;
+}
+
+/**
+ * Fills the logprobs a llama.cpp reply left out (`missingLogprobs`), one recompute call each
+ * (`post`: the caller's transport, with its bounds). Rare — a token that ends inside a UTF-8
+ * character — and cheap: the prefix is cached in the slot. A token not among the recomputed
+ * alternatives fails the call: a made-up logprob would be trained on.
+ */
+export async function fillMissingLogprobs(
+  result: GenerationResult,
+  promptIds: readonly number[] | Int32Array,
+  completeToken: number,
+  post: (body: Record<string, unknown>) => Promise<unknown>,
+  fail: (why: string) => Error,
+): Promise<GenerationResult> {
+  const missing = result.missingLogprobs;
+  if (missing === undefined) return result;
+  const prompt = Array.from(promptIds);
+  for (const i of missing) {
+    const tokenId = result.completionIds[i];
+    const logprob = recomputedLogprob(await post(llamacppRecomputeBody(prompt.concat(result.completionIds.slice(0, i)), completeToken)), tokenId);
+    if (logprob === null) throw fail(`llama.cpp left out the logprob of completion token ${i} (id ${tokenId}, which ends inside a UTF-8 character), and it is not among the ${LLAMACPP_RECOMPUTE_TOP} most likely at that position when computed again`);
+    result.logprobs[i] = logprob;
+  }
+  delete result.missingLogprobs;
+  return result;
 }

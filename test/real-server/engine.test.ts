@@ -1,0 +1,157 @@
+/**
+ * The engine end to end against a real inference server: llama.cpp's llama-server (built by setup.ts
+ * from the source node-llama-cpp ships), serving a tiny random-weight model with Qwen2.5's tokenizer
+ * and chat template (make_model.py). What the engine gets from it, in chat and in tokens mode, is what
+ * the README's inference-server table says for llama.cpp.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { createEngine, Status, type Engine, type EngineConfigInput } from '../../src/index.ts';
+import { loadChatModel, type ChatModel } from '../../src/gateway/model.ts';
+import type { RolloutState } from '../../src/protocol/rollout.ts';
+import { MODEL_NAME, realServerAvailable, startLlamaServer, type LlamaServer } from '../support/llama-server.ts';
+
+const available = realServerAvailable();
+const skip = available.ok || process.env.CI === 'true' ? false : available.reason;
+
+let qwen: ChatModel;
+const engines: Engine[] = [];
+
+function engine(server: LlamaServer, config: EngineConfigInput): Engine {
+  const e = createEngine({
+    logLevel: 'silent',
+    batchSize: 2,
+    workers: { threads: 1 },
+    ...config,
+    llm: { url: server.url, model: MODEL_NAME, timeoutMs: 60_000, ...config.llm },
+    tasks: config.tasks ?? [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 4, messageCut: 0, maxTokens: 48 }],
+  });
+  engines.push(e);
+  return e;
+}
+
+function rolloutsOf(batch: Awaited<ReturnType<Engine['getBatch']>>): RolloutState[] {
+  assert.equal(batch.status, 'NORMAL');
+  return batch.groups.flatMap((g) => g.rollouts);
+}
+
+/** GET /slots until no slot is processing, or the bound: the server's own word that generation stopped. */
+async function slotsIdleWithin(server: LlamaServer, ms: number): Promise<boolean> {
+  const deadline = performance.now() + ms;
+  while (performance.now() < deadline) {
+    const slots = (await (await fetch(`${server.url}/slots`, { signal: AbortSignal.timeout(5_000) })).json()) as { is_processing: boolean }[];
+    if (slots.every((s) => !s.is_processing)) return true;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return false;
+}
+
+describe('the engine against a real llama.cpp server', { skip, timeout: 600_000 }, () => {
+  let server: LlamaServer;
+  before(async () => {
+    [server, qwen] = await Promise.all([startLlamaServer({ ctxSize: 8192, slots: 4 }), loadChatModel('qwen2.5')]);
+  });
+  after(async () => {
+    await Promise.all(engines.splice(0).map((e) => e.close()));
+    await server?.stop();
+  });
+
+  it('chat mode: tells llama.cpp apart at start and keeps each token id (from logprobs.content[].id) with its logprob', async () => {
+    const e = engine(server, {});
+    await e.start();
+    const rollouts = rolloutsOf(await e.getBatch());
+    let tokens = 0;
+    for (const rollout of rollouts) {
+      assert.equal(rollout.status, Status.COMPLETED, rollout.error ?? '');
+      for (const turn of rollout.turns) {
+        assert.ok(turn.responseIds !== null && turn.logprobs !== null, 'ids and logprobs on every turn');
+        assert.equal(turn.responseIds.length, turn.logprobs.length);
+        assert.ok(turn.logprobs.every((lp) => lp <= 0));
+        assert.ok(turn.responseIds.every((id) => qwen.hasToken(id)), 'ids of the Qwen2.5 vocabulary');
+        assert.equal(turn.promptIds, null, 'llama.cpp chat replies carry no prompt ids (tokens mode has them)');
+        tokens += turn.responseIds.length;
+      }
+    }
+    assert.ok(tokens > 0);
+  });
+
+  it('tokens mode: every turn\'s prompt ids begin with the previous turn\'s prompt + response ids, with a logprob per token', async () => {
+    const e = engine(server, { llm: { api: 'tokens' }, batchSize: 3 });
+    await e.start();
+    const rollouts = rolloutsOf(await e.getBatch());
+    let laterTurns = 0;
+    for (const rollout of rollouts) {
+      assert.equal(rollout.status, Status.COMPLETED, rollout.error ?? '');
+      rollout.turns.forEach((turn, i) => {
+        assert.ok(turn.promptIds && turn.responseIds && turn.logprobs, `turn ${i}: prompt ids, response ids and logprobs`);
+        assert.equal(turn.logprobs.length, turn.responseIds.length, `turn ${i}: one logprob per response token`);
+        assert.ok(turn.logprobs.every((lp) => Number.isFinite(lp) && lp <= 0), `turn ${i}: every logprob known, those llama.cpp leaves out computed again`);
+        if (i === 0) {
+          assert.deepEqual(Array.from(turn.promptIds), qwen.encode(qwen.render(turn.messages, { addGenerationPrompt: true })));
+          return;
+        }
+        const prev = rollout.turns[i - 1];
+        const prefix = [...prev.promptIds!, ...prev.responseIds!];
+        assert.deepEqual(Array.from(turn.promptIds.subarray(0, prefix.length)), prefix, `turn ${i} begins with turn ${i - 1}'s prompt + response`);
+        laterTurns++;
+      });
+    }
+    assert.ok(laterTurns > 0, 'some episode took several turns (the model ends replies now and then)');
+  });
+
+  it('a pause stops generation on the server: streamed calls are cut client-side (llama.cpp has no abort route), every group back at once', async () => {
+    const e = engine(server, {
+      llm: { stream: true },
+      // One step ahead: the next batch's groups are generating when the pause comes.
+      producer: { strategy: 'async', partialRollout: true, maxStaleness: 1 },
+      batchSize: 4,
+      tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 4, maxSteps: 6, messageCut: 0, maxTokens: 400 }],
+    });
+    await e.start();
+    await e.getBatch(1);
+    const report = await e.pauseForWeightUpdate();
+    assert.equal(report.serverAbort, false, 'no abort route to call');
+    assert.ok(report.groupsBack > 0, 'groups were generating when the pause came');
+    assert.equal(report.cancelled, true, 'cut client-side');
+    assert.equal(report.stillInFlight, 0);
+    assert.ok(await slotsIdleWithin(server, 3_000), 'every slot stopped generating');
+    await e.resume({ modelStep: 1 });
+    const next = rolloutsOf(await e.getBatch(2));
+    assert.ok(next.every((r) => r.status === Status.COMPLETED));
+  });
+});
+
+describe('the engine against a real llama.cpp server with a small context', { skip, timeout: 600_000 }, () => {
+  let server: LlamaServer;
+  before(async () => {
+    [server, qwen] = await Promise.all([startLlamaServer({ ctxSize: 512, slots: 2 }), loadChatModel('qwen2.5')]);
+  });
+  after(async () => {
+    await Promise.all(engines.splice(0).map((e) => e.close()));
+    await server?.stop();
+  });
+
+  for (const api of ['tokens', 'chat'] as const) {
+    it(`${api} mode: episodes that outgrow the context end truncated with their turns, not failed`, async () => {
+      const e = engine(server, {
+        llm: { api },
+        batchSize: 2,
+        tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 40, messageCut: 0, maxTokens: 64 }],
+      });
+      await e.start();
+      const rollouts = rolloutsOf(await e.getBatch());
+      // A slot's context, as the server rounds it (640 over 2 slots is not 320 each).
+      const slotContext = (server.props.default_generation_settings as { n_ctx: number }).n_ctx;
+      for (const rollout of rollouts) {
+        assert.equal(rollout.status, Status.COMPLETED, rollout.error ?? '');
+        assert.ok(rollout.turns.length > 0);
+        // Each episode either ended on its own, hit maxSteps, or outgrew its slot's context: truncated.
+        if (rollout.truncated) assert.equal(rollout.turns.at(-1)!.trainable, true);
+        if (api === 'tokens') {
+          for (const turn of rollout.turns) assert.ok(turn.promptIds!.length + turn.responseIds!.length <= slotContext, `turn ${turn.step}: ${turn.promptIds!.length} + ${turn.responseIds!.length} tokens in a ${slotContext}-token slot`);
+        }
+      }
+      assert.ok(rollouts.some((r) => r.truncated && r.finishReason === 'length'), 'some episode outgrew the context');
+    });
+  }
+});
