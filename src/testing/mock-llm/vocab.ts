@@ -14,9 +14,12 @@ import { ImEnd, ImStart, decode, encode } from 'gpt-tokenizer/encoding/cl100k_ba
 
 export const MOCK_TOKENIZERS = ['cl100k', 'qwen2.5'] as const;
 export type MockTokenizerName = (typeof MOCK_TOKENIZERS)[number];
+/** A built-in name, or a directory with a Hugging Face tokenizer.json + tokenizer_config.json (as the gateway's --tokenizer). */
+export type MockTokenizer = MockTokenizerName | (string & {});
 
 export interface MockVocabulary {
-  readonly name: MockTokenizerName;
+  /** `cl100k`, `qwen2.5`, or the resolved directory the files came from. */
+  readonly name: string;
   encode(text: string): number[];
   /** Text of ids, special tokens written out (`<|im_end|>`). Throws on an id outside the vocabulary. */
   decode(ids: readonly number[]): string;
@@ -40,16 +43,17 @@ function cl100k(): MockVocabulary {
   };
 }
 
-async function qwen(): Promise<MockVocabulary> {
+/** A Hugging Face tokenizer through the gateway's loader (shared with a gateway in the same process). */
+async function huggingFace(source: string): Promise<MockVocabulary> {
   const { loadChatModel } = await import('../../gateway/model.ts');
-  const model = await loadChatModel('qwen2.5');
-  if (model.eosTokenId === null) throw new Error('mock-llm: the qwen2.5 tokenizer config names no eos_token');
+  const model = await loadChatModel(source);
+  if (model.eosTokenId === null) throw new Error(`mock-llm: the ${source} tokenizer config names no eos_token`);
   return {
-    name: 'qwen2.5',
+    name: model.name,
     encode: (text) => model.encode(text),
     decode(ids) {
       for (let i = 0; i < ids.length; i++) {
-        if (!model.hasToken(ids[i])) throw new Error(`token ${ids[i]} is not in the qwen2.5 vocabulary`);
+        if (!model.hasToken(ids[i])) throw new Error(`token ${ids[i]} is not in the ${model.name} vocabulary`);
       }
       return model.decode(ids);
     },
@@ -58,12 +62,12 @@ async function qwen(): Promise<MockVocabulary> {
   };
 }
 
-const cache = new Map<MockTokenizerName, Promise<MockVocabulary>>();
+const cache = new Map<string, Promise<MockVocabulary>>();
 
-export function loadVocabulary(name: MockTokenizerName): Promise<MockVocabulary> {
+export function loadVocabulary(name: MockTokenizer): Promise<MockVocabulary> {
   let vocab = cache.get(name);
   if (vocab === undefined) {
-    vocab = name === 'qwen2.5' ? qwen() : Promise.resolve(cl100k());
+    vocab = name === 'cl100k' ? Promise.resolve(cl100k()) : huggingFace(name);
     cache.set(name, vocab);
     vocab.catch(() => cache.delete(name));
   }
