@@ -67,7 +67,8 @@ export function dialectRoutes(dialect: Dialect, ctx: DialectRouteContext): Route
 function vllmRoutes(ctx: DialectRouteContext): RouteTable {
   const model = ctx.options.model;
   const routes: RouteTable = {
-    // vllm/entrypoints/serve/instrumentator/health.py: 200 with no body.
+    // 200 with no body (vLLM's health route; the index held only a re-export shim of
+    // vllm/entrypoints/serve/instrumentator/health.py, so not re-read at a pinned commit).
     '/health': { GET: (req, res) => (req.resume(), empty(res)) },
     // vllm/entrypoints/openai/models/serving.py OpenAIModelRegistry.show_available_models @00153c8b7948077ebdfc5bfa14e403da41aaea6d
     // and protocol.py ModelCard @0052bed36509c7a5a2d8e48265334e40cf2f5a0e: owned_by "vllm", max_model_len = the context.
@@ -161,6 +162,7 @@ function sglangRoutes(ctx: DialectRouteContext): RouteTable {
     ctx,
   );
   return {
+    // health_generate answers Response(status_code=200), no body (http_server.py @0025436eab0556737d615b36a4dd3e1e26e82f3d).
     '/health': { GET: (req, res) => (req.resume(), empty(res)) },
     // available_models: owned_by "sglang" (protocol.py ModelCard @9b116dffe828b2dfa7ec0e4d061555b6c354b67a),
     // max_model_len = model_config.context_len.
@@ -257,6 +259,7 @@ function llamacppRoutes(ctx: DialectRouteContext): RouteTable {
     ctx,
   );
   return {
+    // get_health: {"status": "ok"} (server-context.cpp init_routes @fb4026604c67c682f552337ec9b91eced0abd35a).
     '/health': { GET: get(() => ({ status: 'ok' }), ctx) },
     '/v1/health': { GET: get(() => ({ status: 'ok' }), ctx) },
     '/models': { GET: models },
