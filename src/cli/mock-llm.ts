@@ -1,11 +1,12 @@
 import { parseArgs } from 'node:util';
-import { intFlag, numberFlag, untilSignal, portFlag } from './args.ts';
+import { UsageError, intFlag, numberFlag, untilSignal, portFlag } from './args.ts';
 
 export const MOCK_LLM_HELP = `Usage: rollout mock-llm [options]
 
 Start the built-in mock inference server (OpenAI-compatible) and keep it running until Ctrl-C.
 It plays the synthetic environments imperfectly, returns real BPE token ids and logprobs in the
 vLLM shape (whole or streamed as server-sent events), and can be aborted or given a new weight version like a real server.
+With --dialect it speaks one real server's wire format instead, gaps included (README: Mock inference server).
 
 Options:
   --port <n>               port to listen on (default 8000; 0 = any free port)
@@ -17,12 +18,22 @@ Options:
   --think-tokens <n>       filler tokens before every answer, to size responses (default 0)
   --mistake-rate <p>       how often the policy plays badly, 0..1 (default 0.3)
   --error-rate <p>         fraction of requests answered 500, 0..1 (default 0)
-  --weight-version <n>     weight version reported in replies (default 0)
+  --weight-version <v>     weight version reported in replies (default 0; sglang and vllm: a string,
+                           default "default")
   --seed <n>               policy seed (default 0)
+  --dialect <name>         default, vllm, sglang or llamacpp: whose routes and reply shapes to speak
+                           (default: default, the mock's own vLLM-like superset)
+  --context <n>            context window in tokens, enforced with the dialect's own 400 and reported
+                           by its info routes (dialects only; default 32768)
+  --no-dev-mode            vllm dialect: without the VLLM_SERVER_DEV_MODE routes (/abort_requests,
+                           /weight_info, /update_weight_version answer 404)
+  --tokenizer <name|dir>   vocabulary of the token-in routes: cl100k (default), qwen2.5 (what
+                           rollout gateway sends), or a directory with tokenizer.json + tokenizer_config.json
   -h, --help               show this help
 
-Routes: GET /health, GET /v1/models, POST /v1/chat/completions, POST /admin/abort (alias
-/abort_request), GET|POST /admin/weight_version.`;
+Routes (default dialect): GET /health, GET /v1/models, POST /v1/chat/completions, POST
+/v1/completions (token-id prompts), POST /admin/abort (alias /abort_request), GET|POST
+/admin/weight_version. The dialects serve their server's routes instead.`;
 
 export async function mockLlmCommand(argv: string[]): Promise<number> {
   const { values } = parseArgs({
@@ -39,6 +50,10 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
       'error-rate': { type: 'string' },
       'weight-version': { type: 'string' },
       seed: { type: 'string' },
+      dialect: { type: 'string' },
+      context: { type: 'string' },
+      'no-dev-mode': { type: 'boolean' },
+      tokenizer: { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
     strict: true,
@@ -47,6 +62,16 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
     console.log(MOCK_LLM_HELP);
     return 0;
   }
+  const dialect = values.dialect ?? 'default';
+  if (!['default', 'vllm', 'sglang', 'llamacpp'].includes(dialect)) {
+    throw new UsageError(`--dialect must be one of default, vllm, sglang, llamacpp (got ${JSON.stringify(dialect)})`);
+  }
+  if (values.context !== undefined && dialect === 'default') {
+    throw new UsageError(`--context needs --dialect vllm, sglang or llamacpp (got --context ${JSON.stringify(values.context)} without one)`);
+  }
+  // SGLang's --weight-version is any string; the mock's own is an integer (a trainer's step).
+  const stringVersion = dialect === 'sglang' || dialect === 'vllm';
+  const weightVersion = stringVersion && values['weight-version'] !== undefined && !/^\d+$/.test(values['weight-version']) ? values['weight-version'] : intFlag('weight-version', values['weight-version']);
   // Undefined values are left to the mock's defaults (resolveMockLlmOptions skips them).
   const options = {
     port: portFlag(values.port) ?? 8000,
@@ -58,12 +83,18 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
     thinkTokens: intFlag('think-tokens', values['think-tokens']),
     mistakeRate: numberFlag('mistake-rate', values['mistake-rate'], { max: 1 }),
     errorRate: numberFlag('error-rate', values['error-rate'], { max: 1 }),
-    weightVersion: intFlag('weight-version', values['weight-version']),
+    weightVersion,
     seed: intFlag('seed', values.seed),
+    dialect: dialect as 'default' | 'vllm' | 'sglang' | 'llamacpp',
+    contextLength: intFlag('context', values.context, { min: 2 }),
+    vllmDevMode: values['no-dev-mode'] === true ? false : undefined,
+    tokenizer: values.tokenizer,
   };
   const { startMockLlm } = await import('../testing/mock-llm/server.ts');
   const server = await startMockLlm(options);
-  console.log(`mock inference server listening on ${server.url} (model ${options.model ?? 'mock-policy'})`);
+  const tokenizer = server.options.tokenizer === 'cl100k' ? '' : `, tokenizer ${server.options.tokenizer}`;
+  const speaks = dialect === 'default' ? '' : `, ${dialect} dialect, context ${server.options.contextLength ?? 32768}`;
+  console.log(`mock inference server listening on ${server.url} (model ${options.model ?? 'mock-policy'}${speaks}${tokenizer})`);
   await untilSignal();
   await server.close();
   return 0;

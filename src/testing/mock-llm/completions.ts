@@ -20,6 +20,8 @@ export interface TokenCompletionRequest {
   logprobs: number | null;
   returnTokenIds: boolean;
   seed: number | undefined;
+  /** `model` as sent (the vllm dialect checks it); undefined when absent. */
+  model: string | undefined;
 }
 
 const VLLM_DEFAULT_MAX_TOKENS = 16;
@@ -64,7 +66,7 @@ export function parseTokenCompletionRequest(raw: string): TokenCompletionRequest
   if (n !== undefined && n !== 1) bad('n', 'must be 1 (the mock generates one choice)', n);
   if (check('stream', (v) => typeof v === 'boolean', 'must be a boolean') === true) bad('stream', 'is not supported by the mock (send stream: false)', true);
   if (check('echo', (v) => typeof v === 'boolean', 'must be a boolean') === true) bad('echo', 'is not supported by the mock', true);
-  check('model', (v) => typeof v === 'string', 'must be a string');
+  const model = check('model', (v) => typeof v === 'string', 'must be a string') as string | undefined;
   check('temperature', (v) => typeof v === 'number' && Number.isFinite(v), 'must be a number');
   check('top_p', (v) => typeof v === 'number' && Number.isFinite(v), 'must be a number');
   return {
@@ -73,11 +75,13 @@ export function parseTokenCompletionRequest(raw: string): TokenCompletionRequest
     logprobs: logprobs ?? null,
     returnTokenIds: returnTokenIds === true,
     seed,
+    model,
   };
 }
 
 /** Sub-stream of the request's randomness for logprobs (the chat endpoint's tag): never perturbs the policy. */
 const LOGPROB_STREAM = 0x10b;
+export const LOGPROB_STREAM_TAG = LOGPROB_STREAM;
 
 export interface TextCompletionBody {
   index: number;
@@ -86,7 +90,8 @@ export interface TextCompletionBody {
   ids: readonly number[];
   promptIds: readonly number[];
   finishReason: string;
-  weightVersion: number;
+  /** null: no `metadata` at all (the vllm dialect: vLLM's CompletionResponse has none). */
+  weightVersion: number | null;
   logprobs: number | null;
   returnTokenIds: boolean;
   seed: number;
@@ -96,7 +101,7 @@ export interface TextCompletionBody {
 }
 
 /** log(0.999 − 0.95·u³): mostly confident tokens, an occasional uncertain one; always < 0. */
-function logprobAt(u: number): number {
+export function logprobAt(u: number): number {
   return Math.round(Math.log(0.999 - 0.95 * u * u * u) * 1e4) / 1e4;
 }
 
@@ -129,13 +134,14 @@ export function textCompletionJson(c: TextCompletionBody): string {
     choice.token_ids = c.ids;
     choice.prompt_token_ids = c.promptIds;
   }
-  return JSON.stringify({
+  const reply: Record<string, unknown> = {
     id: `cmpl-mock-${c.index}`,
     object: 'text_completion',
     created: Math.floor(Date.now() / 1000),
     model: c.model,
     choices: [choice],
     usage: { prompt_tokens: c.promptIds.length, completion_tokens: c.ids.length, total_tokens: c.promptIds.length + c.ids.length },
-    metadata: { weight_version: c.weightVersion },
-  });
+  };
+  if (c.weightVersion !== null) reply.metadata = { weight_version: c.weightVersion };
+  return JSON.stringify(reply);
 }

@@ -5,7 +5,18 @@
 import { show } from '../../env/synthetic/params.ts';
 import { RolloutEngineError } from '../../protocol/errors.ts';
 import { MOCK_TOKENIZERS } from './vocab.ts';
-import type { MockTokenizerName } from './vocab.ts';
+import type { MockTokenizer } from './vocab.ts';
+
+/**
+ * Whose wire format the mock speaks: `default` is the mock's own vLLM-like superset (token ids,
+ * weight version and abort on every route, any model name accepted); the others reproduce one real
+ * server's shapes and its gaps (dialects.ts names the source of each trait).
+ */
+export const MOCK_DIALECTS = ['default', 'vllm', 'sglang', 'llamacpp'] as const;
+export type MockDialect = (typeof MOCK_DIALECTS)[number];
+
+/** The context a dialect reports and enforces when `contextLength` is not given (Qwen2.5's 32k window). */
+export const DIALECT_DEFAULT_CONTEXT = 32_768;
 
 export interface MockLlmOptions {
   /** Interface to listen on. */
@@ -26,8 +37,13 @@ export interface MockLlmOptions {
   streamIntervalMs?: number;
   /** Seeds the policy, the logprobs and error injection. */
   seed?: number;
-  /** Weight version reported in every completion's `metadata.weight_version`. */
-  weightVersion?: number;
+  /**
+   * Weight version reported in every completion's `metadata.weight_version`: a non-negative integer
+   * for the default dialect. The sglang and vllm dialects report a string, as those servers do
+   * (`--weight-version`): an integer given here is reported as its decimal string, and without one
+   * they report "default".
+   */
+  weightVersion?: number | string;
   /**
    * Injected faults, as per-request probabilities (chat and token-in completions). One die per request,
    * drawn from the seed and the request's arrival index, picks at most one fault: the rates are bands
@@ -65,10 +81,24 @@ export interface MockLlmOptions {
    * mock's own) or `qwen2.5` (for a token-trace gateway using the Qwen2.5 tokenizer; loaded at start).
    * The chat endpoint always speaks cl100k.
    */
-  tokenizer?: MockTokenizerName;
+  tokenizer?: MockTokenizer;
+  /** Wire format: `default` (the mock's own), or `vllm`, `sglang`, `llamacpp` (see MOCK_DIALECTS). */
+  dialect?: MockDialect;
+  /**
+   * Context window in tokens, enforced as the dialect's server does (prompt + max tokens over it is a
+   * 400 with that server's message) and reported by its info routes. Dialects only (null = 32768 for
+   * them); the default dialect has no context limit.
+   */
+  contextLength?: number | null;
+  /**
+   * vllm dialect: serve the routes vLLM registers only with VLLM_SERVER_DEV_MODE=1
+   * (`/abort_requests`, `/weight_info`, `/update_weight_version`); false = a plain `vllm serve`, on
+   * which they are 404.
+   */
+  vllmDevMode?: boolean;
 }
 
-export type ResolvedMockLlmOptions = Readonly<Required<MockLlmOptions>>;
+export type ResolvedMockLlmOptions = Readonly<Required<Omit<MockLlmOptions, 'contextLength'>> & { contextLength: number | null }>;
 
 export const MOCK_LLM_DEFAULTS: ResolvedMockLlmOptions = Object.freeze({
   host: '127.0.0.1',
@@ -89,6 +119,9 @@ export const MOCK_LLM_DEFAULTS: ResolvedMockLlmOptions = Object.freeze({
   mistakeRate: 0.3,
   maxBodyBytes: 8 * 1024 * 1024,
   tokenizer: 'cl100k',
+  dialect: 'default',
+  contextLength: null,
+  vllmDevMode: true,
 });
 
 const KNOWN = Object.keys(MOCK_LLM_DEFAULTS);
@@ -137,6 +170,10 @@ export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMoc
     const given = MOCK_FAULTS.filter((name) => rates[name] > 0).map((name) => `${name}=${rates[name]}`);
     throw new RolloutEngineError('ERR_INVALID_OPTION', `mock-llm: fault rates must sum to at most 1 (got ${given.join(' + ')} = ${Math.round(total * 1e6) / 1e6})`);
   }
+  const dialect = oneOf('dialect', o.dialect, MOCK_DIALECTS);
+  if (dialect === 'default' && o.contextLength !== null) {
+    fail('contextLength', 'applies to the vllm, sglang and llamacpp dialects only (set option dialect too)', o.contextLength);
+  }
   return Object.freeze({
     host: text('host', o.host),
     port: integer('port', o.port, 0, 65535),
@@ -145,13 +182,34 @@ export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMoc
     tokensPerSecond: finite('tokensPerSecond', o.tokensPerSecond, 0, 1e9),
     streamIntervalMs: finite('streamIntervalMs', o.streamIntervalMs, 1, 60_000),
     seed: integer('seed', o.seed, Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER),
-    weightVersion: validateWeightVersion(o.weightVersion, 'option weightVersion'),
+    weightVersion: dialect === 'default' ? validateWeightVersion(o.weightVersion, 'option weightVersion') : versionLabel(options.weightVersion),
     ...rates,
     thinkTokens: integer('thinkTokens', o.thinkTokens, 0, 1_000_000),
     mistakeRate: finite('mistakeRate', o.mistakeRate, 0, 1),
     maxBodyBytes: integer('maxBodyBytes', o.maxBodyBytes, 1024, 1024 * 1024 * 1024),
-    tokenizer: oneOf('tokenizer', o.tokenizer, MOCK_TOKENIZERS),
+    tokenizer: tokenizer(o.tokenizer),
+    dialect,
+    contextLength: o.contextLength === null ? null : integer('contextLength', o.contextLength, 2, 1 << 30),
+    vllmDevMode: boolean('vllmDevMode', o.vllmDevMode),
   });
+}
+
+function boolean(name: string, value: unknown): boolean {
+  if (typeof value !== 'boolean') fail(name, 'must be a boolean', value);
+  return value;
+}
+
+/** A built-in vocabulary by name, or a directory holding tokenizer.json and tokenizer_config.json. */
+function tokenizer(value: unknown): MockTokenizer {
+  if (typeof value === 'string' && ((MOCK_TOKENIZERS as readonly string[]).includes(value) || /[\\/]/.test(value) || value.startsWith('.'))) return value;
+  throw new RolloutEngineError('ERR_INVALID_OPTION', `mock-llm: option tokenizer must be one of ${MOCK_TOKENIZERS.join(', ')} (got ${show(value)}), or a tokenizer directory path (one with a / in it)`);
+}
+
+/** The weight version a string-versioned dialect reports: SGLang's ServerArgs.weight_version defaults to "default". */
+function versionLabel(value: unknown): string {
+  if (value === undefined) return 'default';
+  if (typeof value === 'string' && value.length > 0) return value;
+  return String(validateWeightVersion(value, 'option weightVersion'));
 }
 
 /** Weight versions are non-negative integers, like a trainer's step counter. */

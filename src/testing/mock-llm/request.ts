@@ -25,6 +25,12 @@ export interface MockChatRequest {
   stream: boolean;
   /** `stream_options.include_usage`: a last chunk with no choices carries the usage. */
   includeUsage: boolean;
+  /** `model` as sent (the dialects check or echo it); undefined when absent. */
+  model: string | undefined;
+  /** SGLang's `return_prompt_token_ids` (the sglang dialect puts the ids on each choice). */
+  returnPromptTokenIds: boolean;
+  /** `top_logprobs`; null when absent (llama.cpp then returns 20 alternatives). */
+  topLogprobs: number | null;
 }
 
 export class RequestError extends Error {
@@ -96,7 +102,7 @@ export function parseChatRequest(raw: string): MockChatRequest {
   }
   const b = body as Record<string, unknown>;
   const messages = parseMessages(b.messages);
-  optional(b, 'model', (v) => typeof v === 'string', 'must be a string');
+  const model = optional(b, 'model', (v) => typeof v === 'string', 'must be a string') as string | undefined;
   const stream = optional(b, 'stream', isBool, 'must be a boolean') === true;
   const streamOptions = optional(b, 'stream_options', (v) => typeof v === 'object' && !Array.isArray(v), 'must be an object') as Record<string, unknown> | undefined;
   if (streamOptions !== undefined && !stream) bad('stream_options', 'is only allowed with stream: true (as in vLLM)', streamOptions);
@@ -107,8 +113,9 @@ export function parseChatRequest(raw: string): MockChatRequest {
   const maxTokens = optional(b, 'max_tokens', isPositiveInt, 'must be a positive integer');
   const maxCompletion = optional(b, 'max_completion_tokens', isPositiveInt, 'must be a positive integer');
   const logprobs = optional(b, 'logprobs', isBool, 'must be a boolean');
-  optional(b, 'top_logprobs', (v) => typeof v === 'number' && Number.isInteger(v) && v >= 0 && v <= 20, 'must be an integer in [0, 20]');
+  const topLogprobs = optional(b, 'top_logprobs', (v) => typeof v === 'number' && Number.isInteger(v) && v >= 0 && v <= 20, 'must be an integer in [0, 20]') as number | undefined;
   const returnTokenIds = optional(b, 'return_token_ids', isBool, 'must be a boolean');
+  const returnPromptTokenIds = optional(b, 'return_prompt_token_ids', isBool, 'must be a boolean');
   optional(b, 'temperature', isNumber, 'must be a number');
   optional(b, 'top_p', isNumber, 'must be a number');
   const seed = optional(b, 'seed', isInt64, 'must be a 64-bit integer') as number | undefined;
@@ -141,5 +148,8 @@ export function parseChatRequest(raw: string): MockChatRequest {
     addGenerationPrompt: addGenerationPrompt !== false,
     stream,
     includeUsage: includeUsage === true,
+    model,
+    returnPromptTokenIds: returnPromptTokenIds === true,
+    topLogprobs: topLogprobs ?? null,
   };
 }

@@ -19,6 +19,11 @@ const LOGPROBS = Array.from({ length: 1024 }, (_, i) => {
   return String(Math.round(Math.log(0.999 - 0.95 * u * u * u) * 1e4) / 1e4);
 });
 
+/** A logprob drawn from `u` ∈ [0, 1), as the JSON number text every reply shape of the mock uses. */
+export function logprobText(u: number): string {
+  return LOGPROBS[Math.floor(u * LOGPROBS.length)];
+}
+
 export interface CompletionBody {
   index: number;
   model: string;

@@ -7,6 +7,10 @@
  * Shipped for the demo run, tests, load tests and benchmarks, so the per-request path stays cheap:
  * one JSON.parse, cached tokenisation, timers for latency (never busy-waiting), one JSON.stringify.
  *
+ * Option `dialect` swaps the routes and reply shapes for one real server's (vLLM, SGLang or
+ * llama.cpp; dialects.ts, dialect-routes.ts, dialect-stream.ts): those paths are separate functions,
+ * so the default one stays as it was.
+ *
  * Fault injection for reliability tests (options.ts): per-request rates of 500s, 429s with
  * `Retry-After: 0`, connection resets, hangs, non-JSON bodies and bodies cut short, drawn from the seed
  * and the request's arrival index, so a sequential client sees the same faults on every run.
@@ -15,16 +19,20 @@ import { createServer } from 'node:http';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import { createRng, mixSeeds } from '../../env/synthetic/rng.ts';
-import { MOCK_FAULTS, MOCK_LLM_DEFAULTS, resolveMockLlmOptions, validateWeightVersion } from './options.ts';
+import { DIALECT_DEFAULT_CONTEXT, MOCK_FAULTS, MOCK_LLM_DEFAULTS, resolveMockLlmOptions, validateWeightVersion } from './options.ts';
 import type { MockFaultOption, MockLlmOptions, ResolvedMockLlmOptions } from './options.ts';
+import { badRequest, checkContext, llamacppChatJson, llamacppCompletionJson, parseGenerateRequest, parseLlamaCompletionRequest, sglangChatJson, sglangGenerateJson, sglangOpenAiError, unknownRoute, vllmChatJson, vllmError, wantsAlternatives } from './dialects.ts';
+import type { Dialect, DialectError, TokenInRequest } from './dialects.ts';
+import { DialectStream } from './dialect-stream.ts';
+import { dialectRoutes } from './dialect-routes.ts';
 import { generateCompletion } from './policy.ts';
 import { RequestError, parseChatRequest } from './request.ts';
 import type { MockChatRequest } from './request.ts';
 import { parseTokenCompletionRequest, textCompletionJson } from './completions.ts';
 import type { TokenCompletionRequest } from './completions.ts';
-import { completionJson } from './response.ts';
+import { completionJson, logprobDraws } from './response.ts';
 import { CompletionStream } from './stream.ts';
-import { decodeIds, encodeText, promptTokenIds, rememberEncoding } from './tokens.ts';
+import { decodeIds, encodeText, END_OF_TURN_ID, promptTokenIds, rememberEncoding } from './tokens.ts';
 import { loadVocabulary, parseChatMl } from './vocab.ts';
 import { listen, readRequestBody, type BodyErrors } from '../../http-server.ts';
 
@@ -58,8 +66,13 @@ export interface MockLlm {
   readonly url: string;
   readonly port: number;
   readonly options: ResolvedMockLlmOptions;
-  /** Reported in `metadata.weight_version` of completions that start from now on. */
+  /**
+   * Reported in `metadata.weight_version` of completions that start from now on. The string-versioned
+   * dialects report `reportedWeightVersion` instead; this is the last integer version set (0 if none).
+   */
   readonly weightVersion: number;
+  /** The version as the dialect reports it: the number (default dialect), or the string (SGLang, vLLM). */
+  readonly reportedWeightVersion: number | string;
   setWeightVersion(version: number): void;
   /** Answers every in-flight completion now with finish_reason abort; returns how many. */
   abortAll(): number;
@@ -88,6 +101,8 @@ const FAULT_OF: Record<MockFaultOption, MockFault> = {
 type ReplyFault = 'malformed' | 'truncate';
 
 interface InFlight {
+  /** The request id a client can abort it by (the dialects' abort routes); '' when not addressable. */
+  rid: string;
   timer: NodeJS.Timeout;
   /** A streamed completion: sends the tokens generated since its last event (on the stream ticker). */
   progress: (() => void) | null;
@@ -167,7 +182,11 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
   const anyFault = MOCK_FAULTS.some((name) => opts[name] > 0);
   /** Requests held by `hangRate`: released only by the client hanging up or close(). */
   const hung = new Set<ServerResponse>();
-  let weightVersion = opts.weightVersion;
+  const dialect: Dialect | null = opts.dialect === 'default' ? null : opts.dialect;
+  const context = opts.contextLength ?? DIALECT_DEFAULT_CONTEXT;
+  // The default dialect's version is an integer; SGLang's (and vLLM's dev-mode one) is a string label.
+  let weightVersion = typeof opts.weightVersion === 'number' ? opts.weightVersion : /^\d+$/.test(opts.weightVersion) ? Number(opts.weightVersion) : 0;
+  let versionLabel = String(opts.weightVersion);
   let requestIndex = 0;
   let closing = false;
 
@@ -187,6 +206,23 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     }
     counters.aborted += n;
     return n;
+  }
+
+  /** Aborts the in-flight completions whose request id is in `rids`; returns how many. */
+  function abortIds(rids: ReadonlySet<string>): number {
+    let n = 0;
+    for (const entry of [...inFlight]) {
+      if (!rids.has(entry.rid)) continue;
+      entry.finish('abort', entry.generatedSoFar());
+      n += 1;
+    }
+    counters.aborted += n;
+    return n;
+  }
+
+  function sendDialectError(res: ServerResponse, error: DialectError): void {
+    counters.rejected += 1;
+    sendText(res, error.status, error.body);
   }
 
   /**
@@ -292,6 +328,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     natural: NaturalFinish,
     answer: (reason: NaturalFinish | 'abort', out: readonly number[]) => void,
     progress: ((n: number) => void) | null = null,
+    rid = '',
   ): void {
     const count = ids.length;
     // The tokens "generated" by the time of the answer (all, or an abort's prefix), counted once here.
@@ -309,6 +346,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
       return;
     }
     const entry: InFlight = {
+      rid,
       timer: setTimeout(() => entry.finish(natural, count), totalMs),
       // Events start with the first token, after the latency (vLLM sends its role chunk with it).
       progress: progress && (() => {
@@ -424,7 +462,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
       promptIds = typeof request.prompt === 'string' ? vocab.encode(request.prompt) : request.prompt;
       promptText = typeof request.prompt === 'string' ? request.prompt : vocab.decode(request.prompt);
     } catch (error) {
-      reject(res, 400, `prompt is not in the ${vocab.name} vocabulary of this mock: ${(error as Error).message} (start it with tokenizer: 'qwen2.5' for a Qwen-tokenizing client)`, 'prompt');
+      reject(res, 400, `prompt is not in the ${vocab.name} vocabulary of this mock: ${(error as Error).message} (start it with --tokenizer qwen2.5, or option tokenizer: 'qwen2.5', for a Qwen-tokenizing client)`, 'prompt');
       return;
     }
     const index = requestIndex++;
@@ -464,8 +502,183 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     });
   }
 
+
+  /**
+   * A chat completion in a server's dialect: its request checks (vLLM's model name, SGLang's refusal
+   * of prompt ids on a stream, the context window), then the policy's reply — ending in the
+   * end-of-turn token on a natural stop, as a real model's sampled ids do — in that server's shape.
+   */
+  function completeDialect(d: Dialect, res: ServerResponse, request: MockChatRequest): void {
+    // vLLM checks `model` against the served names before anything else (engine/serving.py
+    // OpenAIServing._check_model @00bd1493b3e82d6c13c68ee8a0e1c5a96707e190); SGLang and llama.cpp accept any.
+    if (d === 'vllm' && request.model !== undefined && request.model !== opts.model) {
+      sendDialectError(res, vllmError(404, 'NotFoundError', `The model \`${request.model}\` does not exist.`, 'model'));
+      return;
+    }
+    // SGLang serving_chat.py OpenAIServingChat._convert_to_internal_request @002897c23becbd522d88b8115a763a21765f978a → 400.
+    if (d === 'sglang' && request.stream && request.returnPromptTokenIds) {
+      sendDialectError(res, sglangOpenAiError(400, 'return_prompt_token_ids is not supported with streaming. Please set stream=false when using return_prompt_token_ids=true.'));
+      return;
+    }
+    const messages = request.messages;
+    const partial = request.continueFinalMessage ? messages[messages.length - 1].content : null;
+    const promptIds = promptTokenIds(messages, partial !== null ? 'continue' : request.addGenerationPrompt ? 'generation' : 'closed');
+    const limit = checkContext(d, 'openai', promptIds.length, request.maxTokens, context);
+    if ('error' in limit) {
+      sendDialectError(res, limit.error);
+      return;
+    }
+    const index = requestIndex++;
+    const fault = injectFault(res, index);
+    if (fault === 'answered') return;
+    const completion = generateCompletion(partial === null ? messages : messages.slice(0, -1), policy, index, request.seed);
+    let skip = 0;
+    let extendsCompletion = true;
+    if (partial !== null) {
+      const partialIds = encodeText(partial);
+      extendsCompletion = startsWith(completion.ids, partialIds);
+      skip = Math.min(partialIds.length, completion.ids.length);
+    }
+    let ids = completion.ids.slice(skip);
+    ids.push(END_OF_TURN_ID);
+    const fullLength = ids.length;
+    let natural: NaturalFinish = 'stop';
+    const budget = Math.min(request.maxTokens ?? Infinity, limit.cap);
+    // llama.cpp only: a generation stopped by the full context is flagged truncated (server-context.cpp process_token).
+    const truncated = d === 'llamacpp' && ids.length > limit.cap && limit.cap < (request.maxTokens ?? Infinity);
+    if (ids.length > budget) {
+      ids = ids.slice(0, budget);
+      natural = 'length';
+    } else if (extendsCompletion) {
+      rememberEncoding(completion.text, completion.ids);
+    }
+    const fullText = partial === null ? completion.text : extendsCompletion ? completion.text.slice(partial.length) : null;
+    const textOf = (out: readonly number[]): string => {
+      if (out.length === fullLength && fullText !== null) return fullText;
+      return decodeIds(out.length > 0 && out[out.length - 1] === END_OF_TURN_ID ? out.slice(0, -1) : out);
+    };
+    const model = d === 'sglang' ? (request.model ?? opts.model) : opts.model;
+    const version = versionLabel;
+    const rid = `chatcmpl-mock-${index}`;
+    const draws = (): { next(): number } | null => (request.logprobs ? logprobDraws({ seed: opts.seed, index, requestSeed: request.seed, offset: skip }) : null);
+    if (request.stream) {
+      const stream = new DialectStream(res, {
+        dialect: d,
+        index,
+        model,
+        promptIds,
+        draws: draws(),
+        withTop: wantsAlternatives(d, request),
+        returnTokenIds: request.returnTokenIds,
+        includeUsage: request.includeUsage,
+      });
+      schedule(
+        res,
+        ids,
+        promptIds.length,
+        natural,
+        (reason, out) => {
+          // A reply fault cuts a dialect stream before its end (the mock's own stream.ts models the finer ones).
+          if (fault !== null) res.destroy();
+          else stream.finish(reason, out, textOf(out), reason === 'stop' ? END_OF_TURN_ID : null);
+        },
+        (n) => stream.progress(ids, n),
+        rid,
+      );
+      return;
+    }
+    const serialise = d === 'vllm' ? vllmChatJson : d === 'sglang' ? sglangChatJson : llamacppChatJson;
+    schedule(
+      res,
+      ids,
+      promptIds.length,
+      natural,
+      (reason, out) => {
+        deliver(
+          res,
+          serialise({
+            index,
+            model,
+            content: textOf(out),
+            finishReason: reason,
+            ids: out,
+            promptIds,
+            request,
+            version,
+            draws: draws(),
+            truncated: truncated && reason === 'length',
+            created: Math.floor(Date.now() / 1000),
+          }),
+          fault,
+        );
+      },
+      null,
+      rid,
+    );
+  }
+
+  /**
+   * A token-in completion in a server's dialect: vLLM's /v1/completions, SGLang's /generate, llama.cpp's
+   * /completion. The policy is the default token-in route's (the prompt read as ChatML in the
+   * configured vocabulary); the limits and the reply are the dialect's.
+   */
+  function completeDialectTokens(d: Dialect, res: ServerResponse, request: TokenInRequest, route: 'openai' | 'native'): void {
+    let promptIds: number[];
+    let promptText: string;
+    try {
+      promptIds = typeof request.prompt === 'string' ? vocab.encode(request.prompt) : request.prompt;
+      promptText = typeof request.prompt === 'string' ? request.prompt : vocab.decode(request.prompt);
+    } catch (error) {
+      sendDialectError(res, badRequest(d, route, `prompt is not in the ${vocab.name} vocabulary of this mock: ${(error as Error).message} (start it with --tokenizer qwen2.5, or option tokenizer: 'qwen2.5', for a Qwen-tokenizing client)`, 'prompt'));
+      return;
+    }
+    const limit = checkContext(d, route, promptIds.length, request.maxTokens, context);
+    if ('error' in limit) {
+      sendDialectError(res, limit.error);
+      return;
+    }
+    const index = requestIndex++;
+    const fault = injectFault(res, index);
+    if (fault === 'answered') return;
+    const { messages, partial } = parseChatMl(promptText);
+    const completion = generateCompletion(messages, policy, index, request.seed);
+    const full = vocab.name === 'cl100k' ? completion.ids.slice() : vocab.encode(completion.text);
+    full.push(vocab.endOfTurnId);
+    const skip = partial === null ? 0 : Math.min(vocab.encode(partial).length, full.length - 1);
+    let ids = skip > 0 ? full.slice(skip) : full;
+    let natural: NaturalFinish = 'stop';
+    const budget = Math.min(request.maxTokens ?? Infinity, limit.cap);
+    const truncated = d === 'llamacpp' && ids.length > limit.cap && limit.cap < (request.maxTokens ?? Infinity);
+    if (ids.length > budget) {
+      ids = ids.slice(0, budget);
+      natural = 'length';
+    }
+    const version = versionLabel;
+    const rid = d === 'vllm' ? `cmpl-mock-${index}` : (request.rid ?? `mock-${index}`);
+    schedule(
+      res,
+      ids,
+      promptIds.length,
+      natural,
+      (reason, out) => {
+        const shape = { index, model: opts.model, vocab, ids: out, promptIds, finishReason: reason, truncated: truncated && reason === 'length', version, request, seed: opts.seed, offset: skip };
+        let json: string;
+        if (d === 'vllm') {
+          json = textCompletionJson({ ...shape, weightVersion: null, logprobs: request.logprobs, returnTokenIds: request.returnTokenIds === true, requestSeed: request.seed });
+        } else if (d === 'sglang') {
+          json = sglangGenerateJson({ ...shape, rid });
+        } else {
+          json = llamacppCompletionJson(shape);
+        }
+        deliver(res, json, fault);
+      },
+      null,
+      rid,
+    );
+  }
+
   /** A generation route: count, read and validate the body (400 naming the field), refuse while closing, answer. */
-  function generationRoute<R>(parse: (raw: string) => R, answer: (res: ServerResponse, request: R) => void) {
+  function generationRoute<R>(parse: (raw: string) => R, answer: (res: ServerResponse, request: R) => void, native = false) {
     return async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
       counters.requests += 1;
       requestsReached.notify();
@@ -475,7 +688,8 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
         request = parse(raw);
       } catch (error) {
         if (!(error instanceof RequestError)) throw error;
-        reject(res, 400, error.message, error.param);
+        if (dialect !== null) sendDialectError(res, badRequest(dialect, native ? 'native' : 'openai', error.message, error.param));
+        else reject(res, 400, error.message, error.param);
         return;
       }
       if (closing) {
@@ -488,6 +702,22 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
 
   const tokenCompletions = generationRoute<TokenCompletionRequest>(parseTokenCompletionRequest, completeTokens);
   const chatCompletions = generationRoute<MockChatRequest>(parseChatRequest, complete);
+  const dialectChat = dialect === null ? null : generationRoute<MockChatRequest>(parseChatRequest, (res, r) => completeDialect(dialect, res, r));
+  const dialectTokens =
+    dialect === null
+      ? null
+      : dialect === 'vllm'
+        ? generationRoute<TokenCompletionRequest>(parseTokenCompletionRequest, (res, r) => {
+            // vLLM checks the model name on /v1/completions as on chat (OpenAIServing._check_model).
+            if (r.model !== undefined && r.model !== opts.model) {
+              sendDialectError(res, vllmError(404, 'NotFoundError', `The model \`${r.model}\` does not exist.`, 'model'));
+              return;
+            }
+            completeDialectTokens('vllm', res, { prompt: r.prompt, maxTokens: r.maxTokens, logprobs: r.logprobs, seed: r.seed, rid: null, returnTokenIds: r.returnTokenIds }, 'openai');
+          })
+        : dialect === 'sglang'
+          ? generationRoute<TokenInRequest>(parseGenerateRequest, (res, r) => completeDialectTokens('sglang', res, r, 'native'), true)
+          : generationRoute<TokenInRequest>(parseLlamaCompletionRequest, (res, r) => completeDialectTokens('llamacpp', res, r, 'native'), true);
 
   async function weightVersionRoute(req: IncomingMessage, res: ServerResponse): Promise<void> {
     if (req.method === 'GET') {
@@ -512,7 +742,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     sendJson(res, 200, { weight_version: weightVersion });
   }
 
-  const routes: Record<string, Record<string, (req: IncomingMessage, res: ServerResponse) => void | Promise<void>>> = {
+  const defaultRoutes: Record<string, Record<string, (req: IncomingMessage, res: ServerResponse) => void | Promise<void>>> = {
     '/health': { GET: (req, res) => (req.resume(), sendJson(res, 200, { status: 'ok' })) },
     '/v1/models': {
       GET: (req, res) => {
@@ -529,7 +759,26 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     '/admin/weight_version': { GET: weightVersionRoute, POST: weightVersionRoute },
   };
   // SGLang's name for the abort endpoint; the body (rid / abort_all) is ignored: everything is aborted.
-  routes['/abort_request'] = routes['/admin/abort'];
+  defaultRoutes['/abort_request'] = defaultRoutes['/admin/abort'];
+  const routes =
+    dialect === null
+      ? defaultRoutes
+      : dialectRoutes(dialect, {
+          options: opts,
+          context,
+          chat: dialectChat!,
+          tokens: dialectTokens!,
+          abortAll,
+          abortIds,
+          getVersion: () => versionLabel,
+          setVersion: (label) => {
+            versionLabel = label;
+            if (/^\d+$/.test(label)) weightVersion = Number(label);
+          },
+          readBody: (req) => readBody(req, opts.maxBodyBytes),
+          reject: sendDialectError,
+          send: (res, status, body) => sendText(res, status, body),
+        });
 
   // Requests open per socket, so close() can cut idle keep-alive sockets at once, including ones a
   // client opened but never used (server.closeIdleConnections() misses those), and cut busy ones as
@@ -550,7 +799,8 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     const handler = route?.[req.method ?? ''];
     if (handler === undefined) {
       req.resume();
-      if (route === undefined) reject(res, 404, `unknown route ${req.method} ${path}`);
+      if (dialect !== null) sendDialectError(res, unknownRoute(dialect, route !== undefined));
+      else if (route === undefined) reject(res, 404, `unknown route ${req.method} ${path}`);
       else reject(res, 405, `method ${req.method} is not allowed on ${path}`, null, { allow: Object.keys(route).join(', ') });
       return;
     }
@@ -580,8 +830,12 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     get weightVersion() {
       return weightVersion;
     },
+    get reportedWeightVersion() {
+      return dialect === null ? weightVersion : versionLabel;
+    },
     setWeightVersion(version) {
       weightVersion = validateWeightVersion(version);
+      versionLabel = String(version);
     },
     abortAll,
     stats: () => ({ ...counters, faults: { ...faultCounts }, hanging: hung.size, inFlight: inFlight.size }),

@@ -10,6 +10,8 @@ const PLAIN = { disallowedSpecial: new Set<string>() };
 
 const IM_START = encode(ImStart, { allowedSpecial: new Set([ImStart]) })[0];
 const IM_END = encode(ImEnd, { allowedSpecial: new Set([ImEnd]) })[0];
+/** `<|im_end|>` in cl100k: the token a chat model samples last when it stops (the dialects return it). */
+export const END_OF_TURN_ID = IM_END;
 const NEWLINE = encode('\n');
 
 /** A Map kept in recency order: re-inserting on a hit moves the key to the back, eviction takes the front. */

