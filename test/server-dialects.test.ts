@@ -358,3 +358,88 @@ describe("llama.cpp's left-out logprobs (tokens mode)", () => {
   });
 });
 
+/**
+ * The engine against the mock speaking each server's dialect (src/testing/mock-llm/dialects.ts names
+ * the source of each trait). Each row of the README's inference-server table is one of these.
+ */
+describe('the engine against each dialect of the mock', () => {
+  const GUESS = [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 4, messageCut: 0, maxTokens: 32 }];
+  type Trait = { promptIds: boolean; responseIds: boolean };
+  const cases: { dialect: 'vllm' | 'sglang' | 'llamacpp'; api: 'chat' | 'tokens'; gets: Trait }[] = [
+    { dialect: 'vllm', api: 'chat', gets: { promptIds: true, responseIds: true } },
+    { dialect: 'vllm', api: 'tokens', gets: { promptIds: true, responseIds: true } },
+    { dialect: 'sglang', api: 'chat', gets: { promptIds: true, responseIds: false } },
+    { dialect: 'sglang', api: 'tokens', gets: { promptIds: true, responseIds: true } },
+    { dialect: 'llamacpp', api: 'chat', gets: { promptIds: false, responseIds: true } },
+    { dialect: 'llamacpp', api: 'tokens', gets: { promptIds: true, responseIds: true } },
+  ];
+  for (const { dialect, api, gets } of cases) {
+    const yes = (b: boolean) => (b ? 'with' : 'without');
+    it(`${dialect}, ${api} mode: plays whole episodes, ${yes(gets.promptIds)} prompt ids, ${yes(gets.responseIds)} response ids, with logprobs`, async (t) => {
+      const mock = await startMockLlm({ port: 0, seed: 5, dialect, model: 'm', ...(api === 'tokens' ? { tokenizer: 'qwen2.5' as const } : {}) });
+      t.after(() => mock.close());
+      const engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, llm: { url: mock.url, model: 'm', api }, tasks: GUESS });
+      t.after(() => engine.close());
+      await engine.start();
+      const batch = await engine.getBatch();
+      assert.equal(batch.status, 'NORMAL');
+      for (const rollout of batch.groups.flatMap((g) => g.rollouts)) {
+        assert.equal(rollout.status, Status.COMPLETED, rollout.error ?? '');
+        for (const turn of rollout.turns) {
+          assert.equal(turn.promptIds !== null, gets.promptIds, 'prompt ids');
+          assert.equal(turn.responseIds !== null, gets.responseIds, 'response ids');
+          assert.ok(turn.logprobs !== null && turn.logprobs.length > 0, 'logprobs');
+          if (turn.responseIds !== null) assert.equal(turn.responseIds.length, turn.logprobs.length);
+        }
+      }
+    });
+  }
+
+  const pauses: { name: string; options: Parameters<typeof startMockLlm>[0]; serverAbort: boolean }[] = [
+    { name: 'vLLM in dev mode is aborted with POST /abort_requests {}', options: { dialect: 'vllm' }, serverAbort: true },
+    { name: 'vLLM without dev mode has no abort route: calls are cancelled client-side', options: { dialect: 'vllm', vllmDevMode: false }, serverAbort: false },
+    { name: 'SGLang is aborted with POST /abort_request {"abort_all": true}', options: { dialect: 'sglang' }, serverAbort: true },
+    { name: 'llama.cpp has no abort route: calls are cancelled client-side', options: { dialect: 'llamacpp' }, serverAbort: false },
+  ];
+  for (const { name, options, serverAbort } of pauses) {
+    it(`pauses: ${name}`, async (t) => {
+      const mock = await startMockLlm({ port: 0, seed: 6, model: 'm', latencyMs: 60_000, ...options });
+      t.after(() => mock.close());
+      const engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, llm: { url: mock.url, model: 'm' }, producer: { strategy: 'async' }, tasks: GUESS });
+      t.after(() => engine.close());
+      await engine.start();
+      // Every call is held by the mock's latency: wait until the first ones have reached it.
+      while (mock.stats().inFlight === 0) await new Promise((r) => setImmediate(r));
+      const report = await engine.pauseForWeightUpdate();
+      assert.equal(report.serverAbort, serverAbort);
+      assert.equal(report.cancelled, !serverAbort);
+      assert.equal(report.stillInFlight, 0);
+    });
+  }
+
+  it("tags SGLang's string versions with the announced step, and counts replies from weights the trainer did not announce", async (t) => {
+    const mock = await startMockLlm({ port: 0, seed: 7, dialect: 'sglang', model: 'm' });
+    t.after(() => mock.close());
+    const engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, llm: { url: mock.url, model: 'm' }, tasks: GUESS });
+    t.after(() => engine.close());
+    await engine.start();
+    const first = await engine.getBatch(1);
+    assert.ok(first.groups.flatMap((g) => g.rollouts).every((r) => r.status === Status.COMPLETED), 'a "default" version fails nothing');
+    // The trainer says it loaded "step-1", but the server still serves its launch weights ("default").
+    await engine.pauseForWeightUpdate();
+    await engine.resume({ modelStep: 1, weightVersion: 'step-1' });
+    await engine.getBatch(2);
+    const stale = (await engine.stats()).workers.reduce((n, w) => n + w.weightVersionMismatches, 0);
+    assert.ok(stale > 0, 'replies with an unannounced version are counted');
+    // Now the server loads them (SGLang's POST /update_weight_version) and the trainer announces them.
+    const update = await fetch(`${mock.url}/update_weight_version`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ new_version: 'step-2' }) });
+    assert.equal(update.status, 200);
+    await engine.pauseForWeightUpdate();
+    await engine.resume({ modelStep: 2, weightVersion: 'step-2' });
+    const third = await engine.getBatch(3);
+    for (const turn of third.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns))) if (turn.step > 0) assert.ok(turn.modelStep <= 2);
+    assert.ok(third.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns)).some((turn) => turn.modelStep === 2), 'tokens of the new weights carry step 2');
+    assert.equal((await engine.stats()).workers.reduce((n, w) => n + w.weightVersionMismatches, 0), stale, 'no new mismatch once the server serves what was announced');
+  });
+});
+
