@@ -11,7 +11,7 @@ import { createEngine, Status, type Engine } from '../src/index.ts';
 import { chatPayload, LlmClient, type LlmClientOptions } from '../src/llm/client.ts';
 import { parseChatReply } from '../src/llm/reply.ts';
 import { ChatStream } from '../src/llm/stream-reply.ts';
-import { DIALECTS, probeServer, serverGaps } from '../src/llm/servers.ts';
+import { checkServedVersions, DIALECTS, probeServer, serverGaps } from '../src/llm/servers.ts';
 import { loadChatModel } from '../src/gateway/model.ts';
 import { PauseControl } from '../src/coordinator/pause-control.ts';
 import { PauseGate } from '../src/rollout/pause-gate.ts';
@@ -441,5 +441,20 @@ describe('the engine against each dialect of the mock', () => {
     assert.ok(third.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns)).some((turn) => turn.modelStep === 2), 'tokens of the new weights carry step 2');
     assert.equal((await engine.stats()).workers.reduce((n, w) => n + w.weightVersionMismatches, 0), stale, 'no new mismatch once the server serves what was announced');
   });
-});
 
+  it("checks vLLM's served version on a resume that names the weights (its replies carry none; dev-mode GET /weight_info)", async (t) => {
+    const mock = await startMockLlm({ port: 0, dialect: 'vllm', model: 'm' });
+    t.after(() => mock.close());
+    const info = await probeServer(mock.url, { server: 'auto' });
+    assert.equal(info.kind, 'vllm');
+    const problems = await checkServedVersions([info], 'step-1', 1);
+    assert.equal(problems.length, 1);
+    assert.match(problems[0], /vLLM at .* serves weight version "default", not "step-1" announced with model step 1: it has not loaded the new weights/);
+    const update = await fetch(`${mock.url}/update_weight_version`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ new_version: 'step-1' }) });
+    assert.equal(update.status, 200);
+    assert.deepEqual(await checkServedVersions([info], 'step-1', 1), []);
+    const plain = await startMockLlm({ port: 0, dialect: 'vllm', model: 'm', vllmDevMode: false });
+    t.after(() => plain.close());
+    assert.deepEqual(await checkServedVersions([await probeServer(plain.url, { server: 'auto' })], 'step-1', 1), [], 'outside dev mode there is nothing to ask (said at start)');
+  });
+});

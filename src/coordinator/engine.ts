@@ -18,7 +18,7 @@ import { Sampler } from '../buffer/sampler.ts';
 import { createHttpEnvironments } from '../env/http-env.ts';
 import type { Gateway } from '../gateway/index.ts';
 import type { MockLlm } from '../testing/mock-llm/server.ts';
-import { probeServer, serverGaps, DIALECTS, type ServerInfo } from '../llm/servers.ts';
+import { checkServedVersions, probeServer, serverGaps, DIALECTS, type ServerInfo } from '../llm/servers.ts';
 import { createLogger, type Logger } from '../log.ts';
 import { RolloutEngineError } from '../protocol/errors.ts';
 import type { WorkerStats } from '../protocol/messages.ts';
@@ -61,6 +61,8 @@ export class Coordinator {
   #gateway: Gateway | null = null;
   #pool: WorkerPool | null = null;
   #producer: Producer | null = null;
+  /** What the start-up probe learnt of each inference endpoint. */
+  #servers: ServerInfo[] = [];
   /** Serializes getBatch / pause / resume / checkpoint: one at a time, in call order. */
   #queue: Promise<unknown> = Promise.resolve();
 
@@ -90,6 +92,7 @@ export class Coordinator {
       const policyEndpoints = policyUrls(config);
       const endpoints = [...new Set([...this.#llmUrls, ...policyEndpoints])];
       const servers = await this.#probeServers(endpoints, policyEndpoints);
+      this.#servers = servers;
       // Environment servers too: a wrong URL or env name is one clear error at start, not a failed group each.
       for (const task of config.tasks) {
         if (task.env?.http === undefined) continue;
@@ -172,6 +175,12 @@ export class Coordinator {
   resume(options: { modelStep: number; weightVersion?: string | null }): Promise<void> {
     return this.#withProducer(async (producer) => {
       producer.resume(options.modelStep, options.weightVersion ?? null);
+      if (options.weightVersion != null) {
+        // Not awaited: production has resumed, and the check is a report, not a gate.
+        void checkServedVersions(this.#servers, options.weightVersion, options.modelStep, { apiKey: this.config.llm.apiKey }).then((problems) => {
+          for (const problem of problems) this.log.warn({ weightVersion: options.weightVersion, modelStep: options.modelStep }, problem);
+        });
+      }
       this.#gateway?.setModelStep(options.modelStep);
       this.#embeddedMock?.setWeightVersion(options.modelStep); // "loading" the new weights into the embedded server
     });

@@ -9,7 +9,7 @@
  * `probeServer` tells the kind at start (`llm.server: auto`) from what the server answers, reads the
  * context length and whether the abort route exists, and says once what the user loses.
  */
-import { Pool } from 'undici';
+import { Pool, request } from 'undici';
 import { serverMessage } from '../protocol/errors.ts';
 import { LlmError } from './errors.ts';
 
@@ -37,6 +37,8 @@ export interface ServerDialect {
   tokenRoute: '/v1/completions' | '/generate' | '/completion' | null;
   /** How to keep what the missing abort route loses, for the start-up line. */
   abortHint: string;
+  /** GET route answering `{"weight_version"}`: checked on a resume where replies carry no version; null = none. */
+  versionRoute: string | null;
 }
 
 const VLLM: ServerDialect = {
@@ -54,6 +56,8 @@ const VLLM: ServerDialect = {
   abort: { path: '/abort_requests', body: '{}' },
   tokenRoute: '/v1/completions',
   abortHint: 'launch vLLM with VLLM_SERVER_DEV_MODE=1 (it then serves POST /abort_requests), or set llm.stream: true',
+  // vllm/entrypoints/serve/dev/rlhf/api_router.py (dev mode only): GET /weight_info {"weight_version"}.
+  versionRoute: '/weight_info',
 };
 
 const SGLANG: ServerDialect = {
@@ -72,6 +76,8 @@ const SGLANG: ServerDialect = {
   abort: { path: '/abort_request', body: '{"abort_all":true}' },
   tokenRoute: '/generate',
   abortHint: 'use an SGLang release whose /abort_request takes abort_all, or set llm.stream: true',
+  // http_server.py: GET /get_weight_version (replies carry it too, so it is not needed on resume).
+  versionRoute: '/get_weight_version',
 };
 
 const LLAMACPP: ServerDialect = {
@@ -88,6 +94,7 @@ const LLAMACPP: ServerDialect = {
   abort: null,
   tokenRoute: '/completion',
   abortHint: 'set llm.stream: true (a pause then keeps the tokens a call has received)',
+  versionRoute: null,
 };
 
 const OPENAI: ServerDialect = {
@@ -100,6 +107,7 @@ const OPENAI: ServerDialect = {
   abort: null,
   tokenRoute: null,
   abortHint: 'set llm.stream: true',
+  versionRoute: null,
 };
 
 const GENERIC: ServerDialect = {
@@ -112,6 +120,7 @@ const GENERIC: ServerDialect = {
   abort: { path: '/abort_request', body: '{"abort_all":true}' },
   tokenRoute: '/v1/completions',
   abortHint: 'set llm.abortPath to the server\'s abort-all route, or llm.stream: true',
+  versionRoute: null,
 };
 
 export const DIALECTS: Record<ServerKind, ServerDialect> = { vllm: VLLM, sglang: SGLANG, llamacpp: LLAMACPP, openai: OPENAI, generic: GENERIC };
@@ -215,10 +224,47 @@ export function serverGaps(info: ServerInfo, options: { api: 'chat' | 'tokens'; 
   if (info.abort === null && !options.stream) {
     gaps.push(`no abort-all route: a pause cancels calls client-side and a non-streamed call loses the tokens it had generated (to keep them: ${dialect.abortHint})`);
   }
-  if (!dialect.weightVersion) gaps.push('its replies carry no weight version: a server that did not load the weights the trainer announced goes unnoticed');
+  if (!dialect.weightVersion) {
+    gaps.push(
+      dialect.versionRoute === null
+        ? 'its replies carry no weight version: a server that did not load the weights the trainer announced goes unnoticed'
+        : `its replies carry no weight version: a resume with a weightVersion is checked against ${dialect.versionRoute} instead (vLLM: dev mode only)`,
+    );
+  }
   if (options.api === 'chat' && options.wantIds) {
     if (!dialect.chatResponseIds) gaps.push(`its chat replies carry no response token ids: turns are kept as text only (exact tokens: llm.api "tokens"${dialect.tokenRoute ? `, ${dialect.tokenRoute}` : ''})`);
     else if (!dialect.chatPromptIds(options.stream)) gaps.push(`its ${options.stream ? 'streamed ' : ''}chat replies carry no prompt token ids (exact prompts: llm.api "tokens"${dialect.tokenRoute ? `, ${dialect.tokenRoute}` : ''})`);
   }
   return gaps;
 }
+
+/**
+ * On a resume that names the weights (`weightVersion`), asks each server whose replies carry no
+ * version (vLLM) what it serves, through its version route: a trainer that resumed without loading
+ * the weights is reported instead of going unnoticed. Returns one sentence per server that serves
+ * another version; a server without the route (vLLM outside dev mode) or that does not answer in time
+ * says nothing (its start-up line said so).
+ */
+export async function checkServedVersions(servers: readonly ServerInfo[], announced: string, modelStep: number, options: { apiKey?: string | null; timeoutMs?: number } = {}): Promise<string[]> {
+  const checks = servers.map(async (info) => {
+    const dialect = DIALECTS[info.kind];
+    if (dialect.weightVersion || dialect.versionRoute === null) return null;
+    const base = new URL(info.url);
+    const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
+    try {
+      const response = await request(`${base.origin}${prefix}${dialect.versionRoute}`, {
+        headers: options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {},
+        signal: AbortSignal.timeout(options.timeoutMs ?? 2_000),
+      });
+      const text = await response.body.text();
+      if (response.statusCode !== 200) return null;
+      const served = (JSON.parse(text) as { weight_version?: unknown }).weight_version;
+      if (served === undefined || served === null || String(served) === announced) return null;
+      return `${dialect.label} at ${info.url} serves weight version ${JSON.stringify(String(served))}, not ${JSON.stringify(announced)} announced with model step ${modelStep}: it has not loaded the new weights (tokens are tagged with step ${modelStep} all the same)`;
+    } catch {
+      return null;
+    }
+  });
+  return (await Promise.all(checks)).filter((x): x is string => x !== null);
+}
+
