@@ -111,7 +111,9 @@ export class Coordinator {
         this.#gateway = await startGateway({
           backend: { kind: config.gateway.backend, url: this.#llmUrls[0], model: config.llm.model, apiKey: config.llm.apiKey },
           tokenizer: config.gateway.tokenizer,
-          maxContext: config.gateway.maxContext,
+          // The server's own limit when the config names none: a session past it is truncated by the
+          // gateway (max_tokens clamped) instead of refused by the server.
+          maxContext: config.gateway.maxContext ?? servers.find((s) => s.url === this.#llmUrls[0])?.contextLength ?? null,
           sessionTtlMs: config.gateway.sessionTtlMs,
           modelStep: resumed?.modelStep ?? config.modelStep,
           port: 0,

@@ -9,7 +9,11 @@ import { after, before, describe, it } from 'node:test';
 import { createEngine, Status, type Engine, type EngineConfigInput } from '../../src/index.ts';
 import { loadChatModel, type ChatModel } from '../../src/gateway/model.ts';
 import type { RolloutState } from '../../src/protocol/rollout.ts';
+import OpenAI from 'openai';
 import { MODEL_NAME, realServerAvailable, startLlamaServer, type LlamaServer } from '../support/llama-server.ts';
+import { spawnServer } from '../fixtures/flaky-env-server.ts';
+
+const MAIN = new URL('../../src/cli/main.ts', import.meta.url).pathname;
 
 const available = realServerAvailable();
 const skip = available.ok || process.env.CI === 'true' ? false : available.reason;
@@ -155,3 +159,38 @@ describe('the engine against a real llama.cpp server with a small context', { sk
     });
   }
 });
+
+describe('rollout gateway from the command line in front of the real llama.cpp server', { skip, timeout: 300_000 }, () => {
+  let server: LlamaServer;
+  before(async () => {
+    [server, qwen] = await Promise.all([startLlamaServer({ ctxSize: 4096, slots: 1 }), loadChatModel('qwen2.5')]);
+  });
+  after(async () => {
+    await server?.stop();
+  });
+
+  it('serves an OpenAI client through llama.cpp /completion and stitches the session into exact tokens', async (t) => {
+    const gateway = await spawnServer(process.execPath, ['--import', 'tsx', MAIN, 'gateway', '--backend', 'llamacpp', '--backend-url', server.url, '--port', '0'], /gateway listening on (http:\/\/\S+)/);
+    t.after(() => gateway.stop());
+    const openai = new OpenAI({ baseURL: `${gateway.url}/v1/sessions/real`, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
+    const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: 'user', content: 'Guess a number between 1 and 100.' }];
+    for (let turn = 0; turn < 2; turn++) {
+      const reply = await openai.chat.completions.create({ model: 'qwen2.5', messages, max_tokens: 16 });
+      messages.push({ role: 'assistant', content: reply.choices[0].message.content ?? '' }, { role: 'user', content: 'Higher.' });
+    }
+    const stitched = (await (await fetch(`${gateway.url}/v1/sessions/real/stitch`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' })).json()) as {
+      observation_tokens: number[];
+      action_ranges: [number, number][];
+      rollout_log_probs: number[];
+    };
+    assert.equal(stitched.action_ranges.length, 2, 'two calls, one action span each');
+    assert.ok(stitched.observation_tokens.every((id) => qwen.hasToken(id)));
+    for (const [start, end] of stitched.action_ranges) {
+      for (let i = start; i < end; i++) assert.ok(Number.isFinite(stitched.rollout_log_probs[i]) && stitched.rollout_log_probs[i] <= 0, `logprob of token ${i}`);
+    }
+    // The prompt the second call sent begins with the first call's prompt and completion, exactly.
+    const firstPrompt = qwen.encode(qwen.render(messages.slice(0, 1) as never, { addGenerationPrompt: true }));
+    assert.deepEqual(stitched.observation_tokens.slice(0, firstPrompt.length), firstPrompt);
+  });
+});
+
