@@ -76,8 +76,31 @@ function ids(promptIds: readonly number[] | Int32Array): readonly number[] {
   return promptIds instanceof Int32Array ? Array.from(promptIds) : promptIds;
 }
 
+/** Each server's name for each sampling setting (SGLang: `sampling_seed`; llama.cpp: `repeat_penalty`). */
+type SamplingNames = Record<keyof SamplingParams, string>;
+const OPENAI_NAMES: SamplingNames = {
+  temperature: 'temperature',
+  topP: 'top_p',
+  topK: 'top_k',
+  minP: 'min_p',
+  presencePenalty: 'presence_penalty',
+  frequencyPenalty: 'frequency_penalty',
+  repetitionPenalty: 'repetition_penalty',
+  seed: 'seed',
+  stop: 'stop',
+};
+const SGLANG_NAMES: SamplingNames = { ...OPENAI_NAMES, seed: 'sampling_seed' };
+const LLAMACPP_NAMES: SamplingNames = { ...OPENAI_NAMES, repetitionPenalty: 'repeat_penalty' };
+const SAMPLING_KEYS = Object.keys(OPENAI_NAMES) as (keyof SamplingParams)[];
+
+/** The sampling settings `r` sets (unset ones are left to the server's defaults), under `names`, into `out`. */
+function withSampling(out: Record<string, unknown>, r: SamplingParams, names: SamplingNames): Record<string, unknown> {
+  for (const key of SAMPLING_KEYS) if (r[key] !== undefined) out[names[key]] = r[key];
+  return out;
+}
+
 function vllmBody(r: SamplingRequest, model: string | null): Record<string, unknown> {
-  return {
+  const body: Record<string, unknown> = {
     ...(model !== null ? { model } : {}),
     prompt: ids(r.promptIds),
     max_tokens: r.maxTokens,
@@ -86,39 +109,21 @@ function vllmBody(r: SamplingRequest, model: string | null): Record<string, unkn
     return_token_ids: true,
     // The completion is decoded from ids by the caller: text-side trimming must not drop tokens.
     include_stop_str_in_output: true,
-    ...(r.temperature !== undefined ? { temperature: r.temperature } : {}),
-    ...(r.topP !== undefined ? { top_p: r.topP } : {}),
-    ...(r.topK !== undefined ? { top_k: r.topK } : {}),
-    ...(r.minP !== undefined ? { min_p: r.minP } : {}),
-    ...(r.presencePenalty !== undefined ? { presence_penalty: r.presencePenalty } : {}),
-    ...(r.frequencyPenalty !== undefined ? { frequency_penalty: r.frequencyPenalty } : {}),
-    ...(r.repetitionPenalty !== undefined ? { repetition_penalty: r.repetitionPenalty } : {}),
-    ...(r.seed !== undefined ? { seed: r.seed } : {}),
-    ...(r.stop !== undefined ? { stop: r.stop } : {}),
   };
+  return withSampling(body, r, OPENAI_NAMES);
 }
 
 function sglangBody(r: SamplingRequest): Record<string, unknown> {
-  const sampling: Record<string, unknown> = { max_new_tokens: r.maxTokens, no_stop_trim: true };
-  if (r.temperature !== undefined) sampling.temperature = r.temperature;
-  if (r.topP !== undefined) sampling.top_p = r.topP;
-  if (r.topK !== undefined) sampling.top_k = r.topK;
-  if (r.minP !== undefined) sampling.min_p = r.minP;
-  if (r.presencePenalty !== undefined) sampling.presence_penalty = r.presencePenalty;
-  if (r.frequencyPenalty !== undefined) sampling.frequency_penalty = r.frequencyPenalty;
-  if (r.repetitionPenalty !== undefined) sampling.repetition_penalty = r.repetitionPenalty;
-  if (r.seed !== undefined) sampling.sampling_seed = r.seed;
-  if (r.stop !== undefined) sampling.stop = r.stop;
   return {
     input_ids: ids(r.promptIds),
-    sampling_params: sampling,
+    sampling_params: withSampling({ max_new_tokens: r.maxTokens, no_stop_trim: true }, r, SGLANG_NAMES),
     return_logprob: true,
     ...(r.topLogprobs > 0 ? { top_logprobs_num: r.topLogprobs } : {}),
   };
 }
 
 function llamacppBody(r: SamplingRequest): Record<string, unknown> {
-  return {
+  const body: Record<string, unknown> = {
     prompt: ids(r.promptIds),
     n_predict: r.maxTokens,
     // One probability entry per sampled token is what carries its logprob (and id).
@@ -128,16 +133,8 @@ function llamacppBody(r: SamplingRequest): Record<string, unknown> {
     return_tokens: true,
     // The session's earlier turns stay in the slot's KV cache: each turn only adds its new tokens.
     cache_prompt: true,
-    ...(r.temperature !== undefined ? { temperature: r.temperature } : {}),
-    ...(r.topP !== undefined ? { top_p: r.topP } : {}),
-    ...(r.topK !== undefined ? { top_k: r.topK } : {}),
-    ...(r.minP !== undefined ? { min_p: r.minP } : {}),
-    ...(r.presencePenalty !== undefined ? { presence_penalty: r.presencePenalty } : {}),
-    ...(r.frequencyPenalty !== undefined ? { frequency_penalty: r.frequencyPenalty } : {}),
-    ...(r.repetitionPenalty !== undefined ? { repeat_penalty: r.repetitionPenalty } : {}),
-    ...(r.seed !== undefined ? { seed: r.seed } : {}),
-    ...(r.stop !== undefined ? { stop: r.stop } : {}),
   };
+  return withSampling(body, r, LLAMACPP_NAMES);
 }
 
 function isTokenIds(value: unknown): value is number[] {
