@@ -155,6 +155,7 @@ describe('probing an inference server at start (llm.server: auto)', () => {
     assert.equal(info.abort, null, 'llama.cpp has no abort route: closing the connection stops the slot');
     const gaps = serverGaps(info, { api: 'chat', stream: false, wantIds: true });
     assert.ok(gaps.some((g) => /no prompt token ids.*llm\.api "tokens", \/completion/.test(g)), gaps.join('\n'));
+    assert.ok(gaps.some((g) => /leave out the id and logprob of a token that ends inside a UTF-8 character/.test(g)), gaps.join('\n'));
   });
 
   it('says SGLang chat replies carry no response ids, and keeps its abort_all route', async (t) => {

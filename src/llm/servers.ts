@@ -234,6 +234,9 @@ export function serverGaps(info: ServerInfo, options: { api: 'chat' | 'tokens'; 
   if (options.api === 'chat' && options.wantIds) {
     if (!dialect.chatResponseIds) gaps.push(`its chat replies carry no response token ids: turns are kept as text only (exact tokens: llm.api "tokens"${dialect.tokenRoute ? `, ${dialect.tokenRoute}` : ''})`);
     else if (!dialect.chatPromptIds(options.stream)) gaps.push(`its ${options.stream ? 'streamed ' : ''}chat replies carry no prompt token ids (exact prompts: llm.api "tokens"${dialect.tokenRoute ? `, ${dialect.tokenRoute}` : ''})`);
+    // server-context.cpp process_token: a token whose text ends inside a UTF-8 character is never
+    // reported, and the reply's text loses its leading whitespace (test/real-server pins both).
+    if (info.kind === 'llamacpp') gaps.push('its chat replies leave out the id and logprob of a token that ends inside a UTF-8 character (multi-byte text), and trim the text\'s leading whitespace: exact tokens need llm.api "tokens"');
   }
   return gaps;
 }
