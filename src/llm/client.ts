@@ -117,6 +117,8 @@ interface CallReader<T> {
   parse(json: unknown): T;
   /** A 4xx the call should not fail on (a context overflow ends the episode as truncated); null = none. */
   onClientError?(status: number, text: string): T | null;
+  /** Told of each result before it is returned (what a reply lacked that was asked for). */
+  check?(result: T): void;
 }
 
 const utf8 = new TextEncoder();
@@ -155,7 +157,11 @@ export class LlmClient {
   constructor(options: LlmClientOptions) {
     this.#options = options;
     this.#dialect = DIALECTS[options.server?.kind ?? 'generic'];
-    this.#chatReader = { parse: parseChatReply, onClientError: (status, text) => (isContextOverflow(status, text) ? contextOverflowReply(text) : null) };
+    this.#chatReader = {
+      parse: parseChatReply,
+      onClientError: (status, text) => (isContextOverflow(status, text) ? contextOverflowReply(text) : null),
+      check: (result) => this.#checkAsked(result),
+    };
     this.#tokens = options.api === 'tokens' ? new TokenChat(this.#dialect, options, (path, payload, reader, signal) => this.#call(path, payload, reader, signal, false)) : null;
     this.#exchanges = new Exchanges({ limits: { maxBodyBytes: options.maxReplyBytes, wholeBodyMs: options.timeoutMs } });
     const url = new URL(options.url);
@@ -245,8 +251,8 @@ export class LlmClient {
       }
       const outcome = response !== null ? this.#outcomeOf(response, events, reader) : this.#transportOutcome(failure);
       if (outcome.ok) {
-        if (reader === (this.#chatReader as unknown)) this.#checkAsked(outcome.result as ChatResult);
-        return outcome.result as T;
+        reader.check?.(outcome.result);
+        return outcome.result;
       }
       if (!outcome.retryable || attempt >= attempts) throw outcome.error;
       lastError = outcome.error;
@@ -265,7 +271,8 @@ export class LlmClient {
    * kept without token ids or logprobs, which a trainer cannot train on — said once, not per call.
    */
   #checkAsked(result: ChatResult): void {
-    if (result.finishReason === 'abort') return; // an aborted call may have no tokens at all
+    // An aborted call may have no tokens at all; a call refused for the context has none.
+    if (result.finishReason === 'abort' || result.contextExceeded !== undefined) return;
     // What the dialect is known not to send was said once at start (llm/servers.ts serverGaps).
     if (this.#options.returnTokenIds && result.responseIds === null && this.#dialect.chatResponseIds) {
       this.#warnOnce('token ids', 'llm.returnTokenIds (choices[0].token_ids, prompt_token_ids: vLLM ≥ 0.10.2 with return_token_ids)');
