@@ -8,7 +8,7 @@ An env server in Python, standard library only: the env-server protocol that rol
     POST   /{env}/{id}/step             {"action": "...", "step": n}     -> {observation, reward, terminated, truncated, info}
     GET    /{env}/{id}/health | is_done | describe | render
     DELETE /{env}/{id}                                                   -> 200, even for an unknown id
-    GET    /envs                                                         -> {"envs": [name, ...]}
+    GET    /envs                                                         -> {"envs": [name, ...], "dedupes_steps": true}
 
 Unknown env or id -> 404 {"error": ...}; bad request -> 400; an error inside the game -> bare 500.
 Calls for one id are serialized by a per-id lock. A step whose "step" index repeats the last applied
@@ -200,7 +200,8 @@ class Handler(BaseHTTPRequestHandler):
     def _route(self, method):
         parts = [unquote(p) for p in urlsplit(self.path).path.split("/") if p]
         if parts == ["envs"] and method == "GET":
-            return 200, {"envs": [ENV_NAME]}
+            # dedupes_steps: a repeated step index gets the cached reply, so engines may retry steps.
+            return 200, {"envs": [ENV_NAME], "dedupes_steps": True}
         if len(parts) not in (2, 3):
             raise BadRequest(404, f"no route for {method} {self.path}")
         if parts[0] != ENV_NAME:

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
-import { createServer } from 'node:net';
+import { createServer as createHttpServer } from 'node:http';
+import { createServer, type AddressInfo } from 'node:net';
 import { after, describe, it } from 'node:test';
 import { EnvError } from '../src/env/errors.ts';
 import { createHttpEnvironments, type HttpEnvironments, type HttpEnvOptions } from '../src/env/http-env.ts';
@@ -111,6 +112,20 @@ describe('HTTP environments (env-server protocol client)', { timeout: 60_000 }, 
     assert.equal(stats.faults.failed, 2);
     assert.equal(stats.requests, 3, 'two 503s, then the reset that went through');
     assert.equal(stats.live, 1);
+  });
+
+  it('trusts dedupeSteps only on a server whose GET /envs says it deduplicates (regression: any server was trusted, and a retried step could apply twice)', async () => {
+    const server = await serve();
+    await client([server.url], { dedupeSteps: true }).prewarm(); // rollout env-server says dedupes_steps: true
+    const silent = createHttpServer((_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end('{"envs":["guess-number"]}'));
+    await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r));
+    cleanups.push(() => new Promise((r) => silent.close(r)));
+    const url = `http://127.0.0.1:${(silent.address() as AddressInfo).port}`;
+    await client([url]).prewarm();
+    await assert.rejects(client([url], { dedupeSteps: true }).prewarm(), {
+      code: 'ERR_ENV_HTTP',
+      message: /env\.http\.dedupeSteps is true, but env server .* does not say it deduplicates steps \(its GET \/envs has no "dedupes_steps": true\)/,
+    });
   });
 
   it('does not retry a 4xx and fails with ERR_ENV_HTTP carrying the status and the server message', async () => {

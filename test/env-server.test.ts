@@ -51,7 +51,7 @@ describe('env server (in-process)', { timeout: 30_000 }, () => {
   it('lists the served environments on GET /envs', async () => {
     const answer = await call(url, 'GET', '/envs');
     assert.equal(answer.status, 200);
-    assert.deepEqual(answer.json, { envs: ['guess-number', 'probe'] });
+    assert.deepEqual(answer.json, { envs: ['guess-number', 'probe'], dedupes_steps: true });
   });
 
   it('answers calls on an unknown id or environment with 404 and a JSON error, and DELETE of an unknown id with 200', async () => {
@@ -202,7 +202,7 @@ describe('`rollout env-server` command', { timeout: 60_000 }, () => {
       /env server listening on (http:\/\/\S+) \(envs: guess-number, faulty\)/,
     );
     try {
-      assert.deepEqual((await call(child.url, 'GET', '/envs')).json, { envs: ['guess-number', 'faulty'] });
+      assert.deepEqual((await call(child.url, 'GET', '/envs')).json, { envs: ['guess-number', 'faulty'], dedupes_steps: true });
       const reset = await call(child.url, 'POST', '/guess-number/c1/reset', { env_param: {}, seed: 3 });
       assert.deepEqual((reset.json as { info: unknown }).info, { min: 1, max: 10, maxTurns: 8 });
       await call(child.url, 'POST', '/faulty/c2/reset', { env_param: { mode: 'throw' } });

@@ -140,7 +140,7 @@ interface SafactoryInstance {
  * A GET /envs reply: names (rollout), live instances (Safactory), or an empty list, which either
  * could send: a Safactory server before its first reset, or a rollout server serving nothing.
  */
-type EnvListing = { kind: 'names'; names: string[] } | { kind: 'instances'; instances: SafactoryInstance[] } | { kind: 'empty' };
+type EnvListing = { kind: 'names'; names: string[]; dedupesSteps: boolean } | { kind: 'instances'; instances: SafactoryInstance[] } | { kind: 'empty' };
 
 /**
  * How an attempt failed decides what may happen next:
@@ -232,6 +232,12 @@ class HttpEnvClient implements HttpEnvironments {
               'ERR_ENV_HTTP',
               `env server ${endpoint.url} does not serve environment ${JSON.stringify(name)} (GET /envs lists: ${served.map((n) => JSON.stringify(n)).join(', ') || 'nothing'})`,
               { status: 404 },
+            );
+          }
+          if (this.#options.dedupeSteps && !(listing.kind === 'names' && listing.dedupesSteps)) {
+            throw new EnvError(
+              'ERR_ENV_HTTP',
+              `env.http.dedupeSteps is true, but env server ${endpoint.url} does not say it deduplicates steps (its GET /envs has no "dedupes_steps": true): a step retried there could be applied twice`,
             );
           }
         }
@@ -397,6 +403,9 @@ class HttpEnvClient implements HttpEnvironments {
     }
     return {
       kind: 'names',
+      // A server that applies a repeated step index once says so (rollout env-server does), so that
+      // dedupeSteps is never trusted on a server that would apply a retried step twice.
+      dedupesSteps: (json as { dedupes_steps?: unknown } | null)?.dedupes_steps === true,
       names: list.map((entry, i) => {
         const name = typeof entry === 'string' ? entry : (entry as { name?: unknown } | null)?.name;
         if (typeof name !== 'string') throw badReply(label, `envs[${i}]`, entry, 'a name (string) or {"name": string}, like the entries before it');

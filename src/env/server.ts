@@ -332,7 +332,8 @@ export async function startEnvServer(options: EnvServerOptions): Promise<EnvServ
     if (segments.length === 1 && (segments[0] === 'envs' || segments[0] === 'health')) {
       count(segments[0]);
       expectMethod(req, 'GET');
-      return { status: 200, json: segments[0] === 'envs' ? { envs: [...served.keys()] } : { ok: true, envs: [...served.keys()] } };
+      // dedupes_steps: a repeated step index gets the reply already sent (so engines may retry steps).
+      return { status: 200, json: segments[0] === 'envs' ? { envs: [...served.keys()], dedupes_steps: true } : { ok: true, envs: [...served.keys()] } };
     }
     const servedEnv = served.get(segments[0] ?? '');
     if (segments.length === 2 || segments.length === 3) {
