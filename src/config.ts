@@ -90,8 +90,8 @@ const TaskSpec = z.strictObject({
   dataset: z.string().min(1).nullable().default(null),
   /** Rollouts per prompt (GRPO's k). */
   groupSize: positiveInt.max(65_536).default(4),
-  /** Share of each batch (largest-remainder split across tasks). */
-  weight: z.number().positive().finite().default(1),
+  /** Share of each batch (largest-remainder split across tasks); 0 switches the task off, keeping it configured. */
+  weight: z.number().min(0).finite().default(1),
   maxSteps: positiveInt.default(16),
   /** Keep the system message and the last `2 × messageCut − 1` messages; 0 = send the whole conversation. */
   messageCut: nonNegativeInt.default(3),
@@ -260,6 +260,9 @@ export const EngineConfigSchema = z.strictObject({
     .min(1)
     .default(() => DEFAULT_TASKS.map((t) => TaskSpec.parse(t)))
     .superRefine((tasks, ctx) => {
+      if (tasks.length > 0 && tasks.every((t) => t.weight === 0)) {
+        ctx.addIssue({ code: 'custom', path: [0, 'weight'], message: 'every task has weight 0: at least one task needs a share of the batch', input: 0 });
+      }
       const seen = new Set<string>();
       tasks.forEach((task, i) => {
         if (seen.has(task.name)) ctx.addIssue({ code: 'custom', path: [i, 'name'], message: `duplicate task name "${task.name}"`, input: task.name });

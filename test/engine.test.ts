@@ -107,6 +107,25 @@ describe('engine against the mock inference server, in real worker threads', () 
     assertAccounted(await e.stats());
   });
 
+  it('switches a task off with weight 0, as the reference producer does (regression: weight 0 was refused)', async () => {
+    const e = engine({
+      batchSize: 3,
+      workers: { threads: 1 },
+      tasks: [
+        { name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 4, weight: 0 },
+        { name: 'arith', env: { module: 'builtin:arithmetic' }, groupSize: 2, maxSteps: 1, weight: 1 },
+      ],
+    });
+    await e.start();
+    for (const step of [1, 2]) {
+      const batch = await e.getBatch(step);
+      assert.equal(batch.groups.length, 3);
+      assert.ok(batch.groups.every((g) => g.taskName === 'arith'), 'no group of the switched-off task');
+    }
+    assertAccounted(await e.stats());
+    assert.throws(() => createEngine({ tasks: [{ name: 'a', env: { module: 'builtin:arithmetic' }, weight: 0 }] }), /tasks\[0\]\.weight: every task has weight 0/);
+  });
+
   it('fails start() with a clear error, and no hang, when the inference server is unreachable', async () => {
     const e = createEngine({ logLevel: 'silent', llm: { url: 'http://127.0.0.1:9/v1' }, workers: { threads: 1 } });
     await assert.rejects(e.start(), { code: 'ERR_LLM_UNREACHABLE', message: /http:\/\/127\.0\.0\.1:9\/v1\/models unreachable: ECONNREFUSED/ });

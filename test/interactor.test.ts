@@ -91,7 +91,8 @@ describe('episodes with several endpoints, several agents and hooks', () => {
     await Promise.all([serverA.close(), serverB.close()]);
   });
   function engine(config: Parameters<typeof createEngine>[0]): Engine {
-    const e = createEngine({ logLevel: 'silent', ...config });
+    // Model step 200: both servers' versions are steps the engine has reached (a newer one is reported, not tagged).
+    const e = createEngine({ logLevel: 'silent', modelStep: 200, ...config });
     engines.push(e);
     return e;
   }

@@ -82,6 +82,13 @@ describe('inference replies as each server sends them', () => {
     assert.equal(result.content, 'xy');
   });
 
+  it('reads finish reasons whatever their case (regression: a server answering "STOP" failed the rollout)', () => {
+    assert.equal(parseChatReply({ choices: [{ message: { content: 'x' }, finish_reason: 'STOP' }] }).finishReason, 'stop');
+    const stream = new ChatStream({ tokenIds: false, logprobs: false });
+    stream.write(new TextEncoder().encode(`data: ${JSON.stringify({ choices: [{ delta: { content: 'x' }, finish_reason: 'Length' }] })}\n\ndata: [DONE]\n\n`));
+    assert.equal(stream.result().finishReason, 'length');
+  });
+
   it('refuses a weight version that is no name at all, naming the field', () => {
     const base = { choices: [{ message: { content: '' }, finish_reason: 'stop' }] };
     assert.throws(() => parseChatReply({ ...base, metadata: { weight_version: { v: 1 } } }), { code: 'ERR_LLM_BAD_REPLY', message: /metadata\.weight_version must be a string/ });
@@ -91,12 +98,13 @@ describe('inference replies as each server sends them', () => {
 
 describe('weight versions named by the trainer', () => {
   it('maps an announced version to its model step, and says -1 for a version the trainer did not announce', async () => {
-    const control = new PauseControl(0);
+    const control = new PauseControl(5);
     const gate = new PauseGate(control.block);
     try {
-      assert.equal(gate.stepOfVersion(null), 0);
+      assert.equal(gate.stepOfVersion(null), 5);
       assert.equal(gate.stepOfVersion('3'), 3, 'no announcement: a whole-number version is the step (mock, --weight-version N)');
-      assert.equal(gate.stepOfVersion('default'), 0, "no announcement: SGLang's \"default\" names no step");
+      assert.equal(gate.stepOfVersion('default'), 5, "no announcement: SGLang's \"default\" names no step");
+      assert.equal(gate.stepOfVersion('9'), -1, 'newer than the step resumed with: reported, not tagged (regression: staleness went negative without a word)');
       control.pause();
       control.resume(7, 'ckpt-7');
       await control.waitForAcks(1, 1_000);

@@ -15,6 +15,7 @@ export function allocateBatch(batchSize: number, tasks: readonly { name: string;
   const byRemainder = [...shares].sort((a, b) => (Math.abs(b.remainder - a.remainder) > 1e-9 ? b.remainder - a.remainder : a.index - b.index));
   for (const share of byRemainder) {
     if (left <= 0) break;
+    if (tasks[share.index].weight === 0) continue; // switched off: never handed a leftover
     share.count++;
     left--;
   }

@@ -63,7 +63,8 @@ export function parseChatReply(body: unknown): ChatResult {
   const usage = isObject(body.usage) ? body.usage : {};
   return {
     content,
-    finishReason,
+    // Compared lower-case everywhere: a server answering "STOP" means stop (regression: it failed the rollout).
+    finishReason: finishReason.toLowerCase(),
     promptIds,
     responseIds,
     logprobs,

@@ -180,7 +180,7 @@ export class ChatStream {
       }
       if (choice.finish_reason != null) {
         if (typeof choice.finish_reason !== 'string' || choice.finish_reason === '') throw bad('choices[0].finish_reason', choice.finish_reason, 'a non-empty string or null', where);
-        finishReason = choice.finish_reason;
+        finishReason = choice.finish_reason.toLowerCase(); // as reply.ts: "STOP" means stop
       }
       // Tokens arrived without ids (or logprobs): the server does not send them, and partial arrays would lie.
       if (choice.token_ids == null && ids.length === 0 && (logprobs.length > 0 || content !== '')) this.#idsMissing = true;

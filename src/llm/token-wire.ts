@@ -171,7 +171,7 @@ function parseVllm(json: unknown, fail: (why: string) => Error): GenerationResul
       typeof entry === 'object' && entry !== null ? Object.entries(entry as Record<string, number>).map(([token, logprob]) => ({ token, tokenId: null, logprob })) : [],
     );
   }
-  return { completionIds, logprobs: logprobs as number[], topLogprobs: top, finishReason: choice.finish_reason, weightVersion: versionText(reply?.metadata?.weight_version) };
+  return { completionIds, logprobs: logprobs as number[], topLogprobs: top, finishReason: choice.finish_reason.toLowerCase(), weightVersion: versionText(reply?.metadata?.weight_version) };
 }
 
 function parseSglang(json: unknown, fail: (why: string) => Error): GenerationResult {
@@ -203,7 +203,7 @@ function parseSglang(json: unknown, fail: (why: string) => Error): GenerationRes
         : [],
     );
   }
-  return { completionIds, logprobs, topLogprobs: top, finishReason, weightVersion: versionText(meta.weight_version) };
+  return { completionIds, logprobs, topLogprobs: top, finishReason: finishReason.toLowerCase(), weightVersion: versionText(meta.weight_version) };
 }
 
 /** llama.cpp's stop_type → the OpenAI finish reason its own chat route gives for it. */

@@ -54,7 +54,8 @@ export class PauseGate {
    * - no version in the reply: the step the coordinator last resumed with;
    * - a version the trainer announced (`resume({ modelStep, weightVersion })`): that announcement's step;
    * - the trainer never announced one: a version that is a whole number is the step itself (the
-   *   mock, SGLang `--weight-version N`), any other name ("default") says nothing: the current step;
+   *   mock, SGLang `--weight-version N`) unless it is newer than the current step (−1, below); any
+   *   other name ("default") says nothing: the current step;
    * - versions were announced and this is none of them: −1 — the server is not serving the weights
    *   the trainer said it loaded (the caller reports it and tags the current step).
    */
@@ -65,7 +66,9 @@ export class PauseGate {
     if (this.#announced.size > 0) return -1;
     if (/^\d{1,10}$/.test(version)) {
       const n = Number(version);
-      if (n <= 0x7fffffff) return n;
+      // Newer than the step the trainer resumed with (a long-lived server after a trainer restart):
+      // tagging it would make staleness negative, so it is reported like any unannounced version.
+      if (n <= 0x7fffffff) return n > this.modelStep ? -1 : n;
     }
     return this.modelStep;
   }

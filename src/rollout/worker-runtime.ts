@@ -290,7 +290,7 @@ export class WorkerRuntime implements WorkerControl {
         if (this.#versionMismatches++ > 0) return;
         this.#log.warn(
           { weightVersion: version, modelStep },
-          `an inference server answered with weight version ${JSON.stringify(version)}, which the trainer did not announce: it is not serving the weights of model step ${modelStep} (tokens tagged with that step; counted in weightVersionMismatches, said once)`,
+          `an inference server answered with weight version ${JSON.stringify(version)}, which is not the weights of model step ${modelStep} the trainer resumed with (none it announced, or newer): tokens tagged with step ${modelStep}; counted in weightVersionMismatches, said once`,
         );
       },
     };
