@@ -5,7 +5,7 @@
  * filled and checked, so no other module re-validates or guesses defaults. Every problem is reported
  * as `path: what was expected (got value)`.
  */
-import { existsSync } from 'node:fs';
+import { existsSync, statSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -27,6 +27,10 @@ const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'
 const positiveInt = z.number().int().positive();
 const nonNegativeInt = z.number().int().min(0);
 const params = z.record(z.string(), z.unknown());
+/** Seeds are 31-bit everywhere (the sampler's derived ones too): −1 or 1e300 would be cut or rounded. */
+const seed = z.number().int().min(0).max(0x7fffffff);
+/** Attempts beyond this are a typo, not a policy: 1e9 retries would never give up on a dead server. */
+const retries = nonNegativeInt.max(100);
 
 const httpUrl = z.url({ protocol: /^https?$/ });
 
@@ -38,7 +42,7 @@ const HttpEnvSpec = z
     name: z.string().min(1),
     timeoutMs: positiveInt.default(30_000),
     /** Extra attempts after a 5xx, a timeout or a transport error (never after a 4xx). */
-    retries: nonNegativeInt.default(2),
+    retries: retries.default(2),
     retryBackoffMs: nonNegativeInt.default(500),
     maxResponseBytes: positiveInt.default(16 * 1024 * 1024),
     /** The servers deduplicate `step` by the step index the engine sends, so a step may be retried safely. */
@@ -151,7 +155,7 @@ const LlmSpec = z.strictObject({
    */
   maxReplyBytes: positiveInt.default(64 * 1024 * 1024),
   /** Extra attempts after a 429, a 5xx or a transport error. */
-  retries: nonNegativeInt.default(3),
+  retries: retries.default(3),
   retryBackoffMs: nonNegativeInt.default(200),
   /** Connections per worker thread to the inference server. */
   connections: positiveInt.default(128),
@@ -250,7 +254,7 @@ const DEFAULT_TASKS = [
 ];
 
 export const EngineConfigSchema = z.strictObject({
-  seed: z.number().int().default(0),
+  seed: seed.default(0),
   /** Groups per train step, summed over tasks. */
   batchSize: positiveInt.max(1_000_000).default(8),
   /** Weight version the inference servers start with. */
@@ -359,6 +363,7 @@ function rawTaskPaths(input: unknown): RawTaskPaths[] {
 function resolveDataset(spec: string, baseDir: string, path: string, problems: string[]): string {
   const file = isAbsolute(spec) ? spec : resolve(baseDir, spec);
   if (!existsSync(file)) problems.push(`${path}: file does not exist (got ${JSON.stringify(spec)}, resolved to ${file})`);
+  else if (!statSync(file).isFile()) problems.push(`${path}: is not a file (got ${JSON.stringify(spec)}, resolved to ${file})`);
   return file;
 }
 

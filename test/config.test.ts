@@ -1,7 +1,11 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { createEngine, ConfigError } from '../src/index.ts';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { resolveConfig } from '../src/config.ts';
+import { Sampler } from '../src/buffer/sampler.ts';
 
 function issuesOf(input: unknown): string[] {
   try {
@@ -35,6 +39,26 @@ describe('config validation', () => {
     assert.ok(issues.some((i) => i.startsWith('workers.threads:') && i.includes('<=1024') && i.includes('(got 1000000000)')), issues.join('\n'));
     assert.ok(issues.some((i) => i.startsWith('producer.overSampleThreshold:') && i.includes('<=100')), issues.join('\n'));
     assert.ok(issues.some((i) => i.startsWith('batchSize:') && i.includes('<=1000000')), issues.join('\n'));
+  });
+
+  it('refuses seeds and retries no run can mean, naming the field (regression: seed -1 or 1e300 and llm.retries 1e9 were accepted)', () => {
+    const issues = issuesOf({ seed: -1, llm: { retries: 1e9 } });
+    assert.ok(issues.some((i) => i.startsWith('seed:') && i.includes('(got -1)')), issues.join('\n'));
+    assert.ok(issues.some((i) => i.startsWith('llm.retries:') && i.includes('<=100')), issues.join('\n'));
+    assert.ok(issuesOf({ seed: 1e300 }).some((i) => i.startsWith('seed:')));
+  });
+
+  it('names a dataset that is a directory, or a line too deep or with a seed out of range (regression: EISDIR with a stack; 3000 levels overflowed the encoder)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'rollout-dataset-'));
+    assert.ok(issuesOf({ tasks: [{ name: 't', env: { module: 'builtin:arithmetic' }, dataset: dir }] }).some((i) => i.startsWith('tasks[0].dataset: is not a file')));
+    const deep = join(dir, 'deep.jsonl');
+    writeFileSync(deep, `{"a": 1}\n${'{"x":'.repeat(3000)}1${'}'.repeat(3000)}\n`);
+    const task = resolveConfig({ tasks: [{ name: 't', env: { module: 'builtin:arithmetic' }, dataset: deep }] }).tasks[0];
+    await assert.rejects(Sampler.create(task, 0), { name: 'ConfigError', message: /dataset .*deep\.jsonl:2: nested deeper than 64 levels/ });
+    const seeded = join(dir, 'seeded.jsonl');
+    writeFileSync(seeded, '{"seed": 1e300}\n');
+    const task2 = resolveConfig({ tasks: [{ name: 't', env: { module: 'builtin:arithmetic' }, dataset: seeded }] }).tasks[0];
+    await assert.rejects(Sampler.create(task2, 0), { message: /seeded\.jsonl:1: seed must be an integer in \[0, 2147483647\]/ });
   });
 
   it('rejects unknown options, so a typo is not silently ignored', () => {

@@ -6,7 +6,8 @@
  * the environment draws its task from it. `drawIndex` is cumulative, so group ids never repeat across
  * epochs, and the cursor is a single number to checkpoint.
  */
-import { readFile } from 'node:fs/promises';
+import { createReadStream } from 'node:fs';
+import { createInterface } from 'node:readline';
 import type { TaskConfig } from '../config.ts';
 import { ConfigError } from '../protocol/errors.ts';
 import { newGroup, type PromptSample, type RolloutGroup } from '../protocol/rollout.ts';
@@ -61,30 +62,61 @@ export class Sampler {
   }
 }
 
+/** Seeds are 31-bit, as the ones the sampler derives (mixSeed): a larger one would be cut or rounded. */
+const MAX_SEED = 0x7fffffff;
+/**
+ * Nesting a dataset line may have. Environment params are shallow; a deeper line would overflow the
+ * stack of the msgpack encoder on its way to a worker (3000 levels did), long after start.
+ */
+export const MAX_DATASET_DEPTH = 64;
+
+/** Read line by line: a dataset may be larger than the biggest string V8 can hold. */
 async function readDataset(path: string, taskName: string): Promise<DatasetRow[]> {
-  const text = await readFile(path, 'utf8');
+  const where = (line: number) => `task ${taskName} dataset ${path}:${line}`;
   const rows: DatasetRow[] = [];
-  const lines = text.split('\n');
-  for (let i = 0; i < lines.length; i++) {
-    const line = lines[i].trim();
-    if (line === '') continue;
-    let value: unknown;
-    try {
-      value = JSON.parse(line);
-    } catch (err) {
-      throw new ConfigError([`task ${taskName} dataset ${path}:${i + 1}: not valid JSON (${(err as Error).message})`]);
+  const lines = createInterface({ input: createReadStream(path, { encoding: 'utf8' }), crlfDelay: Infinity });
+  let n = 0;
+  try {
+    for await (const raw of lines) {
+      n++;
+      const line = raw.trim();
+      if (line === '') continue;
+      let value: unknown;
+      try {
+        value = JSON.parse(line);
+      } catch (err) {
+        throw new ConfigError([`${where(n)}: not valid JSON (${(err as Error).message})`]);
+      }
+      if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+        throw new ConfigError([`${where(n)}: each line must be a JSON object of environment params (got ${line.slice(0, 60)})`]);
+      }
+      const deep = deeperThan(value, MAX_DATASET_DEPTH);
+      if (deep !== null) throw new ConfigError([`${where(n)}: nested deeper than ${MAX_DATASET_DEPTH} levels (at ${deep}); environment params are not that deep`]);
+      const { seed, ...params } = value as Record<string, unknown>;
+      if (seed !== undefined && (!Number.isInteger(seed) || (seed as number) < 0 || (seed as number) > MAX_SEED)) {
+        throw new ConfigError([`${where(n)}: seed must be an integer in [0, ${MAX_SEED}] (got ${JSON.stringify(seed)})`]);
+      }
+      rows.push({ params, seed: (seed as number | undefined) ?? null });
     }
-    if (typeof value !== 'object' || value === null || Array.isArray(value)) {
-      throw new ConfigError([`task ${taskName} dataset ${path}:${i + 1}: each line must be a JSON object of environment params (got ${line.slice(0, 60)})`]);
-    }
-    const { seed, ...params } = value as Record<string, unknown>;
-    if (seed !== undefined && !Number.isInteger(seed)) {
-      throw new ConfigError([`task ${taskName} dataset ${path}:${i + 1}: seed must be an integer (got ${JSON.stringify(seed)})`]);
-    }
-    rows.push({ params, seed: (seed as number | undefined) ?? null });
+  } catch (err) {
+    if (err instanceof ConfigError) throw err;
+    // A directory, a file gone since the config was checked, no permission: one line naming it.
+    throw new ConfigError([`task ${taskName} dataset ${path}: cannot be read (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`]);
   }
   if (rows.length === 0) throw new ConfigError([`task ${taskName} dataset ${path}: no prompts (the file is empty)`]);
   return rows;
+}
+
+/** The path of a value nested deeper than `max` (e.g. `a.b[0]…`), or null. Iterative: no stack to overflow. */
+function deeperThan(root: unknown, max: number): string | null {
+  const stack: { value: unknown; depth: number; path: string }[] = [{ value: root, depth: 1, path: '' }];
+  while (stack.length > 0) {
+    const { value, depth, path } = stack.pop()!;
+    if (typeof value !== 'object' || value === null) continue;
+    if (depth > max) return path || '(top)';
+    for (const [key, child] of Object.entries(value)) stack.push({ value: child, depth: depth + 1, path: Array.isArray(value) ? `${path}[${key}]` : path === '' ? key : `${path}.${key}` });
+  }
+  return null;
 }
 
 /** A 31-bit seed from (run seed, task, prompt): FNV-1a over the parts, then a murmur finaliser. */
