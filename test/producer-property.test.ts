@@ -12,6 +12,10 @@
  * - a NORMAL batch holds exactly `batchSize` groups (each task its share), every rollout COMPLETED, and
  *   (async) none as stale as the stale threshold; EXPIRED_BATCH only when the weights are too stale
  *   for the step; UPDATE_WEIGHT_AND_ABORT only while paused; getBatch never waits with nothing in flight.
+ *
+ * Operations run one after the other with every callback flushed in between, except a getBatch asked
+ * for a few microtasks after a resume (`thenBatch`): a trainer calls it that quickly, while the
+ * background loop is still part-way through the round the resume woke it for.
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
@@ -58,9 +62,10 @@ type Op =
   | { op: 'getBatch'; outcomes: Outcome[]; pauseAfter: number | null; pauseOutcomes: Outcome[]; leave: number }
   /** pause(): acknowledge, settle what is held (aborted unless scripted otherwise), leaving `leave` groups out to hit the timeout. */
   | { op: 'pause'; outcomes: Outcome[]; leave: number }
-  | { op: 'resume'; k: number }
-  /** The trainer's weight update: pause (as above), then resume with model step + k. */
-  | { op: 'weightUpdate'; outcomes: Outcome[]; leave: number; k: number }
+  /** resume() with model step + k; then, when `thenBatch` is set, getBatch(next step) that many microtasks later (callbacks not flushed). */
+  | { op: 'resume'; k: number; thenBatch?: number }
+  /** The trainer's weight update: pause (as above), then resume as above. */
+  | { op: 'weightUpdate'; outcomes: Outcome[]; leave: number; k: number; thenBatch?: number }
   /** snapshot → checkpoint bytes → fresh Producer + pool + samplers → restore → start. */
   | { op: 'restart' };
 
@@ -88,6 +93,9 @@ const abortArb: fc.Arbitrary<Outcome> = fc.oneof(
 
 const leaveArb = fc.oneof({ weight: 12, arbitrary: fc.constant(0) }, { weight: 1, arbitrary: fc.integer({ min: 1, max: 2 }) });
 
+/** Microtasks between a resume and the trainer's next getBatch; absent: no getBatch in that op. */
+const thenBatchArb = fc.option(fc.integer({ min: 0, max: 8 }), { nil: undefined });
+
 const opArb: fc.Arbitrary<Op> = fc.oneof(
   { weight: 3, arbitrary: fc.record({ op: fc.constant('settle' as const), picks: fc.array(fc.nat(7), { minLength: 1, maxLength: 6 }), outcomes: outcomesArb(4) }) },
   {
@@ -100,9 +108,12 @@ const opArb: fc.Arbitrary<Op> = fc.oneof(
       leave: leaveArb,
     }),
   },
-  { weight: 3, arbitrary: fc.record({ op: fc.constant('weightUpdate' as const), outcomes: fc.array(abortArb, { maxLength: 4 }), leave: leaveArb, k: fc.integer({ min: 0, max: 2 }) }) },
+  {
+    weight: 3,
+    arbitrary: fc.record({ op: fc.constant('weightUpdate' as const), outcomes: fc.array(abortArb, { maxLength: 4 }), leave: leaveArb, k: fc.integer({ min: 0, max: 2 }), thenBatch: thenBatchArb }),
+  },
   { weight: 1, arbitrary: fc.record({ op: fc.constant('pause' as const), outcomes: fc.array(abortArb, { maxLength: 4 }), leave: leaveArb }) },
-  { weight: 1, arbitrary: fc.record({ op: fc.constant('resume' as const), k: fc.integer({ min: 0, max: 2 }) }) },
+  { weight: 1, arbitrary: fc.record({ op: fc.constant('resume' as const), k: fc.integer({ min: 0, max: 2 }), thenBatch: thenBatchArb }) },
   { weight: 1, arbitrary: fc.constant<Op>({ op: 'restart' }) },
 );
 
@@ -252,12 +263,10 @@ class Run {
         break;
       case 'weightUpdate':
         await this.pause(op.outcomes, op.leave);
-        this.producer.resume(this.producer.modelStep + op.k);
-        this.trace.push(`  resumed at model step ${this.producer.modelStep}`);
+        await this.resume(op.k, op.thenBatch);
         break;
       case 'resume':
-        this.producer.resume(this.producer.modelStep + op.k);
-        this.trace.push(`  resumed at model step ${this.producer.modelStep}`);
+        await this.resume(op.k, op.thenBatch);
         break;
       case 'restart': {
         const snapshot = this.producer.snapshot();
@@ -284,6 +293,20 @@ class Run {
     if (report.stillInFlight !== this.pool.heldCount) {
       this.problems.push(`pause() reported ${report.stillInFlight} groups still in flight, the pool holds ${this.pool.heldCount}`);
     }
+  }
+
+  /**
+   * resume() with model step + k, then (when `thenBatch` is set) getBatch `thenBatch` microtasks later:
+   * the background loop woken by the resume has not finished its round yet, as with a real trainer
+   * (regression: a getBatch in that window hung with maxStaleness 0).
+   */
+  async resume(k: number, thenBatch: number | undefined): Promise<void> {
+    this.producer.resume(this.producer.modelStep + k);
+    this.trace.push(`  resumed at model step ${this.producer.modelStep}`);
+    if (thenBatch === undefined) return;
+    for (let i = 0; i < thenBatch; i++) await Promise.resolve();
+    this.trace.push(`  getBatch ${thenBatch} microtasks after the resume`);
+    await this.getBatch({ op: 'getBatch', outcomes: [], pauseAfter: null, pauseOutcomes: [], leave: 0 });
   }
 
   async getBatch(op: Extract<Op, { op: 'getBatch' }>): Promise<void> {
@@ -542,7 +565,30 @@ const tokenMaskNotDropped: [Setup, Op[]] = [
   [getBatchOp, { op: 'weightUpdate', outcomes: [], leave: 0, k: 2 }, { op: 'settle', picks: [0, 0, 0, 0], outcomes: [] }, getBatchOp],
 ];
 
+/**
+ * The standard trainer loop with maxStaleness 0: getBatch(1), a weight update that finds nothing in
+ * flight, resume(1), getBatch(2) at once. The resume wakes the background loop, which reads future
+ * step 1 and runs a round for it (met at once: 2 consumed ≥ target 2); getBatch(2) pulls the future
+ * step to 2 before that round ends; the round then advanced it from 2 to 3 instead of from 1 to 2. Step
+ * 3 is too stale for model step 1, so the loop parked there without ever setting targets for step 2,
+ * and getBatch(2) waited with nothing in flight. How many microtasks the window is depends on the
+ * loop's code, so the example tries every delay from 0 to 8.
+ */
+const resumeThenBatch = (ticks: number): [Setup, Op[]] => [
+  asyncBase,
+  [
+    getBatchOp,
+    { op: 'weightUpdate', outcomes: [], leave: 0, k: 1, thenBatch: ticks },
+    { op: 'weightUpdate', outcomes: [], leave: 0, k: 1, thenBatch: ticks },
+    { op: 'resume', k: 1, thenBatch: ticks },
+  ],
+];
+
 describe('producer bookkeeping under random operations', () => {
+  it('async production with maxStaleness 0 produces the next batch after a pause and resume (regression: getBatch hung with the future step past the consumer)', async () => {
+    for (let ticks = 0; ticks <= 8; ticks++) await runOps(...resumeThenBatch(ticks));
+  });
+
   it('keeps producing for a task whose completed groups expire while the background round waits on another task', async () => {
     await runOps(...lostWakeUp);
   });

@@ -952,10 +952,23 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
     assert.deepEqual([p.nextConsumerStep, p.producerFutureStep], [3, 3]);
     p.finishConsume(3); // consumer 3 + 1
     assert.deepEqual([p.nextConsumerStep, p.producerFutureStep], [4, 3]);
-    p.advanceFutureStep();
-    p.advanceFutureStep(); // producer 3 → 5
+    p.advanceFutureStep(3);
+    p.advanceFutureStep(4); // producer 3 → 5
     p.beginConsume(4); // producer 5 ≥ 4 stays
     assert.deepEqual([p.nextConsumerStep, p.producerFutureStep], [4, 5]);
+  });
+
+  it('advances the producer only from the step whose targets were met: a consumer that pulled it forward meanwhile is not skipped (advanceFutureStep)', () => {
+    const p = new ProduceProgress(twoTasks, 8);
+    p.advanceFutureStep(1); // round for step 1 met: 1 → 2
+    assert.equal(p.producerFutureStep, 2);
+    p.beginConsume(3); // getBatch(3) during the round for step 2: producer 2 → 3
+    p.advanceFutureStep(2); // that round ends: step 3 is not produced yet, the producer stays
+    assert.equal(p.producerFutureStep, 3);
+    p.advanceFutureStep(2); // and again: idempotent
+    assert.equal(p.producerFutureStep, 3);
+    p.advanceFutureStep(3);
+    assert.equal(p.producerFutureStep, 4);
   });
 
   it('counts consumed groups cumulatively without touching the targets (4+4 then 4+3 → 8/7)', () => {

@@ -238,6 +238,31 @@ describe('weight updates with partial rollouts, against the mock server over HTT
     for (const g of third.groups) for (const r of g.rollouts) assert.equal(rolloutStaleness(r, 2), 0);
   });
 
+  it('async production with maxStaleness 0 produces the next batch after a pause and resume (regression: getBatch hung with the future step past the consumer)', async () => {
+    // The trainer loop with the defaults (maxStaleness 0, syncWeightsInterval 1): each pause finds
+    // nothing in flight, and the getBatch right after the resume used to land while the background
+    // loop was still in its round for the previous step, which then moved the future step past it.
+    const engine = createEngine(asyncConfig(mock, { producer: { strategy: 'async', partialRollout: true } }));
+    engines.push(engine);
+    await engine.start();
+    const stuck = new AbortController();
+    const { batches, pauses } = await Promise.race([
+      train(engine, mock, 4, 1),
+      // A safety net, not a wait: a hang fails here with the state it hung in, and the pause releases
+      // the getBatch it hung in (UPDATE_WEIGHT_AND_ABORT), so that close() in after() does not hang too.
+      new Promise<never>((_, reject) => {
+        const timer = setTimeout(async () => {
+          reject(new Error(`the trainer loop hung: ${JSON.stringify(await engine.stats())}`));
+          await engine.pauseForWeightUpdate();
+        }, 30_000);
+        stuck.signal.addEventListener('abort', () => clearTimeout(timer));
+      }),
+    ]).finally(() => stuck.abort());
+    assert.deepEqual(batches.map((b) => b.trainStep), [1, 2, 3, 4]);
+    assert.equal(pauses.length, 4, 'no EXPIRED_BATCH: each step is produced with the weights of the step before');
+    for (const batch of batches) for (const g of batch.groups) for (const r of g.rollouts) assert.equal(rolloutStaleness(r, batch.trainStep), 0);
+  });
+
   it('answers a getBatch during a pause with UPDATE_WEIGHT_AND_ABORT and rejects a resume to older weights', async () => {
     const engine = createEngine(asyncConfig(mock));
     engines.push(engine);

@@ -580,8 +580,11 @@ export class Producer implements ProduceContext {
       }
       if (statuses.includes('UPDATE_WEIGHT_AND_ABORT')) continue;
       if (statuses.includes('EXPIRED_BATCH')) continue; // re-checked at the top of the loop
+      // The round measured `future` only. A getBatch that pulled the future step forward during it
+      // (beginConsume) left a step whose targets are not set yet: start over from the top for that one.
+      if (this.progress.producerFutureStep !== future) continue;
       // This step's targets are met: run ahead one step while the weights are fresh enough for it.
-      if (!this.#async.isModelExpired(future + 1, this.servingModelStep)) this.progress.advanceFutureStep();
+      if (!this.#async.isModelExpired(future + 1, this.servingModelStep)) this.progress.advanceFutureStep(future);
       else await this.#changed.wait();
     }
   }

@@ -88,8 +88,15 @@ export class ProduceProgress implements ProgressState {
     this.nextConsumerStep = trainStep + 1;
   }
 
-  advanceFutureStep(): void {
-    this.producerFutureStep++;
+  /**
+   * The targets of `metStep` are met: produce for the step after it. A no-op when the future step is no
+   * longer `metStep`: the consumer pulled it forward (beginConsume) while that round ran, and the step it
+   * pulled it to has not been produced for yet. Moving on from there would skip the consumer's step
+   * (regression: with maxStaleness 0 the producer then parked on a step too stale to produce for,
+   * the targets never covering the step getBatch waited on).
+   */
+  advanceFutureStep(metStep: number): void {
+    if (this.producerFutureStep === metStep) this.producerFutureStep = metStep + 1;
   }
 
   addRewards(task: string, sum: number, count: number): void {
