@@ -1,4 +1,6 @@
 import assert from 'node:assert/strict';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -165,5 +167,38 @@ describe('the worker watchdog', () => {
       await e.close();
       await mock.close();
     }
+  });
+});
+
+describe('sampling seeds across dataset epochs', () => {
+  it('samples a prompt drawn again in a later epoch with a new seed, keeping its environment seed (regression: every epoch resent the same sampling seeds)', async (t) => {
+    const seeds: number[] = [];
+    const server = createServer((req, res) => {
+      let body = '';
+      req.on('data', (c) => (body += c));
+      req.on('end', () => {
+        res.writeHead(200, { 'content-type': 'application/json' });
+        if (req.method === 'GET') return void res.end('{"data":[{"id":"m"}]}');
+        seeds.push((JSON.parse(body) as { seed: number }).seed);
+        res.end(JSON.stringify({ choices: [{ message: { content: '4' }, finish_reason: 'stop' }] }));
+      });
+    });
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    t.after(() => new Promise<void>((r) => server.close(() => r())));
+    const e = createEngine({
+      logLevel: 'silent',
+      batchSize: 2,
+      workers: { threads: 1 },
+      llm: { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, model: 'm', returnTokenIds: false, logprobs: false },
+      tasks: [{ name: 'one', env: { module: 'builtin:arithmetic' }, dataset: datasetOf(['add']), groupSize: 1, maxSteps: 1 }],
+    });
+    t.after(() => e.close());
+    await e.start();
+    const batch = await e.getBatch();
+    const [first, second] = batch.groups.map((g) => g.sample);
+    assert.equal(first.promptIndex, second.promptIndex, 'the one dataset line, drawn twice');
+    assert.equal(first.seed, second.seed, 'the same task for the environment');
+    assert.equal(seeds.length, 2);
+    assert.notEqual(seeds[0], seeds[1], 'sampled anew');
   });
 });

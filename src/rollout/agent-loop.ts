@@ -511,9 +511,15 @@ function lastStep(rollout: RolloutState): number {
   return rollout.turns.at(-1)?.step ?? 0;
 }
 
-/** A seed per (prompt, rollout, step, agent): a continuation samples with the seed of the turn it continues. */
+/**
+ * A seed per (draw, rollout, step, agent): a continuation samples with the seed of the turn it
+ * continues, and a prompt drawn again in a later epoch samples anew — its environment seed is the
+ * same (the same task), but with unchanged weights the same sampling seed would give the very same
+ * completions (regression: every epoch resent them).
+ */
 function turnSeed(rollout: RolloutState, step: number, agentId: string | null): number {
   let h = Math.imul(rollout.sample.seed ^ 0x9e3779b9, 0x85ebca6b) ^ Math.imul(rollout.index + 1, 0xc2b2ae35) ^ Math.imul(step, 0x27d4eb2f);
+  h = Math.imul(h ^ rollout.sample.drawIndex, 0x165667b1);
   if (agentId !== null) for (let i = 0; i < agentId.length; i++) h = Math.imul(h ^ agentId.charCodeAt(i), 0x01000193);
   h ^= h >>> 15;
   h = Math.imul(h, 0x2c1b3c6d);
