@@ -8,6 +8,7 @@ import { describeError } from '../protocol/errors.ts';
 import type { Status } from '../protocol/rollout.ts';
 import { intFlag, UsageError } from './args.ts';
 import { ProgressLine } from './progress.ts';
+import { lockRunDir, newRunDir } from './run-dir.ts';
 import { CONFIG_FLAGS, configFromFlags } from './config-flags.ts';
 
 export const RUN_HELP = `Usage: rollout run [options]
@@ -28,7 +29,9 @@ Options:
   --threads <n>        worker threads (overrides workers.threads)
   --seed <n>           run seed (overrides seed)
   --strategy <s>       sync | async (overrides producer.strategy)
-  --run-dir <dir>      where to write batches.jsonl, summary.json, steps/ and engine.ckpt (default runs/<timestamp>)
+  --run-dir <dir>      where to write batches.jsonl, summary.json, steps/ and engine.ckpt (default
+                       runs/<timestamp>-<random>, a new dir); locked for the life of the process: a second
+                       process on the same dir is refused
   --resume             continue the run in --run-dir after its last written batch (after a crash or a stop)
   --out <file>         batches file (default <run-dir>/batches.jsonl)
   --compact            turns that begin a later turn's conversation name it instead of repeating it
@@ -61,7 +64,11 @@ export async function runCommand(argv: string[]): Promise<number> {
   if (process.stderr.isTTY && process.env.LOG_LEVEL === undefined && config.logLevel === undefined) config.logLevel = 'warn';
 
   if (values.resume && values['run-dir'] === undefined && typeof config.runDir !== 'string') throw new UsageError('--resume needs --run-dir (the directory of the run to continue)');
-  const runDir = resolve(values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : join('runs', timestamp())));
+  const named = values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : null);
+  const runDir = named === null ? newRunDir(resolve('runs')) : resolve(named);
+  // Held until this process exits, taken before anything in the dir is read or cut: a second run, or a
+  // second --resume of this one, is refused here instead of writing the same run (run-dir.ts).
+  await lockRunDir(runDir);
   config.runDir = runDir; // step records go to <runDir>/steps/, the per-batch checkpoint to <runDir>/engine.ckpt
   if (values.resume) config.resume = true;
   const checkpointPath = join(runDir, 'engine.ckpt');
@@ -237,8 +244,4 @@ function writtenSteps(path: string, batchSize: number): { first: number; last: n
   }
   if (complete.end < text.length) truncateSync(path, Buffer.byteLength(text.slice(0, complete.end)));
   return { first, last: complete.step };
-}
-
-function timestamp(): string {
-  return new Date().toISOString().replace(/[-:]/g, '').replace(/\..*$/, '').replace('T', '-');
 }

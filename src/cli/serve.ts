@@ -4,6 +4,7 @@ import { parseArgs } from 'node:util';
 import { createEngine } from '../index.ts';
 import { untilSignal, portFlag, UsageError } from './args.ts';
 import { CONFIG_FLAGS, configFromFlags } from './config-flags.ts';
+import { lockRunDir, newRunDir } from './run-dir.ts';
 
 export const SERVE_HELP = `Usage: rollout serve [options]
 
@@ -24,7 +25,8 @@ Options:
   --seed <n>           run seed (overrides seed)
   --strategy <s>       sync | async (overrides producer.strategy)
   --run-dir <dir>      step records go to <dir>/steps, the checkpoint to <dir>/engine.ckpt
-                       (default runs/serve-<timestamp>)
+                       (default runs/serve-<timestamp>-<random>, a new dir); locked for the life of
+                       the process: a second process on the same dir is refused
   --resume             continue the run in --run-dir from its engine.ckpt (a restart after a crash or a
                        stop); without one it starts the run. A run dir holding a checkpoint is refused
                        without --resume
@@ -46,7 +48,11 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const port = portFlag(values.port) ?? 8100;
   const { config, configPath } = configFromFlags(values);
   if (values.resume && values['run-dir'] === undefined && typeof config.runDir !== 'string') throw new UsageError('--resume needs --run-dir (the directory of the run to continue)');
-  const runDir = resolve(values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : join('runs', `serve-${Date.now()}`)));
+  const named = values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : null);
+  const runDir = named === null ? newRunDir(resolve('runs'), 'serve-') : resolve(named);
+  // Held until this process exits, taken before the checkpoint is looked at: a supervisor restarting
+  // serve while the old process is still stopping is refused instead of running one run twice.
+  await lockRunDir(runDir);
   config.runDir = runDir;
   const checkpointPath = join(runDir, 'engine.ckpt');
   // As `rollout run`: the run dir's checkpoint is the resume point of a run whose batches a trainer has
