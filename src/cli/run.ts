@@ -1,4 +1,4 @@
-import { existsSync, mkdirSync, readFileSync, statSync, truncateSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { createEngine, type Batch } from '../index.ts';
@@ -8,6 +8,8 @@ import { describeError } from '../protocol/errors.ts';
 import type { Status } from '../protocol/rollout.ts';
 import { intFlag, UsageError } from './args.ts';
 import { ProgressLine } from './progress.ts';
+import { lockRunDir, newRunDir } from './run-dir.ts';
+import { writtenSteps } from './written-steps.ts';
 import { CONFIG_FLAGS, configFromFlags } from './config-flags.ts';
 
 export const RUN_HELP = `Usage: rollout run [options]
@@ -28,7 +30,9 @@ Options:
   --threads <n>        worker threads (overrides workers.threads)
   --seed <n>           run seed (overrides seed)
   --strategy <s>       sync | async (overrides producer.strategy)
-  --run-dir <dir>      where to write batches.jsonl, summary.json, steps/ and engine.ckpt (default runs/<timestamp>)
+  --run-dir <dir>      where to write batches.jsonl, summary.json, steps/ and engine.ckpt (default
+                       runs/<timestamp>-<random>, a new dir); locked for the life of the process: a second
+                       process on the same dir is refused
   --resume             continue the run in --run-dir after its last written batch (after a crash or a stop)
   --out <file>         batches file (default <run-dir>/batches.jsonl)
   --compact            turns that begin a later turn's conversation name it instead of repeating it
@@ -61,7 +65,11 @@ export async function runCommand(argv: string[]): Promise<number> {
   if (process.stderr.isTTY && process.env.LOG_LEVEL === undefined && config.logLevel === undefined) config.logLevel = 'warn';
 
   if (values.resume && values['run-dir'] === undefined && typeof config.runDir !== 'string') throw new UsageError('--resume needs --run-dir (the directory of the run to continue)');
-  const runDir = resolve(values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : join('runs', timestamp())));
+  const named = values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : null);
+  const runDir = named === null ? newRunDir(resolve('runs')) : resolve(named);
+  // Held until this process exits, taken before anything in the dir is read or cut: a second run, or a
+  // second --resume of this one, is refused here instead of writing the same run (run-dir.ts).
+  await lockRunDir(runDir);
   config.runDir = runDir; // step records go to <runDir>/steps/, the per-batch checkpoint to <runDir>/engine.ckpt
   if (values.resume) config.resume = true;
   const checkpointPath = join(runDir, 'engine.ckpt');
@@ -77,7 +85,7 @@ export async function runCommand(argv: string[]): Promise<number> {
   }
   const engine = createEngine(config, { baseDir: configPath === undefined ? process.cwd() : dirname(configPath) });
   // Resuming: the batches file is the trainer's record of what it received; continue after its last step.
-  const written = values.resume ? writtenSteps(batchesPath, engine.config.batchSize) : { first: 0, last: 0 };
+  const written = values.resume ? await writtenSteps(batchesPath, engine.config.batchSize) : { first: 0, last: 0 };
   const writer = new BatchFileWriter(batchesPath, { compact: values.compact ?? false });
   // SIGINT / SIGTERM: stop taking batches, let groups in flight come back, checkpoint, exit 0.
   let stopping = false;
@@ -207,38 +215,4 @@ function formatSummary(s: RunSummary): string {
     `  time        ${s.seconds.toFixed(2)} s, ${s.stepsPerSecond.toFixed(1)} steps/s`,
     ...(s.error === null ? [] : [`  failed      ${s.error}`]),
   ].join('\n');
-}
-
-/**
- * The first train step in a batches file and the last one fully written (`batchSize` lines); 0 when
- * there is none. A crash can leave a batch cut short — a line, or whole lines of its step — so the file
- * is cut back to its last complete step and the step after it is taken (the engine delivers that batch
- * again).
- */
-function writtenSteps(path: string, batchSize: number): { first: number; last: number } {
-  if (!existsSync(path)) return { first: 0, last: 0 };
-  const text = readFileSync(path, 'utf8');
-  let complete = { step: 0, end: 0 }; // the last complete step and where its last line ends
-  let current = { step: 0, lines: 0 };
-  let first = 0;
-  let line = 0;
-  for (let start = 0, nl = text.indexOf('\n'); nl >= 0; start = nl + 1, nl = text.indexOf('\n', start)) {
-    line++;
-    let step: unknown;
-    try {
-      step = (JSON.parse(text.slice(start, nl)) as { trainStep?: unknown } | null)?.trainStep;
-    } catch (err) {
-      throw new UsageError(`--resume: ${path} line ${line} is not JSON (${(err as Error).message}); the file is the record of what was handed out, so it is left as it is`);
-    }
-    if (typeof step !== 'number') continue;
-    if (first === 0) first = step;
-    current = step === current.step ? { step, lines: current.lines + 1 } : { step, lines: 1 };
-    if (current.lines === batchSize) complete = { step, end: nl + 1 };
-  }
-  if (complete.end < text.length) truncateSync(path, Buffer.byteLength(text.slice(0, complete.end)));
-  return { first, last: complete.step };
-}
-
-function timestamp(): string {
-  return new Date().toISOString().replace(/[-:]/g, '').replace(/\..*$/, '').replace('T', '-');
 }

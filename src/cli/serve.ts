@@ -1,8 +1,10 @@
+import { existsSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { createEngine } from '../index.ts';
-import { untilSignal, portFlag } from './args.ts';
+import { untilSignal, portFlag, UsageError } from './args.ts';
 import { CONFIG_FLAGS, configFromFlags } from './config-flags.ts';
+import { lockRunDir, newRunDir } from './run-dir.ts';
 
 export const SERVE_HELP = `Usage: rollout serve [options]
 
@@ -22,7 +24,12 @@ Options:
   --threads <n>        worker threads (overrides workers.threads)
   --seed <n>           run seed (overrides seed)
   --strategy <s>       sync | async (overrides producer.strategy)
-  --run-dir <dir>      step records go to <dir>/steps (default runs/serve-<timestamp>)
+  --run-dir <dir>      step records go to <dir>/steps, the checkpoint to <dir>/engine.ckpt
+                       (default runs/serve-<timestamp>-<random>, a new dir); locked for the life of
+                       the process: a second process on the same dir is refused
+  --resume             continue the run in --run-dir from its engine.ckpt (a restart after a crash or a
+                       stop); without one it starts the run. A run dir holding a checkpoint is refused
+                       without --resume
   --host <addr>        address to bind (default 127.0.0.1: loopback only)
   --port <n>           port (default 8100; 0 = any free port)
   --token <t>          require "Authorization: Bearer <t>" (default: $ROLLOUT_TOKEN, else none)
@@ -31,7 +38,7 @@ Options:
 export async function serveCommand(argv: string[]): Promise<number> {
   const { values } = parseArgs({
     args: argv,
-    options: { ...CONFIG_FLAGS, 'run-dir': { type: 'string' }, host: { type: 'string' }, port: { type: 'string' }, token: { type: 'string' }, help: { type: 'boolean', short: 'h' } },
+    options: { ...CONFIG_FLAGS, 'run-dir': { type: 'string' }, resume: { type: 'boolean' }, host: { type: 'string' }, port: { type: 'string' }, token: { type: 'string' }, help: { type: 'boolean', short: 'h' } },
     strict: true,
   });
   if (values.help) {
@@ -40,7 +47,24 @@ export async function serveCommand(argv: string[]): Promise<number> {
   }
   const port = portFlag(values.port) ?? 8100;
   const { config, configPath } = configFromFlags(values);
-  config.runDir = resolve(values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : join('runs', `serve-${Date.now()}`)));
+  if (values.resume && values['run-dir'] === undefined && typeof config.runDir !== 'string') throw new UsageError('--resume needs --run-dir (the directory of the run to continue)');
+  const named = values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : null);
+  const runDir = named === null ? newRunDir(resolve('runs'), 'serve-') : resolve(named);
+  // Held until this process exits, taken before the checkpoint is looked at: a supervisor restarting
+  // serve while the old process is still stopping is refused instead of running one run twice.
+  await lockRunDir(runDir);
+  config.runDir = runDir;
+  const checkpointPath = join(runDir, 'engine.ckpt');
+  // As `rollout run`: the run dir's checkpoint is the resume point of a run whose batches a trainer has
+  // trained on. Starting over at step 1 would hand out those group ids again, and the first batch's
+  // checkpoint would overwrite the real resume point — so it is continued when asked, refused if not.
+  if (existsSync(checkpointPath)) {
+    if (!values.resume) throw new UsageError(`${checkpointPath} already holds a run's checkpoint: pass --resume to continue that run, or choose another --run-dir`);
+    // The run's own checkpoint, whatever checkpointEachBatch says (a signal stop writes one too), and
+    // not the checkpoint the run may have started from (a config's resumeFrom).
+    config.resumeFrom = checkpointPath;
+  }
+  if (values.resume) config.resume = true;
   const engine = createEngine(config, { baseDir: configPath === undefined ? process.cwd() : dirname(configPath) });
   try {
     await engine.start();
@@ -50,7 +74,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     await untilSignal();
     // Graceful stop: groups in flight come home, then the state is saved for --resume-style restarts.
     await engine.pauseForWeightUpdate();
-    await engine.checkpoint(join(config.runDir as string, 'engine.ckpt'));
+    await engine.checkpoint(checkpointPath);
   } finally {
     await engine.close();
   }

@@ -4,7 +4,7 @@
  * form, written atomically — write a temporary file, fsync it, rename it over the target, fsync the
  * directory — so a crash leaves either the old checkpoint or the new one, never a torn file.
  */
-import { closeSync, fsyncSync, openSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs';
+import { closeSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { ResolvedConfig } from '../config.ts';
 import { decodeCheckpoint, encodeCheckpoint } from '../protocol/codec.ts';
@@ -51,6 +51,9 @@ export function writeCheckpoint(path: string, config: ResolvedConfig, snapshot: 
   const bytes = encodeCheckpoint({ v: CHECKPOINT_VERSION, writtenAt: new Date().toISOString(), fingerprint: configFingerprint(config), producer });
   const tmp = `${path}.tmp-${process.pid}`;
   try {
+    // A path under a directory not made yet (a trainer's first `runs/<name>/engine.ckpt`) is what the
+    // caller asked for, not a mistake: make it, as the batches file and step records do.
+    mkdirSync(dirname(path), { recursive: true });
     const fd = openSync(tmp, 'w');
     try {
       let off = 0;
