@@ -228,6 +228,13 @@ const ProducerSpec = z.strictObject({
   tailBatchTriggerSize: z.number().int().min(-1).default(0),
   /** Group validity filter: `drop-equal-rewards` marks groups whose rewards are all equal FILTERED (no GRPO signal). */
   filter: z.enum(['none', 'drop-equal-rewards']).default('none'),
+  /**
+   * Train steps one `getBatch(t)` may skip past the consumer's next step (`nextTrainStep`): t beyond
+   * `nextTrainStep + maxSkippedSteps` is refused (ERR_TRAIN_STEP). Steps only go forward, so without
+   * a bound one mistaken or hostile step (2^31 − 1) would refuse every real step for good, checkpoint
+   * and restart included.
+   */
+  maxSkippedSteps: nonNegativeInt.max(1_000_000).default(100),
   /** Order COMPLETED groups are taken in: insertion (`fifo`) or stalest first, then oldest. */
   takeOrder: z.enum(['fifo', 'stalest']).default('fifo'),
   /**

@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { request } from 'undici';
 import { createEngine, type ControlServer, type Engine } from '../src/index.ts';
+import { readCheckpoint } from '../src/coordinator/checkpoint.ts';
 import { decodeFromPeer } from '../src/protocol/codec.ts';
 
 const TOKEN = 'sesame-open-please';
@@ -87,7 +88,7 @@ describe('train steps only go forward', () => {
   let engine: Engine;
   let server: ControlServer;
   before(async () => {
-    engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, producer: { strategy: 'async', maxStaleness: 100 } });
+    engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, producer: { strategy: 'async', maxStaleness: 100, maxSkippedSteps: 1000 } });
     await engine.start();
     server = await engine.listen({ port: 0, token: TOKEN });
   });
@@ -123,6 +124,31 @@ describe('train steps only go forward', () => {
     await call(server, 'POST', '/resume', { body: JSON.stringify({ modelStep: 299 }) });
     const taken = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: 300 }) });
     assert.deepEqual([taken.body.trainStep, taken.body.status], [300, 'NORMAL']);
+  });
+});
+
+describe('train steps move a bounded distance ahead', () => {
+  let engine: Engine;
+  let server: ControlServer;
+  let runDir: string;
+  before(async () => {
+    runDir = mkdtempSync(join(tmpdir(), 'rollout-api-'));
+    engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, runDir, producer: { maxSkippedSteps: 5 } });
+    await engine.start();
+    server = await engine.listen({ port: 0, token: TOKEN });
+  });
+  after(() => engine.close());
+
+  it('refuses a train step of 2^31 − 1 with 409 naming producer.maxSkippedSteps, so real steps go on (regression: it was checkpointed and every real step got 409, restart included)', async () => {
+    const take = (trainStep: number) => call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep }) });
+    assert.equal((await take(1)).body.status, 'NORMAL');
+    const far = await take(2147483647);
+    assert.deepEqual([far.status, far.body.error.code], [409, 'ERR_TRAIN_STEP']);
+    assert.equal(far.body.error.message, 'train step 2147483647 is too far ahead of the consumer, which is at step 2: at most producer.maxSkippedSteps (5) steps may be skipped, so the step must be at most 7');
+    await assert.rejects(engine.getBatch(8), { code: 'ERR_TRAIN_STEP' }, 'the library refuses it too');
+    assert.equal((await call(server, 'GET', '/status')).body.nextTrainStep, 2, 'the consumer did not move');
+    assert.equal(readCheckpoint(join(runDir, 'engine.ckpt'), engine.config).progress.nextConsumerStep, 2, 'the checkpoint does not carry it');
+    assert.deepEqual([(await take(2)).body.status, (await take(7)).body.status], ['NORMAL', 'NORMAL'], 'the next step, and one skipping the most allowed, are taken');
   });
 });
 

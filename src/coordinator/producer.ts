@@ -408,6 +408,12 @@ export class Producer implements ProduceContext {
       const last = this.#lastBatch === null ? '' : `; the last batch handed out, step ${this.#lastBatch.trainStep}, is delivered again when asked for`;
       throw new RolloutEngineError('ERR_TRAIN_STEP', `train step ${trainStep} is behind the consumer, which is at step ${next}: steps only go forward${last}`);
     }
+    // Checked before the consumer moves: a step far ahead would otherwise become the consumer's step,
+    // and every real step after it (and after a restart from the checkpoint) be behind.
+    const { maxSkippedSteps } = this.#config.producer;
+    if (trainStep - next > maxSkippedSteps) {
+      throw new RolloutEngineError('ERR_TRAIN_STEP', `train step ${trainStep} is too far ahead of the consumer, which is at step ${next}: at most producer.maxSkippedSteps (${maxSkippedSteps}) steps may be skipped, so the step must be at most ${next + maxSkippedSteps}`);
+    }
     const empty = (status: 'UPDATE_WEIGHT_AND_ABORT' | 'EXPIRED_BATCH'): Batch => ({ trainStep, status, groups: [], stats: null });
     if (this.#paused) return empty('UPDATE_WEIGHT_AND_ABORT');
     this.progress.beginConsume(trainStep);
