@@ -25,7 +25,7 @@ export class Engine {
 
   /** Serve the control API for trainers (see README "Control API"); closed with the engine. */
   async listen(options: ControlServerOptions = {}): Promise<ControlServer> {
-    const server = await startControlServer(this, this.#metrics, options);
+    const server = await startControlServer(this, this.#metrics, { checkpointDir: this.config.runDir, ...options });
     this.#servers.push(server);
     return server;
   }

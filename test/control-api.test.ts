@@ -1,12 +1,12 @@
 import assert from 'node:assert/strict';
-import { mkdtempSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, realpathSync, statSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { request } from 'undici';
 import { createEngine, type ControlServer, type Engine } from '../src/index.ts';
 import { readCheckpoint } from '../src/coordinator/checkpoint.ts';
-import { decodeFromPeer } from '../src/protocol/codec.ts';
+import { decodeFromPeer, encodeForPeer } from '../src/protocol/codec.ts';
 
 const TOKEN = 'sesame-open-please';
 
@@ -158,7 +158,7 @@ describe('control API', () => {
   before(async () => {
     engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, producer: { strategy: 'async', maxStaleness: 1 } });
     await engine.start();
-    server = await engine.listen({ port: 0, token: TOKEN, maxBodyBytes: 1024 });
+    server = await engine.listen({ port: 0, token: TOKEN, maxBodyBytes: 1024, checkpointDir: mkdtempSync(join(tmpdir(), 'rollout-api-')) });
   });
   after(() => engine.close());
 
@@ -248,8 +248,7 @@ describe('control API', () => {
   });
 
   it('writes a checkpoint, and answers unknown routes and methods with 404 and 405', async () => {
-    const path = join(mkdtempSync(join(tmpdir(), 'rollout-api-')), 'run.ckpt');
-    const res = await call(server, 'POST', '/checkpoint', { body: JSON.stringify({ path }) });
+    const res = await call(server, 'POST', '/checkpoint', { body: JSON.stringify({ path: 'run.ckpt' }) });
     assert.equal(res.status, 200);
     assert.ok(res.body.bytes > 0);
     assert.equal((await call(server, 'GET', '/nope')).body.error.code, 'ERR_NOT_FOUND');
@@ -282,5 +281,108 @@ describe('control API', () => {
     ]) {
       assert.ok(res.body.includes(name), `missing ${name}`);
     }
+  });
+});
+
+describe('control API security', () => {
+  let engine: Engine;
+  let open: ControlServer; // the default: no token
+  let runDir: string;
+  before(async () => {
+    runDir = mkdtempSync(join(tmpdir(), 'rollout-api-'));
+    engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, runDir });
+    await engine.start();
+    open = await engine.listen({ port: 0, allowHosts: ['rollout.internal'] });
+  });
+  after(() => engine.close());
+
+  const port = () => open.port;
+  const raw = async (server: ControlServer, method: string, path: string, headers: Record<string, string>, body?: string) => {
+    const res = await request(`${server.url}${path}`, { method: method as 'GET', headers, body });
+    const text = await res.body.text();
+    return { status: res.statusCode, code: text.startsWith('{') ? JSON.parse(text).error?.code : undefined, text };
+  };
+
+  it('refuses a checkpoint path outside the run dir, or not a .ckpt, with 400 naming the field (regression: POST /checkpoint overwrote any file the process could write)', async () => {
+    const outside = mkdtempSync(join(tmpdir(), 'rollout-outside-'));
+    symlinkSync(outside, join(runDir, 'link'));
+    for (const path of [join(outside, 'x.ckpt'), '../x.ckpt', 'steps/../../x.ckpt', 'link/x.ckpt', 'batches.jsonl', '.rollout.lock', '', 42]) {
+      const res = await call(open, 'POST', '/checkpoint', { body: JSON.stringify({ path }), token: null });
+      assert.deepEqual([res.status, res.body.error?.code], [400, 'ERR_BAD_BODY'], JSON.stringify(path));
+      assert.match(res.body.error.message, /^path /, JSON.stringify(path));
+    }
+    assert.deepEqual(readdirSync(outside), [], 'nothing written outside the run dir');
+    assert.equal(existsSync(join(runDir, 'batches.jsonl')), false);
+    const ok = await call(open, 'POST', '/checkpoint', { body: JSON.stringify({ path: 'manual/one.ckpt' }), token: null });
+    assert.deepEqual([ok.status, ok.body.path], [200, join(realpathSync(runDir), 'manual', 'one.ckpt')]);
+    assert.ok(statSync(ok.body.path).size > 0);
+  });
+
+  it('refuses every checkpoint path when the server has no run dir to keep them in', async () => {
+    const bare = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 } });
+    await bare.start();
+    try {
+      const server = await bare.listen({ port: 0 });
+      const res = await call(server, 'POST', '/checkpoint', { body: JSON.stringify({ path: 'x.ckpt' }), token: null });
+      assert.deepEqual([res.status, res.body.error.code], [400, 'ERR_BAD_BODY']);
+      assert.match(res.body.error.message, /^path "x\.ckpt" cannot be written: this server has no run dir/);
+    } finally {
+      await bare.close();
+    }
+  });
+
+  it('refuses text/plain, form and untyped bodies with 415 and acts on none (regression: a cross-site simple request body was parsed as JSON)', async () => {
+    const taken = (await engine.stats()).groups.taken;
+    for (const type of ['text/plain', 'text/plain;charset=UTF-8', 'application/x-www-form-urlencoded', 'multipart/form-data; boundary=x']) {
+      for (const [path, body] of [['/pause', '{}'], ['/batch', '{"trainStep": 1}'], ['/checkpoint', '{"path": "cross.ckpt"}']] as const) {
+        const res = await raw(open, 'POST', path, { 'content-type': type }, body);
+        assert.deepEqual([res.status, res.code], [415, 'ERR_UNSUPPORTED_MEDIA_TYPE'], `${type} ${path}: ${res.text}`);
+      }
+    }
+    const untyped = await raw(open, 'POST', '/batch', {}, '{"trainStep": 1}');
+    assert.deepEqual([untyped.status, untyped.code], [415, 'ERR_UNSUPPORTED_MEDIA_TYPE'], untyped.text);
+    assert.equal((await engine.stats()).paused, false);
+    assert.equal((await engine.stats()).groups.taken, taken);
+    assert.equal(existsSync(join(runDir, 'cross.ckpt')), false);
+    const packed = await raw(open, 'POST', '/checkpoint', { 'content-type': 'application/x-msgpack' }, undefined);
+    assert.equal(packed.status, 400, 'an empty body with a msgpack type is read (and lacks its path)');
+    const x = await request(`${open.url}/checkpoint`, { method: 'POST', headers: { 'content-type': 'application/x-msgpack' }, body: Buffer.from(encodeForPeer({ path: 'packed.ckpt' })) });
+    assert.equal(x.statusCode, 200, await x.body.text());
+    const bodiless = await raw(open, 'GET', '/status', {});
+    assert.equal(bodiless.status, 200, 'a request without a body needs no content type');
+  });
+
+  it('refuses a Host that is not loopback, the bound host or an allowed one with 403 (regression: a DNS-rebound page reached the API)', async () => {
+    for (const host of [`attacker.example:${port()}`, 'attacker.example', `127.0.0.1.attacker.example:${port()}`, `localhost@attacker.example`, '']) {
+      for (const path of ['/health', '/status']) {
+        const res = await raw(open, 'GET', path, { host });
+        assert.deepEqual([res.status, res.code], [403, 'ERR_FORBIDDEN_HOST'], `${host} ${path}: ${res.text}`);
+      }
+    }
+    for (const host of [`localhost:${port()}`, `127.0.0.1:${port()}`, `[::1]:${port()}`, 'LOCALHOST:9000', `rollout.internal:${port()}`, 'rollout.internal']) {
+      assert.equal((await raw(open, 'GET', '/status', { host })).status, 200, host);
+    }
+  });
+
+  it('refuses a request from a web page on another origin with 403, the same host on another port included (regression: a cross-site request drove the API with no token)', async () => {
+    const host = `localhost:${port()}`;
+    for (const origin of ['http://attacker.example', `http://attacker.example:${port()}`, 'http://localhost:3000', 'null', 'file://', 'chrome-extension://abc']) {
+      const res = await raw(open, 'POST', '/pause', { host, origin, 'content-type': 'application/json' }, '{}');
+      assert.deepEqual([res.status, res.code], [403, 'ERR_FORBIDDEN_ORIGIN'], `${origin}: ${res.text}`);
+    }
+    assert.equal((await engine.stats()).paused, false);
+    for (const origin of [`http://localhost:${port()}`, 'https://rollout.internal']) {
+      assert.equal((await raw(open, 'GET', '/status', { host, origin })).status, 200, origin);
+    }
+  });
+
+  it('answers a flood without the token with 401 and keeps the trainer under its rate (regression: unauthenticated requests pushed the trainer into 429s)', async () => {
+    const guarded = await engine.listen({ port: 0, token: TOKEN, rateLimitPerSecond: 2 });
+    const flood = await Promise.all(Array.from({ length: 40 }, (_, i) => call(guarded, 'GET', i % 2 === 0 ? '/status' : '/health', { token: i % 4 === 0 ? 'wrong' : null })));
+    assert.ok(flood.every((r) => r.status === 401 || (r.status === 200 && r.body.status === 'ok')), 'refused 401, or /health answered, never 429');
+    const trainer = [];
+    for (let i = 0; i < 4; i++) trainer.push((await call(guarded, 'GET', '/status')).status);
+    assert.deepEqual(trainer, [200, 200, 200, 200], 'a burst of twice the rate is the trainer\'s');
+    assert.equal((await call(guarded, 'GET', '/status')).status, 429, 'and its own requests still count');
   });
 });

@@ -438,7 +438,7 @@ describe('fuzz: msgpack from peers', () => {
 // ── control API bodies ─────────────────────────────────────────────────────────────────────────────
 
 /** Codes the control API documents; anything else (a 500, a code from fs or zod) is a finding. */
-const STABLE_CODES = new Set(['ERR_BAD_BODY', 'ERR_BODY_TOO_LARGE', 'ERR_ENGINE_STATE', 'ERR_INVALID_ARGUMENT', 'ERR_CHECKPOINT', 'ERR_RATE_LIMITED']);
+const STABLE_CODES = new Set(['ERR_BAD_BODY', 'ERR_BODY_TOO_LARGE', 'ERR_ENGINE_STATE', 'ERR_INVALID_ARGUMENT', 'ERR_CHECKPOINT', 'ERR_RATE_LIMITED', 'ERR_UNSUPPORTED_MEDIA_TYPE', 'ERR_TRAIN_STEP']);
 const ROUTES = ['/batch', '/resume', '/checkpoint'] as const;
 type Route = (typeof ROUTES)[number];
 
@@ -477,6 +477,7 @@ describe('fuzz: control API bodies against a running engine', () => {
       batchSize: 2,
       workers: { threads: 1, groupsPerWorker: 4 },
       tasks: [{ name: 'arith', env: { module: 'builtin:arithmetic' }, groupSize: 2, maxSteps: 1, maxTokens: 32 }],
+      runDir: dir, // where POST /checkpoint paths resolve
     });
     await engine.start();
     // The rate limit has its own tests; here it would only turn bodies into 429s.
@@ -528,10 +529,10 @@ describe('fuzz: control API bodies against a running engine', () => {
     fc.integer({ min: -5, max: 1_000_000 }).map(String),
     fc.jsonValue({ maxDepth: 1 }).map((v) => JSON.stringify(v)),
   );
-  // Absolute paths inside the scratch directory, names that are always writable; '' is refused.
+  // Checkpoint names in the run dir (the scratch directory), always writable; '' and absolute paths are refused.
   const safePath = fc.oneof(
-    fc.constantFrom('', join(dir, 'ck.bin')),
-    fc.string({ minLength: 1, maxLength: 12 }).map((name) => join(dir, `p-${name.replace(/[/\\\0.]/g, '_')}`)),
+    fc.constantFrom('', 'ck.ckpt', join(dir, 'ck.ckpt')),
+    fc.string({ minLength: 1, maxLength: 12 }).map((name) => `p-${name.replace(/[/\\\0.]/g, '_')}.ckpt`),
   ).map((p) => JSON.stringify(p));
   const fieldBody = fc.oneof(
     fc.tuple(fc.constantFrom('trainStep', 'modelStep'), numberText).map(([k, v]) => `{"${k}": ${v}}`),
@@ -602,9 +603,10 @@ describe('fuzz: control API bodies against a running engine', () => {
   it(
     'answers a checkpoint path it cannot write with a 4xx and a documented code, leaving no temporary file',
     async () => {
-      const leftover = `${dir}.tmp-${process.pid}`;
+      const leftover = join(dir, `taken.ckpt.tmp-${process.pid}`);
+      mkdirSync(join(dir, 'taken.ckpt'), { recursive: true }); // a directory where the file would go
       try {
-        for (const path of [join(dir, 'missing', 'engine.ckpt'), dir, `${dir}/a\0b`]) {
+        for (const path of [join(dir, 'missing', 'engine.ckpt'), 'taken.ckpt', 'a\0b.ckpt']) {
           const answer = await post('/checkpoint', { path });
           const json = JSON.parse(answer.text);
           assert.ok(answer.status >= 400 && answer.status < 500 && STABLE_CODES.has(json.error?.code), `${JSON.stringify(path)} → ${answer.status} ${answer.text}`);

@@ -5,7 +5,7 @@
 import { timingSafeEqual, createHash } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { decodeFromPeer, encodeForPeer, toJson } from '../protocol/codec.ts';
-import { RolloutEngineError } from '../protocol/errors.ts';
+import { preview, RolloutEngineError } from '../protocol/errors.ts';
 import { readRequestBody, type BodyErrors } from '../http-server.ts';
 
 export class HttpError extends RolloutEngineError {
@@ -18,16 +18,34 @@ export class HttpError extends RolloutEngineError {
 
 const MSGPACK = 'application/msgpack';
 
+/**
+ * The body types the API reads. Anything else is refused (415) rather than parsed as JSON: a browser
+ * sends `text/plain`, form types or no type at all cross-site without a CORS preflight, so taking
+ * those would let any web page a user opens drive the API.
+ */
+const BODY_TYPES: ReadonlyMap<string, 'json' | 'msgpack'> = new Map([
+  ['application/json', 'json'],
+  [MSGPACK, 'msgpack'],
+  ['application/x-msgpack', 'msgpack'],
+]);
+
 const bodyErrors: BodyErrors = {
   tooLarge: (message) => new HttpError(413, 'ERR_BODY_TOO_LARGE', message),
   aborted: (message) => new HttpError(400, 'ERR_BAD_BODY', message),
 };
 
+/** The body as a value; an empty body is `{}` and needs no type, any other needs JSON's or msgpack's. */
 export async function readBody(req: IncomingMessage, limit: number): Promise<unknown> {
+  const declared = req.headers['content-type'];
+  const type = declared === undefined ? undefined : BODY_TYPES.get(declared.split(';')[0].trim().toLowerCase());
+  if (declared !== undefined && type === undefined) {
+    req.resume(); // read and drop it, so the answer can still be written on this connection
+    throw new HttpError(415, 'ERR_UNSUPPORTED_MEDIA_TYPE', `content-type ${preview(declared)} is not accepted: send application/json or application/msgpack`);
+  }
   const bytes = await readRequestBody(req, limit, bodyErrors);
   if (bytes.byteLength === 0) return {};
-  const type = (req.headers['content-type'] ?? 'application/json').split(';')[0].trim();
-  if (type === MSGPACK) {
+  if (type === undefined) throw new HttpError(415, 'ERR_UNSUPPORTED_MEDIA_TYPE', 'a body needs a content-type: application/json or application/msgpack');
+  if (type === 'msgpack') {
     try {
       return decodeFromPeer(bytes);
     } catch (err) {
@@ -42,7 +60,7 @@ export async function readBody(req: IncomingMessage, limit: number): Promise<unk
 }
 
 export function send(req: IncomingMessage, res: ServerResponse, status: number, value: unknown): void {
-  if ((req.headers.accept ?? '').includes(MSGPACK)) {
+  if (/\bapplication\/(x-)?msgpack\b/i.test(req.headers.accept ?? '')) {
     const body = encodeForPeer(value);
     res.writeHead(status, { 'content-type': MSGPACK, 'content-length': body.byteLength }).end(body);
     return;

@@ -10,10 +10,13 @@
  *   POST /pause                       pause for a weight update; answers once every group is back
  *   POST /resume      {modelStep, weightVersion?}  the new weights are loaded (weightVersion: the
  *                                     servers' name for them, e.g. SGLang's --weight-version)
- *   POST /checkpoint  {path}          write a checkpoint file
+ *   POST /checkpoint  {path}          write a checkpoint file: a .ckpt path inside the run dir
  *   GET  /metrics                     Prometheus text
  *
  * Errors are `{"error": {"code", "message"}}` with a stable code.
+ *
+ * Every request passes, in order: the Host allow-list and Origin check (./access.ts: web pages may not
+ * drive it), the token, the rate limit, the route, the body's content type (JSON or msgpack only).
  */
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
@@ -23,6 +26,7 @@ import type { EngineMetrics } from './metrics.ts';
 import { compactGroup } from '../protocol/compact.ts';
 import { HttpError, readBody, send, sendError, tokenMatches } from './http.ts';
 import { listen } from '../http-server.ts';
+import { checkpointPathIn, HostAllowList } from './access.ts';
 import { preview, RolloutEngineError } from '../protocol/errors.ts';
 import { MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
 
@@ -47,6 +51,17 @@ export interface ControlServerOptions {
   maxBodyBytes?: number;
   /** Requests per second per client address (token bucket, bursts of twice that); over it: 429. */
   rateLimitPerSecond?: number;
+  /**
+   * Host names (or addresses) requests may name in their Host header besides the loopback ones and
+   * `host` (with `host` 0.0.0.0 / ::, the machine's own addresses and name): a DNS name clients reach
+   * it by, or a proxy's. An Origin naming one is accepted too.
+   */
+  allowHosts?: readonly string[];
+  /**
+   * The directory `POST /checkpoint {"path"}` writes in: the path is relative to it, a `.ckpt` file,
+   * inside it; null refuses every path. `engine.listen()` defaults it to the config's `runDir`.
+   */
+  checkpointDir?: string | null;
 }
 
 export interface ControlServer {
@@ -68,6 +83,8 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
   const token = options.token ?? null;
   const maxBodyBytes = options.maxBodyBytes ?? 1024 * 1024;
   const limiter = new RateLimiter(options.rateLimitPerSecond ?? 200);
+  const access = new HostAllowList(host, options.allowHosts ?? []);
+  const checkpointDir = options.checkpointDir ?? null;
   const routes: Record<string, Route> = {
     'GET /health': { fields: [], run: async () => ({ status: 'ok' }) },
     'GET /status': {
@@ -97,11 +114,7 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
     },
     'POST /checkpoint': {
       fields: ['path'],
-      run: async (body) => {
-        const path = body.path;
-        if (typeof path !== 'string' || path === '') throw new HttpError(400, 'ERR_BAD_BODY', `path must be a non-empty string (got ${preview(path)})`);
-        return engine.checkpoint(path);
-      },
+      run: async (body) => engine.checkpoint(checkpointPathIn(checkpointDir, body.path)),
     },
   };
 
@@ -110,12 +123,15 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
     try {
       const path = new URL(req.url ?? '/', 'http://x').pathname;
       const key = `${req.method} ${path}`;
-      if (!limiter.allow(req.socket.remoteAddress ?? '')) {
+      access.check(req.headers.host, req.headers.origin);
+      const authorized = token === null || tokenMatches(req.headers.authorization, token);
+      if (!authorized && path !== '/health') throw new HttpError(401, 'ERR_UNAUTHORIZED', 'missing or wrong bearer token (Authorization: Bearer …)');
+      // Counted only once the token is known good: requests without it never spend a client's budget,
+      // so a flood of them from the trainer's address (its host, a NAT) cannot push the trainer into 429s.
+      // /health without the token is then not counted either: it does no work.
+      if (authorized && !limiter.allow(req.socket.remoteAddress ?? '')) {
         res.setHeader('retry-after', '1');
         throw new HttpError(429, 'ERR_RATE_LIMITED', 'too many requests from this address; retry after a second');
-      }
-      if (token !== null && path !== '/health' && !tokenMatches(req.headers.authorization, token)) {
-        throw new HttpError(401, 'ERR_UNAUTHORIZED', 'missing or wrong bearer token (Authorization: Bearer …)');
       }
       if (key === 'GET /metrics') {
         const text = await metrics.text();
