@@ -5,8 +5,11 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { request } from 'undici';
 import { createEngine, type ControlServer, type Engine } from '../src/index.ts';
+import { controlToken } from '../src/cli/serve.ts';
 import { readCheckpoint } from '../src/coordinator/checkpoint.ts';
 import { decodeFromPeer, encodeForPeer } from '../src/protocol/codec.ts';
+import { spawnServer } from './fixtures/flaky-env-server.ts';
+import { CLI_MAIN, rollout } from './support/cli.ts';
 
 const TOKEN = 'sesame-open-please';
 
@@ -384,5 +387,46 @@ describe('control API security', () => {
     for (let i = 0; i < 4; i++) trainer.push((await call(guarded, 'GET', '/status')).status);
     assert.deepEqual(trainer, [200, 200, 200, 200], 'a burst of twice the rate is the trainer\'s');
     assert.equal((await call(guarded, 'GET', '/status')).status, 429, 'and its own requests still count');
+  });
+});
+
+describe('rollout serve: access', () => {
+  it('generates a token, says it once and requires it when serve binds beyond loopback without one (regression: --host 0.0.0.0 served the engine to anyone who reached the port)', async () => {
+    for (const host of ['0.0.0.0', '::', '10.1.2.3', 'rollout.example']) {
+      const { token, notice } = controlToken(host, null);
+      assert.match(token ?? '', /^[\w-]{43}$/, host);
+      assert.ok(notice?.includes(`--host ${host} reaches beyond loopback`) && notice.includes(`Authorization: Bearer ${token}`), notice ?? host);
+      assert.notEqual(controlToken(host, '').token, token, 'an empty token is none, and each is new');
+    }
+    for (const host of ['127.0.0.1', '127.0.0.2', 'localhost', '::1', '::ffff:127.0.0.1']) assert.deepEqual(controlToken(host, null), { token: null, notice: null }, host);
+    assert.deepEqual(controlToken('0.0.0.0', 'given'), { token: 'given', notice: null });
+    // The token it makes is what the server then requires.
+    const engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 } });
+    await engine.start();
+    try {
+      const { token } = controlToken('0.0.0.0', null);
+      const server = await engine.listen({ port: 0, token });
+      assert.equal((await call(server, 'GET', '/status', { token: null })).status, 401);
+      assert.equal((await call(server, 'GET', '/status', { token })).status, 200);
+    } finally {
+      await engine.close();
+    }
+  });
+
+  it('answers to an --allow-host name and writes checkpoints in its run dir, and refuses a malformed --allow-host', async () => {
+    const runDir = mkdtempSync(join(tmpdir(), 'rollout-serve-'));
+    const serve = await spawnServer(process.execPath, ['--import', 'tsx', CLI_MAIN, 'serve', '--port', '0', '--threads', '1', '--batch-size', '2', '--run-dir', runDir, '--allow-host', 'rollout.internal'], /control API listening on (http:\/\/\S+)/);
+    try {
+      const get = async (host: string) => (await request(`${serve.url}/status`, { headers: { host } })).statusCode;
+      assert.deepEqual([await get('rollout.internal:443'), await get('attacker.example')], [200, 403]);
+      const res = await request(`${serve.url}/checkpoint`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ path: 'manual.ckpt' }) });
+      assert.equal(res.statusCode, 200, await res.body.text());
+      assert.ok(existsSync(join(runDir, 'manual.ckpt')));
+    } finally {
+      assert.equal((await serve.stop()).code, 0, serve.output());
+    }
+    const bad = await rollout(['serve', '--port', '0', '--allow-host', 'http://rollout.internal:80']);
+    assert.equal(bad.code, 2);
+    assert.match(bad.stderr, /--allow-host must be a host name or an IP address, without a scheme or port \(got "http:\/\/rollout\.internal:80"\)/);
   });
 });

@@ -1,6 +1,8 @@
+import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
+import { checkAllowedHost, isLoopback } from '../control/access.ts';
 import { createEngine } from '../index.ts';
 import { untilSignal, portFlag, UsageError } from './args.ts';
 import { CONFIG_FLAGS, configFromFlags } from './config-flags.ts';
@@ -32,13 +34,28 @@ Options:
                        without --resume
   --host <addr>        address to bind (default 127.0.0.1: loopback only)
   --port <n>           port (default 8100; 0 = any free port)
-  --token <t>          require "Authorization: Bearer <t>" (default: $ROLLOUT_TOKEN, else none)
+  --token <t>          require "Authorization: Bearer <t>" (default: $ROLLOUT_TOKEN, else none on
+                       loopback; beyond loopback a random one, printed once to stderr)
+  --allow-host <name>  a host name clients may reach the API by, besides loopback and --host (a DNS
+                       name, a proxy's); repeatable. Other Host headers are refused (403)
   -h, --help           show this help`;
+
+/**
+ * The token the control API requires: the one given; else, bound beyond loopback, a random one, with
+ * the line that tells it (once: it is in no file). Anyone who can reach the port could otherwise
+ * drive the engine, and "I forgot --token" must not be how a run gets exposed.
+ */
+export function controlToken(host: string, given: string | null): { token: string | null; notice: string | null } {
+  if (given !== null && given !== '') return { token: given, notice: null };
+  if (isLoopback(host)) return { token: null, notice: null };
+  const token = randomBytes(32).toString('base64url');
+  return { token, notice: `rollout serve: --host ${host} reaches beyond loopback and no --token (or $ROLLOUT_TOKEN) was given; requests must carry\n  Authorization: Bearer ${token}` };
+}
 
 export async function serveCommand(argv: string[]): Promise<number> {
   const { values } = parseArgs({
     args: argv,
-    options: { ...CONFIG_FLAGS, 'run-dir': { type: 'string' }, resume: { type: 'boolean' }, host: { type: 'string' }, port: { type: 'string' }, token: { type: 'string' }, help: { type: 'boolean', short: 'h' } },
+    options: { ...CONFIG_FLAGS, 'run-dir': { type: 'string' }, resume: { type: 'boolean' }, host: { type: 'string' }, port: { type: 'string' }, token: { type: 'string' }, 'allow-host': { type: 'string', multiple: true }, help: { type: 'boolean', short: 'h' } },
     strict: true,
   });
   if (values.help) {
@@ -46,7 +63,15 @@ export async function serveCommand(argv: string[]): Promise<number> {
     return 0;
   }
   const port = portFlag(values.port) ?? 8100;
-  const { config, configPath } = configFromFlags(values);
+  const { 'allow-host': allowHostFlags = [], ...flags } = values;
+  const allowHosts = allowHostFlags.map((name) => {
+    try {
+      return checkAllowedHost(name);
+    } catch {
+      throw new UsageError(`--allow-host must be a host name or an IP address, without a scheme or port (got ${JSON.stringify(name)})`);
+    }
+  });
+  const { config, configPath } = configFromFlags(flags);
   if (values.resume && values['run-dir'] === undefined && typeof config.runDir !== 'string') throw new UsageError('--resume needs --run-dir (the directory of the run to continue)');
   const named = values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : null);
   const runDir = named === null ? newRunDir(resolve('runs'), 'serve-') : resolve(named);
@@ -68,7 +93,10 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const engine = createEngine(config, { baseDir: configPath === undefined ? process.cwd() : dirname(configPath) });
   try {
     await engine.start();
-    const server = await engine.listen({ host: values.host ?? '127.0.0.1', port, token: values.token ?? process.env.ROLLOUT_TOKEN ?? null });
+    const host = values.host ?? '127.0.0.1';
+    const { token, notice } = controlToken(host, values.token ?? process.env.ROLLOUT_TOKEN ?? null);
+    const server = await engine.listen({ host, port, token, allowHosts });
+    if (notice !== null) console.error(notice);
     // One line a supervisor (or a test) can wait for.
     console.log(`control API listening on ${server.url} (inference: ${engine.llmUrl})`);
     await untilSignal();
