@@ -360,6 +360,7 @@ describe('control API security', () => {
       for (const path of ['/health', '/status']) {
         const res = await raw(open, 'GET', path, { host });
         assert.deepEqual([res.status, res.code], [403, 'ERR_FORBIDDEN_HOST'], `${host} ${path}: ${res.text}`);
+        assert.doesNotMatch(res.text, /rollout\.internal|\[::1\]/, 'a rebound page reads the answer: it names no allowed host');
       }
     }
     for (const host of [`localhost:${port()}`, `127.0.0.1:${port()}`, `[::1]:${port()}`, 'LOCALHOST:9000', `rollout.internal:${port()}`, 'rollout.internal']) {

@@ -15,7 +15,7 @@
 import { realpathSync } from 'node:fs';
 import { BlockList, isIP } from 'node:net';
 import { hostname, networkInterfaces } from 'node:os';
-import { dirname, isAbsolute, join, relative, resolve, sep } from 'node:path';
+import { basename, dirname, isAbsolute, join, relative, resolve, sep } from 'node:path';
 import { preview, RolloutEngineError } from '../protocol/errors.ts';
 import { HttpError } from './http.ts';
 
@@ -29,7 +29,7 @@ LOOPBACK.addAddress('::1', 'ipv6');
 /** An address only this machine can reach: `localhost`, 127.0.0.0/8, ::1 (IPv4-mapped ones too). */
 export function isLoopback(host: string): boolean {
   const h = host.toLowerCase().replace(/^\[(.*)\]$/, '$1');
-  if (h === 'localhost' || h.endsWith('.localhost')) return true;
+  if (h === 'localhost') return true;
   const family = isIP(h);
   return family !== 0 && LOOPBACK.check(h, family === 4 ? 'ipv4' : 'ipv6');
 }
@@ -78,7 +78,9 @@ export class HostAllowList {
   check(host: string | undefined, origin: string | undefined): void {
     const name = host === undefined ? null : nameOfAuthority(host);
     if (name === null || !this.#names.has(name)) {
-      throw new HttpError(403, 'ERR_FORBIDDEN_HOST', `Host ${preview(host ?? null)} is not one this server answers to (${[...this.#names].join(', ')}); add it with --allow-host (allowHosts)`);
+      // The allowed names stay out of the message: a rebound page reads this answer, and the list can
+      // hold the machine's own addresses and name.
+      throw new HttpError(403, 'ERR_FORBIDDEN_HOST', `Host ${preview(host ?? null)} is not a name this server answers to; add it with --allow-host (allowHosts)`);
     }
     if (origin === undefined) return;
     let url: URL | null = null;
@@ -109,7 +111,7 @@ export function checkpointPathIn(dir: string | null, path: unknown): string {
   if (!path.endsWith('.ckpt')) throw new HttpError(400, 'ERR_BAD_BODY', `path must name a .ckpt file (got ${preview(path)}): the run dir's other files are not the API's to overwrite`);
   const root = realOrSelf(resolve(dir));
   const target = resolve(root, path);
-  const real = join(realAncestor(dirname(target)), target.slice(dirname(target).length + 1));
+  const real = join(realAncestor(dirname(target)), basename(target));
   if (!inside(root, target) || !inside(root, real)) throw new HttpError(400, 'ERR_BAD_BODY', `path must stay inside the run dir ${root} (got ${preview(path)})`);
   return target;
 }
