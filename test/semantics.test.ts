@@ -786,12 +786,10 @@ describe('async strategy decisions (coordinator/strategies.ts AsyncStrategy)', (
     });
   }
 
-  it(
-    'over-samples exactly ceil(0.14×50) = ceil(7) = 7 groups when the product is a whole number',
-    () => {
-      assert.equal(strategy(2, 0, 0.14).oversample(50, false), 7);
-    },
-  );
+  it('over-samples ceil(0.14×50) = ceil(7.000000000000001) = 8 groups as the reference does (regression: a 1e-9 tolerance gave 7)', () => {
+    assert.equal(0.14 * 50, 7.000000000000001);
+    assert.equal(strategy(2, 0, 0.14).oversample(50, false), 8);
+  });
 });
 
 describe('async strategy produce round (coordinator/strategies.ts AsyncStrategy.produce)', () => {
@@ -891,22 +889,24 @@ describe('batch split across tasks (coordinator/allocate.ts allocateBatch)', () 
     }
   });
 
-  // Exact ties whose floating-point remainders differ: x − floor(x) of 8/6 is 0.33333333333333326 but
-  // 2/6 is 0.3333333333333333 but 8/6 − 1 is 0.33333333333333326: ties must be compared with a tolerance.
-  const floatTieRows: { batch: number; weights: number[]; want: number[]; arithmetic: string }[] = [
-    { batch: 2, weights: [4, 1, 1], want: [2, 0, 0], arithmetic: '4/3, 1/3, 1/3 → 1, 0, 0 + 1 left; remainders all exactly 1/3, tie → first' },
-    { batch: 4, weights: [1, 4, 1], want: [1, 3, 0], arithmetic: '2/3, 8/3, 2/3 → 0, 2, 0 + 2 left; remainders all exactly 2/3, ties → first two' },
-    { batch: 3, weights: [2, 2, 5], want: [1, 1, 1], arithmetic: '2/3, 2/3, 5/3 → 0, 0, 1 + 2 left; remainders all exactly 2/3, ties → first two' },
-    { batch: 2, weights: [0.1, 0.7, 0.2], want: [0, 2, 0], arithmetic: '0.2, 1.4, 0.4 → 0, 1, 0 + 1 left; remainders .2, .4, .4, tie → second' },
+  // Near ties are compared as the doubles they are, as the reference does: 4/3 − 1 is
+  // 0.33333333333333326 and loses to 1/3 = 0.3333333333333333. A tolerance of 1e-9 used to call these
+  // ties and give them to the task listed first, so the split differed from the reference's.
+  const floatTieRows: { batch: number; weights: number[]; want: number[]; was: number[]; arithmetic: string }[] = [
+    { batch: 2, weights: [4, 1, 1], want: [1, 1, 0], was: [2, 0, 0], arithmetic: 'remainders .33333333333333326, .3333333333333333, .3333333333333333 → second and third tie, second first' },
+    { batch: 4, weights: [1, 4, 1], want: [1, 2, 1], was: [1, 3, 0], arithmetic: 'remainders .6666666666666666, .6666666666666665, .6666666666666666 → first and third' },
+    { batch: 3, weights: [2, 2, 5], want: [1, 0, 2], was: [1, 1, 1], arithmetic: 'remainders .6666666666666666, .6666666666666666, .6666666666666667 → third, then first' },
+    { batch: 2, weights: [0.1, 0.7, 0.2], want: [0, 1, 1], was: [0, 2, 0], arithmetic: 'remainders .2, .3999999999999999, .4 → third' },
   ];
-  for (const { batch, weights, want, arithmetic } of floatTieRows) {
-    it(
-      `splits ${batch} by weights ${weights.join(':')} into ${want.join('/')}, an exact tie going to the task listed first (${arithmetic})`,
-      () => {
-        assert.deepEqual([...allocateBatch(batch, weights.map((weight, i) => ({ name: `t${i}`, weight }))).values()], want);
-      },
-    );
+  for (const { batch, weights, want, was, arithmetic } of floatTieRows) {
+    it(`splits ${batch} by weights ${weights.join(':')} into ${want.join('/')} as plain doubles do, not ${was.join('/')} (regression: a 1e-9 tie tolerance disagreed with the reference; ${arithmetic})`, () => {
+      assert.deepEqual([...allocateBatch(batch, weights.map((weight, i) => ({ name: `t${i}`, weight }))).values()], want);
+    });
   }
+
+  it('gives an exact tie of doubles to the task listed first: 7 over 1:1 has remainders 0.5 and 0.5 → 4/3', () => {
+    assert.deepEqual([...allocateBatch(7, [{ name: 'b', weight: 1 }, { name: 'a', weight: 1 }]).values()], [4, 3]);
+  });
 });
 
 // ── coordinator/progress.ts ──────────────────────────────────────────────────────────────────────

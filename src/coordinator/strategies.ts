@@ -95,8 +95,9 @@ export class AsyncStrategy implements ProduceStrategy {
   }
 
   oversample(share: number, tailBatch: boolean): number {
-    // 0.14 × 50 is 7.000000000000001 in floating point: forgive the rounding before taking the ceiling.
-    return tailBatch ? 0 : Math.max(0, Math.ceil(this.#options.overSampleThreshold * share - 1e-9));
+    // Plain IEEE doubles, as the reference computes it: 0.14 × 50 is 7.000000000000001, so 8 groups.
+    // Forgiving the rounding would make the two disagree on how many groups a round schedules.
+    return tailBatch ? 0 : Math.ceil(this.#options.overSampleThreshold * share);
   }
 
   async produce(ctx: ProduceContext, task: string, share: number): Promise<ProduceStatus> {
