@@ -228,7 +228,7 @@ const ProducerSpec = z.strictObject({
   tailBatchTriggerSize: z.number().int().min(-1).default(0),
   /** Group validity filter: `drop-equal-rewards` marks groups whose rewards are all equal FILTERED (no GRPO signal). */
   filter: z.enum(['none', 'drop-equal-rewards']).default('none'),
-  /** Order COMPLETED groups are taken in: insertion (`fifo`) or stalest first, then oldest. */
+  /** Order groups leave the buffer in, for a batch (COMPLETED) and for a retry (EXPIRED, ABORTED): insertion (`fifo`) or stalest first, then oldest. */
   takeOrder: z.enum(['fifo', 'stalest']).default('fifo'),
   /**
    * Memory budget for the buffer plus the groups in flight (approximate bytes). Over it, the producer

@@ -686,6 +686,21 @@ describe('replay buffer taking (buffer/replay-buffer.ts take / takeForRetry / co
       assert.equal(buffer.count('a'), 1); // the COMPLETED group is never taken for retry
     });
   }
+
+  it("draws groups for retry stalest first under takeOrder 'stalest' (regression: retries came back in insertion order whatever the order)", () => {
+    // EXPIRED pool: a/0 keeps a sibling at step 4, a/1 one at step 2, a/2 was reset whole (no tokens:
+    // least stale), a/3 one at step 2 again. ABORTED pool: a/4 at step 5, a/5 at step 3.
+    const buffer = new ReplayBuffer(['a']);
+    buffer.put(group('a', 0, E(), C(4)));
+    buffer.put(group('a', 1, E(), C(2)));
+    buffer.put(group('a', 2, E()));
+    buffer.put(group('a', 3, E(), C(2)));
+    buffer.put(group('a', 4, A(5)));
+    buffer.put(group('a', 5, A(3)));
+    const got: (string | null)[] = [];
+    for (let i = 0; i < 7; i++) got.push(buffer.takeForRetry('a', ['EXPIRED', 'ABORTED'], 'stalest')?.id ?? null);
+    assert.deepEqual(got, ['a/1', 'a/3', 'a/0', 'a/2', 'a/5', 'a/4', null]);
+  });
 });
 
 describe('replay buffer snapshot and restore (buffer/replay-buffer.ts)', () => {

@@ -141,16 +141,32 @@ export class ReplayBuffer {
     return chosen;
   }
 
-  /** Remove and return the oldest group of the first non-empty pool in `statuses`, for regeneration. */
-  takeForRetry(taskName: string, statuses: readonly StoredStatus[]): RolloutGroup | null {
+  /**
+   * Remove and return one group of the first non-empty pool in `statuses`, for regeneration, chosen
+   * in the same `order` as `take`: the oldest, or the stalest then the oldest.
+   */
+  takeForRetry(taskName: string, statuses: readonly StoredStatus[], order: TakeOrder = 'fifo'): RolloutGroup | null {
     const pools = this.#taskPools(taskName);
     for (const status of statuses) {
       const pool = pools.get(status)!;
-      for (const [id, group] of pool) {
-        pool.delete(id);
-        this.#forget(id);
-        return group;
+      let chosen: RolloutGroup | null = null;
+      let chosenStep = Infinity;
+      for (const group of pool.values()) {
+        if (order === 'fifo') {
+          chosen = group;
+          break;
+        }
+        // Strictly older only: among equally stale groups the first inserted stays chosen.
+        const step = groupMinModelStep(group);
+        if (chosen === null || step < chosenStep) {
+          chosen = group;
+          chosenStep = step;
+        }
       }
+      if (chosen === null) continue;
+      pool.delete(chosen.id);
+      this.#forget(chosen.id);
+      return chosen;
     }
     return null;
   }

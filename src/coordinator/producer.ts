@@ -271,7 +271,7 @@ export class Producer implements ProduceContext {
   }
 
   spawn(task: string, fromExpiredPool: boolean): void {
-    let group = this.buffer.takeForRetry(task, fromExpiredPool ? [Status.EXPIRED, Status.ABORTED] : [Status.ABORTED]);
+    let group = this.buffer.takeForRetry(task, fromExpiredPool ? [Status.EXPIRED, Status.ABORTED] : [Status.ABORTED], this.#config.producer.takeOrder);
     if (group !== null) {
       this.#counts.retried++;
       // Time an interrupted rollout waited (paused, then queued for a retry) counts as paused time.
