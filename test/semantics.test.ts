@@ -10,11 +10,18 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { rolloutMinModelStep, rolloutStaleness, seqStaleness, staleThreshold, tokenLossMask, turnMinModelStep } from '../src/buffer/staleness.ts';
+import { rolloutMinModelStep, rolloutStaleness, seqStaleness, staleThreshold, tokenLossMask, tokensAllStale, turnMinModelStep } from '../src/buffer/staleness.ts';
 import { applyExpiry, ReplayBuffer, type ExpiryPolicy } from '../src/buffer/replay-buffer.ts';
 import { AsyncStrategy, type ProduceContext } from '../src/coordinator/strategies.ts';
 import { allocateBatch } from '../src/coordinator/allocate.ts';
 import { ProduceProgress } from '../src/coordinator/progress.ts';
+import { Sampler } from '../src/buffer/sampler.ts';
+import { resolveConfig } from '../src/config.ts';
+import { PauseControl } from '../src/coordinator/pause-control.ts';
+import { Producer, type Batch } from '../src/coordinator/producer.ts';
+import { createLogger } from '../src/log.ts';
+import { CONTROL } from '../src/protocol/control-block.ts';
+import { ScriptedPool, type Outcome } from './support/scripted-pool.ts';
 import {
   groupStatus,
   newGroup,
@@ -1055,5 +1062,115 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
     const state = { ...p.snapshot(), consumedSamples: { a: 5, zzz: 1 }, targetSamples: { a: 6 } };
     p.restore(state);
     assert.deepEqual([p.consumedSamples, p.targetSamples], [{ a: 5, b: 0 }, { a: 6, b: 0 }]);
+  });
+});
+
+// ── the producer on a scripted pool (coordinator/producer.ts) ───────────────────────────────────
+
+const silent = createLogger('silent');
+const NO_LLM = 'http://127.0.0.1:9';
+
+/** A Producer over a scripted pool (test/support/scripted-pool.ts): groups land when the test settles them. */
+async function scriptedProducer(producer: Record<string, unknown>, { batchSize = 1, groupSize = 2 } = {}) {
+  const config = resolveConfig({
+    seed: 7,
+    batchSize,
+    modelStep: 0,
+    logLevel: 'silent',
+    tasks: [{ name: 't0', env: { module: 'builtin:arithmetic' }, groupSize, weight: 1, maxSteps: 1 }],
+    llm: { url: NO_LLM, abortPath: null },
+    workers: { threads: 1 },
+    producer,
+    pause: { mode: 'abort', timeoutMs: 50, resignalIntervalMs: 10 },
+  });
+  const samplers = new Map<string, Sampler>();
+  for (const task of config.tasks) samplers.set(task.name, await Sampler.create(task, config.seed));
+  const pool = new ScriptedPool({ partialRollout: config.producer.partialRollout });
+  const control = new PauseControl(0);
+  const p = new Producer({ config, pool, control, samplers, log: silent, endpoints: [NO_LLM], hooks: {} });
+  p.start();
+  return { producer: p, pool, control };
+}
+
+async function settled(): Promise<void> {
+  for (let i = 0; i < 3; i++) await new Promise(setImmediate);
+}
+
+/** A weight-update pause whose in-flight groups come back with `outcome`; the worker's acknowledgement is simulated. */
+async function pauseWith(s: Awaited<ReturnType<typeof scriptedProducer>>, outcome: Outcome): Promise<void> {
+  const pausing = s.producer.pause();
+  const view = new Int32Array(s.control.block);
+  Atomics.add(view, CONTROL.ACKS, 1);
+  Atomics.notify(view, CONTROL.ACKS);
+  await settled();
+  for (const id of s.pool.heldIds()) s.pool.settle(id, outcome);
+  await pausing;
+}
+
+/** getBatch(step), settling each group the producer sends with `outcome` until the batch is answered. */
+async function batchOf(s: Awaited<ReturnType<typeof scriptedProducer>>, step: number, outcome: Outcome = { kind: 'completed' }): Promise<Batch> {
+  let answer: Batch | null = null;
+  const asking = s.producer.getBatch(step).then((b) => (answer = b));
+  for (let i = 0; i < 50 && answer === null; i++) {
+    await settled();
+    if (answer !== null) break;
+    const [id] = s.pool.heldIds();
+    assert.ok(id !== undefined, `getBatch(${step}) waits with nothing in flight`);
+    s.pool.settle(id, outcome);
+  }
+  return asking;
+}
+
+const minStepOf = (g: RolloutGroup) => Math.min(...g.rollouts.map((r) => rolloutMinModelStep(r) ?? Infinity));
+
+describe('token-level expiry (issue 17 item 11)', () => {
+  // Token threshold 2 at train step 5: a token of model step m is masked when 5 − m − 1 ≥ 2, i.e. m ≤ 2.
+  // The group threshold 100 is never reached, so only the token-level test can expire a member.
+  const tokenPolicy = (retryable: boolean): ExpiryPolicy => ({ trainStep: 5, threshold: 100, tokenThreshold: 2, retryable });
+
+  it('expires on put a member whose every token is past the token threshold (steps 1, 2 → 3, 2 ≥ 2) and keeps one with a token under it (steps 2, 3 → 3 − 1 = 1 < 2) (regression: only a batch take expired it)', () => {
+    const buffer = new ReplayBuffer(['a']);
+    const g = group('a', 0, C(1, 2), C(2, 3));
+    assert.equal(buffer.put(g, tokenPolicy(true)), 'EXPIRED');
+    assert.deepEqual(statuses(g), ['EXPIRED', 'COMPLETED']);
+    assert.deepEqual([buffer.count('a', 'EXPIRED'), buffer.count('a')], [1, 0]);
+  });
+
+  it('drops and counts such a group on put when expired groups are not retried', () => {
+    const buffer = new ReplayBuffer(['a']);
+    assert.equal(buffer.put(group('a', 0, C(1, 2), C(2, 3)), tokenPolicy(false)), 'EXPIRED');
+    assert.equal(buffer.dropped.EXPIRED, 1);
+  });
+
+  it('expires on refresh a stored group whose tokens all became too stale for the new train step (step 3 at 5 → 1 < 2, at 6 → 2)', () => {
+    const buffer = new ReplayBuffer(['a']);
+    buffer.put(group('a', 0, C(3), C(4)), tokenPolicy(true));
+    assert.equal(buffer.count('a'), 1);
+    buffer.refresh({ ...tokenPolicy(true), trainStep: 6 });
+    assert.deepEqual([buffer.count('a'), buffer.count('a', 'EXPIRED')], [0, 1]);
+  });
+
+  it('counts only turns with per-token model steps: a text-only turn neither expires a rollout nor keeps one alive', () => {
+    assert.equal(tokensAllStale(rolloutOf(turn(null, { response: 'hi', modelStep: 0 })), 5, 2), false);
+    assert.equal(tokensAllStale(rolloutOf(turn(null, { response: 'hi', modelStep: 4 }), turn([1, 2], { step: 2 })), 5, 2), true);
+    assert.equal(tokensAllStale(rolloutOf(turn([], { response: '' })), 5, 2), false);
+  });
+
+  it('drops a landed group whose every token is past producer.tokenStalenessThreshold as it lands, not when a batch is taken (regression: the counts missed it)', async () => {
+    // maxStaleness 1: group threshold 2; token threshold 1. Batch 1 with over-sampling 1 schedules 2
+    // groups at model step 0; the first makes batch 1. The second lands for train step 2: its tokens
+    // are 2 − 0 − 1 = 1 ≥ 1 stale, so it expires there and then (dropped: tailBatchTriggerSize −1).
+    const s = await scriptedProducer({ strategy: 'async', maxStaleness: 1, overSampleThreshold: 1, tokenStalenessThreshold: 1, tailBatchTriggerSize: -1 });
+    try {
+      const batch = await batchOf(s, 1);
+      assert.equal(batch.status, 'NORMAL');
+      assert.equal(s.pool.heldCount, 1);
+      s.pool.settle(s.pool.heldIds()[0], { kind: 'completed' });
+      await settled();
+      assert.equal(s.producer.counts.dropped.EXPIRED, 1);
+      assert.equal(s.producer.completed('t0'), 0);
+    } finally {
+      await s.producer.close();
+    }
   });
 });

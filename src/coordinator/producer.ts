@@ -390,7 +390,8 @@ export class Producer implements ProduceContext {
   }
 
   #expiry(trainStep = this.progress.nextConsumerStep): ExpiryPolicy {
-    return { trainStep, threshold: this.#threshold, retryable: this.#config.producer.tailBatchTriggerSize >= 0 };
+    const p = this.#config.producer;
+    return { trainStep, threshold: this.#threshold, tokenThreshold: p.tokenStalenessThreshold, retryable: p.tailBatchTriggerSize >= 0 };
   }
 
   // ── the consumer ──────────────────────────────────────────────────────────────────────────────
@@ -470,29 +471,14 @@ export class Producer implements ProduceContext {
     const order = this.#config.producer.takeOrder;
     const tokenThreshold = this.#config.producer.tokenStalenessThreshold;
     const chosen = new Map<string, RolloutGroup[]>();
-    let short = false;
     let maskedTokens = 0;
+    // Every stored group went through the expiry lifecycle at this train step or a later one (getBatch
+    // refreshed the buffer, landings since are put at the consumer's step), so no member taken here has
+    // every token masked: those expired in the buffer, where the counts and the tail-batch trigger see them.
     for (const [task, share] of shares) {
       const groups = this.buffer.take(task, share, order);
-      const kept: RolloutGroup[] = [];
-      for (const group of groups) {
-        const masked = tokenThreshold === null ? 0 : applyTokenMask(group, trainStep, tokenThreshold);
-        if (masked < 0) {
-          // A member kept no token: it expired. Retry the group, or drop it when expired groups are not retried.
-          if (this.#expiry(trainStep).retryable) this.buffer.put(group);
-          else this.buffer.drop(group, 'EXPIRED');
-          short = true;
-        } else {
-          maskedTokens += masked;
-          kept.push(group);
-        }
-      }
-      chosen.set(task, kept);
-    }
-    if (short) {
-      for (const groups of chosen.values()) for (const g of groups) this.buffer.put(g); // keep them for the next try
-      this.#changed.notify(); // the background loop must replace what expired
-      return null;
+      if (tokenThreshold !== null) for (const group of groups) maskedTokens += applyTokenMask(group, trainStep, tokenThreshold);
+      chosen.set(task, groups);
     }
     const groups = [...chosen.values()].flat();
     this.progress.markConsumed(new Map([...chosen].map(([task, gs]) => [task, gs.length])));
@@ -754,29 +740,16 @@ export class Producer implements ProduceContext {
   }
 }
 
-/**
- * Set each turn's loss mask; returns the number of masked tokens, or −1 when some member kept no
- * token at all (it is then reset and marked EXPIRED, to be generated again).
- */
+/** Set each turn's loss mask; returns the number of tokens masked out. */
 function applyTokenMask(group: RolloutGroup, trainStep: number, tokenThreshold: number): number {
   let masked = 0;
-  let memberExpired = false;
   for (const rollout of group.rollouts) {
-    let total = 0;
-    let kept = 0;
     for (const turn of rollout.turns) {
       const mask = tokenLossMask(turn, trainStep, tokenThreshold);
       if (mask === null) continue;
       turn.lossMask = mask;
-      total += mask.length;
-      for (let i = 0; i < mask.length; i++) kept += mask[i];
-    }
-    masked += total - kept;
-    if (total > 0 && kept === 0) {
-      resetToPrompt(rollout, Status.EXPIRED);
-      memberExpired = true;
+      for (let i = 0; i < mask.length; i++) masked += 1 - mask[i];
     }
   }
-  if (memberExpired) group.status = groupStatus(group.rollouts);
-  return memberExpired ? -1 : masked;
+  return masked;
 }
