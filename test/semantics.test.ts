@@ -1174,3 +1174,28 @@ describe('token-level expiry (issue 17 item 11)', () => {
     }
   });
 });
+
+describe('produced tokens (issue 17 item 12)', () => {
+  for (const partialRollout of [true, false]) {
+    it(`counts each token once in producedTokens when an interrupted group is retried${partialRollout ? ' and continued' : ' from its prompt'}: 2 + 3, then 2 = 7 (regression: kept siblings and partial turns counted again)`, async () => {
+      // The pause interrupts the group: member 0 completes with 2 tokens, member 1 stops after 3.
+      // The retry keeps member 0 as it is and generates 2 tokens for member 1 (continuing its 3, or
+      // restarting from its prompt). Generated in all: 2 + 3 + 2 = 7.
+      const s = await scriptedProducer({ strategy: 'sync', partialRollout });
+      try {
+        const first = s.producer.getBatch(1);
+        await settled();
+        await pauseWith(s, { kind: 'aborted', tokens: 3, finished: [true, false] });
+        assert.equal((await first).status, 'UPDATE_WEIGHT_AND_ABORT');
+        s.producer.resume(0);
+        const batch = await batchOf(s, 1);
+        assert.equal(batch.status, 'NORMAL');
+        assert.deepEqual(batch.stats?.producedSamples, { t0: 4 }); // the group landed twice
+        assert.deepEqual(batch.stats?.producedTokens, { t0: 7 });
+        assert.equal(batch.stats?.responseTokens, partialRollout ? 2 + 5 : 2 + 2);
+      } finally {
+        await s.producer.close();
+      }
+    });
+  }
+});

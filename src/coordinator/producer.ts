@@ -21,7 +21,7 @@ import { MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
 import type { Logger } from '../log.ts';
 import { preview, RolloutEngineError } from '../protocol/errors.ts';
 import { wallClockUs } from '../protocol/control-block.ts';
-import { approxGroupBytes, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { approxGroupBytes, dispatchTokenCount, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
 import { Notifier, WakeUp } from './notifier.ts';
 import type { PauseControl } from './pause-control.ts';
 import { ProduceProgress, type ProgressState } from './progress.ts';
@@ -53,7 +53,10 @@ export interface BatchStats {
   staleness: { min: number; max: number; mean: number };
   /** Tokens masked out of the loss by the token-level staleness threshold. */
   maskedTokens: number;
-  /** Since the previous batch: groups produced per task (every status) and their response tokens. */
+  /**
+   * Since the previous batch: groups produced per task (every status, a retried group each time it
+   * lands) and the response tokens generated for them (each token once, in the dispatch that made it).
+   */
   producedSamples: Record<string, number>;
   producedTokens: Record<string, number>;
   /** Since the previous batch: mean reward of COMPLETED groups as generated (before filtering). */
@@ -351,8 +354,9 @@ export class Producer implements ProduceContext {
     this.#counts.landed[group.status]++;
     if (this.#config.producer.memoryBudgetBytes !== null) this.#meanGroupBytes = 0.9 * this.#meanGroupBytes + 0.1 * approxGroupBytes(group);
     const task = group.taskName;
+    // Only what this dispatch generated: a retried group's kept siblings and partial turns were counted when they landed.
     let tokens = 0;
-    for (const r of group.rollouts) tokens += responseTokenCount(r);
+    for (let i = 0; i < group.rollouts.length; i++) tokens += dispatchTokenCount(sent.rollouts[i], group.rollouts[i]);
     this.progress.addProduced(task, group.rollouts.length, tokens);
     if (group.status === Status.COMPLETED) {
       let sum = 0;

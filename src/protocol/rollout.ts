@@ -275,6 +275,17 @@ export function responseTokenCount(rollout: RolloutState): number {
 }
 
 /**
+ * Response tokens generated in one dispatch of a rollout: `sent` as dispatched, `landed` as it came
+ * back. A continued partial rollout adds to what it had and a kept COMPLETED sibling adds nothing;
+ * a rollout restarted from its prompt in the worker (its `attempt` went up) generated all it holds.
+ */
+export function dispatchTokenCount(sent: RolloutState | undefined, landed: RolloutState): number {
+  const now = responseTokenCount(landed);
+  if (sent === undefined || landed.attempt > sent.attempt) return now;
+  return Math.max(0, now - responseTokenCount(sent));
+}
+
+/**
  * Approximate memory a group holds: the buffers under its token arrays, each once (the arrays of a
  * group that crossed threads are views into one block, and a turn's prompt ids may view a later
  * turn's: rollout/prompt-prefix.ts), plus its text at two bytes a character and a fixed cost per
