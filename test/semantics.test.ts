@@ -418,7 +418,7 @@ describe('expiry of one group (buffer/replay-buffer.ts applyExpiry)', () => {
     });
   }
 
-  it('with an infinite threshold (sync strategy) never expires anything: C(−100) at train step 1000 is kept untouched', () => {
+  it('with an infinite threshold never expires anything: C(−100) at train step 1000 is kept untouched', () => {
     const g = group('t', 1, C(-100), A(0));
     for (const retryable of [true, false]) {
       assert.equal(applyExpiry(g, { trainStep: 1000, threshold: Number.POSITIVE_INFINITY, retryable }), true);
@@ -1198,4 +1198,69 @@ describe('produced tokens (issue 17 item 12)', () => {
       }
     });
   }
+});
+
+describe('sync strategy staleness (issue 17 item 13)', () => {
+  it('expires a pause leftover of older weights and generates it again instead of serving it off-policy in a sync run (regression: batch 2 held tokens of model step 0)', async () => {
+    // Batch 2 at model step 0: group A completes, then a pause interrupts group B after 1 token per
+    // member. The trainer resumes with model step 1 and asks for step 2. Both leftovers were made by
+    // step-0 weights: measured against the served weights, 2 − 0 − 1 = 1 ≥ threshold 1 (maxStaleness
+    // 0), so their members are reset and the groups drawn again, every token now of model step 1.
+    const s = await scriptedProducer({ strategy: 'sync', partialRollout: true }, { batchSize: 2 });
+    try {
+      const first = s.producer.getBatch(1);
+      await settled();
+      const [a, b] = s.pool.heldIds();
+      s.pool.settle(a, { kind: 'completed' });
+      await settled();
+      await pauseWith(s, { kind: 'aborted', tokens: 1, finished: [false] });
+      assert.equal((await first).status, 'UPDATE_WEIGHT_AND_ABORT');
+      assert.deepEqual([s.producer.completed('t0'), s.producer.buffer.count('t0', 'ABORTED')], [1, 1]);
+      s.producer.resume(1);
+      assert.deepEqual([s.producer.completed('t0'), s.producer.buffer.count('t0', 'ABORTED'), s.producer.expired('t0')], [0, 0, 2]);
+      const batch = await batchOf(s, 2);
+      assert.equal(batch.status, 'NORMAL');
+      assert.deepEqual(batch.groups.map((g) => g.id).sort(), [a, b].sort()); // drawn again, not replaced by fresh prompts
+      assert.deepEqual(batch.groups.map(minStepOf), [1, 1]);
+      assert.equal(s.producer.counts.scheduled, 2);
+    } finally {
+      await s.producer.close();
+    }
+  });
+
+  it('expires a restored checkpoint leftover of older weights in a sync run once the trainer resumes with newer ones (regression: served as it was)', async () => {
+    // The checkpoint is taken at model step 0 with one COMPLETED group and one in flight (restored as
+    // ABORTED, with no tokens: nothing to expire). Restored and resumed with model step 1, the
+    // COMPLETED one is 2 − 0 − 1 = 1 ≥ 1 stale: it is generated again with the other.
+    const s = await scriptedProducer({ strategy: 'sync' }, { batchSize: 2 });
+    const first = s.producer.getBatch(1);
+    await settled();
+    s.pool.settle(s.pool.heldIds()[0], { kind: 'completed' });
+    await settled();
+    const snapshot = structuredClone(s.producer.snapshot());
+    s.pool.settle(s.pool.heldIds()[0], { kind: 'completed' });
+    await first;
+    await s.producer.close();
+    const restored = await scriptedProducer({ strategy: 'sync' }, { batchSize: 2 }); // sync: start() schedules nothing, so restoring after it is as before it
+    try {
+      restored.producer.restore(snapshot);
+      restored.producer.resume(1);
+      assert.deepEqual([restored.producer.completed('t0'), restored.producer.expired('t0'), restored.producer.buffer.count('t0', 'ABORTED')], [0, 1, 1]);
+      const batch = await batchOf(restored, 2);
+      assert.equal(batch.status, 'NORMAL');
+      assert.deepEqual(batch.groups.map(minStepOf), [1, 1]);
+    } finally {
+      await restored.producer.close();
+    }
+  });
+
+  it('never expires anything in a sync run whose trainer does not push weights: batches 1 to 3 at model step 0 are all NORMAL', async () => {
+    const s = await scriptedProducer({ strategy: 'sync' });
+    try {
+      for (const step of [1, 2, 3]) assert.equal((await batchOf(s, step)).status, 'NORMAL');
+      assert.deepEqual([s.producer.counts.dropped.EXPIRED, s.producer.expired('t0'), s.producer.counts.scheduled], [0, 0, 3]);
+    } finally {
+      await s.producer.close();
+    }
+  });
 });

@@ -219,10 +219,13 @@ export class Producer implements ProduceContext {
     for (const task of config.tasks) this.#inFlightByTask.set(task.name, 0);
     const p = config.producer;
     this.#isValidGroup = options.hooks?.isValidGroup ?? (p.filter === 'drop-equal-rewards' ? hasRewardSpread : null);
-    this.#threshold = p.strategy === 'async' ? staleThreshold(p.maxStaleness, p.syncWeightsInterval) : Infinity;
+    // Sync means staleness 0: the threshold of maxStaleness 0, measured against the weights being
+    // served (#expiry), so a leftover of older weights expires instead of being served off-policy.
+    this.#threshold = p.strategy === 'async' ? staleThreshold(p.maxStaleness, p.syncWeightsInterval) : staleThreshold(0, 1);
     // Producing for a step is pointless once its samples would expire on arrival — or have every token
-    // masked by the token-level threshold: either bound makes the weights too stale for the step.
-    this.#produceThreshold = Math.min(this.#threshold, p.tokenStalenessThreshold ?? Infinity);
+    // masked by the token-level threshold: either bound makes the weights too stale for the step. Sync
+    // measures against the weights it produces with, which are never too stale for themselves.
+    this.#produceThreshold = p.strategy === 'async' ? Math.min(this.#threshold, p.tokenStalenessThreshold ?? Infinity) : Infinity;
     this.#sync = new SyncStrategy(options.hooks?.shouldContinue);
     this.#async = new AsyncStrategy({
       overSampleThreshold: p.overSampleThreshold,
@@ -393,9 +396,15 @@ export class Producer implements ProduceContext {
     }
   }
 
+  /**
+   * The expiry policy for `trainStep`. Async measures staleness against the trainer's step. Sync
+   * measures it against the step the served weights make batches for (serving model step + 1): a
+   * group from older weights expires, while a run whose trainer never pushes weights is never stale.
+   */
   #expiry(trainStep = this.progress.nextConsumerStep): ExpiryPolicy {
     const p = this.#config.producer;
-    return { trainStep, threshold: this.#threshold, tokenThreshold: p.tokenStalenessThreshold, retryable: p.tailBatchTriggerSize >= 0 };
+    const measuredAt = p.strategy === 'sync' ? this.servingModelStep + 1 : trainStep;
+    return { trainStep: measuredAt, threshold: this.#threshold, tokenThreshold: p.tokenStalenessThreshold, retryable: p.tailBatchTriggerSize >= 0 };
   }
 
   // ── the consumer ──────────────────────────────────────────────────────────────────────────────
@@ -474,6 +483,7 @@ export class Producer implements ProduceContext {
     for (const [task, share] of shares) if (this.completed(task) < share) return null;
     const order = this.#config.producer.takeOrder;
     const tokenThreshold = this.#config.producer.tokenStalenessThreshold;
+    const maskedAt = this.#expiry(trainStep).trainStep;
     const chosen = new Map<string, RolloutGroup[]>();
     let maskedTokens = 0;
     // Every stored group went through the expiry lifecycle at this train step or a later one (getBatch
@@ -481,7 +491,7 @@ export class Producer implements ProduceContext {
     // every token masked: those expired in the buffer, where the counts and the tail-batch trigger see them.
     for (const [task, share] of shares) {
       const groups = this.buffer.take(task, share, order);
-      if (tokenThreshold !== null) for (const group of groups) maskedTokens += applyTokenMask(group, trainStep, tokenThreshold);
+      if (tokenThreshold !== null) for (const group of groups) maskedTokens += applyTokenMask(group, maskedAt, tokenThreshold);
       chosen.set(task, groups);
     }
     const groups = [...chosen.values()].flat();
