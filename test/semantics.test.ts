@@ -15,6 +15,7 @@ import { applyExpiry, ReplayBuffer, type ExpiryPolicy } from '../src/buffer/repl
 import { AsyncStrategy, type ProduceContext } from '../src/coordinator/strategies.ts';
 import { allocateBatch } from '../src/coordinator/allocate.ts';
 import { ProduceProgress } from '../src/coordinator/progress.ts';
+import { TOKEN_WIRES } from '../src/llm/token-wire.ts';
 import { Sampler } from '../src/buffer/sampler.ts';
 import { resolveConfig } from '../src/config.ts';
 import { PauseControl } from '../src/coordinator/pause-control.ts';
@@ -151,11 +152,23 @@ describe('finish reason to rollout status (protocol/rollout.ts statusForFinishRe
     ['error', 'FAILED'],
     ['content_filter', 'FAILED'],
     ['', 'FAILED'],
-    ['STOP', 'FAILED'], // reasons are matched exactly, not case-folded
+    ['STOP', 'COMPLETED'], // compared case-insensitively, like every reader of a reply
+    ['Abort', 'ABORTED'],
+    ['Content_Filter', 'FAILED'],
   ];
   for (const [reason, want] of rows) {
     it(`maps finish reason ${JSON.stringify(reason)} to ${want}`, () => assert.equal(statusForFinishReason(reason), want));
   }
+});
+
+describe('finish reasons read case-insensitively (issue 17 item 16)', () => {
+  it('reads a llama.cpp stop_type of "EOS" as stop and "LIMIT" as length (regression: kept as given, the rollout FAILED)', () => {
+    const fail = (why: string) => new Error(why);
+    const reply = (stop: string) => ({ tokens: [64], stop_type: stop, completion_probabilities: [{ id: 64, logprob: -1 }] });
+    assert.equal(TOKEN_WIRES.llamacpp.parse(reply('EOS'), fail).finishReason, 'stop');
+    assert.equal(TOKEN_WIRES.llamacpp.parse(reply('LIMIT'), fail).finishReason, 'length');
+    assert.equal(TOKEN_WIRES.llamacpp.parse(reply('Other'), fail).finishReason, 'other');
+  });
 });
 
 describe('new groups and reset (protocol/rollout.ts)', () => {

@@ -207,9 +207,12 @@ export function groupStatus(rollouts: readonly RolloutState[]): Status {
   return Status.INIT;
 }
 
-/** stop / length / tool_calls complete a rollout; abort interrupts it; anything else is a failure. */
+/**
+ * stop / length / tool_calls complete a rollout; abort interrupts it; anything else is a failure.
+ * Compared case-insensitively, as every reader of a reply does: a server answering "STOP" stopped.
+ */
 export function statusForFinishReason(reason: FinishReason): Status {
-  switch (reason) {
+  switch (reason.toLowerCase()) {
     case 'stop':
     case 'length':
     case 'tool_calls':
