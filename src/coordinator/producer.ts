@@ -486,8 +486,8 @@ export class Producer implements ProduceContext {
     const maskedAt = this.#expiry(trainStep).trainStep;
     const chosen = new Map<string, RolloutGroup[]>();
     let maskedTokens = 0;
-    // Every stored group went through the expiry lifecycle at this train step or a later one (getBatch
-    // refreshed the buffer, landings since are put at the consumer's step), so no member taken here has
+    // Every stored group went through the expiry lifecycle at `maskedAt` or a later step (getBatch and
+    // resume refresh the buffer, landings are put with the same policy), so no member taken here has
     // every token masked: those expired in the buffer, where the counts and the tail-batch trigger see them.
     for (const [task, share] of shares) {
       const groups = this.buffer.take(task, share, order);
