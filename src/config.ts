@@ -235,7 +235,7 @@ const ProducerSpec = z.strictObject({
    * and restart included.
    */
   maxSkippedSteps: nonNegativeInt.max(1_000_000).default(100),
-  /** Order COMPLETED groups are taken in: insertion (`fifo`) or stalest first, then oldest. */
+  /** Order groups leave the buffer in, for a batch (COMPLETED) and for a retry (EXPIRED, ABORTED): insertion (`fifo`) or stalest first, then oldest. */
   takeOrder: z.enum(['fifo', 'stalest']).default('fifo'),
   /**
    * Memory budget for the buffer plus the groups in flight (approximate bytes). Over it, the producer

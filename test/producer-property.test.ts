@@ -10,8 +10,9 @@
  * - `counts.scheduled = inFlight + stored + taken + dropped`, and each term matches what the test saw;
  * - no group id is drawn twice, taken twice or dropped twice, across restarts too;
  * - a NORMAL batch holds exactly `batchSize` groups (each task its share), every rollout COMPLETED, and
- *   (async) none as stale as the stale threshold; EXPIRED_BATCH only when the weights are too stale
- *   for the step; UPDATE_WEIGHT_AND_ABORT only while paused; getBatch never waits with nothing in flight.
+ *   none as stale as the stale threshold (sync: no token older than the weights being served);
+ *   EXPIRED_BATCH only when the weights are too stale for the step (never with sync);
+ *   UPDATE_WEIGHT_AND_ABORT only while paused; getBatch never waits with nothing in flight.
  *
  * Operations run one after the other with every callback flushed in between, except a getBatch asked
  * for a few microtasks after a resume (`thenBatch`): a trainer calls it that quickly, while the
@@ -212,7 +213,8 @@ class Run {
   constructor(config: ResolvedConfig) {
     this.config = config;
     const p = config.producer;
-    this.threshold = p.strategy === 'async' ? staleThreshold(p.maxStaleness, p.syncWeightsInterval) : Infinity;
+    // Sync means staleness 0, measured against the weights being served (checkBatch).
+    this.threshold = p.strategy === 'async' ? staleThreshold(p.maxStaleness, p.syncWeightsInterval) : staleThreshold(0, 1);
   }
 
   /** A fresh Producer, pool, control block and samplers; restored from `snapshot` (before start) if given. */
@@ -388,8 +390,9 @@ class Run {
           const kept = r.turns.reduce((n, t) => n + (t.lossMask ? t.lossMask.reduce((a, b) => a + b, 0) : (t.responseIds?.length ?? 0)), 0);
           if (kept === 0) this.problems.push(`rollout ${r.id} taken at step ${step} with every token masked out of the loss`);
         }
-        const s = rolloutStaleness(r, step);
-        if (s >= this.threshold) this.problems.push(`rollout ${r.id} taken at step ${step} with staleness ${s} ≥ threshold ${this.threshold}`);
+        const measuredAt = config.producer.strategy === 'sync' ? this.producer.modelStep + 1 : step;
+        const s = rolloutStaleness(r, measuredAt);
+        if (s >= this.threshold) this.problems.push(`rollout ${r.id} taken at step ${step} (model step ${this.producer.modelStep}) with staleness ${s} ≥ threshold ${this.threshold}, measured at step ${measuredAt}`);
       }
     }
     this.trainStep = step + 1;

@@ -10,11 +10,19 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { rolloutMinModelStep, rolloutStaleness, seqStaleness, staleThreshold, tokenLossMask, turnMinModelStep } from '../src/buffer/staleness.ts';
+import { rolloutMinModelStep, rolloutStaleness, seqStaleness, staleThreshold, tokenLossMask, tokensAllStale, turnMinModelStep } from '../src/buffer/staleness.ts';
 import { applyExpiry, ReplayBuffer, type ExpiryPolicy } from '../src/buffer/replay-buffer.ts';
 import { AsyncStrategy, type ProduceContext } from '../src/coordinator/strategies.ts';
 import { allocateBatch } from '../src/coordinator/allocate.ts';
 import { ProduceProgress } from '../src/coordinator/progress.ts';
+import { TOKEN_WIRES } from '../src/llm/token-wire.ts';
+import { Sampler } from '../src/buffer/sampler.ts';
+import { resolveConfig } from '../src/config.ts';
+import { PauseControl } from '../src/coordinator/pause-control.ts';
+import { Producer, type Batch } from '../src/coordinator/producer.ts';
+import { createLogger } from '../src/log.ts';
+import { CONTROL } from '../src/protocol/control-block.ts';
+import { ScriptedPool, type Outcome } from './support/scripted-pool.ts';
 import {
   groupStatus,
   newGroup,
@@ -144,11 +152,23 @@ describe('finish reason to rollout status (protocol/rollout.ts statusForFinishRe
     ['error', 'FAILED'],
     ['content_filter', 'FAILED'],
     ['', 'FAILED'],
-    ['STOP', 'FAILED'], // reasons are matched exactly, not case-folded
+    ['STOP', 'COMPLETED'], // compared case-insensitively, like every reader of a reply
+    ['Abort', 'ABORTED'],
+    ['Content_Filter', 'FAILED'],
   ];
   for (const [reason, want] of rows) {
     it(`maps finish reason ${JSON.stringify(reason)} to ${want}`, () => assert.equal(statusForFinishReason(reason), want));
   }
+});
+
+describe('finish reasons read case-insensitively (issue 17 item 16)', () => {
+  it('reads a llama.cpp stop_type of "EOS" as stop and "LIMIT" as length (regression: kept as given, the rollout FAILED)', () => {
+    const fail = (why: string) => new Error(why);
+    const reply = (stop: string) => ({ tokens: [64], stop_type: stop, completion_probabilities: [{ id: 64, logprob: -1 }] });
+    assert.equal(TOKEN_WIRES.llamacpp.parse(reply('EOS'), fail).finishReason, 'stop');
+    assert.equal(TOKEN_WIRES.llamacpp.parse(reply('LIMIT'), fail).finishReason, 'length');
+    assert.equal(TOKEN_WIRES.llamacpp.parse(reply('Other'), fail).finishReason, 'other');
+  });
 });
 
 describe('new groups and reset (protocol/rollout.ts)', () => {
@@ -411,7 +431,7 @@ describe('expiry of one group (buffer/replay-buffer.ts applyExpiry)', () => {
     });
   }
 
-  it('with an infinite threshold (sync strategy) never expires anything: C(−100) at train step 1000 is kept untouched', () => {
+  it('with an infinite threshold never expires anything: C(−100) at train step 1000 is kept untouched', () => {
     const g = group('t', 1, C(-100), A(0));
     for (const retryable of [true, false]) {
       assert.equal(applyExpiry(g, { trainStep: 1000, threshold: Number.POSITIVE_INFINITY, retryable }), true);
@@ -686,6 +706,21 @@ describe('replay buffer taking (buffer/replay-buffer.ts take / takeForRetry / co
       assert.equal(buffer.count('a'), 1); // the COMPLETED group is never taken for retry
     });
   }
+
+  it("draws groups for retry stalest first under takeOrder 'stalest' (regression: retries came back in insertion order whatever the order)", () => {
+    // EXPIRED pool: a/0 keeps a sibling at step 4, a/1 one at step 2, a/2 was reset whole (no tokens:
+    // least stale), a/3 one at step 2 again. ABORTED pool: a/4 at step 5, a/5 at step 3.
+    const buffer = new ReplayBuffer(['a']);
+    buffer.put(group('a', 0, E(), C(4)));
+    buffer.put(group('a', 1, E(), C(2)));
+    buffer.put(group('a', 2, E()));
+    buffer.put(group('a', 3, E(), C(2)));
+    buffer.put(group('a', 4, A(5)));
+    buffer.put(group('a', 5, A(3)));
+    const got: (string | null)[] = [];
+    for (let i = 0; i < 7; i++) got.push(buffer.takeForRetry('a', ['EXPIRED', 'ABORTED'], 'stalest')?.id ?? null);
+    assert.deepEqual(got, ['a/1', 'a/3', 'a/0', 'a/2', 'a/5', 'a/4', null]);
+  });
 });
 
 describe('replay buffer snapshot and restore (buffer/replay-buffer.ts)', () => {
@@ -786,12 +821,10 @@ describe('async strategy decisions (coordinator/strategies.ts AsyncStrategy)', (
     });
   }
 
-  it(
-    'over-samples exactly ceil(0.14×50) = ceil(7) = 7 groups when the product is a whole number',
-    () => {
-      assert.equal(strategy(2, 0, 0.14).oversample(50, false), 7);
-    },
-  );
+  it('over-samples ceil(0.14×50) = ceil(7.000000000000001) = 8 groups as the reference does (regression: a 1e-9 tolerance gave 7)', () => {
+    assert.equal(0.14 * 50, 7.000000000000001);
+    assert.equal(strategy(2, 0, 0.14).oversample(50, false), 8);
+  });
 });
 
 describe('async strategy produce round (coordinator/strategies.ts AsyncStrategy.produce)', () => {
@@ -891,22 +924,24 @@ describe('batch split across tasks (coordinator/allocate.ts allocateBatch)', () 
     }
   });
 
-  // Exact ties whose floating-point remainders differ: x − floor(x) of 8/6 is 0.33333333333333326 but
-  // 2/6 is 0.3333333333333333 but 8/6 − 1 is 0.33333333333333326: ties must be compared with a tolerance.
-  const floatTieRows: { batch: number; weights: number[]; want: number[]; arithmetic: string }[] = [
-    { batch: 2, weights: [4, 1, 1], want: [2, 0, 0], arithmetic: '4/3, 1/3, 1/3 → 1, 0, 0 + 1 left; remainders all exactly 1/3, tie → first' },
-    { batch: 4, weights: [1, 4, 1], want: [1, 3, 0], arithmetic: '2/3, 8/3, 2/3 → 0, 2, 0 + 2 left; remainders all exactly 2/3, ties → first two' },
-    { batch: 3, weights: [2, 2, 5], want: [1, 1, 1], arithmetic: '2/3, 2/3, 5/3 → 0, 0, 1 + 2 left; remainders all exactly 2/3, ties → first two' },
-    { batch: 2, weights: [0.1, 0.7, 0.2], want: [0, 2, 0], arithmetic: '0.2, 1.4, 0.4 → 0, 1, 0 + 1 left; remainders .2, .4, .4, tie → second' },
+  // Near ties are compared as the doubles they are, as the reference does: 4/3 − 1 is
+  // 0.33333333333333326 and loses to 1/3 = 0.3333333333333333. A tolerance of 1e-9 used to call these
+  // ties and give them to the task listed first, so the split differed from the reference's.
+  const floatTieRows: { batch: number; weights: number[]; want: number[]; was: number[]; arithmetic: string }[] = [
+    { batch: 2, weights: [4, 1, 1], want: [1, 1, 0], was: [2, 0, 0], arithmetic: 'remainders .33333333333333326, .3333333333333333, .3333333333333333 → second and third tie, second first' },
+    { batch: 4, weights: [1, 4, 1], want: [1, 2, 1], was: [1, 3, 0], arithmetic: 'remainders .6666666666666666, .6666666666666665, .6666666666666666 → first and third' },
+    { batch: 3, weights: [2, 2, 5], want: [1, 0, 2], was: [1, 1, 1], arithmetic: 'remainders .6666666666666666, .6666666666666666, .6666666666666667 → third, then first' },
+    { batch: 2, weights: [0.1, 0.7, 0.2], want: [0, 1, 1], was: [0, 2, 0], arithmetic: 'remainders .2, .3999999999999999, .4 → third' },
   ];
-  for (const { batch, weights, want, arithmetic } of floatTieRows) {
-    it(
-      `splits ${batch} by weights ${weights.join(':')} into ${want.join('/')}, an exact tie going to the task listed first (${arithmetic})`,
-      () => {
-        assert.deepEqual([...allocateBatch(batch, weights.map((weight, i) => ({ name: `t${i}`, weight }))).values()], want);
-      },
-    );
+  for (const { batch, weights, want, was, arithmetic } of floatTieRows) {
+    it(`splits ${batch} by weights ${weights.join(':')} into ${want.join('/')} as plain doubles do, not ${was.join('/')} (regression: a 1e-9 tie tolerance disagreed with the reference; ${arithmetic})`, () => {
+      assert.deepEqual([...allocateBatch(batch, weights.map((weight, i) => ({ name: `t${i}`, weight }))).values()], want);
+    });
   }
+
+  it('gives an exact tie of doubles to the task listed first: 7 over 1:1 has remainders 0.5 and 0.5 → 4/3', () => {
+    assert.deepEqual([...allocateBatch(7, [{ name: 'b', weight: 1 }, { name: 'a', weight: 1 }]).values()], [4, 3]);
+  });
 });
 
 // ── coordinator/progress.ts ──────────────────────────────────────────────────────────────────────
@@ -1040,5 +1075,205 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
     const state = { ...p.snapshot(), consumedSamples: { a: 5, zzz: 1 }, targetSamples: { a: 6 } };
     p.restore(state);
     assert.deepEqual([p.consumedSamples, p.targetSamples], [{ a: 5, b: 0 }, { a: 6, b: 0 }]);
+  });
+});
+
+// ── the producer on a scripted pool (coordinator/producer.ts) ───────────────────────────────────
+
+const silent = createLogger('silent');
+const NO_LLM = 'http://127.0.0.1:9';
+
+/** A Producer over a scripted pool (test/support/scripted-pool.ts): groups land when the test settles them. */
+async function scriptedProducer(producer: Record<string, unknown>, { batchSize = 1, groupSize = 2 } = {}) {
+  const config = resolveConfig({
+    seed: 7,
+    batchSize,
+    modelStep: 0,
+    logLevel: 'silent',
+    tasks: [{ name: 't0', env: { module: 'builtin:arithmetic' }, groupSize, weight: 1, maxSteps: 1 }],
+    llm: { url: NO_LLM, abortPath: null },
+    workers: { threads: 1 },
+    producer,
+    pause: { mode: 'abort', timeoutMs: 50, resignalIntervalMs: 10 },
+  });
+  const samplers = new Map<string, Sampler>();
+  for (const task of config.tasks) samplers.set(task.name, await Sampler.create(task, config.seed));
+  const pool = new ScriptedPool({ partialRollout: config.producer.partialRollout });
+  const control = new PauseControl(0);
+  const p = new Producer({ config, pool, control, samplers, log: silent, endpoints: [NO_LLM], hooks: {} });
+  p.start();
+  return { producer: p, pool, control };
+}
+
+async function settled(): Promise<void> {
+  for (let i = 0; i < 3; i++) await new Promise(setImmediate);
+}
+
+/** A weight-update pause whose in-flight groups come back with `outcome`; the worker's acknowledgement is simulated. */
+async function pauseWith(s: Awaited<ReturnType<typeof scriptedProducer>>, outcome: Outcome): Promise<void> {
+  const pausing = s.producer.pause();
+  const view = new Int32Array(s.control.block);
+  Atomics.add(view, CONTROL.ACKS, 1);
+  Atomics.notify(view, CONTROL.ACKS);
+  await settled();
+  for (const id of s.pool.heldIds()) s.pool.settle(id, outcome);
+  await pausing;
+}
+
+/** getBatch(step), settling each group the producer sends with `outcome` until the batch is answered. */
+async function batchOf(s: Awaited<ReturnType<typeof scriptedProducer>>, step: number, outcome: Outcome = { kind: 'completed' }): Promise<Batch> {
+  let answer: Batch | null = null;
+  const asking = s.producer.getBatch(step).then((b) => (answer = b));
+  for (let i = 0; i < 50 && answer === null; i++) {
+    await settled();
+    if (answer !== null) break;
+    const [id] = s.pool.heldIds();
+    assert.ok(id !== undefined, `getBatch(${step}) waits with nothing in flight`);
+    s.pool.settle(id, outcome);
+  }
+  return asking;
+}
+
+const minStepOf = (g: RolloutGroup) => Math.min(...g.rollouts.map((r) => rolloutMinModelStep(r) ?? Infinity));
+
+describe('token-level expiry (issue 17 item 11)', () => {
+  // Token threshold 2 at train step 5: a token of model step m is masked when 5 − m − 1 ≥ 2, i.e. m ≤ 2.
+  // The group threshold 100 is never reached, so only the token-level test can expire a member.
+  const tokenPolicy = (retryable: boolean): ExpiryPolicy => ({ trainStep: 5, threshold: 100, tokenThreshold: 2, retryable });
+
+  it('expires on put a member whose every token is past the token threshold (steps 1, 2 → 3, 2 ≥ 2) and keeps one with a token under it (steps 2, 3 → 3 − 1 = 1 < 2) (regression: only a batch take expired it)', () => {
+    const buffer = new ReplayBuffer(['a']);
+    const g = group('a', 0, C(1, 2), C(2, 3));
+    assert.equal(buffer.put(g, tokenPolicy(true)), 'EXPIRED');
+    assert.deepEqual(statuses(g), ['EXPIRED', 'COMPLETED']);
+    assert.deepEqual([buffer.count('a', 'EXPIRED'), buffer.count('a')], [1, 0]);
+  });
+
+  it('drops and counts such a group on put when expired groups are not retried', () => {
+    const buffer = new ReplayBuffer(['a']);
+    assert.equal(buffer.put(group('a', 0, C(1, 2), C(2, 3)), tokenPolicy(false)), 'EXPIRED');
+    assert.equal(buffer.dropped.EXPIRED, 1);
+  });
+
+  it('expires on refresh a stored group whose tokens all became too stale for the new train step (step 3 at 5 → 1 < 2, at 6 → 2)', () => {
+    const buffer = new ReplayBuffer(['a']);
+    buffer.put(group('a', 0, C(3), C(4)), tokenPolicy(true));
+    assert.equal(buffer.count('a'), 1);
+    buffer.refresh({ ...tokenPolicy(true), trainStep: 6 });
+    assert.deepEqual([buffer.count('a'), buffer.count('a', 'EXPIRED')], [0, 1]);
+  });
+
+  it('counts only turns with per-token model steps: a text-only turn neither expires a rollout nor keeps one alive', () => {
+    assert.equal(tokensAllStale(rolloutOf(turn(null, { response: 'hi', modelStep: 0 })), 5, 2), false);
+    assert.equal(tokensAllStale(rolloutOf(turn(null, { response: 'hi', modelStep: 4 }), turn([1, 2], { step: 2 })), 5, 2), true);
+    assert.equal(tokensAllStale(rolloutOf(turn([], { response: '' })), 5, 2), false);
+  });
+
+  it('drops a landed group whose every token is past producer.tokenStalenessThreshold as it lands, not when a batch is taken (regression: the counts missed it)', async () => {
+    // maxStaleness 1: group threshold 2; token threshold 1. Batch 1 with over-sampling 1 schedules 2
+    // groups at model step 0; the first makes batch 1. The second lands for train step 2: its tokens
+    // are 2 − 0 − 1 = 1 ≥ 1 stale, so it expires there and then (dropped: tailBatchTriggerSize −1).
+    const s = await scriptedProducer({ strategy: 'async', maxStaleness: 1, overSampleThreshold: 1, tokenStalenessThreshold: 1, tailBatchTriggerSize: -1 });
+    try {
+      const batch = await batchOf(s, 1);
+      assert.equal(batch.status, 'NORMAL');
+      assert.equal(s.pool.heldCount, 1);
+      s.pool.settle(s.pool.heldIds()[0], { kind: 'completed' });
+      await settled();
+      assert.equal(s.producer.counts.dropped.EXPIRED, 1);
+      assert.equal(s.producer.completed('t0'), 0);
+    } finally {
+      await s.producer.close();
+    }
+  });
+});
+
+describe('produced tokens (issue 17 item 12)', () => {
+  for (const partialRollout of [true, false]) {
+    it(`counts each token once in producedTokens when an interrupted group is retried${partialRollout ? ' and continued' : ' from its prompt'}: 2 + 3, then 2 = 7 (regression: kept siblings and partial turns counted again)`, async () => {
+      // The pause interrupts the group: member 0 completes with 2 tokens, member 1 stops after 3.
+      // The retry keeps member 0 as it is and generates 2 tokens for member 1 (continuing its 3, or
+      // restarting from its prompt). Generated in all: 2 + 3 + 2 = 7.
+      const s = await scriptedProducer({ strategy: 'sync', partialRollout });
+      try {
+        const first = s.producer.getBatch(1);
+        await settled();
+        await pauseWith(s, { kind: 'aborted', tokens: 3, finished: [true, false] });
+        assert.equal((await first).status, 'UPDATE_WEIGHT_AND_ABORT');
+        s.producer.resume(0);
+        const batch = await batchOf(s, 1);
+        assert.equal(batch.status, 'NORMAL');
+        assert.deepEqual(batch.stats?.producedSamples, { t0: 4 }); // the group landed twice
+        assert.deepEqual(batch.stats?.producedTokens, { t0: 7 });
+        assert.equal(batch.stats?.responseTokens, partialRollout ? 2 + 5 : 2 + 2);
+      } finally {
+        await s.producer.close();
+      }
+    });
+  }
+});
+
+describe('sync strategy staleness (issue 17 item 13)', () => {
+  it('expires a pause leftover of older weights and generates it again instead of serving it off-policy in a sync run (regression: batch 2 held tokens of model step 0)', async () => {
+    // Batch 2 at model step 0: group A completes, then a pause interrupts group B after 1 token per
+    // member. The trainer resumes with model step 1 and asks for step 2. Both leftovers were made by
+    // step-0 weights: measured against the served weights, 2 − 0 − 1 = 1 ≥ threshold 1 (maxStaleness
+    // 0), so their members are reset and the groups drawn again, every token now of model step 1.
+    const s = await scriptedProducer({ strategy: 'sync', partialRollout: true }, { batchSize: 2 });
+    try {
+      const first = s.producer.getBatch(1);
+      await settled();
+      const [a, b] = s.pool.heldIds();
+      s.pool.settle(a, { kind: 'completed' });
+      await settled();
+      await pauseWith(s, { kind: 'aborted', tokens: 1, finished: [false] });
+      assert.equal((await first).status, 'UPDATE_WEIGHT_AND_ABORT');
+      assert.deepEqual([s.producer.completed('t0'), s.producer.buffer.count('t0', 'ABORTED')], [1, 1]);
+      s.producer.resume(1);
+      assert.deepEqual([s.producer.completed('t0'), s.producer.buffer.count('t0', 'ABORTED'), s.producer.expired('t0')], [0, 0, 2]);
+      const batch = await batchOf(s, 2);
+      assert.equal(batch.status, 'NORMAL');
+      assert.deepEqual(batch.groups.map((g) => g.id).sort(), [a, b].sort()); // drawn again, not replaced by fresh prompts
+      assert.deepEqual(batch.groups.map(minStepOf), [1, 1]);
+      assert.equal(s.producer.counts.scheduled, 2);
+    } finally {
+      await s.producer.close();
+    }
+  });
+
+  it('expires a restored checkpoint leftover of older weights in a sync run once the trainer resumes with newer ones (regression: served as it was)', async () => {
+    // The checkpoint is taken at model step 0 with one COMPLETED group and one in flight (restored as
+    // ABORTED, with no tokens: nothing to expire). Restored and resumed with model step 1, the
+    // COMPLETED one is 2 − 0 − 1 = 1 ≥ 1 stale: it is generated again with the other.
+    const s = await scriptedProducer({ strategy: 'sync' }, { batchSize: 2 });
+    const first = s.producer.getBatch(1);
+    await settled();
+    s.pool.settle(s.pool.heldIds()[0], { kind: 'completed' });
+    await settled();
+    const snapshot = structuredClone(s.producer.snapshot());
+    s.pool.settle(s.pool.heldIds()[0], { kind: 'completed' });
+    await first;
+    await s.producer.close();
+    const restored = await scriptedProducer({ strategy: 'sync' }, { batchSize: 2 }); // sync: start() schedules nothing, so restoring after it is as before it
+    try {
+      restored.producer.restore(snapshot);
+      restored.producer.resume(1);
+      assert.deepEqual([restored.producer.completed('t0'), restored.producer.expired('t0'), restored.producer.buffer.count('t0', 'ABORTED')], [0, 1, 1]);
+      const batch = await batchOf(restored, 2);
+      assert.equal(batch.status, 'NORMAL');
+      assert.deepEqual(batch.groups.map(minStepOf), [1, 1]);
+    } finally {
+      await restored.producer.close();
+    }
+  });
+
+  it('never expires anything in a sync run whose trainer does not push weights: batches 1 to 3 at model step 0 are all NORMAL', async () => {
+    const s = await scriptedProducer({ strategy: 'sync' });
+    try {
+      for (const step of [1, 2, 3]) assert.equal((await batchOf(s, step)).status, 'NORMAL');
+      assert.deepEqual([s.producer.counts.dropped.EXPIRED, s.producer.expired('t0'), s.producer.counts.scheduled], [0, 0, 3]);
+    } finally {
+      await s.producer.close();
+    }
   });
 });

@@ -9,12 +9,14 @@
  * - Map iteration order is insertion order, which is what "FIFO by insertion" means below.
  *
  * Expiry lifecycle (on every put and every refresh, for COMPLETED / ABORTED / EXPIRED groups): a
- * member whose staleness reaches the threshold has expired. When expired groups are retryable, only
+ * member whose staleness reaches the threshold, or whose every token the token-level mask would
+ * mask, has expired — here and nowhere else, so the EXPIRED pool and the drop counts the tail-batch
+ * trigger and the stats read always hold every expired group. When expired groups are retryable, only
  * the expired members are reset to their prompt and marked EXPIRED (siblings keep their responses);
  * when they are not, the whole group is dropped and counted.
  */
 import { approxGroupBytes, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
-import { rolloutMinModelStep, rolloutStaleness } from './staleness.ts';
+import { rolloutExpired, rolloutMinModelStep } from './staleness.ts';
 
 const STORED_STATUSES = [Status.COMPLETED, Status.ABORTED, Status.EXPIRED] as const;
 export type StoredStatus = (typeof STORED_STATUSES)[number];
@@ -24,8 +26,10 @@ export type TakeOrder = 'fifo' | 'stalest';
 export interface ExpiryPolicy {
   /** The consumer's train step staleness is measured against. */
   trainStep: number;
-  /** staleThreshold(maxStaleness, syncWeightsInterval); Infinity disables expiry (sync strategy). */
+  /** staleThreshold(maxStaleness, syncWeightsInterval); Infinity disables group-level expiry. */
   threshold: number;
+  /** producer.tokenStalenessThreshold: a member with every token this stale expires; null or absent = off. */
+  tokenThreshold?: number | null;
   /** true: reset expired members and keep the group as EXPIRED; false: drop the group. */
   retryable: boolean;
 }
@@ -141,16 +145,32 @@ export class ReplayBuffer {
     return chosen;
   }
 
-  /** Remove and return the oldest group of the first non-empty pool in `statuses`, for regeneration. */
-  takeForRetry(taskName: string, statuses: readonly StoredStatus[]): RolloutGroup | null {
+  /**
+   * Remove and return one group of the first non-empty pool in `statuses`, for regeneration, chosen
+   * in the same `order` as `take`: the oldest, or the stalest then the oldest.
+   */
+  takeForRetry(taskName: string, statuses: readonly StoredStatus[], order: TakeOrder = 'fifo'): RolloutGroup | null {
     const pools = this.#taskPools(taskName);
     for (const status of statuses) {
       const pool = pools.get(status)!;
-      for (const [id, group] of pool) {
-        pool.delete(id);
-        this.#forget(id);
-        return group;
+      let chosen: RolloutGroup | null = null;
+      let chosenStep = Infinity;
+      for (const group of pool.values()) {
+        if (order === 'fifo') {
+          chosen = group;
+          break;
+        }
+        // Strictly older only: among equally stale groups the first inserted stays chosen.
+        const step = groupMinModelStep(group);
+        if (chosen === null || step < chosenStep) {
+          chosen = group;
+          chosenStep = step;
+        }
       }
+      if (chosen === null) continue;
+      pool.delete(chosen.id);
+      this.#forget(chosen.id);
+      return chosen;
     }
     return null;
   }
@@ -216,12 +236,12 @@ export class ReplayBuffer {
  * The expiry lifecycle for one group. Returns false when the group must be dropped (it has an
  * expired member and expired groups are not retryable).
  */
-export function applyExpiry(group: RolloutGroup, { trainStep, threshold, retryable }: ExpiryPolicy, onReset?: ((tokens: number) => void) | null): boolean {
-  if (!Number.isFinite(threshold)) return true;
+export function applyExpiry(group: RolloutGroup, { trainStep, threshold, retryable, tokenThreshold = null }: ExpiryPolicy, onReset?: ((tokens: number) => void) | null): boolean {
+  if (!Number.isFinite(threshold) && tokenThreshold === null) return true;
   let expiredAny = false;
   for (const rollout of group.rollouts) {
     if (rollout.status !== Status.COMPLETED && rollout.status !== Status.ABORTED) continue;
-    if (rolloutStaleness(rollout, trainStep) < threshold) continue;
+    if (!rolloutExpired(rollout, trainStep, threshold, tokenThreshold)) continue;
     expiredAny = true;
     if (!retryable) break;
     onReset?.(responseTokenCount(rollout));

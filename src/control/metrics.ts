@@ -8,7 +8,7 @@ import type { DropReason } from '../buffer/replay-buffer.ts';
 import { rolloutStaleness } from '../buffer/staleness.ts';
 import type { PauseReport, ProducerObserver } from '../coordinator/producer.ts';
 import type { EngineStats } from '../coordinator/engine.ts';
-import { responseTokenCount, type RolloutGroup } from '../protocol/rollout.ts';
+import { dispatchTokenCount, responseTokenCount, type RolloutGroup } from '../protocol/rollout.ts';
 
 const SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
 const PAUSE_SECONDS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30];
@@ -105,11 +105,9 @@ export class EngineMetrics implements ProducerObserver {
     for (let i = 0; i < group.rollouts.length; i++) {
       const r = group.rollouts[i];
       const before = sent.rollouts[i];
-      const sentTokens = before ? responseTokenCount(before) : 0;
       // A rollout restarted from its prompt in the worker threw its earlier tokens away.
-      if (before && r.attempt > before.attempt) wasted += sentTokens;
-      else produced -= sentTokens;
-      produced += responseTokenCount(r);
+      if (before && r.attempt > before.attempt) wasted += responseTokenCount(before);
+      produced += dispatchTokenCount(before, r);
       this.#turns.inc(Math.max(0, r.turns.length - (before && r.attempt === before.attempt ? before.turns.length : 0)));
       if (r.status === 'COMPLETED' || r.status === 'FAILED') {
         const t = r.timings;

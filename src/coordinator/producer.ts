@@ -21,7 +21,7 @@ import { MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
 import type { Logger } from '../log.ts';
 import { preview, RolloutEngineError } from '../protocol/errors.ts';
 import { wallClockUs } from '../protocol/control-block.ts';
-import { approxGroupBytes, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { approxGroupBytes, dispatchTokenCount, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
 import { Notifier, WakeUp } from './notifier.ts';
 import type { PauseControl } from './pause-control.ts';
 import { ProduceProgress, type ProgressState } from './progress.ts';
@@ -53,7 +53,10 @@ export interface BatchStats {
   staleness: { min: number; max: number; mean: number };
   /** Tokens masked out of the loss by the token-level staleness threshold. */
   maskedTokens: number;
-  /** Since the previous batch: groups produced per task (every status) and their response tokens. */
+  /**
+   * Since the previous batch: groups produced per task (every status, a retried group each time it
+   * lands) and the response tokens generated for them (each token once, in the dispatch that made it).
+   */
   producedSamples: Record<string, number>;
   producedTokens: Record<string, number>;
   /** Since the previous batch: mean reward of COMPLETED groups as generated (before filtering). */
@@ -216,10 +219,13 @@ export class Producer implements ProduceContext {
     for (const task of config.tasks) this.#inFlightByTask.set(task.name, 0);
     const p = config.producer;
     this.#isValidGroup = options.hooks?.isValidGroup ?? (p.filter === 'drop-equal-rewards' ? hasRewardSpread : null);
-    this.#threshold = p.strategy === 'async' ? staleThreshold(p.maxStaleness, p.syncWeightsInterval) : Infinity;
+    // Sync means staleness 0: the threshold of maxStaleness 0, measured against the weights being
+    // served (#expiry), so a leftover of older weights expires instead of being served off-policy.
+    this.#threshold = p.strategy === 'async' ? staleThreshold(p.maxStaleness, p.syncWeightsInterval) : staleThreshold(0, 1);
     // Producing for a step is pointless once its samples would expire on arrival — or have every token
-    // masked by the token-level threshold: either bound makes the weights too stale for the step.
-    this.#produceThreshold = Math.min(this.#threshold, p.tokenStalenessThreshold ?? Infinity);
+    // masked by the token-level threshold: either bound makes the weights too stale for the step. Sync
+    // measures against the weights it produces with, which are never too stale for themselves.
+    this.#produceThreshold = p.strategy === 'async' ? Math.min(this.#threshold, p.tokenStalenessThreshold ?? Infinity) : Infinity;
     this.#sync = new SyncStrategy(options.hooks?.shouldContinue);
     this.#async = new AsyncStrategy({
       overSampleThreshold: p.overSampleThreshold,
@@ -271,7 +277,7 @@ export class Producer implements ProduceContext {
   }
 
   spawn(task: string, fromExpiredPool: boolean): void {
-    let group = this.buffer.takeForRetry(task, fromExpiredPool ? [Status.EXPIRED, Status.ABORTED] : [Status.ABORTED]);
+    let group = this.buffer.takeForRetry(task, fromExpiredPool ? [Status.EXPIRED, Status.ABORTED] : [Status.ABORTED], this.#config.producer.takeOrder);
     if (group !== null) {
       this.#counts.retried++;
       // Time an interrupted rollout waited (paused, then queued for a retry) counts as paused time.
@@ -351,8 +357,9 @@ export class Producer implements ProduceContext {
     this.#counts.landed[group.status]++;
     if (this.#config.producer.memoryBudgetBytes !== null) this.#meanGroupBytes = 0.9 * this.#meanGroupBytes + 0.1 * approxGroupBytes(group);
     const task = group.taskName;
+    // Only what this dispatch generated: a retried group's kept siblings and partial turns were counted when they landed.
     let tokens = 0;
-    for (const r of group.rollouts) tokens += responseTokenCount(r);
+    for (let i = 0; i < group.rollouts.length; i++) tokens += dispatchTokenCount(sent.rollouts[i], group.rollouts[i]);
     this.progress.addProduced(task, group.rollouts.length, tokens);
     if (group.status === Status.COMPLETED) {
       let sum = 0;
@@ -389,8 +396,15 @@ export class Producer implements ProduceContext {
     }
   }
 
+  /**
+   * The expiry policy for `trainStep`. Async measures staleness against the trainer's step. Sync
+   * measures it against the step the served weights make batches for (serving model step + 1): a
+   * group from older weights expires, while a run whose trainer never pushes weights is never stale.
+   */
   #expiry(trainStep = this.progress.nextConsumerStep): ExpiryPolicy {
-    return { trainStep, threshold: this.#threshold, retryable: this.#config.producer.tailBatchTriggerSize >= 0 };
+    const p = this.#config.producer;
+    const measuredAt = p.strategy === 'sync' ? this.servingModelStep + 1 : trainStep;
+    return { trainStep: measuredAt, threshold: this.#threshold, tokenThreshold: p.tokenStalenessThreshold, retryable: p.tailBatchTriggerSize >= 0 };
   }
 
   // ── the consumer ──────────────────────────────────────────────────────────────────────────────
@@ -475,30 +489,16 @@ export class Producer implements ProduceContext {
     for (const [task, share] of shares) if (this.completed(task) < share) return null;
     const order = this.#config.producer.takeOrder;
     const tokenThreshold = this.#config.producer.tokenStalenessThreshold;
+    const maskedAt = this.#expiry(trainStep).trainStep;
     const chosen = new Map<string, RolloutGroup[]>();
-    let short = false;
     let maskedTokens = 0;
+    // Every stored group went through the expiry lifecycle at `maskedAt` or a later step (getBatch and
+    // resume refresh the buffer, landings are put with the same policy), so no member taken here has
+    // every token masked: those expired in the buffer, where the counts and the tail-batch trigger see them.
     for (const [task, share] of shares) {
       const groups = this.buffer.take(task, share, order);
-      const kept: RolloutGroup[] = [];
-      for (const group of groups) {
-        const masked = tokenThreshold === null ? 0 : applyTokenMask(group, trainStep, tokenThreshold);
-        if (masked < 0) {
-          // A member kept no token: it expired. Retry the group, or drop it when expired groups are not retried.
-          if (this.#expiry(trainStep).retryable) this.buffer.put(group);
-          else this.buffer.drop(group, 'EXPIRED');
-          short = true;
-        } else {
-          maskedTokens += masked;
-          kept.push(group);
-        }
-      }
-      chosen.set(task, kept);
-    }
-    if (short) {
-      for (const groups of chosen.values()) for (const g of groups) this.buffer.put(g); // keep them for the next try
-      this.#changed.notify(); // the background loop must replace what expired
-      return null;
+      if (tokenThreshold !== null) for (const group of groups) maskedTokens += applyTokenMask(group, maskedAt, tokenThreshold);
+      chosen.set(task, groups);
     }
     const groups = [...chosen.values()].flat();
     this.progress.markConsumed(new Map([...chosen].map(([task, gs]) => [task, gs.length])));
@@ -760,29 +760,16 @@ export class Producer implements ProduceContext {
   }
 }
 
-/**
- * Set each turn's loss mask; returns the number of masked tokens, or −1 when some member kept no
- * token at all (it is then reset and marked EXPIRED, to be generated again).
- */
+/** Set each turn's loss mask; returns the number of tokens masked out. */
 function applyTokenMask(group: RolloutGroup, trainStep: number, tokenThreshold: number): number {
   let masked = 0;
-  let memberExpired = false;
   for (const rollout of group.rollouts) {
-    let total = 0;
-    let kept = 0;
     for (const turn of rollout.turns) {
       const mask = tokenLossMask(turn, trainStep, tokenThreshold);
       if (mask === null) continue;
       turn.lossMask = mask;
-      total += mask.length;
-      for (let i = 0; i < mask.length; i++) kept += mask[i];
-    }
-    masked += total - kept;
-    if (total > 0 && kept === 0) {
-      resetToPrompt(rollout, Status.EXPIRED);
-      memberExpired = true;
+      for (let i = 0; i < mask.length; i++) masked += 1 - mask[i];
     }
   }
-  if (memberExpired) group.status = groupStatus(group.rollouts);
-  return memberExpired ? -1 : masked;
+  return masked;
 }

@@ -2,7 +2,9 @@
  * Production strategies: how groups are scheduled for one task until its share of the work is done.
  * Both run against `ProduceContext` (implemented by the Producer), which owns every count.
  *
- * Sync: start the task's share of the batch, top up while `in flight + completed < share`.
+ * Sync: start the task's share of the batch, top up while `in flight + completed < share`, drawing
+ * the retry pools (EXPIRED, then ABORTED) before fresh prompts: a sync run expires leftovers of older
+ * weights, and they must be generated again rather than left in the buffer for good.
  * Async (the reference's AsyncProduceStrategy): produce toward the cumulative target of the
  * producer's future step, with over-sampling, drawing EXPIRED (tail batch) and ABORTED groups
  * before fresh prompts; stop on a weight update (UPDATE_WEIGHT_AND_ABORT) or when the model is too
@@ -54,7 +56,7 @@ export class SyncStrategy implements ProduceStrategy {
     while (this.#shouldContinue(ctx.completed(task), share)) {
       ctx.checkFailures(task);
       if (ctx.shouldAbort()) return 'UPDATE_WEIGHT_AND_ABORT';
-      while (ctx.inFlight(task) + ctx.completed(task) < share && ctx.hasRoom()) ctx.spawn(task, false);
+      while (ctx.inFlight(task) + ctx.completed(task) < share && ctx.hasRoom()) ctx.spawn(task, true);
       if (ctx.inFlight(task) === 0) break;
       await ctx.landed();
     }
@@ -95,8 +97,9 @@ export class AsyncStrategy implements ProduceStrategy {
   }
 
   oversample(share: number, tailBatch: boolean): number {
-    // 0.14 × 50 is 7.000000000000001 in floating point: forgive the rounding before taking the ceiling.
-    return tailBatch ? 0 : Math.max(0, Math.ceil(this.#options.overSampleThreshold * share - 1e-9));
+    // Plain IEEE doubles, as the reference computes it: 0.14 × 50 is 7.000000000000001, so 8 groups.
+    // Forgiving the rounding would make the two disagree on how many groups a round schedules.
+    return tailBatch ? 0 : Math.ceil(this.#options.overSampleThreshold * share);
   }
 
   async produce(ctx: ProduceContext, task: string, share: number): Promise<ProduceStatus> {

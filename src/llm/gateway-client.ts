@@ -32,7 +32,7 @@ export async function fetchTraces(gatewayUrl: string, sessionId: string): Promis
     promptIds: Int32Array.from(c.prompt_token_ids),
     completionIds: Int32Array.from(c.completion_token_ids),
     logprobs: Float32Array.from(c.logprobs),
-    finishReason: c.finish_reason,
+    finishReason: typeof c.finish_reason === 'string' ? c.finish_reason.toLowerCase() : c.finish_reason, // a gateway may relay a server's "STOP"
     modelStep: c.model_step,
   }));
 }

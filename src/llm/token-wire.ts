@@ -242,7 +242,7 @@ function parseLlamacpp(json: unknown, fail: (why: string) => Error): GenerationR
   }
   if (j !== probs.length) throw fail(`completion_probabilities[${j}] is for token ${String((probs[j] as { id?: unknown })?.id)}, which is not among the tokens after the ones matched`);
   const stop = reply.stop_type;
-  const finishReason = typeof stop === 'string' ? (LLAMACPP_FINISH[stop] ?? stop) : null;
+  const finishReason = typeof stop === 'string' ? (LLAMACPP_FINISH[stop.toLowerCase()] ?? stop.toLowerCase()) : null;
   if (finishReason === null) throw fail(`stop_type must be a string (got ${JSON.stringify(stop)})`);
   return {
     completionIds,

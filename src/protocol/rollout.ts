@@ -207,9 +207,12 @@ export function groupStatus(rollouts: readonly RolloutState[]): Status {
   return Status.INIT;
 }
 
-/** stop / length / tool_calls complete a rollout; abort interrupts it; anything else is a failure. */
+/**
+ * stop / length / tool_calls complete a rollout; abort interrupts it; anything else is a failure.
+ * Compared case-insensitively, as every reader of a reply does: a server answering "STOP" stopped.
+ */
 export function statusForFinishReason(reason: FinishReason): Status {
-  switch (reason) {
+  switch (reason.toLowerCase()) {
     case 'stop':
     case 'length':
     case 'tool_calls':
@@ -272,6 +275,17 @@ export function responseTokenCount(rollout: RolloutState): number {
   let n = 0;
   for (const turn of rollout.turns) n += turn.responseIds?.length ?? 0;
   return n;
+}
+
+/**
+ * Response tokens generated in one dispatch of a rollout: `sent` as dispatched, `landed` as it came
+ * back. A continued partial rollout adds to what it had and a kept COMPLETED sibling adds nothing;
+ * a rollout restarted from its prompt in the worker (its `attempt` went up) generated all it holds.
+ */
+export function dispatchTokenCount(sent: RolloutState | undefined, landed: RolloutState): number {
+  const now = responseTokenCount(landed);
+  if (sent === undefined || landed.attempt > sent.attempt) return now;
+  return Math.max(0, now - responseTokenCount(sent));
 }
 
 /**
