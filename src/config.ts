@@ -72,7 +72,7 @@ const EnvSpec = z
     /** Actors of this environment alive at once per worker thread; null = no limit beyond the worker's concurrency. */
     poolSize: positiveInt.nullable().default(null),
     /**
-     * Bound on every call into the environment (create, reset, getTaskPrompt, step, close) and the
+     * Bound on every call into the environment (the factory call, reset, getTaskPrompt, step, close) and the
      * task's hooks: a call that has not settled by then fails its rollout (ERR_ENV_TIMEOUT) and its
      * actor is discarded (a hook's is logged and ignored). Covers HTTP environments too, retries
      * included (their requests also have `env.http.timeoutMs` each). Max 24 h: a timer's limit.

@@ -9,10 +9,10 @@
  *
  * Waiting is promise-based (a FIFO of resolvers woken by `done` / `close`), never polling.
  *
- * With `timeoutMs`, create() and close() are bounded (env/bounded.ts): a close that never settles
- * counts as a close error and frees its slot when the time is up, so one hung actor cannot hold a
- * slot for ever; a create that never settles gives its slot back, and the actor, should it come
- * after all, is closed at once.
+ * With `timeoutMs`, close() is bounded (env/bounded.ts): a close that never settles counts as a
+ * close error and frees its slot when the time is up, so one hung actor cannot hold a slot for ever.
+ * create() is not: what it waits for may be a module's first import (seconds, legitimately); the
+ * caller bounds what it calls in it (rollout/worker-runtime.ts bounds the factory call).
  */
 import { RolloutEngineError } from '../protocol/errors.ts';
 import { settleWithin } from './bounded.ts';
@@ -29,10 +29,10 @@ export interface ActorPoolOptions {
   prewarm?: () => Promise<void>;
   /** Told when an actor's close() throws; the slot is freed and the actor counted as recycled anyway. */
   onCloseError?: (err: unknown, env: Environment) => void;
-  /** Bound on each create() and close() call; null / undefined = none. */
+  /** Bound on each actor's close() call; null / undefined = none. */
   timeoutMs?: number | null;
-  /** The error of a create() or close() over `timeoutMs` (`call`: "create()" or "close()"). */
-  timedOut?: (call: string) => Error;
+  /** The error of a close() over `timeoutMs`. */
+  timedOut?: () => Error;
 }
 
 export interface ActorPool {
@@ -86,7 +86,7 @@ class Pool implements ActorPool {
   readonly #prewarm: (() => Promise<void>) | undefined;
   readonly #onCloseError: ActorPoolOptions['onCloseError'];
   readonly #timeoutMs: number | null;
-  readonly #timedOut: (call: string) => Error;
+  readonly #timedOut: () => Error;
   readonly #waiters: Waiter[] = [];
   readonly #out = new Set<Environment>();
   #busy = 0;
@@ -107,7 +107,7 @@ class Pool implements ActorPool {
     this.#prewarm = options.prewarm;
     this.#onCloseError = options.onCloseError;
     this.#timeoutMs = options.timeoutMs ?? null;
-    this.#timedOut = options.timedOut ?? ((call) => new RolloutEngineError('ERR_ENV_TIMEOUT', `environment ${call} did not settle within ${this.#timeoutMs} ms`));
+    this.#timedOut = options.timedOut ?? (() => new RolloutEngineError('ERR_ENV_TIMEOUT', `environment close() did not settle within ${this.#timeoutMs} ms`));
   }
 
   get busy(): number {
@@ -148,7 +148,8 @@ class Pool implements ActorPool {
     if (!this.#out.delete(env)) throw new RolloutEngineError('ERR_ACTOR_POOL_MISUSE', 'actor pool: done() called for an actor that is not out (called twice, or the actor came from another pool)');
     let recycle = failed;
     try {
-      await this.#bounded(env.close?.(), 'close()');
+      const closing = env.close?.();
+      await (this.#timeoutMs === null ? closing : settleWithin(closing, { timeoutMs: this.#timeoutMs, timedOut: this.#timedOut }));
     } catch (err) {
       recycle = true;
       this.#onCloseError?.(err, env);
@@ -191,15 +192,7 @@ class Pool implements ActorPool {
     this.#handedOut += 1;
     this.#creating += 1;
     try {
-      const created = this.#create();
-      let env: Environment;
-      try {
-        env = await this.#bounded(created, 'create()');
-      } catch (err) {
-        // Late, it is nobody's actor: closed as soon as it exists (its close errors go nowhere).
-        if (created instanceof Promise) created.then((late) => late.close?.(), () => undefined).catch(() => undefined);
-        throw err;
-      }
+      const env = await this.#create();
       this.#creating -= 1;
       this.#out.add(env);
       // If that was the budget's last actor, the waiters learn now that none will come.
@@ -212,10 +205,6 @@ class Pool implements ActorPool {
       this.#dispatch();
       throw err;
     }
-  }
-
-  #bounded<T>(value: T | Promise<T>, call: string): T | Promise<T> {
-    return this.#timeoutMs === null ? value : settleWithin(value, { timeoutMs: this.#timeoutMs, timedOut: () => this.#timedOut(call) });
   }
 
   /** Serves waiters, in order, while slots and budget allow; wakes them with null once nothing can come. */

@@ -12,7 +12,7 @@ import { RolloutEngineError } from '../protocol/errors.ts';
  *   Also prewarm's "this server does not serve that environment" (status 404, as its calls would get);
  * - ERR_ENV_UNREACHABLE: transport errors (refused, reset, DNS) persisted through every retry;
  * - ERR_ENV_TIMEOUT: a request exceeded the per-request timeout on every attempt; or an environment
- *   call of any kind (in-process or HTTP: create, reset, getTaskPrompt, step, close) did not settle
+ *   call of any kind (in-process or HTTP: the factory call, reset, getTaskPrompt, step, close) did not settle
  *   within `tasks[].env.timeoutMs` (env/bounded.ts);
  * - ERR_ENV_CANCELLED: an environment call was still pending when in-flight work was cancelled for a
  *   weight update (pause escalated to cancel, or a shutdown): the rollout is ABORTED, not FAILED;

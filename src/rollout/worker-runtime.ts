@@ -10,10 +10,10 @@ import { readlinkSync } from 'node:fs';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { threadId } from 'node:worker_threads';
 import { createActorPool, type ActorPool } from '../env/actor-pool.ts';
-import { timeoutError } from '../env/bounded.ts';
+import { settleWithin, timeoutError } from '../env/bounded.ts';
 import { createHttpEnvironments, type HttpEnvOptions } from '../env/http-env.ts';
 import { loadEnvironmentFactory, loadExport } from '../env/loader.ts';
-import type { EnvParams } from '../env/types.ts';
+import type { Environment, EnvParams } from '../env/types.ts';
 import { LlmRouter, type RouterOptions } from '../llm/router.ts';
 import { createLogger, type Logger } from '../log.ts';
 import { EnvWatchSlot } from '../protocol/env-watch.ts';
@@ -240,7 +240,8 @@ export class WorkerRuntime implements WorkerControl {
     // Without a configured size, the pool never makes an episode wait: the worker's own concurrency bounds it.
     const size = env.poolSize ?? Number.MAX_SAFE_INTEGER;
     const guard = new EnvGuard({ taskName: name, timeoutMs: env.timeoutMs, gate: this.#gate, watch: this.#watch, dispatchOf: this.#dispatchOf });
-    const bounds = { timeoutMs: env.timeoutMs, timedOut: (call: string) => timeoutError('ERR_ENV_TIMEOUT', name, `environment ${call}`, env.timeoutMs, 'the actor is discarded') };
+    const bound = (call: string) => ({ timeoutMs: env.timeoutMs, timedOut: () => timeoutError('ERR_ENV_TIMEOUT', name, `environment ${call}`, env.timeoutMs, 'the actor is discarded') });
+    const bounds = { timeoutMs: env.timeoutMs, timedOut: bound('close()').timedOut };
     if (env.kind === 'http') {
       const servers = createHttpEnvironments(env.http);
       const actors = createActorPool({ size, create: () => servers.create(), prewarm: () => servers.prewarm(), ...bounds });
@@ -250,7 +251,18 @@ export class WorkerRuntime implements WorkerControl {
     }
     const factory = loadEnvironmentFactory(env.moduleUrl, env.exportName);
     factory.catch(() => undefined); // reported by each episode that awaits it
-    const actors = createActorPool({ size, create: async () => (await factory)(env.params), ...bounds });
+    const create = async () => {
+      // The import is not bounded (a module's first load may take seconds): the factory call is.
+      const made = (await factory)(env.params) as Environment | Promise<Environment>;
+      try {
+        return await settleWithin(made, bound('factory call'));
+      } catch (err) {
+        // A late actor is nobody's: closed as soon as it exists (its close errors go nowhere).
+        Promise.resolve(made).then((late) => late.close?.()).catch(() => undefined);
+        throw err;
+      }
+    };
+    const actors = createActorPool({ size, create, ...bounds });
     return { settings, actors, guard, hooks, blackbox, close: () => actors.close() };
   }
 
