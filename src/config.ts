@@ -71,6 +71,13 @@ const EnvSpec = z
     params: params.default({}),
     /** Actors of this environment alive at once per worker thread; null = no limit beyond the worker's concurrency. */
     poolSize: positiveInt.nullable().default(null),
+    /**
+     * Bound on every call into the environment (the factory call, reset, getTaskPrompt, step, close) and the
+     * task's hooks: a call that has not settled by then fails its rollout (ERR_ENV_TIMEOUT) and its
+     * actor is discarded (a hook's is logged and ignored). Covers HTTP environments too, retries
+     * included (their requests also have `env.http.timeoutMs` each). Max 24 h: a timer's limit.
+     */
+    timeoutMs: positiveInt.max(86_400_000).default(60_000),
   })
   .refine((env) => (env.module === undefined) !== (env.http === undefined), { message: 'give exactly one of env.module (in-process) or env.http (env servers)' })
   .superRefine((env, ctx) => {
@@ -209,6 +216,12 @@ const WorkersSpec = z.strictObject({
   maxOldGenerationSizeMb: positiveInt.nullable().default(null),
   /** A worker whose event loop does not answer for this long (a spinning environment) is terminated and replaced; null = never. */
   watchdogMs: positiveInt.nullable().default(60_000),
+  /**
+   * Times a group is sent again after the worker running it died while none of its own rollouts was
+   * inside its environment (innocent: it comes back ABORTED); one more such death fails it with the
+   * reason. A group whose rollout was inside its environment when the worker died fails at once.
+   */
+  deathRetries: retries.default(2),
 });
 
 const ProducerSpec = z.strictObject({

@@ -124,6 +124,18 @@ describe('actor pool', { timeout: 10_000 }, () => {
     assert.equal(fragile.busy, 0, 'the slot is freed anyway');
   });
 
+  it('frees the slot of an actor whose close() never settles once timeoutMs has passed (regression: a hung actor held its slot for ever)', async () => {
+    const errors: string[] = [];
+    const hung: Environment = { reset: () => ({ observation: null }), getTaskPrompt: () => [], step: () => ({ observation: null, reward: 0, terminated: true, truncated: false }), close: () => new Promise<void>(() => {}) };
+    const actors = createActorPool({ size: 1, create: () => hung, timeoutMs: 20, timedOut: () => new Error('close() timed out'), onCloseError: (err) => errors.push((err as Error).message) });
+    const first = (await actors.acquire())!;
+    const waiter = actors.acquire(); // waits for the one slot
+    await actors.done(first, true);
+    assert.equal(await waiter, hung, 'the slot went to the waiter');
+    assert.deepEqual(errors, ['close() timed out']);
+    assert.equal(actors.recycled, 1);
+  });
+
   it('refuses done() twice for one actor', async () => {
     const actors = pool({ size: 1 });
     const a = (await actors.acquire())!;

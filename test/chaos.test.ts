@@ -189,6 +189,10 @@ const ENV_FAULTS = ['--fail-rate', '0.02', '--hang-rate', '0.005', '--drop-reply
 const STEPS = 14;
 /** Dataset line (0-based) of the local task that kills its worker, once. */
 const KILL_LINE = 5;
+/** Dataset lines of the local task whose step() never settles, every time they are drawn. */
+const HANG_LINES = [12, 27];
+/** The local task's tasks[].env.timeoutMs: what ends a hung step. */
+const ENV_TIMEOUT_MS = 500;
 
 /** The error code of a failure reason (`ERR_LLM_TIMEOUT: …`), or its first words. */
 function reasonKey(reason: string | null): string {
@@ -200,7 +204,7 @@ function reasonKey(reason: string | null): string {
 
 // Whole replies, then streamed ones (llm.stream): the faults then hit event streams (half a last
 // event, a stream cut before its end), and pauses hold the calls in flight with their tokens.
-for (const stream of [false, true]) describe(`chaos: faulty inference, faulty environments and a dying worker, with weight updates${stream ? ', replies streamed' : ''}`, { timeout: 120_000 }, () => {
+for (const stream of [false, true]) describe(`chaos: faulty inference, faulty environments, a hung environment and a dying worker, with weight updates${stream ? ', replies streamed' : ''}`, { timeout: 120_000 }, () => {
   let mock: MockLlm;
   let envServer: ChildServer;
   let engine: Engine;
@@ -215,7 +219,7 @@ for (const stream of [false, true]) describe(`chaos: faulty inference, faulty en
   before(async () => {
     dir = mkdtempSync(join(tmpdir(), 'chaos-'));
     // The kill line, among lines that let the arithmetic env draw its expression from the seed.
-    const lines = Array.from({ length: 40 }, (_, i) => JSON.stringify(i === KILL_LINE ? { kill: true } : {}));
+    const lines = Array.from({ length: 40 }, (_, i) => JSON.stringify(i === KILL_LINE ? { kill: true } : HANG_LINES.includes(i) ? { hang: true } : {}));
     writeFileSync(join(dir, 'local.jsonl'), lines.join('\n'));
     // Slow enough (prefill 15 ms, 1500 tokens/s) that pauses find generations in flight to abort.
     mock = await startMockLlm({ port: 0, seed: 11, latencyMs: 15, tokensPerSecond: 1500, streamIntervalMs: 5, ...INFERENCE_FAULTS });
@@ -259,7 +263,7 @@ for (const stream of [false, true]) describe(`chaos: faulty inference, faulty en
             maxSteps: 6,
             maxTokens: 48,
           },
-          { name: 'local', env: { module: CHAOS_ENV, params: { marker: join(dir, 'killed') } }, dataset: join(dir, 'local.jsonl'), groupSize: 4, maxSteps: 1, maxTokens: 48 },
+          { name: 'local', env: { module: CHAOS_ENV, params: { marker: join(dir, 'killed') }, timeoutMs: ENV_TIMEOUT_MS }, dataset: join(dir, 'local.jsonl'), groupSize: 4, maxSteps: 1, maxTokens: 48 },
         ],
       },
       {
@@ -336,6 +340,14 @@ for (const stream of [false, true]) describe(`chaos: faulty inference, faulty en
     // Exactly one worker died, once: the marker file was claimed, and the groups it held failed naming exit code 86.
     const deaths = [...seen.failureReasons.keys()].filter((k) => k.startsWith('worker died'));
     assert.deepEqual(deaths, [`worker died (exit code ${KILL_EXIT_CODE})`], `failure reasons: ${[...seen.failureReasons.keys()].join(', ')}`);
+    // Only the group whose rollout was stepping the kill line failed with it: the others on that worker were sent again.
+    const death = seen.failureReasons.get(deaths[0])!;
+    assert.equal(death.count, 1, `groups failed by the worker's death: ${death.count} (e.g. ${death.example})`);
+    assert.match(death.example, /was in its environment step\(\) when the worker died/);
+    // The hung lines failed their groups on the bound, naming it, and production went on.
+    const hung = seen.failureReasons.get('ERR_ENV_TIMEOUT');
+    assert.ok(hung !== undefined && hung.count > 0, `no group failed on tasks[].env.timeoutMs: ${[...seen.failureReasons.keys()].join(', ')}`);
+    assert.match(hung.example, new RegExp(`task "local": environment step\\(\\) did not settle within ${ENV_TIMEOUT_MS} ms \\(tasks\\[\\]\\.env\\.timeoutMs\\)`));
     // The faults did happen (so the run proves something), and production went on through them.
     const faults = mock.stats().faults;
     assert.ok(Object.values(faults).every((n) => n > 0), `every inference fault was injected: ${JSON.stringify(faults)}`);

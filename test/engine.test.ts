@@ -1,15 +1,26 @@
 import assert from 'node:assert/strict';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { threadId } from 'node:worker_threads';
 import { after, before, describe, it } from 'node:test';
-import { createEngine, Status, type Engine, type EngineStats } from '../src/index.ts';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { createEngine, Status, type Engine, type EngineStats, type RolloutGroup } from '../src/index.ts';
+import { DIE_EXIT_CODE } from './fixtures/dying-env.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
 
 const FAULTY_ENV = new URL('./fixtures/faulty-env.ts', import.meta.url).pathname;
+const DYING_ENV = new URL('./fixtures/dying-env.ts', import.meta.url).pathname;
+const HANGING_HOOKS = new URL('./fixtures/hanging-hooks.ts', import.meta.url).pathname;
+
+function datasetOfLines(lines: object[]): string {
+  const dir = mkdtempSync(join(tmpdir(), 'rollout-engine-'));
+  const path = join(dir, 'prompts.jsonl');
+  writeFileSync(path, lines.map((line) => JSON.stringify(line)).join('\n'));
+  return path;
+}
 
 function datasetOf(modes: string[]): string {
   const dir = mkdtempSync(join(tmpdir(), 'rollout-engine-'));
@@ -200,5 +211,165 @@ describe('sampling seeds across dataset epochs', () => {
     assert.equal(first.seed, second.seed, 'the same task for the environment');
     assert.equal(seeds.length, 2);
     assert.notEqual(seeds[0], seeds[1], 'sampled anew');
+  });
+});
+
+describe('environment calls that never settle (tasks[].env.timeoutMs)', () => {
+  let mock: MockLlm;
+  before(async () => {
+    mock = await startMockLlm({ port: 0, seed: 1 });
+  });
+  after(async () => {
+    await mock.close();
+  });
+
+  it('a hung step() fails only its rollout and production goes on, its actor slot freed', async () => {
+    const dropped: RolloutGroup[] = [];
+    const e = createEngine(
+      {
+        logLevel: 'silent',
+        llm: { url: mock.url },
+        batchSize: 2,
+        workers: { threads: 1, groupsPerWorker: 2 },
+        producer: { maxFailedGroupsPerStep: 5 },
+        // One actor per worker: the batch completes only if the hung actor's slot is given back.
+        tasks: [{ name: 'faulty', env: { module: FAULTY_ENV, timeoutMs: 200, poolSize: 1 }, dataset: datasetOf(['hang', 'ok', 'ok', 'ok']), groupSize: 1, maxSteps: 2 }],
+      },
+      { observer: { dropped: (group) => void dropped.push(group) } },
+    );
+    try {
+      await e.start();
+      const batch = await e.getBatch();
+      assert.equal(batch.status, 'NORMAL');
+      assert.equal(batch.groups.length, 2);
+      const stats = await e.stats();
+      assertAccounted(stats);
+      assert.equal(stats.groups.dropped.FAILED, 1);
+      assert.match(dropped[0].rollouts[0].error ?? '', /^ERR_ENV_TIMEOUT: task "faulty": environment step\(\) did not settle within 200 ms \(tasks\[\]\.env\.timeoutMs\)/);
+    } finally {
+      await e.close();
+    }
+  });
+
+  it('a hook that never settles is given up on after the timeout and the episode goes on', async () => {
+    const e = createEngine({
+      logLevel: 'silent',
+      llm: { url: mock.url },
+      batchSize: 2,
+      workers: { threads: 1 },
+      tasks: [{ name: 'hooked', env: { module: 'builtin:arithmetic', timeoutMs: 100 }, hooks: { module: HANGING_HOOKS }, groupSize: 2, maxSteps: 1 }],
+    });
+    try {
+      await e.start();
+      const batch = await e.getBatch();
+      assert.equal(batch.status, 'NORMAL');
+      assert.ok(batch.groups.every((g) => g.rollouts.every((r) => r.status === Status.COMPLETED)));
+      assertAccounted(await e.stats());
+    } finally {
+      await e.close();
+    }
+  });
+
+  it('a pause that cancels in-flight work brings home a group stuck in a hung environment call (regression: pauses gave up with it still in flight)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'rollout-engine-'));
+    const marker = join(dir, 'hanging');
+    const landed: RolloutGroup[] = [];
+    const e = createEngine(
+      {
+        logLevel: 'silent',
+        llm: { url: mock.url },
+        batchSize: 1,
+        workers: { threads: 1 },
+        pause: { mode: 'abort', timeoutMs: 200, resignalIntervalMs: 100 },
+        tasks: [{ name: 'faulty', env: { module: FAULTY_ENV }, dataset: datasetOfLines([{ mode: 'hang', marker }]), groupSize: 1, maxSteps: 1 }],
+      },
+      { observer: { landed: (group) => void landed.push(group) } },
+    );
+    try {
+      await e.start();
+      const batch = e.getBatch(1);
+      for (let i = 0; i < 1_000 && !existsSync(marker); i++) await sleep(10); // the episode is in its hung step()
+      assert.ok(existsSync(marker), 'the episode never reached its step()');
+      const report = await e.pauseForWeightUpdate();
+      assert.equal(report.stillInFlight, 0);
+      assert.equal(report.cancelled, true);
+      assert.equal(landed.length, 1);
+      assert.equal(landed[0].status, Status.ABORTED);
+      assert.match(landed[0].rollouts[0].error ?? '', /^ERR_ENV_CANCELLED: task "faulty": environment step\(\) was still pending/);
+      assert.equal((await batch).status, 'UPDATE_WEIGHT_AND_ABORT');
+      assertAccounted(await e.stats());
+    } finally {
+      await e.close();
+    }
+  });
+});
+
+describe('a worker that dies (workers.deathRetries)', () => {
+  let mock: MockLlm;
+  before(async () => {
+    mock = await startMockLlm({ port: 0, seed: 1 });
+  });
+  after(async () => {
+    await mock.close();
+  });
+
+  it('fails only the group whose rollout killed the worker and retries the healthy groups it held (regression: every group on the worker failed)', async () => {
+    const marker = join(mkdtempSync(join(tmpdir(), 'rollout-engine-')), 'died');
+    const dropped: RolloutGroup[] = [];
+    const e = createEngine(
+      {
+        logLevel: 'silent',
+        llm: { url: mock.url },
+        batchSize: 4,
+        workers: { threads: 1, groupsPerWorker: 4 },
+        producer: { maxFailedGroupsPerStep: 5 },
+        tasks: [{ name: 'dying', env: { module: DYING_ENV, params: { marker, healthy: 3 } }, dataset: datasetOf(['die', 'ok', 'ok', 'ok', 'ok', 'ok']), groupSize: 1, maxSteps: 200 }],
+      },
+      { observer: { dropped: (group) => void dropped.push(group) } },
+    );
+    try {
+      await e.start();
+      const batch = await e.getBatch();
+      assert.equal(batch.status, 'NORMAL');
+      assert.equal(batch.groups.length, 4);
+      assert.ok(existsSync(marker), 'the worker died');
+      const stats = await e.stats();
+      assertAccounted(stats);
+      assert.equal(stats.groups.dropped.FAILED, 1, 'only the group that killed the worker failed');
+      assert.equal(dropped[0].sample.envParams.mode, 'die');
+      assert.match(dropped[0].error ?? '', new RegExp(`exited with code:? ?${DIE_EXIT_CODE}.*rollout \\S+ was in its environment step\\(\\) when the worker died`));
+      assert.equal(stats.groups.landed.ABORTED, 3, 'the three healthy groups it held came back ABORTED');
+      assert.equal(stats.groups.retried, 3);
+      assert.ok(batch.groups.every((g) => g.sample.envParams.mode === 'ok' && g.status === Status.COMPLETED));
+    } finally {
+      await e.close();
+    }
+  });
+
+  it('fails a group whose worker keeps dying outside any environment call once workers.deathRetries is spent', async () => {
+    const dropped: RolloutGroup[] = [];
+    const e = createEngine(
+      {
+        logLevel: 'silent',
+        llm: { url: mock.url },
+        batchSize: 2,
+        workers: { threads: 1, groupsPerWorker: 1, deathRetries: 1 },
+        producer: { maxFailedGroupsPerStep: 5 },
+        tasks: [{ name: 'faulty', env: { module: FAULTY_ENV }, dataset: datasetOf(['uncaught', 'ok', 'ok', 'ok']), groupSize: 1, maxSteps: 2 }],
+      },
+      { observer: { dropped: (group) => void dropped.push(group) } },
+    );
+    try {
+      await e.start();
+      const batch = await e.getBatch();
+      assert.equal(batch.status, 'NORMAL');
+      const stats = await e.stats();
+      assertAccounted(stats);
+      assert.equal(stats.groups.landed.ABORTED, 1, 'sent again once');
+      assert.equal(stats.groups.dropped.FAILED, 1);
+      assert.match(dropped[0].error ?? '', /its worker died 2 times while running it, never inside its environment \(workers\.deathRetries = 1\)/);
+    } finally {
+      await e.close();
+    }
   });
 });

@@ -4,9 +4,16 @@
  * `WorkerPool` is the interface; `PiscinaWorkerPool` runs groups on local worker threads. A remote
  * pool (worker nodes over the network) implements the same three calls.
  *
- * Invariant: `runGroup` never rejects. A task that throws, or a worker that dies mid-task (piscina
- * then fails every task on that thread and starts a replacement), comes back as a FAILED group with
- * the reason, so the producer's counts always add up.
+ * Invariant: `runGroup` never rejects. A task that throws comes back as a FAILED group with the
+ * reason, so the producer's counts always add up.
+ *
+ * A worker that dies mid-task (piscina then fails every task on that thread and starts a replacement)
+ * takes healthy groups down with the faulty one. The shared env watch (protocol/env-watch.ts) names
+ * the rollout that was inside its environment when the thread died: its group comes back FAILED with
+ * the reason; every other group of the thread comes back ABORTED (innocent: the producer sends it
+ * again), until its own deaths exceed `workers.deathRetries` — then FAILED, so a group that keeps
+ * dying without being caught inside its environment (a timer that kills, an out-of-memory outside a
+ * call) cannot loop for ever.
  */
 import * as Comlink from 'comlink';
 import { join } from 'node:path';
@@ -15,6 +22,7 @@ import { urlList, type ResolvedConfig, type TaskConfig } from '../config.ts';
 import { wantsPrettyLogs, type Logger } from '../log.ts';
 import { projectModuleUrl } from '../paths.ts';
 import { decodeMessage, encodeMessage } from '../protocol/codec.ts';
+import { EnvWatch, type Culprit } from '../protocol/env-watch.ts';
 import { describeError } from '../protocol/errors.ts';
 import { isWorkerRegistration, PROTOCOL_VERSION, type TaskBox, type WorkerControl, type WorkerStats } from '../protocol/messages.ts';
 import { restoreKeptTurns } from '../protocol/result-delta.ts';
@@ -66,13 +74,25 @@ export class PiscinaWorkerPool implements WorkerPool {
   readonly #probing = new Set<number>();
   /** Why the watchdog last terminated a worker: added to the reason of the groups that died with it. */
   #lastKill: { at: number; reason: string } | null = null;
+  readonly #envWatch: EnvWatch;
+  /**
+   * Culprits read from dead workers' slots, by dispatch, until the rejection of that dispatch is
+   * handled: one sweep frees every dead slot, possibly before the culprit's own rejection runs (the
+   * tasks of a dead worker are all rejected in one go, their handlers run after it, in any order).
+   */
+  readonly #culprits = new Map<number, Culprit>();
+  /** Group id → deaths of the worker running it, not blamed on it, since it last came back from a worker. */
+  readonly #deaths = new Map<string, number>();
+  readonly #deathRetries: number;
 
   constructor(options: PiscinaWorkerPoolOptions) {
     const { config } = options;
     this.#log = options.log;
     this.#brokenPromise.catch(() => undefined); // observed through runGroup's race
-    const init = workerInit(config, options.llmUrls, options.control, options.gatewayUrl ?? null, options.servers ?? []);
     const threads = config.workers.threads;
+    this.#envWatch = new EnvWatch(threads);
+    this.#deathRetries = config.workers.deathRetries;
+    const init = workerInit(config, options.llmUrls, options.control, options.gatewayUrl ?? null, options.servers ?? [], this.#envWatch.block);
     this.#pool = new Piscina({
       filename: (options.workerUrl ?? projectModuleUrl('workers/episode-worker')).href,
       // Fixed size, never idled out: a worker holds keep-alive connections and loaded environments.
@@ -115,19 +135,51 @@ export class PiscinaWorkerPool implements WorkerPool {
 
   async runGroup(group: RolloutGroup, modelStep: number): Promise<RolloutGroup> {
     if (this.#broken !== null) return failedGroup(group, this.#broken);
-    const bytes = encodeMessage({ v: PROTOCOL_VERSION, type: 'run-group', group, modelStep, enqueuedAt: Date.now() });
+    const dispatch = this.#envWatch.nextDispatch();
+    const bytes = encodeMessage({ v: PROTOCOL_VERSION, type: 'run-group', group, modelStep, enqueuedAt: Date.now(), dispatch });
+    let resultBytes: Uint8Array;
     try {
       const box: TaskBox = { bytes };
-      const resultBytes = (await Promise.race([this.#pool.run(box, { transferList: [bytes.buffer as ArrayBuffer] }), this.#brokenPromise])) as Uint8Array;
-      const message = decodeMessage(resultBytes);
-      if (message.type !== 'group-result') throw new Error(`worker answered ${message.type} to run-group`);
-      return fillModelSteps(restoreKeptTurns(message.group, group, message.keptTurns));
+      resultBytes = (await Promise.race([this.#pool.run(box, { transferList: [bytes.buffer as ArrayBuffer] }), this.#brokenPromise])) as Uint8Array;
     } catch (err) {
       const kill = this.#lastKill !== null && Date.now() - this.#lastKill.at < 5_000 ? ` (${this.#lastKill.reason})` : '';
       const reason = `worker failed while running the group: ${describeError(err)}${kill}`;
       this.#lastTaskError = describeError(err);
-      return failedGroup(group, reason);
+      if (this.#broken !== null || this.#closed) return failedGroup(group, reason);
+      return this.#lostWithWorker(group, dispatch, reason);
     }
+    this.#deaths.delete(group.id);
+    try {
+      const message = decodeMessage(resultBytes);
+      if (message.type !== 'group-result') throw new Error(`worker answered ${message.type} to run-group`);
+      return fillModelSteps(restoreKeptTurns(message.group, group, message.keptTurns));
+    } catch (err) {
+      return failedGroup(group, `worker failed while running the group: ${describeError(err)}`);
+    }
+  }
+
+  /**
+   * The run of `group` ended with its worker (or the task threw in it: indistinguishable here, and
+   * retried alike within the budget). FAILED when its own rollout was inside its environment when the
+   * thread died, or its deaths exceed `workers.deathRetries`; otherwise ABORTED, to be sent again.
+   */
+  #lostWithWorker(group: RolloutGroup, dispatch: number, reason: string): RolloutGroup {
+    // piscina removes a dead worker from its threads before it rejects the worker's tasks.
+    for (const [d, culprit] of this.#envWatch.sweep(new Set(this.#pool.threads.map((w) => w.threadId)))) this.#culprits.set(d, culprit);
+    const culprit = this.#culprits.get(dispatch);
+    this.#culprits.delete(dispatch);
+    if (culprit !== undefined) {
+      this.#deaths.delete(group.id);
+      const where = culprit.call === 'beforeInference' || culprit.call === 'onEpisodeEnd' ? `hook ${culprit.call}()` : `environment ${culprit.call}()`;
+      return failedGroup(group, `${reason}; rollout ${group.rollouts[culprit.rollout]?.id ?? culprit.rollout} was in its ${where} when the worker died`);
+    }
+    const deaths = (this.#deaths.get(group.id) ?? 0) + 1;
+    if (deaths > this.#deathRetries) {
+      this.#deaths.delete(group.id);
+      return failedGroup(group, `${reason}; its worker died ${deaths} times while running it, never inside its environment (workers.deathRetries = ${this.#deathRetries})`);
+    }
+    this.#deaths.set(group.id, deaths);
+    return abortedGroup(group, `${reason}; no rollout of the group was in its environment: sent again (death ${deaths}, workers.deathRetries = ${this.#deathRetries})`);
   }
 
   get liveWorkers(): number {
@@ -187,16 +239,24 @@ const FLUSH_DEADLINE_MS = 10_000;
 /** What every worker is started with (workerData): resolved once from the config. */
 function workerEnv(env: TaskConfig['env']): WorkerEnvSettings | null {
   if (env === null) return null;
-  if (env.http !== undefined) return { kind: 'http', http: { ...env.http }, poolSize: env.poolSize };
-  return { kind: 'module', moduleUrl: env.moduleUrl!, exportName: env.export, params: env.params, poolSize: env.poolSize };
+  if (env.http !== undefined) return { kind: 'http', http: { ...env.http }, poolSize: env.poolSize, timeoutMs: env.timeoutMs };
+  return { kind: 'module', moduleUrl: env.moduleUrl!, exportName: env.export, params: env.params, poolSize: env.poolSize, timeoutMs: env.timeoutMs };
 }
 
-export function workerInit(config: ResolvedConfig, llmUrls: string[], control: SharedArrayBuffer, gatewayUrl: string | null = null, servers: readonly ServerInfo[] = []): WorkerInit {
+export function workerInit(
+  config: ResolvedConfig,
+  llmUrls: string[],
+  control: SharedArrayBuffer,
+  gatewayUrl: string | null = null,
+  servers: readonly ServerInfo[] = [],
+  envWatch: SharedArrayBuffer | null = null,
+): WorkerInit {
   const { llm } = config;
   const urls = (url: string | string[] | undefined) => (url === undefined ? llmUrls : urlList(url));
   return {
     v: PROTOCOL_VERSION,
     control,
+    envWatch,
     logLevel: config.logLevel,
     prettyLogs: wantsPrettyLogs(),
     gatewayUrl,
@@ -257,6 +317,20 @@ function withDeadline<T>(promise: Promise<T>, ms: number): Promise<T> {
     timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms);
   });
   return Promise.race([promise, deadline]).finally(() => clearTimeout(timer));
+}
+
+/**
+ * The group as it was sent (its bytes were transferred away), ABORTED: every rollout not COMPLETED
+ * carries `reason` and runs again from where it was sent (what it held then, partial turns included).
+ */
+function abortedGroup(group: RolloutGroup, reason: string): RolloutGroup {
+  for (const rollout of group.rollouts) {
+    if (rollout.status === Status.COMPLETED) continue;
+    rollout.status = Status.ABORTED;
+    rollout.error = reason;
+  }
+  group.status = Status.ABORTED;
+  return group;
 }
 
 /** The group as it was sent (its bytes were transferred away), every rollout FAILED with `reason`. */

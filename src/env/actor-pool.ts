@@ -8,8 +8,14 @@
  * HTTP actor) and only then frees its slot, so the servers never hold more than `size` of our actors.
  *
  * Waiting is promise-based (a FIFO of resolvers woken by `done` / `close`), never polling.
+ *
+ * With `timeoutMs`, close() is bounded (env/bounded.ts): a close that never settles counts as a
+ * close error and frees its slot when the time is up, so one hung actor cannot hold a slot for ever.
+ * create() is not: what it waits for may be a module's first import (seconds, legitimately); the
+ * caller bounds what it calls in it (rollout/worker-runtime.ts bounds the factory call).
  */
 import { RolloutEngineError } from '../protocol/errors.ts';
+import { settleWithin } from './bounded.ts';
 import type { Environment } from './types.ts';
 
 export interface ActorPoolOptions {
@@ -23,6 +29,10 @@ export interface ActorPoolOptions {
   prewarm?: () => Promise<void>;
   /** Told when an actor's close() throws; the slot is freed and the actor counted as recycled anyway. */
   onCloseError?: (err: unknown, env: Environment) => void;
+  /** Bound on each actor's close() call; null / undefined = none. */
+  timeoutMs?: number | null;
+  /** The error of a close() over `timeoutMs`. */
+  timedOut?: () => Error;
 }
 
 export interface ActorPool {
@@ -75,6 +85,8 @@ class Pool implements ActorPool {
   readonly #maxEpisodes: number | null;
   readonly #prewarm: (() => Promise<void>) | undefined;
   readonly #onCloseError: ActorPoolOptions['onCloseError'];
+  readonly #timeoutMs: number | null;
+  readonly #timedOut: () => Error;
   readonly #waiters: Waiter[] = [];
   readonly #out = new Set<Environment>();
   #busy = 0;
@@ -94,6 +106,8 @@ class Pool implements ActorPool {
     this.#maxEpisodes = max;
     this.#prewarm = options.prewarm;
     this.#onCloseError = options.onCloseError;
+    this.#timeoutMs = options.timeoutMs ?? null;
+    this.#timedOut = options.timedOut ?? (() => new RolloutEngineError('ERR_ENV_TIMEOUT', `environment close() did not settle within ${this.#timeoutMs} ms`));
   }
 
   get busy(): number {
@@ -134,7 +148,8 @@ class Pool implements ActorPool {
     if (!this.#out.delete(env)) throw new RolloutEngineError('ERR_ACTOR_POOL_MISUSE', 'actor pool: done() called for an actor that is not out (called twice, or the actor came from another pool)');
     let recycle = failed;
     try {
-      await env.close?.();
+      const closing = env.close?.();
+      await (this.#timeoutMs === null ? closing : settleWithin(closing, { timeoutMs: this.#timeoutMs, timedOut: this.#timedOut }));
     } catch (err) {
       recycle = true;
       this.#onCloseError?.(err, env);

@@ -23,6 +23,11 @@ export interface RunGroupMessage {
   modelStep: number;
   /** Wall clock (ms since epoch) when the coordinator handed the group to the pool: gives queue time. */
   enqueuedAt: number;
+  /**
+   * The pool's number for this run of the group (protocol/env-watch.ts): what a worker writes while
+   * one of its rollouts is inside its environment. Absent or 0: not watched.
+   */
+  dispatch?: number;
 }
 
 /** Worker → coordinator: the group with every rollout in a final status. */

@@ -32,6 +32,7 @@ import type { ChatRequest } from '../llm/client.ts';
 import type { Route } from '../llm/router.ts';
 import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/replies.ts';
 import type { Environment, StepResult } from '../env/types.ts';
+import type { EnvCall } from '../protocol/env-watch.ts';
 import { describeError, RolloutEngineError } from '../protocol/errors.ts';
 import {
   modelStepsOf,
@@ -86,8 +87,17 @@ export interface EpisodeHooks {
   onEpisodeEnd?(ctx: { rolloutId: string; taskName: string; status: Status; totalReward: number; lastInfo: Record<string, unknown> | null; steps: number }): void | Promise<void>;
 }
 
+/**
+ * Runs one call into the task's user code for `rollout` (rollout/env-guard.ts: time bound, cancel,
+ * blame on a worker's death). Absent: calls run unguarded.
+ */
+export interface EnvCallGuard {
+  call<T>(rollout: RolloutState, call: EnvCall, run: () => T | Promise<T>): T | Promise<T>;
+}
+
 export interface EpisodeContext {
   actors: ActorSource;
+  guard?: EnvCallGuard;
   llm: ChatClient;
   settings: AgentSettings;
   gate: PauseView;
@@ -144,20 +154,21 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
     episode = await acquire(ctx);
     let partial: TurnRecord | null;
     try {
-      partial = await prepare(episode, rollout);
+      partial = await prepare(episode, rollout, ctx);
     } catch (err) {
       if (!(err instanceof ReplayMismatch)) throw err;
       ctx.onProblem?.(rollout, `${err.message}; restarting the rollout from its prompt`);
       resetToPrompt(rollout, Status.INIT);
       await ctx.actors.done(episode.env, false);
       episode = await acquire(ctx);
-      partial = await prepare(episode, rollout);
+      partial = await prepare(episode, rollout, ctx);
     }
     await play(episode, rollout, partial, ctx);
   } catch (err) {
     const code = (err as { code?: unknown }).code;
-    // Cancelled by a pause (an inference call, or the wait for an actor): it continues after the resume.
-    rollout.status = code === 'ERR_LLM_ABORTED' || code === 'ERR_ACTOR_POOL_ABORTED' ? Status.ABORTED : Status.FAILED;
+    // Cancelled by a pause (an inference call, the wait for an actor, a pending environment call): it
+    // continues after the resume.
+    rollout.status = code === 'ERR_LLM_ABORTED' || code === 'ERR_ACTOR_POOL_ABORTED' || code === 'ERR_ENV_CANCELLED' ? Status.ABORTED : Status.FAILED;
     rollout.error = describeError(err);
     // An environment error (not an inference one) means the actor is not to be trusted again.
     actorFailed = typeof code !== 'string' || !(code.startsWith('ERR_LLM_') || code.startsWith('ERR_ACTOR_POOL_'));
@@ -196,10 +207,10 @@ export async function acquireActor(actors: ActorSource, signal: AbortSignal): Pr
  * again. Returns the partial last turn to continue, if any (single-agent only; an interrupted
  * multi-agent step is dropped and played again whole).
  */
-async function prepare(episode: Episode, rollout: RolloutState): Promise<TurnRecord | null> {
+async function prepare(episode: Episode, rollout: RolloutState, ctx: EpisodeContext): Promise<TurnRecord | null> {
   const t = performance.now();
   const { env } = episode;
-  await env.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams });
+  await envCall(ctx, rollout, 'reset', () => env.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams }));
   const steps = stepsOf(rollout.turns);
   let partial: TurnRecord | null = null;
   const last = steps.at(-1);
@@ -209,8 +220,8 @@ async function prepare(episode: Episode, rollout: RolloutState): Promise<TurnRec
     else rollout.turns.splice(rollout.turns.length - last.length); // multi-agent: redo the step whole
   }
   for (const turns of steps) {
-    checkAgentPrompts(await env.getTaskPrompt());
-    const outcome = checkStepResult(await env.step(actionOf(turns)));
+    checkAgentPrompts(await envCall(ctx, rollout, 'getTaskPrompt', () => env.getTaskPrompt()));
+    const outcome = checkStepResult(await envCall(ctx, rollout, 'step', () => env.step(actionOf(turns))));
     episode.lastInfo = outcome.info ?? null;
     for (const turn of turns) {
       const reward = rewardFor(outcome.reward, turn.agentId);
@@ -236,7 +247,7 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
       return;
     }
     const turnStart = performance.now();
-    const raw = checkAgentPrompts(await env.getTaskPrompt());
+    const raw = checkAgentPrompts(await envCall(ctx, rollout, 'getTaskPrompt', () => env.getTaskPrompt()));
     const promptMs = performance.now() - turnStart;
     const agents: [string | null, ChatMessage[]][] = Array.isArray(raw) ? [[null, raw]] : Object.entries(raw);
     const prompts: [string | null, ChatMessage[], ChatMessage[]][] = [];
@@ -301,7 +312,7 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
       break;
     }
     const stepStart = performance.now();
-    const outcome = checkStepResult(await env.step(actionOf(turns)));
+    const outcome = checkStepResult(await envCall(ctx, rollout, 'step', () => env.step(actionOf(turns))));
     const stepMs = performance.now() - stepStart;
     timings.envMs += promptMs + stepMs;
     episode.lastInfo = outcome.info ?? null;
@@ -527,12 +538,17 @@ function turnSeed(rollout: RolloutState, step: number, agentId: string | null): 
   return h >>> 1;
 }
 
-async function callHook<T>(ctx: EpisodeContext, rollout: RolloutState, name: string, call: () => T | Promise<T> | undefined): Promise<T | undefined> {
+/** One call into the task's environment or hooks, through the guard when there is one. */
+function envCall<T>(ctx: EpisodeContext, rollout: RolloutState, call: EnvCall, run: () => T | Promise<T>): T | Promise<T> {
+  return ctx.guard === undefined ? run() : ctx.guard.call(rollout, call, run);
+}
+
+async function callHook<T>(ctx: EpisodeContext, rollout: RolloutState, name: 'beforeInference' | 'onEpisodeEnd', call: () => T | Promise<T> | undefined): Promise<T | undefined> {
   if (!ctx.hooks) return undefined;
   try {
-    return await call();
+    return await envCall(ctx, rollout, name, call);
   } catch (err) {
-    ctx.onProblem?.(rollout, `hook ${name} threw (ignored): ${describeError(err)}`);
+    ctx.onProblem?.(rollout, `hook ${name} failed (ignored): ${describeError(err)}`);
     return undefined;
   }
 }

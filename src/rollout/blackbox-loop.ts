@@ -26,7 +26,7 @@ import type { Environment } from '../env/types.ts';
 import { fetchTraces, releaseSession, sessionBaseUrl, stitchSession } from '../llm/gateway-client.ts';
 import { describeError, preview, RolloutEngineError } from '../protocol/errors.ts';
 import { resetToPrompt, Status, type ChatMessage, type RolloutState, type TurnRecord } from '../protocol/rollout.ts';
-import { acquireActor, rewardFor, type ActorSource, type PauseView } from './agent-loop.ts';
+import { acquireActor, rewardFor, type ActorSource, type EnvCallGuard, type PauseView } from './agent-loop.ts';
 import { sessionIdOf } from '../records/step-records.ts';
 
 export interface BlackBoxInput {
@@ -47,6 +47,8 @@ export interface BlackBoxContext {
   gatewayUrl: string;
   /** The task's environment, or null when prompts come from the dataset. */
   actors: ActorSource | null;
+  /** Bounds and watches the environment's calls (rollout/env-guard.ts); absent = unguarded. */
+  guard?: EnvCallGuard;
   gate: PauseView;
   workerId: number;
   onProblem?: (rollout: RolloutState, reason: string) => void;
@@ -67,10 +69,10 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
     let prompt: ChatMessage[];
     let label: unknown = rollout.sample.envParams.label;
     if (ctx.actors !== null) {
-      env = await acquireActor(ctx.actors, ctx.gate.signal);
+      const actor = (env = await acquireActor(ctx.actors, ctx.gate.signal));
       const t = performance.now();
-      const reset = await env.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams });
-      prompt = checkTaskPrompt(await env.getTaskPrompt());
+      const reset = await guarded(ctx, rollout, 'reset', () => actor.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams }));
+      prompt = checkTaskPrompt(await guarded(ctx, rollout, 'getTaskPrompt', () => actor.getTaskPrompt()));
       timings.envMs += performance.now() - t;
       label ??= reset.info?.label;
     } else {
@@ -123,7 +125,8 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
     let reward = returned as number | null;
     if (reward === null && env !== null) {
       // The environment judges the agent's final answer.
-      const outcome = checkStepResult(await env.step(finalAnswer(result)));
+      const actor = env;
+      const outcome = checkStepResult(await guarded(ctx, rollout, 'step', () => actor.step(finalAnswer(result))));
       reward = rewardFor(outcome.reward, null);
     }
     // A sample without a reward teaches nothing: failed with the reason, not kept with a silent 0.
@@ -145,7 +148,7 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
     rollout.status = Status.COMPLETED;
   } catch (err) {
     const code = (err as { code?: unknown }).code;
-    rollout.status = code === 'ERR_ACTOR_POOL_ABORTED' ? Status.ABORTED : Status.FAILED;
+    rollout.status = code === 'ERR_ACTOR_POOL_ABORTED' || code === 'ERR_ENV_CANCELLED' ? Status.ABORTED : Status.FAILED;
     rollout.error = describeError(err);
     envFailed = typeof code === 'string' && code.startsWith('ERR_ENV_');
     ctx.onProblem?.(rollout, rollout.error);
@@ -155,6 +158,10 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
     timings.totalMs += performance.now() - start;
     timings.finishedAt = Date.now();
   }
+}
+
+function guarded<T>(ctx: BlackBoxContext, rollout: RolloutState, call: 'reset' | 'getTaskPrompt' | 'step', run: () => T | Promise<T>): T | Promise<T> {
+  return ctx.guard === undefined ? run() : ctx.guard.call(rollout, call, run);
 }
 
 /** The answer the environment judges: what the module returned as `info.answer`. */

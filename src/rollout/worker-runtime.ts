@@ -10,11 +10,13 @@ import { readlinkSync } from 'node:fs';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { threadId } from 'node:worker_threads';
 import { createActorPool, type ActorPool } from '../env/actor-pool.ts';
+import { settleWithin, timeoutError } from '../env/bounded.ts';
 import { createHttpEnvironments, type HttpEnvOptions } from '../env/http-env.ts';
 import { loadEnvironmentFactory, loadExport } from '../env/loader.ts';
-import type { EnvParams } from '../env/types.ts';
+import type { Environment, EnvParams } from '../env/types.ts';
 import { LlmRouter, type RouterOptions } from '../llm/router.ts';
 import { createLogger, type Logger } from '../log.ts';
+import { EnvWatchSlot } from '../protocol/env-watch.ts';
 import { describeError } from '../protocol/errors.ts';
 import {
   PROTOCOL_VERSION,
@@ -28,6 +30,7 @@ import { groupStatus, Status, type RolloutGroup, type RolloutState, type TurnRec
 import { sessionIdOf, StepRecordWriter } from '../records/step-records.ts';
 import { runEpisode, type AgentSettings, type EpisodeContext, type EpisodeHooks } from './agent-loop.ts';
 import { runBlackBoxEpisode, type BlackBoxAgent } from './blackbox-loop.ts';
+import { EnvGuard } from './env-guard.ts';
 import { PauseGate } from './pause-gate.ts';
 import { Slots } from '../slots.ts';
 
@@ -41,9 +44,10 @@ const OS_THREAD_ID = ((): number | null => {
   }
 })();
 
+/** `timeoutMs`: `tasks[].env.timeoutMs`, the bound on every environment and hook call. */
 export type WorkerEnvSettings =
-  | { kind: 'module'; moduleUrl: string; exportName: string; params: EnvParams; poolSize: number | null }
-  | { kind: 'http'; http: HttpEnvOptions; poolSize: number | null };
+  | { kind: 'module'; moduleUrl: string; exportName: string; params: EnvParams; poolSize: number | null; timeoutMs: number }
+  | { kind: 'http'; http: HttpEnvOptions; poolSize: number | null; timeoutMs: number };
 
 /** Per-task settings a worker needs; sent once as workerData. */
 export interface WorkerTaskSettings {
@@ -59,6 +63,8 @@ export interface WorkerInit {
   v: typeof PROTOCOL_VERSION;
   /** The pause broadcast (protocol/control-block.ts), shared with the coordinator. */
   control: SharedArrayBuffer;
+  /** Which rollout is inside its environment, per worker (protocol/env-watch.ts); null = not watched. */
+  envWatch: SharedArrayBuffer | null;
   llm: RouterOptions & { startupJitterMs: number };
   tasks: Record<string, WorkerTaskSettings>;
   /** The token-trace gateway black-box agents talk to; null when no task has one. */
@@ -77,6 +83,8 @@ export interface WorkerInit {
 interface TaskRuntime {
   settings: WorkerTaskSettings;
   actors: ActorPool | null;
+  /** Bounds and watches the calls into the task's environment and hooks; null without an environment. */
+  guard: EnvGuard | null;
   close(): Promise<void>;
   hooks: Promise<EpisodeHooks | null>;
   blackbox: Promise<BlackBoxAgent> | null;
@@ -91,6 +99,11 @@ export class WorkerRuntime implements WorkerControl {
   readonly #gate: PauseGate;
   readonly #tasks = new Map<string, TaskRuntime>();
   readonly #records: StepRecordWriter | null;
+  /** This worker's slot in the shared env watch; null when not watched or no slot was free. */
+  readonly #watch: EnvWatchSlot | null;
+  /** Group id → the pool's number for its run (RunGroupMessage.dispatch), while the group is here. */
+  readonly #dispatches = new Map<string, number>();
+  readonly #dispatchOf = (groupId: string): number => this.#dispatches.get(groupId) ?? 0;
   #episodesStarted = 0;
   readonly #loopDelay = monitorEventLoopDelay({ resolution: 10 });
   #inFlightGroups = 0;
@@ -123,7 +136,10 @@ export class WorkerRuntime implements WorkerControl {
     this.#llm = new LlmRouter(init.llm, { paused: () => gate.paused, onSend: () => gate.noteSend(), hold: () => gate.hold, warn: (message) => log.warn(message) });
     this.#loopDelay.enable();
     this.#records = init.recordsDir === null ? null : new StepRecordWriter({ dir: init.recordsDir, fileName: `steps-${process.pid}-${threadId}.jsonl` });
-    for (const [name, settings] of Object.entries(init.tasks)) this.#tasks.set(name, this.#taskRuntime(settings));
+    const watch = init.envWatch === null ? null : new EnvWatchSlot(init.envWatch, threadId);
+    if (watch !== null && !watch.watched) this.#log.warn('no free env watch slot: a death of this worker cannot be blamed on one rollout (its groups are retried instead)');
+    this.#watch = watch?.watched ? watch : null;
+    for (const [name, settings] of Object.entries(init.tasks)) this.#tasks.set(name, this.#taskRuntime(name, settings));
   }
 
   async runGroup(message: RunGroupMessage): Promise<GroupResultMessage> {
@@ -137,11 +153,12 @@ export class WorkerRuntime implements WorkerControl {
     const queueMs = Math.max(0, Date.now() - message.enqueuedAt);
     this.#inFlightGroups++;
     this.#inFlightRollouts += group.rollouts.length;
+    if (message.dispatch) this.#dispatches.set(group.id, message.dispatch);
     try {
       if (task === undefined) throw new Error(`unknown task ${JSON.stringify(group.taskName)} (worker knows ${[...this.#tasks.keys()].join(', ')})`);
       if (task.blackbox !== null) {
         const agent = await task.blackbox;
-        const ctx = { agent, gatewayUrl: this.#init.gatewayUrl!, actors: task.actors, gate: this.#gate, workerId: threadId, onProblem: (r: { id: string; status: string }, reason: string) => this.#log.warn({ rollout: r.id, status: r.status }, reason) };
+        const ctx = { agent, gatewayUrl: this.#init.gatewayUrl!, actors: task.actors, guard: task.guard ?? undefined, gate: this.#gate, workerId: threadId, onProblem: (r: { id: string; status: string }, reason: string) => this.#log.warn({ rollout: r.id, status: r.status }, reason) };
         await Promise.all(group.rollouts.map((rollout) => this.#inSlot(rollout, (waitedMs) => runBlackBoxEpisode(rollout, ctx, queueMs + waitedMs))));
         group.status = groupStatus(group.rollouts);
         return groupResult(group, received);
@@ -150,7 +167,7 @@ export class WorkerRuntime implements WorkerControl {
       // One context per task, made once: every group of it shares its callbacks (a set of closures per
       // group lived as long as the group).
       const hooks = await task.hooks;
-      const ctx = (task.episodes ??= this.#episodeContext(task.settings.agent, task.actors, hooks));
+      const ctx = (task.episodes ??= this.#episodeContext(task.settings.agent, task.actors, task.guard, hooks));
       await Promise.all(group.rollouts.map((rollout) => this.#inSlot(rollout, (waitedMs) => runEpisode(rollout, ctx, queueMs + waitedMs))));
       group.status = groupStatus(group.rollouts);
     } catch (err) {
@@ -166,6 +183,7 @@ export class WorkerRuntime implements WorkerControl {
       group.status = Status.FAILED;
       group.error = reason;
     } finally {
+      this.#dispatches.delete(group.id);
       this.#inFlightGroups--;
       this.#inFlightRollouts -= group.rollouts.length;
       this.#groupsDone++;
@@ -212,33 +230,48 @@ export class WorkerRuntime implements WorkerControl {
     }
   }
 
-  #taskRuntime(settings: WorkerTaskSettings): TaskRuntime {
+  #taskRuntime(name: string, settings: WorkerTaskSettings): TaskRuntime {
     const { env } = settings;
     const hooks = settings.hooks === null ? Promise.resolve(null) : (loadExport(settings.hooks.moduleUrl, settings.hooks.exportName, 'hooks.export', 'object') as Promise<EpisodeHooks>);
     hooks.catch(() => undefined); // reported by each episode that awaits it
     const blackbox = settings.blackbox === null ? null : (loadExport(settings.blackbox.moduleUrl, settings.blackbox.exportName, 'agent.export', 'function') as Promise<BlackBoxAgent>);
     blackbox?.catch(() => undefined);
-    if (env === null) return { settings, actors: null, hooks, blackbox, close: async () => {} };
+    if (env === null) return { settings, actors: null, guard: null, hooks, blackbox, close: async () => {} };
     // Without a configured size, the pool never makes an episode wait: the worker's own concurrency bounds it.
     const size = env.poolSize ?? Number.MAX_SAFE_INTEGER;
+    const guard = new EnvGuard({ taskName: name, timeoutMs: env.timeoutMs, gate: this.#gate, watch: this.#watch, dispatchOf: this.#dispatchOf });
+    const bound = (call: string) => ({ timeoutMs: env.timeoutMs, timedOut: () => timeoutError('ERR_ENV_TIMEOUT', name, `environment ${call}`, env.timeoutMs, 'the actor is discarded') });
+    const bounds = { timeoutMs: env.timeoutMs, timedOut: bound('close()').timedOut };
     if (env.kind === 'http') {
       const servers = createHttpEnvironments(env.http);
-      const actors = createActorPool({ size, create: () => servers.create(), prewarm: () => servers.prewarm() });
+      const actors = createActorPool({ size, create: () => servers.create(), prewarm: () => servers.prewarm(), ...bounds });
       // Open connections before the first episode needs them; a failure here shows again on first use.
       actors.prewarm().catch((err) => this.#log.warn({ err: describeError(err) }, 'environment prewarm failed'));
-      return { settings, actors, hooks, blackbox, close: async () => { await actors.close(); await servers.close(); } };
+      return { settings, actors, guard, hooks, blackbox, close: async () => { await actors.close(); await servers.close(); } };
     }
     const factory = loadEnvironmentFactory(env.moduleUrl, env.exportName);
     factory.catch(() => undefined); // reported by each episode that awaits it
-    const actors = createActorPool({ size, create: async () => (await factory)(env.params) });
-    return { settings, actors, hooks, blackbox, close: () => actors.close() };
+    const create = async () => {
+      // The import is not bounded (a module's first load may take seconds): the factory call is.
+      const made = (await factory)(env.params) as Environment | Promise<Environment>;
+      try {
+        return await settleWithin(made, bound('factory call'));
+      } catch (err) {
+        // A late actor is nobody's: closed as soon as it exists (its close errors go nowhere).
+        Promise.resolve(made).then((late) => late.close?.()).catch(() => undefined);
+        throw err;
+      }
+    };
+    const actors = createActorPool({ size, create, ...bounds });
+    return { settings, actors, guard, hooks, blackbox, close: () => actors.close() };
   }
 
   /** What every episode of a task is given: made on the task's first group and kept (TaskRuntime.episodes). */
-  #episodeContext(settings: AgentSettings, actors: ActorPool, hooks: EpisodeHooks | null): EpisodeContext {
+  #episodeContext(settings: AgentSettings, actors: ActorPool, guard: EnvGuard | null, hooks: EpisodeHooks | null): EpisodeContext {
     const recorder = this.#records;
     return {
       actors,
+      ...(guard !== null ? { guard } : {}),
       llm: this.#llm,
       settings,
       gate: this.#gate,
