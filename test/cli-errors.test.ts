@@ -5,11 +5,13 @@
  */
 import { rollout } from './support/cli.ts';
 import assert from 'node:assert/strict';
-import { mkdtempSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
+
+const FAULTY_ENV = new URL('./fixtures/faulty-env.ts', import.meta.url).pathname;
 
 function mkRunDir(): string {
   return mkdtempSync(join(tmpdir(), 'rollout-cli-errors-'));
@@ -40,5 +42,80 @@ describe('rollout CLI errors', () => {
     } finally {
       server.close();
     }
+  });
+
+  it('a failed run that wrote batches leaves them and a summary with the reason, and prints the error once', async () => {
+    const dir = mkRunDir();
+    const dataset = join(dir, 'prompts.jsonl');
+    writeFileSync(dataset, ['ok', 'throw', 'throw', 'throw'].map((mode) => JSON.stringify({ mode })).join('\n'));
+    const config = join(dir, 'config.json');
+    writeFileSync(config, JSON.stringify({ batchSize: 1, producer: { maxFailedGroupsPerStep: 1 }, tasks: [{ name: 'f', env: { module: FAULTY_ENV }, dataset, groupSize: 1, maxSteps: 1 }] }));
+    const runDir = join(dir, 'run');
+    // LOG_LEVEL error: each failed rollout's warning names the reason too.
+    const { code, stdout, stderr } = await rollout(['run', '--config', config, '--steps', '3', '--threads', '1', '--run-dir', runDir], { env: { LOG_LEVEL: 'error' } });
+    assert.equal(code, 1, stderr);
+    assert.equal(readFileSync(join(runDir, 'batches.jsonl'), 'utf8').trim().split('\n').length, 1);
+    const summary = JSON.parse(readFileSync(join(runDir, 'summary.json'), 'utf8')) as { batches: number; error: string | null };
+    assert.equal(summary.batches, 1);
+    assert.match(summary.error ?? '', /step exploded/);
+    assert.match(stdout, /^rollout run: 1 batches written to /);
+    assert.equal(`${stdout}${stderr}`.match(/step exploded/g)?.length, 1, `${stdout}${stderr}`);
+  });
+
+  it('`rollout run --resume` refused for a checkpoint of another point in the run, or of another config, writes nothing: batches file, cut tail and summary as they were (regression: summary.json overwritten)', async () => {
+    const runDir = mkRunDir();
+    const args = ['--batch-size', '2', '--threads', '1', '--run-dir', runDir];
+    assert.equal((await rollout(['run', '--steps', '1', ...args])).code, 0);
+    const stale = readFileSync(join(runDir, 'engine.ckpt'));
+    assert.equal((await rollout(['run', '--resume', '--steps', '3', ...args])).code, 0);
+    writeFileSync(join(runDir, 'engine.ckpt'), stale);
+    appendFileSync(join(runDir, 'batches.jsonl'), '{"trainStep": 4, "cut sh'); // what a crash mid-write leaves
+    const before = { batches: readFileSync(join(runDir, 'batches.jsonl'), 'utf8'), summary: readFileSync(join(runDir, 'summary.json'), 'utf8') };
+    const { code, stdout, stderr } = await rollout(['run', '--resume', '--steps', '4', ...args]);
+    assert.equal(code, 2);
+    assert.equal(stdout, '');
+    assert.match(stderr, /^rollout run: --resume: .*batches\.jsonl ends at step 3 but .*engine\.ckpt handed out step 1: .*\n$/);
+    assert.deepEqual({ batches: readFileSync(join(runDir, 'batches.jsonl'), 'utf8'), summary: readFileSync(join(runDir, 'summary.json'), 'utf8') }, before);
+    // Refused by the checkpoint itself: another config's.
+    const other = await rollout(['run', '--resume', '--steps', '4', '--seed', '7', ...args]);
+    assert.equal(other.code, 1);
+    assert.equal(other.stdout, '');
+    assert.match(other.stderr, /^rollout run: ERR_CHECKPOINT_MISMATCH: .*engine\.ckpt was written by a run with a different config: - seed: checkpoint has 0, config has 7\n$/);
+    assert.deepEqual({ batches: readFileSync(join(runDir, 'batches.jsonl'), 'utf8'), summary: readFileSync(join(runDir, 'summary.json'), 'utf8') }, before);
+  });
+
+  it('`rollout run --resume` on a run dir that does not exist is refused, and the dir is not made (regression: a fresh run started)', async () => {
+    const runDir = join(mkRunDir(), 'no-such-run');
+    const { code, stdout, stderr } = await rollout(['run', '--resume', '--run-dir', runDir]);
+    assert.equal(code, 2);
+    assert.equal(stdout, '');
+    assert.equal(stderr, `rollout run: --resume: run dir ${runDir} does not exist; give the dir of the run to continue, or drop --resume to start one\n`);
+    assert.equal(existsSync(runDir), false);
+  });
+
+  it('`rollout run --resume` summarises the whole run, the batches of the process that crashed too (regression: only its own)', async () => {
+    const runDir = mkRunDir();
+    const args = ['--batch-size', '2', '--threads', '1', '--run-dir', runDir];
+    assert.equal((await rollout(['run', '--steps', '2', ...args])).code, 0);
+    const path = join(runDir, 'batches.jsonl');
+    writeFileSync(path, `${readFileSync(path, 'utf8').trim().split('\n').slice(0, 2).join('\n')}\n`); // a crash before step 2 was written out
+    const { code, stdout, stderr } = await rollout(['run', '--resume', '--steps', '3', ...args]);
+    assert.equal(code, 0, stderr);
+    const groups = readFileSync(path, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { rollouts: { reward: number; turns: { responseIds: number[] }[] }[] });
+    const rollouts = groups.flatMap((g) => g.rollouts);
+    const summary = JSON.parse(readFileSync(join(runDir, 'summary.json'), 'utf8')) as Record<string, number>;
+    assert.deepEqual(
+      { batches: summary.batches, batchesThisProcess: summary.batchesThisProcess, groups: summary.groups, rollouts: summary.rollouts, turns: summary.turns, responseTokens: summary.responseTokens },
+      {
+        batches: 3,
+        batchesThisProcess: 2,
+        groups: 6,
+        rollouts: rollouts.length,
+        turns: rollouts.reduce((n, r) => n + r.turns.length, 0),
+        responseTokens: rollouts.reduce((n, r) => n + r.turns.reduce((m, t) => m + t.responseIds.length, 0), 0),
+      },
+    );
+    assert.ok(Math.abs(summary.meanReward - rollouts.reduce((n, r) => n + r.reward, 0) / rollouts.length) < 1e-9);
+    assert.match(stdout, /^rollout run: 3 batches written to .* \(2 by this process\)\n/);
   });
 });

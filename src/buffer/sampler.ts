@@ -91,7 +91,7 @@ async function readDataset(path: string, taskName: string): Promise<DatasetRow[]
         throw new ConfigError([`${where(n)}: each line must be a JSON object of environment params (got ${line.slice(0, 60)})`]);
       }
       const deep = deeperThan(value, MAX_DATASET_DEPTH);
-      if (deep !== null) throw new ConfigError([`${where(n)}: nested deeper than ${MAX_DATASET_DEPTH} levels (at ${deep}); environment params are not that deep`]);
+      if (deep !== null) throw new ConfigError([`${where(n)}: nested deeper than ${MAX_DATASET_DEPTH} levels (at ${deep.length > 60 ? `${deep.slice(0, 28)}…${deep.slice(-28)}` : deep}); environment params are not that deep`]);
       const { seed, ...params } = value as Record<string, unknown>;
       if (seed !== undefined && (!Number.isInteger(seed) || (seed as number) < 0 || (seed as number) > MAX_SEED)) {
         throw new ConfigError([`${where(n)}: seed must be an integer in [0, ${MAX_SEED}] (got ${JSON.stringify(seed)})`]);
