@@ -118,4 +118,69 @@ describe('rollout CLI errors', () => {
     assert.ok(Math.abs(summary.meanReward - rollouts.reduce((n, r) => n + r.reward, 0) / rollouts.length) < 1e-9);
     assert.match(stdout, /^rollout run: 3 batches written to .* \(2 by this process\)\n/);
   });
+
+  it('bad input in a config or a dataset line is one line naming the field or the line, and the run writes nothing', async () => {
+    const dir = mkRunDir();
+    const file = (name: string, text: string) => (writeFileSync(join(dir, name), text), join(dir, name));
+    const deep = file('deep.jsonl', `${'{"a":'.repeat(3000)}1${'}'.repeat(3000)}\n`);
+    const seeded = file('seeded.jsonl', '{"seed": 1e300}\n');
+    const task = (dataset: string) => ({ tasks: [{ name: 'g', env: { module: 'builtin:guess-number' }, dataset }] });
+    const cases: [unknown, RegExp][] = [
+      [task(deep), /^rollout run: ERR_INVALID_CONFIG: task g dataset .*deep\.jsonl:1: nested deeper than 64 levels \(at a\.a\.a.*….*a\.a\); environment params are not that deep\n$/],
+      [task(seeded), /^rollout run: ERR_INVALID_CONFIG: task g dataset .*seeded\.jsonl:1: seed must be an integer in \[0, 2147483647\] \(got 1e\+300\)\n$/],
+      [task(dir), /^rollout run: ERR_INVALID_CONFIG: tasks\[0\]\.dataset: is not a file \(got ".*", resolved to .*\)\n$/],
+      [{ seed: -1, llm: { retries: 1e9 } }, /^rollout run: ERR_INVALID_CONFIG: seed: .*>=0 \(got -1\)\nrollout run: ERR_INVALID_CONFIG: llm\.retries: .*<=100 \(got 1000000000\)\n$/],
+    ];
+    for (const [i, [config, expected]] of cases.entries()) {
+      const runDir = join(dir, `run-${i}`);
+      const { code, stdout, stderr } = await rollout(['run', '--config', file(`config-${i}.json`, JSON.stringify(config)), '--threads', '1', '--run-dir', runDir]);
+      assert.equal(code, 1, stderr);
+      assert.equal(stdout, '');
+      assert.match(stderr, expected);
+      assert.equal(existsSync(runDir), false, 'the run dir it made is gone again');
+    }
+  });
+
+  it('a misspelt field in a built-in environment\'s dataset line is refused at start naming the line and the field (regression: it trained on random tasks)', async () => {
+    const dir = mkRunDir();
+    writeFileSync(join(dir, 'guess.jsonl'), '{"target": 5}\n\n{"min": 1, "max": 10, "tagret": 5}\n');
+    writeFileSync(join(dir, 'sums.jsonl'), '{"expression": "2 + 3"}\n{"expression": "2 + (3)"}\n');
+    const tasks = {
+      guess: { name: 'guess', env: { module: 'builtin:guess-number' }, dataset: 'guess.jsonl' },
+      sums: { name: 'sums', env: { module: 'builtin:arithmetic' }, dataset: 'sums.jsonl', maxSteps: 1 },
+    };
+    const expected = {
+      guess: `rollout run: ERR_INVALID_CONFIG: task guess dataset ${join(dir, 'guess.jsonl')}:3: guess-number: unknown reset params.tagret (known: min, max, target)\n`,
+      sums: `rollout run: ERR_INVALID_CONFIG: task sums dataset ${join(dir, 'sums.jsonl')}:2: arithmetic: reset params.expression must look like "37 + 45 * 2 - 8" (got "2 + (3)")\n`,
+    };
+    for (const name of ['guess', 'sums'] as const) {
+      const config = join(dir, `${name}.json`);
+      writeFileSync(config, JSON.stringify({ tasks: [tasks[name]] }));
+      const { code, stdout, stderr } = await rollout(['run', '--config', config, '--threads', '1', '--run-dir', join(dir, `run-${name}`)]);
+      assert.equal(code, 1, stderr);
+      assert.equal(stdout, '');
+      assert.equal(stderr, expected[name]);
+    }
+  });
+
+  it('a broken environment module is refused at start with one line naming the task and the module: a syntax error, a missing export, a factory that throws (regression: found after 5 groups failed)', async () => {
+    const dir = mkRunDir();
+    const modules = {
+      syntax: ['export default function () {\n  return { reset( { } ;\n}\n', /cannot be loaded \(SyntaxError: /],
+      export: ['export const createEnv = () => ({});\n', /cannot be loaded \(env\.export: "default" of .*export\.js is not a function \(got undefined; function exports: createEnv\)\)/],
+      throws: ['export default function () { throw new Error("no GPU here"); }\n', /: its factory throws on env\.params \{"level":3\} \(no GPU here\)/],
+    } as const;
+    for (const [name, [source, why]] of Object.entries(modules)) {
+      const module = join(dir, `${name}.js`);
+      writeFileSync(module, source);
+      const config = join(dir, `${name}.json`);
+      writeFileSync(config, JSON.stringify({ tasks: [{ name: 'fine', env: { module: 'builtin:arithmetic' } }, { name: `broken-${name}`, env: { module: `./${name}.js`, params: { level: 3 } } }] }));
+      const { code, stdout, stderr } = await rollout(['run', '--config', config, '--threads', '1', '--run-dir', join(dir, `run-${name}`)]);
+      assert.equal(code, 1, stderr);
+      assert.equal(stdout, '');
+      assert.equal(stderr.split('\n').length, 2, stderr);
+      assert.ok(stderr.startsWith(`rollout run: ERR_INVALID_CONFIG: tasks[1] (broken-${name}): env module file://${module}`), stderr);
+      assert.match(stderr, why);
+    }
+  });
 });

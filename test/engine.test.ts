@@ -12,9 +12,13 @@ import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
 const FAULTY_ENV = new URL('./fixtures/faulty-env.ts', import.meta.url).pathname;
 
 function datasetOf(modes: string[]): string {
+  return datasetOfLines(modes.map((mode) => ({ mode })));
+}
+
+function datasetOfLines(lines: object[]): string {
   const dir = mkdtempSync(join(tmpdir(), 'rollout-engine-'));
   const path = join(dir, 'prompts.jsonl');
-  writeFileSync(path, modes.map((mode) => JSON.stringify({ mode })).join('\n'));
+  writeFileSync(path, lines.map((line) => JSON.stringify(line)).join('\n'));
   return path;
 }
 
@@ -190,7 +194,7 @@ describe('sampling seeds across dataset epochs', () => {
       batchSize: 2,
       workers: { threads: 1 },
       llm: { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, model: 'm', returnTokenIds: false, logprobs: false },
-      tasks: [{ name: 'one', env: { module: 'builtin:arithmetic' }, dataset: datasetOf(['add']), groupSize: 1, maxSteps: 1 }],
+      tasks: [{ name: 'one', env: { module: 'builtin:arithmetic' }, dataset: datasetOfLines([{ expression: '2 + 3' }]), groupSize: 1, maxSteps: 1 }],
     });
     t.after(() => e.close());
     await e.start();

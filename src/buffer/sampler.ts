@@ -13,6 +13,8 @@ import { ConfigError } from '../protocol/errors.ts';
 import { newGroup, type PromptSample, type RolloutGroup } from '../protocol/rollout.ts';
 
 interface DatasetRow {
+  /** Its line in the file (blank lines are skipped, so not its index), for errors that name it. */
+  line: number;
   params: Record<string, unknown>;
   seed: number | null;
 }
@@ -42,6 +44,16 @@ export class Sampler {
   set cursor(value: number) {
     if (!Number.isInteger(value) || value < 0) throw new RangeError(`sampler cursor must be a non-negative integer, got ${value}`);
     this.#cursor = value;
+  }
+
+  /** The dataset's prompts with their line numbers, `start` to `end` (none without a dataset): the start-up check's input. */
+  prompts(start: number, end: number): { line: number; params: Record<string, unknown> }[] {
+    return (this.#rows ?? []).slice(start, end).map(({ line, params }) => ({ line, params }));
+  }
+
+  /** Prompts in the dataset; 0 without one. */
+  get size(): number {
+    return this.#rows?.length ?? 0;
   }
 
   /** A new INIT group for the next prompt. */
@@ -96,7 +108,7 @@ async function readDataset(path: string, taskName: string): Promise<DatasetRow[]
       if (seed !== undefined && (!Number.isInteger(seed) || (seed as number) < 0 || (seed as number) > MAX_SEED)) {
         throw new ConfigError([`${where(n)}: seed must be an integer in [0, ${MAX_SEED}] (got ${JSON.stringify(seed)})`]);
       }
-      rows.push({ params, seed: (seed as number | undefined) ?? null });
+      rows.push({ line: n, params, seed: (seed as number | undefined) ?? null });
     }
   } catch (err) {
     if (err instanceof ConfigError) throw err;

@@ -42,20 +42,20 @@ Options:
 
 Logs go to stderr (LOG_LEVEL=debug|info|warn|error); the summary goes to stdout.`;
 
+const RUN_OPTIONS = {
+  ...CONFIG_FLAGS,
+  steps: { type: 'string' },
+  'run-dir': { type: 'string' },
+  resume: { type: 'boolean' },
+  out: { type: 'string' },
+  compact: { type: 'boolean' },
+  help: { type: 'boolean', short: 'h' },
+} as const;
+
+type RunFlags = ReturnType<typeof parseArgs<{ options: typeof RUN_OPTIONS; strict: true }>>['values'];
+
 export async function runCommand(argv: string[]): Promise<number> {
-  const { values } = parseArgs({
-    args: argv,
-    options: {
-      ...CONFIG_FLAGS,
-      steps: { type: 'string' },
-      'run-dir': { type: 'string' },
-      resume: { type: 'boolean' },
-      out: { type: 'string' },
-      compact: { type: 'boolean' },
-      help: { type: 'boolean', short: 'h' },
-    },
-    strict: true,
-  });
+  const { values } = parseArgs({ args: argv, options: RUN_OPTIONS, strict: true });
   if (values.help) {
     console.log(RUN_HELP);
     return 0;
@@ -75,6 +75,17 @@ export async function runCommand(argv: string[]): Promise<number> {
   // Held until this process exits, taken before anything in the dir is read or cut: a second run, or a
   // second --resume of this one, is refused here instead of writing the same run (run-dir.ts).
   await lockRunDir(runDir);
+  try {
+    return await runLocked(values, steps, config, configPath, runDir);
+  } catch (err) {
+    // Failed or refused before writing in a dir it made (nothing is there, or it would stay): not left behind.
+    if (madeHere) rmEmptyDir(runDir);
+    throw err;
+  }
+}
+
+/** `rollout run` once its run dir is locked: what `runCommand` checked is in `values` and `config`. */
+async function runLocked(values: RunFlags, steps: number, config: Record<string, unknown>, configPath: string | undefined, runDir: string): Promise<number> {
   config.runDir = runDir; // step records go to <runDir>/steps/, the per-batch checkpoint to <runDir>/engine.ckpt
   if (values.resume) config.resume = true;
   const checkpointPath = join(runDir, 'engine.ckpt');
@@ -165,12 +176,8 @@ export async function runCommand(argv: string[]): Promise<number> {
     process.off('SIGTERM', stopOnSignal);
   }
   // Failed before writing a batch: nothing to summarise, so nothing is written — an earlier summary
-  // stays as it was, and a dir this process made is removed if nothing else went in it. The error is
-  // printed once, by the caller.
-  if (failure !== null && batches.length === 0) {
-    if (madeHere) rmEmptyDir(runDir);
-    throw failure;
-  }
+  // stays as it was. The error is printed once, by the caller.
+  if (failure !== null && batches.length === 0) throw failure;
   const seconds = (performance.now() - started) / 1000;
   const summary = summarize(earlier, batches, landed ?? emptyStatusCounts(), seconds, batchesPath, failure === null ? null : describeError(failure));
   writeFileSync(join(runDir, 'summary.json'), `${JSON.stringify(summary, null, 2)}\n`);

@@ -15,11 +15,11 @@ import { urlList, type ResolvedConfig, type TaskConfig } from '../config.ts';
 import { wantsPrettyLogs, type Logger } from '../log.ts';
 import { projectModuleUrl } from '../paths.ts';
 import { decodeMessage, encodeMessage } from '../protocol/codec.ts';
-import { describeError } from '../protocol/errors.ts';
+import { describeError, RolloutEngineError } from '../protocol/errors.ts';
 import { isWorkerRegistration, PROTOCOL_VERSION, type TaskBox, type WorkerControl, type WorkerStats } from '../protocol/messages.ts';
 import { restoreKeptTurns } from '../protocol/result-delta.ts';
 import { fillModelSteps, Status, type RolloutGroup } from '../protocol/rollout.ts';
-import type { WorkerEnvSettings, WorkerInit } from '../rollout/worker-runtime.ts';
+import type { PromptLine, TaskCheck, WorkerEnvSettings, WorkerInit } from '../rollout/worker-runtime.ts';
 import type { ServerInfo } from '../llm/servers.ts';
 
 export interface WorkerPool {
@@ -32,6 +32,8 @@ export interface WorkerPool {
   /** Every worker writes its buffered step records to disk. */
   flush(): Promise<void>;
   close(): Promise<void>;
+  /** The start-up check of one task on a worker (WorkerRuntime.checkTask); pools without workers of their own may leave it out. */
+  checkTask?(task: string, prompts: PromptLine[]): Promise<TaskCheck>;
 }
 
 export interface PiscinaWorkerPoolOptions {
@@ -128,6 +130,12 @@ export class PiscinaWorkerPool implements WorkerPool {
       this.#lastTaskError = describeError(err);
       return failedGroup(group, reason);
     }
+  }
+
+  async checkTask(task: string, prompts: PromptLine[]): Promise<TaskCheck> {
+    if (this.#broken !== null) throw new RolloutEngineError('ERR_WORKER', this.#broken);
+    // Raced with the pool breaking: a module that kills its worker on import leaves no worker to answer.
+    return (await Promise.race([this.#pool.run({ task, prompts }, { name: 'checkTask' }), this.#brokenPromise])) as TaskCheck;
   }
 
   get liveWorkers(): number {
