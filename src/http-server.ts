@@ -7,14 +7,15 @@
  * a client that lies about (or omits) its length still cannot make the server buffer more than `limit`.
  */
 import type { IncomingMessage, Server } from 'node:http';
+import { ListenError } from './protocol/errors.ts';
 
 /**
  * `server.listen` as a promise. A failure to bind (a port in use, a host that does not resolve) rejects
- * with the error `named` makes of "cannot listen on host:port: <why>" and the cause.
+ * with a ListenError naming `what` (e.g. "control API"), the address and the errno, the same for every server.
  */
-export function listen(server: Server, host: string, port: number, named: (message: string, cause: Error) => Error): Promise<void> {
+export function listen(server: Server, host: string, port: number, what: string): Promise<void> {
   return new Promise((resolve, reject) => {
-    const onError = (error: Error): void => reject(named(`cannot listen on ${host}:${port}: ${error.message}`, error));
+    const onError = (error: Error): void => reject(new ListenError(what, host, port, error));
     server.once('error', onError);
     server.listen(port, host, () => {
       server.off('error', onError);

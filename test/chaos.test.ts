@@ -402,7 +402,7 @@ function assertAccounted(stats: EngineStats, when: string): void {
 
 describe('engine problems the faults turned up (regression tests)', () => {
   it(
-    'fails the groups of a worker that cannot start, so getBatch and close() answer instead of waiting forever',
+    'refuses to start when no worker can start, and getBatch and close() answer instead of waiting forever',
     async () => {
       // In a child process: the hang stays there, and is killed with it.
       const child = spawn(process.execPath, ['--import', 'tsx', WORKER_START, '2000'], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, LOG_LEVEL: 'silent' } });
@@ -411,7 +411,9 @@ describe('engine problems the faults turned up (regression tests)', () => {
       const timer = setTimeout(() => child.kill('SIGKILL'), 20_000);
       await new Promise((resolve) => child.once('exit', resolve));
       clearTimeout(timer);
-      const result = JSON.parse(out.trim().split('\n').at(-1) ?? '{}') as { getBatch: string; close: string; groups: unknown };
+      const result = JSON.parse(out.trim().split('\n').at(-1) ?? '{}') as { start: string; getBatch: string; close: string; groups: unknown };
+      // The start-up check runs each task on a worker: with none able to start, start() itself says so.
+      assert.match(result.start, /^rejected ERR_WORKER: tasks\[0\] \(arith\): no worker could check the task: /);
       assert.notEqual(result.getBatch, 'pending', `getBatch still pending after 2 s; groups ${JSON.stringify(result.groups)}`);
       assert.notEqual(result.close, 'pending', 'close() still pending after 2 s');
     },

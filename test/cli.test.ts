@@ -1,7 +1,7 @@
 import { CLI_MAIN, rollout } from './support/cli.ts';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
@@ -142,14 +142,13 @@ describe('rollout CLI', () => {
     assert.equal(readFileSync(path, 'utf8'), `${one}\ngarbage{\n`);
   });
 
-  it('`rollout run` that fails still writes its summary with the reason, and exits 1', async () => {
+  it('`rollout run` that fails before its first batch prints its error once and leaves no empty batches.jsonl or zeroed summary.json (regression)', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'rollout-fail-summary-'));
-    const { code, stdout } = await rollout(['run', '--llm-url', 'http://127.0.0.1:9/v1', '--run-dir', dir], { timeoutMs: 20_000 });
+    const { code, stdout, stderr } = await rollout(['run', '--llm-url', 'http://127.0.0.1:9/v1', '--run-dir', dir], { timeoutMs: 20_000 });
     assert.equal(code, 1);
-    assert.match(stdout, /0 batches written/);
-    const summary = JSON.parse(readFileSync(join(dir, 'summary.json'), 'utf8')) as { batches: number; error: string | null };
-    assert.equal(summary.batches, 0);
-    assert.match(summary.error ?? '', /ERR_LLM_UNREACHABLE/);
+    assert.equal(stdout, '');
+    assert.equal(stderr.match(/ERR_LLM_UNREACHABLE/g)?.length, 1, stderr);
+    assert.deepEqual(readdirSync(dir), [], 'nothing written in the run dir');
   });
 
   it('`rollout run --config` rejects a bad config with the field, the value and exit code 1', async () => {

@@ -23,10 +23,7 @@ function datasetOfLines(lines: object[]): string {
 }
 
 function datasetOf(modes: string[]): string {
-  const dir = mkdtempSync(join(tmpdir(), 'rollout-engine-'));
-  const path = join(dir, 'prompts.jsonl');
-  writeFileSync(path, modes.map((mode) => JSON.stringify({ mode })).join('\n'));
-  return path;
+  return datasetOfLines(modes.map((mode) => ({ mode })));
 }
 
 /** Every group the producer scheduled is in flight or has a final status: none vanished. */
@@ -201,7 +198,7 @@ describe('sampling seeds across dataset epochs', () => {
       batchSize: 2,
       workers: { threads: 1 },
       llm: { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, model: 'm', returnTokenIds: false, logprobs: false },
-      tasks: [{ name: 'one', env: { module: 'builtin:arithmetic' }, dataset: datasetOf(['add']), groupSize: 1, maxSteps: 1 }],
+      tasks: [{ name: 'one', env: { module: 'builtin:arithmetic' }, dataset: datasetOfLines([{ expression: '2 + 3' }]), groupSize: 1, maxSteps: 1 }],
     });
     t.after(() => e.close());
     await e.start();

@@ -7,7 +7,7 @@ import * as Comlink from 'comlink';
 import { move, workerData } from 'piscina';
 import { decodeMessage, encodeMessage } from '../src/protocol/codec.ts';
 import type { TaskBox, WorkerRegistration } from '../src/protocol/messages.ts';
-import { WorkerRuntime } from '../src/rollout/worker-runtime.ts';
+import { WorkerRuntime, type PromptLine, type TaskCheck } from '../src/rollout/worker-runtime.ts';
 
 const runtime = new WorkerRuntime(workerData);
 
@@ -24,4 +24,9 @@ export default async function runTask(box: TaskBox): Promise<unknown> {
   if (message.type !== 'run-group') throw new Error(`worker expects run-group messages, got ${message.type}`);
   const result = await runtime.runGroup(message);
   return move(encodeMessage(result));
+}
+
+/** The start-up check of one task (piscina's `name: 'checkTask'`): see WorkerRuntime.checkTask. */
+export function checkTask(request: { task: string; prompts: PromptLine[] }): Promise<TaskCheck> {
+  return runtime.checkTask(request.task, request.prompts);
 }

@@ -13,6 +13,8 @@ import { ConfigError } from '../protocol/errors.ts';
 import { newGroup, type PromptSample, type RolloutGroup } from '../protocol/rollout.ts';
 
 interface DatasetRow {
+  /** Its line in the file (blank lines are skipped, so not its index), for errors that name it. */
+  line: number;
   params: Record<string, unknown>;
   seed: number | null;
 }
@@ -42,6 +44,16 @@ export class Sampler {
   set cursor(value: number) {
     if (!Number.isInteger(value) || value < 0) throw new RangeError(`sampler cursor must be a non-negative integer, got ${value}`);
     this.#cursor = value;
+  }
+
+  /** The dataset's prompts with their line numbers, `start` to `end` (none without a dataset): the start-up check's input. */
+  prompts(start: number, end: number): { line: number; params: Record<string, unknown> }[] {
+    return (this.#rows ?? []).slice(start, end).map(({ line, params }) => ({ line, params }));
+  }
+
+  /** Prompts in the dataset; 0 without one. */
+  get size(): number {
+    return this.#rows?.length ?? 0;
   }
 
   /** A new INIT group for the next prompt. */
@@ -91,12 +103,12 @@ async function readDataset(path: string, taskName: string): Promise<DatasetRow[]
         throw new ConfigError([`${where(n)}: each line must be a JSON object of environment params (got ${line.slice(0, 60)})`]);
       }
       const deep = deeperThan(value, MAX_DATASET_DEPTH);
-      if (deep !== null) throw new ConfigError([`${where(n)}: nested deeper than ${MAX_DATASET_DEPTH} levels (at ${deep}); environment params are not that deep`]);
+      if (deep !== null) throw new ConfigError([`${where(n)}: nested deeper than ${MAX_DATASET_DEPTH} levels (at ${deep.length > 60 ? `${deep.slice(0, 28)}…${deep.slice(-28)}` : deep}); environment params are not that deep`]);
       const { seed, ...params } = value as Record<string, unknown>;
       if (seed !== undefined && (!Number.isInteger(seed) || (seed as number) < 0 || (seed as number) > MAX_SEED)) {
         throw new ConfigError([`${where(n)}: seed must be an integer in [0, ${MAX_SEED}] (got ${JSON.stringify(seed)})`]);
       }
-      rows.push({ params, seed: (seed as number | undefined) ?? null });
+      rows.push({ line: n, params, seed: (seed as number | undefined) ?? null });
     }
   } catch (err) {
     if (err instanceof ConfigError) throw err;

@@ -1,9 +1,10 @@
 #!/usr/bin/env node
 /**
  * `rollout` — the command-line entry point. Each subcommand lives in its own module and returns an
- * exit code; errors with a code (config, usage, inference) print one readable line, not a stack.
+ * exit code or throws; what a thrown error prints is decided here alone (failureReport), so every
+ * command reports alike.
  */
-import { RolloutEngineError } from '../protocol/errors.ts';
+import { ConfigError, RolloutEngineError } from '../protocol/errors.ts';
 import { envServerCommand } from './env-server.ts';
 import { gatewayCommand } from './gateway.ts';
 import { loadtestCommand } from './loadtest.ts';
@@ -52,9 +53,29 @@ main(process.argv.slice(2)).then(
     process.exitCode = code;
   },
   (err: unknown) => {
-    if (err instanceof RolloutEngineError) console.error(`rollout: ${err.code}: ${err.message}`);
-    else if ((err as { code?: string }).code?.startsWith('ERR_PARSE_ARGS')) console.error(`rollout: ${(err as Error).message}`);
-    else console.error(err);
-    process.exitCode = (err as { code?: string }).code === 'ERR_USAGE' || (err as { code?: string }).code?.startsWith('ERR_PARSE_ARGS') ? 2 : 1;
+    const { lines, exitCode } = failureReport(process.argv[2] ?? '', err);
+    for (const line of lines) console.error(line);
+    process.exitCode = exitCode;
   },
 );
+
+/** Errors the user fixes on the command line (a flag, a port, a run dir): exit 2, as for a bad flag. */
+const USAGE_CODES = new Set(['ERR_USAGE', 'ERR_LISTEN']);
+
+/**
+ * What a failed command prints, in one shape for every command: `rollout <cmd>: [CODE: ]message`,
+ * one line per error (a config's problems one per line, each naming its field), no stack unless
+ * LOG_LEVEL=debug. Usage errors and a port in use exit 2; everything else 1.
+ */
+function failureReport(command: string, err: unknown): { lines: string[]; exitCode: number } {
+  const prefix = `rollout ${command}:`;
+  const code = (err as { code?: unknown } | null)?.code;
+  const oneLine = (text: string) => text.replace(/\s*\n\s*/g, ' ');
+  if (err instanceof ConfigError) return { lines: err.issues.map((issue) => `${prefix} ${err.code}: ${oneLine(issue)}`), exitCode: 1 };
+  if (typeof code === 'string' && (USAGE_CODES.has(code) || code.startsWith('ERR_PARSE_ARGS'))) return { lines: [`${prefix} ${oneLine((err as Error).message)}`], exitCode: 2 };
+  if (err instanceof RolloutEngineError) return { lines: [`${prefix} ${err.code}: ${oneLine(err.message)}`], exitCode: 1 };
+  // Not an engine error: a bug, or something nothing here expected. Its stack is for a bug report.
+  const debug = process.env.LOG_LEVEL === 'debug' || process.env.LOG_LEVEL === 'trace';
+  const text = err instanceof Error ? `${typeof code === 'string' ? `${code}: ` : ''}${oneLine(err.message)}` : oneLine(String(err));
+  return { lines: [`${prefix} ${text}`, ...(debug && err instanceof Error && err.stack ? [err.stack] : [])], exitCode: 1 };
+}

@@ -11,14 +11,18 @@ export class ProgressLine {
   readonly #stream: NodeJS.WriteStream;
   readonly #started = performance.now();
   #timer: NodeJS.Timeout | null = null;
+  /** The whole run's, earlier processes' included. */
   #batches = 0;
+  /** This process's: the rate is of what it produced in its own time. */
   #groups = 0;
   #meanReward: number | null = null;
   #busy = false;
 
-  constructor(engine: Engine, totalBatches: number, stream: NodeJS.WriteStream = process.stderr) {
+  /** `earlier.batches`: the run's batches written before this process (a resumed run counts them too). */
+  constructor(engine: Engine, totalBatches: number, earlier: { batches: number } = { batches: 0 }, stream: NodeJS.WriteStream = process.stderr) {
     this.#engine = engine;
     this.#total = totalBatches;
+    this.#batches = earlier.batches;
     this.#stream = stream;
   }
 

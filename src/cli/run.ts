@@ -1,15 +1,16 @@
-import { existsSync, mkdirSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, rmdirSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { createEngine, type Batch } from '../index.ts';
 import { emptyStatusCounts } from '../coordinator/producer.ts';
 import { BatchFileWriter } from '../coordinator/batch-file.ts';
+import { readCheckpoint } from '../coordinator/checkpoint.ts';
 import { describeError } from '../protocol/errors.ts';
 import type { Status } from '../protocol/rollout.ts';
 import { intFlag, UsageError } from './args.ts';
 import { ProgressLine } from './progress.ts';
 import { lockRunDir, newRunDir } from './run-dir.ts';
-import { writtenSteps } from './written-steps.ts';
+import { cutToLastStep, emptyTotals, scanWrittenSteps, type WrittenTotals } from './written-steps.ts';
 import { CONFIG_FLAGS, configFromFlags } from './config-flags.ts';
 
 export const RUN_HELP = `Usage: rollout run [options]
@@ -41,20 +42,20 @@ Options:
 
 Logs go to stderr (LOG_LEVEL=debug|info|warn|error); the summary goes to stdout.`;
 
+const RUN_OPTIONS = {
+  ...CONFIG_FLAGS,
+  steps: { type: 'string' },
+  'run-dir': { type: 'string' },
+  resume: { type: 'boolean' },
+  out: { type: 'string' },
+  compact: { type: 'boolean' },
+  help: { type: 'boolean', short: 'h' },
+} as const;
+
+type RunFlags = ReturnType<typeof parseArgs<{ options: typeof RUN_OPTIONS; strict: true }>>['values'];
+
 export async function runCommand(argv: string[]): Promise<number> {
-  const { values } = parseArgs({
-    args: argv,
-    options: {
-      ...CONFIG_FLAGS,
-      steps: { type: 'string' },
-      'run-dir': { type: 'string' },
-      resume: { type: 'boolean' },
-      out: { type: 'string' },
-      compact: { type: 'boolean' },
-      help: { type: 'boolean', short: 'h' },
-    },
-    strict: true,
-  });
+  const { values } = parseArgs({ args: argv, options: RUN_OPTIONS, strict: true });
   if (values.help) {
     console.log(RUN_HELP);
     return 0;
@@ -66,10 +67,25 @@ export async function runCommand(argv: string[]): Promise<number> {
 
   if (values.resume && values['run-dir'] === undefined && typeof config.runDir !== 'string') throw new UsageError('--resume needs --run-dir (the directory of the run to continue)');
   const named = values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : null);
+  // A run to continue is there: a missing dir is a typo, and starting a new run in it would not say so.
+  if (values.resume && !existsSync(resolve(named!))) throw new UsageError(`--resume: run dir ${resolve(named!)} does not exist; give the dir of the run to continue, or drop --resume to start one`);
+  // Made by this process (a default name, or a --run-dir not there yet): removed again if the run fails before writing in it.
+  const madeHere = named === null || !existsSync(resolve(named));
   const runDir = named === null ? newRunDir(resolve('runs')) : resolve(named);
   // Held until this process exits, taken before anything in the dir is read or cut: a second run, or a
   // second --resume of this one, is refused here instead of writing the same run (run-dir.ts).
   await lockRunDir(runDir);
+  try {
+    return await runLocked(values, steps, config, configPath, runDir);
+  } catch (err) {
+    // Failed or refused before writing in a dir it made (nothing is there, or it would stay): not left behind.
+    if (madeHere) rmEmptyDir(runDir);
+    throw err;
+  }
+}
+
+/** `rollout run` once its run dir is locked: what `runCommand` checked is in `values` and `config`. */
+async function runLocked(values: RunFlags, steps: number, config: Record<string, unknown>, configPath: string | undefined, runDir: string): Promise<number> {
   config.runDir = runDir; // step records go to <runDir>/steps/, the per-batch checkpoint to <runDir>/engine.ckpt
   if (values.resume) config.resume = true;
   const checkpointPath = join(runDir, 'engine.ckpt');
@@ -84,9 +100,27 @@ export async function runCommand(argv: string[]): Promise<number> {
     throw new UsageError(`--resume: ${checkpointPath} is missing, so the run in ${batchesPath} cannot continue without producing its groups again; start a new --run-dir instead`);
   }
   const engine = createEngine(config, { baseDir: configPath === undefined ? process.cwd() : dirname(configPath) });
-  // Resuming: the batches file is the trainer's record of what it received; continue after its last step.
-  const written = values.resume ? await writtenSteps(batchesPath, engine.config.batchSize) : { first: 0, last: 0 };
-  const writer = new BatchFileWriter(batchesPath, { compact: values.compact ?? false });
+  // Resuming: the batches file is the trainer's record of what it received; continue after its last
+  // step. Only read here: a cut tail is cut when the first batch is written, so a refusal writes nothing.
+  const written = values.resume ? await scanWrittenSteps(batchesPath, engine.config.batchSize) : null;
+  if (written !== null && existsSync(checkpointPath)) {
+    // The checkpoint is written after a batch is taken and before it is written out: the file ends at
+    // the checkpoint's last step, or one before it (that batch is delivered again). Anything else is
+    // another run's checkpoint, or an older one.
+    const handedOut = readCheckpoint(checkpointPath, engine.config).progress.nextConsumerStep - 1;
+    if (written.last !== handedOut && written.last !== handedOut - 1) {
+      throw new UsageError(`--resume: ${batchesPath} ends at step ${written.last} but ${checkpointPath} handed out step ${handedOut}: they are not of the same run, or the checkpoint is older than the batches`);
+    }
+  }
+  // Opened at the first batch: a run that fails before it leaves no empty file.
+  let writer: BatchFileWriter | null = null;
+  const write = async (batch: Batch) => {
+    if (writer === null) {
+      if (written !== null) cutToLastStep(batchesPath, written);
+      writer = new BatchFileWriter(batchesPath, { compact: values.compact ?? false });
+    }
+    await writer.write(batch);
+  };
   // SIGINT / SIGTERM: stop taking batches, let groups in flight come back, checkpoint, exit 0.
   let stopping = false;
   const stopOnSignal = () => {
@@ -97,24 +131,20 @@ export async function runCommand(argv: string[]): Promise<number> {
   process.once('SIGTERM', stopOnSignal);
 
   const started = performance.now();
+  // Batches earlier processes of this run wrote (a --resume): the progress line and summary count the whole run.
+  const earlier = written?.totals ?? emptyTotals();
   const batches: NormalBatch[] = [];
   let landed: Record<Status, number> | null = null;
   let failure: unknown = null;
-  const progress = new ProgressLine(engine, steps);
+  const progress = new ProgressLine(engine, steps, { batches: earlier.batches });
   try {
     await engine.start();
     progress.start();
     // A checkpoint named in the config (resumeFrom) carries its own next step: its batches were handed out already.
     const nextTrainStep = (await engine.stats()).nextTrainStep;
-    // The checkpoint is written after a batch is taken and before it is written out: the file ends at
-    // the checkpoint's last step, or one before it (that batch is delivered again). Anything else is
-    // another run's checkpoint, or an older one.
-    if (values.resume && existsSync(checkpointPath) && written.last !== nextTrainStep - 1 && written.last !== nextTrainStep - 2) {
-      throw new UsageError(`--resume: ${batchesPath} ends at step ${written.last} but ${checkpointPath} handed out step ${nextTrainStep - 1}: they are not of the same run, or the checkpoint is older than the batches`);
-    }
-    const firstStep = values.resume ? written.last + 1 : nextTrainStep;
+    const firstStep = written !== null ? written.last + 1 : nextTrainStep;
     // Resumed, the run still began at its first written step: the command that crashed is the one that finishes it.
-    const lastStep = (values.resume && written.first > 0 ? written.first : firstStep) + steps - 1;
+    const lastStep = (written !== null && written.first > 0 ? written.first : firstStep) + steps - 1;
     for (let step = firstStep; step <= lastStep && !stopping; ) {
       const batch = await engine.getBatch(step);
       if (stopping) break;
@@ -124,7 +154,7 @@ export async function runCommand(argv: string[]): Promise<number> {
         await engine.resume({ modelStep: Math.max(engine.config.modelStep, step - 1) });
         continue;
       }
-      await writer.write(batch);
+      await write(batch);
       batches.push(batch);
       progress.batch(batch.groups.length, batch.stats.meanReward);
       step++;
@@ -133,38 +163,51 @@ export async function runCommand(argv: string[]): Promise<number> {
     if (stopping) {
       await engine.pauseForWeightUpdate();
       await engine.checkpoint(join(runDir, 'engine.ckpt'));
-      console.error(`rollout run: stopped by a signal after ${batches.length} batches; continue with --resume --run-dir ${runDir}`);
+      console.error(`rollout run: stopped by a signal after ${earlier.batches + batches.length} batches; continue with --resume --run-dir ${runDir}`);
     }
   } catch (err) {
-    // The run failed: what it wrote and what it produced are still summarised below, then the error is thrown.
     failure = err;
     landed = await engine.stats().then((s) => s.groups.landed, () => null);
   } finally {
     progress.stop();
-    await writer.close();
+    await (writer as BatchFileWriter | null)?.close();
     await engine.close();
     process.off('SIGINT', stopOnSignal);
     process.off('SIGTERM', stopOnSignal);
   }
-  // Refused before anything ran (a checkpoint of another run): the run dir's summary is left as it was.
-  if (failure instanceof UsageError) throw failure;
+  // Failed before writing a batch: nothing to summarise, so nothing is written — an earlier summary
+  // stays as it was. The error is printed once, by the caller.
+  if (failure !== null && batches.length === 0) throw failure;
   const seconds = (performance.now() - started) / 1000;
-  const summary = summarize(batches, landed ?? emptyStatusCounts(), seconds, writer.path, failure === null ? null : describeError(failure));
-  mkdirSync(runDir, { recursive: true });
+  const summary = summarize(earlier, batches, landed ?? emptyStatusCounts(), seconds, batchesPath, failure === null ? null : describeError(failure));
   writeFileSync(join(runDir, 'summary.json'), `${JSON.stringify(summary, null, 2)}\n`);
   console.log(formatSummary(summary));
   if (failure !== null) throw failure;
   return 0;
 }
 
+/** Removes `dir` if it is empty; anything in it (step records of the groups that failed) keeps it. */
+function rmEmptyDir(dir: string): void {
+  try {
+    rmdirSync(dir);
+  } catch {
+    // not empty, or gone: either way nothing of the failed run is lost
+  }
+}
+
 interface RunSummary {
+  /** Batches of the whole run, earlier processes' too (a --resume); so are the counts below, to `responseTokens`. */
   batches: number;
+  /** Of `batches`, those this process wrote. */
+  batchesThisProcess: number;
   groups: number;
   rollouts: number;
   meanReward: number;
   turns: number;
   responseTokens: number;
+  /** Groups landed by status over the whole run (the checkpoint carries the counts across a resume). */
   produced: Record<Status, number>;
+  /** This process's time, and its agent steps per second. */
   seconds: number;
   stepsPerSecond: number;
   output: string;
@@ -174,45 +217,44 @@ interface RunSummary {
 
 type NormalBatch = Extract<Batch, { status: 'NORMAL' }>;
 
-function summarize(batches: NormalBatch[], produced: Record<Status, number>, seconds: number, output: string, error: string | null): RunSummary {
-  let groups = 0;
-  let rollouts = 0;
-  let rewardSum = 0;
-  let turns = 0;
-  let responseTokens = 0;
+function summarize(earlier: WrittenTotals, batches: NormalBatch[], produced: Record<Status, number>, seconds: number, output: string, error: string | null): RunSummary {
+  const here = emptyTotals();
   for (const b of batches) {
-    groups += b.stats.groups;
-    rollouts += b.stats.rollouts;
-    rewardSum += b.stats.meanReward * b.stats.rollouts;
-    turns += b.stats.turns;
-    responseTokens += b.stats.responseTokens;
+    here.groups += b.stats.groups;
+    here.rollouts += b.stats.rollouts;
+    here.rewardSum += b.stats.meanReward * b.stats.rollouts;
+    here.turns += b.stats.turns;
+    here.responseTokens += b.stats.responseTokens;
   }
+  const rollouts = earlier.rollouts + here.rollouts;
   return {
-    batches: batches.length,
-    groups,
+    batches: earlier.batches + batches.length,
+    batchesThisProcess: batches.length,
+    groups: earlier.groups + here.groups,
     rollouts,
-    meanReward: rollouts === 0 ? 0 : rewardSum / rollouts,
-    turns,
-    responseTokens,
+    meanReward: rollouts === 0 ? 0 : (earlier.rewardSum + here.rewardSum) / rollouts,
+    turns: earlier.turns + here.turns,
+    responseTokens: earlier.responseTokens + here.responseTokens,
     produced,
     seconds,
-    stepsPerSecond: seconds > 0 ? turns / seconds : 0,
+    stepsPerSecond: seconds > 0 ? here.turns / seconds : 0,
     output,
     error,
   };
 }
 
+/** The summary on stdout. A failure is not repeated here: the error is printed once, on stderr. */
 function formatSummary(s: RunSummary): string {
   const produced = Object.entries(s.produced)
     .filter(([, n]) => n > 0)
     .map(([status, n]) => `${status} ${n}`)
     .join(', ');
+  const resumed = s.batchesThisProcess === s.batches ? '' : ` (${s.batchesThisProcess} by this process)`;
   return [
-    `rollout run: ${s.batches} batches written to ${s.output}`,
+    `rollout run: ${s.batches} batches written to ${s.output}${resumed}`,
     `  groups      ${s.groups} in batches (produced: ${produced || 'none'})`,
     `  rollouts    ${s.rollouts}, mean reward ${s.meanReward.toFixed(3)}`,
     `  steps       ${s.turns} agent steps, ${s.responseTokens} response tokens`,
-    `  time        ${s.seconds.toFixed(2)} s, ${s.stepsPerSecond.toFixed(1)} steps/s`,
-    ...(s.error === null ? [] : [`  failed      ${s.error}`]),
+    `  time        ${s.seconds.toFixed(2)} s, ${s.stepsPerSecond.toFixed(1)} steps/s${resumed === '' ? '' : ' (this process)'}`,
   ].join('\n');
 }

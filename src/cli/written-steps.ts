@@ -23,6 +23,34 @@ export interface ScanOptions {
 
 const NEWLINE = 0x0a;
 
+/** What the whole steps of a batches file hold, summed as a batch's stats are (producer.ts #batchStats). */
+export interface WrittenTotals {
+  /** Whole steps (batches). */
+  batches: number;
+  groups: number;
+  rollouts: number;
+  rewardSum: number;
+  turns: number;
+  responseTokens: number;
+}
+
+export interface WrittenSteps {
+  /** The first train step in the file; 0 when there is none. */
+  first: number;
+  /** The last step fully written (`batchSize` lines); 0 when there is none. */
+  last: number;
+  /** Totals over the whole steps, first..last: an earlier process's batches, for a resumed run's summary. */
+  totals: WrittenTotals;
+  /** Bytes up to the end of the last whole step: what is kept when the file is cut (`cutToLastStep`). */
+  end: number;
+  /** Bytes in the file. */
+  size: number;
+}
+
+export function emptyTotals(): WrittenTotals {
+  return { batches: 0, groups: 0, rollouts: 0, rewardSum: 0, turns: 0, responseTokens: 0 };
+}
+
 /**
  * The first train step in a batches file and the last one fully written (`batchSize` lines); 0 when
  * there is none. A crash can leave a batch cut short — a line, or whole lines of its step — so the file
@@ -30,9 +58,27 @@ const NEWLINE = 0x0a;
  * again). A missing file holds no steps.
  */
 export async function writtenSteps(path: string, batchSize: number, options: ScanOptions = {}): Promise<{ first: number; last: number }> {
+  const scan = await scanWrittenSteps(path, batchSize, options);
+  cutToLastStep(path, scan);
+  return { first: scan.first, last: scan.last };
+}
+
+/** What follows the last complete step — a cut line, or a step's lines short of a batch — goes. */
+export function cutToLastStep(path: string, scan: WrittenSteps): void {
+  if (scan.end < scan.size) truncateSync(path, scan.end);
+}
+
+/**
+ * `writtenSteps` without the cut: the file is only read, so a command that may still refuse to run
+ * (`rollout run --resume` finding a checkpoint of another run) has written nothing when it does.
+ */
+export async function scanWrittenSteps(path: string, batchSize: number, options: ScanOptions = {}): Promise<WrittenSteps> {
   const maxLineBytes = options.maxLineBytes ?? MAX_LINE_BYTES;
   let complete = { step: 0, end: 0 }; // the last complete step and the byte offset where its last line ends
   let current = { step: 0, lines: 0 };
+  // Summed per step, and added to the whole steps' totals only when the step is whole.
+  let stepTotals = emptyTotals();
+  const totals = emptyTotals();
   let first = 0;
   let line = 0;
   let offset = 0; // bytes of the file before the chunk being read
@@ -48,23 +94,31 @@ export async function writtenSteps(path: string, batchSize: number, options: Sca
     const text = (pending.length === 0 ? tail : Buffer.concat([...pending, tail])).toString('utf8');
     pending = [];
     pendingBytes = 0;
-    let step: unknown;
+    let group: { trainStep?: unknown; rollouts?: unknown } | null;
     try {
-      step = (JSON.parse(text) as { trainStep?: unknown } | null)?.trainStep;
+      group = JSON.parse(text) as { trainStep?: unknown; rollouts?: unknown } | null;
     } catch (err) {
       throw new UsageError(`--resume: ${path} line ${line} is not JSON (${(err as Error).message}); the file is the record of what was handed out, so it is left as it is`);
     }
+    const step = group?.trainStep;
     if (typeof step !== 'number') return;
     if (first === 0) first = step;
+    if (step !== current.step) stepTotals = emptyTotals();
     current = step === current.step ? { step, lines: current.lines + 1 } : { step, lines: 1 };
-    if (current.lines === batchSize) complete = { step, end };
+    addGroup(stepTotals, group!.rollouts);
+    if (current.lines === batchSize) {
+      complete = { step, end };
+      for (const key of Object.keys(totals) as (keyof WrittenTotals)[]) totals[key] += stepTotals[key];
+      totals.batches++;
+      stepTotals = emptyTotals();
+    }
   };
 
   let file: FileHandle;
   try {
     file = await open(path, 'r');
   } catch (err) {
-    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return { first: 0, last: 0 };
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return { first: 0, last: 0, totals, end: 0, size: 0 };
     throw err;
   }
   try {
@@ -96,7 +150,18 @@ export async function writtenSteps(path: string, batchSize: number, options: Sca
   } finally {
     await file.close();
   }
-  // What follows the last complete step — a cut line, or a step's lines short of a batch — goes.
-  if (complete.end < offset) truncateSync(path, complete.end);
-  return { first, last: complete.step };
+  return { first, last: complete.step, totals, end: complete.end, size: offset };
+}
+
+/** One line's group into a step's totals; a line of another shape counts as a group and nothing more. */
+function addGroup(totals: WrittenTotals, rollouts: unknown): void {
+  totals.groups++;
+  if (!Array.isArray(rollouts)) return;
+  for (const r of rollouts as { reward?: unknown; turns?: unknown }[]) {
+    totals.rollouts++;
+    if (typeof r?.reward === 'number') totals.rewardSum += r.reward;
+    if (!Array.isArray(r?.turns)) continue;
+    totals.turns += r.turns.length;
+    for (const t of r.turns as { responseIds?: unknown }[]) if (Array.isArray(t?.responseIds)) totals.responseTokens += t.responseIds.length;
+  }
 }

@@ -158,7 +158,7 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
     }
   }
 
-  await listen(server, host, options.port ?? 0, (message, cause) => new RolloutEngineError('ERR_LISTEN', `control API ${message}`, { cause }));
+  await listen(server, host, options.port ?? 0, 'control API');
   const { port } = server.address() as AddressInfo;
   return {
     url: `http://${host.includes(':') ? `[${host}]` : host}:${port}`,

@@ -20,7 +20,8 @@ import type { Gateway } from '../gateway/index.ts';
 import type { MockLlm } from '../testing/mock-llm/server.ts';
 import { checkServedVersions, probeServer, serverGaps, DIALECTS, type ServerInfo } from '../llm/servers.ts';
 import { createLogger, type Logger } from '../log.ts';
-import { RolloutEngineError } from '../protocol/errors.ts';
+import { ConfigError, describeError, RolloutEngineError } from '../protocol/errors.ts';
+import type { TaskCheck } from '../rollout/worker-runtime.ts';
 import type { WorkerStats } from '../protocol/messages.ts';
 import { readCheckpoint, writeCheckpoint } from './checkpoint.ts';
 import { PauseControl } from './pause-control.ts';
@@ -46,6 +47,9 @@ export interface CoordinatorOptions extends ProducerHooks {
   pool?: (config: ResolvedConfig, llmUrls: string[], control: SharedArrayBuffer, log: Logger) => WorkerPool;
   log?: Logger;
 }
+
+/** Dataset lines sent to a worker per start-up check call. */
+const CHECK_SLICE = 10_000;
 
 type State = 'created' | 'starting' | 'running' | 'closing' | 'closed';
 
@@ -125,6 +129,7 @@ export class Coordinator {
         this.#options.pool?.(config, this.#llmUrls, control.block, this.log) ??
         new PiscinaWorkerPool({ config, llmUrls: this.#llmUrls, control: control.block, log: this.log, gatewayUrl, servers });
       this.#pool = pool;
+      await this.#checkTasks(pool, samplers);
       const abortRoutes = new Map(servers.map((s) => [s.url, s.abort]));
       this.#producer = new Producer({ config, pool, control, samplers, log: this.log, endpoints, abortRoutes, hooks: this.#options, observer: this.#options.observer });
       if (resumed !== null) {
@@ -217,6 +222,34 @@ export class Coordinator {
       servers.push(info);
     }
     return servers;
+  }
+
+  /**
+   * Each task's modules loaded, its environment made once and its dataset checked line by line by the
+   * environment's own `checkResetParams`, on a worker, before anything is produced: a module that does
+   * not load or construct, or a misspelt field in a dataset line, is one ConfigError naming the task
+   * and the module or the line — not a FAILED group after another, or hours on random tasks.
+   */
+  async #checkTasks(pool: WorkerPool, samplers: Map<string, Sampler>): Promise<void> {
+    if (pool.checkTask === undefined) return;
+    for (const [i, task] of this.config.tasks.entries()) {
+      const sampler = samplers.get(task.name)!;
+      // In slices: a dataset is copied to the worker a slice at a time, not whole.
+      for (let start = 0; start === 0 || start < sampler.size; start += CHECK_SLICE) {
+        let check: TaskCheck;
+        try {
+          check = await pool.checkTask(task.name, sampler.prompts(start, start + CHECK_SLICE));
+        } catch (err) {
+          // The worker died under the check (a module that exits on import), or none can start at all.
+          throw new RolloutEngineError('ERR_WORKER', `tasks[${i}] (${task.name}): no worker could check the task: ${describeError(err)}`);
+        }
+        const { problem, checksPrompts } = check;
+        if (problem !== null) {
+          throw new ConfigError([problem.line === null ? `tasks[${i}] (${task.name}): ${problem.message}` : `task ${task.name} dataset ${task.dataset}:${problem.line}: ${problem.message}`]);
+        }
+        if (!checksPrompts) break;
+      }
+    }
   }
 
   /** `<runDir>/engine.ckpt` when every batch is checkpointed, else null. */

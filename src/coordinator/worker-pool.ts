@@ -23,11 +23,11 @@ import { wantsPrettyLogs, type Logger } from '../log.ts';
 import { projectModuleUrl } from '../paths.ts';
 import { decodeMessage, encodeMessage } from '../protocol/codec.ts';
 import { EnvWatch, type Culprit } from '../protocol/env-watch.ts';
-import { describeError } from '../protocol/errors.ts';
+import { describeError, RolloutEngineError } from '../protocol/errors.ts';
 import { isWorkerRegistration, PROTOCOL_VERSION, type TaskBox, type WorkerControl, type WorkerStats } from '../protocol/messages.ts';
 import { restoreKeptTurns } from '../protocol/result-delta.ts';
 import { fillModelSteps, Status, type RolloutGroup } from '../protocol/rollout.ts';
-import type { WorkerEnvSettings, WorkerInit } from '../rollout/worker-runtime.ts';
+import type { PromptLine, TaskCheck, WorkerEnvSettings, WorkerInit } from '../rollout/worker-runtime.ts';
 import type { ServerInfo } from '../llm/servers.ts';
 
 export interface WorkerPool {
@@ -40,6 +40,8 @@ export interface WorkerPool {
   /** Every worker writes its buffered step records to disk. */
   flush(): Promise<void>;
   close(): Promise<void>;
+  /** The start-up check of one task on a worker (WorkerRuntime.checkTask); pools without workers of their own may leave it out. */
+  checkTask?(task: string, prompts: PromptLine[]): Promise<TaskCheck>;
 }
 
 export interface PiscinaWorkerPoolOptions {
@@ -180,6 +182,12 @@ export class PiscinaWorkerPool implements WorkerPool {
     }
     this.#deaths.set(group.id, deaths);
     return abortedGroup(group, `${reason}; no rollout of the group was in its environment: sent again (death ${deaths}, workers.deathRetries = ${this.#deathRetries})`);
+  }
+
+  async checkTask(task: string, prompts: PromptLine[]): Promise<TaskCheck> {
+    if (this.#broken !== null) throw new RolloutEngineError('ERR_WORKER', this.#broken);
+    // Raced with the pool breaking: a module that kills its worker on import leaves no worker to answer.
+    return (await Promise.race([this.#pool.run({ task, prompts }, { name: 'checkTask' }), this.#brokenPromise])) as TaskCheck;
   }
 
   get liveWorkers(): number {

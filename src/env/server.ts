@@ -400,7 +400,7 @@ export async function startEnvServer(options: EnvServerOptions): Promise<EnvServ
     );
   });
 
-  await listen(server, options.host ?? '127.0.0.1', options.port ?? 0, (_message, cause) => cause);
+  await listen(server, options.host ?? '127.0.0.1', options.port ?? 0, 'env server');
   const address = server.address() as AddressInfo;
   const host = address.family === 'IPv6' ? `[${address.address}]` : address.address;
   let closing: Promise<void> | null = null;

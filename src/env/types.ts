@@ -47,6 +47,16 @@ export interface Environment {
   /** The model's reply; a multi-agent environment receives one reply per agent id it prompted. */
   step(action: string | AgentActions): MaybePromise<StepResult>;
   close?(): MaybePromise<void>;
+  /**
+   * Optional: checks one drawn prompt's params (a dataset line, `seed` removed) as `reset` would read
+   * them, and throws an Error naming the field and the value when `reset` would refuse them or silently
+   * ignore one (a misspelt field). The engine calls it at start, on an instance made for the check
+   * with the task's `env.params`, for every line of the task's dataset, and refuses to start naming
+   * the first bad line (`task t dataset d.jsonl:3: …`) — instead of failing those groups, or training
+   * on random tasks, hours later. Synchronous and without side effects; the built-in environments
+   * implement it (their fields: guess-number `min`, `max`, `target`; arithmetic `expression`).
+   */
+  checkResetParams?(params: EnvParams): void;
 }
 
 /**

@@ -349,7 +349,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   });
 
   try {
-    await listen(server, opts.host, opts.port, (message, cause) => new GatewayError('ERR_GATEWAY_INTERNAL', `gateway: ${message}`, { cause }));
+    await listen(server, opts.host, opts.port, 'gateway');
   } catch (err) {
     await backend.close();
     throw err;

@@ -27,6 +27,38 @@ export class ConfigError extends RolloutEngineError {
   }
 }
 
+/** What a failed bind means, in words, by errno: the part of the message a user acts on. */
+const LISTEN_CAUSES: Record<string, string> = {
+  EADDRINUSE: 'address in use',
+  EACCES: 'permission denied',
+  EADDRNOTAVAIL: 'address not available on this machine',
+  ENOTFOUND: 'host not found',
+  EAI_AGAIN: 'host lookup failed',
+};
+
+/**
+ * A server the engine ships (control API, gateway, env server, mock inference server) could not bind.
+ * One message for all of them, `cannot listen on 127.0.0.1:8000: address in use (EADDRINUSE)`, so a
+ * port in use reads the same whichever command hit it; `server` says which one it was.
+ */
+export class ListenError extends RolloutEngineError {
+  readonly server: string;
+  readonly host: string;
+  readonly port: number;
+  /** The system's code (EADDRINUSE, EACCES…), or null when the cause carried none. */
+  readonly errno: string | null;
+  constructor(server: string, host: string, port: number, cause: Error) {
+    const errno = typeof (cause as NodeJS.ErrnoException).code === 'string' ? (cause as NodeJS.ErrnoException).code! : null;
+    const why = errno === null ? cause.message : `${LISTEN_CAUSES[errno] ?? cause.message} (${errno})`;
+    super('ERR_LISTEN', `cannot listen on ${host.includes(':') ? `[${host}]` : host}:${port}: ${why}`, { cause });
+    this.name = 'ListenError';
+    this.server = server;
+    this.host = host;
+    this.port = port;
+    this.errno = errno;
+  }
+}
+
 /** A value as it appears in an error message: JSON, cut to 80 characters. */
 export function preview(value: unknown): string {
   let text: string;

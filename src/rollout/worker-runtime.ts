@@ -17,7 +17,7 @@ import type { Environment, EnvParams } from '../env/types.ts';
 import { LlmRouter, type RouterOptions } from '../llm/router.ts';
 import { createLogger, type Logger } from '../log.ts';
 import { EnvWatchSlot } from '../protocol/env-watch.ts';
-import { describeError } from '../protocol/errors.ts';
+import { describeError, preview } from '../protocol/errors.ts';
 import {
   PROTOCOL_VERSION,
   type GroupResultMessage,
@@ -90,6 +90,20 @@ interface TaskRuntime {
   blackbox: Promise<BlackBoxAgent> | null;
   /** The context every episode of this task runs with, once its hooks have loaded. */
   episodes?: EpisodeContext;
+}
+
+/** One dataset line for the start-up check: its line number in the file, and its reset params. */
+export interface PromptLine {
+  line: number;
+  params: EnvParams;
+}
+
+/** What the start-up check found for one task (WorkerRuntime.checkTask). */
+export interface TaskCheck {
+  /** The first problem, one line: a module that does not load or construct (`line` null), or a dataset line its environment refuses. */
+  problem: { line: number | null; message: string } | null;
+  /** The environment checks reset params (`checkResetParams`): worth sending it the rest of the dataset. */
+  checksPrompts: boolean;
 }
 
 export class WorkerRuntime implements WorkerControl {
@@ -191,6 +205,54 @@ export class WorkerRuntime implements WorkerControl {
       for (const rollout of group.rollouts) this.#rolloutsByStatus[rollout.status] = (this.#rolloutsByStatus[rollout.status] ?? 0) + 1;
     }
     return groupResult(group, received);
+  }
+
+  /**
+   * The start-up check, run once per task before production (coordinator/engine.ts): the task's
+   * modules load, its environment factory makes an instance from `env.params`, and that instance's
+   * `checkResetParams` accepts each of `prompts`. A broken module is then one error at start instead
+   * of a FAILED group after another. Never throws; the instance is closed after.
+   */
+  async checkTask(name: string, prompts: PromptLine[]): Promise<TaskCheck> {
+    const settings = this.#tasks.get(name)?.settings;
+    const fail = (message: string, line: number | null = null): TaskCheck => ({ problem: { line, message }, checksPrompts: false });
+    if (settings === undefined) return fail(`unknown task ${JSON.stringify(name)}`);
+    for (const [kind, module] of [['hooks', settings.hooks], ['agent', settings.blackbox]] as const) {
+      if (module === null) continue;
+      try {
+        await loadExport(module.moduleUrl, module.exportName, `${kind}.export`, kind === 'hooks' ? 'object' : 'function');
+      } catch (err) {
+        return fail(`${kind} module ${module.moduleUrl} cannot be loaded (${startupReason(err)})`);
+      }
+    }
+    const env = settings.env;
+    if (env === null || env.kind !== 'module') return { problem: null, checksPrompts: false }; // env servers: checked by their prewarm
+    let instance: Environment;
+    try {
+      const factory = await loadEnvironmentFactory(env.moduleUrl, env.exportName);
+      try {
+        instance = await factory(env.params);
+      } catch (err) {
+        return fail(`env module ${env.moduleUrl}: its factory throws on env.params ${preview(env.params)} (${startupReason(err)})`);
+      }
+    } catch (err) {
+      return fail(`env module ${env.moduleUrl} cannot be loaded (${startupReason(err)})`);
+    }
+    try {
+      if (typeof instance?.checkResetParams !== 'function') return { problem: null, checksPrompts: false };
+      for (const { line, params } of prompts) {
+        try {
+          instance.checkResetParams(params);
+        } catch (err) {
+          return fail(startupReason(err), line);
+        }
+      }
+      return { problem: null, checksPrompts: true };
+    } finally {
+      await Promise.resolve()
+        .then(() => instance.close?.())
+        .catch(() => undefined);
+    }
   }
 
   stats(): WorkerStats {
@@ -365,6 +427,12 @@ export class WorkerRuntime implements WorkerControl {
     this.#episodesStarted++;
     return Math.random() * jitter;
   }
+}
+
+/** An error as the start-up check says it: one that is not a plain Error keeps its class (`SyntaxError: …`). */
+function startupReason(err: unknown): string {
+  if (!(err instanceof Error) || err.name === 'Error' || typeof (err as { code?: unknown }).code === 'string') return describeError(err);
+  return `${err.name}: ${err.message}`;
 }
 
 /** The answer to a run-group message: `received` is what the group held on arrival (receivedTurns). */

@@ -13,6 +13,8 @@ import type { Rng } from './rng.ts';
 
 const ENV = 'arithmetic';
 const FACTORY_PARAMS = ['terms', 'maxOperand', 'cpuCostUs'] as const;
+/** What a dataset line (reset params) may give: a misspelt field would silently draw a random sum. */
+const RESET_PARAMS = ['expression'] as const;
 
 export interface ArithmeticParams {
   terms?: number;
@@ -79,6 +81,7 @@ function drawExpression(rng: Rng, terms: number, maxOperand: number): string {
 
 export interface ArithmeticEnvironment extends Environment {
   reset(options: ResetOptions): ResetResult;
+  checkResetParams(params: EnvParams): void;
   getTaskPrompt(): ChatMessage[];
   step(action: string): StepResult;
   close(): void;
@@ -98,14 +101,7 @@ export function createEnv(params: EnvParams = {}): ArithmeticEnvironment {
 
   return {
     reset({ seed, params: resetParams }) {
-      const reset = new ParamReader(ENV, 'reset params', resetParams);
-      const given = reset.string('expression');
-      if (given !== undefined) {
-        if (!EXPRESSION.test(given)) reset.fail('expression', 'must look like "37 + 45 * 2 - 8"');
-        expression = given.trim();
-      } else {
-        expression = drawExpression(createRng(seed), terms, maxOperand);
-      }
+      expression = readResetExpression(resetParams) ?? drawExpression(createRng(seed), terms, maxOperand);
       expected = evaluateExpression(expression);
       phase = 'running';
       const task = arithmeticTaskText(expression);
@@ -114,6 +110,11 @@ export function createEnv(params: EnvParams = {}): ArithmeticEnvironment {
         { role: 'user', content: task },
       ];
       return { observation: task, info: { expression } };
+    },
+
+    checkResetParams(params) {
+      const given = readResetExpression(params);
+      if (given !== null) evaluateExpression(given);
     },
 
     getTaskPrompt() {
@@ -142,6 +143,16 @@ export function createEnv(params: EnvParams = {}): ArithmeticEnvironment {
       phase = 'done';
     },
   };
+}
+
+/** A drawn prompt's own expression, trimmed; null when the seed draws one. */
+function readResetExpression(params: EnvParams): string | null {
+  const reset = new ParamReader(ENV, 'reset params', params);
+  reset.rejectUnknown(RESET_PARAMS);
+  const given = reset.string('expression');
+  if (given === undefined) return null;
+  if (!EXPRESSION.test(given)) reset.fail('expression', 'must look like "37 + 45 * 2 - 8"');
+  return given.trim();
 }
 
 createEnv satisfies EnvironmentFactory;

@@ -13,6 +13,8 @@ import { burnCpu, createRng } from './rng.ts';
 
 const ENV = 'guess-number';
 const FACTORY_PARAMS = ['min', 'max', 'maxTurns', 'cpuCostUs'] as const;
+/** What a dataset line (reset params) may give: a misspelt field would silently play a random game. */
+const RESET_PARAMS = ['min', 'max', 'target'] as const;
 
 export interface GuessNumberParams {
   min?: number;
@@ -64,6 +66,7 @@ export function winReward(turns: number): number {
 
 export interface GuessNumberEnvironment extends Environment {
   reset(options: ResetOptions): ResetResult;
+  checkResetParams(params: EnvParams): void;
   getTaskPrompt(): ChatMessage[];
   step(action: string): StepResult;
   close(): void;
@@ -88,11 +91,10 @@ export function createEnv(params: EnvParams = {}): GuessNumberEnvironment {
 
   return {
     reset({ seed, params: resetParams }) {
-      const reset = new ParamReader(ENV, 'reset params', resetParams);
-      min = reset.int('min', baseMin);
-      max = reset.int('max', baseMax);
-      if (min > max) throw new Error(`${ENV}: reset params.min must be <= max (got min=${min}, max=${max})`);
-      target = reset.has('target') ? reset.int('target', 0, min, max) : createRng(seed).int(min, max);
+      const reset = readReset(resetParams, baseMin, baseMax);
+      min = reset.min;
+      max = reset.max;
+      target = reset.target ?? createRng(seed).int(min, max);
       turns = 0;
       phase = 'running';
       const task = guessNumberTaskText(min, max, maxTurns);
@@ -103,6 +105,10 @@ export function createEnv(params: EnvParams = {}): GuessNumberEnvironment {
         { role: 'user', content: FIRST_GUESS_PROMPT },
       ];
       return { observation: task, info: { min, max, maxTurns } };
+    },
+
+    checkResetParams(params) {
+      readReset(params, baseMin, baseMax);
     },
 
     getTaskPrompt() {
@@ -144,6 +150,16 @@ export function createEnv(params: EnvParams = {}): GuessNumberEnvironment {
       phase = 'done';
     },
   };
+}
+
+/** A drawn prompt's range and target (null: drawn from the seed), the factory's range by default. */
+function readReset(params: EnvParams, baseMin: number, baseMax: number): { min: number; max: number; target: number | null } {
+  const reset = new ParamReader(ENV, 'reset params', params);
+  reset.rejectUnknown(RESET_PARAMS);
+  const min = reset.int('min', baseMin);
+  const max = reset.int('max', baseMax);
+  if (min > max) throw new Error(`${ENV}: reset params.min must be <= max (got min=${min}, max=${max})`);
+  return { min, max, target: reset.has('target') ? reset.int('target', 0, min, max) : null };
 }
 
 createEnv satisfies EnvironmentFactory;

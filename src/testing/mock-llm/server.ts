@@ -818,7 +818,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     socket.once('close', () => sockets.delete(socket));
   });
 
-  await listen(server, opts.host, opts.port, (message) => new Error(`mock-llm: ${message}`));
+  await listen(server, opts.host, opts.port, 'mock inference server');
   const port = (server.address() as AddressInfo).port;
   const url = `http://${hostForUrl(opts.host)}:${port}`;
   let closed: Promise<void> | null = null;
