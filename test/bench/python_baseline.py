@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """
 The Python baseline of issue 7: an asyncio rollout loop built like the reference Interactor
-(/work/shared/reference/interactor.py), playing guess-number against an OpenAI-compatible server.
+(its interactor.py), playing guess-number against an OpenAI-compatible server.
 
   * one asyncio worker task per rollout in flight, each driving episodes back to back
     (reset -> get_task_prompt -> trim -> LLM -> step -> record ... until terminated/truncated);
