@@ -133,4 +133,5 @@ export { runLoadtest } from './loadtest/index.ts';
 export { startGateway, stitchTraces } from './gateway/index.ts';
 export type { Gateway, GatewayOptions, StitchedSample } from './gateway/index.ts';
 export type { BlackBoxAgent, BlackBoxInput, BlackBoxResult } from './rollout/blackbox-loop.ts';
+export type { EpisodeHooks } from './rollout/agent-loop.ts';
 export type { StitchedSession } from './protocol/rollout.ts';

@@ -64,6 +64,22 @@ describe('rollout CLI', () => {
     assert.equal(summary.groups, 8);
   });
 
+  it('`rollout run --config examples/config.json` runs the example config as it is shipped, on the built-in mock and synthetic environments', async () => {
+    const runDir = mkdtempSync(join(tmpdir(), 'rollout-example-'));
+    try {
+      const config = new URL('../examples/config.json', import.meta.url).pathname;
+      const { code, stdout, stderr } = await rollout(['run', '--config', config, '--run-dir', runDir]);
+      assert.equal(code, 0, stderr);
+      assert.match(stdout, /3 batches written to/);
+      const groups = readFileSync(join(runDir, 'batches.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+      assert.deepEqual([...new Set(groups.map((g) => g.trainStep))], [1, 2, 3]);
+      assert.deepEqual([...new Set(groups.map((g) => g.taskName))].sort(), ['arithmetic', 'guess-number']);
+      assert.ok(groups.every((g) => g.status === 'COMPLETED'));
+    } finally {
+      rmSync(runDir, { recursive: true, force: true });
+    }
+  });
+
   it('`rollout run --resume` after a crash cut a batch short writes that step again whole, the same batch (regression)', async () => {
     const runDir = mkdtempSync(join(tmpdir(), 'rollout-cli-resume-'));
     const args = ['--batch-size', '4', '--threads', '1', '--run-dir', runDir];

@@ -441,7 +441,7 @@ class Run {
       if (producer.progress.consumedSamples[task.name] !== n) this.problems.push(`progress.consumedSamples[${task.name}] = ${producer.progress.consumedSamples[task.name]}, the trainer took ${n}`);
     }
     // Async: the producer schedules toward target + over-sampling and no further — taking groups
-    // never makes it re-make them (DESIGN.md: progress counts are absolute and cumulative).
+    // never makes it re-make them (docs/ARCHITECTURE.md, "The producer's states": progress counts are absolute and cumulative).
     if (this.config.producer.strategy === 'async') {
       const shares = allocateBatch(this.config.batchSize, this.config.tasks);
       for (const task of this.config.tasks) {

@@ -1,5 +1,5 @@
 /**
- * Worked-number tests for DESIGN.md "Semantics to reproduce": group status, finish reasons,
+ * Worked-number tests for docs/ARCHITECTURE.md "Semantics": group status, finish reasons,
  * staleness and expiry, the replay buffer's pools and orders, the async strategy's modes,
  * largest-remainder allocation, and produce progress.
  *

@@ -28,8 +28,9 @@ function asyncConfig(mock: MockLlm, overrides: Partial<EngineConfigInput> = {}):
 }
 
 /**
- * The trainer loop of DESIGN.md: take a batch, "train", and every `interval` steps pause, load the
- * new weights into the server, resume with the new model step. An EXPIRED_BATCH is answered by a sync.
+ * The trainer loop of the README ("A trainer loop with weight updates"): take a batch, "train", and
+ * every `interval` steps pause, load the new weights into the server, resume with the new model step.
+ * An EXPIRED_BATCH is answered by a sync. The pause itself: docs/ARCHITECTURE.md, "Where a pause travels".
  */
 async function train(engine: Engine, mock: MockLlm, steps: number, interval: number, first = 1) {
   if (first === 1) mock.setWeightVersion(0); // the server starts each run with the initial weights

@@ -1,5 +1,5 @@
 /**
- * Staleness formulas (DESIGN.md "Semantics to reproduce").
+ * Staleness formulas (docs/ARCHITECTURE.md, "Staleness").
  *
  *   staleness(rollout) = trainStep − min(model step of its response tokens) − 1   (0 without tokens)
  *   staleThreshold     = (maxStaleness + 1) × syncWeightsInterval

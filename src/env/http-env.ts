@@ -2,7 +2,7 @@
  * Environments behind an env server, as ordinary `Environment`s: the agent loop cannot tell an HTTP
  * actor from an in-process one. Two dialects of the same five calls are spoken:
  *
- *   `rollout`: rollout env-server's protocol (DESIGN.md, "Environments over HTTP")
+ *   `rollout`: rollout env-server's protocol (docs/ARCHITECTURE.md, "Environments over HTTP")
  *   reset           POST   /{name}/{id}/reset            {"env_param": line, "seed": seed}      → {observation, info}
  *   getTaskPrompt   GET    /{name}/{id}/get_task_prompt  → [chat message, …]
  *   step            POST   /{name}/{id}/step             {"action": action, "step": n}          → {observation, reward, terminated, truncated, info}

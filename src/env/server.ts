@@ -1,6 +1,6 @@
 /**
  * An env server: in-process environment modules (EnvironmentFactory) served over the env-server
- * protocol (DESIGN.md, "Environments over HTTP") with node:http, so environments can run on other
+ * protocol (docs/ARCHITECTURE.md, "Environments over HTTP") with node:http, so environments can run on other
  * machines — and so the HTTP transport (env/http-env.ts) can be tested against the real protocol.
  *
  *   POST   /{env}/{id}/reset            {"env_param": {...}, "seed": n}  → {observation, info}   (creates the id)

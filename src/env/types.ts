@@ -2,7 +2,7 @@
  * The in-process environment interface. Environments are loaded inside worker threads from a module
  * path + export name (see env/loader.ts); the export is a factory called once per episode.
  *
- * The shape follows the env-server protocol in DESIGN.md ("Environments over HTTP"), so an in-process
+ * The shape follows the env-server protocol in docs/ARCHITECTURE.md ("Environments over HTTP"), so an in-process
  * environment and one behind HTTP are interchangeable: reset → get_task_prompt → step … → close.
  */
 import type { ChatMessage } from '../protocol/rollout.ts';

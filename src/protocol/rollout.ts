@@ -1,5 +1,5 @@
 /**
- * Rollout states and groups: the data the engine produces, with DESIGN.md's names.
+ * Rollout states and groups: the data the engine produces (docs/ARCHITECTURE.md, "Statuses").
  *
  * Token ids, logprobs and per-token model steps are typed arrays so they cross threads as raw bytes
  * (msgpackr `moreTypes`) instead of number lists.
@@ -16,7 +16,7 @@ export const Status = {
 } as const;
 export type Status = (typeof Status)[keyof typeof Status];
 
-/** Priority for a group's status when not every member is COMPLETED (DESIGN.md "Status of a group"). */
+/** Priority for a group's status when not every member is COMPLETED (docs/ARCHITECTURE.md, "Statuses"). */
 const GROUP_STATUS_PRIORITY: readonly Status[] = [Status.FAILED, Status.ABORTED, Status.EXPIRED, Status.FILTERED];
 
 export type Role = 'system' | 'user' | 'assistant' | 'tool';

@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """
-The Python baseline of issue 7: an asyncio rollout loop built the way Python rollout stacks build
-theirs (an Interactor that runs the environment through an executor), playing guess-number against
-an OpenAI-compatible server.
+The Python baseline of issue 7: an asyncio rollout loop built like the reference Interactor
+(its interactor.py), playing guess-number against an OpenAI-compatible server.
 
   * one asyncio worker task per rollout in flight, each driving episodes back to back
     (reset -> get_task_prompt -> trim -> LLM -> step -> record ... until terminated/truncated);
