@@ -9,7 +9,7 @@ import { resolveConfig } from '../src/config.ts';
 import { ConfigError } from '../src/protocol/errors.ts';
 import { createLogger } from '../src/log.ts';
 import { OUTAGE_CODE } from '../src/llm/errors.ts';
-import { metOutage, OutageMonitor } from '../src/coordinator/outage.ts';
+import { OutageMonitor } from '../src/coordinator/outage.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
 import type { RolloutGroup } from '../src/protocol/rollout.ts';
 import { OutageProxy } from './fixtures/outage-proxy.ts';
@@ -87,8 +87,8 @@ describe('outage monitor (coordinator/outage.ts)', () => {
   it('fails a group whose call failed while an endpoint answers, with the call\'s own reason', async () => {
     const { monitor, round } = scripted();
     const group = outageGroup();
-    assert.equal(metOutage(group), true);
-    const settled = monitor.settle(group, 0);
+    const settled = monitor.arrived(group, 0);
+    assert.notEqual(settled, null, 'a group that met a possible outage waits for the verdict');
     assert.equal(monitor.holding, true, 'dispatches wait while the servers are asked');
     await round([false, true]);
     await settled;
@@ -100,10 +100,20 @@ describe('outage monitor (coordinator/outage.ts)', () => {
     await monitor.close();
   });
 
+  it('lands at once a group that fails on its own, its member that met a possible outage reading as its own error', () => {
+    const { monitor } = scripted();
+    const group = outageGroup();
+    group.rollouts[1].status = Status.FAILED;
+    group.rollouts[1].error = 'ERR_LLM_BAD_REPLY: inference reply is not JSON';
+    assert.equal(monitor.arrived(group, 0), null);
+    assert.equal(monitor.holding, false, 'no probe: the group fails whole whatever the servers say');
+    assert.equal(group.rollouts[0].error, 'ERR_LLM_UNREACHABLE: inference server http://x unreachable: ECONNREFUSED');
+  });
+
   it('aborts the groups that meet an outage, holds dispatches, probes with growing backoff and ends it at the first answer', async () => {
     const { monitor, round, nextWait, setClock } = scripted();
     const first = outageGroup();
-    const settled = monitor.settle(first, 0);
+    const settled = monitor.arrived(first, 0);
     await round([false, false]);
     await settled;
     assert.equal(first.status, Status.ABORTED, 'it lands ABORTED, to be retried');
@@ -111,7 +121,7 @@ describe('outage monitor (coordinator/outage.ts)', () => {
     assert.equal(monitor.holding, true);
     // Another group meeting the same outage lands at once, without a probe of its own.
     const second = outageGroup();
-    await monitor.settle(second, 5);
+    await monitor.arrived(second, 5);
     assert.equal(second.status, Status.ABORTED);
     const backoffs: number[] = [];
     for (let i = 0; i < 6; i++) {
@@ -128,14 +138,14 @@ describe('outage monitor (coordinator/outage.ts)', () => {
     assert.deepEqual(monitor.stats(), { state: 'up', currentMs: null, outages: 1, totalMs: 30_000, groupsAborted: 2, budgetMs: 60_000 });
     // A group dispatched before the end met the outage: retried, whatever the servers say now.
     const late = outageGroup();
-    await monitor.settle(late, 29_000);
+    await monitor.arrived(late, 29_000);
     assert.equal(late.status, Status.ABORTED);
     await monitor.close();
   });
 
   it('fails the groups of an outage past llm.outageBudgetMs and reports it once, then gives a fresh budget', async () => {
     const { monitor, round, nextWait, setClock } = scripted(1_000);
-    const settled = monitor.settle(outageGroup(), 0);
+    const settled = monitor.arrived(outageGroup(), 0);
     await round([false, false]);
     await settled;
     const wait = await nextWait();
@@ -147,13 +157,13 @@ describe('outage monitor (coordinator/outage.ts)', () => {
     assert.equal(monitor.spentError.code, OUTAGE_CODE);
     assert.match(monitor.spentError.message, /no inference endpoint has answered for 1 s, more than llm\.outageBudgetMs = 1000 allows; last error: ERR_LLM_UNREACHABLE/);
     const late = outageGroup();
-    await monitor.settle(late, 900);
+    await monitor.arrived(late, 900);
     assert.equal(late.status, Status.FAILED);
     assert.match(late.rollouts[0].error!, /^ERR_LLM_OUTAGE: .*llm\.outageBudgetMs = 1000/);
     monitor.renewBudget();
     assert.equal(monitor.spentError, null);
     const again = outageGroup();
-    await monitor.settle(again, 1_000);
+    await monitor.arrived(again, 1_000);
     assert.equal(again.status, Status.ABORTED, 'a fresh budget: groups are retried again');
     await monitor.close();
   });
@@ -235,6 +245,24 @@ describe('the engine through an inference outage', { timeout: 60_000 }, () => {
       }
     });
   }
+
+  it('with one of two endpoints down, calls fail over to the other: no group fails and no outage is declared', async () => {
+    const other = await OutageProxy.start(mock.url);
+    const engine = createEngine({ ...engineConfig('sync'), llm: { url: [proxy.url, other.url], retries: 0, retryBackoffMs: 1 } });
+    try {
+      await engine.start(); // both answer the start-up probe
+      await other.down('refuse');
+      for (let step = 1; step <= 3; step++) assert.equal((await engine.getBatch(step)).status, 'NORMAL');
+      const stats = await engine.stats();
+      assert.equal(stats.groups.dropped.FAILED, 0, `${stats.buffer.lastDropReason}`);
+      assert.equal(stats.groups.landed.ABORTED, 0);
+      assert.equal(stats.outage.outages, 0);
+      assert.ok(proxy.forwarded > 0);
+    } finally {
+      await engine.close();
+      await other.close();
+    }
+  });
 
   it('an outage longer than llm.outageBudgetMs makes getBatch reject with ERR_LLM_OUTAGE naming the option, and no group is lost', async () => {
     const engine = createEngine(engineConfig('async', 1_000));

@@ -79,11 +79,6 @@ export interface OutageMonitorOptions {
   observer?: OutageObserver;
 }
 
-/** Whether a group came back ABORTED because a call met a possible outage (rollout/agent-loop.ts). */
-export function metOutage(group: RolloutGroup): boolean {
-  return groupStatus(group.rollouts) === Status.ABORTED && group.rollouts.some(isOutageAbort);
-}
-
 function isOutageAbort(r: RolloutGroup['rollouts'][number]): boolean {
   return r.status === Status.ABORTED && r.error !== null && r.error.startsWith(OUTAGE_CODE);
 }
@@ -144,10 +139,20 @@ export class OutageMonitor {
   }
 
   /**
-   * `group` came back having met a possible outage (metOutage): decide what it lands as, changing its
-   * members' statuses in place, once the servers have been asked. `dispatchedAt`: `now()` at dispatch.
+   * A group is back from the workers. Null when it may land now; else it came back ABORTED because a
+   * call met a possible outage, and the promise settles once the servers have been asked and its
+   * members' statuses say what it lands as. `dispatchedAt`: `now()` at its dispatch.
    */
-  async settle(group: RolloutGroup, dispatchedAt: number): Promise<void> {
+  arrived(group: RolloutGroup, dispatchedAt: number): Promise<void> | null {
+    if (!group.rollouts.some(isOutageAbort)) return null;
+    if (groupStatus(group.rollouts) === Status.ABORTED) return this.#settle(group, dispatchedAt);
+    // A member failed on its own, so the group fails whole anyway: its marked members read as the
+    // calls' own errors, not as an outage that was never confirmed.
+    for (const r of group.rollouts) if (isOutageAbort(r)) r.error = r.error!.slice(OUTAGE_CODE.length + 2);
+    return null;
+  }
+
+  async #settle(group: RolloutGroup, dispatchedAt: number): Promise<void> {
     const reason = group.rollouts.find(isOutageAbort)?.error ?? OUTAGE_CODE;
     this.#lastReason = reason;
     const verdict = await this.#suspect(dispatchedAt);

@@ -23,7 +23,7 @@ import { preview, RolloutEngineError } from '../protocol/errors.ts';
 import { wallClockUs } from '../protocol/control-block.ts';
 import { approxGroupBytes, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
 import { Notifier, WakeUp } from './notifier.ts';
-import { metOutage, OutageMonitor, type OutageObserver, type OutageStats } from './outage.ts';
+import { OutageMonitor, type OutageObserver, type OutageStats } from './outage.ts';
 import type { PauseControl } from './pause-control.ts';
 import { ProduceProgress, type ProgressState } from './progress.ts';
 import { AsyncStrategy, SyncStrategy, type ProduceContext, type ProduceStatus, type ShouldContinue } from './strategies.ts';
@@ -367,8 +367,9 @@ export class Producer implements ProduceContext {
     const dispatchedAt = this.#outage.now();
     void this.#pool.runGroup(group, this.#modelStep).then((result) => {
       // Still in flight until the servers have been asked whether they are down (coordinator/outage.ts).
-      if (metOutage(result)) void this.#outage.settle(result, dispatchedAt).then(() => this.#land(group, result, epoch));
-      else this.#land(group, result, epoch);
+      const settling = this.#outage.arrived(result, dispatchedAt);
+      if (settling === null) this.#land(group, result, epoch);
+      else void settling.then(() => this.#land(group, result, epoch));
     });
   }
 
