@@ -164,6 +164,13 @@ const LlmSpec = z.strictObject({
   /** Extra attempts after a 429, a 5xx or a transport error. */
   retries: retries.default(3),
   retryBackoffMs: nonNegativeInt.default(200),
+  /**
+   * How long an inference outage (no endpoint answers: refused, reset, timed out, or 5xx after the
+   * retries) may last before groups fail with ERR_LLM_OUTAGE. Until then the groups that meet it come
+   * back ABORTED and production waits, probing the endpoints with backoff (coordinator/outage.ts).
+   * 0 = no wait: they fail at once. Servers restart and fail over in minutes, hence the default.
+   */
+  outageBudgetMs: nonNegativeInt.max(7 * 24 * 3_600_000).default(300_000),
   /** Connections per worker thread to the inference server. */
   connections: positiveInt.default(128),
   /** Ask for vLLM-style token ids (`return_token_ids`) and logprobs. */

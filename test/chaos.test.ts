@@ -3,7 +3,8 @@
  * trainer pausing for weight updates — and at the end every group it ever sampled is accounted for.
  *
  * First the mock inference server's fault knobs themselves (they are what the chaos run relies on),
- * then the run (bounded: well under a minute), then what the faults turned up.
+ * then the run (bounded: well under a minute), then what the faults turned up, then a run through a
+ * 30 s inference outage (a proxy answering 503, then refusing connections).
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -19,6 +20,7 @@ import { createEngine, Status, type Batch, type Engine, type EngineStats, type P
 import { LlmClient } from '../src/llm/client.ts';
 import { startMockLlm, type MockLlm, type MockLlmOptions } from '../src/testing/mock-llm/server.ts';
 import { KILL_EXIT_CODE } from './fixtures/chaos-env.ts';
+import { OutageProxy } from './fixtures/outage-proxy.ts';
 import { spawnServer, type ChildServer } from './fixtures/flaky-env-server.ts';
 
 const MAIN = new URL('../src/cli/main.ts', import.meta.url).pathname;
@@ -461,3 +463,108 @@ describe('engine problems the faults turned up (regression tests)', () => {
   );
 });
 
+
+// ── a 30 s inference outage ───────────────────────────────────────────────────────────────────────
+
+describe('chaos: a 30 s inference outage mid-run (503 for 15 s, then connections refused for 15 s), with weight updates', { timeout: 120_000 }, () => {
+  const OUTAGE_STEPS = 8;
+  let mock: MockLlm;
+  let proxy: OutageProxy;
+  let engine: Engine | undefined;
+  before(async () => {
+    mock = await startMockLlm({ port: 0, seed: 12, latencyMs: 5, tokensPerSecond: 3000 });
+    proxy = await OutageProxy.start(mock.url);
+  });
+  after(async () => {
+    await engine?.close();
+    await proxy?.close();
+    await mock?.close();
+  });
+
+  it('holds production through the outage, loses no group and fails none, and completes the run afterwards', async () => {
+    const started = performance.now();
+    const outage = { began: 0, ended: deferredVoid() };
+    // The outage begins at the 60th chat call (inside the second batch) and lasts 30 s.
+    proxy.onChat = (n) => {
+      if (n !== 60) return;
+      proxy.onChat = null;
+      outage.began = performance.now();
+      void proxy.down('503').then(() =>
+        setTimeout(() => void proxy.down('refuse').then(() => setTimeout(() => void proxy.up().then(outage.ended.resolve), 15_000)), 15_000),
+      );
+    };
+    engine = createEngine({
+      logLevel: 'silent',
+      seed: 6,
+      batchSize: 8,
+      llm: { url: proxy.url, timeoutMs: 2_000, retries: 2, retryBackoffMs: 10 },
+      workers: { threads: 2, groupsPerWorker: 8 },
+      // One failed group tolerated per batch: before, the outage failed every group in flight and the run.
+      producer: { strategy: 'async', partialRollout: true, maxStaleness: 1, syncWeightsInterval: 2, overSampleThreshold: 0.25, maxFailedGroupsPerStep: 1 },
+      pause: { mode: 'abort', resignalIntervalMs: 200, timeoutMs: 2_000 },
+      tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 4, maxSteps: 6, maxTokens: 32 }],
+    });
+    await engine.start();
+    const taken = new Set<string>();
+    let modelStep = 0;
+    let pausesDuringOutage = 0;
+    const sync = async (to: number) => {
+      await engine!.pauseForWeightUpdate();
+      if (proxy.mode !== null) pausesDuringOutage++;
+      mock.setWeightVersion(to);
+      await engine!.resume({ modelStep: to });
+      modelStep = to;
+    };
+    let outageSeen = false;
+    for (let step = 1; step <= OUTAGE_STEPS; ) {
+      const batch: Batch = await Promise.race([
+        engine.getBatch(step),
+        sleep(90_000, undefined, { ref: false }).then(async () => assert.fail(`getBatch(${step}) did not answer within 90 s: ${JSON.stringify((await engine!.stats()).groups)}`)),
+      ]);
+      const stats = await engine.stats();
+      assertAccounted(stats, `after getBatch(${step})`);
+      outageSeen ||= stats.outage.outages > 0;
+      if (batch.status !== 'NORMAL') {
+        await sync(Math.max(modelStep, step - 1));
+        continue;
+      }
+      for (const group of batch.groups) {
+        assert.equal(taken.has(group.id), false, `group ${group.id} taken twice`);
+        taken.add(group.id);
+        assert.equal(group.status, Status.COMPLETED);
+      }
+      if (step % 2 === 0) await sync(step);
+      step++;
+    }
+    await outage.ended.promise; // the run finished after the servers came back (not before they went)
+    const finalPause = await engine.pauseForWeightUpdate();
+    const stats = await engine.stats();
+    assertAccounted(stats, 'at the end');
+    const g = stats.groups;
+    const stored = stats.buffer.completed + stats.buffer.aborted + stats.buffer.expired;
+    console.log(
+      [
+        `\nchaos run through a 30 s inference outage: ${OUTAGE_STEPS} steps × 8 groups in ${((performance.now() - started) / 1000).toFixed(1)} s`,
+        `  outage        ${stats.outage.outages} outage of ${(stats.outage.totalMs / 1000).toFixed(1)} s; ${stats.outage.groupsAborted} groups came back ABORTED from it and were retried`,
+        `  proxy         ${proxy.refused} requests answered 503 or cut; ${proxy.forwarded} chat calls answered`,
+        `  groups        scheduled ${g.scheduled}, retried ${g.retried}, taken ${g.taken}, dropped ${JSON.stringify(g.dropped)}, landed ${JSON.stringify(g.landed)}`,
+        `  identity      scheduled ${g.scheduled} = in flight ${g.inFlight} + stored ${stored} + taken ${g.taken} + dropped ${g.dropped.FAILED + g.dropped.FILTERED + g.dropped.EXPIRED}`,
+        `  pauses        ${pausesDuringOutage} weight updates during the outage; still in flight after the final pause: ${finalPause.stillInFlight}`,
+      ].join('\n'),
+    );
+    assert.equal(taken.size, OUTAGE_STEPS * 8);
+    assert.ok(outageSeen, 'the outage fell inside the run');
+    assert.equal(g.dropped.FAILED, 0, `no group failed: ${stats.buffer.lastDropReason}`);
+    assert.equal(stats.outage.outages, 1, 'one outage: 503 then refused, with no answer between');
+    assert.ok(stats.outage.totalMs >= 29_000, `the outage lasted ${stats.outage.totalMs} ms`);
+    assert.ok(stats.outage.groupsAborted > 0);
+    assert.ok(proxy.refused > 0);
+    assert.equal(stats.outage.state, 'up');
+  });
+});
+
+function deferredVoid(): { promise: Promise<void>; resolve: () => void } {
+  let resolve!: () => void;
+  const promise = new Promise<void>((r) => (resolve = r));
+  return { promise, resolve };
+}

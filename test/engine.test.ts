@@ -142,13 +142,15 @@ describe('engine against the mock inference server, in real worker threads', () 
     await e.close();
   });
 
-  it('fails the rollouts with ERR_LLM_UNREACHABLE, then the batch, when the server goes away mid-run', async () => {
+  it('waits for a server gone mid-run, then fails the batch with ERR_LLM_OUTAGE once llm.outageBudgetMs is spent', async () => {
     const doomed = await startMockLlm({ port: 0 });
-    const e = engine({ batchSize: 2, llm: { url: doomed.url, retries: 1, retryBackoffMs: 1 }, workers: { threads: 1 }, producer: { maxFailedGroupsPerStep: 2 } });
+    const e = engine({ batchSize: 2, llm: { url: doomed.url, retries: 1, retryBackoffMs: 1, outageBudgetMs: 500 }, workers: { threads: 1 }, producer: { maxFailedGroupsPerStep: 2 } });
     await e.start();
     await doomed.close();
-    await assert.rejects(e.getBatch(), { code: 'ERR_TOO_MANY_FAILED_GROUPS', message: /ERR_LLM_UNREACHABLE/ });
-    assertAccounted(await e.stats());
+    await assert.rejects(e.getBatch(), { code: 'ERR_LLM_OUTAGE', message: /llm\.outageBudgetMs = 500 allows; last error: ERR_LLM_UNREACHABLE/ });
+    const stats = await e.stats();
+    assertAccounted(stats);
+    assert.equal(stats.groups.dropped.FAILED, 0, 'the groups that met the outage wait in the buffer, ABORTED');
   });
 });
 

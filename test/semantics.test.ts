@@ -846,6 +846,7 @@ describe('async strategy produce round (coordinator/strategies.ts AsyncStrategy.
       target: () => o.target,
       checkFailures: () => {},
       hasRoom: () => true,
+      holding: () => false,
       landed: async () => {
         completed += inFlight;
         inFlight = 0;

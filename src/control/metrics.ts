@@ -22,6 +22,9 @@ export class EngineMetrics implements ProducerObserver {
   readonly #tokens = new Counter({ name: 'rollout_engine_tokens_total', help: 'Response tokens: produced, and wasted (generated then discarded)', labelNames: ['kind'], registers: [this.registry] });
   readonly #latency = new Histogram({ name: 'rollout_engine_rollout_seconds', help: 'Per-rollout time by phase (queue, inference, env, paused, total)', labelNames: ['phase'], buckets: SECONDS, registers: [this.registry] });
   readonly #staleness = new Histogram({ name: 'rollout_engine_sample_staleness', help: 'Staleness of rollouts handed to the trainer (train step − oldest token model step − 1)', buckets: [-1, 0, 1, 2, 3, 4, 6, 8, 12, 16], registers: [this.registry] });
+  readonly #outages = new Counter({ name: 'rollout_engine_inference_outages_total', help: 'Inference outages: times no endpoint answered (new groups held until one did)', registers: [this.registry] });
+  readonly #outageSeconds = new Counter({ name: 'rollout_engine_inference_outage_seconds_total', help: 'Time spent in inference outages that have ended', registers: [this.registry] });
+  readonly #outageAborted = new Counter({ name: 'rollout_engine_groups_outage_aborted_total', help: 'Groups that met an inference outage and came back ABORTED to be retried (not failures)', registers: [this.registry] });
   readonly #pause = new Histogram({ name: 'rollout_engine_pause_seconds', help: 'Weight-update pauses: until every worker stopped, until every group was back', labelNames: ['phase'], buckets: PAUSE_SECONDS, registers: [this.registry] });
 
   /** Scrape-time gauges read the engine's live state through this. */
@@ -32,7 +35,7 @@ export class EngineMetrics implements ProducerObserver {
     const current = () => (snapshot ??= stats().finally(() => setImmediate(() => (snapshot = null))));
     new Gauge({
       name: 'rollout_engine_state',
-      help: 'model_step, next_train_step, producer_future_step, paused (1/0), groups_in_flight',
+      help: 'model_step, next_train_step, producer_future_step, paused (1/0), groups_in_flight, inference_outage (1/0), inference_outage_seconds (the current one)',
       labelNames: ['field'],
       registers,
       async collect() {
@@ -42,6 +45,8 @@ export class EngineMetrics implements ProducerObserver {
         this.set({ field: 'producer_future_step' }, s.producerFutureStep);
         this.set({ field: 'paused' }, s.paused ? 1 : 0);
         this.set({ field: 'groups_in_flight' }, s.groups.inFlight);
+        this.set({ field: 'inference_outage' }, s.outage.state === 'down' ? 1 : 0);
+        this.set({ field: 'inference_outage_seconds' }, (s.outage.currentMs ?? 0) / 1000);
       },
     });
     new Gauge({
@@ -136,6 +141,18 @@ export class EngineMetrics implements ProducerObserver {
 
   discarded(tokens: number): void {
     if (tokens > 0) this.#tokens.inc({ kind: 'wasted' }, tokens);
+  }
+
+  outageBegan(): void {
+    this.#outages.inc();
+  }
+
+  outageEnded(durationMs: number): void {
+    this.#outageSeconds.inc(durationMs / 1000);
+  }
+
+  outageAborted(): void {
+    this.#outageAborted.inc();
   }
 
   paused(report: PauseReport): void {

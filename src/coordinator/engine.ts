@@ -27,6 +27,7 @@ import { readCheckpoint, writeCheckpoint } from './checkpoint.ts';
 import { PauseControl } from './pause-control.ts';
 import { emptyGroupCounts, Producer, type Batch, type GroupCounts, type PauseReport, type ProducerHooks, type ProducerObserver, type ProducerSnapshot } from './producer.ts';
 import { PiscinaWorkerPool, type WorkerPool } from './worker-pool.ts';
+import type { OutageStats } from './outage.ts';
 
 export interface EngineStats {
   modelStep: number;
@@ -37,6 +38,8 @@ export interface EngineStats {
   paused: boolean;
   groups: GroupCounts;
   buffer: { completed: number; aborted: number; expired: number; bytes: number; dropped: Record<DropReason, number>; lastDropReason: string | null };
+  /** Inference outages: whether one is on now, how many and how long so far, the groups they aborted. */
+  outage: OutageStats;
   workers: WorkerStats[];
 }
 
@@ -279,6 +282,7 @@ export class Coordinator {
         dropped: buffer?.dropped ?? emptyDropCounts(),
         lastDropReason: buffer?.lastDropReason ?? null,
       },
+      outage: producer?.outage ?? { state: 'up', currentMs: null, outages: 0, totalMs: 0, groupsAborted: 0, budgetMs: this.config.llm.outageBudgetMs },
       workers: (await this.#pool?.stats()) ?? [],
     };
   }

@@ -23,6 +23,7 @@ import { preview, RolloutEngineError } from '../protocol/errors.ts';
 import { wallClockUs } from '../protocol/control-block.ts';
 import { approxGroupBytes, dispatchTokenCount, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
 import { Notifier, WakeUp } from './notifier.ts';
+import { OutageMonitor, type OutageObserver, type OutageStats } from './outage.ts';
 import type { PauseControl } from './pause-control.ts';
 import { ProduceProgress, type ProgressState } from './progress.ts';
 import { AsyncStrategy, SyncStrategy, type ProduceContext, type ProduceStatus, type ShouldContinue } from './strategies.ts';
@@ -102,7 +103,7 @@ export interface ProducerHooks {
 }
 
 /** Told about what happens to groups, for metrics; every call is synchronous and must be cheap. */
-export interface ProducerObserver {
+export interface ProducerObserver extends OutageObserver {
   /** A group came back from the workers; `sent` is the group as it was dispatched. */
   landed?(group: RolloutGroup, sent: RolloutGroup): void;
   taken?(groups: readonly RolloutGroup[], trainStep: number): void;
@@ -182,6 +183,8 @@ export class Producer implements ProduceContext {
   #lastFailure: string | null = null;
   /** Created on the first server-side abort; keeps its connections for the next pauses. */
   #aborter: InferenceAborter | null = null;
+  /** Whether the inference servers are down: holds dispatches, decides what outage-aborted groups land as. */
+  readonly #outage: OutageMonitor;
 
   constructor(options: {
     config: ResolvedConfig;
@@ -207,6 +210,17 @@ export class Producer implements ProduceContext {
       return route === null ? [] : [{ url, route }];
     });
     this.#endpointCount = options.endpoints.length;
+    this.#outage = new OutageMonitor({
+      endpoints: options.endpoints,
+      budgetMs: config.llm.outageBudgetMs,
+      apiKey: config.llm.apiKey,
+      log: options.log,
+      observer: options.observer,
+      onChange: () => {
+        this.#landed.notify();
+        this.#changed.notify();
+      },
+    });
     this.#modelStep = config.modelStep;
     this.progress = new ProduceProgress(config.tasks, config.batchSize);
     this.buffer = new ReplayBuffer(config.tasks.map((t) => t.name));
@@ -265,6 +279,10 @@ export class Producer implements ProduceContext {
     return this.#inFlight.size;
   }
 
+  get outage(): OutageStats {
+    return this.#outage.stats();
+  }
+
   /** Start background production (async strategy); the sync strategy produces inside getBatch. */
   start(): void {
     if (this.#config.producer.strategy === 'async' && this.#loop === null) this.#loop = this.#runAsync();
@@ -311,6 +329,10 @@ export class Producer implements ProduceContext {
     return this.progress.targetSamples[task];
   }
 
+  holding(): boolean {
+    return this.#outage.holding;
+  }
+
   hasRoom(): boolean {
     const budget = this.#config.producer.memoryBudgetBytes;
     if (budget === null) return true;
@@ -319,6 +341,8 @@ export class Producer implements ProduceContext {
   }
 
   checkFailures(task: string): void {
+    const outage = this.#outage.spentError;
+    if (outage !== null) throw outage;
     const max = this.#config.producer.maxFailedGroupsPerStep ?? 2 * this.#config.batchSize;
     if (this.#failedSinceBatch > max) {
       throw new RolloutEngineError(
@@ -346,7 +370,13 @@ export class Producer implements ProduceContext {
     this.#inFlight.set(group.id, group);
     this.#inFlightByTask.set(group.taskName, this.#inFlightByTask.get(group.taskName)! + 1);
     const epoch = this.#resumeEpoch;
-    void this.#pool.runGroup(group, this.#modelStep).then((result) => this.#land(group, result, epoch));
+    const dispatchedAt = this.#outage.now();
+    void this.#pool.runGroup(group, this.#modelStep).then((result) => {
+      // Still in flight until the servers have been asked whether they are down (coordinator/outage.ts).
+      const settling = this.#outage.arrived(result, dispatchedAt);
+      if (settling === null) this.#land(group, result, epoch);
+      else void settling.then(() => this.#land(group, result, epoch));
+    });
   }
 
   /** `epoch`: the resume count when the group was dispatched. */
@@ -452,8 +482,9 @@ export class Producer implements ProduceContext {
       try {
         for (const [task] of shares) this.checkFailures(task);
       } catch (err) {
-        // Reported once: the next getBatch starts a fresh failure budget and production resumes.
+        // Reported once: the next getBatch starts a fresh failure budget (and outage budget) and production resumes.
         this.#failedSinceBatch = 0;
+        this.#outage.renewBudget();
         this.#changed.notify();
         throw err;
       }
@@ -756,6 +787,7 @@ export class Producer implements ProduceContext {
     this.#landed.notify();
     await this.#loop;
     await this.#aborter?.close();
+    await this.#outage.close(); // groups waiting for its verdict land now
     if (this.#inFlight.size === 0) return;
     this.#control.cancel();
     const deadline = performance.now() + Math.min(this.#config.pause.timeoutMs, 10_000);

@@ -31,6 +31,11 @@ export interface ProduceContext {
   target(task: string): number;
   /** Whether one more group fits the memory budget (buffer + in flight). */
   hasRoom(): boolean;
+  /**
+   * New dispatches are held: the inference servers are down (coordinator/outage.ts). A strategy waits
+   * for a landing instead of dispatching; the end of the outage wakes it like one.
+   */
+  holding(): boolean;
   /** Rejects when too many groups failed since the last batch. */
   checkFailures(task: string): void;
   /** Resolves when any group lands. */
@@ -56,8 +61,8 @@ export class SyncStrategy implements ProduceStrategy {
     while (this.#shouldContinue(ctx.completed(task), share)) {
       ctx.checkFailures(task);
       if (ctx.shouldAbort()) return 'UPDATE_WEIGHT_AND_ABORT';
-      while (ctx.inFlight(task) + ctx.completed(task) < share && ctx.hasRoom()) ctx.spawn(task, true);
-      if (ctx.inFlight(task) === 0) break;
+      while (ctx.inFlight(task) + ctx.completed(task) < share && ctx.hasRoom() && !ctx.holding()) ctx.spawn(task, true);
+      if (ctx.inFlight(task) === 0 && !ctx.holding()) break;
       await ctx.landed();
     }
     return 'NORMAL';
@@ -115,8 +120,8 @@ export class AsyncStrategy implements ProduceStrategy {
       const available = ctx.available(task);
       if (!this.#shouldContinue(available, target)) return 'NORMAL';
       // Over the memory budget it stops scheduling: the loop below waits for groups to land and be taken.
-      while (available + ctx.inFlight(task) < scheduled && !ctx.shouldAbort() && ctx.hasRoom()) ctx.spawn(task, fromExpiredPool);
-      if (ctx.inFlight(task) === 0) return 'NORMAL';
+      while (available + ctx.inFlight(task) < scheduled && !ctx.shouldAbort() && ctx.hasRoom() && !ctx.holding()) ctx.spawn(task, fromExpiredPool);
+      if (ctx.inFlight(task) === 0 && !ctx.holding()) return 'NORMAL';
       await ctx.landed();
     }
   }

@@ -8,12 +8,16 @@
  *   temperature and max tokens (`llm.policies`); agents without one use the default policy.
  * - A per-worker concurrency limit (`llm.maxConcurrency`) caps calls in flight, as the reference's
  *   LLM semaphore does.
+ * - Failover: a call that fails the way a down server fails (llm/errors.ts `isOutageError`) is sent
+ *   again to another endpoint of its policy, and its session moves there; the endpoint that failed
+ *   gets no new session for ENDPOINT_REST_MS unless every endpoint is resting. Only when every
+ *   endpoint has failed the call does it reach the agent loop — an outage is when no endpoint answers.
  */
 import type { ChatResult } from './reply.ts';
 import type { CancelSignal } from '../cancel.ts';
 import { Slots } from '../slots.ts';
 import { LlmClient, type ChatRequest, type LlmClientOptions } from './client.ts';
-import { LlmError } from './errors.ts';
+import { isOutageError, LlmError } from './errors.ts';
 import type { ServerKind } from './servers.ts';
 import type { ChatModel } from '../gateway/model.ts';
 
@@ -50,10 +54,15 @@ interface Endpoint {
   outstanding: number;
   /** `outstanding--`, made once per endpoint: a closure made per call lives as long as the call. */
   settled: () => void;
+  /** performance.now() until which new sessions avoid it: it just failed a call as a down server does. */
+  restingUntil: number;
 }
 
+/** How long an endpoint that failed a call as a down server does gets no new session (if another can take it). */
+const ENDPOINT_REST_MS = 5_000;
+
 function endpointOf(client: LlmClient): Endpoint {
-  const endpoint: Endpoint = { client, outstanding: 0, settled: () => void endpoint.outstanding-- };
+  const endpoint: Endpoint = { client, outstanding: 0, settled: () => void endpoint.outstanding--, restingUntil: 0 };
   return endpoint;
 }
 
@@ -101,7 +110,7 @@ export class LlmRouter {
     const key = route.agent === undefined ? route.session : `${route.session}\u0000${route.agent}`;
     let endpoint = this.#affinity.get(key);
     if (endpoint === undefined) {
-      endpoint = pickLeastOutstanding(policy);
+      endpoint = pickLeastOutstanding(policy)!;
       this.#affinity.set(key, endpoint);
       if (route.agent !== undefined) {
         const keys = this.#agentKeys.get(route.session);
@@ -114,12 +123,37 @@ export class LlmRouter {
       temperature === null && maxTokens === null
         ? request
         : { ...request, temperature: temperature ?? request.temperature, maxTokens: maxTokens !== null ? Math.min(maxTokens, request.maxTokens) : request.maxTokens };
-    if (this.#calls.size !== Infinity) return this.#chatInSlot(endpoint, effective, signal, route.session, key);
+    // Several endpoints: one suspended frame more per call in flight, the price of failing over.
+    if (policy.endpoints.length > 1) return this.#chatFailingOver(policy, endpoint, effective, signal, route.session, key);
+    return this.#send(endpoint, effective, signal, route.session, key);
+  }
+
+  #send(endpoint: Endpoint, request: ChatRequest, signal: CancelSignal | undefined, session: string, key: string): Promise<ChatResult> {
+    if (this.#calls.size !== Infinity) return this.#chatInSlot(endpoint, request, signal, session, key);
     // No call limit: no suspended frame or closure of ours per call in flight (memory per episode), just the count.
     endpoint.outstanding++;
-    const call = endpoint.client.chat(effective, signal, route.session, key);
+    const call = endpoint.client.chat(request, signal, session, key);
     call.then(endpoint.settled, endpoint.settled);
     return call;
+  }
+
+  /** The call on `endpoint`, then on each other endpoint of the policy in turn while they fail as down servers do. */
+  async #chatFailingOver(policy: Policy, first: Endpoint, request: ChatRequest, signal: CancelSignal | undefined, session: string, key: string): Promise<ChatResult> {
+    const tried = new Set<Endpoint>();
+    for (let endpoint = first; ; ) {
+      try {
+        return await this.#send(endpoint, request, signal, session, key);
+      } catch (err) {
+        if (!isOutageError(err) || signal?.aborted) throw err;
+        endpoint.restingUntil = performance.now() + ENDPOINT_REST_MS;
+        tried.add(endpoint);
+        const next = pickLeastOutstanding(policy, tried);
+        if (next === null) throw err;
+        endpoint.client.endSession(key);
+        this.#affinity.set(key, next);
+        endpoint = next;
+      }
+    }
   }
 
   async #chatInSlot(endpoint: Endpoint, request: ChatRequest, signal: CancelSignal | undefined, session: string, conversation: string): Promise<ChatResult> {
@@ -163,12 +197,23 @@ export class LlmRouter {
 
 }
 
-function pickLeastOutstanding(policy: Policy): Endpoint {
+/**
+ * The endpoint with the fewest requests outstanding (ties: round-robin), among those not resting when
+ * there are any; never one in `skip`. Null when every endpoint is skipped.
+ */
+function pickLeastOutstanding(policy: Policy, skip?: ReadonlySet<Endpoint>): Endpoint | null {
   const n = policy.endpoints.length;
-  let best = policy.endpoints[policy.next % n];
-  for (let i = 1; i < n; i++) {
+  const now = n > 1 ? performance.now() : 0;
+  let best: Endpoint | null = null;
+  for (let i = 0; i < n; i++) {
     const e = policy.endpoints[(policy.next + i) % n];
-    if (e.outstanding < best.outstanding) best = e;
+    if (skip?.has(e)) continue;
+    if (best === null) best = e;
+    else {
+      const resting = e.restingUntil > now;
+      const bestResting = best.restingUntil > now;
+      if (resting === bestResting ? e.outstanding < best.outstanding : bestResting) best = e;
+    }
   }
   policy.next = (policy.next + 1) % n;
   return best;

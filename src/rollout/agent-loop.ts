@@ -30,6 +30,7 @@ import type { CancelSignal } from '../cancel.ts';
 import type { ChatResult } from '../llm/reply.ts';
 import type { ChatRequest } from '../llm/client.ts';
 import type { Route } from '../llm/router.ts';
+import { isOutageError, OUTAGE_CODE } from '../llm/errors.ts';
 import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/replies.ts';
 import type { Environment, StepResult } from '../env/types.ts';
 import type { EnvCall } from '../protocol/env-watch.ts';
@@ -167,9 +168,12 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
   } catch (err) {
     const code = (err as { code?: unknown }).code;
     // Cancelled by a pause (an inference call, the wait for an actor, a pending environment call): it
-    // continues after the resume.
-    rollout.status = code === 'ERR_LLM_ABORTED' || code === 'ERR_ACTOR_POOL_ABORTED' || code === 'ERR_ENV_CANCELLED' ? Status.ABORTED : Status.FAILED;
-    rollout.error = describeError(err);
+    // continues after the resume. A call that met a possible outage comes back the same way, its tokens
+    // kept, marked so that the producer asks the servers whether they are down (coordinator/outage.ts)
+    // before retrying it.
+    const outage = isOutageError(err);
+    rollout.status = outage || code === 'ERR_LLM_ABORTED' || code === 'ERR_ACTOR_POOL_ABORTED' || code === 'ERR_ENV_CANCELLED' ? Status.ABORTED : Status.FAILED;
+    rollout.error = outage ? `${OUTAGE_CODE}: ${describeError(err)}` : describeError(err);
     // An environment error (not an inference one) means the actor is not to be trusted again.
     actorFailed = typeof code !== 'string' || !(code.startsWith('ERR_LLM_') || code.startsWith('ERR_ACTOR_POOL_'));
     if (rollout.status === Status.FAILED) ctx.onProblem?.(rollout, rollout.error); // an interruption is not a problem
