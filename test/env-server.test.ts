@@ -2,7 +2,8 @@ import { CLI_MAIN, rollout } from './support/cli.ts';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { after, before, describe, it } from 'node:test';
-import { resolveEnvModuleSpec, startEnvServer, type EnvServer } from '../src/env/server.ts';
+import { resolveEnvModuleSpec } from '../src/cli/env-specs.ts';
+import { startEnvServer, type EnvServer } from '../src/env/server.ts';
 import { createEnv as createGuessNumberEnv } from '../src/env/synthetic/guess-number.ts';
 import { createProbeEnv, probeCalls, spawnServer } from './fixtures/flaky-env-server.ts';
 

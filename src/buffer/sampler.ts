@@ -9,6 +9,7 @@
 import { createReadStream } from 'node:fs';
 import { createInterface } from 'node:readline';
 import type { TaskConfig } from '../config.ts';
+import { fmix32 } from '../hash.ts';
 import { ConfigError } from '../protocol/errors.ts';
 import { newGroup, type PromptSample, type RolloutGroup } from '../protocol/rollout.ts';
 
@@ -136,10 +137,5 @@ export function mixSeed(runSeed: number, taskName: string, promptIndex: number):
   let h = 0x811c9dc5 ^ runSeed;
   const text = `${taskName}\u0000${promptIndex}`;
   for (let i = 0; i < text.length; i++) h = Math.imul(h ^ text.charCodeAt(i), 0x01000193);
-  h ^= h >>> 16;
-  h = Math.imul(h, 0x85ebca6b);
-  h ^= h >>> 13;
-  h = Math.imul(h, 0xc2b2ae35);
-  h ^= h >>> 16;
-  return h >>> 1;
+  return fmix32(h) >>> 1;
 }

@@ -1,5 +1,4 @@
 import { parseArgs } from 'node:util';
-import type { EnvParams } from '../env/types.ts';
 import { intFlag, numberFlag, untilSignal, UsageError, portFlag } from './args.ts';
 
 export const ENV_SERVER_HELP = `Usage: rollout env-server --env <spec> [--env <spec> …] [options]
@@ -50,9 +49,10 @@ export async function envServerCommand(argv: string[]): Promise<number> {
   const specs = values.env ?? [];
   if (specs.length === 0) throw new UsageError('--env is required (e.g. --env builtin:guess-number); see rollout env-server --help');
 
-  const { loadServedEnvs, resolveEnvModuleSpec, startEnvServer } = await import('../env/server.ts');
+  const { startEnvServer } = await import('../env/server.ts');
+  const { loadServedEnvs, parseEnvParams, resolveEnvModuleSpec } = await import('./env-specs.ts');
   const names = specs.map((spec) => resolveEnvModuleSpec(spec).name);
-  const params = parseParams(values.params ?? [], names);
+  const params = parseEnvParams(values.params ?? [], names);
   const envs = await loadServedEnvs(specs, params);
   const server = await startEnvServer({
     envs,
@@ -68,28 +68,4 @@ export async function envServerCommand(argv: string[]): Promise<number> {
   await untilSignal();
   await server.close();
   return 0;
-}
-
-/** `{…}` applies to every served environment; `name={…}` to one (and wins over the shared one). */
-function parseParams(flags: string[], names: string[]): Record<string, EnvParams> {
-  const shared: EnvParams[] = [];
-  const own: Record<string, EnvParams> = {};
-  for (const flag of flags) {
-    const trimmed = flag.trim();
-    const eq = trimmed.startsWith('{') ? -1 : trimmed.indexOf('=');
-    const name = eq > 0 ? trimmed.slice(0, eq) : null;
-    const text = eq > 0 ? trimmed.slice(eq + 1) : trimmed;
-    let value: unknown;
-    try {
-      value = JSON.parse(text);
-    } catch {
-      throw new UsageError(`--params must be a JSON object or name=<JSON object> (got ${JSON.stringify(flag)})`);
-    }
-    if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new UsageError(`--params must be a JSON object (got ${JSON.stringify(flag)})`);
-    if (name === null) shared.push(value as EnvParams);
-    else if (!names.includes(name)) throw new UsageError(`--params ${JSON.stringify(flag)}: no served environment is named ${JSON.stringify(name)} (serving: ${names.join(', ')})`);
-    else own[name] = { ...own[name], ...(value as EnvParams) };
-  }
-  const base = Object.assign({}, ...shared) as EnvParams;
-  return Object.fromEntries(names.map((name) => [name, { ...base, ...own[name] }]));
 }

@@ -22,13 +22,7 @@
  */
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { basename, isAbsolute, resolve } from 'node:path';
-import { pathToFileURL } from 'node:url';
-import { existsSync } from 'node:fs';
-import { BUILTIN_ENVS } from '../config.ts';
-import { projectModuleUrl } from '../paths.ts';
 import { ConfigError, preview } from '../protocol/errors.ts';
-import { loadEnvironmentFactory } from './loader.ts';
 import type { Environment, EnvironmentFactory, EnvParams } from './types.ts';
 import { listen, readRequestBody, type BodyErrors } from '../http-server.ts';
 
@@ -95,7 +89,8 @@ export interface EnvServer {
 }
 
 const DEFAULT_MAX_BODY_BYTES = 1024 * 1024;
-const NAME = /^[A-Za-z0-9_.-]+$/;
+/** What a served environment may be named: it is a path segment of every route. */
+export const SERVED_ENV_NAME = /^[A-Za-z0-9_.-]+$/;
 const INSTANCE_ROUTES = new Set(['reset', 'get_task_prompt', 'step', 'health', 'is_done', 'describe', 'render']);
 
 /** One env id. `env` is null until its first reset succeeded. */
@@ -133,7 +128,7 @@ class HttpFailure extends Error {
 export async function startEnvServer(options: EnvServerOptions): Promise<EnvServer> {
   const served = new Map<string, ServedEnv>();
   for (const env of options.envs) {
-    if (!NAME.test(env.name)) throw new ConfigError([`envs: name must be letters, digits, "_", "." or "-" (got ${JSON.stringify(env.name)})`]);
+    if (!SERVED_ENV_NAME.test(env.name)) throw new ConfigError([`envs: name must be letters, digits, "_", "." or "-" (got ${JSON.stringify(env.name)})`]);
     if (served.has(env.name)) throw new ConfigError([`envs: name ${JSON.stringify(env.name)} is served twice`]);
     if (typeof env.factory !== 'function') throw new ConfigError([`envs.${env.name}: factory must be a function (got ${typeof env.factory})`]);
     if (options.checkParams !== false) {
@@ -479,58 +474,4 @@ async function readJson(req: IncomingMessage, limit: number): Promise<unknown> {
   } catch {
     throw new HttpFailure(400, `request body is not JSON (got ${preview(text)})`);
   }
-}
-
-// ---- loading environment modules for `rollout env-server` ----
-
-export interface EnvModuleSpec {
-  name: string;
-  moduleUrl: string;
-  exportName: string;
-}
-
-/**
- * `name=modulePath[#export]`, `builtin:<name>[#export]` or `name=builtin:<name>`. The name defaults to
- * the builtin's name or the file's base name; the export to `default`; paths are relative to `baseDir`.
- */
-export function resolveEnvModuleSpec(spec: string, baseDir = process.cwd()): EnvModuleSpec {
-  const fail = (why: string): never => {
-    throw new ConfigError([`--env ${JSON.stringify(spec)}: ${why}`]);
-  };
-  const eq = spec.indexOf('=');
-  let name = eq > 0 ? spec.slice(0, eq) : null;
-  let target = eq > 0 ? spec.slice(eq + 1) : spec;
-  let exportName = 'default';
-  const hash = target.lastIndexOf('#');
-  if (hash >= 0) {
-    exportName = target.slice(hash + 1);
-    target = target.slice(0, hash);
-    if (exportName === '') fail('the export name after "#" is empty');
-  }
-  if (target === '') fail('expected name=modulePath[#export] or builtin:<name>');
-  let moduleUrl: string;
-  if (target.startsWith('builtin:')) {
-    const builtin = target.slice('builtin:'.length);
-    const file = BUILTIN_ENVS[builtin];
-    if (file === undefined) fail(`unknown built-in environment (expected one of ${Object.keys(BUILTIN_ENVS).map((n) => `builtin:${n}`).join(', ')})`);
-    moduleUrl = projectModuleUrl(file).href;
-    name ??= builtin;
-  } else {
-    const file = isAbsolute(target) ? target : resolve(baseDir, target);
-    if (!existsSync(file)) fail(`module file does not exist (resolved to ${file})`);
-    moduleUrl = pathToFileURL(file).href;
-    name ??= basename(file).replace(/\.[cm]?[jt]s$/, '');
-  }
-  if (!NAME.test(name)) fail(`environment name must be letters, digits, "_", "." or "-" (got ${JSON.stringify(name)})`);
-  return { name, moduleUrl, exportName };
-}
-
-/** Resolves and imports each spec; `params` (name → factory params) are attached by name. */
-export async function loadServedEnvs(specs: string[], params: Record<string, EnvParams> = {}, baseDir?: string): Promise<ServedEnv[]> {
-  const resolved = specs.map((spec) => resolveEnvModuleSpec(spec, baseDir));
-  const unknown = Object.keys(params).filter((name) => !resolved.some((r) => r.name === name));
-  if (unknown.length > 0) throw new ConfigError(unknown.map((name) => `--params: no served environment is named ${JSON.stringify(name)} (serving: ${resolved.map((r) => r.name).join(', ')})`));
-  return Promise.all(
-    resolved.map(async (r) => ({ name: r.name, factory: await loadEnvironmentFactory(r.moduleUrl, r.exportName), params: params[r.name] ?? {} })),
-  );
 }

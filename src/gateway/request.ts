@@ -3,6 +3,7 @@
  * tokens silently (n > 1, non-text content parts), lenient about fields the gateway does not need
  * (user, metadata, …). Every error names the field as `param` and shows the value.
  */
+import { CHAT_ROLES, contentText } from '../protocol/chat-content.ts';
 import { preview } from '../protocol/errors.ts';
 import { GatewayError } from './errors.ts';
 import type { SamplingParams } from './backend.ts';
@@ -24,27 +25,10 @@ export interface ChatCompletionRequest extends SamplingParams {
   tools: unknown[] | null;
 }
 
-const ROLES = new Set(['system', 'developer', 'user', 'assistant', 'tool', 'function']);
 const MAX_SESSION_ID_LENGTH = 256;
 
 function bad(param: string, rule: string, value: unknown): never {
   throw new GatewayError('ERR_GATEWAY_BAD_REQUEST', `${param} ${rule} (got ${preview(value)})`, { param });
-}
-
-/** OpenAI content: a string, null (an assistant turn with tool calls), or text parts. */
-function contentText(value: unknown, param: string): string {
-  if (typeof value === 'string') return value;
-  if (value === null || value === undefined) return '';
-  if (!Array.isArray(value)) bad(param, 'must be a string or an array of text parts', value);
-  let text = '';
-  for (let j = 0; j < value.length; j++) {
-    const part = value[j] as { type?: unknown; text?: unknown } | null;
-    if (typeof part !== 'object' || part === null) bad(`${param}[${j}]`, 'must be an object', part);
-    if (part.type !== 'text') bad(`${param}[${j}].type`, 'must be "text" (the gateway renders text only)', part.type);
-    if (typeof part.text !== 'string') bad(`${param}[${j}].text`, 'must be a string', part.text);
-    text += part.text;
-  }
-  return text;
 }
 
 export function parseMessages(value: unknown, param = 'messages'): ChatMessageInput[] {
@@ -52,8 +36,8 @@ export function parseMessages(value: unknown, param = 'messages'): ChatMessageIn
   return value.map((raw, i) => {
     const m = raw as Record<string, unknown> | null;
     if (typeof m !== 'object' || m === null || Array.isArray(m)) bad(`${param}[${i}]`, 'must be an object', m);
-    if (typeof m.role !== 'string' || !ROLES.has(m.role)) bad(`${param}[${i}].role`, `must be one of ${[...ROLES].join(', ')}`, m.role);
-    const message: ChatMessageInput = { role: m.role, content: contentText(m.content, `${param}[${i}].content`) };
+    if (typeof m.role !== 'string' || !CHAT_ROLES.has(m.role)) bad(`${param}[${i}].role`, `must be one of ${[...CHAT_ROLES].join(', ')}`, m.role);
+    const message: ChatMessageInput = { role: m.role, content: contentText(m.content, `${param}[${i}].content`, bad, 'the gateway renders text only') };
     if (typeof m.name === 'string') message.name = m.name;
     if (Array.isArray(m.tool_calls)) message.tool_calls = m.tool_calls;
     if (typeof m.tool_call_id === 'string') message.tool_call_id = m.tool_call_id;

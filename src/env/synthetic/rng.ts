@@ -4,6 +4,7 @@
  * Invariant: the same seed always gives the same sequence on every platform (pure 32-bit integer
  * math, no Math.random), so an episode is reproducible from its reset seed alone.
  */
+import { fmix32 } from '../../hash.ts';
 
 export interface Rng {
   /** Uniform in [0, 1). */
@@ -14,16 +15,6 @@ export interface Rng {
   chance(p: number): boolean;
   /** A uniformly chosen element of a non-empty array. */
   pick<T>(items: readonly T[]): T;
-}
-
-/** murmur3's 32-bit finaliser: spreads every input bit over the output, so nearby seeds diverge. */
-function fmix32(h: number): number {
-  h ^= h >>> 16;
-  h = Math.imul(h, 0x85ebca6b);
-  h ^= h >>> 13;
-  h = Math.imul(h, 0xc2b2ae35);
-  h ^= h >>> 16;
-  return h >>> 0;
 }
 
 /**

@@ -3,6 +3,7 @@
  * request (so engine bugs surface in tests) and lenient about fields it merely ignores (temperature,
  * stop, …), checking only their types. Every error names the field (as `param`) and the value.
  */
+import { CHAT_ROLES, contentText } from '../../protocol/chat-content.ts';
 import { show } from '../../env/synthetic/params.ts';
 import type { PromptMessage } from './policy.ts';
 
@@ -41,26 +42,8 @@ export class RequestError extends Error {
   }
 }
 
-const ROLES = new Set(['system', 'developer', 'user', 'assistant', 'tool', 'function']);
-
 function bad(param: string, rule: string, value: unknown): never {
   throw new RequestError(`${param} ${rule} (got ${show(value)})`, param);
-}
-
-/** Text of a message's content: a string, null (assistant tool calls), or OpenAI text parts. */
-function contentText(value: unknown, param: string): string {
-  if (typeof value === 'string') return value;
-  if (value === null || value === undefined) return '';
-  if (!Array.isArray(value)) bad(param, 'must be a string or an array of text parts', value);
-  let text = '';
-  for (let j = 0; j < value.length; j++) {
-    const part = value[j] as { type?: unknown; text?: unknown } | null;
-    if (typeof part !== 'object' || part === null) bad(`${param}[${j}]`, 'must be an object', part);
-    if (part.type !== 'text') bad(`${param}[${j}].type`, 'must be "text" (the mock reads text only)', part.type);
-    if (typeof part.text !== 'string') bad(`${param}[${j}].text`, 'must be a string', part.text);
-    text += part.text;
-  }
-  return text;
 }
 
 function parseMessages(value: unknown): PromptMessage[] {
@@ -69,10 +52,10 @@ function parseMessages(value: unknown): PromptMessage[] {
   for (let i = 0; i < value.length; i++) {
     const m = value[i] as { role?: unknown; content?: unknown } | null;
     if (typeof m !== 'object' || m === null || Array.isArray(m)) bad(`messages[${i}]`, 'must be an object', m);
-    if (typeof m.role !== 'string' || !ROLES.has(m.role)) {
-      bad(`messages[${i}].role`, `must be one of ${[...ROLES].join(', ')}`, m.role);
+    if (typeof m.role !== 'string' || !CHAT_ROLES.has(m.role)) {
+      bad(`messages[${i}].role`, `must be one of ${[...CHAT_ROLES].join(', ')}`, m.role);
     }
-    messages[i] = { role: m.role, content: contentText(m.content, `messages[${i}].content`) };
+    messages[i] = { role: m.role, content: contentText(m.content, `messages[${i}].content`, bad, 'the mock reads text only') };
   }
   return messages;
 }

@@ -1,0 +1,50 @@
+/**
+ * The default dialect's `/admin/*` routes: abort every in-flight completion, and read or set the
+ * weight version a trainer syncs after each update. The dialects have none (dialect-routes.ts).
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { RouteTable } from './dialect-routes.ts';
+import { sendJson, type Rejections } from './http-replies.ts';
+import type { WeightVersion } from './weight-version.ts';
+
+export interface AdminParts {
+  abortAll(): number;
+  version: WeightVersion;
+  readBody(req: IncomingMessage): Promise<string>;
+  rejections: Rejections;
+}
+
+export function adminRoutes(parts: AdminParts): RouteTable {
+  const abort = { POST: (req: IncomingMessage, res: ServerResponse) => (req.resume(), sendJson(res, 200, { aborted: parts.abortAll() })) };
+  const weightVersion = (req: IncomingMessage, res: ServerResponse) => weightVersionRoute(parts, req, res);
+  return {
+    '/admin/abort': abort,
+    // SGLang's name for the abort endpoint; the body (rid / abort_all) is ignored: everything is aborted.
+    '/abort_request': abort,
+    '/admin/weight_version': { GET: weightVersion, POST: weightVersion },
+  };
+}
+
+/** `GET` reads the version; `POST {"weight_version": n}` sets it (400 naming the field otherwise). */
+async function weightVersionRoute(parts: AdminParts, req: IncomingMessage, res: ServerResponse): Promise<void> {
+  if (req.method === 'GET') {
+    req.resume();
+    sendJson(res, 200, { weight_version: parts.version.number });
+    return;
+  }
+  const raw = await parts.readBody(req);
+  let value: unknown;
+  try {
+    value = (JSON.parse(raw) as { weight_version?: unknown } | null)?.weight_version;
+  } catch (error) {
+    parts.rejections.reject(res, 400, `request body is not valid JSON: ${(error as Error).message}`);
+    return;
+  }
+  try {
+    parts.version.set(value);
+  } catch (error) {
+    parts.rejections.reject(res, 400, (error as Error).message, 'weight_version');
+    return;
+  }
+  sendJson(res, 200, { weight_version: parts.version.number });
+}

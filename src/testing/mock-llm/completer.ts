@@ -1,0 +1,346 @@
+/**
+ * What each generation route answers: the policy's completion of a validated request (policy.ts),
+ * less what a partial assistant message already holds, cut to the token budget, scheduled
+ * (scheduler.ts) and serialised in the route's shape — the mock's own (response.ts, stream.ts,
+ * completions.ts) or a dialect's (dialects.ts, dialect-stream.ts).
+ *
+ * Invariant: every request that reaches generation takes the next request index, in arrival order.
+ * The policy and the fault dice are keyed on it, so a sequential client gets the same replies and the
+ * same faults on every run.
+ */
+import type { ServerResponse } from 'node:http';
+import { checkContext, badRequest, llamacppChatJson, llamacppCompletionJson, sglangChatJson, sglangGenerateJson, sglangOpenAiError, vllmChatJson, vllmError, wantsAlternatives } from './dialects.ts';
+import type { Dialect, TokenInRequest } from './dialects.ts';
+import { DialectStream } from './dialect-stream.ts';
+import { deliver, type FaultInjector, type ReplyFault } from './faults.ts';
+import type { Rejections } from './http-replies.ts';
+import type { ResolvedMockLlmOptions } from './options.ts';
+import { generateCompletion, type Completion, type PolicyOptions, type PromptMessage } from './policy.ts';
+import type { MockChatRequest } from './request.ts';
+import { textCompletionJson, type TokenCompletionRequest } from './completions.ts';
+import { completionJson, logprobDraws } from './response.ts';
+import type { Finish, NaturalFinish, Scheduler } from './scheduler.ts';
+import { CompletionStream } from './stream.ts';
+import { decodeIds, encodeText, END_OF_TURN_ID, promptTokenIds, rememberEncoding } from './tokens.ts';
+import { parseChatMl, type MockVocabulary } from './vocab.ts';
+import type { WeightVersion } from './weight-version.ts';
+
+export interface CompleterParts {
+  options: ResolvedMockLlmOptions;
+  vocab: MockVocabulary;
+  /** The context window the dialects enforce. */
+  context: number;
+  scheduler: Scheduler;
+  faults: FaultInjector;
+  rejections: Rejections;
+  version: WeightVersion;
+}
+
+/** A chat completion that continues a partial assistant message, or answers the conversation. */
+interface ChatReply {
+  completion: Completion;
+  /** Ids of the completion the partial message already holds (not sent again). */
+  skip: number;
+  /** The partial message is a prefix of the completion (else `skip` is a best effort). */
+  extendsCompletion: boolean;
+  /** The text of all the ids after `skip` when it is exactly known, else null (decode the ids). */
+  fullText: string | null;
+}
+
+/** A token-in reply, cut to its budget. */
+interface TokenReply {
+  index: number;
+  fault: ReplyFault | null;
+  ids: number[];
+  /** Ids of the reply an open assistant message in the prompt already holds (not sent again). */
+  skip: number;
+  /** How many ids the reply had before the cut: more than `ids` means it ends with finish reason length. */
+  uncut: number;
+}
+
+export class Completer {
+  readonly #options: ResolvedMockLlmOptions;
+  readonly #vocab: MockVocabulary;
+  readonly #context: number;
+  readonly #policy: PolicyOptions;
+  readonly #scheduler: Scheduler;
+  readonly #faults: FaultInjector;
+  readonly #rejections: Rejections;
+  readonly #version: WeightVersion;
+  /** The next request index (see the invariant above). */
+  #requestIndex = 0;
+
+  constructor(parts: CompleterParts) {
+    this.#options = parts.options;
+    this.#vocab = parts.vocab;
+    this.#context = parts.context;
+    this.#policy = { seed: parts.options.seed, mistakeRate: parts.options.mistakeRate, thinkTokens: parts.options.thinkTokens };
+    this.#scheduler = parts.scheduler;
+    this.#faults = parts.faults;
+    this.#rejections = parts.rejections;
+    this.#version = parts.version;
+  }
+
+  /** `POST /v1/chat/completions` of the default dialect, whole or streamed. */
+  chat(res: ServerResponse, request: MockChatRequest): void {
+    const index = this.#requestIndex++;
+    const fault = this.#faults.inject(res, index);
+    if (fault === 'answered') return;
+    const messages = request.messages;
+    const partial = request.continueFinalMessage ? messages[messages.length - 1].content : null;
+    const { completion, skip, extendsCompletion, fullText } = this.#chatReply(messages, partial, index, request.seed);
+    let ids = skip > 0 ? completion.ids.slice(skip) : completion.ids;
+    const fullLength = ids.length;
+    let natural: NaturalFinish = 'stop';
+    if (request.maxTokens !== null && ids.length > request.maxTokens) {
+      ids = ids.slice(0, request.maxTokens);
+      natural = 'length';
+    } else if (extendsCompletion) {
+      // The next turn re-sends partial + continuation = completion.text.
+      rememberEncoding(completion.text, completion.ids);
+    }
+    const promptIds = promptTokenIds(messages, partial !== null ? 'continue' : request.addGenerationPrompt ? 'generation' : 'closed');
+    // The version that "generated" the reply: the one current when generation started.
+    const version = this.#version.number;
+    const o = this.#options;
+    const contentOf = (out: readonly number[]): string => (out.length === fullLength && fullText !== null ? fullText : decodeIds(out));
+    if (request.stream) {
+      const stream = new CompletionStream(res, {
+        index,
+        model: o.model,
+        promptIds,
+        weightVersion: version,
+        logprobs: request.logprobs,
+        returnTokenIds: request.returnTokenIds,
+        includeUsage: request.includeUsage,
+        seed: o.seed,
+        requestSeed: request.seed,
+        offset: skip,
+      });
+      this.#scheduler.schedule(res, { ids, promptTokens: promptIds.length, natural, answer: (reason, out) => stream.finish(reason, out, contentOf(out), fault), progress: (n) => stream.progress(ids, n) });
+      return;
+    }
+    // Spelled out, not spread from a head shared with the stream: on this per-reply path the spread
+    // cost the mock about 15% more CPU per request.
+    const answer = (reason: Finish, out: readonly number[]): void => {
+      const json = completionJson({
+        index,
+        model: o.model,
+        content: contentOf(out),
+        finishReason: reason,
+        ids: out,
+        promptIds,
+        weightVersion: version,
+        logprobs: request.logprobs,
+        returnTokenIds: request.returnTokenIds,
+        seed: o.seed,
+        requestSeed: request.seed,
+        offset: skip,
+      });
+      deliver(res, json, fault);
+    };
+    this.#scheduler.schedule(res, { ids, promptTokens: promptIds.length, natural, answer });
+  }
+
+  /**
+   * Token-in completion (vLLM's /v1/completions with a token-id prompt): the prompt is decoded with the
+   * configured vocabulary, read as a ChatML conversation, answered by the same policy as the chat
+   * endpoint, and the reply is encoded back in that vocabulary. A natural stop ends with the
+   * end-of-turn token, like a chat model's sampled ids. An open assistant message at the end of the
+   * prompt is continued (the tokens it already has are skipped), as continue_final_message does.
+   */
+  tokens(res: ServerResponse, request: TokenCompletionRequest): void {
+    const prompt = this.#readPrompt(request.prompt);
+    if ('error' in prompt) {
+      this.#rejections.reject(res, 400, prompt.error, 'prompt');
+      return;
+    }
+    const reply = this.#tokenReply(res, prompt.text, request.seed, request.maxTokens);
+    if (reply === null) return;
+    const { index, fault, ids, skip } = reply;
+    const version = this.#version.number;
+    const o = this.#options;
+    const answer = (reason: Finish, out: readonly number[]): void => {
+      const json = textCompletionJson({ index, model: o.model, vocab: this.#vocab, ids: out, promptIds: prompt.ids, finishReason: reason, weightVersion: version, logprobs: request.logprobs, returnTokenIds: request.returnTokenIds, seed: o.seed, requestSeed: request.seed, offset: skip });
+      deliver(res, json, fault);
+    };
+    this.#scheduler.schedule(res, { ids, promptTokens: prompt.ids.length, natural: ids.length < reply.uncut ? 'length' : 'stop', answer });
+  }
+
+  /**
+   * A chat completion in a server's dialect: its request checks (vLLM's model name, SGLang's refusal
+   * of prompt ids on a stream, the context window), then the policy's reply — ending in the
+   * end-of-turn token on a natural stop, as a real model's sampled ids do — in that server's shape.
+   */
+  dialectChat(d: Dialect, res: ServerResponse, request: MockChatRequest): void {
+    if (d === 'vllm' && this.#refuseModel(res, request.model)) return;
+    // SGLang serving_chat.py OpenAIServingChat._convert_to_internal_request @002897c23becbd522d88b8115a763a21765f978a → 400.
+    if (d === 'sglang' && request.stream && request.returnPromptTokenIds) {
+      this.#rejections.dialect(res, sglangOpenAiError(400, 'return_prompt_token_ids is not supported with streaming. Please set stream=false when using return_prompt_token_ids=true.'));
+      return;
+    }
+    const messages = request.messages;
+    const partial = request.continueFinalMessage ? messages[messages.length - 1].content : null;
+    const promptIds = promptTokenIds(messages, partial !== null ? 'continue' : request.addGenerationPrompt ? 'generation' : 'closed');
+    const limit = checkContext(d, 'openai', promptIds.length, request.maxTokens, this.#context);
+    if ('error' in limit) {
+      this.#rejections.dialect(res, limit.error);
+      return;
+    }
+    const index = this.#requestIndex++;
+    const fault = this.#faults.inject(res, index);
+    if (fault === 'answered') return;
+    const { completion, skip, extendsCompletion, fullText } = this.#chatReply(messages, partial, index, request.seed);
+    let ids = completion.ids.slice(skip);
+    ids.push(END_OF_TURN_ID);
+    const fullLength = ids.length;
+    let natural: NaturalFinish = 'stop';
+    const budget = Math.min(request.maxTokens ?? Infinity, limit.cap);
+    // llama.cpp only: a generation stopped by the full context is flagged truncated (server-context.cpp process_token).
+    const truncated = d === 'llamacpp' && ids.length > limit.cap && limit.cap < (request.maxTokens ?? Infinity);
+    if (ids.length > budget) {
+      ids = ids.slice(0, budget);
+      natural = 'length';
+    } else if (extendsCompletion) {
+      rememberEncoding(completion.text, completion.ids);
+    }
+    const textOf = (out: readonly number[]): string => {
+      if (out.length === fullLength && fullText !== null) return fullText;
+      return decodeIds(out.length > 0 && out[out.length - 1] === END_OF_TURN_ID ? out.slice(0, -1) : out);
+    };
+    const o = this.#options;
+    const model = d === 'sglang' ? (request.model ?? o.model) : o.model;
+    const version = this.#version.label;
+    const rid = `chatcmpl-mock-${index}`;
+    const draws = (): { next(): number } | null => (request.logprobs ? logprobDraws({ seed: o.seed, index, requestSeed: request.seed, offset: skip }) : null);
+    const promptTokens = promptIds.length;
+    if (request.stream) {
+      const stream = new DialectStream(res, {
+        dialect: d,
+        index,
+        model,
+        promptIds,
+        draws: draws(),
+        withTop: wantsAlternatives(d, request),
+        returnTokenIds: request.returnTokenIds,
+        includeUsage: request.includeUsage,
+      });
+      const answer = (reason: Finish, out: readonly number[]): void => {
+        // A reply fault cuts a dialect stream before its end (the mock's own stream.ts models the finer ones).
+        if (fault !== null) res.destroy();
+        else stream.finish(reason, out, textOf(out), reason === 'stop' ? END_OF_TURN_ID : null);
+      };
+      this.#scheduler.schedule(res, { ids, promptTokens, natural, answer, progress: (n) => stream.progress(ids, n), rid });
+      return;
+    }
+    const serialise = d === 'vllm' ? vllmChatJson : d === 'sglang' ? sglangChatJson : llamacppChatJson;
+    const answer = (reason: Finish, out: readonly number[]): void => {
+      const json = serialise({ index, model, content: textOf(out), finishReason: reason, ids: out, promptIds, request, version, draws: draws(), truncated: truncated && reason === 'length', created: Math.floor(Date.now() / 1000) });
+      deliver(res, json, fault);
+    };
+    this.#scheduler.schedule(res, { ids, promptTokens, natural, answer, rid });
+  }
+
+  /** vLLM's `/v1/completions` in its dialect: the model name is checked as on chat (OpenAIServing._check_model). */
+  vllmTokens(res: ServerResponse, r: TokenCompletionRequest): void {
+    if (this.#refuseModel(res, r.model)) return;
+    this.dialectTokens('vllm', res, { prompt: r.prompt, maxTokens: r.maxTokens, logprobs: r.logprobs, seed: r.seed, rid: null, returnTokenIds: r.returnTokenIds }, 'openai');
+  }
+
+  /**
+   * A token-in completion in a server's dialect: vLLM's /v1/completions, SGLang's /generate, llama.cpp's
+   * /completion. The policy is the default token-in route's (the prompt read as ChatML in the
+   * configured vocabulary); the limits and the reply are the dialect's.
+   */
+  dialectTokens(d: Dialect, res: ServerResponse, request: TokenInRequest, route: 'openai' | 'native'): void {
+    const prompt = this.#readPrompt(request.prompt);
+    if ('error' in prompt) {
+      this.#rejections.dialect(res, badRequest(d, route, prompt.error, 'prompt'));
+      return;
+    }
+    const limit = checkContext(d, route, prompt.ids.length, request.maxTokens, this.#context);
+    if ('error' in limit) {
+      this.#rejections.dialect(res, limit.error);
+      return;
+    }
+    const budget = Math.min(request.maxTokens ?? Infinity, limit.cap);
+    const reply = this.#tokenReply(res, prompt.text, request.seed, budget);
+    if (reply === null) return;
+    const { index, fault, ids, skip } = reply;
+    const truncated = d === 'llamacpp' && reply.uncut > limit.cap && limit.cap < (request.maxTokens ?? Infinity);
+    const version = this.#version.label;
+    const rid = d === 'vllm' ? `cmpl-mock-${index}` : (request.rid ?? `mock-${index}`);
+    const o = this.#options;
+    const answer = (reason: Finish, out: readonly number[]): void => {
+      const shape = { index, model: o.model, vocab: this.#vocab, ids: out, promptIds: prompt.ids, finishReason: reason, truncated: truncated && reason === 'length', version, request, seed: o.seed, offset: skip };
+      let json: string;
+      if (d === 'vllm') {
+        json = textCompletionJson({ ...shape, weightVersion: null, logprobs: request.logprobs, returnTokenIds: request.returnTokenIds === true, requestSeed: request.seed });
+      } else if (d === 'sglang') {
+        json = sglangGenerateJson({ ...shape, rid });
+      } else {
+        json = llamacppCompletionJson(shape);
+      }
+      deliver(res, json, fault);
+    };
+    this.#scheduler.schedule(res, { ids, promptTokens: prompt.ids.length, natural: ids.length < reply.uncut ? 'length' : 'stop', answer, rid });
+  }
+
+  /**
+   * A continuation is the completion of the conversation without the partial assistant message, minus
+   * the tokens that message already holds: under the same request seed, partial + continuation equals
+   * the uninterrupted completion exactly.
+   */
+  #chatReply(messages: PromptMessage[], partial: string | null, index: number, seed: number | undefined): ChatReply {
+    const completion = generateCompletion(partial === null ? messages : messages.slice(0, -1), this.#policy, index, seed);
+    if (partial === null) return { completion, skip: 0, extendsCompletion: true, fullText: completion.text };
+    const partialIds = encodeText(partial);
+    // Best effort when the partial message is not a prefix (another seed, an edited or foreign
+    // text): skip as many tokens as it has, so the reply still has roughly the remaining length.
+    const extendsCompletion = startsWith(completion.ids, partialIds);
+    const skip = Math.min(partialIds.length, completion.ids.length);
+    // Exact whenever extendsCompletion: the skipped ids decode to `partial`, a whole-character prefix.
+    return { completion, skip, extendsCompletion, fullText: extendsCompletion ? completion.text.slice(partial.length) : null };
+  }
+
+  /** A token-in prompt as ids and as text in the configured vocabulary, or why it is not in it. */
+  #readPrompt(prompt: number[] | string): { ids: number[]; text: string } | { error: string } {
+    try {
+      return typeof prompt === 'string' ? { ids: this.#vocab.encode(prompt), text: prompt } : { ids: prompt, text: this.#vocab.decode(prompt) };
+    } catch (error) {
+      return { error: `prompt is not in the ${this.#vocab.name} vocabulary of this mock: ${(error as Error).message} (start it with --tokenizer qwen2.5, or option tokenizer: 'qwen2.5', for a Qwen-tokenizing client)` };
+    }
+  }
+
+  /**
+   * The policy's reply to a ChatML prompt, in the configured vocabulary, ending in the end-of-turn
+   * token, cut to `budget` ids; null when an injected fault has answered the request.
+   */
+  #tokenReply(res: ServerResponse, promptText: string, seed: number | undefined, budget: number): TokenReply | null {
+    const index = this.#requestIndex++;
+    const fault = this.#faults.inject(res, index);
+    if (fault === 'answered') return null;
+    const vocab = this.#vocab;
+    const { messages, partial } = parseChatMl(promptText);
+    const completion = generateCompletion(messages, this.#policy, index, seed);
+    const full = vocab.name === 'cl100k' ? completion.ids.slice() : vocab.encode(completion.text);
+    full.push(vocab.endOfTurnId);
+    const skip = partial === null ? 0 : Math.min(vocab.encode(partial).length, full.length - 1);
+    const ids = skip > 0 ? full.slice(skip) : full;
+    return { index, fault, ids: ids.length > budget ? ids.slice(0, budget) : ids, skip, uncut: ids.length };
+  }
+
+  /** vLLM checks `model` against the served names before anything else (engine/serving.py
+   * OpenAIServing._check_model @00bd1493b3e82d6c13c68ee8a0e1c5a96707e190); SGLang and llama.cpp accept any. */
+  #refuseModel(res: ServerResponse, model: string | undefined): boolean {
+    if (model === undefined || model === this.#options.model) return false;
+    this.#rejections.dialect(res, vllmError(404, 'NotFoundError', `The model \`${model}\` does not exist.`, 'model'));
+    return true;
+  }
+}
+
+function startsWith(ids: readonly number[], prefix: readonly number[]): boolean {
+  if (prefix.length > ids.length) return false;
+  for (let i = 0; i < prefix.length; i++) if (ids[i] !== prefix[i]) return false;
+  return true;
+}
