@@ -16,10 +16,11 @@ import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { request } from 'undici';
 import { createEngine, Status, type Batch, type Engine, type EngineStats, type PauseReport } from '../src/index.ts';
-import { LlmClient } from '../src/llm/client.ts';
 import { startMockLlm, type MockLlm, type MockLlmOptions } from '../src/testing/mock-llm/server.ts';
 import { KILL_EXIT_CODE } from './fixtures/chaos-env.ts';
 import { spawnServer, type ChildServer } from './fixtures/flaky-env-server.ts';
+import { assertAccounted } from './support/accounting.ts';
+import { llmClient } from './support/clients.ts';
 
 const MAIN = new URL('../src/cli/main.ts', import.meta.url).pathname;
 const CHAOS_ENV = new URL('./fixtures/chaos-env.ts', import.meta.url).pathname;
@@ -159,7 +160,7 @@ describe('mock inference server fault knobs', () => {
     for (const [knob, code, retried] of expected) {
       const m = await mock({ [knob]: 1 });
       // A long backoff: only the 429's Retry-After: 0 lets its retries run at once.
-      const client = new LlmClient({ url: m.url, model: 'm', apiKey: null, maxReplyBytes: 64 * 1024 * 1024, timeoutMs: 200, retries: 2, retryBackoffMs: knob === 'rateLimitRate' ? 5_000 : 1, connections: 2, returnTokenIds: true, logprobs: true });
+      const client = llmClient(m.url, { timeoutMs: 200, retries: 2, retryBackoffMs: knob === 'rateLimitRate' ? 5_000 : 1 });
       const start = performance.now();
       await assert.rejects(client.chat({ messages: [{ role: 'user', content: 'hi' }], maxTokens: 8, temperature: 1 }), (err: Error & { code?: string }) => {
         assert.equal(err.code, code, `${knob}: ${err.message}`);
@@ -385,18 +386,6 @@ for (const stream of [false, true]) describe(`chaos: faulty inference, faulty en
     for (const [key, { example }] of reasons.slice(0, 6)) console.log(`  e.g. ${key}: ${example.slice(0, 160)}`);
   }
 });
-
-/** scheduled = in flight + stored in the buffer + taken + dropped (FAILED + FILTERED + EXPIRED). */
-function assertAccounted(stats: EngineStats, when: string): void {
-  const { scheduled, inFlight, taken, dropped } = stats.groups;
-  const stored = stats.buffer.completed + stats.buffer.aborted + stats.buffer.expired;
-  const droppedTotal = dropped.FAILED + dropped.FILTERED + dropped.EXPIRED;
-  assert.equal(
-    scheduled,
-    inFlight + stored + taken + droppedTotal,
-    `${when}: scheduled ${scheduled} ≠ in flight ${inFlight} + stored ${stored} + taken ${taken} + dropped ${JSON.stringify(dropped)}`,
-  );
-}
 
 // ── what the faults turned up ─────────────────────────────────────────────────────────────────────
 

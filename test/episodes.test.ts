@@ -6,12 +6,12 @@
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { createEngine, Status, type Engine } from '../src/index.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
+import { closeServer, listenLoopback } from './support/http.ts';
 
 const fixture = (name: string) => new URL(`./fixtures/${name}`, import.meta.url).pathname;
 
@@ -140,10 +140,9 @@ describe('episode slots (workers.rolloutsPerWorker)', () => {
       if (index === 0) answer('length');
       else void secondGroup.then(() => answer('stop'));
     });
-    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
     return {
-      url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
-      close: () => new Promise((r) => server.close(() => r())),
+      url: await listenLoopback(server),
+      close: () => closeServer(server),
       peak: () => peak,
       overlapped: () => overlapped,
     };

@@ -4,9 +4,10 @@
  */
 import assert from 'node:assert/strict';
 import { createServer, type Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { describe, it } from 'node:test';
 import { LlmRouter } from '../src/llm/router.ts';
+import { TEST_CLIENT } from './support/clients.ts';
+import { chatCompletion, listenLoopback } from './support/http.ts';
 
 /** A chat server that records request paths and the most requests it ever had open at once. */
 async function countingServer(delayMs: number): Promise<{ url: string; server: Server; paths: string[]; peak: () => number }> {
@@ -20,14 +21,13 @@ async function countingServer(delayMs: number): Promise<{ url: string; server: S
     req.resume();
     setTimeout(() => {
       open--;
-      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ choices: [{ message: { content: '4' }, finish_reason: 'stop' }] }));
+      res.writeHead(200, { 'content-type': 'application/json' }).end(chatCompletion('4'));
     }, delayMs);
   });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, server, paths, peak: () => peak };
+  return { url: await listenLoopback(server), server, paths, peak: () => peak };
 }
 
-const clientOptions = { apiKey: null, maxReplyBytes: 64 * 1024 * 1024, timeoutMs: 5000, retries: 0, retryBackoffMs: 1, connections: 16, returnTokenIds: false, logprobs: false };
+const clientOptions = { ...TEST_CLIENT, connections: 16, returnTokenIds: false, logprobs: false };
 const request = { messages: [{ role: 'user' as const, content: 'hi' }], maxTokens: 8, temperature: 1 };
 
 describe('inference routing in a worker', () => {
