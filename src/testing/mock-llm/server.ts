@@ -81,6 +81,11 @@ export interface MockLlm {
   waitForInFlight(count: number): Promise<void>;
   /** Resolves once at least `count` generation requests have arrived since the start (stats().requests). */
   waitForRequests(count: number): Promise<void>;
+  /**
+   * Resolves once `test(stats())` holds: checked now, and again whenever a request arrives, starts or
+   * stops generating (answered, aborted or cancelled by its client), or is held or released by `hangRate`.
+   */
+  waitForStats(test: (stats: MockLlmStats) => boolean): Promise<void>;
   /** Aborts in-flight completions, then closes every connection. Idempotent; never hangs. */
   close(): Promise<void>;
 }
@@ -197,6 +202,14 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
 
   const inFlightReached = countWaiters(() => inFlight.size);
   const requestsReached = countWaiters(() => counters.requests);
+  const stats = (): MockLlmStats => ({ ...counters, faults: { ...faultCounts }, hanging: hung.size, inFlight: inFlight.size });
+  const statsWaiters = new Set<{ test: (stats: MockLlmStats) => boolean; resolve: () => void }>();
+  /** Call after every change waitForStats promises to re-check on. */
+  const statsChanged = (): void => {
+    if (statsWaiters.size === 0) return;
+    const now = stats();
+    for (const waiter of [...statsWaiters]) if (waiter.test(now)) (statsWaiters.delete(waiter), waiter.resolve());
+  };
 
   function abortAll(): number {
     let n = 0;
@@ -357,6 +370,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
         clearTimeout(entry.timer);
         streaming.delete(entry);
         respond(reason, n);
+        statsChanged();
       },
       generatedSoFar() {
         const elapsed = performance.now() - startedAt - opts.latencyMs;
@@ -376,9 +390,11 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
         // The client half-closed: nothing will ever be read, and an unanswered response would keep
         // the server side of the socket open forever.
         res.destroy();
+        statsChanged();
       }
     });
     inFlightReached.notify();
+    statsChanged();
   }
 
   /**
@@ -423,7 +439,8 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
       }
       case 'hang':
         hung.add(res);
-        res.once('close', () => hung.delete(res));
+        res.once('close', () => (hung.delete(res), statsChanged()));
+        statsChanged();
         return 'answered';
       default:
         return fault;
@@ -682,6 +699,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     return async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
       counters.requests += 1;
       requestsReached.notify();
+      statsChanged();
       const raw = await readBody(req, opts.maxBodyBytes);
       let request: R;
       try {
@@ -838,9 +856,13 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
       versionLabel = String(version);
     },
     abortAll,
-    stats: () => ({ ...counters, faults: { ...faultCounts }, hanging: hung.size, inFlight: inFlight.size }),
+    stats,
     waitForInFlight: inFlightReached.wait,
     waitForRequests: requestsReached.wait,
+    waitForStats(test) {
+      if (test(stats())) return Promise.resolve();
+      return new Promise<void>((resolve) => statsWaiters.add({ test, resolve }));
+    },
     close() {
       closed ??= new Promise<void>((resolve) => {
         closing = true;
