@@ -21,6 +21,7 @@ import { KILL_EXIT_CODE } from './fixtures/chaos-env.ts';
 import { spawnServer, type ChildServer } from './fixtures/flaky-env-server.ts';
 import { assertAccounted } from './support/accounting.ts';
 import { llmClient } from './support/clients.ts';
+import { deferred, within } from './support/waits.ts';
 
 const MAIN = new URL('../src/cli/main.ts', import.meta.url).pathname;
 const CHAOS_ENV = new URL('./fixtures/chaos-env.ts', import.meta.url).pathname;
@@ -110,10 +111,11 @@ describe('mock inference server fault knobs', () => {
     const m = await startMockLlm({ hangRate: 1 });
     try {
       assert.equal((await rawChat(m, 100)).status, 'TimeoutError');
-      await sleep(20);
+      // The server hears of the hang-up a moment after the client gives up.
+      await within(5_000, 'a client that hung up releases its request', m.waitForStats((s) => s.hanging === 0));
       assert.equal(m.stats().hanging, 0, 'a client that hung up releases its request');
       const held = rawChat(m, 60_000);
-      while (m.stats().hanging < 1) await sleep(5);
+      await within(5_000, 'the second request is held', m.waitForStats((s) => s.hanging === 1));
       const abort = await request(`${m.url}/admin/abort`, { method: 'POST' });
       assert.deepEqual(await abort.body.json(), { aborted: 0 });
       assert.equal(m.stats().hanging, 1, 'a stuck request ignores the server-side abort');
@@ -413,12 +415,14 @@ describe('engine problems the faults turned up (regression tests)', () => {
     async () => {
       // An inference server whose first completion fails with 503 after 300 ms, when the pause is on.
       const arrivals: number[] = [];
+      const firstArrival = deferred();
       const server = createServer((req, res) => {
         req.resume();
         req.on('end', () => {
           if (req.url === '/v1/models') return void res.end(JSON.stringify({ data: [{ id: 'mock-policy' }] }));
           if (req.url === '/abort_request') return void res.end('{}'); // "aborted": nothing was generating
           arrivals.push(performance.now());
+          firstArrival.resolve();
           if (arrivals.length === 1) setTimeout(() => res.writeHead(503).end('{"error": "overloaded"}'), 300);
           else res.end(JSON.stringify({ choices: [{ message: { role: 'assistant', content: '42' }, finish_reason: 'stop' }] }));
         });
@@ -435,7 +439,7 @@ describe('engine problems the faults turned up (regression tests)', () => {
       try {
         await engine.start();
         const batch = engine.getBatch(1);
-        while (arrivals.length === 0) await sleep(5);
+        await firstArrival.promise;
         const report = await engine.pauseForWeightUpdate();
         const pausedAt = arrivals[0] + 1; // the pause began right after the first call arrived
         const duringPause = arrivals.filter((t) => t > pausedAt);
