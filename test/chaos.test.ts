@@ -17,11 +17,13 @@ import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { request } from 'undici';
 import { createEngine, Status, type Batch, type Engine, type EngineStats, type PauseReport } from '../src/index.ts';
-import { LlmClient } from '../src/llm/client.ts';
 import { startMockLlm, type MockLlm, type MockLlmOptions } from '../src/testing/mock-llm/server.ts';
 import { KILL_EXIT_CODE } from './fixtures/chaos-env.ts';
 import { OutageProxy } from './fixtures/outage-proxy.ts';
 import { spawnServer, type ChildServer } from './fixtures/flaky-env-server.ts';
+import { assertAccounted } from './support/accounting.ts';
+import { llmClient } from './support/clients.ts';
+import { deferred, within } from './support/waits.ts';
 
 const MAIN = new URL('../src/cli/main.ts', import.meta.url).pathname;
 const CHAOS_ENV = new URL('./fixtures/chaos-env.ts', import.meta.url).pathname;
@@ -111,10 +113,11 @@ describe('mock inference server fault knobs', () => {
     const m = await startMockLlm({ hangRate: 1 });
     try {
       assert.equal((await rawChat(m, 100)).status, 'TimeoutError');
-      await sleep(20);
+      // The server hears of the hang-up a moment after the client gives up.
+      await within(5_000, 'a client that hung up releases its request', m.waitForStats((s) => s.hanging === 0));
       assert.equal(m.stats().hanging, 0, 'a client that hung up releases its request');
       const held = rawChat(m, 60_000);
-      while (m.stats().hanging < 1) await sleep(5);
+      await within(5_000, 'the second request is held', m.waitForStats((s) => s.hanging === 1));
       const abort = await request(`${m.url}/admin/abort`, { method: 'POST' });
       assert.deepEqual(await abort.body.json(), { aborted: 0 });
       assert.equal(m.stats().hanging, 1, 'a stuck request ignores the server-side abort');
@@ -161,7 +164,7 @@ describe('mock inference server fault knobs', () => {
     for (const [knob, code, retried] of expected) {
       const m = await mock({ [knob]: 1 });
       // A long backoff: only the 429's Retry-After: 0 lets its retries run at once.
-      const client = new LlmClient({ url: m.url, model: 'm', apiKey: null, maxReplyBytes: 64 * 1024 * 1024, timeoutMs: 200, retries: 2, retryBackoffMs: knob === 'rateLimitRate' ? 5_000 : 1, connections: 2, returnTokenIds: true, logprobs: true });
+      const client = llmClient(m.url, { timeoutMs: 200, retries: 2, retryBackoffMs: knob === 'rateLimitRate' ? 5_000 : 1 });
       const start = performance.now();
       await assert.rejects(client.chat({ messages: [{ role: 'user', content: 'hi' }], maxTokens: 8, temperature: 1 }), (err: Error & { code?: string }) => {
         assert.equal(err.code, code, `${knob}: ${err.message}`);
@@ -388,18 +391,6 @@ for (const stream of [false, true]) describe(`chaos: faulty inference, faulty en
   }
 });
 
-/** scheduled = in flight + stored in the buffer + taken + dropped (FAILED + FILTERED + EXPIRED). */
-function assertAccounted(stats: EngineStats, when: string): void {
-  const { scheduled, inFlight, taken, dropped } = stats.groups;
-  const stored = stats.buffer.completed + stats.buffer.aborted + stats.buffer.expired;
-  const droppedTotal = dropped.FAILED + dropped.FILTERED + dropped.EXPIRED;
-  assert.equal(
-    scheduled,
-    inFlight + stored + taken + droppedTotal,
-    `${when}: scheduled ${scheduled} ≠ in flight ${inFlight} + stored ${stored} + taken ${taken} + dropped ${JSON.stringify(dropped)}`,
-  );
-}
-
 // ── what the faults turned up ─────────────────────────────────────────────────────────────────────
 
 describe('engine problems the faults turned up (regression tests)', () => {
@@ -426,12 +417,14 @@ describe('engine problems the faults turned up (regression tests)', () => {
     async () => {
       // An inference server whose first completion fails with 503 after 300 ms, when the pause is on.
       const arrivals: number[] = [];
+      const firstArrival = deferred();
       const server = createServer((req, res) => {
         req.resume();
         req.on('end', () => {
           if (req.url === '/v1/models') return void res.end(JSON.stringify({ data: [{ id: 'mock-policy' }] }));
           if (req.url === '/abort_request') return void res.end('{}'); // "aborted": nothing was generating
           arrivals.push(performance.now());
+          firstArrival.resolve();
           if (arrivals.length === 1) setTimeout(() => res.writeHead(503).end('{"error": "overloaded"}'), 300);
           else res.end(JSON.stringify({ choices: [{ message: { role: 'assistant', content: '42' }, finish_reason: 'stop' }] }));
         });
@@ -448,7 +441,7 @@ describe('engine problems the faults turned up (regression tests)', () => {
       try {
         await engine.start();
         const batch = engine.getBatch(1);
-        while (arrivals.length === 0) await sleep(5);
+        await firstArrival.promise;
         const report = await engine.pauseForWeightUpdate();
         const pausedAt = arrivals[0] + 1; // the pause began right after the first call arrived
         const duringPause = arrivals.filter((t) => t > pausedAt);

@@ -1,15 +1,15 @@
 import assert from 'node:assert/strict';
-import { createServer } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { threadId } from 'node:worker_threads';
 import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { createEngine, Status, type Engine, type EngineStats, type RolloutGroup } from '../src/index.ts';
+import { createEngine, Status, type Engine, type RolloutGroup } from '../src/index.ts';
 import { DIE_EXIT_CODE } from './fixtures/dying-env.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
+import { assertSettled } from './support/accounting.ts';
+import { chatCompletion, scriptedServer } from './support/http.ts';
 
 const FAULTY_ENV = new URL('./fixtures/faulty-env.ts', import.meta.url).pathname;
 const DYING_ENV = new URL('./fixtures/dying-env.ts', import.meta.url).pathname;
@@ -24,15 +24,6 @@ function datasetOfLines(lines: object[]): string {
 
 function datasetOf(modes: string[]): string {
   return datasetOfLines(modes.map((mode) => ({ mode })));
-}
-
-/** Every group the producer scheduled is in flight or has a final status: none vanished. */
-function assertAccounted(stats: EngineStats): void {
-  const { scheduled, inFlight, taken, dropped } = stats.groups;
-  const stored = stats.buffer.completed + stats.buffer.aborted + stats.buffer.expired;
-  const droppedTotal = dropped.FAILED + dropped.FILTERED + dropped.EXPIRED;
-  assert.equal(inFlight, 0);
-  assert.equal(scheduled, stored + taken + droppedTotal, `scheduled ${scheduled} vs stored ${stored} + taken ${taken} + dropped ${JSON.stringify(dropped)}`);
 }
 
 describe('engine against the mock inference server, in real worker threads', () => {
@@ -95,7 +86,7 @@ describe('engine against the mock inference server, in real worker threads', () 
       assert.ok(batch.groups.every((g) => g.status === Status.COMPLETED));
     }
     const stats = await e.stats();
-    assertAccounted(stats);
+    assertSettled(stats);
     assert.ok(stats.groups.dropped.FAILED >= 4, `expected the four faulty prompts to fail, got ${JSON.stringify(stats.groups.dropped)}`);
     assert.equal(stats.buffer.dropped.FAILED, stats.groups.dropped.FAILED);
   });
@@ -114,7 +105,7 @@ describe('engine against the mock inference server, in real worker threads', () 
       assert.match(err.message, /worker exited with code: 3|exited with code 3/);
       return true;
     });
-    assertAccounted(await e.stats());
+    assertSettled(await e.stats());
   });
 
   it('switches a task off with weight 0, as the reference producer does (regression: weight 0 was refused)', async () => {
@@ -132,7 +123,7 @@ describe('engine against the mock inference server, in real worker threads', () 
       assert.equal(batch.groups.length, 3);
       assert.ok(batch.groups.every((g) => g.taskName === 'arith'), 'no group of the switched-off task');
     }
-    assertAccounted(await e.stats());
+    assertSettled(await e.stats());
     assert.throws(() => createEngine({ tasks: [{ name: 'a', env: { module: 'builtin:arithmetic' }, weight: 0 }] }), /tasks\[0\]\.weight: every task has weight 0/);
   });
 
@@ -149,7 +140,7 @@ describe('engine against the mock inference server, in real worker threads', () 
     await doomed.close();
     await assert.rejects(e.getBatch(), { code: 'ERR_LLM_OUTAGE', message: /llm\.outageBudgetMs = 500 allows; last error: ERR_LLM_UNREACHABLE/ });
     const stats = await e.stats();
-    assertAccounted(stats);
+    assertSettled(stats);
     assert.equal(stats.groups.dropped.FAILED, 0, 'the groups that met the outage wait in the buffer, ABORTED');
   });
 });
@@ -172,7 +163,7 @@ describe('the worker watchdog', () => {
       const stats = await e.stats();
       assert.equal(stats.groups.dropped.FAILED, 1);
       assert.match(stats.buffer.lastDropReason ?? '', /did not answer for 300 ms \(workers\.watchdogMs\) and was terminated by the watchdog/);
-      assertAccounted(stats);
+      assertSettled(stats);
     } finally {
       await e.close();
       await mock.close();
@@ -183,23 +174,18 @@ describe('the worker watchdog', () => {
 describe('sampling seeds across dataset epochs', () => {
   it('samples a prompt drawn again in a later epoch with a new seed, keeping its environment seed (regression: every epoch resent the same sampling seeds)', async (t) => {
     const seeds: number[] = [];
-    const server = createServer((req, res) => {
-      let body = '';
-      req.on('data', (c) => (body += c));
-      req.on('end', () => {
-        res.writeHead(200, { 'content-type': 'application/json' });
-        if (req.method === 'GET') return void res.end('{"data":[{"id":"m"}]}');
-        seeds.push((JSON.parse(body) as { seed: number }).seed);
-        res.end(JSON.stringify({ choices: [{ message: { content: '4' }, finish_reason: 'stop' }] }));
-      });
+    const server = await scriptedServer((req, res, body) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      if (req.method === 'GET') return void res.end('{"data":[{"id":"m"}]}');
+      seeds.push((JSON.parse(body) as { seed: number }).seed);
+      res.end(chatCompletion('4'));
     });
-    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-    t.after(() => new Promise<void>((r) => server.close(() => r())));
+    t.after(() => server.close());
     const e = createEngine({
       logLevel: 'silent',
       batchSize: 2,
       workers: { threads: 1 },
-      llm: { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, model: 'm', returnTokenIds: false, logprobs: false },
+      llm: { url: server.url, model: 'm', returnTokenIds: false, logprobs: false },
       tasks: [{ name: 'one', env: { module: 'builtin:arithmetic' }, dataset: datasetOfLines([{ expression: '2 + 3' }]), groupSize: 1, maxSteps: 1 }],
     });
     t.after(() => e.close());
@@ -242,7 +228,7 @@ describe('environment calls that never settle (tasks[].env.timeoutMs)', () => {
       assert.equal(batch.status, 'NORMAL');
       assert.equal(batch.groups.length, 2);
       const stats = await e.stats();
-      assertAccounted(stats);
+      assertSettled(stats);
       assert.equal(stats.groups.dropped.FAILED, 1);
       assert.match(dropped[0].rollouts[0].error ?? '', /^ERR_ENV_TIMEOUT: task "faulty": environment step\(\) did not settle within 200 ms \(tasks\[\]\.env\.timeoutMs\)/);
     } finally {
@@ -263,7 +249,7 @@ describe('environment calls that never settle (tasks[].env.timeoutMs)', () => {
       const batch = await e.getBatch();
       assert.equal(batch.status, 'NORMAL');
       assert.ok(batch.groups.every((g) => g.rollouts.every((r) => r.status === Status.COMPLETED)));
-      assertAccounted(await e.stats());
+      assertSettled(await e.stats());
     } finally {
       await e.close();
     }
@@ -296,7 +282,7 @@ describe('environment calls that never settle (tasks[].env.timeoutMs)', () => {
       assert.equal(landed[0].status, Status.ABORTED);
       assert.match(landed[0].rollouts[0].error ?? '', /^ERR_ENV_CANCELLED: task "faulty": environment step\(\) was still pending/);
       assert.equal((await batch).status, 'UPDATE_WEIGHT_AND_ABORT');
-      assertAccounted(await e.stats());
+      assertSettled(await e.stats());
     } finally {
       await e.close();
     }
@@ -333,7 +319,7 @@ describe('a worker that dies (workers.deathRetries)', () => {
       assert.equal(batch.groups.length, 4);
       assert.ok(existsSync(marker), 'the worker died');
       const stats = await e.stats();
-      assertAccounted(stats);
+      assertSettled(stats);
       assert.equal(stats.groups.dropped.FAILED, 1, 'only the group that killed the worker failed');
       assert.equal(dropped[0].sample.envParams.mode, 'die');
       assert.match(dropped[0].error ?? '', new RegExp(`exited with code:? ?${DIE_EXIT_CODE}.*rollout \\S+ was in its environment step\\(\\) when the worker died`));
@@ -363,7 +349,7 @@ describe('a worker that dies (workers.deathRetries)', () => {
       const batch = await e.getBatch();
       assert.equal(batch.status, 'NORMAL');
       const stats = await e.stats();
-      assertAccounted(stats);
+      assertSettled(stats);
       assert.equal(stats.groups.landed.ABORTED, 1, 'sent again once');
       assert.equal(stats.groups.dropped.FAILED, 1);
       assert.match(dropped[0].error ?? '', /its worker died 2 times while running it, never inside its environment \(workers\.deathRetries = 1\)/);

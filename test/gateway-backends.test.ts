@@ -6,12 +6,12 @@
 import assert from 'node:assert/strict';
 import { createServer } from 'node:http';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
-import OpenAI from 'openai';
 import { startGateway } from '../src/gateway/index.ts';
 import type { ChatModel, Gateway } from '../src/gateway/index.ts';
 import { loadChatModel } from '../src/gateway/model.ts';
+import { openaiClient } from './support/clients.ts';
+import { closeServer, listenLoopback } from './support/http.ts';
 import { rejection } from './support/openai-errors.ts';
 
 type Reply = { status: number; json: unknown } | 'hang';
@@ -59,18 +59,9 @@ async function scriptedServer(): Promise<Scripted> {
       res.end(text);
     });
   });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  state.url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
-  state.close = () =>
-    new Promise<void>((resolve) => {
-      server.close(() => resolve());
-      server.closeAllConnections();
-    });
+  state.url = await listenLoopback(server);
+  state.close = () => closeServer(server);
   return state;
-}
-
-function client(baseURL: string): OpenAI {
-  return new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 30_000 });
 }
 
 let model: ChatModel;
@@ -108,7 +99,7 @@ describe('gateway against an SGLang-shaped backend', () => {
   });
 
   it('sends input_ids with sampling_params and return_logprob to /generate, and reads output_ids, logprobs, finish_reason and weight_version', async () => {
-    const openai = client(gateway.sessionBaseURL('sg'));
+    const openai = openaiClient(gateway.sessionBaseURL('sg'));
     const messages = [{ role: 'user' as const, content: 'Greet me.' }];
     backend.replies.push(() => sglangReply([...model.encode('Hello there!'), EOS], { type: 'stop', matched: EOS }));
     const reply = (await openai.chat.completions.create({
@@ -151,7 +142,7 @@ describe('gateway against an SGLang-shaped backend', () => {
 
   it('answers 502 ERR_BACKEND_BAD_REPLY when the logprobs do not cover every output token, leaving the session as it was', async () => {
     backend.replies.push(() => ({ status: 200, json: { output_ids: [9707, EOS], meta_info: { finish_reason: { type: 'stop' }, output_token_logprobs: [[-0.1, 9707, null]] } } }));
-    const { status, error } = await rejection(client(gateway.sessionBaseURL('bad')).chat.completions.create({ model: 'qwen2.5', messages: [{ role: 'user', content: 'x' }] }));
+    const { status, error } = await rejection(openaiClient(gateway.sessionBaseURL('bad')).chat.completions.create({ model: 'qwen2.5', messages: [{ role: 'user', content: 'x' }] }));
     assert.equal(status, 502);
     assert.equal(error.code, 'ERR_BACKEND_BAD_REPLY');
     assert.match(error.message, /output_token_logprobs must hold one \[logprob, id, text\] per token \(2 tokens, got 1 entries\)/);
@@ -186,7 +177,7 @@ describe('gateway against a vLLM-shaped backend', () => {
 
   it('sends the prompt as token ids with logprobs and return_token_ids to /v1/completions', async () => {
     backend.replies.push(vllmReply([...model.encode('OK.'), EOS], 'stop', 12));
-    const reply = (await client(gateway.baseURL).chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'Ready?' }], max_tokens: 8, seed: 42, session_id: 'v' } as never)) as any;
+    const reply = (await openaiClient(gateway.baseURL).chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'Ready?' }], max_tokens: 8, seed: 42, session_id: 'v' } as never)) as any;
     const sent = backend.bodies.at(-1)!;
     assert.equal(backend.paths.at(-1), '/v1/completions');
     assert.equal(sent.model, 'Qwen/Qwen2.5-0.5B-Instruct');
@@ -206,7 +197,7 @@ describe('gateway against a vLLM-shaped backend', () => {
     const pieces = [...model.encode('Hel'), ...model.encode('lo')];
     assert.notDeepEqual(pieces, model.encode('Hello'));
     backend.replies.push(vllmReply([...pieces, EOS]));
-    const openai = client(gateway.sessionBaseURL('split'));
+    const openai = openaiClient(gateway.sessionBaseURL('split'));
     const first = (await openai.chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'Say hello.' }], return_token_ids: true } as never)) as any;
     assert.equal(first.choices[0].message.content, 'Hello');
     backend.replies.push(vllmReply([...model.encode('Bye.'), EOS]));
@@ -226,13 +217,13 @@ describe('gateway against a vLLM-shaped backend', () => {
 
   it('passes a backend 4xx on with its message, and rejects ids outside the vocabulary as a bad reply', async () => {
     backend.replies.push(() => ({ status: 400, json: { object: 'error', message: "This model's maximum context length is 32768 tokens.", type: 'BadRequestError', code: 400 } }));
-    const tooLong = await rejection(client(gateway.baseURL).chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'x' }] }));
+    const tooLong = await rejection(openaiClient(gateway.baseURL).chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'x' }] }));
     assert.equal(tooLong.status, 400);
     assert.equal(tooLong.error.code, 'ERR_BACKEND_HTTP');
     assert.match(tooLong.error.message, /answered 400: This model's maximum context length is 32768 tokens\./);
 
     backend.replies.push(vllmReply([9707, 999_999]));
-    const foreign = await rejection(client(gateway.baseURL).chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'x' }] }));
+    const foreign = await rejection(openaiClient(gateway.baseURL).chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'x' }] }));
     assert.equal(foreign.status, 502);
     assert.equal(foreign.error.code, 'ERR_BACKEND_BAD_REPLY');
     assert.match(foreign.error.message, /token id 999999 \(completion position 1\), which is not in the qwen2\.5 vocabulary/);
@@ -241,7 +232,7 @@ describe('gateway against a vLLM-shaped backend', () => {
   it('cancels the backend request when the agent hangs up', async () => {
     backend.replies.push(() => 'hang');
     const controller = new AbortController();
-    const call = client(gateway.sessionBaseURL('gone')).chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'x' }] }, { signal: controller.signal });
+    const call = openaiClient(gateway.sessionBaseURL('gone')).chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'x' }] }, { signal: controller.signal });
     call.catch(() => {});
     await backend.held;
     controller.abort();

@@ -1,5 +1,5 @@
 /** `rollout gateway`: flags, usage errors, and a real process serving an OpenAI client until SIGTERM. */
-import { CLI_MAIN, rollout } from './support/cli.ts';
+import { CLI_MAIN, listeningUrl, rollout } from './support/cli.ts';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { describe, it } from 'node:test';
@@ -38,15 +38,7 @@ describe('rollout gateway command', () => {
     child.stderr.on('data', (c) => (stderr += c));
     const exited = new Promise<number | null>((resolve) => child.on('close', resolve));
     try {
-      const url = await new Promise<string>((resolve, reject) => {
-        let stdout = '';
-        child.stdout.on('data', (c) => {
-          stdout += c;
-          const match = /listening on (http:\/\/[\d.]+:\d+)/.exec(stdout);
-          if (match) resolve(match[1]);
-        });
-        child.once('close', () => reject(new Error(`gateway exited before listening:\n${stderr}`)));
-      });
+      const url = await listeningUrl(child, 'gateway', () => stderr);
       const openai = new OpenAI({ baseURL: `${url}/v1/sessions/cli`, apiKey: 'unused', maxRetries: 0 });
       const reply = await openai.chat.completions.create({ model: 'toy', messages: [{ role: 'user', content: 'Compute 2 + 3. Answer with the number only.' }] });
       assert.match(reply.choices[0].message.content ?? '', /\d/);

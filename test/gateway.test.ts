@@ -13,6 +13,7 @@ import { resolveGatewayOptions, startGateway, stitchedSampleJson } from '../src/
 import type { Gateway, GatewayOptions, ReleaseReason } from '../src/gateway/index.ts';
 import { startMockLlm } from '../src/testing/mock-llm/server.ts';
 import type { MockLlm, MockLlmOptions } from '../src/testing/mock-llm/server.ts';
+import { openaiClient } from './support/clients.ts';
 import { rejection } from './support/openai-errors.ts';
 
 type Message = ChatCompletionMessageParam;
@@ -38,11 +39,6 @@ async function startStack(mockOptions: MockLlmOptions = {}, gatewayOptions: Part
 async function closeStack(stack: Stack | undefined): Promise<void> {
   await stack?.gateway.close();
   await stack?.mock.close();
-}
-
-function client(baseURL: string): OpenAI {
-  // No retries: a 4xx/5xx must surface in the test exactly as the gateway sent it.
-  return new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 30_000 });
 }
 
 async function http(gateway: Gateway, method: 'GET' | 'POST' | 'DELETE', path: string, body?: unknown, headers: Record<string, string> = {}) {
@@ -83,7 +79,7 @@ describe('token-trace gateway with the openai client', () => {
   it('serves /health, /v1/models and /tokenize with the Qwen2.5 chat template', async () => {
     const { gateway } = stack;
     assert.deepEqual((await http(gateway, 'GET', '/health')).json, { status: 'ok', model: 'qwen2.5', sessions: 0 });
-    const models = await client(gateway.baseURL).models.list();
+    const models = await openaiClient(gateway.baseURL).models.list();
     assert.deepEqual(models.data.map((m) => m.id), ['qwen2.5']);
     const ids = await fullTokenization(gateway, [{ role: 'user', content: 'Hi' }]);
     const text = gateway.chatModel.decode(ids);
@@ -95,7 +91,7 @@ describe('token-trace gateway with the openai client', () => {
 
   it('plays a multi-turn game through the openai client, and every prompt equals the full tokenization of the rendered conversation', async () => {
     const { gateway } = stack;
-    const openai = client(gateway.sessionBaseURL('game-1'));
+    const openai = openaiClient(gateway.sessionBaseURL('game-1'));
     const env = guessGame(11);
     const messages: Message[] = env.getTaskPrompt() as Message[];
     // Non-ASCII feedback exercises byte-level BPE across turn boundaries.
@@ -133,9 +129,9 @@ describe('token-trace gateway with the openai client', () => {
   it('streams in the OpenAI chunk format: the chunks add up to the non-streamed reply and end with [DONE]', async () => {
     const { gateway } = stack;
     const messages: Message[] = [{ role: 'user', content: 'Compute 12 + 30. Answer with the number only.' }];
-    const plain = await turn(client(gateway.sessionBaseURL('plain')), messages, { seed: 7 });
+    const plain = await turn(openaiClient(gateway.sessionBaseURL('plain')), messages, { seed: 7 });
 
-    const stream = await client(gateway.sessionBaseURL('streamed')).chat.completions.create({
+    const stream = await openaiClient(gateway.sessionBaseURL('streamed')).chat.completions.create({
       model: 'qwen2.5',
       messages,
       max_tokens: 64,
@@ -183,9 +179,9 @@ describe('token-trace gateway with the openai client', () => {
   it('takes the session id from the body, the x-session-id header or the path, and gives a call without one a session of its own', async () => {
     const { gateway } = stack;
     const messages: Message[] = [{ role: 'user', content: 'Say something.' }];
-    const byBody = await turn(client(gateway.baseURL), messages, { session_id: 'from-body' });
-    const byHeader = await turn(client(gateway.baseURL), messages, {}, { 'x-session-id': 'from-header' });
-    const byPath = await turn(client(gateway.sessionBaseURL('from path/ü')), messages);
+    const byBody = await turn(openaiClient(gateway.baseURL), messages, { session_id: 'from-body' });
+    const byHeader = await turn(openaiClient(gateway.baseURL), messages, {}, { 'x-session-id': 'from-header' });
+    const byPath = await turn(openaiClient(gateway.sessionBaseURL('from path/ü')), messages);
     assert.deepEqual([byBody.session_id, byHeader.session_id, byPath.session_id], ['from-body', 'from-header', 'from path/ü']);
     for (const id of ['from-body', 'from-header', 'from path/ü']) assert.equal(gateway.session(id)!.calls.length, 1);
 
@@ -196,7 +192,7 @@ describe('token-trace gateway with the openai client', () => {
     assert.equal(anonymous.headers['x-session-id'], own);
     assert.equal(gateway.stitch(own).actionRanges.length, 1, 'an anonymous session can still be stitched');
 
-    const conflict = await rejection(turn(client(gateway.sessionBaseURL('a')), messages, { session_id: 'b' }));
+    const conflict = await rejection(turn(openaiClient(gateway.sessionBaseURL('a')), messages, { session_id: 'b' }));
     assert.equal(conflict.status, 400);
     assert.equal(conflict.error.code, 'ERR_GATEWAY_BAD_REQUEST');
     assert.match(conflict.error.message, /session id "b" from body session_id differs from "a" from the path/);
@@ -205,7 +201,7 @@ describe('token-trace gateway with the openai client', () => {
 
   it('stitches a session: action ranges are exactly the completion spans, logprobs and weight versions line up, observation = last prompt + last completion', async () => {
     const { gateway, mock } = stack;
-    const openai = client(gateway.sessionBaseURL('stitched'));
+    const openai = openaiClient(gateway.sessionBaseURL('stitched'));
     const env = guessGame(5);
     const messages = env.getTaskPrompt() as Message[];
     const replies: Traced[] = [];
@@ -256,7 +252,7 @@ describe('token-trace gateway with the openai client', () => {
 
   it('stitches over HTTP with a reward and releases the session; DELETE releases too and is idempotent', async () => {
     const { gateway } = stack;
-    const reply = await turn(client(gateway.sessionBaseURL('over-http')), [{ role: 'user', content: 'Say something.' }]);
+    const reply = await turn(openaiClient(gateway.sessionBaseURL('over-http')), [{ role: 'user', content: 'Say something.' }]);
     const stitched = await http(gateway, 'POST', '/v1/sessions/over-http/stitch', { reward: 1 });
     assert.equal(stitched.status, 200);
     assert.deepEqual(stitched.json.observation_tokens, [...reply.prompt_token_ids, ...reply.choices[0].token_ids]);
@@ -268,7 +264,7 @@ describe('token-trace gateway with the openai client', () => {
     assert.equal(again.status, 404);
     assert.equal(again.json.error.code, 'ERR_GATEWAY_UNKNOWN_SESSION');
 
-    await turn(client(gateway.sessionBaseURL('deleted')), [{ role: 'user', content: 'Say something.' }]);
+    await turn(openaiClient(gateway.sessionBaseURL('deleted')), [{ role: 'user', content: 'Say something.' }]);
     assert.equal((await http(gateway, 'GET', '/v1/sessions/deleted')).json.calls.length, 1);
     assert.deepEqual((await http(gateway, 'DELETE', '/v1/sessions/deleted')).json, { session_id: 'deleted', deleted: true });
     assert.deepEqual((await http(gateway, 'DELETE', '/v1/sessions/deleted')).json, { session_id: 'deleted', deleted: false });
@@ -311,7 +307,7 @@ describe("token-trace gateway with sideCalls 'refuse' (the old strictness)", () 
 
   it('rejects a conversation whose earlier message was edited with a 400 naming the first differing position and both token spans', async () => {
     const { gateway } = stack;
-    const openai = client(gateway.sessionBaseURL('edited'));
+    const openai = openaiClient(gateway.sessionBaseURL('edited'));
     const messages: Message[] = [
       { role: 'system', content: 'You are terse.' },
       { role: 'user', content: 'Compute 3 + 4. Answer with the number only.' },
@@ -369,7 +365,7 @@ describe('token-trace gateway side calls', () => {
 
   it('records a side call that does not extend the conversation as its own trace instead of refusing it (regression: 400 ERR_GATEWAY_PREFIX_MISMATCH)', async () => {
     const { gateway } = stack;
-    const openai = client(gateway.sessionBaseURL('side'));
+    const openai = openaiClient(gateway.sessionBaseURL('side'));
     const messages: Message[] = [{ role: 'system', content: 'You are terse.' }, question(3, 4)];
     const first = await turn(openai, messages);
     messages.push({ role: 'assistant', content: first.choices[0].message.content }, question(5, 6));
@@ -403,7 +399,7 @@ describe('token-trace gateway side calls', () => {
     // Two sessions play the same main conversation with the same request seeds (the mock's reply then
     // depends on the conversation and the seed only); one of them asks a judge between its turns.
     const play = async (sessionId: string, withSide: boolean) => {
-      const openai = client(gateway.sessionBaseURL(sessionId));
+      const openai = openaiClient(gateway.sessionBaseURL(sessionId));
       const messages: Message[] = [question(12, 30)];
       const main: Traced[] = [];
       let side: Traced | null = null;
@@ -453,7 +449,7 @@ describe('token-trace gateway side calls', () => {
 
   it("replaces a side call re-sent right after itself, and a main call re-sent after side calls, as the retry rule does; a side call re-sent later is a new one", async () => {
     const { gateway } = stack;
-    const openai = client(gateway.sessionBaseURL('retries'));
+    const openai = openaiClient(gateway.sessionBaseURL('retries'));
     const messages: Message[] = [question(2, 2)];
     const first = await turn(openai, messages);
     const withReply: Message[] = [...messages, { role: 'assistant', content: first.choices[0].message.content }];
@@ -484,7 +480,7 @@ describe('token-trace gateway side calls', () => {
     const limited = await startStack({}, { maxSideCalls: 1 });
     try {
       const { gateway } = limited;
-      const openai = client(gateway.sessionBaseURL('limited'));
+      const openai = openaiClient(gateway.sessionBaseURL('limited'));
       const messages: Message[] = [question(1, 1)];
       const first = await turn(openai, messages);
       messages.push({ role: 'assistant', content: first.choices[0].message.content });
@@ -517,7 +513,7 @@ describe('token-trace gateway limits', () => {
   it('answers a prompt that fills the context with a 400 giving the prompt length and the limit, and clamps max_tokens to the room left', async () => {
     stack = await startStack({ thinkTokens: 80 }, { maxContext: 96 });
     const { gateway } = stack;
-    const openai = client(gateway.sessionBaseURL('long'));
+    const openai = openaiClient(gateway.sessionBaseURL('long'));
     const messages: Message[] = [{ role: 'user', content: 'Compute 1 + 1. Answer with the number only.' }];
     const first = await turn(openai, messages, { max_tokens: 1000 });
     const room = 96 - first.prompt_token_ids.length;
@@ -547,7 +543,7 @@ describe('token-trace gateway sessions over time', () => {
     const release = new Promise<[string, ReleaseReason]>((resolve) => (released = resolve));
     const stack = await startStack({}, { sessionTtlMs: 50, onSessionReleased: (id, reason) => released([id, reason]) });
     stacks.push(stack);
-    await turn(client(stack.gateway.sessionBaseURL('idle')), [{ role: 'user', content: 'Say something.' }]);
+    await turn(openaiClient(stack.gateway.sessionBaseURL('idle')), [{ role: 'user', content: 'Say something.' }]);
     assert.equal(stack.gateway.stats().sessions, 1);
     assert.deepEqual(await release, ['idle', 'expired']);
     assert.equal(stack.gateway.session('idle'), undefined);
@@ -558,7 +554,7 @@ describe('token-trace gateway sessions over time', () => {
     const stack = await startStack({ latencyMs: 60_000 });
     stacks.push(stack);
     const { gateway, mock } = stack;
-    const openai = client(gateway.sessionBaseURL('busy'));
+    const openai = openaiClient(gateway.sessionBaseURL('busy'));
     const messages: Message[] = [{ role: 'user', content: 'Compute 6 + 7. Answer with the number only.' }];
     const inFlight = turn(openai, messages);
     await mock.waitForInFlight(1);
@@ -588,7 +584,7 @@ describe('token-trace gateway sessions over time', () => {
     await mock.close();
     const gateway = await startGateway({ backend: { kind: 'vllm', url } });
     stacks.push({ mock, gateway });
-    const { status, error } = await rejection(turn(client(gateway.sessionBaseURL('down')), [{ role: 'user', content: 'Hi' }]));
+    const { status, error } = await rejection(turn(openaiClient(gateway.sessionBaseURL('down')), [{ role: 'user', content: 'Hi' }]));
     assert.equal(status, 502);
     assert.equal(error.code, 'ERR_BACKEND_UNREACHABLE');
     assert.match(error.message, /ECONNREFUSED/);

@@ -1,26 +1,16 @@
 import assert from 'node:assert/strict';
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { ServerResponse } from 'node:http';
 import { after, before, describe, it } from 'node:test';
-import { LlmClient, type LlmClientOptions } from '../src/llm/client.ts';
+import type { LlmClient, LlmClientOptions } from '../src/llm/client.ts';
 import { probeServer } from '../src/llm/servers.ts';
+import { llmClient } from './support/clients.ts';
+import { scriptedServer, type ScriptedHandler, type ScriptedServer } from './support/http.ts';
 
-type Handler = (req: IncomingMessage, res: ServerResponse, body: string) => void;
+type Handler = ScriptedHandler;
 
-/** A scripted OpenAI-ish server on 127.0.0.1:0: each request is answered by the next handler. */
-async function scriptedServer(handlers: Handler[]): Promise<{ url: string; server: Server; requests: string[] }> {
-  const requests: string[] = [];
-  const server = createServer((req, res) => {
-    let body = '';
-    req.on('data', (c) => (body += c));
-    req.on('end', () => {
-      requests.push(body);
-      const handler = handlers.shift() ?? ((_q, r) => r.writeHead(500).end('no more handlers'));
-      handler(req, res, body);
-    });
-  });
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, server, requests };
+/** A scripted server whose n-th request is answered by `handlers[n]`, with a 500 once they run out. */
+function queuedServer(handlers: Handler[]): Promise<ScriptedServer> {
+  return scriptedServer((req, res, body) => (handlers.shift() ?? ((_q, r) => r.writeHead(500).end('no more handlers')))(req, res, body));
 }
 
 const ok =
@@ -42,16 +32,16 @@ const status =
     res.writeHead(code, headers).end(body);
 
 function client(url: string, overrides: Partial<LlmClientOptions> = {}): LlmClient {
-  return new LlmClient({ url, model: 'm', apiKey: null, maxReplyBytes: 64 * 1024 * 1024, timeoutMs: 2000, retries: 2, retryBackoffMs: 1, connections: 4, returnTokenIds: true, logprobs: true, ...overrides });
+  return llmClient(url, { timeoutMs: 2000, retries: 2, connections: 4, ...overrides });
 }
 const request = { messages: [{ role: 'user' as const, content: 'hi' }], maxTokens: 16, temperature: 1 };
 
 describe('inference client', () => {
-  const servers: Server[] = [];
-  after(() => servers.forEach((s) => s.close()));
+  const servers: ScriptedServer[] = [];
+  after(() => Promise.all(servers.map((s) => s.close())));
   async function serve(handlers: Handler[]) {
-    const s = await scriptedServer(handlers);
-    servers.push(s.server);
+    const s = await queuedServer(handlers);
+    servers.push(s);
     return s;
   }
 
@@ -65,7 +55,7 @@ describe('inference client', () => {
     assert.deepEqual(reply.responseIds, Int32Array.from([7, 8]));
     assert.deepEqual(reply.logprobs, Float32Array.from([-0.5, -1]));
     assert.equal(reply.weightVersion, '4');
-    const sent = JSON.parse(requests[0]);
+    const sent = JSON.parse(requests[0].body);
     assert.equal(sent.return_token_ids, true);
     assert.equal(sent.logprobs, true);
     assert.equal(sent.max_tokens, 16);
@@ -145,8 +135,8 @@ describe('inference client', () => {
   });
 
   it('fails with ERR_LLM_UNREACHABLE naming the URL when nothing listens, after its retries', async () => {
-    const { url, server } = await scriptedServer([]);
-    await new Promise((r) => server.close(r));
+    const { url, close } = await queuedServer([]);
+    await close();
     const llm = client(url, { retries: 1 });
     await assert.rejects(llm.chat(request), { code: 'ERR_LLM_UNREACHABLE', message: new RegExp(`${url}/v1/chat/completions unreachable: ECONNREFUSED`) });
     await assert.rejects(probeServer(url, { server: 'auto' }), { code: 'ERR_LLM_UNREACHABLE', message: /ECONNREFUSED.*check llm\.url/ });

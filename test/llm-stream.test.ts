@@ -1,18 +1,14 @@
 import assert from 'node:assert/strict';
 import { createServer, type Server, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { Pool } from 'undici';
-import { LlmClient, type LlmClientOptions } from '../src/llm/client.ts';
 import { Exchanges } from '../src/llm/exchange.ts';
 import { ChatStream } from '../src/llm/stream-reply.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
+import { llmClient } from './support/clients.ts';
+import { listenLoopback } from './support/http.ts';
 
 const request = { messages: [{ role: 'user' as const, content: 'Guess a number between 1 and 100.' }], maxTokens: 200, temperature: 1, seed: 5 };
-
-function client(url: string, overrides: Partial<LlmClientOptions> = {}): LlmClient {
-  return new LlmClient({ url, model: 'm', apiKey: null, maxReplyBytes: 64 * 1024 * 1024, timeoutMs: 5000, retries: 0, retryBackoffMs: 1, connections: 2, returnTokenIds: true, logprobs: true, ...overrides });
-}
 
 /** One chunk event of a streamed completion (the shape vLLM sends). */
 function event(choice: Record<string, unknown> | null, extra: Record<string, unknown> = {}): string {
@@ -30,8 +26,7 @@ async function scripted(script: (res: ServerResponse, index: number) => void): P
     req.on('end', () => script(res, state.requests++));
   });
   state.server.on('connection', () => state.connections++);
-  await new Promise<void>((r) => state.server.listen(0, '127.0.0.1', r));
-  state.url = `http://127.0.0.1:${(state.server.address() as AddressInfo).port}`;
+  state.url = await listenLoopback(state.server);
   return state;
 }
 
@@ -48,8 +43,8 @@ describe('streamed replies (stream: true)', () => {
   });
 
   it('reads a streamed reply of the mock into exactly the result of the whole reply', async () => {
-    const whole = client(mock.url);
-    const streamed = client(mock.url, { stream: true });
+    const whole = llmClient(mock.url);
+    const streamed = llmClient(mock.url, { stream: true });
     const [a, b] = [await whole.chat(request), await streamed.chat(request)];
     assert.ok(b.responseIds!.length > 20);
     assert.deepEqual(b, a);
@@ -115,7 +110,7 @@ describe('streamed replies (stream: true)', () => {
       res.writeHead(200, { 'content-type': 'text/event-stream' }).write(`${ROLE}data: {"choices": 7}\n\n`); // and never ends
     });
     servers.push(server);
-    const llm = client(url, { stream: true });
+    const llm = llmClient(url, { stream: true });
     await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /inference stream event 2: choices must be an array \(got 7\)/ });
     await cut; // the server saw the client hang up
     await llm.close();
@@ -124,11 +119,11 @@ describe('streamed replies (stream: true)', () => {
   it('fails a stream that ends without a finish reason with ERR_LLM_BAD_REPLY, and one of the mock cut mid-way as a transport error', async () => {
     const { url, server } = await scripted((res) => res.writeHead(200, { 'content-type': 'text/event-stream' }).end(`${ROLE}${tokens('a', [1])}`));
     servers.push(server);
-    const llm = client(url, { stream: true });
+    const llm = llmClient(url, { stream: true });
     await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /inference stream ended after 2 events without a finish_reason/ });
     await llm.close();
     const cutting = await startMockLlm({ truncateRate: 1, tokensPerSecond: 5000, thinkTokens: 40, streamIntervalMs: 2 });
-    const cut = client(cutting.url, { stream: true });
+    const cut = llmClient(cutting.url, { stream: true });
     await assert.rejects(cut.chat(request), { code: 'ERR_LLM_UNREACHABLE' });
     await cut.close();
     await cutting.close();
@@ -138,7 +133,7 @@ describe('streamed replies (stream: true)', () => {
     const body = { choices: [{ message: { content: 'hi' }, finish_reason: 'stop', token_ids: [4], logprobs: { content: [{ logprob: -1 }] } }] };
     const { url, server } = await scripted((res) => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(body)));
     servers.push(server);
-    const llm = client(url, { stream: true });
+    const llm = llmClient(url, { stream: true });
     const reply = await llm.chat(request);
     assert.deepEqual([reply.content, [...reply.responseIds!]], ['hi', [4]]);
     await llm.close();
@@ -215,7 +210,7 @@ describe('streamed replies (stream: true)', () => {
     });
     servers.push(server);
     const hold = new AbortController();
-    const llm = client(url, { stream: true, holdOnPause: true, hold: () => hold.signal });
+    const llm = llmClient(url, { stream: true, holdOnPause: true, hold: () => hold.signal });
     const call = llm.chat(request);
     await arrived;
     hold.abort();
@@ -233,7 +228,7 @@ describe('streamed replies (stream: true)', () => {
     servers.push(server);
     const hold = new AbortController();
     hold.abort();
-    const llm = client(url, { stream: true, holdOnPause: false, hold: () => hold.signal });
+    const llm = llmClient(url, { stream: true, holdOnPause: false, hold: () => hold.signal });
     const reply = await llm.chat(request);
     assert.deepEqual([reply.finishReason, reply.content], ['stop', 'done']);
     await llm.close();

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { after, describe, it } from 'node:test';
-import { createEngine, type Engine } from '../src/index.ts';
+import { createEngine, type Engine, type EngineStats } from '../src/index.ts';
+import { deferred, within, type Deferred } from './support/waits.ts';
 
 describe('memory budget', () => {
   const engines: Engine[] = [];
@@ -9,32 +9,58 @@ describe('memory budget', () => {
 
   it('stops scheduling when the buffer and work in flight reach the budget, and goes on once the trainer takes', async () => {
     const budget = 400_000;
+    // Landings are the events to wait on: production stops at a landing after which nothing is in
+    // flight, and goes on when a later group lands. The observer runs inside the landing, before the
+    // group is stored and before the producer reacts (schedules more if it has room), so the check
+    // looks after a macrotask turn and a round trip through the workers; one check at a time, so
+    // checks do not crowd the worker (a landing during a check asks for one more).
+    let waiting: { stopped: Deferred<EngineStats> } | { landed: Deferred<void> } | null = null;
+    let checking = false;
+    let checkAgain = false;
+    const onLanded = (): void => {
+      const w = waiting;
+      if (w === null) return;
+      if ('landed' in w) return w.landed.resolve();
+      if (checking) return void (checkAgain = true);
+      checking = true;
+      setImmediate(async () => {
+        try {
+          await engine.stats();
+          const s = await engine.stats();
+          if (s.groups.inFlight === 0) w.stopped.resolve(s);
+        } catch (err) {
+          w.stopped.reject(err);
+        }
+        checking = false;
+        if (checkAgain) (checkAgain = false), onLanded();
+      });
+    };
     const engine = createEngine({
       logLevel: 'silent',
       batchSize: 4,
       workers: { threads: 1 },
       tasks: [{ name: 'math', env: { module: 'builtin:arithmetic' }, groupSize: 4, maxSteps: 1 }],
       producer: { strategy: 'async', maxStaleness: 1_000_000, overSampleThreshold: 1, memoryBudgetBytes: budget },
-    });
+    }, { observer: { landed: onLanded } });
     engines.push(engine);
     await engine.start();
     assert.equal((await engine.getBatch(1)).status, 'NORMAL');
     // Nobody takes for a while: the producer runs ahead until the budget stops it.
-    let scheduled = -1;
-    for (let i = 0; i < 40; i++) {
-      await sleep(50);
-      const s = await engine.stats();
-      if (s.groups.scheduled === scheduled && s.groups.inFlight === 0) break;
-      scheduled = s.groups.scheduled;
-    }
+    const stopped = deferred<EngineStats>();
+    waiting = { stopped };
+    onLanded(); // it may have stopped already
+    await within(20_000, 'production stopping at the budget', stopped.promise);
     const full = await engine.stats();
     assert.equal(full.groups.inFlight, 0, 'production stopped');
     assert.ok(full.buffer.bytes <= budget, `buffer holds ${full.buffer.bytes} bytes, over the ${budget}-byte budget`);
     assert.ok(full.buffer.bytes > budget / 2, 'it filled most of the budget before stopping');
     assert.equal(full.groups.dropped.FAILED + full.groups.dropped.FILTERED + full.groups.dropped.EXPIRED, 0, 'nothing was dropped to make room');
-    // The trainer takes: room again, production goes on.
+    // The trainer takes: room again, production goes on. Nothing was in flight at `full`, so a group
+    // landing now was scheduled after it.
+    const landed = deferred();
+    waiting = { landed };
     assert.equal((await engine.getBatch(2)).status, 'NORMAL');
-    await sleep(200);
+    await within(20_000, 'a group landing after the trainer took', landed.promise);
     assert.ok((await engine.stats()).groups.scheduled > full.groups.scheduled);
   });
 

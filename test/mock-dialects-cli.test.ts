@@ -2,7 +2,7 @@
  * `rollout mock-llm --dialect / --tokenizer` from the command line: the token-trace gateway's CLI in
  * front of the mock's CLI, both real processes, and the flags' usage errors.
  */
-import { CLI_MAIN, rollout } from './support/cli.ts';
+import { CLI_MAIN, listeningUrl, rollout } from './support/cli.ts';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import type { ChildProcessWithoutNullStreams } from 'node:child_process';
@@ -38,15 +38,7 @@ async function serve(t: TestContext, args: string[]): Promise<Running> {
     return exited;
   };
   t.after(stop);
-  const url = await new Promise<string>((resolve, reject) => {
-    let stdout = '';
-    child.stdout.on('data', (c) => {
-      stdout += c;
-      const match = /listening on (http:\/\/[\d.]+:\d+)/.exec(stdout);
-      if (match) resolve(match[1]);
-    });
-    child.once('close', () => reject(new Error(`rollout ${args.join(' ')} exited before listening:\n${stderr}`)));
-  });
+  const url = await listeningUrl(child, `rollout ${args.join(' ')}`, () => stderr);
   return { url, stop };
 }
 

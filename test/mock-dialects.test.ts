@@ -10,6 +10,7 @@ import { request } from 'undici';
 import { startMockLlm } from '../src/testing/mock-llm/server.ts';
 import type { MockLlm, MockLlmOptions } from '../src/testing/mock-llm/server.ts';
 import { loadVocabulary } from '../src/testing/mock-llm/vocab.ts';
+import { within } from './support/waits.ts';
 
 const ARITHMETIC = [{ role: 'user', content: 'Compute 2 + 3. Answer with the number only.' }];
 /** cl100k `<|im_end|>`: the end-of-turn token the dialects return last on a natural stop. */
@@ -479,7 +480,7 @@ describe('llamacpp dialect', () => {
     await mock.waitForInFlight(1);
     controller.abort();
     await pending;
-    for (let i = 0; i < 50 && mock.stats().inFlight > 0; i++) await new Promise((r) => setTimeout(r, 10));
+    await within(5_000, 'the server hears of the closed connection', mock.waitForStats((s) => s.inFlight === 0));
     assert.equal(mock.stats().inFlight, 0);
     assert.equal(mock.stats().cancelled, 1);
   });

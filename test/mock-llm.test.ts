@@ -1,5 +1,4 @@
 import assert from 'node:assert/strict';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, it } from 'node:test';
 import type { TestContext } from 'node:test';
 import { decode, encode } from 'gpt-tokenizer/encoding/cl100k_base';
@@ -160,7 +159,9 @@ describe('mock inference server', () => {
     const mock = await start(t, { tokensPerSecond: 2000, thinkTokens: 4000 });
     const pending = chat(mock, { messages: HELLO, return_token_ids: true, logprobs: true });
     await mock.waitForInFlight(1);
-    await sleep(50); // let some tokens be "generated" (the whole answer would take over 2 s)
+    // A 100-token answer on the same server comes back after 100 tokens' worth of time (50 ms): by then
+    // the long request has generated some tokens, and is far from its 4000 (over 2 s).
+    await chat(mock, { messages: HELLO, max_tokens: 100 });
     assert.deepEqual(await call(mock, 'POST', '/admin/abort'), { status: 200, json: { aborted: 1 } });
     const reply = await pending;
     const choice = reply.choices[0];

@@ -4,8 +4,7 @@
  * own source, named beside each test; the mock reproduces them per dialect (test/mock-dialects.test.ts).
  */
 import assert from 'node:assert/strict';
-import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import { createEngine, Status, type Engine } from '../src/index.ts';
 import { chatPayload, LlmClient, type LlmClientOptions } from '../src/llm/client.ts';
@@ -16,40 +15,21 @@ import { loadChatModel } from '../src/gateway/model.ts';
 import { PauseControl } from '../src/coordinator/pause-control.ts';
 import { PauseGate } from '../src/rollout/pause-gate.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
+import { TEST_CLIENT } from './support/clients.ts';
+import { scriptedServer, type ScriptedServer } from './support/http.ts';
 
 type Handler = (req: IncomingMessage, body: string, res: ServerResponse) => void;
 
 /** A loopback server answering with `handler`; every request's method, path and body recorded. */
-async function double(handler: Handler): Promise<{ url: string; requests: { method: string; path: string; body: string }[]; close(): Promise<void> }> {
-  const requests: { method: string; path: string; body: string }[] = [];
-  const server = createServer((req, res) => {
-    let body = '';
-    req.on('data', (c) => (body += c));
-    req.on('end', () => {
-      requests.push({ method: req.method!, path: req.url!, body });
-      handler(req, body, res);
-    });
-  });
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as AddressInfo;
-  return { url: `http://127.0.0.1:${port}`, requests, close: () => new Promise((resolve) => server.close(() => resolve())) };
+function double(handler: Handler): Promise<ScriptedServer> {
+  return scriptedServer((req, res, body) => handler(req, body, res));
 }
 
 function json(res: ServerResponse, status: number, body: unknown): void {
   res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify(body));
 }
 
-const CLIENT: Omit<LlmClientOptions, 'url'> = {
-  model: 'm',
-  apiKey: null,
-  timeoutMs: 5_000,
-  maxReplyBytes: 1 << 20,
-  retries: 0,
-  retryBackoffMs: 0,
-  connections: 2,
-  returnTokenIds: true,
-  logprobs: true,
-};
+const CLIENT: Omit<LlmClientOptions, 'url'> = { ...TEST_CLIENT, maxReplyBytes: 1 << 20 };
 
 describe('inference replies as each server sends them', () => {
   it('takes SGLang\'s string weight version "default" and its per-choice prompt_token_ids (sglang serving_chat.py _build_chat_response)', () => {

@@ -1,7 +1,5 @@
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync } from 'node:fs';
-import { createServer, type Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { decodeCheckpoint } from '../src/protocol/codec.ts';
 import type { ProducerSnapshot } from '../src/coordinator/producer.ts';
 import { tmpdir } from 'node:os';
@@ -11,6 +9,8 @@ import { createEngine, Status, type Batch, type Engine, type EngineConfigInput }
 import { rolloutStaleness, staleThreshold } from '../src/buffer/staleness.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
 import { promptTokenIds } from '../src/testing/mock-llm/tokens.ts';
+import { assertAccounted } from './support/accounting.ts';
+import { chatCompletion, scriptedServer } from './support/http.ts';
 
 type NormalBatch = Extract<Batch, { status: 'NORMAL' }>;
 
@@ -106,9 +106,7 @@ describe('weight updates with partial rollouts, against the mock server over HTT
     }
     assert.ok(pauses.some((p) => p.groupsBack > 0 && p.serverAbort), 'pauses caught groups in flight and aborted them through the server');
     const stats = await engine.stats();
-    const stored = stats.buffer.completed + stats.buffer.aborted + stats.buffer.expired;
-    const dropped = stats.groups.dropped.FAILED + stats.groups.dropped.FILTERED + stats.groups.dropped.EXPIRED;
-    assert.equal(stats.groups.scheduled, stats.groups.inFlight + stored + stats.groups.taken + dropped);
+    assertAccounted(stats, 'after 10 batches');
     assert.equal(stats.groups.taken, 40);
     // Whether a pause catches a generation half-way is up to timing (on a loaded machine 10 steps may
     // not see one): train on until a continued turn shows (bounded).
@@ -278,10 +276,10 @@ describe('weight updates with partial rollouts, against the mock server over HTT
 });
 
 /** An engine against a hand-written server that holds chat calls: abort mode, no re-signal or timeout within a test. */
-function abortingEngine(server: Server, { groups, maxSteps }: { groups: number; maxSteps: number }): Engine {
+function abortingEngine(url: string, { groups, maxSteps }: { groups: number; maxSteps: number }): Engine {
   return createEngine({
     logLevel: 'silent',
-    llm: { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, model: 'm', returnTokenIds: false, logprobs: false },
+    llm: { url, model: 'm', returnTokenIds: false, logprobs: false },
     batchSize: groups,
     workers: { threads: 1, groupsPerWorker: groups },
     tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps }],
@@ -296,25 +294,20 @@ describe('server-side abort racing a call in transit (regression)', () => {
     // abort is answered but ignored, as if every call were still on the wire when it came.
     let aborts = 0;
     const held = new Set<() => void>();
-    const server = createServer((req, res) => {
-      let body = '';
-      req.on('data', (c) => (body += c));
-      req.on('end', () => {
-        if (req.method === 'GET') return void res.writeHead(200, { 'content-type': 'application/json' }).end('{"data":[{"id":"m"}]}');
-        if (req.url === '/abort_request') {
-          aborts++;
-          if (aborts > 1) for (const answer of [...held]) answer();
-          return void res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
-        }
-        const answer = () => {
-          held.delete(answer);
-          res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ choices: [{ message: { content: '4' }, finish_reason: 'abort' }] }));
-        };
-        held.add(answer);
-      });
+    const server = await scriptedServer((req, res) => {
+      if (req.method === 'GET') return void res.writeHead(200, { 'content-type': 'application/json' }).end('{"data":[{"id":"m"}]}');
+      if (req.url === '/abort_request') {
+        aborts++;
+        if (aborts > 1) for (const answer of [...held]) answer();
+        return void res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+      }
+      const answer = () => {
+        held.delete(answer);
+        res.writeHead(200, { 'content-type': 'application/json' }).end(chatCompletion('4', 'abort'));
+      };
+      held.add(answer);
     });
-    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-    const engine = abortingEngine(server, { groups: 2, maxSteps: 4 });
+    const engine = abortingEngine(server.url, { groups: 2, maxSteps: 4 });
     try {
       await engine.start();
       while (held.size < 4) await new Promise((r) => setImmediate(r)); // every rollout has a call out
@@ -326,8 +319,7 @@ describe('server-side abort racing a call in transit (regression)', () => {
       assert.ok(report.allBackMs < 10_000, `back in ${report.allBackMs.toFixed(0)} ms, not at the pause timeout`);
     } finally {
       await engine.close();
-      server.closeAllConnections();
-      server.close();
+      await server.close();
     }
   });
 });
@@ -336,16 +328,12 @@ describe('a resume while a pause is still waiting (regression)', () => {
   it('ends the pause: no more server aborts or client-side cancels once the trainer has resumed', async () => {
     // The server never honours an abort: held calls stay out, so the pause would wait for its timeout.
     let aborts = 0;
-    const server = createServer((req, res) => {
-      req.resume();
-      req.on('end', () => {
-        if (req.method === 'GET') return void res.writeHead(200, { 'content-type': 'application/json' }).end('{"data":[{"id":"m"}]}');
-        if (req.url === '/abort_request') return void (aborts++, res.writeHead(200).end('{}'));
-        res.on('close', () => undefined); // held until the client goes away
-      });
+    const server = await scriptedServer((req, res) => {
+      if (req.method === 'GET') return void res.writeHead(200, { 'content-type': 'application/json' }).end('{"data":[{"id":"m"}]}');
+      if (req.url === '/abort_request') return void (aborts++, res.writeHead(200).end('{}'));
+      res.on('close', () => undefined); // held until the client goes away
     });
-    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-    const engine = abortingEngine(server, { groups: 1, maxSteps: 2 });
+    const engine = abortingEngine(server.url, { groups: 1, maxSteps: 2 });
     try {
       await engine.start();
       while ((await engine.stats()).workers.reduce((n, w) => n + w.episodesRunning, 0) < 2) await new Promise((r) => setImmediate(r));
@@ -358,8 +346,7 @@ describe('a resume while a pause is still waiting (regression)', () => {
       assert.equal((await engine.stats()).paused, false);
     } finally {
       await engine.close();
-      server.closeAllConnections();
-      server.close();
+      await server.close();
     }
   });
 });

@@ -1,5 +1,5 @@
 /** Runs the `rollout` CLI from source (or any command) as a child process, bounded, for commands that exit by themselves. */
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 
 export const CLI_MAIN = new URL('../../src/cli/main.ts', import.meta.url).pathname;
 
@@ -29,5 +29,18 @@ export function runToExit(command: string, args: string[], { timeoutMs = 60_000,
       clearTimeout(timer);
       resolve({ code, stdout, stderr });
     });
+  });
+}
+
+/** The URL a server process prints as `listening on http://…` on stdout; rejects, naming `what` and its stderr, if it exits first. */
+export function listeningUrl(child: ChildProcessWithoutNullStreams, what: string, stderr: () => string): Promise<string> {
+  return new Promise<string>((resolve, reject) => {
+    let stdout = '';
+    child.stdout.on('data', (c) => {
+      stdout += c;
+      const match = /listening on (http:\/\/[\d.]+:\d+)/.exec(stdout);
+      if (match) resolve(match[1]);
+    });
+    child.once('close', () => reject(new Error(`${what} exited before listening:\n${stderr()}`)));
   });
 }

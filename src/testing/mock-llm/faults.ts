@@ -35,8 +35,12 @@ export class FaultInjector {
   /** Requests held by `hangRate`: released only by the client hanging up or close(). */
   readonly #hung = new Set<ServerResponse>();
 
-  constructor(options: ResolvedMockLlmOptions) {
+  /** Called after a request is held or released (waitForStats). */
+  readonly #onChange: () => void;
+
+  constructor(options: ResolvedMockLlmOptions, onChange: () => void = () => {}) {
     this.#options = options;
+    this.#onChange = onChange;
     this.#anyFault = MOCK_FAULTS.some((name) => options[name] > 0);
   }
 
@@ -73,7 +77,11 @@ export class FaultInjector {
       }
       case 'hang':
         this.#hung.add(res);
-        res.once('close', () => this.#hung.delete(res));
+        res.once('close', () => {
+          this.#hung.delete(res);
+          this.#onChange();
+        });
+        this.#onChange();
         return 'answered';
       default:
         return fault;

@@ -28,6 +28,8 @@ export interface RouteParts {
   version: WeightVersion;
   /** True once close() was called: generation requests are answered 503 from then on. */
   closing(): boolean;
+  /** Called after each generation request is counted (waitForStats). */
+  onChange?: () => void;
 }
 
 export class Routes {
@@ -123,6 +125,7 @@ export class Routes {
     return async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
       this.#requests += 1;
       this.#requestsReached.notify();
+      this.#parts.onChange?.();
       const raw = await readBody(req, options.maxBodyBytes);
       let request: R;
       try {

@@ -31,6 +31,8 @@ export interface SchedulerOptions {
   latencyMs: number;
   tokensPerSecond: number;
   streamIntervalMs: number;
+  /** Called after every change of what stats() reads from here (waitForStats). */
+  onChange?: () => void;
 }
 
 interface InFlight extends Ticking {
@@ -111,6 +113,7 @@ export class Scheduler {
         clearTimeout(entry.timer);
         this.#ticker.delete(entry);
         respond(reason, n);
+        this.#options.onChange?.();
       },
       generatedSoFar() {
         const elapsed = performance.now() - startedAt - latencyMs;
@@ -130,9 +133,11 @@ export class Scheduler {
         // The client half-closed: nothing will ever be read, and an unanswered response would keep
         // the server side of the socket open forever.
         res.destroy();
+        this.#options.onChange?.();
       }
     });
     this.#inFlightReached.notify();
+    this.#options.onChange?.();
   }
 
   #abort(matches: (entry: InFlight) => boolean): number {

@@ -29,6 +29,7 @@ import { DIALECT_DEFAULT_CONTEXT, MOCK_LLM_DEFAULTS, resolveMockLlmOptions } fro
 import type { MockLlmOptions, ResolvedMockLlmOptions } from './options.ts';
 import { Routes } from './routes.ts';
 import { Scheduler } from './scheduler.ts';
+import { StatsWaiters } from './stats-waiters.ts';
 import { loadVocabulary } from './vocab.ts';
 import { WeightVersion } from './weight-version.ts';
 
@@ -77,6 +78,11 @@ export interface MockLlm {
   waitForInFlight(count: number): Promise<void>;
   /** Resolves once at least `count` generation requests have arrived since the start (stats().requests). */
   waitForRequests(count: number): Promise<void>;
+  /**
+   * Resolves once `test(stats())` holds: checked now, and again whenever a request arrives, starts or
+   * stops generating (answered, aborted or cancelled by its client), or is held or released by `hangRate`.
+   */
+  waitForStats(test: (stats: MockLlmStats) => boolean): Promise<void>;
   /** Aborts in-flight completions, then closes every connection. Idempotent; never hangs. */
   close(): Promise<void>;
 }
@@ -98,13 +104,23 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
   const dialect: Dialect | null = opts.dialect === 'default' ? null : opts.dialect;
   const context = opts.contextLength ?? DIALECT_DEFAULT_CONTEXT;
   const version = new WeightVersion(opts.weightVersion);
-  const scheduler = new Scheduler(opts);
-  const faults = new FaultInjector(opts);
+  // Every part whose counts stats() reads tells the waiters of each change; bound before any request.
+  let statsChanged = (): void => {};
+  const onChange = (): void => statsChanged();
+  const scheduler = new Scheduler({ ...opts, onChange });
+  const faults = new FaultInjector(opts, onChange);
   const rejections = new Rejections();
   const completer = new Completer({ options: opts, vocab, context, scheduler, faults, rejections, version });
   let closed: Promise<void> | null = null;
   const closing = (): boolean => closed !== null;
-  const routes = new Routes({ options: opts, dialect, context, completer, scheduler, rejections, version, closing });
+  const routes = new Routes({ options: opts, dialect, context, completer, scheduler, rejections, version, closing, onChange });
+  const stats = (): MockLlmStats => {
+    const { promptTokens, completionTokens, aborted, cancelled } = scheduler.counts;
+    const faultCounts = faults.counts;
+    return { requests: routes.requests, promptTokens, completionTokens, aborted, cancelled, errorsInjected: faultCounts.error, rejected: rejections.count, faults: faultCounts, hanging: faults.hanging, inFlight: scheduler.inFlight };
+  };
+  const statsWaiters = new StatsWaiters(stats);
+  statsChanged = () => statsWaiters.changed();
 
   const connections = new Connections(closing);
   const server = createServer((req, res) => {
@@ -131,13 +147,10 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
       version.set(v);
     },
     abortAll: () => scheduler.abortAll(),
-    stats: () => {
-      const { promptTokens, completionTokens, aborted, cancelled } = scheduler.counts;
-      const faultCounts = faults.counts;
-      return { requests: routes.requests, promptTokens, completionTokens, aborted, cancelled, errorsInjected: faultCounts.error, rejected: rejections.count, faults: faultCounts, hanging: faults.hanging, inFlight: scheduler.inFlight };
-    },
+    stats,
     waitForInFlight: (count) => scheduler.waitForInFlight(count),
     waitForRequests: (count) => routes.waitForRequests(count),
+    waitForStats: (test) => statsWaiters.wait(test),
     close() {
       closed ??= new Promise<void>((resolve) => {
         scheduler.abortAll();

@@ -1,0 +1,199 @@
+/**
+ * The agent loop (src/rollout/agent-loop.ts runEpisode) driven directly: a scripted inference client
+ * and a small in-process environment, no HTTP and no worker thread. Each test pins one thing the loop
+ * promises about a rollout: what a turn records, how an episode ends, and what a failure or a pause
+ * leaves behind.
+ */
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import type { ChatRequest } from '../src/llm/client.ts';
+import type { ChatResult } from '../src/llm/reply.ts';
+import type { Environment, StepResult } from '../src/env/types.ts';
+import { runEpisode, type AgentSettings, type ChatClient, type EpisodeContext, type PauseView } from '../src/rollout/agent-loop.ts';
+import { newGroup, Status, type RolloutState } from '../src/protocol/rollout.ts';
+import { sample } from './support/groups.ts';
+import { deferred } from './support/waits.ts';
+
+const SETTINGS: AgentSettings = { maxSteps: 5, messageCut: 0, maxTokens: 16, temperature: 1, partialRollout: true, sendSeed: false };
+
+/** A reply with token ids 7, 8, … and logprobs −0.5, −1, … for `content` (one token per character). */
+function reply(content: string, overrides: Partial<ChatResult> = {}): ChatResult {
+  const n = content.length;
+  return {
+    content,
+    finishReason: 'stop',
+    promptIds: Int32Array.of(1, 2, 3),
+    responseIds: Int32Array.from({ length: n }, (_, i) => 7 + i),
+    logprobs: Float32Array.from({ length: n }, (_, i) => -0.5 * (i + 1)),
+    weightVersion: '3',
+    promptTokens: 3,
+    completionTokens: n,
+    ...overrides,
+  };
+}
+
+/** Answers the n-th call with `script[n]`; records every request. */
+function scriptedClient(script: ((request: ChatRequest, signal: AbortSignal) => Promise<ChatResult>)[]): ChatClient & { requests: ChatRequest[] } {
+  const requests: ChatRequest[] = [];
+  return {
+    requests,
+    chat(request, signal) {
+      requests.push(request);
+      const next = script.shift();
+      if (next === undefined) return Promise.reject(new Error(`no scripted reply for call ${requests.length}`));
+      return next(request, signal as AbortSignal);
+    },
+  };
+}
+
+/**
+ * Counts to `terminateAt` (never, when null): each step's reward is the step number, and the prompt
+ * grows by the action. `failAt`: step() throws on that step.
+ */
+function countingEnv({ terminateAt = null, failAt = null }: { terminateAt?: number | null; failAt?: number | null } = {}): Environment & { actions: string[] } {
+  const actions: string[] = [];
+  return {
+    actions,
+    reset() {
+      actions.length = 0;
+      return { observation: null };
+    },
+    getTaskPrompt: () => [{ role: 'user', content: 'Count.' }, ...actions.map((a) => ({ role: 'assistant' as const, content: a }))],
+    step(action): StepResult {
+      actions.push(String(action));
+      const n = actions.length;
+      if (n === failAt) throw new Error(`the counter broke at step ${n}`);
+      return { observation: null, reward: n, terminated: n === terminateAt, truncated: false, info: { n } };
+    },
+  };
+}
+
+/** A pause flag and signal as a worker's PauseGate gives them; version "3" is model step 3. */
+function testGate(): { -readonly [K in keyof PauseView]: PauseView[K] } & { pause(): void } {
+  const controller = new AbortController();
+  return {
+    paused: false,
+    modelStep: 3,
+    signal: controller.signal,
+    stepOfVersion: (version) => (version === null ? 3 : Number(version)),
+    pause() {
+      this.paused = true;
+      controller.abort();
+    },
+  };
+}
+
+function episode(env: Environment, llm: ChatClient, gate: PauseView = testGate(), settings: Partial<AgentSettings> = {}) {
+  const released: boolean[] = [];
+  const ctx: EpisodeContext = {
+    actors: { acquire: async () => env, done: async (_env, failed) => void released.push(failed) },
+    llm,
+    settings: { ...SETTINGS, ...settings },
+    gate,
+    workerId: 1,
+  };
+  const rollout: RolloutState = newGroup(sample('count', 0), 1).rollouts[0];
+  return { ctx, rollout, released };
+}
+
+const answer = (content: string, overrides: Partial<ChatResult> = {}) => async () => reply(content, overrides);
+
+describe('agent loop (rollout/agent-loop.ts runEpisode)', () => {
+  it('records each turn with its prompt, the reply token ids and logprobs, the model step that made them and the step reward', async () => {
+    const llm = scriptedClient([answer('one'), answer('two')]);
+    const { ctx, rollout } = episode(countingEnv({ terminateAt: 2 }), llm);
+    await runEpisode(rollout, ctx);
+    assert.equal(rollout.status, Status.COMPLETED);
+    assert.deepEqual(rollout.turns.map((t) => [t.step, t.response, t.reward, t.modelStep]), [[1, 'one', 1, 3], [2, 'two', 2, 3]]);
+    const [first] = rollout.turns;
+    assert.deepEqual(first.promptIds, Int32Array.of(1, 2, 3));
+    assert.deepEqual(first.responseIds, Int32Array.of(7, 8, 9));
+    assert.deepEqual(first.logprobs, Float32Array.of(-0.5, -1, -1.5));
+    assert.deepEqual(llm.requests[1].messages, [{ role: 'user', content: 'Count.' }, { role: 'assistant', content: 'one' }], 'the second call sees the first reply');
+    assert.equal(rollout.reward, 1 + 2);
+  });
+
+  it('ends COMPLETED and terminated at the step the environment terminates, with no call after it', async () => {
+    const llm = scriptedClient([answer('a'), answer('b'), answer('c')]);
+    const env = countingEnv({ terminateAt: 2 });
+    const { ctx, rollout, released } = episode(env, llm);
+    await runEpisode(rollout, ctx);
+    assert.equal(rollout.status, Status.COMPLETED);
+    assert.deepEqual([rollout.terminated, rollout.truncated, rollout.turns.length, llm.requests.length], [true, false, 2, 2]);
+    assert.equal(rollout.turns.at(-1)!.terminated, true);
+    assert.deepEqual(released, [false], 'the actor goes back to its pool as sound');
+  });
+
+  it('stops after maxSteps and marks the rollout truncated, not terminated', async () => {
+    const llm = scriptedClient([answer('a'), answer('b'), answer('c'), answer('d')]);
+    const { ctx, rollout } = episode(countingEnv(), llm, testGate(), { maxSteps: 3 });
+    await runEpisode(rollout, ctx);
+    assert.equal(rollout.status, Status.COMPLETED);
+    assert.deepEqual([rollout.terminated, rollout.truncated, rollout.turns.length, llm.requests.length], [false, true, 3, 3]);
+  });
+
+  it('fails the rollout with the environment error when a step throws, keeping the turns so far and recycling the actor', async () => {
+    const llm = scriptedClient([answer('a'), answer('b')]);
+    const { ctx, rollout, released } = episode(countingEnv({ failAt: 2 }), llm);
+    await runEpisode(rollout, ctx);
+    assert.equal(rollout.status, Status.FAILED);
+    assert.match(rollout.error ?? '', /the counter broke at step 2/);
+    assert.deepEqual(rollout.turns.map((t) => [t.response, t.reward]), [['a', 1], ['b', 0]], 'the reply the environment failed on is recorded, unrewarded');
+    assert.deepEqual(released, [true], 'an actor whose step threw is not reused');
+  });
+
+  it('comes back ABORTED with the tokens generated so far when a pause aborts a call, and continues from them after the resume', async () => {
+    const called = deferred();
+    const gate = testGate();
+    const llm = scriptedClient([
+      // The server stops generating when the pause reaches it, answering with what it has.
+      (_request, signal) => {
+        called.resolve();
+        return new Promise((resolve) => signal.addEventListener('abort', () => resolve(reply('pa', { finishReason: 'abort' })), { once: true }));
+      },
+      answer('rt', { responseIds: Int32Array.of(20, 21), weightVersion: '4' }),
+    ]);
+    const env = countingEnv({ terminateAt: 1 });
+    const { ctx, rollout } = episode(env, llm, gate);
+    const running = runEpisode(rollout, ctx);
+    await called.promise;
+    gate.pause();
+    await running;
+    assert.equal(rollout.status, Status.ABORTED);
+    assert.equal(rollout.error, null);
+    assert.deepEqual(rollout.turns.map((t) => [t.finishReason, t.response, [...t.responseIds!]]), [['abort', 'pa', [7, 8]]]);
+    assert.deepEqual(env.actions, [], 'the environment never saw the unfinished reply');
+
+    // Resumed on model step 4: the partial turn is continued, not generated again.
+    const resumed = testGate();
+    resumed.modelStep = 4;
+    await runEpisode(rollout, { ...ctx, gate: resumed });
+    assert.equal(rollout.status, Status.COMPLETED);
+    assert.equal(llm.requests[1].continueFrom, 'pa');
+    assert.equal(llm.requests[1].maxTokens, SETTINGS.maxTokens - 2, 'max_tokens less what the partial turn has');
+    const [turn] = rollout.turns;
+    assert.deepEqual([turn.response, [...turn.responseIds!], [...turn.modelSteps!]], ['part', [7, 8, 20, 21], [3, 3, 4, 4]]);
+    assert.deepEqual(env.actions, ['part']);
+  });
+
+  it('comes back ABORTED, not FAILED, when a pause cancels a call on the client side', async () => {
+    const called = deferred();
+    const gate = testGate();
+    const llm = scriptedClient([
+      (_request, signal) => {
+        called.resolve();
+        return new Promise((_, reject) =>
+          signal.addEventListener('abort', () => reject(Object.assign(new Error('cancelled by a pause'), { code: 'ERR_LLM_ABORTED' })), { once: true }),
+        );
+      },
+    ]);
+    const { ctx, rollout, released } = episode(countingEnv(), llm, gate);
+    const running = runEpisode(rollout, ctx);
+    await called.promise;
+    gate.pause();
+    await running;
+    assert.equal(rollout.status, Status.ABORTED);
+    assert.deepEqual(rollout.turns, []);
+    assert.deepEqual(released, [false], 'an interrupted call says nothing against the actor');
+  });
+});

@@ -1,0 +1,75 @@
+/**
+ * The inference router each worker calls through (src/llm/router.ts): the llm.maxConcurrency bound,
+ * session paths, and session affinity with least-busy placement across endpoints.
+ */
+import assert from 'node:assert/strict';
+import { createServer, type Server } from 'node:http';
+import { describe, it } from 'node:test';
+import { LlmRouter } from '../src/llm/router.ts';
+import { TEST_CLIENT } from './support/clients.ts';
+import { chatCompletion, listenLoopback } from './support/http.ts';
+
+/** A chat server that records request paths and the most requests it ever had open at once. */
+async function countingServer(delayMs: number): Promise<{ url: string; server: Server; paths: string[]; peak: () => number }> {
+  let open = 0;
+  let peak = 0;
+  const paths: string[] = [];
+  const server = createServer((req, res) => {
+    open++;
+    peak = Math.max(peak, open);
+    paths.push(req.url ?? '');
+    req.resume();
+    setTimeout(() => {
+      open--;
+      res.writeHead(200, { 'content-type': 'application/json' }).end(chatCompletion('4'));
+    }, delayMs);
+  });
+  return { url: await listenLoopback(server), server, paths, peak: () => peak };
+}
+
+const clientOptions = { ...TEST_CLIENT, connections: 16, returnTokenIds: false, logprobs: false };
+const request = { messages: [{ role: 'user' as const, content: 'hi' }], maxTokens: 8, temperature: 1 };
+
+describe('inference routing in a worker', () => {
+  it('never has more calls in flight than llm.maxConcurrency', async () => {
+    const s = await countingServer(20);
+    const router = new LlmRouter({ client: clientOptions, default: { urls: [s.url], model: 'm', temperature: null, maxTokens: null }, policies: {}, maxConcurrency: 2 });
+    await Promise.all(Array.from({ length: 8 }, (_, i) => router.chat(request, undefined, { session: `s${i}` })));
+    assert.equal(s.peak(), 2);
+    await router.close();
+    s.server.close();
+  });
+
+  it('puts the session id in the path when llm.sessionPath is set (session-routing gateways)', async () => {
+    const s = await countingServer(0);
+    const router = new LlmRouter({
+      client: { ...clientOptions, sessionPath: '/sessions/{session}' },
+      default: { urls: [`${s.url}/v1`], model: 'm', temperature: null, maxTokens: null },
+      policies: {},
+      maxConcurrency: null,
+    });
+    await router.chat(request, undefined, { session: 'guess/3/1' });
+    assert.deepEqual(s.paths, ['/v1/sessions/guess%2F3%2F1/chat/completions']);
+    await router.close();
+    s.server.close();
+  });
+
+  it('keeps a session on its endpoint and sends new sessions to the least busy one', async () => {
+    const a = await countingServer(30);
+    const b = await countingServer(30);
+    const router = new LlmRouter({ client: clientOptions, default: { urls: [a.url, b.url], model: 'm', temperature: null, maxTokens: null }, policies: {}, maxConcurrency: null });
+    // Two sessions start together: they land on different endpoints.
+    await Promise.all([router.chat(request, undefined, { session: 'x' }), router.chat(request, undefined, { session: 'y' })]);
+    assert.deepEqual([a.paths.length, b.paths.length], [1, 1]);
+    // Session x goes back to its endpoint even while that endpoint is the busier one.
+    const busy = router.chat(request, undefined, { session: 'y' });
+    await router.chat(request, undefined, { session: 'x' });
+    await busy;
+    const xOnA = a.paths.length === 2 ? a : b;
+    assert.equal(xOnA.paths.length, 2);
+    router.endSession('x');
+    await router.close();
+    a.server.close();
+    b.server.close();
+  });
+});
