@@ -1,5 +1,5 @@
 /**
- * The coordinator: owns every piece of bookkeeping on the main thread and composes the parts.
+ * EngineCore: the engine on the main thread. It owns every piece of bookkeeping and composes the parts.
  *
  *   Sampler ─► Producer (sync | async strategy) ─► WorkerPool (Piscina threads run the agent loops)
  *                  │   ▲                                │
@@ -43,7 +43,8 @@ export interface EngineStats {
   workers: WorkerStats[];
 }
 
-export interface CoordinatorOptions extends ProducerHooks {
+/** createEngine's options besides the config (hooks, an observer, a replacement pool, a logger). */
+export interface EngineOptions extends ProducerHooks {
   /** Told about landed, taken and dropped groups and pauses (metrics). */
   observer?: ProducerObserver;
   /** Replace the worker pool (remote pools; tests). */
@@ -56,10 +57,10 @@ const CHECK_SLICE = 10_000;
 
 type State = 'created' | 'starting' | 'running' | 'closing' | 'closed';
 
-export class Coordinator {
+export class EngineCore {
   readonly config: ResolvedConfig;
   readonly log: Logger;
-  readonly #options: CoordinatorOptions;
+  readonly #options: EngineOptions;
   #state: State = 'created';
   #llmUrls: string[] = [];
   /** The built-in mock server, when `llm.url` is null: resume "loads" weights into it by setting its version. */
@@ -73,7 +74,7 @@ export class Coordinator {
   /** Serializes getBatch / pause / resume / checkpoint: one at a time, in call order. */
   #queue: Promise<unknown> = Promise.resolve();
 
-  constructor(config: ResolvedConfig, options: CoordinatorOptions = {}) {
+  constructor(config: ResolvedConfig, options: EngineOptions = {}) {
     this.config = config;
     this.#options = options;
     this.log = options.log ?? createLogger(config.logLevel, { thread: 'main' });
