@@ -149,7 +149,7 @@ export class EngineCore {
           threads: config.workers.threads,
           groupsPerWorker: config.workers.groupsPerWorker,
           tasks: config.tasks.map((t) => t.name),
-          ...(resumed ? { resumedFrom: resumeFrom, nextTrainStep: this.#producer.progress.nextConsumerStep } : {}),
+          ...(resumed ? { resumedFrom: resumeFrom, nextTrainStep: this.#producer.progress.nextTrainStep } : {}),
         },
         'engine started',
       );
@@ -162,7 +162,7 @@ export class EngineCore {
   /** Produce (sync) or wait for (async) and take the batch for `trainStep` (default: the next one). */
   getBatch(trainStep?: number): Promise<Batch> {
     return this.#serialized(async (producer) => {
-      const step = trainStep ?? producer.progress.nextConsumerStep;
+      const step = trainStep ?? producer.progress.nextTrainStep;
       if (!Number.isInteger(step) || step < 1) throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `trainStep must be a positive integer (got ${String(trainStep)})`);
       const batch = await producer.getBatch(step);
       const autoPath = this.#autoCheckpointPath();
@@ -271,7 +271,7 @@ export class EngineCore {
     const buffer = producer?.buffer;
     return {
       modelStep: producer?.modelStep ?? this.config.modelStep,
-      nextTrainStep: producer?.progress.nextConsumerStep ?? 1,
+      nextTrainStep: producer?.progress.nextTrainStep ?? 1,
       producerFutureStep: producer?.progress.producerFutureStep ?? 1,
       paused: producer?.paused ?? false,
       groups: structuredClone(producer?.counts) ?? emptyGroupCounts(),

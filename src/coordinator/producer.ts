@@ -233,7 +233,7 @@ export class Producer implements ProduceContext {
     return this.#reportedModelStep === null ? this.#modelStep : Math.min(this.#modelStep, this.#reportedModelStep);
   }
 
-  get futureStep(): number {
+  get producerFutureStep(): number {
     return this.progress.producerFutureStep;
   }
 
@@ -300,11 +300,11 @@ export class Producer implements ProduceContext {
   }
 
   available(task: string): number {
-    return this.progress.consumedSamples[task] + this.completed(task);
+    return this.progress.consumedGroups[task] + this.completed(task);
   }
 
   target(task: string): number {
-    return this.progress.targetSamples[task];
+    return this.progress.targetGroups[task];
   }
 
   holding(): boolean {
@@ -406,7 +406,7 @@ export class Producer implements ProduceContext {
   }
 
   /** The expiry policy with the consumer at `trainStep`; where staleness is measured is the strategy's. */
-  #expiry(trainStep = this.progress.nextConsumerStep): ExpiryPolicy {
+  #expiry(trainStep = this.progress.nextTrainStep): ExpiryPolicy {
     const p = this.#config.producer;
     const measuredAt = this.#strategy.expiryStep(trainStep, this.servingModelStep);
     return { trainStep: measuredAt, threshold: this.#strategy.expiryThreshold, tokenThreshold: p.tokenStalenessThreshold, retryable: p.tailBatchTriggerSize >= 0 };
@@ -424,7 +424,7 @@ export class Producer implements ProduceContext {
     // asked for already: another batch under its number would give the trainer two batches for one
     // step, and moving the consumer back would leave the async producer waiting for a step it has
     // passed (regression: it hung).
-    const next = this.progress.nextConsumerStep;
+    const next = this.progress.nextTrainStep;
     if (trainStep < next) {
       const last = this.#lastBatch === null ? '' : `; the last batch handed out, step ${this.#lastBatch.trainStep}, is delivered again when asked for`;
       throw new RolloutEngineError('ERR_TRAIN_STEP', `train step ${trainStep} is behind the consumer, which is at step ${next}: steps only go forward${last}`);

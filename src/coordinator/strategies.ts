@@ -58,7 +58,7 @@ export interface ProduceContext {
   landed(): Promise<void>;
   /** Weights the servers generate with: the engine's model step, or older when the servers report older. */
   readonly servingModelStep: number;
-  readonly futureStep: number;
+  readonly producerFutureStep: number;
 }
 
 /** What a strategy's part of getBatch and its background production see of the producer besides ProduceContext. */
@@ -261,7 +261,7 @@ export class AsyncStrategy implements ProduceStrategy {
     const scheduled = target + this.oversample(share, tailBatch);
     for (;;) {
       if (ctx.shouldAbort()) return 'UPDATE_WEIGHT_AND_ABORT';
-      if (this.isModelExpired(ctx.futureStep, ctx.servingModelStep)) return 'EXPIRED_BATCH';
+      if (this.isModelExpired(ctx.producerFutureStep, ctx.servingModelStep)) return 'EXPIRED_BATCH';
       ctx.checkFailures(task);
       const available = ctx.available(task);
       if (!this.#shouldContinue(available, target)) return 'NORMAL';
