@@ -7,20 +7,20 @@
  *   await engine.close();
  */
 import { resolveConfig, type EngineConfigInput, type ResolvedConfig, type ResolveOptions } from './config.ts';
-import { Coordinator, type CoordinatorOptions, type EngineStats } from './coordinator/engine.ts';
+import { EngineCore, type EngineOptions, type EngineStats } from './coordinator/engine-core.ts';
 import type { Batch, PauseReport } from './coordinator/producer.ts';
 import { RolloutEngineError } from './protocol/errors.ts';
 import { EngineMetrics } from './control/metrics.ts';
 import { startControlServer, type ControlServer, type ControlServerOptions } from './control/server.ts';
 
 export class Engine {
-  readonly #coordinator: Coordinator;
+  readonly #core: EngineCore;
   readonly #metrics: EngineMetrics;
   readonly #servers: ControlServer[] = [];
 
-  constructor(config: ResolvedConfig, options?: CoordinatorOptions) {
-    this.#metrics = new EngineMetrics(() => this.#coordinator.stats());
-    this.#coordinator = new Coordinator(config, { ...options, observer: options?.observer ?? this.#metrics });
+  constructor(config: ResolvedConfig, options?: EngineOptions) {
+    this.#metrics = new EngineMetrics(() => this.#core.stats());
+    this.#core = new EngineCore(config, { ...options, observer: options?.observer ?? this.#metrics });
   }
 
   /** Serve the control API for trainers (see README "Control API"); closed with the engine. */
@@ -37,22 +37,22 @@ export class Engine {
 
   /** The validated config with every default filled in. */
   get config(): ResolvedConfig {
-    return this.#coordinator.config;
+    return this.#core.config;
   }
 
   /** Inference base URL in use (the embedded mock's when `llm.url` is null); null before start(). */
   get llmUrl(): string | null {
-    return this.#coordinator.llmUrl;
+    return this.#core.llmUrl;
   }
 
   /** Load datasets, start the embedded mock if needed, check the inference server, start the workers. */
   start(): Promise<void> {
-    return this.#coordinator.start();
+    return this.#core.start();
   }
 
   /** The batch for `trainStep` (default: the next one). Calls are served one at a time, in order. */
   getBatch(trainStep?: number): Promise<Batch> {
-    return this.#coordinator.getBatch(trainStep);
+    return this.#core.getBatch(trainStep);
   }
 
   /**
@@ -77,7 +77,7 @@ export class Engine {
    * had. Resolves with timings once every group in flight is back on the main thread.
    */
   pauseForWeightUpdate(): Promise<PauseReport> {
-    return this.#coordinator.pauseForWeightUpdate();
+    return this.#core.pauseForWeightUpdate();
   }
 
   /**
@@ -86,33 +86,35 @@ export class Engine {
    * `--weight-version`, a string): a reply with another version is counted and warned of, once.
    */
   resume(options: { modelStep: number; weightVersion?: string | null }): Promise<void> {
-    return this.#coordinator.resume(options);
+    return this.#core.resume(options);
   }
 
   /** Save the run to one file (atomic); `createEngine({ resumeFrom: path })` continues it. */
   checkpoint(path: string): Promise<{ path: string; bytes: number }> {
-    return this.#coordinator.checkpoint(path);
+    return this.#core.checkpoint(path);
   }
 
   stats(): Promise<EngineStats> {
-    return this.#coordinator.stats();
+    return this.#core.stats();
   }
 
   /** Stop the workers and the embedded mock; waits for a batch in progress. Safe to call twice. */
   async close(): Promise<void> {
     await Promise.all(this.#servers.splice(0).map((s) => s.close()));
-    await this.#coordinator.close();
+    await this.#core.close();
   }
 }
 
 /** Validate `config` (throws a ConfigError naming each bad field) and build an engine; call start() next. */
-export function createEngine(config: EngineConfigInput = {}, options: ResolveOptions & CoordinatorOptions = {}): Engine {
+export function createEngine(config: EngineConfigInput = {}, options: ResolveOptions & EngineOptions = {}): Engine {
   return new Engine(resolveConfig(config, options), options);
 }
 
 export { resolveConfig, EngineConfigSchema, BUILTIN_ENVS } from './config.ts';
 export type { EngineConfigInput, ResolvedConfig, TaskConfig, LlmConfig, MockConfig, ResolveOptions } from './config.ts';
-export type { EngineStats, CoordinatorOptions } from './coordinator/engine.ts';
+export type { EngineStats, EngineOptions } from './coordinator/engine-core.ts';
+/** @deprecated the same type as EngineOptions, under its former name. */
+export type CoordinatorOptions = EngineOptions;
 export type { Batch, BatchStats, GroupCounts, PauseReport, ProducerHooks } from './coordinator/producer.ts';
 export { hasRewardSpread } from './coordinator/producer.ts';
 export type { ProduceStatus, ShouldContinue } from './coordinator/strategies.ts';

@@ -90,7 +90,7 @@ describe('conversations in checkpoints', () => {
       [(_p, state) => delete state.fingerprint, /: fingerprint must be an object, got undefined/],
       [(p) => (p.buffer = null), /producer\.buffer\.groups must be an array, got null/],
       [(p) => (p.counts.scheduled = 'lots'), /producer\.counts\.scheduled must be a non-negative integer, got "lots"/],
-      [(p) => (p.progress.nextConsumerStep = 'x'), /producer\.progress\.nextConsumerStep must be a positive integer, got "x"/],
+      [(p) => (p.progress.nextTrainStep = 'x'), /producer\.progress\.nextTrainStep must be a positive integer, got "x"/],
       [(p) => delete p.samplers.guess, /producer\.samplers\.guess must be a non-negative integer/],
       [(p) => p.inFlight.push({ junk: true }), /producer\.inFlight\[0\]\.taskName must be a task of the config \(guess\), got undefined/],
       [(p) => (p.buffer.groups[0].status = 'WHATEVER'), /producer\.buffer\.groups\[0\]\.status must be one of INIT, COMPLETED/],

@@ -150,7 +150,7 @@ describe('train steps move a bounded distance ahead', () => {
     assert.equal(far.body.error.message, 'train step 2147483647 is too far ahead of the consumer, which is at step 2: at most producer.maxSkippedSteps (5) steps may be skipped, so the step must be at most 7');
     await assert.rejects(engine.getBatch(8), { code: 'ERR_TRAIN_STEP' }, 'the library refuses it too');
     assert.equal((await call(server, 'GET', '/status')).body.nextTrainStep, 2, 'the consumer did not move');
-    assert.equal(readCheckpoint(join(runDir, 'engine.ckpt'), engine.config).progress.nextConsumerStep, 2, 'the checkpoint does not carry it');
+    assert.equal(readCheckpoint(join(runDir, 'engine.ckpt'), engine.config).progress.nextTrainStep, 2, 'the checkpoint does not carry it');
     assert.deepEqual([(await take(2)).body.status, (await take(7)).body.status], ['NORMAL', 'NORMAL'], 'the next step, and one skipping the most allowed, are taken');
   });
 });

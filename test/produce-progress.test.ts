@@ -13,8 +13,8 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
 
   it('starts with every count at 0 and the consumer and producer at step 1', () => {
     const p = new ProduceProgress(twoTasks, 8);
-    assert.deepEqual([p.nextConsumerStep, p.producerFutureStep, p.targetUptoFutureStep, p.produceMs], [1, 1, 0, 0]);
-    assert.deepEqual([p.consumedSamples, p.targetSamples, p.rewardSum, p.producedSamples], [{ a: 0, b: 0 }, { a: 0, b: 0 }, { a: 0, b: 0 }, { a: 0, b: 0 }]);
+    assert.deepEqual([p.nextTrainStep, p.producerFutureStep, p.targetUptoFutureStep, p.produceMs], [1, 1, 0, 0]);
+    assert.deepEqual([p.consumedGroups, p.targetGroups, p.rewardSum, p.producedSamples], [{ a: 0, b: 0 }, { a: 0, b: 0 }, { a: 0, b: 0 }, { a: 0, b: 0 }]);
   });
 
   // batch 8 over a:b = 1:1 → shares 4/4 per step; targets are cumulative: share × steps covered.
@@ -31,7 +31,7 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
     it(`reaches targets ${want.join('/')} after ensureTargetUpto(${calls.join('), (')}) for batch 8 over tasks 1:1 (${arithmetic})`, () => {
       const p = new ProduceProgress(twoTasks, 8);
       for (const step of calls) p.ensureTargetUpto(step);
-      assert.deepEqual(p.targetSamples, { a: want[0], b: want[1] });
+      assert.deepEqual(p.targetGroups, { a: want[0], b: want[1] });
       assert.equal(p.targetUptoFutureStep, upto);
     });
   }
@@ -40,19 +40,19 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
     const p = new ProduceProgress(twoTasks, 7);
     assert.deepEqual([...p.shares()], [['a', 4], ['b', 3]]);
     p.ensureTargetUpto(3);
-    assert.deepEqual(p.targetSamples, { a: 12, b: 9 });
+    assert.deepEqual(p.targetGroups, { a: 12, b: 9 });
   });
 
   it('moves the consumer and pulls the producer forward only when it is behind (beginConsume / finishConsume)', () => {
     const p = new ProduceProgress(twoTasks, 8);
     p.beginConsume(3); // producer 1 < 3 → 3
-    assert.deepEqual([p.nextConsumerStep, p.producerFutureStep], [3, 3]);
+    assert.deepEqual([p.nextTrainStep, p.producerFutureStep], [3, 3]);
     p.finishConsume(3); // consumer 3 + 1
-    assert.deepEqual([p.nextConsumerStep, p.producerFutureStep], [4, 3]);
+    assert.deepEqual([p.nextTrainStep, p.producerFutureStep], [4, 3]);
     p.advanceFutureStep(3);
     p.advanceFutureStep(4); // producer 3 → 5
     p.beginConsume(4); // producer 5 ≥ 4 stays
-    assert.deepEqual([p.nextConsumerStep, p.producerFutureStep], [4, 5]);
+    assert.deepEqual([p.nextTrainStep, p.producerFutureStep], [4, 5]);
   });
 
   it('advances the producer only from the step whose targets were met: a consumer that pulled it forward meanwhile is not skipped (advanceFutureStep)', () => {
@@ -73,8 +73,8 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
     p.ensureTargetUpto(2);
     p.markConsumed(new Map([['a', 4], ['b', 4]]));
     p.markConsumed(new Map([['a', 4], ['b', 3]]));
-    assert.deepEqual(p.consumedSamples, { a: 8, b: 7 });
-    assert.deepEqual(p.targetSamples, { a: 8, b: 8 });
+    assert.deepEqual(p.consumedGroups, { a: 8, b: 7 });
+    assert.deepEqual(p.targetGroups, { a: 8, b: 8 });
   });
 
   it('reports the window (mean reward (3+1)/(4+4) = 0.5, null without rewards) and resets it on takeWindow', () => {
@@ -90,7 +90,7 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
     assert.deepEqual(p.takeWindow(), { meanReward: { a: 0.5, b: null }, producedSamples: { a: 3, b: 1 }, producedTokens: { a: 120, b: 30 }, produceMs: 250 });
     assert.deepEqual(p.takeWindow(), { meanReward: { a: null, b: null }, producedSamples: { a: 0, b: 0 }, producedTokens: { a: 0, b: 0 }, produceMs: 0 });
     // cumulative counts are not window statistics
-    assert.deepEqual([p.consumedSamples, p.targetSamples], [{ a: 2, b: 0 }, { a: 4, b: 4 }]);
+    assert.deepEqual([p.consumedGroups, p.targetGroups], [{ a: 2, b: 0 }, { a: 4, b: 4 }]);
   });
 
   it('takes a snapshot that later changes do not alter', () => {
@@ -99,7 +99,7 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
     const snap = p.snapshot();
     p.ensureTargetUpto(5);
     p.markConsumed(new Map([['a', 4]]));
-    assert.deepEqual([snap.targetSamples, snap.consumedSamples, snap.targetUptoFutureStep], [{ a: 8, b: 8 }, { a: 0, b: 0 }, 2]);
+    assert.deepEqual([snap.targetGroups, snap.consumedGroups, snap.targetUptoFutureStep], [{ a: 8, b: 8 }, { a: 0, b: 0 }, 2]);
   });
 
   it('restores every field in place, the task maps keeping their identity (consumed/target objects are the same references)', () => {
@@ -114,29 +114,29 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
     const snap = p.snapshot();
 
     const q = new ProduceProgress(twoTasks, 8);
-    const consumedBefore = q.consumedSamples;
-    const targetBefore = q.targetSamples;
+    const consumedBefore = q.consumedGroups;
+    const targetBefore = q.targetGroups;
     const rewardBefore = q.rewardSum;
     q.restore(snap);
-    assert.equal(q.consumedSamples, consumedBefore);
-    assert.equal(q.targetSamples, targetBefore);
+    assert.equal(q.consumedGroups, consumedBefore);
+    assert.equal(q.targetGroups, targetBefore);
     assert.equal(q.rewardSum, rewardBefore);
     assert.deepEqual(
-      [q.nextConsumerStep, q.producerFutureStep, q.targetUptoFutureStep, q.produceMs, q.consumedSamples, q.targetSamples, q.rewardSum, q.rewardCount, q.producedSamples, q.producedTokens],
+      [q.nextTrainStep, q.producerFutureStep, q.targetUptoFutureStep, q.produceMs, q.consumedGroups, q.targetGroups, q.rewardSum, q.rewardCount, q.producedSamples, q.producedTokens],
       [3, 2, 3, 10, { a: 4, b: 4 }, { a: 12, b: 12 }, { a: 0, b: 2 }, { a: 0, b: 4 }, { a: 5, b: 0 }, { a: 50, b: 0 }],
     );
     // and the restored object keeps working from there: step 4 adds one more share of 4
     q.ensureTargetUpto(4);
-    assert.deepEqual(q.targetSamples, { a: 16, b: 16 });
-    assert.equal(q.targetSamples, targetBefore);
+    assert.deepEqual(q.targetGroups, { a: 16, b: 16 });
+    assert.equal(q.targetGroups, targetBefore);
   });
 
   it('restores a task missing from the snapshot to 0 and ignores a task it does not have', () => {
     const p = new ProduceProgress(twoTasks, 8);
     p.markConsumed(new Map([['b', 9]]));
-    const state = { ...p.snapshot(), consumedSamples: { a: 5, zzz: 1 }, targetSamples: { a: 6 } };
+    const state = { ...p.snapshot(), consumedGroups: { a: 5, zzz: 1 }, targetGroups: { a: 6 } };
     p.restore(state);
-    assert.deepEqual([p.consumedSamples, p.targetSamples], [{ a: 5, b: 0 }, { a: 6, b: 0 }]);
+    assert.deepEqual([p.consumedGroups, p.targetGroups], [{ a: 5, b: 0 }, { a: 6, b: 0 }]);
   });
 });
 

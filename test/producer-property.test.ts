@@ -338,7 +338,7 @@ class Run {
       }
       const ids = this.pool.heldIds();
       if (ids.length === 0) {
-        this.problems.push(`getBatch(${step}) is still waiting with no group in flight (paused=${this.producer.paused}, modelStep=${this.producer.modelStep}, futureStep=${this.producer.futureStep})`);
+        this.problems.push(`getBatch(${step}) is still waiting with no group in flight (paused=${this.producer.paused}, modelStep=${this.producer.modelStep}, producerFutureStep=${this.producer.producerFutureStep})`);
         return;
       }
       if (settled >= DRIVE_BOUND) {
@@ -438,7 +438,7 @@ class Run {
     for (const task of this.config.tasks) {
       let n = 0;
       for (const id of this.taken) if (id.startsWith(`${task.name}/`)) n++;
-      if (producer.progress.consumedSamples[task.name] !== n) this.problems.push(`progress.consumedSamples[${task.name}] = ${producer.progress.consumedSamples[task.name]}, the trainer took ${n}`);
+      if (producer.progress.consumedGroups[task.name] !== n) this.problems.push(`progress.consumedGroups[${task.name}] = ${producer.progress.consumedGroups[task.name]}, the trainer took ${n}`);
     }
     // Async: the producer schedules toward target + over-sampling and no further — taking groups
     // never makes it re-make them (docs/ARCHITECTURE.md, "The producer's states": progress counts are absolute and cumulative).
@@ -446,14 +446,14 @@ class Run {
       const shares = allocateBatch(this.config.batchSize, this.config.tasks);
       for (const task of this.config.tasks) {
         const share = shares.get(task.name)!;
-        const bound = producer.progress.targetSamples[task.name] + Math.ceil(this.config.producer.overSampleThreshold * share);
-        const have = producer.progress.consumedSamples[task.name] + producer.completed(task.name) + producer.inFlight(task.name);
+        const bound = producer.progress.targetGroups[task.name] + Math.ceil(this.config.producer.overSampleThreshold * share);
+        const have = producer.progress.consumedGroups[task.name] + producer.completed(task.name) + producer.inFlight(task.name);
         if (have > bound) {
           this.problems.push(`task ${task.name}: consumed + completed + in flight = ${have} exceeds target + over-sampling = ${bound}`);
         }
       }
     }
-    if (producer.progress.nextConsumerStep > this.trainStep) this.problems.push(`progress.nextConsumerStep ${producer.progress.nextConsumerStep} is past the next step the trainer asks for (${this.trainStep})`);
+    if (producer.progress.nextTrainStep > this.trainStep) this.problems.push(`progress.nextTrainStep ${producer.progress.nextTrainStep} is past the next step the trainer asks for (${this.trainStep})`);
     // Expired groups are retried only when tailBatchTriggerSize ≥ 0; otherwise they are dropped and counted.
     if (this.config.producer.tailBatchTriggerSize < 0) {
       for (const g of producer.buffer.snapshot().groups) {

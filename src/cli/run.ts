@@ -107,7 +107,7 @@ async function runLocked(values: RunFlags, steps: number, config: Record<string,
     // The checkpoint is written after a batch is taken and before it is written out: the file ends at
     // the checkpoint's last step, or one before it (that batch is delivered again). Anything else is
     // another run's checkpoint, or an older one.
-    const handedOut = readCheckpoint(checkpointPath, engine.config).progress.nextConsumerStep - 1;
+    const handedOut = readCheckpoint(checkpointPath, engine.config).progress.nextTrainStep - 1;
     if (written.last !== handedOut && written.last !== handedOut - 1) {
       throw new UsageError(`--resume: ${batchesPath} ends at step ${written.last} but ${checkpointPath} handed out step ${handedOut}: they are not of the same run, or the checkpoint is older than the batches`);
     }

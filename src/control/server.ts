@@ -20,7 +20,7 @@
  */
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import type { EngineStats } from '../coordinator/engine.ts';
+import type { EngineStats } from '../coordinator/engine-core.ts';
 import type { Batch, PauseReport } from '../coordinator/producer.ts';
 import type { EngineMetrics } from './metrics.ts';
 import { compactGroup } from '../protocol/compact.ts';

@@ -15,12 +15,16 @@ import { sharePromptPrefix } from '../rollout/prompt-prefix.ts';
 import type { ProducerSnapshot } from './producer.ts';
 
 /**
+ * 3: the progress counters under the names the code uses (nextTrainStep, consumedGroups, targetGroups).
  * 2: groups in the compact form (protocol/compact.ts), so a long episode's conversation is written
- * once, not once per turn. 1 (groups whole) is still read.
+ * once, not once per turn. 1 (groups whole) and 2 are still read.
  */
-const CHECKPOINT_VERSION = 2;
+const CHECKPOINT_VERSION = 3;
+const COMPACT_GROUPS_VERSION = 2;
 /** Version 1 wrote each group whole. */
 const WHOLE_GROUPS_VERSION = 1;
+/** Progress fields versions 1 and 2 wrote under another name: name now → name then. */
+const FORMER_PROGRESS_NAMES: Readonly<Record<string, string>> = { nextTrainStep: 'nextConsumerStep', consumedGroups: 'consumedSamples', targetGroups: 'targetSamples' };
 
 /** The config fields a checkpoint's contents depend on; resuming with other values would mix runs. */
 export function configFingerprint(config: ResolvedConfig): Record<string, unknown> {
@@ -102,9 +106,9 @@ function checkSnapshotShape(state: Record<string, unknown>, path: string, tasks:
   need(isCount(p.modelStep), 'producer.modelStep', p.modelStep, 'a non-negative integer');
   const progress = p.progress as Record<string, unknown>;
   need(isObject(progress), 'producer.progress', progress, 'an object');
-  for (const field of ['nextConsumerStep', 'producerFutureStep']) need(isCount(progress[field]) && (progress[field] as number) >= 1, `producer.progress.${field}`, progress[field], 'a positive integer');
+  for (const field of ['nextTrainStep', 'producerFutureStep']) need(isCount(progress[field]) && (progress[field] as number) >= 1, `producer.progress.${field}`, progress[field], 'a positive integer');
   need(isCount(progress.targetUptoFutureStep), 'producer.progress.targetUptoFutureStep', progress.targetUptoFutureStep, 'a non-negative integer');
-  for (const field of ['consumedSamples', 'targetSamples', 'rewardSum', 'rewardCount', 'producedSamples', 'producedTokens']) {
+  for (const field of ['consumedGroups', 'targetGroups', 'rewardSum', 'rewardCount', 'producedSamples', 'producedTokens']) {
     const perTask = progress[field] as Record<string, unknown>;
     need(isObject(perTask), `producer.progress.${field}`, perTask, 'an object by task');
     for (const task of tasks) need(Number.isFinite(perTask[task]), `producer.progress.${field}.${task}`, perTask[task], 'a finite number');
@@ -182,6 +186,17 @@ function shareConversations(group: RolloutGroup): void {
   }
 }
 
+/** Versions before 3: the progress counters under the names they had then, renamed in place. */
+function renameFormerProgressFields(state: Record<string, unknown>): void {
+  const progress = isObject(state.producer) ? state.producer.progress : undefined;
+  if (!isObject(progress)) return; // checkSnapshotShape names what is missing
+  for (const [now, then] of Object.entries(FORMER_PROGRESS_NAMES)) {
+    if (now in progress || !(then in progress)) continue;
+    progress[now] = progress[then];
+    delete progress[then];
+  }
+}
+
 export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSnapshot {
   let bytes: Uint8Array;
   try {
@@ -190,9 +205,10 @@ export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSn
     throw new RolloutEngineError('ERR_CHECKPOINT', `resumeFrom: cannot read ${path}: ${(err as Error).message}`);
   }
   const state = decodeCheckpoint(bytes, path);
-  if (state.v !== CHECKPOINT_VERSION && state.v !== WHOLE_GROUPS_VERSION) {
-    throw fail(`${path}: checkpoint version ${String(state.v)} is not supported (expected ${WHOLE_GROUPS_VERSION} or ${CHECKPOINT_VERSION})`);
+  if (state.v !== CHECKPOINT_VERSION && state.v !== COMPACT_GROUPS_VERSION && state.v !== WHOLE_GROUPS_VERSION) {
+    throw fail(`${path}: checkpoint version ${String(state.v)} is not supported (expected ${WHOLE_GROUPS_VERSION}, ${COMPACT_GROUPS_VERSION} or ${CHECKPOINT_VERSION})`);
   }
+  if (state.v !== CHECKPOINT_VERSION) renameFormerProgressFields(state);
   const saved = state.fingerprint;
   if (!isObject(saved)) throw fail(`${path}: fingerprint must be an object, got ${preview(saved)}`);
   const current = configFingerprint(config);

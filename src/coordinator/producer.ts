@@ -1,7 +1,27 @@
 /**
  * The producer: schedules groups on the worker pool, lands finished groups in the replay buffer, and
  * serves batches, weight-update pauses and checkpoints. Everything here runs on the main thread;
- * the strategies (./strategies.ts) decide *what* to schedule, this class owns the bookkeeping.
+ * the strategy (./strategies.ts) decides *what* to schedule and *when* (in the background, or inside
+ * getBatch), the pause sequence (./pause-sequence.ts) brings groups back for a weight update, and
+ * this class owns the bookkeeping and the lifecycle (./producer-state.ts):
+ *
+ *            start()              pause()               the last pause sequence returns
+ *   idle ───────────────► running ──────────► pausing ──────────────────────────────► paused
+ *                          │ ▲ ▲                │  ▲                                    │ │
+ *                          │ │ └── resume() ────┘  └──────────── pause() again ─────────┘ │
+ *                          │ └──────────────────────── resume() ──────────────────────────┘
+ *                          └─► resume() without a pause: running → running
+ *   every resume() adds one to the epoch
+ *   close() from any state ──► closing (cancel what is in flight, wait for it, bounded) ──► closed
+ *
+ *   running      the strategy produces (async: its background loop; sync: inside getBatch);
+ *                getBatch takes batches; groups land and are stored after the expiry check
+ *   pausing      no dispatch (shouldAbort); getBatch answers UPDATE_WEIGHT_AND_ABORT; the pause
+ *                sequence signals, aborts, and waits for the groups in flight (they keep landing)
+ *   paused       as pausing, with the sequence returned; what it gave up on lands later
+ *   closing      no dispatch, no new batch; in-flight groups cancelled and waited for (bounded)
+ *   epoch        counts resumes: a group dispatched in an older epoch says nothing about the
+ *                weights now served, and a pause sequence of an older epoch acts no more
  *
  * Invariants (checked by the property test):
  * - every group drawn from a sampler is, at any moment, in exactly one place: in flight (`#inFlight`),
@@ -14,19 +34,20 @@
 import type { ResolvedConfig } from '../config.ts';
 import { emptyDropCounts, ReplayBuffer, type BufferSnapshot, type DropReason, type ExpiryPolicy } from '../buffer/replay-buffer.ts';
 import type { Sampler } from '../buffer/sampler.ts';
-import { rolloutStaleness, staleThreshold, tokenLossMask } from '../buffer/staleness.ts';
-import { InferenceAborter, type AbortRoute, type AbortTarget } from '../llm/client.ts';
+import type { AbortRoute, AbortTarget } from '../llm/client.ts';
 import { DIALECTS } from '../llm/servers.ts';
 import { MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
 import type { Logger } from '../log.ts';
 import { preview, RolloutEngineError } from '../protocol/errors.ts';
-import { wallClockUs } from '../protocol/control-block.ts';
-import { approxGroupBytes, dispatchTokenCount, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { approxGroupBytes, dispatchTokenCount, groupError, groupStatus, resetToPrompt, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { batchStats, groupLossMasks, type BatchStats } from './batch-stats.ts';
 import { Notifier, WakeUp } from './notifier.ts';
 import { OutageMonitor, type OutageObserver, type OutageStats } from './outage.ts';
 import type { PauseControl } from './pause-control.ts';
+import { PauseSequence, type PauseReport } from './pause-sequence.ts';
+import { ProducerLifecycle, type ProducerState } from './producer-state.ts';
 import { ProduceProgress, type ProgressState } from './progress.ts';
-import { AsyncStrategy, SyncStrategy, type ProduceContext, type ProduceStatus, type ShouldContinue } from './strategies.ts';
+import { createStrategy, type ProduceContext, type ProduceStatus, type ProducerHandle, type ProduceStrategy, type ShouldContinue } from './strategies.ts';
 import type { WorkerPool } from './worker-pool.ts';
 
 /** Cumulative group counts since the run started. */
@@ -43,28 +64,8 @@ export interface GroupCounts {
   dropped: Record<DropReason, number>;
 }
 
-export interface BatchStats {
-  groups: number;
-  rollouts: number;
-  meanReward: number;
-  /** Agent turns (inference calls) in the batch's rollouts. */
-  turns: number;
-  responseTokens: number;
-  /** Staleness of the batch's rollouts at this train step. */
-  staleness: { min: number; max: number; mean: number };
-  /** Tokens masked out of the loss by the token-level staleness threshold. */
-  maskedTokens: number;
-  /**
-   * Since the previous batch: groups produced per task (every status, a retried group each time it
-   * lands) and the response tokens generated for them (each token once, in the dispatch that made it).
-   */
-  producedSamples: Record<string, number>;
-  producedTokens: Record<string, number>;
-  /** Since the previous batch: mean reward of COMPLETED groups as generated (before filtering). */
-  rawMeanReward: Record<string, number | null>;
-  produceMs: number;
-  byTask: Record<string, { groups: number; meanReward: number }>;
-}
+export type { BatchStats } from './batch-stats.ts';
+export type { PauseReport } from './pause-sequence.ts';
 
 /**
  * NORMAL: `groups` holds the batch. UPDATE_WEIGHT_AND_ABORT: a weight update is in progress — resume,
@@ -74,27 +75,6 @@ export interface BatchStats {
 export type Batch =
   | { trainStep: number; status: 'NORMAL'; groups: RolloutGroup[]; stats: BatchStats }
   | { trainStep: number; status: 'UPDATE_WEIGHT_AND_ABORT' | 'EXPIRED_BATCH'; groups: []; stats: null };
-
-/** While groups are still out after a server-side abort, it is sent again this often (see pause()). */
-const SERVER_ABORT_REPEAT_MS = 50;
-
-export interface PauseReport {
-  /**
-   * From the request until every worker stopped issuing inference calls: the time of the last call any
-   * worker sent after the request (0 when none was). Null when the workers did not acknowledge in time.
-   */
-  workersStoppedMs: number | null;
-  /** From the request until every worker's event loop had run its pause watcher (a busy loop delays this). */
-  workersAckedMs: number | null;
-  /** From the request until every group in flight was back on the main thread. */
-  allBackMs: number;
-  groupsBack: number;
-  serverAbort: boolean;
-  /** In-flight calls were cancelled client-side (abort mode without a server abort, or the timeout). */
-  cancelled: boolean;
-  /** Groups still running when the pause gave up waiting (they land later; none is lost). */
-  stillInFlight: number;
-}
 
 export interface ProducerHooks {
   /** `is_valid_sample_fn`: false turns a COMPLETED group FILTERED. */
@@ -149,18 +129,15 @@ export class Producer implements ProduceContext {
   readonly #control: PauseControl;
   readonly #samplers: Map<string, Sampler>;
   readonly #log: Logger;
-  /**
-   * Every inference endpoint (the default policy's and the agents' own), deduplicated, with its
-   * abort-all route: what a pause aborts. Endpoints without one are cancelled client-side.
-   */
-  readonly #abortTargets: AbortTarget[];
-  readonly #endpointCount: number;
   readonly #observer: ProducerObserver;
   readonly #isValidGroup: ((group: RolloutGroup) => boolean) | null;
-  readonly #sync: SyncStrategy;
-  readonly #async: AsyncStrategy;
-  readonly #threshold: number;
-  readonly #produceThreshold: number;
+  /** Every difference between sync and async production lives there. */
+  readonly #strategy: ProduceStrategy;
+  /** The state and the resume epoch; every transition goes through it. */
+  readonly #lifecycle = new ProducerLifecycle();
+  readonly #pauses: PauseSequence;
+  /** What the strategy sees of the producer beyond ProduceContext. */
+  readonly #handle: ProducerHandle;
   /** Group id → the group as it was sent; the result replaces it when it lands. */
   readonly #inFlight = new Map<string, RolloutGroup>();
   readonly #inFlightByTask = new Map<string, number>();
@@ -169,20 +146,17 @@ export class Producer implements ProduceContext {
   /** Wakes the background loop (its only waiter): consumer moved, resume, close, groups put back. */
   readonly #changed = new WakeUp();
   #modelStep: number;
-  #paused = false;
-  #closed = false;
-  #loop: Promise<void> | null = null;
+  /** The strategy's background production (onStart), awaited by close(); null when it has none. */
+  #background: Promise<void> | null = null;
+  /** close() in progress: a second call waits for the same one. */
+  #closing: Promise<void> | null = null;
   #failedSinceBatch = 0;
   #lastBatch: Extract<Batch, { status: 'NORMAL' }> | null = null;
   /** Newest weight version seen on tokens generated since the last resume (null: none yet). */
   #reportedModelStep: number | null = null;
   /** Moving average of landed groups' approximate bytes (memory budget). */
   #meanGroupBytes = 4096;
-  /** Counts resumes; a group dispatched before the latest one says nothing about the new weights. */
-  #resumeEpoch = 0;
   #lastFailure: string | null = null;
-  /** Created on the first server-side abort; keeps its connections for the next pauses. */
-  #aborter: InferenceAborter | null = null;
   /** Whether the inference servers are down: holds dispatches, decides what outage-aborted groups land as. */
   readonly #outage: OutageMonitor;
 
@@ -205,11 +179,12 @@ export class Producer implements ProduceContext {
     this.#samplers = options.samplers;
     this.#log = options.log;
     const configured: AbortRoute | null = config.llm.abortPath === null ? null : { path: config.llm.abortPath ?? DIALECTS.generic.abort!.path, body: DIALECTS.generic.abort!.body };
-    this.#abortTargets = options.endpoints.flatMap((url) => {
+    // Every inference endpoint (the default policy's and the agents' own), with its abort-all route.
+    const abortTargets: AbortTarget[] = options.endpoints.flatMap((url) => {
       const route = options.abortRoutes?.has(url) ? options.abortRoutes.get(url)! : configured;
       return route === null ? [] : [{ url, route }];
     });
-    this.#endpointCount = options.endpoints.length;
+    this.#pauses = new PauseSequence({ config, control: options.control, pool: options.pool, log: options.log, abortTargets, endpointCount: options.endpoints.length });
     this.#outage = new OutageMonitor({
       endpoints: options.endpoints,
       budgetMs: config.llm.outageBudgetMs,
@@ -233,20 +208,16 @@ export class Producer implements ProduceContext {
     for (const task of config.tasks) this.#inFlightByTask.set(task.name, 0);
     const p = config.producer;
     this.#isValidGroup = options.hooks?.isValidGroup ?? (p.filter === 'drop-equal-rewards' ? hasRewardSpread : null);
-    // Sync means staleness 0: the threshold of maxStaleness 0, measured against the weights being
-    // served (#expiry), so a leftover of older weights expires instead of being served off-policy.
-    this.#threshold = p.strategy === 'async' ? staleThreshold(p.maxStaleness, p.syncWeightsInterval) : staleThreshold(0, 1);
-    // Producing for a step is pointless once its samples would expire on arrival — or have every token
-    // masked by the token-level threshold: either bound makes the weights too stale for the step. Sync
-    // measures against the weights it produces with, which are never too stale for themselves.
-    this.#produceThreshold = p.strategy === 'async' ? Math.min(this.#threshold, p.tokenStalenessThreshold ?? Infinity) : Infinity;
-    this.#sync = new SyncStrategy(options.hooks?.shouldContinue);
-    this.#async = new AsyncStrategy({
-      overSampleThreshold: p.overSampleThreshold,
-      produceThreshold: this.#produceThreshold,
-      tailBatchTriggerSize: p.tailBatchTriggerSize,
-      shouldContinue: options.hooks?.shouldContinue,
-    });
+    this.#strategy = createStrategy(config, options.hooks?.shouldContinue);
+    this.#handle = {
+      progress: this.progress,
+      log: this.#log,
+      state: () => this.#lifecycle.state,
+      dispatched: () => this.#counts.scheduled + this.#counts.retried,
+      inFlightTotal: () => this.#inFlight.size,
+      changed: () => this.#changed.wait(),
+      wakeConsumer: () => this.#landed.notify(),
+    };
   }
 
   get modelStep(): number {
@@ -262,7 +233,7 @@ export class Producer implements ProduceContext {
     return this.#reportedModelStep === null ? this.#modelStep : Math.min(this.#modelStep, this.#reportedModelStep);
   }
 
-  get futureStep(): number {
+  get producerFutureStep(): number {
     return this.progress.producerFutureStep;
   }
 
@@ -271,8 +242,13 @@ export class Producer implements ProduceContext {
     return { ...structuredClone(this.#counts), inFlight: this.#inFlight.size };
   }
 
+  /** pausing or paused (./producer-state.ts). */
   get paused(): boolean {
-    return this.#paused;
+    return this.#lifecycle.paused;
+  }
+
+  get state(): ProducerState {
+    return this.#lifecycle.state;
   }
 
   get inFlightTotal(): number {
@@ -283,15 +259,17 @@ export class Producer implements ProduceContext {
     return this.#outage.stats();
   }
 
-  /** Start background production (async strategy); the sync strategy produces inside getBatch. */
+  /** idle → running: the strategy's background production starts, if it has one (async). */
   start(): void {
-    if (this.#config.producer.strategy === 'async' && this.#loop === null) this.#loop = this.#runAsync();
+    this.#lifecycle.start();
+    this.#background = this.#strategy.onStart(this, this.#handle);
   }
 
   // ── ProduceContext ────────────────────────────────────────────────────────────────────────────
 
+  /** Nothing may be dispatched: pausing, paused, closing or closed. */
   shouldAbort(): boolean {
-    return this.#paused || this.#closed;
+    return this.#lifecycle.state !== 'running';
   }
 
   spawn(task: string, fromExpiredPool: boolean): void {
@@ -322,11 +300,11 @@ export class Producer implements ProduceContext {
   }
 
   available(task: string): number {
-    return this.progress.consumedSamples[task] + this.completed(task);
+    return this.progress.consumedGroups[task] + this.completed(task);
   }
 
   target(task: string): number {
-    return this.progress.targetSamples[task];
+    return this.progress.targetGroups[task];
   }
 
   holding(): boolean {
@@ -369,7 +347,7 @@ export class Producer implements ProduceContext {
   #dispatch(group: RolloutGroup): void {
     this.#inFlight.set(group.id, group);
     this.#inFlightByTask.set(group.taskName, this.#inFlightByTask.get(group.taskName)! + 1);
-    const epoch = this.#resumeEpoch;
+    const epoch = this.#lifecycle.epoch;
     const dispatchedAt = this.#outage.now();
     void this.#pool.runGroup(group, this.#modelStep).then((result) => {
       // Still in flight until the servers have been asked whether they are down (coordinator/outage.ts).
@@ -405,13 +383,9 @@ export class Producer implements ProduceContext {
       this.#lastFailure = groupError(group) ?? 'unknown';
     }
     // A group dispatched before the latest resume says nothing about the new weights.
-    if (epoch === this.#resumeEpoch) this.#noteReportedVersion(group, sent);
+    if (epoch === this.#lifecycle.epoch) this.#noteReportedVersion(group, sent);
     this.#observer.landed?.(group, sent);
-    // Sync: a group dispatched since the latest resume was generated by the weights being served, and
-    // its leftovers of older weights expired when the resume refreshed the buffer. Measuring it again
-    // would expire the work of a server that reports an older version than its peers (several
-    // endpoints) on every landing; such versions are reported (#noteReportedVersion), not regenerated.
-    const fresh = this.#config.producer.strategy === 'sync' && epoch === this.#resumeEpoch;
+    const fresh = this.#strategy.freshOnLanding(epoch, this.#lifecycle.epoch);
     this.buffer.put(group, fresh ? undefined : this.#expiry());
     this.#landed.notify();
   }
@@ -431,20 +405,18 @@ export class Producer implements ProduceContext {
     }
   }
 
-  /**
-   * The expiry policy for `trainStep`. Async measures staleness against the trainer's step. Sync
-   * measures it against the step the served weights make batches for (serving model step + 1): a
-   * group from older weights expires, while a run whose trainer never pushes weights is never stale.
-   */
-  #expiry(trainStep = this.progress.nextConsumerStep): ExpiryPolicy {
+  /** The expiry policy with the consumer at `trainStep`; where staleness is measured is the strategy's. */
+  #expiry(trainStep = this.progress.nextTrainStep): ExpiryPolicy {
     const p = this.#config.producer;
-    const measuredAt = p.strategy === 'sync' ? this.servingModelStep + 1 : trainStep;
-    return { trainStep: measuredAt, threshold: this.#threshold, tokenThreshold: p.tokenStalenessThreshold, retryable: p.tailBatchTriggerSize >= 0 };
+    const measuredAt = this.#strategy.expiryStep(trainStep, this.servingModelStep);
+    return { trainStep: measuredAt, threshold: this.#strategy.expiryThreshold, tokenThreshold: p.tokenStalenessThreshold, retryable: p.tailBatchTriggerSize >= 0 };
   }
 
   // ── the consumer ──────────────────────────────────────────────────────────────────────────────
 
   async getBatch(trainStep: number): Promise<Batch> {
+    // Not before start(): the async strategy's background loop would not be there to produce it.
+    this.#lifecycle.expect('serve a batch', ['running', 'pausing', 'paused', 'closing', 'closed']);
     // Asking again for the step just handed out (a trainer retrying after a lost reply, or restarted
     // after a crash) gets the same batch: a batch is delivered at least once and taken exactly once.
     if (this.#lastBatch !== null && this.#lastBatch.trainStep === trainStep) return this.#lastBatch;
@@ -452,7 +424,7 @@ export class Producer implements ProduceContext {
     // asked for already: another batch under its number would give the trainer two batches for one
     // step, and moving the consumer back would leave the async producer waiting for a step it has
     // passed (regression: it hung).
-    const next = this.progress.nextConsumerStep;
+    const next = this.progress.nextTrainStep;
     if (trainStep < next) {
       const last = this.#lastBatch === null ? '' : `; the last batch handed out, step ${this.#lastBatch.trainStep}, is delivered again when asked for`;
       throw new RolloutEngineError('ERR_TRAIN_STEP', `train step ${trainStep} is behind the consumer, which is at step ${next}: steps only go forward${last}`);
@@ -464,20 +436,26 @@ export class Producer implements ProduceContext {
       throw new RolloutEngineError('ERR_TRAIN_STEP', `train step ${trainStep} is too far ahead of the consumer, which is at step ${next}: at most producer.maxSkippedSteps (${maxSkippedSteps}) steps may be skipped, so the step must be at most ${next + maxSkippedSteps}`);
     }
     const empty = (status: 'UPDATE_WEIGHT_AND_ABORT' | 'EXPIRED_BATCH'): Batch => ({ trainStep, status, groups: [], stats: null });
-    if (this.#paused) return empty('UPDATE_WEIGHT_AND_ABORT');
+    if (this.#lifecycle.paused) return empty('UPDATE_WEIGHT_AND_ABORT');
     this.progress.beginConsume(trainStep);
     this.buffer.refresh(this.#expiry(trainStep));
     this.#changed.notify(); // the consumer moved: the background loop re-checks its targets
     const shares = this.progress.shares();
-    const sync = this.#config.producer.strategy === 'sync';
     for (;;) {
-      if (this.#closed) throw new RolloutEngineError('ERR_ENGINE_STATE', 'the engine closed while a batch was being produced');
-      const dispatched = this.#counts.scheduled + this.#counts.retried;
-      if (sync) {
-        const start = performance.now();
-        const statuses = await this.#produceSync(shares);
-        this.progress.produceMs += performance.now() - start;
-        if (statuses.includes('UPDATE_WEIGHT_AND_ABORT')) return empty('UPDATE_WEIGHT_AND_ABORT');
+      if (this.#lifecycle.closed) throw new RolloutEngineError('ERR_ENGINE_STATE', 'the engine closed while a batch was being produced');
+      const dispatched = this.#handle.dispatched();
+      const producing = this.#strategy.produceFor(this, this.#handle, shares);
+      if (producing !== null) {
+        let produced: ProduceStatus;
+        try {
+          produced = await producing;
+        } catch (err) {
+          // Let every group in flight land before giving up, so the counts still add up.
+          while (this.#inFlight.size > 0) await this.#landed.wait();
+          this.#failedSinceBatch = 0;
+          throw err;
+        }
+        if (produced === 'UPDATE_WEIGHT_AND_ABORT') return empty('UPDATE_WEIGHT_AND_ABORT');
       }
       try {
         for (const [task] of shares) this.checkFailures(task);
@@ -490,11 +468,10 @@ export class Producer implements ProduceContext {
       }
       const batch = this.#tryTake(trainStep, shares);
       if (batch !== null) return batch;
-      if (this.#paused) return empty('UPDATE_WEIGHT_AND_ABORT');
+      if (this.#lifecycle.paused) return empty('UPDATE_WEIGHT_AND_ABORT');
       // Nothing generated with these weights can be used at this step: the trainer must sync first.
-      if (this.#modelTooStale(trainStep)) return empty('EXPIRED_BATCH');
-      const stalled = sync ? this.#counts.scheduled + this.#counts.retried === dispatched : this.#inFlight.size === 0 && !this.hasRoom();
-      if (stalled) {
+      if (this.#strategy.isModelExpired(trainStep, this.servingModelStep)) return empty('EXPIRED_BATCH');
+      if (this.#strategy.stalled(this, this.#handle, dispatched)) {
         const budget = this.#config.producer.memoryBudgetBytes;
         const why =
           budget !== null && !this.hasRoom()
@@ -502,22 +479,9 @@ export class Producer implements ProduceContext {
             : 'a shouldContinue hook that returns false too early?';
         throw new RolloutEngineError('ERR_PRODUCTION_STALLED', `train step ${trainStep}: production stopped before the batch was complete (${why})`);
       }
-      if (!sync) await this.#landed.wait();
+      const waiting = this.#strategy.nextAttempt(this);
+      if (waiting !== null) await waiting;
     }
-  }
-
-  #modelTooStale(trainStep: number): boolean {
-    return this.#async.isModelExpired(trainStep, this.servingModelStep);
-  }
-
-  async #produceSync(shares: Map<string, number>): Promise<ProduceStatus[]> {
-    const results = await Promise.allSettled([...shares].map(([task, share]) => this.#sync.produce(this, task, share)));
-    const failure = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
-    if (failure === undefined) return results.map((r) => (r as PromiseFulfilledResult<ProduceStatus>).value);
-    // Let every group in flight land before giving up, so the counts still add up.
-    while (this.#inFlight.size > 0) await this.#landed.wait();
-    this.#failedSinceBatch = 0;
-    throw failure.reason;
   }
 
   /** Take every task's share if the buffer holds it (after the token mask), else null. */
@@ -526,199 +490,60 @@ export class Producer implements ProduceContext {
     const order = this.#config.producer.takeOrder;
     const tokenThreshold = this.#config.producer.tokenStalenessThreshold;
     const maskedAt = this.#expiry(trainStep).trainStep;
-    const chosen = new Map<string, RolloutGroup[]>();
+    const taken = new Map<string, RolloutGroup[]>();
     let maskedTokens = 0;
     // Every stored group went through the expiry lifecycle at `maskedAt` or a later step (getBatch and
     // resume refresh the buffer, landings are put with the same policy), so no member taken here has
     // every token masked: those expired in the buffer, where the counts and the tail-batch trigger see them.
     for (const [task, share] of shares) {
       const groups = this.buffer.take(task, share, order);
-      if (tokenThreshold !== null) for (const group of groups) maskedTokens += applyTokenMask(group, maskedAt, tokenThreshold);
-      chosen.set(task, groups);
+      if (tokenThreshold !== null) {
+        for (const group of groups) {
+          const { masks, masked } = groupLossMasks(group, maskedAt, tokenThreshold);
+          for (const [r, rollout] of group.rollouts.entries()) {
+            for (const [t, turn] of rollout.turns.entries()) if (masks[r][t] !== null) turn.lossMask = masks[r][t];
+          }
+          maskedTokens += masked;
+        }
+      }
+      taken.set(task, groups);
     }
-    const groups = [...chosen.values()].flat();
-    this.progress.markConsumed(new Map([...chosen].map(([task, gs]) => [task, gs.length])));
+    const groups = [...taken.values()].flat();
+    this.progress.markConsumed(new Map([...taken].map(([task, gs]) => [task, gs.length])));
     this.progress.finishConsume(trainStep);
     this.#counts.taken += groups.length;
     this.#failedSinceBatch = 0;
     this.#changed.notify();
     this.#observer.taken?.(groups, trainStep);
-    this.#lastBatch = { trainStep, status: 'NORMAL', groups, stats: this.#batchStats(trainStep, chosen, maskedTokens) };
+    this.#lastBatch = { trainStep, status: 'NORMAL', groups, stats: batchStats(trainStep, taken, maskedTokens, this.progress.takeWindow()) };
     return this.#lastBatch;
-  }
-
-  #batchStats(trainStep: number, chosen: Map<string, RolloutGroup[]>, maskedTokens: number): BatchStats {
-    const window = this.progress.takeWindow();
-    const byTask: BatchStats['byTask'] = {};
-    let rollouts = 0;
-    let rewardSum = 0;
-    let turns = 0;
-    let responseTokens = 0;
-    let sMin = Infinity;
-    let sMax = -Infinity;
-    let sSum = 0;
-    for (const [task, groups] of chosen) {
-      let taskReward = 0;
-      let taskRollouts = 0;
-      for (const g of groups) {
-        for (const r of g.rollouts) {
-          taskReward += r.reward;
-          taskRollouts++;
-          turns += r.turns.length;
-          responseTokens += responseTokenCount(r);
-          const s = rolloutStaleness(r, trainStep);
-          sMin = Math.min(sMin, s);
-          sMax = Math.max(sMax, s);
-          sSum += s;
-        }
-      }
-      byTask[task] = { groups: groups.length, meanReward: taskRollouts === 0 ? 0 : taskReward / taskRollouts };
-      rollouts += taskRollouts;
-      rewardSum += taskReward;
-    }
-    return {
-      groups: [...chosen.values()].reduce((n, gs) => n + gs.length, 0),
-      rollouts,
-      meanReward: rollouts === 0 ? 0 : rewardSum / rollouts,
-      turns,
-      responseTokens,
-      staleness: rollouts === 0 ? { min: 0, max: 0, mean: 0 } : { min: sMin, max: sMax, mean: sSum / rollouts },
-      maskedTokens,
-      producedSamples: window.producedSamples,
-      producedTokens: window.producedTokens,
-      rawMeanReward: window.meanReward,
-      produceMs: window.produceMs,
-      byTask,
-    };
-  }
-
-  // ── background production (async strategy) ──────────────────────────────────────────────────
-
-  async #runAsync(): Promise<void> {
-    while (!this.#closed) {
-      if (this.#paused) {
-        await this.#changed.wait();
-        continue;
-      }
-      const future = this.progress.producerFutureStep;
-      if (this.#async.isModelExpired(future, this.servingModelStep)) {
-        this.#landed.notify(); // a getBatch waiting for groups must learn that none are coming
-        await this.#changed.wait();
-        continue;
-      }
-      this.progress.ensureTargetUpto(future);
-      const start = performance.now();
-      let statuses: ProduceStatus[];
-      try {
-        statuses = await Promise.all([...this.progress.shares()].map(([task, share]) => this.#async.produce(this, task, share)));
-      } catch (err) {
-        // Too many failures: stop scheduling until a getBatch reports it and the counter is reset.
-        this.#log.error({ err: (err as Error).message }, 'production stopped');
-        this.#landed.notify();
-        await this.#changed.wait();
-        continue;
-      } finally {
-        this.progress.produceMs += performance.now() - start;
-      }
-      if (statuses.includes('UPDATE_WEIGHT_AND_ABORT')) continue;
-      if (statuses.includes('EXPIRED_BATCH')) continue; // re-checked at the top of the loop
-      // The round measured `future` only. A getBatch that pulled the future step forward during it
-      // (beginConsume) left a step whose targets are not set yet: start over from the top for that one.
-      if (this.progress.producerFutureStep !== future) continue;
-      // This step's targets are met: run ahead one step while the weights are fresh enough for it.
-      if (!this.#async.isModelExpired(future + 1, this.servingModelStep)) this.progress.advanceFutureStep(future);
-      else await this.#changed.wait();
-    }
   }
 
   // ── weight updates ────────────────────────────────────────────────────────────────────────────
 
   /**
-   * Stop production for a weight update and bring every group in flight back: workers stop issuing
-   * inference calls at once (shared flag), in-flight calls are aborted (abort mode) or allowed to
-   * finish (drain mode), and interrupted rollouts land as ABORTED with what they had.
+   * Stop production for a weight update and bring every group in flight back (./pause-sequence.ts):
+   * workers stop issuing inference calls at once (shared flag), in-flight calls are aborted (abort
+   * mode) or allowed to finish (drain mode), and interrupted rollouts land as ABORTED with what they had.
    */
   async pause(): Promise<PauseReport> {
-    const { mode, resignalIntervalMs, timeoutMs } = this.#config.pause;
-    // A resume or close before this returns (a trainer whose /pause timed out, a shutdown) ends it:
-    // from then on no abort or cancel may cut short the calls that run on the new weights.
-    const epoch = this.#resumeEpoch;
-    const pausing = () => this.#paused && !this.#closed && this.#resumeEpoch === epoch;
-    const requestedUs = wallClockUs();
-    const start = performance.now();
-    this.#paused = true;
+    const epoch = this.#lifecycle.beginPause();
     this.#changed.notify();
     this.#landed.notify();
-    this.#control.pause();
-    const groupsBefore = this.#inFlight.size;
-    // The server abort does not wait for the workers' acks: from the store above no worker can send a
-    // call (the send path reads the flag in the same tick), so the acks only measure, they gate nothing.
-    const serverAborting = mode === 'abort' && groupsBefore > 0 && this.#abortTargets.length > 0 ? this.#abortOnServers() : null;
-    const workersAckedMs = await this.#control.waitForAcks(this.#pool.liveWorkers, Math.min(timeoutMs, 1_000), start);
-    const workersStoppedMs = workersAckedMs === null ? null : this.#control.lastSendAfterMs(requestedUs);
-    const serverAbort = serverAborting !== null && (await serverAborting);
-    let cancelled = false;
-    // Streamed calls held by the pause may have landed already, but their answers are still being read:
-    // without a server-side abort to end them, they are cut client-side all the same.
-    const heldStreams = this.#config.llm.stream && groupsBefore > 0;
-    if (mode === 'abort' && (this.#inFlight.size > 0 || heldStreams) && !serverAbort && pausing()) {
-      this.#control.cancel();
-      cancelled = true;
+    let report: PauseReport;
+    try {
+      // A resume or close before this returns (a trainer whose /pause timed out, a shutdown) ends it.
+      report = await this.#pauses.run({
+        inFlight: () => this.#inFlight.size,
+        landedWithin: (ms) => this.#landedWithin(ms),
+        stillPausing: () => this.#lifecycle.stillPausing(epoch),
+      });
+    } finally {
+      this.#lifecycle.endPause();
     }
-    let deadline = start + timeoutMs;
-    let nextSignal = start + resignalIntervalMs;
-    // A call sent just before the pause can reach its server after the abort did, and then generates
-    // to the end. Abort again now that every worker is past its send path, and every
-    // SERVER_ABORT_REPEAT_MS while groups are out: aborts are idempotent and cost one small request.
-    let nextAbort = serverAbort ? performance.now() : Infinity;
-    const repeatedAborts: Promise<boolean>[] = [];
-    while (this.#inFlight.size > 0 && pausing()) {
-      const wakeAt = Math.min(deadline, nextSignal, nextAbort);
-      await this.#landedWithin(wakeAt - performance.now());
-      const now = performance.now();
-      if (this.#inFlight.size === 0 || !pausing()) break;
-      if (now >= nextAbort && now < deadline) {
-        repeatedAborts.push(this.#abortOnServers());
-        nextAbort = now + SERVER_ABORT_REPEAT_MS;
-      }
-      if (now >= deadline) {
-        if (cancelled) break; // cancelled and waited another interval: report what is left, it lands later
-        this.#log.warn({ inFlight: this.#inFlight.size, timeoutMs }, 'pause timed out: cancelling in-flight inference client-side');
-        this.#control.cancel();
-        cancelled = true;
-        deadline = now + resignalIntervalMs;
-      } else if (now >= nextSignal) {
-        this.#control.resignal();
-        nextSignal = now + resignalIntervalMs;
-      }
-    }
-    const allBackMs = performance.now() - start;
-    // An abort still on its way must not land after the resume and cut the next calls short.
-    await Promise.all(repeatedAborts);
-    await this.#pool.flush(); // step records of the interrupted episodes reach the disk before the weights change
-    const report: PauseReport = {
-      workersStoppedMs,
-      workersAckedMs,
-      allBackMs,
-      groupsBack: groupsBefore - this.#inFlight.size,
-      serverAbort,
-      cancelled,
-      stillInFlight: this.#inFlight.size,
-    };
     this.#log.info(report, 'paused for a weight update');
     this.#observer.paused?.(report);
     return report;
-  }
-
-  /**
-   * Ask every inference endpoint to abort what it is generating; true when all of them could (an
-   * endpoint without an abort route cannot: its calls are then cancelled client-side).
-   */
-  async #abortOnServers(): Promise<boolean> {
-    if (this.#closed) return false; // close() has closed the aborter's connections
-    this.#aborter ??= new InferenceAborter({ apiKey: this.#config.llm.apiKey });
-    const all = await this.#aborter.abortAll(this.#abortTargets);
-    return all && this.#abortTargets.length === this.#endpointCount;
   }
 
   /**
@@ -733,10 +558,9 @@ export class Producer implements ProduceContext {
     if (weightVersion !== null && (typeof weightVersion !== 'string' || weightVersion === '' || weightVersion.length > MAX_WEIGHT_VERSION_LENGTH)) {
       throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `weightVersion must be a non-empty string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters (got ${preview(weightVersion)})`);
     }
+    this.#lifecycle.resume();
     this.#modelStep = modelStep;
     this.#reportedModelStep = null; // learnt again from the first tokens the new weights generate
-    this.#resumeEpoch++;
-    this.#paused = false;
     this.#control.resume(modelStep, weightVersion);
     this.buffer.refresh(this.#expiry());
     this.#changed.notify();
@@ -779,34 +603,27 @@ export class Producer implements ProduceContext {
   /**
    * Stop scheduling, cancel what is in flight (calls aborted client-side, episodes stop at their next
    * step) and wait — bounded — for those groups to land as ABORTED, so closing the workers does not
-   * fail them half-way.
+   * fail them half-way. A second call waits for the first.
    */
-  async close(): Promise<void> {
-    this.#closed = true;
+  close(): Promise<void> {
+    if (!this.#lifecycle.beginClose()) return this.#closing ?? Promise.resolve();
+    this.#closing = this.#close();
+    return this.#closing;
+  }
+
+  async #close(): Promise<void> {
     this.#changed.notify();
     this.#landed.notify();
-    await this.#loop;
-    await this.#aborter?.close();
+    await this.#background;
+    await this.#pauses.close();
     await this.#outage.close(); // groups waiting for its verdict land now
-    if (this.#inFlight.size === 0) return;
-    this.#control.cancel();
-    const deadline = performance.now() + Math.min(this.#config.pause.timeoutMs, 10_000);
-    while (this.#inFlight.size > 0 && performance.now() < deadline) {
-      await this.#landedWithin(100);
+    if (this.#inFlight.size > 0) {
+      this.#control.cancel();
+      const deadline = performance.now() + Math.min(this.#config.pause.timeoutMs, 10_000);
+      while (this.#inFlight.size > 0 && performance.now() < deadline) {
+        await this.#landedWithin(100);
+      }
     }
+    this.#lifecycle.endClose();
   }
-}
-
-/** Set each turn's loss mask; returns the number of tokens masked out. */
-function applyTokenMask(group: RolloutGroup, trainStep: number, tokenThreshold: number): number {
-  let masked = 0;
-  for (const rollout of group.rollouts) {
-    for (const turn of rollout.turns) {
-      const mask = tokenLossMask(turn, trainStep, tokenThreshold);
-      if (mask === null) continue;
-      turn.lossMask = mask;
-      for (let i = 0; i < mask.length; i++) masked += 1 - mask[i];
-    }
-  }
-  return masked;
 }

@@ -1,8 +1,8 @@
 /**
  * Produce progress, shared by the producer and the consumer (`getBatch`).
  *
- * Counts are absolute and cumulative per task: `targetSamples` = groups that should exist up to the
- * producer's future step, `consumedSamples` = groups the trainer took, and available = consumed +
+ * Counts are absolute and cumulative per task: `targetGroups` = groups that should exist up to the
+ * producer's future step, `consumedGroups` = groups the trainer took, and available = consumed +
  * COMPLETED in the buffer. Because both sides count from the start of the run, a consumer taking
  * groups never looks like a gap the producer must fill again.
  *
@@ -12,11 +12,11 @@
 import { allocateBatch } from './allocate.ts';
 
 export interface ProgressState {
-  nextConsumerStep: number;
+  nextTrainStep: number;
   producerFutureStep: number;
   targetUptoFutureStep: number;
-  consumedSamples: Record<string, number>;
-  targetSamples: Record<string, number>;
+  consumedGroups: Record<string, number>;
+  targetGroups: Record<string, number>;
   rewardSum: Record<string, number>;
   rewardCount: Record<string, number>;
   producedSamples: Record<string, number>;
@@ -33,15 +33,16 @@ export interface WindowStats {
 
 export class ProduceProgress implements ProgressState {
   /** The train step new samples are measured against (set by getBatch(i) to i, then i + 1). */
-  nextConsumerStep = 1;
+  nextTrainStep = 1;
   /** The step the producer is producing for; runs ahead of the consumer up to the staleness bound. */
   producerFutureStep = 1;
-  /** targetSamples covers every step up to this one. */
+  /** targetGroups covers every step up to this one. */
   targetUptoFutureStep = 0;
-  readonly consumedSamples: Record<string, number> = {};
-  readonly targetSamples: Record<string, number> = {};
+  readonly consumedGroups: Record<string, number> = {};
+  readonly targetGroups: Record<string, number> = {};
   readonly rewardSum: Record<string, number> = {};
   readonly rewardCount: Record<string, number> = {};
+  /** Rollouts (not groups) that landed since the last batch, every status: a retried group's each time. */
   readonly producedSamples: Record<string, number> = {};
   readonly producedTokens: Record<string, number> = {};
   produceMs = 0;
@@ -52,8 +53,8 @@ export class ProduceProgress implements ProgressState {
     this.#tasks = tasks;
     this.#batchSize = batchSize;
     for (const { name } of tasks) {
-      this.consumedSamples[name] = 0;
-      this.targetSamples[name] = 0;
+      this.consumedGroups[name] = 0;
+      this.targetGroups[name] = 0;
       this.rewardSum[name] = 0;
       this.rewardCount[name] = 0;
       this.producedSamples[name] = 0;
@@ -66,26 +67,26 @@ export class ProduceProgress implements ProgressState {
     return allocateBatch(this.#batchSize, this.#tasks);
   }
 
-  /** Extend the cumulative targets to cover every step up to `futureStep`. */
-  ensureTargetUpto(futureStep: number): void {
-    if (futureStep <= this.targetUptoFutureStep) return;
+  /** Extend the cumulative targets to cover every step up to `step` (the producer future step). */
+  ensureTargetUpto(step: number): void {
+    if (step <= this.targetUptoFutureStep) return;
     const shares = this.shares();
-    const steps = futureStep - this.targetUptoFutureStep;
-    for (const [name, share] of shares) this.targetSamples[name] += share * steps;
-    this.targetUptoFutureStep = futureStep;
+    const steps = step - this.targetUptoFutureStep;
+    for (const [name, share] of shares) this.targetGroups[name] += share * steps;
+    this.targetUptoFutureStep = step;
   }
 
   beginConsume(trainStep: number): void {
-    this.nextConsumerStep = trainStep;
+    this.nextTrainStep = trainStep;
     if (this.producerFutureStep < trainStep) this.producerFutureStep = trainStep;
   }
 
   markConsumed(counts: ReadonlyMap<string, number>): void {
-    for (const [name, n] of counts) this.consumedSamples[name] += n;
+    for (const [name, n] of counts) this.consumedGroups[name] += n;
   }
 
   finishConsume(trainStep: number): void {
-    this.nextConsumerStep = trainStep + 1;
+    this.nextTrainStep = trainStep + 1;
   }
 
   /**
@@ -125,11 +126,11 @@ export class ProduceProgress implements ProgressState {
 
   snapshot(): ProgressState {
     return structuredClone({
-      nextConsumerStep: this.nextConsumerStep,
+      nextTrainStep: this.nextTrainStep,
       producerFutureStep: this.producerFutureStep,
       targetUptoFutureStep: this.targetUptoFutureStep,
-      consumedSamples: this.consumedSamples,
-      targetSamples: this.targetSamples,
+      consumedGroups: this.consumedGroups,
+      targetGroups: this.targetGroups,
       rewardSum: this.rewardSum,
       rewardCount: this.rewardCount,
       producedSamples: this.producedSamples,
@@ -140,13 +141,13 @@ export class ProduceProgress implements ProgressState {
 
   /** Update every field in place from a snapshot; task maps keep their identity. */
   restore(state: ProgressState): void {
-    this.nextConsumerStep = state.nextConsumerStep;
+    this.nextTrainStep = state.nextTrainStep;
     this.producerFutureStep = state.producerFutureStep;
     this.targetUptoFutureStep = state.targetUptoFutureStep;
     this.produceMs = state.produceMs ?? 0;
     for (const { name } of this.#tasks) {
-      this.consumedSamples[name] = state.consumedSamples[name] ?? 0;
-      this.targetSamples[name] = state.targetSamples[name] ?? 0;
+      this.consumedGroups[name] = state.consumedGroups[name] ?? 0;
+      this.targetGroups[name] = state.targetGroups[name] ?? 0;
       this.rewardSum[name] = state.rewardSum?.[name] ?? 0;
       this.rewardCount[name] = state.rewardCount?.[name] ?? 0;
       this.producedSamples[name] = state.producedSamples?.[name] ?? 0;

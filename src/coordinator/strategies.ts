@@ -1,16 +1,32 @@
 /**
- * Production strategies: how groups are scheduled for one task until its share of the work is done.
- * Both run against `ProduceContext` (implemented by the Producer), which owns every count.
+ * Production strategies: how groups are scheduled for one task until its share of the work is done,
+ * and every other way sync and async production differ — the producer (./producer.ts) asks its
+ * strategy and never branches on the strategy's name. Both run against `ProduceContext` (implemented
+ * by the Producer), which owns every count.
  *
- * Sync: start the task's share of the batch, top up while `in flight + completed < share`, drawing
- * the retry pools (EXPIRED, then ABORTED) before fresh prompts: a sync run expires leftovers of older
- * weights, and they must be generated again rather than left in the buffer for good.
- * Async (the reference's AsyncProduceStrategy): produce toward the cumulative target of the
- * producer's future step, with over-sampling, drawing EXPIRED (tail batch) and ABORTED groups
- * before fresh prompts; stop on a weight update (UPDATE_WEIGHT_AND_ABORT) or when the model is too
- * stale for the step (EXPIRED_BATCH).
+ * Sync: produces inside getBatch. Start the task's share of the batch, top up while `in flight +
+ * completed < share`, drawing the retry pools (EXPIRED, then ABORTED) before fresh prompts: a sync run
+ * expires leftovers of older weights, and they must be generated again rather than left in the buffer
+ * for good. Staleness 0, measured against the weights being served.
+ * Async (the reference's AsyncProduceStrategy): produces in the background (onStart) toward the
+ * cumulative target of the producer's future step, with over-sampling, drawing EXPIRED (tail batch)
+ * and ABORTED groups before fresh prompts; stop on a weight update (UPDATE_WEIGHT_AND_ABORT) or when
+ * the model is too stale for the step (EXPIRED_BATCH). Staleness measured at the trainer's step.
+ *
+ *                           Sync                          Async
+ *   expiry measured at      serving model step + 1        the consumer's train step
+ *   expiry threshold        1 (maxStaleness 0)            (maxStaleness + 1) × syncWeightsInterval
+ *   model too stale         never                         at the produce threshold
+ *   onStart                 nothing                       the background loop
+ *   produceFor (getBatch)   every task's share, here      nothing: the loop produces
+ *   between attempts        stalled if nothing was sent   wait for a landing
+ *   fresh on landing        dispatched this epoch         never: measured on every landing
  */
-import { seqStaleness } from '../buffer/staleness.ts';
+import { seqStaleness, staleThreshold } from '../buffer/staleness.ts';
+import type { ResolvedConfig } from '../config.ts';
+import type { Logger } from '../log.ts';
+import type { ProducerState } from './producer-state.ts';
+import type { ProduceProgress } from './progress.ts';
 
 export type ProduceStatus = 'NORMAL' | 'UPDATE_WEIGHT_AND_ABORT' | 'EXPIRED_BATCH';
 
@@ -42,19 +58,117 @@ export interface ProduceContext {
   landed(): Promise<void>;
   /** Weights the servers generate with: the engine's model step, or older when the servers report older. */
   readonly servingModelStep: number;
-  readonly futureStep: number;
+  readonly producerFutureStep: number;
 }
 
-/** What the producer asks of a strategy: schedule one task's groups until its share of the work is done. */
+/** What a strategy's part of getBatch and its background production see of the producer besides ProduceContext. */
+export interface ProducerHandle {
+  readonly progress: ProduceProgress;
+  readonly log: Logger;
+  /** The lifecycle state now (./producer-state.ts). */
+  state(): ProducerState;
+  /** Groups dispatched so far, fresh and retried. */
+  dispatched(): number;
+  inFlightTotal(): number;
+  /** Resolves on the background loop's next wake-up (it is the only waiter): the consumer moved, a resume, close, groups put back. */
+  changed(): Promise<void>;
+  /** Wake a getBatch waiting for landings, so it re-checks (e.g. learns that none are coming). */
+  wakeConsumer(): void;
+}
+
+/** What the producer asks of a strategy: how to schedule, when to produce, how to measure staleness. */
 export interface ProduceStrategy {
+  /** Staleness from which a stored group expires (the ExpiryPolicy threshold). */
+  readonly expiryThreshold: number;
+  /** The train step staleness is measured at when the consumer is at `trainStep` and the servers serve `servingModelStep`. */
+  expiryStep(trainStep: number, servingModelStep: number): number;
+  /** Whether a group landing now is stored without the expiry check (`dispatchEpoch`: the resume epoch of its dispatch). */
+  freshOnLanding(dispatchEpoch: number, epoch: number): boolean;
+  /** Too stale to produce for `trainStep` with weights `modelStep`: the trainer must sync first. */
+  isModelExpired(trainStep: number, modelStep: number): boolean;
+  /** Producer.start(): the background production, settled once the producer closes; null when there is none. */
+  onStart(ctx: ProduceContext, producer: ProducerHandle): Promise<void> | null;
+  /** getBatch's own production for the consumer's step, before each attempt to take the batch; null: none (not even a tick). */
+  produceFor(ctx: ProduceContext, producer: ProducerHandle, shares: ReadonlyMap<string, number>): Promise<ProduceStatus> | null;
+  /** The batch is not complete after an attempt: true when it never will be (nothing more is being produced). */
+  stalled(ctx: ProduceContext, producer: ProducerHandle, dispatchedBefore: number): boolean;
+  /** Between two attempts to take the batch; null: try again at once. */
+  nextAttempt(ctx: ProduceContext): Promise<void> | null;
+  /** Schedule one task's groups until its share of the work is done. */
   produce(ctx: ProduceContext, task: string, share: number): Promise<ProduceStatus>;
 }
 
+/** The strategy `producer.strategy` names, with its thresholds from the config. */
+export function createStrategy(config: ResolvedConfig, shouldContinue?: ShouldContinue): ProduceStrategy {
+  const p = config.producer;
+  if (p.strategy === 'sync') return new SyncStrategy(shouldContinue);
+  const expiryThreshold = staleThreshold(p.maxStaleness, p.syncWeightsInterval);
+  return new AsyncStrategy({
+    overSampleThreshold: p.overSampleThreshold,
+    expiryThreshold,
+    // Producing for a step is pointless once its samples would expire on arrival — or have every token
+    // masked by the token-level threshold: either bound makes the weights too stale for the step.
+    produceThreshold: Math.min(expiryThreshold, p.tokenStalenessThreshold ?? Infinity),
+    tailBatchTriggerSize: p.tailBatchTriggerSize,
+    shouldContinue,
+  });
+}
+
 export class SyncStrategy implements ProduceStrategy {
+  /** Sync means staleness 0: the threshold of maxStaleness 0 (and syncWeightsInterval 1). */
+  readonly expiryThreshold = staleThreshold(0, 1);
   readonly #shouldContinue: ShouldContinue;
 
   constructor(shouldContinue: ShouldContinue = defaultShouldContinue) {
     this.#shouldContinue = shouldContinue;
+  }
+
+  /**
+   * Measured against the step the served weights make batches for (serving model step + 1): a leftover
+   * of older weights expires instead of being served off-policy, while a run whose trainer never pushes
+   * weights is never stale.
+   */
+  expiryStep(_trainStep: number, servingModelStep: number): number {
+    return servingModelStep + 1;
+  }
+
+  /**
+   * A group dispatched since the latest resume was generated by the weights being served, and its
+   * leftovers of older weights expired when the resume refreshed the buffer. Measuring it again would
+   * expire the work of a server that reports an older version than its peers (several endpoints) on
+   * every landing; such versions are reported, not regenerated.
+   */
+  freshOnLanding(dispatchEpoch: number, epoch: number): boolean {
+    return dispatchEpoch === epoch;
+  }
+
+  /** Sync measures against the weights it produces with, which are never too stale for themselves. */
+  isModelExpired(): boolean {
+    return false;
+  }
+
+  onStart(): null {
+    return null;
+  }
+
+  async produceFor(ctx: ProduceContext, producer: ProducerHandle, shares: ReadonlyMap<string, number>): Promise<ProduceStatus> {
+    const start = performance.now();
+    const results = await Promise.allSettled([...shares].map(([task, share]) => this.produce(ctx, task, share)));
+    const failure = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+    if (failure !== undefined) throw failure.reason;
+    producer.progress.produceMs += performance.now() - start;
+    const statuses = results.map((r) => (r as PromiseFulfilledResult<ProduceStatus>).value);
+    return statuses.includes('UPDATE_WEIGHT_AND_ABORT') ? 'UPDATE_WEIGHT_AND_ABORT' : 'NORMAL';
+  }
+
+  /** produceFor returned without the batch and sent nothing more: a memory budget, or a shouldContinue hook, stopped it. */
+  stalled(_ctx: ProduceContext, producer: ProducerHandle, dispatchedBefore: number): boolean {
+    return producer.dispatched() === dispatchedBefore;
+  }
+
+  /** The next produceFor tops up at once. */
+  nextAttempt(): null {
+    return null;
   }
 
   async produce(ctx: ProduceContext, task: string, share: number): Promise<ProduceStatus> {
@@ -71,6 +185,8 @@ export class SyncStrategy implements ProduceStrategy {
 
 export interface AsyncStrategyOptions {
   overSampleThreshold: number;
+  /** staleThreshold(maxStaleness, syncWeightsInterval); default: `produceThreshold`. */
+  expiryThreshold?: number;
   /**
    * Staleness from which weights are too old to produce with: the lower of the expiry threshold,
    * (maxStaleness + 1) × syncWeightsInterval, and the token-level one; Infinity = never.
@@ -81,12 +197,42 @@ export interface AsyncStrategyOptions {
 }
 
 export class AsyncStrategy implements ProduceStrategy {
+  readonly expiryThreshold: number;
   readonly #options: AsyncStrategyOptions;
   readonly #shouldContinue: ShouldContinue;
 
   constructor(options: AsyncStrategyOptions) {
     this.#options = options;
+    this.expiryThreshold = options.expiryThreshold ?? options.produceThreshold;
     this.#shouldContinue = options.shouldContinue ?? defaultShouldContinue;
+  }
+
+  /** Measured against the trainer's step. */
+  expiryStep(trainStep: number): number {
+    return trainStep;
+  }
+
+  /** Every landing is measured: the consumer may have moved on while the group was out. */
+  freshOnLanding(): boolean {
+    return false;
+  }
+
+  onStart(ctx: ProduceContext, producer: ProducerHandle): Promise<void> {
+    return this.#run(ctx, producer);
+  }
+
+  /** The background loop produces; getBatch only waits for it. */
+  produceFor(): null {
+    return null;
+  }
+
+  /** Nothing in flight and no room for more: the memory budget cannot hold the batch. */
+  stalled(ctx: ProduceContext, producer: ProducerHandle): boolean {
+    return producer.inFlightTotal() === 0 && !ctx.hasRoom();
+  }
+
+  nextAttempt(ctx: ProduceContext): Promise<void> {
+    return ctx.landed();
   }
 
   /** Too stale to produce for `trainStep` with weights `modelStep`: the trainer must sync first. */
@@ -115,7 +261,7 @@ export class AsyncStrategy implements ProduceStrategy {
     const scheduled = target + this.oversample(share, tailBatch);
     for (;;) {
       if (ctx.shouldAbort()) return 'UPDATE_WEIGHT_AND_ABORT';
-      if (this.isModelExpired(ctx.futureStep, ctx.servingModelStep)) return 'EXPIRED_BATCH';
+      if (this.isModelExpired(ctx.producerFutureStep, ctx.servingModelStep)) return 'EXPIRED_BATCH';
       ctx.checkFailures(task);
       const available = ctx.available(task);
       if (!this.#shouldContinue(available, target)) return 'NORMAL';
@@ -123,6 +269,51 @@ export class AsyncStrategy implements ProduceStrategy {
       while (available + ctx.inFlight(task) < scheduled && !ctx.shouldAbort() && ctx.hasRoom() && !ctx.holding()) ctx.spawn(task, fromExpiredPool);
       if (ctx.inFlight(task) === 0 && !ctx.holding()) return 'NORMAL';
       await ctx.landed();
+    }
+  }
+
+  /**
+   * Background production: one round per task toward the future step's targets, then the next step
+   * while the weights are fresh enough for it; parks (producer.changed()) while paused, too stale, or
+   * stopped by failures, until the consumer moves, a resume or close.
+   */
+  async #run(ctx: ProduceContext, producer: ProducerHandle): Promise<void> {
+    const { progress } = producer;
+    for (;;) {
+      const state = producer.state();
+      if (state === 'closing' || state === 'closed') return;
+      if (state !== 'running') {
+        await producer.changed();
+        continue;
+      }
+      const future = progress.producerFutureStep;
+      if (this.isModelExpired(future, ctx.servingModelStep)) {
+        producer.wakeConsumer(); // a getBatch waiting for groups must learn that none are coming
+        await producer.changed();
+        continue;
+      }
+      progress.ensureTargetUpto(future);
+      const start = performance.now();
+      let statuses: ProduceStatus[];
+      try {
+        statuses = await Promise.all([...progress.shares()].map(([task, share]) => this.produce(ctx, task, share)));
+      } catch (err) {
+        // Too many failures: stop scheduling until a getBatch reports it and the counter is reset.
+        producer.log.error({ err: (err as Error).message }, 'production stopped');
+        producer.wakeConsumer();
+        await producer.changed();
+        continue;
+      } finally {
+        progress.produceMs += performance.now() - start;
+      }
+      if (statuses.includes('UPDATE_WEIGHT_AND_ABORT')) continue;
+      if (statuses.includes('EXPIRED_BATCH')) continue; // re-checked at the top of the loop
+      // The round measured `future` only. A getBatch that pulled the future step forward during it
+      // (beginConsume) left a step whose targets are not set yet: start over from the top for that one.
+      if (progress.producerFutureStep !== future) continue;
+      // This step's targets are met: run ahead one step while the weights are fresh enough for it.
+      if (!this.isModelExpired(future + 1, ctx.servingModelStep)) progress.advanceFutureStep(future);
+      else await producer.changed();
     }
   }
 }

@@ -240,6 +240,15 @@ async function prepare(episode: Episode, rollout: RolloutState, ctx: EpisodeCont
   return partial;
 }
 
+/** One agent's prompt for a step. */
+interface AgentPrompt {
+  agentId: string | null;
+  /** As the environment gave it, or as the beforeInference hook rewrote it: what the rollout's conversation records. */
+  messages: ChatMessage[];
+  /** `messages` trimmed to `messageCut`: what the inference call is sent. */
+  prompt: ChatMessage[];
+}
+
 async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord | null, ctx: EpisodeContext): Promise<void> {
   const { settings, gate } = ctx;
   const { env } = episode;
@@ -253,9 +262,9 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
     const turnStart = performance.now();
     const raw = checkAgentPrompts(await envCall(ctx, rollout, 'getTaskPrompt', () => env.getTaskPrompt()));
     const promptMs = performance.now() - turnStart;
-    const agents: [string | null, ChatMessage[]][] = Array.isArray(raw) ? [[null, raw]] : Object.entries(raw);
-    const prompts: [string | null, ChatMessage[], ChatMessage[]][] = [];
-    for (const [agentId, messages] of agents) {
+    const agents: { agentId: string | null; messages: ChatMessage[] }[] = Array.isArray(raw) ? [{ agentId: null, messages: raw }] : Object.entries(raw).map(([agentId, messages]) => ({ agentId, messages }));
+    const prompts: AgentPrompt[] = [];
+    for (const { agentId, messages } of agents) {
       // Without the hook no closure or await per agent per step.
       const rewritten = ctx.hooks?.beforeInference === undefined ? undefined : await callHook(ctx, rollout, 'beforeInference', async () => {
         const out = await ctx.hooks?.beforeInference?.({ rolloutId: rollout.id, taskName: rollout.taskName, step, agentId, messages });
@@ -263,7 +272,7 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
       });
       const hooked = rewritten ?? messages;
       const prompt = trimMessages(hooked, settings.messageCut);
-      if (prompt.length > 0) prompts.push([agentId, hooked, prompt]);
+      if (prompt.length > 0) prompts.push({ agentId, messages: hooked, prompt });
     }
     if (prompts.length === 0) {
       timings.envMs += promptMs;
@@ -280,10 +289,10 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
     let turns: TurnRecord[];
     try {
       if (prompts.length === 1) {
-        const [agentId, , prompt] = prompts[0];
+        const { agentId, prompt } = prompts[0];
         turns = [await infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart)];
       } else {
-        turns = await allOrFirstError(prompts.map(([agentId, , prompt]) => infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart)));
+        turns = await allOrFirstError(prompts.map(({ agentId, prompt }) => infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart)));
       }
     } catch (err) {
       if (!(err instanceof ContextExceeded)) throw err;
@@ -300,7 +309,7 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
     for (let i = rollout.turns.length - turns.length; i < rollout.turns.length; i++) sharePromptPrefix(rollout.turns, firstNewTurn, i);
     const lastTurn = turns[turns.length - 1];
     rollout.finishReason = lastTurn.finishReason;
-    if (turns.length === 1) rollout.messages = [...prompts[0][1], { role: 'assistant', content: lastTurn.response }];
+    if (turns.length === 1) rollout.messages = [...prompts[0].messages, { role: 'assistant', content: lastTurn.response }];
 
     const interrupted = turns.find((turn) => statusForFinishReason(turn.finishReason) !== Status.COMPLETED);
     if (interrupted) {

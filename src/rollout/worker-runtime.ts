@@ -208,7 +208,7 @@ export class WorkerRuntime implements WorkerControl {
   }
 
   /**
-   * The start-up check, run once per task before production (coordinator/engine.ts): the task's
+   * The start-up check, run once per task before production (coordinator/engine-core.ts): the task's
    * modules load, its environment factory makes an instance from `env.params`, and that instance's
    * `checkResetParams` accepts each of `prompts`. A broken module is then one error at start instead
    * of a FAILED group after another. Never throws; the instance is closed after.

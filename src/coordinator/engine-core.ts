@@ -1,5 +1,5 @@
 /**
- * The coordinator: owns every piece of bookkeeping on the main thread and composes the parts.
+ * EngineCore: the engine on the main thread. It owns every piece of bookkeeping and composes the parts.
  *
  *   Sampler ─► Producer (sync | async strategy) ─► WorkerPool (Piscina threads run the agent loops)
  *                  │   ▲                                │
@@ -43,7 +43,8 @@ export interface EngineStats {
   workers: WorkerStats[];
 }
 
-export interface CoordinatorOptions extends ProducerHooks {
+/** createEngine's options besides the config (hooks, an observer, a replacement pool, a logger). */
+export interface EngineOptions extends ProducerHooks {
   /** Told about landed, taken and dropped groups and pauses (metrics). */
   observer?: ProducerObserver;
   /** Replace the worker pool (remote pools; tests). */
@@ -56,10 +57,10 @@ const CHECK_SLICE = 10_000;
 
 type State = 'created' | 'starting' | 'running' | 'closing' | 'closed';
 
-export class Coordinator {
+export class EngineCore {
   readonly config: ResolvedConfig;
   readonly log: Logger;
-  readonly #options: CoordinatorOptions;
+  readonly #options: EngineOptions;
   #state: State = 'created';
   #llmUrls: string[] = [];
   /** The built-in mock server, when `llm.url` is null: resume "loads" weights into it by setting its version. */
@@ -73,7 +74,7 @@ export class Coordinator {
   /** Serializes getBatch / pause / resume / checkpoint: one at a time, in call order. */
   #queue: Promise<unknown> = Promise.resolve();
 
-  constructor(config: ResolvedConfig, options: CoordinatorOptions = {}) {
+  constructor(config: ResolvedConfig, options: EngineOptions = {}) {
     this.config = config;
     this.#options = options;
     this.log = options.log ?? createLogger(config.logLevel, { thread: 'main' });
@@ -148,7 +149,7 @@ export class Coordinator {
           threads: config.workers.threads,
           groupsPerWorker: config.workers.groupsPerWorker,
           tasks: config.tasks.map((t) => t.name),
-          ...(resumed ? { resumedFrom: resumeFrom, nextTrainStep: this.#producer.progress.nextConsumerStep } : {}),
+          ...(resumed ? { resumedFrom: resumeFrom, nextTrainStep: this.#producer.progress.nextTrainStep } : {}),
         },
         'engine started',
       );
@@ -161,7 +162,7 @@ export class Coordinator {
   /** Produce (sync) or wait for (async) and take the batch for `trainStep` (default: the next one). */
   getBatch(trainStep?: number): Promise<Batch> {
     return this.#serialized(async (producer) => {
-      const step = trainStep ?? producer.progress.nextConsumerStep;
+      const step = trainStep ?? producer.progress.nextTrainStep;
       if (!Number.isInteger(step) || step < 1) throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `trainStep must be a positive integer (got ${String(trainStep)})`);
       const batch = await producer.getBatch(step);
       const autoPath = this.#autoCheckpointPath();
@@ -270,7 +271,7 @@ export class Coordinator {
     const buffer = producer?.buffer;
     return {
       modelStep: producer?.modelStep ?? this.config.modelStep,
-      nextTrainStep: producer?.progress.nextConsumerStep ?? 1,
+      nextTrainStep: producer?.progress.nextTrainStep ?? 1,
       producerFutureStep: producer?.progress.producerFutureStep ?? 1,
       paused: producer?.paused ?? false,
       groups: structuredClone(producer?.counts) ?? emptyGroupCounts(),

@@ -1,0 +1,101 @@
+/**
+ * What a taken batch says about itself, and the token-level loss masks it carries: pure functions of
+ * the groups taken and the train step, so each figure can be checked by hand (test/batch-stats.test.ts).
+ */
+import { rolloutStaleness, tokenLossMask } from '../buffer/staleness.ts';
+import { responseTokenCount, type RolloutGroup } from '../protocol/rollout.ts';
+import type { WindowStats } from './progress.ts';
+
+export interface BatchStats {
+  groups: number;
+  rollouts: number;
+  meanReward: number;
+  /** Agent turns (inference calls) in the batch's rollouts. */
+  turns: number;
+  responseTokens: number;
+  /** Staleness of the batch's rollouts at this train step. */
+  staleness: { min: number; max: number; mean: number };
+  /** Tokens masked out of the loss by the token-level staleness threshold. */
+  maskedTokens: number;
+  /**
+   * Since the previous batch: rollouts produced per task (every status, a retried group's rollouts
+   * each time it lands) and the response tokens generated for them (each token once, in the dispatch
+   * that made it).
+   */
+  producedSamples: Record<string, number>;
+  producedTokens: Record<string, number>;
+  /** Since the previous batch: mean reward of COMPLETED groups as generated (before filtering). */
+  rawMeanReward: Record<string, number | null>;
+  produceMs: number;
+  byTask: Record<string, { groups: number; meanReward: number }>;
+}
+
+/**
+ * The stats of the batch `taken` (task → its groups) for `trainStep`: `maskedTokens` from
+ * groupLossMasks, `window` what was produced since the previous batch (ProduceProgress.takeWindow).
+ */
+export function batchStats(trainStep: number, taken: ReadonlyMap<string, readonly RolloutGroup[]>, maskedTokens: number, window: WindowStats): BatchStats {
+  const byTask: BatchStats['byTask'] = {};
+  let groups = 0;
+  let rollouts = 0;
+  let rewardSum = 0;
+  let turns = 0;
+  let responseTokens = 0;
+  let sMin = Infinity;
+  let sMax = -Infinity;
+  let sSum = 0;
+  for (const [task, taskGroups] of taken) {
+    let taskReward = 0;
+    let taskRollouts = 0;
+    for (const g of taskGroups) {
+      for (const r of g.rollouts) {
+        taskReward += r.reward;
+        taskRollouts++;
+        turns += r.turns.length;
+        responseTokens += responseTokenCount(r);
+        const s = rolloutStaleness(r, trainStep);
+        sMin = Math.min(sMin, s);
+        sMax = Math.max(sMax, s);
+        sSum += s;
+      }
+    }
+    byTask[task] = { groups: taskGroups.length, meanReward: taskRollouts === 0 ? 0 : taskReward / taskRollouts };
+    groups += taskGroups.length;
+    rollouts += taskRollouts;
+    rewardSum += taskReward;
+  }
+  return {
+    groups,
+    rollouts,
+    meanReward: rollouts === 0 ? 0 : rewardSum / rollouts,
+    turns,
+    responseTokens,
+    staleness: rollouts === 0 ? { min: 0, max: 0, mean: 0 } : { min: sMin, max: sMax, mean: sSum / rollouts },
+    maskedTokens,
+    producedSamples: window.producedSamples,
+    producedTokens: window.producedTokens,
+    rawMeanReward: window.meanReward,
+    produceMs: window.produceMs,
+    byTask,
+  };
+}
+
+export interface GroupLossMasks {
+  /** By rollout, then by turn: the turn's loss mask, or null for a turn without per-token model steps (no mask). */
+  masks: (Uint8Array | null)[][];
+  /** Tokens the masks leave out of the loss. */
+  masked: number;
+}
+
+/** The token-level loss masks of a group taken for `trainStep` (staleness.ts tokenLossMask per turn). */
+export function groupLossMasks(group: RolloutGroup, trainStep: number, tokenThreshold: number): GroupLossMasks {
+  let masked = 0;
+  const masks = group.rollouts.map((rollout) =>
+    rollout.turns.map((turn) => {
+      const mask = tokenLossMask(turn, trainStep, tokenThreshold);
+      if (mask !== null) for (let i = 0; i < mask.length; i++) masked += 1 - mask[i];
+      return mask;
+    }),
+  );
+  return { masks, masked };
+}
