@@ -133,12 +133,14 @@ class Rollout:
     timings: Dict[str, float]
     stitched: Optional[Stitched] = None
 
-    def samples(self, advantage: float = 0.0) -> List[Sample]:
+    def samples(self, advantage: float = 0.0, *, trainable_only: bool = True) -> List[Sample]:
         """The rollout as training sequences (see the module doc); each carries ``advantage``.
 
         A black-box agent's rollout is its stitched session. Otherwise, per agent, consecutive turns
-        whose prompts extend one another are one sample; a sample with no trainable turn is left out
-        (``messageCut: 0`` marks only the last turn trainable: it holds the whole conversation).
+        whose prompts extend one another are one sample. With ``trainable_only`` a sample with no
+        trainable turn is left out: with ``messageCut: 0`` the engine marks only a last turn that
+        ended the episode trainable (it holds the whole conversation), so an episode cut by
+        ``maxSteps`` gives none.
         """
         if self.stitched is not None:
             return [_stitched_sample(self, self.stitched, advantage)]
@@ -155,18 +157,18 @@ class Rollout:
                     continue
                 if turn.prompt_ids is None or turn.response_ids is None:
                     # No ids from the server for this turn: nothing to train on, and nothing to extend.
-                    builder = _flush(builder, out, self.id, agent, reward, advantage)
+                    builder = _flush(builder, out, self.id, agent, reward, advantage, trainable_only)
                     continue
                 if builder is None or not builder.extended_by(turn.prompt_ids):
-                    builder = _flush(builder, out, self.id, agent, reward, advantage)
+                    _flush(builder, out, self.id, agent, reward, advantage, trainable_only)
                     builder = _SampleBuilder()
                 builder.add(i, turn)
-            _flush(builder, out, self.id, agent, reward, advantage)
+            _flush(builder, out, self.id, agent, reward, advantage, trainable_only)
         return out
 
-    def sequence(self) -> Sample:
+    def sequence(self, *, trainable_only: bool = True) -> Sample:
         """The rollout's one sample; a :class:`BatchFormatError` when its turns make more or none."""
-        found = self.samples()
+        found = self.samples(trainable_only=trainable_only)
         if len(found) != 1:
             raise BatchFormatError(f"rollout {self.id}", f"its turns make {len(found)} samples, not one (trimmed prompts or several agents: use samples())")
         return found[0]
@@ -475,8 +477,8 @@ class _SampleBuilder:
         )
 
 
-def _flush(builder: Optional[_SampleBuilder], out: List[Sample], rollout_id: str, agent_id: Optional[str], reward: float, advantage: float) -> None:
-    if builder is not None and builder.turns and builder.trainable:
+def _flush(builder: Optional[_SampleBuilder], out: List[Sample], rollout_id: str, agent_id: Optional[str], reward: float, advantage: float, trainable_only: bool) -> None:
+    if builder is not None and builder.turns and (builder.trainable or not trainable_only):
         out.append(builder.build(rollout_id, agent_id, reward, advantage))
     return None
 

@@ -37,6 +37,10 @@ from .types import CheckpointReply, EngineStatus, Health, PauseReport, ResumeRep
 _TRANSPORT_ERRORS = (ConnectionError, socket.timeout, TimeoutError, http.client.HTTPException, OSError)
 
 
+class IncompleteReply(Exception):
+    """A reply cut short on the way (its body shorter than its length, or not decodable): asked again."""
+
+
 @dataclass
 class RetryPolicy:
     """How long to keep asking: ``attempts`` in all, waiting ``backoff_s × 2^k`` (capped, with jitter) between."""
@@ -192,12 +196,12 @@ class ControlClient:
                 time.sleep(self._wait_s)
             try:
                 status, headers, payload = self._send(method, path, body)
-            except _TRANSPORT_ERRORS as err:
+                value = self._decode(headers, payload)
+            except (*_TRANSPORT_ERRORS, IncompleteReply) as err:
                 self._close()
                 last = err
                 self._wait_s = self.retry.delay(attempt)
                 continue
-            value = self._decode(headers, payload)
             if status < 400:
                 return value
             code, message = _error_of(value, status)
@@ -230,11 +234,21 @@ class ControlClient:
         return res.status, {k.lower(): v for k, v in res.getheaders()}, payload
 
     def _decode(self, headers: Mapping[str, str], payload: bytes) -> Any:
+        # A connection cut inside the headers leaves http.client reading "until close" with no length to
+        # check: a body that is short of its length, or does not parse, is a lost reply, not an answer.
+        declared = headers.get("content-length")
+        if declared is None and headers.get("transfer-encoding", "").lower() != "chunked":
+            raise IncompleteReply(f"{len(payload)} bytes of a reply with neither a length nor chunks (cut inside its headers)")
+        if declared is not None and (not declared.isdigit() or int(declared) != len(payload)):
+            raise IncompleteReply(f"{len(payload)} bytes of a reply declaring content-length {declared}")
         kind = headers.get("content-type", "").split(";")[0].strip().lower()
-        if kind in ("application/msgpack", "application/x-msgpack"):
-            return msgpack.unpackb(payload, raw=False)
-        if kind == "application/json":
-            return json.loads(payload) if payload else {}
+        try:
+            if kind in ("application/msgpack", "application/x-msgpack"):
+                return msgpack.unpackb(payload, raw=False)
+            if kind == "application/json":
+                return json.loads(payload) if payload else {}
+        except ValueError as err:  # msgpack's and json's errors for a truncated or garbled body
+            raise IncompleteReply(f"a {kind} reply that does not decode ({err})") from None
         return payload.decode("utf-8", errors="replace")
 
     def _connection(self) -> http.client.HTTPConnection:

@@ -119,7 +119,8 @@ class LaunchedEngine:
         self.url = url
         self.port = urllib.parse.urlsplit(url).port or 0
         try:
-            self.client(retry=RetryPolicy(attempts=20, backoff_s=0.05, max_backoff_s=0.5)).health()
+            with self.client(retry=RetryPolicy(attempts=20, backoff_s=0.05, max_backoff_s=0.5)) as probe:
+                probe.health()
         except RolloutEngineError as err:
             self.kill()
             raise LaunchError(f"rollout serve listened on {url} but GET /health failed: {err}", self.log_tail()) from None
