@@ -1,6 +1,6 @@
 """Shared by the tests: launching the engine from this repository, and a TCP proxy that loses replies.
 
-The engine is run from source (``node --import tsx src/cli/main.ts``, what a clone has after
+The engine is run from the clone's source (``node --import tsx src/cli/main.ts``, what a clone has after
 ``npm ci``) unless ``$ROLLOUT_COMMAND`` names another command; ``$NODE`` picks the node binary.
 """
 from __future__ import annotations
@@ -14,7 +14,9 @@ from typing import Any, List, Mapping, Optional, Sequence, Union
 import rollout_engine
 from rollout_engine import LaunchedEngine
 
-REPO = Path(__file__).resolve().parents[2]
+# $ROLLOUT_REPO when the tests run from a copy (test/python/python-client.test.ts runs them beside an
+# installed package, away from the source tree, so that the installed one is what they import).
+REPO = Path(os.environ.get("ROLLOUT_REPO") or Path(__file__).resolve().parents[2])
 MAIN = REPO / "src" / "cli" / "main.ts"
 
 
