@@ -114,11 +114,12 @@ def train(client: ControlClient, args: argparse.Namespace) -> List[float]:
         t = collate(batch)
         with torch.no_grad():
             old = policy.token_logprobs(t["input_ids"], t["loss_mask"][:, 1:])
+        loss = torch.zeros(())
         for _ in range(args.epochs):
             loss = grpo_loss(policy, t, old, args.clip)
             opt.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+            torch.nn.utils.clip_grad.clip_grad_norm_(policy.parameters(), 1.0)
             opt.step()
         reward = float(t["rewards"].mean())
         rewards.append(reward)
@@ -140,7 +141,7 @@ def train(client: ControlClient, args: argparse.Namespace) -> List[float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--sync-every", type=int, default=4)
     ap.add_argument("--epochs", type=int, default=2, help="optimiser steps per batch (the clip matters from the second)")

@@ -324,8 +324,11 @@ def _expand_compact(turns: List[Any], where: str) -> bool:
             compact = True
             at = f"{where}.turns[{t}].{ref_name}"
             j, n = (ref.get("turn"), ref.get("length")) if isinstance(ref, dict) else (None, None)
-            carrier = turns[j].get(field_name) if isinstance(j, int) and 0 <= j < len(turns) and isinstance(turns[j], dict) else None
-            if carrier is None or not isinstance(n, int) or n < 0 or ref_name in turns[j]:
+            # bool is an int to isinstance: `true` is no turn index
+            if not isinstance(j, int) or isinstance(j, bool) or not 0 <= j < len(turns) or not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise BatchFormatError(at, f"must name a turn of this rollout and a length (got {ref!r})")
+            carrier = turns[j].get(field_name)
+            if carrier is None or ref_name in turns[j]:
                 raise BatchFormatError(at, f"must name a turn that carries {field_name} whole (got {ref!r})")
             width = 4 if isinstance(carrier, (bytes, bytearray, memoryview)) and field_name == "promptIds" else 1
             if n * width > len(carrier):
@@ -387,9 +390,10 @@ def _array(value: ArrayField, dtype: np.dtype[Any], where: str) -> Any:
     if value is None:
         return None
     if isinstance(value, (bytes, bytearray, memoryview)):
-        if len(value) % dtype.itemsize:
-            raise BatchFormatError(where, f"{len(value)} bytes is not a whole number of {dtype.itemsize}-byte values")
-        return np.frombuffer(value, dtype=dtype)
+        buffer = memoryview(value).cast("B")
+        if buffer.nbytes % dtype.itemsize:
+            raise BatchFormatError(where, f"{buffer.nbytes} bytes is not a whole number of {dtype.itemsize}-byte values")
+        return np.frombuffer(buffer, dtype=dtype)
     if isinstance(value, list):
         try:
             return np.asarray(value, dtype=dtype)

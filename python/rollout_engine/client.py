@@ -24,7 +24,7 @@ import time
 import urllib.parse
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Union, cast
+from typing import Any, Callable, Dict, Generator, Iterator, Mapping, Optional, Tuple, Union, cast
 
 import msgpack
 
@@ -92,6 +92,7 @@ class ControlClient:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"url must be http(s)://host:port (got {url!r})")
+        self._host: str = parsed.hostname
         self.url = url.rstrip("/")
         self.token = token
         self.use_msgpack = use_msgpack
@@ -175,7 +176,7 @@ class ControlClient:
             step += 1
 
     @contextmanager
-    def weight_update(self, model_step: int, weight_version: Optional[str] = None) -> Iterator[PauseReport]:
+    def weight_update(self, model_step: int, weight_version: Optional[str] = None) -> Generator[PauseReport, None, None]:
         """Pause, yield the pause report while the body loads the weights, resume with ``model_step``.
 
         If the body raises, the engine stays paused (nothing resumes on weights that did not load)
@@ -254,7 +255,7 @@ class ControlClient:
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
             cls: Callable[..., http.client.HTTPConnection] = http.client.HTTPSConnection if self._parsed.scheme == "https" else http.client.HTTPConnection
-            self._conn = cls(self._parsed.hostname, self._parsed.port, timeout=self.timeout_s)
+            self._conn = cls(self._host, self._parsed.port, timeout=self.timeout_s)
         return self._conn
 
     def _close(self) -> None:

@@ -44,7 +44,7 @@ class ScriptedServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def log_message(self, *args: Any) -> None:
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
