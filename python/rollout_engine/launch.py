@@ -25,9 +25,8 @@ import subprocess
 import tempfile
 import time
 import urllib.parse
-import weakref
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Union
 
 from .client import ControlClient, RetryPolicy
 from .errors import LaunchError, RolloutEngineError
@@ -118,6 +117,7 @@ class LaunchedEngine:
             time.sleep(0.05)
         self.url = url
         self.port = urllib.parse.urlsplit(url).port or 0
+        _launched.add(self)
         try:
             with self.client(retry=RetryPolicy(attempts=20, backoff_s=0.05, max_backoff_s=0.5)) as probe:
                 probe.health()
@@ -139,6 +139,7 @@ class LaunchedEngine:
                 process.kill()
                 process.wait()
         self._process = None
+        _launched.discard(self)
         return process.returncode
 
     def kill(self) -> None:
@@ -150,6 +151,7 @@ class LaunchedEngine:
             process.kill()
         process.wait()
         self._process = None
+        _launched.discard(self)
 
     def restart(self, *, resume: bool = True) -> "LaunchedEngine":
         """Stop (if running) and start again on the same port and run dir, by default continuing the run (``--resume``)."""
@@ -166,7 +168,9 @@ class LaunchedEngine:
         return f"LaunchedEngine(url={self.url!r}, pid={self.pid}, run_dir={str(self.run_dir)!r})"
 
 
-_launched: "weakref.WeakSet[LaunchedEngine]" = weakref.WeakSet()
+# Held strongly until stopped: an engine the trainer dropped every reference to still runs, and
+# must still be stopped at exit.
+_launched: "Set[LaunchedEngine]" = set()
 
 
 @atexit.register
@@ -216,7 +220,6 @@ def launch(
     child_env = dict(os.environ if env is None else env)
     child_env["ROLLOUT_TOKEN"] = secret
     engine = LaunchedEngine(argv, child_env, None if cwd is None else str(cwd), run_path, secret, host, startup_timeout_s)
-    _launched.add(engine)
     return engine.start(resume=resume)
 
 

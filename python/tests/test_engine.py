@@ -4,9 +4,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import unittest
+from pathlib import Path
 from typing import Any, Dict, List
 
 import numpy as np
@@ -285,6 +288,25 @@ class TestLaunch(unittest.TestCase):
             launch({"batchSize": -1})
         self.assertEqual(caught.exception.exit_code, 1)
         self.assertIn("batchSize", str(caught.exception))
+
+    def test_an_engine_the_trainer_never_stopped_is_stopped_when_python_exits(self) -> None:
+        script = (
+            "import sys; sys.path[:0] = sys.argv[1:3]\n"
+            "from tests.support import launch\n"
+            "engine = launch()\n"
+            "print(engine.pid, engine.run_dir, flush=True)\n"
+            "del engine\n"
+        )
+        import rollout_engine as package
+
+        here = str(Path(__file__).resolve().parents[1])
+        out = subprocess.run([sys.executable, "-c", script, str(Path(package.__file__).parents[1]), here], capture_output=True, text=True, timeout=180)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        pid, run_dir = out.stdout.split()
+        with self.assertRaises(ProcessLookupError, msg="rollout serve outlived the trainer"):
+            os.kill(int(pid), 0)
+        self.assertTrue(os.path.exists(os.path.join(run_dir, "engine.ckpt")), "stopped with SIGTERM: it checkpointed")
+        shutil.rmtree(run_dir, ignore_errors=True)
 
     def test_the_default_command_is_rollout_command_from_the_environment(self) -> None:
         old = os.environ.get("ROLLOUT_COMMAND")
