@@ -197,8 +197,8 @@ def launch(
 ) -> LaunchedEngine:
     """Start ``rollout serve`` and wait until it answers.
 
-    ``config`` is a config file's path, or a dict written to a JSON file for it (give a dict's paths
-    absolute: they are resolved against that file's directory). No config: the engine's embedded
+    ``config`` is a config file's path, or a dict written to ``<run_dir>/launch-config.json`` for it
+    (give a dict's paths absolute: they are resolved against the run dir). No config: the engine's embedded
     defaults (the mock inference server, the synthetic environments). ``run_dir`` is where the engine
     keeps its checkpoint, step records and ``serve.log`` (default: a new temporary directory);
     ``resume`` continues the run in it. ``args`` are more ``rollout serve`` flags (``--batch-size``,
@@ -209,8 +209,8 @@ def launch(
     argv = list(command) if command is not None else default_command()
     argv += ["serve", "--host", host, "--run-dir", str(run_path.resolve())]
     if isinstance(config, Mapping):
-        config_dir = Path(tempfile.mkdtemp(prefix="rollout-config-"))
-        config_path = config_dir / "config.json"
+        # In the run dir, beside the log: one directory holds everything a launch leaves.
+        config_path = run_path.resolve() / "launch-config.json"
         config_path.write_text(json.dumps(config))
         argv += ["--config", str(config_path)]
     elif config is not None:

@@ -284,8 +284,12 @@ class TestExpiredBatch(unittest.TestCase):
 
 class TestLaunch(unittest.TestCase):
     def test_a_launch_that_fails_raises_with_the_engines_own_error_from_its_log(self) -> None:
-        with self.assertRaises(LaunchError) as caught:
-            launch({"batchSize": -1})
+        run_dir = tempfile.mkdtemp(prefix="rollout-bad-config-")
+        try:
+            with self.assertRaises(LaunchError) as caught:
+                launch({"batchSize": -1}, run_dir=run_dir)
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
         self.assertEqual(caught.exception.exit_code, 1)
         self.assertIn("batchSize", str(caught.exception))
 
