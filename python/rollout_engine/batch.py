@@ -1,0 +1,509 @@
+"""Batches from ``POST /batch`` as dataclasses with numpy arrays, and the views a trainer wants.
+
+Decoding is from what the transport gives: msgpack (token ids, logprobs, model steps and loss masks
+arrive as raw little-endian bytes: each array here is an ``np.frombuffer`` view of those bytes, not a
+copy, so it is read-only) or JSON (number lists, converted once). The compact form is expanded while
+decoding: a turn whose ``messages`` / ``promptIds`` name a later turn (``messagesPrefixOf``,
+``promptIdsPrefixOf``) gets that turn's first ``length`` messages (the same dicts) and a view of its
+prompt ids — so the compact and the full form of a batch decode to equal arrays.
+
+What a trainer trains on is a :class:`Sample`: one token sequence with its action mask, the policy's
+logprobs and model steps aligned to it, and a loss mask. :meth:`Rollout.samples` stitches a rollout's
+turns into as few samples as the tokens allow: a turn whose prompt begins with everything before it
+(the whole conversation sent: ``messageCut: 0``, exact with ``llm.api: "tokens"``) extends the sample,
+its earlier responses keeping their action mask; a turn whose prompt does not (trimmed prompts,
+retokenised text) starts a new one. :meth:`Group.samples` adds the GRPO advantage of each rollout,
+its reward normalised within the group.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import BatchFormatError
+from .types import BatchStats, BatchStatus
+
+Int32Array = npt.NDArray[np.int32]
+Float32Array = npt.NDArray[np.float32]
+BoolArray = npt.NDArray[np.bool_]
+UInt8Array = npt.NDArray[np.uint8]
+
+Message = Dict[str, Any]
+
+# Little-endian whatever the host: the engine writes its typed arrays' bytes as they are on x86 / ARM.
+_I32 = np.dtype("<i4")
+_F32 = np.dtype("<f4")
+_U8 = np.dtype("u1")
+
+
+@dataclass
+class Turn:
+    """One agent turn (an inference call and the environment's step after it)."""
+
+    step: int
+    agent_id: Optional[str]
+    messages: List[Message]
+    response: str
+    finish_reason: str
+    prompt_ids: Optional[Int32Array]
+    response_ids: Optional[Int32Array]
+    logprobs: Optional[Float32Array]
+    """Logprob of each response token under the weights that sampled it; None when the server gives none."""
+    model_steps: Optional[Int32Array]
+    """Model step (weight version) of each response token; a continued partial turn mixes two."""
+    loss_mask: Optional[UInt8Array]
+    """1 = the token counts in the loss; only with ``producer.tokenStalenessThreshold`` (else None: all count)."""
+    model_step: int
+    reward: float
+    terminated: bool
+    truncated: bool
+    trainable: bool
+    seed: Optional[int]
+    timings: Dict[str, float]
+
+
+@dataclass
+class SideCall:
+    """A black-box agent's call that did not extend its conversation (a judge, a summariser)."""
+
+    index: int
+    prompt_ids: Int32Array
+    completion_ids: Int32Array
+    logprobs: Float32Array
+    finish_reason: str
+    model_step: int
+
+
+@dataclass
+class Stitched:
+    """A black-box agent's session as one sample (``rollout.stitched``)."""
+
+    observation_tokens: Int32Array
+    action_ranges: List[Tuple[int, int]]
+    rollout_logprobs: Float32Array
+    model_steps: Int32Array
+    truncated: bool
+    side_calls: List[SideCall]
+
+
+@dataclass
+class Sample:
+    """One sequence to train on. Every array has one entry per token of ``token_ids``."""
+
+    rollout_id: str
+    agent_id: Optional[str]
+    token_ids: Int32Array
+    action_mask: BoolArray
+    """True on tokens the policy generated (the responses), False on prompts and observations."""
+    logprobs: Float32Array
+    """The sampling policy's logprob of each generated token; 0 outside the action mask, NaN where the server gave none."""
+    model_steps: Int32Array
+    """Model step of each generated token; -1 outside the action mask."""
+    loss_mask: BoolArray
+    """``action_mask`` less the tokens the engine masked as too stale."""
+    reward: float
+    advantage: float
+    turns: List[int]
+    """Indexes into the rollout's ``turns`` of the responses in this sample, in order."""
+
+
+@dataclass
+class Rollout:
+    """One episode of one prompt (``status`` is COMPLETED in a NORMAL batch)."""
+
+    id: str
+    group_id: str
+    index: int
+    task_name: str
+    status: str
+    reward: float
+    agent_rewards: Optional[Dict[str, float]]
+    turns: List[Turn]
+    messages: List[Message]
+    terminated: bool
+    truncated: bool
+    finish_reason: Optional[str]
+    error: Optional[str]
+    attempt: int
+    sample: Dict[str, Any]
+    """The prompt it was reset with: ``taskName``, ``promptIndex``, ``drawIndex``, ``seed``, ``envParams``."""
+    timings: Dict[str, float]
+    stitched: Optional[Stitched] = None
+
+    def samples(self, advantage: float = 0.0, *, trainable_only: bool = True) -> List[Sample]:
+        """The rollout as training sequences (see the module doc); each carries ``advantage``.
+
+        A black-box agent's rollout is its stitched session. Otherwise, per agent, consecutive turns
+        whose prompts extend one another are one sample. With ``trainable_only`` a sample with no
+        trainable turn is left out: with ``messageCut: 0`` the engine marks only a last turn that
+        ended the episode trainable (it holds the whole conversation), so an episode cut by
+        ``maxSteps`` gives none.
+        """
+        if self.stitched is not None:
+            return [_stitched_sample(self, self.stitched, advantage)]
+        out: List[Sample] = []
+        agents: List[Optional[str]] = []
+        for turn in self.turns:
+            if turn.agent_id not in agents:
+                agents.append(turn.agent_id)
+        for agent in agents:
+            reward = self.reward if agent is None or self.agent_rewards is None else float(self.agent_rewards.get(agent, 0.0))
+            builder: Optional[_SampleBuilder] = None
+            for i, turn in enumerate(self.turns):
+                if turn.agent_id != agent:
+                    continue
+                if turn.prompt_ids is None or turn.response_ids is None:
+                    # No ids from the server for this turn: nothing to train on, and nothing to extend.
+                    builder = _flush(builder, out, self.id, agent, reward, advantage, trainable_only)
+                    continue
+                if builder is None or not builder.extended_by(turn.prompt_ids):
+                    _flush(builder, out, self.id, agent, reward, advantage, trainable_only)
+                    builder = _SampleBuilder()
+                builder.add(i, turn)
+            _flush(builder, out, self.id, agent, reward, advantage, trainable_only)
+        return out
+
+    def sequence(self, *, trainable_only: bool = True) -> Sample:
+        """The rollout's one sample; a :class:`BatchFormatError` when its turns make more or none."""
+        found = self.samples(trainable_only=trainable_only)
+        if len(found) != 1:
+            raise BatchFormatError(f"rollout {self.id}", f"its turns make {len(found)} samples, not one (trimmed prompts or several agents: use samples())")
+        return found[0]
+
+
+@dataclass
+class Group:
+    """The k rollouts of one prompt."""
+
+    id: str
+    task_name: str
+    status: str
+    rollouts: List[Rollout]
+    sample: Dict[str, Any]
+    error: Optional[str]
+
+    def rewards(self) -> Float32Array:
+        return np.array([r.reward for r in self.rollouts], dtype=np.float32)
+
+    def advantages(self, eps: float = 1e-6, scale: bool = True) -> Float32Array:
+        """GRPO advantages: each reward minus the group's mean, over the group's std (population) when ``scale``.
+
+        A group whose rewards are all equal has advantages 0: it carries no signal.
+        """
+        rewards = self.rewards()
+        centred = rewards - rewards.mean() if rewards.size else rewards
+        if not scale or rewards.size == 0:
+            return centred.astype(np.float32)
+        return (centred / (rewards.std() + eps)).astype(np.float32)
+
+    def samples(self, eps: float = 1e-6, scale: bool = True) -> List[Sample]:
+        """Every rollout's samples, each with its rollout's GRPO advantage."""
+        adv = self.advantages(eps, scale)
+        return [s for r, a in zip(self.rollouts, adv) for s in r.samples(float(a))]
+
+
+@dataclass
+class Batch:
+    """The answer to ``POST /batch``: a NORMAL batch has groups and stats, the other statuses neither."""
+
+    train_step: int
+    status: BatchStatus
+    groups: List[Group]
+    stats: Optional[BatchStats]
+    compact: bool = field(default=False)
+    """The engine sent it in the compact form (already expanded here)."""
+
+    def rollouts(self) -> List[Rollout]:
+        return [r for g in self.groups for r in g.rollouts]
+
+    def samples(self, eps: float = 1e-6, scale: bool = True) -> List[Sample]:
+        """Every group's samples with GRPO advantages normalised within each group."""
+        return [s for g in self.groups for s in g.samples(eps, scale)]
+
+
+# --- decoding ---------------------------------------------------------------------------------------
+
+ArrayField = Union[bytes, bytearray, memoryview, Sequence[float], None]
+
+
+def decode_batch(raw: Mapping[str, Any]) -> Batch:
+    """A :class:`Batch` from the decoded JSON or msgpack answer of ``POST /batch`` (compact or full)."""
+    where = "batch"
+    status = _get(raw, "status", str, where)
+    if status not in ("NORMAL", "EXPIRED_BATCH", "UPDATE_WEIGHT_AND_ABORT"):
+        raise BatchFormatError(f"{where}.status", f"unknown status {status!r}")
+    groups_raw = _get(raw, "groups", list, where)
+    groups: List[Group] = []
+    compact = False
+    for g, group in enumerate(groups_raw):
+        decoded, was_compact = _group(group, f"{where}.groups[{g}]")
+        groups.append(decoded)
+        compact = compact or was_compact
+    stats = raw.get("stats")
+    return Batch(
+        train_step=_get(raw, "trainStep", int, where),
+        status=status,  # type: ignore[arg-type]  # checked against the three statuses above
+        groups=groups,
+        stats=stats if isinstance(stats, dict) else None,  # type: ignore[arg-type]  # the engine's own stats, as sent
+        compact=compact,
+    )
+
+
+def _group(raw: Any, where: str) -> Tuple[Group, bool]:
+    if not isinstance(raw, dict):
+        raise BatchFormatError(where, f"must be an object (got {type(raw).__name__})")
+    rollouts: List[Rollout] = []
+    compact = False
+    for r, rollout in enumerate(_get(raw, "rollouts", list, where)):
+        decoded, was_compact = _rollout(rollout, f"{where}.rollouts[{r}]")
+        rollouts.append(decoded)
+        compact = compact or was_compact
+    return (
+        Group(
+            id=_get(raw, "id", str, where),
+            task_name=_get(raw, "taskName", str, where),
+            status=_get(raw, "status", str, where),
+            rollouts=rollouts,
+            sample=raw.get("sample") or {},
+            error=raw.get("error"),
+        ),
+        compact,
+    )
+
+
+def _rollout(raw: Any, where: str) -> Tuple[Rollout, bool]:
+    if not isinstance(raw, dict):
+        raise BatchFormatError(where, f"must be an object (got {type(raw).__name__})")
+    turns_raw = _get(raw, "turns", list, where)
+    compact = _expand_compact(turns_raw, where)
+    turns = [_turn(t, f"{where}.turns[{i}]") for i, t in enumerate(turns_raw)]
+    stitched_raw = raw.get("stitched")
+    agent_rewards = raw.get("agentRewards")
+    return (
+        Rollout(
+            id=_get(raw, "id", str, where),
+            group_id=_get(raw, "groupId", str, where),
+            index=_get(raw, "index", int, where),
+            task_name=_get(raw, "taskName", str, where),
+            status=_get(raw, "status", str, where),
+            reward=float(_get(raw, "reward", (int, float), where)),
+            agent_rewards={str(k): float(v) for k, v in agent_rewards.items()} if isinstance(agent_rewards, dict) else None,
+            turns=turns,
+            messages=list(raw.get("messages") or []),
+            terminated=bool(raw.get("terminated")),
+            truncated=bool(raw.get("truncated")),
+            finish_reason=raw.get("finishReason"),
+            error=raw.get("error"),
+            attempt=int(raw.get("attempt") or 0),
+            sample=raw.get("sample") or {},
+            timings=raw.get("timings") or {},
+            stitched=None if stitched_raw is None else _stitched(stitched_raw, f"{where}.stitched"),
+        ),
+        compact,
+    )
+
+
+def _expand_compact(turns: List[Any], where: str) -> bool:
+    """Resolve the compact form's prefix references in place, before any array is decoded.
+
+    A carrier holds its field whole (never a reference itself), so one pass in any order resolves
+    every reference; the raw prefix is taken from the carrier's raw field (bytes or list), so the
+    decoded ids of the referring turn are a view of the same bytes.
+    """
+    compact = False
+    for t, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise BatchFormatError(f"{where}.turns[{t}]", f"must be an object (got {type(turn).__name__})")
+        for field_name, ref_name in (("messages", "messagesPrefixOf"), ("promptIds", "promptIdsPrefixOf")):
+            ref = turn.get(ref_name)
+            if ref is None:
+                continue
+            compact = True
+            at = f"{where}.turns[{t}].{ref_name}"
+            j, n = (ref.get("turn"), ref.get("length")) if isinstance(ref, dict) else (None, None)
+            # bool is an int to isinstance: `true` is no turn index
+            if not isinstance(j, int) or isinstance(j, bool) or not 0 <= j < len(turns) or not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise BatchFormatError(at, f"must name a turn of this rollout and a length (got {ref!r})")
+            carrier = turns[j].get(field_name)
+            if carrier is None or ref_name in turns[j]:
+                raise BatchFormatError(at, f"must name a turn that carries {field_name} whole (got {ref!r})")
+            width = 4 if isinstance(carrier, (bytes, bytearray, memoryview)) and field_name == "promptIds" else 1
+            if n * width > len(carrier):
+                raise BatchFormatError(at, f"asks for {n} of turn {j}'s {field_name}, which has {len(carrier) // width}")
+            turn[field_name] = memoryview(carrier)[: n * 4] if width == 4 else carrier[:n]
+            del turn[ref_name]
+    return compact
+
+
+def _turn(raw: Dict[str, Any], where: str) -> Turn:
+    return Turn(
+        step=_get(raw, "step", int, where),
+        agent_id=raw.get("agentId"),
+        messages=list(_get(raw, "messages", list, where)),
+        response=_get(raw, "response", str, where),
+        finish_reason=str(raw.get("finishReason")),
+        prompt_ids=_array(raw.get("promptIds"), _I32, f"{where}.promptIds"),
+        response_ids=_array(raw.get("responseIds"), _I32, f"{where}.responseIds"),
+        logprobs=_array(raw.get("logprobs"), _F32, f"{where}.logprobs"),
+        model_steps=_array(raw.get("modelSteps"), _I32, f"{where}.modelSteps"),
+        loss_mask=_array(raw.get("lossMask"), _U8, f"{where}.lossMask"),
+        model_step=_get(raw, "modelStep", int, where),
+        reward=float(_get(raw, "reward", (int, float), where)),
+        terminated=bool(raw.get("terminated")),
+        truncated=bool(raw.get("truncated")),
+        trainable=bool(raw.get("trainable")),
+        seed=raw.get("seed"),
+        timings=raw.get("timings") or {},
+    )
+
+
+def _stitched(raw: Any, where: str) -> Stitched:
+    if not isinstance(raw, dict):
+        raise BatchFormatError(where, f"must be an object (got {type(raw).__name__})")
+    side_calls = []
+    for i, call in enumerate(raw.get("sideCalls") or []):
+        at = f"{where}.sideCalls[{i}]"
+        side_calls.append(
+            SideCall(
+                index=_get(call, "index", int, at),
+                prompt_ids=_required_array(call.get("promptIds"), _I32, f"{at}.promptIds"),
+                completion_ids=_required_array(call.get("completionIds"), _I32, f"{at}.completionIds"),
+                logprobs=_required_array(call.get("logprobs"), _F32, f"{at}.logprobs"),
+                finish_reason=str(call.get("finishReason")),
+                model_step=_get(call, "modelStep", int, at),
+            )
+        )
+    return Stitched(
+        observation_tokens=_required_array(raw.get("observationTokens"), _I32, f"{where}.observationTokens"),
+        action_ranges=[(int(a), int(b)) for a, b in _get(raw, "actionRanges", list, where)],
+        rollout_logprobs=_required_array(raw.get("rolloutLogprobs"), _F32, f"{where}.rolloutLogprobs"),
+        model_steps=_required_array(raw.get("modelSteps"), _I32, f"{where}.modelSteps"),
+        truncated=bool(raw.get("truncated")),
+        side_calls=side_calls,
+    )
+
+
+def _array(value: ArrayField, dtype: np.dtype[Any], where: str) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        buffer = memoryview(value).cast("B")
+        if buffer.nbytes % dtype.itemsize:
+            raise BatchFormatError(where, f"{buffer.nbytes} bytes is not a whole number of {dtype.itemsize}-byte values")
+        return np.frombuffer(buffer, dtype=dtype)
+    if isinstance(value, list):
+        try:
+            return np.asarray(value, dtype=dtype)
+        except (TypeError, ValueError, OverflowError) as err:
+            raise BatchFormatError(where, f"must be a list of numbers ({err})") from None
+    raise BatchFormatError(where, f"must be bytes or a list of numbers (got {type(value).__name__})")
+
+
+def _required_array(value: ArrayField, dtype: np.dtype[Any], where: str) -> Any:
+    out = _array(value, dtype, where)
+    if out is None:
+        raise BatchFormatError(where, "is missing")
+    return out
+
+
+def _get(raw: Mapping[str, Any], key: str, kind: Union[type, Tuple[type, ...]], where: str) -> Any:
+    if not isinstance(raw, Mapping):
+        raise BatchFormatError(where, f"must be an object (got {type(raw).__name__})")
+    value = raw.get(key)
+    # bool is an int to isinstance: a true/false where a number belongs is refused all the same.
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise BatchFormatError(f"{where}.{key}", f"must be {_kind_name(kind)} (got {value!r:.60})")
+    return value
+
+
+def _kind_name(kind: Union[type, Tuple[type, ...]]) -> str:
+    return " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
+
+
+# --- samples ----------------------------------------------------------------------------------------
+
+
+class _SampleBuilder:
+    """Pieces of one sample, concatenated once at the end."""
+
+    def __init__(self) -> None:
+        self.tokens: List[Int32Array] = []
+        self.action: List[bool] = []
+        self.logprobs: List[Float32Array] = []
+        self.model_steps: List[Int32Array] = []
+        self.loss: List[BoolArray] = []
+        self.turns: List[int] = []
+        self.trainable = False
+        self.length = 0
+
+    def extended_by(self, prompt_ids: Int32Array) -> bool:
+        """The next turn's prompt begins with every token of this sample (so it continues it)."""
+        if len(prompt_ids) < self.length:
+            return False
+        return bool(np.array_equal(prompt_ids[: self.length], np.concatenate(self.tokens) if self.tokens else prompt_ids[:0]))
+
+    def add(self, index: int, turn: Turn) -> None:
+        assert turn.prompt_ids is not None and turn.response_ids is not None
+        context = turn.prompt_ids[self.length :]
+        n = len(context)
+        self.tokens.append(context)
+        self.logprobs.append(np.zeros(n, dtype=np.float32))
+        self.model_steps.append(np.full(n, -1, dtype=np.int32))
+        self.loss.append(np.zeros(n, dtype=np.bool_))
+        self.action.append(False)
+        r = turn.response_ids
+        m = len(r)
+        self.tokens.append(r)
+        self.logprobs.append(turn.logprobs if turn.logprobs is not None and len(turn.logprobs) == m else np.full(m, np.nan, dtype=np.float32))
+        self.model_steps.append(turn.model_steps if turn.model_steps is not None and len(turn.model_steps) == m else np.full(m, turn.model_step, dtype=np.int32))
+        self.loss.append(turn.loss_mask.astype(np.bool_) if turn.loss_mask is not None and len(turn.loss_mask) == m else np.ones(m, dtype=np.bool_))
+        self.action.append(True)
+        self.turns.append(index)
+        self.trainable = self.trainable or turn.trainable
+        self.length += n + m
+
+    def build(self, rollout_id: str, agent_id: Optional[str], reward: float, advantage: float) -> Sample:
+        action = np.concatenate([np.full(len(t), a, dtype=np.bool_) for t, a in zip(self.tokens, self.action)])
+        return Sample(
+            rollout_id=rollout_id,
+            agent_id=agent_id,
+            token_ids=np.concatenate(self.tokens).astype(np.int32, copy=False),
+            action_mask=action,
+            logprobs=np.concatenate(self.logprobs).astype(np.float32, copy=False),
+            model_steps=np.concatenate(self.model_steps).astype(np.int32, copy=False),
+            loss_mask=np.concatenate(self.loss) & action,
+            reward=reward,
+            advantage=advantage,
+            turns=list(self.turns),
+        )
+
+
+def _flush(builder: Optional[_SampleBuilder], out: List[Sample], rollout_id: str, agent_id: Optional[str], reward: float, advantage: float, trainable_only: bool) -> None:
+    if builder is not None and builder.turns and (builder.trainable or not trainable_only):
+        out.append(builder.build(rollout_id, agent_id, reward, advantage))
+    return None
+
+
+def _stitched_sample(rollout: Rollout, s: Stitched, advantage: float) -> Sample:
+    n = len(s.observation_tokens)
+    action = np.zeros(n, dtype=np.bool_)
+    for a, b in s.action_ranges:
+        action[a:b] = True
+    return Sample(
+        rollout_id=rollout.id,
+        agent_id=None,
+        token_ids=s.observation_tokens,
+        action_mask=action,
+        logprobs=np.where(action, s.rollout_logprobs, np.float32(0)).astype(np.float32),
+        model_steps=np.where(action, s.model_steps, np.int32(-1)).astype(np.int32),
+        loss_mask=action.copy(),
+        reward=rollout.reward,
+        advantage=advantage,
+        turns=list(range(len(rollout.turns))),
+    )
+
+
+__all__ = ["Batch", "Group", "Rollout", "Turn", "Sample", "Stitched", "SideCall", "decode_batch"]

@@ -1,0 +1,123 @@
+"""The control API's JSON answers as TypedDicts (field names as the engine sends them).
+
+Batches are not here: they are decoded into the dataclasses of :mod:`rollout_engine.batch`, with numpy
+arrays for tokens. These are the small answers a trainer reads as they come.
+"""
+from __future__ import annotations
+
+from typing import Dict, Literal, Optional, TypedDict
+
+BatchStatus = Literal["NORMAL", "EXPIRED_BATCH", "UPDATE_WEIGHT_AND_ABORT"]
+"""NORMAL: the batch. EXPIRED_BATCH: sync weights, then ask again. UPDATE_WEIGHT_AND_ABORT: paused, resume first."""
+
+RolloutStatus = Literal["INIT", "COMPLETED", "ABORTED", "EXPIRED", "FAILED", "FILTERED"]
+
+
+class Health(TypedDict):
+    status: str
+
+
+class DropCounts(TypedDict):
+    FAILED: int
+    FILTERED: int
+    EXPIRED: int
+
+
+class GroupCounts(TypedDict):
+    """``scheduled = inFlight + in the buffer + taken + dropped`` (the engine's accounting identity)."""
+
+    scheduled: int
+    retried: int
+    inFlight: int
+    landed: Dict[str, int]
+    taken: int
+    dropped: DropCounts
+
+
+class BufferCounts(TypedDict):
+    completed: int
+    aborted: int
+    expired: int
+    bytes: int
+    dropped: DropCounts
+    lastDropReason: Optional[str]
+
+
+class EngineStatus(TypedDict):
+    """``GET /status``."""
+
+    modelStep: int
+    nextTrainStep: int
+    producerFutureStep: int
+    paused: bool
+    groups: GroupCounts
+    buffer: BufferCounts
+    llmUrl: Optional[str]
+
+
+class PauseReport(TypedDict):
+    """``POST /pause``: answered once every group in flight is back (times in ms from the request)."""
+
+    workersStoppedMs: Optional[float]
+    workersAckedMs: Optional[float]
+    allBackMs: float
+    groupsBack: int
+    serverAbort: bool
+    cancelled: bool
+    stillInFlight: int
+
+
+class Staleness(TypedDict):
+    min: float
+    max: float
+    mean: float
+
+
+class TaskStats(TypedDict):
+    groups: int
+    meanReward: float
+
+
+class BatchStats(TypedDict):
+    """A NORMAL batch's ``stats``."""
+
+    groups: int
+    rollouts: int
+    meanReward: float
+    turns: int
+    responseTokens: int
+    staleness: Staleness
+    maskedTokens: int
+    producedSamples: Dict[str, int]
+    producedTokens: Dict[str, int]
+    rawMeanReward: Dict[str, Optional[float]]
+    produceMs: float
+    byTask: Dict[str, TaskStats]
+
+
+class ResumeReply(TypedDict, total=False):
+    resumed: bool
+    modelStep: int
+    weightVersion: str
+
+
+class CheckpointReply(TypedDict):
+    path: str
+    bytes: int
+
+
+__all__ = [
+    "BatchStatus",
+    "RolloutStatus",
+    "Health",
+    "DropCounts",
+    "GroupCounts",
+    "BufferCounts",
+    "EngineStatus",
+    "PauseReport",
+    "Staleness",
+    "TaskStats",
+    "BatchStats",
+    "ResumeReply",
+    "CheckpointReply",
+]
