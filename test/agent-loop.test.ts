@@ -132,6 +132,14 @@ describe('agent loop (rollout/agent-loop.ts runEpisode)', () => {
     assert.deepEqual([rollout.terminated, rollout.truncated, rollout.turns.length, llm.requests.length], [false, true, 3, 3]);
   });
 
+  it('trains on the last step of an episode that ran out of steps with the whole conversation sent (regression: it had no trainable turn)', async () => {
+    const llm = scriptedClient([answer('a'), answer('b'), answer('c')]);
+    const { ctx, rollout } = episode(countingEnv(), llm, testGate(), { maxSteps: 3, messageCut: 0 });
+    await runEpisode(rollout, ctx);
+    assert.equal(rollout.status, Status.COMPLETED);
+    assert.deepEqual(rollout.turns.map((t) => [t.trainable, t.truncated]), [[false, false], [false, false], [true, true]]);
+  });
+
   it('fails the rollout with the environment error when a step throws, keeping the turns so far and recycling the actor', async () => {
     const llm = scriptedClient([answer('a'), answer('b')]);
     const { ctx, rollout, released } = episode(countingEnv({ failAt: 2 }), llm);

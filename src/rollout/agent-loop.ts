@@ -337,9 +337,25 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
       rollout.truncated = outcome.truncated;
       break;
     }
-    if (step === settings.maxSteps) rollout.truncated = true; // out of steps: it did not finish on its own
+    if (step === settings.maxSteps) {
+      // Out of steps: it did not finish on its own, but its last step holds the whole conversation.
+      rollout.truncated = true;
+      for (const turn of turns) turn.truncated = turn.trainable = true;
+    }
   }
+  trainOnLastStep(rollout);
   rollout.status = Status.COMPLETED;
+}
+
+/**
+ * Without trimming only a turn that ended the episode is trained on (it holds the whole
+ * conversation). An episode the environment ended with an empty prompt, or that ran out of steps,
+ * ended all the same: its last step is trained on, or the rollout would give the trainer nothing.
+ */
+function trainOnLastStep(rollout: RolloutState): void {
+  const last = rollout.turns.at(-1);
+  if (last === undefined || last.trainable) return;
+  for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === last.step; i--) rollout.turns[i].trainable = true;
 }
 
 /**
