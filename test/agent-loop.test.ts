@@ -6,7 +6,7 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import type { ChatRequest } from '../src/llm/client.ts';
+import type { ChatRequest } from '../src/llm/request.ts';
 import type { ChatResult } from '../src/llm/reply.ts';
 import type { Environment, StepResult } from '../src/env/types.ts';
 import { runEpisode, type AgentSettings, type ChatClient, type EpisodeContext, type PauseView } from '../src/rollout/agent-loop.ts';

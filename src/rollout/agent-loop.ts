@@ -28,7 +28,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { CancelSignal } from '../cancel.ts';
 import type { ChatResult } from '../llm/reply.ts';
-import type { ChatRequest } from '../llm/client.ts';
+import type { ChatRequest } from '../llm/request.ts';
 import type { Route } from '../llm/router.ts';
 import { isOutageError, OUTAGE_CODE } from '../llm/errors.ts';
 import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/replies.ts';
