@@ -1,5 +1,7 @@
 /**
- * rollout-engine's public API.
+ * The engine a trainer holds: a thin shell over the coordinator (coordinator/engine.ts) that adds the
+ * control API and metrics. The package entry (src/index.ts) re-exports it; modules inside the package
+ * import it from here, never from the entry.
  *
  *   const engine = createEngine({ tasks: [...], llm: { url, model } });
  *   await engine.start();
@@ -109,29 +111,3 @@ export class Engine {
 export function createEngine(config: EngineConfigInput = {}, options: ResolveOptions & CoordinatorOptions = {}): Engine {
   return new Engine(resolveConfig(config, options), options);
 }
-
-export { resolveConfig, EngineConfigSchema, BUILTIN_ENVS } from './config.ts';
-export type { EngineConfigInput, ResolvedConfig, TaskConfig, LlmConfig, MockConfig, ResolveOptions } from './config.ts';
-export type { EngineStats, CoordinatorOptions } from './coordinator/engine.ts';
-export type { Batch, BatchStats, GroupCounts, PauseReport, ProducerHooks } from './coordinator/producer.ts';
-export { hasRewardSpread } from './coordinator/producer.ts';
-export type { ProduceStatus, ShouldContinue } from './coordinator/strategies.ts';
-export type { WorkerPool } from './coordinator/worker-pool.ts';
-export { ConfigError, ProtocolError, RolloutEngineError } from './protocol/errors.ts';
-export { LlmError } from './llm/errors.ts';
-export { Status, groupStatus, statusForFinishReason } from './protocol/rollout.ts';
-export type { RolloutState, RolloutGroup, TurnRecord, ChatMessage, PromptSample, FinishReason } from './protocol/rollout.ts';
-export type { Environment, EnvironmentFactory, ResetOptions, ResetResult, StepResult, EnvParams } from './env/types.ts';
-export { BatchFileWriter, groupToJson } from './coordinator/batch-file.ts';
-export { listCompletedSessions, readStepRecords, indexSessions } from './records/index.ts';
-export type { StepRecord, SessionEnd, CompletedSession } from './records/index.ts';
-export { EnvError } from './env/errors.ts';
-export { startEnvServer } from './env/server.ts';
-export { createHttpEnvironments } from './env/http-env.ts';
-export type { ControlServer, ControlServerOptions } from './control/server.ts';
-export { runLoadtest } from './loadtest/index.ts';
-export { startGateway, stitchTraces } from './gateway/index.ts';
-export type { Gateway, GatewayOptions, StitchedSample } from './gateway/index.ts';
-export type { BlackBoxAgent, BlackBoxInput, BlackBoxResult } from './rollout/blackbox-loop.ts';
-export type { EpisodeHooks } from './rollout/agent-loop.ts';
-export type { StitchedSession } from './protocol/rollout.ts';

@@ -1,7 +1,8 @@
 import { existsSync, rmdirSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { createEngine, type Batch } from '../index.ts';
+import type { Batch } from '../coordinator/producer.ts';
+import { createEngine } from '../engine.ts';
 import { emptyStatusCounts } from '../coordinator/producer.ts';
 import { BatchFileWriter } from '../coordinator/batch-file.ts';
 import { readCheckpoint } from '../coordinator/checkpoint.ts';

@@ -1,0 +1,26 @@
+/**
+ * The package entry (`rollout-engine`): what a trainer needs to build an engine, take batches, update
+ * weights and read what comes back. Nothing is defined here; each name comes from the module that
+ * defines it, and no module of the package imports this file (test/support/layering.ts).
+ *
+ * The rest has its own entry: `rollout-engine/gateway` (token-trace gateway), `/env-server`
+ * (environments over HTTP), `/records` (step records), `/loadtest`, `/testing` (mock inference server).
+ */
+export { createEngine, Engine } from './engine.ts';
+export { resolveConfig, EngineConfigSchema, BUILTIN_ENVS } from './config.ts';
+export type { EngineConfigInput, ResolvedConfig, TaskConfig, LlmConfig, MockConfig, ResolveOptions } from './config.ts';
+export type { EngineStats, CoordinatorOptions } from './coordinator/engine.ts';
+export type { Batch, BatchStats, GroupCounts, PauseReport, ProducerHooks } from './coordinator/producer.ts';
+export { hasRewardSpread } from './coordinator/producer.ts';
+export type { ProduceStatus, ShouldContinue } from './coordinator/strategies.ts';
+export type { WorkerPool } from './coordinator/worker-pool.ts';
+export type { ControlServer, ControlServerOptions } from './control/server.ts';
+export { ConfigError, ProtocolError, RolloutEngineError } from './protocol/errors.ts';
+export { LlmError } from './llm/errors.ts';
+export { EnvError } from './env/errors.ts';
+export { Status, groupStatus, statusForFinishReason } from './protocol/rollout.ts';
+export type { RolloutState, RolloutGroup, TurnRecord, ChatMessage, PromptSample, FinishReason, StitchedSession } from './protocol/rollout.ts';
+export type { Environment, EnvironmentFactory, ResetOptions, ResetResult, StepResult, EnvParams } from './env/types.ts';
+export { BatchFileWriter, groupToJson } from './coordinator/batch-file.ts';
+export type { BlackBoxAgent, BlackBoxInput, BlackBoxResult } from './rollout/blackbox-loop.ts';
+export type { EpisodeHooks } from './rollout/agent-loop.ts';
