@@ -22,5 +22,5 @@ export { Status, groupStatus, statusForFinishReason } from './protocol/rollout.t
 export type { RolloutState, RolloutGroup, TurnRecord, ChatMessage, PromptSample, FinishReason, StitchedSession } from './protocol/rollout.ts';
 export type { Environment, EnvironmentFactory, ResetOptions, ResetResult, StepResult, EnvParams } from './env/types.ts';
 export { BatchFileWriter, groupToJson } from './coordinator/batch-file.ts';
-export type { BlackBoxAgent, BlackBoxInput, BlackBoxResult } from './rollout/blackbox-loop.ts';
-export type { EpisodeHooks } from './rollout/agent-loop.ts';
+export type { BlackBoxAgent, BlackBoxInput, BlackBoxResult } from './worker/blackbox-loop.ts';
+export type { EpisodeHooks } from './worker/agent-loop.ts';

@@ -67,6 +67,9 @@ describe('the layering checker', () => {
       'src/index.ts': "export { run } from './cli/run.ts';\n",
       'src/cli/run.ts': "import { Engine } from '../index.ts';\nexport const run = Engine;\n",
       'src/protocol/codec.ts': "// a comment: import { nope } from '../config.ts';\nimport { z } from '../config.ts';\nexport const codec = z;\n",
+      'src/protocol/messages.ts': "import type { A } from '../llm/a.ts';\nimport { type B } from '../env/b.ts';\nimport { type C, d } from '../env/b.ts';\nimport type { Z } from '../config.ts';\n",
+      'src/llm/a.ts': 'export type A = 1;\n',
+      'src/env/b.ts': 'export type B = 1;\nexport type C = 1;\nexport const d = 1;\n',
       'src/config.ts': "export const z = 1;\n",
       'src/worker/runtime.ts': "\nimport type { Buffer } from '../buffer/replay-buffer.ts';\n",
       'src/buffer/replay-buffer.ts': "export type Buffer = number;\n",
@@ -74,7 +77,9 @@ describe('the layering checker', () => {
     assert.deepEqual(checkLayering(root).sort(), [
       'import cycle: src/cli/run.ts → src/index.ts → src/cli/run.ts',
       'src/cli/run.ts:1 imports src/index.ts: import from the module that defines it, not the package entry',
-      'src/protocol/codec.ts:2 imports src/config.ts: protocol/ imports nothing outside protocol/',
+      "src/protocol/codec.ts:2 imports src/config.ts: protocol/ imports nothing outside protocol/ (at run time; type-only, the worker side's settings)",
+      "src/protocol/messages.ts:3 imports src/env/b.ts: protocol/ imports nothing outside protocol/ (at run time; type-only, the worker side's settings)",
+      "src/protocol/messages.ts:4 imports src/config.ts: protocol/ imports nothing outside protocol/ (at run time; type-only, the worker side's settings)",
       "src/worker/runtime.ts:2 imports src/buffer/replay-buffer.ts: the worker side (worker/, workers/, env/, llm/) never imports the main thread's coordinator/, buffer/, control/ or cli/",
     ]);
   });

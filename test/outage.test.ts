@@ -22,7 +22,7 @@ function deferred<T = void>(): { promise: Promise<T>; resolve: (v: T) => void } 
   return { promise, resolve };
 }
 
-/** A group of two whose first member's call met a possible outage (as rollout/agent-loop.ts returns it). */
+/** A group of two whose first member's call met a possible outage (as worker/agent-loop.ts returns it). */
 function outageGroup(): RolloutGroup {
   const member = (status: string, error: string | null) => ({ status, error }) as RolloutGroup['rollouts'][number];
   return {

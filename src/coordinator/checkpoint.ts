@@ -11,7 +11,7 @@ import { decodeCheckpoint, encodeCheckpoint } from '../protocol/codec.ts';
 import { preview, RolloutEngineError } from '../protocol/errors.ts';
 import { compactGroup, expandGroup } from '../protocol/compact.ts';
 import { sharedMessageCount, Status, type ChatMessage, type RolloutGroup } from '../protocol/rollout.ts';
-import { sharePromptPrefix } from '../rollout/prompt-prefix.ts';
+import { sharePromptPrefix } from '../worker/prompt-prefix.ts';
 import type { ProducerSnapshot } from './producer.ts';
 
 /**
@@ -165,7 +165,7 @@ function checkTurnFields(group: RolloutGroup, where: string): void {
 /**
  * What the file did not keep shared (it holds no shared objects; version 1 wrote every turn whole) is
  * shared again, as the run that wrote it held it, in place: prompt ids as the agent loop shares them
- * (rollout/prompt-prefix.ts), and each message equal to the one at its place in the agent's previous
+ * (worker/prompt-prefix.ts), and each message equal to the one at its place in the agent's previous
  * turn becomes that very object again.
  */
 function shareConversations(group: RolloutGroup): void {

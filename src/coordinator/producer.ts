@@ -724,7 +724,7 @@ export class Producer implements ProduceContext {
   /**
    * New weights are loaded: tag new tokens with `modelStep` and produce again. `weightVersion` is the
    * servers' name for these weights (SGLang's `--weight-version`, a string): replies that carry another
-   * one are reported as not serving them (rollout/pause-gate.ts).
+   * one are reported as not serving them (worker/pause-gate.ts).
    */
   resume(modelStep: number, weightVersion: string | null = null): void {
     if (!Number.isInteger(modelStep) || modelStep < this.#modelStep || modelStep > 0x7fffffff) {

@@ -51,7 +51,7 @@ export interface LlmClientOptions {
    * aborted generation with the tokens it holds, instead of waiting for the server's aborted answer.
    */
   holdOnPause?: boolean;
-  /** The pause gate's hold signal (rollout/pause-gate.ts), read per call: a fresh one after each resume. */
+  /** The pause gate's hold signal (worker/pause-gate.ts), read per call: a fresh one after each resume. */
   hold?: () => CancelSignal;
   /** Told once per client of a reply that lacks what was asked for (token ids, logprobs): the worker logs it. */
   warn?: (message: string) => void;

@@ -22,7 +22,7 @@ export class LlmError extends RolloutEngineError {
 
 /**
  * Prefix of a rollout's `error` when it came back ABORTED because its inference call met an outage
- * (rollout/agent-loop.ts): the producer tells these from pause aborts by it (coordinator/outage.ts).
+ * (worker/agent-loop.ts): the producer tells these from pause aborts by it (coordinator/outage.ts).
  */
 export const OUTAGE_CODE = 'ERR_LLM_OUTAGE';
 

@@ -17,11 +17,13 @@
  *   [ u32 body length | msgpack body (arrays as [kind, offset, length]) | pad to 8 | regions, each 8-aligned ]
  *
  * A region is one array, or one run of overlapping views of a buffer (a turn's prompt ids are a
- * prefix of the next turn's: rollout/prompt-prefix.ts); an offset is a multiple of its kind's size.
+ * prefix of the next turn's: worker/prompt-prefix.ts); an offset is a multiple of its kind's size.
  */
 import { Packr } from 'msgpackr';
-import { PROTOCOL_VERSION, WIRE_MESSAGE_TYPES, type WireMessage } from './messages.ts';
+import { PROTOCOL_VERSION, WIRE_MESSAGE_TYPES, type RunGroupMessage, type WireMessage } from './messages.ts';
+import { restoreKeptTurns } from './result-delta.ts';
 import { preview, ProtocolError } from './errors.ts';
+import { fillModelSteps, type RolloutGroup } from './rollout.ts';
 
 const threadPackr = new Packr({ useRecords: false, moreTypes: true, structuredClone: true });
 const packr = new Packr({ useRecords: false, moreTypes: true });
@@ -77,6 +79,28 @@ export function decodeMessage(bytes: Uint8Array): WireMessage {
   const start = align8(HEADER_BYTES + bodyLength);
   restoreArrays(value as WireMessage, start < bytes.byteLength ? bytes.slice(start).buffer : new ArrayBuffer(0));
   return value as WireMessage;
+}
+
+/** Coordinator side: a group to run, as the bytes a task carries (`dispatch`: the env watch's number for this run). */
+export function encodeRunGroup(group: RolloutGroup, modelStep: number, dispatch: number): Uint8Array {
+  return encodeMessage({ v: PROTOCOL_VERSION, type: 'run-group', group, modelStep, enqueuedAt: Date.now(), dispatch });
+}
+
+/** Worker side: the group a task's bytes carry. */
+export function decodeRunGroup(bytes: Uint8Array): RunGroupMessage {
+  const message = decodeMessage(bytes);
+  if (message.type !== 'run-group') throw new ProtocolError(`worker expects run-group messages, got ${message.type}`);
+  return message;
+}
+
+/**
+ * Coordinator side: the group a worker answered with for `sent` (the group as dispatched), whole
+ * again — the turns it left out put back, the model steps it left implicit filled in.
+ */
+export function decodeGroupResult(bytes: Uint8Array, sent: RolloutGroup): RolloutGroup {
+  const message = decodeMessage(bytes);
+  if (message.type !== 'group-result') throw new ProtocolError(`worker answered ${message.type} to run-group`);
+  return fillModelSteps(restoreKeptTurns(message.group, sent, message.keptTurns));
 }
 
 /**

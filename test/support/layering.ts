@@ -12,7 +12,9 @@
  *   gateway and the mock on demand), but it is an edge for the rules below;
  * - the worker side (worker/, workers/) and what it runs (env/, llm/) never import the main thread's
  *   coordinator/, buffer/, control/ or cli/: that code is not loaded into a worker thread;
- * - protocol/ imports nothing outside protocol/: it is what both sides of the thread boundary share;
+ * - protocol/ imports nothing outside protocol/ at run time: it is what both sides of the thread
+ *   boundary share. One exception, type-only: the worker's start-up message (WorkerInit) carries the
+ *   settings of the worker-side modules that read them (env/, llm/, worker/), typed by those modules;
  * - nothing in src/ imports a package entry (src/index.ts): the entry re-exports, it is not a library
  *   to build with, and an import of it drags every module into a cycle with the importer.
  *
@@ -29,6 +31,8 @@ export interface ImportEdge {
   line: number;
   /** `dynamic`: an `import('…')` expression, loaded on demand. */
   kind: 'static' | 'dynamic';
+  /** `import type …`, or every name imported is `type X`: erased, nothing is loaded. */
+  typeOnly: boolean;
 }
 
 /** Folders (under the repository root) whose modules make up the graph. */
@@ -37,9 +41,11 @@ const ROOTS = ['src', 'workers'];
 /** Layers of src/ that must not reach the main thread's code, and that code. */
 const WORKER_SIDE = ['src/worker/', 'workers/', 'src/env/', 'src/llm/'];
 const MAIN_THREAD_ONLY = ['src/coordinator/', 'src/buffer/', 'src/control/', 'src/cli/'];
+/** What the start-up message may name the settings of, type-only (see the module comment). */
+const WORKER_SETTINGS = ['src/env/', 'src/llm/', 'src/worker/'];
 const PACKAGE_ENTRY = 'src/index.ts';
 
-const STATIC = /^(?:import|export)\s[^;'"]*?\sfrom\s*['"]([^'"]+)['"]|^import\s*['"]([^'"]+)['"]/gm;
+const STATIC = /^(?:import|export)\s([^;'"]*?)\sfrom\s*['"]([^'"]+)['"]|^import\s*['"]([^'"]+)['"]/gm;
 const DYNAMIC = /\bimport\(\s*['"]([^'"]+)['"]\s*\)/g;
 
 export function importGraph(root: string): ImportEdge[] {
@@ -47,16 +53,23 @@ export function importGraph(root: string): ImportEdge[] {
   for (const file of ROOTS.flatMap((dir) => tsFiles(root, dir))) {
     const text = readFileSync(join(root, file), 'utf8');
     const lineOf = (index: number): number => text.slice(0, index).split('\n').length;
-    const add = (specifier: string, index: number, kind: ImportEdge['kind']): void => {
+    const add = (specifier: string, index: number, kind: ImportEdge['kind'], typeOnly = false): void => {
       if (!specifier.startsWith('.')) return;
       const to = posix.normalize(posix.join(posix.dirname(file), specifier));
       if (!existsSync(join(root, to))) throw new Error(`${file}:${lineOf(index)}: import of ${specifier} names no file (${to})`);
-      edges.push({ from: file, to, line: lineOf(index), kind });
+      edges.push({ from: file, to, line: lineOf(index), kind, typeOnly });
     };
-    for (const m of text.matchAll(STATIC)) add(m[1] ?? m[2], m.index, 'static');
+    for (const m of text.matchAll(STATIC)) add(m[2] ?? m[3], m.index, 'static', m[1] !== undefined && isTypeOnly(m[1]));
     for (const m of text.matchAll(DYNAMIC)) add(m[1], m.index, 'dynamic');
   }
   return edges;
+}
+
+/** `type { A }`, or `{ type A, type B }`: the clause between `import` / `export` and `from`. */
+function isTypeOnly(clause: string): boolean {
+  if (/^type\s/.test(clause)) return true;
+  const names = /^\{([^}]*)\}$/.exec(clause.trim())?.[1].split(',').map((n) => n.trim()).filter((n) => n !== '');
+  return names !== undefined && names.length > 0 && names.every((n) => n.startsWith('type '));
 }
 
 function tsFiles(root: string, dir: string): string[] {
@@ -159,8 +172,8 @@ export function layeringViolations(edges: readonly ImportEdge[]): string[] {
     if (under(e.from, WORKER_SIDE) && under(e.to, MAIN_THREAD_ONLY)) {
       problems.push(`${at}: the worker side (worker/, workers/, env/, llm/) never imports the main thread's coordinator/, buffer/, control/ or cli/`);
     }
-    if (e.from.startsWith('src/protocol/') && !e.to.startsWith('src/protocol/')) {
-      problems.push(`${at}: protocol/ imports nothing outside protocol/`);
+    if (e.from.startsWith('src/protocol/') && !e.to.startsWith('src/protocol/') && !(e.typeOnly && under(e.to, WORKER_SETTINGS))) {
+      problems.push(`${at}: protocol/ imports nothing outside protocol/ (at run time; type-only, the worker side's settings)`);
     }
     if (e.to === PACKAGE_ENTRY && e.from.startsWith('src/')) {
       problems.push(`${at}: import from the module that defines it, not the package entry`);

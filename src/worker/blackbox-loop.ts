@@ -47,7 +47,7 @@ export interface BlackBoxContext {
   gatewayUrl: string;
   /** The task's environment, or null when prompts come from the dataset. */
   actors: ActorSource | null;
-  /** Bounds and watches the environment's calls (rollout/env-guard.ts); absent = unguarded. */
+  /** Bounds and watches the environment's calls (worker/env-guard.ts); absent = unguarded. */
   guard?: EnvCallGuard;
   gate: PauseView;
   workerId: number;

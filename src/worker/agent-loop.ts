@@ -64,12 +64,12 @@ export interface ChatClient {
   endSession?(session: string): void;
 }
 
-/** What the agent loop needs to know about pauses (rollout/pause-gate.ts in a worker). */
+/** What the agent loop needs to know about pauses (worker/pause-gate.ts in a worker). */
 export interface PauseView {
   readonly paused: boolean;
   readonly modelStep: number;
   readonly signal: AbortSignal;
-  /** The model step a reply's weight version names; −1 for a version the trainer did not announce (rollout/pause-gate.ts). */
+  /** The model step a reply's weight version names; −1 for a version the trainer did not announce (worker/pause-gate.ts). */
   stepOfVersion(version: string | null): number;
 }
 
@@ -89,7 +89,7 @@ export interface EpisodeHooks {
 }
 
 /**
- * Runs one call into the task's user code for `rollout` (rollout/env-guard.ts: time bound, cancel,
+ * Runs one call into the task's user code for `rollout` (worker/env-guard.ts: time bound, cancel,
  * blame on a worker's death). Absent: calls run unguarded.
  */
 export interface EnvCallGuard {
