@@ -11,7 +11,7 @@
 import { resolveConfig, type EngineConfigInput, type ResolvedConfig, type ResolveOptions } from './config.ts';
 import { Coordinator, type CoordinatorOptions, type EngineStats } from './coordinator/engine.ts';
 import type { Batch, PauseReport } from './coordinator/producer.ts';
-import { RolloutEngineError } from './protocol/errors.ts';
+import { RolloutEngineError } from './errors.ts';
 import { EngineMetrics } from './control/metrics.ts';
 import { startControlServer, type ControlServer, type ControlServerOptions } from './control/server.ts';
 

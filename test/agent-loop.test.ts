@@ -10,7 +10,7 @@ import type { ChatRequest } from '../src/llm/request.ts';
 import type { ChatResult } from '../src/llm/reply.ts';
 import type { Environment, StepResult } from '../src/env/types.ts';
 import { runEpisode, type AgentSettings, type ChatClient, type EpisodeContext, type PauseView } from '../src/worker/agent-loop.ts';
-import { newGroup, Status, type RolloutState } from '../src/protocol/rollout.ts';
+import { newGroup, Status, type RolloutState } from '../src/domain/rollout.ts';
 import { sample } from './support/groups.ts';
 import { deferred } from './support/waits.ts';
 

@@ -62,7 +62,7 @@ describe('the layering checker', () => {
     ]);
   });
 
-  it('names each forbidden edge with its file and line', () => {
+  it('names each forbidden edge with its file and line, type-only imports of the worker side\'s settings allowed in protocol/', () => {
     const root = tree('edges', {
       'src/index.ts': "export { run } from './cli/run.ts';\n",
       'src/cli/run.ts': "import { Engine } from '../index.ts';\nexport const run = Engine;\n",
@@ -71,15 +71,20 @@ describe('the layering checker', () => {
       'src/llm/a.ts': 'export type A = 1;\n',
       'src/env/b.ts': 'export type B = 1;\nexport type C = 1;\nexport const d = 1;\n',
       'src/config.ts': "export const z = 1;\n",
+      'src/domain/rollout.ts': "import { e } from '../errors.ts';\nimport { z } from '../config.ts';\n",
+      'src/errors.ts': "import { codes } from './error-codes.ts';\nexport const e = codes;\n",
+      'src/error-codes.ts': "import { z } from './config.ts';\nexport const codes = z;\n",
       'src/worker/runtime.ts': "\nimport type { Buffer } from '../buffer/replay-buffer.ts';\n",
       'src/buffer/replay-buffer.ts': "export type Buffer = number;\n",
     });
     assert.deepEqual(checkLayering(root).sort(), [
       'import cycle: src/cli/run.ts → src/index.ts → src/cli/run.ts',
       'src/cli/run.ts:1 imports src/index.ts: import from the module that defines it, not the package entry',
-      "src/protocol/codec.ts:2 imports src/config.ts: protocol/ imports nothing outside protocol/ (at run time; type-only, the worker side's settings)",
-      "src/protocol/messages.ts:3 imports src/env/b.ts: protocol/ imports nothing outside protocol/ (at run time; type-only, the worker side's settings)",
-      "src/protocol/messages.ts:4 imports src/config.ts: protocol/ imports nothing outside protocol/ (at run time; type-only, the worker side's settings)",
+      'src/domain/rollout.ts:2 imports src/config.ts: src/domain/ imports only src/errors.ts, src/error-codes.ts',
+      'src/error-codes.ts:1 imports src/config.ts: src/error-codes.ts imports nothing of src/',
+      "src/protocol/codec.ts:2 imports src/config.ts: src/protocol/ imports only src/domain/, src/errors.ts, src/error-codes.ts (and, type-only, the worker side's settings)",
+      "src/protocol/messages.ts:3 imports src/env/b.ts: src/protocol/ imports only src/domain/, src/errors.ts, src/error-codes.ts (and, type-only, the worker side's settings)",
+      "src/protocol/messages.ts:4 imports src/config.ts: src/protocol/ imports only src/domain/, src/errors.ts, src/error-codes.ts (and, type-only, the worker side's settings)",
       "src/worker/runtime.ts:2 imports src/buffer/replay-buffer.ts: the worker side (worker/, workers/, env/, llm/) never imports the main thread's coordinator/, buffer/, control/ or cli/",
     ]);
   });

@@ -6,12 +6,12 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { createEngine, Status, type EngineStats } from '../src/index.ts';
 import { resolveConfig } from '../src/config.ts';
-import { ConfigError } from '../src/protocol/errors.ts';
+import { ConfigError } from '../src/errors.ts';
 import { createLogger } from '../src/log.ts';
 import { OUTAGE_CODE } from '../src/llm/errors.ts';
 import { OutageMonitor } from '../src/coordinator/outage.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
-import type { RolloutGroup } from '../src/protocol/rollout.ts';
+import type { RolloutGroup } from '../src/domain/rollout.ts';
 import { OutageProxy } from './fixtures/outage-proxy.ts';
 
 const silent = createLogger('silent');

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { createEngine } from '../src/index.ts';
-import type { TurnRecord } from '../src/protocol/rollout.ts';
+import type { TurnRecord } from '../src/domain/rollout.ts';
 import { sharePromptPrefix } from '../src/worker/prompt-prefix.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
 import { promptTokenIds } from '../src/testing/mock-llm/tokens.ts';

@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { trimMessages } from '../src/worker/trim.ts';
-import type { ChatMessage } from '../src/protocol/rollout.ts';
+import type { ChatMessage } from '../src/domain/rollout.ts';
 
 describe('message trimming (messageCut)', () => {
   const conv: ChatMessage[] = [

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync } from 'node:fs';
-import { decodeCheckpoint } from '../src/protocol/codec.ts';
+import { decodeCheckpoint } from '../src/formats/checkpoint-file.ts';
 import type { ProducerSnapshot } from '../src/coordinator/producer.ts';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';

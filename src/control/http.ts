@@ -4,8 +4,8 @@
  */
 import { timingSafeEqual, createHash } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { decodeFromPeer, encodeForPeer, toJson } from '../protocol/codec.ts';
-import { preview, RolloutEngineError } from '../protocol/errors.ts';
+import { decodeFromPeer, encodeForPeer, toJson } from '../formats/peer.ts';
+import { preview, RolloutEngineError } from '../errors.ts';
 import { readRequestBody, type BodyErrors } from '../http-server.ts';
 
 export class HttpError extends RolloutEngineError {

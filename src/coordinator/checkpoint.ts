@@ -7,15 +7,15 @@
 import { closeSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { ResolvedConfig } from '../config.ts';
-import { decodeCheckpoint, encodeCheckpoint } from '../protocol/codec.ts';
-import { preview, RolloutEngineError } from '../protocol/errors.ts';
-import { compactGroup, expandGroup } from '../protocol/compact.ts';
-import { sharedMessageCount, Status, type ChatMessage, type RolloutGroup } from '../protocol/rollout.ts';
+import { decodeCheckpoint, encodeCheckpoint } from '../formats/checkpoint-file.ts';
+import { preview, RolloutEngineError } from '../errors.ts';
+import { compactGroup, expandGroup } from '../formats/compact.ts';
+import { sharedMessageCount, Status, type ChatMessage, type RolloutGroup } from '../domain/rollout.ts';
 import { sharePromptPrefix } from '../worker/prompt-prefix.ts';
 import type { ProducerSnapshot } from './producer.ts';
 
 /**
- * 2: groups in the compact form (protocol/compact.ts), so a long episode's conversation is written
+ * 2: groups in the compact form (formats/compact.ts), so a long episode's conversation is written
  * once, not once per turn. 1 (groups whole) is still read.
  */
 const CHECKPOINT_VERSION = 2;

@@ -20,7 +20,7 @@ import type { Gateway } from '../gateway/index.ts';
 import type { MockLlm } from '../testing/mock-llm/server.ts';
 import { checkServedVersions, probeServer, serverGaps, DIALECTS, type ServerInfo } from '../llm/servers.ts';
 import { createLogger, type Logger } from '../log.ts';
-import { ConfigError, describeError, RolloutEngineError } from '../protocol/errors.ts';
+import { ConfigError, describeError, RolloutEngineError } from '../errors.ts';
 import type { TaskCheck, WorkerStats } from '../protocol/messages.ts';
 import { readCheckpoint, writeCheckpoint } from './checkpoint.ts';
 import { PauseControl } from './pause-control.ts';

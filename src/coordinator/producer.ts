@@ -19,9 +19,9 @@ import { InferenceAborter, type AbortRoute, type AbortTarget } from '../llm/clie
 import { DIALECTS } from '../llm/servers.ts';
 import { MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
 import type { Logger } from '../log.ts';
-import { preview, RolloutEngineError } from '../protocol/errors.ts';
+import { preview, RolloutEngineError } from '../errors.ts';
 import { wallClockUs } from '../protocol/control-block.ts';
-import { approxGroupBytes, dispatchTokenCount, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { approxGroupBytes, dispatchTokenCount, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../domain/rollout.ts';
 import { Notifier, WakeUp } from './notifier.ts';
 import { OutageMonitor, type OutageObserver, type OutageStats } from './outage.ts';
 import type { PauseControl } from './pause-control.ts';

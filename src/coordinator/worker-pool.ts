@@ -23,7 +23,7 @@ import { projectModuleUrl } from '../paths.ts';
 import { decodeGroupResult, encodeRunGroup } from '../protocol/codec.ts';
 import { connectControl, releaseControl, type ControlProxy } from '../protocol/control-port.ts';
 import { EnvWatch, type Culprit } from '../protocol/env-watch.ts';
-import { describeError, RolloutEngineError } from '../protocol/errors.ts';
+import { describeError, RolloutEngineError } from '../errors.ts';
 import {
   isWorkerRegistration,
   PROTOCOL_VERSION,
@@ -34,7 +34,7 @@ import {
   type WorkerStats,
   type WorkerTasks,
 } from '../protocol/messages.ts';
-import { Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { Status, type RolloutGroup } from '../domain/rollout.ts';
 import type { ServerInfo } from '../llm/servers.ts';
 
 export interface WorkerPool {

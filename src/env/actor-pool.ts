@@ -14,7 +14,7 @@
  * create() is not: what it waits for may be a module's first import (seconds, legitimately); the
  * caller bounds what it calls in it (worker/worker-runtime.ts bounds the factory call).
  */
-import { RolloutEngineError } from '../protocol/errors.ts';
+import { RolloutEngineError } from '../errors.ts';
 import { settleWithin } from './bounded.ts';
 import type { Environment } from './types.ts';
 

@@ -3,7 +3,7 @@
  * message; the message names the server URL, the call and what went wrong, because it ends up in a
  * FAILED rollout's error string far from the server that caused it.
  */
-import { RolloutEngineError } from '../protocol/errors.ts';
+import { RolloutEngineError } from '../errors.ts';
 
 /**
  * Stable codes:

@@ -9,7 +9,7 @@
  */
 import { Pool } from 'undici';
 import { TRANSPORT_ERROR_CODES } from '../llm/client.ts';
-import { ConfigError, serverMessage } from '../protocol/errors.ts';
+import { ConfigError, serverMessage } from '../errors.ts';
 import { GatewayError } from './errors.ts';
 import { fillMissingLogprobs, TOKEN_WIRES, type GenerationResult, type SamplingParams, type SamplingRequest, type TokenWireKind, type TopLogprob } from '../llm/token-wire.ts';
 

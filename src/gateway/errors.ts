@@ -1,4 +1,4 @@
-import { RolloutEngineError } from '../protocol/errors.ts';
+import { RolloutEngineError } from '../errors.ts';
 
 /**
  * Stable codes of the token-trace gateway. HTTP answers carry the code in `error.code` (OpenAI error

@@ -2,7 +2,7 @@
  * Gateway options: defaults and validation in one place. Errors (ERR_INVALID_CONFIG) name the option
  * and the value, since these come from CLI flags as often as from code.
  */
-import { ConfigError, preview } from '../protocol/errors.ts';
+import { ConfigError, preview } from '../errors.ts';
 import { BACKEND_DEFAULTS, type BackendOptions } from './backend.ts';
 import type { SideCallMode } from './prompt.ts';
 import type { ReleaseReason } from './sessions.ts';

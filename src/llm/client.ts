@@ -8,7 +8,7 @@
  */
 import { Pool } from 'undici';
 import { delay, type CancelSignal } from '../cancel.ts';
-import { serverMessage } from '../protocol/errors.ts';
+import { serverMessage } from '../errors.ts';
 import type { ChatRequest } from './request.ts';
 import { LlmError } from './errors.ts';
 import { Exchanges, type ExchangeResult } from './exchange.ts';

@@ -1,4 +1,4 @@
-import { RolloutEngineError } from '../protocol/errors.ts';
+import { RolloutEngineError } from '../errors.ts';
 
 /**
  * Stable codes:

@@ -2,7 +2,7 @@
  * What one inference call asks for: the conversation and its sampling budget, plus what continues an
  * interrupted reply. Every client (chat, token-in) and the agent loop speak it.
  */
-import type { ChatMessage } from '../protocol/rollout.ts';
+import type { ChatMessage } from '../domain/rollout.ts';
 
 export interface ChatRequest {
   messages: ChatMessage[];

@@ -16,7 +16,7 @@
 import type { CancelSignal } from '../cancel.ts';
 import type { ChatModel } from '../gateway/model.ts';
 import { planPrompt, type PromptBase } from '../gateway/prompt.ts';
-import type { ChatMessage } from '../protocol/rollout.ts';
+import type { ChatMessage } from '../domain/rollout.ts';
 import { LlmError } from './errors.ts';
 import { contextOverflowReply } from './context.ts';
 import type { ChatRequest } from './request.ts';

@@ -34,7 +34,7 @@ import { isOutageError, OUTAGE_CODE } from '../llm/errors.ts';
 import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/replies.ts';
 import type { Environment, StepResult } from '../env/types.ts';
 import type { EnvCall } from '../protocol/env-watch.ts';
-import { describeError, RolloutEngineError } from '../protocol/errors.ts';
+import { describeError, RolloutEngineError } from '../errors.ts';
 import {
   modelStepsOf,
   resetToPrompt,
@@ -43,7 +43,7 @@ import {
   type ChatMessage,
   type RolloutState,
   type TurnRecord,
-} from '../protocol/rollout.ts';
+} from '../domain/rollout.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
 import { trimMessages } from './trim.ts';
 

@@ -17,7 +17,7 @@ import type { Environment, EnvParams } from '../env/types.ts';
 import { LlmRouter, type RouterOptions } from '../llm/router.ts';
 import { createLogger, type Logger } from '../log.ts';
 import { EnvWatchSlot } from '../protocol/env-watch.ts';
-import { describeError, preview } from '../protocol/errors.ts';
+import { describeError, preview } from '../errors.ts';
 import {
   PROTOCOL_VERSION,
   type GroupResultMessage,
@@ -30,7 +30,7 @@ import {
   type WorkerStats,
 } from '../protocol/messages.ts';
 import { omitKeptTurns, receivedTurns } from '../protocol/result-delta.ts';
-import { groupStatus, Status, type RolloutGroup, type RolloutState, type TurnRecord } from '../protocol/rollout.ts';
+import { groupStatus, Status, type RolloutGroup, type RolloutState, type TurnRecord } from '../domain/rollout.ts';
 import { sessionIdOf, StepRecordWriter } from '../records/step-records.ts';
 import { runEpisode, type AgentSettings, type EpisodeContext, type EpisodeHooks } from './agent-loop.ts';
 import { runBlackBoxEpisode, type BlackBoxAgent } from './blackbox-loop.ts';

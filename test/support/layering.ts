@@ -12,9 +12,11 @@
  *   gateway and the mock on demand), but it is an edge for the rules below;
  * - the worker side (worker/, workers/) and what it runs (env/, llm/) never import the main thread's
  *   coordinator/, buffer/, control/ or cli/: that code is not loaded into a worker thread;
- * - protocol/ imports nothing outside protocol/ at run time: it is what both sides of the thread
- *   boundary share. One exception, type-only: the worker's start-up message (WorkerInit) carries the
- *   settings of the worker-side modules that read them (env/, llm/, worker/), typed by those modules;
+ * - the bottom of the stack imports only what is below it: the error codes nothing, errors.ts the
+ *   codes, domain/ (the data) errors, protocol/ (what crosses threads) the data and errors — it is
+ *   what both sides of the thread boundary share. One exception, type-only: the worker's start-up
+ *   message (WorkerInit) carries the settings of the worker-side modules that read them (env/, llm/,
+ *   worker/), typed by those modules;
  * - nothing in src/ imports a package entry (src/index.ts): the entry re-exports, it is not a library
  *   to build with, and an import of it drags every module into a cycle with the importer.
  *
@@ -41,6 +43,13 @@ const ROOTS = ['src', 'workers'];
 /** Layers of src/ that must not reach the main thread's code, and that code. */
 const WORKER_SIDE = ['src/worker/', 'workers/', 'src/env/', 'src/llm/'];
 const MAIN_THREAD_ONLY = ['src/coordinator/', 'src/buffer/', 'src/control/', 'src/cli/'];
+/** The bottom of the stack, lowest first: what each imports besides itself. */
+const FOUNDATION: [layer: string, below: string[]][] = [
+  ['src/error-codes.ts', []],
+  ['src/errors.ts', ['src/error-codes.ts']],
+  ['src/domain/', ['src/errors.ts', 'src/error-codes.ts']],
+  ['src/protocol/', ['src/domain/', 'src/errors.ts', 'src/error-codes.ts']],
+];
 /** What the start-up message may name the settings of, type-only (see the module comment). */
 const WORKER_SETTINGS = ['src/env/', 'src/llm/', 'src/worker/'];
 const PACKAGE_ENTRY = 'src/index.ts';
@@ -172,8 +181,13 @@ export function layeringViolations(edges: readonly ImportEdge[]): string[] {
     if (under(e.from, WORKER_SIDE) && under(e.to, MAIN_THREAD_ONLY)) {
       problems.push(`${at}: the worker side (worker/, workers/, env/, llm/) never imports the main thread's coordinator/, buffer/, control/ or cli/`);
     }
-    if (e.from.startsWith('src/protocol/') && !e.to.startsWith('src/protocol/') && !(e.typeOnly && under(e.to, WORKER_SETTINGS))) {
-      problems.push(`${at}: protocol/ imports nothing outside protocol/ (at run time; type-only, the worker side's settings)`);
+    const foundation = FOUNDATION.find(([layer]) => e.from.startsWith(layer));
+    if (foundation !== undefined) {
+      const [layer, below] = foundation;
+      const settings = layer === 'src/protocol/' && e.typeOnly && under(e.to, WORKER_SETTINGS);
+      if (!e.to.startsWith(layer) && !under(e.to, below) && !settings) {
+        problems.push(`${at}: ${layer} imports ${below.length === 0 ? 'nothing of src/' : `only ${below.join(', ')}`}${layer === 'src/protocol/' ? " (and, type-only, the worker side's settings)" : ''}`);
+      }
     }
     if (e.to === PACKAGE_ENTRY && e.from.startsWith('src/')) {
       problems.push(`${at}: import from the module that defines it, not the package entry`);
