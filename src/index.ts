@@ -16,6 +16,8 @@ export type { ProduceStatus, ShouldContinue } from './coordinator/strategies.ts'
 export type { WorkerPool } from './coordinator/worker-pool.ts';
 export type { ControlServer, ControlServerOptions } from './control/server.ts';
 export { ConfigError, ProtocolError, RolloutEngineError } from './errors.ts';
+export { ERROR_CODES } from './error-codes.ts';
+export type { ErrorCode } from './error-codes.ts';
 export { LlmError } from './llm/errors.ts';
 export { EnvError } from './env/errors.ts';
 export { Status, groupStatus, statusForFinishReason } from './domain/rollout.ts';
