@@ -11,7 +11,7 @@ import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { z } from 'zod';
 import { dialectConflicts, ENV_DIALECTS } from './env/dialect.ts';
-import { ConfigError, preview } from './protocol/errors.ts';
+import { ConfigError, preview } from './errors.ts';
 import { projectModuleUrl } from './paths.ts';
 import { SERVER_KINDS } from './llm/servers.ts';
 

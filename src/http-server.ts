@@ -7,7 +7,7 @@
  * a client that lies about (or omits) its length still cannot make the server buffer more than `limit`.
  */
 import type { IncomingMessage, Server } from 'node:http';
-import { ListenError } from './protocol/errors.ts';
+import { ListenError } from './errors.ts';
 
 /**
  * `server.listen` as a promise. A failure to bind (a port in use, a host that does not resolve) rejects

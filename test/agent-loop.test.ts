@@ -1,16 +1,16 @@
 /**
- * The agent loop (src/rollout/agent-loop.ts runEpisode) driven directly: a scripted inference client
+ * The agent loop (src/worker/agent-loop.ts runEpisode) driven directly: a scripted inference client
  * and a small in-process environment, no HTTP and no worker thread. Each test pins one thing the loop
  * promises about a rollout: what a turn records, how an episode ends, and what a failure or a pause
  * leaves behind.
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import type { ChatRequest } from '../src/llm/client.ts';
+import type { ChatRequest } from '../src/llm/request.ts';
 import type { ChatResult } from '../src/llm/reply.ts';
 import type { Environment, StepResult } from '../src/env/types.ts';
-import { runEpisode, type AgentSettings, type ChatClient, type EpisodeContext, type PauseView } from '../src/rollout/agent-loop.ts';
-import { newGroup, Status, type RolloutState } from '../src/protocol/rollout.ts';
+import { runEpisode, type AgentSettings, type ChatClient, type EpisodeContext, type PauseView } from '../src/worker/agent-loop.ts';
+import { newGroup, Status, type RolloutState } from '../src/domain/rollout.ts';
 import { sample } from './support/groups.ts';
 import { deferred } from './support/waits.ts';
 
@@ -98,7 +98,7 @@ function episode(env: Environment, llm: ChatClient, gate: PauseView = testGate()
 
 const answer = (content: string, overrides: Partial<ChatResult> = {}) => async () => reply(content, overrides);
 
-describe('agent loop (rollout/agent-loop.ts runEpisode)', () => {
+describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
   it('records each turn with its prompt, the reply token ids and logprobs, the model step that made them and the step reward', async () => {
     const llm = scriptedClient([answer('one'), answer('two')]);
     const { ctx, rollout } = episode(countingEnv({ terminateAt: 2 }), llm);

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { batchStats, groupLossMasks } from '../src/coordinator/batch-stats.ts';
 import type { WindowStats } from '../src/coordinator/progress.ts';
-import { newGroup, Status, type RolloutGroup, type TurnRecord } from '../src/protocol/rollout.ts';
+import { newGroup, Status, type RolloutGroup, type TurnRecord } from '../src/domain/rollout.ts';
 
 /** A turn whose response tokens carry the model steps `steps` (null: the server gave no ids). */
 function turn(steps: number[] | null): TurnRecord {

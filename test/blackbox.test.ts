@@ -4,10 +4,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { createEngine, Status, type Engine } from '../src/index.ts';
-import { decodeCheckpoint, decodeMessage, encodeCheckpoint, encodeMessage, toJson } from '../src/protocol/codec.ts';
-import { compactGroup, expandGroup } from '../src/protocol/compact.ts';
+import { decodeMessage, encodeMessage } from '../src/protocol/codec.ts';
+import { decodeCheckpoint, encodeCheckpoint } from '../src/formats/checkpoint-file.ts';
+import { toJson } from '../src/formats/peer.ts';
+import { compactGroup, expandGroup } from '../src/formats/compact.ts';
 import { PROTOCOL_VERSION, type GroupResultMessage } from '../src/protocol/messages.ts';
-import type { RolloutGroup } from '../src/protocol/rollout.ts';
+import type { RolloutGroup } from '../src/domain/rollout.ts';
 
 const AGENT = new URL('./fixtures/blackbox-agent.ts', import.meta.url).pathname;
 

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { resolveConfig } from '../src/config.ts';
 import { readCheckpoint, writeCheckpoint } from '../src/coordinator/checkpoint.ts';
-import { decodeCheckpoint, encodeCheckpoint } from '../src/protocol/codec.ts';
+import { decodeCheckpoint, encodeCheckpoint } from '../src/formats/checkpoint-file.ts';
 import { producerSnapshot } from './support/snapshot.ts';
 
 describe('checkpoint field names (coordinator/checkpoint.ts)', () => {

@@ -3,7 +3,7 @@ import { describe, it } from 'node:test';
 import { Packr } from 'msgpackr';
 import { decodeMessage, encodeMessage } from '../src/protocol/codec.ts';
 import { PROTOCOL_VERSION, type GroupResultMessage } from '../src/protocol/messages.ts';
-import { newGroup, Status, type TurnRecord } from '../src/protocol/rollout.ts';
+import { newGroup, Status, type TurnRecord } from '../src/domain/rollout.ts';
 
 function resultWithTokens(seed: number): GroupResultMessage {
   const group = newGroup({ taskName: 't', promptIndex: seed, drawIndex: seed, seed, envParams: { a: seed } }, 2);

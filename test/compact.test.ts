@@ -7,12 +7,13 @@ import { resolveConfig } from '../src/config.ts';
 import { configFingerprint, readCheckpoint, writeCheckpoint } from '../src/coordinator/checkpoint.ts';
 import type { ProducerSnapshot } from '../src/coordinator/producer.ts';
 import { producerSnapshot } from './support/snapshot.ts';
-import { decodeCheckpoint, encodeCheckpoint, toJson } from '../src/protocol/codec.ts';
-import { compactGroup } from '../src/protocol/compact.ts';
-import { newGroup, Status, type ChatMessage } from '../src/protocol/rollout.ts';
+import { decodeCheckpoint, encodeCheckpoint } from '../src/formats/checkpoint-file.ts';
+import { toJson } from '../src/formats/peer.ts';
+import { compactGroup } from '../src/formats/compact.ts';
+import { newGroup, Status, type ChatMessage } from '../src/domain/rollout.ts';
 import { turnRecord as turn } from './support/turns.ts';
 
-describe('the compact form (protocol/compact.ts)', () => {
+describe('the compact form (formats/compact.ts)', () => {
   it('compacts messages that are equal copies (as a restored checkpoint holds them), past turns with no prompt ids', () => {
     const group = newGroup({ taskName: 't', promptIndex: 0, drawIndex: 0, seed: 1, envParams: {} }, 1);
     const said = (n: number): ChatMessage[] => [{ role: 'user' as const, content: 'guess' }, { role: 'assistant' as const, content: '50' }, { role: 'user' as const, content: 'higher' }].slice(0, n);

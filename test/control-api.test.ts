@@ -7,7 +7,7 @@ import { request } from 'undici';
 import { createEngine, type ControlServer, type Engine } from '../src/index.ts';
 import { controlToken } from '../src/cli/serve.ts';
 import { readCheckpoint } from '../src/coordinator/checkpoint.ts';
-import { decodeFromPeer, encodeForPeer } from '../src/protocol/codec.ts';
+import { decodeFromPeer, encodeForPeer } from '../src/formats/peer.ts';
 import { spawnServer } from './fixtures/flaky-env-server.ts';
 import { CLI_MAIN, rollout } from './support/cli.ts';
 

@@ -6,7 +6,7 @@ import { EnvError } from '../src/env/errors.ts';
 import { createHttpEnvironments, type HttpEnvironments, type HttpEnvOptions } from '../src/env/http-env.ts';
 import { startEnvServer, type EnvServer, type EnvServerOptions } from '../src/env/server.ts';
 import { createEnv as createGuessNumberEnv } from '../src/env/synthetic/guess-number.ts';
-import type { ChatMessage } from '../src/protocol/rollout.ts';
+import type { ChatMessage } from '../src/domain/rollout.ts';
 import { createProbeEnv, spawnServer, startFlakyProxy, type ChildServer, type FlakyProxy, type ProxyRule } from './fixtures/flaky-env-server.ts';
 
 const MAIN = new URL('../src/cli/main.ts', import.meta.url).pathname;

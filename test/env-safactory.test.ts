@@ -11,7 +11,7 @@ import { createEngine, Status, type Engine } from '../src/index.ts';
 import { EnvError } from '../src/env/errors.ts';
 import { createHttpEnvironments, type HttpEnvironments, type HttpEnvOptions } from '../src/env/http-env.ts';
 import { startEnvServer, type EnvServer } from '../src/env/server.ts';
-import { ConfigError } from '../src/protocol/errors.ts';
+import { ConfigError } from '../src/errors.ts';
 import { startMockLlm } from '../src/testing/mock-llm/server.ts';
 import { createProbeEnv, startFlakyProxy } from './fixtures/flaky-env-server.ts';
 import { startSafactoryDouble, type SafactoryDouble } from './fixtures/safactory-double.ts';

@@ -22,8 +22,9 @@ import { checkAgentPrompts, checkStepResult, checkTaskPrompt, EnvReplyError } fr
 import { createEngine, type ControlServer, type Engine } from '../src/index.ts';
 import { LlmError } from '../src/llm/errors.ts';
 import { parseChatReply } from '../src/llm/reply.ts';
-import { decodeFromPeer, decodeMessage, encodeForPeer, encodeMessage } from '../src/protocol/codec.ts';
-import { ConfigError, ProtocolError } from '../src/protocol/errors.ts';
+import { decodeMessage, encodeMessage } from '../src/protocol/codec.ts';
+import { decodeFromPeer, encodeForPeer } from '../src/formats/peer.ts';
+import { ConfigError, ProtocolError } from '../src/errors.ts';
 import { PROTOCOL_VERSION, type WireMessage } from '../src/protocol/messages.ts';
 
 const SEED = process.env.FUZZ_SEED === undefined ? 20261122 : Number(process.env.FUZZ_SEED);

@@ -6,12 +6,12 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { createEngine, Status, type EngineStats } from '../src/index.ts';
 import { resolveConfig } from '../src/config.ts';
-import { ConfigError } from '../src/protocol/errors.ts';
+import { ConfigError } from '../src/errors.ts';
 import { createLogger } from '../src/log.ts';
 import { OUTAGE_CODE } from '../src/llm/errors.ts';
 import { OutageMonitor } from '../src/coordinator/outage.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
-import type { RolloutGroup } from '../src/protocol/rollout.ts';
+import type { RolloutGroup } from '../src/domain/rollout.ts';
 import { OutageProxy } from './fixtures/outage-proxy.ts';
 
 const silent = createLogger('silent');
@@ -22,7 +22,7 @@ function deferred<T = void>(): { promise: Promise<T>; resolve: (v: T) => void } 
   return { promise, resolve };
 }
 
-/** A group of two whose first member's call met a possible outage (as rollout/agent-loop.ts returns it). */
+/** A group of two whose first member's call met a possible outage (as worker/agent-loop.ts returns it). */
 function outageGroup(): RolloutGroup {
   const member = (status: string, error: string | null) => ({ status, error }) as RolloutGroup['rollouts'][number];
   return {

@@ -1,12 +1,12 @@
 /**
  * The weight-update pause as it travels: the main thread's PauseControl writes the shared control
- * block (src/coordinator/pause-control.ts), each worker's PauseGate reads it (src/rollout/pause-gate.ts).
+ * block (src/coordinator/pause-control.ts), each worker's PauseGate reads it (src/worker/pause-gate.ts).
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { PauseControl } from '../src/coordinator/pause-control.ts';
 import { wallClockUs } from '../src/protocol/control-block.ts';
-import { PauseGate } from '../src/rollout/pause-gate.ts';
+import { PauseGate } from '../src/worker/pause-gate.ts';
 
 describe('pause broadcast: the last-send clock', () => {
   it('measures a pause by the last call a worker sent after the request, 0 when none was', () => {

@@ -28,9 +28,9 @@ import { allocateBatch } from '../src/coordinator/allocate.ts';
 import { PauseControl } from '../src/coordinator/pause-control.ts';
 import { Producer, type Batch, type ProducerSnapshot } from '../src/coordinator/producer.ts';
 import { createLogger } from '../src/log.ts';
-import { decodeCheckpoint, encodeCheckpoint } from '../src/protocol/codec.ts';
+import { decodeCheckpoint, encodeCheckpoint } from '../src/formats/checkpoint-file.ts';
 import { CONTROL } from '../src/protocol/control-block.ts';
-import { Status } from '../src/protocol/rollout.ts';
+import { Status } from '../src/domain/rollout.ts';
 import { ScriptedPool, type Outcome } from './support/scripted-pool.ts';
 
 const log = createLogger('silent');

@@ -1,8 +1,8 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { createEngine } from '../src/index.ts';
-import type { TurnRecord } from '../src/protocol/rollout.ts';
-import { sharePromptPrefix } from '../src/rollout/prompt-prefix.ts';
+import type { TurnRecord } from '../src/domain/rollout.ts';
+import { sharePromptPrefix } from '../src/worker/prompt-prefix.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
 import { promptTokenIds } from '../src/testing/mock-llm/tokens.ts';
 import { turnRecord as turn } from './support/turns.ts';
@@ -15,7 +15,7 @@ function record(turns: TurnRecord[], from = 0): TurnRecord[] {
 
 const ids = (turns: TurnRecord[]) => turns.map((t) => (t.promptIds === null ? null : Array.from(t.promptIds)));
 
-describe('prompt ids shared along an episode (rollout/prompt-prefix.ts)', () => {
+describe('prompt ids shared along an episode (worker/prompt-prefix.ts)', () => {
   it('makes every earlier prompt a view into the latest when each prompt extends the one before', () => {
     const turns = record([turn(1, [1, 2]), turn(2, [1, 2, 3, 4]), turn(3, [1, 2, 3, 4, 5, 6])]);
     assert.deepEqual(ids(turns), [[1, 2], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6]]);

@@ -63,6 +63,17 @@ function markdownFiles(): string[] {
   return ['README.md', ...docs];
 }
 
+/** `rollout-engine[/subpath]` → its source module, from package.json `exports`: a snippet imports what a user can. */
+function packageEntries(src: (path: string) => string[]): Record<string, string[]> {
+  const { exports } = JSON.parse(readFileSync(join(ROOT, 'package.json'), 'utf8')) as { exports: Record<string, string | { types: string }> };
+  const paths: Record<string, string[]> = {};
+  for (const [subpath, target] of Object.entries(exports)) {
+    if (typeof target === 'string') continue; // ./package.json
+    paths[`rollout-engine${subpath.slice(1)}`] = src(target.types.replace(/^\.\/dist\//, '').replace(/\.d\.ts$/, '.ts'));
+  }
+  return paths;
+}
+
 function tsc(project: string): Promise<{ code: number | null; output: string }> {
   return new Promise((resolve, reject) => {
     execFile(TSC, ['-p', project, '--pretty', 'false'], { timeout: TSC_TIMEOUT_MS, cwd: ROOT }, (err, stdout, stderr) => {
@@ -98,7 +109,7 @@ describe('documentation snippets', () => {
         join(dir, 'tsconfig.json'),
         JSON.stringify({
           extends: base,
-          compilerOptions: { noEmit: true, rootDir: relative(dir, ROOT), paths: { 'rollout-engine': src('src/index.ts'), 'rollout-engine/testing': src('src/testing/index.ts') } },
+          compilerOptions: { noEmit: true, rootDir: relative(dir, ROOT), paths: packageEntries(src) },
           include: names,
         }),
       );

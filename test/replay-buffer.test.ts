@@ -8,7 +8,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { ReplayBuffer, type ExpiryPolicy } from '../src/buffer/replay-buffer.ts';
-import { groupStatus, newGroup, Status, type RolloutGroup } from '../src/protocol/rollout.ts';
+import { groupStatus, newGroup, Status, type RolloutGroup } from '../src/domain/rollout.ts';
 import { A, at5, C, E, fill, group, I, ids, L, multi, statuses, T2, turnCounts, X } from './support/groups.ts';
 
 /** Drain a pool with takeForRetry, oldest first, returning the ids. */

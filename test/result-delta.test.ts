@@ -2,7 +2,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { omitKeptTurns, receivedTurns, restoreKeptTurns } from '../src/protocol/result-delta.ts';
-import { newGroup, type TurnRecord } from '../src/protocol/rollout.ts';
+import { newGroup, type TurnRecord } from '../src/domain/rollout.ts';
 
 describe('group results carry only the turns a worker added (protocol/result-delta.ts)', () => {
   const turn = (step: number): TurnRecord => ({ step, agentId: null, messages: [], response: `r${step}`, finishReason: 'stop', promptIds: null, responseIds: null, logprobs: null, modelSteps: null, seed: null, modelStep: 0, reward: 0, terminated: false, truncated: false, trainable: true, timings: { inferenceMs: 0, envMs: 0, totalMs: 0 } });

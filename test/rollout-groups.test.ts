@@ -1,14 +1,14 @@
 /**
- * Rollout groups (src/protocol/rollout.ts): a group's status from its members', a finish reason's
+ * Rollout groups (src/domain/rollout.ts): a group's status from its members', a finish reason's
  * rollout status, new groups and their ids, reset to the prompt, and implicit per-token model steps.
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { TOKEN_WIRES } from '../src/llm/token-wire.ts';
-import { fillModelSteps, groupStatus, newGroup, resetToPrompt, Status, statusForFinishReason } from '../src/protocol/rollout.ts';
+import { fillModelSteps, groupStatus, newGroup, resetToPrompt, Status, statusForFinishReason } from '../src/domain/rollout.ts';
 import { group, multi, sample } from './support/groups.ts';
 
-describe('group status (protocol/rollout.ts groupStatus)', () => {
+describe('group status (domain/rollout.ts groupStatus)', () => {
   const rows: { name: string; members: Status[]; want: Status }[] = [
     { name: 'all COMPLETED → COMPLETED', members: ['COMPLETED', 'COMPLETED', 'COMPLETED'], want: 'COMPLETED' },
     { name: 'a single COMPLETED member → COMPLETED', members: ['COMPLETED'], want: 'COMPLETED' },
@@ -30,7 +30,7 @@ describe('group status (protocol/rollout.ts groupStatus)', () => {
   }
 });
 
-describe('finish reason to rollout status (protocol/rollout.ts statusForFinishReason)', () => {
+describe('finish reason to rollout status (domain/rollout.ts statusForFinishReason)', () => {
   const rows: [reason: string, want: Status][] = [
     ['stop', 'COMPLETED'],
     ['length', 'COMPLETED'],
@@ -58,7 +58,7 @@ describe('finish reasons read case-insensitively (issue 17 item 16)', () => {
   });
 });
 
-describe('new groups and reset (protocol/rollout.ts)', () => {
+describe('new groups and reset (domain/rollout.ts)', () => {
   it('newGroup names the group {task}/{drawIndex} and its members {task}/{drawIndex}/{i}, all INIT and sharing the sample', () => {
     const s = sample('math', 7);
     const g = newGroup(s, 3);

@@ -13,7 +13,7 @@ import { ChatStream } from '../src/llm/stream-reply.ts';
 import { checkServedVersions, DIALECTS, probeServer, serverGaps } from '../src/llm/servers.ts';
 import { loadChatModel } from '../src/gateway/model.ts';
 import { PauseControl } from '../src/coordinator/pause-control.ts';
-import { PauseGate } from '../src/rollout/pause-gate.ts';
+import { PauseGate } from '../src/worker/pause-gate.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
 import { TEST_CLIENT } from './support/clients.ts';
 import { scriptedServer, type ScriptedServer } from './support/http.ts';

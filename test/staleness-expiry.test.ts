@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { rolloutMinModelStep, rolloutStaleness, seqStaleness, staleThreshold, tokenLossMask, tokensAllStale, turnMinModelStep } from '../src/buffer/staleness.ts';
 import { applyExpiry, ReplayBuffer, type ExpiryPolicy } from '../src/buffer/replay-buffer.ts';
-import { Status, type RolloutGroup, type TurnRecord } from '../src/protocol/rollout.ts';
+import { Status, type RolloutGroup, type TurnRecord } from '../src/domain/rollout.ts';
 import { A, at5, C, E, group, multi, rolloutOf, statuses, turn, turnCounts, X, type MemberSpec } from './support/groups.ts';
 import { batchOf, pauseWith, scriptedProducer, settled } from './support/scripted-producer.ts';
 

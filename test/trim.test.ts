@@ -1,8 +1,8 @@
-/** Trimming a conversation to the last messages before each inference call (src/rollout/trim.ts). */
+/** Trimming a conversation to the last messages before each inference call (src/worker/trim.ts). */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { trimMessages } from '../src/rollout/trim.ts';
-import type { ChatMessage } from '../src/protocol/rollout.ts';
+import { trimMessages } from '../src/worker/trim.ts';
+import type { ChatMessage } from '../src/domain/rollout.ts';
 
 describe('message trimming (messageCut)', () => {
   const conv: ChatMessage[] = [

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync } from 'node:fs';
-import { decodeCheckpoint } from '../src/protocol/codec.ts';
+import { decodeCheckpoint } from '../src/formats/checkpoint-file.ts';
 import type { ProducerSnapshot } from '../src/coordinator/producer.ts';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -118,7 +118,7 @@ describe('weight updates with partial rollouts, against the mock server over HTT
   });
 
   it('with the whole conversation sent (messageCut 0), every turn of rollouts continued across pauses holds the prompt ids the server sent for it', async () => {
-    // Prompt ids are shared along an episode (rollout/prompt-prefix.ts) while turns are continued,
+    // Prompt ids are shared along an episode (worker/prompt-prefix.ts) while turns are continued,
     // replayed, sent back to the coordinator and out again: no turn may end up with another's ids.
     const engine = createEngine(asyncConfig(mock, { tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 4, maxSteps: 8, maxTokens: 200, messageCut: 0 }] }));
     engines.push(engine);

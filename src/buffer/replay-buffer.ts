@@ -15,7 +15,7 @@
  * the expired members are reset to their prompt and marked EXPIRED (siblings keep their responses);
  * when they are not, the whole group is dropped and counted.
  */
-import { approxGroupBytes, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { approxGroupBytes, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../domain/rollout.ts';
 import { rolloutExpired, rolloutMinModelStep } from './staleness.ts';
 
 const STORED_STATUSES = [Status.COMPLETED, Status.ABORTED, Status.EXPIRED] as const;

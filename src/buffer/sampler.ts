@@ -10,8 +10,8 @@ import { createReadStream } from 'node:fs';
 import { createInterface } from 'node:readline';
 import type { TaskConfig } from '../config.ts';
 import { fmix32 } from '../hash.ts';
-import { ConfigError } from '../protocol/errors.ts';
-import { newGroup, type PromptSample, type RolloutGroup } from '../protocol/rollout.ts';
+import { ConfigError } from '../errors.ts';
+import { newGroup, type PromptSample, type RolloutGroup } from '../domain/rollout.ts';
 
 interface DatasetRow {
   /** Its line in the file (blank lines are skipped, so not its index), for errors that name it. */

@@ -1,5 +1,5 @@
 /** Small helpers for turning CLI strings into checked values; errors name the flag and the value. */
-import { RolloutEngineError } from '../protocol/errors.ts';
+import { RolloutEngineError } from '../errors.ts';
 
 export class UsageError extends RolloutEngineError {
   constructor(message: string) {

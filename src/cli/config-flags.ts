@@ -3,7 +3,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
-import { ConfigError } from '../protocol/errors.ts';
+import { ConfigError } from '../errors.ts';
 import { intFlag, UsageError } from './args.ts';
 
 export const CONFIG_FLAGS = {

@@ -10,7 +10,7 @@ import { loadEnvironmentFactory } from '../env/loader.ts';
 import { SERVED_ENV_NAME, type ServedEnv } from '../env/server.ts';
 import type { EnvParams } from '../env/types.ts';
 import { projectModuleUrl } from '../paths.ts';
-import { ConfigError } from '../protocol/errors.ts';
+import { ConfigError } from '../errors.ts';
 import { UsageError } from './args.ts';
 
 export interface EnvModuleSpec {

@@ -4,7 +4,7 @@
  * exit code or throws; what a thrown error prints is decided here alone (failureReport), so every
  * command reports alike.
  */
-import { ConfigError, RolloutEngineError } from '../protocol/errors.ts';
+import { ConfigError, RolloutEngineError } from '../errors.ts';
 import { envServerCommand } from './env-server.ts';
 import { gatewayCommand } from './gateway.ts';
 import { loadtestCommand } from './loadtest.ts';

@@ -3,7 +3,7 @@
  * groups in flight, paused or not, mean reward of the last batch. Off a terminal it stays silent —
  * the log lines ("batch ready") carry the same facts for files and CI.
  */
-import type { Engine } from '../index.ts';
+import type { Engine } from '../engine.ts';
 
 export class ProgressLine {
   readonly #engine: Engine;

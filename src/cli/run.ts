@@ -1,12 +1,13 @@
 import { existsSync, rmdirSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { createEngine, type Batch } from '../index.ts';
+import type { Batch } from '../coordinator/producer.ts';
+import { createEngine } from '../engine.ts';
 import { emptyStatusCounts } from '../coordinator/producer.ts';
-import { BatchFileWriter } from '../coordinator/batch-file.ts';
+import { BatchFileWriter } from '../formats/batch-file.ts';
 import { readCheckpoint } from '../coordinator/checkpoint.ts';
-import { describeError } from '../protocol/errors.ts';
-import type { Status } from '../protocol/rollout.ts';
+import { describeError } from '../errors.ts';
+import type { Status } from '../domain/rollout.ts';
 import { intFlag, UsageError } from './args.ts';
 import { ProgressLine } from './progress.ts';
 import { lockRunDir, newRunDir } from './run-dir.ts';

@@ -3,7 +3,7 @@ import { existsSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { checkAllowedHost, isLoopback } from '../control/access.ts';
-import { createEngine } from '../index.ts';
+import { createEngine } from '../engine.ts';
 import { untilSignal, portFlag, UsageError } from './args.ts';
 import { CONFIG_FLAGS, configFromFlags } from './config-flags.ts';
 import { lockRunDir, newRunDir } from './run-dir.ts';

@@ -16,7 +16,7 @@ import { realpathSync } from 'node:fs';
 import { BlockList, isIP } from 'node:net';
 import { hostname, networkInterfaces } from 'node:os';
 import { basename, dirname, isAbsolute, join, relative, resolve, sep } from 'node:path';
-import { preview, RolloutEngineError } from '../protocol/errors.ts';
+import { preview, RolloutEngineError } from '../errors.ts';
 import { HttpError } from './http.ts';
 
 const LOOPBACK_NAMES = ['localhost', '127.0.0.1', '[::1]'];

@@ -4,13 +4,14 @@
  */
 import { timingSafeEqual, createHash } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { decodeFromPeer, encodeForPeer, toJson } from '../protocol/codec.ts';
-import { preview, RolloutEngineError } from '../protocol/errors.ts';
+import { decodeFromPeer, encodeForPeer, toJson } from '../formats/peer.ts';
+import type { ErrorCode } from '../error-codes.ts';
+import { preview, RolloutEngineError } from '../errors.ts';
 import { readRequestBody, type BodyErrors } from '../http-server.ts';
 
 export class HttpError extends RolloutEngineError {
   readonly status: number;
-  constructor(status: number, code: string, message: string) {
+  constructor(status: number, code: ErrorCode, message: string) {
     super(code, message);
     this.status = status;
   }

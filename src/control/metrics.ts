@@ -8,7 +8,7 @@ import type { DropReason } from '../buffer/replay-buffer.ts';
 import { rolloutStaleness } from '../buffer/staleness.ts';
 import type { PauseReport, ProducerObserver } from '../coordinator/producer.ts';
 import type { EngineStats } from '../coordinator/engine-core.ts';
-import { dispatchTokenCount, responseTokenCount, type RolloutGroup } from '../protocol/rollout.ts';
+import { dispatchTokenCount, responseTokenCount, type RolloutGroup } from '../domain/rollout.ts';
 
 const SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
 const PAUSE_SECONDS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30];

@@ -6,7 +6,7 @@
  *   GET  /status                      model step, train step, in flight, counts per status, paused
  *   POST /batch       {trainStep?, compact?}  the batch for a train step (status NORMAL | EXPIRED_BATCH |
  *                                     UPDATE_WEIGHT_AND_ABORT); compact: turns name the later turn whose
- *                                     conversation they begin (../protocol/compact.ts)
+ *                                     conversation they begin (formats/compact.ts)
  *   POST /pause                       pause for a weight update; answers once every group is back
  *   POST /resume      {modelStep, weightVersion?}  the new weights are loaded (weightVersion: the
  *                                     servers' name for them, e.g. SGLang's --weight-version)
@@ -23,11 +23,11 @@ import type { AddressInfo } from 'node:net';
 import type { EngineStats } from '../coordinator/engine-core.ts';
 import type { Batch, PauseReport } from '../coordinator/producer.ts';
 import type { EngineMetrics } from './metrics.ts';
-import { compactGroup } from '../protocol/compact.ts';
+import { compactGroup } from '../formats/compact.ts';
 import { HttpError, readBody, send, sendError, tokenMatches } from './http.ts';
 import { listen } from '../http-server.ts';
 import { checkpointPathIn, HostAllowList } from './access.ts';
-import { preview, RolloutEngineError } from '../protocol/errors.ts';
+import { preview, RolloutEngineError } from '../errors.ts';
 import { MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
 
 const MAX_STEP = 0x7fffffff;

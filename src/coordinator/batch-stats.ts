@@ -3,7 +3,7 @@
  * the groups taken and the train step, so each figure can be checked by hand (test/batch-stats.test.ts).
  */
 import { rolloutStaleness, tokenLossMask } from '../buffer/staleness.ts';
-import { responseTokenCount, type RolloutGroup } from '../protocol/rollout.ts';
+import { responseTokenCount, type RolloutGroup } from '../domain/rollout.ts';
 import type { WindowStats } from './progress.ts';
 
 export interface BatchStats {

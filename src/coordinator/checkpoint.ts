@@ -7,16 +7,16 @@
 import { closeSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { ResolvedConfig } from '../config.ts';
-import { decodeCheckpoint, encodeCheckpoint } from '../protocol/codec.ts';
-import { preview, RolloutEngineError } from '../protocol/errors.ts';
-import { compactGroup, expandGroup } from '../protocol/compact.ts';
-import { sharedMessageCount, Status, type ChatMessage, type RolloutGroup } from '../protocol/rollout.ts';
-import { sharePromptPrefix } from '../rollout/prompt-prefix.ts';
+import { decodeCheckpoint, encodeCheckpoint } from '../formats/checkpoint-file.ts';
+import { preview, RolloutEngineError } from '../errors.ts';
+import { compactGroup, expandGroup } from '../formats/compact.ts';
+import { sharedMessageCount, Status, type ChatMessage, type RolloutGroup } from '../domain/rollout.ts';
+import { sharePromptPrefix } from '../worker/prompt-prefix.ts';
 import type { ProducerSnapshot } from './producer.ts';
 
 /**
  * 3: the progress counters under the names the code uses (nextTrainStep, consumedGroups, targetGroups).
- * 2: groups in the compact form (protocol/compact.ts), so a long episode's conversation is written
+ * 2: groups in the compact form (formats/compact.ts), so a long episode's conversation is written
  * once, not once per turn. 1 (groups whole) and 2 are still read.
  */
 const CHECKPOINT_VERSION = 3;
@@ -169,7 +169,7 @@ function checkTurnFields(group: RolloutGroup, where: string): void {
 /**
  * What the file did not keep shared (it holds no shared objects; version 1 wrote every turn whole) is
  * shared again, as the run that wrote it held it, in place: prompt ids as the agent loop shares them
- * (rollout/prompt-prefix.ts), and each message equal to the one at its place in the agent's previous
+ * (worker/prompt-prefix.ts), and each message equal to the one at its place in the agent's previous
  * turn becomes that very object again.
  */
 function shareConversations(group: RolloutGroup): void {

@@ -24,8 +24,8 @@ import { Pool } from 'undici';
 import { delay } from '../cancel.ts';
 import type { Logger } from '../log.ts';
 import { OUTAGE_CODE } from '../llm/errors.ts';
-import { RolloutEngineError } from '../protocol/errors.ts';
-import { groupStatus, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { RolloutEngineError } from '../errors.ts';
+import { groupStatus, Status, type RolloutGroup } from '../domain/rollout.ts';
 
 /** First wait between probes of an outage; doubled after each unanswered round. */
 export const PROBE_BACKOFF_MS = 500;

@@ -10,7 +10,7 @@
  *   resume or close has ended it: a trainer may ask for a pause again while one is in progress;
  * - `closing` and `closed` are final: no transition leaves them but closing → closed.
  */
-import { RolloutEngineError } from '../protocol/errors.ts';
+import { RolloutEngineError } from '../errors.ts';
 
 /**
  * - `idle`: built, maybe restored from a checkpoint, not started: nothing is produced or served;

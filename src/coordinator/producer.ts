@@ -38,8 +38,8 @@ import type { AbortRoute, AbortTarget } from '../llm/client.ts';
 import { DIALECTS } from '../llm/servers.ts';
 import { MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
 import type { Logger } from '../log.ts';
-import { preview, RolloutEngineError } from '../protocol/errors.ts';
-import { approxGroupBytes, dispatchTokenCount, groupError, groupStatus, resetToPrompt, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import { preview, RolloutEngineError } from '../errors.ts';
+import { approxGroupBytes, dispatchTokenCount, groupError, groupStatus, resetToPrompt, Status, type RolloutGroup } from '../domain/rollout.ts';
 import { batchStats, groupLossMasks, type BatchStats } from './batch-stats.ts';
 import { Notifier, WakeUp } from './notifier.ts';
 import { OutageMonitor, type OutageObserver, type OutageStats } from './outage.ts';
@@ -549,7 +549,7 @@ export class Producer implements ProduceContext {
   /**
    * New weights are loaded: tag new tokens with `modelStep` and produce again. `weightVersion` is the
    * servers' name for these weights (SGLang's `--weight-version`, a string): replies that carry another
-   * one are reported as not serving them (rollout/pause-gate.ts).
+   * one are reported as not serving them (worker/pause-gate.ts).
    */
   resume(modelStep: number, weightVersion: string | null = null): void {
     if (!Number.isInteger(modelStep) || modelStep < this.#modelStep || modelStep > 0x7fffffff) {

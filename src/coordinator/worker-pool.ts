@@ -15,19 +15,26 @@
  * dying without being caught inside its environment (a timer that kills, an out-of-memory outside a
  * call) cannot loop for ever.
  */
-import * as Comlink from 'comlink';
 import { join } from 'node:path';
 import { Piscina } from 'piscina';
 import { urlList, type ResolvedConfig, type TaskConfig } from '../config.ts';
 import { wantsPrettyLogs, type Logger } from '../log.ts';
 import { projectModuleUrl } from '../paths.ts';
-import { decodeMessage, encodeMessage } from '../protocol/codec.ts';
+import { decodeGroupResult, encodeRunGroup } from '../protocol/codec.ts';
+import { connectControl, releaseControl, type ControlProxy } from '../protocol/control-port.ts';
 import { EnvWatch, type Culprit } from '../protocol/env-watch.ts';
-import { describeError, RolloutEngineError } from '../protocol/errors.ts';
-import { isWorkerRegistration, PROTOCOL_VERSION, type TaskBox, type WorkerControl, type WorkerStats } from '../protocol/messages.ts';
-import { restoreKeptTurns } from '../protocol/result-delta.ts';
-import { fillModelSteps, Status, type RolloutGroup } from '../protocol/rollout.ts';
-import type { PromptLine, TaskCheck, WorkerEnvSettings, WorkerInit } from '../rollout/worker-runtime.ts';
+import { describeError, RolloutEngineError } from '../errors.ts';
+import {
+  isWorkerRegistration,
+  PROTOCOL_VERSION,
+  type PromptLine,
+  type TaskCheck,
+  type WorkerEnvSettings,
+  type WorkerInit,
+  type WorkerStats,
+  type WorkerTasks,
+} from '../protocol/messages.ts';
+import { Status, type RolloutGroup } from '../domain/rollout.ts';
 import type { ServerInfo } from '../llm/servers.ts';
 
 export interface WorkerPool {
@@ -63,7 +70,7 @@ export class PiscinaWorkerPool implements WorkerPool {
   readonly #pool: Piscina;
   readonly #log: Logger;
   /** One control proxy per live worker thread; removed when piscina destroys the worker. */
-  readonly #controls = new Map<number, Comlink.Remote<WorkerControl>>();
+  readonly #controls = new Map<number, ControlProxy>();
   #closed = false;
   #watchdog: NodeJS.Timeout | null = null;
   /** Set when no worker can run at all; every queued and later group fails with it. */
@@ -110,7 +117,7 @@ export class PiscinaWorkerPool implements WorkerPool {
     this.#pool.on('message', (message: unknown) => {
       if (!isWorkerRegistration(message)) return;
       const { workerId, port } = message;
-      this.#controls.set(workerId, Comlink.wrap<WorkerControl>(port as unknown as Comlink.Endpoint));
+      this.#controls.set(workerId, connectControl(port));
       // The port closes when its worker exits (piscina's workerDestroy reports threadId -1 by then).
       port.once('close', () => {
         this.#controls.delete(workerId);
@@ -138,11 +145,10 @@ export class PiscinaWorkerPool implements WorkerPool {
   async runGroup(group: RolloutGroup, modelStep: number): Promise<RolloutGroup> {
     if (this.#broken !== null) return failedGroup(group, this.#broken);
     const dispatch = this.#envWatch.nextDispatch();
-    const bytes = encodeMessage({ v: PROTOCOL_VERSION, type: 'run-group', group, modelStep, enqueuedAt: Date.now(), dispatch });
+    const bytes = encodeRunGroup(group, modelStep, dispatch);
     let resultBytes: Uint8Array;
     try {
-      const box: TaskBox = { bytes };
-      resultBytes = (await Promise.race([this.#pool.run(box, { transferList: [bytes.buffer as ArrayBuffer] }), this.#brokenPromise])) as Uint8Array;
+      resultBytes = await Promise.race([this.#run('default', { bytes }, [bytes.buffer as ArrayBuffer]), this.#brokenPromise]);
     } catch (err) {
       const kill = this.#lastKill !== null && Date.now() - this.#lastKill.at < 5_000 ? ` (${this.#lastKill.reason})` : '';
       const reason = `worker failed while running the group: ${describeError(err)}${kill}`;
@@ -152,9 +158,7 @@ export class PiscinaWorkerPool implements WorkerPool {
     }
     this.#deaths.delete(group.id);
     try {
-      const message = decodeMessage(resultBytes);
-      if (message.type !== 'group-result') throw new Error(`worker answered ${message.type} to run-group`);
-      return fillModelSteps(restoreKeptTurns(message.group, group, message.keptTurns));
+      return decodeGroupResult(resultBytes, group);
     } catch (err) {
       return failedGroup(group, `worker failed while running the group: ${describeError(err)}`);
     }
@@ -187,7 +191,12 @@ export class PiscinaWorkerPool implements WorkerPool {
   async checkTask(task: string, prompts: PromptLine[]): Promise<TaskCheck> {
     if (this.#broken !== null) throw new RolloutEngineError('ERR_WORKER', this.#broken);
     // Raced with the pool breaking: a module that kills its worker on import leaves no worker to answer.
-    return (await Promise.race([this.#pool.run({ task, prompts }, { name: 'checkTask' }), this.#brokenPromise])) as TaskCheck;
+    return await Promise.race([this.#run('checkTask', { task, prompts }), this.#brokenPromise]);
+  }
+
+  /** A piscina task by name, typed by what the worker entry exports for it (WorkerTasks). */
+  #run<K extends keyof WorkerTasks>(name: K, request: Parameters<WorkerTasks[K]>[0], transferList?: ArrayBuffer[]): ReturnType<WorkerTasks[K]> {
+    return this.#pool.run(request, { name, ...(transferList === undefined ? {} : { transferList }) }) as ReturnType<WorkerTasks[K]>;
   }
 
   get liveWorkers(): number {
@@ -235,7 +244,7 @@ export class PiscinaWorkerPool implements WorkerPool {
     clearInterval(this.#liveness);
     // Workers release their actors and flush their records before the threads are terminated.
     await Promise.allSettled([...this.#controls.values()].map((c) => withDeadline(c.close(), FLUSH_DEADLINE_MS)));
-    for (const control of this.#controls.values()) control[Comlink.releaseProxy]();
+    for (const control of this.#controls.values()) releaseControl(control);
     this.#controls.clear();
     await this.#pool.destroy();
   }

@@ -12,9 +12,9 @@
  * With `timeoutMs`, close() is bounded (env/bounded.ts): a close that never settles counts as a
  * close error and frees its slot when the time is up, so one hung actor cannot hold a slot for ever.
  * create() is not: what it waits for may be a module's first import (seconds, legitimately); the
- * caller bounds what it calls in it (rollout/worker-runtime.ts bounds the factory call).
+ * caller bounds what it calls in it (worker/worker-runtime.ts bounds the factory call).
  */
-import { RolloutEngineError } from '../protocol/errors.ts';
+import { RolloutEngineError } from '../errors.ts';
 import { settleWithin } from './bounded.ts';
 import type { Environment } from './types.ts';
 

@@ -4,7 +4,7 @@
  * and by the HTTP client, for one a server's GET /envs showed: kept apart from the client so that
  * validating a config does not load undici.
  */
-import { preview } from '../protocol/errors.ts';
+import { preview } from '../errors.ts';
 import type { EnvParams } from './types.ts';
 
 export const ENV_DIALECTS = ['auto', 'rollout', 'safactory'] as const;

@@ -35,12 +35,12 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { threadId } from 'node:worker_threads';
 import { Pool } from 'undici';
 import { createLogger } from '../log.ts';
-import { ConfigError, preview, serverMessage } from '../protocol/errors.ts';
+import { ConfigError, preview, serverMessage } from '../errors.ts';
 import { dialectConflicts, ENV_DIALECTS, formatConflict, type EnvDialect, type EnvDialectSetting } from './dialect.ts';
 import { EnvError } from './errors.ts';
 import { checkAgentPrompts, checkStepResult, EnvReplyError } from './replies.ts';
 import type { AgentActions, AgentPrompts, Environment, EnvParams, ResetOptions, ResetResult, StepResult } from './types.ts';
-import type { ChatMessage } from '../protocol/rollout.ts';
+import type { ChatMessage } from '../domain/rollout.ts';
 
 export interface HttpEnvOptions {
   /** Env servers serving `name`; new actors are spread over them (least busy first, then round-robin). */

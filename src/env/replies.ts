@@ -2,8 +2,8 @@
  * Checks on what an environment returns. Environments are user code (or a remote server): a reply of
  * the wrong shape fails the rollout with the field and the value, instead of corrupting the record.
  */
-import type { ChatMessage } from '../protocol/rollout.ts';
-import { preview, RolloutEngineError } from '../protocol/errors.ts';
+import type { ChatMessage } from '../domain/rollout.ts';
+import { preview, RolloutEngineError } from '../errors.ts';
 import type { StepResult } from './types.ts';
 
 const ROLES = new Set(['system', 'user', 'assistant', 'tool']);

@@ -22,7 +22,7 @@
  */
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { ConfigError, preview } from '../protocol/errors.ts';
+import { ConfigError, preview } from '../errors.ts';
 import type { Environment, EnvironmentFactory, EnvParams } from './types.ts';
 import { listen, readRequestBody, type BodyErrors } from '../http-server.ts';
 

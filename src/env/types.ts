@@ -5,7 +5,7 @@
  * The shape follows the env-server protocol in docs/ARCHITECTURE.md ("Environments over HTTP"), so an in-process
  * environment and one behind HTTP are interchangeable: reset → get_task_prompt → step … → close.
  */
-import type { ChatMessage } from '../protocol/rollout.ts';
+import type { ChatMessage } from '../domain/rollout.ts';
 
 export type EnvParams = Record<string, unknown>;
 

@@ -9,14 +9,16 @@
  */
 import { Pool } from 'undici';
 import { TRANSPORT_ERROR_CODES } from '../llm/client.ts';
-import { ConfigError, serverMessage } from '../protocol/errors.ts';
+import { ConfigError, serverMessage } from '../errors.ts';
 import { GatewayError } from './errors.ts';
-import { GATEWAY_DEFAULTS } from './options.ts';
 import { fillMissingLogprobs, TOKEN_WIRES, type GenerationResult, type SamplingParams, type SamplingRequest, type TokenWireKind, type TopLogprob } from '../llm/token-wire.ts';
 
 export type BackendKind = TokenWireKind;
 export const BACKEND_KINDS: readonly BackendKind[] = ['vllm', 'sglang', 'llamacpp'];
 export type { GenerationResult, SamplingParams, SamplingRequest, TopLogprob };
+
+/** A backend's defaults (the gateway's options show them as `backendTimeoutMs`, `backendConnections`). */
+export const BACKEND_DEFAULTS = Object.freeze({ timeoutMs: 600_000, connections: 64 });
 
 export interface BackendOptions {
   kind: BackendKind;
@@ -62,7 +64,7 @@ export function createTokenBackend(options: BackendOptions): TokenBackend {
   } catch {
     throw new ConfigError([`backend.url: must be an http(s) URL (got ${JSON.stringify(options.url)})`]);
   }
-  const timeoutMs = options.timeoutMs ?? GATEWAY_DEFAULTS.backendTimeoutMs;
+  const timeoutMs = options.timeoutMs ?? BACKEND_DEFAULTS.timeoutMs;
   const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
   const wire = TOKEN_WIRES[options.kind];
   const path = `${prefix}${wire.path}`;
@@ -70,7 +72,7 @@ export function createTokenBackend(options: BackendOptions): TokenBackend {
   const headers: Record<string, string> = { 'content-type': 'application/json' };
   if (options.apiKey) headers.authorization = `Bearer ${options.apiKey}`;
   const pool = new Pool(base.origin, {
-    connections: options.connections ?? GATEWAY_DEFAULTS.backendConnections,
+    connections: options.connections ?? BACKEND_DEFAULTS.connections,
     // A non-streaming generation sends headers only when it is done: both timeouts are the request
     // budget, so no timer or composite signal is needed per call (as in llm/client.ts).
     headersTimeout: timeoutMs,

@@ -1,31 +1,10 @@
-import { RolloutEngineError } from '../protocol/errors.ts';
+import { RolloutEngineError } from '../errors.ts';
 
 /**
- * Stable codes of the token-trace gateway. HTTP answers carry the code in `error.code` (OpenAI error
- * shape), library calls throw a GatewayError with it, so callers branch on codes, not messages.
- *
- * Client mistakes (4xx):
- * - ERR_GATEWAY_BAD_REQUEST (400): a field has the wrong type or value (`param` names it);
- * - ERR_GATEWAY_TEMPLATE (400): the model's chat template cannot render these messages;
- * - ERR_GATEWAY_PREFIX_MISMATCH (400, only with `sideCalls: 'refuse'`): the conversation no longer
- *   starts with what the session already sent (an earlier message was edited or dropped, or a side
- *   call); `details` has the first differing position and both token spans;
- * - ERR_GATEWAY_TOO_MANY_SIDE_CALLS (400): the session already keeps `maxSideCalls` side calls (not
- *   429: waiting does not help, so an OpenAI client must not retry it);
- * - ERR_GATEWAY_CONTEXT_LENGTH (400): the prompt fills the context window; both numbers in `details`;
- * - ERR_GATEWAY_UNKNOWN_SESSION (404): no live session with that id (never seen, stitched, deleted or expired);
- * - ERR_GATEWAY_NOT_FOUND (404) / ERR_GATEWAY_METHOD (405): no such route / method;
- * - ERR_GATEWAY_SESSION_BUSY (409): the session already has a call in flight (turns are sequential);
- * - ERR_GATEWAY_BODY_TOO_LARGE (413);
- * - ERR_GATEWAY_TOO_MANY_SESSIONS (429): `maxSessions` live sessions already hold traces.
- * Server side:
- * - ERR_GATEWAY_STITCH (500): the traces broke an invariant while stitching (a bug, never the client's);
- * - ERR_GATEWAY_INTERNAL (500): an unexpected failure inside the gateway;
- * - ERR_GATEWAY_MODEL (500): the tokenizer / chat template files cannot be loaded;
- * - ERR_GATEWAY_CLOSING (503): the gateway is shutting down;
- * - ERR_BACKEND_HTTP (the backend's 4xx is passed on as is, anything else as 502);
- * - ERR_BACKEND_UNREACHABLE (502), ERR_BACKEND_BAD_REPLY (502), ERR_BACKEND_TIMEOUT (504);
- * - ERR_BACKEND_ABORTED: the caller cancelled the backend call (client gone, close()).
+ * Codes of the token-trace gateway (meanings: src/error-codes.ts), each with its HTTP status below.
+ * HTTP answers carry the code in `error.code` (OpenAI error shape), library calls throw a GatewayError
+ * with it. ERR_BACKEND_HTTP passes a backend's 4xx on as is (502 otherwise); ERR_GATEWAY_TOO_MANY_SIDE_CALLS
+ * is a 400, not a 429: waiting does not help, so an OpenAI client must not retry it.
  */
 export type GatewayErrorCode =
   | 'ERR_GATEWAY_BAD_REQUEST'

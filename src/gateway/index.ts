@@ -16,5 +16,5 @@ export { GatewayError } from './errors.ts';
 export type { GatewayErrorCode } from './errors.ts';
 export type { CallRecord, CallTrace, CallTimings, SideCallTrace } from './trace.ts';
 export type { SideCallMode } from './prompt.ts';
-export type { SideCall } from '../protocol/rollout.ts';
+export type { SideCall } from '../domain/rollout.ts';
 export type { ReleaseReason, SessionSummary } from './sessions.ts';

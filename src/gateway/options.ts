@@ -2,8 +2,8 @@
  * Gateway options: defaults and validation in one place. Errors (ERR_INVALID_CONFIG) name the option
  * and the value, since these come from CLI flags as often as from code.
  */
-import { ConfigError, preview } from '../protocol/errors.ts';
-import type { BackendOptions } from './backend.ts';
+import { ConfigError, preview } from '../errors.ts';
+import { BACKEND_DEFAULTS, type BackendOptions } from './backend.ts';
 import type { SideCallMode } from './prompt.ts';
 import type { ReleaseReason } from './sessions.ts';
 
@@ -68,8 +68,8 @@ export const GATEWAY_DEFAULTS = Object.freeze({
   sideCalls: 'record' as SideCallMode,
   // Each side call holds up to a context of prompt ids (128 KiB at 32k tokens): 32 MiB a session at worst.
   maxSideCalls: 256,
-  backendTimeoutMs: 600_000,
-  backendConnections: 64,
+  backendTimeoutMs: BACKEND_DEFAULTS.timeoutMs,
+  backendConnections: BACKEND_DEFAULTS.connections,
 });
 
 /** Default context when the tokenizer config names none, and the cap on model_max_length (Qwen says 131072). */

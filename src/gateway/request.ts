@@ -3,8 +3,8 @@
  * tokens silently (n > 1, non-text content parts), lenient about fields the gateway does not need
  * (user, metadata, …). Every error names the field as `param` and shows the value.
  */
-import { CHAT_ROLES, contentText } from '../protocol/chat-content.ts';
-import { preview } from '../protocol/errors.ts';
+import { CHAT_ROLES, contentText } from './chat-content.ts';
+import { preview } from '../errors.ts';
 import { GatewayError } from './errors.ts';
 import type { SamplingParams } from './backend.ts';
 import type { ChatMessageInput } from './model.ts';

@@ -10,12 +10,12 @@
  * and the last one ends the observation — so a bug in the gateway fails loudly instead of training
  * on misaligned logprobs.
  */
-import type { SideCall, StitchedSession } from '../protocol/rollout.ts';
+import type { SideCall, StitchedSession } from '../domain/rollout.ts';
 import { GatewayError } from './errors.ts';
 import { EMPTY_HASH, hashIds } from './trace.ts';
 import type { CallTrace, SideCallTrace } from './trace.ts';
 
-/** A stitched session (the training sample fields are protocol/rollout.ts StitchedSession) with its id and reward. */
+/** A stitched session (the training sample fields are domain/rollout.ts StitchedSession) with its id and reward. */
 export interface StitchedSample extends StitchedSession {
   sessionId: string;
   reward: number | null;

@@ -8,8 +8,8 @@
  */
 import { Pool } from 'undici';
 import { delay, type CancelSignal } from '../cancel.ts';
-import { serverMessage } from '../protocol/errors.ts';
-import type { ChatMessage } from '../protocol/rollout.ts';
+import { serverMessage } from '../errors.ts';
+import type { ChatRequest } from './request.ts';
 import { LlmError } from './errors.ts';
 import { Exchanges, type ExchangeResult } from './exchange.ts';
 import { parseChatReply, type ChatResult } from './reply.ts';
@@ -51,7 +51,7 @@ export interface LlmClientOptions {
    * aborted generation with the tokens it holds, instead of waiting for the server's aborted answer.
    */
   holdOnPause?: boolean;
-  /** The pause gate's hold signal (rollout/pause-gate.ts), read per call: a fresh one after each resume. */
+  /** The pause gate's hold signal (worker/pause-gate.ts), read per call: a fresh one after each resume. */
   hold?: () => CancelSignal;
   /** Told once per client of a reply that lacks what was asked for (token ids, logprobs): the worker logs it. */
   warn?: (message: string) => void;
@@ -64,27 +64,6 @@ export interface LlmClientOptions {
   api?: 'chat' | 'tokens';
   /** The policy's tokenizer and chat template, for `api: tokens` (loaded once per worker). */
   chatModel?: () => Promise<ChatModel>;
-}
-
-export interface ChatRequest {
-  messages: ChatMessage[];
-  maxTokens: number;
-  temperature: number;
-  /** Sampling seed (OpenAI `seed`): the same rollout turn samples the same way when it is continued. */
-  seed?: number;
-  /**
-   * Text of a partial assistant reply to continue (a generation interrupted by a weight update):
-   * sent as a final assistant message with vLLM's `continue_final_message`.
-   */
-  continueFrom?: string;
-  /** The same partial reply as tokens (`api: tokens`): its prompt ids and the ids generated so far. */
-  continueTokens?: { promptIds: Int32Array; responseIds: Int32Array };
-  /**
-   * The session's previous turn (`api: tokens`): the messages it was rendered from and its ids, so
-   * this turn's prompt extends that exact sequence even when no cache holds it (another worker, a
-   * restart after a pause).
-   */
-  previous?: { messages: readonly ChatMessage[]; promptIds: Int32Array | null; responseIds: Int32Array | null };
 }
 
 /**

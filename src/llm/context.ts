@@ -4,7 +4,7 @@
  * prompt counted over the limit before sending (`api: tokens`), become a reply flagged
  * `contextExceeded`: the agent loop ends the episode as truncated with every turn it has.
  */
-import { serverMessage } from '../protocol/errors.ts';
+import { serverMessage } from '../errors.ts';
 import type { ChatResult } from './reply.ts';
 
 /**

@@ -1,13 +1,6 @@
-import { RolloutEngineError } from '../protocol/errors.ts';
+import { RolloutEngineError } from '../errors.ts';
 
-/**
- * Stable codes:
- * - ERR_LLM_HTTP: the server answered with a status we do not retry (4xx), or retries ran out on 429/5xx;
- * - ERR_LLM_UNREACHABLE: transport errors (refused, reset, DNS) persisted through every retry;
- * - ERR_LLM_TIMEOUT: the request exceeded `llm.timeoutMs`;
- * - ERR_LLM_BAD_REPLY: the body is not JSON or not a usable chat completion;
- * - ERR_LLM_ABORTED: the caller cancelled the request (pause / shutdown).
- */
+/** The codes an inference call fails with (meanings: src/error-codes.ts). */
 export type LlmErrorCode = 'ERR_LLM_HTTP' | 'ERR_LLM_UNREACHABLE' | 'ERR_LLM_TIMEOUT' | 'ERR_LLM_BAD_REPLY' | 'ERR_LLM_ABORTED';
 
 export class LlmError extends RolloutEngineError {
@@ -22,7 +15,7 @@ export class LlmError extends RolloutEngineError {
 
 /**
  * Prefix of a rollout's `error` when it came back ABORTED because its inference call met an outage
- * (rollout/agent-loop.ts): the producer tells these from pause aborts by it (coordinator/outage.ts).
+ * (worker/agent-loop.ts): the producer tells these from pause aborts by it (coordinator/outage.ts).
  */
 export const OUTAGE_CODE = 'ERR_LLM_OUTAGE';
 

@@ -3,7 +3,7 @@
  * into one training sample. Part of llm/ because it is the only other place that speaks undici.
  */
 import { request } from 'undici';
-import type { SideCall, StitchedSession } from '../protocol/rollout.ts';
+import type { SideCall, StitchedSession } from '../domain/rollout.ts';
 import { LlmError } from './errors.ts';
 
 export interface GatewayCall {

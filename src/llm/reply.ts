@@ -2,9 +2,9 @@
  * Parsing an OpenAI chat-completion reply into what the agent loop needs. A reply that cannot be used
  * becomes an LlmError naming the field and the value — the rollout fails with it, nothing crashes.
  */
-import type { FinishReason } from '../protocol/rollout.ts';
+import type { FinishReason } from '../domain/rollout.ts';
 import { LlmError } from './errors.ts';
-import { preview } from '../protocol/errors.ts';
+import { preview } from '../errors.ts';
 
 export interface ChatResult {
   content: string;

@@ -16,7 +16,8 @@
 import type { ChatResult } from './reply.ts';
 import type { CancelSignal } from '../cancel.ts';
 import { Slots } from '../slots.ts';
-import { LlmClient, type ChatRequest, type LlmClientOptions } from './client.ts';
+import { LlmClient, type LlmClientOptions } from './client.ts';
+import type { ChatRequest } from './request.ts';
 import { isOutageError, LlmError } from './errors.ts';
 import type { ServerKind } from './servers.ts';
 import type { ChatModel } from '../gateway/model.ts';

@@ -10,7 +10,7 @@
  * context length and whether the abort route exists, and says once what the user loses.
  */
 import { Pool, request } from 'undici';
-import { serverMessage } from '../protocol/errors.ts';
+import { serverMessage } from '../errors.ts';
 import { LlmError } from './errors.ts';
 
 export const SERVER_KINDS = ['vllm', 'sglang', 'llamacpp', 'openai', 'generic'] as const;

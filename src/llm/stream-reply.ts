@@ -9,8 +9,8 @@
  * event's number and the field: `write` then answers false (the exchange stops reading and cuts the
  * connection), and an event counts only once every field of it has been checked.
  */
-import type { FinishReason } from '../protocol/rollout.ts';
-import { preview } from '../protocol/errors.ts';
+import type { FinishReason } from '../domain/rollout.ts';
+import { preview } from '../errors.ts';
 import { LlmError } from './errors.ts';
 import { bad, isObject, logprobIds, readLogprobs, readTokenIds, weightVersionOf, type ChatResult } from './reply.ts';
 

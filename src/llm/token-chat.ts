@@ -16,13 +16,20 @@
 import type { CancelSignal } from '../cancel.ts';
 import type { ChatModel } from '../gateway/model.ts';
 import { planPrompt, type PromptBase } from '../gateway/prompt.ts';
-import type { ChatMessage } from '../protocol/rollout.ts';
+import type { ChatMessage } from '../domain/rollout.ts';
 import { LlmError } from './errors.ts';
 import { contextOverflowReply } from './context.ts';
-import type { ChatRequest, LlmClientOptions } from './client.ts';
+import type { ChatRequest } from './request.ts';
 import type { ChatResult } from './reply.ts';
 import type { ServerDialect } from './servers.ts';
 import { fillMissingLogprobs, TOKEN_WIRES, type GenerationResult, type TokenWire } from './token-wire.ts';
+
+/** The client settings token-in calls read (an TokenChatOptions has them). */
+export interface TokenChatOptions {
+  model: string;
+  server?: { contextLength: number | null };
+  chatModel?: () => Promise<ChatModel>;
+}
 
 /** Sends one token-in call with the client's retries, pause checks and reply limits (LlmClient #call). */
 export type TokenCall = <T>(path: string, payload: object, reader: { parse(json: unknown): T }, signal: CancelSignal | undefined) => Promise<T>;
@@ -36,7 +43,7 @@ const RAW_JSON = { parse: (json: unknown) => json };
 
 export class TokenChat {
   readonly #wire: TokenWire;
-  readonly #options: LlmClientOptions;
+  readonly #options: TokenChatOptions;
   readonly #call: TokenCall;
   readonly #reader: { parse(json: unknown): GenerationResult };
   /** session → its sequence after the last call (insertion order: oldest first, for eviction). */
@@ -44,7 +51,7 @@ export class TokenChat {
   #model: ChatModel | null = null;
   #aToken: number | undefined;
 
-  constructor(dialect: ServerDialect, options: LlmClientOptions, call: TokenCall) {
+  constructor(dialect: ServerDialect, options: TokenChatOptions, call: TokenCall) {
     if (dialect.tokenRoute === null) throw new LlmError('ERR_LLM_HTTP', `llm.api "tokens": a ${dialect.label} server has no token-in route`);
     const kind = dialect.kind === 'generic' || dialect.kind === 'vllm' ? 'vllm' : dialect.kind === 'sglang' ? 'sglang' : 'llamacpp';
     this.#wire = TOKEN_WIRES[kind];

@@ -5,7 +5,7 @@
  * What the engine exposes is all it uses: taken batches (per-rollout `timings`, per-turn `timings`),
  * `engine.stats()` (worker counters and heaps) and the pause reports.
  */
-import type { Batch, PauseReport } from '../index.ts';
+import type { Batch, PauseReport } from '../coordinator/producer.ts';
 
 export interface BatchRecord {
   t: number;

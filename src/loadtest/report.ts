@@ -3,7 +3,7 @@
  * report.json holds and what the table and the HTML page are drawn from — nothing else feeds them.
  */
 import { cpus, totalmem } from 'node:os';
-import type { GroupCounts } from '../index.ts';
+import type { GroupCounts } from '../coordinator/producer.ts';
 import type { LoadtestOptions } from './options.ts';
 import type { Sample } from './recorder.ts';
 import type { EngineRun } from './runner.ts';

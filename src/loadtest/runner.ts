@@ -5,7 +5,10 @@
  * every batch and pause. Only the public API is used.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
-import { createEngine, type Batch, type Engine, type EngineConfigInput, type EngineStats } from '../index.ts';
+import type { EngineConfigInput } from '../config.ts';
+import type { EngineStats } from '../coordinator/engine-core.ts';
+import type { Batch } from '../coordinator/producer.ts';
+import { createEngine, type Engine } from '../engine.ts';
 import type { MockProcess } from './mock-process.ts';
 import type { LoadtestOptions } from './options.ts';
 import { Recorder, type PauseReason, type Sample } from './recorder.ts';

@@ -1,5 +1,6 @@
 /**
- * The msgpack codec for `WireMessage`s — the only module that imports msgpackr.
+ * The msgpack codec for `WireMessage`s, the bytes between threads. (Files and peers outside the
+ * process have their own encodings, in formats/: checkpoint files, control API bodies.)
  *
  * `useRecords: false` keeps the bytes plain msgpack maps; `moreTypes: true` makes Int32Array /
  * Float32Array round-trip as typed arrays instead of Buffers.
@@ -7,7 +8,7 @@
  * Messages between threads also keep shared references (`structuredClone`): every turn of a rollout
  * holds its prompt, and consecutive prompts are mostly the same message objects (the conversation so
  * far), so each message is sent once and the others point at it — a quarter fewer bytes per group and
- * the same sharing on the receiving side. Checkpoints stay plain (no msgpackr extensions but typed arrays).
+ * the same sharing on the receiving side.
  *
  * A turn's token arrays (ids, logprobs, model steps, loss mask) travel beside the msgpack body, not in
  * it: msgpackr decodes each typed array into an ArrayBuffer of its own (an allocation, a copy, a
@@ -17,14 +18,15 @@
  *   [ u32 body length | msgpack body (arrays as [kind, offset, length]) | pad to 8 | regions, each 8-aligned ]
  *
  * A region is one array, or one run of overlapping views of a buffer (a turn's prompt ids are a
- * prefix of the next turn's: rollout/prompt-prefix.ts); an offset is a multiple of its kind's size.
+ * prefix of the next turn's: worker/prompt-prefix.ts); an offset is a multiple of its kind's size.
  */
 import { Packr } from 'msgpackr';
-import { PROTOCOL_VERSION, WIRE_MESSAGE_TYPES, type WireMessage } from './messages.ts';
-import { preview, ProtocolError } from './errors.ts';
+import { PROTOCOL_VERSION, WIRE_MESSAGE_TYPES, type RunGroupMessage, type WireMessage } from './messages.ts';
+import { restoreKeptTurns } from './result-delta.ts';
+import { preview, ProtocolError } from '../errors.ts';
+import { fillModelSteps, type RolloutGroup } from '../domain/rollout.ts';
 
 const threadPackr = new Packr({ useRecords: false, moreTypes: true, structuredClone: true });
-const packr = new Packr({ useRecords: false, moreTypes: true });
 
 /** The turn fields carried beside the body, and the array kinds they may hold (a kind's index is its code). */
 const TURN_ARRAYS = ['promptIds', 'responseIds', 'logprobs', 'modelSteps', 'lossMask'] as const;
@@ -77,6 +79,28 @@ export function decodeMessage(bytes: Uint8Array): WireMessage {
   const start = align8(HEADER_BYTES + bodyLength);
   restoreArrays(value as WireMessage, start < bytes.byteLength ? bytes.slice(start).buffer : new ArrayBuffer(0));
   return value as WireMessage;
+}
+
+/** Coordinator side: a group to run, as the bytes a task carries (`dispatch`: the env watch's number for this run). */
+export function encodeRunGroup(group: RolloutGroup, modelStep: number, dispatch: number): Uint8Array {
+  return encodeMessage({ v: PROTOCOL_VERSION, type: 'run-group', group, modelStep, enqueuedAt: Date.now(), dispatch });
+}
+
+/** Worker side: the group a task's bytes carry. */
+export function decodeRunGroup(bytes: Uint8Array): RunGroupMessage {
+  const message = decodeMessage(bytes);
+  if (message.type !== 'run-group') throw new ProtocolError(`worker expects run-group messages, got ${message.type}`);
+  return message;
+}
+
+/**
+ * Coordinator side: the group a worker answered with for `sent` (the group as dispatched), whole
+ * again — the turns it left out put back, the model steps it left implicit filled in.
+ */
+export function decodeGroupResult(bytes: Uint8Array, sent: RolloutGroup): RolloutGroup {
+  const message = decodeMessage(bytes);
+  if (message.type !== 'group-result') throw new ProtocolError(`worker answered ${message.type} to run-group`);
+  return fillModelSteps(restoreKeptTurns(message.group, sent, message.keptTurns));
 }
 
 /**
@@ -203,59 +227,4 @@ function restoreTurnArrays(turn: Record<string, unknown>, where: string, block: 
     }
     turn[field] = view;
   }
-}
-
-const CHECKPOINT_MAGIC = 'rollout-engine-checkpoint';
-
-/** Checkpoint files are msgpack too: typed arrays stay typed, and nothing is re-tokenized. */
-export function encodeCheckpoint(state: { v: number } & Record<string, unknown>): Uint8Array {
-  return new Uint8Array(packr.pack({ magic: CHECKPOINT_MAGIC, ...state }));
-}
-
-export function decodeCheckpoint(bytes: Uint8Array, source: string): { v: number } & Record<string, unknown> {
-  let value: unknown;
-  try {
-    value = packr.unpack(bytes);
-  } catch (err) {
-    throw new ProtocolError(`${source} is not a checkpoint (not msgpack: ${(err as Error).message})`);
-  }
-  if (typeof value !== 'object' || value === null || (value as { magic?: unknown }).magic !== CHECKPOINT_MAGIC) {
-    throw new ProtocolError(`${source} is not a rollout-engine checkpoint`);
-  }
-  return value as { v: number } & Record<string, unknown>;
-}
-
-const peerPackr = new Packr({ useRecords: false });
-
-/**
- * msgpack for outside peers (the control API's `Accept: application/msgpack`): plain maps, and typed
- * arrays as `bin` of their little-endian bytes — any msgpack library reads them, and a Python trainer
- * turns them into arrays without parsing (`numpy.frombuffer(b, '<i4')` for ids and model steps,
- * `'<f4'` for logprobs).
- */
-export function encodeForPeer(value: unknown): Uint8Array {
-  return new Uint8Array(peerPackr.pack(typedArraysAsBytes(value)));
-}
-
-/** Decode a peer's msgpack request body (a ProtocolError for anything that is not msgpack). */
-export function decodeFromPeer(bytes: Uint8Array): unknown {
-  try {
-    return peerPackr.unpack(bytes);
-  } catch (err) {
-    throw new ProtocolError(`body is not valid msgpack (${bytes.byteLength} bytes): ${(err as Error).message}`);
-  }
-}
-
-function typedArraysAsBytes(value: unknown): unknown {
-  if (value === null || typeof value !== 'object') return value;
-  if (ArrayBuffer.isView(value)) return Buffer.from(value.buffer, value.byteOffset, value.byteLength);
-  if (Array.isArray(value)) return value.map(typedArraysAsBytes);
-  const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(value)) out[k] = typedArraysAsBytes(v);
-  return out;
-}
-
-/** JSON for outside readers (batch files, the control API): typed arrays become number lists. */
-export function toJson(value: unknown): string {
-  return JSON.stringify(value, (_key, v: unknown) => (ArrayBuffer.isView(v) && !(v instanceof DataView) ? Array.from(v as Int32Array) : v));
 }

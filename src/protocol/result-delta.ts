@@ -11,8 +11,8 @@
  * objects, pops a partial last turn (its continuation is a new object), or drops turns (a reset, a
  * replay mismatch, a multi-agent step played again) — all of which end the shared prefix.
  */
-import { ProtocolError } from './errors.ts';
-import type { RolloutGroup, TurnRecord } from './rollout.ts';
+import { ProtocolError } from '../errors.ts';
+import type { RolloutGroup, TurnRecord } from '../domain/rollout.ts';
 
 /** Worker side, before running: the turn objects each rollout arrived with. */
 export function receivedTurns(group: RolloutGroup): TurnRecord[][] {

@@ -16,8 +16,8 @@
 import { createReadStream } from 'node:fs';
 import { readdir } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
-import { RolloutEngineError } from '../protocol/errors.ts';
-import { Status } from '../protocol/rollout.ts';
+import { RolloutEngineError } from '../errors.ts';
+import { Status } from '../domain/rollout.ts';
 import type { SessionEnd, StepRecord, StepRecordLine } from './step-records.ts';
 
 export class StepRecordFormatError extends RolloutEngineError {

@@ -16,8 +16,8 @@
 import { mkdir, open, type FileHandle } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { threadId } from 'node:worker_threads';
-import { RolloutEngineError } from '../protocol/errors.ts';
-import type { ChatMessage, FinishReason, Status } from '../protocol/rollout.ts';
+import { RolloutEngineError } from '../errors.ts';
+import type { ChatMessage, FinishReason, Status } from '../domain/rollout.ts';
 
 /** What the environment / server reported alongside a step; `weightVersion` is the reference's `env_state`. */
 export interface EnvState {

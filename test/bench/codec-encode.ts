@@ -7,7 +7,7 @@
  */
 import { decodeMessage, encodeMessage } from '../../src/protocol/codec.ts';
 import { PROTOCOL_VERSION, type GroupResultMessage } from '../../src/protocol/messages.ts';
-import { newGroup, Status, type ChatMessage } from '../../src/protocol/rollout.ts';
+import { newGroup, Status, type ChatMessage } from '../../src/domain/rollout.ts';
 // Worker-like groups: 4 rollouts x 7 turns, every array its own buffer (as a worker builds them).
 const groups = Array.from({ length: 64 }, (_, g): GroupResultMessage => {
   const group = newGroup({ taskName: 'bench', promptIndex: g, drawIndex: g, seed: g, envParams: {} }, 4);

@@ -13,7 +13,7 @@ import { chatPayload } from '../../src/llm/client.ts';
 import type { MockProcess } from '../../src/loadtest/mock-process.ts';
 import { threadCpuMs } from './machine.ts';
 
-/** src/rollout/worker-runtime.ts: monitorEventLoopDelay({ resolution: 10 }); its mean includes the interval. */
+/** src/worker/worker-runtime.ts: monitorEventLoopDelay({ resolution: 10 }); its mean includes the interval. */
 const WORKER_LOOP_MONITOR_RESOLUTION_MS = 10;
 /** Batches taken before the measured window, at least one. */
 const WARM_UP_MS = 1_000;

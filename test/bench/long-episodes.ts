@@ -3,16 +3,17 @@
  *
  * The server returns each turn's prompt ids whole, so kept as they come a rollout holds Σ prompt
  * lengths — quadratic in its turns. The engine keeps each prompt that extends the previous one as a
- * view into the last (src/rollout/prompt-prefix.ts). This runs one batch of guess-number played to
+ * view into the last (src/worker/prompt-prefix.ts). This runs one batch of guess-number played to
  * many turns against a mock of its own (`thinkTokens` filler tokens per answer) and reports, per rollout, the prompt ids as the server sent
  * them (Σ over turns) against the bytes the rollout's turns actually hold, a group result's size on
  * the thread wire, and the batch's size per rollout as the control API sends it (msgpack), in full
- * and compact (src/protocol/compact.ts).
+ * and compact (src/formats/compact.ts).
  */
 import { createEngine, type RolloutState } from '../../src/index.ts';
 import { startMockProcess } from '../../src/loadtest/mock-process.ts';
-import { compactGroup } from '../../src/protocol/compact.ts';
-import { encodeForPeer, encodeMessage } from '../../src/protocol/codec.ts';
+import { compactGroup } from '../../src/formats/compact.ts';
+import { encodeMessage } from '../../src/protocol/codec.ts';
+import { encodeForPeer } from '../../src/formats/peer.ts';
 import { PROTOCOL_VERSION } from '../../src/protocol/messages.ts';
 
 export interface LongEpisodeFigures {

@@ -7,7 +7,7 @@
  */
 import type { ExpiryPolicy } from '../../src/buffer/replay-buffer.ts';
 import { staleThreshold } from '../../src/buffer/staleness.ts';
-import { groupStatus, newGroup, Status, type PromptSample, type RolloutGroup, type RolloutState, type TurnRecord } from '../../src/protocol/rollout.ts';
+import { groupStatus, newGroup, Status, type PromptSample, type RolloutGroup, type RolloutState, type TurnRecord } from '../../src/domain/rollout.ts';
 
 export function sample(taskName: string, drawIndex: number): PromptSample {
   return { taskName, promptIndex: drawIndex, drawIndex, seed: 1000 + drawIndex, envParams: { n: drawIndex } };

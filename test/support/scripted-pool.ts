@@ -14,7 +14,7 @@
  */
 import type { WorkerPool } from '../../src/coordinator/worker-pool.ts';
 import type { WorkerStats } from '../../src/protocol/messages.ts';
-import { groupStatus, resetToPrompt, Status, type RolloutGroup, type RolloutState, type TurnRecord } from '../../src/protocol/rollout.ts';
+import { groupStatus, resetToPrompt, Status, type RolloutGroup, type RolloutState, type TurnRecord } from '../../src/domain/rollout.ts';
 
 /** How a held group comes back. */
 export type Outcome =

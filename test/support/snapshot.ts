@@ -3,7 +3,7 @@ import type { ResolvedConfig } from '../../src/config.ts';
 import { emptyGroupCounts, type ProducerSnapshot } from '../../src/coordinator/producer.ts';
 import { ProduceProgress } from '../../src/coordinator/progress.ts';
 import { emptyDropCounts } from '../../src/buffer/replay-buffer.ts';
-import type { RolloutGroup } from '../../src/protocol/rollout.ts';
+import type { RolloutGroup } from '../../src/domain/rollout.ts';
 
 export function producerSnapshot(config: ResolvedConfig, buffered: RolloutGroup[]): ProducerSnapshot {
   const tasks = config.tasks.map((t) => ({ name: t.name, weight: t.weight }));

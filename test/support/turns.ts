@@ -1,5 +1,5 @@
 /** Test builders for turn records. */
-import type { TurnRecord } from '../../src/protocol/rollout.ts';
+import type { TurnRecord } from '../../src/domain/rollout.ts';
 
 /** A finished turn with these prompt ids (null: the server returned none) and nothing else of note. */
 export function turnRecord(step: number, promptIds: number[] | null, agentId: string | null = null): TurnRecord {

@@ -5,7 +5,7 @@
  *
  * Deterministic: the expression is drawn from the reset seed only (unless reset params give it).
  */
-import type { ChatMessage } from '../../protocol/rollout.ts';
+import type { ChatMessage } from '../../domain/rollout.ts';
 import type { Environment, EnvironmentFactory, EnvParams, ResetOptions, ResetResult, StepResult } from '../types.ts';
 import { ParamReader, lastInteger, show } from './params.ts';
 import { burnCpu, createRng } from './rng.ts';

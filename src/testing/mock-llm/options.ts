@@ -3,7 +3,7 @@
  * option and the value, because these come from CLI flags and load-test configs as often as from code.
  */
 import { show } from '../../env/synthetic/params.ts';
-import { RolloutEngineError } from '../../protocol/errors.ts';
+import { RolloutEngineError } from '../../errors.ts';
 import { MOCK_TOKENIZERS } from './vocab.ts';
 import type { MockTokenizer } from './vocab.ts';
 

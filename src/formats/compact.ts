@@ -16,8 +16,8 @@
  * int32 bytes, so the prefix is the first 4·n bytes.) Everything else is as in the full form, and the
  * batch the engine holds for redelivery is not changed.
  */
-import { preview, RolloutEngineError } from './errors.ts';
-import { idsStartWith, sharedMessageCount, type ChatMessage, type RolloutGroup, type RolloutState, type TurnRecord } from './rollout.ts';
+import { preview, RolloutEngineError } from '../errors.ts';
+import { idsStartWith, sharedMessageCount, type ChatMessage, type RolloutGroup, type RolloutState, type TurnRecord } from '../domain/rollout.ts';
 
 interface CompactTurnFields {
   messagesPrefixOf?: { turn: number; length: number };

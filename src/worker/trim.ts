@@ -1,4 +1,4 @@
-import type { ChatMessage } from '../protocol/rollout.ts';
+import type { ChatMessage } from '../domain/rollout.ts';
 
 /**
  * Keep the system message and the last `2 × messageCut − 1` messages: the current user turn plus

@@ -6,10 +6,10 @@
 import { createWriteStream, mkdirSync, type WriteStream } from 'node:fs';
 import { once } from 'node:events';
 import { dirname } from 'node:path';
-import type { Batch } from './producer.ts';
-import { compactGroup, type CompactGroup } from '../protocol/compact.ts';
-import { toJson } from '../protocol/codec.ts';
-import type { RolloutGroup } from '../protocol/rollout.ts';
+import type { Batch } from '../coordinator/producer.ts';
+import { compactGroup, type CompactGroup } from './compact.ts';
+import { toJson } from './peer.ts';
+import type { RolloutGroup } from '../domain/rollout.ts';
 
 /** JSON text of a group, typed arrays written as number arrays. */
 export function groupToJson(group: RolloutGroup | CompactGroup, trainStep: number): string {
@@ -19,7 +19,7 @@ export function groupToJson(group: RolloutGroup | CompactGroup, trainStep: numbe
 export class BatchFileWriter {
   readonly path: string;
   readonly #stream: WriteStream;
-  /** Lines in the compact form (protocol/compact.ts). */
+  /** Lines in the compact form (formats/compact.ts). */
   readonly #compact: boolean;
   #lines = 0;
 

@@ -13,7 +13,7 @@
 import { settleWithin, timeoutError } from '../env/bounded.ts';
 import { EnvError } from '../env/errors.ts';
 import type { EnvCall, EnvWatchSlot } from '../protocol/env-watch.ts';
-import type { RolloutState } from '../protocol/rollout.ts';
+import type { RolloutState } from '../domain/rollout.ts';
 import type { EnvCallGuard, PauseView } from './agent-loop.ts';
 
 type MaybePromise<T> = T | Promise<T>;

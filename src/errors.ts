@@ -1,9 +1,13 @@
 /**
- * Engine errors carry a stable `code` (like undici's), so callers branch on codes, not messages.
+ * The engine's error classes. Each carries a stable `code` from the one table (./error-codes.ts), so
+ * callers branch on codes, not messages; areas add their own subclasses (env/, llm/, gateway/…
+ * errors.ts) with a narrower code.
  */
+import type { ErrorCode } from './error-codes.ts';
+
 export class RolloutEngineError extends Error {
-  readonly code: string;
-  constructor(code: string, message: string, options?: { cause?: unknown }) {
+  readonly code: ErrorCode;
+  constructor(code: ErrorCode, message: string, options?: { cause?: unknown }) {
     super(message, options);
     this.name = 'RolloutEngineError';
     this.code = code;

@@ -24,8 +24,8 @@
 import { checkStepResult, checkTaskPrompt } from '../env/replies.ts';
 import type { Environment } from '../env/types.ts';
 import { fetchTraces, releaseSession, sessionBaseUrl, stitchSession } from '../llm/gateway-client.ts';
-import { describeError, preview, RolloutEngineError } from '../protocol/errors.ts';
-import { resetToPrompt, Status, type ChatMessage, type RolloutState, type TurnRecord } from '../protocol/rollout.ts';
+import { describeError, preview, RolloutEngineError } from '../errors.ts';
+import { resetToPrompt, Status, type ChatMessage, type RolloutState, type TurnRecord } from '../domain/rollout.ts';
 import { acquireActor, rewardFor, type ActorSource, type EnvCallGuard, type PauseView } from './agent-loop.ts';
 import { sessionIdOf } from '../records/step-records.ts';
 
@@ -47,7 +47,7 @@ export interface BlackBoxContext {
   gatewayUrl: string;
   /** The task's environment, or null when prompts come from the dataset. */
   actors: ActorSource | null;
-  /** Bounds and watches the environment's calls (rollout/env-guard.ts); absent = unguarded. */
+  /** Bounds and watches the environment's calls (worker/env-guard.ts); absent = unguarded. */
   guard?: EnvCallGuard;
   gate: PauseView;
   workerId: number;

@@ -99,7 +99,7 @@ export interface TurnRecord {
   reward: number;
   terminated: boolean;
   truncated: boolean;
-  /** Whether the turn should be trained on (reference Interactor semantics, see rollout/agent-loop.ts). */
+  /** Whether the turn should be trained on (reference Interactor semantics, see worker/agent-loop.ts). */
   trainable: boolean;
   /**
    * Set when the batch is taken with a token-level staleness threshold: 1 = the token counts in the
@@ -291,7 +291,7 @@ export function dispatchTokenCount(sent: RolloutState | undefined, landed: Rollo
 /**
  * Approximate memory a group holds: the buffers under its token arrays, each once (the arrays of a
  * group that crossed threads are views into one block, and a turn's prompt ids may view a later
- * turn's: rollout/prompt-prefix.ts), plus its text at two bytes a character and a fixed cost per
+ * turn's: worker/prompt-prefix.ts), plus its text at two bytes a character and a fixed cost per
  * object. Used for the producer's memory budget, where a cheap estimate that grows with the real
  * thing is what matters.
  */

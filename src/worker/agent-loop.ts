@@ -28,13 +28,13 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { CancelSignal } from '../cancel.ts';
 import type { ChatResult } from '../llm/reply.ts';
-import type { ChatRequest } from '../llm/client.ts';
+import type { ChatRequest } from '../llm/request.ts';
 import type { Route } from '../llm/router.ts';
 import { isOutageError, OUTAGE_CODE } from '../llm/errors.ts';
 import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/replies.ts';
 import type { Environment, StepResult } from '../env/types.ts';
 import type { EnvCall } from '../protocol/env-watch.ts';
-import { describeError, RolloutEngineError } from '../protocol/errors.ts';
+import { describeError, RolloutEngineError } from '../errors.ts';
 import {
   modelStepsOf,
   resetToPrompt,
@@ -43,7 +43,7 @@ import {
   type ChatMessage,
   type RolloutState,
   type TurnRecord,
-} from '../protocol/rollout.ts';
+} from '../domain/rollout.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
 import { trimMessages } from './trim.ts';
 
@@ -64,12 +64,12 @@ export interface ChatClient {
   endSession?(session: string): void;
 }
 
-/** What the agent loop needs to know about pauses (rollout/pause-gate.ts in a worker). */
+/** What the agent loop needs to know about pauses (worker/pause-gate.ts in a worker). */
 export interface PauseView {
   readonly paused: boolean;
   readonly modelStep: number;
   readonly signal: AbortSignal;
-  /** The model step a reply's weight version names; −1 for a version the trainer did not announce (rollout/pause-gate.ts). */
+  /** The model step a reply's weight version names; −1 for a version the trainer did not announce (worker/pause-gate.ts). */
   stepOfVersion(version: string | null): number;
 }
 
@@ -89,7 +89,7 @@ export interface EpisodeHooks {
 }
 
 /**
- * Runs one call into the task's user code for `rollout` (rollout/env-guard.ts: time bound, cancel,
+ * Runs one call into the task's user code for `rollout` (worker/env-guard.ts: time bound, cancel,
  * blame on a worker's death). Absent: calls run unguarded.
  */
 export interface EnvCallGuard {

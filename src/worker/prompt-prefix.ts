@@ -14,7 +14,7 @@
  * Invariant: a view this makes starts where the array it replaces started and is no longer, so it
  * holds exactly the ids that array held; nothing is ever written through one.
  */
-import { idsStartWith, type TurnRecord } from '../protocol/rollout.ts';
+import { idsStartWith, type TurnRecord } from '../domain/rollout.ts';
 
 /**
  * After `turns[last]` was recorded: share its prompt ids with the earlier turns of the same agent, back

@@ -17,16 +17,20 @@ import type { Environment, EnvParams } from '../env/types.ts';
 import { LlmRouter, type RouterOptions } from '../llm/router.ts';
 import { createLogger, type Logger } from '../log.ts';
 import { EnvWatchSlot } from '../protocol/env-watch.ts';
-import { describeError, preview } from '../protocol/errors.ts';
+import { describeError, preview } from '../errors.ts';
 import {
   PROTOCOL_VERSION,
   type GroupResultMessage,
+  type PromptLine,
   type RunGroupMessage,
+  type TaskCheck,
   type WorkerControl,
+  type WorkerInit,
+  type WorkerTaskSettings,
   type WorkerStats,
 } from '../protocol/messages.ts';
 import { omitKeptTurns, receivedTurns } from '../protocol/result-delta.ts';
-import { groupStatus, Status, type RolloutGroup, type RolloutState, type TurnRecord } from '../protocol/rollout.ts';
+import { groupStatus, Status, type RolloutGroup, type RolloutState, type TurnRecord } from '../domain/rollout.ts';
 import { sessionIdOf, StepRecordWriter } from '../records/step-records.ts';
 import { runEpisode, type AgentSettings, type EpisodeContext, type EpisodeHooks } from './agent-loop.ts';
 import { runBlackBoxEpisode, type BlackBoxAgent } from './blackbox-loop.ts';
@@ -44,42 +48,6 @@ const OS_THREAD_ID = ((): number | null => {
   }
 })();
 
-/** `timeoutMs`: `tasks[].env.timeoutMs`, the bound on every environment and hook call. */
-export type WorkerEnvSettings =
-  | { kind: 'module'; moduleUrl: string; exportName: string; params: EnvParams; poolSize: number | null; timeoutMs: number }
-  | { kind: 'http'; http: HttpEnvOptions; poolSize: number | null; timeoutMs: number };
-
-/** Per-task settings a worker needs; sent once as workerData. */
-export interface WorkerTaskSettings {
-  /** Null only for a black-box agent whose prompts come from the dataset. */
-  env: WorkerEnvSettings | null;
-  hooks: { moduleUrl: string; exportName: string } | null;
-  /** A black-box agent module (rollout/blackbox-loop.ts) instead of the built-in agent loop. */
-  blackbox: { moduleUrl: string; exportName: string } | null;
-  agent: AgentSettings;
-}
-
-export interface WorkerInit {
-  v: typeof PROTOCOL_VERSION;
-  /** The pause broadcast (protocol/control-block.ts), shared with the coordinator. */
-  control: SharedArrayBuffer;
-  /** Which rollout is inside its environment, per worker (protocol/env-watch.ts); null = not watched. */
-  envWatch: SharedArrayBuffer | null;
-  llm: RouterOptions & { startupJitterMs: number };
-  tasks: Record<string, WorkerTaskSettings>;
-  /** The token-trace gateway black-box agents talk to; null when no task has one. */
-  gatewayUrl: string | null;
-  /** Where step records go (one JSONL file per worker); null = not recorded. */
-  recordsDir: string | null;
-  /** Episodes a worker starts at once at most: the size of its first wave (start-up jitter). */
-  firstWave: number;
-  /** Episodes this worker runs at once (`workers.rolloutsPerWorker`); null = every rollout of its groups. */
-  rolloutsPerWorker: number | null;
-  logLevel: string;
-  /** Readable log lines (the main thread's stderr is a terminal) instead of JSON. */
-  prettyLogs: boolean;
-}
-
 interface TaskRuntime {
   settings: WorkerTaskSettings;
   actors: ActorPool | null;
@@ -90,20 +58,6 @@ interface TaskRuntime {
   blackbox: Promise<BlackBoxAgent> | null;
   /** The context every episode of this task runs with, once its hooks have loaded. */
   episodes?: EpisodeContext;
-}
-
-/** One dataset line for the start-up check: its line number in the file, and its reset params. */
-export interface PromptLine {
-  line: number;
-  params: EnvParams;
-}
-
-/** What the start-up check found for one task (WorkerRuntime.checkTask). */
-export interface TaskCheck {
-  /** The first problem, one line: a module that does not load or construct (`line` null), or a dataset line its environment refuses. */
-  problem: { line: number | null; message: string } | null;
-  /** The environment checks reset params (`checkResetParams`): worth sending it the rest of the dataset. */
-  checksPrompts: boolean;
 }
 
 export class WorkerRuntime implements WorkerControl {
