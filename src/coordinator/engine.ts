@@ -28,6 +28,7 @@ import { PauseControl } from './pause-control.ts';
 import { emptyGroupCounts, Producer, type Batch, type GroupCounts, type PauseReport, type ProducerHooks, type ProducerObserver, type ProducerSnapshot } from './producer.ts';
 import { PiscinaWorkerPool, type WorkerPool } from './worker-pool.ts';
 import type { OutageStats } from './outage.ts';
+import type { NodeStatus, PauseNodes } from '../cluster/nats-pool.ts';
 
 export interface EngineStats {
   modelStep: number;
@@ -41,6 +42,8 @@ export interface EngineStats {
   /** Inference outages: whether one is on now, how many and how long so far, the groups they aborted. */
   outage: OutageStats;
   workers: WorkerStats[];
+  /** Worker nodes serving the run (with `workers.nats`): id, host, groups in flight, last heartbeat. */
+  nodes?: NodeStatus[];
 }
 
 export interface CoordinatorOptions extends ProducerHooks {
@@ -128,9 +131,11 @@ export class Coordinator {
         this.log.info({ url: this.#gateway.url }, 'token-trace gateway started');
       }
       const gatewayUrl = this.#gateway?.url ?? null;
+      const poolOptions = { config, llmUrls: this.#llmUrls, control: control.block, log: this.log, gatewayUrl, servers };
       const pool =
         this.#options.pool?.(config, this.#llmUrls, control.block, this.log) ??
-        new PiscinaWorkerPool({ config, llmUrls: this.#llmUrls, control: control.block, log: this.log, gatewayUrl, servers });
+        // Worker nodes over NATS (src/cluster/): loaded only when asked for.
+        (config.workers.nats !== null ? await (await import('../cluster/index.ts')).createClusterPool(poolOptions) : new PiscinaWorkerPool(poolOptions));
       this.#pool = pool;
       await this.#checkTasks(pool, samplers);
       const abortRoutes = new Map(servers.map((s) => [s.url, s.abort]));
@@ -176,9 +181,13 @@ export class Coordinator {
   }
 
   /** Pause production for a weight update; resolves when every group in flight is back (or timed out). */
-  pauseForWeightUpdate(): Promise<PauseReport> {
+  pauseForWeightUpdate(): Promise<PauseReport & { nodes?: PauseNodes }> {
     // Not queued behind a getBatch in progress: the pause is what lets that call return.
-    return this.#withProducer((producer) => producer.pause());
+    return this.#withProducer(async (producer) => {
+      const report = await producer.pause();
+      const nodes = this.#pool?.pauseNodes?.() ?? null;
+      return nodes === null ? report : { ...report, nodes };
+    });
   }
 
   /** New weights are in the inference servers: continue with `modelStep` (the servers name them `weightVersion`). */
@@ -284,6 +293,7 @@ export class Coordinator {
       },
       outage: producer?.outage ?? { state: 'up', currentMs: null, outages: 0, totalMs: 0, groupsAborted: 0, budgetMs: this.config.llm.outageBudgetMs },
       workers: (await this.#pool?.stats()) ?? [],
+      ...(this.#pool?.nodes !== undefined ? { nodes: this.#pool.nodes() } : {}),
     };
   }
 

@@ -29,6 +29,7 @@ import { restoreKeptTurns } from '../protocol/result-delta.ts';
 import { fillModelSteps, Status, type RolloutGroup } from '../protocol/rollout.ts';
 import type { PromptLine, TaskCheck, WorkerEnvSettings, WorkerInit } from '../rollout/worker-runtime.ts';
 import type { ServerInfo } from '../llm/servers.ts';
+import type { NodeStatus, PauseNodes } from '../cluster/nats-pool.ts';
 
 export interface WorkerPool {
   /** Run every rollout of `group`; resolves with the group in a final status, never rejects. */
@@ -40,6 +41,10 @@ export interface WorkerPool {
   /** Every worker writes its buffered step records to disk. */
   flush(): Promise<void>;
   close(): Promise<void>;
+  /** Worker nodes serving the run (src/cluster/), for /status; pools of local threads leave it out. */
+  nodes?(): NodeStatus[];
+  /** Which worker nodes answered the latest pause (src/cluster/); null before any. */
+  pauseNodes?(): PauseNodes | null;
   /** The start-up check of one task on a worker (WorkerRuntime.checkTask); pools without workers of their own may leave it out. */
   checkTask?(task: string, prompts: PromptLine[]): Promise<TaskCheck>;
 }
@@ -331,7 +336,7 @@ function withDeadline<T>(promise: Promise<T>, ms: number): Promise<T> {
  * The group as it was sent (its bytes were transferred away), ABORTED: every rollout not COMPLETED
  * carries `reason` and runs again from where it was sent (what it held then, partial turns included).
  */
-function abortedGroup(group: RolloutGroup, reason: string): RolloutGroup {
+export function abortedGroup(group: RolloutGroup, reason: string): RolloutGroup {
   for (const rollout of group.rollouts) {
     if (rollout.status === Status.COMPLETED) continue;
     rollout.status = Status.ABORTED;
@@ -342,7 +347,7 @@ function abortedGroup(group: RolloutGroup, reason: string): RolloutGroup {
 }
 
 /** The group as it was sent (its bytes were transferred away), every rollout FAILED with `reason`. */
-function failedGroup(group: RolloutGroup, reason: string): RolloutGroup {
+export function failedGroup(group: RolloutGroup, reason: string): RolloutGroup {
   for (const rollout of group.rollouts) {
     rollout.status = Status.FAILED;
     rollout.error = reason;
