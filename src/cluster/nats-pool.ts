@@ -263,9 +263,8 @@ export class NatsWorkerPool implements WorkerPool {
       return;
     }
     entry.accepting = true;
-    // Copied before the first await: the client reuses the buffer `msg.data` views (regression: token
-    // arrays of landed groups held other messages' bytes).
-    const data = msg.data.slice();
+    // Copied before the first await: `msg.data` is a view into the client's read buffer.
+    const data = new Uint8Array(msg.data);
     try {
       await this.#accepted.create(dispatch, new TextEncoder().encode(node));
     } catch (err) {
