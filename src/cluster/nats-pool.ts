@@ -282,7 +282,9 @@ export class NatsWorkerPool implements WorkerPool {
       try {
         const message = decodeMessage(data);
         if (message.type !== 'group-result') throw new Error(`node answered ${message.type} to run-group`);
-        return fillModelSteps(restoreKeptTurns(message.group, sent, message.keptTurns));
+        const group = fillModelSteps(restoreKeptTurns(message.group, sent, message.keptTurns));
+        this.#log.debug({ group: group.id, dispatch, node, status: group.status, turns: group.rollouts.map((r) => r.turns.length) }, 'group landed');
+        return group;
       } catch (err) {
         return failedGroup(sent, `node ${node} sent a result that cannot be read: ${describeError(err)}`);
       }
