@@ -9,6 +9,7 @@
 import { resolveConfig, type EngineConfigInput, type ResolvedConfig, type ResolveOptions } from './config.ts';
 import { Coordinator, type CoordinatorOptions, type EngineStats } from './coordinator/engine.ts';
 import type { Batch, PauseReport } from './coordinator/producer.ts';
+import type { PauseNodes } from './cluster/nats-pool.ts';
 import { RolloutEngineError } from './protocol/errors.ts';
 import { EngineMetrics } from './control/metrics.ts';
 import { startControlServer, type ControlServer, type ControlServerOptions } from './control/server.ts';
@@ -76,7 +77,7 @@ export class Engine {
    * aborted (or drained, `pause.mode`), and every interrupted rollout comes back ABORTED with what it
    * had. Resolves with timings once every group in flight is back on the main thread.
    */
-  pauseForWeightUpdate(): Promise<PauseReport> {
+  pauseForWeightUpdate(): Promise<PauseReport & { nodes?: PauseNodes }> {
     return this.#coordinator.pauseForWeightUpdate();
   }
 

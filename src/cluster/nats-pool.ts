@@ -79,8 +79,12 @@ interface Pending {
   accepting: boolean;
 }
 
-/** Accepted dispatches are kept this long: past it, a dispatch can have no result still coming. */
-const ACCEPTED_TTL_MS = 6 * 3600_000;
+/**
+ * Accepted dispatches are kept this long (the bucket's max age; 2.9 has no per-key TTL). A late
+ * duplicate is also dropped by `#pending`; the key matters while two results of one dispatch race,
+ * and is what outlives this process. Bounded because the bucket holds one key per group landed.
+ */
+const ACCEPTED_TTL_MS = 15 * 60_000;
 /** Publish attempts of one dispatch (the stream deduplicates a retried one by its msgID). */
 const PUBLISH_ATTEMPTS = 4;
 /** Replies to one control request are waited for this long. */
