@@ -60,13 +60,22 @@ describe('pause and resume across worker nodes', () => {
       await until((l) => l.msg === 'worker node joined' && l.node === 'a');
       await until((l) => l.msg === 'worker node joined' && l.node === 'b');
       assert.equal((await engine.getBatch(1)).status, 'NORMAL');
-      // Both nodes hold groups mid-episode when the pause lands.
+      // Both nodes hold groups when the pause lands. Until one of a's comes back with turns played (a
+      // pause can land before a group's first turn ends), resume and pause again once more has landed.
       await Promise.all([a, b].map((n) => n.waitFor((l) => l.msg === 'running group', 'running a group')));
-      const report = await engine.pauseForWeightUpdate();
-      assert.deepEqual(report.nodes, { answered: ['a', 'b'], missing: [] });
-      assert.notEqual(report.workersAckedMs, null, 'every node acknowledged');
-      assert.equal(report.stillInFlight, 0);
-      assert.ok(report.groupsBack > 0, 'groups were out when the pause began');
+      const partialOnA = (l: LogLine) => l.msg === 'group landed' && l.node === 'a' && l.status === 'ABORTED' && (l.turns as number[]).some((t) => t > 0);
+      let modelStep = 0;
+      for (;;) {
+        const report = await engine.pauseForWeightUpdate();
+        assert.deepEqual(report.nodes, { answered: ['a', 'b'], missing: [] });
+        assert.notEqual(report.workersAckedMs, null, 'every node acknowledged');
+        assert.equal(report.stillInFlight, 0);
+        if (lines.some(partialOnA) || modelStep === 10) break;
+        const landedBefore = lines.filter((l) => l.msg === 'group landed').length;
+        await engine.resume({ modelStep: ++modelStep });
+        await until((l) => l.msg === 'group landed' && lines.filter((x) => x.msg === 'group landed').length > landedBefore + 1);
+      }
+      assert.ok(lines.some(partialOnA), 'node a returned a partial rollout on a pause');
 
       // A node that joins now reads the paused state before it takes anything.
       c = rolloutNode(nats.url, 'pause', 'c', ['--metrics-port', '0']);
@@ -76,7 +85,7 @@ describe('pause and resume across worker nodes', () => {
 
       // a leaves: what it started must continue elsewhere.
       assert.equal((await a.kill('SIGTERM')).code, 0);
-      await engine.resume({ modelStep: 1 });
+      await engine.resume({ modelStep: modelStep + 1 });
       for (const step of [2, 3]) assert.equal((await engine.getBatch(step)).status, 'NORMAL');
 
       const landed = lines.filter((l) => l.msg === 'group landed') as (LogLine & { group: string; node: string; status: string; turns: number[] })[];
