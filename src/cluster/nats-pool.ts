@@ -446,7 +446,8 @@ export class NatsWorkerPool implements WorkerPool {
     this.#results?.stop();
     if (this.#settings.cleanup) {
       const { jsm } = this.#link;
-      for (const stream of [this.#names.workStream, this.#names.resultStream, `KV_${this.#names.acceptedBucket}`, `KV_${this.#names.stateBucket}`]) {
+      // The state bucket first: a node leaving the run must not find its settings again and rejoin it.
+      for (const stream of [`KV_${this.#names.stateBucket}`, this.#names.workStream, this.#names.resultStream, `KV_${this.#names.acceptedBucket}`]) {
         await jsm.streams.delete(stream).catch((err: unknown) => {
           if (!isNotFound(err)) this.#log.warn({ stream, err: describeError(err) }, 'NATS stream not deleted at close');
         });

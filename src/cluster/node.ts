@@ -216,11 +216,16 @@ export class RolloutNode {
     this.#heartbeat = setInterval(() => void this.#beat(), this.#options.heartbeatMs ?? 2_000);
     this.#heartbeat.unref();
     // The run's streams gone (the coordinator closed it) ends the pull loop: the node leaves too.
-    this.#serving = this.#pull().then(() => {
-      if (this.#draining) return;
-      this.#exit = 'run-ended';
-      return this.close();
-    });
+    this.#serving = this.#pull()
+      .then(() => {
+        if (this.#draining) return;
+        this.#exit = 'run-ended';
+        return this.close();
+      })
+      .catch((err: unknown) => {
+        this.#log.error({ err: describeError(err) }, 'pulling groups stopped');
+        return this.close();
+      });
     this.#log.info({ run: this.#options.run, threads: this.#threads, slots: this.#capacity, metrics: this.#metricsUrl, modelStep: this.#control.modelStep }, 'worker node started');
   }
 
@@ -278,7 +283,14 @@ export class RolloutNode {
   }
 
   async #pull(): Promise<void> {
-    const consumer = await this.#link.js.consumers.get(this.#names.workStream, this.#names.workConsumer);
+    let consumer;
+    try {
+      consumer = await this.#link.js.consumers.get(this.#names.workStream, this.#names.workConsumer);
+    } catch (err) {
+      // The run closed between finding it and pulling (regression: the rejection ended the process).
+      this.#log.info({ err: describeError(err) }, 'the run\'s work queue is gone: leaving');
+      return;
+    }
     while (!this.#draining) {
       const free = this.#capacity - this.#inFlight;
       if (free <= 0) {
@@ -443,16 +455,21 @@ interface FoundRun {
   control: ControlState;
 }
 
+/**
+ * The run's bucket, settings and control state, or null while there is no run (not yet, or being
+ * removed: any failure to read it is looked at again on the next poll). Bad settings are an error.
+ */
 async function findRun(kvm: Kvm, names: RunNames): Promise<FoundRun | null> {
   let state: KV;
+  let run;
+  let control;
   try {
     state = await kvm.open(names.stateBucket);
-  } catch (err) {
-    if (isNotFound(err)) return null;
-    throw err;
+    run = await state.get(KEY.RUN);
+    control = await state.get(KEY.CONTROL);
+  } catch {
+    return null;
   }
-  const run = await state.get(KEY.RUN).catch((err: unknown) => (isNotFound(err) ? null : Promise.reject(err)));
-  const control = await state.get(KEY.CONTROL).catch((err: unknown) => (isNotFound(err) ? null : Promise.reject(err)));
   if (run?.operation !== 'PUT' || control?.operation !== 'PUT') return null;
   return { state, settings: parseRunSettings(run.value), runBytes: run.value.slice(), control: parseControl(control.value) };
 }

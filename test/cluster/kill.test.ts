@@ -40,8 +40,10 @@ describe('worker nodes survive kills', () => {
     const nodes = ['n1', 'n2', 'n3'].map((id) => rolloutNode(nats.url, 'kill', id));
     const runArgs = ['run', '--config', configPath, '--run-dir', runDir, '--steps', String(STEPS)];
     const isBatch = (l: LogLine) => l.msg === 'batch ready';
+    const coordinators: LoggedProcess[] = [];
     try {
       const first = new LoggedProcess(runArgs, { LOG_LEVEL: 'info' });
+      coordinators.push(first);
       // n1 takes a group: kill it while it runs it.
       await Promise.race([nodes[0].waitFor((l) => l.msg === 'running group', 'n1 running a group'), first.waitFor(() => false, 'of any kind')]);
       await nodes[0].kill('SIGKILL');
@@ -53,12 +55,12 @@ describe('worker nodes survive kills', () => {
       assert.ok(first.count(isBatch) < STEPS, 'the coordinator is killed before the run ends');
       await first.kill('SIGKILL');
       const resumed = new LoggedProcess([...runArgs, '--resume'], { LOG_LEVEL: 'info' });
+      coordinators.push(resumed);
       const { code } = await resumed.exited;
       assert.equal(code, 0, resumed.stderr.slice(-4000));
-      const nodeExits = await Promise.all(nodes.slice(1).map((n) => n.kill('SIGTERM')));
-      for (const exit of nodeExits) assert.equal(exit.code, 0, 'a node drains and exits 0 on SIGTERM');
+      for (const node of nodes.slice(1)) assert.equal((await node.kill('SIGTERM')).code, 0, `a node drains and exits 0 on SIGTERM:\n${node.stderr.slice(-3000)}`);
     } finally {
-      await Promise.all(nodes.map((n) => n.kill('SIGKILL')));
+      await Promise.all([...nodes, ...coordinators].map((p) => p.kill('SIGKILL')));
     }
 
     const groups = readFileSync(join(runDir, 'batches.jsonl'), 'utf8').trim().split('\n').map((line) => JSON.parse(line) as { trainStep: number; id: string; status: string });
