@@ -229,6 +229,29 @@ const WorkersSpec = z.strictObject({
    * reason. A group whose rollout was inside its environment when the worker died fails at once.
    */
   deathRetries: retries.default(2),
+  /**
+   * Run groups on worker nodes (`rollout node`) over NATS JetStream instead of (or beside) local
+   * threads; null = local threads only. See src/cluster/ and README "Worker nodes".
+   */
+  nats: z
+    .strictObject({
+      /** The NATS server the coordinator and every node connect to. */
+      url: z.string().regex(/^(nats|tls):\/\/[^\s]+$/, 'expected nats://host:port (or tls://)'),
+      /** Names the run's streams, bucket and subjects: nodes started with the same `--run` serve it. */
+      run: z.string().regex(/^[A-Za-z0-9_-]{1,64}$/, 'expected 1 to 64 letters, digits, _ or -').default('rollout'),
+      /** Also run groups on `workers.threads` local threads (local first, nodes take the rest). */
+      localThreads: z.boolean().default(false),
+      /** A node that neither returns a result nor heartbeats for this long is taken for dead: its group goes to another node. */
+      ackWaitMs: positiveInt.min(500).max(3_600_000).default(30_000),
+      /** Deliveries of one group to nodes (first one included); past it the group fails with the reason. */
+      maxDeliver: positiveInt.max(100).default(3),
+      /** A node whose heartbeat is older than this is left out of /status, pauses and liveWorkers. */
+      nodeStaleMs: positiveInt.default(10_000),
+      /** Delete the run's streams and buckets when the coordinator closes (a restart with --resume makes them again). */
+      cleanup: z.boolean().default(true),
+    })
+    .nullable()
+    .default(null),
 });
 
 const ProducerSpec = z.strictObject({

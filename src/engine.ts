@@ -11,6 +11,7 @@
 import { resolveConfig, type EngineConfigInput, type ResolvedConfig, type ResolveOptions } from './config.ts';
 import { EngineCore, type EngineOptions, type EngineStats } from './coordinator/engine-core.ts';
 import type { Batch, PauseReport } from './coordinator/producer.ts';
+import type { PauseNodes } from './coordinator/worker-pool.ts';
 import { RolloutEngineError } from './errors.ts';
 import { EngineMetrics } from './control/metrics.ts';
 import { startControlServer, type ControlServer, type ControlServerOptions } from './control/server.ts';
@@ -78,7 +79,7 @@ export class Engine {
    * aborted (or drained, `pause.mode`), and every interrupted rollout comes back ABORTED with what it
    * had. Resolves with timings once every group in flight is back on the main thread.
    */
-  pauseForWeightUpdate(): Promise<PauseReport> {
+  pauseForWeightUpdate(): Promise<PauseReport & { nodes?: PauseNodes }> {
     return this.#core.pauseForWeightUpdate();
   }
 

@@ -86,6 +86,10 @@ export const ERROR_CODES = {
   ERR_BACKEND_ABORTED: 'the backend call was cancelled (the client went away, close())',
   // Mock inference server
   ERR_INVALID_OPTION: 'a mock inference server option is unknown or has a bad value',
+  // Worker nodes (NATS JetStream)
+  ERR_NATS_CONNECT: 'the NATS server cannot be reached, or has no JetStream (`nats-server -js`)',
+  ERR_NATS: 'a JetStream or KV call failed after the connection was up (stream, consumer, bucket)',
+  ERR_NATS_TOO_LARGE: 'a group or a result is larger than the NATS server’s max_payload',
 } as const satisfies Record<`ERR_${string}`, string>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

@@ -58,6 +58,16 @@ describe('msgpack codec', () => {
     assert.deepEqual(decoded, message);
   });
 
+  it('decodes a message held in a Node Buffer inside a larger pooled one (regression: token arrays read other bytes of the pool)', () => {
+    const message = resultWithTokens(5);
+    const bytes = encodeMessage(message);
+    // A Buffer at an offset of a bigger allocation, as a network client hands one over.
+    const pool = Buffer.alloc(bytes.byteLength + 4096, 0x61);
+    pool.set(bytes, 1000);
+    const decoded = decodeMessage(pool.subarray(1000, 1000 + bytes.byteLength)) as GroupResultMessage;
+    assert.deepEqual(decoded, message);
+  });
+
   it('sends a message that several turns share once, and the decoded turns share it again', () => {
     const withSystem = (text: string) => {
       const message = resultWithTokens(5);

@@ -17,6 +17,7 @@ export const CONFIG_FLAGS = {
   threads: { type: 'string' },
   seed: { type: 'string' },
   strategy: { type: 'string' },
+  nats: { type: 'string' },
 } as const;
 
 export function configFromFlags(values: Record<string, string | boolean | undefined>): { config: Record<string, unknown>; configPath: string | undefined } {
@@ -61,5 +62,11 @@ function applyOverrides(config: Record<string, unknown>, values: Record<string, 
   const seed = intFlag('seed', values.seed as string | undefined);
   if (seed !== undefined) config.seed = seed;
   if (values.strategy !== undefined) (section('producer') as Record<string, unknown>).strategy = values.strategy;
+  if (values.nats !== undefined) {
+    // Keeps the file's other workers.nats fields (run name, ack wait); the schema checks the URL.
+    const workers = section('workers') as Record<string, unknown>;
+    const nats = workers.nats;
+    workers.nats = { ...(typeof nats === 'object' && nats !== null ? nats : {}), url: values.nats };
+  }
 }
 

@@ -9,6 +9,7 @@ import { envServerCommand } from './env-server.ts';
 import { gatewayCommand } from './gateway.ts';
 import { loadtestCommand } from './loadtest.ts';
 import { mockLlmCommand } from './mock-llm.ts';
+import { nodeCommand } from './node.ts';
 import { runCommand } from './run.ts';
 import { serveCommand } from './serve.ts';
 
@@ -17,6 +18,7 @@ const HELP = `Usage: rollout <command> [options]
 Commands:
   run        produce training batches (embedded mock server + synthetic environments by default)
   serve      run the engine behind the control API a trainer drives (batches, pause, resume, metrics)
+  node       a worker node: runs groups for a coordinator started with --nats (NATS JetStream)
   mock-llm   start the built-in mock inference server
   env-server serve environment modules over the env-server protocol
   gateway    OpenAI-compatible token-trace gateway: records per-session token traces, stitches training samples
@@ -28,6 +30,7 @@ Run \`rollout <command> --help\` for a command's options.`;
 const COMMANDS: Record<string, (argv: string[]) => Promise<number>> = {
   run: runCommand,
   serve: serveCommand,
+  node: nodeCommand,
   'mock-llm': mockLlmCommand,
   'env-server': envServerCommand,
   gateway: gatewayCommand,

@@ -26,6 +26,7 @@ Options:
   --threads <n>        worker threads (overrides workers.threads)
   --seed <n>           run seed (overrides seed)
   --strategy <s>       sync | async (overrides producer.strategy)
+  --nats <url>         run groups on worker nodes (\`rollout node\`) over NATS JetStream (sets workers.nats.url)
   --run-dir <dir>      step records go to <dir>/steps, the checkpoint to <dir>/engine.ckpt
                        (default runs/serve-<timestamp>-<random>, a new dir); locked for the life of
                        the process: a second process on the same dir is refused

@@ -25,7 +25,7 @@ import type { TaskCheck, WorkerStats } from '../protocol/messages.ts';
 import { readCheckpoint, writeCheckpoint } from './checkpoint.ts';
 import { PauseControl } from './pause-control.ts';
 import { emptyGroupCounts, Producer, type Batch, type GroupCounts, type PauseReport, type ProducerHooks, type ProducerObserver, type ProducerSnapshot } from './producer.ts';
-import { PiscinaWorkerPool, type WorkerPool } from './worker-pool.ts';
+import { PiscinaWorkerPool, type NodeStatus, type PauseNodes, type WorkerPool } from './worker-pool.ts';
 import type { OutageStats } from './outage.ts';
 
 export interface EngineStats {
@@ -40,6 +40,8 @@ export interface EngineStats {
   /** Inference outages: whether one is on now, how many and how long so far, the groups they aborted. */
   outage: OutageStats;
   workers: WorkerStats[];
+  /** Worker nodes serving the run (with `workers.nats`): id, host, groups in flight, last heartbeat. */
+  nodes?: NodeStatus[];
 }
 
 /** createEngine's options besides the config (hooks, an observer, a replacement pool, a logger). */
@@ -128,9 +130,11 @@ export class EngineCore {
         this.log.info({ url: this.#gateway.url }, 'token-trace gateway started');
       }
       const gatewayUrl = this.#gateway?.url ?? null;
+      const poolOptions = { config, llmUrls: this.#llmUrls, control: control.block, log: this.log, gatewayUrl, servers };
       const pool =
         this.#options.pool?.(config, this.#llmUrls, control.block, this.log) ??
-        new PiscinaWorkerPool({ config, llmUrls: this.#llmUrls, control: control.block, log: this.log, gatewayUrl, servers });
+        // Worker nodes over NATS (src/cluster/): loaded only when asked for.
+        (config.workers.nats !== null ? await (await import('../cluster/index.ts')).createClusterPool(poolOptions) : new PiscinaWorkerPool(poolOptions));
       this.#pool = pool;
       await this.#checkTasks(pool, samplers);
       const abortRoutes = new Map(servers.map((s) => [s.url, s.abort]));
@@ -176,9 +180,13 @@ export class EngineCore {
   }
 
   /** Pause production for a weight update; resolves when every group in flight is back (or timed out). */
-  pauseForWeightUpdate(): Promise<PauseReport> {
+  pauseForWeightUpdate(): Promise<PauseReport & { nodes?: PauseNodes }> {
     // Not queued behind a getBatch in progress: the pause is what lets that call return.
-    return this.#withProducer((producer) => producer.pause());
+    return this.#withProducer(async (producer) => {
+      const report = await producer.pause();
+      const nodes = this.#pool?.pauseNodes?.() ?? null;
+      return nodes === null ? report : { ...report, nodes };
+    });
   }
 
   /** New weights are in the inference servers: continue with `modelStep` (the servers name them `weightVersion`). */
@@ -284,6 +292,7 @@ export class EngineCore {
       },
       outage: producer?.outage ?? { state: 'up', currentMs: null, outages: 0, totalMs: 0, groupsAborted: 0, budgetMs: this.config.llm.outageBudgetMs },
       workers: (await this.#pool?.stats()) ?? [],
+      ...(this.#pool?.nodes !== undefined ? { nodes: this.#pool.nodes() } : {}),
     };
   }
 

@@ -37,6 +37,25 @@ import {
 import { Status, type RolloutGroup } from '../domain/rollout.ts';
 import type { ServerInfo } from '../llm/servers.ts';
 
+/** A worker node serving the run (src/cluster/), as /status lists it. */
+export interface NodeStatus {
+  id: string;
+  host: string;
+  threads: number;
+  groupsInFlight: number;
+  groupsDone: number;
+  /** Milliseconds since its last heartbeat reached the coordinator. */
+  lastHeartbeatMsAgo: number;
+  metricsUrl: string | null;
+}
+
+/** Which worker nodes answered a pause (src/cluster/). */
+export interface PauseNodes {
+  answered: string[];
+  /** Live when the pause began, and never answered while it lasted. */
+  missing: string[];
+}
+
 export interface WorkerPool {
   /** Run every rollout of `group`; resolves with the group in a final status, never rejects. */
   runGroup(group: RolloutGroup, modelStep: number): Promise<RolloutGroup>;
@@ -47,6 +66,10 @@ export interface WorkerPool {
   /** Every worker writes its buffered step records to disk. */
   flush(): Promise<void>;
   close(): Promise<void>;
+  /** Worker nodes serving the run (src/cluster/), for /status; pools of local threads leave it out. */
+  nodes?(): NodeStatus[];
+  /** Which worker nodes answered the latest pause (src/cluster/); null before any. */
+  pauseNodes?(): PauseNodes | null;
   /** The start-up check of one task on a worker (WorkerRuntime.checkTask); pools without workers of their own may leave it out. */
   checkTask?(task: string, prompts: PromptLine[]): Promise<TaskCheck>;
 }
@@ -340,7 +363,7 @@ function withDeadline<T>(promise: Promise<T>, ms: number): Promise<T> {
  * The group as it was sent (its bytes were transferred away), ABORTED: every rollout not COMPLETED
  * carries `reason` and runs again from where it was sent (what it held then, partial turns included).
  */
-function abortedGroup(group: RolloutGroup, reason: string): RolloutGroup {
+export function abortedGroup(group: RolloutGroup, reason: string): RolloutGroup {
   for (const rollout of group.rollouts) {
     if (rollout.status === Status.COMPLETED) continue;
     rollout.status = Status.ABORTED;
@@ -351,7 +374,7 @@ function abortedGroup(group: RolloutGroup, reason: string): RolloutGroup {
 }
 
 /** The group as it was sent (its bytes were transferred away), every rollout FAILED with `reason`. */
-function failedGroup(group: RolloutGroup, reason: string): RolloutGroup {
+export function failedGroup(group: RolloutGroup, reason: string): RolloutGroup {
   for (const rollout of group.rollouts) {
     rollout.status = Status.FAILED;
     rollout.error = reason;

@@ -77,7 +77,8 @@ export function decodeMessage(bytes: Uint8Array): WireMessage {
   }
   // One copy of the arrays block: the views keep it alive, not the whole message.
   const start = align8(HEADER_BYTES + bodyLength);
-  restoreArrays(value as WireMessage, start < bytes.byteLength ? bytes.slice(start).buffer : new ArrayBuffer(0));
+  // Uint8Array's slice, a copy: a Node Buffer's own slice is a view into its (pooled) buffer (a NATS message's data).
+  restoreArrays(value as WireMessage, start < bytes.byteLength ? Uint8Array.prototype.slice.call(bytes, start).buffer : new ArrayBuffer(0));
   return value as WireMessage;
 }
 

@@ -43,6 +43,7 @@ import { bareLoop, engineThroughput, firstTurnBody, type Sample, type Throughput
 import { describeShare, startCpuMeter, type CpuShare } from './machine.ts';
 import { runPythonBaseline } from './python-baseline.ts';
 import { longEpisodes } from './long-episodes.ts';
+import { printScaleOut, scaleOut } from './scale-out.ts';
 import { LATENCY_GROUP_SLACK, latencyBound, memoryRuns, printTargets, row, workerScaling, type TargetRow } from './targets.ts';
 
 const { values } = parseArgs({
@@ -279,6 +280,10 @@ async function main(): Promise<void> {
   const scaling = await workerScaling({ cpuCostUs: envCpuUs, concurrency: 64, seconds, repeats, groupSize, maxTokens });
   cpuShare.workerScaling = meter();
   meter = startCpuMeter();
+  // Issue 19: worker-node processes over NATS JetStream against local threads, on the same CPU-costly environment.
+  const scale = await scaleOut({ seconds, cpuCostUs: 4 * envCpuUs, groupsPerThread: 8 });
+  cpuShare.scaleOut = meter();
+  meter = startCpuMeter();
   // Target 5: rollouts held in flight at turn 1 and at turn 3.
   const memory = await memoryRuns({ rollouts: memoryRollouts, thinkTokens: memoryThinkTokens, threads, groupSize });
   cpuShare.memory = meter();
@@ -326,6 +331,7 @@ async function main(): Promise<void> {
     latencyBound: latency,
     latencyCallFloor: floor,
     workerScaling: scaling,
+    scaleOut: scale,
     memory,
     longEpisodes: long,
     targets: [] as TargetRow[],
@@ -479,6 +485,7 @@ async function main(): Promise<void> {
       detail: `${scaling.two.stepsPerSecond.median.toFixed(0)} vs ${scaling.one.stepsPerSecond.median.toFixed(0)}/s; 2 workers: engine ${scaling.two.engineCores.toFixed(2)} + mock ${scaling.two.mockCores?.toFixed(2) ?? 'n/a'} cores of ${cpus().length}${scaling.ceiling === null ? '' : `; at most ${scaling.ceiling.toFixed(2)}× on ${scaling.cores} cores at the 1-worker cost per step`}` }),
   ];
   printTargets(result.targets);
+  printScaleOut(scale);
   // Memory is not a matter of CPU time; every other part is.
   const shared = Object.entries(cpuShare).filter(([part, c]) => part !== 'memory' && c !== null && c.othersCores > 0.15 * cpus().length);
   if (shared.length > 0) {

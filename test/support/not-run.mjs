@@ -19,6 +19,7 @@ const cache = process.env.ROLLOUT_CACHE_DIR || join(homedir(), '.cache', 'rollou
 const built = existsSync(cache) && has('sh', ['-c', `ls "${cache}"/llama.cpp-*/build.json`]);
 
 const lines = [
+  `test/cluster/*      not run here: they start nats-server and worker-node processes (nats-server ${has('nats-server', ['--version']) ? 'found' : 'not found: apt-get install nats-server'}) — npm run test:cluster`,
   `test/python/*       not run here: they start python3 (${has('python3', ['--version']) ? 'found' : 'not found'}) — npm run test:python`,
   `test/real-server/*  not run here: they build llama.cpp's llama-server (≈10 min the first time, then cached; ${built ? 'a build is cached' : 'none cached yet'}) — npm run test:real-server`,
 ];

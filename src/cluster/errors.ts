@@ -1,0 +1,17 @@
+/**
+ * Errors of the NATS worker-node cluster (src/cluster/). Stable codes:
+ * - ERR_NATS_CONNECT: the NATS server cannot be reached, or has no JetStream (`nats-server -js`);
+ * - ERR_NATS: a JetStream or KV call failed after the connection was up (stream, consumer, bucket);
+ * - ERR_NATS_TOO_LARGE: a group or a result is larger than the server's max_payload.
+ */
+import { RolloutEngineError } from '../errors.ts';
+
+export type ClusterErrorCode = 'ERR_NATS_CONNECT' | 'ERR_NATS' | 'ERR_NATS_TOO_LARGE';
+
+export class ClusterError extends RolloutEngineError {
+  declare readonly code: ClusterErrorCode;
+  constructor(code: ClusterErrorCode, message: string, options?: { cause?: unknown }) {
+    super(code, message, options);
+    this.name = 'ClusterError';
+  }
+}

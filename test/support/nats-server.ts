@@ -1,0 +1,62 @@
+/**
+ * A nats-server with JetStream for one test file: a free loopback port (`-p -1`: the server picks one
+ * and logs it), a temporary store dir, stopped and removed after. `hasNatsServer()` tells whether the
+ * binary is installed (Debian/Ubuntu: `apt-get install nats-server`).
+ */
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+export function hasNatsServer(): boolean {
+  try {
+    execFileSync('nats-server', ['--version'], { stdio: 'ignore', timeout: 10_000 });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+export interface NatsServer {
+  url: string;
+  stop(): Promise<void>;
+}
+
+export function startNatsServer(): Promise<NatsServer> {
+  const dir = mkdtempSync(join(tmpdir(), 'rollout-nats-'));
+  const child: ChildProcess = spawn('nats-server', ['-js', '-a', '127.0.0.1', '-p', '-1', '-sd', dir], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const stop = async (): Promise<void> => {
+    if (child.exitCode === null && child.signalCode === null) {
+      const exited = new Promise((resolve) => child.once('exit', resolve));
+      child.kill('SIGTERM');
+      await exited;
+    }
+    rmSync(dir, { recursive: true, force: true });
+  };
+  return new Promise((resolve, reject) => {
+    let log = '';
+    const timer = setTimeout(() => {
+      void stop();
+      reject(new Error(`nats-server did not start within 10 s:\n${log}`));
+    }, 10_000);
+    child.once('error', (err) => {
+      clearTimeout(timer);
+      reject(err);
+    });
+    child.stderr!.on('data', (chunk: Buffer) => {
+      log += chunk.toString();
+      const port = /Listening for client connections on 127\.0\.0\.1:(\d+)/.exec(log)?.[1];
+      if (port === undefined || !/Server is ready/.test(log)) return;
+      clearTimeout(timer);
+      child.stderr!.removeAllListeners('data');
+      child.stderr!.resume();
+      resolve({ url: `nats://127.0.0.1:${port}`, stop });
+    });
+  });
+}
+
+/** For `npm run test:cluster`: a missing nats-server fails the suite, saying how to install it. */
+export function requireNatsServer(): Promise<NatsServer> {
+  if (!hasNatsServer()) throw new Error('nats-server is not installed: the cluster tests need it (Debian/Ubuntu: apt-get install nats-server)');
+  return startNatsServer();
+}
