@@ -423,6 +423,8 @@ describe('engine problems the faults turned up (regression tests)', () => {
         req.on('end', () => {
           if (req.url === '/v1/models') return void res.end(JSON.stringify({ data: [{ id: 'mock-policy' }] }));
           if (req.url === '/abort_request') return void res.end('{}'); // "aborted": nothing was generating
+          // Only completions count: the start-up probe (GET /props and the like) is not an inference call.
+          if (req.method !== 'POST' || req.url !== '/v1/chat/completions') return void res.writeHead(404).end('{"error": "not found"}');
           arrivals.push(performance.now());
           firstArrival.resolve();
           if (arrivals.length === 1) setTimeout(() => res.writeHead(503).end('{"error": "overloaded"}'), 300);
