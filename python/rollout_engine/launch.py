@@ -96,10 +96,12 @@ class LaunchedEngine:
         """Start the process (first on port 0, then on the port it got) and wait until it answers."""
         if self.running():
             raise LaunchError(f"rollout serve is already running (pid {self.pid})")
-        argv = list(self._argv) + ["--port", str(self.port)] + (["--resume"] if resume else [])
+        # --stop-with-stdin: the engine stops when this pipe closes, which the kernel does when the
+        # trainer dies in any way (SIGKILL, an OOM kill), where atexit never runs.
+        argv = list(self._argv) + ["--port", str(self.port), "--stop-with-stdin"] + (["--resume"] if resume else [])
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
-            self._process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self._env, cwd=self._cwd)
+            self._process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.PIPE, env=self._env, cwd=self._cwd)
         deadline = time.monotonic() + self._startup_timeout_s
         url = None
         while url is None:
@@ -138,6 +140,7 @@ class LaunchedEngine:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        _close_stdin(process)
         self._process = None
         _launched.discard(self)
         return process.returncode
@@ -150,6 +153,7 @@ class LaunchedEngine:
         if process.poll() is None:
             process.kill()
         process.wait()
+        _close_stdin(process)
         self._process = None
         _launched.discard(self)
 
@@ -166,6 +170,14 @@ class LaunchedEngine:
 
     def __repr__(self) -> str:
         return f"LaunchedEngine(url={self.url!r}, pid={self.pid}, run_dir={str(self.run_dir)!r})"
+
+
+def _close_stdin(process: "subprocess.Popen[bytes]") -> None:
+    if process.stdin is not None and not process.stdin.closed:
+        try:
+            process.stdin.close()
+        except OSError:  # the engine is gone: the pipe may be broken
+            pass
 
 
 # Held strongly until stopped: an engine the trainer dropped every reference to still runs, and

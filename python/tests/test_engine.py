@@ -4,10 +4,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import unittest
 from pathlib import Path
 from typing import Any, Dict, List
@@ -310,6 +312,33 @@ class TestLaunch(unittest.TestCase):
         with self.assertRaises(ProcessLookupError, msg="rollout serve outlived the trainer"):
             os.kill(int(pid), 0)
         self.assertTrue(os.path.exists(os.path.join(run_dir, "engine.ckpt")), "stopped with SIGTERM: it checkpointed")
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+    def test_an_engine_whose_trainer_was_sigkilled_stops_too(self) -> None:
+        # Regression: atexit does not run on SIGKILL, and the engine outlived its trainer.
+        script = (
+            "import os, signal, sys; sys.path[:0] = sys.argv[1:3]\n"
+            "from tests.support import launch\n"
+            "engine = launch()\n"
+            "print(engine.pid, engine.run_dir, flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n"
+        )
+        import rollout_engine as package
+
+        here = str(Path(__file__).resolve().parents[1])
+        out = subprocess.run([sys.executable, "-c", script, str(Path(package.__file__).parents[1]), here], capture_output=True, text=True, timeout=180)
+        self.assertEqual(out.returncode, -signal.SIGKILL, out.stderr)
+        pid, run_dir = out.stdout.split()
+        # Another process's exit can only be polled; bounded by its SIGTERM drain (pause, checkpoint).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        with self.assertRaises(ProcessLookupError, msg="rollout serve outlived its SIGKILLed trainer"):
+            os.kill(int(pid), 0)
         shutil.rmtree(run_dir, ignore_errors=True)
 
     def test_the_default_command_is_rollout_command_from_the_environment(self) -> None:

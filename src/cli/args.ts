@@ -8,11 +8,25 @@ export class UsageError extends RolloutEngineError {
   }
 }
 
-/** Resolves on the first SIGINT or SIGTERM: a server command's "run until told to stop". */
-export function untilSignal(): Promise<void> {
+/**
+ * Resolves on the first SIGINT or SIGTERM: a server command's "run until told to stop". With
+ * `stdinEnd`, also when standard input ends: a parent that holds the other end of a pipe stops its
+ * child by closing it, or by dying in any way (SIGKILL included: the kernel closes the pipe).
+ */
+export function untilSignal({ stdinEnd = false }: { stdinEnd?: boolean } = {}): Promise<void> {
   return new Promise((resolve) => {
-    process.once('SIGINT', () => resolve());
-    process.once('SIGTERM', () => resolve());
+    const done = (): void => {
+      // A stdin still read would keep the process alive after the command's own shutdown.
+      if (stdinEnd) process.stdin.destroy();
+      resolve();
+    };
+    process.once('SIGINT', done);
+    process.once('SIGTERM', done);
+    if (stdinEnd) {
+      process.stdin.once('end', done);
+      process.stdin.once('error', done);
+      process.stdin.resume();
+    }
   });
 }
 

@@ -39,6 +39,8 @@ Options:
                        loopback; beyond loopback a random one, printed once to stderr)
   --allow-host <name>  a host name clients may reach the API by, besides loopback and --host (a DNS
                        name, a proxy's); repeatable. Other Host headers are refused (403)
+  --stop-with-stdin    stop as on SIGTERM when standard input ends: a parent holding a pipe to it
+                       stops the engine when it exits, however it dies (rollout_engine.launch does)
   -h, --help           show this help`;
 
 /**
@@ -56,7 +58,7 @@ export function controlToken(host: string, given: string | null): { token: strin
 export async function serveCommand(argv: string[]): Promise<number> {
   const { values } = parseArgs({
     args: argv,
-    options: { ...CONFIG_FLAGS, 'run-dir': { type: 'string' }, resume: { type: 'boolean' }, host: { type: 'string' }, port: { type: 'string' }, token: { type: 'string' }, 'allow-host': { type: 'string', multiple: true }, help: { type: 'boolean', short: 'h' } },
+    options: { ...CONFIG_FLAGS, 'run-dir': { type: 'string' }, resume: { type: 'boolean' }, host: { type: 'string' }, port: { type: 'string' }, token: { type: 'string' }, 'allow-host': { type: 'string', multiple: true }, 'stop-with-stdin': { type: 'boolean' }, help: { type: 'boolean', short: 'h' } },
     strict: true,
   });
   if (values.help) {
@@ -100,7 +102,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     if (notice !== null) console.error(notice);
     // One line a supervisor (or a test) can wait for.
     console.log(`control API listening on ${server.url} (inference: ${engine.llmUrl})`);
-    await untilSignal();
+    await untilSignal({ stdinEnd: values['stop-with-stdin'] === true });
     // Graceful stop: groups in flight come home, then the state is saved for --resume-style restarts.
     await engine.pauseForWeightUpdate();
     await engine.checkpoint(checkpointPath);
