@@ -100,7 +100,11 @@ function guessInterval(messages: readonly PromptMessage[], start: number, min: n
 const GUESS_TEMPLATES = ['My guess is {n}.', "I'll guess {n}.", '{n}', 'Let me try {n}.'];
 const ARITHMETIC_TEMPLATES = ['{n}', 'The answer is {n}.', '= {n}'];
 
-function answerFor(messages: readonly PromptMessage[], rng: Rng, mistakeRate: number): { kind: TaskKind; answer: string } {
+function answerFor(
+  messages: readonly PromptMessage[],
+  rng: Rng,
+  mistakeRate: number,
+): { kind: TaskKind; answer: string } {
   for (let i = 0; i < messages.length; i++) {
     if (messages[i].role !== 'user' && messages[i].role !== 'system') continue;
     const task = GUESS_TASK.exec(messages[i].content);
@@ -135,8 +139,14 @@ const REQUEST_SEED_TAG = 0x5eed;
  * Seed of one random stream of a request (`stream` tells the policy, logprobs, … apart). With a
  * request seed only (server seed, request seed) count; without one, the request counter does.
  */
-export function requestStreamSeed(serverSeed: number, requestIndex: number, requestSeed: number | undefined, stream?: number): number {
-  if (requestSeed === undefined) return stream === undefined ? mixSeeds(serverSeed, requestIndex) : mixSeeds(serverSeed, requestIndex, stream);
+export function requestStreamSeed(
+  serverSeed: number,
+  requestIndex: number,
+  requestSeed: number | undefined,
+  stream?: number,
+): number {
+  if (requestSeed === undefined)
+    return stream === undefined ? mixSeeds(serverSeed, requestIndex) : mixSeeds(serverSeed, requestIndex, stream);
   return stream === undefined
     ? mixSeeds(serverSeed, REQUEST_SEED_TAG, requestSeed)
     : mixSeeds(serverSeed, REQUEST_SEED_TAG, requestSeed, stream);
