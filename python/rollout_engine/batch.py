@@ -157,7 +157,8 @@ class Rollout:
                     continue
                 if turn.prompt_ids is None or turn.response_ids is None:
                     # No ids from the server for this turn: nothing to train on, and nothing to extend.
-                    builder = _flush(builder, out, self.id, agent, reward, advantage, trainable_only)
+                    _flush(builder, out, self.id, agent, reward, advantage, trainable_only)
+                    builder = None
                     continue
                 if builder is None or not builder.extended_by(turn.prompt_ids):
                     _flush(builder, out, self.id, agent, reward, advantage, trainable_only)
@@ -195,9 +196,8 @@ class Group:
         """
         rewards = self.rewards()
         centred = rewards - rewards.mean() if rewards.size else rewards
-        if not scale or rewards.size == 0:
-            return centred.astype(np.float32)
-        return (centred / (rewards.std() + eps)).astype(np.float32)
+        out: Float32Array = centred if not scale or rewards.size == 0 else centred / (rewards.std() + eps)
+        return out.astype(np.float32, copy=False)
 
     def samples(self, eps: float = 1e-6, scale: bool = True) -> List[Sample]:
         """Every rollout's samples, each with its rollout's GRPO advantage."""
@@ -245,7 +245,7 @@ def decode_batch(raw: Mapping[str, Any]) -> Batch:
     stats = raw.get("stats")
     return Batch(
         train_step=_get(raw, "trainStep", int, where),
-        status=status,  # type: ignore[arg-type]  # checked against the three statuses above
+        status=status,  # checked against the three statuses above
         groups=groups,
         stats=stats if isinstance(stats, dict) else None,  # type: ignore[arg-type]  # the engine's own stats, as sent
         compact=compact,

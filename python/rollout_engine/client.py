@@ -50,7 +50,7 @@ class RetryPolicy:
     max_backoff_s: float = 5.0
 
     def delay(self, attempt: int) -> float:
-        base = min(self.max_backoff_s, self.backoff_s * (2**attempt))
+        base = min(self.max_backoff_s, self.backoff_s * 2.0**attempt)
         return base * (0.5 + random.random() / 2)
 
 
