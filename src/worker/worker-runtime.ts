@@ -13,6 +13,7 @@ import { createActorPool, type ActorPool } from '../env/actor-pool.ts';
 import { settleWithin, timeoutError } from '../env/bounded.ts';
 import { createHttpEnvironments, type HttpEnvOptions } from '../env/http-env.ts';
 import { loadEnvironmentFactory, loadExport } from '../env/loader.ts';
+import { McpServers } from '../env/mcp.ts';
 import type { Environment, EnvParams } from '../env/types.ts';
 import { LlmRouter, type RouterOptions } from '../llm/router.ts';
 import { createLogger, type Logger } from '../log.ts';
@@ -58,6 +59,8 @@ interface TaskRuntime {
   blackbox: Promise<BlackBoxAgent> | null;
   /** The context every episode of this task runs with, once its hooks have loaded. */
   episodes?: EpisodeContext;
+  /** The task's MCP servers for its episodes (`tasks[].tools.mcp`); undefined without any. */
+  mcp?: EpisodeContext['mcp'];
 }
 
 export class WorkerRuntime implements WorkerControl {
@@ -135,7 +138,7 @@ export class WorkerRuntime implements WorkerControl {
       // One context per task, made once: every group of it shares its callbacks (a set of closures per
       // group lived as long as the group).
       const hooks = await task.hooks;
-      const ctx = (task.episodes ??= this.#episodeContext(task.settings.agent, task.actors, task.guard, hooks));
+      const ctx = (task.episodes ??= this.#episodeContext(task.settings.agent, task.actors, task.guard, hooks, task.mcp));
       await Promise.all(group.rollouts.map((rollout) => this.#inSlot(rollout, (waitedMs) => runEpisode(rollout, ctx, queueMs + waitedMs))));
       group.status = groupStatus(group.rollouts);
     } catch (err) {
@@ -247,6 +250,18 @@ export class WorkerRuntime implements WorkerControl {
   }
 
   #taskRuntime(name: string, settings: WorkerTaskSettings): TaskRuntime {
+    const runtime = this.#envRuntime(name, settings);
+    const tools = settings.agent.tools;
+    if (tools === undefined || tools.mcp.length === 0) return runtime;
+    // `worker`: one set of sessions for every episode of the task, closed with the worker; `episode`: a set each.
+    const shared = tools.mcpSessions === 'worker' ? new McpServers(tools.mcp) : null;
+    const mcp: NonNullable<EpisodeContext['mcp']> =
+      shared !== null ? { acquire: () => shared, release: async () => {} } : { acquire: () => new McpServers(tools.mcp), release: (servers) => servers.close() };
+    const close = runtime.close;
+    return { ...runtime, mcp, close: async () => { await Promise.allSettled([close(), shared?.close()]); } };
+  }
+
+  #envRuntime(name: string, settings: WorkerTaskSettings): TaskRuntime {
     const { env } = settings;
     const hooks = settings.hooks === null ? Promise.resolve(null) : (loadExport(settings.hooks.moduleUrl, settings.hooks.exportName, 'hooks.export', 'object') as Promise<EpisodeHooks>);
     hooks.catch(() => undefined); // reported by each episode that awaits it
@@ -283,10 +298,11 @@ export class WorkerRuntime implements WorkerControl {
   }
 
   /** What every episode of a task is given: made on the task's first group and kept (TaskRuntime.episodes). */
-  #episodeContext(settings: AgentSettings, actors: ActorPool, guard: EnvGuard | null, hooks: EpisodeHooks | null): EpisodeContext {
+  #episodeContext(settings: AgentSettings, actors: ActorPool, guard: EnvGuard | null, hooks: EpisodeHooks | null, mcp: EpisodeContext['mcp']): EpisodeContext {
     const recorder = this.#records;
     return {
       actors,
+      ...(mcp !== undefined ? { mcp } : {}),
       ...(guard !== null ? { guard } : {}),
       llm: this.#llm,
       settings,
