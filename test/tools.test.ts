@@ -12,6 +12,11 @@ import { formatToolCalls, parseToolCalls } from '../src/llm/tool-calls.ts';
 import { parseChatReply } from '../src/llm/reply.ts';
 import type { RolloutState } from '../src/domain/rollout.ts';
 import { scriptedServer, type ScriptedServer } from './support/http.ts';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { listCompletedSessions } from '../src/records/reader.ts';
+import { decodeFromPeer, encodeForPeer, toJson } from '../src/formats/peer.ts';
 
 const TOOL_ENV = fileURLToPath(new URL('./fixtures/tool-env.ts', import.meta.url));
 
@@ -78,11 +83,26 @@ describe('tool calls from the environment, end to end in a worker thread', () =>
       res.end(JSON.stringify({ choices: [{ index: 0, message, finish_reason: answered ? 'stop' : 'tool_calls', token_ids: [1, 2, 3] }], prompt_token_ids: [9, 9], usage: { prompt_tokens: 2, completion_tokens: 3 } }));
     });
     servers.push(server);
-    const e = createEngine({ logLevel: 'silent', llm: { url: server.url, model: 'm', server: 'vllm' }, batchSize: 1, workers: { threads: 1 }, tasks: [{ name: 'tools', env: { module: TOOL_ENV }, groupSize: 2, maxSteps: 2, messageCut: 0, tools: { timeoutMs: 200 } }] });
+    const runDir = await mkdtemp(join(tmpdir(), 'tools-'));
+    const e = createEngine({ logLevel: 'silent', runDir, llm: { url: server.url, model: 'm', server: 'vllm' }, batchSize: 1, workers: { threads: 1 }, tasks: [{ name: 'tools', env: { module: TOOL_ENV }, groupSize: 2, maxSteps: 2, messageCut: 0, tools: { timeoutMs: 200 } }] });
     engines.push(e);
     await e.start();
     const batch = await e.getBatch();
     for (const r of batch.groups[0].rollouts) checkToolRollout(r);
+    // The control API's JSON and msgpack carry the calls.
+    const turn = batch.groups[0].rollouts[0].turns[0];
+    const json = JSON.parse(toJson(batch)) as typeof batch;
+    assert.deepEqual(json.groups[0].rollouts[0].turns[0].toolCalls, turn.toolCalls);
+    assert.deepEqual((decodeFromPeer(encodeForPeer(batch)) as typeof batch).groups[0].rollouts[0].turns[0].toolCalls, turn.toolCalls);
+    // Step records: each call of the step is a round of it, the first with its tool calls.
+    await e.close();
+    const sessions = await listCompletedSessions(join(runDir, 'steps'));
+    assert.equal(sessions.length, 2);
+    for (const session of sessions) {
+      assert.deepEqual(session.steps.map((s) => [s.step, s.round, s.toolCalls?.length]), [[1, 0, 4], [1, 1, undefined]]);
+      assert.deepEqual(session.missingSteps, []);
+    }
+    await rm(runDir, { recursive: true, force: true });
     const first = JSON.parse(server.requests.find((q) => q.method === 'POST')!.body) as { tools: { function: { name: string } }[]; tool_choice: string };
     assert.deepEqual(first.tools.map((t) => t.function.name), ['lookup', 'slow']);
     assert.equal(first.tool_choice, 'auto');

@@ -312,7 +312,7 @@ export class WorkerRuntime implements WorkerControl {
       startDelayMs: () => this.#startDelay(),
       onStep: () => this.#steps++,
       onTurn: recorder === null ? undefined : (rollout, turns, info) => {
-        for (const turn of turns) {
+        turns.forEach((turn, i) => {
           recorder.record({
             type: 'step',
             sessionId: sessionIdOf(rollout.id, rollout.attempt),
@@ -331,9 +331,12 @@ export class WorkerRuntime implements WorkerControl {
             truncated: turn.truncated,
             trainable: turn.trainable,
             finishReason: turn.finishReason,
+            // A single agent's step of several calls called tools: each call is a round of it.
+            ...(turn.agentId === null && turns.length > 1 ? { round: i } : {}),
+            ...(turn.toolCalls !== undefined ? { toolCalls: turn.toolCalls } : {}),
             time: Date.now(),
           });
-        }
+        });
       },
       onEpisodeEnd: recorder === null ? undefined : (rollout) => {
         if (rollout.status === Status.ABORTED) return; // it continues later: the session is not over
