@@ -20,6 +20,7 @@ const BUILTIN_PREFIX = 'builtin:';
 export const BUILTIN_ENVS: Record<string, string> = {
   'guess-number': 'src/env/synthetic/guess-number',
   arithmetic: 'src/env/synthetic/arithmetic',
+  'tool-lookup': 'src/env/synthetic/tool-lookup',
 };
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;

@@ -70,7 +70,7 @@ describe('config validation', () => {
     const issues = issuesOf({ tasks: [{ name: 'x', env: { module: './nowhere/env.js' } }] });
     assert.match(issues[0], /^tasks\[0\]\.env\.module: module file does not exist \(got "\.\/nowhere\/env\.js", resolved to .*nowhere\/env\.js\)$/);
     const builtin = issuesOf({ tasks: [{ name: 'x', env: { module: 'builtin:chess' } }] });
-    assert.match(builtin[0], /unknown built-in environment \(got "builtin:chess"; expected one of builtin:guess-number, builtin:arithmetic\)/);
+    assert.match(builtin[0], /unknown built-in environment \(got "builtin:chess"; expected one of builtin:guess-number, builtin:arithmetic, builtin:tool-lookup\)/);
   });
 
   it('rejects duplicate task names', () => {

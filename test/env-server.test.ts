@@ -176,7 +176,7 @@ describe('env server (in-process)', { timeout: 30_000 }, () => {
     const custom = resolveEnvModuleSpec('faulty=test/fixtures/faulty-env.ts#createEnv');
     assert.deepEqual([custom.name, custom.exportName], ['faulty', 'createEnv']);
     assert.throws(() => resolveEnvModuleSpec('x=./nowhere.ts'), /--env "x=\.\/nowhere\.ts": module file does not exist/);
-    assert.throws(() => resolveEnvModuleSpec('builtin:chess'), /unknown built-in environment \(expected one of builtin:guess-number, builtin:arithmetic\)/);
+    assert.throws(() => resolveEnvModuleSpec('builtin:chess'), /unknown built-in environment \(expected one of builtin:guess-number, builtin:arithmetic, builtin:tool-lookup\)/);
   });
 });
 

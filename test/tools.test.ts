@@ -262,3 +262,37 @@ describe('tools from MCP servers', () => {
     }
   });
 });
+
+describe('the synthetic tool environment played by the mock policy', () => {
+  const engines: Engine[] = [];
+  const mocks: { close(): Promise<void> }[] = [];
+  after(async () => {
+    await Promise.all(engines.map((e) => e.close()));
+    await Promise.all(mocks.map((m) => m.close()));
+  });
+
+  for (const api of ['chat', 'tokens'] as const) {
+    it(`plays builtin:tool-lookup with real tool calls in ${api} mode, imperfectly, so rewards vary`, async () => {
+      const { startMockLlm } = await import('../src/testing/mock-llm/server.ts');
+      const mock = await startMockLlm({ port: 0, seed: 3, mistakeRate: 0.3, ...(api === 'tokens' ? { tokenizer: 'qwen2.5' as const } : {}) });
+      mocks.push(mock);
+      const e = createEngine({ logLevel: 'silent', llm: { url: mock.url, api }, batchSize: 8, workers: { threads: 1 }, tasks: [{ name: 'lookup', env: { module: 'builtin:tool-lookup' }, groupSize: 4, maxSteps: 1 }] });
+      engines.push(e);
+      await e.start();
+      const rollouts = (await e.getBatch()).groups.flatMap((g) => g.rollouts);
+      for (const r of rollouts) assert.equal(r.status, 'COMPLETED', r.error ?? '');
+      const rewards = new Set(rollouts.map((r) => r.reward));
+      assert.deepEqual([...rewards].sort(), [0, 1], 'some right, some wrong');
+      const calls = rollouts.flatMap((r) => r.turns.flatMap((t) => t.toolCalls ?? []));
+      const ok = calls.filter((c) => c.error === null);
+      assert.ok(ok.length >= 8, `${ok.length} calls answered`);
+      for (const c of ok) assert.match(c.result, /^\d+$/);
+      // Each reply's calls ran together, and the answer followed them in the same step.
+      const withCalls = rollouts.filter((r) => r.turns[0].toolCalls !== undefined);
+      assert.ok(withCalls.some((r) => r.turns[0].toolCalls!.length === 2 && r.turns.length === 2));
+      if (api === 'chat') for (const c of calls) assert.match(c.id, /^chatcmpl-tool-[0-9a-f]{32}$/);
+      const mistakes = new Set(calls.map((c) => c.error).filter((k) => k !== null));
+      assert.ok(mistakes.size >= 1, 'the policy errs now and then: bad JSON or an unknown tool');
+    });
+  }
+});
