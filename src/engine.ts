@@ -68,7 +68,10 @@ export class Engine {
     for (let i = 0; i < steps; i++) {
       const batch = await this.getBatch();
       if (batch.status !== 'NORMAL') {
-        throw new RolloutEngineError('ERR_BATCH_STATUS', `train step ${batch.trainStep}: ${batch.status} — sync the weights (pauseForWeightUpdate, resume) and call getBatch again`);
+        throw new RolloutEngineError(
+          'ERR_BATCH_STATUS',
+          `train step ${batch.trainStep}: ${batch.status} — sync the weights (pauseForWeightUpdate, resume) and call getBatch again`,
+        );
       }
       yield batch;
     }

@@ -11,9 +11,11 @@ export const ERROR_CODES = {
   ERR_INVALID_ARGUMENT: 'a call got a bad argument (a train step, a model step, a weight version, an allowed host)',
   ERR_ENGINE_STATE: 'the call does not fit the engine’s state (start() twice, a call before start or after close)',
   ERR_BATCH_STATUS: 'engine.batches() met a batch that is not NORMAL: sync the weights and call getBatch',
-  ERR_TRAIN_STEP: 'getBatch(t) for a step behind the consumer, or more than producer.maxSkippedSteps ahead; nothing moved',
+  ERR_TRAIN_STEP:
+    'getBatch(t) for a step behind the consumer, or more than producer.maxSkippedSteps ahead; nothing moved',
   ERR_PRODUCTION_STALLED: 'production stopped before the batch was complete (memory budget, a shouldContinue hook)',
-  ERR_TOO_MANY_FAILED_GROUPS: 'more groups FAILED since the last batch than producer.maxFailedGroupsPerStep: production stops',
+  ERR_TOO_MANY_FAILED_GROUPS:
+    'more groups FAILED since the last batch than producer.maxFailedGroupsPerStep: production stops',
   ERR_CHECKPOINT: 'a checkpoint cannot be written, read or decoded',
   ERR_CHECKPOINT_MISMATCH: 'resumeFrom names a checkpoint written by a run with a different config',
   ERR_WORKER: 'no worker thread can run: workers die while starting, or none could check a task',
@@ -34,7 +36,8 @@ export const ERROR_CODES = {
   // Environments, hooks, agents
   ERR_ENV_HTTP: 'an env server answered a status not retried (4xx), or retries ran out on 5xx',
   ERR_ENV_UNREACHABLE: 'an env server could not be reached (refused, reset, DNS) through every retry',
-  ERR_ENV_TIMEOUT: 'an environment call (factory, reset, getTaskPrompt, step, close) did not settle within tasks[].env.timeoutMs',
+  ERR_ENV_TIMEOUT:
+    'an environment call (factory, reset, getTaskPrompt, step, close) did not settle within tasks[].env.timeoutMs',
   ERR_ENV_CANCELLED: 'an environment call was pending when in-flight work was cancelled (pause, shutdown): ABORTED',
   ERR_ENV_BAD_REPLY: 'an environment’s reply is not JSON or not the shape its protocol promises',
   ERR_ENV_STEP_UNCERTAIN: 'a step failed after it may have reached the environment; retried only with dedupeSteps',

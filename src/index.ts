@@ -21,8 +21,27 @@ export type { ErrorCode } from './error-codes.ts';
 export { LlmError } from './llm/errors.ts';
 export { EnvError } from './env/errors.ts';
 export { Status, groupStatus, statusForFinishReason } from './domain/rollout.ts';
-export type { RolloutState, RolloutGroup, TurnRecord, ChatMessage, PromptSample, FinishReason, StitchedSession } from './domain/rollout.ts';
-export type { Environment, EnvironmentFactory, ResetOptions, ResetResult, StepResult, EnvParams, StepContext, ToolCallRequest, ToolOutput, ToolSchema } from './env/types.ts';
+export type {
+  RolloutState,
+  RolloutGroup,
+  TurnRecord,
+  ChatMessage,
+  PromptSample,
+  FinishReason,
+  StitchedSession,
+} from './domain/rollout.ts';
+export type {
+  Environment,
+  EnvironmentFactory,
+  ResetOptions,
+  ResetResult,
+  StepResult,
+  EnvParams,
+  StepContext,
+  ToolCallRequest,
+  ToolOutput,
+  ToolSchema,
+} from './env/types.ts';
 export type { ToolCallRecord, ToolErrorKind } from './domain/rollout.ts';
 export { BatchFileWriter, groupToJson } from './formats/batch-file.ts';
 export type { BlackBoxAgent, BlackBoxInput, BlackBoxResult } from './worker/blackbox-loop.ts';

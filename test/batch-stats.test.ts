@@ -38,7 +38,12 @@ function group(task: string, draw: number, ...members: { reward: number; turns: 
   return g;
 }
 
-const window: WindowStats = { meanReward: { a: 0.5, b: null }, producedSamples: { a: 6, b: 2 }, producedTokens: { a: 40, b: 0 }, produceMs: 12 };
+const window: WindowStats = {
+  meanReward: { a: 0.5, b: null },
+  producedSamples: { a: 6, b: 2 },
+  producedTokens: { a: 40, b: 0 },
+  produceMs: 12,
+};
 
 describe('batch stats (coordinator/batch-stats.ts batchStats)', () => {
   it('adds up groups, rollouts, rewards, turns and tokens by hand: 2 + 1 groups, rewards (1 + 0 + 0.5) / 3', () => {
@@ -67,7 +72,10 @@ describe('batch stats (coordinator/batch-stats.ts batchStats)', () => {
 
   it('reports zeros, not NaN, for a batch with no rollouts', () => {
     const stats = batchStats(1, new Map([['a', []]]), 0, window);
-    assert.deepEqual([stats.groups, stats.rollouts, stats.meanReward, stats.staleness, stats.byTask], [0, 0, 0, { min: 0, max: 0, mean: 0 }, { a: { groups: 0, meanReward: 0 } }]);
+    assert.deepEqual(
+      [stats.groups, stats.rollouts, stats.meanReward, stats.staleness, stats.byTask],
+      [0, 0, 0, { min: 0, max: 0, mean: 0 }, { a: { groups: 0, meanReward: 0 } }],
+    );
   });
 
   it('counts a rollout with no response as staleness 0, and a text-only turn at its own model step: 9 − 0 − 1 = 8', () => {
@@ -86,6 +94,6 @@ describe('token loss masks (coordinator/batch-stats.ts groupLossMasks)', () => {
     const { masks, masked } = groupLossMasks(g, 5, 2);
     assert.deepEqual(masks, [[Uint8Array.from([1, 1, 0]), null], [Uint8Array.from([0, 0])]]);
     assert.equal(masked, 3);
-    assert.deepEqual(g, before, 'the group is not touched: applying the masks is the caller\'s');
+    assert.deepEqual(g, before, "the group is not touched: applying the masks is the caller's");
   });
 });

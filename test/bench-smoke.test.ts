@@ -20,10 +20,13 @@ async function recordingProxy(target: string): Promise<{ url: string; bodies: Se
     req.on('end', () => {
       const body = Buffer.concat(chunks);
       if (req.url?.endsWith('/chat/completions')) bodies.add(body.toString('utf8'));
-      const out = httpRequest({ host: to.hostname, port: to.port, path: req.url, method: req.method, headers: req.headers }, (answer) => {
-        res.writeHead(answer.statusCode ?? 502, answer.headers);
-        answer.pipe(res);
-      });
+      const out = httpRequest(
+        { host: to.hostname, port: to.port, path: req.url, method: req.method, headers: req.headers },
+        (answer) => {
+          res.writeHead(answer.statusCode ?? 502, answer.headers);
+          answer.pipe(res);
+        },
+      );
       out.end(body);
     });
   });
@@ -45,13 +48,25 @@ describe('bench parts (smoke, no figures checked)', () => {
   });
 
   it('records the chat bodies the engine sent, byte for byte, every turn of an episode, and the bare loop replays them', async () => {
-    const engine = await engineThroughput({ url: proxy.url, concurrency: 8, threads: 1, seconds: 0.2, groupSize: 4, maxTokens: 32, recordBodies: 50 });
+    const engine = await engineThroughput({
+      url: proxy.url,
+      concurrency: 8,
+      threads: 1,
+      seconds: 0.2,
+      groupSize: 4,
+      maxTokens: 32,
+      recordBodies: 50,
+    });
     assert.ok(engine.operations > 0);
     // Workers report their OS thread ids, so the CPU split finds them (Linux /proc).
-    if (process.platform === 'linux') assert.ok(engine.cpuSplit !== null && engine.cpuSplit.workersMs >= 0 && engine.cpuSplit.mainMs > 0);
+    if (process.platform === 'linux')
+      assert.ok(engine.cpuSplit !== null && engine.cpuSplit.workersMs >= 0 && engine.cpuSplit.mainMs > 0);
     assert.ok(engine.bodies.length > 0 && engine.bodies.length <= 50);
     for (const body of engine.bodies) assert.ok(proxy.bodies.has(body), `the engine never sent ${body.slice(0, 120)}…`);
-    assert.ok(engine.bodies.some((b) => (JSON.parse(b) as { messages: unknown[] }).messages.length > 2), 'later turns carry the conversation so far');
+    assert.ok(
+      engine.bodies.some((b) => (JSON.parse(b) as { messages: unknown[] }).messages.length > 2),
+      'later turns carry the conversation so far',
+    );
     const bare = await bareLoop({ url: mock.url, concurrency: 8, seconds: 0.2, bodies: engine.bodies });
     assert.ok(bare.operations > 0);
     assert.ok(bare.cpuMs > 0);

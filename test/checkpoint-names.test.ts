@@ -9,21 +9,37 @@ import { decodeCheckpoint, encodeCheckpoint } from '../src/formats/checkpoint-fi
 import { producerSnapshot } from './support/snapshot.ts';
 
 describe('checkpoint field names (coordinator/checkpoint.ts)', () => {
-  const config = resolveConfig({ llm: { url: 'http://127.0.0.1:9' }, tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' } }] });
+  const config = resolveConfig({
+    llm: { url: 'http://127.0.0.1:9' },
+    tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' } }],
+  });
 
   it('reads a version 2 checkpoint, whose progress says nextConsumerStep, consumedSamples and targetSamples, under the names of today', () => {
     const snapshot = producerSnapshot(config, []);
-    Object.assign(snapshot.progress, { nextTrainStep: 4, producerFutureStep: 5, consumedGroups: { guess: 24 }, targetGroups: { guess: 40 } });
+    Object.assign(snapshot.progress, {
+      nextTrainStep: 4,
+      producerFutureStep: 5,
+      consumedGroups: { guess: 24 },
+      targetGroups: { guess: 40 },
+    });
     const path = join(mkdtempSync(join(tmpdir(), 'ckpt-names-')), 'engine.ckpt');
     writeCheckpoint(path, config, snapshot);
     // Rewritten as version 2 wrote it: the same fields under their former names.
     const state = decodeCheckpoint(readFileSync(path), path) as Record<string, any>;
     const { nextTrainStep, consumedGroups, targetGroups, ...rest } = state.producer.progress;
     state.v = 2;
-    state.producer.progress = { ...rest, nextConsumerStep: nextTrainStep, consumedSamples: consumedGroups, targetSamples: targetGroups };
+    state.producer.progress = {
+      ...rest,
+      nextConsumerStep: nextTrainStep,
+      consumedSamples: consumedGroups,
+      targetSamples: targetGroups,
+    };
     writeFileSync(path, encodeCheckpoint(state as { v: number } & Record<string, unknown>));
     const read = readCheckpoint(path, config).progress;
-    assert.deepEqual([read.nextTrainStep, read.producerFutureStep, read.consumedGroups, read.targetGroups], [4, 5, { guess: 24 }, { guess: 40 }]);
+    assert.deepEqual(
+      [read.nextTrainStep, read.producerFutureStep, read.consumedGroups, read.targetGroups],
+      [4, 5, { guess: 24 }, { guess: 40 }],
+    );
     assert.ok(!('nextConsumerStep' in read) && !('consumedSamples' in read) && !('targetSamples' in read));
   });
 
@@ -33,6 +49,9 @@ describe('checkpoint field names (coordinator/checkpoint.ts)', () => {
     const state = decodeCheckpoint(readFileSync(path), path) as Record<string, any>;
     state.v = 9;
     writeFileSync(path, encodeCheckpoint(state as { v: number } & Record<string, unknown>));
-    assert.throws(() => readCheckpoint(path, config), { code: 'ERR_CHECKPOINT', message: /checkpoint version 9 is not supported \(expected 1, 2 or 3\)/ });
+    assert.throws(() => readCheckpoint(path, config), {
+      code: 'ERR_CHECKPOINT',
+      message: /checkpoint version 9 is not supported \(expected 1, 2 or 3\)/,
+    });
   });
 });

@@ -18,7 +18,11 @@ const PREFIX = /_$/;
 
 /** `| \`CODE\` | meaning |` for each row, in the table's order: what README.md shows. */
 function errorCodesMarkdown(): string {
-  return ['| code | meaning |', '|---|---|', ...Object.entries(ERROR_CODES).map(([code, meaning]) => `| \`${code}\` | ${meaning} |`)].join('\n');
+  return [
+    '| code | meaning |',
+    '|---|---|',
+    ...Object.entries(ERROR_CODES).map(([code, meaning]) => `| \`${code}\` | ${meaning} |`),
+  ].join('\n');
 }
 
 function codesInSource(): Map<string, string> {
@@ -38,22 +42,36 @@ describe('error codes', () => {
   const used = codesInSource();
 
   it('every code the source uses has a row in src/error-codes.ts', () => {
-    const missing = [...used].filter(([code]) => !(code in ERROR_CODES) && !NODE_CODES.has(code)).map(([code, file]) => `${code} (${file})`);
+    const missing = [...used]
+      .filter(([code]) => !(code in ERROR_CODES) && !NODE_CODES.has(code))
+      .map(([code, file]) => `${code} (${file})`);
     assert.deepEqual(missing, []);
   });
 
   it('every row of src/error-codes.ts is a code the source uses', () => {
-    assert.deepEqual(Object.keys(ERROR_CODES).filter((code) => !used.has(code)), []);
+    assert.deepEqual(
+      Object.keys(ERROR_CODES).filter((code) => !used.has(code)),
+      [],
+    );
   });
 
   it('every meaning is one line', () => {
-    assert.deepEqual(Object.entries(ERROR_CODES).filter(([, meaning]) => meaning.includes('\n') || meaning.includes('|') || meaning.length > 120).map(([code]) => code), []);
+    assert.deepEqual(
+      Object.entries(ERROR_CODES)
+        .filter(([, meaning]) => meaning.includes('\n') || meaning.includes('|') || meaning.length > 120)
+        .map(([code]) => code),
+      [],
+    );
   });
 
   it("README.md's Error codes section is the table, row for row", () => {
     const readme = readFileSync(join(ROOT, 'README.md'), 'utf8');
     const section = /\n## Error codes\n[\s\S]*?\n(\| code \| meaning \|\n[\s\S]*?)\n\n/.exec(readme)?.[1];
     assert.ok(section !== undefined, 'README.md has no "## Error codes" section with a | code | meaning | table');
-    assert.equal(section, errorCodesMarkdown(), 'README.md\'s error-code table differs from src/error-codes.ts: replace it with the expected text');
+    assert.equal(
+      section,
+      errorCodesMarkdown(),
+      "README.md's error-code table differs from src/error-codes.ts: replace it with the expected text",
+    );
   });
 });

@@ -23,7 +23,10 @@ describe('layering of src/', () => {
   });
 
   it('has no import cycle, type-only imports included', () => {
-    assert.deepEqual(findCycles(edges).map((c) => c.join(' → ')), []);
+    assert.deepEqual(
+      findCycles(edges).map((c) => c.join(' → ')),
+      [],
+    );
   });
 
   it('keeps the worker side off the main thread, protocol/ at the bottom and the package entry unimported', () => {
@@ -49,7 +52,9 @@ describe('the layering checker', () => {
       'src/gateway/b.ts': "export {\n  c,\n} from './c.ts';\nexport const b = 1;\n",
       'src/gateway/c.ts': "import type { a } from './a.ts';\nexport const c = 2;\n",
     });
-    assert.deepEqual(checkLayering(root), ['import cycle: src/gateway/a.ts → src/gateway/b.ts → src/gateway/c.ts → src/gateway/a.ts']);
+    assert.deepEqual(checkLayering(root), [
+      'import cycle: src/gateway/a.ts → src/gateway/b.ts → src/gateway/c.ts → src/gateway/a.ts',
+    ]);
   });
 
   it('does not count a dynamic import as a cycle, but does as a forbidden edge', () => {
@@ -62,20 +67,22 @@ describe('the layering checker', () => {
     ]);
   });
 
-  it('names each forbidden edge with its file and line, type-only imports of the worker side\'s settings allowed in protocol/', () => {
+  it("names each forbidden edge with its file and line, type-only imports of the worker side's settings allowed in protocol/", () => {
     const root = tree('edges', {
       'src/index.ts': "export { run } from './cli/run.ts';\n",
       'src/cli/run.ts': "import { Engine } from '../index.ts';\nexport const run = Engine;\n",
-      'src/protocol/codec.ts': "// a comment: import { nope } from '../config.ts';\nimport { z } from '../config.ts';\nexport const codec = z;\n",
-      'src/protocol/messages.ts': "import type { A } from '../llm/a.ts';\nimport { type B } from '../env/b.ts';\nimport { type C, d } from '../env/b.ts';\nimport type { Z } from '../config.ts';\n",
+      'src/protocol/codec.ts':
+        "// a comment: import { nope } from '../config.ts';\nimport { z } from '../config.ts';\nexport const codec = z;\n",
+      'src/protocol/messages.ts':
+        "import type { A } from '../llm/a.ts';\nimport { type B } from '../env/b.ts';\nimport { type C, d } from '../env/b.ts';\nimport type { Z } from '../config.ts';\n",
       'src/llm/a.ts': 'export type A = 1;\n',
       'src/env/b.ts': 'export type B = 1;\nexport type C = 1;\nexport const d = 1;\n',
-      'src/config.ts': "export const z = 1;\n",
+      'src/config.ts': 'export const z = 1;\n',
       'src/domain/rollout.ts': "import { e } from '../errors.ts';\nimport { z } from '../config.ts';\n",
       'src/errors.ts': "import { codes } from './error-codes.ts';\nexport const e = codes;\n",
       'src/error-codes.ts': "import { z } from './config.ts';\nexport const codes = z;\n",
       'src/worker/runtime.ts': "\nimport type { Buffer } from '../buffer/replay-buffer.ts';\n",
-      'src/buffer/replay-buffer.ts': "export type Buffer = number;\n",
+      'src/buffer/replay-buffer.ts': 'export type Buffer = number;\n',
     });
     assert.deepEqual(checkLayering(root).sort(), [
       'import cycle: src/cli/run.ts → src/index.ts → src/cli/run.ts',

@@ -49,7 +49,10 @@ describe('the producer lifecycle (coordinator/producer-state.ts)', () => {
 
   it('refuses a transition from the wrong state with ERR_ENGINE_STATE naming both states', () => {
     const life = new ProducerLifecycle();
-    assert.throws(() => life.beginPause(), { code: 'ERR_ENGINE_STATE', message: /cannot pause while it is idle \(only while running or pausing or paused\)/ });
+    assert.throws(() => life.beginPause(), {
+      code: 'ERR_ENGINE_STATE',
+      message: /cannot pause while it is idle \(only while running or pausing or paused\)/,
+    });
     assert.throws(() => life.resume(), { code: 'ERR_ENGINE_STATE' });
     life.start();
     assert.throws(() => life.start(), { code: 'ERR_ENGINE_STATE', message: /cannot start while it is running/ });

@@ -20,7 +20,10 @@ import { decodeFromPeer, encodeForPeer, toJson } from '../src/formats/peer.ts';
 
 const TOOL_ENV = fileURLToPath(new URL('./fixtures/tool-env.ts', import.meta.url));
 
-const MODELS = JSON.stringify({ object: 'list', data: [{ id: 'm', object: 'model', owned_by: 'vllm', max_model_len: 32768 }] });
+const MODELS = JSON.stringify({
+  object: 'list',
+  data: [{ id: 'm', object: 'model', owned_by: 'vllm', max_model_len: 32768 }],
+});
 
 /** The first reply's calls: two lookups, a call that times out, and one whose arguments are bad JSON. */
 const FIRST_CALLS = [
@@ -56,7 +59,10 @@ function checkToolRollout(r: RolloutState): void {
   const sent = answer.messages.slice(-5);
   assert.equal(sent[0].role, 'assistant');
   assert.equal(sent[0].tool_calls!.length, 4);
-  assert.deepEqual(sent.slice(1).map((m) => [m.role, m.tool_call_id]), calls.map((c) => ['tool', c.id]));
+  assert.deepEqual(
+    sent.slice(1).map((m) => [m.role, m.tool_call_id]),
+    calls.map((c) => ['tool', c.id]),
+  );
   assert.equal(answer.reward, 1);
   assert.equal(call.reward, 0, 'the reward is the step’s, on its final turn');
   assert.equal(r.reward, 1);
@@ -79,12 +85,36 @@ describe('tool calls from the environment, end to end in a worker thread', () =>
       const answered = request.messages.some((m) => m.role === 'tool');
       // vLLM's shape (entrypoints/openai/protocol.py ChatCompletionResponse, ToolCall): content null,
       // tool_calls with ids "chatcmpl-tool-…", arguments a JSON string, finish_reason "tool_calls".
-      const message = answered ? { role: 'assistant', content: 'The sum is 42.', tool_calls: [] } : { role: 'assistant', content: null, tool_calls: FIRST_CALLS };
-      res.end(JSON.stringify({ choices: [{ index: 0, message, finish_reason: answered ? 'stop' : 'tool_calls', token_ids: [1, 2, 3] }], prompt_token_ids: [9, 9], usage: { prompt_tokens: 2, completion_tokens: 3 } }));
+      const message = answered
+        ? { role: 'assistant', content: 'The sum is 42.', tool_calls: [] }
+        : { role: 'assistant', content: null, tool_calls: FIRST_CALLS };
+      res.end(
+        JSON.stringify({
+          choices: [{ index: 0, message, finish_reason: answered ? 'stop' : 'tool_calls', token_ids: [1, 2, 3] }],
+          prompt_token_ids: [9, 9],
+          usage: { prompt_tokens: 2, completion_tokens: 3 },
+        }),
+      );
     });
     servers.push(server);
     const runDir = await mkdtemp(join(tmpdir(), 'tools-'));
-    const e = createEngine({ logLevel: 'silent', runDir, llm: { url: server.url, model: 'm', server: 'vllm' }, batchSize: 1, workers: { threads: 1 }, tasks: [{ name: 'tools', env: { module: TOOL_ENV }, groupSize: 2, maxSteps: 2, messageCut: 0, tools: { timeoutMs: 200 } }] });
+    const e = createEngine({
+      logLevel: 'silent',
+      runDir,
+      llm: { url: server.url, model: 'm', server: 'vllm' },
+      batchSize: 1,
+      workers: { threads: 1 },
+      tasks: [
+        {
+          name: 'tools',
+          env: { module: TOOL_ENV },
+          groupSize: 2,
+          maxSteps: 2,
+          messageCut: 0,
+          tools: { timeoutMs: 200 },
+        },
+      ],
+    });
     engines.push(e);
     await e.start();
     const batch = await e.getBatch();
@@ -93,18 +123,33 @@ describe('tool calls from the environment, end to end in a worker thread', () =>
     const turn = batch.groups[0].rollouts[0].turns[0];
     const json = JSON.parse(toJson(batch)) as typeof batch;
     assert.deepEqual(json.groups[0].rollouts[0].turns[0].toolCalls, turn.toolCalls);
-    assert.deepEqual((decodeFromPeer(encodeForPeer(batch)) as typeof batch).groups[0].rollouts[0].turns[0].toolCalls, turn.toolCalls);
+    assert.deepEqual(
+      (decodeFromPeer(encodeForPeer(batch)) as typeof batch).groups[0].rollouts[0].turns[0].toolCalls,
+      turn.toolCalls,
+    );
     // Step records: each call of the step is a round of it, the first with its tool calls.
     await e.close();
     const sessions = await listCompletedSessions(join(runDir, 'steps'));
     assert.equal(sessions.length, 2);
     for (const session of sessions) {
-      assert.deepEqual(session.steps.map((s) => [s.step, s.round, s.toolCalls?.length]), [[1, 0, 4], [1, 1, undefined]]);
+      assert.deepEqual(
+        session.steps.map((s) => [s.step, s.round, s.toolCalls?.length]),
+        [
+          [1, 0, 4],
+          [1, 1, undefined],
+        ],
+      );
       assert.deepEqual(session.missingSteps, []);
     }
     await rm(runDir, { recursive: true, force: true });
-    const first = JSON.parse(server.requests.find((q) => q.method === 'POST')!.body) as { tools: { function: { name: string } }[]; tool_choice: string };
-    assert.deepEqual(first.tools.map((t) => t.function.name), ['lookup', 'slow']);
+    const first = JSON.parse(server.requests.find((q) => q.method === 'POST')!.body) as {
+      tools: { function: { name: string } }[];
+      tool_choice: string;
+    };
+    assert.deepEqual(
+      first.tools.map((t) => t.function.name),
+      ['lookup', 'slow'],
+    );
     assert.equal(first.tool_choice, 'auto');
   });
 
@@ -119,12 +164,43 @@ describe('tool calls from the environment, end to end in a worker thread', () =>
       const answered = prompt.includes('<tool_response>');
       const text = answered
         ? 'The sum is 42.'
-        : `${formatToolCalls('hermes', [{ name: 'lookup', arguments: { key: 'a' } }, { name: 'lookup', arguments: { key: 'b' } }, { name: 'slow', arguments: {} }])}\n<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}\n</tool_call>`;
+        : `${formatToolCalls('hermes', [
+            { name: 'lookup', arguments: { key: 'a' } },
+            { name: 'lookup', arguments: { key: 'b' } },
+            { name: 'slow', arguments: {} },
+          ])}\n<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}\n</tool_call>`;
       const ids = [...model.encode(text), imEnd];
-      res.end(JSON.stringify({ choices: [{ index: 0, text, token_ids: ids, logprobs: { token_logprobs: ids.map(() => -0.5) }, finish_reason: 'stop' }] }));
+      res.end(
+        JSON.stringify({
+          choices: [
+            {
+              index: 0,
+              text,
+              token_ids: ids,
+              logprobs: { token_logprobs: ids.map(() => -0.5) },
+              finish_reason: 'stop',
+            },
+          ],
+        }),
+      );
     });
     servers.push(server);
-    const e = createEngine({ logLevel: 'silent', llm: { url: server.url, model: 'm', server: 'vllm', api: 'tokens' }, batchSize: 1, workers: { threads: 1 }, tasks: [{ name: 'tools', env: { module: TOOL_ENV }, groupSize: 1, maxSteps: 2, messageCut: 0, tools: { timeoutMs: 200 } }] });
+    const e = createEngine({
+      logLevel: 'silent',
+      llm: { url: server.url, model: 'm', server: 'vllm', api: 'tokens' },
+      batchSize: 1,
+      workers: { threads: 1 },
+      tasks: [
+        {
+          name: 'tools',
+          env: { module: TOOL_ENV },
+          groupSize: 1,
+          maxSteps: 2,
+          messageCut: 0,
+          tools: { timeoutMs: 200 },
+        },
+      ],
+    });
     engines.push(e);
     await e.start();
     const batch = await e.getBatch();
@@ -137,7 +213,10 @@ describe('tool calls from the environment, end to end in a worker thread', () =>
     const head = [...call.promptIds!, ...call.responseIds!];
     assert.deepEqual(Array.from(answer.promptIds!.subarray(0, head.length)), head);
     const rest = model.decode(Array.from(answer.promptIds!.subarray(head.length)));
-    assert.match(rest, /^\n<\|im_start\|>user\n<tool_response>\n17\n<\/tool_response>\n<tool_response>\n25\n<\/tool_response>/);
+    assert.match(
+      rest,
+      /^\n<\|im_start\|>user\n<tool_response>\n17\n<\/tool_response>\n<tool_response>\n25\n<\/tool_response>/,
+    );
     // The tools are in the system prompt, as the chat template writes them.
     assert.match(model.decode(Array.from(call.promptIds!)), /<tools>\n\{"type": ?"function"/);
   });
@@ -145,19 +224,55 @@ describe('tool calls from the environment, end to end in a worker thread', () =>
 
 describe('tool-call parsing', () => {
   it('reads Hermes blocks, a bad block as an unparsed call, and Llama 3 JSON calls', () => {
-    const hermes = parseToolCalls('hermes', 'Let me look.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>\n{"name": "g", "arguments": \n</tool_call>');
+    const hermes = parseToolCalls(
+      'hermes',
+      'Let me look.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n<tool_call>\n{"name": "g", "arguments": \n</tool_call>',
+    );
     assert.equal(hermes.content, 'Let me look.');
-    assert.deepEqual(hermes.calls.map((c) => [c.name, c.arguments, c.invalid === undefined]), [['f', '{"x":1}', true], ['g', '{"name": "g", "arguments":', false]]);
-    const llama = parseToolCalls('llama3_json', '<|python_tag|>{"name": "f", "parameters": {"q": "a;b"}}; {"name": "g", "parameters": {}}');
-    assert.deepEqual(llama.calls.map((c) => [c.name, c.arguments]), [['f', '{"q":"a;b"}'], ['g', '{}']]);
+    assert.deepEqual(
+      hermes.calls.map((c) => [c.name, c.arguments, c.invalid === undefined]),
+      [
+        ['f', '{"x":1}', true],
+        ['g', '{"name": "g", "arguments":', false],
+      ],
+    );
+    const llama = parseToolCalls(
+      'llama3_json',
+      '<|python_tag|>{"name": "f", "parameters": {"q": "a;b"}}; {"name": "g", "parameters": {}}',
+    );
+    assert.deepEqual(
+      llama.calls.map((c) => [c.name, c.arguments]),
+      [
+        ['f', '{"q":"a;b"}'],
+        ['g', '{}'],
+      ],
+    );
     assert.deepEqual(parseToolCalls('llama3_json', 'The answer is 4.').calls, []);
   });
 
   it('reads a chat reply’s tool_calls as vLLM sends them, and refuses a call without an id naming the field', () => {
-    const reply = parseChatReply({ choices: [{ message: { role: 'assistant', content: null, tool_calls: FIRST_CALLS.slice(0, 1) }, finish_reason: 'tool_calls' }] });
+    const reply = parseChatReply({
+      choices: [
+        {
+          message: { role: 'assistant', content: null, tool_calls: FIRST_CALLS.slice(0, 1) },
+          finish_reason: 'tool_calls',
+        },
+      ],
+    });
     assert.deepEqual(reply.toolCalls, [{ id: 'chatcmpl-tool-1', name: 'lookup', arguments: '{"key": "a"}' }]);
     assert.equal(reply.content, '');
-    assert.throws(() => parseChatReply({ choices: [{ message: { content: null, tool_calls: [{ function: { name: 'f', arguments: '{}' } }] }, finish_reason: 'tool_calls' }] }), { code: 'ERR_LLM_BAD_REPLY', message: /tool_calls\[0\]\.id must be a non-empty string/ });
+    assert.throws(
+      () =>
+        parseChatReply({
+          choices: [
+            {
+              message: { content: null, tool_calls: [{ function: { name: 'f', arguments: '{}' } }] },
+              finish_reason: 'tool_calls',
+            },
+          ],
+        }),
+      { code: 'ERR_LLM_BAD_REPLY', message: /tool_calls\[0\]\.id must be a non-empty string/ },
+    );
   });
 });
 
@@ -174,17 +289,36 @@ async function mcpPolicy(dieOn: (episode: number) => boolean): Promise<ScriptedS
   return scriptedServer((req, res, body) => {
     res.setHeader('content-type', 'application/json');
     if (req.method === 'GET') return void res.end(req.url === '/v1/models' ? MODELS : '{}');
-    const request = JSON.parse(body) as { messages: { role: string; content: string }[]; tools?: { function: { name: string } }[] };
+    const request = JSON.parse(body) as {
+      messages: { role: string; content: string }[];
+      tools?: { function: { name: string } }[];
+    };
     const results = request.messages.filter((m) => m.role === 'tool');
     let message: object;
     if (results.length > 0) message = { role: 'assistant', content: `It is ${results[0].content}.` };
     else {
-      const calls = [{ id: `chatcmpl-tool-add-${episodes}`, type: 'function', function: { name: 'add', arguments: '{"a": 2, "b": 3}' } }];
-      if (dieOn(episodes)) calls.push({ id: `chatcmpl-tool-die-${episodes}`, type: 'function', function: { name: 'die', arguments: '{}' } });
+      const calls = [
+        {
+          id: `chatcmpl-tool-add-${episodes}`,
+          type: 'function',
+          function: { name: 'add', arguments: '{"a": 2, "b": 3}' },
+        },
+      ];
+      if (dieOn(episodes))
+        calls.push({
+          id: `chatcmpl-tool-die-${episodes}`,
+          type: 'function',
+          function: { name: 'die', arguments: '{}' },
+        });
       episodes++;
       message = { role: 'assistant', content: null, tool_calls: calls };
     }
-    res.end(JSON.stringify({ choices: [{ index: 0, message, finish_reason: results.length > 0 ? 'stop' : 'tool_calls' }], tools: request.tools?.length }));
+    res.end(
+      JSON.stringify({
+        choices: [{ index: 0, message, finish_reason: results.length > 0 ? 'stop' : 'tool_calls' }],
+        tools: request.tools?.length,
+      }),
+    );
   });
 }
 
@@ -204,7 +338,18 @@ describe('tools from MCP servers', () => {
       llm: { url: policy.url, model: 'm', server: 'vllm' },
       batchSize: 4,
       workers: { threads: 1, groupsPerWorker: 1 },
-      tasks: [{ name: 'mcp', env: { module: MCP_ENV }, groupSize: 1, maxSteps: 1, tools: { mcp: [{ command: process.execPath, args: ['--import', 'tsx', MCP_SERVER], cwd: REPO }], timeoutMs: 20_000 } }],
+      tasks: [
+        {
+          name: 'mcp',
+          env: { module: MCP_ENV },
+          groupSize: 1,
+          maxSteps: 1,
+          tools: {
+            mcp: [{ command: process.execPath, args: ['--import', 'tsx', MCP_SERVER], cwd: REPO }],
+            timeoutMs: 20_000,
+          },
+        },
+      ],
     });
     engines.push(e);
     await e.start();
@@ -222,14 +367,21 @@ describe('tools from MCP servers', () => {
     const adds = calls.filter((c) => c.name === 'add' && c.error === null);
     assert.ok(adds.length >= 3, `${adds.length} add calls answered`);
     for (const c of adds) assert.equal(c.result, '5');
-    const sent = JSON.parse(policy.requests.find((q) => q.method === 'POST')!.body) as { tools: { function: { name: string } }[] };
+    const sent = JSON.parse(policy.requests.find((q) => q.method === 'POST')!.body) as {
+      tools: { function: { name: string } }[];
+    };
     assert.deepEqual(sent.tools.map((t) => t.function.name).sort(), ['add', 'die']);
   });
 
   it('serves a streamable-HTTP MCP server’s tools; killed between batches, its calls fail with the reason and every group still lands', async () => {
     const { spawn } = await import('node:child_process');
-    const child = spawn(process.execPath, ['--import', 'tsx', MCP_SERVER, '--http'], { cwd: REPO, stdio: ['ignore', 'pipe', 'inherit'] });
-    const url = await new Promise<string>((resolve) => child.stdout.once('data', (d: Buffer) => resolve(d.toString().trim())));
+    const child = spawn(process.execPath, ['--import', 'tsx', MCP_SERVER, '--http'], {
+      cwd: REPO,
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    const url = await new Promise<string>((resolve) =>
+      child.stdout.once('data', (d: Buffer) => resolve(d.toString().trim())),
+    );
     const policy = await mcpPolicy(() => false);
     servers.push(policy);
     try {
@@ -238,7 +390,15 @@ describe('tools from MCP servers', () => {
         llm: { url: policy.url, model: 'm', server: 'vllm' },
         batchSize: 2,
         workers: { threads: 1, groupsPerWorker: 1 },
-        tasks: [{ name: 'mcp', env: { module: MCP_ENV }, groupSize: 1, maxSteps: 1, tools: { mcp: [{ url }], mcpSessions: 'episode', timeoutMs: 5_000 } }],
+        tasks: [
+          {
+            name: 'mcp',
+            env: { module: MCP_ENV },
+            groupSize: 1,
+            maxSteps: 1,
+            tools: { mcp: [{ url }], mcpSessions: 'episode', timeoutMs: 5_000 },
+          },
+        ],
       });
       engines.push(e);
       await e.start();
@@ -274,9 +434,20 @@ describe('the synthetic tool environment played by the mock policy', () => {
   for (const api of ['chat', 'tokens'] as const) {
     it(`plays builtin:tool-lookup with real tool calls in ${api} mode, imperfectly, so rewards vary`, async () => {
       const { startMockLlm } = await import('../src/testing/mock-llm/server.ts');
-      const mock = await startMockLlm({ port: 0, seed: 3, mistakeRate: 0.3, ...(api === 'tokens' ? { tokenizer: 'qwen2.5' as const } : {}) });
+      const mock = await startMockLlm({
+        port: 0,
+        seed: 3,
+        mistakeRate: 0.3,
+        ...(api === 'tokens' ? { tokenizer: 'qwen2.5' as const } : {}),
+      });
       mocks.push(mock);
-      const e = createEngine({ logLevel: 'silent', llm: { url: mock.url, api }, batchSize: 8, workers: { threads: 1 }, tasks: [{ name: 'lookup', env: { module: 'builtin:tool-lookup' }, groupSize: 4, maxSteps: 1 }] });
+      const e = createEngine({
+        logLevel: 'silent',
+        llm: { url: mock.url, api },
+        batchSize: 8,
+        workers: { threads: 1 },
+        tasks: [{ name: 'lookup', env: { module: 'builtin:tool-lookup' }, groupSize: 4, maxSteps: 1 }],
+      });
       engines.push(e);
       await e.start();
       const rollouts = (await e.getBatch()).groups.flatMap((g) => g.rollouts);

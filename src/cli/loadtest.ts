@@ -1,6 +1,13 @@
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { defaultLoadtestOptions, formatTable, LOADTEST_ENVS, runLoadtest, type LoadtestEnv, type LoadtestOptions } from '../loadtest/index.ts';
+import {
+  defaultLoadtestOptions,
+  formatTable,
+  LOADTEST_ENVS,
+  runLoadtest,
+  type LoadtestEnv,
+  type LoadtestOptions,
+} from '../loadtest/index.ts';
 import { intFlag, numberFlag, UsageError } from './args.ts';
 
 export const LOADTEST_HELP = `Usage: rollout loadtest [options]
@@ -75,7 +82,9 @@ export async function loadtestCommand(argv: string[]): Promise<number> {
   }
   const options = loadtestOptions(values);
   const workers = `${options.workers} worker${options.workers === 1 ? '' : 's'}`;
-  console.error(`rollout loadtest: ${options.rollouts} rollouts in flight on ${workers} (${options.envs.join('+')}), ${options.strategy}, ${options.durationS} s…`);
+  console.error(
+    `rollout loadtest: ${options.rollouts} rollouts in flight on ${workers} (${options.envs.join('+')}), ${options.strategy}, ${options.durationS} s…`,
+  );
   // Ctrl-C or a kill mid-run: exit through process.exit so the mock server's process is ended too.
   const interrupted = (signal: NodeJS.Signals) => {
     console.error(`rollout loadtest: ${signal}, stopping without a report`);
@@ -118,7 +127,8 @@ function loadtestOptions(values: Record<string, string | boolean | undefined>): 
     pauseEveryS: positiveFlag('pause-every', str('pause-every')) ?? defaults.pauseEveryS,
     pauseMode: choiceFlag('pause-mode', str('pause-mode'), ['abort', 'drain'] as const) ?? defaults.pauseMode,
     stream: values.stream === true,
-    streamIntervalMs: numberFlag('stream-interval-ms', str('stream-interval-ms'), { min: 1, max: 60_000 }) ?? defaults.streamIntervalMs,
+    streamIntervalMs:
+      numberFlag('stream-interval-ms', str('stream-interval-ms'), { min: 1, max: 60_000 }) ?? defaults.streamIntervalMs,
     seed: intFlag('seed', str('seed')) ?? defaults.seed,
   };
 }
@@ -132,7 +142,8 @@ function positiveFlag(name: string, value: string | undefined): number | undefin
 
 function choiceFlag<T extends string>(name: string, value: string | undefined, choices: readonly T[]): T | undefined {
   if (value === undefined) return undefined;
-  if (!(choices as readonly string[]).includes(value)) throw new UsageError(`--${name} must be one of ${choices.join(', ')} (got ${JSON.stringify(value)})`);
+  if (!(choices as readonly string[]).includes(value))
+    throw new UsageError(`--${name} must be one of ${choices.join(', ')} (got ${JSON.stringify(value)})`);
   return value as T;
 }
 
@@ -142,9 +153,12 @@ function envsFlag(value: string | undefined): LoadtestEnv[] | undefined {
   const envs: LoadtestEnv[] = [];
   for (const name of names) {
     if (!(LOADTEST_ENVS as readonly string[]).includes(name)) {
-      throw new UsageError(`--envs: unknown environment ${JSON.stringify(name)} (known: ${LOADTEST_ENVS.join(', ')}; got ${JSON.stringify(value)})`);
+      throw new UsageError(
+        `--envs: unknown environment ${JSON.stringify(name)} (known: ${LOADTEST_ENVS.join(', ')}; got ${JSON.stringify(value)})`,
+      );
     }
-    if (envs.includes(name as LoadtestEnv)) throw new UsageError(`--envs: ${JSON.stringify(name)} is listed twice (got ${JSON.stringify(value)})`);
+    if (envs.includes(name as LoadtestEnv))
+      throw new UsageError(`--envs: ${JSON.stringify(name)} is listed twice (got ${JSON.stringify(value)})`);
     envs.push(name as LoadtestEnv);
   }
   return envs;

@@ -67,11 +67,16 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
     throw new UsageError(`--dialect must be one of default, vllm, sglang, llamacpp (got ${JSON.stringify(dialect)})`);
   }
   if (values.context !== undefined && dialect === 'default') {
-    throw new UsageError(`--context needs --dialect vllm, sglang or llamacpp (got --context ${JSON.stringify(values.context)} without one)`);
+    throw new UsageError(
+      `--context needs --dialect vllm, sglang or llamacpp (got --context ${JSON.stringify(values.context)} without one)`,
+    );
   }
   // SGLang's --weight-version is any string; the mock's own is an integer (a trainer's step).
   const stringVersion = dialect === 'sglang' || dialect === 'vllm';
-  const weightVersion = stringVersion && values['weight-version'] !== undefined && !/^\d+$/.test(values['weight-version']) ? values['weight-version'] : intFlag('weight-version', values['weight-version']);
+  const weightVersion =
+    stringVersion && values['weight-version'] !== undefined && !/^\d+$/.test(values['weight-version'])
+      ? values['weight-version']
+      : intFlag('weight-version', values['weight-version']);
   // Undefined values are left to the mock's defaults (resolveMockLlmOptions skips them).
   const options = {
     port: portFlag(values.port) ?? 8000,
@@ -94,7 +99,9 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
   const server = await startMockLlm(options);
   const tokenizer = server.options.tokenizer === 'cl100k' ? '' : `, tokenizer ${server.options.tokenizer}`;
   const speaks = dialect === 'default' ? '' : `, ${dialect} dialect, context ${server.options.contextLength ?? 32768}`;
-  console.log(`mock inference server listening on ${server.url} (model ${options.model ?? 'mock-policy'}${speaks}${tokenizer})`);
+  console.log(
+    `mock inference server listening on ${server.url} (model ${options.model ?? 'mock-policy'}${speaks}${tokenizer})`,
+  );
   await untilSignal();
   await server.close();
   return 0;

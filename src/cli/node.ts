@@ -48,10 +48,13 @@ export async function nodeCommand(argv: string[]): Promise<number> {
     console.log(NODE_HELP);
     return 0;
   }
-  if (values.nats === undefined || !/^(nats|tls):\/\/\S+$/.test(values.nats)) throw new UsageError(`--nats must be a nats://host:port URL (got ${JSON.stringify(values.nats ?? null)})`);
+  if (values.nats === undefined || !/^(nats|tls):\/\/\S+$/.test(values.nats))
+    throw new UsageError(`--nats must be a nats://host:port URL (got ${JSON.stringify(values.nats ?? null)})`);
   const run = values.run ?? DEFAULT_RUN;
-  if (!/^[A-Za-z0-9_-]{1,64}$/.test(run)) throw new UsageError(`--run must be 1 to 64 letters, digits, _ or - (got ${JSON.stringify(run)})`);
-  if (values.id !== undefined && !/^[A-Za-z0-9_-]{1,128}$/.test(values.id)) throw new UsageError(`--id must be 1 to 128 letters, digits, _ or - (got ${JSON.stringify(values.id)})`);
+  if (!/^[A-Za-z0-9_-]{1,64}$/.test(run))
+    throw new UsageError(`--run must be 1 to 64 letters, digits, _ or - (got ${JSON.stringify(run)})`);
+  if (values.id !== undefined && !/^[A-Za-z0-9_-]{1,128}$/.test(values.id))
+    throw new UsageError(`--id must be 1 to 128 letters, digits, _ or - (got ${JSON.stringify(values.id)})`);
   const threads = intFlag('threads', values.threads, { min: 1, max: 1024 }) ?? null;
   const metricsPort = values['metrics-port'] === undefined ? null : portFlag(values['metrics-port'])!;
   const drainMs = intFlag('drain-ms', values['drain-ms'], { min: 0 }) ?? 30_000;
@@ -72,7 +75,17 @@ export async function nodeCommand(argv: string[]): Promise<number> {
   try {
     // Serves run after run (a coordinator restarted with --resume, the next run of the same name) until told to stop.
     for (;;) {
-      node = await RolloutNode.start({ url: values.nats, run, id: values.id, threads, log, metricsPort, metricsHost: values['metrics-host'], drainMs, signal: waiting.signal });
+      node = await RolloutNode.start({
+        url: values.nats,
+        run,
+        id: values.id,
+        threads,
+        log,
+        metricsPort,
+        metricsHost: values['metrics-host'],
+        drainMs,
+        signal: waiting.signal,
+      });
       if (node === null) return 0; // stopped while waiting for a run
       if (stopping !== null) void node.drain();
       const exit = await node.serve();

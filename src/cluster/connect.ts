@@ -21,14 +21,22 @@ export async function openNats(url: string, name: string, field: string): Promis
     // Reconnects for ever once connected: a NATS restart is waited out, not a reason to stop a run.
     nc = await connect({ servers: url, name, maxReconnectAttempts: -1, reconnectTimeWait: 250 });
   } catch (err) {
-    throw new ClusterError('ERR_NATS_CONNECT', `${field}: cannot connect to ${url}: ${describeError(err)} (is nats-server running there?)`, { cause: err });
+    throw new ClusterError(
+      'ERR_NATS_CONNECT',
+      `${field}: cannot connect to ${url}: ${describeError(err)} (is nats-server running there?)`,
+      { cause: err },
+    );
   }
   try {
     const jsm = await jetstreamManager(nc, { timeout: 5_000 });
     return { nc, js: jetstream(nc, { timeout: 10_000 }), jsm, maxPayload: nc.info?.max_payload ?? 1024 * 1024 };
   } catch (err) {
     await nc.close().catch(() => undefined);
-    throw new ClusterError('ERR_NATS_CONNECT', `${field}: ${url} has no JetStream (${describeError(err)}): start nats-server with -js`, { cause: err });
+    throw new ClusterError(
+      'ERR_NATS_CONNECT',
+      `${field}: ${url} has no JetStream (${describeError(err)}): start nats-server with -js`,
+      { cause: err },
+    );
   }
 }
 

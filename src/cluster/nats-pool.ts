@@ -24,7 +24,14 @@
  */
 import { hostname } from 'node:os';
 import { headers as natsHeaders, type Msg } from '@nats-io/transport-node';
-import { AckPolicy, DeliverPolicy, RetentionPolicy, StorageType, type ConsumerMessages, type JsMsg } from '@nats-io/jetstream';
+import {
+  AckPolicy,
+  DeliverPolicy,
+  RetentionPolicy,
+  StorageType,
+  type ConsumerMessages,
+  type JsMsg,
+} from '@nats-io/jetstream';
 import { Kvm, type KV } from '@nats-io/kv';
 import type { ResolvedConfig } from '../config.ts';
 import type { ServerInfo } from '../llm/servers.ts';
@@ -35,11 +42,25 @@ import { describeError } from '../errors.ts';
 import { PROTOCOL_VERSION, type WorkerStats } from '../protocol/messages.ts';
 import { restoreKeptTurns } from '../protocol/result-delta.ts';
 import { fillModelSteps, type RolloutGroup } from '../domain/rollout.ts';
-import { abortedGroup, failedGroup, type NodeStatus, type PauseNodes, type WorkerPool } from '../coordinator/worker-pool.ts';
+import {
+  abortedGroup,
+  failedGroup,
+  type NodeStatus,
+  type PauseNodes,
+  type WorkerPool,
+} from '../coordinator/worker-pool.ts';
 import { isKeyExists, isNotFound, openNats, type NatsLink } from './connect.ts';
 import { ClusterError } from './errors.ts';
 import { HEADER, KEY, runNames, type RunNames } from './names.ts';
-import { encodeJson, parseControlAnswer, parseNodeRecord, readControl, type ControlState, type NodeRecord, type RunSettings } from './state.ts';
+import {
+  encodeJson,
+  parseControlAnswer,
+  parseNodeRecord,
+  readControl,
+  type ControlState,
+  type NodeRecord,
+  type RunSettings,
+} from './state.ts';
 
 export type NatsSettings = NonNullable<ResolvedConfig['workers']['nats']>;
 
@@ -123,8 +144,18 @@ export class NatsWorkerPool implements WorkerPool {
       const state = await kvm.create(names.stateBucket, { history: 1 });
       const accepted = await kvm.create(names.acceptedBucket, { history: 1, ttl: ACCEPTED_TTL_MS });
       const incarnation = await nextIncarnation(state);
-      await ensureStream(jsm, { name: names.workStream, subjects: [names.workSubject], retention: RetentionPolicy.Workqueue, duplicate_window: 120_000_000_000 });
-      await ensureStream(jsm, { name: names.resultStream, subjects: [names.resultSubject], retention: RetentionPolicy.Workqueue, duplicate_window: 120_000_000_000 });
+      await ensureStream(jsm, {
+        name: names.workStream,
+        subjects: [names.workSubject],
+        retention: RetentionPolicy.Workqueue,
+        duplicate_window: 120_000_000_000,
+      });
+      await ensureStream(jsm, {
+        name: names.resultStream,
+        subjects: [names.resultSubject],
+        retention: RetentionPolicy.Workqueue,
+        duplicate_window: 120_000_000_000,
+      });
       // Earlier coordinators' dispatches: the checkpoint this one resumes from sends their groups again.
       await jsm.streams.purge(names.workStream);
       await jsm.streams.purge(names.resultStream);
@@ -154,16 +185,33 @@ export class NatsWorkerPool implements WorkerPool {
         maxPayload: link.maxPayload,
       };
       const bytes = encodeJson(run);
-      if (bytes.byteLength > link.maxPayload) throw new ClusterError('ERR_NATS_TOO_LARGE', `the run settings (the resolved config) are ${bytes.byteLength} bytes, over the NATS server's max_payload (${link.maxPayload}); raise max_payload in its config`);
+      if (bytes.byteLength > link.maxPayload)
+        throw new ClusterError(
+          'ERR_NATS_TOO_LARGE',
+          `the run settings (the resolved config) are ${bytes.byteLength} bytes, over the NATS server's max_payload (${link.maxPayload}); raise max_payload in its config`,
+        );
       await state.put(KEY.RUN, bytes);
       const pool = new NatsWorkerPool(link, state, accepted, incarnation, options);
       await pool.#start();
-      options.log.info({ url: settings.url, run: settings.run, incarnation, ackWaitMs: settings.ackWaitMs, maxDeliver: settings.maxDeliver }, 'worker nodes: run published on NATS; waiting for `rollout node`');
+      options.log.info(
+        {
+          url: settings.url,
+          run: settings.run,
+          incarnation,
+          ackWaitMs: settings.ackWaitMs,
+          maxDeliver: settings.maxDeliver,
+        },
+        'worker nodes: run published on NATS; waiting for `rollout node`',
+      );
       return pool;
     } catch (err) {
       await link.nc.close().catch(() => undefined);
       if (err instanceof ClusterError) throw err;
-      throw new ClusterError('ERR_NATS', `workers.nats: cannot set up run ${settings.run} on ${settings.url}: ${describeError(err)}`, { cause: err });
+      throw new ClusterError(
+        'ERR_NATS',
+        `workers.nats: cannot set up run ${settings.run} on ${settings.url}: ${describeError(err)}`,
+        { cause: err },
+      );
     }
   }
 
@@ -189,7 +237,8 @@ export class NatsWorkerPool implements WorkerPool {
           }
           try {
             const record = parseNodeRecord(entry.value);
-            if (!this.#nodes.has(id)) this.#log.info({ node: id, host: record.host, threads: record.threads }, 'worker node joined');
+            if (!this.#nodes.has(id))
+              this.#log.info({ node: id, host: record.host, threads: record.threads }, 'worker node joined');
             // The server's time of the write, not ours: a dead node's old record must not look fresh.
             this.#nodes.set(id, { record, seenAt: Math.min(Date.now(), entry.created.getTime()) });
           } catch (err) {
@@ -206,9 +255,21 @@ export class NatsWorkerPool implements WorkerPool {
   runGroup(group: RolloutGroup, modelStep: number): Promise<RolloutGroup> {
     if (this.#closed) return Promise.resolve(failedGroup(group, 'the worker-node pool is closed'));
     const dispatch = `${group.id}.${this.#incarnation}.${++this.#seq}`;
-    const bytes = encodeMessage({ v: PROTOCOL_VERSION, type: 'run-group', group, modelStep, enqueuedAt: Date.now(), dispatch: 0 });
+    const bytes = encodeMessage({
+      v: PROTOCOL_VERSION,
+      type: 'run-group',
+      group,
+      modelStep,
+      enqueuedAt: Date.now(),
+      dispatch: 0,
+    });
     if (bytes.byteLength > this.#link.maxPayload) {
-      return Promise.resolve(failedGroup(group, `ERR_NATS_TOO_LARGE: the group is ${bytes.byteLength} bytes encoded, over the NATS server's max_payload (${this.#link.maxPayload}); raise max_payload in the server's config`));
+      return Promise.resolve(
+        failedGroup(
+          group,
+          `ERR_NATS_TOO_LARGE: the group is ${bytes.byteLength} bytes encoded, over the NATS server's max_payload (${this.#link.maxPayload}); raise max_payload in the server's config`,
+        ),
+      );
     }
     return new Promise<RolloutGroup>((resolve) => {
       this.#pending.set(dispatch, { sent: group, resolve, accepting: false });
@@ -229,7 +290,9 @@ export class NatsWorkerPool implements WorkerPool {
         await delay(250 * attempt);
       }
     }
-    this.#settle(dispatch, (sent) => failedGroup(sent, `could not hand the group to NATS after ${PUBLISH_ATTEMPTS} attempts: ${describeError(last)}`));
+    this.#settle(dispatch, (sent) =>
+      failedGroup(sent, `could not hand the group to NATS after ${PUBLISH_ATTEMPTS} attempts: ${describeError(last)}`),
+    );
   }
 
   async #readResults(messages: ConsumerMessages): Promise<void> {
@@ -245,7 +308,10 @@ export class NatsWorkerPool implements WorkerPool {
     const node = msg.headers?.get(HEADER.NODE) ?? 'unknown';
     const entry = this.#pending.get(dispatch);
     if (entry === undefined || entry.accepting) {
-      this.#log.debug({ dispatch, node }, 'result of a dispatch not in flight dropped (a node taken for dead, or an earlier coordinator)');
+      this.#log.debug(
+        { dispatch, node },
+        'result of a dispatch not in flight dropped (a node taken for dead, or an earlier coordinator)',
+      );
       msg.ack();
       return;
     }
@@ -270,7 +336,10 @@ export class NatsWorkerPool implements WorkerPool {
         const message = decodeMessage(data);
         if (message.type !== 'group-result') throw new Error(`node answered ${message.type} to run-group`);
         const group = fillModelSteps(restoreKeptTurns(message.group, sent, message.keptTurns));
-        this.#log.debug({ group: group.id, dispatch, node, status: group.status, turns: group.rollouts.map((r) => r.turns.length) }, 'group landed');
+        this.#log.debug(
+          { group: group.id, dispatch, node, status: group.status, turns: group.rollouts.map((r) => r.turns.length) },
+          'group landed',
+        );
         return group;
       } catch (err) {
         return failedGroup(sent, `node ${node} sent a result that cannot be read: ${describeError(err)}`);
@@ -297,12 +366,19 @@ export class NatsWorkerPool implements WorkerPool {
       if (entry !== undefined && !entry.accepting) {
         const { ackWaitMs, maxDeliver } = this.#settings;
         this.#settle(dispatch, (sent) =>
-          failedGroup(sent, `ERR_NATS: no worker node returned a result in ${deliveries} deliveries (workers.nats.maxDeliver = ${maxDeliver}): each node that took it died or went silent for workers.nats.ackWaitMs (${ackWaitMs} ms)`),
+          failedGroup(
+            sent,
+            `ERR_NATS: no worker node returned a result in ${deliveries} deliveries (workers.nats.maxDeliver = ${maxDeliver}): each node that took it died or went silent for workers.nats.ackWaitMs (${ackWaitMs} ms)`,
+          ),
         );
       }
       await this.#link.jsm.streams.deleteMessage(this.#names.workStream, seq);
     } catch (err) {
-      if (!isNotFound(err)) this.#log.warn({ seq, err: describeError(err) }, 'a group past maxDeliver could not be removed from the stream');
+      if (!isNotFound(err))
+        this.#log.warn(
+          { seq, err: describeError(err) },
+          'a group past maxDeliver could not be removed from the stream',
+        );
     }
   }
 
@@ -330,7 +406,10 @@ export class NatsWorkerPool implements WorkerPool {
     }
     if (this.#lonelySince !== null) return;
     this.#lonelySince = Date.now();
-    this.#log.warn({ groupsWaiting: this.#pending.size, url: this.#settings.url, run: this.#settings.run }, `groups wait for a worker node: start one with \`rollout node --nats ${this.#settings.url} --run ${this.#settings.run}\``);
+    this.#log.warn(
+      { groupsWaiting: this.#pending.size, url: this.#settings.url, run: this.#settings.run },
+      `groups wait for a worker node: start one with \`rollout node --nats ${this.#settings.url} --run ${this.#settings.run}\``,
+    );
   }
 
   #controlState(): ControlState {
@@ -356,7 +435,9 @@ export class NatsWorkerPool implements WorkerPool {
 
   #writeControl(state: ControlState): Promise<unknown> {
     this.#controlWrites = this.#controlWrites.then(() =>
-      this.#state.put(KEY.CONTROL, encodeJson(state)).catch((err: unknown) => this.#log.warn({ err: describeError(err) }, 'control state not written to NATS')),
+      this.#state
+        .put(KEY.CONTROL, encodeJson(state))
+        .catch((err: unknown) => this.#log.warn({ err: describeError(err) }, 'control state not written to NATS')),
     );
     return this.#controlWrites;
   }
@@ -366,7 +447,10 @@ export class NatsWorkerPool implements WorkerPool {
     if (live === 0) return;
     const pause = this.#pause;
     try {
-      const answers = await this.#link.nc.requestMany(this.#names.controlSubject, encodeJson(state), { maxMessages: live, maxWait: CONTROL_ANSWER_MS });
+      const answers = await this.#link.nc.requestMany(this.#names.controlSubject, encodeJson(state), {
+        maxMessages: live,
+        maxWait: CONTROL_ANSWER_MS,
+      });
       for await (const reply of answers) {
         let answer;
         try {
@@ -390,14 +474,25 @@ export class NatsWorkerPool implements WorkerPool {
   pauseNodes(): PauseNodes | null {
     const pause = this.#pause;
     if (pause === null) return null;
-    return { answered: [...pause.answered].sort(), missing: [...pause.expected].filter((id) => !pause.answered.has(id)).sort() };
+    return {
+      answered: [...pause.answered].sort(),
+      missing: [...pause.expected].filter((id) => !pause.answered.has(id)).sort(),
+    };
   }
 
   nodes(): NodeStatus[] {
     const now = Date.now();
     return this.#liveNodes(now).map((id) => {
       const { record, seenAt } = this.#nodes.get(id)!;
-      return { id, host: record.host, threads: record.threads, groupsInFlight: record.groupsInFlight, groupsDone: record.groupsDone, lastHeartbeatMsAgo: now - seenAt, metricsUrl: record.metricsUrl };
+      return {
+        id,
+        host: record.host,
+        threads: record.threads,
+        groupsInFlight: record.groupsInFlight,
+        groupsDone: record.groupsDone,
+        lastHeartbeatMsAgo: now - seenAt,
+        metricsUrl: record.metricsUrl,
+      };
     });
   }
 
@@ -423,14 +518,20 @@ export class NatsWorkerPool implements WorkerPool {
     if (this.#closed) return;
     this.#closed = true;
     clearInterval(this.#timer);
-    for (const dispatch of [...this.#pending.keys()]) this.#settle(dispatch, (sent) => abortedGroup(sent, 'the worker-node pool closed while the group was out'));
+    for (const dispatch of [...this.#pending.keys()])
+      this.#settle(dispatch, (sent) => abortedGroup(sent, 'the worker-node pool closed while the group was out'));
     // Nodes stop their groups before the streams go (the producer has cancelled them already).
     await this.#writeControl({ ...this.#controlState(), state: 'cancel' });
     this.#results?.stop();
     if (this.#settings.cleanup) {
       const { jsm } = this.#link;
       // The state bucket first: a node leaving the run must not find its settings again and rejoin it.
-      for (const stream of [`KV_${this.#names.stateBucket}`, this.#names.workStream, this.#names.resultStream, `KV_${this.#names.acceptedBucket}`]) {
+      for (const stream of [
+        `KV_${this.#names.stateBucket}`,
+        this.#names.workStream,
+        this.#names.resultStream,
+        `KV_${this.#names.acceptedBucket}`,
+      ]) {
         await jsm.streams.delete(stream).catch((err: unknown) => {
           if (!isNotFound(err)) this.#log.warn({ stream, err: describeError(err) }, 'NATS stream not deleted at close');
         });
@@ -444,7 +545,8 @@ export class NatsWorkerPool implements WorkerPool {
 async function nextIncarnation(state: KV): Promise<number> {
   for (;;) {
     const current = await state.get(KEY.COORDINATOR);
-    const previous = current?.operation === 'PUT' ? Number((current.json() as { incarnation?: unknown }).incarnation) || 0 : 0;
+    const previous =
+      current?.operation === 'PUT' ? Number((current.json() as { incarnation?: unknown }).incarnation) || 0 : 0;
     const value = encodeJson({ incarnation: previous + 1, host: hostname(), pid: process.pid, startedAt: Date.now() });
     try {
       if (current === null) await state.create(KEY.COORDINATOR, value);
@@ -469,7 +571,11 @@ async function ensureStream(jsm: NatsLink['jsm'], spec: StreamSpec): Promise<voi
   }
 }
 
-async function ensureConsumer(jsm: NatsLink['jsm'], stream: string, config: Parameters<NatsLink['jsm']['consumers']['add']>[1] & { durable_name: string }): Promise<void> {
+async function ensureConsumer(
+  jsm: NatsLink['jsm'],
+  stream: string,
+  config: Parameters<NatsLink['jsm']['consumers']['add']>[1] & { durable_name: string },
+): Promise<void> {
   try {
     await jsm.consumers.info(stream, config.durable_name);
     await jsm.consumers.update(stream, config.durable_name, config);

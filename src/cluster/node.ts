@@ -36,7 +36,16 @@ import { omitKeptTurns, receivedTurns } from '../protocol/result-delta.ts';
 import type { RolloutGroup } from '../domain/rollout.ts';
 import { isNotFound, openNats, type NatsLink } from './connect.ts';
 import { HEADER, KEY, runNames, type RunNames } from './names.ts';
-import { applyControl, encodeJson, parseControl, parseRunSettings, type ControlAnswer, type ControlState, type NodeRecord, type RunSettings } from './state.ts';
+import {
+  applyControl,
+  encodeJson,
+  parseControl,
+  parseRunSettings,
+  type ControlAnswer,
+  type ControlState,
+  type NodeRecord,
+  type RunSettings,
+} from './state.ts';
 
 export interface RolloutNodeOptions {
   url: string;
@@ -116,12 +125,33 @@ export class RolloutNode {
     this.#capacity = this.#threads * config.workers.groupsPerWorker;
     this.#control = new PauseControl(control.modelStep);
     this.#applyState(control);
-    this.#pool = new PiscinaWorkerPool({ config, llmUrls: settings.llmUrls, control: this.#control.block, log: this.#log, gatewayUrl: settings.gatewayUrl, servers: settings.servers, workerUrl: options.workerUrl });
+    this.#pool = new PiscinaWorkerPool({
+      config,
+      llmUrls: settings.llmUrls,
+      control: this.#control.block,
+      log: this.#log,
+      gatewayUrl: settings.gatewayUrl,
+      servers: settings.servers,
+      workerUrl: options.workerUrl,
+    });
     const registers = [this.#registry];
     this.#metrics = {
-      groups: new Counter({ name: 'rollout_node_groups_total', help: 'Groups this node ran, by the status they came back with', labelNames: ['status'], registers }),
-      redelivered: new Counter({ name: 'rollout_node_groups_redelivered_total', help: 'Groups this node took that another node had taken before (it died or went silent)', registers }),
-      resultBytes: new Counter({ name: 'rollout_node_result_bytes_total', help: 'Bytes of results published', registers }),
+      groups: new Counter({
+        name: 'rollout_node_groups_total',
+        help: 'Groups this node ran, by the status they came back with',
+        labelNames: ['status'],
+        registers,
+      }),
+      redelivered: new Counter({
+        name: 'rollout_node_groups_redelivered_total',
+        help: 'Groups this node took that another node had taken before (it died or went silent)',
+        registers,
+      }),
+      resultBytes: new Counter({
+        name: 'rollout_node_result_bytes_total',
+        help: 'Bytes of results published',
+        registers,
+      }),
     };
     const node = this;
     new Gauge({
@@ -169,7 +199,8 @@ export class RolloutNode {
           await node.#begin();
           return node;
         }
-        if (!said) options.log.info({ url: options.url, run: options.run }, 'waiting for the coordinator to publish the run');
+        if (!said)
+          options.log.info({ url: options.url, run: options.run }, 'waiting for the coordinator to publish the run');
         said = true;
         await new Promise((resolve) => setTimeout(resolve, RUN_POLL_MS));
       }
@@ -193,7 +224,10 @@ export class RolloutNode {
       for await (const entry of runWatch) {
         if (this.#closed) break;
         if (entry.operation === 'PUT' && Buffer.compare(entry.value, this.#runBytes) === 0) continue;
-        this.#log.info({ operation: entry.operation }, 'the run settings changed (a new coordinator): joining again with them');
+        this.#log.info(
+          { operation: entry.operation },
+          'the run settings changed (a new coordinator): joining again with them',
+        );
         this.#exit = 'run-changed';
         void this.close();
         break;
@@ -211,7 +245,8 @@ export class RolloutNode {
         }
       }
     })();
-    if (this.#options.metricsPort != null) await this.#serveMetrics(this.#options.metricsPort, this.#options.metricsHost ?? '127.0.0.1');
+    if (this.#options.metricsPort != null)
+      await this.#serveMetrics(this.#options.metricsPort, this.#options.metricsHost ?? '127.0.0.1');
     await this.#beat();
     this.#heartbeat = setInterval(() => void this.#beat(), this.#options.heartbeatMs ?? 2_000);
     this.#heartbeat.unref();
@@ -226,7 +261,16 @@ export class RolloutNode {
         this.#log.error({ err: describeError(err) }, 'pulling groups stopped');
         return this.close();
       });
-    this.#log.info({ run: this.#options.run, threads: this.#threads, slots: this.#capacity, metrics: this.#metricsUrl, modelStep: this.#control.modelStep }, 'worker node started');
+    this.#log.info(
+      {
+        run: this.#options.run,
+        threads: this.#threads,
+        slots: this.#capacity,
+        metrics: this.#metricsUrl,
+        modelStep: this.#control.modelStep,
+      },
+      'worker node started',
+    );
   }
 
   /** Resolves when the node has left the run, saying why. */
@@ -244,7 +288,11 @@ export class RolloutNode {
 
   #applyState(state: ControlState): boolean {
     const applied = this.#applied;
-    if (state.incarnation < applied.incarnation || (state.incarnation === applied.incarnation && state.epoch <= applied.epoch)) return false;
+    if (
+      state.incarnation < applied.incarnation ||
+      (state.incarnation === applied.incarnation && state.epoch <= applied.epoch)
+    )
+      return false;
     this.#applied = { incarnation: state.incarnation, epoch: state.epoch };
     applyControl(this.#control, state);
     this.#log.debug({ state: state.state, epoch: state.epoch, modelStep: state.modelStep }, 'control state applied');
@@ -279,7 +327,9 @@ export class RolloutNode {
       heartbeatAt: Date.now(),
       metricsUrl: this.#metricsUrl,
     };
-    await this.#state.put(`${KEY.NODE_PREFIX}${this.id}`, encodeJson(record)).catch((err: unknown) => this.#log.warn({ err: describeError(err) }, 'heartbeat not written'));
+    await this.#state
+      .put(`${KEY.NODE_PREFIX}${this.id}`, encodeJson(record))
+      .catch((err: unknown) => this.#log.warn({ err: describeError(err) }, 'heartbeat not written'));
   }
 
   async #pull(): Promise<void> {
@@ -288,7 +338,7 @@ export class RolloutNode {
       consumer = await this.#link.js.consumers.get(this.#names.workStream, this.#names.workConsumer);
     } catch (err) {
       // The run closed between finding it and pulling (regression: the rejection ended the process).
-      this.#log.info({ err: describeError(err) }, 'the run\'s work queue is gone: leaving');
+      this.#log.info({ err: describeError(err) }, "the run's work queue is gone: leaving");
       return;
     }
     while (!this.#draining) {
@@ -307,7 +357,7 @@ export class RolloutNode {
       } catch (err) {
         if (this.#draining) break;
         if (await this.#runGone()) {
-          this.#log.info('the run\'s work stream is gone (the coordinator closed the run): leaving');
+          this.#log.info("the run's work stream is gone (the coordinator closed the run): leaving");
           break;
         }
         this.#log.warn({ err: describeError(err) }, 'pulling groups failed; trying again');
@@ -355,7 +405,13 @@ export class RolloutNode {
       let bytes = encodeMessage({ v: PROTOCOL_VERSION, type: 'group-result', group: result, keptTurns, workerId: 0 });
       if (bytes.byteLength > this.#link.maxPayload) {
         const reason = `ERR_NATS_TOO_LARGE: the group's result is ${bytes.byteLength} bytes encoded, over the NATS server's max_payload (${this.#link.maxPayload}); raise max_payload in the server's config`;
-        bytes = encodeMessage({ v: PROTOCOL_VERSION, type: 'group-result', group: failedGroup(result, reason), keptTurns, workerId: 0 });
+        bytes = encodeMessage({
+          v: PROTOCOL_VERSION,
+          type: 'group-result',
+          group: failedGroup(result, reason),
+          keptTurns,
+          workerId: 0,
+        });
       }
       if (!(await this.#publishResult(dispatch, bytes))) return; // closed before it could: the group goes to another node
       this.#metrics.groups.inc({ status: result.status });
@@ -394,7 +450,8 @@ export class RolloutNode {
           (text) => res.writeHead(200, { 'content-type': this.#registry.contentType }).end(text),
           (err: unknown) => res.writeHead(500).end(describeError(err)),
         );
-      } else if (req.method === 'GET' && req.url === '/health') res.writeHead(200, { 'content-type': 'application/json' }).end('{"status":"ok"}');
+      } else if (req.method === 'GET' && req.url === '/health')
+        res.writeHead(200, { 'content-type': 'application/json' }).end('{"status":"ok"}');
       else res.writeHead(404).end();
     });
     await listen(server, host, port, 'node metrics');
@@ -417,12 +474,14 @@ export class RolloutNode {
     const drainMs = this.#options.drainMs ?? 30_000;
     this.#log.info({ groupsInFlight: this.#inFlight, drainMs }, 'draining: no new groups; finishing those running');
     const deadline = performance.now() + drainMs;
-    while (this.#inFlight > 0 && performance.now() < deadline) await Promise.race([this.#slotFreed.wait(), new Promise((r) => setTimeout(r, 250).unref())]);
+    while (this.#inFlight > 0 && performance.now() < deadline)
+      await Promise.race([this.#slotFreed.wait(), new Promise((r) => setTimeout(r, 250).unref())]);
     if (this.#inFlight > 0) {
       this.#log.info({ groupsInFlight: this.#inFlight }, 'drain time is up: returning the groups still running');
       this.#control.cancel();
       const returned = performance.now() + 10_000;
-      while (this.#inFlight > 0 && performance.now() < returned) await Promise.race([this.#slotFreed.wait(), new Promise((r) => setTimeout(r, 250).unref())]);
+      while (this.#inFlight > 0 && performance.now() < returned)
+        await Promise.race([this.#slotFreed.wait(), new Promise((r) => setTimeout(r, 250).unref())]);
     }
     await this.#serving;
     await this.close();
@@ -438,7 +497,9 @@ export class RolloutNode {
     if (this.#heartbeat !== null) clearInterval(this.#heartbeat);
     await this.#state.delete(`${KEY.NODE_PREFIX}${this.id}`).catch(() => undefined);
     await this.#pool.close();
-    await new Promise<void>((resolve) => (this.#metricsServer === null ? resolve() : this.#metricsServer.close(() => resolve())));
+    await new Promise<void>((resolve) =>
+      this.#metricsServer === null ? resolve() : this.#metricsServer.close(() => resolve()),
+    );
     await this.#link.nc.drain().catch(() => undefined);
     this.#log.info({ groupsDone: this.#groupsDone }, 'worker node stopped');
     this.#stopped(this.#exit);
@@ -471,5 +532,10 @@ async function findRun(kvm: Kvm, names: RunNames): Promise<FoundRun | null> {
     return null;
   }
   if (run?.operation !== 'PUT' || control?.operation !== 'PUT') return null;
-  return { state, settings: parseRunSettings(run.value), runBytes: run.value.slice(), control: parseControl(control.value) };
+  return {
+    state,
+    settings: parseRunSettings(run.value),
+    runBytes: run.value.slice(),
+    control: parseControl(control.value),
+  };
 }

@@ -60,7 +60,11 @@ export interface NodeRecord {
   metricsUrl: string | null;
 }
 
-const STATE_NAMES: Record<number, ControlStateName> = { [RunState.RUNNING]: 'running', [RunState.PAUSED]: 'paused', [RunState.CANCEL]: 'cancel' };
+const STATE_NAMES: Record<number, ControlStateName> = {
+  [RunState.RUNNING]: 'running',
+  [RunState.PAUSED]: 'paused',
+  [RunState.CANCEL]: 'cancel',
+};
 
 /** The coordinator's control block as it is now. */
 export function readControl(block: SharedArrayBuffer, incarnation: number): ControlState {
@@ -94,35 +98,49 @@ function parseJson(bytes: Uint8Array, what: string): Record<string, unknown> {
   } catch (err) {
     throw new ProtocolError(`${what}: not JSON (${(err as Error).message})`);
   }
-  if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new ProtocolError(`${what}: expected an object`);
+  if (typeof value !== 'object' || value === null || Array.isArray(value))
+    throw new ProtocolError(`${what}: expected an object`);
   return value as Record<string, unknown>;
 }
 
 export function parseControl(bytes: Uint8Array): ControlState {
   const v = parseJson(bytes, 'control state');
-  if (v.state !== 'running' && v.state !== 'paused' && v.state !== 'cancel') throw new ProtocolError(`control state.state must be running, paused or cancel (got ${JSON.stringify(v.state)})`);
-  if (!Number.isInteger(v.incarnation)) throw new ProtocolError(`control state.incarnation must be an integer (got ${JSON.stringify(v.incarnation)})`);
-  if (!Number.isInteger(v.epoch)) throw new ProtocolError(`control state.epoch must be an integer (got ${JSON.stringify(v.epoch)})`);
-  if (!Number.isInteger(v.modelStep)) throw new ProtocolError(`control state.modelStep must be an integer (got ${JSON.stringify(v.modelStep)})`);
-  if (v.weightVersion !== null && typeof v.weightVersion !== 'string') throw new ProtocolError(`control state.weightVersion must be a string or null (got ${JSON.stringify(v.weightVersion)})`);
+  if (v.state !== 'running' && v.state !== 'paused' && v.state !== 'cancel')
+    throw new ProtocolError(`control state.state must be running, paused or cancel (got ${JSON.stringify(v.state)})`);
+  if (!Number.isInteger(v.incarnation))
+    throw new ProtocolError(`control state.incarnation must be an integer (got ${JSON.stringify(v.incarnation)})`);
+  if (!Number.isInteger(v.epoch))
+    throw new ProtocolError(`control state.epoch must be an integer (got ${JSON.stringify(v.epoch)})`);
+  if (!Number.isInteger(v.modelStep))
+    throw new ProtocolError(`control state.modelStep must be an integer (got ${JSON.stringify(v.modelStep)})`);
+  if (v.weightVersion !== null && typeof v.weightVersion !== 'string')
+    throw new ProtocolError(
+      `control state.weightVersion must be a string or null (got ${JSON.stringify(v.weightVersion)})`,
+    );
   return v as unknown as ControlState;
 }
 
 export function parseRunSettings(bytes: Uint8Array): RunSettings {
   const v = parseJson(bytes, 'run settings');
-  if (v.v !== PROTOCOL_VERSION) throw new ProtocolError(`run settings are of protocol ${JSON.stringify(v.v)}; this node speaks ${PROTOCOL_VERSION}: run the same rollout-engine version on the coordinator and the nodes`);
-  if (typeof v.config !== 'object' || v.config === null || !Array.isArray(v.llmUrls)) throw new ProtocolError('run settings: config and llmUrls are missing');
+  if (v.v !== PROTOCOL_VERSION)
+    throw new ProtocolError(
+      `run settings are of protocol ${JSON.stringify(v.v)}; this node speaks ${PROTOCOL_VERSION}: run the same rollout-engine version on the coordinator and the nodes`,
+    );
+  if (typeof v.config !== 'object' || v.config === null || !Array.isArray(v.llmUrls))
+    throw new ProtocolError('run settings: config and llmUrls are missing');
   return v as unknown as RunSettings;
 }
 
 export function parseNodeRecord(bytes: Uint8Array): NodeRecord {
   const v = parseJson(bytes, 'node record');
-  if (typeof v.id !== 'string' || typeof v.heartbeatAt !== 'number') throw new ProtocolError('node record: id and heartbeatAt are missing');
+  if (typeof v.id !== 'string' || typeof v.heartbeatAt !== 'number')
+    throw new ProtocolError('node record: id and heartbeatAt are missing');
   return v as unknown as NodeRecord;
 }
 
 export function parseControlAnswer(bytes: Uint8Array): ControlAnswer {
   const v = parseJson(bytes, 'control answer');
-  if (typeof v.node !== 'string' || !Number.isInteger(v.epoch)) throw new ProtocolError('control answer: node and epoch are missing');
+  if (typeof v.node !== 'string' || !Number.isInteger(v.epoch))
+    throw new ProtocolError('control answer: node and epoch are missing');
   return v as unknown as ControlAnswer;
 }

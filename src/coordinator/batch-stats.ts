@@ -34,7 +34,12 @@ export interface BatchStats {
  * The stats of the batch `taken` (task → its groups) for `trainStep`: `maskedTokens` from
  * groupLossMasks, `window` what was produced since the previous batch (ProduceProgress.takeWindow).
  */
-export function batchStats(trainStep: number, taken: ReadonlyMap<string, readonly RolloutGroup[]>, maskedTokens: number, window: WindowStats): BatchStats {
+export function batchStats(
+  trainStep: number,
+  taken: ReadonlyMap<string, readonly RolloutGroup[]>,
+  maskedTokens: number,
+  window: WindowStats,
+): BatchStats {
   const byTask: BatchStats['byTask'] = {};
   let groups = 0;
   let rollouts = 0;

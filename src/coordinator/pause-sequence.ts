@@ -64,7 +64,14 @@ export class PauseSequence {
   #aborter: InferenceAborter | null = null;
   #closed = false;
 
-  constructor(options: { config: ResolvedConfig; control: PauseControl; pool: WorkerPool; log: Logger; abortTargets: readonly AbortTarget[]; endpointCount: number }) {
+  constructor(options: {
+    config: ResolvedConfig;
+    control: PauseControl;
+    pool: WorkerPool;
+    log: Logger;
+    abortTargets: readonly AbortTarget[];
+    endpointCount: number;
+  }) {
     this.#config = options.config;
     this.#control = options.control;
     this.#pool = options.pool;
@@ -85,7 +92,8 @@ export class PauseSequence {
     const groupsBefore = watch.inFlight();
     // The server abort does not wait for the workers' acks: from the store above no worker can send a
     // call (the send path reads the flag in the same tick), so the acks only measure, they gate nothing.
-    const serverAborting = mode === 'abort' && groupsBefore > 0 && this.#abortTargets.length > 0 ? this.#abortOnServers() : null;
+    const serverAborting =
+      mode === 'abort' && groupsBefore > 0 && this.#abortTargets.length > 0 ? this.#abortOnServers() : null;
     const workersAckedMs = await this.#control.waitForAcks(this.#pool.liveWorkers, Math.min(timeoutMs, 1_000), start);
     const workersStoppedMs = workersAckedMs === null ? null : this.#control.lastSendAfterMs(requestedUs);
     const serverAbort = serverAborting !== null && (await serverAborting);
@@ -115,7 +123,10 @@ export class PauseSequence {
       }
       if (now >= deadline) {
         if (cancelled) break; // cancelled and waited another interval: report what is left, it lands later
-        this.#log.warn({ inFlight: watch.inFlight(), timeoutMs }, 'pause timed out: cancelling in-flight inference client-side');
+        this.#log.warn(
+          { inFlight: watch.inFlight(), timeoutMs },
+          'pause timed out: cancelling in-flight inference client-side',
+        );
         this.#control.cancel();
         cancelled = true;
         deadline = now + resignalIntervalMs;
@@ -129,7 +140,15 @@ export class PauseSequence {
     await Promise.all(repeatedAborts);
     await this.#pool.flush(); // step records of the interrupted episodes reach the disk before the weights change
     const stillInFlight = watch.inFlight();
-    return { workersStoppedMs, workersAckedMs, allBackMs, groupsBack: groupsBefore - stillInFlight, serverAbort, cancelled, stillInFlight };
+    return {
+      workersStoppedMs,
+      workersAckedMs,
+      allBackMs,
+      groupsBack: groupsBefore - stillInFlight,
+      serverAbort,
+      cancelled,
+      stillInFlight,
+    };
   }
 
   /** Close the aborter's connections; a sequence still running aborts nothing more. */

@@ -101,7 +101,10 @@ export class ProducerLifecycle {
   /** Throws ERR_ENGINE_STATE unless the state is one of `from`. */
   expect(action: string, from: readonly ProducerState[]): void {
     if (!from.includes(this.#state)) {
-      throw new RolloutEngineError('ERR_ENGINE_STATE', `the producer cannot ${action} while it is ${this.#state} (only while ${from.join(' or ')})`);
+      throw new RolloutEngineError(
+        'ERR_ENGINE_STATE',
+        `the producer cannot ${action} while it is ${this.#state} (only while ${from.join(' or ')})`,
+      );
     }
   }
 }

@@ -32,14 +32,28 @@
  * - groups never leave the buffer except through `take` (to the trainer) or `spawn` (back in flight).
  */
 import type { ResolvedConfig } from '../config.ts';
-import { emptyDropCounts, ReplayBuffer, type BufferSnapshot, type DropReason, type ExpiryPolicy } from '../buffer/replay-buffer.ts';
+import {
+  emptyDropCounts,
+  ReplayBuffer,
+  type BufferSnapshot,
+  type DropReason,
+  type ExpiryPolicy,
+} from '../buffer/replay-buffer.ts';
 import type { Sampler } from '../buffer/sampler.ts';
 import type { AbortRoute, AbortTarget } from '../llm/client.ts';
 import { DIALECTS } from '../llm/servers.ts';
 import { MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
 import type { Logger } from '../log.ts';
 import { preview, RolloutEngineError } from '../errors.ts';
-import { approxGroupBytes, dispatchTokenCount, groupError, groupStatus, resetToPrompt, Status, type RolloutGroup } from '../domain/rollout.ts';
+import {
+  approxGroupBytes,
+  dispatchTokenCount,
+  groupError,
+  groupStatus,
+  resetToPrompt,
+  Status,
+  type RolloutGroup,
+} from '../domain/rollout.ts';
 import { batchStats, groupLossMasks, type BatchStats } from './batch-stats.ts';
 import { Notifier, WakeUp } from './notifier.ts';
 import { OutageMonitor, type OutageObserver, type OutageStats } from './outage.ts';
@@ -47,7 +61,14 @@ import type { PauseControl } from './pause-control.ts';
 import { PauseSequence, type PauseReport } from './pause-sequence.ts';
 import { ProducerLifecycle, type ProducerState } from './producer-state.ts';
 import { ProduceProgress, type ProgressState } from './progress.ts';
-import { createStrategy, type ProduceContext, type ProduceStatus, type ProducerHandle, type ProduceStrategy, type ShouldContinue } from './strategies.ts';
+import {
+  createStrategy,
+  type ProduceContext,
+  type ProduceStatus,
+  type ProducerHandle,
+  type ProduceStrategy,
+  type ShouldContinue,
+} from './strategies.ts';
 import type { WorkerPool } from './worker-pool.ts';
 
 /** Cumulative group counts since the run started. */
@@ -178,13 +199,23 @@ export class Producer implements ProduceContext {
     this.#control = options.control;
     this.#samplers = options.samplers;
     this.#log = options.log;
-    const configured: AbortRoute | null = config.llm.abortPath === null ? null : { path: config.llm.abortPath ?? DIALECTS.generic.abort!.path, body: DIALECTS.generic.abort!.body };
+    const configured: AbortRoute | null =
+      config.llm.abortPath === null
+        ? null
+        : { path: config.llm.abortPath ?? DIALECTS.generic.abort!.path, body: DIALECTS.generic.abort!.body };
     // Every inference endpoint (the default policy's and the agents' own), with its abort-all route.
     const abortTargets: AbortTarget[] = options.endpoints.flatMap((url) => {
       const route = options.abortRoutes?.has(url) ? options.abortRoutes.get(url)! : configured;
       return route === null ? [] : [{ url, route }];
     });
-    this.#pauses = new PauseSequence({ config, control: options.control, pool: options.pool, log: options.log, abortTargets, endpointCount: options.endpoints.length });
+    this.#pauses = new PauseSequence({
+      config,
+      control: options.control,
+      pool: options.pool,
+      log: options.log,
+      abortTargets,
+      endpointCount: options.endpoints.length,
+    });
     this.#outage = new OutageMonitor({
       endpoints: options.endpoints,
       budgetMs: config.llm.outageBudgetMs,
@@ -273,14 +304,18 @@ export class Producer implements ProduceContext {
   }
 
   spawn(task: string, fromExpiredPool: boolean): void {
-    let group = this.buffer.takeForRetry(task, fromExpiredPool ? [Status.EXPIRED, Status.ABORTED] : [Status.ABORTED], this.#config.producer.takeOrder);
+    let group = this.buffer.takeForRetry(
+      task,
+      fromExpiredPool ? [Status.EXPIRED, Status.ABORTED] : [Status.ABORTED],
+      this.#config.producer.takeOrder,
+    );
     if (group !== null) {
       this.#counts.retried++;
       // Time an interrupted rollout waited (paused, then queued for a retry) counts as paused time.
       const now = Date.now();
-      for (const r of group.rollouts) if (r.status === Status.ABORTED && r.timings.finishedAt > 0) r.timings.pausedMs += now - r.timings.finishedAt;
-    }
-    else {
+      for (const r of group.rollouts)
+        if (r.status === Status.ABORTED && r.timings.finishedAt > 0) r.timings.pausedMs += now - r.timings.finishedAt;
+    } else {
       group = this.#samplers.get(task)!.draw();
       this.#counts.scheduled++;
     }
@@ -363,7 +398,8 @@ export class Producer implements ProduceContext {
     this.#inFlightByTask.set(sent.taskName, this.#inFlightByTask.get(sent.taskName)! - 1);
     group.status = groupStatus(group.rollouts);
     this.#counts.landed[group.status]++;
-    if (this.#config.producer.memoryBudgetBytes !== null) this.#meanGroupBytes = 0.9 * this.#meanGroupBytes + 0.1 * approxGroupBytes(group);
+    if (this.#config.producer.memoryBudgetBytes !== null)
+      this.#meanGroupBytes = 0.9 * this.#meanGroupBytes + 0.1 * approxGroupBytes(group);
     const task = group.taskName;
     // Only what this dispatch generated: a retried group's kept siblings and partial turns were counted when they landed.
     let tokens = 0;
@@ -398,7 +434,10 @@ export class Producer implements ProduceContext {
       if (last === undefined || turns.length <= (sent.rollouts[i]?.turns.length ?? 0)) continue;
       if (this.#reportedModelStep === null || last.modelStep > this.#reportedModelStep) {
         if (last.modelStep < this.#modelStep && (this.#reportedModelStep ?? -1) < last.modelStep) {
-          this.#log.warn({ served: last.modelStep, modelStep: this.#modelStep }, 'the inference servers report an older weight version than the engine resumed with: did the new weights load?');
+          this.#log.warn(
+            { served: last.modelStep, modelStep: this.#modelStep },
+            'the inference servers report an older weight version than the engine resumed with: did the new weights load?',
+          );
         }
         this.#reportedModelStep = last.modelStep;
       }
@@ -409,7 +448,12 @@ export class Producer implements ProduceContext {
   #expiry(trainStep = this.progress.nextTrainStep): ExpiryPolicy {
     const p = this.#config.producer;
     const measuredAt = this.#strategy.expiryStep(trainStep, this.servingModelStep);
-    return { trainStep: measuredAt, threshold: this.#strategy.expiryThreshold, tokenThreshold: p.tokenStalenessThreshold, retryable: p.tailBatchTriggerSize >= 0 };
+    return {
+      trainStep: measuredAt,
+      threshold: this.#strategy.expiryThreshold,
+      tokenThreshold: p.tokenStalenessThreshold,
+      retryable: p.tailBatchTriggerSize >= 0,
+    };
   }
 
   // ── the consumer ──────────────────────────────────────────────────────────────────────────────
@@ -426,23 +470,38 @@ export class Producer implements ProduceContext {
     // passed (regression: it hung).
     const next = this.progress.nextTrainStep;
     if (trainStep < next) {
-      const last = this.#lastBatch === null ? '' : `; the last batch handed out, step ${this.#lastBatch.trainStep}, is delivered again when asked for`;
-      throw new RolloutEngineError('ERR_TRAIN_STEP', `train step ${trainStep} is behind the consumer, which is at step ${next}: steps only go forward${last}`);
+      const last =
+        this.#lastBatch === null
+          ? ''
+          : `; the last batch handed out, step ${this.#lastBatch.trainStep}, is delivered again when asked for`;
+      throw new RolloutEngineError(
+        'ERR_TRAIN_STEP',
+        `train step ${trainStep} is behind the consumer, which is at step ${next}: steps only go forward${last}`,
+      );
     }
     // Checked before the consumer moves: a step far ahead would otherwise become the consumer's step,
     // and every real step after it (and after a restart from the checkpoint) be behind.
     const { maxSkippedSteps } = this.#config.producer;
     if (trainStep - next > maxSkippedSteps) {
-      throw new RolloutEngineError('ERR_TRAIN_STEP', `train step ${trainStep} is too far ahead of the consumer, which is at step ${next}: at most producer.maxSkippedSteps (${maxSkippedSteps}) steps may be skipped, so the step must be at most ${next + maxSkippedSteps}`);
+      throw new RolloutEngineError(
+        'ERR_TRAIN_STEP',
+        `train step ${trainStep} is too far ahead of the consumer, which is at step ${next}: at most producer.maxSkippedSteps (${maxSkippedSteps}) steps may be skipped, so the step must be at most ${next + maxSkippedSteps}`,
+      );
     }
-    const empty = (status: 'UPDATE_WEIGHT_AND_ABORT' | 'EXPIRED_BATCH'): Batch => ({ trainStep, status, groups: [], stats: null });
+    const empty = (status: 'UPDATE_WEIGHT_AND_ABORT' | 'EXPIRED_BATCH'): Batch => ({
+      trainStep,
+      status,
+      groups: [],
+      stats: null,
+    });
     if (this.#lifecycle.paused) return empty('UPDATE_WEIGHT_AND_ABORT');
     this.progress.beginConsume(trainStep);
     this.buffer.refresh(this.#expiry(trainStep));
     this.#changed.notify(); // the consumer moved: the background loop re-checks its targets
     const shares = this.progress.shares();
     for (;;) {
-      if (this.#lifecycle.closed) throw new RolloutEngineError('ERR_ENGINE_STATE', 'the engine closed while a batch was being produced');
+      if (this.#lifecycle.closed)
+        throw new RolloutEngineError('ERR_ENGINE_STATE', 'the engine closed while a batch was being produced');
       const dispatched = this.#handle.dispatched();
       const producing = this.#strategy.produceFor(this, this.#handle, shares);
       if (producing !== null) {
@@ -477,7 +536,10 @@ export class Producer implements ProduceContext {
           budget !== null && !this.hasRoom()
             ? `producer.memoryBudgetBytes (${budget}) cannot hold one batch: the buffer holds ≈${Math.round(this.buffer.bytes)} bytes`
             : 'a shouldContinue hook that returns false too early?';
-        throw new RolloutEngineError('ERR_PRODUCTION_STALLED', `train step ${trainStep}: production stopped before the batch was complete (${why})`);
+        throw new RolloutEngineError(
+          'ERR_PRODUCTION_STALLED',
+          `train step ${trainStep}: production stopped before the batch was complete (${why})`,
+        );
       }
       const waiting = this.#strategy.nextAttempt(this);
       if (waiting !== null) await waiting;
@@ -515,7 +577,12 @@ export class Producer implements ProduceContext {
     this.#failedSinceBatch = 0;
     this.#changed.notify();
     this.#observer.taken?.(groups, trainStep);
-    this.#lastBatch = { trainStep, status: 'NORMAL', groups, stats: batchStats(trainStep, taken, maskedTokens, this.progress.takeWindow()) };
+    this.#lastBatch = {
+      trainStep,
+      status: 'NORMAL',
+      groups,
+      stats: batchStats(trainStep, taken, maskedTokens, this.progress.takeWindow()),
+    };
     return this.#lastBatch;
   }
 
@@ -553,10 +620,19 @@ export class Producer implements ProduceContext {
    */
   resume(modelStep: number, weightVersion: string | null = null): void {
     if (!Number.isInteger(modelStep) || modelStep < this.#modelStep || modelStep > 0x7fffffff) {
-      throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `modelStep must be an integer from the current model step ${this.#modelStep} to 2147483647 (got ${String(modelStep)})`);
+      throw new RolloutEngineError(
+        'ERR_INVALID_ARGUMENT',
+        `modelStep must be an integer from the current model step ${this.#modelStep} to 2147483647 (got ${String(modelStep)})`,
+      );
     }
-    if (weightVersion !== null && (typeof weightVersion !== 'string' || weightVersion === '' || weightVersion.length > MAX_WEIGHT_VERSION_LENGTH)) {
-      throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `weightVersion must be a non-empty string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters (got ${preview(weightVersion)})`);
+    if (
+      weightVersion !== null &&
+      (typeof weightVersion !== 'string' || weightVersion === '' || weightVersion.length > MAX_WEIGHT_VERSION_LENGTH)
+    ) {
+      throw new RolloutEngineError(
+        'ERR_INVALID_ARGUMENT',
+        `weightVersion must be a non-empty string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters (got ${preview(weightVersion)})`,
+      );
     }
     this.#lifecycle.resume();
     this.#modelStep = modelStep;
@@ -593,7 +669,8 @@ export class Producer implements ProduceContext {
     }
     Object.assign(this.#counts, structuredClone(snapshot.counts), { inFlight: 0 });
     const interrupted = snapshot.inFlight.map((group) => {
-      for (const r of group.rollouts) if (r.status === Status.INIT || r.status === Status.EXPIRED) resetToPrompt(r, Status.ABORTED);
+      for (const r of group.rollouts)
+        if (r.status === Status.INIT || r.status === Status.EXPIRED) resetToPrompt(r, Status.ABORTED);
       group.status = groupStatus(group.rollouts);
       return group;
     });

@@ -89,7 +89,11 @@ export interface ProduceStrategy {
   /** Producer.start(): the background production, settled once the producer closes; null when there is none. */
   onStart(ctx: ProduceContext, producer: ProducerHandle): Promise<void> | null;
   /** getBatch's own production for the consumer's step, before each attempt to take the batch; null: none (not even a tick). */
-  produceFor(ctx: ProduceContext, producer: ProducerHandle, shares: ReadonlyMap<string, number>): Promise<ProduceStatus> | null;
+  produceFor(
+    ctx: ProduceContext,
+    producer: ProducerHandle,
+    shares: ReadonlyMap<string, number>,
+  ): Promise<ProduceStatus> | null;
   /** The batch is not complete after an attempt: true when it never will be (nothing more is being produced). */
   stalled(ctx: ProduceContext, producer: ProducerHandle, dispatchedBefore: number): boolean;
   /** Between two attempts to take the batch; null: try again at once. */
@@ -151,7 +155,11 @@ export class SyncStrategy implements ProduceStrategy {
     return null;
   }
 
-  async produceFor(ctx: ProduceContext, producer: ProducerHandle, shares: ReadonlyMap<string, number>): Promise<ProduceStatus> {
+  async produceFor(
+    ctx: ProduceContext,
+    producer: ProducerHandle,
+    shares: ReadonlyMap<string, number>,
+  ): Promise<ProduceStatus> {
     const start = performance.now();
     const results = await Promise.allSettled([...shares].map(([task, share]) => this.produce(ctx, task, share)));
     const failure = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
@@ -266,7 +274,8 @@ export class AsyncStrategy implements ProduceStrategy {
       const available = ctx.available(task);
       if (!this.#shouldContinue(available, target)) return 'NORMAL';
       // Over the memory budget it stops scheduling: the loop below waits for groups to land and be taken.
-      while (available + ctx.inFlight(task) < scheduled && !ctx.shouldAbort() && ctx.hasRoom() && !ctx.holding()) ctx.spawn(task, fromExpiredPool);
+      while (available + ctx.inFlight(task) < scheduled && !ctx.shouldAbort() && ctx.hasRoom() && !ctx.holding())
+        ctx.spawn(task, fromExpiredPool);
       if (ctx.inFlight(task) === 0 && !ctx.holding()) return 'NORMAL';
       await ctx.landed();
     }

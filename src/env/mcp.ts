@@ -17,7 +17,9 @@ import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import type { ToolOutput, ToolSchema } from './types.ts';
 
-export type McpServerSpec = { command: string; args: string[]; env?: Record<string, string>; cwd?: string } | { url: string; headers?: Record<string, string> };
+export type McpServerSpec =
+  | { command: string; args: string[]; env?: Record<string, string>; cwd?: string }
+  | { url: string; headers?: Record<string, string> };
 export type McpSessions = 'worker' | 'episode';
 
 /** The name this client introduces itself with (MCP `initialize`). */
@@ -49,7 +51,14 @@ export class McpConnection {
   tools(): Promise<ToolSchema[]> {
     return (this.#tools ??= this.#connect().then(async (client) => {
       const { tools } = await client.listTools();
-      return tools.map((t) => ({ type: 'function' as const, function: { name: t.name, ...(t.description ? { description: t.description } : {}), parameters: t.inputSchema as Record<string, unknown> } }));
+      return tools.map((t) => ({
+        type: 'function' as const,
+        function: {
+          name: t.name,
+          ...(t.description ? { description: t.description } : {}),
+          parameters: t.inputSchema as Record<string, unknown>,
+        },
+      }));
     })).catch((err: unknown) => {
       this.#tools = null; // listed again on the next use
       throw err;
@@ -62,11 +71,20 @@ export class McpConnection {
     try {
       const result = await client.callTool({ name, arguments: args }, undefined, { signal, timeout: timeoutMs });
       const content = Array.isArray(result.content) ? result.content : [];
-      const text = content.map((c: { type: string; text?: string }) => (c.type === 'text' ? (c.text ?? '') : JSON.stringify(c))).join('\n');
-      return { content: text === '' && result.structuredContent !== undefined ? JSON.stringify(result.structuredContent) : text, isError: result.isError === true };
+      const text = content
+        .map((c: { type: string; text?: string }) => (c.type === 'text' ? (c.text ?? '') : JSON.stringify(c)))
+        .join('\n');
+      return {
+        content:
+          text === '' && result.structuredContent !== undefined ? JSON.stringify(result.structuredContent) : text,
+        isError: result.isError === true,
+      };
     } catch (err) {
       if (signal.aborted) throw err; // timed out or cancelled: the caller says which
-      const why = this.#lastClose !== null && /closed/i.test((err as Error).message) ? `${(err as Error).message}: ${this.#lastClose}` : (err as Error).message;
+      const why =
+        this.#lastClose !== null && /closed/i.test((err as Error).message)
+          ? `${(err as Error).message}: ${this.#lastClose}`
+          : (err as Error).message;
       return { content: `MCP server ${this.label}: ${why}`, isError: true };
     }
   }
@@ -86,8 +104,17 @@ export class McpConnection {
     const spec = this.#spec;
     const transport =
       'url' in spec
-        ? new StreamableHTTPClientTransport(new URL(spec.url), spec.headers ? { requestInit: { headers: spec.headers } } : undefined)
-        : new StdioClientTransport({ command: spec.command, args: spec.args, ...(spec.env ? { env: spec.env } : {}), ...(spec.cwd ? { cwd: spec.cwd } : {}), stderr: 'ignore' });
+        ? new StreamableHTTPClientTransport(
+            new URL(spec.url),
+            spec.headers ? { requestInit: { headers: spec.headers } } : undefined,
+          )
+        : new StdioClientTransport({
+            command: spec.command,
+            args: spec.args,
+            ...(spec.env ? { env: spec.env } : {}),
+            ...(spec.cwd ? { cwd: spec.cwd } : {}),
+            stderr: 'ignore',
+          });
     let lastError: string | null = null;
     client.onerror = (err) => {
       lastError = err.message;
@@ -97,7 +124,8 @@ export class McpConnection {
     // The session ended (the server died, or close()): calls in flight fail with this reason, and the
     // next use starts a new one. Only this session's end: a newer one may already be connecting.
     client.onclose = () => {
-      this.#lastClose = lastError === null ? 'the server closed the connection' : `the server closed the connection (${lastError})`;
+      this.#lastClose =
+        lastError === null ? 'the server closed the connection' : `the server closed the connection (${lastError})`;
       if (this.#client === connecting) {
         this.#client = null;
         this.#tools = null;

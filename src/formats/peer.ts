@@ -38,5 +38,7 @@ function typedArraysAsBytes(value: unknown): unknown {
 
 /** JSON for outside readers (batch files, the control API): typed arrays become number lists. */
 export function toJson(value: unknown): string {
-  return JSON.stringify(value, (_key, v: unknown) => (ArrayBuffer.isView(v) && !(v instanceof DataView) ? Array.from(v as Int32Array) : v));
+  return JSON.stringify(value, (_key, v: unknown) =>
+    ArrayBuffer.isView(v) && !(v instanceof DataView) ? Array.from(v as Int32Array) : v,
+  );
 }

@@ -1,7 +1,12 @@
 import { RolloutEngineError } from '../errors.ts';
 
 /** The codes an inference call fails with (meanings: src/error-codes.ts). */
-export type LlmErrorCode = 'ERR_LLM_HTTP' | 'ERR_LLM_UNREACHABLE' | 'ERR_LLM_TIMEOUT' | 'ERR_LLM_BAD_REPLY' | 'ERR_LLM_ABORTED';
+export type LlmErrorCode =
+  | 'ERR_LLM_HTTP'
+  | 'ERR_LLM_UNREACHABLE'
+  | 'ERR_LLM_TIMEOUT'
+  | 'ERR_LLM_BAD_REPLY'
+  | 'ERR_LLM_ABORTED';
 
 export class LlmError extends RolloutEngineError {
   declare readonly code: LlmErrorCode;

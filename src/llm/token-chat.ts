@@ -34,7 +34,12 @@ export interface TokenChatOptions {
 }
 
 /** Sends one token-in call with the client's retries, pause checks and reply limits (LlmClient #call). */
-export type TokenCall = <T>(path: string, payload: object, reader: { parse(json: unknown): T }, signal: CancelSignal | undefined) => Promise<T>;
+export type TokenCall = <T>(
+  path: string,
+  payload: object,
+  reader: { parse(json: unknown): T },
+  signal: CancelSignal | undefined,
+) => Promise<T>;
 
 /** Sessions whose sequence is kept at once per client: an episode's next turn finds its own; older ones are rebuilt from `previous`. */
 const SESSIONS_KEPT = 4096;
@@ -54,15 +59,25 @@ export class TokenChat {
   #aToken: number | undefined;
 
   constructor(dialect: ServerDialect, options: TokenChatOptions, call: TokenCall) {
-    if (dialect.tokenRoute === null) throw new LlmError('ERR_LLM_HTTP', `llm.api "tokens": a ${dialect.label} server has no token-in route`);
-    const kind = dialect.kind === 'generic' || dialect.kind === 'vllm' ? 'vllm' : dialect.kind === 'sglang' ? 'sglang' : 'llamacpp';
+    if (dialect.tokenRoute === null)
+      throw new LlmError('ERR_LLM_HTTP', `llm.api "tokens": a ${dialect.label} server has no token-in route`);
+    const kind =
+      dialect.kind === 'generic' || dialect.kind === 'vllm'
+        ? 'vllm'
+        : dialect.kind === 'sglang'
+          ? 'sglang'
+          : 'llamacpp';
     this.#wire = TOKEN_WIRES[kind];
     this.#options = options;
     this.#call = call;
     this.#reader = { parse: (json) => this.#wire.parse(json, fail) };
   }
 
-  async chat(request: ChatRequest, signal: CancelSignal | undefined, sessionId: string | undefined): Promise<ChatResult> {
+  async chat(
+    request: ChatRequest,
+    signal: CancelSignal | undefined,
+    sessionId: string | undefined,
+  ): Promise<ChatResult> {
     const model = (this.#model ??= await this.#loadModel());
     let promptIds: number[];
     let rendered: string | null = null;
@@ -79,21 +94,43 @@ export class TokenChat {
     const contextLength = this.#options.server?.contextLength ?? null;
     if (contextLength !== null && promptIds.length >= contextLength) {
       if (sessionId !== undefined) this.#sessions.delete(sessionId);
-      return { ...contextOverflowReply(`the prompt is ${promptIds.length} tokens and the server's context is ${contextLength}`), promptIds: Int32Array.from(promptIds) };
+      return {
+        ...contextOverflowReply(
+          `the prompt is ${promptIds.length} tokens and the server's context is ${contextLength}`,
+        ),
+        promptIds: Int32Array.from(promptIds),
+      };
     }
-    const maxTokens = contextLength === null ? request.maxTokens : Math.min(request.maxTokens, contextLength - promptIds.length);
+    const maxTokens =
+      contextLength === null ? request.maxTokens : Math.min(request.maxTokens, contextLength - promptIds.length);
     const payload = this.#wire.body(
-      { promptIds, maxTokens, topLogprobs: 0, temperature: request.temperature, ...(request.seed !== undefined ? { seed: request.seed } : {}) },
+      {
+        promptIds,
+        maxTokens,
+        topLogprobs: 0,
+        temperature: request.temperature,
+        ...(request.seed !== undefined ? { seed: request.seed } : {}),
+      },
       this.#options.model,
     );
     const result = await this.#call(this.#wire.path, payload, this.#reader, signal);
     if (result.missingLogprobs !== undefined) {
       // llama.cpp leaves out the logprob of a token ending inside a UTF-8 character: computed again.
-      await fillMissingLogprobs(result, promptIds, this.#completeToken(model), (body) => this.#call(this.#wire.path, body, RAW_JSON, signal), fail);
+      await fillMissingLogprobs(
+        result,
+        promptIds,
+        this.#completeToken(model),
+        (body) => this.#call(this.#wire.path, body, RAW_JSON, signal),
+        fail,
+      );
     }
     const ids = result.completionIds;
     for (let i = 0; i < ids.length; i++) {
-      if (!model.hasToken(ids[i])) throw new LlmError('ERR_LLM_BAD_REPLY', `token-in reply: token id ${ids[i]} (completion position ${i}) is not in the ${model.name} vocabulary: the server serves another tokenizer than llm.tokenizer`);
+      if (!model.hasToken(ids[i]))
+        throw new LlmError(
+          'ERR_LLM_BAD_REPLY',
+          `token-in reply: token id ${ids[i]} (completion position ${i}) is not in the ${model.name} vocabulary: the server serves another tokenizer than llm.tokenizer`,
+        );
     }
     // The stop token stays in the ids (the policy sampled it) but not in the text the environment sees,
     // as a chat completion would give it; the session's text keeps it, since the template writes it back.
@@ -102,9 +139,17 @@ export class TokenChat {
     const content = model.decode(stripStop ? ids.slice(0, -1) : ids);
     // Tool calls are read from the text only when tools were offered; the content stays the raw text
     // (blocks included): it is what the template writes back, so the next turn extends this sequence.
-    const calls = request.tools !== undefined && request.tools.length > 0 && result.finishReason !== 'abort' ? parseToolCalls(this.#parser, content).calls : [];
+    const calls =
+      request.tools !== undefined && request.tools.length > 0 && result.finishReason !== 'abort'
+        ? parseToolCalls(this.#parser, content).calls
+        : [];
     if (sessionId !== undefined && rendered !== null) {
-      this.#remember(sessionId, { tokens: promptIds.concat(ids), coveredText: rendered + content + (stripStop ? model.tokenText(last) : ''), lastPromptText: rendered, lastPromptLength: promptIds.length });
+      this.#remember(sessionId, {
+        tokens: promptIds.concat(ids),
+        coveredText: rendered + content + (stripStop ? model.tokenText(last) : ''),
+        lastPromptText: rendered,
+        lastPromptLength: promptIds.length,
+      });
     } else if (sessionId !== undefined) {
       this.#sessions.delete(sessionId); // a continuation: the next turn rebuilds from it (`previous`)
     }
@@ -136,8 +181,12 @@ export class TokenChat {
     if (!messages.some((m) => m.tool_calls !== undefined)) return messages as ChatMessage[];
     return messages.map((m) => {
       if (m.tool_calls === undefined) return m;
-      if (parseToolCalls(this.#parser, m.content).calls.length === m.tool_calls.length) return { role: m.role, content: m.content };
-      const toolCalls = m.tool_calls.map((c) => ({ ...c, function: { name: c.function.name, arguments: argumentsObject(c.function.arguments) } }));
+      if (parseToolCalls(this.#parser, m.content).calls.length === m.tool_calls.length)
+        return { role: m.role, content: m.content };
+      const toolCalls = m.tool_calls.map((c) => ({
+        ...c,
+        function: { name: c.function.name, arguments: argumentsObject(c.function.arguments) },
+      }));
       return { ...m, tool_calls: toolCalls as unknown as ChatMessage['tool_calls'] };
     });
   }
@@ -152,7 +201,12 @@ export class TokenChat {
   }
 
   /** The session's sequence so far: cached, or rebuilt from the previous turn the agent loop passes. */
-  #base(model: ChatModel, sessionId: string | undefined, previous: ChatRequest['previous'], tools: ChatRequest['tools']): PromptBase | null {
+  #base(
+    model: ChatModel,
+    sessionId: string | undefined,
+    previous: ChatRequest['previous'],
+    tools: ChatRequest['tools'],
+  ): PromptBase | null {
     const cached = sessionId === undefined ? undefined : this.#sessions.get(sessionId);
     if (cached !== undefined) return cached;
     if (previous === undefined || previous.promptIds === null || previous.responseIds === null) return null;
@@ -161,7 +215,12 @@ export class TokenChat {
     const tokens = Array.from(previous.promptIds);
     for (const id of previous.responseIds) tokens.push(id);
     // decode keeps special tokens: the stop token's text is in it, as the template writes it back.
-    return { tokens, coveredText: lastPromptText + model.decode(Array.from(previous.responseIds)), lastPromptText, lastPromptLength: previous.promptIds.length };
+    return {
+      tokens,
+      coveredText: lastPromptText + model.decode(Array.from(previous.responseIds)),
+      lastPromptText,
+      lastPromptLength: previous.promptIds.length,
+    };
   }
 
   #remember(sessionId: string, base: PromptBase): void {
@@ -171,7 +230,8 @@ export class TokenChat {
   }
 
   async #loadModel(): Promise<ChatModel> {
-    if (this.#options.chatModel === undefined) throw new LlmError('ERR_LLM_HTTP', 'llm.api "tokens" needs the policy tokenizer (llm.tokenizer)');
+    if (this.#options.chatModel === undefined)
+      throw new LlmError('ERR_LLM_HTTP', 'llm.api "tokens" needs the policy tokenizer (llm.tokenizer)');
     return this.#options.chatModel();
   }
 }

@@ -88,9 +88,19 @@ function callOf(block: string, argumentsKey: 'arguments' | 'parameters'): Parsed
   try {
     value = JSON.parse(block);
   } catch (err) {
-    return { id, name: NAME_IN_TEXT.exec(block)?.[1] ?? '', arguments: block, invalid: `the tool call is not valid JSON (${(err as Error).message})` };
+    return {
+      id,
+      name: NAME_IN_TEXT.exec(block)?.[1] ?? '',
+      arguments: block,
+      invalid: `the tool call is not valid JSON (${(err as Error).message})`,
+    };
   }
-  if (typeof value !== 'object' || value === null || Array.isArray(value) || typeof (value as { name?: unknown }).name !== 'string') {
+  if (
+    typeof value !== 'object' ||
+    value === null ||
+    Array.isArray(value) ||
+    typeof (value as { name?: unknown }).name !== 'string'
+  ) {
     return { id, name: '', arguments: block, invalid: 'a tool call must be a JSON object with a string "name"' };
   }
   const call = value as Record<string, unknown>;
@@ -100,6 +110,9 @@ function callOf(block: string, argumentsKey: 'arguments' | 'parameters'): Parsed
 
 /** The text a parser reads back as exactly these calls (the mock writes replies with it; tests use it). */
 export function formatToolCalls(parser: ToolParser, calls: readonly { name: string; arguments: unknown }[]): string {
-  if (parser === 'hermes') return calls.map((c) => `<tool_call>\n${JSON.stringify({ name: c.name, arguments: c.arguments })}\n</tool_call>`).join('\n');
+  if (parser === 'hermes')
+    return calls
+      .map((c) => `<tool_call>\n${JSON.stringify({ name: c.name, arguments: c.arguments })}\n</tool_call>`)
+      .join('\n');
   return calls.map((c) => JSON.stringify({ name: c.name, parameters: c.arguments })).join('; ');
 }

@@ -22,11 +22,16 @@ export async function runLoadtest(options: LoadtestOptions): Promise<LoadtestRes
   mkdirSync(outDir, { recursive: true });
   const startedAt = new Date();
   const mock = await startMockProcess([
-    '--latency-ms', String(options.latencyMs),
-    '--tokens-per-second', String(options.tokensPerSecond),
-    '--think-tokens', String(options.thinkTokens),
-    '--stream-interval-ms', String(options.streamIntervalMs),
-    '--seed', String(options.seed),
+    '--latency-ms',
+    String(options.latencyMs),
+    '--tokens-per-second',
+    String(options.tokensPerSecond),
+    '--think-tokens',
+    String(options.thinkTokens),
+    '--stream-interval-ms',
+    String(options.streamIntervalMs),
+    '--seed',
+    String(options.seed),
   ]);
   let report: LoadtestReport;
   try {

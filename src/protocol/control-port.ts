@@ -15,7 +15,11 @@ export type ControlProxy = Comlink.Remote<WorkerControl>;
 
 /** Worker side: answer the coordinator's control calls on `port`. */
 export function exposeControl(control: WorkerControl, port: MessagePort): void {
-  const calls: WorkerControl = { stats: () => control.stats(), flush: () => control.flush(), close: () => control.close() };
+  const calls: WorkerControl = {
+    stats: () => control.stats(),
+    flush: () => control.flush(),
+    close: () => control.close(),
+  };
   Comlink.expose(calls, port as unknown as Comlink.Endpoint);
 }
 

@@ -20,7 +20,16 @@
  * ROLLOUT and CALL, whatever instant the thread died at.
  */
 
-export const ENV_CALLS = ['reset', 'getTaskPrompt', 'step', 'close', 'beforeInference', 'onEpisodeEnd', 'tools', 'callTool'] as const;
+export const ENV_CALLS = [
+  'reset',
+  'getTaskPrompt',
+  'step',
+  'close',
+  'beforeInference',
+  'onEpisodeEnd',
+  'tools',
+  'callTool',
+] as const;
 export type EnvCall = (typeof ENV_CALLS)[number];
 
 const OWNER = 0;
@@ -98,7 +107,11 @@ export class EnvWatch {
       const owner = Atomics.load(this.#view, i + OWNER);
       if (owner === 0 || live.has(owner)) continue;
       const dispatch = Atomics.load(this.#view, i + DISPATCH);
-      if (dispatch !== 0) culprits.set(dispatch, { rollout: Atomics.load(this.#view, i + ROLLOUT), call: ENV_CALLS[Atomics.load(this.#view, i + CALL)] ?? 'step' });
+      if (dispatch !== 0)
+        culprits.set(dispatch, {
+          rollout: Atomics.load(this.#view, i + ROLLOUT),
+          call: ENV_CALLS[Atomics.load(this.#view, i + CALL)] ?? 'step',
+        });
       Atomics.store(this.#view, i + DISPATCH, 0);
       Atomics.compareExchange(this.#view, i + OWNER, owner, 0);
     }

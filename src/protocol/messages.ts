@@ -23,7 +23,14 @@ export const PROTOCOL_VERSION = 2;
 
 /** `timeoutMs`: `tasks[].env.timeoutMs`, the bound on every environment and hook call. */
 export type WorkerEnvSettings =
-  | { kind: 'module'; moduleUrl: string; exportName: string; params: EnvParams; poolSize: number | null; timeoutMs: number }
+  | {
+      kind: 'module';
+      moduleUrl: string;
+      exportName: string;
+      params: EnvParams;
+      poolSize: number | null;
+      timeoutMs: number;
+    }
   | { kind: 'http'; http: HttpEnvOptions; poolSize: number | null; timeoutMs: number };
 
 /** Per-task settings a worker needs; sent once as workerData. */

@@ -51,7 +51,13 @@ import { trimMessages } from './trim.ts';
 import { NO_TOOLS, runToolCalls, toolMessagesOf, type StepTools, type ToolSettings } from './tools.ts';
 
 /** Tool settings of a task that has no `tools` section: what config.ts defaults them to. */
-export const DEFAULT_TOOL_SETTINGS: ToolSettings = { maxCallsPerTurn: 16, timeoutMs: 30_000, toolChoice: 'auto', mcp: [], mcpSessions: 'worker' };
+export const DEFAULT_TOOL_SETTINGS: ToolSettings = {
+  maxCallsPerTurn: 16,
+  timeoutMs: 30_000,
+  toolChoice: 'auto',
+  mcp: [],
+  mcpSessions: 'worker',
+};
 
 /**
  * The calls a reply made, kept beside its turn until they run (the turn records them once they have
@@ -98,8 +104,21 @@ export interface ActorSource {
 /** User hooks (`tasks[].hooks`): a hook that throws is logged and the episode goes on. */
 export interface EpisodeHooks {
   /** May return rewritten messages for this inference call (before trimming). */
-  beforeInference?(ctx: { rolloutId: string; taskName: string; step: number; agentId: string | null; messages: ChatMessage[] }): ChatMessage[] | void | Promise<ChatMessage[] | void>;
-  onEpisodeEnd?(ctx: { rolloutId: string; taskName: string; status: Status; totalReward: number; lastInfo: Record<string, unknown> | null; steps: number }): void | Promise<void>;
+  beforeInference?(ctx: {
+    rolloutId: string;
+    taskName: string;
+    step: number;
+    agentId: string | null;
+    messages: ChatMessage[];
+  }): ChatMessage[] | undefined | Promise<ChatMessage[] | undefined>;
+  onEpisodeEnd?(ctx: {
+    rolloutId: string;
+    taskName: string;
+    status: Status;
+    totalReward: number;
+    lastInfo: Record<string, unknown> | null;
+    steps: number;
+  }): void | Promise<void>;
 }
 
 /**
@@ -193,7 +212,10 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
     // kept, marked so that the producer asks the servers whether they are down (coordinator/outage.ts)
     // before retrying it.
     const outage = isOutageError(err);
-    rollout.status = outage || code === 'ERR_LLM_ABORTED' || code === 'ERR_ACTOR_POOL_ABORTED' || code === 'ERR_ENV_CANCELLED' ? Status.ABORTED : Status.FAILED;
+    rollout.status =
+      outage || code === 'ERR_LLM_ABORTED' || code === 'ERR_ACTOR_POOL_ABORTED' || code === 'ERR_ENV_CANCELLED'
+        ? Status.ABORTED
+        : Status.FAILED;
     rollout.error = outage ? `${OUTAGE_CODE}: ${describeError(err)}` : describeError(err);
     // An environment error (not an inference one) means the actor is not to be trusted again.
     actorFailed = typeof code !== 'string' || !(code.startsWith('ERR_LLM_') || code.startsWith('ERR_ACTOR_POOL_'));
@@ -208,12 +230,25 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
     }
     ctx.llm.endSession?.(rollout.id);
     countToolCalls(rollout);
-    if (episode?.mcp) await ctx.mcp?.release(episode.mcp).catch((err: unknown) => ctx.onProblem?.(rollout, `closing the episode's MCP sessions failed: ${describeError(err)}`));
+    if (episode?.mcp)
+      await ctx.mcp
+        ?.release(episode.mcp)
+        .catch((err: unknown) =>
+          ctx.onProblem?.(rollout, `closing the episode's MCP sessions failed: ${describeError(err)}`),
+        );
     timings.totalMs += performance.now() - start;
     timings.finishedAt = Date.now();
-    if (rollout.status !== Status.ABORTED && ctx.hooks?.onEpisodeEnd !== undefined) await callHook(ctx, rollout, 'onEpisodeEnd', () =>
-      ctx.hooks?.onEpisodeEnd?.({ rolloutId: rollout.id, taskName: rollout.taskName, status: rollout.status, totalReward: rollout.reward, lastInfo: episode?.lastInfo ?? null, steps: lastStep(rollout) }),
-    );
+    if (rollout.status !== Status.ABORTED && ctx.hooks?.onEpisodeEnd !== undefined)
+      await callHook(ctx, rollout, 'onEpisodeEnd', () =>
+        ctx.hooks?.onEpisodeEnd?.({
+          rolloutId: rollout.id,
+          taskName: rollout.taskName,
+          status: rollout.status,
+          totalReward: rollout.reward,
+          lastInfo: episode?.lastInfo ?? null,
+          steps: lastStep(rollout),
+        }),
+      );
     ctx.onEpisodeEnd?.(rollout);
   }
 }
@@ -225,7 +260,11 @@ async function acquire(ctx: EpisodeContext): Promise<Episode> {
 /** A fresh environment actor for an episode; an exhausted or closed pool is the episode's failure. */
 export async function acquireActor(actors: ActorSource, signal: AbortSignal): Promise<Environment> {
   const env = await actors.acquire(signal);
-  if (env === null) throw new RolloutEngineError('ERR_ENV_POOL_EXHAUSTED', 'no environment actor available: the actor pool is exhausted or closed');
+  if (env === null)
+    throw new RolloutEngineError(
+      'ERR_ENV_POOL_EXHAUSTED',
+      'no environment actor available: the actor pool is exhausted or closed',
+    );
   return env;
 }
 
@@ -237,11 +276,13 @@ export async function acquireActor(actors: ActorSource, signal: AbortSignal): Pr
 async function prepare(episode: Episode, rollout: RolloutState, ctx: EpisodeContext): Promise<TurnRecord | null> {
   const t = performance.now();
   const { env } = episode;
-  await envCall(ctx, rollout, 'reset', () => env.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams }));
+  await envCall(ctx, rollout, 'reset', () =>
+    env.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams }),
+  );
   const steps = stepsOf(rollout.turns);
   let partial: TurnRecord | null = null;
   const last = steps.at(-1);
-  if (last !== undefined && last.some((turn) => turn.finishReason === 'abort')) {
+  if (last?.some((turn) => turn.finishReason === 'abort')) {
     steps.pop();
     if (last.length === 1 && last[0].agentId === null) partial = last[0];
     else rollout.turns.splice(rollout.turns.length - last.length); // multi-agent, or after tool calls: redo the step whole
@@ -254,12 +295,18 @@ async function prepare(episode: Episode, rollout: RolloutState, ctx: EpisodeCont
       if (turn.toolCalls === undefined) continue;
       for (const call of turn.toolCalls) {
         if (call.source !== 'env' || env.callTool === undefined) continue;
-        const request = { id: call.id, name: call.name, arguments: JSON.parse(call.arguments) as Record<string, unknown> };
+        const request = {
+          id: call.id,
+          name: call.name,
+          arguments: JSON.parse(call.arguments) as Record<string, unknown>,
+        };
         await envCall(ctx, rollout, 'callTool', () => env.callTool!(request, ctx.gate.signal));
       }
       toolMessages.push(...toolMessagesOf(turn.response, turn.toolCalls));
     }
-    const outcome = checkStepResult(await envCall(ctx, rollout, 'step', () => env.step(actionOf(turns), { toolMessages })));
+    const outcome = checkStepResult(
+      await envCall(ctx, rollout, 'step', () => env.step(actionOf(turns), { toolMessages })),
+    );
     episode.lastInfo = outcome.info ?? null;
     for (const turn of steppedTurns(turns)) {
       const reward = rewardFor(outcome.reward, turn.agentId);
@@ -283,7 +330,12 @@ interface AgentPrompt {
   prompt: ChatMessage[];
 }
 
-async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord | null, ctx: EpisodeContext): Promise<void> {
+async function play(
+  episode: Episode,
+  rollout: RolloutState,
+  partial: TurnRecord | null,
+  ctx: EpisodeContext,
+): Promise<void> {
   const { settings, gate } = ctx;
   const { env } = episode;
   const timings = rollout.timings;
@@ -296,14 +348,25 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
     const turnStart = performance.now();
     const raw = checkAgentPrompts(await envCall(ctx, rollout, 'getTaskPrompt', () => env.getTaskPrompt()));
     const promptMs = performance.now() - turnStart;
-    const agents: { agentId: string | null; messages: ChatMessage[] }[] = Array.isArray(raw) ? [{ agentId: null, messages: raw }] : Object.entries(raw).map(([agentId, messages]) => ({ agentId, messages }));
+    const agents: { agentId: string | null; messages: ChatMessage[] }[] = Array.isArray(raw)
+      ? [{ agentId: null, messages: raw }]
+      : Object.entries(raw).map(([agentId, messages]) => ({ agentId, messages }));
     const prompts: AgentPrompt[] = [];
     for (const { agentId, messages } of agents) {
       // Without the hook no closure or await per agent per step.
-      const rewritten = ctx.hooks?.beforeInference === undefined ? undefined : await callHook(ctx, rollout, 'beforeInference', async () => {
-        const out = await ctx.hooks?.beforeInference?.({ rolloutId: rollout.id, taskName: rollout.taskName, step, agentId, messages });
-        return out === undefined ? undefined : checkTaskPrompt(out); // a malformed rewrite is reported and ignored
-      });
+      const rewritten =
+        ctx.hooks?.beforeInference === undefined
+          ? undefined
+          : await callHook(ctx, rollout, 'beforeInference', async () => {
+              const out = await ctx.hooks?.beforeInference?.({
+                rolloutId: rollout.id,
+                taskName: rollout.taskName,
+                step,
+                agentId,
+                messages,
+              });
+              return out === undefined ? undefined : checkTaskPrompt(out); // a malformed rewrite is reported and ignored
+            });
       const hooked = rewritten ?? messages;
       const prompt = trimMessages(hooked, settings.messageCut);
       if (prompt.length > 0) prompts.push({ agentId, messages: hooked, prompt });
@@ -312,7 +375,12 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
       timings.envMs += promptMs;
       break;
     }
-    const tools = prompts.length === 1 && prompts[0].agentId === null && (env.tools !== undefined || (ctx.settings.tools?.mcp.length ?? 0) > 0) ? await stepTools(episode, rollout, ctx) : NO_TOOLS;
+    const tools =
+      prompts.length === 1 &&
+      prompts[0].agentId === null &&
+      (env.tools !== undefined || (ctx.settings.tools?.mcp.length ?? 0) > 0)
+        ? await stepTools(episode, rollout, ctx)
+        : NO_TOOLS;
     if (episode.firstCall) {
       episode.firstCall = false;
       const delay = ctx.startDelayMs?.() ?? 0;
@@ -325,9 +393,25 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
     try {
       if (prompts.length === 1) {
         const { agentId, prompt } = prompts[0];
-        turns = [await infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart, tools)];
+        turns = [
+          await infer(
+            rollout,
+            step,
+            agentId,
+            prompt,
+            agentId === null ? partial : null,
+            ctx,
+            promptMs,
+            turnStart,
+            tools,
+          ),
+        ];
       } else {
-        turns = await allOrFirstError(prompts.map(({ agentId, prompt }) => infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart)));
+        turns = await allOrFirstError(
+          prompts.map(({ agentId, prompt }) =>
+            infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart),
+          ),
+        );
       }
     } catch (err) {
       if (!(err instanceof ContextExceeded)) throw err;
@@ -341,16 +425,21 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
       partial = null;
     }
     rollout.turns.push(...turns);
-    for (let i = rollout.turns.length - turns.length; i < rollout.turns.length; i++) sharePromptPrefix(rollout.turns, firstNewTurn, i);
+    for (let i = rollout.turns.length - turns.length; i < rollout.turns.length; i++)
+      sharePromptPrefix(rollout.turns, firstNewTurn, i);
     const lastTurn = turns[turns.length - 1];
     rollout.finishReason = lastTurn.finishReason;
-    if (turns.length === 1) rollout.messages = [...prompts[0].messages, { role: 'assistant', content: lastTurn.response }];
+    if (turns.length === 1)
+      rollout.messages = [...prompts[0].messages, { role: 'assistant', content: lastTurn.response }];
 
     const interrupted = turns.find((turn) => statusForFinishReason(turn.finishReason) !== Status.COMPLETED);
     if (interrupted) {
       // abort: the turn keeps its tokens and is continued after the resume; anything unknown: fail with it.
       rollout.status = statusForFinishReason(interrupted.finishReason);
-      rollout.error = rollout.status === Status.FAILED ? `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(interrupted.finishReason)}` : null;
+      rollout.error =
+        rollout.status === Status.FAILED
+          ? `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(interrupted.finishReason)}`
+          : null;
       return;
     }
     let toolMessages: ChatMessage[] = [];
@@ -368,7 +457,9 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
       break;
     }
     const stepStart = performance.now();
-    const outcome = checkStepResult(await envCall(ctx, rollout, 'step', () => env.step(actionOf(turns), { toolMessages })));
+    const outcome = checkStepResult(
+      await envCall(ctx, rollout, 'step', () => env.step(actionOf(turns), { toolMessages })),
+    );
     const stepMs = performance.now() - stepStart;
     timings.envMs += promptMs + stepMs;
     episode.lastInfo = outcome.info ?? null;
@@ -398,7 +489,8 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
 function trainOnLastStep(rollout: RolloutState): void {
   const last = rollout.turns.at(-1);
   if (last === undefined || last.trainable) return;
-  for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === last.step; i--) rollout.turns[i].trainable = true;
+  for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === last.step; i--)
+    rollout.turns[i].trainable = true;
 }
 
 /**
@@ -430,9 +522,21 @@ function infer(
         temperature: settings.temperature,
         ...(seed !== null ? { seed } : {}),
         ...(partial ? { continueFrom: partial.response } : {}),
-        ...(partial?.promptIds && partial.responseIds ? { continueTokens: { promptIds: partial.promptIds, responseIds: partial.responseIds } } : {}),
-        ...(previous !== undefined ? { previous: { messages: previous.messages, promptIds: previous.promptIds, responseIds: previous.responseIds } } : {}),
-        ...(tools.schemas.length > 0 ? { tools: tools.schemas, toolChoice: (settings.tools ?? DEFAULT_TOOL_SETTINGS).toolChoice } : {}),
+        ...(partial?.promptIds && partial.responseIds
+          ? { continueTokens: { promptIds: partial.promptIds, responseIds: partial.responseIds } }
+          : {}),
+        ...(previous !== undefined
+          ? {
+              previous: {
+                messages: previous.messages,
+                promptIds: previous.promptIds,
+                responseIds: previous.responseIds,
+              },
+            }
+          : {}),
+        ...(tools.schemas.length > 0
+          ? { tools: tools.schemas, toolChoice: (settings.tools ?? DEFAULT_TOOL_SETTINGS).toolChoice }
+          : {}),
       },
       gate.signal,
       agentId === null ? { session: rollout.id } : { session: rollout.id, agent: agentId },
@@ -449,7 +553,18 @@ function infer(
       modelStep = gate.modelStep;
       ctx.onVersionMismatch?.(reply.weightVersion!, modelStep);
     }
-    const turn = turnRecord(step, agentId, prompt, reply, modelStep, seed, settings, promptMs, performance.now() - t, turnStart);
+    const turn = turnRecord(
+      step,
+      agentId,
+      prompt,
+      reply,
+      modelStep,
+      seed,
+      settings,
+      promptMs,
+      performance.now() - t,
+      turnStart,
+    );
     if (partial) mergeContinuation(partial, turn);
     if (reply.toolCalls !== undefined && reply.toolCalls.length > 0) pendingCalls.set(turn, reply.toolCalls);
     return turn;
@@ -484,7 +599,13 @@ function endTruncated(rollout: RolloutState, partial: TurnRecord | null, why: st
   rollout.status = Status.COMPLETED;
 }
 
-function applyOutcome(rollout: RolloutState, turns: TurnRecord[], outcome: StepResult, settings: AgentSettings, stepMs: number): void {
+function applyOutcome(
+  rollout: RolloutState,
+  turns: TurnRecord[],
+  outcome: StepResult,
+  settings: AgentSettings,
+  stepMs: number,
+): void {
   const stepped = steppedTurns(turns);
   for (const turn of turns) {
     turn.terminated = outcome.terminated;
@@ -612,7 +733,10 @@ function lastStep(rollout: RolloutState): number {
  * completions (regression: every epoch resent them).
  */
 function turnSeed(rollout: RolloutState, step: number, agentId: string | null): number {
-  let h = Math.imul(rollout.sample.seed ^ 0x9e3779b9, 0x85ebca6b) ^ Math.imul(rollout.index + 1, 0xc2b2ae35) ^ Math.imul(step, 0x27d4eb2f);
+  let h =
+    Math.imul(rollout.sample.seed ^ 0x9e3779b9, 0x85ebca6b) ^
+    Math.imul(rollout.index + 1, 0xc2b2ae35) ^
+    Math.imul(step, 0x27d4eb2f);
   h = Math.imul(h ^ rollout.sample.drawIndex, 0x165667b1);
   if (agentId !== null) for (let i = 0; i < agentId.length; i++) h = Math.imul(h ^ agentId.charCodeAt(i), 0x01000193);
   h ^= h >>> 15;
@@ -622,11 +746,21 @@ function turnSeed(rollout: RolloutState, step: number, agentId: string | null): 
 }
 
 /** One call into the task's environment or hooks, through the guard when there is one. */
-function envCall<T>(ctx: EpisodeContext, rollout: RolloutState, call: EnvCall, run: () => T | Promise<T>): T | Promise<T> {
+function envCall<T>(
+  ctx: EpisodeContext,
+  rollout: RolloutState,
+  call: EnvCall,
+  run: () => T | Promise<T>,
+): T | Promise<T> {
   return ctx.guard === undefined ? run() : ctx.guard.call(rollout, call, run);
 }
 
-async function callHook<T>(ctx: EpisodeContext, rollout: RolloutState, name: 'beforeInference' | 'onEpisodeEnd', call: () => T | Promise<T> | undefined): Promise<T | undefined> {
+async function callHook<T>(
+  ctx: EpisodeContext,
+  rollout: RolloutState,
+  name: 'beforeInference' | 'onEpisodeEnd',
+  call: () => T | Promise<T> | undefined,
+): Promise<T | undefined> {
   if (!ctx.hooks) return undefined;
   try {
     return await envCall(ctx, rollout, name, call);
@@ -644,14 +778,19 @@ async function callHook<T>(ctx: EpisodeContext, rollout: RolloutState, name: 'be
 async function stepTools(episode: Episode, rollout: RolloutState, ctx: EpisodeContext): Promise<StepTools> {
   const { env } = episode;
   const own = env.tools === undefined ? [] : await envCall(ctx, rollout, 'tools', () => env.tools!());
-  if (!Array.isArray(own)) throw new RolloutEngineError('ERR_ENV_BAD_REPLY', `environment tools() must return an array of OpenAI function tools (got ${typeof own})`);
+  if (!Array.isArray(own))
+    throw new RolloutEngineError(
+      'ERR_ENV_BAD_REPLY',
+      `environment tools() must return an array of OpenAI function tools (got ${typeof own})`,
+    );
   const names = new Set(own.map((t) => t?.function?.name));
-  if (ctx.mcp === undefined || (ctx.settings.tools?.mcp.length ?? 0) === 0) return { schemas: own, env: names, mcp: new Map() };
+  if (ctx.mcp === undefined || (ctx.settings.tools?.mcp.length ?? 0) === 0)
+    return { schemas: own, env: names, mcp: new Map() };
   episode.mcp ??= ctx.mcp.acquire();
   const listed = await episode.mcp.list();
   for (const problem of listed.problems) ctx.onProblem?.(rollout, `${problem}: its tools are not offered this step`);
   const schemas = own.slice();
-  const mcp = new Map<string, (typeof listed.owners extends Map<string, infer C> ? C : never)>();
+  const mcp = new Map<string, typeof listed.owners extends Map<string, infer C> ? C : never>();
   for (const schema of listed.schemas) {
     if (names.has(schema.function.name)) continue; // the environment's own tool of that name wins
     schemas.push(schema);
@@ -667,18 +806,42 @@ async function stepTools(episode: Episode, rollout: RolloutState, ctx: EpisodeCo
  * aborted or failed call) leaves none of its turns behind: a rollout only holds steps the environment
  * stepped on, so a continuation replays them exactly and plays this one again whole.
  */
-async function toolRounds(rollout: RolloutState, step: number, prompt: AgentPrompt, turns: TurnRecord[], tools: StepTools, episode: Episode, ctx: EpisodeContext, firstNewTurn: number): Promise<ChatMessage[] | null> {
+async function toolRounds(
+  rollout: RolloutState,
+  step: number,
+  prompt: AgentPrompt,
+  turns: TurnRecord[],
+  tools: StepTools,
+  episode: Episode,
+  ctx: EpisodeContext,
+  firstNewTurn: number,
+): Promise<ChatMessage[] | null> {
   const settings = ctx.settings.tools ?? DEFAULT_TOOL_SETTINGS;
   const firstOfStep = rollout.turns.length - turns.length;
   const drop = (): void => void rollout.turns.splice(firstOfStep);
   const { env } = episode;
-  const callEnv = env.callTool === undefined ? null : (call: Parameters<NonNullable<Environment['callTool']>>[0], signal: AbortSignal) => envCall(ctx, rollout, 'callTool', () => env.callTool!(call, signal));
+  const callEnv =
+    env.callTool === undefined
+      ? null
+      : (call: Parameters<NonNullable<Environment['callTool']>>[0], signal: AbortSignal) =>
+          envCall(ctx, rollout, 'callTool', () => env.callTool!(call, signal));
   const toolMessages: ChatMessage[] = [];
   let used = 0;
   try {
-    for (let last = turns[turns.length - 1], calls = pendingCalls.get(last); calls !== undefined; calls = pendingCalls.get(last)) {
+    for (
+      let last = turns[turns.length - 1], calls = pendingCalls.get(last);
+      calls !== undefined;
+      calls = pendingCalls.get(last)
+    ) {
       pendingCalls.delete(last);
-      const { records, ms } = await runToolCalls(calls, tools, settings.maxCallsPerTurn - used, callEnv, settings.timeoutMs, ctx.gate.signal);
+      const { records, ms } = await runToolCalls(
+        calls,
+        tools,
+        settings.maxCallsPerTurn - used,
+        callEnv,
+        settings.timeoutMs,
+        ctx.gate.signal,
+      );
       used += calls.length;
       last.toolCalls = records;
       last.timings.toolMs = ms;
@@ -707,7 +870,10 @@ async function toolRounds(rollout: RolloutState, step: number, prompt: AgentProm
       if (status !== Status.COMPLETED) {
         drop();
         rollout.status = status;
-        rollout.error = status === Status.FAILED ? `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(next.finishReason)}` : null;
+        rollout.error =
+          status === Status.FAILED
+            ? `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(next.finishReason)}`
+            : null;
         return null;
       }
       rollout.turns.push(next);

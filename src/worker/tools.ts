@@ -51,26 +51,62 @@ export async function runToolCalls(
   cancel: AbortSignal,
 ): Promise<{ records: ToolCallRecord[]; ms: number }> {
   const t = performance.now();
-  const settled = await Promise.allSettled(calls.map((call, i) => (i < budget ? runOne(call, tools, callEnv, timeoutMs, cancel) : Promise.resolve(failed(call, 'limit', `not run: the turn reached its limit of tool calls (tasks[].tools.maxCallsPerTurn)`, null, 0)))));
+  const settled = await Promise.allSettled(
+    calls.map((call, i) =>
+      i < budget
+        ? runOne(call, tools, callEnv, timeoutMs, cancel)
+        : Promise.resolve(
+            failed(
+              call,
+              'limit',
+              `not run: the turn reached its limit of tool calls (tasks[].tools.maxCallsPerTurn)`,
+              null,
+              0,
+            ),
+          ),
+    ),
+  );
   const cancelled = settled.find((s) => s.status === 'rejected');
   if (cancelled !== undefined) throw cancelled.reason;
-  return { records: settled.map((s) => (s as PromiseFulfilledResult<ToolCallRecord>).value), ms: performance.now() - t };
+  return {
+    records: settled.map((s) => (s as PromiseFulfilledResult<ToolCallRecord>).value),
+    ms: performance.now() - t,
+  };
 }
 
-async function runOne(call: ParsedToolCall, tools: StepTools, callEnv: EnvToolCall | null, timeoutMs: number, cancel: AbortSignal): Promise<ToolCallRecord> {
+async function runOne(
+  call: ParsedToolCall,
+  tools: StepTools,
+  callEnv: EnvToolCall | null,
+  timeoutMs: number,
+  cancel: AbortSignal,
+): Promise<ToolCallRecord> {
   if (call.invalid !== undefined) return failed(call, 'unparsed', call.invalid, null, 0);
   let args: unknown;
   try {
     args = JSON.parse(call.arguments);
   } catch (err) {
-    return failed(call, 'bad_arguments', `the arguments of ${call.name} are not valid JSON (${(err as Error).message})`, null, 0);
+    return failed(
+      call,
+      'bad_arguments',
+      `the arguments of ${call.name} are not valid JSON (${(err as Error).message})`,
+      null,
+      0,
+    );
   }
-  if (typeof args !== 'object' || args === null || Array.isArray(args)) return failed(call, 'bad_arguments', `the arguments of ${call.name} must be a JSON object`, null, 0);
+  if (typeof args !== 'object' || args === null || Array.isArray(args))
+    return failed(call, 'bad_arguments', `the arguments of ${call.name} must be a JSON object`, null, 0);
   const mcp = tools.mcp.get(call.name);
   const source = tools.env.has(call.name) && callEnv !== null ? 'env' : mcp !== undefined ? `mcp:${mcp.label}` : null;
   if (source === null) {
     const known = tools.schemas.map((s) => s.function.name);
-    return failed(call, 'unknown_tool', `unknown tool ${JSON.stringify(call.name)} (tools: ${known.length > 0 ? known.join(', ') : 'none'})`, null, 0);
+    return failed(
+      call,
+      'unknown_tool',
+      `unknown tool ${JSON.stringify(call.name)} (tools: ${known.length > 0 ? known.join(', ') : 'none'})`,
+      null,
+      0,
+    );
   }
   const request: ToolCallRequest = { id: call.id, name: call.name, arguments: args as Record<string, unknown> };
   const controller = new AbortController();
@@ -85,17 +121,36 @@ async function runOne(call: ParsedToolCall, tools: StepTools, callEnv: EnvToolCa
         reject(new ToolTimeout());
       }, timeoutMs);
     });
-    const running = source === 'env' ? Promise.resolve().then(() => callEnv!(request, controller.signal)) : mcp!.call(call.name, request.arguments, controller.signal, timeoutMs);
+    const running =
+      source === 'env'
+        ? Promise.resolve().then(() => callEnv!(request, controller.signal))
+        : mcp!.call(call.name, request.arguments, controller.signal, timeoutMs);
     running.catch(() => undefined); // a call that lost the race settles unobserved
     const output = await Promise.race([running, timeout]);
-    const { content, isError } = typeof output === 'string' ? { content: output, isError: false } : checkOutput(output, call.name);
-    return isError ? failed(call, 'tool_error', content, source, performance.now() - start) : { ...base(call), result: content, error: null, source, ms: performance.now() - start };
+    const { content, isError } =
+      typeof output === 'string' ? { content: output, isError: false } : checkOutput(output, call.name);
+    return isError
+      ? failed(call, 'tool_error', content, source, performance.now() - start)
+      : { ...base(call), result: content, error: null, source, ms: performance.now() - start };
   } catch (err) {
     const ms = performance.now() - start;
-    if (err instanceof ToolTimeout) return failed(call, 'timeout', `tool ${call.name} timed out after ${timeoutMs} ms (tasks[].tools.timeoutMs)`, source, ms);
+    if (err instanceof ToolTimeout)
+      return failed(
+        call,
+        'timeout',
+        `tool ${call.name} timed out after ${timeoutMs} ms (tasks[].tools.timeoutMs)`,
+        source,
+        ms,
+      );
     // A weight update cancelled what was in flight: the rollout comes back ABORTED, not the model's mistake.
     if (cancel.aborted || (err as { code?: unknown }).code === 'ERR_ENV_CANCELLED') throw err;
-    return failed(call, 'tool_error', `tool ${call.name} failed: ${(err as Error)?.message ?? String(err)}`, source, ms);
+    return failed(
+      call,
+      'tool_error',
+      `tool ${call.name} failed: ${(err as Error)?.message ?? String(err)}`,
+      source,
+      ms,
+    );
   } finally {
     clearTimeout(timer);
     cancel.removeEventListener('abort', onCancel);
@@ -105,7 +160,10 @@ async function runOne(call: ParsedToolCall, tools: StepTools, callEnv: EnvToolCa
 function checkOutput(output: unknown, name: string): { content: string; isError: boolean } {
   const o = output as { content?: unknown; isError?: unknown } | null;
   if (typeof o !== 'object' || o === null || typeof o.content !== 'string') {
-    return { content: `tool ${name} returned neither a string nor { content: string } (an environment bug)`, isError: true };
+    return {
+      content: `tool ${name} returned neither a string nor { content: string } (an environment bug)`,
+      isError: true,
+    };
   }
   return { content: o.content, isError: o.isError === true };
 }
@@ -114,14 +172,28 @@ function base(call: ParsedToolCall): Pick<ToolCallRecord, 'id' | 'name' | 'argum
   return { id: call.id, name: call.name, arguments: call.arguments };
 }
 
-function failed(call: ParsedToolCall, error: ToolErrorKind, why: string, source: string | null, ms: number): ToolCallRecord {
+function failed(
+  call: ParsedToolCall,
+  error: ToolErrorKind,
+  why: string,
+  source: string | null,
+  ms: number,
+): ToolCallRecord {
   return { ...base(call), result: `error: ${why}`, error, source, ms };
 }
 
 /** The messages a turn's calls add to the conversation: the assistant's message with its calls, then one `tool` message per call. */
 export function toolMessagesOf(content: string, records: readonly ToolCallRecord[]): ChatMessage[] {
   return [
-    { role: 'assistant', content, tool_calls: records.map((r) => ({ id: r.id, type: 'function' as const, function: { name: r.name, arguments: r.arguments } })) },
+    {
+      role: 'assistant',
+      content,
+      tool_calls: records.map((r) => ({
+        id: r.id,
+        type: 'function' as const,
+        function: { name: r.name, arguments: r.arguments },
+      })),
+    },
     ...records.map((r): ChatMessage => ({ role: 'tool', content: r.result, tool_call_id: r.id })),
   ];
 }

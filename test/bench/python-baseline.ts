@@ -37,7 +37,9 @@ export interface PythonBaselineResult {
   aiohttp: string;
 }
 
-export type PythonBaselineOutcome = { ok: true; result: PythonBaselineResult; interpreter: string } | { ok: false; reason: string };
+export type PythonBaselineOutcome =
+  | { ok: true; result: PythonBaselineResult; interpreter: string }
+  | { ok: false; reason: string };
 
 const SCRIPT = fileURLToPath(new URL('./python_baseline.py', import.meta.url));
 
@@ -73,7 +75,9 @@ let chosen: Promise<{ interpreter: string | null; tried: string[] }> | null = nu
 /** The first interpreter that imports aiohttp (cached); null with the candidates tried when none does. */
 function findInterpreter(): Promise<{ interpreter: string | null; tried: string[] }> {
   chosen ??= (async () => {
-    const candidates = [...new Set([process.env.PYTHON, 'python3', '/usr/bin/python3'].filter((c): c is string => !!c))];
+    const candidates = [
+      ...new Set([process.env.PYTHON, 'python3', '/usr/bin/python3'].filter((c): c is string => !!c)),
+    ];
     const present: string[] = [];
     for (const candidate of candidates) {
       const exit = await run(candidate, ['-c', 'import aiohttp'], 15_000);
@@ -93,11 +97,16 @@ export async function runPythonBaseline(options: PythonBaselineOptions): Promise
   if (interpreter === null) return { ok: false, reason: `no Python interpreter found (tried ${tried.join(', ')})` };
   const args = [
     SCRIPT,
-    '--url', options.url,
-    '--concurrency', String(options.concurrency),
-    '--seconds', String(options.seconds),
-    '--mode', options.mode,
-    '--max-tokens', String(options.maxTokens),
+    '--url',
+    options.url,
+    '--concurrency',
+    String(options.concurrency),
+    '--seconds',
+    String(options.seconds),
+    '--mode',
+    options.mode,
+    '--max-tokens',
+    String(options.maxTokens),
   ];
   // Warm-up is at most 5 s; allow generously for start-up and shutdown on a loaded machine.
   const exit = await run(interpreter, args, (options.seconds + 60) * 1000);

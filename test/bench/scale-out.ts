@@ -51,13 +51,25 @@ interface Options {
 }
 
 export async function scaleOut(o: Options): Promise<ScaleOut> {
-  const base: ScaleOut = { skipped: null, cpuCostUs: o.cpuCostUs, groupsPerThread: o.groupsPerThread, seconds: o.seconds, sides: [] };
+  const base: ScaleOut = {
+    skipped: null,
+    cpuCostUs: o.cpuCostUs,
+    groupsPerThread: o.groupsPerThread,
+    seconds: o.seconds,
+    sides: [],
+  };
   if (!hasNatsServer()) return { ...base, skipped: 'nats-server is not installed (apt-get install nats-server)' };
   const mock = await startMockProcess(['--latency-ms', '0']);
   const nats = await startNatsServer();
   try {
-    for (const threads of [1, 2]) base.sides.push(await measure(`local, ${threads} thread${threads > 1 ? 's' : ''}`, { mock, nats: null, nodes: 0, threads }, o));
-    for (const nodes of [1, 2, 3]) base.sides.push(await measure(`${nodes} node process${nodes > 1 ? 'es' : ''} × 1 thread`, { mock, nats, nodes, threads: 1 }, o));
+    for (const threads of [1, 2])
+      base.sides.push(
+        await measure(`local, ${threads} thread${threads > 1 ? 's' : ''}`, { mock, nats: null, nodes: 0, threads }, o),
+      );
+    for (const nodes of [1, 2, 3])
+      base.sides.push(
+        await measure(`${nodes} node process${nodes > 1 ? 'es' : ''} × 1 thread`, { mock, nats, nodes, threads: 1 }, o),
+      );
   } finally {
     await nats.stop();
     await mock.close();
@@ -65,17 +77,29 @@ export async function scaleOut(o: Options): Promise<ScaleOut> {
   return base;
 }
 
-async function measure(side: string, at: { mock: MockProcess; nats: NatsServer | null; nodes: number; threads: number }, o: Options): Promise<ScaleOutSide> {
+async function measure(
+  side: string,
+  at: { mock: MockProcess; nats: NatsServer | null; nodes: number; threads: number },
+  o: Options,
+): Promise<ScaleOutSide> {
   const run = `bench${at.nodes}`;
-  const workers = at.nats === null
-    ? { threads: at.threads, groupsPerWorker: o.groupsPerThread }
-    : { threads: 1, groupsPerWorker: o.groupsPerThread, nats: { url: at.nats.url, run } };
+  const workers =
+    at.nats === null
+      ? { threads: at.threads, groupsPerWorker: o.groupsPerThread }
+      : { threads: 1, groupsPerWorker: o.groupsPerThread, nats: { url: at.nats.url, run } };
   const engine = createEngine({
     llm: { url: at.mock.url },
     batchSize: 8,
     recordSteps: false,
     logLevel: 'warn',
-    tasks: [{ name: 'g', env: { module: 'builtin:guess-number', params: { cpuCostUs: o.cpuCostUs } }, groupSize: 4, maxTokens: 64 }],
+    tasks: [
+      {
+        name: 'g',
+        env: { module: 'builtin:guess-number', params: { cpuCostUs: o.cpuCostUs } },
+        groupSize: 4,
+        maxTokens: 64,
+      },
+    ],
     // Capacity stays full between batches: over-sampling, and no staleness limit (no weight updates here).
     producer: { strategy: 'async', overSampleThreshold: 1, maxStaleness: 1_000_000 },
     workers,
@@ -94,7 +118,26 @@ async function measure(side: string, at: { mock: MockProcess; nats: NatsServer |
   try {
     await engine.start();
     for (let i = 0; i < at.nodes; i++) {
-      children.push(spawn(process.execPath, ['--import', 'tsx', MAIN, 'node', '--nats', at.nats!.url, '--run', run, '--threads', '1', '--id', `bench-${i}`], { env: { ...process.env, LOG_LEVEL: 'warn' }, stdio: 'ignore' }));
+      children.push(
+        spawn(
+          process.execPath,
+          [
+            '--import',
+            'tsx',
+            MAIN,
+            'node',
+            '--nats',
+            at.nats!.url,
+            '--run',
+            run,
+            '--threads',
+            '1',
+            '--id',
+            `bench-${i}`,
+          ],
+          { env: { ...process.env, LOG_LEVEL: 'warn' }, stdio: 'ignore' },
+        ),
+      );
     }
     let step = 1;
     // Warm-up: every node has taken groups, JIT and connections are warm.
@@ -125,19 +168,27 @@ async function measure(side: string, at: { mock: MockProcess; nats: NatsServer |
     };
   } finally {
     await engine.close();
-    await Promise.all(children.map((c) => (c.exitCode !== null ? null : new Promise((resolve) => (c.once('exit', resolve), c.kill('SIGTERM'))))));
+    await Promise.all(
+      children.map((c) =>
+        c.exitCode !== null ? null : new Promise((resolve) => (c.once('exit', resolve), c.kill('SIGTERM'))),
+      ),
+    );
     await sniffer?.close();
   }
 }
 
 export function printScaleOut(r: ScaleOut): void {
-  console.log(`\nscale-out: worker nodes over NATS JetStream (guess-number burning ${r.cpuCostUs} µs of CPU per step, ${r.groupsPerThread} groups of 4 per thread, ${cpus().length} cores)`);
+  console.log(
+    `\nscale-out: worker nodes over NATS JetStream (guess-number burning ${r.cpuCostUs} µs of CPU per step, ${r.groupsPerThread} groups of 4 per thread, ${cpus().length} cores)`,
+  );
   if (r.skipped !== null) {
     console.log(`  skipped: ${r.skipped}`);
     return;
   }
   const local = r.sides.find((s) => s.nodes === 0 && s.threads === 1);
-  console.log('  side                              steps/s   groups/s   × 1 local thread   coordinator CPU µs/group   bytes/group on NATS');
+  console.log(
+    '  side                              steps/s   groups/s   × 1 local thread   coordinator CPU µs/group   bytes/group on NATS',
+  );
   for (const s of r.sides) {
     const ratio = local ? (s.stepsPerSecond / local.stepsPerSecond).toFixed(2) : 'n/a';
     console.log(
@@ -147,8 +198,14 @@ export function printScaleOut(r: ScaleOut): void {
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
-  const { values } = parseArgs({ options: { seconds: { type: 'string' }, 'env-cpu-us': { type: 'string' }, quick: { type: 'boolean' } } });
-  const result = await scaleOut({ seconds: Number(values.seconds ?? (values.quick ? 2 : 6)), cpuCostUs: Number(values['env-cpu-us'] ?? 2000), groupsPerThread: 8 });
+  const { values } = parseArgs({
+    options: { seconds: { type: 'string' }, 'env-cpu-us': { type: 'string' }, quick: { type: 'boolean' } },
+  });
+  const result = await scaleOut({
+    seconds: Number(values.seconds ?? (values.quick ? 2 : 6)),
+    cpuCostUs: Number(values['env-cpu-us'] ?? 2000),
+    groupsPerThread: 8,
+  });
   printScaleOut(result);
   console.log(JSON.stringify(result));
 }

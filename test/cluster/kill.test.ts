@@ -45,10 +45,19 @@ describe('worker nodes survive kills', () => {
       const first = new LoggedProcess(runArgs, { LOG_LEVEL: 'info' });
       coordinators.push(first);
       // n1 takes a group: kill it while it runs it.
-      await Promise.race([nodes[0].waitFor((l) => l.msg === 'running group', 'n1 running a group'), first.waitFor(() => false, 'of any kind')]);
+      await Promise.race([
+        nodes[0].waitFor((l) => l.msg === 'running group', 'n1 running a group'),
+        first.waitFor(() => false, 'of any kind'),
+      ]);
       await nodes[0].kill('SIGKILL');
       // Its group comes back to another node after the ack wait (a second delivery)...
-      await Promise.race(nodes.slice(1).map((n) => n.waitFor((l) => l.msg === 'running group' && Number(l.delivery) >= 2, 'a group delivered again')));
+      await Promise.race(
+        nodes
+          .slice(1)
+          .map((n) =>
+            n.waitFor((l) => l.msg === 'running group' && Number(l.delivery) >= 2, 'a group delivered again'),
+          ),
+      );
       // ...and once a batch was taken after that, the coordinator dies mid-run.
       const batchesBefore = first.count(isBatch);
       await first.waitFor((l) => isBatch(l) && first.count(isBatch) > batchesBefore, 'a batch after the redelivery');
@@ -58,15 +67,27 @@ describe('worker nodes survive kills', () => {
       coordinators.push(resumed);
       const { code } = await resumed.exited;
       assert.equal(code, 0, resumed.stderr.slice(-4000));
-      for (const node of nodes.slice(1)) assert.equal((await node.kill('SIGTERM')).code, 0, `a node drains and exits 0 on SIGTERM:\n${node.stderr.slice(-3000)}`);
+      for (const node of nodes.slice(1))
+        assert.equal(
+          (await node.kill('SIGTERM')).code,
+          0,
+          `a node drains and exits 0 on SIGTERM:\n${node.stderr.slice(-3000)}`,
+        );
     } finally {
       await Promise.all([...nodes, ...coordinators].map((p) => p.kill('SIGKILL')));
     }
 
-    const groups = readFileSync(join(runDir, 'batches.jsonl'), 'utf8').trim().split('\n').map((line) => JSON.parse(line) as { trainStep: number; id: string; status: string });
+    const groups = readFileSync(join(runDir, 'batches.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((line) => JSON.parse(line) as { trainStep: number; id: string; status: string });
     const perStep = new Map<number, number>();
     for (const g of groups) perStep.set(g.trainStep, (perStep.get(g.trainStep) ?? 0) + 1);
-    assert.deepEqual([...perStep.keys()].sort((a, b) => a - b), Array.from({ length: STEPS }, (_, i) => i + 1), 'every train step, none missing');
+    assert.deepEqual(
+      [...perStep.keys()].sort((a, b) => a - b),
+      Array.from({ length: STEPS }, (_, i) => i + 1),
+      'every train step, none missing',
+    );
     for (const [step, n] of perStep) assert.equal(n, BATCH, `step ${step} has ${n} groups`);
     assert.equal(new Set(groups.map((g) => g.id)).size, groups.length, 'no group delivered twice');
     assert.ok(groups.every((g) => g.status === 'COMPLETED'));
@@ -75,6 +96,10 @@ describe('worker nodes survive kills', () => {
     const { counts } = snapshot;
     const dropped = Object.values(counts.dropped).reduce((a, b) => a + b, 0);
     assert.equal(counts.taken, STEPS * BATCH);
-    assert.equal(counts.scheduled, snapshot.inFlight.length + snapshot.buffer.groups.length + counts.taken + dropped, JSON.stringify(counts));
+    assert.equal(
+      counts.scheduled,
+      snapshot.inFlight.length + snapshot.buffer.groups.length + counts.taken + dropped,
+      JSON.stringify(counts),
+    );
   });
 });

@@ -63,7 +63,11 @@ describe('pause and resume across worker nodes', () => {
       // Both nodes hold groups when the pause lands. Until one of a's comes back with turns played (a
       // pause can land before a group's first turn ends), resume and pause again once more has landed.
       await Promise.all([a, b].map((n) => n.waitFor((l) => l.msg === 'running group', 'running a group')));
-      const partialOnA = (l: LogLine) => l.msg === 'group landed' && l.node === 'a' && l.status === 'ABORTED' && (l.turns as number[]).some((t) => t > 0);
+      const partialOnA = (l: LogLine) =>
+        l.msg === 'group landed' &&
+        l.node === 'a' &&
+        l.status === 'ABORTED' &&
+        (l.turns as number[]).some((t) => t > 0);
       let modelStep = 0;
       for (;;) {
         const report = await engine.pauseForWeightUpdate();
@@ -73,7 +77,9 @@ describe('pause and resume across worker nodes', () => {
         if (lines.some(partialOnA) || modelStep === 10) break;
         const landedBefore = lines.filter((l) => l.msg === 'group landed').length;
         await engine.resume({ modelStep: ++modelStep });
-        await until((l) => l.msg === 'group landed' && lines.filter((x) => x.msg === 'group landed').length > landedBefore + 1);
+        await until(
+          (l) => l.msg === 'group landed' && lines.filter((x) => x.msg === 'group landed').length > landedBefore + 1,
+        );
       }
       assert.ok(lines.some(partialOnA), 'node a returned a partial rollout on a pause');
 
@@ -88,19 +94,39 @@ describe('pause and resume across worker nodes', () => {
       await engine.resume({ modelStep: modelStep + 1 });
       for (const step of [2, 3]) assert.equal((await engine.getBatch(step)).status, 'NORMAL');
 
-      const landed = lines.filter((l) => l.msg === 'group landed') as (LogLine & { group: string; node: string; status: string; turns: number[] })[];
+      const landed = lines.filter((l) => l.msg === 'group landed') as (LogLine & {
+        group: string;
+        node: string;
+        status: string;
+        turns: number[];
+      })[];
       const continued = landed.filter((early) => {
         if (early.node !== 'a' || early.status !== 'ABORTED' || !early.turns.some((t) => t > 0)) return false;
         return landed.some(
           // Every member keeps the turns it had: continued, not restarted. A member whose last turn was
           // cut mid-generation finishes that turn without adding one, so the counts may stay equal.
-          (late) => late.group === early.group && late.node !== 'a' && late.status === 'COMPLETED' && late.turns.every((t, i) => t >= early.turns[i]),
+          (late) =>
+            late.group === early.group &&
+            late.node !== 'a' &&
+            late.status === 'COMPLETED' &&
+            late.turns.every((t, i) => t >= early.turns[i]),
         );
       });
-      assert.ok(continued.length > 0, `a partial rollout started on node a and finished on b or c:\n${JSON.stringify(landed.slice(0, 40))}`);
+      assert.ok(
+        continued.length > 0,
+        `a partial rollout started on node a and finished on b or c:\n${JSON.stringify(landed.slice(0, 40))}`,
+      );
       const stats = await engine.stats();
       const dropped = Object.values(stats.groups.dropped).reduce((x, y) => x + y, 0);
-      assert.equal(stats.groups.scheduled, stats.groups.inFlight + stats.buffer.completed + stats.buffer.aborted + stats.buffer.expired + stats.groups.taken + dropped);
+      assert.equal(
+        stats.groups.scheduled,
+        stats.groups.inFlight +
+          stats.buffer.completed +
+          stats.buffer.aborted +
+          stats.buffer.expired +
+          stats.groups.taken +
+          dropped,
+      );
       assert.deepEqual((stats.nodes ?? []).map((n) => n.id).sort(), ['b', 'c']);
     } finally {
       await engine.close();

@@ -17,7 +17,10 @@ export class LoggedProcess {
   #waiters: { pred: (l: LogLine) => boolean; resolve: (l: LogLine) => void }[] = [];
 
   constructor(args: string[], env: Record<string, string> = {}) {
-    this.child = spawn(process.execPath, ['--import', 'tsx', CLI_MAIN, ...args], { env: { ...process.env, LOG_FORMAT: 'json', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    this.child = spawn(process.execPath, ['--import', 'tsx', CLI_MAIN, ...args], {
+      env: { ...process.env, LOG_FORMAT: 'json', ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     this.child.stdout!.resume();
     let partial = '';
     this.child.stderr!.on('data', (chunk: Buffer) => {
@@ -43,12 +46,17 @@ export class LoggedProcess {
     const seen = this.lines.find(pred);
     if (seen !== undefined) return Promise.resolve(seen);
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`no log line ${what} within ${timeoutMs} ms:\n${this.stderr.slice(-4000)}`)), timeoutMs);
+      const timer = setTimeout(
+        () => reject(new Error(`no log line ${what} within ${timeoutMs} ms:\n${this.stderr.slice(-4000)}`)),
+        timeoutMs,
+      );
       timer.unref();
       this.#waiters.push({ pred, resolve: (l) => (clearTimeout(timer), resolve(l)) });
       void this.exited.then(({ code, signal }) => {
         clearTimeout(timer);
-        reject(new Error(`the process exited (${signal ?? code}) before a log line ${what}:\n${this.stderr.slice(-4000)}`));
+        reject(
+          new Error(`the process exited (${signal ?? code}) before a log line ${what}:\n${this.stderr.slice(-4000)}`),
+        );
       });
     });
   }
@@ -63,6 +71,15 @@ export class LoggedProcess {
   }
 }
 
-export function rolloutNode(url: string, run: string, id: string, extra: string[] = [], env: Record<string, string> = {}): LoggedProcess {
-  return new LoggedProcess(['node', '--nats', url, '--run', run, '--id', id, '--threads', '1', ...extra], { LOG_LEVEL: 'debug', ...env });
+export function rolloutNode(
+  url: string,
+  run: string,
+  id: string,
+  extra: string[] = [],
+  env: Record<string, string> = {},
+): LoggedProcess {
+  return new LoggedProcess(['node', '--nats', url, '--run', run, '--id', id, '--threads', '1', ...extra], {
+    LOG_LEVEL: 'debug',
+    ...env,
+  });
 }

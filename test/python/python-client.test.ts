@@ -19,8 +19,12 @@ const MIN = 60_000;
 
 /** The first python that imports what the package needs (the pyenv `python3` on PATH may not). */
 async function pythonWith(modules: string[]): Promise<string | null> {
-  for (const python of [...new Set([process.env.PYTHON, '/usr/bin/python3', 'python3'].filter((c): c is string => !!c))]) {
-    const out = await runToExit(python, ['-c', `import ${modules.join(', ')}, venv`], { timeoutMs: MIN }).catch(() => null);
+  for (const python of [
+    ...new Set([process.env.PYTHON, '/usr/bin/python3', 'python3'].filter((c): c is string => !!c)),
+  ]) {
+    const out = await runToExit(python, ['-c', `import ${modules.join(', ')}, venv`], { timeoutMs: MIN }).catch(
+      () => null,
+    );
     if (out?.code === 0) return python;
   }
   return null;
@@ -45,12 +49,19 @@ describe('the Python package rollout_engine, installed with pip', { timeout: 10 
       }
       dir = mkdtempSync(join(tmpdir(), 'rollout-python-'));
       // The package from a copy: pip builds in the source tree, and the clone stays as it was.
-      cpSync(join(REPO, 'python'), join(dir, 'src'), { recursive: true, filter: (p) => !/(__pycache__|\.egg-info|[/\\]build)$/.test(p) });
+      cpSync(join(REPO, 'python'), join(dir, 'src'), {
+        recursive: true,
+        filter: (p) => !/(__pycache__|\.egg-info|[/\\]build)$/.test(p),
+      });
       const venv = join(dir, 'venv');
       const made = await runToExit(python, ['-m', 'venv', '--system-site-packages', venv], { timeoutMs: 2 * MIN });
       assert.equal(made.code, 0, show(made));
       venvPython = join(venv, 'bin', 'python');
-      const installed = await runToExit(venvPython, ['-m', 'pip', 'install', '--no-deps', '--no-build-isolation', join(dir, 'src')], { timeoutMs: 3 * MIN, env });
+      const installed = await runToExit(
+        venvPython,
+        ['-m', 'pip', 'install', '--no-deps', '--no-build-isolation', join(dir, 'src')],
+        { timeoutMs: 3 * MIN, env },
+      );
       assert.equal(installed.code, 0, show(installed));
       torch = (await runToExit(venvPython, ['-c', 'import torch'], { timeoutMs: MIN })).code === 0;
     },
@@ -62,7 +73,14 @@ describe('the Python package rollout_engine, installed with pip', { timeout: 10 
 
   it('imports from the venv it was installed in, with its type marker', async (t) => {
     if (venvPython === null) return t.skip('no python3 with numpy and msgpack');
-    const out = await runToExit(venvPython, ['-c', 'import rollout_engine, os; print(os.path.dirname(rollout_engine.__file__)); print(os.path.exists(os.path.join(os.path.dirname(rollout_engine.__file__), "py.typed")))'], { timeoutMs: MIN });
+    const out = await runToExit(
+      venvPython,
+      [
+        '-c',
+        'import rollout_engine, os; print(os.path.dirname(rollout_engine.__file__)); print(os.path.exists(os.path.join(os.path.dirname(rollout_engine.__file__), "py.typed")))',
+      ],
+      { timeoutMs: MIN },
+    );
     assert.equal(out.code, 0, show(out));
     const [where, typed] = out.stdout.trim().split('\n');
     assert.ok(where.startsWith(join(dir, 'venv')), `imported from ${where}`);
@@ -72,23 +90,39 @@ describe('the Python package rollout_engine, installed with pip', { timeout: 10 
   it('passes its unittest suite against a real rollout serve', { timeout: 9 * MIN }, async (t) => {
     if (venvPython === null) return t.skip('no python3 with numpy and msgpack');
     const run = join(dir, 'run');
-    cpSync(join(REPO, 'python', 'tests'), join(run, 'tests'), { recursive: true, filter: (p) => !p.endsWith('__pycache__') });
-    const out = await runToExit(venvPython, ['-m', 'unittest', 'discover', '-v', '-s', join(run, 'tests'), '-t', run], { timeoutMs: 8 * MIN, env });
+    cpSync(join(REPO, 'python', 'tests'), join(run, 'tests'), {
+      recursive: true,
+      filter: (p) => !p.endsWith('__pycache__'),
+    });
+    const out = await runToExit(venvPython, ['-m', 'unittest', 'discover', '-v', '-s', join(run, 'tests'), '-t', run], {
+      timeoutMs: 8 * MIN,
+      env,
+    });
     assert.equal(out.code, 0, show(out));
     const ran = /Ran (\d+) tests?/.exec(out.stderr);
     assert.ok(ran !== null && Number(ran[1]) >= 15, show(out));
     if (CI) assert.doesNotMatch(out.stderr, /skipped/, 'nothing is skipped under CI=true');
   });
 
-  it('trains the GRPO example for a few steps, printing loss and reward per step and syncing weights', { timeout: 4 * MIN }, async (t) => {
+  it('trains the GRPO example for a few steps, printing loss and reward per step and syncing weights', {
+    timeout: 4 * MIN,
+  }, async (t) => {
     if (venvPython === null) return t.skip('no python3 with numpy and msgpack');
     if (!torch) {
       if (CI) assert.fail('torch is missing (Debian: python3-torch)');
       return t.skip('torch is not installed');
     }
-    const out = await runToExit(venvPython, [join(REPO, 'examples', 'grpo_train.py'), '--steps', '4', '--sync-every', '2'], { timeoutMs: 3 * MIN, env });
+    const out = await runToExit(
+      venvPython,
+      [join(REPO, 'examples', 'grpo_train.py'), '--steps', '4', '--sync-every', '2'],
+      { timeoutMs: 3 * MIN, env },
+    );
     assert.equal(out.code, 0, show(out));
-    const steps = [...out.stdout.matchAll(/^step (\d+): loss [+-]\d+\.\d{4} {2}reward -?\d+\.\d{3} {2}\(\d+ samples, \d+ action tokens/gm)].map((m) => Number(m[1]));
+    const steps = [
+      ...out.stdout.matchAll(
+        /^step (\d+): loss [+-]\d+\.\d{4} {2}reward -?\d+\.\d{3} {2}\(\d+ samples, \d+ action tokens/gm,
+      ),
+    ].map((m) => Number(m[1]));
     assert.deepEqual(steps, [1, 2, 3, 4], out.stdout);
     assert.match(out.stdout, /weights -> step 2: the mock serves weight version 2 /);
     assert.match(out.stdout, /weights -> step 4: the mock serves weight version 4 /);
@@ -97,8 +131,11 @@ describe('the Python package rollout_engine, installed with pip', { timeout: 10 
 
   it('checks its type hints with mypy --strict where mypy is installed', { timeout: 6 * MIN }, async (t) => {
     if (venvPython === null) return t.skip('no python3 with numpy and msgpack');
-    if ((await runToExit(venvPython, ['-c', 'import mypy'], { timeoutMs: MIN })).code !== 0) return t.skip('mypy is not installed (Debian: python3-mypy)');
-    const out = await runToExit(venvPython, ['-m', 'mypy', '--strict', join(REPO, 'python', 'rollout_engine')], { timeoutMs: 5 * MIN });
+    if ((await runToExit(venvPython, ['-c', 'import mypy'], { timeoutMs: MIN })).code !== 0)
+      return t.skip('mypy is not installed (Debian: python3-mypy)');
+    const out = await runToExit(venvPython, ['-m', 'mypy', '--strict', join(REPO, 'python', 'rollout_engine')], {
+      timeoutMs: 5 * MIN,
+    });
     assert.equal(out.code, 0, show(out));
   });
 });

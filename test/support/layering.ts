@@ -65,7 +65,8 @@ export function importGraph(root: string): ImportEdge[] {
     const add = (specifier: string, index: number, kind: ImportEdge['kind'], typeOnly = false): void => {
       if (!specifier.startsWith('.')) return;
       const to = posix.normalize(posix.join(posix.dirname(file), specifier));
-      if (!existsSync(join(root, to))) throw new Error(`${file}:${lineOf(index)}: import of ${specifier} names no file (${to})`);
+      if (!existsSync(join(root, to)))
+        throw new Error(`${file}:${lineOf(index)}: import of ${specifier} names no file (${to})`);
       edges.push({ from: file, to, line: lineOf(index), kind, typeOnly });
     };
     for (const m of text.matchAll(STATIC)) add(m[2] ?? m[3], m.index, 'static', m[1] !== undefined && isTypeOnly(m[1]));
@@ -77,7 +78,11 @@ export function importGraph(root: string): ImportEdge[] {
 /** `type { A }`, or `{ type A, type B }`: the clause between `import` / `export` and `from`. */
 function isTypeOnly(clause: string): boolean {
   if (/^type\s/.test(clause)) return true;
-  const names = /^\{([^}]*)\}$/.exec(clause.trim())?.[1].split(',').map((n) => n.trim()).filter((n) => n !== '');
+  const names = /^\{([^}]*)\}$/
+    .exec(clause.trim())?.[1]
+    .split(',')
+    .map((n) => n.trim())
+    .filter((n) => n !== '');
   return names !== undefined && names.length > 0 && names.every((n) => n.startsWith('type '));
 }
 
@@ -92,9 +97,15 @@ function tsFiles(root: string, dir: string): string[] {
 /** Every import cycle over static edges, one per strongly connected component, as the modules in order (first repeated last). */
 export function findCycles(edges: readonly ImportEdge[]): string[][] {
   const next = new Map<string, string[]>();
-  for (const e of edges) if (e.kind === 'static' && e.from !== e.to) next.set(e.from, [...(next.get(e.from) ?? []), e.to]);
+  for (const e of edges)
+    if (e.kind === 'static' && e.from !== e.to) next.set(e.from, [...(next.get(e.from) ?? []), e.to]);
   const selfLoops = edges.filter((e) => e.kind === 'static' && e.from === e.to).map((e) => [e.from, e.from]);
-  return [...selfLoops, ...stronglyConnected(next).filter((c) => c.length > 1).map((component) => cycleThrough(component, next))];
+  return [
+    ...selfLoops,
+    ...stronglyConnected(next)
+      .filter((c) => c.length > 1)
+      .map((component) => cycleThrough(component, next)),
+  ];
 }
 
 /** Tarjan's algorithm, iterative (a recursion per module is fine at 150 files, but not worth the risk). */
@@ -179,14 +190,18 @@ export function layeringViolations(edges: readonly ImportEdge[]): string[] {
   for (const e of edges) {
     const at = `${e.from}:${e.line} imports ${e.to}`;
     if (under(e.from, WORKER_SIDE) && under(e.to, MAIN_THREAD_ONLY)) {
-      problems.push(`${at}: the worker side (worker/, workers/, env/, llm/) never imports the main thread's coordinator/, buffer/, control/ or cli/`);
+      problems.push(
+        `${at}: the worker side (worker/, workers/, env/, llm/) never imports the main thread's coordinator/, buffer/, control/ or cli/`,
+      );
     }
     const foundation = FOUNDATION.find(([layer]) => e.from.startsWith(layer));
     if (foundation !== undefined) {
       const [layer, below] = foundation;
       const settings = layer === 'src/protocol/' && e.typeOnly && under(e.to, WORKER_SETTINGS);
       if (!e.to.startsWith(layer) && !under(e.to, below) && !settings) {
-        problems.push(`${at}: ${layer} imports ${below.length === 0 ? 'nothing of src/' : `only ${below.join(', ')}`}${layer === 'src/protocol/' ? " (and, type-only, the worker side's settings)" : ''}`);
+        problems.push(
+          `${at}: ${layer} imports ${below.length === 0 ? 'nothing of src/' : `only ${below.join(', ')}`}${layer === 'src/protocol/' ? " (and, type-only, the worker side's settings)" : ''}`,
+        );
       }
     }
     if (e.to === PACKAGE_ENTRY && e.from.startsWith('src/')) {
@@ -204,6 +219,8 @@ export function checkLayering(root: string): string[] {
 
 if (process.argv[1] !== undefined && fileURLToPath(import.meta.url) === process.argv[1]) {
   const problems = checkLayering(join(dirname(fileURLToPath(import.meta.url)), '..', '..'));
-  process.stdout.write(problems.length === 0 ? 'layering: no cycle, no forbidden import\n' : `${problems.join('\n')}\n`);
+  process.stdout.write(
+    problems.length === 0 ? 'layering: no cycle, no forbidden import\n' : `${problems.join('\n')}\n`,
+  );
   process.exitCode = problems.length === 0 ? 0 : 1;
 }

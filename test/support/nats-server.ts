@@ -24,7 +24,9 @@ export interface NatsServer {
 
 export function startNatsServer(): Promise<NatsServer> {
   const dir = mkdtempSync(join(tmpdir(), 'rollout-nats-'));
-  const child: ChildProcess = spawn('nats-server', ['-js', '-a', '127.0.0.1', '-p', '-1', '-sd', dir], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const child: ChildProcess = spawn('nats-server', ['-js', '-a', '127.0.0.1', '-p', '-1', '-sd', dir], {
+    stdio: ['ignore', 'ignore', 'pipe'],
+  });
   const stop = async (): Promise<void> => {
     if (child.exitCode === null && child.signalCode === null) {
       const exited = new Promise((resolve) => child.once('exit', resolve));
@@ -57,6 +59,9 @@ export function startNatsServer(): Promise<NatsServer> {
 
 /** For `npm run test:cluster`: a missing nats-server fails the suite, saying how to install it. */
 export function requireNatsServer(): Promise<NatsServer> {
-  if (!hasNatsServer()) throw new Error('nats-server is not installed: the cluster tests need it (Debian/Ubuntu: apt-get install nats-server)');
+  if (!hasNatsServer())
+    throw new Error(
+      'nats-server is not installed: the cluster tests need it (Debian/Ubuntu: apt-get install nats-server)',
+    );
   return startNatsServer();
 }

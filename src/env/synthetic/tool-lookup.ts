@@ -17,12 +17,33 @@ const FACTORY_PARAMS = ['keys', 'maxValue', 'cpuCostUs'] as const;
 
 export const TOOL_LOOKUP_DEFAULTS = { keys: 8, maxValue: 1000, cpuCostUs: 0 } as const;
 
-const KEY_WORDS = ['amber', 'birch', 'cedar', 'delta', 'ember', 'fjord', 'grove', 'heron', 'iris', 'juniper', 'kelp', 'lotus', 'maple', 'nectar', 'orchid', 'pine'];
+const KEY_WORDS = [
+  'amber',
+  'birch',
+  'cedar',
+  'delta',
+  'ember',
+  'fjord',
+  'grove',
+  'heron',
+  'iris',
+  'juniper',
+  'kelp',
+  'lotus',
+  'maple',
+  'nectar',
+  'orchid',
+  'pine',
+];
 
 /** The one tool. The mock policy calls it by this name (testing/mock-llm/policy.ts). */
 export const LOOKUP_TOOL: ToolSchema = {
   type: 'function',
-  function: { name: 'lookup', description: 'The integer stored under a key.', parameters: { type: 'object', properties: { key: { type: 'string' } }, required: ['key'] } },
+  function: {
+    name: 'lookup',
+    description: 'The integer stored under a key.',
+    parameters: { type: 'object', properties: { key: { type: 'string' } }, required: ['key'] },
+  },
 };
 
 /** The mock policy recognises the task by this sentence; keep them in sync (testing/mock-llm/policy.ts). */
@@ -71,17 +92,28 @@ export function createEnv(params: EnvParams = {}): Environment {
       if (cpuCostUs > 0) burnCpu(cpuCostUs);
       if (call.name !== 'lookup') throw new Error(`${ENV} has no tool ${JSON.stringify(call.name)}`);
       const value = store.get(String(call.arguments.key));
-      if (value === undefined) return { content: `no key ${JSON.stringify(call.arguments.key)}; keys: ${[...store.keys()].join(', ')}`, isError: true };
+      if (value === undefined)
+        return {
+          content: `no key ${JSON.stringify(call.arguments.key)}; keys: ${[...store.keys()].join(', ')}`,
+          isError: true,
+        };
       return String(value);
     },
 
     step(action, turn?: StepContext) {
-      if (phase !== 'running') throw new Error(`${ENV}: step called ${phase === 'idle' ? 'before reset' : 'after the episode ended'}`);
+      if (phase !== 'running')
+        throw new Error(`${ENV}: step called ${phase === 'idle' ? 'before reset' : 'after the episode ended'}`);
       if (cpuCostUs > 0) burnCpu(cpuCostUs);
       messages.push(...(turn?.toolMessages ?? []), { role: 'assistant', content: String(action) });
       const answer = lastInteger(String(action));
       phase = 'done';
-      return { observation: null, reward: answer === expected ? 1 : 0, terminated: true, truncated: false, info: { expected, answer, toolCalls: (turn?.toolMessages ?? []).filter((m) => m.role === 'tool').length } };
+      return {
+        observation: null,
+        reward: answer === expected ? 1 : 0,
+        terminated: true,
+        truncated: false,
+        info: { expected, answer, toolCalls: (turn?.toolMessages ?? []).filter((m) => m.role === 'tool').length },
+      };
     },
 
     close() {

@@ -15,7 +15,11 @@ export interface AdminParts {
 }
 
 export function adminRoutes(parts: AdminParts): RouteTable {
-  const abort = { POST: (req: IncomingMessage, res: ServerResponse) => (req.resume(), sendJson(res, 200, { aborted: parts.abortAll() })) };
+  const abort = {
+    POST: (req: IncomingMessage, res: ServerResponse) => (
+      req.resume(), sendJson(res, 200, { aborted: parts.abortAll() })
+    ),
+  };
   const weightVersion = (req: IncomingMessage, res: ServerResponse) => weightVersionRoute(parts, req, res);
   return {
     '/admin/abort': abort,

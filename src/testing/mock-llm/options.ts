@@ -98,7 +98,9 @@ export interface MockLlmOptions {
   vllmDevMode?: boolean;
 }
 
-export type ResolvedMockLlmOptions = Readonly<Required<Omit<MockLlmOptions, 'contextLength'>> & { contextLength: number | null }>;
+export type ResolvedMockLlmOptions = Readonly<
+  Required<Omit<MockLlmOptions, 'contextLength'>> & { contextLength: number | null }
+>;
 
 export const MOCK_LLM_DEFAULTS: ResolvedMockLlmOptions = Object.freeze({
   host: '127.0.0.1',
@@ -127,7 +129,14 @@ export const MOCK_LLM_DEFAULTS: ResolvedMockLlmOptions = Object.freeze({
 const KNOWN = Object.keys(MOCK_LLM_DEFAULTS);
 
 /** The fault knobs, in the order their bands are laid out on the per-request die. */
-export const MOCK_FAULTS = ['errorRate', 'rateLimitRate', 'resetRate', 'hangRate', 'malformedRate', 'truncateRate'] as const;
+export const MOCK_FAULTS = [
+  'errorRate',
+  'rateLimitRate',
+  'resetRate',
+  'hangRate',
+  'malformedRate',
+  'truncateRate',
+] as const;
 export type MockFaultOption = (typeof MOCK_FAULTS)[number];
 
 function fail(name: string, rule: string, value: unknown): never {
@@ -157,22 +166,38 @@ function oneOf<T extends string>(name: string, value: unknown, allowed: readonly
 }
 
 export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMockLlmOptions {
-  if (typeof options !== 'object' || options === null || Array.isArray(options)) fail('(options)', 'must be an object', options);
+  if (typeof options !== 'object' || options === null || Array.isArray(options))
+    fail('(options)', 'must be an object', options);
   for (const key of Object.keys(options)) {
-    if (!KNOWN.includes(key)) throw new RolloutEngineError('ERR_INVALID_OPTION', `mock-llm: unknown option ${key} (known: ${KNOWN.join(', ')})`);
+    if (!KNOWN.includes(key))
+      throw new RolloutEngineError(
+        'ERR_INVALID_OPTION',
+        `mock-llm: unknown option ${key} (known: ${KNOWN.join(', ')})`,
+      );
   }
   const o = { ...MOCK_LLM_DEFAULTS };
-  for (const [key, value] of Object.entries(options)) if (value !== undefined) (o as Record<string, unknown>)[key] = value;
-  const rates = Object.fromEntries(MOCK_FAULTS.map((name) => [name, finite(name, o[name], 0, 1)])) as Record<MockFaultOption, number>;
+  for (const [key, value] of Object.entries(options))
+    if (value !== undefined) (o as Record<string, unknown>)[key] = value;
+  const rates = Object.fromEntries(MOCK_FAULTS.map((name) => [name, finite(name, o[name], 0, 1)])) as Record<
+    MockFaultOption,
+    number
+  >;
   const total = MOCK_FAULTS.reduce((sum, name) => sum + rates[name], 0);
   // One die per request: overlapping bands would make some faults silently rarer than asked.
   if (total > 1 + 1e-9) {
     const given = MOCK_FAULTS.filter((name) => rates[name] > 0).map((name) => `${name}=${rates[name]}`);
-    throw new RolloutEngineError('ERR_INVALID_OPTION', `mock-llm: fault rates must sum to at most 1 (got ${given.join(' + ')} = ${Math.round(total * 1e6) / 1e6})`);
+    throw new RolloutEngineError(
+      'ERR_INVALID_OPTION',
+      `mock-llm: fault rates must sum to at most 1 (got ${given.join(' + ')} = ${Math.round(total * 1e6) / 1e6})`,
+    );
   }
   const dialect = oneOf('dialect', o.dialect, MOCK_DIALECTS);
   if (dialect === 'default' && o.contextLength !== null) {
-    fail('contextLength', 'applies to the vllm, sglang and llamacpp dialects only (set option dialect too)', o.contextLength);
+    fail(
+      'contextLength',
+      'applies to the vllm, sglang and llamacpp dialects only (set option dialect too)',
+      o.contextLength,
+    );
   }
   return Object.freeze({
     host: text('host', o.host),
@@ -182,7 +207,10 @@ export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMoc
     tokensPerSecond: finite('tokensPerSecond', o.tokensPerSecond, 0, 1e9),
     streamIntervalMs: finite('streamIntervalMs', o.streamIntervalMs, 1, 60_000),
     seed: integer('seed', o.seed, Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER),
-    weightVersion: dialect === 'default' ? validateWeightVersion(o.weightVersion, 'option weightVersion') : versionLabel(options.weightVersion),
+    weightVersion:
+      dialect === 'default'
+        ? validateWeightVersion(o.weightVersion, 'option weightVersion')
+        : versionLabel(options.weightVersion),
     ...rates,
     thinkTokens: integer('thinkTokens', o.thinkTokens, 0, 1_000_000),
     mistakeRate: finite('mistakeRate', o.mistakeRate, 0, 1),
@@ -201,8 +229,15 @@ function boolean(name: string, value: unknown): boolean {
 
 /** A built-in vocabulary by name, or a directory holding tokenizer.json and tokenizer_config.json. */
 function tokenizer(value: unknown): MockTokenizer {
-  if (typeof value === 'string' && ((MOCK_TOKENIZERS as readonly string[]).includes(value) || /[\\/]/.test(value) || value.startsWith('.'))) return value;
-  throw new RolloutEngineError('ERR_INVALID_OPTION', `mock-llm: option tokenizer must be one of ${MOCK_TOKENIZERS.join(', ')} (got ${show(value)}), or a tokenizer directory path (one with a / in it)`);
+  if (
+    typeof value === 'string' &&
+    ((MOCK_TOKENIZERS as readonly string[]).includes(value) || /[\\/]/.test(value) || value.startsWith('.'))
+  )
+    return value;
+  throw new RolloutEngineError(
+    'ERR_INVALID_OPTION',
+    `mock-llm: option tokenizer must be one of ${MOCK_TOKENIZERS.join(', ')} (got ${show(value)}), or a tokenizer directory path (one with a / in it)`,
+  );
 }
 
 /** The weight version a string-versioned dialect reports: SGLang's ServerArgs.weight_version defaults to "default". */
@@ -215,7 +250,10 @@ function versionLabel(value: unknown): string {
 /** Weight versions are non-negative integers, like a trainer's step counter. */
 export function validateWeightVersion(value: unknown, name = 'weight_version'): number {
   if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0) {
-    throw new RolloutEngineError('ERR_INVALID_OPTION', `mock-llm: ${name} must be a non-negative integer (got ${show(value)})`);
+    throw new RolloutEngineError(
+      'ERR_INVALID_OPTION',
+      `mock-llm: ${name} must be a non-negative integer (got ${show(value)})`,
+    );
   }
   return value;
 }

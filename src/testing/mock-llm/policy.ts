@@ -132,17 +132,31 @@ function toolResults(messages: readonly PromptMessage[], from: number): string[]
  * mistake rate, the first reply is instead a call with bad JSON, a call to a tool that does not
  * exist, or a guess without tools; and the final sum may be off by one.
  */
-function playToolLookup(messages: readonly PromptMessage[], at: number, a: string, b: string, rng: Rng, mistakeRate: number): { answer: string; toolCalls?: PolicyToolCall[] } {
+function playToolLookup(
+  messages: readonly PromptMessage[],
+  at: number,
+  a: string,
+  b: string,
+  rng: Rng,
+  mistakeRate: number,
+): { answer: string; toolCalls?: PolicyToolCall[] } {
   const results = toolResults(messages, at);
   if (results.length === 0) {
     const name = LOOKUP_TOOL.function.name;
     if (rng.chance(mistakeRate)) {
       const mistake = rng.pick(['bad-json', 'unknown-tool', 'guess'] as const);
       if (mistake === 'bad-json') return { answer: '', toolCalls: [{ name, arguments: `{"key": "${a}"` }] };
-      if (mistake === 'unknown-tool') return { answer: '', toolCalls: [{ name: 'search', arguments: JSON.stringify({ query: a }) }] };
+      if (mistake === 'unknown-tool')
+        return { answer: '', toolCalls: [{ name: 'search', arguments: JSON.stringify({ query: a }) }] };
       return { answer: `The sum is ${rng.int(2, 2000)}.` };
     }
-    return { answer: '', toolCalls: [{ name, arguments: JSON.stringify({ key: a }) }, { name, arguments: JSON.stringify({ key: b }) }] };
+    return {
+      answer: '',
+      toolCalls: [
+        { name, arguments: JSON.stringify({ key: a }) },
+        { name, arguments: JSON.stringify({ key: b }) },
+      ],
+    };
   }
   let sum = 0;
   for (const r of results) if (/^-?\d+$/.test(r.trim())) sum += Number(r);
@@ -152,14 +166,21 @@ function playToolLookup(messages: readonly PromptMessage[], at: number, a: strin
 
 /** Hermes text of calls (what vLLM's hermes parser reads): `<tool_call>` blocks, the arguments as written. */
 function hermesText(calls: readonly PolicyToolCall[]): string {
-  return calls.map((c) => `<tool_call>\n{"name": ${JSON.stringify(c.name)}, "arguments": ${c.arguments}}\n</tool_call>`).join('\n');
+  return calls
+    .map((c) => `<tool_call>\n{"name": ${JSON.stringify(c.name)}, "arguments": ${c.arguments}}\n</tool_call>`)
+    .join('\n');
 }
 
-function answerFor(messages: readonly PromptMessage[], rng: Rng, mistakeRate: number): { kind: TaskKind; answer: string; toolCalls?: PolicyToolCall[] } {
+function answerFor(
+  messages: readonly PromptMessage[],
+  rng: Rng,
+  mistakeRate: number,
+): { kind: TaskKind; answer: string; toolCalls?: PolicyToolCall[] } {
   for (let i = 0; i < messages.length; i++) {
     if (messages[i].role !== 'user') continue;
     const task = TOOL_LOOKUP_TASK.exec(messages[i].content);
-    if (task !== null) return { kind: 'tool-lookup', ...playToolLookup(messages, i, task[1], task[2], rng, mistakeRate) };
+    if (task !== null)
+      return { kind: 'tool-lookup', ...playToolLookup(messages, i, task[1], task[2], rng, mistakeRate) };
   }
   for (let i = 0; i < messages.length; i++) {
     if (messages[i].role !== 'user' && messages[i].role !== 'system') continue;
@@ -195,8 +216,14 @@ const REQUEST_SEED_TAG = 0x5eed;
  * Seed of one random stream of a request (`stream` tells the policy, logprobs, … apart). With a
  * request seed only (server seed, request seed) count; without one, the request counter does.
  */
-export function requestStreamSeed(serverSeed: number, requestIndex: number, requestSeed: number | undefined, stream?: number): number {
-  if (requestSeed === undefined) return stream === undefined ? mixSeeds(serverSeed, requestIndex) : mixSeeds(serverSeed, requestIndex, stream);
+export function requestStreamSeed(
+  serverSeed: number,
+  requestIndex: number,
+  requestSeed: number | undefined,
+  stream?: number,
+): number {
+  if (requestSeed === undefined)
+    return stream === undefined ? mixSeeds(serverSeed, requestIndex) : mixSeeds(serverSeed, requestIndex, stream);
   return stream === undefined
     ? mixSeeds(serverSeed, REQUEST_SEED_TAG, requestSeed)
     : mixSeeds(serverSeed, REQUEST_SEED_TAG, requestSeed, stream);

@@ -113,11 +113,32 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
   const completer = new Completer({ options: opts, vocab, context, scheduler, faults, rejections, version });
   let closed: Promise<void> | null = null;
   const closing = (): boolean => closed !== null;
-  const routes = new Routes({ options: opts, dialect, context, completer, scheduler, rejections, version, closing, onChange });
+  const routes = new Routes({
+    options: opts,
+    dialect,
+    context,
+    completer,
+    scheduler,
+    rejections,
+    version,
+    closing,
+    onChange,
+  });
   const stats = (): MockLlmStats => {
     const { promptTokens, completionTokens, aborted, cancelled } = scheduler.counts;
     const faultCounts = faults.counts;
-    return { requests: routes.requests, promptTokens, completionTokens, aborted, cancelled, errorsInjected: faultCounts.error, rejected: rejections.count, faults: faultCounts, hanging: faults.hanging, inFlight: scheduler.inFlight };
+    return {
+      requests: routes.requests,
+      promptTokens,
+      completionTokens,
+      aborted,
+      cancelled,
+      errorsInjected: faultCounts.error,
+      rejected: rejections.count,
+      faults: faultCounts,
+      hanging: faults.hanging,
+      inFlight: scheduler.inFlight,
+    };
   };
   const statsWaiters = new StatsWaiters(stats);
   statsChanged = () => statsWaiters.changed();
