@@ -20,6 +20,7 @@ const BUILTIN_PREFIX = 'builtin:';
 export const BUILTIN_ENVS: Record<string, string> = {
   'guess-number': 'src/env/synthetic/guess-number',
   arithmetic: 'src/env/synthetic/arithmetic',
+  'tool-lookup': 'src/env/synthetic/tool-lookup',
 };
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
@@ -97,6 +98,36 @@ const ModuleExportSpec = z.strictObject({
   export: z.string().min(1).default('default'),
 });
 
+/** An MCP server a task's episodes may call: a stdio command the worker starts, or a streamable-HTTP URL. */
+const McpServerSpec = z.union([
+  z.strictObject({
+    /** Executable of a stdio MCP server, started by each worker (`mcpSessions: worker`) or each episode. */
+    command: z.string().min(1),
+    args: z.array(z.string()).default([]),
+    /** Its environment (default: the SDK's safe subset of the worker's: PATH, HOME, …). */
+    env: z.record(z.string(), z.string()).optional(),
+    cwd: z.string().min(1).optional(),
+  }),
+  z.strictObject({
+    /** A streamable-HTTP MCP endpoint (`http://host:port/mcp`). */
+    url: httpUrl,
+    headers: z.record(z.string(), z.string()).optional(),
+  }),
+]);
+
+const ToolsSpec = z.strictObject({
+  /** MCP servers whose tools are offered beside the environment's (env/mcp.ts). */
+  mcp: z.array(McpServerSpec).default([]),
+  /** `worker`: one session per server per worker, shared by the task's episodes; `episode`: one per episode, closed at its end. */
+  mcpSessions: z.enum(['worker', 'episode']).default('worker'),
+  /** Tool calls run per step at most; the step ends with the reply that reaches it (later calls are answered `limit`). */
+  maxCallsPerTurn: positiveInt.max(1024).default(16),
+  /** Bound on one tool call: past it the model is shown a timeout error and the call's signal aborts. */
+  timeoutMs: positiveInt.max(86_400_000).default(30_000),
+  /** OpenAI `tool_choice` sent with the tools. */
+  toolChoice: z.enum(['auto', 'required', 'none']).default('auto'),
+});
+
 const TaskSpec = z
   .strictObject({
     name: z.string().regex(/^[A-Za-z0-9_.-]+$/, 'must be letters, digits, "_", "." or "-"'),
@@ -120,6 +151,8 @@ const TaskSpec = z
      * built-in agent loop.
      */
     agent: ModuleExportSpec.nullable().default(null),
+    /** Tool calling (README "Tools"): MCP servers, and limits on the calls of the environment's tools and theirs. */
+    tools: ToolsSpec.default(() => ToolsSpec.parse({})),
   })
   .refine((task) => task.env !== null || task.agent !== null, {
     message: 'a task needs an env (or a black-box agent that takes its prompts from the dataset)',
@@ -163,6 +196,12 @@ const LlmSpec = z.strictObject({
    * observation's tokens exactly — no retokenization drift.
    */
   api: z.enum(['chat', 'tokens']).default('chat'),
+  /**
+   * With `api: tokens`: how tool calls are read from the model's text (llm/tool-calls.ts), as vLLM's
+   * `--tool-call-parser`: `hermes` (Qwen2.5, Hermes: `<tool_call>{json}</tool_call>`) or
+   * `llama3_json` (Llama 3.x JSON).
+   */
+  toolParser: z.enum(['hermes', 'llama3_json']).default('hermes'),
   /** The policy's tokenizer and chat template for `api: tokens`: `qwen2.5`, or a directory with tokenizer.json and tokenizer_config.json. */
   tokenizer: z.string().min(1).default('qwen2.5'),
   apiKey: z.string().nullable().default(null),

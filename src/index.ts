@@ -30,7 +30,19 @@ export type {
   FinishReason,
   StitchedSession,
 } from './domain/rollout.ts';
-export type { Environment, EnvironmentFactory, ResetOptions, ResetResult, StepResult, EnvParams } from './env/types.ts';
+export type {
+  Environment,
+  EnvironmentFactory,
+  ResetOptions,
+  ResetResult,
+  StepResult,
+  EnvParams,
+  StepContext,
+  ToolCallRequest,
+  ToolOutput,
+  ToolSchema,
+} from './env/types.ts';
+export type { ToolCallRecord, ToolErrorKind } from './domain/rollout.ts';
 export { BatchFileWriter, groupToJson } from './formats/batch-file.ts';
 export type { BlackBoxAgent, BlackBoxInput, BlackBoxResult } from './worker/blackbox-loop.ts';
 export type { EpisodeHooks } from './worker/agent-loop.ts';

@@ -24,7 +24,7 @@ Load:
   --episode-slots          count episodes playing, not rollouts held: a rollout that ends before its
                            siblings hands its slot to another group's (workers.rolloutsPerWorker)
   --workers <n>            worker threads (default: available CPUs)
-  --envs <list>            comma-separated: ${LOADTEST_ENVS.join(', ')} (default both; guess-number is multi-turn)
+  --envs <list>            comma-separated: ${LOADTEST_ENVS.join(', ')} (default guess-number,arithmetic; guess-number is multi-turn, tool-lookup calls tools)
   --env-cpu-us <µs>        CPU each environment step burns (default 0)
 Mock inference server:
   --latency-ms <ms>        fixed latency per request (default 20)

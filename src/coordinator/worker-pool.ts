@@ -361,6 +361,7 @@ export function workerInit(
         // Drain mode lets every call finish on the old weights; only an aborting pause holds streams.
         holdOnPause: llm.stream && config.pause.mode === 'abort',
         api: llm.api,
+        toolParser: llm.toolParser,
       },
       // Unprobed endpoints (a test's own pool) are taken for `llm.server`, or generic under auto.
       servers: Object.fromEntries(servers.map((s) => [s.url, { kind: s.kind, contextLength: s.contextLength }])),
@@ -395,6 +396,7 @@ export function workerInit(
             temperature: t.temperature,
             partialRollout: config.producer.partialRollout,
             sendSeed: llm.sendSeed,
+            tools: t.tools,
           },
         },
       ]),

@@ -25,6 +25,41 @@ export interface ChatMessage {
   role: Role;
   content: string;
   name?: string;
+  /** An assistant message that called tools (OpenAI shape): its calls, answered by the `tool` messages after it. */
+  tool_calls?: ToolCallMessage[];
+  /** A `tool` message: the id of the call it answers. */
+  tool_call_id?: string;
+}
+
+/** One tool call as an OpenAI assistant message carries it: `arguments` is JSON text, as the model wrote it. */
+export interface ToolCallMessage {
+  id: string;
+  type: 'function';
+  function: { name: string; arguments: string };
+}
+
+/**
+ * Why a tool call did not run or failed; the model is shown the reason as the call's result:
+ * `unparsed` (tokens mode: a `<tool_call>` block that is not JSON), `bad_arguments` (not a JSON
+ * object), `unknown_tool`, `tool_error` (it threw, or an MCP server answered isError or died),
+ * `timeout` (`tasks[].tools.timeoutMs`), `limit` (over `tasks[].tools.maxCallsPerTurn`).
+ */
+export type ToolErrorKind = 'unparsed' | 'bad_arguments' | 'unknown_tool' | 'tool_error' | 'timeout' | 'limit';
+
+/** One tool call of a turn's reply and what came of it (worker/tools.ts). */
+export interface ToolCallRecord {
+  /** The server's id (chat), or one the engine gave it (tokens mode: the text carries none). */
+  id: string;
+  name: string;
+  /** JSON text as the model wrote it (the raw block when it did not parse). */
+  arguments: string;
+  /** The text the model is shown as the `tool` message answering this call. */
+  result: string;
+  error: ToolErrorKind | null;
+  /** Where the call went: the environment, an MCP server (its label), or nowhere (null: it never ran). */
+  source: string | null;
+  /** Wall time of the call, from its start to its result (0 when it never ran). */
+  ms: number;
 }
 
 /**
@@ -70,6 +105,8 @@ export interface TurnTimings {
   inferenceMs: number;
   envMs: number;
   totalMs: number;
+  /** Wall time of the reply's tool calls (run concurrently: the span of them all); absent without calls. */
+  toolMs?: number;
 }
 
 /** One agent turn: what was sent, what came back, and what the environment made of it. */
@@ -104,6 +141,12 @@ export interface TurnRecord {
   /** Whether the turn should be trained on (reference Interactor semantics, see worker/agent-loop.ts). */
   trainable: boolean;
   /**
+   * The tool calls this reply made, in its order, each with its result (set only on a reply that
+   * called tools). The results are not in this turn's tokens: they are in the next turn's prompt
+   * (`promptIds`), so the loss (response tokens only) never covers a tool result.
+   */
+  toolCalls?: ToolCallRecord[];
+  /**
    * Set when the batch is taken with a token-level staleness threshold: 1 = the token counts in the
    * loss, 0 = too stale. Absent otherwise (every token counts).
    */
@@ -119,6 +162,8 @@ export interface RolloutTimings {
   totalMs: number;
   /** Time spent interrupted by weight updates (back on the main thread, waiting to continue). */
   pausedMs: number;
+  /** Time in tool calls (their spans joined per turn: parallel calls count once); absent without tools. */
+  toolMs?: number;
   /** Wall clock (ms since epoch) when the episode started / ended in the worker. */
   startedAt: number;
   finishedAt: number;
@@ -148,6 +193,8 @@ export interface RolloutState {
   finishReason: FinishReason | null;
   /** Why the rollout FAILED (or was ABORTED), with an error code where there is one. */
   error: string | null;
+  /** Tool calls the model made in the turns kept, and how many of them failed (any ToolErrorKind); absent without tools. */
+  tools?: { calls: number; errors: number };
   timings: RolloutTimings;
   /** Worker thread that ran the episode. */
   workerId: number | null;
@@ -270,6 +317,7 @@ export function resetToPrompt(rollout: RolloutState, status: Status): void {
   rollout.truncated = false;
   rollout.finishReason = null;
   rollout.error = null;
+  delete rollout.tools;
 }
 
 /** Total response tokens of a rollout (0 when the server returned no ids). */
@@ -311,6 +359,7 @@ export function approxGroupBytes(group: RolloutGroup): number {
     for (const t of r.turns) {
       bytes += 256 + 2 * t.response.length;
       for (const m of t.messages) bytes += 64 + 2 * m.content.length;
+      for (const c of t.toolCalls ?? []) bytes += 128 + 2 * (c.arguments.length + c.result.length);
       count(t.promptIds);
       count(t.responseIds);
       count(t.logprobs);

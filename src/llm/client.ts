@@ -17,6 +17,7 @@ import { ChatStream } from './stream-reply.ts';
 import { DIALECTS, type ServerDialect, type ServerKind } from './servers.ts';
 import { contextOverflowReply, isContextOverflow } from './context.ts';
 import { TokenChat } from './token-chat.ts';
+import type { ToolParser } from './tool-calls.ts';
 import type { ChatModel } from '../gateway/model.ts';
 
 export interface LlmClientOptions {
@@ -62,6 +63,8 @@ export interface LlmClientOptions {
    * here (`chatModel`) and sent as ids to the dialect's token-in route (llm/token-chat.ts).
    */
   api?: 'chat' | 'tokens';
+  /** With `api: tokens`: the format tool calls are read from the text in (llm/tool-calls.ts); default hermes. */
+  toolParser?: ToolParser;
   /** The policy's tokenizer and chat template, for `api: tokens` (loaded once per worker). */
   chatModel?: () => Promise<ChatModel>;
 }
@@ -84,6 +87,9 @@ export function chatPayload(
     max_tokens: request.maxTokens,
     temperature: request.temperature,
     ...(request.seed !== undefined ? { seed: request.seed } : {}),
+    ...(request.tools !== undefined && request.tools.length > 0
+      ? { tools: request.tools, tool_choice: request.toolChoice ?? 'auto' }
+      : {}),
     ...(continuing ? { continue_final_message: true, add_generation_prompt: false } : {}),
     ...(options.logprobs ? { logprobs: true } : {}),
     ...(options.returnTokenIds && ids !== null ? ids : {}),

@@ -5,6 +5,7 @@
 import type { FinishReason } from '../domain/rollout.ts';
 import { LlmError } from './errors.ts';
 import { preview } from '../errors.ts';
+import type { ParsedToolCall } from './tool-calls.ts';
 
 export interface ChatResult {
   content: string;
@@ -31,6 +32,11 @@ export interface ChatResult {
    * was generated, and the episode ends as truncated (llm/context.ts).
    */
   contextExceeded?: string;
+  /**
+   * The tools the reply called (chat: `choices[0].message.tool_calls`; tokens: parsed from the text,
+   * llm/tool-calls.ts); absent when it called none.
+   */
+  toolCalls?: ParsedToolCall[];
 }
 
 export function parseChatReply(body: unknown): ChatResult {
@@ -63,7 +69,9 @@ export function parseChatReply(body: unknown): ChatResult {
     );
   }
   const usage = isObject(body.usage) ? body.usage : {};
+  const toolCalls = parseToolCallsField(message.tool_calls);
   return {
+    ...(toolCalls !== null ? { toolCalls } : {}),
     content,
     // Compared lower-case everywhere: a server answering "STOP" means stop (regression: it failed the rollout).
     finishReason: finishReason.toLowerCase(),
@@ -74,6 +82,27 @@ export function parseChatReply(body: unknown): ChatResult {
     promptTokens: typeof usage.prompt_tokens === 'number' ? usage.prompt_tokens : null,
     completionTokens: typeof usage.completion_tokens === 'number' ? usage.completion_tokens : null,
   };
+}
+
+/**
+ * `message.tool_calls` (OpenAI; vLLM with `--enable-auto-tool-choice`): `[{id, type: "function",
+ * function: {name, arguments}}]`, `arguments` a JSON string. An object there (some servers) is taken
+ * as its JSON text. Null or empty: no calls. The arguments are not parsed here: bad JSON is the
+ * model's mistake, shown to it as the call's result (worker/tools.ts), not a bad reply.
+ */
+export function parseToolCallsField(value: unknown, where = REPLY): ParsedToolCall[] | null {
+  if (value == null) return null;
+  if (!Array.isArray(value)) throw bad('choices[0].message.tool_calls', value, 'an array or null', where);
+  if (value.length === 0) return null;
+  return value.map((call, i) => {
+    const field = `choices[0].message.tool_calls[${i}]`;
+    if (!isObject(call) || !isObject(call.function))
+      throw bad(`${field}.function`, isObject(call) ? call.function : call, 'an object', where);
+    const { name, arguments: args } = call.function;
+    if (typeof name !== 'string') throw bad(`${field}.function.name`, name, 'a string', where);
+    if (typeof call.id !== 'string' || call.id === '') throw bad(`${field}.id`, call.id, 'a non-empty string', where);
+    return { id: call.id, name, arguments: typeof args === 'string' ? args : JSON.stringify(args ?? {}) };
+  });
 }
 
 function parseLogprobs(value: unknown): Float32Array | null {

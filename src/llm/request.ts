@@ -4,6 +4,15 @@
  */
 import type { ChatMessage } from '../domain/rollout.ts';
 
+/** An OpenAI function tool, as sent in `tools` (env/types.ts: an environment's, or an MCP server's). */
+export interface ToolSchema {
+  type: 'function';
+  function: { name: string; description?: string; parameters?: Record<string, unknown>; strict?: boolean };
+}
+
+/** OpenAI `tool_choice`: let the model decide, make it call one, or forbid calls. */
+export type ToolChoice = 'auto' | 'required' | 'none';
+
 export interface ChatRequest {
   messages: ChatMessage[];
   maxTokens: number;
@@ -23,4 +32,7 @@ export interface ChatRequest {
    * restart after a pause).
    */
   previous?: { messages: readonly ChatMessage[]; promptIds: Int32Array | null; responseIds: Int32Array | null };
+  /** Tools the model may call this turn (OpenAI `tools`); absent or empty: none are sent. */
+  tools?: ToolSchema[];
+  toolChoice?: ToolChoice;
 }

@@ -37,6 +37,11 @@ export class ChatStream {
   #promptTokens: number | null = null;
   #completionTokens: number | null = null;
   #done = false;
+  /**
+   * Tool calls by their `index`: vLLM streams a call's id and name in its first delta, then its
+   * `arguments` in pieces (serving_chat.py chat_completion_stream_generator, DeltaToolCall).
+   */
+  readonly #toolCalls: { id: string; name: string; arguments: string }[] = [];
   /** The first bad event's error; the stream is not read further. */
   #error: LlmError | null = null;
 
@@ -106,7 +111,9 @@ export class ChatStream {
         `inference stream: its events hold ${logprobs.length} logprobs but ${ids.length} token ids`,
       );
     }
+    const toolCalls = this.#toolCalls.filter((c) => c !== undefined);
     return {
+      ...(toolCalls.length > 0 ? { toolCalls: toolCalls.map((c) => ({ ...c })) } : {}),
       content: this.#content,
       finishReason,
       promptIds: this.#promptIds,
@@ -174,12 +181,14 @@ export class ChatStream {
     const ids: number[] = [];
     const logprobs: number[] = [];
     let finishReason: string | null = null;
+    let toolDeltas: ToolDelta[] = [];
     if (choice !== null) {
       if (!isObject(choice)) throw bad('choices[0]', choice, 'an object', where);
       const delta = choice.delta ?? {};
       if (!isObject(delta)) throw bad('choices[0].delta', delta, 'an object', where);
       content = (delta.content ?? '') as string;
       if (typeof content !== 'string') throw bad('choices[0].delta.content', content, 'a string or null', where);
+      if (delta.tool_calls != null) toolDeltas = readToolDeltas(delta.tool_calls, where);
       if (choice.token_ids != null) readTokenIds(choice.token_ids, 'choices[0].token_ids', (id) => ids.push(id), where);
       if (choice.logprobs != null) {
         readLogprobs(choice.logprobs, (lp) => logprobs.push(lp), where);
@@ -213,8 +222,49 @@ export class ChatStream {
       if (typeof usage.completion_tokens === 'number') this.#completionTokens = usage.completion_tokens;
     }
     this.#content += content;
+    for (const d of toolDeltas) {
+      const call = (this.#toolCalls[d.index] ??= { id: '', name: '', arguments: '' });
+      if (d.id !== undefined) call.id = d.id;
+      if (d.name !== undefined) call.name += d.name;
+      if (d.arguments !== undefined) call.arguments += d.arguments;
+    }
     for (const id of ids) this.#ids.push(id);
     for (const lp of logprobs) this.#logprobs.push(lp);
     if (finishReason !== null) this.#finishReason = finishReason;
   }
+}
+
+interface ToolDelta {
+  index: number;
+  id?: string;
+  name?: string;
+  arguments?: string;
+}
+
+/** One event's `delta.tool_calls`, checked whole before any of it is taken. */
+function readToolDeltas(value: unknown, where: string): ToolDelta[] {
+  if (!Array.isArray(value)) throw bad('choices[0].delta.tool_calls', value, 'an array', where);
+  return value.map((d, i) => {
+    const field = `choices[0].delta.tool_calls[${i}]`;
+    if (!isObject(d)) throw bad(field, d, 'an object', where);
+    const index = d.index ?? i;
+    if (!Number.isInteger(index) || (index as number) < 0 || (index as number) > 1024)
+      throw bad(`${field}.index`, index, 'an integer in [0, 1024]', where);
+    const fn = d.function ?? {};
+    if (!isObject(fn)) throw bad(`${field}.function`, fn, 'an object', where);
+    const out: ToolDelta = { index: index as number };
+    if (d.id != null) {
+      if (typeof d.id !== 'string') throw bad(`${field}.id`, d.id, 'a string', where);
+      out.id = d.id;
+    }
+    if (fn.name != null) {
+      if (typeof fn.name !== 'string') throw bad(`${field}.function.name`, fn.name, 'a string', where);
+      out.name = fn.name;
+    }
+    if (fn.arguments != null) {
+      if (typeof fn.arguments !== 'string') throw bad(`${field}.function.arguments`, fn.arguments, 'a string', where);
+      out.arguments = fn.arguments;
+    }
+    return out;
+  });
 }

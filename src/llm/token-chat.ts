@@ -22,11 +22,13 @@ import { contextOverflowReply } from './context.ts';
 import type { ChatRequest } from './request.ts';
 import type { ChatResult } from './reply.ts';
 import type { ServerDialect } from './servers.ts';
+import { parseToolCalls, type ToolParser } from './tool-calls.ts';
 import { fillMissingLogprobs, TOKEN_WIRES, type GenerationResult, type TokenWire } from './token-wire.ts';
 
 /** The client settings token-in calls read (an TokenChatOptions has them). */
 export interface TokenChatOptions {
   model: string;
+  toolParser?: ToolParser;
   server?: { contextLength: number | null };
   chatModel?: () => Promise<ChatModel>;
 }
@@ -83,8 +85,8 @@ export class TokenChat {
       // A generation cut by a pause goes on from its own tokens: the prompt it had plus what it made.
       promptIds = [...request.continueTokens.promptIds, ...request.continueTokens.responseIds];
     } else {
-      rendered = model.render(request.messages, { addGenerationPrompt: true });
-      const base = this.#base(model, sessionId, request.previous);
+      rendered = model.render(this.#renderable(request.messages), { addGenerationPrompt: true, tools: request.tools });
+      const base = this.#base(model, sessionId, request.previous, request.tools);
       // A conversation that does not extend the previous turn's (trimmed by messageCut) is tokenized
       // whole, and becomes the sequence the next turn extends.
       promptIds = planPrompt(model, sessionId ?? '', base, rendered, { sideCalls: 'record' }).promptIds;
@@ -135,6 +137,12 @@ export class TokenChat {
     const last = ids.length > 0 ? ids[ids.length - 1] : -1;
     const stripStop = result.finishReason === 'stop' && model.specialIds.has(last);
     const content = model.decode(stripStop ? ids.slice(0, -1) : ids);
+    // Tool calls are read from the text only when tools were offered; the content stays the raw text
+    // (blocks included): it is what the template writes back, so the next turn extends this sequence.
+    const calls =
+      request.tools !== undefined && request.tools.length > 0 && result.finishReason !== 'abort'
+        ? parseToolCalls(this.#parser, content).calls
+        : [];
     if (sessionId !== undefined && rendered !== null) {
       this.#remember(sessionId, {
         tokens: promptIds.concat(ids),
@@ -146,8 +154,10 @@ export class TokenChat {
       this.#sessions.delete(sessionId); // a continuation: the next turn rebuilds from it (`previous`)
     }
     return {
+      ...(calls.length > 0 ? { toolCalls: calls } : {}),
       content,
-      finishReason: result.finishReason,
+      // As vLLM's chat route says it when its parser found calls.
+      finishReason: calls.length > 0 && result.finishReason === 'stop' ? 'tool_calls' : result.finishReason,
       promptIds: Int32Array.from(promptIds),
       responseIds: Int32Array.from(ids),
       logprobs: Float32Array.from(result.logprobs),
@@ -155,6 +165,30 @@ export class TokenChat {
       promptTokens: promptIds.length,
       completionTokens: ids.length,
     };
+  }
+
+  get #parser(): ToolParser {
+    return this.#options.toolParser ?? 'hermes';
+  }
+
+  /**
+   * The conversation as the template gets it. An assistant message whose text already holds its calls
+   * (the model's own reply in this mode) is rendered from that text alone: rendered again from
+   * `tool_calls`, the template would write them a second time, and differently from what was sampled.
+   * Other assistant calls get their arguments as objects, as chat templates expect them.
+   */
+  #renderable(messages: readonly ChatMessage[]): ChatMessage[] {
+    if (!messages.some((m) => m.tool_calls !== undefined)) return messages as ChatMessage[];
+    return messages.map((m) => {
+      if (m.tool_calls === undefined) return m;
+      if (parseToolCalls(this.#parser, m.content).calls.length === m.tool_calls.length)
+        return { role: m.role, content: m.content };
+      const toolCalls = m.tool_calls.map((c) => ({
+        ...c,
+        function: { name: c.function.name, arguments: argumentsObject(c.function.arguments) },
+      }));
+      return { ...m, tool_calls: toolCalls as unknown as ChatMessage['tool_calls'] };
+    });
   }
 
   /** A token whose text is whole in any context ("a"), for llama.cpp's recompute calls. */
@@ -167,11 +201,17 @@ export class TokenChat {
   }
 
   /** The session's sequence so far: cached, or rebuilt from the previous turn the agent loop passes. */
-  #base(model: ChatModel, sessionId: string | undefined, previous: ChatRequest['previous']): PromptBase | null {
+  #base(
+    model: ChatModel,
+    sessionId: string | undefined,
+    previous: ChatRequest['previous'],
+    tools: ChatRequest['tools'],
+  ): PromptBase | null {
     const cached = sessionId === undefined ? undefined : this.#sessions.get(sessionId);
     if (cached !== undefined) return cached;
     if (previous === undefined || previous.promptIds === null || previous.responseIds === null) return null;
-    const lastPromptText = model.render(previous.messages as ChatMessage[], { addGenerationPrompt: true });
+    // The same tools as this turn's: an episode's tools are the same from step to step, or it is tokenized whole.
+    const lastPromptText = model.render(this.#renderable(previous.messages), { addGenerationPrompt: true, tools });
     const tokens = Array.from(previous.promptIds);
     for (const id of previous.responseIds) tokens.push(id);
     // decode keeps special tokens: the stop token's text is in it, as the template writes it back.
@@ -193,5 +233,13 @@ export class TokenChat {
     if (this.#options.chatModel === undefined)
       throw new LlmError('ERR_LLM_HTTP', 'llm.api "tokens" needs the policy tokenizer (llm.tokenizer)');
     return this.#options.chatModel();
+  }
+}
+
+function argumentsObject(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return text;
   }
 }

@@ -4,7 +4,7 @@
  */
 import { availableParallelism } from 'node:os';
 
-export const LOADTEST_ENVS = ['guess-number', 'arithmetic'] as const;
+export const LOADTEST_ENVS = ['guess-number', 'arithmetic', 'tool-lookup'] as const;
 export type LoadtestEnv = (typeof LOADTEST_ENVS)[number];
 
 export interface LoadtestOptions {
@@ -53,7 +53,7 @@ export function defaultLoadtestOptions(outDir: string): LoadtestOptions {
     rollouts: 256,
     groupSize: 4,
     episodeSlots: false,
-    envs: [...LOADTEST_ENVS],
+    envs: ['guess-number', 'arithmetic'],
     latencyMs: 20,
     tokensPerSecond: 0,
     thinkTokens: 16,

@@ -20,7 +20,16 @@
  * ROLLOUT and CALL, whatever instant the thread died at.
  */
 
-export const ENV_CALLS = ['reset', 'getTaskPrompt', 'step', 'close', 'beforeInference', 'onEpisodeEnd'] as const;
+export const ENV_CALLS = [
+  'reset',
+  'getTaskPrompt',
+  'step',
+  'close',
+  'beforeInference',
+  'onEpisodeEnd',
+  'tools',
+  'callTool',
+] as const;
 export type EnvCall = (typeof ENV_CALLS)[number];
 
 const OWNER = 0;

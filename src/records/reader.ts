@@ -56,7 +56,7 @@ export interface CompletedSession {
   groupId: string;
   taskName: string;
   attempt: number;
-  /** By step index (then agent id, single agent first), one record per turn: its latest write. */
+  /** By step index (then tool-calling round, then agent id, single agent first), one record per turn: its latest write. */
   steps: StepRecord[];
   totalReward: number;
   end: SessionEnd;
@@ -158,6 +158,8 @@ function recordProblem(value: unknown): string | null {
     if (!Array.isArray(rec.messages)) return 'messages must be an array';
     if (typeof rec.response !== 'string') return 'response must be a string';
     if (typeof rec.stepReward !== 'number') return 'stepReward must be a number';
+    if (rec.round !== undefined && !isNonNegativeInteger(rec.round)) return 'round must be a non-negative integer';
+    if (rec.toolCalls !== undefined && !Array.isArray(rec.toolCalls)) return 'toolCalls must be an array';
     if (rec.agentId === undefined)
       rec.agentId = null; // written before multi-agent records existed
     else if (rec.agentId !== null && typeof rec.agentId !== 'string') return 'agentId must be a string or null';
@@ -235,12 +237,15 @@ export async function indexSessions(dir: string): Promise<SessionIndex> {
   return { completed, unfinished, stats };
 }
 
+/** One record per turn: a step's tool-calling rounds are turns of their own. */
 function turnKey(rec: StepRecord): string {
-  return rec.agentId === null ? `${rec.step}` : `${rec.step}/${rec.agentId}`;
+  const round = rec.round ? `#${rec.round}` : '';
+  return rec.agentId === null ? `${rec.step}${round}` : `${rec.step}/${rec.agentId}`;
 }
 
 function byTurn(a: StepRecord, b: StepRecord): number {
   if (a.step !== b.step) return a.step - b.step;
+  if ((a.round ?? 0) !== (b.round ?? 0)) return (a.round ?? 0) - (b.round ?? 0);
   if (a.agentId === b.agentId) return 0;
   if (a.agentId === null) return -1;
   if (b.agentId === null) return 1;

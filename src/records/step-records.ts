@@ -17,7 +17,7 @@ import { mkdir, open, type FileHandle } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { threadId } from 'node:worker_threads';
 import { RolloutEngineError } from '../errors.ts';
-import type { ChatMessage, FinishReason, Status } from '../domain/rollout.ts';
+import type { ChatMessage, FinishReason, Status, ToolCallRecord } from '../domain/rollout.ts';
 
 /** What the environment / server reported alongside a step; `weightVersion` is the reference's `env_state`. */
 export interface EnvState {
@@ -58,6 +58,13 @@ export interface StepRecord extends SessionKey {
   truncated: boolean;
   trainable: boolean;
   finishReason: FinishReason;
+  /**
+   * Which inference call of the step this is, when the step called tools (0 = the first; each reply
+   * with calls is followed by one more call); absent for a step of one call.
+   */
+  round?: number;
+  /** The tool calls this reply made, each with its result, error kind, source and time (TurnRecord.toolCalls). */
+  toolCalls?: ToolCallRecord[];
   /** Wall clock (ms since epoch) when the record was made; orders rewrites of a step across files. */
   time: number;
 }

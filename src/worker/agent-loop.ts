@@ -33,6 +33,8 @@ import type { Route } from '../llm/router.ts';
 import { isOutageError, OUTAGE_CODE } from '../llm/errors.ts';
 import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/replies.ts';
 import type { Environment, StepResult } from '../env/types.ts';
+import type { McpServers } from '../env/mcp.ts';
+import type { ParsedToolCall } from '../llm/tool-calls.ts';
 import type { EnvCall } from '../protocol/env-watch.ts';
 import { describeError, RolloutEngineError } from '../errors.ts';
 import {
@@ -46,6 +48,22 @@ import {
 } from '../domain/rollout.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
 import { trimMessages } from './trim.ts';
+import { NO_TOOLS, runToolCalls, toolMessagesOf, type StepTools, type ToolSettings } from './tools.ts';
+
+/** Tool settings of a task that has no `tools` section: what config.ts defaults them to. */
+export const DEFAULT_TOOL_SETTINGS: ToolSettings = {
+  maxCallsPerTurn: 16,
+  timeoutMs: 30_000,
+  toolChoice: 'auto',
+  mcp: [],
+  mcpSessions: 'worker',
+};
+
+/**
+ * The calls a reply made, kept beside its turn until they run (the turn records them once they have
+ * results: TurnRecord.toolCalls).
+ */
+const pendingCalls = new WeakMap<TurnRecord, ParsedToolCall[]>();
 
 export interface AgentSettings {
   maxSteps: number;
@@ -56,6 +74,8 @@ export interface AgentSettings {
   partialRollout: boolean;
   /** Send a per-rollout, per-turn `seed` with every inference call. */
   sendSeed: boolean;
+  /** `tasks[].tools`: absent for a task without the section (the environment's own tools still run, with the defaults). */
+  tools?: ToolSettings;
 }
 
 export interface ChatClient {
@@ -128,6 +148,11 @@ export interface EpisodeContext {
   /** Called when an episode ends badly or a continuation has to restart, for logs. */
   onProblem?: (rollout: RolloutState, reason: string) => void;
   /**
+   * The task's MCP servers for one episode (env/mcp.ts): the worker's shared connections, or a set of
+   * the episode's own (`tasks[].tools.mcpSessions`), handed back with `release` when it ends.
+   */
+  mcp?: { acquire(): McpServers; release(servers: McpServers): Promise<void> };
+  /**
    * A reply's weight version is none the trainer announced: the server is not serving the weights the
    * trainer said it loaded. Its tokens are tagged with `modelStep` (the current one) all the same.
    */
@@ -143,6 +168,8 @@ interface Episode {
   env: Environment;
   lastInfo: Record<string, unknown> | null;
   firstCall: boolean;
+  /** The episode's MCP servers, taken on its first step with tools; null until then. */
+  mcp: McpServers | null;
 }
 
 /** Mutates `rollout` into a final status (COMPLETED, ABORTED or FAILED). COMPLETED ones are left as they are. */
@@ -202,6 +229,13 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
       }
     }
     ctx.llm.endSession?.(rollout.id);
+    countToolCalls(rollout);
+    if (episode?.mcp)
+      await ctx.mcp
+        ?.release(episode.mcp)
+        .catch((err: unknown) =>
+          ctx.onProblem?.(rollout, `closing the episode's MCP sessions failed: ${describeError(err)}`),
+        );
     timings.totalMs += performance.now() - start;
     timings.finishedAt = Date.now();
     if (rollout.status !== Status.ABORTED && ctx.hooks?.onEpisodeEnd !== undefined)
@@ -220,7 +254,7 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
 }
 
 async function acquire(ctx: EpisodeContext): Promise<Episode> {
-  return { env: await acquireActor(ctx.actors, ctx.gate.signal), lastInfo: null, firstCall: true };
+  return { env: await acquireActor(ctx.actors, ctx.gate.signal), lastInfo: null, firstCall: true, mcp: null };
 }
 
 /** A fresh environment actor for an episode; an exhausted or closed pool is the episode's failure. */
@@ -251,13 +285,30 @@ async function prepare(episode: Episode, rollout: RolloutState, ctx: EpisodeCont
   if (last?.some((turn) => turn.finishReason === 'abort')) {
     steps.pop();
     if (last.length === 1 && last[0].agentId === null) partial = last[0];
-    else rollout.turns.splice(rollout.turns.length - last.length); // multi-agent: redo the step whole
+    else rollout.turns.splice(rollout.turns.length - last.length); // multi-agent, or after tool calls: redo the step whole
   }
   for (const turns of steps) {
     checkAgentPrompts(await envCall(ctx, rollout, 'getTaskPrompt', () => env.getTaskPrompt()));
-    const outcome = checkStepResult(await envCall(ctx, rollout, 'step', () => env.step(actionOf(turns))));
-    episode.lastInfo = outcome.info ?? null;
+    // The environment's tools ran again, in order, so its state is what the record saw (results as recorded; MCP servers are not called twice).
+    const toolMessages: ChatMessage[] = [];
     for (const turn of turns) {
+      if (turn.toolCalls === undefined) continue;
+      for (const call of turn.toolCalls) {
+        if (call.source !== 'env' || env.callTool === undefined) continue;
+        const request = {
+          id: call.id,
+          name: call.name,
+          arguments: JSON.parse(call.arguments) as Record<string, unknown>,
+        };
+        await envCall(ctx, rollout, 'callTool', () => env.callTool!(request, ctx.gate.signal));
+      }
+      toolMessages.push(...toolMessagesOf(turn.response, turn.toolCalls));
+    }
+    const outcome = checkStepResult(
+      await envCall(ctx, rollout, 'step', () => env.step(actionOf(turns), { toolMessages })),
+    );
+    episode.lastInfo = outcome.info ?? null;
+    for (const turn of steppedTurns(turns)) {
       const reward = rewardFor(outcome.reward, turn.agentId);
       if (reward !== turn.reward || outcome.terminated !== turn.terminated || outcome.truncated !== turn.truncated) {
         throw new ReplayMismatch(
@@ -324,6 +375,12 @@ async function play(
       timings.envMs += promptMs;
       break;
     }
+    const tools =
+      prompts.length === 1 &&
+      prompts[0].agentId === null &&
+      (env.tools !== undefined || (ctx.settings.tools?.mcp.length ?? 0) > 0)
+        ? await stepTools(episode, rollout, ctx)
+        : NO_TOOLS;
     if (episode.firstCall) {
       episode.firstCall = false;
       const delay = ctx.startDelayMs?.() ?? 0;
@@ -337,7 +394,17 @@ async function play(
       if (prompts.length === 1) {
         const { agentId, prompt } = prompts[0];
         turns = [
-          await infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart),
+          await infer(
+            rollout,
+            step,
+            agentId,
+            prompt,
+            agentId === null ? partial : null,
+            ctx,
+            promptMs,
+            turnStart,
+            tools,
+          ),
         ];
       } else {
         turns = await allOrFirstError(
@@ -375,6 +442,14 @@ async function play(
           : null;
       return;
     }
+    let toolMessages: ChatMessage[] = [];
+    if (pendingCalls.has(lastTurn) && lastTurn.finishReason !== 'length') {
+      const rounds = await toolRounds(rollout, step, prompts[0], turns, tools, episode, ctx, firstNewTurn);
+      if (rounds === null) return; // the rollout's status is set
+      toolMessages = rounds;
+      const final = turns[turns.length - 1];
+      rollout.messages = [...prompts[0].messages, ...toolMessages, { role: 'assistant', content: final.response }];
+    }
     if (turns.some((turn) => turn.finishReason === 'length')) {
       for (const turn of turns) turn.terminated = turn.truncated = turn.trainable = true;
       rollout.terminated = rollout.truncated = true;
@@ -382,7 +457,9 @@ async function play(
       break;
     }
     const stepStart = performance.now();
-    const outcome = checkStepResult(await envCall(ctx, rollout, 'step', () => env.step(actionOf(turns))));
+    const outcome = checkStepResult(
+      await envCall(ctx, rollout, 'step', () => env.step(actionOf(turns), { toolMessages })),
+    );
     const stepMs = performance.now() - stepStart;
     timings.envMs += promptMs + stepMs;
     episode.lastInfo = outcome.info ?? null;
@@ -429,6 +506,7 @@ function infer(
   ctx: EpisodeContext,
   promptMs: number,
   turnStart: number,
+  tools: StepTools = NO_TOOLS,
 ): Promise<TurnRecord> {
   const { settings, gate } = ctx;
   const already = partial?.responseIds?.length ?? 0;
@@ -455,6 +533,9 @@ function infer(
                 responseIds: previous.responseIds,
               },
             }
+          : {}),
+        ...(tools.schemas.length > 0
+          ? { tools: tools.schemas, toolChoice: (settings.tools ?? DEFAULT_TOOL_SETTINGS).toolChoice }
           : {}),
       },
       gate.signal,
@@ -485,6 +566,7 @@ function infer(
       turnStart,
     );
     if (partial) mergeContinuation(partial, turn);
+    if (reply.toolCalls !== undefined && reply.toolCalls.length > 0) pendingCalls.set(turn, reply.toolCalls);
     return turn;
   });
 }
@@ -524,14 +606,17 @@ function applyOutcome(
   settings: AgentSettings,
   stepMs: number,
 ): void {
+  const stepped = steppedTurns(turns);
   for (const turn of turns) {
-    const reward = rewardFor(outcome.reward, turn.agentId);
-    turn.reward = reward;
     turn.terminated = outcome.terminated;
     turn.truncated = outcome.truncated;
     // With trimming every turn is a self-contained sample; without it only the last turn holds the
-    // whole conversation, so only that one is trained on (reference Interactor semantics).
+    // whole conversation, so only that one is trained on (reference Interactor semantics). A step's
+    // tool-calling turns go with its final one.
     turn.trainable = settings.messageCut > 0 || outcome.terminated || outcome.truncated;
+    if (!stepped.includes(turn)) continue; // a tool-calling turn: the reward is the step's, on its final turn
+    const reward = rewardFor(outcome.reward, turn.agentId);
+    turn.reward = reward;
     turn.timings.envMs += stepMs;
     // += : a continued turn already carries its partial's time (mergeContinuation)
     turn.timings.totalMs += stepMs;
@@ -621,8 +706,13 @@ function stepsOf(turns: readonly TurnRecord[]): TurnRecord[][] {
   return steps;
 }
 
+/** The turns the environment stepped on: a single agent's last (those before it called tools), or every agent's. */
+function steppedTurns(turns: TurnRecord[]): TurnRecord[] {
+  return turns[0]?.agentId === null ? turns.slice(-1) : turns;
+}
+
 function actionOf(turns: readonly TurnRecord[]): string | Record<string, string> {
-  if (turns.length === 1 && turns[0].agentId === null) return turns[0].response;
+  if (turns[0]?.agentId === null) return turns[turns.length - 1].response;
   return Object.fromEntries(turns.map((t) => [t.agentId ?? '', t.response]));
 }
 
@@ -678,4 +768,137 @@ async function callHook<T>(
     ctx.onProblem?.(rollout, `hook ${name} failed (ignored): ${describeError(err)}`);
     return undefined;
   }
+}
+
+/**
+ * The tools of one step: the environment's (`tools()`) then its MCP servers' (env/types.ts, "Tools").
+ * An MCP server that cannot be reached lists none this step (the model is not offered them; said in
+ * the logs), rather than failing the episode.
+ */
+async function stepTools(episode: Episode, rollout: RolloutState, ctx: EpisodeContext): Promise<StepTools> {
+  const { env } = episode;
+  const own = env.tools === undefined ? [] : await envCall(ctx, rollout, 'tools', () => env.tools!());
+  if (!Array.isArray(own))
+    throw new RolloutEngineError(
+      'ERR_ENV_BAD_REPLY',
+      `environment tools() must return an array of OpenAI function tools (got ${typeof own})`,
+    );
+  const names = new Set(own.map((t) => t?.function?.name));
+  if (ctx.mcp === undefined || (ctx.settings.tools?.mcp.length ?? 0) === 0)
+    return { schemas: own, env: names, mcp: new Map() };
+  episode.mcp ??= ctx.mcp.acquire();
+  const listed = await episode.mcp.list();
+  for (const problem of listed.problems) ctx.onProblem?.(rollout, `${problem}: its tools are not offered this step`);
+  const schemas = own.slice();
+  const mcp = new Map<string, typeof listed.owners extends Map<string, infer C> ? C : never>();
+  for (const schema of listed.schemas) {
+    if (names.has(schema.function.name)) continue; // the environment's own tool of that name wins
+    schemas.push(schema);
+    mcp.set(schema.function.name, listed.owners.get(schema.function.name)!);
+  }
+  return { schemas, env: names, mcp };
+}
+
+/**
+ * While the step's last reply called tools: run its calls, add the exchange to the conversation, and
+ * ask the model again (a turn each). Returns the step's tool messages, for the environment's `step`;
+ * null when the rollout ended here (its status set). A step cut short (a pause between rounds, an
+ * aborted or failed call) leaves none of its turns behind: a rollout only holds steps the environment
+ * stepped on, so a continuation replays them exactly and plays this one again whole.
+ */
+async function toolRounds(
+  rollout: RolloutState,
+  step: number,
+  prompt: AgentPrompt,
+  turns: TurnRecord[],
+  tools: StepTools,
+  episode: Episode,
+  ctx: EpisodeContext,
+  firstNewTurn: number,
+): Promise<ChatMessage[] | null> {
+  const settings = ctx.settings.tools ?? DEFAULT_TOOL_SETTINGS;
+  const firstOfStep = rollout.turns.length - turns.length;
+  const drop = (): void => void rollout.turns.splice(firstOfStep);
+  const { env } = episode;
+  const callEnv =
+    env.callTool === undefined
+      ? null
+      : (call: Parameters<NonNullable<Environment['callTool']>>[0], signal: AbortSignal) =>
+          envCall(ctx, rollout, 'callTool', () => env.callTool!(call, signal));
+  const toolMessages: ChatMessage[] = [];
+  let used = 0;
+  try {
+    for (
+      let last = turns[turns.length - 1], calls = pendingCalls.get(last);
+      calls !== undefined;
+      calls = pendingCalls.get(last)
+    ) {
+      pendingCalls.delete(last);
+      const { records, ms } = await runToolCalls(
+        calls,
+        tools,
+        settings.maxCallsPerTurn - used,
+        callEnv,
+        settings.timeoutMs,
+        ctx.gate.signal,
+      );
+      used += calls.length;
+      last.toolCalls = records;
+      last.timings.toolMs = ms;
+      last.timings.totalMs += ms;
+      rollout.timings.toolMs = (rollout.timings.toolMs ?? 0) + ms;
+      toolMessages.push(...toolMessagesOf(last.response, records));
+      if (used >= settings.maxCallsPerTurn) break; // out of calls: the environment steps on this reply
+      if (ctx.gate.paused) {
+        drop();
+        rollout.status = Status.ABORTED;
+        return null;
+      }
+      const t = performance.now();
+      let next: TurnRecord;
+      try {
+        next = await infer(rollout, step, null, [...prompt.prompt, ...toolMessages], null, ctx, 0, t, tools);
+      } catch (err) {
+        if (!(err instanceof ContextExceeded)) throw err;
+        rollout.timings.inferenceMs += performance.now() - t;
+        endTruncated(rollout, null, err.message);
+        ctx.onTurn?.(rollout, turns, null);
+        return null;
+      }
+      rollout.timings.inferenceMs += performance.now() - t;
+      const status = statusForFinishReason(next.finishReason);
+      if (status !== Status.COMPLETED) {
+        drop();
+        rollout.status = status;
+        rollout.error =
+          status === Status.FAILED
+            ? `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(next.finishReason)}`
+            : null;
+        return null;
+      }
+      rollout.turns.push(next);
+      sharePromptPrefix(rollout.turns, firstNewTurn, rollout.turns.length - 1);
+      turns.push(next);
+      rollout.finishReason = next.finishReason;
+      last = next;
+      if (next.finishReason === 'length') break; // its calls, if any, are cut: the episode ends truncated
+    }
+  } catch (err) {
+    drop();
+    throw err;
+  }
+  return toolMessages;
+}
+
+/** `rollout.tools` from the turns it holds (absent when none called a tool). */
+function countToolCalls(rollout: RolloutState): void {
+  let calls = 0;
+  let errors = 0;
+  for (const turn of rollout.turns) {
+    if (turn.toolCalls === undefined) continue;
+    calls += turn.toolCalls.length;
+    for (const call of turn.toolCalls) if (call.error !== null) errors++;
+  }
+  if (calls > 0) rollout.tools = { calls, errors };
+  else delete rollout.tools;
 }

@@ -10,6 +10,10 @@ export function trimMessages(prompt: readonly ChatMessage[], messageCut: number)
   if (messageCut <= 0) return prompt.slice();
   const hasSystem = prompt[0].role === 'system';
   const tail = prompt.slice(hasSystem ? 1 : 0);
-  const kept = tail.slice(-(messageCut * 2 - 1));
+  let kept = tail.slice(-(messageCut * 2 - 1));
+  // A tool result whose call was cut would be refused by the server (no assistant tool_calls before it).
+  let orphans = 0;
+  while (orphans < kept.length && kept[orphans].role === 'tool') orphans++;
+  if (orphans > 0) kept = kept.slice(orphans);
   return hasSystem ? [prompt[0], ...kept] : kept;
 }

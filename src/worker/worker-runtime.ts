@@ -13,6 +13,7 @@ import { createActorPool, type ActorPool } from '../env/actor-pool.ts';
 import { settleWithin, timeoutError } from '../env/bounded.ts';
 import { createHttpEnvironments } from '../env/http-env.ts';
 import { loadEnvironmentFactory, loadExport } from '../env/loader.ts';
+import { McpServers } from '../env/mcp.ts';
 import type { Environment } from '../env/types.ts';
 import { LlmRouter } from '../llm/router.ts';
 import { createLogger, type Logger } from '../log.ts';
@@ -58,6 +59,8 @@ interface TaskRuntime {
   blackbox: Promise<BlackBoxAgent> | null;
   /** The context every episode of this task runs with, once its hooks have loaded. */
   episodes?: EpisodeContext;
+  /** The task's MCP servers for its episodes (`tasks[].tools.mcp`); undefined without any. */
+  mcp?: EpisodeContext['mcp'];
 }
 
 export class WorkerRuntime implements WorkerControl {
@@ -164,7 +167,13 @@ export class WorkerRuntime implements WorkerControl {
       // One context per task, made once: every group of it shares its callbacks (a set of closures per
       // group lived as long as the group).
       const hooks = await task.hooks;
-      const ctx = (task.episodes ??= this.#episodeContext(task.settings.agent, task.actors, task.guard, hooks));
+      const ctx = (task.episodes ??= this.#episodeContext(
+        task.settings.agent,
+        task.actors,
+        task.guard,
+        hooks,
+        task.mcp,
+      ));
       await Promise.all(
         group.rollouts.map((rollout) =>
           this.#inSlot(rollout, (waitedMs) => runEpisode(rollout, ctx, queueMs + waitedMs)),
@@ -294,6 +303,26 @@ export class WorkerRuntime implements WorkerControl {
   }
 
   #taskRuntime(name: string, settings: WorkerTaskSettings): TaskRuntime {
+    const runtime = this.#envRuntime(name, settings);
+    const tools = settings.agent.tools;
+    if (tools === undefined || tools.mcp.length === 0) return runtime;
+    // `worker`: one set of sessions for every episode of the task, closed with the worker; `episode`: a set each.
+    const shared = tools.mcpSessions === 'worker' ? new McpServers(tools.mcp) : null;
+    const mcp: NonNullable<EpisodeContext['mcp']> =
+      shared !== null
+        ? { acquire: () => shared, release: async () => {} }
+        : { acquire: () => new McpServers(tools.mcp), release: (servers) => servers.close() };
+    const close = runtime.close;
+    return {
+      ...runtime,
+      mcp,
+      close: async () => {
+        await Promise.allSettled([close(), shared?.close()]);
+      },
+    };
+  }
+
+  #envRuntime(name: string, settings: WorkerTaskSettings): TaskRuntime {
     const { env } = settings;
     const hooks =
       settings.hooks === null
@@ -378,10 +407,12 @@ export class WorkerRuntime implements WorkerControl {
     actors: ActorPool,
     guard: EnvGuard | null,
     hooks: EpisodeHooks | null,
+    mcp: EpisodeContext['mcp'],
   ): EpisodeContext {
     const recorder = this.#records;
     return {
       actors,
+      ...(mcp !== undefined ? { mcp } : {}),
       ...(guard !== null ? { guard } : {}),
       llm: this.#llm,
       settings,
@@ -394,7 +425,7 @@ export class WorkerRuntime implements WorkerControl {
         recorder === null
           ? undefined
           : (rollout, turns, info) => {
-              for (const turn of turns) {
+              turns.forEach((turn, i) => {
                 recorder.record({
                   type: 'step',
                   sessionId: sessionIdOf(rollout.id, rollout.attempt),
@@ -413,9 +444,12 @@ export class WorkerRuntime implements WorkerControl {
                   truncated: turn.truncated,
                   trainable: turn.trainable,
                   finishReason: turn.finishReason,
+                  // A single agent's step of several calls called tools: each call is a round of it.
+                  ...(turn.agentId === null && turns.length > 1 ? { round: i } : {}),
+                  ...(turn.toolCalls !== undefined ? { toolCalls: turn.toolCalls } : {}),
                   time: Date.now(),
                 });
-              }
+              });
             },
       onEpisodeEnd:
         recorder === null

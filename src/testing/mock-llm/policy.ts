@@ -11,6 +11,7 @@
 import { evaluateExpression } from '../../env/synthetic/arithmetic.ts';
 import { FEEDBACK } from '../../env/synthetic/guess-number.ts';
 import { lastInteger } from '../../env/synthetic/params.ts';
+import { LOOKUP_TOOL } from '../../env/synthetic/tool-lookup.ts';
 import { createRng, mixSeeds } from '../../env/synthetic/rng.ts';
 import type { Rng } from '../../env/synthetic/rng.ts';
 import { encodeText, encodeUncached } from './tokens.ts';
@@ -27,18 +28,33 @@ export interface PolicyOptions {
   thinkTokens: number;
 }
 
-export type TaskKind = 'guess-number' | 'arithmetic' | 'generic';
+export type TaskKind = 'guess-number' | 'arithmetic' | 'tool-lookup' | 'generic';
+
+/** A tool call the policy makes: `arguments` is JSON text, bad JSON when the policy errs. */
+export interface PolicyToolCall {
+  name: string;
+  arguments: string;
+}
 
 export interface Completion {
   kind: TaskKind;
   text: string;
   /** Token ids of `text`; equal to encode(text), because the filler is built from whole BPE pieces. */
   ids: number[];
+  /**
+   * The tools it calls (tool-lookup): `text` then holds them as Hermes `<tool_call>` blocks, what a
+   * token route returns; a chat route answers them as `tool_calls` when the request sent `tools`.
+   */
+  toolCalls?: PolicyToolCall[];
 }
 
 // Must match the task texts in env/synthetic/guess-number.ts and arithmetic.ts.
 const GUESS_TASK = /picked an integer between (-?\d+) and (-?\d+)/;
 const ARITHMETIC_TASK = /Compute ([-+*\d\s]+)\. Answer with the number only\./;
+// Must match toolLookupTaskText in env/synthetic/tool-lookup.ts.
+const TOOL_LOOKUP_TASK = /Look up the values of "(\w+)" and "(\w+)" with the lookup tool/;
+/** Qwen's chat template writes tool results into a user message as these blocks (tokens mode). */
+const TOOL_RESPONSE = /<tool_response>\n([\s\S]*?)\n<\/tool_response>/g;
 
 const FILLER_WORDS = (
   'the so let me think about this carefully and then check what we know from each step it is likely that ' +
@@ -100,11 +116,72 @@ function guessInterval(messages: readonly PromptMessage[], start: number, min: n
 const GUESS_TEMPLATES = ['My guess is {n}.', "I'll guess {n}.", '{n}', 'Let me try {n}.'];
 const ARITHMETIC_TEMPLATES = ['{n}', 'The answer is {n}.', '= {n}'];
 
+/** The tool results after the task: `tool` messages (chat), or `<tool_response>` blocks (a rendered prompt). */
+function toolResults(messages: readonly PromptMessage[], from: number): string[] {
+  const out: string[] = [];
+  for (let i = from + 1; i < messages.length; i++) {
+    const m = messages[i];
+    if (m.role === 'tool') out.push(m.content);
+    else if (m.role === 'user') for (const match of m.content.matchAll(TOOL_RESPONSE)) out.push(match[1]);
+  }
+  return out;
+}
+
+/**
+ * tool-lookup, played imperfectly: two parallel lookups, then the sum of what came back. With the
+ * mistake rate, the first reply is instead a call with bad JSON, a call to a tool that does not
+ * exist, or a guess without tools; and the final sum may be off by one.
+ */
+function playToolLookup(
+  messages: readonly PromptMessage[],
+  at: number,
+  a: string,
+  b: string,
+  rng: Rng,
+  mistakeRate: number,
+): { answer: string; toolCalls?: PolicyToolCall[] } {
+  const results = toolResults(messages, at);
+  if (results.length === 0) {
+    const name = LOOKUP_TOOL.function.name;
+    if (rng.chance(mistakeRate)) {
+      const mistake = rng.pick(['bad-json', 'unknown-tool', 'guess'] as const);
+      if (mistake === 'bad-json') return { answer: '', toolCalls: [{ name, arguments: `{"key": "${a}"` }] };
+      if (mistake === 'unknown-tool')
+        return { answer: '', toolCalls: [{ name: 'search', arguments: JSON.stringify({ query: a }) }] };
+      return { answer: `The sum is ${rng.int(2, 2000)}.` };
+    }
+    return {
+      answer: '',
+      toolCalls: [
+        { name, arguments: JSON.stringify({ key: a }) },
+        { name, arguments: JSON.stringify({ key: b }) },
+      ],
+    };
+  }
+  let sum = 0;
+  for (const r of results) if (/^-?\d+$/.test(r.trim())) sum += Number(r);
+  if (rng.chance(mistakeRate)) sum += rng.pick([-1, 1]);
+  return { answer: `The sum is ${sum}.` };
+}
+
+/** Hermes text of calls (what vLLM's hermes parser reads): `<tool_call>` blocks, the arguments as written. */
+function hermesText(calls: readonly PolicyToolCall[]): string {
+  return calls
+    .map((c) => `<tool_call>\n{"name": ${JSON.stringify(c.name)}, "arguments": ${c.arguments}}\n</tool_call>`)
+    .join('\n');
+}
+
 function answerFor(
   messages: readonly PromptMessage[],
   rng: Rng,
   mistakeRate: number,
-): { kind: TaskKind; answer: string } {
+): { kind: TaskKind; answer: string; toolCalls?: PolicyToolCall[] } {
+  for (let i = 0; i < messages.length; i++) {
+    if (messages[i].role !== 'user') continue;
+    const task = TOOL_LOOKUP_TASK.exec(messages[i].content);
+    if (task !== null)
+      return { kind: 'tool-lookup', ...playToolLookup(messages, i, task[1], task[2], rng, mistakeRate) };
+  }
   for (let i = 0; i < messages.length; i++) {
     if (messages[i].role !== 'user' && messages[i].role !== 'system') continue;
     const task = GUESS_TASK.exec(messages[i].content);
@@ -164,7 +241,8 @@ export function generateCompletion(
   requestSeed?: number,
 ): Completion {
   const rng = createRng(requestStreamSeed(options.seed, requestIndex, requestSeed));
-  const { kind, answer } = answerFor(messages, rng, options.mistakeRate);
+  const { kind, answer: said, toolCalls } = answerFor(messages, rng, options.mistakeRate);
+  const answer = toolCalls !== undefined ? hermesText(toolCalls) : said;
   const ids: number[] = [];
   const filler = fillerInto(rng, options.thinkTokens, ids);
   let tail: string;
@@ -180,5 +258,5 @@ export function generateCompletion(
     tail = filler.length > 0 ? `\n\n${answer}` : answer;
     for (const id of encodeText(tail)) ids.push(id);
   }
-  return { kind, text: filler + tail, ids };
+  return toolCalls !== undefined ? { kind, text: filler + tail, ids, toolCalls } : { kind, text: filler + tail, ids };
 }

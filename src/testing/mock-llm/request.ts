@@ -32,6 +32,8 @@ export interface MockChatRequest {
   returnPromptTokenIds: boolean;
   /** `top_logprobs`; null when absent (llama.cpp then returns 20 alternatives). */
   topLogprobs: number | null;
+  /** The request offered tools (a non-empty `tools`): a reply that calls them comes as `tool_calls`. */
+  tools: boolean;
 }
 
 export class RequestError extends Error {
@@ -123,6 +125,7 @@ export function parseChatRequest(raw: string): MockChatRequest {
     (v) => typeof v === 'string' || (Array.isArray(v) && v.every((s) => typeof s === 'string')),
     'must be a string or an array of strings',
   );
+  const tools = optional(b, 'tools', (v) => Array.isArray(v), 'must be an array of tools') as unknown[] | undefined;
   const continueFinal = optional(b, 'continue_final_message', isBool, 'must be a boolean') === true;
   const addGenerationPrompt = optional(b, 'add_generation_prompt', isBool, 'must be a boolean');
   if (continueFinal) {
@@ -157,5 +160,6 @@ export function parseChatRequest(raw: string): MockChatRequest {
     model,
     returnPromptTokenIds: returnPromptTokenIds === true,
     topLogprobs: topLogprobs ?? null,
+    tools: tools !== undefined && tools.length > 0,
   };
 }

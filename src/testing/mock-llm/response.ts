@@ -45,6 +45,13 @@ export interface CompletionBody {
    * a continuation's logprobs are the ones the uninterrupted completion has at those positions.
    */
   offset: number;
+  /**
+   * The calls the reply makes, answered as vLLM's hermes parser does (tool_parsers/hermes_tool_parser.py
+   * extract_tool_calls; protocol.py ToolCall): `content` is the text before the first block (null when
+   * none), each call `{id: "chatcmpl-tool-…", type: "function", function: {name, arguments}}` with the
+   * arguments as JSON text, and finish_reason "tool_calls".
+   */
+  toolCalls?: readonly { id: string; name: string; arguments: string }[];
 }
 
 /** The logprob draws of a completion, advanced past the `offset` tokens a continued message already has. */
@@ -75,9 +82,9 @@ export function completionJson(c: CompletionBody): string {
   let json =
     `{"id":"chatcmpl-mock-${c.index}","object":"chat.completion","created":${Math.floor(Date.now() / 1000)},` +
     `"model":${JSON.stringify(c.model)},"choices":[{"index":0,` +
-    `"message":{"role":"assistant","content":${JSON.stringify(c.content)}},` +
+    `"message":{"role":"assistant","content":${c.toolCalls !== undefined ? (c.content === '' ? 'null' : JSON.stringify(c.content)) : JSON.stringify(c.content)}${c.toolCalls !== undefined ? `,"tool_calls":${JSON.stringify(c.toolCalls.map((t) => ({ id: t.id, type: 'function', function: { name: t.name, arguments: t.arguments } })))}` : ''}},` +
     `"logprobs":${c.logprobs ? logprobsJson(c.ids, c) : 'null'},` +
-    `"finish_reason":${JSON.stringify(c.finishReason)}`;
+    `"finish_reason":${JSON.stringify(c.toolCalls !== undefined ? 'tool_calls' : c.finishReason)}`;
   if (c.returnTokenIds) json += `,"token_ids":${JSON.stringify(c.ids)}`;
   json +=
     `}],"usage":{"prompt_tokens":${promptTokens},"completion_tokens":${completionTokens},"total_tokens":${promptTokens + completionTokens}},` +

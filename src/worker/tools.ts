@@ -1,0 +1,199 @@
+/**
+ * Running the tool calls of one reply (the design: env/types.ts, "Tools"). Every call ends as a
+ * ToolCallRecord whose `result` is what the model is shown: the tool's text, or `error: …` naming
+ * what went wrong (ToolErrorKind). Nothing here fails the rollout — except a cancellation for a weight
+ * update (ERR_ENV_CANCELLED from the guard), which is not the model's doing and is passed on.
+ *
+ * The calls of one reply run concurrently, each bounded by `tasks[].tools.timeoutMs` (its signal
+ * aborts then); calls past the turn's budget (`maxCallsPerTurn`) are not run.
+ */
+import type { McpConnection, McpServerSpec, McpSessions } from '../env/mcp.ts';
+import type { ToolCallRequest, ToolOutput, ToolSchema } from '../env/types.ts';
+import type { ToolChoice } from '../llm/request.ts';
+import type { ParsedToolCall } from '../llm/tool-calls.ts';
+import type { ChatMessage, ToolCallRecord, ToolErrorKind } from '../domain/rollout.ts';
+
+/** `tasks[].tools` as a worker gets it (config.ts documents each field). */
+export interface ToolSettings {
+  maxCallsPerTurn: number;
+  timeoutMs: number;
+  toolChoice: ToolChoice;
+  mcp: McpServerSpec[];
+  mcpSessions: McpSessions;
+}
+
+/** Where the tools of one step come from, and which name each serves. */
+export interface StepTools {
+  schemas: ToolSchema[];
+  /** Names the environment serves (`callTool`). */
+  env: ReadonlySet<string>;
+  /** Names an MCP server serves. */
+  mcp: ReadonlyMap<string, McpConnection>;
+}
+
+export const NO_TOOLS: StepTools = { schemas: [], env: new Set(), mcp: new Map() };
+
+/** How one call reaches the environment: through the task's guard (worker/env-guard.ts). */
+export type EnvToolCall = (call: ToolCallRequest, signal: AbortSignal) => ToolOutput | Promise<ToolOutput>;
+
+class ToolTimeout extends Error {}
+
+/**
+ * Runs `calls` (those past `budget` are answered `limit` without running) and returns their records
+ * in order, with the wall time of the batch (parallel calls counted once).
+ */
+export async function runToolCalls(
+  calls: readonly ParsedToolCall[],
+  tools: StepTools,
+  budget: number,
+  callEnv: EnvToolCall | null,
+  timeoutMs: number,
+  cancel: AbortSignal,
+): Promise<{ records: ToolCallRecord[]; ms: number }> {
+  const t = performance.now();
+  const settled = await Promise.allSettled(
+    calls.map((call, i) =>
+      i < budget
+        ? runOne(call, tools, callEnv, timeoutMs, cancel)
+        : Promise.resolve(
+            failed(
+              call,
+              'limit',
+              `not run: the turn reached its limit of tool calls (tasks[].tools.maxCallsPerTurn)`,
+              null,
+              0,
+            ),
+          ),
+    ),
+  );
+  const cancelled = settled.find((s) => s.status === 'rejected');
+  if (cancelled !== undefined) throw cancelled.reason;
+  return {
+    records: settled.map((s) => (s as PromiseFulfilledResult<ToolCallRecord>).value),
+    ms: performance.now() - t,
+  };
+}
+
+async function runOne(
+  call: ParsedToolCall,
+  tools: StepTools,
+  callEnv: EnvToolCall | null,
+  timeoutMs: number,
+  cancel: AbortSignal,
+): Promise<ToolCallRecord> {
+  if (call.invalid !== undefined) return failed(call, 'unparsed', call.invalid, null, 0);
+  let args: unknown;
+  try {
+    args = JSON.parse(call.arguments);
+  } catch (err) {
+    return failed(
+      call,
+      'bad_arguments',
+      `the arguments of ${call.name} are not valid JSON (${(err as Error).message})`,
+      null,
+      0,
+    );
+  }
+  if (typeof args !== 'object' || args === null || Array.isArray(args))
+    return failed(call, 'bad_arguments', `the arguments of ${call.name} must be a JSON object`, null, 0);
+  const mcp = tools.mcp.get(call.name);
+  const source = tools.env.has(call.name) && callEnv !== null ? 'env' : mcp !== undefined ? `mcp:${mcp.label}` : null;
+  if (source === null) {
+    const known = tools.schemas.map((s) => s.function.name);
+    return failed(
+      call,
+      'unknown_tool',
+      `unknown tool ${JSON.stringify(call.name)} (tools: ${known.length > 0 ? known.join(', ') : 'none'})`,
+      null,
+      0,
+    );
+  }
+  const request: ToolCallRequest = { id: call.id, name: call.name, arguments: args as Record<string, unknown> };
+  const controller = new AbortController();
+  const onCancel = (): void => controller.abort(cancel.reason);
+  cancel.addEventListener('abort', onCancel, { once: true });
+  let timer: NodeJS.Timeout | undefined;
+  const start = performance.now();
+  try {
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        controller.abort(new ToolTimeout());
+        reject(new ToolTimeout());
+      }, timeoutMs);
+    });
+    const running =
+      source === 'env'
+        ? Promise.resolve().then(() => callEnv!(request, controller.signal))
+        : mcp!.call(call.name, request.arguments, controller.signal, timeoutMs);
+    running.catch(() => undefined); // a call that lost the race settles unobserved
+    const output = await Promise.race([running, timeout]);
+    const { content, isError } =
+      typeof output === 'string' ? { content: output, isError: false } : checkOutput(output, call.name);
+    return isError
+      ? failed(call, 'tool_error', content, source, performance.now() - start)
+      : { ...base(call), result: content, error: null, source, ms: performance.now() - start };
+  } catch (err) {
+    const ms = performance.now() - start;
+    if (err instanceof ToolTimeout)
+      return failed(
+        call,
+        'timeout',
+        `tool ${call.name} timed out after ${timeoutMs} ms (tasks[].tools.timeoutMs)`,
+        source,
+        ms,
+      );
+    // A weight update cancelled what was in flight: the rollout comes back ABORTED, not the model's mistake.
+    if (cancel.aborted || (err as { code?: unknown }).code === 'ERR_ENV_CANCELLED') throw err;
+    return failed(
+      call,
+      'tool_error',
+      `tool ${call.name} failed: ${(err as Error)?.message ?? String(err)}`,
+      source,
+      ms,
+    );
+  } finally {
+    clearTimeout(timer);
+    cancel.removeEventListener('abort', onCancel);
+  }
+}
+
+function checkOutput(output: unknown, name: string): { content: string; isError: boolean } {
+  const o = output as { content?: unknown; isError?: unknown } | null;
+  if (typeof o !== 'object' || o === null || typeof o.content !== 'string') {
+    return {
+      content: `tool ${name} returned neither a string nor { content: string } (an environment bug)`,
+      isError: true,
+    };
+  }
+  return { content: o.content, isError: o.isError === true };
+}
+
+function base(call: ParsedToolCall): Pick<ToolCallRecord, 'id' | 'name' | 'arguments'> {
+  return { id: call.id, name: call.name, arguments: call.arguments };
+}
+
+function failed(
+  call: ParsedToolCall,
+  error: ToolErrorKind,
+  why: string,
+  source: string | null,
+  ms: number,
+): ToolCallRecord {
+  return { ...base(call), result: `error: ${why}`, error, source, ms };
+}
+
+/** The messages a turn's calls add to the conversation: the assistant's message with its calls, then one `tool` message per call. */
+export function toolMessagesOf(content: string, records: readonly ToolCallRecord[]): ChatMessage[] {
+  return [
+    {
+      role: 'assistant',
+      content,
+      tool_calls: records.map((r) => ({
+        id: r.id,
+        type: 'function' as const,
+        function: { name: r.name, arguments: r.arguments },
+      })),
+    },
+    ...records.map((r): ChatMessage => ({ role: 'tool', content: r.result, tool_call_id: r.id })),
+  ];
+}
