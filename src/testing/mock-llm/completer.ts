@@ -147,9 +147,14 @@ export class Completer {
     }
     // Spelled out, not spread from a head shared with the stream: on this per-reply path the spread
     // cost the mock about 15% more CPU per request.
-    // vLLM reads calls only from a whole generation that stopped on its own (a cut one is text).
+    // vLLM reads calls only from a whole generation that stopped on its own (a cut one is text), and
+    // only when every block parses: its hermes parser answers a reply with one bad block as plain text,
+    // tool_calls empty (tool_parsers/hermes_tool_parser.py extract_tool_calls @0085432, the except
+    // branch). The arguments it sends are json.dumps of the parsed object: Python's separators.
     const calls =
-      request.tools && partial === null && completion.toolCalls !== undefined ? completion.toolCalls : undefined;
+      request.tools && partial === null && completion.toolCalls !== undefined
+        ? vllmToolCalls(completion.toolCalls)
+        : undefined;
     const answer = (reason: Finish, out: readonly number[]): void => {
       const whole = calls !== undefined && reason === 'stop' && out.length === fullLength;
       const text = contentOf(out);
@@ -465,6 +470,33 @@ export class Completer {
     this.#rejections.dialect(res, vllmError(404, 'NotFoundError', `The model \`${model}\` does not exist.`, 'model'));
     return true;
   }
+}
+
+/** The calls as vLLM's hermes parser returns them; undefined when one does not parse (the reply is then text). */
+function vllmToolCalls(
+  calls: readonly { name: string; arguments: string }[],
+): { name: string; arguments: string }[] | undefined {
+  const out: { name: string; arguments: string }[] = [];
+  for (const call of calls) {
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(call.arguments);
+    } catch {
+      return undefined;
+    }
+    out.push({ name: call.name, arguments: pythonJsonDumps(parsed) });
+  }
+  return out;
+}
+
+/** Python's `json.dumps(value, ensure_ascii=False)`: JSON with ", " and ": " between items. */
+function pythonJsonDumps(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(pythonJsonDumps).join(', ')}]`;
+  if (value !== null && typeof value === 'object') {
+    const items = Object.entries(value).map(([k, v]) => `${JSON.stringify(k)}: ${pythonJsonDumps(v)}`);
+    return `{${items.join(', ')}}`;
+  }
+  return JSON.stringify(value);
 }
 
 /** vLLM's call id shape (`chatcmpl-tool-` + 32 hex digits), made from the request index: replies stay reproducible. */
