@@ -74,7 +74,9 @@ export class Completer {
     this.#options = parts.options;
     this.#vocab = parts.vocab;
     this.#context = parts.context;
-    this.#policy = { seed: parts.options.seed, mistakeRate: parts.options.mistakeRate, thinkTokens: parts.options.thinkTokens };
+    const capacity = parts.options.capacity;
+    const lengths = capacity?.responseTokens == null ? null : { median: capacity.responseTokens, sigma: capacity.lengthSigma };
+    this.#policy = { seed: parts.options.seed, mistakeRate: parts.options.mistakeRate, thinkTokens: parts.options.thinkTokens, lengths };
     this.#scheduler = parts.scheduler;
     this.#faults = parts.faults;
     this.#rejections = parts.rejections;
@@ -117,7 +119,7 @@ export class Completer {
         requestSeed: request.seed,
         offset: skip,
       });
-      this.#scheduler.schedule(res, { ids, promptTokens: promptIds.length, natural, answer: (reason, out) => stream.finish(reason, out, contentOf(out), fault), progress: (n) => stream.progress(ids, n) });
+      this.#scheduler.schedule(res, { ids, promptTokens: promptIds.length, promptIds, natural, answer: (reason, out) => stream.finish(reason, out, contentOf(out), fault), progress: (n) => stream.progress(ids, n) });
       return;
     }
     // Spelled out, not spread from a head shared with the stream: on this per-reply path the spread
@@ -139,7 +141,7 @@ export class Completer {
       });
       deliver(res, json, fault);
     };
-    this.#scheduler.schedule(res, { ids, promptTokens: promptIds.length, natural, answer });
+    this.#scheduler.schedule(res, { ids, promptTokens: promptIds.length, promptIds, natural, answer });
   }
 
   /**
@@ -164,7 +166,7 @@ export class Completer {
       const json = textCompletionJson({ index, model: o.model, vocab: this.#vocab, ids: out, promptIds: prompt.ids, finishReason: reason, weightVersion: version, logprobs: request.logprobs, returnTokenIds: request.returnTokenIds, seed: o.seed, requestSeed: request.seed, offset: skip });
       deliver(res, json, fault);
     };
-    this.#scheduler.schedule(res, { ids, promptTokens: prompt.ids.length, natural: ids.length < reply.uncut ? 'length' : 'stop', answer });
+    this.#scheduler.schedule(res, { ids, promptTokens: prompt.ids.length, promptIds: prompt.ids, natural: ids.length < reply.uncut ? 'length' : 'stop', answer });
   }
 
   /**
@@ -230,7 +232,7 @@ export class Completer {
         if (fault !== null) res.destroy();
         else stream.finish(reason, out, textOf(out), reason === 'stop' ? END_OF_TURN_ID : null);
       };
-      this.#scheduler.schedule(res, { ids, promptTokens, natural, answer, progress: (n) => stream.progress(ids, n), rid });
+      this.#scheduler.schedule(res, { ids, promptTokens, promptIds, natural, answer, progress: (n) => stream.progress(ids, n), rid });
       return;
     }
     const serialise = d === 'vllm' ? vllmChatJson : d === 'sglang' ? sglangChatJson : llamacppChatJson;
@@ -238,7 +240,7 @@ export class Completer {
       const json = serialise({ index, model, content: textOf(out), finishReason: reason, ids: out, promptIds, request, version, draws: draws(), truncated: truncated && reason === 'length', created: Math.floor(Date.now() / 1000) });
       deliver(res, json, fault);
     };
-    this.#scheduler.schedule(res, { ids, promptTokens, natural, answer, rid });
+    this.#scheduler.schedule(res, { ids, promptTokens, promptIds, natural, answer, rid });
   }
 
   /** vLLM's `/v1/completions` in its dialect: the model name is checked as on chat (OpenAIServing._check_model). */
@@ -283,7 +285,7 @@ export class Completer {
       }
       deliver(res, json, fault);
     };
-    this.#scheduler.schedule(res, { ids, promptTokens: prompt.ids.length, natural: ids.length < reply.uncut ? 'length' : 'stop', answer, rid });
+    this.#scheduler.schedule(res, { ids, promptTokens: prompt.ids.length, promptIds: prompt.ids, natural: ids.length < reply.uncut ? 'length' : 'stop', answer, rid });
   }
 
   /**

@@ -7,6 +7,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { adminRoutes } from './admin-routes.ts';
 import type { Completer } from './completer.ts';
+import type { Gpu } from './gpu.ts';
 import { parseTokenCompletionRequest, type TokenCompletionRequest } from './completions.ts';
 import { dialectRoutes, type RouteTable } from './dialect-routes.ts';
 import { badRequest, parseGenerateRequest, parseLlamaCompletionRequest, unknownRoute, type Dialect, type TokenInRequest } from './dialects.ts';
@@ -30,6 +31,8 @@ export interface RouteParts {
   closing(): boolean;
   /** Called after each generation request is counted (waitForStats). */
   onChange?: () => void;
+  /** The GPU-like mock's replica, whose metrics `GET /admin/gpu` answers; null without option capacity. */
+  gpu?: Gpu | null;
 }
 
 export class Routes {
@@ -92,7 +95,7 @@ export class Routes {
       },
       '/v1/chat/completions': { POST: this.#generation<MockChatRequest>(parseChatRequest, (res, r) => completer.chat(res, r)) },
       '/v1/completions': { POST: this.#generation<TokenCompletionRequest>(parseTokenCompletionRequest, (res, r) => completer.tokens(res, r)) },
-      ...adminRoutes({ abortAll: () => scheduler.abortAll(), version, readBody: (req) => readBody(req, options.maxBodyBytes), rejections }),
+      ...adminRoutes({ abortAll: () => scheduler.abortAll(), version, readBody: (req) => readBody(req, options.maxBodyBytes), rejections, gpu: this.#parts.gpu ?? null }),
     };
   }
 
