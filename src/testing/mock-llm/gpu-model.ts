@@ -151,8 +151,9 @@ export class GpuModel {
     const seq = new Sequence(this.#nextId++, input, this.#now);
     this.#c.submitted++;
     this.#queue.push(seq);
-    // An idle replica starts at once; a busy one admits at its step's end (continuous batching).
-    if (this.#step === null) {
+    // An idle replica starts at once; a busy one admits at its step's end (continuous batching),
+    // unless the step starts this very moment: requests arriving together are batched together.
+    if (this.#step === null || this.#step.start === this.#now) {
       this.#admit();
       this.#startStep(this.#now);
     }

@@ -115,8 +115,12 @@ export class Gpu {
   /** The model time the timer is set for: re-armed only when the step under way changes. */
   #armedFor: number | null = null;
 
-  constructor(options: ResolvedCapacity) {
+  /** Told after the replica moved on by itself (a step ended): waitForStats looks again. */
+  readonly #onChange: () => void;
+
+  constructor(options: ResolvedCapacity, onChange: () => void = () => {}) {
     this.#options = options;
+    this.#onChange = onChange;
     const { slots, decodeMs, decodeMsPerSeq, prefillTokensPerSecond, prefillChunkTokens, prefixCacheTokens } = options;
     const model: GpuModelOptions = { slots, decodeMs, decodeMsPerSeq, prefillTokensPerSecond, prefillChunkTokens, prefixCacheTokens };
     this.#model = new GpuModel(model);
@@ -176,6 +180,7 @@ export class Gpu {
       this.#timer = null;
       this.#armedFor = null;
       this.#settle(this.#model.advanceTo(this.#clock()));
+      this.#onChange();
     }, Math.max(0, (next - this.#clock()) / this.#options.speedup));
   }
 }

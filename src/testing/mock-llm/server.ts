@@ -106,11 +106,11 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
   const vocab = await loadVocabulary(opts.tokenizer);
   const dialect: Dialect | null = opts.dialect === 'default' ? null : opts.dialect;
   const context = opts.contextLength ?? DIALECT_DEFAULT_CONTEXT;
-  const gpu = opts.capacity === null ? null : new Gpu(opts.capacity);
-  const version = new WeightVersion(opts.weightVersion, () => gpu?.flushCache());
   // Every part whose counts stats() reads tells the waiters of each change; bound before any request.
   let statsChanged = (): void => {};
   const onChange = (): void => statsChanged();
+  const gpu = opts.capacity === null ? null : new Gpu(opts.capacity, onChange);
+  const version = new WeightVersion(opts.weightVersion, () => gpu?.flushCache());
   const scheduler = new Scheduler({ ...opts, onChange, gpu });
   const faults = new FaultInjector(opts, onChange);
   const rejections = new Rejections();
