@@ -242,12 +242,17 @@ export function trainingTargets(r: TrainingBenchResult): TargetRow[] {
 
 const isMain = process.argv[1] !== undefined && fileURLToPath(import.meta.url) === process.argv[1];
 if (isMain) {
-  const { values } = parseArgs({ options: { quick: { type: 'boolean' }, steps: { type: 'string' }, speedup: { type: 'string' }, servers: { type: 'string' }, groups: { type: 'string' } } });
+  const numeric = ['steps', 'speedup', 'servers', 'groups', 'max-tokens', 'over-sample', 'response-tokens', 'length-sigma', 'load-ms'] as const;
+  const { values } = parseArgs({ options: { quick: { type: 'boolean' }, ...Object.fromEntries(numeric.map((k) => [k, { type: 'string' as const }])) } });
   const o = trainingBenchDefaults(values.quick ?? false);
-  if (values.steps) o.steps = Number(values.steps);
-  if (values.speedup) o.speedup = Number(values.speedup);
-  if (values.servers) o.servers = Number(values.servers);
-  if (values.groups) o.groups = Number(values.groups);
+  const key = (flag: string) => flag.replace(/-(.)/g, (_, c: string) => c.toUpperCase()) as keyof TrainingBenchOptions;
+  for (const flag of numeric) {
+    const v = (values as Record<string, string | undefined>)[flag];
+    if (v === undefined) continue;
+    const n = Number(v);
+    if (!Number.isFinite(n) || n < 0) throw new Error(`--${flag} must be a number ≥ 0 (got ${JSON.stringify(v)})`);
+    (o as unknown as Record<string, number>)[key(flag)] = n;
+  }
   const result = await trainingBench(o);
   printTrainingBench(result);
   const { printTargets } = await import('./targets.ts');
