@@ -250,7 +250,7 @@ export async function memoryRuns(o: { rollouts: number; thinkTokens: number; thr
 // --- the final table ---------------------------------------------------------------------------
 
 export interface TargetRow {
-  /** Issue 7's target number and condition, e.g. "3 · 512 in flight, 50 ms". */
+  /** The issue's target number and condition, e.g. "3 · 512 in flight, 50 ms" (issue 7) or "21 · …". */
   target: string;
   figure: string;
   /** The measured value compared with the limit; null when it could not be measured. */
@@ -278,7 +278,7 @@ export function row(o: { target: string; figure: string; value: number | null; l
 export function printTargets(rows: TargetRow[]): void {
   const width = (f: (r: TargetRow) => string, title: string) => Math.max(title.length, ...rows.map((r) => f(r).length));
   const w = [width((r) => r.target, 'target'), width((r) => r.figure, 'figure'), width((r) => r.limit, 'target'), width((r) => r.measured, 'measured')];
-  console.log('\nissue 7 targets (this run)');
+  console.log('\ntargets of issues 7 and 21 (this run)');
   console.log(`${'#'.padEnd(w[0])}  ${'figure'.padEnd(w[1])}  ${'target'.padEnd(w[2])}  ${'measured'.padStart(w[3])}  ok    detail`);
   for (const r of rows) {
     const mark = r.pass === null ? 'n/a ' : r.pass ? 'PASS' : 'FAIL';
