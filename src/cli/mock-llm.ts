@@ -36,7 +36,7 @@ GPU-like mock (replaces --latency-ms and --tokens-per-second; defaults: one Llam
 H100 under vLLM; metrics at GET /admin/gpu):
   --capacity <slots>       sequence slots; requests beyond them queue (continuous batching; 256)
   --capacity-decode-ms <ms>          a decode step's fixed time (6.2)
-  --capacity-decode-ms-per-seq <ms>  what each running sequence adds to a step (0.1)
+  --capacity-decode-ms-per-seq <ms>  what each running sequence adds to a step (0.05)
   --capacity-prefill-tokens-per-second <n>  prefill rate (25000)
   --capacity-prefill-chunk <n>       tokens one step may process, decodes first (8192)
   --capacity-prefix-cache <tokens>   prefix cache size, LRU; 0 = none (400000)

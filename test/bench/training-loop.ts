@@ -62,7 +62,7 @@ export function trainingBenchDefaults(quick: boolean): TrainingBenchOptions {
     speedup: 5,
     responseTokens: 160,
     lengthSigma: 1,
-    maxTokens: 2048,
+    maxTokens: 1024,
     turns: 4,
     groupSize: 8,
     groups: quick ? 16 : 32,

@@ -37,15 +37,16 @@ export type ResolvedCapacity = Readonly<Required<CapacityOptions>>;
  * One Llama-3-8B replica (bf16) on one H100 SXM under vLLM, from public figures (test/bench/README.md,
  * "The GPU-like mock"): a decode step reads the 16 GB of weights once — 4.8 ms at 3.35 TB/s, ≈ 6.2 ms
  * at the 77 % of the bandwidth roofline that single-stream vLLM decode reaches (75 tokens/s on an
- * A100-40GB) — plus each sequence's KV cache (128 KiB per token; ≈ 0.1 ms at 1–2k tokens of context):
- * 256 sequences (vLLM's default max_num_seqs) then decode ≈ 8 000 tokens/s. Prefill at ≈ 40 % of
+ * A100-40GB) — plus each sequence's KV cache (128 KiB per token; ≈ 0.05 ms at 1–1.5k tokens of
+ * context): 256 sequences (vLLM's default max_num_seqs) then decode ≈ 13 000 tokens/s, an estimate from the
+ * bandwidth, not a published absolute figure. Prefill at ≈ 40 % of
  * the H100's 989 dense bf16 TFLOPS over 16 GFLOP per token: 25 000 tokens/s. The prefix cache: what
  * is left of 80 GB after weights and activations, ≈ 52 GB of KV at 128 KiB per token.
  */
 export const GPU_DEFAULTS: ResolvedCapacity = Object.freeze({
   slots: 256,
   decodeMs: 6.2,
-  decodeMsPerSeq: 0.1,
+  decodeMsPerSeq: 0.05,
   prefillTokensPerSecond: 25_000,
   prefillChunkTokens: 8_192,
   prefixCacheTokens: 400_000,
