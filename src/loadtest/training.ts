@@ -41,6 +41,13 @@ export interface TrainingLoopOptions {
   maxSeconds?: number;
   /** The engine's producer strategy: sync produces only inside getBatch. */
   strategy: 'sync' | 'async';
+  /**
+   * Response tokens the engine has thrown away so far (createEngine's observer `discarded`: members
+   * reset to their prompt, groups dropped). Without it, waste is estimated from the servers: tokens
+   * generated over the steady cycles less those taken, which counts the work still in flight at the
+   * end as waste too.
+   */
+  discardedTokens?: () => number;
 }
 
 export interface ProductionFigures {
@@ -77,6 +84,8 @@ export interface TrainingFigures {
   wastedTokensPerStep: number;
   /** Wasted ÷ generated over the steady cycles. */
   wastedFraction: number;
+  /** Mean model seconds per steady step the trainer waited inside getBatch for its batch. */
+  waitSeconds: number;
   production: ProductionFigures;
   syncs: SyncFigures;
   /** Prefix-cache hits over all admitted prompt tokens. */
@@ -144,6 +153,9 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
   let first: { t: number; gpu: GpuMetrics[] } | null = null;
   let last: { t: number; gpu: GpuMetrics[] } | null = null;
   let tokensAfterFirst = 0;
+  let discardedAtFirst = 0;
+  let discardedAtLast = 0;
+  let waitedMs = 0;
   let modelStep = 0;
 
   /** Idle from `before` until the servers run again, less the load, per server (mean); in the background. */
@@ -182,7 +194,9 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
   let step = 1;
   while (step <= o.steps && !(o.maxSeconds !== undefined && step > 2 && performance.now() - startedAt > o.maxSeconds * 1000)) {
     if (o.strategy === 'sync') production.start(await readAll(servers));
+    const asked = performance.now();
     const batch = await engine.getBatch(step);
+    if (first !== null) waitedMs += performance.now() - asked;
     if (batch.status === 'EXPIRED_BATCH') {
       await syncWeights(Math.max(modelStep, step - 1));
       continue;
@@ -190,9 +204,12 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     if (batch.status !== 'NORMAL') continue; // a pause is under way: ask again
     const taken = { t: performance.now(), gpu: await readAll(servers) };
     if (o.strategy === 'sync') production.stop(taken.gpu);
-    if (first === null) first = taken;
-    else tokensAfterFirst += batch.stats.responseTokens;
+    if (first === null) {
+      first = taken;
+      discardedAtFirst = o.discardedTokens?.() ?? 0;
+    } else tokensAfterFirst += batch.stats.responseTokens;
     last = taken;
+    discardedAtLast = o.discardedTokens?.() ?? 0;
     await sleep((batch.stats.responseTokens * trainer.trainMsPerToken) / trainer.speedup);
     // After the last step nothing is produced any more: a sync there would measure nothing.
     if (step % trainer.syncEvery === 0 && step < o.steps) await syncWeights(step);
@@ -215,7 +232,7 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     prompt += m.promptTokens;
     cached += m.cachedTokens;
   }
-  const wasted = Math.max(0, generated - tokensAfterFirst);
+  const wasted = o.discardedTokens === undefined ? Math.max(0, generated - tokensAfterFirst) : discardedAtLast - discardedAtFirst;
   const mean = (xs: number[]) => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length);
   const sorted = [...pauseMs].sort((a, b) => a - b);
   return {
@@ -228,6 +245,7 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     tokensTakenPerStep: cycles > 0 ? tokensAfterFirst / cycles : 0,
     wastedTokensPerStep: cycles > 0 ? wasted / cycles : 0,
     wastedFraction: generated > 0 ? wasted / generated : 0,
+    waitSeconds: cycles > 0 ? (waitedMs * trainer.speedup) / 1000 / cycles : 0,
     production: production.figures(servers.length),
     syncs: {
       count: idle.length,

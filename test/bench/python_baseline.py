@@ -463,6 +463,7 @@ class SyncTrainer(Baseline):
         watchers = []
         first = last = None
         tokens_after_first = 0
+        wait_total = 0.0
 
         def add_window(before, after):
             for x, y in zip(before, after):
@@ -486,9 +487,12 @@ class SyncTrainer(Baseline):
 
         for step in range(1, a.steps + 1):
             before = await self._gpu()
+            asked = time.perf_counter()
             base = (step - 1) * a.groups
             results = await asyncio.gather(*[self._rollout(base + g, r) for g in range(a.groups) for r in range(a.group_size)])
             taken_at = time.perf_counter()
+            if first is not None:
+                wait_total += taken_at - asked
             after = await self._gpu()
             add_window(before, after)
             tokens = sum(results)
@@ -525,6 +529,7 @@ class SyncTrainer(Baseline):
             "tokensTakenPerStep": tokens_after_first / cycles if cycles > 0 else 0,
             "wastedTokensPerStep": wasted / cycles if cycles > 0 else 0,
             "wastedFraction": wasted / generated if generated > 0 else 0,
+            "waitSeconds": wait_total * a.speedup / cycles if cycles > 0 else 0,
             "production": {
                 "seconds": window["time"] / 1000,
                 "busyFraction": window["busy"] / window["time"] if window["time"] > 0 else 0,
