@@ -56,7 +56,8 @@ const HttpEnvSpec = z
   })
   .superRefine((http, ctx) => {
     if (http.dialect === 'auto') return;
-    for (const c of dialectConflicts(http.dialect, { dedupeSteps: http.dedupeSteps })) ctx.addIssue({ code: 'custom', path: [c.option], message: c.why, input: c.value });
+    for (const c of dialectConflicts(http.dialect, { dedupeSteps: http.dedupeSteps }))
+      ctx.addIssue({ code: 'custom', path: [c.option], message: c.why, input: c.value });
   });
 
 const EnvSpec = z
@@ -79,10 +80,13 @@ const EnvSpec = z
      */
     timeoutMs: positiveInt.max(86_400_000).default(60_000),
   })
-  .refine((env) => (env.module === undefined) !== (env.http === undefined), { message: 'give exactly one of env.module (in-process) or env.http (env servers)' })
+  .refine((env) => (env.module === undefined) !== (env.http === undefined), {
+    message: 'give exactly one of env.module (in-process) or env.http (env servers)',
+  })
   .superRefine((env, ctx) => {
     if (env.http === undefined || env.http.dialect === 'auto') return;
-    for (const c of dialectConflicts(env.http.dialect, { params: env.params })) ctx.addIssue({ code: 'custom', path: c.option.split('.'), message: c.why, input: c.value });
+    for (const c of dialectConflicts(env.http.dialect, { params: env.params }))
+      ctx.addIssue({ code: 'custom', path: c.option.split('.'), message: c.why, input: c.value });
   })
   // Workers are given `env.http` alone: the params an HTTP environment sends travel inside it.
   .transform((env) => (env.http === undefined ? env : { ...env, http: { ...env.http, params: env.params } }));
@@ -93,29 +97,34 @@ const ModuleExportSpec = z.strictObject({
   export: z.string().min(1).default('default'),
 });
 
-const TaskSpec = z.strictObject({
-  name: z.string().regex(/^[A-Za-z0-9_.-]+$/, 'must be letters, digits, "_", "." or "-"'),
-  /** The environment; optional for a black-box `agent`, whose prompts may come from the dataset (`messages`, `label`). */
-  env: EnvSpec.nullable().default(null),
-  /** JSONL file, one JSON object of environment reset params per line; null = the environment draws its own task from the seed. */
-  dataset: z.string().min(1).nullable().default(null),
-  /** Rollouts per prompt (GRPO's k). */
-  groupSize: positiveInt.max(65_536).default(4),
-  /** Share of each batch (largest-remainder split across tasks); 0 switches the task off, keeping it configured. */
-  weight: z.number().min(0).finite().default(1),
-  maxSteps: positiveInt.default(16),
-  /** Keep the system message and the last `2 × messageCut − 1` messages; 0 = send the whole conversation. */
-  messageCut: nonNegativeInt.default(3),
-  maxTokens: positiveInt.default(512),
-  temperature: z.number().min(0).max(2).default(1),
-  hooks: ModuleExportSpec.nullable().default(null),
-  /**
-   * A black-box agent: a module whose export receives `{ baseURL, sessionId, prompt, label, signal }` and
-   * talks to the token-trace gateway with any OpenAI client (see README "Black-box agents"). null = the
-   * built-in agent loop.
-   */
-  agent: ModuleExportSpec.nullable().default(null),
-}).refine((task) => task.env !== null || task.agent !== null, { message: 'a task needs an env (or a black-box agent that takes its prompts from the dataset)', path: ['env'] });
+const TaskSpec = z
+  .strictObject({
+    name: z.string().regex(/^[A-Za-z0-9_.-]+$/, 'must be letters, digits, "_", "." or "-"'),
+    /** The environment; optional for a black-box `agent`, whose prompts may come from the dataset (`messages`, `label`). */
+    env: EnvSpec.nullable().default(null),
+    /** JSONL file, one JSON object of environment reset params per line; null = the environment draws its own task from the seed. */
+    dataset: z.string().min(1).nullable().default(null),
+    /** Rollouts per prompt (GRPO's k). */
+    groupSize: positiveInt.max(65_536).default(4),
+    /** Share of each batch (largest-remainder split across tasks); 0 switches the task off, keeping it configured. */
+    weight: z.number().min(0).finite().default(1),
+    maxSteps: positiveInt.default(16),
+    /** Keep the system message and the last `2 × messageCut − 1` messages; 0 = send the whole conversation. */
+    messageCut: nonNegativeInt.default(3),
+    maxTokens: positiveInt.default(512),
+    temperature: z.number().min(0).max(2).default(1),
+    hooks: ModuleExportSpec.nullable().default(null),
+    /**
+     * A black-box agent: a module whose export receives `{ baseURL, sessionId, prompt, label, signal }` and
+     * talks to the token-trace gateway with any OpenAI client (see README "Black-box agents"). null = the
+     * built-in agent loop.
+     */
+    agent: ModuleExportSpec.nullable().default(null),
+  })
+  .refine((task) => task.env !== null || task.agent !== null, {
+    message: 'a task needs an env (or a black-box agent that takes its prompts from the dataset)',
+    path: ['env'],
+  });
 
 const GatewaySpec = z.strictObject({
   /** Tokenizer + chat template of the policy: `qwen2.5`, or a directory with tokenizer.json and tokenizer_config.json. */
@@ -136,7 +145,10 @@ const PolicySpec = z.strictObject({
 
 const LlmSpec = z.strictObject({
   /** OpenAI-compatible base URL (`http://host:8000` or `http://host:8000/v1`); null = start the built-in mock server. */
-  url: z.union([httpUrl, z.array(httpUrl).min(1)]).nullable().default(null),
+  url: z
+    .union([httpUrl, z.array(httpUrl).min(1)])
+    .nullable()
+    .default(null),
   model: z.string().min(1).default('mock-policy'),
   /**
    * The inference server's dialect (llm/servers.ts): where token ids, prompt ids and the weight version
@@ -292,11 +304,22 @@ export const EngineConfigSchema = z.strictObject({
     .default(() => DEFAULT_TASKS.map((t) => TaskSpec.parse(t)))
     .superRefine((tasks, ctx) => {
       if (tasks.length > 0 && tasks.every((t) => t.weight === 0)) {
-        ctx.addIssue({ code: 'custom', path: [0, 'weight'], message: 'every task has weight 0: at least one task needs a share of the batch', input: 0 });
+        ctx.addIssue({
+          code: 'custom',
+          path: [0, 'weight'],
+          message: 'every task has weight 0: at least one task needs a share of the batch',
+          input: 0,
+        });
       }
       const seen = new Set<string>();
       tasks.forEach((task, i) => {
-        if (seen.has(task.name)) ctx.addIssue({ code: 'custom', path: [i, 'name'], message: `duplicate task name "${task.name}"`, input: task.name });
+        if (seen.has(task.name))
+          ctx.addIssue({
+            code: 'custom',
+            path: [i, 'name'],
+            message: `duplicate task name "${task.name}"`,
+            input: task.name,
+          });
         seen.add(task.name);
       });
     }),
@@ -320,7 +343,9 @@ export const EngineConfigSchema = z.strictObject({
   resume: z.boolean().default(false),
   /** Checkpoint file to resume the run from (written by engine.checkpoint()). */
   resumeFrom: z.string().min(1).nullable().default(null),
-  logLevel: z.enum(LOG_LEVELS).default(() => (process.env.LOG_LEVEL as (typeof LOG_LEVELS)[number] | undefined) ?? 'info'),
+  logLevel: z
+    .enum(LOG_LEVELS)
+    .default(() => (process.env.LOG_LEVEL as (typeof LOG_LEVELS)[number] | undefined) ?? 'info'),
 });
 
 /** What users write (every field optional where a default exists). */
@@ -346,7 +371,9 @@ export interface ResolveOptions {
 
 export function resolveConfig(input: unknown, options: ResolveOptions = {}): ResolvedConfig {
   if (process.env.LOG_LEVEL !== undefined && !(LOG_LEVELS as readonly string[]).includes(process.env.LOG_LEVEL)) {
-    throw new ConfigError([`LOG_LEVEL: expected one of ${LOG_LEVELS.join(', ')} (got ${JSON.stringify(process.env.LOG_LEVEL)})`]);
+    throw new ConfigError([
+      `LOG_LEVEL: expected one of ${LOG_LEVELS.join(', ')} (got ${JSON.stringify(process.env.LOG_LEVEL)})`,
+    ]);
   }
   const parsed = EngineConfigSchema.safeParse(input ?? {}, { reportInput: true });
   const baseDir = options.baseDir ?? process.cwd();
@@ -354,10 +381,20 @@ export function resolveConfig(input: unknown, options: ResolveOptions = {}): Res
   // Paths are checked even when other fields are wrong, so one run reports every problem.
   const rawTasks = parsed.success ? parsed.data.tasks : rawTaskPaths(input);
   const located = rawTasks.map((task, i) => ({
-    moduleUrl: typeof task.env?.module === 'string' ? resolveEnvModule(task.env.module, baseDir, `tasks[${i}].env.module`, problems) : null,
-    dataset: typeof task.dataset === 'string' ? resolveDataset(task.dataset, baseDir, `tasks[${i}].dataset`, problems) : null,
-    hooksUrl: typeof task.hooks?.module === 'string' ? resolveEnvModule(task.hooks.module, baseDir, `tasks[${i}].hooks.module`, problems) : null,
-    agentUrl: typeof task.agent?.module === 'string' ? resolveEnvModule(task.agent.module, baseDir, `tasks[${i}].agent.module`, problems) : null,
+    moduleUrl:
+      typeof task.env?.module === 'string'
+        ? resolveEnvModule(task.env.module, baseDir, `tasks[${i}].env.module`, problems)
+        : null,
+    dataset:
+      typeof task.dataset === 'string' ? resolveDataset(task.dataset, baseDir, `tasks[${i}].dataset`, problems) : null,
+    hooksUrl:
+      typeof task.hooks?.module === 'string'
+        ? resolveEnvModule(task.hooks.module, baseDir, `tasks[${i}].hooks.module`, problems)
+        : null,
+    agentUrl:
+      typeof task.agent?.module === 'string'
+        ? resolveEnvModule(task.agent.module, baseDir, `tasks[${i}].agent.module`, problems)
+        : null,
   }));
   if (!parsed.success || problems.length > 0) throw new ConfigError(problems);
   const tasks = parsed.data.tasks.map(
@@ -369,28 +406,42 @@ export function resolveConfig(input: unknown, options: ResolveOptions = {}): Res
       agent: task.agent === null ? null : { ...task.agent, moduleUrl: located[i].agentUrl! },
     }),
   );
-  const resumeFrom = parsed.data.resumeFrom === null ? null : resolveDataset(parsed.data.resumeFrom, baseDir, 'resumeFrom', problems);
-  const runDir = parsed.data.runDir === null ? null : isAbsolute(parsed.data.runDir) ? parsed.data.runDir : resolve(baseDir, parsed.data.runDir);
+  const resumeFrom =
+    parsed.data.resumeFrom === null ? null : resolveDataset(parsed.data.resumeFrom, baseDir, 'resumeFrom', problems);
+  const runDir =
+    parsed.data.runDir === null
+      ? null
+      : isAbsolute(parsed.data.runDir)
+        ? parsed.data.runDir
+        : resolve(baseDir, parsed.data.runDir);
   if (problems.length > 0) throw new ConfigError(problems);
   return { ...parsed.data, tasks, resumeFrom, runDir };
 }
 
 /** The tasks' path fields from unvalidated input, where they have the right shape. */
-type RawTaskPaths = { env?: { module?: unknown }; dataset?: unknown; hooks?: { module?: unknown } | null; agent?: { module?: unknown } | null };
+type RawTaskPaths = {
+  env?: { module?: unknown };
+  dataset?: unknown;
+  hooks?: { module?: unknown } | null;
+  agent?: { module?: unknown } | null;
+};
 
 function rawTaskPaths(input: unknown): RawTaskPaths[] {
   const tasks = (input as { tasks?: unknown } | null)?.tasks;
   if (!Array.isArray(tasks)) return [];
   // A plain loop, not tasks.map: map consults a user-supplied `constructor`, and this runs on unvalidated input.
   const out: RawTaskPaths[] = [];
-  for (let i = 0; i < tasks.length; i++) out.push(typeof tasks[i] === 'object' && tasks[i] !== null ? (tasks[i] as RawTaskPaths) : {});
+  for (let i = 0; i < tasks.length; i++)
+    out.push(typeof tasks[i] === 'object' && tasks[i] !== null ? (tasks[i] as RawTaskPaths) : {});
   return out;
 }
 
 function resolveDataset(spec: string, baseDir: string, path: string, problems: string[]): string {
   const file = isAbsolute(spec) ? spec : resolve(baseDir, spec);
-  if (!existsSync(file)) problems.push(`${path}: file does not exist (got ${JSON.stringify(spec)}, resolved to ${file})`);
-  else if (!statSync(file).isFile()) problems.push(`${path}: is not a file (got ${JSON.stringify(spec)}, resolved to ${file})`);
+  if (!existsSync(file))
+    problems.push(`${path}: file does not exist (got ${JSON.stringify(spec)}, resolved to ${file})`);
+  else if (!statSync(file).isFile())
+    problems.push(`${path}: is not a file (got ${JSON.stringify(spec)}, resolved to ${file})`);
   return file;
 }
 
@@ -399,7 +450,11 @@ function resolveEnvModule(spec: string, baseDir: string, path: string, problems:
     const name = spec.slice(BUILTIN_PREFIX.length);
     const file = BUILTIN_ENVS[name];
     if (file === undefined) {
-      problems.push(`${path}: unknown built-in environment (got ${JSON.stringify(spec)}; expected one of ${Object.keys(BUILTIN_ENVS).map((n) => BUILTIN_PREFIX + n).join(', ')})`);
+      problems.push(
+        `${path}: unknown built-in environment (got ${JSON.stringify(spec)}; expected one of ${Object.keys(BUILTIN_ENVS)
+          .map((n) => BUILTIN_PREFIX + n)
+          .join(', ')})`,
+      );
       return '';
     }
     return projectModuleUrl(file).href;

@@ -65,7 +65,10 @@ export class Engine {
     for (let i = 0; i < steps; i++) {
       const batch = await this.getBatch();
       if (batch.status !== 'NORMAL') {
-        throw new RolloutEngineError('ERR_BATCH_STATUS', `train step ${batch.trainStep}: ${batch.status} — sync the weights (pauseForWeightUpdate, resume) and call getBatch again`);
+        throw new RolloutEngineError(
+          'ERR_BATCH_STATUS',
+          `train step ${batch.trainStep}: ${batch.status} — sync the weights (pauseForWeightUpdate, resume) and call getBatch again`,
+        );
       }
       yield batch;
     }
@@ -106,7 +109,10 @@ export class Engine {
 }
 
 /** Validate `config` (throws a ConfigError naming each bad field) and build an engine; call start() next. */
-export function createEngine(config: EngineConfigInput = {}, options: ResolveOptions & CoordinatorOptions = {}): Engine {
+export function createEngine(
+  config: EngineConfigInput = {},
+  options: ResolveOptions & CoordinatorOptions = {},
+): Engine {
   return new Engine(resolveConfig(config, options), options);
 }
 
@@ -120,7 +126,14 @@ export type { WorkerPool } from './coordinator/worker-pool.ts';
 export { ConfigError, ProtocolError, RolloutEngineError } from './protocol/errors.ts';
 export { LlmError } from './llm/errors.ts';
 export { Status, groupStatus, statusForFinishReason } from './protocol/rollout.ts';
-export type { RolloutState, RolloutGroup, TurnRecord, ChatMessage, PromptSample, FinishReason } from './protocol/rollout.ts';
+export type {
+  RolloutState,
+  RolloutGroup,
+  TurnRecord,
+  ChatMessage,
+  PromptSample,
+  FinishReason,
+} from './protocol/rollout.ts';
 export type { Environment, EnvironmentFactory, ResetOptions, ResetResult, StepResult, EnvParams } from './env/types.ts';
 export { BatchFileWriter, groupToJson } from './coordinator/batch-file.ts';
 export { listCompletedSessions, readStepRecords, indexSessions } from './records/index.ts';

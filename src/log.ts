@@ -20,9 +20,19 @@ export function wantsPrettyLogs(): boolean {
   return process.stderr.isTTY === true;
 }
 
-export function createLogger(level: string = process.env.LOG_LEVEL ?? 'info', bindings: Record<string, unknown> = {}, pretty = wantsPrettyLogs()): Logger {
+export function createLogger(
+  level: string = process.env.LOG_LEVEL ?? 'info',
+  bindings: Record<string, unknown> = {},
+  pretty = wantsPrettyLogs(),
+): Logger {
   const destination = pretty
-    ? PinoPretty({ destination: 2, sync: true, colorize: process.stderr.isTTY === true || process.env.FORCE_COLOR !== undefined, ignore: 'pid,hostname', translateTime: 'HH:MM:ss.l' })
+    ? PinoPretty({
+        destination: 2,
+        sync: true,
+        colorize: process.stderr.isTTY === true || process.env.FORCE_COLOR !== undefined,
+        ignore: 'pid,hostname',
+        translateTime: 'HH:MM:ss.l',
+      })
     : pino.destination({ dest: 2, sync: true });
   return pino({ level, base: { pid: process.pid, ...bindings } }, destination);
 }

@@ -14,7 +14,8 @@ export class Slots {
 
   /** `size` = Infinity: never waits (acquire resolves at once). */
   constructor(size: number) {
-    if (!(size === Infinity || (Number.isInteger(size) && size >= 1))) throw new RangeError(`slots size must be a positive integer or Infinity (got ${size})`);
+    if (!(size === Infinity || (Number.isInteger(size) && size >= 1)))
+      throw new RangeError(`slots size must be a positive integer or Infinity (got ${size})`);
     this.size = size;
   }
 
@@ -54,7 +55,8 @@ export class Slots {
   release(): void {
     if (this.#taken === 0) throw new Error('Slots.release() without a slot held');
     const next = this.#waiters.shift();
-    if (next) next.grant(); // the slot passes to the next waiter: `taken` stays the same
+    if (next)
+      next.grant(); // the slot passes to the next waiter: `taken` stays the same
     else this.#taken--;
   }
 }

@@ -117,7 +117,11 @@ describe('actor pool', { timeout: 10_000 }, () => {
 
     const broken = factory({ closeThrows: true });
     const errors: string[] = [];
-    const fragile = createActorPool({ size: 1, create: broken.create, onCloseError: (err) => errors.push((err as Error).message) });
+    const fragile = createActorPool({
+      size: 1,
+      create: broken.create,
+      onCloseError: (err) => errors.push((err as Error).message),
+    });
     await fragile.done((await fragile.acquire())!, false);
     assert.equal(fragile.recycled, 1);
     assert.deepEqual(errors, ['actor 1 close failed']);
@@ -126,8 +130,19 @@ describe('actor pool', { timeout: 10_000 }, () => {
 
   it('frees the slot of an actor whose close() never settles once timeoutMs has passed (regression: a hung actor held its slot for ever)', async () => {
     const errors: string[] = [];
-    const hung: Environment = { reset: () => ({ observation: null }), getTaskPrompt: () => [], step: () => ({ observation: null, reward: 0, terminated: true, truncated: false }), close: () => new Promise<void>(() => {}) };
-    const actors = createActorPool({ size: 1, create: () => hung, timeoutMs: 20, timedOut: () => new Error('close() timed out'), onCloseError: (err) => errors.push((err as Error).message) });
+    const hung: Environment = {
+      reset: () => ({ observation: null }),
+      getTaskPrompt: () => [],
+      step: () => ({ observation: null, reward: 0, terminated: true, truncated: false }),
+      close: () => new Promise<void>(() => {}),
+    };
+    const actors = createActorPool({
+      size: 1,
+      create: () => hung,
+      timeoutMs: 20,
+      timedOut: () => new Error('close() timed out'),
+      onCloseError: (err) => errors.push((err as Error).message),
+    });
     const first = (await actors.acquire())!;
     const waiter = actors.acquire(); // waits for the one slot
     await actors.done(first, true);
@@ -155,7 +170,11 @@ describe('actor pool', { timeout: 10_000 }, () => {
     assert.equal(actors.waiting, 1);
     await actors.done(a, false);
     assert.ok(await next);
-    await assert.rejects(actors.acquire(controller.signal), { code: 'ERR_ACTOR_POOL_ABORTED' }, 'an aborted signal fails at once');
+    await assert.rejects(
+      actors.acquire(controller.signal),
+      { code: 'ERR_ACTOR_POOL_ABORTED' },
+      'an aborted signal fails at once',
+    );
   });
 
   it('gives the slot and the episode budget back when create() throws', async () => {
@@ -186,7 +205,9 @@ describe('actor pool', { timeout: 10_000 }, () => {
       create: () => {
         calls += 1;
         if (calls > 1) return create();
-        return new Promise<Environment>((resolve, reject) => (release = (ok) => (ok ? resolve(create()) : reject(new Error('first create failed')))));
+        return new Promise<Environment>(
+          (resolve, reject) => (release = (ok) => (ok ? resolve(create()) : reject(new Error('first create failed')))),
+        );
       },
     });
     const first = actors.acquire();

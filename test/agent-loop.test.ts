@@ -9,12 +9,25 @@ import { describe, it } from 'node:test';
 import type { ChatRequest } from '../src/llm/client.ts';
 import type { ChatResult } from '../src/llm/reply.ts';
 import type { Environment, StepResult } from '../src/env/types.ts';
-import { runEpisode, type AgentSettings, type ChatClient, type EpisodeContext, type PauseView } from '../src/rollout/agent-loop.ts';
+import {
+  runEpisode,
+  type AgentSettings,
+  type ChatClient,
+  type EpisodeContext,
+  type PauseView,
+} from '../src/rollout/agent-loop.ts';
 import { newGroup, Status, type RolloutState } from '../src/protocol/rollout.ts';
 import { sample } from './support/groups.ts';
 import { deferred } from './support/waits.ts';
 
-const SETTINGS: AgentSettings = { maxSteps: 5, messageCut: 0, maxTokens: 16, temperature: 1, partialRollout: true, sendSeed: false };
+const SETTINGS: AgentSettings = {
+  maxSteps: 5,
+  messageCut: 0,
+  maxTokens: 16,
+  temperature: 1,
+  partialRollout: true,
+  sendSeed: false,
+};
 
 /** A reply with token ids 7, 8, … and logprobs −0.5, −1, … for `content` (one token per character). */
 function reply(content: string, overrides: Partial<ChatResult> = {}): ChatResult {
@@ -33,7 +46,9 @@ function reply(content: string, overrides: Partial<ChatResult> = {}): ChatResult
 }
 
 /** Answers the n-th call with `script[n]`; records every request. */
-function scriptedClient(script: ((request: ChatRequest, signal: AbortSignal) => Promise<ChatResult>)[]): ChatClient & { requests: ChatRequest[] } {
+function scriptedClient(
+  script: ((request: ChatRequest, signal: AbortSignal) => Promise<ChatResult>)[],
+): ChatClient & { requests: ChatRequest[] } {
   const requests: ChatRequest[] = [];
   return {
     requests,
@@ -50,7 +65,13 @@ function scriptedClient(script: ((request: ChatRequest, signal: AbortSignal) => 
  * Counts to `terminateAt` (never, when null): each step's reward is the step number, and the prompt
  * grows by the action. `failAt`: step() throws on that step.
  */
-function countingEnv({ terminateAt = null, failAt = null }: { terminateAt?: number | null; failAt?: number | null } = {}): Environment & { actions: string[] } {
+function countingEnv({
+  terminateAt = null,
+  failAt = null,
+}: {
+  terminateAt?: number | null;
+  failAt?: number | null;
+} = {}): Environment & { actions: string[] } {
   const actions: string[] = [];
   return {
     actions,
@@ -58,7 +79,10 @@ function countingEnv({ terminateAt = null, failAt = null }: { terminateAt?: numb
       actions.length = 0;
       return { observation: null };
     },
-    getTaskPrompt: () => [{ role: 'user', content: 'Count.' }, ...actions.map((a) => ({ role: 'assistant' as const, content: a }))],
+    getTaskPrompt: () => [
+      { role: 'user', content: 'Count.' },
+      ...actions.map((a) => ({ role: 'assistant' as const, content: a })),
+    ],
     step(action): StepResult {
       actions.push(String(action));
       const n = actions.length;
@@ -83,7 +107,12 @@ function testGate(): { -readonly [K in keyof PauseView]: PauseView[K] } & { paus
   };
 }
 
-function episode(env: Environment, llm: ChatClient, gate: PauseView = testGate(), settings: Partial<AgentSettings> = {}) {
+function episode(
+  env: Environment,
+  llm: ChatClient,
+  gate: PauseView = testGate(),
+  settings: Partial<AgentSettings> = {},
+) {
   const released: boolean[] = [];
   const ctx: EpisodeContext = {
     actors: { acquire: async () => env, done: async (_env, failed) => void released.push(failed) },
@@ -96,7 +125,10 @@ function episode(env: Environment, llm: ChatClient, gate: PauseView = testGate()
   return { ctx, rollout, released };
 }
 
-const answer = (content: string, overrides: Partial<ChatResult> = {}) => async () => reply(content, overrides);
+const answer =
+  (content: string, overrides: Partial<ChatResult> = {}) =>
+  async () =>
+    reply(content, overrides);
 
 describe('agent loop (rollout/agent-loop.ts runEpisode)', () => {
   it('records each turn with its prompt, the reply token ids and logprobs, the model step that made them and the step reward', async () => {
@@ -104,12 +136,25 @@ describe('agent loop (rollout/agent-loop.ts runEpisode)', () => {
     const { ctx, rollout } = episode(countingEnv({ terminateAt: 2 }), llm);
     await runEpisode(rollout, ctx);
     assert.equal(rollout.status, Status.COMPLETED);
-    assert.deepEqual(rollout.turns.map((t) => [t.step, t.response, t.reward, t.modelStep]), [[1, 'one', 1, 3], [2, 'two', 2, 3]]);
+    assert.deepEqual(
+      rollout.turns.map((t) => [t.step, t.response, t.reward, t.modelStep]),
+      [
+        [1, 'one', 1, 3],
+        [2, 'two', 2, 3],
+      ],
+    );
     const [first] = rollout.turns;
     assert.deepEqual(first.promptIds, Int32Array.of(1, 2, 3));
     assert.deepEqual(first.responseIds, Int32Array.of(7, 8, 9));
     assert.deepEqual(first.logprobs, Float32Array.of(-0.5, -1, -1.5));
-    assert.deepEqual(llm.requests[1].messages, [{ role: 'user', content: 'Count.' }, { role: 'assistant', content: 'one' }], 'the second call sees the first reply');
+    assert.deepEqual(
+      llm.requests[1].messages,
+      [
+        { role: 'user', content: 'Count.' },
+        { role: 'assistant', content: 'one' },
+      ],
+      'the second call sees the first reply',
+    );
     assert.equal(rollout.reward, 1 + 2);
   });
 
@@ -119,7 +164,10 @@ describe('agent loop (rollout/agent-loop.ts runEpisode)', () => {
     const { ctx, rollout, released } = episode(env, llm);
     await runEpisode(rollout, ctx);
     assert.equal(rollout.status, Status.COMPLETED);
-    assert.deepEqual([rollout.terminated, rollout.truncated, rollout.turns.length, llm.requests.length], [true, false, 2, 2]);
+    assert.deepEqual(
+      [rollout.terminated, rollout.truncated, rollout.turns.length, llm.requests.length],
+      [true, false, 2, 2],
+    );
     assert.equal(rollout.turns.at(-1)!.terminated, true);
     assert.deepEqual(released, [false], 'the actor goes back to its pool as sound');
   });
@@ -129,7 +177,10 @@ describe('agent loop (rollout/agent-loop.ts runEpisode)', () => {
     const { ctx, rollout } = episode(countingEnv(), llm, testGate(), { maxSteps: 3 });
     await runEpisode(rollout, ctx);
     assert.equal(rollout.status, Status.COMPLETED);
-    assert.deepEqual([rollout.terminated, rollout.truncated, rollout.turns.length, llm.requests.length], [false, true, 3, 3]);
+    assert.deepEqual(
+      [rollout.terminated, rollout.truncated, rollout.turns.length, llm.requests.length],
+      [false, true, 3, 3],
+    );
   });
 
   it('fails the rollout with the environment error when a step throws, keeping the turns so far and recycling the actor', async () => {
@@ -138,7 +189,14 @@ describe('agent loop (rollout/agent-loop.ts runEpisode)', () => {
     await runEpisode(rollout, ctx);
     assert.equal(rollout.status, Status.FAILED);
     assert.match(rollout.error ?? '', /the counter broke at step 2/);
-    assert.deepEqual(rollout.turns.map((t) => [t.response, t.reward]), [['a', 1], ['b', 0]], 'the reply the environment failed on is recorded, unrewarded');
+    assert.deepEqual(
+      rollout.turns.map((t) => [t.response, t.reward]),
+      [
+        ['a', 1],
+        ['b', 0],
+      ],
+      'the reply the environment failed on is recorded, unrewarded',
+    );
     assert.deepEqual(released, [true], 'an actor whose step threw is not reused');
   });
 
@@ -149,7 +207,9 @@ describe('agent loop (rollout/agent-loop.ts runEpisode)', () => {
       // The server stops generating when the pause reaches it, answering with what it has.
       (_request, signal) => {
         called.resolve();
-        return new Promise((resolve) => signal.addEventListener('abort', () => resolve(reply('pa', { finishReason: 'abort' })), { once: true }));
+        return new Promise((resolve) =>
+          signal.addEventListener('abort', () => resolve(reply('pa', { finishReason: 'abort' })), { once: true }),
+        );
       },
       answer('rt', { responseIds: Int32Array.of(20, 21), weightVersion: '4' }),
     ]);
@@ -161,7 +221,10 @@ describe('agent loop (rollout/agent-loop.ts runEpisode)', () => {
     await running;
     assert.equal(rollout.status, Status.ABORTED);
     assert.equal(rollout.error, null);
-    assert.deepEqual(rollout.turns.map((t) => [t.finishReason, t.response, [...t.responseIds!]]), [['abort', 'pa', [7, 8]]]);
+    assert.deepEqual(
+      rollout.turns.map((t) => [t.finishReason, t.response, [...t.responseIds!]]),
+      [['abort', 'pa', [7, 8]]],
+    );
     assert.deepEqual(env.actions, [], 'the environment never saw the unfinished reply');
 
     // Resumed on model step 4: the partial turn is continued, not generated again.
@@ -172,7 +235,10 @@ describe('agent loop (rollout/agent-loop.ts runEpisode)', () => {
     assert.equal(llm.requests[1].continueFrom, 'pa');
     assert.equal(llm.requests[1].maxTokens, SETTINGS.maxTokens - 2, 'max_tokens less what the partial turn has');
     const [turn] = rollout.turns;
-    assert.deepEqual([turn.response, [...turn.responseIds!], [...turn.modelSteps!]], ['part', [7, 8, 20, 21], [3, 3, 4, 4]]);
+    assert.deepEqual(
+      [turn.response, [...turn.responseIds!], [...turn.modelSteps!]],
+      ['part', [7, 8, 20, 21], [3, 3, 4, 4]],
+    );
     assert.deepEqual(env.actions, ['part']);
   });
 
@@ -183,7 +249,11 @@ describe('agent loop (rollout/agent-loop.ts runEpisode)', () => {
       (_request, signal) => {
         called.resolve();
         return new Promise((_, reject) =>
-          signal.addEventListener('abort', () => reject(Object.assign(new Error('cancelled by a pause'), { code: 'ERR_LLM_ABORTED' })), { once: true }),
+          signal.addEventListener(
+            'abort',
+            () => reject(Object.assign(new Error('cancelled by a pause'), { code: 'ERR_LLM_ABORTED' })),
+            { once: true },
+          ),
         );
       },
     ]);

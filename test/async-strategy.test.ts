@@ -8,7 +8,8 @@ import { describe, it } from 'node:test';
 import { AsyncStrategy, type ProduceContext } from '../src/coordinator/strategies.ts';
 
 describe('async strategy decisions (coordinator/strategies.ts AsyncStrategy)', () => {
-  const strategy = (staleThreshold: number, tailBatchTriggerSize = 0, overSampleThreshold = 0) => new AsyncStrategy({ produceThreshold: staleThreshold, tailBatchTriggerSize, overSampleThreshold });
+  const strategy = (staleThreshold: number, tailBatchTriggerSize = 0, overSampleThreshold = 0) =>
+    new AsyncStrategy({ produceThreshold: staleThreshold, tailBatchTriggerSize, overSampleThreshold });
 
   const expiredRows: [threshold: number, trainStep: number, modelStep: number, want: boolean, arithmetic: string][] = [
     [2, 5, 4, false, '5−4−1 = 0 < 2'],
@@ -69,7 +70,13 @@ describe('async strategy decisions (coordinator/strategies.ts AsyncStrategy)', (
 
 describe('async strategy produce round (coordinator/strategies.ts AsyncStrategy.produce)', () => {
   /** A context whose spawned groups all land COMPLETED at the next landed(). */
-  function fakeCtx(o: { target: number; expired?: number; consumed?: number; modelStep?: number; futureStep?: number }) {
+  function fakeCtx(o: {
+    target: number;
+    expired?: number;
+    consumed?: number;
+    modelStep?: number;
+    futureStep?: number;
+  }) {
     const log: boolean[] = [];
     let inFlight = 0;
     let completed = 0;
@@ -97,19 +104,95 @@ describe('async strategy produce round (coordinator/strategies.ts AsyncStrategy.
     return { ctx, log };
   }
 
-  const rows: { name: string; opts: Parameters<typeof fakeCtx>[0]; trigger: number; over: number; share: number; status: string; spawned: number; fromExpired: boolean }[] = [
-    { name: 'schedules target + oversample = 8 + ceil(0.5×8) = 12 groups from fresh prompts', opts: { target: 8 }, trigger: -1, over: 0.5, share: 8, status: 'NORMAL', spawned: 12, fromExpired: false },
-    { name: 'counts consumed groups as available: target 16, consumed 8 → 16 + ceil(0.25×8) − 8 = 10 groups', opts: { target: 16, consumed: 8 }, trigger: -1, over: 0.25, share: 8, status: 'NORMAL', spawned: 10, fromExpired: false },
-    { name: 'in tail-batch mode (3 expired ≥ trigger 3) schedules only the target, 8, from the EXPIRED pool', opts: { target: 8, expired: 3 }, trigger: 3, over: 0.5, share: 8, status: 'NORMAL', spawned: 8, fromExpired: true },
-    { name: 'with trigger 0 draws from the EXPIRED pool and keeps over-sampling: 8 + ceil(0.5×8) = 12', opts: { target: 8, expired: 1 }, trigger: 0, over: 0.5, share: 8, status: 'NORMAL', spawned: 12, fromExpired: true },
-    { name: 'stops with EXPIRED_BATCH when the model is too stale: 5−2−1 = 2 ≥ threshold 2, spawning nothing', opts: { target: 8, modelStep: 2, futureStep: 5 }, trigger: 0, over: 0.5, share: 8, status: 'EXPIRED_BATCH', spawned: 0, fromExpired: false },
-    { name: 'does nothing when the target is 0', opts: { target: 0 }, trigger: 0, over: 0.5, share: 8, status: 'NORMAL', spawned: 0, fromExpired: false },
-    { name: 'does nothing when the target is already available: consumed 8 ≥ target 8', opts: { target: 8, consumed: 8 }, trigger: 0, over: 0.5, share: 8, status: 'NORMAL', spawned: 0, fromExpired: false },
+  const rows: {
+    name: string;
+    opts: Parameters<typeof fakeCtx>[0];
+    trigger: number;
+    over: number;
+    share: number;
+    status: string;
+    spawned: number;
+    fromExpired: boolean;
+  }[] = [
+    {
+      name: 'schedules target + oversample = 8 + ceil(0.5×8) = 12 groups from fresh prompts',
+      opts: { target: 8 },
+      trigger: -1,
+      over: 0.5,
+      share: 8,
+      status: 'NORMAL',
+      spawned: 12,
+      fromExpired: false,
+    },
+    {
+      name: 'counts consumed groups as available: target 16, consumed 8 → 16 + ceil(0.25×8) − 8 = 10 groups',
+      opts: { target: 16, consumed: 8 },
+      trigger: -1,
+      over: 0.25,
+      share: 8,
+      status: 'NORMAL',
+      spawned: 10,
+      fromExpired: false,
+    },
+    {
+      name: 'in tail-batch mode (3 expired ≥ trigger 3) schedules only the target, 8, from the EXPIRED pool',
+      opts: { target: 8, expired: 3 },
+      trigger: 3,
+      over: 0.5,
+      share: 8,
+      status: 'NORMAL',
+      spawned: 8,
+      fromExpired: true,
+    },
+    {
+      name: 'with trigger 0 draws from the EXPIRED pool and keeps over-sampling: 8 + ceil(0.5×8) = 12',
+      opts: { target: 8, expired: 1 },
+      trigger: 0,
+      over: 0.5,
+      share: 8,
+      status: 'NORMAL',
+      spawned: 12,
+      fromExpired: true,
+    },
+    {
+      name: 'stops with EXPIRED_BATCH when the model is too stale: 5−2−1 = 2 ≥ threshold 2, spawning nothing',
+      opts: { target: 8, modelStep: 2, futureStep: 5 },
+      trigger: 0,
+      over: 0.5,
+      share: 8,
+      status: 'EXPIRED_BATCH',
+      spawned: 0,
+      fromExpired: false,
+    },
+    {
+      name: 'does nothing when the target is 0',
+      opts: { target: 0 },
+      trigger: 0,
+      over: 0.5,
+      share: 8,
+      status: 'NORMAL',
+      spawned: 0,
+      fromExpired: false,
+    },
+    {
+      name: 'does nothing when the target is already available: consumed 8 ≥ target 8',
+      opts: { target: 8, consumed: 8 },
+      trigger: 0,
+      over: 0.5,
+      share: 8,
+      status: 'NORMAL',
+      spawned: 0,
+      fromExpired: false,
+    },
   ];
   for (const row of rows) {
     it(`${row.name}`, async () => {
       const { ctx, log } = fakeCtx(row.opts);
-      const s = new AsyncStrategy({ produceThreshold: 2, tailBatchTriggerSize: row.trigger, overSampleThreshold: row.over });
+      const s = new AsyncStrategy({
+        produceThreshold: 2,
+        tailBatchTriggerSize: row.trigger,
+        overSampleThreshold: row.over,
+      });
       assert.equal(await s.produce(ctx, 'a', row.share), row.status);
       assert.equal(log.length, row.spawned);
       assert.ok(log.every((f) => f === row.fromExpired));

@@ -22,10 +22,13 @@ async function recordingProxy(target: string): Promise<{ url: string; bodies: Se
     req.on('end', () => {
       const body = Buffer.concat(chunks);
       if (req.url?.endsWith('/chat/completions')) bodies.add(body.toString('utf8'));
-      const out = httpRequest({ host: to.hostname, port: to.port, path: req.url, method: req.method, headers: req.headers }, (answer) => {
-        res.writeHead(answer.statusCode ?? 502, answer.headers);
-        answer.pipe(res);
-      });
+      const out = httpRequest(
+        { host: to.hostname, port: to.port, path: req.url, method: req.method, headers: req.headers },
+        (answer) => {
+          res.writeHead(answer.statusCode ?? 502, answer.headers);
+          answer.pipe(res);
+        },
+      );
       out.end(body);
     });
   });
@@ -47,13 +50,25 @@ describe('bench parts (smoke, no figures checked)', () => {
   });
 
   it('records the chat bodies the engine sent, byte for byte, every turn of an episode, and the bare loop replays them', async () => {
-    const engine = await engineThroughput({ url: proxy.url, concurrency: 8, threads: 1, seconds: 0.2, groupSize: 4, maxTokens: 32, recordBodies: 50 });
+    const engine = await engineThroughput({
+      url: proxy.url,
+      concurrency: 8,
+      threads: 1,
+      seconds: 0.2,
+      groupSize: 4,
+      maxTokens: 32,
+      recordBodies: 50,
+    });
     assert.ok(engine.operations > 0);
     // Workers report their OS thread ids, so the CPU split finds them (Linux /proc).
-    if (process.platform === 'linux') assert.ok(engine.cpuSplit !== null && engine.cpuSplit.workersMs >= 0 && engine.cpuSplit.mainMs > 0);
+    if (process.platform === 'linux')
+      assert.ok(engine.cpuSplit !== null && engine.cpuSplit.workersMs >= 0 && engine.cpuSplit.mainMs > 0);
     assert.ok(engine.bodies.length > 0 && engine.bodies.length <= 50);
     for (const body of engine.bodies) assert.ok(proxy.bodies.has(body), `the engine never sent ${body.slice(0, 120)}…`);
-    assert.ok(engine.bodies.some((b) => (JSON.parse(b) as { messages: unknown[] }).messages.length > 2), 'later turns carry the conversation so far');
+    assert.ok(
+      engine.bodies.some((b) => (JSON.parse(b) as { messages: unknown[] }).messages.length > 2),
+      'later turns carry the conversation so far',
+    );
     const bare = await bareLoop({ url: mock.url, concurrency: 8, seconds: 0.2, bodies: engine.bodies });
     assert.ok(bare.operations > 0);
     assert.ok(bare.cpuMs > 0);
@@ -70,7 +85,10 @@ describe('bench parts (smoke, no figures checked)', () => {
 describe('the simulated training loop on a GPU-like mock (smoke, no figures checked)', () => {
   for (const side of ['sync', 'async+partial'] as const) {
     it(`runs the ${side} trainer for three steps and accounts for its syncs and production`, async (t) => {
-      const gpu = await startMockLlm({ port: 0, capacity: { slots: 16, responseTokens: 20, lengthSigma: 0.5, speedup: 50 } });
+      const gpu = await startMockLlm({
+        port: 0,
+        capacity: { slots: 16, responseTokens: 20, lengthSigma: 0.5, speedup: 50 },
+      });
       t.after(() => gpu.close());
       const async = side !== 'sync';
       const engine = createEngine({
@@ -83,7 +101,13 @@ describe('the simulated training loop on a GPU-like mock (smoke, no figures chec
       });
       t.after(() => engine.close());
       await engine.start();
-      const f = await runTrainingLoop({ engine, servers: [gpu.url], strategy: async ? 'async' : 'sync', steps: 3, trainer: { trainMsPerToken: 0.5, loadMs: 50, speedup: 50, syncEvery: 1 } });
+      const f = await runTrainingLoop({
+        engine,
+        servers: [gpu.url],
+        strategy: async ? 'async' : 'sync',
+        steps: 3,
+        trainer: { trainMsPerToken: 0.5, loadMs: 50, speedup: 50, syncEvery: 1 },
+      });
       assert.equal(f.steps, 3);
       assert.equal(f.cycles, 2);
       assert.ok(f.stepsPerHour > 0 && Number.isFinite(f.stepsPerHour), JSON.stringify(f));

@@ -35,7 +35,11 @@ describe('black-box agents through the token-trace gateway', () => {
       assert.equal(s.actionRanges.length, 2);
       rollout.turns.forEach((turn, i) => {
         const [start, end] = s.actionRanges[i];
-        assert.deepEqual([...s.observationTokens.subarray(start, end)], [...turn.responseIds!], `action ${i} is exactly the completion`);
+        assert.deepEqual(
+          [...s.observationTokens.subarray(start, end)],
+          [...turn.responseIds!],
+          `action ${i} is exactly the completion`,
+        );
         assert.deepEqual([...s.rolloutLogprobs.subarray(start, end)], [...turn.logprobs!]);
         // the call's prompt is the observation up to where its completion starts
         assert.deepEqual([...turn.promptIds!], [...s.observationTokens.subarray(0, start)]);
@@ -49,7 +53,14 @@ describe('black-box agents through the token-trace gateway', () => {
       logLevel: 'silent',
       batchSize: 1,
       workers: { threads: 1 },
-      tasks: [{ name: 'bb-side', env: { module: 'builtin:arithmetic' }, agent: { module: new URL('./fixtures/blackbox-side-call-agent.ts', import.meta.url).pathname }, groupSize: 2 }],
+      tasks: [
+        {
+          name: 'bb-side',
+          env: { module: 'builtin:arithmetic' },
+          agent: { module: new URL('./fixtures/blackbox-side-call-agent.ts', import.meta.url).pathname },
+          groupSize: 2,
+        },
+      ],
     });
     engines.push(engine);
     await engine.start();
@@ -62,7 +73,11 @@ describe('black-box agents through the token-trace gateway', () => {
       assert.equal(s.actionRanges.length, 2);
       rollout.turns.forEach((turn, i) => {
         const [start, end] = s.actionRanges[i];
-        assert.deepEqual([...s.observationTokens.subarray(start, end)], [...turn.responseIds!], `action ${i} is turn ${i}'s completion`);
+        assert.deepEqual(
+          [...s.observationTokens.subarray(start, end)],
+          [...turn.responseIds!],
+          `action ${i} is turn ${i}'s completion`,
+        );
         assert.deepEqual([...turn.promptIds!], [...s.observationTokens.subarray(0, start)]);
       });
       assert.equal(s.sideCalls?.length, 1);
@@ -73,24 +88,53 @@ describe('black-box agents through the token-trace gateway', () => {
       assert.equal(side.logprobs.length, side.completionIds.length);
       assert.ok([...side.logprobs].every((lp) => lp < 0));
       const observation = [...s.observationTokens];
-      assert.notDeepEqual([...side.promptIds], observation.slice(0, side.promptIds.length), 'its prompt is its own, not a prefix of the sample');
+      assert.notDeepEqual(
+        [...side.promptIds],
+        observation.slice(0, side.promptIds.length),
+        'its prompt is its own, not a prefix of the sample',
+      );
     }
 
     // What the rollout carries survives every way a group travels: the thread codec, a checkpoint
     // (compact form), and JSON for a trainer.
-    const overThread = decodeMessage(encodeMessage({ v: PROTOCOL_VERSION, type: 'group-result', group, keptTurns: group.rollouts.map(() => 0), workerId: 0 })) as GroupResultMessage;
-    const fromCheckpoint = expandGroup((decodeCheckpoint(encodeCheckpoint({ v: 2, group: compactGroup(group) }), 'test') as unknown as { group: RolloutGroup }).group, 'test');
+    const overThread = decodeMessage(
+      encodeMessage({
+        v: PROTOCOL_VERSION,
+        type: 'group-result',
+        group,
+        keptTurns: group.rollouts.map(() => 0),
+        workerId: 0,
+      }),
+    ) as GroupResultMessage;
+    const fromCheckpoint = expandGroup(
+      (
+        decodeCheckpoint(encodeCheckpoint({ v: 2, group: compactGroup(group) }), 'test') as unknown as {
+          group: RolloutGroup;
+        }
+      ).group,
+      'test',
+    );
     for (const copy of [overThread.group, fromCheckpoint]) {
-      assert.deepEqual(copy.rollouts.map((r) => r.stitched), group.rollouts.map((r) => r.stitched));
+      assert.deepEqual(
+        copy.rollouts.map((r) => r.stitched),
+        group.rollouts.map((r) => r.stitched),
+      );
     }
-    const json = JSON.parse(toJson(group)) as { rollouts: { stitched: { sideCalls: { promptIds: number[]; logprobs: number[] }[] } }[] };
-    assert.deepEqual(json.rollouts[0].stitched.sideCalls[0].promptIds, [...group.rollouts[0].stitched!.sideCalls![0].promptIds]);
+    const json = JSON.parse(toJson(group)) as {
+      rollouts: { stitched: { sideCalls: { promptIds: number[]; logprobs: number[] }[] } }[];
+    };
+    assert.deepEqual(json.rollouts[0].stitched.sideCalls[0].promptIds, [
+      ...group.rollouts[0].stitched!.sideCalls![0].promptIds,
+    ]);
   });
 
   it('fails a rollout whose agent returns no reward when no environment can judge it, naming why (regression: kept with a silent reward of 0)', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'bb-noenv-'));
     const dataset = join(dir, 'prompts.jsonl');
-    writeFileSync(dataset, `${JSON.stringify({ messages: [{ role: 'user', content: 'What is 2 + 3?' }], label: '5' })}\n`);
+    writeFileSync(
+      dataset,
+      `${JSON.stringify({ messages: [{ role: 'user', content: 'What is 2 + 3?' }], label: '5' })}\n`,
+    );
     const engine = createEngine({
       logLevel: 'silent',
       batchSize: 1,
@@ -100,7 +144,10 @@ describe('black-box agents through the token-trace gateway', () => {
     });
     engines.push(engine);
     await engine.start();
-    await assert.rejects(engine.getBatch(), { message: /ERR_AGENT_NO_REWARD: the black-box agent returned no reward, and its task has no environment to judge an answer/ });
+    await assert.rejects(engine.getBatch(), {
+      message:
+        /ERR_AGENT_NO_REWARD: the black-box agent returned no reward, and its task has no environment to judge an answer/,
+    });
   });
 
   it('fails a rollout whose agent returns a reward that is not a finite number (regression: NaN reached the batch and the checkpoint as null)', async () => {
@@ -109,14 +156,26 @@ describe('black-box agents through the token-trace gateway', () => {
       batchSize: 1,
       workers: { threads: 1 },
       producer: { maxFailedGroupsPerStep: 1 },
-      tasks: [{ name: 'bb-nan', env: { module: 'builtin:arithmetic' }, agent: { module: new URL('./fixtures/blackbox-nan-agent.ts', import.meta.url).pathname }, groupSize: 1 }],
+      tasks: [
+        {
+          name: 'bb-nan',
+          env: { module: 'builtin:arithmetic' },
+          agent: { module: new URL('./fixtures/blackbox-nan-agent.ts', import.meta.url).pathname },
+          groupSize: 1,
+        },
+      ],
     });
     engines.push(engine);
     await engine.start();
-    await assert.rejects(engine.getBatch(), { message: /ERR_AGENT_BAD_REWARD: the black-box agent returned reward NaN: a reward must be a finite number/ });
+    await assert.rejects(engine.getBatch(), {
+      message: /ERR_AGENT_BAD_REWARD: the black-box agent returned reward NaN: a reward must be a finite number/,
+    });
   });
 
   it('rejects a task without an environment and without a black-box agent, naming the field', () => {
-    assert.throws(() => createEngine({ tasks: [{ name: 'x', env: null }] }), { code: 'ERR_INVALID_CONFIG', message: /tasks\[0\]\.env: a task needs an env/ });
+    assert.throws(() => createEngine({ tasks: [{ name: 'x', env: null }] }), {
+      code: 'ERR_INVALID_CONFIG',
+      message: /tasks\[0\]\.env: a task needs an env/,
+    });
   });
 });

@@ -21,7 +21,11 @@ describe('engine.checkpoint', () => {
       const resumed = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, resumeFrom: path });
       try {
         await resumed.start();
-        assert.equal((await resumed.stats()).nextTrainStep, 2, 'the checkpoint written into the new directory is a whole one');
+        assert.equal(
+          (await resumed.stats()).nextTrainStep,
+          2,
+          'the checkpoint written into the new directory is a whole one',
+        );
       } finally {
         await resumed.close();
       }

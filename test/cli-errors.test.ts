@@ -34,10 +34,16 @@ describe('rollout CLI errors', () => {
         gateway: ['gateway', '--embedded-mock', '--port', String(port)],
         serve: ['serve', '--port', String(port), '--threads', '1', '--run-dir', mkRunDir()],
       };
-      const results = await Promise.all(Object.entries(commands).map(async ([name, args]) => ({ name, ...(await rollout(args)) })));
+      const results = await Promise.all(
+        Object.entries(commands).map(async ([name, args]) => ({ name, ...(await rollout(args)) })),
+      );
       for (const { name, code, stderr } of results) {
         assert.equal(code, 2, `${name}: ${stderr}`);
-        assert.equal(stderr, `rollout ${name}: cannot listen on 127.0.0.1:${port}: address in use (EADDRINUSE)\n`, name);
+        assert.equal(
+          stderr,
+          `rollout ${name}: cannot listen on 127.0.0.1:${port}: address in use (EADDRINUSE)\n`,
+          name,
+        );
       }
     } finally {
       server.close();
@@ -49,13 +55,26 @@ describe('rollout CLI errors', () => {
     const dataset = join(dir, 'prompts.jsonl');
     writeFileSync(dataset, ['ok', 'throw', 'throw', 'throw'].map((mode) => JSON.stringify({ mode })).join('\n'));
     const config = join(dir, 'config.json');
-    writeFileSync(config, JSON.stringify({ batchSize: 1, producer: { maxFailedGroupsPerStep: 1 }, tasks: [{ name: 'f', env: { module: FAULTY_ENV }, dataset, groupSize: 1, maxSteps: 1 }] }));
+    writeFileSync(
+      config,
+      JSON.stringify({
+        batchSize: 1,
+        producer: { maxFailedGroupsPerStep: 1 },
+        tasks: [{ name: 'f', env: { module: FAULTY_ENV }, dataset, groupSize: 1, maxSteps: 1 }],
+      }),
+    );
     const runDir = join(dir, 'run');
     // LOG_LEVEL error: each failed rollout's warning names the reason too.
-    const { code, stdout, stderr } = await rollout(['run', '--config', config, '--steps', '3', '--threads', '1', '--run-dir', runDir], { env: { LOG_LEVEL: 'error' } });
+    const { code, stdout, stderr } = await rollout(
+      ['run', '--config', config, '--steps', '3', '--threads', '1', '--run-dir', runDir],
+      { env: { LOG_LEVEL: 'error' } },
+    );
     assert.equal(code, 1, stderr);
     assert.equal(readFileSync(join(runDir, 'batches.jsonl'), 'utf8').trim().split('\n').length, 1);
-    const summary = JSON.parse(readFileSync(join(runDir, 'summary.json'), 'utf8')) as { batches: number; error: string | null };
+    const summary = JSON.parse(readFileSync(join(runDir, 'summary.json'), 'utf8')) as {
+      batches: number;
+      error: string | null;
+    };
     assert.equal(summary.batches, 1);
     assert.match(summary.error ?? '', /step exploded/);
     assert.match(stdout, /^rollout run: 1 batches written to /);
@@ -70,18 +89,39 @@ describe('rollout CLI errors', () => {
     assert.equal((await rollout(['run', '--resume', '--steps', '3', ...args])).code, 0);
     writeFileSync(join(runDir, 'engine.ckpt'), stale);
     appendFileSync(join(runDir, 'batches.jsonl'), '{"trainStep": 4, "cut sh'); // what a crash mid-write leaves
-    const before = { batches: readFileSync(join(runDir, 'batches.jsonl'), 'utf8'), summary: readFileSync(join(runDir, 'summary.json'), 'utf8') };
+    const before = {
+      batches: readFileSync(join(runDir, 'batches.jsonl'), 'utf8'),
+      summary: readFileSync(join(runDir, 'summary.json'), 'utf8'),
+    };
     const { code, stdout, stderr } = await rollout(['run', '--resume', '--steps', '4', ...args]);
     assert.equal(code, 2);
     assert.equal(stdout, '');
-    assert.match(stderr, /^rollout run: --resume: .*batches\.jsonl ends at step 3 but .*engine\.ckpt handed out step 1: .*\n$/);
-    assert.deepEqual({ batches: readFileSync(join(runDir, 'batches.jsonl'), 'utf8'), summary: readFileSync(join(runDir, 'summary.json'), 'utf8') }, before);
+    assert.match(
+      stderr,
+      /^rollout run: --resume: .*batches\.jsonl ends at step 3 but .*engine\.ckpt handed out step 1: .*\n$/,
+    );
+    assert.deepEqual(
+      {
+        batches: readFileSync(join(runDir, 'batches.jsonl'), 'utf8'),
+        summary: readFileSync(join(runDir, 'summary.json'), 'utf8'),
+      },
+      before,
+    );
     // Refused by the checkpoint itself: another config's.
     const other = await rollout(['run', '--resume', '--steps', '4', '--seed', '7', ...args]);
     assert.equal(other.code, 1);
     assert.equal(other.stdout, '');
-    assert.match(other.stderr, /^rollout run: ERR_CHECKPOINT_MISMATCH: .*engine\.ckpt was written by a run with a different config: - seed: checkpoint has 0, config has 7\n$/);
-    assert.deepEqual({ batches: readFileSync(join(runDir, 'batches.jsonl'), 'utf8'), summary: readFileSync(join(runDir, 'summary.json'), 'utf8') }, before);
+    assert.match(
+      other.stderr,
+      /^rollout run: ERR_CHECKPOINT_MISMATCH: .*engine\.ckpt was written by a run with a different config: - seed: checkpoint has 0, config has 7\n$/,
+    );
+    assert.deepEqual(
+      {
+        batches: readFileSync(join(runDir, 'batches.jsonl'), 'utf8'),
+        summary: readFileSync(join(runDir, 'summary.json'), 'utf8'),
+      },
+      before,
+    );
   });
 
   it('`rollout run --resume` on a run dir that does not exist is refused, and the dir is not made (regression: a fresh run started)', async () => {
@@ -89,7 +129,10 @@ describe('rollout CLI errors', () => {
     const { code, stdout, stderr } = await rollout(['run', '--resume', '--run-dir', runDir]);
     assert.equal(code, 2);
     assert.equal(stdout, '');
-    assert.equal(stderr, `rollout run: --resume: run dir ${runDir} does not exist; give the dir of the run to continue, or drop --resume to start one\n`);
+    assert.equal(
+      stderr,
+      `rollout run: --resume: run dir ${runDir} does not exist; give the dir of the run to continue, or drop --resume to start one\n`,
+    );
     assert.equal(existsSync(runDir), false);
   });
 
@@ -101,11 +144,21 @@ describe('rollout CLI errors', () => {
     writeFileSync(path, `${readFileSync(path, 'utf8').trim().split('\n').slice(0, 2).join('\n')}\n`); // a crash before step 2 was written out
     const { code, stdout, stderr } = await rollout(['run', '--resume', '--steps', '3', ...args]);
     assert.equal(code, 0, stderr);
-    const groups = readFileSync(path, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { rollouts: { reward: number; turns: { responseIds: number[] }[] }[] });
+    const groups = readFileSync(path, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { rollouts: { reward: number; turns: { responseIds: number[] }[] }[] });
     const rollouts = groups.flatMap((g) => g.rollouts);
     const summary = JSON.parse(readFileSync(join(runDir, 'summary.json'), 'utf8')) as Record<string, number>;
     assert.deepEqual(
-      { batches: summary.batches, batchesThisProcess: summary.batchesThisProcess, groups: summary.groups, rollouts: summary.rollouts, turns: summary.turns, responseTokens: summary.responseTokens },
+      {
+        batches: summary.batches,
+        batchesThisProcess: summary.batchesThisProcess,
+        groups: summary.groups,
+        rollouts: summary.rollouts,
+        turns: summary.turns,
+        responseTokens: summary.responseTokens,
+      },
       {
         batches: 3,
         batchesThisProcess: 2,
@@ -126,14 +179,34 @@ describe('rollout CLI errors', () => {
     const seeded = file('seeded.jsonl', '{"seed": 1e300}\n');
     const task = (dataset: string) => ({ tasks: [{ name: 'g', env: { module: 'builtin:guess-number' }, dataset }] });
     const cases: [unknown, RegExp][] = [
-      [task(deep), /^rollout run: ERR_INVALID_CONFIG: task g dataset .*deep\.jsonl:1: nested deeper than 64 levels \(at a\.a\.a.*….*a\.a\); environment params are not that deep\n$/],
-      [task(seeded), /^rollout run: ERR_INVALID_CONFIG: task g dataset .*seeded\.jsonl:1: seed must be an integer in \[0, 2147483647\] \(got 1e\+300\)\n$/],
-      [task(dir), /^rollout run: ERR_INVALID_CONFIG: tasks\[0\]\.dataset: is not a file \(got ".*", resolved to .*\)\n$/],
-      [{ seed: -1, llm: { retries: 1e9 } }, /^rollout run: ERR_INVALID_CONFIG: seed: .*>=0 \(got -1\)\nrollout run: ERR_INVALID_CONFIG: llm\.retries: .*<=100 \(got 1000000000\)\n$/],
+      [
+        task(deep),
+        /^rollout run: ERR_INVALID_CONFIG: task g dataset .*deep\.jsonl:1: nested deeper than 64 levels \(at a\.a\.a.*….*a\.a\); environment params are not that deep\n$/,
+      ],
+      [
+        task(seeded),
+        /^rollout run: ERR_INVALID_CONFIG: task g dataset .*seeded\.jsonl:1: seed must be an integer in \[0, 2147483647\] \(got 1e\+300\)\n$/,
+      ],
+      [
+        task(dir),
+        /^rollout run: ERR_INVALID_CONFIG: tasks\[0\]\.dataset: is not a file \(got ".*", resolved to .*\)\n$/,
+      ],
+      [
+        { seed: -1, llm: { retries: 1e9 } },
+        /^rollout run: ERR_INVALID_CONFIG: seed: .*>=0 \(got -1\)\nrollout run: ERR_INVALID_CONFIG: llm\.retries: .*<=100 \(got 1000000000\)\n$/,
+      ],
     ];
     for (const [i, [config, expected]] of cases.entries()) {
       const runDir = join(dir, `run-${i}`);
-      const { code, stdout, stderr } = await rollout(['run', '--config', file(`config-${i}.json`, JSON.stringify(config)), '--threads', '1', '--run-dir', runDir]);
+      const { code, stdout, stderr } = await rollout([
+        'run',
+        '--config',
+        file(`config-${i}.json`, JSON.stringify(config)),
+        '--threads',
+        '1',
+        '--run-dir',
+        runDir,
+      ]);
       assert.equal(code, 1, stderr);
       assert.equal(stdout, '');
       assert.match(stderr, expected);
@@ -141,7 +214,7 @@ describe('rollout CLI errors', () => {
     }
   });
 
-  it('a misspelt field in a built-in environment\'s dataset line is refused at start naming the line and the field (regression: it trained on random tasks)', async () => {
+  it("a misspelt field in a built-in environment's dataset line is refused at start naming the line and the field (regression: it trained on random tasks)", async () => {
     const dir = mkRunDir();
     writeFileSync(join(dir, 'guess.jsonl'), '{"target": 5}\n\n{"min": 1, "max": 10, "tagret": 5}\n');
     writeFileSync(join(dir, 'sums.jsonl'), '{"expression": "2 + 3"}\n{"expression": "2 + (3)"}\n');
@@ -156,7 +229,15 @@ describe('rollout CLI errors', () => {
     for (const name of ['guess', 'sums'] as const) {
       const config = join(dir, `${name}.json`);
       writeFileSync(config, JSON.stringify({ tasks: [tasks[name]] }));
-      const { code, stdout, stderr } = await rollout(['run', '--config', config, '--threads', '1', '--run-dir', join(dir, `run-${name}`)]);
+      const { code, stdout, stderr } = await rollout([
+        'run',
+        '--config',
+        config,
+        '--threads',
+        '1',
+        '--run-dir',
+        join(dir, `run-${name}`),
+      ]);
       assert.equal(code, 1, stderr);
       assert.equal(stdout, '');
       assert.equal(stderr, expected[name]);
@@ -167,19 +248,44 @@ describe('rollout CLI errors', () => {
     const dir = mkRunDir();
     const modules = {
       syntax: ['export default function () {\n  return { reset( { } ;\n}\n', /cannot be loaded \(SyntaxError: /],
-      export: ['export const createEnv = () => ({});\n', /cannot be loaded \(env\.export: "default" of .*export\.js is not a function \(got undefined; function exports: createEnv\)\)/],
-      throws: ['export default function () { throw new Error("no GPU here"); }\n', /: its factory throws on env\.params \{"level":3\} \(no GPU here\)/],
+      export: [
+        'export const createEnv = () => ({});\n',
+        /cannot be loaded \(env\.export: "default" of .*export\.js is not a function \(got undefined; function exports: createEnv\)\)/,
+      ],
+      throws: [
+        'export default function () { throw new Error("no GPU here"); }\n',
+        /: its factory throws on env\.params \{"level":3\} \(no GPU here\)/,
+      ],
     } as const;
     for (const [name, [source, why]] of Object.entries(modules)) {
       const module = join(dir, `${name}.js`);
       writeFileSync(module, source);
       const config = join(dir, `${name}.json`);
-      writeFileSync(config, JSON.stringify({ tasks: [{ name: 'fine', env: { module: 'builtin:arithmetic' } }, { name: `broken-${name}`, env: { module: `./${name}.js`, params: { level: 3 } } }] }));
-      const { code, stdout, stderr } = await rollout(['run', '--config', config, '--threads', '1', '--run-dir', join(dir, `run-${name}`)]);
+      writeFileSync(
+        config,
+        JSON.stringify({
+          tasks: [
+            { name: 'fine', env: { module: 'builtin:arithmetic' } },
+            { name: `broken-${name}`, env: { module: `./${name}.js`, params: { level: 3 } } },
+          ],
+        }),
+      );
+      const { code, stdout, stderr } = await rollout([
+        'run',
+        '--config',
+        config,
+        '--threads',
+        '1',
+        '--run-dir',
+        join(dir, `run-${name}`),
+      ]);
       assert.equal(code, 1, stderr);
       assert.equal(stdout, '');
       assert.equal(stderr.split('\n').length, 2, stderr);
-      assert.ok(stderr.startsWith(`rollout run: ERR_INVALID_CONFIG: tasks[1] (broken-${name}): env module file://${module}`), stderr);
+      assert.ok(
+        stderr.startsWith(`rollout run: ERR_INVALID_CONFIG: tasks[1] (broken-${name}): env module file://${module}`),
+        stderr,
+      );
       assert.match(stderr, why);
     }
   });

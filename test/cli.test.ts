@@ -16,7 +16,10 @@ function stepsOf(lines: string[]): number[] {
 /** A run dir whose config (two groups per batch) starts from the checkpoint of a finished two-step run. */
 async function startingAfterTwoSteps(): Promise<{ runDir: string; config: string }> {
   const origin = mkdtempSync(join(tmpdir(), 'rollout-cli-origin-'));
-  assert.equal((await rollout(['run', '--steps', '2', '--batch-size', '2', '--threads', '1', '--run-dir', origin])).code, 0);
+  assert.equal(
+    (await rollout(['run', '--steps', '2', '--batch-size', '2', '--threads', '1', '--run-dir', origin])).code,
+    0,
+  );
   const runDir = mkdtempSync(join(tmpdir(), 'rollout-cli-later-'));
   const config = join(runDir, 'config.json');
   writeFileSync(config, JSON.stringify({ batchSize: 2, resumeFrom: join(origin, 'engine.ckpt') }));
@@ -26,14 +29,33 @@ async function startingAfterTwoSteps(): Promise<{ runDir: string; config: string
 describe('rollout CLI', () => {
   it('`rollout run --compact` writes turns that name the later turn carrying their conversation', async () => {
     const runDir = mkdtempSync(join(tmpdir(), 'rollout-run-'));
-    const { code, stderr } = await rollout(['run', '--steps', '1', '--batch-size', '4', '--threads', '1', '--run-dir', runDir, '--compact']);
+    const { code, stderr } = await rollout([
+      'run',
+      '--steps',
+      '1',
+      '--batch-size',
+      '4',
+      '--threads',
+      '1',
+      '--run-dir',
+      runDir,
+      '--compact',
+    ]);
     assert.equal(code, 0, stderr);
-    const rollouts = readFileSync(join(runDir, 'batches.jsonl'), 'utf8').trim().split('\n').flatMap((l) => JSON.parse(l).rollouts);
-    const named = rollouts.flatMap((r: any) => r.turns.filter((t: any) => t.messagesPrefixOf).map((t: any) => [t, r.turns[t.messagesPrefixOf.turn]]));
+    const rollouts = readFileSync(join(runDir, 'batches.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .flatMap((l) => JSON.parse(l).rollouts);
+    const named = rollouts.flatMap((r: any) =>
+      r.turns.filter((t: any) => t.messagesPrefixOf).map((t: any) => [t, r.turns[t.messagesPrefixOf.turn]]),
+    );
     assert.ok(named.length > 0, 'some turn names a later one');
     for (const [turn, carrier] of named) {
       assert.equal(turn.messages, null);
-      assert.ok(Array.isArray(carrier.messages) && carrier.messages.length >= turn.messagesPrefixOf.length, 'the named turn carries its messages whole');
+      assert.ok(
+        Array.isArray(carrier.messages) && carrier.messages.length >= turn.messagesPrefixOf.length,
+        'the named turn carries its messages whole',
+      );
     }
   });
 
@@ -71,7 +93,10 @@ describe('rollout CLI', () => {
       const { code, stdout, stderr } = await rollout(['run', '--config', config, '--run-dir', runDir]);
       assert.equal(code, 0, stderr);
       assert.match(stdout, /3 batches written to/);
-      const groups = readFileSync(join(runDir, 'batches.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+      const groups = readFileSync(join(runDir, 'batches.jsonl'), 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l));
       assert.deepEqual([...new Set(groups.map((g) => g.trainStep))], [1, 2, 3]);
       assert.deepEqual([...new Set(groups.map((g) => g.taskName))].sort(), ['arithmetic', 'guess-number']);
       assert.ok(groups.every((g) => g.status === 'COMPLETED'));
@@ -114,12 +139,22 @@ describe('rollout CLI', () => {
 
   it('`rollout run` from a checkpoint named in the config continues after its last step (regression: it began again at step 1)', async () => {
     const { runDir, config } = await startingAfterTwoSteps();
-    const { code, stderr } = await rollout(['run', '--config', config, '--steps', '1', '--threads', '1', '--run-dir', runDir]);
+    const { code, stderr } = await rollout([
+      'run',
+      '--config',
+      config,
+      '--steps',
+      '1',
+      '--threads',
+      '1',
+      '--run-dir',
+      runDir,
+    ]);
     assert.equal(code, 0, stderr);
     assert.deepEqual(stepsOf(readFileSync(join(runDir, 'batches.jsonl'), 'utf8').trim().split('\n')), [3, 3]);
   });
 
-  it('`rollout run --resume` of a run that began from a config\'s checkpoint continues from its own checkpoint, and the same command finishes it (regression: groups delivered twice)', async () => {
+  it("`rollout run --resume` of a run that began from a config's checkpoint continues from its own checkpoint, and the same command finishes it (regression: groups delivered twice)", async () => {
     const { runDir, config } = await startingAfterTwoSteps();
     const args = ['--config', config, '--steps', '2', '--threads', '1', '--run-dir', runDir];
     assert.equal((await rollout(['run', ...args])).code, 0);
@@ -128,7 +163,11 @@ describe('rollout CLI', () => {
     writeFileSync(path, `${written.slice(0, 2).join('\n')}\n`); // a crash before step 4 was written out
     const { code, stderr } = await rollout(['run', '--resume', ...args]);
     assert.equal(code, 0, stderr);
-    assert.deepEqual(readFileSync(path, 'utf8').trim().split('\n'), written, 'steps 3 and 4, step 4 the batch handed out before the crash');
+    assert.deepEqual(
+      readFileSync(path, 'utf8').trim().split('\n'),
+      written,
+      'steps 3 and 4, step 4 the batch handed out before the crash',
+    );
   });
 
   it('`rollout run --resume` refuses a checkpoint older than its batches file, leaving both as they were', async () => {
@@ -160,7 +199,9 @@ describe('rollout CLI', () => {
 
   it('`rollout run` that fails before its first batch prints its error once and leaves no empty batches.jsonl or zeroed summary.json (regression)', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'rollout-fail-summary-'));
-    const { code, stdout, stderr } = await rollout(['run', '--llm-url', 'http://127.0.0.1:9/v1', '--run-dir', dir], { timeoutMs: 20_000 });
+    const { code, stdout, stderr } = await rollout(['run', '--llm-url', 'http://127.0.0.1:9/v1', '--run-dir', dir], {
+      timeoutMs: 20_000,
+    });
     assert.equal(code, 1);
     assert.equal(stdout, '');
     assert.equal(stderr.match(/ERR_LLM_UNREACHABLE/g)?.length, 1, stderr);
@@ -170,7 +211,10 @@ describe('rollout CLI', () => {
   it('`rollout run --config` rejects a bad config with the field, the value and exit code 1', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'rollout-cfg-'));
     const config = join(dir, 'bad.json');
-    writeFileSync(config, JSON.stringify({ batchSize: 'eight', tasks: [{ name: 'x', env: { module: './missing.js' } }] }));
+    writeFileSync(
+      config,
+      JSON.stringify({ batchSize: 'eight', tasks: [{ name: 'x', env: { module: './missing.js' } }] }),
+    );
     const { code, stderr } = await rollout(['run', '--config', config, '--run-dir', dir]);
     assert.equal(code, 1);
     assert.match(stderr, /ERR_INVALID_CONFIG/);
@@ -180,7 +224,9 @@ describe('rollout CLI', () => {
 
   it('`rollout run --llm-url` to a dead server exits 1 with a clear message instead of hanging', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'rollout-dead-'));
-    const { code, stderr } = await rollout(['run', '--llm-url', 'http://127.0.0.1:9/v1', '--run-dir', dir], { timeoutMs: 20_000 });
+    const { code, stderr } = await rollout(['run', '--llm-url', 'http://127.0.0.1:9/v1', '--run-dir', dir], {
+      timeoutMs: 20_000,
+    });
     assert.equal(code, 1);
     assert.match(stderr, /ERR_LLM_UNREACHABLE: .*127\.0\.0\.1:9.*ECONNREFUSED/);
   });

@@ -65,7 +65,11 @@ describe('msgpack codec', () => {
       const system = { role: 'system' as const, content: text };
       const first = rollout.turns[0];
       first.messages = [system, { role: 'user', content: 'guess' }];
-      rollout.turns.push({ ...first, step: 2, messages: [...first.messages, { role: 'assistant', content: '50' }, { role: 'user', content: 'higher' }] });
+      rollout.turns.push({
+        ...first,
+        step: 2,
+        messages: [...first.messages, { role: 'assistant', content: '50' }, { role: 'user', content: 'higher' }],
+      });
       return message;
     };
     const big = withSystem('x'.repeat(10_000));
@@ -81,7 +85,11 @@ describe('msgpack codec', () => {
     const first = encodeMessage(resultWithTokens(1));
     const firstCopy = Uint8Array.from(first);
     assert.equal(first.byteOffset, 0);
-    assert.equal(first.buffer.byteLength, first.byteLength, 'bytes must own their ArrayBuffer exactly, so it can be transferred');
+    assert.equal(
+      first.buffer.byteLength,
+      first.byteLength,
+      'bytes must own their ArrayBuffer exactly, so it can be transferred',
+    );
     const second = encodeMessage(resultWithTokens(2));
     structuredClone(second.buffer, { transfer: [second.buffer as ArrayBuffer] }); // detach the second one
     assert.deepEqual(first, firstCopy);
@@ -92,27 +100,62 @@ describe('msgpack codec', () => {
   it('carries token arrays beside the body: decoded, they are views into one block, not an ArrayBuffer each (regression: 2–3 µs per array)', () => {
     const message = resultWithTokens(4);
     const rollout = message.group.rollouts[0];
-    rollout.turns.push({ ...rollout.turns[0], step: 2, responseIds: Int32Array.of(9, 8, 7), lossMask: Uint8Array.of(1, 0, 1) });
+    rollout.turns.push({
+      ...rollout.turns[0],
+      step: 2,
+      responseIds: Int32Array.of(9, 8, 7),
+      lossMask: Uint8Array.of(1, 0, 1),
+    });
     const decoded = decodeMessage(encodeMessage(message)) as GroupResultMessage;
     const [first, second] = decoded.group.rollouts[0].turns;
-    const blocks = new Set([first.promptIds, first.responseIds, first.logprobs, first.modelSteps, second.responseIds, second.lossMask].map((a) => a!.buffer));
+    const blocks = new Set(
+      [first.promptIds, first.responseIds, first.logprobs, first.modelSteps, second.responseIds, second.lossMask].map(
+        (a) => a!.buffer,
+      ),
+    );
     assert.equal(blocks.size, 1);
     assert.equal(second.promptIds, first.promptIds, 'an array two turns shared is sent once and shared again');
     assert.deepEqual(decoded, message);
-    assert.deepEqual(rollout.turns[1].responseIds, Int32Array.of(9, 8, 7), 'encoding leaves the caller\'s turns as they were');
+    assert.deepEqual(
+      rollout.turns[1].responseIds,
+      Int32Array.of(9, 8, 7),
+      "encoding leaves the caller's turns as they were",
+    );
   });
 
   it('lays out prompt ids that are prefix views of one array once, and the decoded turns view one copy of them', () => {
     const message = resultWithTokens(5);
     const rollout = message.group.rollouts[0];
     const last = rollout.turns[0].promptIds!; // 4096 ids = 16 KiB
-    rollout.turns.unshift({ ...rollout.turns[0], step: 1, promptIds: last.subarray(0, 1000) }, { ...rollout.turns[0], step: 2, promptIds: last.subarray(0, 3000) });
+    rollout.turns.unshift(
+      { ...rollout.turns[0], step: 1, promptIds: last.subarray(0, 1000) },
+      { ...rollout.turns[0], step: 2, promptIds: last.subarray(0, 3000) },
+    );
     const shared = encodeMessage(message).byteLength;
-    const apart = encodeMessage({ ...message, group: { ...message.group, rollouts: [{ ...rollout, turns: rollout.turns.map((t) => ({ ...t, promptIds: t.promptIds!.slice() })) }, message.group.rollouts[1]] } }).byteLength;
-    assert.ok(apart - shared >= 4 * 4000, `the two earlier prompts ride inside the last one (${shared} vs ${apart} bytes)`);
+    const apart = encodeMessage({
+      ...message,
+      group: {
+        ...message.group,
+        rollouts: [
+          { ...rollout, turns: rollout.turns.map((t) => ({ ...t, promptIds: t.promptIds!.slice() })) },
+          message.group.rollouts[1],
+        ],
+      },
+    }).byteLength;
+    assert.ok(
+      apart - shared >= 4 * 4000,
+      `the two earlier prompts ride inside the last one (${shared} vs ${apart} bytes)`,
+    );
     const turns = (decodeMessage(encodeMessage(message)) as GroupResultMessage).group.rollouts[0].turns;
-    assert.deepEqual(turns.map((t) => Array.from(t.promptIds!)), rollout.turns.map((t) => Array.from(t.promptIds!)));
-    assert.deepEqual(new Set(turns.map((t) => t.promptIds!.byteOffset)).size, 1, 'each earlier prompt is a prefix view of the last');
+    assert.deepEqual(
+      turns.map((t) => Array.from(t.promptIds!)),
+      rollout.turns.map((t) => Array.from(t.promptIds!)),
+    );
+    assert.deepEqual(
+      new Set(turns.map((t) => t.promptIds!.byteOffset)).size,
+      1,
+      'each earlier prompt is a prefix view of the last',
+    );
   });
 
   it('lays out views spread thinly over a larger buffer one by one, so the bytes between them never travel', () => {
@@ -121,11 +164,22 @@ describe('msgpack codec', () => {
     pooled.set([1, 2, 3], 10);
     pooled.set([7, 8], 60_000);
     const [turn] = message.group.rollouts[0].turns;
-    message.group.rollouts[0].turns.push({ ...turn, step: 2, promptIds: pooled.subarray(10, 13), responseIds: pooled.subarray(60_000, 60_002) });
+    message.group.rollouts[0].turns.push({
+      ...turn,
+      step: 2,
+      promptIds: pooled.subarray(10, 13),
+      responseIds: pooled.subarray(60_000, 60_002),
+    });
     const bytes = encodeMessage(message);
     assert.ok(bytes.byteLength < 64 * 1024, `${bytes.byteLength} bytes`);
     const second = (decodeMessage(bytes) as GroupResultMessage).group.rollouts[0].turns[1];
-    assert.deepEqual([Array.from(second.promptIds!), Array.from(second.responseIds!)], [[1, 2, 3], [7, 8]]);
+    assert.deepEqual(
+      [Array.from(second.promptIds!), Array.from(second.responseIds!)],
+      [
+        [1, 2, 3],
+        [7, 8],
+      ],
+    );
   });
 
   it('sends a decoded group on again with only the bytes its views cover (regression: logprobs rode twice inside a region of ids)', () => {
@@ -134,21 +188,45 @@ describe('msgpack codec', () => {
     const base = rollout.turns[0];
     const last = base.promptIds!;
     // Three turns whose prompts are prefixes of the last: in the decoded block their ids and logprobs interleave.
-    rollout.turns = [1000, 2000, 4096].map((n, i) => ({ ...base, step: i + 1, promptIds: last.subarray(0, n), responseIds: base.responseIds!.slice(), logprobs: base.logprobs!.slice() }));
+    rollout.turns = [1000, 2000, 4096].map((n, i) => ({
+      ...base,
+      step: i + 1,
+      promptIds: last.subarray(0, n),
+      responseIds: base.responseIds!.slice(),
+      logprobs: base.logprobs!.slice(),
+    }));
     const first = encodeMessage(message);
     const again = encodeMessage(decodeMessage(first));
-    assert.ok(again.byteLength <= first.byteLength, `${again.byteLength} bytes sent on, ${first.byteLength} the first time`);
+    assert.ok(
+      again.byteLength <= first.byteLength,
+      `${again.byteLength} bytes sent on, ${first.byteLength} the first time`,
+    );
     assert.deepEqual(decodeMessage(again), message);
   });
 
   it('refuses a message whose array reference points outside the arrays after the body, naming the field', () => {
     const bytes = encodeMessage(resultWithTokens(1));
     const cut = bytes.subarray(0, bytes.byteLength - 8); // the last array loses its end
-    assert.throws(() => decodeMessage(cut), { code: 'ERR_PROTOCOL', message: /message\.group\.rollouts\[0\]\.turns\[0\]\.modelSteps must reference the arrays after the body/ });
-    assert.throws(() => decodeMessage(bytes.subarray(0, 10)), { code: 'ERR_PROTOCOL', message: /header declares a \d+-byte body, but only 6 bytes follow/ });
+    assert.throws(() => decodeMessage(cut), {
+      code: 'ERR_PROTOCOL',
+      message: /message\.group\.rollouts\[0\]\.turns\[0\]\.modelSteps must reference the arrays after the body/,
+    });
+    assert.throws(() => decodeMessage(bytes.subarray(0, 10)), {
+      code: 'ERR_PROTOCOL',
+      message: /header declares a \d+-byte body, but only 6 bytes follow/,
+    });
     // A negative offset (−4 % 4 is −0, so only an explicit bound refuses it) used to reach the typed-array constructor.
-    const negative = withBody(bytes, (body) => ((body as GroupResultMessage).group.rollouts[0].turns[0] as unknown as Record<string, unknown>).promptIds = [0, -4, 1]);
-    assert.throws(() => decodeMessage(negative), { code: 'ERR_PROTOCOL', message: /turns\[0\]\.promptIds must reference the arrays after the body, got \[0,-4,1\]/ });
+    const negative = withBody(
+      bytes,
+      (body) =>
+        (((body as GroupResultMessage).group.rollouts[0].turns[0] as unknown as Record<string, unknown>).promptIds = [
+          0, -4, 1,
+        ]),
+    );
+    assert.throws(() => decodeMessage(negative), {
+      code: 'ERR_PROTOCOL',
+      message: /turns\[0\]\.promptIds must reference the arrays after the body, got \[0,-4,1\]/,
+    });
   });
 
   it('rejects bytes from another protocol version with a message naming the field', () => {

@@ -21,44 +21,90 @@ function issuesOf(input: unknown): string[] {
 describe('config validation', () => {
   it('fills every default from an empty config: two synthetic tasks and the embedded mock server', () => {
     const config = resolveConfig({});
-    assert.deepEqual(config.tasks.map((t) => t.name), ['guess-number', 'arithmetic']);
+    assert.deepEqual(
+      config.tasks.map((t) => t.name),
+      ['guess-number', 'arithmetic'],
+    );
     assert.equal(config.llm.url, null);
     assert.ok(config.workers.threads >= 1);
     assert.match(config.tasks[0].env!.moduleUrl!, /^file:.*guess-number\.(ts|js)$/);
   });
 
   it('names the field, the value and what was expected for each bad option', () => {
-    const issues = issuesOf({ batchSize: 0, tasks: [{ name: 'x', env: { module: 'builtin:arithmetic' }, groupSize: 'four' }], llm: { url: 'not a url' } });
-    assert.ok(issues.some((i) => i.startsWith('batchSize:') && i.includes('(got 0)')), issues.join('\n'));
-    assert.ok(issues.some((i) => i.startsWith('tasks[0].groupSize:') && i.includes('expected number') && i.includes('"four"')), issues.join('\n'));
-    assert.ok(issues.some((i) => i.startsWith('llm.url:') && i.includes('"not a url"')), issues.join('\n'));
+    const issues = issuesOf({
+      batchSize: 0,
+      tasks: [{ name: 'x', env: { module: 'builtin:arithmetic' }, groupSize: 'four' }],
+      llm: { url: 'not a url' },
+    });
+    assert.ok(
+      issues.some((i) => i.startsWith('batchSize:') && i.includes('(got 0)')),
+      issues.join('\n'),
+    );
+    assert.ok(
+      issues.some((i) => i.startsWith('tasks[0].groupSize:') && i.includes('expected number') && i.includes('"four"')),
+      issues.join('\n'),
+    );
+    assert.ok(
+      issues.some((i) => i.startsWith('llm.url:') && i.includes('"not a url"')),
+      issues.join('\n'),
+    );
   });
 
   it('refuses sizes no run can mean, naming the field (regression: threads 1e9 and overSampleThreshold 1e308 ran out of memory)', () => {
-    const issues = issuesOf({ workers: { threads: 1e9 }, producer: { strategy: 'async', overSampleThreshold: 1e308 }, batchSize: 1e7 });
-    assert.ok(issues.some((i) => i.startsWith('workers.threads:') && i.includes('<=1024') && i.includes('(got 1000000000)')), issues.join('\n'));
-    assert.ok(issues.some((i) => i.startsWith('producer.overSampleThreshold:') && i.includes('<=100')), issues.join('\n'));
-    assert.ok(issues.some((i) => i.startsWith('batchSize:') && i.includes('<=1000000')), issues.join('\n'));
+    const issues = issuesOf({
+      workers: { threads: 1e9 },
+      producer: { strategy: 'async', overSampleThreshold: 1e308 },
+      batchSize: 1e7,
+    });
+    assert.ok(
+      issues.some((i) => i.startsWith('workers.threads:') && i.includes('<=1024') && i.includes('(got 1000000000)')),
+      issues.join('\n'),
+    );
+    assert.ok(
+      issues.some((i) => i.startsWith('producer.overSampleThreshold:') && i.includes('<=100')),
+      issues.join('\n'),
+    );
+    assert.ok(
+      issues.some((i) => i.startsWith('batchSize:') && i.includes('<=1000000')),
+      issues.join('\n'),
+    );
   });
 
   it('refuses seeds and retries no run can mean, naming the field (regression: seed -1 or 1e300 and llm.retries 1e9 were accepted)', () => {
     const issues = issuesOf({ seed: -1, llm: { retries: 1e9 } });
-    assert.ok(issues.some((i) => i.startsWith('seed:') && i.includes('(got -1)')), issues.join('\n'));
-    assert.ok(issues.some((i) => i.startsWith('llm.retries:') && i.includes('<=100')), issues.join('\n'));
+    assert.ok(
+      issues.some((i) => i.startsWith('seed:') && i.includes('(got -1)')),
+      issues.join('\n'),
+    );
+    assert.ok(
+      issues.some((i) => i.startsWith('llm.retries:') && i.includes('<=100')),
+      issues.join('\n'),
+    );
     assert.ok(issuesOf({ seed: 1e300 }).some((i) => i.startsWith('seed:')));
   });
 
   it('names a dataset that is a directory, or a line too deep or with a seed out of range (regression: EISDIR with a stack; 3000 levels overflowed the encoder)', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'rollout-dataset-'));
-    assert.ok(issuesOf({ tasks: [{ name: 't', env: { module: 'builtin:arithmetic' }, dataset: dir }] }).some((i) => i.startsWith('tasks[0].dataset: is not a file')));
+    assert.ok(
+      issuesOf({ tasks: [{ name: 't', env: { module: 'builtin:arithmetic' }, dataset: dir }] }).some((i) =>
+        i.startsWith('tasks[0].dataset: is not a file'),
+      ),
+    );
     const deep = join(dir, 'deep.jsonl');
     writeFileSync(deep, `{"a": 1}\n${'{"x":'.repeat(3000)}1${'}'.repeat(3000)}\n`);
-    const task = resolveConfig({ tasks: [{ name: 't', env: { module: 'builtin:arithmetic' }, dataset: deep }] }).tasks[0];
-    await assert.rejects(Sampler.create(task, 0), { name: 'ConfigError', message: /dataset .*deep\.jsonl:2: nested deeper than 64 levels/ });
+    const task = resolveConfig({ tasks: [{ name: 't', env: { module: 'builtin:arithmetic' }, dataset: deep }] })
+      .tasks[0];
+    await assert.rejects(Sampler.create(task, 0), {
+      name: 'ConfigError',
+      message: /dataset .*deep\.jsonl:2: nested deeper than 64 levels/,
+    });
     const seeded = join(dir, 'seeded.jsonl');
     writeFileSync(seeded, '{"seed": 1e300}\n');
-    const task2 = resolveConfig({ tasks: [{ name: 't', env: { module: 'builtin:arithmetic' }, dataset: seeded }] }).tasks[0];
-    await assert.rejects(Sampler.create(task2, 0), { message: /seeded\.jsonl:1: seed must be an integer in \[0, 2147483647\]/ });
+    const task2 = resolveConfig({ tasks: [{ name: 't', env: { module: 'builtin:arithmetic' }, dataset: seeded }] })
+      .tasks[0];
+    await assert.rejects(Sampler.create(task2, 0), {
+      message: /seeded\.jsonl:1: seed must be an integer in \[0, 2147483647\]/,
+    });
   });
 
   it('rejects unknown options, so a typo is not silently ignored', () => {
@@ -68,18 +114,32 @@ describe('config validation', () => {
 
   it('rejects an environment module that does not exist, naming the task and the resolved path', () => {
     const issues = issuesOf({ tasks: [{ name: 'x', env: { module: './nowhere/env.js' } }] });
-    assert.match(issues[0], /^tasks\[0\]\.env\.module: module file does not exist \(got "\.\/nowhere\/env\.js", resolved to .*nowhere\/env\.js\)$/);
+    assert.match(
+      issues[0],
+      /^tasks\[0\]\.env\.module: module file does not exist \(got "\.\/nowhere\/env\.js", resolved to .*nowhere\/env\.js\)$/,
+    );
     const builtin = issuesOf({ tasks: [{ name: 'x', env: { module: 'builtin:chess' } }] });
-    assert.match(builtin[0], /unknown built-in environment \(got "builtin:chess"; expected one of builtin:guess-number, builtin:arithmetic\)/);
+    assert.match(
+      builtin[0],
+      /unknown built-in environment \(got "builtin:chess"; expected one of builtin:guess-number, builtin:arithmetic\)/,
+    );
   });
 
   it('rejects duplicate task names', () => {
     const env = { module: 'builtin:arithmetic' };
-    const issues = issuesOf({ tasks: [{ name: 'a', env }, { name: 'a', env }] });
+    const issues = issuesOf({
+      tasks: [
+        { name: 'a', env },
+        { name: 'a', env },
+      ],
+    });
     assert.match(issues[0], /^tasks\[1\]\.name: duplicate task name "a"/);
   });
 
   it('throws from createEngine before anything starts', () => {
-    assert.throws(() => createEngine({ workers: { threads: -1 } }), { code: 'ERR_INVALID_CONFIG', message: /workers\.threads: .*\(got -1\)/ });
+    assert.throws(() => createEngine({ workers: { threads: -1 } }), {
+      code: 'ERR_INVALID_CONFIG',
+      message: /workers\.threads: .*\(got -1\)/,
+    });
   });
 });

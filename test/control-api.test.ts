@@ -13,16 +13,29 @@ import { CLI_MAIN, rollout } from './support/cli.ts';
 
 const TOKEN = 'sesame-open-please';
 
-async function call(server: ControlServer, method: 'GET' | 'POST', path: string, options: { body?: string | Buffer; token?: string | null; headers?: Record<string, string> } = {}) {
+async function call(
+  server: ControlServer,
+  method: 'GET' | 'POST',
+  path: string,
+  options: { body?: string | Buffer; token?: string | null; headers?: Record<string, string> } = {},
+) {
   const token = options.token === undefined ? TOKEN : options.token;
   const res = await request(`${server.url}${path}`, {
     method,
     body: options.body,
-    headers: { 'content-type': 'application/json', ...(token ? { authorization: `Bearer ${token}` } : {}), ...options.headers },
+    headers: {
+      'content-type': 'application/json',
+      ...(token ? { authorization: `Bearer ${token}` } : {}),
+      ...options.headers,
+    },
   });
   const bytes = Buffer.from(await res.body.arrayBuffer());
   const type = String(res.headers['content-type'] ?? '');
-  const body = type.startsWith('application/json') ? JSON.parse(bytes.toString()) : type.startsWith('application/msgpack') ? decodeFromPeer(bytes) : bytes.toString();
+  const body = type.startsWith('application/json')
+    ? JSON.parse(bytes.toString())
+    : type.startsWith('application/msgpack')
+      ? decodeFromPeer(bytes)
+      : bytes.toString();
   return { status: res.statusCode, body: body as any };
 }
 
@@ -45,7 +58,12 @@ function expandCompact(batch: any): any {
 }
 
 /** Typed arrays and Buffers as plain arrays of bytes, so the two decodings compare by content. */
-const plain = (value: unknown): unknown => JSON.parse(JSON.stringify(value, (_k, v) => (v instanceof Uint8Array || (v && v.type === 'Buffer') ? Array.from(v instanceof Uint8Array ? v : v.data) : v)));
+const plain = (value: unknown): unknown =>
+  JSON.parse(
+    JSON.stringify(value, (_k, v) =>
+      v instanceof Uint8Array || (v && v.type === 'Buffer') ? Array.from(v instanceof Uint8Array ? v : v.data) : v,
+    ),
+  );
 
 describe('compact batches (POST /batch {"compact": true})', () => {
   let engine: Engine;
@@ -65,14 +83,26 @@ describe('compact batches (POST /batch {"compact": true})', () => {
   for (const accept of ['application/json', 'application/msgpack']) {
     it(`name the later turn whose conversation a turn begins, and expand to exactly the full batch (${accept})`, async () => {
       const step = accept === 'application/json' ? 1 : 2;
-      const compact = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: step, compact: true }), headers: { accept } });
+      const compact = await call(server, 'POST', '/batch', {
+        body: JSON.stringify({ trainStep: step, compact: true }),
+        headers: { accept },
+      });
       assert.equal(compact.status, 200);
       const turns = compact.body.groups.flatMap((g: any) => g.rollouts.flatMap((r: any) => r.turns));
-      assert.ok(turns.some((t: any) => t.messages === null && t.messagesPrefixOf), 'some turn names the turn carrying its messages');
-      assert.ok(turns.some((t: any) => t.promptIds === null && t.promptIdsPrefixOf), 'some turn names the turn carrying its prompt ids');
+      assert.ok(
+        turns.some((t: any) => t.messages === null && t.messagesPrefixOf),
+        'some turn names the turn carrying its messages',
+      );
+      assert.ok(
+        turns.some((t: any) => t.promptIds === null && t.promptIdsPrefixOf),
+        'some turn names the turn carrying its prompt ids',
+      );
       const bytes = (x: unknown) => Buffer.byteLength(JSON.stringify(plain(x)));
       // Asking for the same train step again hands out the same batch (redelivery): here in full.
-      const full = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: step }), headers: { accept } });
+      const full = await call(server, 'POST', '/batch', {
+        body: JSON.stringify({ trainStep: step }),
+        headers: { accept },
+      });
       assert.ok(bytes(compact.body) < bytes(full.body));
       assert.deepEqual(plain(expandCompact(compact.body)), plain(full.body));
     });
@@ -91,7 +121,12 @@ describe('train steps only go forward', () => {
   let engine: Engine;
   let server: ControlServer;
   before(async () => {
-    engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, producer: { strategy: 'async', maxStaleness: 100, maxSkippedSteps: 1000 } });
+    engine = createEngine({
+      logLevel: 'silent',
+      batchSize: 2,
+      workers: { threads: 1 },
+      producer: { strategy: 'async', maxStaleness: 100, maxSkippedSteps: 1000 },
+    });
     await engine.start();
     server = await engine.listen({ port: 0, token: TOKEN });
   });
@@ -107,7 +142,10 @@ describe('train steps only go forward', () => {
       const refused = await take(step);
       assert.equal(refused.status, 409);
       assert.equal(refused.body.error.code, 'ERR_TRAIN_STEP');
-      assert.equal(refused.body.error.message, `train step ${step} is behind the consumer, which is at step 4: steps only go forward; the last batch handed out, step 3, is delivered again when asked for`);
+      assert.equal(
+        refused.body.error.message,
+        `train step ${step} is behind the consumer, which is at step 4: steps only go forward; the last batch handed out, step 3, is delivered again when asked for`,
+      );
     }
     await assert.rejects(engine.getBatch(2), { code: 'ERR_TRAIN_STEP' });
     assert.deepEqual(ids(await take(3)), ids(second), 'the last step is delivered again');
@@ -136,7 +174,13 @@ describe('train steps move a bounded distance ahead', () => {
   let runDir: string;
   before(async () => {
     runDir = mkdtempSync(join(tmpdir(), 'rollout-api-'));
-    engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, runDir, producer: { maxSkippedSteps: 5 } });
+    engine = createEngine({
+      logLevel: 'silent',
+      batchSize: 2,
+      workers: { threads: 1 },
+      runDir,
+      producer: { maxSkippedSteps: 5 },
+    });
     await engine.start();
     server = await engine.listen({ port: 0, token: TOKEN });
   });
@@ -147,11 +191,22 @@ describe('train steps move a bounded distance ahead', () => {
     assert.equal((await take(1)).body.status, 'NORMAL');
     const far = await take(2147483647);
     assert.deepEqual([far.status, far.body.error.code], [409, 'ERR_TRAIN_STEP']);
-    assert.equal(far.body.error.message, 'train step 2147483647 is too far ahead of the consumer, which is at step 2: at most producer.maxSkippedSteps (5) steps may be skipped, so the step must be at most 7');
+    assert.equal(
+      far.body.error.message,
+      'train step 2147483647 is too far ahead of the consumer, which is at step 2: at most producer.maxSkippedSteps (5) steps may be skipped, so the step must be at most 7',
+    );
     await assert.rejects(engine.getBatch(8), { code: 'ERR_TRAIN_STEP' }, 'the library refuses it too');
     assert.equal((await call(server, 'GET', '/status')).body.nextTrainStep, 2, 'the consumer did not move');
-    assert.equal(readCheckpoint(join(runDir, 'engine.ckpt'), engine.config).progress.nextConsumerStep, 2, 'the checkpoint does not carry it');
-    assert.deepEqual([(await take(2)).body.status, (await take(7)).body.status], ['NORMAL', 'NORMAL'], 'the next step, and one skipping the most allowed, are taken');
+    assert.equal(
+      readCheckpoint(join(runDir, 'engine.ckpt'), engine.config).progress.nextConsumerStep,
+      2,
+      'the checkpoint does not carry it',
+    );
+    assert.deepEqual(
+      [(await take(2)).body.status, (await take(7)).body.status],
+      ['NORMAL', 'NORMAL'],
+      'the next step, and one skipping the most allowed, are taken',
+    );
   });
 });
 
@@ -159,9 +214,19 @@ describe('control API', () => {
   let engine: Engine;
   let server: ControlServer;
   before(async () => {
-    engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, producer: { strategy: 'async', maxStaleness: 1 } });
+    engine = createEngine({
+      logLevel: 'silent',
+      batchSize: 2,
+      workers: { threads: 1 },
+      producer: { strategy: 'async', maxStaleness: 1 },
+    });
     await engine.start();
-    server = await engine.listen({ port: 0, token: TOKEN, maxBodyBytes: 1024, checkpointDir: mkdtempSync(join(tmpdir(), 'rollout-api-')) });
+    server = await engine.listen({
+      port: 0,
+      token: TOKEN,
+      maxBodyBytes: 1024,
+      checkpointDir: mkdtempSync(join(tmpdir(), 'rollout-api-')),
+    });
   });
   after(() => engine.close());
 
@@ -183,7 +248,8 @@ describe('control API', () => {
   it('reports status: model step, train step, in flight, counts per status, paused', async () => {
     const res = await call(server, 'GET', '/status');
     assert.equal(res.status, 200);
-    for (const key of ['modelStep', 'nextTrainStep', 'paused', 'groups', 'buffer', 'llmUrl']) assert.ok(key in res.body, key);
+    for (const key of ['modelStep', 'nextTrainStep', 'paused', 'groups', 'buffer', 'llmUrl'])
+      assert.ok(key in res.body, key);
     assert.equal(typeof res.body.groups.inFlight, 'number');
     assert.ok('COMPLETED' in res.body.groups.landed);
   });
@@ -196,12 +262,20 @@ describe('control API', () => {
     assert.ok(Array.isArray(json.body.groups[0].rollouts[0].turns[0].responseIds));
     await call(server, 'POST', '/pause');
     await call(server, 'POST', '/resume', { body: JSON.stringify({ modelStep: 1 }) });
-    const packed = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: 2 }), headers: { accept: 'application/msgpack' } });
+    const packed = await call(server, 'POST', '/batch', {
+      body: JSON.stringify({ trainStep: 2 }),
+      headers: { accept: 'application/msgpack' },
+    });
     assert.equal(packed.status, 200);
     assert.equal(packed.body.status, 'NORMAL');
     const turn = packed.body.groups[0].rollouts[0].turns[0];
     assert.ok(turn.responseIds instanceof Uint8Array);
-    const ids = new Int32Array(turn.responseIds.buffer.slice(turn.responseIds.byteOffset, turn.responseIds.byteOffset + turn.responseIds.byteLength));
+    const ids = new Int32Array(
+      turn.responseIds.buffer.slice(
+        turn.responseIds.byteOffset,
+        turn.responseIds.byteOffset + turn.responseIds.byteLength,
+      ),
+    );
     assert.ok(ids.length > 0 && ids.every((id) => id >= 0));
   });
 
@@ -246,7 +320,9 @@ describe('control API', () => {
   });
 
   it('refuses an oversized body with 413', async () => {
-    const res = await call(server, 'POST', '/batch', { body: JSON.stringify({ trainStep: 3, padding: 'x'.repeat(4096) }) });
+    const res = await call(server, 'POST', '/batch', {
+      body: JSON.stringify({ trainStep: 3, padding: 'x'.repeat(4096) }),
+    });
     assert.deepEqual([res.status, res.body.error.code], [413, 'ERR_BODY_TOO_LARGE']);
   });
 
@@ -262,7 +338,10 @@ describe('control API', () => {
     const limited = await engine.listen({ port: 0, rateLimitPerSecond: 5 });
     const statuses: number[] = [];
     for (let i = 0; i < 15; i++) statuses.push((await call(limited, 'GET', '/health', { token: null })).status);
-    assert.ok(statuses.slice(0, 10).every((s) => s === 200), 'a burst of twice the rate is allowed');
+    assert.ok(
+      statuses.slice(0, 10).every((s) => s === 200),
+      'a burst of twice the rate is allowed',
+    );
     assert.ok(statuses.includes(429));
     const res = await call(limited, 'GET', '/health', { token: null });
     assert.equal(res.body.error.code, 'ERR_RATE_LIMITED');
@@ -300,7 +379,13 @@ describe('control API security', () => {
   after(() => engine.close());
 
   const port = () => open.port;
-  const raw = async (server: ControlServer, method: string, path: string, headers: Record<string, string>, body?: string) => {
+  const raw = async (
+    server: ControlServer,
+    method: string,
+    path: string,
+    headers: Record<string, string>,
+    body?: string,
+  ) => {
     const res = await request(`${server.url}${path}`, { method: method as 'GET', headers, body });
     const text = await res.body.text();
     return { status: res.statusCode, code: text.startsWith('{') ? JSON.parse(text).error?.code : undefined, text };
@@ -309,14 +394,26 @@ describe('control API security', () => {
   it('refuses a checkpoint path outside the run dir, or not a .ckpt, with 400 naming the field (regression: POST /checkpoint overwrote any file the process could write)', async () => {
     const outside = mkdtempSync(join(tmpdir(), 'rollout-outside-'));
     symlinkSync(outside, join(runDir, 'link'));
-    for (const path of [join(outside, 'x.ckpt'), '../x.ckpt', 'steps/../../x.ckpt', 'link/x.ckpt', 'batches.jsonl', '.rollout.lock', '', 42]) {
+    for (const path of [
+      join(outside, 'x.ckpt'),
+      '../x.ckpt',
+      'steps/../../x.ckpt',
+      'link/x.ckpt',
+      'batches.jsonl',
+      '.rollout.lock',
+      '',
+      42,
+    ]) {
       const res = await call(open, 'POST', '/checkpoint', { body: JSON.stringify({ path }), token: null });
       assert.deepEqual([res.status, res.body.error?.code], [400, 'ERR_BAD_BODY'], JSON.stringify(path));
       assert.match(res.body.error.message, /^path /, JSON.stringify(path));
     }
     assert.deepEqual(readdirSync(outside), [], 'nothing written outside the run dir');
     assert.equal(existsSync(join(runDir, 'batches.jsonl')), false);
-    const ok = await call(open, 'POST', '/checkpoint', { body: JSON.stringify({ path: 'manual/one.ckpt' }), token: null });
+    const ok = await call(open, 'POST', '/checkpoint', {
+      body: JSON.stringify({ path: 'manual/one.ckpt' }),
+      token: null,
+    });
     assert.deepEqual([ok.status, ok.body.path], [200, join(realpathSync(runDir), 'manual', 'one.ckpt')]);
     assert.ok(statSync(ok.body.path).size > 0);
   });
@@ -336,8 +433,17 @@ describe('control API security', () => {
 
   it('refuses text/plain, form and untyped bodies with 415 and acts on none (regression: a cross-site simple request body was parsed as JSON)', async () => {
     const taken = (await engine.stats()).groups.taken;
-    for (const type of ['text/plain', 'text/plain;charset=UTF-8', 'application/x-www-form-urlencoded', 'multipart/form-data; boundary=x']) {
-      for (const [path, body] of [['/pause', '{}'], ['/batch', '{"trainStep": 1}'], ['/checkpoint', '{"path": "cross.ckpt"}']] as const) {
+    for (const type of [
+      'text/plain',
+      'text/plain;charset=UTF-8',
+      'application/x-www-form-urlencoded',
+      'multipart/form-data; boundary=x',
+    ]) {
+      for (const [path, body] of [
+        ['/pause', '{}'],
+        ['/batch', '{"trainStep": 1}'],
+        ['/checkpoint', '{"path": "cross.ckpt"}'],
+      ] as const) {
         const res = await raw(open, 'POST', path, { 'content-type': type }, body);
         assert.deepEqual([res.status, res.code], [415, 'ERR_UNSUPPORTED_MEDIA_TYPE'], `${type} ${path}: ${res.text}`);
       }
@@ -349,28 +455,56 @@ describe('control API security', () => {
     assert.equal(existsSync(join(runDir, 'cross.ckpt')), false);
     const packed = await raw(open, 'POST', '/checkpoint', { 'content-type': 'application/x-msgpack' }, undefined);
     assert.equal(packed.status, 400, 'an empty body with a msgpack type is read (and lacks its path)');
-    const x = await request(`${open.url}/checkpoint`, { method: 'POST', headers: { 'content-type': 'application/x-msgpack' }, body: Buffer.from(encodeForPeer({ path: 'packed.ckpt' })) });
+    const x = await request(`${open.url}/checkpoint`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-msgpack' },
+      body: Buffer.from(encodeForPeer({ path: 'packed.ckpt' })),
+    });
     assert.equal(x.statusCode, 200, await x.body.text());
     const bodiless = await raw(open, 'GET', '/status', {});
     assert.equal(bodiless.status, 200, 'a request without a body needs no content type');
   });
 
   it('refuses a Host that is not loopback, the bound host or an allowed one with 403 (regression: a DNS-rebound page reached the API)', async () => {
-    for (const host of [`attacker.example:${port()}`, 'attacker.example', `127.0.0.1.attacker.example:${port()}`, `localhost@attacker.example`, '']) {
+    for (const host of [
+      `attacker.example:${port()}`,
+      'attacker.example',
+      `127.0.0.1.attacker.example:${port()}`,
+      `localhost@attacker.example`,
+      '',
+    ]) {
       for (const path of ['/health', '/status']) {
         const res = await raw(open, 'GET', path, { host });
         assert.deepEqual([res.status, res.code], [403, 'ERR_FORBIDDEN_HOST'], `${host} ${path}: ${res.text}`);
-        assert.doesNotMatch(res.text, /rollout\.internal|\[::1\]/, 'a rebound page reads the answer: it names no allowed host');
+        assert.doesNotMatch(
+          res.text,
+          /rollout\.internal|\[::1\]/,
+          'a rebound page reads the answer: it names no allowed host',
+        );
       }
     }
-    for (const host of [`localhost:${port()}`, `127.0.0.1:${port()}`, `[::1]:${port()}`, 'LOCALHOST:9000', `rollout.internal:${port()}`, 'rollout.internal']) {
+    for (const host of [
+      `localhost:${port()}`,
+      `127.0.0.1:${port()}`,
+      `[::1]:${port()}`,
+      'LOCALHOST:9000',
+      `rollout.internal:${port()}`,
+      'rollout.internal',
+    ]) {
       assert.equal((await raw(open, 'GET', '/status', { host })).status, 200, host);
     }
   });
 
   it('refuses a request from a web page on another origin with 403, the same host on another port included (regression: a cross-site request drove the API with no token)', async () => {
     const host = `localhost:${port()}`;
-    for (const origin of ['http://attacker.example', `http://attacker.example:${port()}`, 'http://localhost:3000', 'null', 'file://', 'chrome-extension://abc']) {
+    for (const origin of [
+      'http://attacker.example',
+      `http://attacker.example:${port()}`,
+      'http://localhost:3000',
+      'null',
+      'file://',
+      'chrome-extension://abc',
+    ]) {
       const res = await raw(open, 'POST', '/pause', { host, origin, 'content-type': 'application/json' }, '{}');
       assert.deepEqual([res.status, res.code], [403, 'ERR_FORBIDDEN_ORIGIN'], `${origin}: ${res.text}`);
     }
@@ -382,11 +516,18 @@ describe('control API security', () => {
 
   it('answers a flood without the token with 401 and keeps the trainer under its rate (regression: unauthenticated requests pushed the trainer into 429s)', async () => {
     const guarded = await engine.listen({ port: 0, token: TOKEN, rateLimitPerSecond: 2 });
-    const flood = await Promise.all(Array.from({ length: 40 }, (_, i) => call(guarded, 'GET', i % 2 === 0 ? '/status' : '/health', { token: i % 4 === 0 ? 'wrong' : null })));
-    assert.ok(flood.every((r) => r.status === 401 || (r.status === 200 && r.body.status === 'ok')), 'refused 401, or /health answered, never 429');
+    const flood = await Promise.all(
+      Array.from({ length: 40 }, (_, i) =>
+        call(guarded, 'GET', i % 2 === 0 ? '/status' : '/health', { token: i % 4 === 0 ? 'wrong' : null }),
+      ),
+    );
+    assert.ok(
+      flood.every((r) => r.status === 401 || (r.status === 200 && r.body.status === 'ok')),
+      'refused 401, or /health answered, never 429',
+    );
     const trainer = [];
     for (let i = 0; i < 4; i++) trainer.push((await call(guarded, 'GET', '/status')).status);
-    assert.deepEqual(trainer, [200, 200, 200, 200], 'a burst of twice the rate is the trainer\'s');
+    assert.deepEqual(trainer, [200, 200, 200, 200], "a burst of twice the rate is the trainer's");
     assert.equal((await call(guarded, 'GET', '/status')).status, 429, 'and its own requests still count');
   });
 });
@@ -396,10 +537,14 @@ describe('rollout serve: access', () => {
     for (const host of ['0.0.0.0', '::', '10.1.2.3', 'rollout.example']) {
       const { token, notice } = controlToken(host, null);
       assert.match(token ?? '', /^[\w-]{43}$/, host);
-      assert.ok(notice?.includes(`--host ${host} reaches beyond loopback`) && notice.includes(`Authorization: Bearer ${token}`), notice ?? host);
+      assert.ok(
+        notice?.includes(`--host ${host} reaches beyond loopback`) && notice.includes(`Authorization: Bearer ${token}`),
+        notice ?? host,
+      );
       assert.notEqual(controlToken(host, '').token, token, 'an empty token is none, and each is new');
     }
-    for (const host of ['127.0.0.1', '127.0.0.2', 'localhost', '::1', '::ffff:127.0.0.1']) assert.deepEqual(controlToken(host, null), { token: null, notice: null }, host);
+    for (const host of ['127.0.0.1', '127.0.0.2', 'localhost', '::1', '::ffff:127.0.0.1'])
+      assert.deepEqual(controlToken(host, null), { token: null, notice: null }, host);
     assert.deepEqual(controlToken('0.0.0.0', 'given'), { token: 'given', notice: null });
     // The token it makes is what the server then requires.
     const engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 } });
@@ -416,11 +561,34 @@ describe('rollout serve: access', () => {
 
   it('answers to an --allow-host name and writes checkpoints in its run dir, and refuses a malformed --allow-host', async () => {
     const runDir = mkdtempSync(join(tmpdir(), 'rollout-serve-'));
-    const serve = await spawnServer(process.execPath, ['--import', 'tsx', CLI_MAIN, 'serve', '--port', '0', '--threads', '1', '--batch-size', '2', '--run-dir', runDir, '--allow-host', 'rollout.internal'], /control API listening on (http:\/\/\S+)/);
+    const serve = await spawnServer(
+      process.execPath,
+      [
+        '--import',
+        'tsx',
+        CLI_MAIN,
+        'serve',
+        '--port',
+        '0',
+        '--threads',
+        '1',
+        '--batch-size',
+        '2',
+        '--run-dir',
+        runDir,
+        '--allow-host',
+        'rollout.internal',
+      ],
+      /control API listening on (http:\/\/\S+)/,
+    );
     try {
       const get = async (host: string) => (await request(`${serve.url}/status`, { headers: { host } })).statusCode;
       assert.deepEqual([await get('rollout.internal:443'), await get('attacker.example')], [200, 403]);
-      const res = await request(`${serve.url}/checkpoint`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ path: 'manual.ckpt' }) });
+      const res = await request(`${serve.url}/checkpoint`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ path: 'manual.ckpt' }),
+      });
       assert.equal(res.statusCode, 200, await res.body.text());
       assert.ok(existsSync(join(runDir, 'manual.ckpt')));
     } finally {
@@ -428,6 +596,9 @@ describe('rollout serve: access', () => {
     }
     const bad = await rollout(['serve', '--port', '0', '--allow-host', 'http://rollout.internal:80']);
     assert.equal(bad.code, 2);
-    assert.match(bad.stderr, /--allow-host must be a host name or an IP address, without a scheme or port \(got "http:\/\/rollout\.internal:80"\)/);
+    assert.match(
+      bad.stderr,
+      /--allow-host must be a host name or an IP address, without a scheme or port \(got "http:\/\/rollout\.internal:80"\)/,
+    );
   });
 });

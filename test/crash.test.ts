@@ -10,13 +10,43 @@ const STEPS = 8;
 const BATCH = 4;
 
 /** One attempt of the run; SIGKILLed after `killAfterMs` unless it finishes first. */
-function attempt(runDir: string, killAfterMs: number | null): Promise<{ code: number | null; signal: NodeJS.Signals | null; stderr: string }> {
+function attempt(
+  runDir: string,
+  killAfterMs: number | null,
+): Promise<{ code: number | null; signal: NodeJS.Signals | null; stderr: string }> {
   // A mock slow enough (30 ms a call, 500 tokens/s) that a run takes a few seconds: kills land mid-run.
   const config = join(runDir, '..', `${runDir.split('/').pop()}.json`);
-  writeFileSync(config, JSON.stringify({ mock: { latencyMs: 30, tokensPerSecond: 500, thinkTokens: 10 }, producer: { partialRollout: true, maxStaleness: 1 } }));
+  writeFileSync(
+    config,
+    JSON.stringify({
+      mock: { latencyMs: 30, tokensPerSecond: 500, thinkTokens: 10 },
+      producer: { partialRollout: true, maxStaleness: 1 },
+    }),
+  );
   return new Promise((resolve) => {
-    const args = ['--import', 'tsx', MAIN, 'run', '--config', config, '--run-dir', runDir, '--steps', String(STEPS), '--batch-size', String(BATCH), '--threads', '1', '--strategy', 'async', '--resume'];
-    const child = spawn(process.execPath, args, { env: { ...process.env, LOG_LEVEL: 'warn', LOG_FORMAT: 'json' }, stdio: ['ignore', 'ignore', 'pipe'] });
+    const args = [
+      '--import',
+      'tsx',
+      MAIN,
+      'run',
+      '--config',
+      config,
+      '--run-dir',
+      runDir,
+      '--steps',
+      String(STEPS),
+      '--batch-size',
+      String(BATCH),
+      '--threads',
+      '1',
+      '--strategy',
+      'async',
+      '--resume',
+    ];
+    const child = spawn(process.execPath, args, {
+      env: { ...process.env, LOG_LEVEL: 'warn', LOG_FORMAT: 'json' },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
     let stderr = '';
     child.stderr.on('data', (c) => (stderr += c));
     const timer = killAfterMs === null ? null : setTimeout(() => child.kill('SIGKILL'), killAfterMs);
@@ -55,10 +85,17 @@ describe('crash safety', () => {
     assert.ok(kills >= 3, `only ${kills} attempts were killed before finishing`);
     const path = join(runDir, 'batches.jsonl');
     assert.ok(existsSync(path));
-    const groups = readFileSync(path, 'utf8').trim().split('\n').map((line) => JSON.parse(line) as { trainStep: number; id: string; status: string });
+    const groups = readFileSync(path, 'utf8')
+      .trim()
+      .split('\n')
+      .map((line) => JSON.parse(line) as { trainStep: number; id: string; status: string });
     const perStep = new Map<number, number>();
     for (const g of groups) perStep.set(g.trainStep, (perStep.get(g.trainStep) ?? 0) + 1);
-    assert.deepEqual([...perStep.keys()].sort((a, b) => a - b), Array.from({ length: STEPS }, (_, i) => i + 1), 'every train step, none missing');
+    assert.deepEqual(
+      [...perStep.keys()].sort((a, b) => a - b),
+      Array.from({ length: STEPS }, (_, i) => i + 1),
+      'every train step, none missing',
+    );
     for (const [step, n] of perStep) assert.equal(n, BATCH, `step ${step} has ${n} groups`);
     const ids = groups.map((g) => g.id);
     assert.equal(new Set(ids).size, ids.length, 'no group delivered twice');
@@ -67,10 +104,14 @@ describe('crash safety', () => {
 
   it('SIGTERM stops a run cleanly: groups in flight come back, a checkpoint is written, exit code 0', async () => {
     const runDir = mkdtempSync(join(tmpdir(), 'rollout-term-'));
-    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, 'run', '--run-dir', runDir, '--steps', '1000', '--batch-size', '4', '--threads', '1'], {
-      env: { ...process.env, LOG_LEVEL: 'warn', LOG_FORMAT: 'json' },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
+    const child = spawn(
+      process.execPath,
+      ['--import', 'tsx', MAIN, 'run', '--run-dir', runDir, '--steps', '1000', '--batch-size', '4', '--threads', '1'],
+      {
+        env: { ...process.env, LOG_LEVEL: 'warn', LOG_FORMAT: 'json' },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
+    );
     let stderr = '';
     child.stderr.on('data', (c) => (stderr += c));
     // Wait until it has written a batch, then ask it to stop.
@@ -93,9 +134,25 @@ describe('crash safety', () => {
     const runDir = mkdtempSync(join(tmpdir(), 'rollout-term-noeach-'));
     const config = join(runDir, '..', `${runDir.split('/').pop()}.json`);
     writeFileSync(config, JSON.stringify({ checkpointEachBatch: false }));
-    const args = ['--import', 'tsx', MAIN, 'run', '--config', config, '--run-dir', runDir, '--batch-size', '4', '--threads', '1'];
+    const args = [
+      '--import',
+      'tsx',
+      MAIN,
+      'run',
+      '--config',
+      config,
+      '--run-dir',
+      runDir,
+      '--batch-size',
+      '4',
+      '--threads',
+      '1',
+    ];
     const batches = join(runDir, 'batches.jsonl');
-    const child = spawn(process.execPath, [...args, '--steps', '1000'], { env: { ...process.env, LOG_LEVEL: 'warn', LOG_FORMAT: 'json' }, stdio: ['ignore', 'ignore', 'pipe'] });
+    const child = spawn(process.execPath, [...args, '--steps', '1000'], {
+      env: { ...process.env, LOG_LEVEL: 'warn', LOG_FORMAT: 'json' },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
     let stderr = '';
     child.stderr.on('data', (c) => (stderr += c));
     // Wait until it has written a whole batch, then ask it to stop.
@@ -110,15 +167,29 @@ describe('crash safety', () => {
     child.kill('SIGTERM');
     assert.equal(await new Promise<number | null>((resolve) => child.on('exit', (c) => resolve(c))), 0, stderr);
     assert.ok(existsSync(join(runDir, 'engine.ckpt')), 'the stop wrote a checkpoint');
-    const stoppedAt = Math.max(...readFileSync(batches, 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { trainStep: number }).trainStep));
-    const resumed = spawn(process.execPath, [...args, '--resume', '--steps', String(stoppedAt + 2)], { env: { ...process.env, LOG_LEVEL: 'warn' }, stdio: ['ignore', 'ignore', 'pipe'] });
+    const stoppedAt = Math.max(
+      ...readFileSync(batches, 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => (JSON.parse(l) as { trainStep: number }).trainStep),
+    );
+    const resumed = spawn(process.execPath, [...args, '--resume', '--steps', String(stoppedAt + 2)], {
+      env: { ...process.env, LOG_LEVEL: 'warn' },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
     let resumedErr = '';
     resumed.stderr.on('data', (c) => (resumedErr += c));
     assert.equal(await new Promise<number | null>((resolve) => resumed.on('exit', (c) => resolve(c))), 0, resumedErr);
-    const groups = readFileSync(batches, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { trainStep: number; id: string });
+    const groups = readFileSync(batches, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { trainStep: number; id: string });
     const steps = Array.from({ length: stoppedAt + 2 }, (_, i) => i + 1);
     assert.deepEqual([...new Set(groups.map((g) => g.trainStep))], steps);
-    assert.ok(steps.every((step) => groups.filter((g) => g.trainStep === step).length === 4), 'each step whole, once');
+    assert.ok(
+      steps.every((step) => groups.filter((g) => g.trainStep === step).length === 4),
+      'each step whole, once',
+    );
     assert.equal(new Set(groups.map((g) => g.id)).size, groups.length, 'no group delivered twice');
   });
 });

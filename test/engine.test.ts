@@ -43,14 +43,21 @@ describe('engine against the mock inference server, in real worker threads', () 
   }
 
   it('runs multi-turn guess-number episodes in a worker thread and records every turn with tokens', async () => {
-    const e = engine({ batchSize: 2, workers: { threads: 1 }, tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 3, maxSteps: 10 }] });
+    const e = engine({
+      batchSize: 2,
+      workers: { threads: 1 },
+      tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 3, maxSteps: 10 }],
+    });
     await e.start();
     const batch = await e.getBatch();
     assert.equal(batch.trainStep, 1);
     assert.equal(batch.groups.length, 2);
     const rollouts = batch.groups.flatMap((g) => g.rollouts);
     assert.equal(rollouts.length, 6);
-    assert.ok(rollouts.some((r) => r.turns.length > 1), 'guess-number should take several turns');
+    assert.ok(
+      rollouts.some((r) => r.turns.length > 1),
+      'guess-number should take several turns',
+    );
     for (const r of rollouts) {
       assert.equal(r.status, Status.COMPLETED);
       assert.notEqual(r.workerId, threadId, 'episodes run off the main thread');
@@ -76,7 +83,15 @@ describe('engine against the mock inference server, in real worker threads', () 
       batchSize: 6,
       workers: { threads: 2, groupsPerWorker: 2 },
       producer: { maxFailedGroupsPerStep: 20 },
-      tasks: [{ name: 'faulty', env: { module: FAULTY_ENV, export: 'createEnv' }, dataset: datasetOf(modes), groupSize: 2, maxSteps: 2 }],
+      tasks: [
+        {
+          name: 'faulty',
+          env: { module: FAULTY_ENV, export: 'createEnv' },
+          dataset: datasetOf(modes),
+          groupSize: 2,
+          maxSteps: 2,
+        },
+      ],
     });
     await e.start();
     const first = await e.getBatch();
@@ -87,7 +102,10 @@ describe('engine against the mock inference server, in real worker threads', () 
     }
     const stats = await e.stats();
     assertSettled(stats);
-    assert.ok(stats.groups.dropped.FAILED >= 4, `expected the four faulty prompts to fail, got ${JSON.stringify(stats.groups.dropped)}`);
+    assert.ok(
+      stats.groups.dropped.FAILED >= 4,
+      `expected the four faulty prompts to fail, got ${JSON.stringify(stats.groups.dropped)}`,
+    );
     assert.equal(stats.buffer.dropped.FAILED, stats.groups.dropped.FAILED);
   });
 
@@ -96,7 +114,15 @@ describe('engine against the mock inference server, in real worker threads', () 
       batchSize: 1,
       workers: { threads: 1, groupsPerWorker: 1 },
       producer: { maxFailedGroupsPerStep: 1 },
-      tasks: [{ name: 'faulty', env: { module: FAULTY_ENV }, dataset: datasetOf(['throw', 'exit', 'bad-reply']), groupSize: 1, maxSteps: 1 }],
+      tasks: [
+        {
+          name: 'faulty',
+          env: { module: FAULTY_ENV },
+          dataset: datasetOf(['throw', 'exit', 'bad-reply']),
+          groupSize: 1,
+          maxSteps: 1,
+        },
+      ],
     });
     await e.start();
     await assert.rejects(e.getBatch(), (err: Error & { code?: string }) => {
@@ -121,24 +147,41 @@ describe('engine against the mock inference server, in real worker threads', () 
     for (const step of [1, 2]) {
       const batch = await e.getBatch(step);
       assert.equal(batch.groups.length, 3);
-      assert.ok(batch.groups.every((g) => g.taskName === 'arith'), 'no group of the switched-off task');
+      assert.ok(
+        batch.groups.every((g) => g.taskName === 'arith'),
+        'no group of the switched-off task',
+      );
     }
     assertSettled(await e.stats());
-    assert.throws(() => createEngine({ tasks: [{ name: 'a', env: { module: 'builtin:arithmetic' }, weight: 0 }] }), /tasks\[0\]\.weight: every task has weight 0/);
+    assert.throws(
+      () => createEngine({ tasks: [{ name: 'a', env: { module: 'builtin:arithmetic' }, weight: 0 }] }),
+      /tasks\[0\]\.weight: every task has weight 0/,
+    );
   });
 
   it('fails start() with a clear error, and no hang, when the inference server is unreachable', async () => {
     const e = createEngine({ logLevel: 'silent', llm: { url: 'http://127.0.0.1:9/v1' }, workers: { threads: 1 } });
-    await assert.rejects(e.start(), { code: 'ERR_LLM_UNREACHABLE', message: /http:\/\/127\.0\.0\.1:9\/v1\/models unreachable: ECONNREFUSED/ });
+    await assert.rejects(e.start(), {
+      code: 'ERR_LLM_UNREACHABLE',
+      message: /http:\/\/127\.0\.0\.1:9\/v1\/models unreachable: ECONNREFUSED/,
+    });
     await e.close();
   });
 
   it('waits for a server gone mid-run, then fails the batch with ERR_LLM_OUTAGE once llm.outageBudgetMs is spent', async () => {
     const doomed = await startMockLlm({ port: 0 });
-    const e = engine({ batchSize: 2, llm: { url: doomed.url, retries: 1, retryBackoffMs: 1, outageBudgetMs: 500 }, workers: { threads: 1 }, producer: { maxFailedGroupsPerStep: 2 } });
+    const e = engine({
+      batchSize: 2,
+      llm: { url: doomed.url, retries: 1, retryBackoffMs: 1, outageBudgetMs: 500 },
+      workers: { threads: 1 },
+      producer: { maxFailedGroupsPerStep: 2 },
+    });
     await e.start();
     await doomed.close();
-    await assert.rejects(e.getBatch(), { code: 'ERR_LLM_OUTAGE', message: /llm\.outageBudgetMs = 500 allows; last error: ERR_LLM_UNREACHABLE/ });
+    await assert.rejects(e.getBatch(), {
+      code: 'ERR_LLM_OUTAGE',
+      message: /llm\.outageBudgetMs = 500 allows; last error: ERR_LLM_UNREACHABLE/,
+    });
     const stats = await e.stats();
     assertSettled(stats);
     assert.equal(stats.groups.dropped.FAILED, 0, 'the groups that met the outage wait in the buffer, ABORTED');
@@ -154,7 +197,15 @@ describe('the worker watchdog', () => {
       batchSize: 2,
       workers: { threads: 1, groupsPerWorker: 1, watchdogMs: 300 },
       producer: { maxFailedGroupsPerStep: 5 },
-      tasks: [{ name: 'faulty', env: { module: FAULTY_ENV }, dataset: datasetOf(['ok', 'spin', 'ok', 'ok', 'ok', 'ok']), groupSize: 1, maxSteps: 2 }],
+      tasks: [
+        {
+          name: 'faulty',
+          env: { module: FAULTY_ENV },
+          dataset: datasetOf(['ok', 'spin', 'ok', 'ok', 'ok', 'ok']),
+          groupSize: 1,
+          maxSteps: 2,
+        },
+      ],
     });
     try {
       await e.start();
@@ -162,7 +213,10 @@ describe('the worker watchdog', () => {
       assert.equal(batch.status, 'NORMAL');
       const stats = await e.stats();
       assert.equal(stats.groups.dropped.FAILED, 1);
-      assert.match(stats.buffer.lastDropReason ?? '', /did not answer for 300 ms \(workers\.watchdogMs\) and was terminated by the watchdog/);
+      assert.match(
+        stats.buffer.lastDropReason ?? '',
+        /did not answer for 300 ms \(workers\.watchdogMs\) and was terminated by the watchdog/,
+      );
       assertSettled(stats);
     } finally {
       await e.close();
@@ -186,7 +240,15 @@ describe('sampling seeds across dataset epochs', () => {
       batchSize: 2,
       workers: { threads: 1 },
       llm: { url: server.url, model: 'm', returnTokenIds: false, logprobs: false },
-      tasks: [{ name: 'one', env: { module: 'builtin:arithmetic' }, dataset: datasetOfLines([{ expression: '2 + 3' }]), groupSize: 1, maxSteps: 1 }],
+      tasks: [
+        {
+          name: 'one',
+          env: { module: 'builtin:arithmetic' },
+          dataset: datasetOfLines([{ expression: '2 + 3' }]),
+          groupSize: 1,
+          maxSteps: 1,
+        },
+      ],
     });
     t.after(() => e.close());
     await e.start();
@@ -218,7 +280,15 @@ describe('environment calls that never settle (tasks[].env.timeoutMs)', () => {
         workers: { threads: 1, groupsPerWorker: 2 },
         producer: { maxFailedGroupsPerStep: 5 },
         // One actor per worker: the batch completes only if the hung actor's slot is given back.
-        tasks: [{ name: 'faulty', env: { module: FAULTY_ENV, timeoutMs: 200, poolSize: 1 }, dataset: datasetOf(['hang', 'ok', 'ok', 'ok']), groupSize: 1, maxSteps: 2 }],
+        tasks: [
+          {
+            name: 'faulty',
+            env: { module: FAULTY_ENV, timeoutMs: 200, poolSize: 1 },
+            dataset: datasetOf(['hang', 'ok', 'ok', 'ok']),
+            groupSize: 1,
+            maxSteps: 2,
+          },
+        ],
       },
       { observer: { dropped: (group) => void dropped.push(group) } },
     );
@@ -230,7 +300,10 @@ describe('environment calls that never settle (tasks[].env.timeoutMs)', () => {
       const stats = await e.stats();
       assertSettled(stats);
       assert.equal(stats.groups.dropped.FAILED, 1);
-      assert.match(dropped[0].rollouts[0].error ?? '', /^ERR_ENV_TIMEOUT: task "faulty": environment step\(\) did not settle within 200 ms \(tasks\[\]\.env\.timeoutMs\)/);
+      assert.match(
+        dropped[0].rollouts[0].error ?? '',
+        /^ERR_ENV_TIMEOUT: task "faulty": environment step\(\) did not settle within 200 ms \(tasks\[\]\.env\.timeoutMs\)/,
+      );
     } finally {
       await e.close();
     }
@@ -242,7 +315,15 @@ describe('environment calls that never settle (tasks[].env.timeoutMs)', () => {
       llm: { url: mock.url },
       batchSize: 2,
       workers: { threads: 1 },
-      tasks: [{ name: 'hooked', env: { module: 'builtin:arithmetic', timeoutMs: 100 }, hooks: { module: HANGING_HOOKS }, groupSize: 2, maxSteps: 1 }],
+      tasks: [
+        {
+          name: 'hooked',
+          env: { module: 'builtin:arithmetic', timeoutMs: 100 },
+          hooks: { module: HANGING_HOOKS },
+          groupSize: 2,
+          maxSteps: 1,
+        },
+      ],
     });
     try {
       await e.start();
@@ -266,7 +347,15 @@ describe('environment calls that never settle (tasks[].env.timeoutMs)', () => {
         batchSize: 1,
         workers: { threads: 1 },
         pause: { mode: 'abort', timeoutMs: 200, resignalIntervalMs: 100 },
-        tasks: [{ name: 'faulty', env: { module: FAULTY_ENV }, dataset: datasetOfLines([{ mode: 'hang', marker }]), groupSize: 1, maxSteps: 1 }],
+        tasks: [
+          {
+            name: 'faulty',
+            env: { module: FAULTY_ENV },
+            dataset: datasetOfLines([{ mode: 'hang', marker }]),
+            groupSize: 1,
+            maxSteps: 1,
+          },
+        ],
       },
       { observer: { landed: (group) => void landed.push(group) } },
     );
@@ -280,7 +369,10 @@ describe('environment calls that never settle (tasks[].env.timeoutMs)', () => {
       assert.equal(report.cancelled, true);
       assert.equal(landed.length, 1);
       assert.equal(landed[0].status, Status.ABORTED);
-      assert.match(landed[0].rollouts[0].error ?? '', /^ERR_ENV_CANCELLED: task "faulty": environment step\(\) was still pending/);
+      assert.match(
+        landed[0].rollouts[0].error ?? '',
+        /^ERR_ENV_CANCELLED: task "faulty": environment step\(\) was still pending/,
+      );
       assert.equal((await batch).status, 'UPDATE_WEIGHT_AND_ABORT');
       assertSettled(await e.stats());
     } finally {
@@ -308,7 +400,15 @@ describe('a worker that dies (workers.deathRetries)', () => {
         batchSize: 4,
         workers: { threads: 1, groupsPerWorker: 4 },
         producer: { maxFailedGroupsPerStep: 5 },
-        tasks: [{ name: 'dying', env: { module: DYING_ENV, params: { marker, healthy: 3 } }, dataset: datasetOf(['die', 'ok', 'ok', 'ok', 'ok', 'ok']), groupSize: 1, maxSteps: 200 }],
+        tasks: [
+          {
+            name: 'dying',
+            env: { module: DYING_ENV, params: { marker, healthy: 3 } },
+            dataset: datasetOf(['die', 'ok', 'ok', 'ok', 'ok', 'ok']),
+            groupSize: 1,
+            maxSteps: 200,
+          },
+        ],
       },
       { observer: { dropped: (group) => void dropped.push(group) } },
     );
@@ -322,7 +422,12 @@ describe('a worker that dies (workers.deathRetries)', () => {
       assertSettled(stats);
       assert.equal(stats.groups.dropped.FAILED, 1, 'only the group that killed the worker failed');
       assert.equal(dropped[0].sample.envParams.mode, 'die');
-      assert.match(dropped[0].error ?? '', new RegExp(`exited with code:? ?${DIE_EXIT_CODE}.*rollout \\S+ was in its environment step\\(\\) when the worker died`));
+      assert.match(
+        dropped[0].error ?? '',
+        new RegExp(
+          `exited with code:? ?${DIE_EXIT_CODE}.*rollout \\S+ was in its environment step\\(\\) when the worker died`,
+        ),
+      );
       assert.equal(stats.groups.landed.ABORTED, 3, 'the three healthy groups it held came back ABORTED');
       assert.equal(stats.groups.retried, 3);
       assert.ok(batch.groups.every((g) => g.sample.envParams.mode === 'ok' && g.status === Status.COMPLETED));
@@ -340,7 +445,15 @@ describe('a worker that dies (workers.deathRetries)', () => {
         batchSize: 2,
         workers: { threads: 1, groupsPerWorker: 1, deathRetries: 1 },
         producer: { maxFailedGroupsPerStep: 5 },
-        tasks: [{ name: 'faulty', env: { module: FAULTY_ENV }, dataset: datasetOf(['uncaught', 'ok', 'ok', 'ok']), groupSize: 1, maxSteps: 2 }],
+        tasks: [
+          {
+            name: 'faulty',
+            env: { module: FAULTY_ENV },
+            dataset: datasetOf(['uncaught', 'ok', 'ok', 'ok']),
+            groupSize: 1,
+            maxSteps: 2,
+          },
+        ],
       },
       { observer: { dropped: (group) => void dropped.push(group) } },
     );
@@ -352,7 +465,10 @@ describe('a worker that dies (workers.deathRetries)', () => {
       assertSettled(stats);
       assert.equal(stats.groups.landed.ABORTED, 1, 'sent again once');
       assert.equal(stats.groups.dropped.FAILED, 1);
-      assert.match(dropped[0].error ?? '', /its worker died 2 times while running it, never inside its environment \(workers\.deathRetries = 1\)/);
+      assert.match(
+        dropped[0].error ?? '',
+        /its worker died 2 times while running it, never inside its environment \(workers\.deathRetries = 1\)/,
+      );
     } finally {
       await e.close();
     }

@@ -7,7 +7,14 @@ import { createHttpEnvironments, type HttpEnvironments, type HttpEnvOptions } fr
 import { startEnvServer, type EnvServer, type EnvServerOptions } from '../src/env/server.ts';
 import { createEnv as createGuessNumberEnv } from '../src/env/synthetic/guess-number.ts';
 import type { ChatMessage } from '../src/protocol/rollout.ts';
-import { createProbeEnv, spawnServer, startFlakyProxy, type ChildServer, type FlakyProxy, type ProxyRule } from './fixtures/flaky-env-server.ts';
+import {
+  createProbeEnv,
+  spawnServer,
+  startFlakyProxy,
+  type ChildServer,
+  type FlakyProxy,
+  type ProxyRule,
+} from './fixtures/flaky-env-server.ts';
 
 const MAIN = new URL('../src/cli/main.ts', import.meta.url).pathname;
 const PYTHON_SERVER = new URL('../examples/python_env_server.py', import.meta.url).pathname;
@@ -41,7 +48,10 @@ async function playGuessNumber(envs: HttpEnvironments, seed: number) {
   const reset = await env.reset({ seed, params: {} });
   let lo = Number(reset.info?.min);
   let hi = Number(reset.info?.max);
-  assert.ok(Number.isInteger(lo) && Number.isInteger(hi), `reset info gives the range (got ${JSON.stringify(reset.info)})`);
+  assert.ok(
+    Number.isInteger(lo) && Number.isInteger(hi),
+    `reset info gives the range (got ${JSON.stringify(reset.info)})`,
+  );
   const results = [];
   for (let turn = 1; turn <= 20; turn++) {
     const prompt = (await env.getTaskPrompt()) as ChatMessage[];
@@ -117,14 +127,17 @@ describe('HTTP environments (env-server protocol client)', { timeout: 60_000 }, 
   it('trusts dedupeSteps only on a server whose GET /envs says it deduplicates (regression: any server was trusted, and a retried step could apply twice)', async () => {
     const server = await serve();
     await client([server.url], { dedupeSteps: true }).prewarm(); // rollout env-server says dedupes_steps: true
-    const silent = createHttpServer((_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end('{"envs":["guess-number"]}'));
+    const silent = createHttpServer((_req, res) =>
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{"envs":["guess-number"]}'),
+    );
     await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r));
     cleanups.push(() => new Promise((r) => silent.close(r)));
     const url = `http://127.0.0.1:${(silent.address() as AddressInfo).port}`;
     await client([url]).prewarm();
     await assert.rejects(client([url], { dedupeSteps: true }).prewarm(), {
       code: 'ERR_ENV_HTTP',
-      message: /env\.http\.dedupeSteps is true, but env server .* does not say it deduplicates steps \(its GET \/envs has no "dedupes_steps": true\)/,
+      message:
+        /env\.http\.dedupeSteps is true, but env server .* does not say it deduplicates steps \(its GET \/envs has no "dedupes_steps": true\)/,
     });
   });
 
@@ -134,7 +147,10 @@ describe('HTTP environments (env-server protocol client)', { timeout: 60_000 }, 
     const err = await envError(env.getTaskPrompt()); // never reset: unknown id
     assert.equal(err.code, 'ERR_ENV_HTTP');
     assert.equal(err.status, 404);
-    assert.match(err.message, /GET http:\/\/127\.0\.0\.1:\d+\/guess-number\/.+\/get_task_prompt .* answered 404: unknown env id/);
+    assert.match(
+      err.message,
+      /GET http:\/\/127\.0\.0\.1:\d+\/guess-number\/.+\/get_task_prompt .* answered 404: unknown env id/,
+    );
     assert.equal(server.stats().byRoute.get_task_prompt, 1, 'asked once');
   });
 
@@ -206,7 +222,7 @@ describe('HTTP environments (env-server protocol client)', { timeout: 60_000 }, 
     assert.equal(stats.stepsApplied, 1, 'applied once');
     assert.equal(stats.dedupeHits, 1, 'the retry was answered from the cache');
     const second = await env.step('25');
-    assert.equal(second.info?.turns, 2, 'the next step is the game\'s second turn');
+    assert.equal(second.info?.turns, 2, "the next step is the game's second turn");
   });
 
   it('without dedupeSteps, fails a step whose reply was lost with ERR_ENV_STEP_UNCERTAIN (applied once, never twice)', async () => {
@@ -244,7 +260,10 @@ describe('HTTP environments (env-server protocol client)', { timeout: 60_000 }, 
 
   it('fails a reply that is not JSON, or has the wrong shape, with ERR_ENV_BAD_REPLY naming the field and the value', async () => {
     const server = await serve();
-    const front = await proxy(server.url, [{ status: 200, body: '<html>oops</html>' }, { status: 200, body: '[{"role": "robot", "content": "hi"}]' }]);
+    const front = await proxy(server.url, [
+      { status: 200, body: '<html>oops</html>' },
+      { status: 200, body: '[{"role": "robot", "content": "hi"}]' },
+    ]);
     const env = client([front.url]).create();
     const notJson = await envError(env.getTaskPrompt());
     assert.equal(notJson.code, 'ERR_ENV_BAD_REPLY');
@@ -268,7 +287,10 @@ describe('HTTP environments (env-server protocol client)', { timeout: 60_000 }, 
     assert.deepEqual(await client([a.url, b.url]).listEnvs(), ['guess-number']);
     const err = await envError(client([a.url, b.url], { name: 'probe' }).prewarm());
     assert.equal(err.code, 'ERR_ENV_HTTP');
-    assert.equal(err.message, `env server ${b.url} does not serve environment "probe" (GET /envs lists: "guess-number")`);
+    assert.equal(
+      err.message,
+      `env server ${b.url} does not serve environment "probe" (GET /envs lists: "guess-number")`,
+    );
     const down = await envError(client([`http://127.0.0.1:${await closedPort()}`], { retries: 0 }).prewarm());
     assert.equal(down.code, 'ERR_ENV_UNREACHABLE');
   });
@@ -304,7 +326,11 @@ describe('HTTP environments (env-server protocol client)', { timeout: 60_000 }, 
   });
 
   it('plays a full guess-number episode against `rollout env-server` running builtin:guess-number in another process', async () => {
-    const child: ChildServer = await spawnServer(process.execPath, ['--import', 'tsx', MAIN, 'env-server', '--env', 'builtin:guess-number', '--port', '0'], /env server listening on (http:\/\/\S+) \(envs: guess-number\)/);
+    const child: ChildServer = await spawnServer(
+      process.execPath,
+      ['--import', 'tsx', MAIN, 'env-server', '--env', 'builtin:guess-number', '--port', '0'],
+      /env server listening on (http:\/\/\S+) \(envs: guess-number\)/,
+    );
     cleanups.push(async () => assert.deepEqual(await child.stop(), { code: 0, signal: null }, child.output()));
     const envs = client([child.url]);
     await envs.prewarm();
@@ -319,7 +345,11 @@ describe('HTTP environments (env-server protocol client)', { timeout: 60_000 }, 
   });
 
   it('plays a full guess-number episode against the Python standard-library server', async () => {
-    const child: ChildServer = await spawnServer('python3', [PYTHON_SERVER, '--port', '0'], /listening on (http:\/\/\S+)/);
+    const child: ChildServer = await spawnServer(
+      'python3',
+      [PYTHON_SERVER, '--port', '0'],
+      /listening on (http:\/\/\S+)/,
+    );
     cleanups.push(async () => assert.deepEqual(await child.stop(), { code: 0, signal: null }, child.output()));
     const envs = client([child.url], { name: 'guess-number-py', dedupeSteps: true });
     await envs.prewarm();

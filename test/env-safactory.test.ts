@@ -26,7 +26,9 @@ async function rejection(promise: Promise<unknown>): Promise<Error & { code?: st
   assert.fail('expected the call to fail');
 }
 
-describe('HTTP environments speaking Safactory\'s env protocol (a Node double of its env/app.py)', { timeout: 60_000 }, () => {
+describe("HTTP environments speaking Safactory's env protocol (a Node double of its env/app.py)", {
+  timeout: 60_000,
+}, () => {
   const cleanups: (() => Promise<unknown>)[] = [];
   after(async () => {
     for (const cleanup of cleanups.reverse()) await cleanup();
@@ -59,7 +61,7 @@ describe('HTTP environments speaking Safactory\'s env protocol (a Node double of
     return envs;
   }
 
-  it('starts against a Safactory server whose GET /envs lists no instance yet, or only other clients\' instances, ready and pending', async () => {
+  it("starts against a Safactory server whose GET /envs lists no instance yet, or only other clients' instances, ready and pending", async () => {
     const double = await safactory();
     await client([double.url]).prewarm();
 
@@ -80,28 +82,45 @@ describe('HTTP environments speaking Safactory\'s env protocol (a Node double of
     await pending;
 
     assert.equal(double.instances.length, 2, 'checking the name made no instance');
-    assert.equal(double.refusedEnvParams, 2, 'each start asked the reset route about the name, with an env_param it refuses');
+    assert.equal(
+      double.refusedEnvParams,
+      2,
+      'each start asked the reset route about the name, with an env_param it refuses',
+    );
   });
 
-  it('refuses at start an environment the Safactory server does not serve, quoting the server\'s list', async () => {
+  it("refuses at start an environment the Safactory server does not serve, quoting the server's list", async () => {
     const double = await safactory();
     const err = await rejection(client([double.url], { name: 'no_such_gym' }).prewarm());
     assert.ok(err instanceof EnvError);
     assert.equal(err.code, 'ERR_ENV_HTTP');
     assert.equal(err.status, 400);
-    assert.match(err.message, new RegExp(`^env server ${double.url} does not serve environment "no_such_gym" \\(.*answered 400: Unknown envname 'no_such_gym'\\. Available: \\['counter_gym'\\]\\)$`));
+    assert.match(
+      err.message,
+      new RegExp(
+        `^env server ${double.url} does not serve environment "no_such_gym" \\(.*answered 400: Unknown envname 'no_such_gym'\\. Available: \\['counter_gym'\\]\\)$`,
+      ),
+    );
     assert.equal(double.instances.length, 0);
   });
 
   it('reads a malformed instance list as ERR_ENV_BAD_REPLY naming the entry, the field and the value', async () => {
     const double = await safactory();
-    double.envsReply = { envs: [{ envname: 'counter_gym', id: 'a', state: 'ready' }, { envname: 'counter_gym', id: 7, state: 'ready' }] };
+    double.envsReply = {
+      envs: [
+        { envname: 'counter_gym', id: 'a', state: 'ready' },
+        { envname: 'counter_gym', id: 7, state: 'ready' },
+      ],
+    };
     const err = await rejection(client([double.url]).prewarm());
     assert.equal(err.code, 'ERR_ENV_BAD_REPLY');
     assert.equal(err.message, `GET ${double.url}/envs: envs[1].id must be a string (got 7)`);
     double.envsReply = { envs: [{ envname: 'counter_gym', id: 'a', state: 'ready' }, 'counter_gym'] };
     const mixed = await rejection(client([double.url]).prewarm());
-    assert.equal(mixed.message, `GET ${double.url}/envs: envs[1] must be a Safactory instance {"envname": string, "id": string, "state": string} (got "counter_gym")`);
+    assert.equal(
+      mixed.message,
+      `GET ${double.url}/envs: envs[1] must be a Safactory instance {"envname": string, "id": string, "state": string} (got "counter_gym")`,
+    );
   });
 
   it('sends env_param as {...env.params, dataset: line} with the seed, and the action alone on step', async () => {
@@ -109,16 +128,23 @@ describe('HTTP environments speaking Safactory\'s env protocol (a Node double of
     const envs = client([double.url], { params: { config_path: 'gym.yaml', max_turns: 3 } });
     const env = envs.create();
     const reset = await env.reset({ seed: 42, params: { question: 'q1', turns: 2 } });
-    assert.deepEqual(reset.info, { kwargs: { config_path: 'gym.yaml', max_turns: 3, dataset: { question: 'q1', turns: 2 } } });
+    assert.deepEqual(reset.info, {
+      kwargs: { config_path: 'gym.yaml', max_turns: 3, dataset: { question: 'q1', turns: 2 } },
+    });
     await env.getTaskPrompt();
     const first = await env.step('a');
     const second = await env.step('b');
     assert.deepEqual([first.terminated, second.terminated, second.reward], [false, true, 1]);
     await env.close();
 
-    assert.deepEqual(double.bodies.reset, [{ env_param: { config_path: 'gym.yaml', max_turns: 3, dataset: { question: 'q1', turns: 2 } }, seed: 42 }]);
+    assert.deepEqual(double.bodies.reset, [
+      { env_param: { config_path: 'gym.yaml', max_turns: 3, dataset: { question: 'q1', turns: 2 } }, seed: 42 },
+    ]);
     assert.deepEqual(double.bodies.step, [{ action: 'a' }, { action: 'b' }]);
-    assert.deepEqual(double.instances.map((i) => [i.applied, i.deleted]), [[['a', 'b'], true]]);
+    assert.deepEqual(
+      double.instances.map((i) => [i.applied, i.deleted]),
+      [[['a', 'b'], true]],
+    );
   });
 
   it('sends the dataset line bare, with step indexes, to rollout env-server: auto tells the two apart by GET /envs', async () => {
@@ -130,7 +156,11 @@ describe('HTTP environments speaking Safactory\'s env protocol (a Node double of
     assert.deepEqual(reset.info, { mode: { question: 'q1' } }, 'the probe environment echoes its reset params');
     await env.step('a');
     assert.deepEqual(
-      front.seen.map((s) => [s.method, s.path.replace(/\/[^/]+\/(reset|step)$/, '/…/$1'), s.body === '' ? null : JSON.parse(s.body)]),
+      front.seen.map((s) => [
+        s.method,
+        s.path.replace(/\/[^/]+\/(reset|step)$/, '/…/$1'),
+        s.body === '' ? null : JSON.parse(s.body),
+      ]),
       [
         ['GET', '/envs', null],
         ['POST', '/probe/…/reset', { env_param: { question: 'q1' }, seed: 3 }],
@@ -170,13 +200,28 @@ describe('HTTP environments speaking Safactory\'s env protocol (a Node double of
 
   it('refuses dedupeSteps for a Safactory server, in the config and at start when auto finds one', async () => {
     assert.throws(
-      () => resolveConfig({ tasks: [{ name: 't', env: { http: { urls: ['http://127.0.0.1:9'], name: 'counter_gym', dialect: 'safactory', dedupeSteps: true } } }] }),
+      () =>
+        resolveConfig({
+          tasks: [
+            {
+              name: 't',
+              env: {
+                http: { urls: ['http://127.0.0.1:9'], name: 'counter_gym', dialect: 'safactory', dedupeSteps: true },
+              },
+            },
+          ],
+        }),
       (err: ConfigError) => {
-        assert.deepEqual(err.issues, ['tasks[0].env.http.dedupeSteps: a Safactory server applies every step it receives (its step route takes no step index), so it cannot deduplicate steps (got true)']);
+        assert.deepEqual(err.issues, [
+          'tasks[0].env.http.dedupeSteps: a Safactory server applies every step it receives (its step route takes no step index), so it cannot deduplicate steps (got true)',
+        ]);
         return true;
       },
     );
-    assert.throws(() => client(['http://127.0.0.1:9'], { dialect: 'safactory', dedupeSteps: true }), /http env: dedupeSteps: a Safactory server applies every step it receives/);
+    assert.throws(
+      () => client(['http://127.0.0.1:9'], { dialect: 'safactory', dedupeSteps: true }),
+      /http env: dedupeSteps: a Safactory server applies every step it receives/,
+    );
 
     const double = await safactory();
     const err = await rejection(client([double.url], { dedupeSteps: true }).prewarm());
@@ -192,23 +237,51 @@ describe('HTTP environments speaking Safactory\'s env protocol (a Node double of
 
   it('refuses env.params a rollout env-server would ignore, and a params.dataset Safactory would replace', async () => {
     assert.throws(
-      () => resolveConfig({ tasks: [{ name: 't', env: { http: { urls: ['http://127.0.0.1:9'], name: 'probe', dialect: 'rollout' }, params: { level: 2 } } }] }),
+      () =>
+        resolveConfig({
+          tasks: [
+            {
+              name: 't',
+              env: { http: { urls: ['http://127.0.0.1:9'], name: 'probe', dialect: 'rollout' }, params: { level: 2 } },
+            },
+          ],
+        }),
       (err: ConfigError) => {
-        assert.deepEqual(err.issues, ['tasks[0].env.params: a rollout env-server takes no params from the engine (its environments get theirs from the server: rollout env-server --params) (got {"level":2})']);
+        assert.deepEqual(err.issues, [
+          'tasks[0].env.params: a rollout env-server takes no params from the engine (its environments get theirs from the server: rollout env-server --params) (got {"level":2})',
+        ]);
         return true;
       },
     );
     assert.throws(
-      () => resolveConfig({ tasks: [{ name: 't', env: { http: { urls: ['http://127.0.0.1:9'], name: 'counter_gym', dialect: 'safactory' }, params: { dataset: 'x' } } }] }),
+      () =>
+        resolveConfig({
+          tasks: [
+            {
+              name: 't',
+              env: {
+                http: { urls: ['http://127.0.0.1:9'], name: 'counter_gym', dialect: 'safactory' },
+                params: { dataset: 'x' },
+              },
+            },
+          ],
+        }),
       (err: ConfigError) => {
-        assert.deepEqual(err.issues, ['tasks[0].env.params.dataset: Safactory\'s env_param carries the dataset line under "dataset", which would replace this one (got "x")']);
+        assert.deepEqual(err.issues, [
+          'tasks[0].env.params.dataset: Safactory\'s env_param carries the dataset line under "dataset", which would replace this one (got "x")',
+        ]);
         return true;
       },
     );
     const server = await rolloutServer();
     const err = await rejection(client([server.url], { name: 'probe', params: { level: 2 } }).prewarm());
     assert.ok(err instanceof ConfigError);
-    assert.match(err.issues[0], new RegExp(`^http env: params: env server ${server.url} lists environment names on GET /envs \\(rollout env-server's protocol\\); a rollout env-server takes no params`));
+    assert.match(
+      err.issues[0],
+      new RegExp(
+        `^http env: params: env server ${server.url} lists environment names on GET /envs \\(rollout env-server's protocol\\); a rollout env-server takes no params`,
+      ),
+    );
   });
 
   it('names the dialect a server speaks when the configured one is another, and listEnvs refuses a Safactory server (it lists no names)', async () => {
@@ -217,21 +290,29 @@ describe('HTTP environments speaking Safactory\'s env protocol (a Node double of
     const server = await rolloutServer();
     const wrongForSafactory = await rejection(client([double.url], { dialect: 'rollout' }).prewarm());
     assert.ok(wrongForSafactory instanceof ConfigError);
-    assert.deepEqual(wrongForSafactory.issues, [`http env: dialect: env server ${double.url} lists live instances (Safactory's protocol) on GET /envs, so it does not speak "rollout"; set "safactory" or "auto" (got "rollout")`]);
+    assert.deepEqual(wrongForSafactory.issues, [
+      `http env: dialect: env server ${double.url} lists live instances (Safactory's protocol) on GET /envs, so it does not speak "rollout"; set "safactory" or "auto" (got "rollout")`,
+    ]);
     // A fresh Safactory server lists nothing: with "rollout" configured, that reads as serving nothing.
     const stillEmpty = await rejection(client([(await safactory()).url], { dialect: 'rollout' }).prewarm());
     assert.match(stillEmpty.message, /does not serve environment "counter_gym" \(GET \/envs lists: nothing\)/);
     const wrongForRollout = await rejection(client([server.url], { name: 'probe', dialect: 'safactory' }).prewarm());
     assert.ok(wrongForRollout instanceof ConfigError);
-    assert.match(wrongForRollout.issues[0], /lists environment names \(rollout env-server's protocol\) on GET \/envs, so it does not speak "safactory"; set "rollout" or "auto"/);
+    assert.match(
+      wrongForRollout.issues[0],
+      /lists environment names \(rollout env-server's protocol\) on GET \/envs, so it does not speak "safactory"; set "rollout" or "auto"/,
+    );
 
     const listed = await rejection(client([double.url]).listEnvs());
     assert.equal(listed.code, 'ERR_ENV_HTTP');
-    assert.match(listed.message, /speaks Safactory's protocol: its GET \/envs lists live instances, not the environments it serves/);
+    assert.match(
+      listed.message,
+      /speaks Safactory's protocol: its GET \/envs lists live instances, not the environments it serves/,
+    );
     assert.deepEqual(await client([server.url], { name: 'probe' }).listEnvs(), ['probe']);
   });
 
-  it('the engine starts against the Safactory double and produces a batch, every reset carrying the task\'s env.params', async () => {
+  it("the engine starts against the Safactory double and produces a batch, every reset carrying the task's env.params", async () => {
     const double = await safactory();
     const mock = await startMockLlm({ port: 0, seed: 1 });
     cleanups.push(() => mock.close());
@@ -240,7 +321,14 @@ describe('HTTP environments speaking Safactory\'s env protocol (a Node double of
       llm: { url: mock.url },
       batchSize: 2,
       workers: { threads: 1 },
-      tasks: [{ name: 'remote', env: { http: { urls: [double.url], name: 'counter_gym' }, params: { max_turns: 4 } }, groupSize: 2, maxSteps: 6 }],
+      tasks: [
+        {
+          name: 'remote',
+          env: { http: { urls: [double.url], name: 'counter_gym' }, params: { max_turns: 4 } },
+          groupSize: 2,
+          maxSteps: 6,
+        },
+      ],
     });
     cleanups.unshift(() => engine.close());
     await engine.start();

@@ -1,6 +1,5 @@
 import { CLI_MAIN, rollout } from './support/cli.ts';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { after, before, describe, it } from 'node:test';
 import { resolveEnvModuleSpec } from '../src/cli/env-specs.ts';
 import { startEnvServer, type EnvServer } from '../src/env/server.ts';
@@ -33,7 +32,6 @@ async function call(url: string, method: string, path: string, body?: unknown, r
   return { status: response.status, type: response.headers.get('content-type') ?? '', text, json };
 }
 
-
 describe('env server (in-process)', { timeout: 30_000 }, () => {
   let server: EnvServer;
   let url: string;
@@ -64,11 +62,17 @@ describe('env server (in-process)', { timeout: 30_000 }, () => {
     ] as const) {
       const answer = await call(url, method, path, body);
       assert.equal(answer.status, 404, `${method} ${path}`);
-      assert.match((answer.json as { error: string }).error, /unknown env id "nobody" for guess-number \(reset it first\)/);
+      assert.match(
+        (answer.json as { error: string }).error,
+        /unknown env id "nobody" for guess-number \(reset it first\)/,
+      );
     }
     const noEnv = await call(url, 'POST', '/chess/a/reset', { env_param: {} });
     assert.equal(noEnv.status, 404);
-    assert.match((noEnv.json as { error: string }).error, /unknown environment "chess" \(serving: guess-number, probe\)/);
+    assert.match(
+      (noEnv.json as { error: string }).error,
+      /unknown environment "chess" \(serving: guess-number, probe\)/,
+    );
     const deleted = await call(url, 'DELETE', '/guess-number/nobody');
     assert.equal(deleted.status, 200);
   });
@@ -82,7 +86,10 @@ describe('env server (in-process)', { timeout: 30_000 }, () => {
     assert.match((notJson.json as { error: string }).error, /request body is not JSON/);
     const huge = await call(url, 'POST', '/guess-number/r1/reset', { env_param: { pad: 'x'.repeat(5_000) } });
     assert.equal(huge.status, 413);
-    assert.match((huge.json as { error: string }).error, /request body is \d+ bytes, over the limit of 4096 bytes \(maxBodyBytes, --max-body-bytes\)/);
+    assert.match(
+      (huge.json as { error: string }).error,
+      /request body is \d+ bytes, over the limit of 4096 bytes \(maxBodyBytes, --max-body-bytes\)/,
+    );
     // None of them created the id.
     assert.equal((await call(url, 'GET', '/guess-number/r1/health')).status, 404);
   });
@@ -98,15 +105,28 @@ describe('env server (in-process)', { timeout: 30_000 }, () => {
   it('plays the protocol: reset, get_task_prompt, step, is_done, describe, render, delete', async () => {
     const reset = await call(url, 'POST', '/guess-number/g1/reset', { env_param: { target: 3 }, seed: 9 });
     assert.equal(reset.status, 200);
-    assert.deepEqual((reset.json as { info: unknown }).info, { min: 1, max: 100, maxTurns: 5 }, 'factory params from the server apply');
+    assert.deepEqual(
+      (reset.json as { info: unknown }).info,
+      { min: 1, max: 100, maxTurns: 5 },
+      'factory params from the server apply',
+    );
     const prompt = await call(url, 'GET', '/guess-number/g1/get_task_prompt');
     assert.equal((prompt.json as { role: string }[]).at(-1)!.role, 'user');
     const step = await call(url, 'POST', '/guess-number/g1/step', { action: '3', step: 1 });
     assert.deepEqual((step.json as { terminated: boolean; reward: number }).terminated, true);
     assert.deepEqual((await call(url, 'GET', '/guess-number/g1/is_done')).json, { done: true });
-    assert.deepEqual((await call(url, 'GET', '/guess-number/g1/describe')).json, { env: 'guess-number', id: 'g1', steps: 1, done: true });
+    assert.deepEqual((await call(url, 'GET', '/guess-number/g1/describe')).json, {
+      env: 'guess-number',
+      id: 'g1',
+      steps: 1,
+      done: true,
+    });
     assert.match((await call(url, 'GET', '/guess-number/g1/render')).text, /Correct!/);
-    assert.deepEqual((await call(url, 'GET', '/guess-number/g1/health')).json, { ok: true, env: 'guess-number', id: 'g1' });
+    assert.deepEqual((await call(url, 'GET', '/guess-number/g1/health')).json, {
+      ok: true,
+      env: 'guess-number',
+      id: 'g1',
+    });
     assert.deepEqual((await call(url, 'DELETE', '/guess-number/g1')).json, { deleted: true });
     assert.equal((await call(url, 'GET', '/guess-number/g1/get_task_prompt')).status, 404, 'gone after DELETE');
   });
@@ -116,16 +136,24 @@ describe('env server (in-process)', { timeout: 30_000 }, () => {
     await call(url, 'POST', '/probe/s2/reset', { env_param: { slowTicks: 5 }, seed: 0 });
     probeCalls.maxActive = 0;
     probeCalls.order.length = 0;
-    const same = await Promise.all(Array.from({ length: 6 }, (_, i) => call(url, 'POST', '/probe/s1/step', { action: `a${i}` })));
+    const same = await Promise.all(
+      Array.from({ length: 6 }, (_, i) => call(url, 'POST', '/probe/s1/step', { action: `a${i}` })),
+    );
     assert.equal(probeCalls.maxActive, 1, 'one id never sees two calls at once');
     const turns = same.map((a) => (a.json as { info: { turns: number; action: string } }).info);
     // Each reply's turn number is the position at which the server applied it: a permutation of 1..6,
     // consistent with the order the environment saw the actions.
-    assert.deepEqual(turns.map((t) => t.turns).sort((x, y) => x - y), [1, 2, 3, 4, 5, 6]);
+    assert.deepEqual(
+      turns.map((t) => t.turns).sort((x, y) => x - y),
+      [1, 2, 3, 4, 5, 6],
+    );
     for (const t of turns) assert.equal(probeCalls.order[t.turns - 1], t.action);
 
     probeCalls.maxActive = 0;
-    await Promise.all([call(url, 'POST', '/probe/s1/step', { action: 'x' }), call(url, 'POST', '/probe/s2/step', { action: 'y' })]);
+    await Promise.all([
+      call(url, 'POST', '/probe/s1/step', { action: 'x' }),
+      call(url, 'POST', '/probe/s2/step', { action: 'y' }),
+    ]);
     assert.equal(probeCalls.maxActive, 2, 'two ids run concurrently');
   });
 
@@ -141,7 +169,10 @@ describe('env server (in-process)', { timeout: 30_000 }, () => {
     assert.equal(after.dedupeHits - before.dedupeHits, 1);
     const skipped = await call(url, 'POST', '/guess-number/d1/step', { action: '30', step: 3 });
     assert.equal(skipped.status, 409);
-    assert.match((skipped.json as { error: string }).error, /step index 3 out of order .* 1 step\(s\) applied since reset, so the next is 2/);
+    assert.match(
+      (skipped.json as { error: string }).error,
+      /step index 3 out of order .* 1 step\(s\) applied since reset, so the next is 2/,
+    );
     const bad = await call(url, 'POST', '/guess-number/d1/step', { action: 30 });
     assert.equal(bad.status, 400);
     assert.match((bad.json as { error: string }).error, /action must be a string.*\(got 30\)/);
@@ -158,7 +189,11 @@ describe('env server (in-process)', { timeout: 30_000 }, () => {
     server.setFaults({ failRate: 0, dropReplyRate: 1 });
     await assert.rejects(call(url, 'POST', '/guess-number/f1/step', { action: '50', step: 1 }));
     server.setFaults({ dropReplyRate: 0 });
-    assert.deepEqual((await call(url, 'GET', '/guess-number/f1/describe')).json, { env: 'guess-number', id: 'f1', steps: 1, done: false }, 'the 500 applied nothing, the dropped reply applied the step');
+    assert.deepEqual(
+      (await call(url, 'GET', '/guess-number/f1/describe')).json,
+      { env: 'guess-number', id: 'f1', steps: 1, done: false },
+      'the 500 applied nothing, the dropped reply applied the step',
+    );
     assert.throws(() => server.setFaults({ failRate: 2 }), /failRate must be a number in \[0, 1\] \(got 2\)/);
   });
 
@@ -175,8 +210,14 @@ describe('env server (in-process)', { timeout: 30_000 }, () => {
     assert.match(builtin.moduleUrl, /src\/env\/synthetic\/arithmetic\.ts$/);
     const custom = resolveEnvModuleSpec('faulty=test/fixtures/faulty-env.ts#createEnv');
     assert.deepEqual([custom.name, custom.exportName], ['faulty', 'createEnv']);
-    assert.throws(() => resolveEnvModuleSpec('x=./nowhere.ts'), /--env "x=\.\/nowhere\.ts": module file does not exist/);
-    assert.throws(() => resolveEnvModuleSpec('builtin:chess'), /unknown built-in environment \(expected one of builtin:guess-number, builtin:arithmetic\)/);
+    assert.throws(
+      () => resolveEnvModuleSpec('x=./nowhere.ts'),
+      /--env "x=\.\/nowhere\.ts": module file does not exist/,
+    );
+    assert.throws(
+      () => resolveEnvModuleSpec('builtin:chess'),
+      /unknown built-in environment \(expected one of builtin:guess-number, builtin:arithmetic\)/,
+    );
   });
 });
 
@@ -199,11 +240,27 @@ describe('`rollout env-server` command', { timeout: 60_000 }, () => {
   it('serves builtins and a module from another process, with per-environment params, and stops with exit 0 on SIGTERM', async () => {
     const child = await spawnServer(
       process.execPath,
-      ['--import', 'tsx', MAIN, 'env-server', '--env', 'builtin:guess-number', '--env', 'faulty=test/fixtures/faulty-env.ts#createEnv', '--params', 'guess-number={"max": 10}', '--port', '0'],
+      [
+        '--import',
+        'tsx',
+        MAIN,
+        'env-server',
+        '--env',
+        'builtin:guess-number',
+        '--env',
+        'faulty=test/fixtures/faulty-env.ts#createEnv',
+        '--params',
+        'guess-number={"max": 10}',
+        '--port',
+        '0',
+      ],
       /env server listening on (http:\/\/\S+) \(envs: guess-number, faulty\)/,
     );
     try {
-      assert.deepEqual((await call(child.url, 'GET', '/envs')).json, { envs: ['guess-number', 'faulty'], dedupes_steps: true });
+      assert.deepEqual((await call(child.url, 'GET', '/envs')).json, {
+        envs: ['guess-number', 'faulty'],
+        dedupes_steps: true,
+      });
       const reset = await call(child.url, 'POST', '/guess-number/c1/reset', { env_param: {}, seed: 3 });
       assert.deepEqual((reset.json as { info: unknown }).info, { min: 1, max: 10, maxTurns: 8 });
       await call(child.url, 'POST', '/faulty/c2/reset', { env_param: { mode: 'throw' } });

@@ -66,7 +66,15 @@ describe('episodes with several endpoints, several agents and hooks', () => {
     assert.equal(batch.status, 'NORMAL');
     for (const r of batch.groups.flatMap((g) => g.rollouts)) {
       assert.equal(r.status, Status.COMPLETED);
-      assert.deepEqual(r.turns.map((t) => [t.step, t.agentId]), [[1, 'alice'], [1, 'bob'], [2, 'alice'], [2, 'bob']]);
+      assert.deepEqual(
+        r.turns.map((t) => [t.step, t.agentId]),
+        [
+          [1, 'alice'],
+          [1, 'bob'],
+          [2, 'alice'],
+          [2, 'bob'],
+        ],
+      );
       for (const t of r.turns) assert.equal(t.modelStep, t.agentId === 'alice' ? 100 : 200);
       assert.ok(r.agentRewards !== null);
       const sum = (agent: string) => r.turns.filter((t) => t.agentId === agent).reduce((s, t) => s + t.reward, 0);
@@ -82,7 +90,15 @@ describe('episodes with several endpoints, several agents and hooks', () => {
       llm: { url: serverA.url },
       batchSize: 2,
       workers: { threads: 1 },
-      tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, hooks: { module: fixture('hooks.ts') }, groupSize: 2, maxSteps: 8 }],
+      tasks: [
+        {
+          name: 'guess',
+          env: { module: 'builtin:guess-number' },
+          hooks: { module: fixture('hooks.ts') },
+          groupSize: 2,
+          maxSteps: 8,
+        },
+      ],
     });
     await e.start();
     const batch = await e.getBatch();
@@ -90,10 +106,18 @@ describe('episodes with several endpoints, several agents and hooks', () => {
     for (const r of rollouts) {
       assert.equal(r.status, Status.COMPLETED);
       assert.match(r.turns[0].messages[0].content, /\[hooked\]$/);
-      if (r.turns.length > 1) assert.doesNotMatch(r.turns[1].messages[0].content, /\[hooked\]/, 'the throwing hook on step 2 left the prompt as it was');
+      if (r.turns.length > 1)
+        assert.doesNotMatch(
+          r.turns[1].messages[0].content,
+          /\[hooked\]/,
+          'the throwing hook on step 2 left the prompt as it was',
+        );
     }
     await e.close();
-    const ends = readFileSync(log, 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    const ends = readFileSync(log, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
     assert.deepEqual(ends.map((x) => x.rolloutId).sort(), rollouts.map((r) => r.id).sort());
     for (const end of ends) {
       const r = rollouts.find((x) => x.id === end.rolloutId)!;
@@ -110,7 +134,12 @@ describe('episode slots (workers.rolloutsPerWorker)', () => {
    * have arrived — which only happens if rollout 0's slot went to another group's rollout. Records the
    * most calls open at once and the groups seen calling while another group's calls were open.
    */
-  async function slotServer(): Promise<{ url: string; close(): Promise<void>; peak: () => number; overlapped: () => boolean }> {
+  async function slotServer(): Promise<{
+    url: string;
+    close(): Promise<void>;
+    peak: () => number;
+    overlapped: () => boolean;
+  }> {
     let open = 0;
     let peak = 0;
     let overlapped = false;
@@ -120,7 +149,8 @@ describe('episode slots (workers.rolloutsPerWorker)', () => {
     const secondGroup = new Promise<void>((r) => (releaseHeld = r));
     const server = createServer((req, res) => {
       req.resume();
-      if (req.method === 'GET') return void res.writeHead(200, { 'content-type': 'application/json' }).end('{"data":[{"id":"m"}]}');
+      if (req.method === 'GET')
+        return void res.writeHead(200, { 'content-type': 'application/json' }).end('{"data":[{"id":"m"}]}');
       const session = decodeURIComponent(/\/sessions\/([^/]+)\//.exec(req.url ?? '')![1]);
       const group = session.slice(0, session.lastIndexOf('/'));
       const index = Number(session.slice(session.lastIndexOf('/') + 1));
@@ -135,7 +165,9 @@ describe('episode slots (workers.rolloutsPerWorker)', () => {
         const left = openGroups.get(group)! - 1;
         if (left === 0) openGroups.delete(group);
         else openGroups.set(group, left);
-        res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ choices: [{ message: { content: '50' }, finish_reason: finish }] }));
+        res
+          .writeHead(200, { 'content-type': 'application/json' })
+          .end(JSON.stringify({ choices: [{ message: { content: '50' }, finish_reason: finish }] }));
       };
       if (index === 0) answer('length');
       else void secondGroup.then(() => answer('stop'));
@@ -152,7 +184,14 @@ describe('episode slots (workers.rolloutsPerWorker)', () => {
     const s = await slotServer();
     const e = createEngine({
       logLevel: 'silent',
-      llm: { url: s.url, model: 'm', sessionPath: '/sessions/{session}', returnTokenIds: false, logprobs: false, retries: 0 },
+      llm: {
+        url: s.url,
+        model: 'm',
+        sessionPath: '/sessions/{session}',
+        returnTokenIds: false,
+        logprobs: false,
+        retries: 0,
+      },
       batchSize: 3,
       workers: { threads: 1, groupsPerWorker: 2, rolloutsPerWorker: 4 },
       tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 4, maxSteps: 2 }],
@@ -181,13 +220,24 @@ describe('what episodes are given (regression)', () => {
       llm: { url: mock.url },
       batchSize: 2,
       workers: { threads: 1 },
-      tasks: [{ name: 'marks', env: { module: fixture('params-counting-env.ts'), export: 'createEnv', params: { resets: [] } }, groupSize: 4, maxSteps: 1 }],
+      tasks: [
+        {
+          name: 'marks',
+          env: { module: fixture('params-counting-env.ts'), export: 'createEnv', params: { resets: [] } },
+          groupSize: 4,
+          maxSteps: 1,
+        },
+      ],
     });
     try {
       await e.start();
       const batch = await e.getBatch();
       assert.equal(batch.status, 'NORMAL');
-      for (const g of batch.groups) assert.deepEqual(g.rollouts.map((r) => r.reward), [1, 1, 1, 1]);
+      for (const g of batch.groups)
+        assert.deepEqual(
+          g.rollouts.map((r) => r.reward),
+          [1, 1, 1, 1],
+        );
     } finally {
       await e.close();
       await mock.close();

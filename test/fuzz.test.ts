@@ -32,9 +32,39 @@ const params = (numRuns = RUNS): fc.Parameters<unknown> => ({ seed: SEED, numRun
 
 /** Values that sit on the edges validators get wrong: signs, non-integers, huge, empty, wrong types. */
 const EDGE_VALUES: unknown[] = [
-  -1, 0, 1, 2, 0.5, -0, 1e21, 2 ** 31, 2 ** 53, Number.MAX_SAFE_INTEGER + 2, NaN, Infinity, -Infinity,
-  '', ' ', '0', 'x', '\u0000', 'builtin:nope', 'http://', 'ftp://host', 'file:///etc/passwd', 'http://127.0.0.1:1/v1',
-  null, undefined, true, false, [], [1], {}, { a: 1 }, [null], 10n,
+  -1,
+  0,
+  1,
+  2,
+  0.5,
+  -0,
+  1e21,
+  2 ** 31,
+  2 ** 53,
+  Number.MAX_SAFE_INTEGER + 2,
+  NaN,
+  Infinity,
+  -Infinity,
+  '',
+  ' ',
+  '0',
+  'x',
+  '\u0000',
+  'builtin:nope',
+  'http://',
+  'ftp://host',
+  'file:///etc/passwd',
+  'http://127.0.0.1:1/v1',
+  null,
+  undefined,
+  true,
+  false,
+  [],
+  [1],
+  {},
+  { a: 1 },
+  [null],
+  10n,
 ];
 const edge = fc.constantFrom(...EDGE_VALUES);
 /**
@@ -91,13 +121,45 @@ const VALID_CONFIG = {
   batchSize: 4,
   modelStep: 0,
   tasks: [
-    { name: 'local', env: { module: 'builtin:arithmetic', params: { terms: 2 } }, groupSize: 2, weight: 1, maxSteps: 1, messageCut: 3, maxTokens: 64, temperature: 1 },
-    { name: 'remote', env: { http: { urls: ['http://127.0.0.1:9000'], name: 'guess-number', timeoutMs: 1000, dedupeSteps: true }, poolSize: 4 }, groupSize: 4 },
+    {
+      name: 'local',
+      env: { module: 'builtin:arithmetic', params: { terms: 2 } },
+      groupSize: 2,
+      weight: 1,
+      maxSteps: 1,
+      messageCut: 3,
+      maxTokens: 64,
+      temperature: 1,
+    },
+    {
+      name: 'remote',
+      env: {
+        http: { urls: ['http://127.0.0.1:9000'], name: 'guess-number', timeoutMs: 1000, dedupeSteps: true },
+        poolSize: 4,
+      },
+      groupSize: 4,
+    },
   ],
-  llm: { url: ['http://127.0.0.1:8000/v1'], model: 'm', timeoutMs: 1000, retries: 2, retryBackoffMs: 5, sessionPath: '/s/{session}', policies: { judge: { model: 'j', maxTokens: 8 } } },
+  llm: {
+    url: ['http://127.0.0.1:8000/v1'],
+    model: 'm',
+    timeoutMs: 1000,
+    retries: 2,
+    retryBackoffMs: 5,
+    sessionPath: '/s/{session}',
+    policies: { judge: { model: 'j', maxTokens: 8 } },
+  },
   mock: { latencyMs: 0, mistakeRate: 0.3 },
   workers: { threads: 2, groupsPerWorker: 8 },
-  producer: { strategy: 'async', overSampleThreshold: 0.25, partialRollout: true, maxStaleness: 1, syncWeightsInterval: 2, tailBatchTriggerSize: -1, filter: 'drop-equal-rewards' },
+  producer: {
+    strategy: 'async',
+    overSampleThreshold: 0.25,
+    partialRollout: true,
+    maxStaleness: 1,
+    syncWeightsInterval: 2,
+    tailBatchTriggerSize: -1,
+    filter: 'drop-equal-rewards',
+  },
   pause: { mode: 'drain', resignalIntervalMs: 100, timeoutMs: 1000 },
   gateway: { backend: 'sglang', sessionTtlMs: 1000 },
   runDir: null,
@@ -108,17 +170,26 @@ const VALID_CONFIG = {
 function pathsOf(value: unknown, prefix: (string | number)[] = []): (string | number)[][] {
   const out: (string | number)[][] = [prefix];
   if (Array.isArray(value)) value.forEach((v, i) => out.push(...pathsOf(v, [...prefix, i])));
-  else if (typeof value === 'object' && value !== null) for (const [k, v] of Object.entries(value)) out.push(...pathsOf(v, [...prefix, k]));
+  else if (typeof value === 'object' && value !== null)
+    for (const [k, v] of Object.entries(value)) out.push(...pathsOf(v, [...prefix, k]));
   return out;
 }
 const CONFIG_PATHS = pathsOf(VALID_CONFIG).filter((p) => p.length > 0);
 
-type Mutation = { kind: 'set'; path: (string | number)[]; value: unknown } | { kind: 'delete'; path: (string | number)[] } | { kind: 'extra'; path: (string | number)[]; key: string; value: unknown };
+type Mutation =
+  | { kind: 'set'; path: (string | number)[]; value: unknown }
+  | { kind: 'delete'; path: (string | number)[] }
+  | { kind: 'extra'; path: (string | number)[]; key: string; value: unknown };
 
 const mutation: fc.Arbitrary<Mutation> = fc.oneof(
   fc.record({ kind: fc.constant('set' as const), path: fc.constantFrom(...CONFIG_PATHS), value: anyValue }),
   fc.record({ kind: fc.constant('delete' as const), path: fc.constantFrom(...CONFIG_PATHS) }),
-  fc.record({ kind: fc.constant('extra' as const), path: fc.constantFrom([], ...CONFIG_PATHS), key: fc.oneof(fc.constantFrom('__proto__', 'constructor', 'toString', 'batchsize', ''), fc.string()), value: anyValue }),
+  fc.record({
+    kind: fc.constant('extra' as const),
+    path: fc.constantFrom([], ...CONFIG_PATHS),
+    key: fc.oneof(fc.constantFrom('__proto__', 'constructor', 'toString', 'batchsize', ''), fc.string()),
+    value: anyValue,
+  }),
 );
 
 function mutate(base: unknown, mutations: Mutation[]): unknown {
@@ -155,7 +226,10 @@ function checkResolve(input: unknown, baseDir: string): void {
   } catch (err) {
     error = err;
   }
-  assert.ok(error instanceof ConfigError, `resolveConfig threw ${(error as Error)?.name}: ${(error as Error)?.message}`);
+  assert.ok(
+    error instanceof ConfigError,
+    `resolveConfig threw ${(error as Error)?.name}: ${(error as Error)?.message}`,
+  );
   assert.equal(error.code, 'ERR_INVALID_CONFIG');
   assert.ok(error.issues.length > 0, 'a ConfigError names at least one problem');
   for (const issue of error.issues) {
@@ -185,14 +259,11 @@ describe('fuzz: resolveConfig', () => {
     );
   });
 
-  it(
-    'refuses a tasks array carrying an own `constructor` property with a ConfigError',
-    () => {
-      // Never from a JSON file; a library caller can build it.
-      const tasks = Object.assign([{ name: 'a', env: { module: 'builtin:arithmetic' } }], { constructor: -1 });
-      assert.throws(() => resolveConfig({ seed: 'x', tasks }, { baseDir }), ConfigError);
-    },
-  );
+  it('refuses a tasks array carrying an own `constructor` property with a ConfigError', () => {
+    // Never from a JSON file; a library caller can build it.
+    const tasks = Object.assign([{ name: 'a', env: { module: 'builtin:arithmetic' } }], { constructor: -1 });
+    assert.throws(() => resolveConfig({ seed: 'x', tasks }, { baseDir }), ConfigError);
+  });
 
   it('answers any value at all, and any object of the top-level fields, with a config or a ConfigError', () => {
     const topLevel = fc.dictionary(fc.constantFrom(...TOP_LEVEL_KEYS), anyValue, { maxKeys: 5 });
@@ -214,7 +285,20 @@ const VALID_REPLY = {
   object: 'chat.completion',
   model: 'm',
   prompt_token_ids: [1, 2, 3],
-  choices: [{ index: 0, message: { role: 'assistant', content: '42' }, finish_reason: 'stop', token_ids: [19, 17], logprobs: { content: [{ token: '4', logprob: -0.1 }, { token: '2', logprob: -0.2 }] } }],
+  choices: [
+    {
+      index: 0,
+      message: { role: 'assistant', content: '42' },
+      finish_reason: 'stop',
+      token_ids: [19, 17],
+      logprobs: {
+        content: [
+          { token: '4', logprob: -0.1 },
+          { token: '2', logprob: -0.2 },
+        ],
+      },
+    },
+  ],
   usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 },
   metadata: { weight_version: 2 },
 };
@@ -224,7 +308,8 @@ const replyMutation: fc.Arbitrary<Mutation> = fc.oneof(
   fc.record({ kind: fc.constant('delete' as const), path: fc.constantFrom(...REPLY_PATHS) }),
 );
 /** The fields parseChatReply reads: its errors name one of them. */
-const REPLY_FIELD = /^inference reply: (reply|choices(\[0\](\.message(\.content)?|\.finish_reason|\.token_ids(\[\d+\])?|\.prompt_token_ids(\[\d+\])?|\.logprobs\.content(\[\d+\]\.(logprob|id))?)?)?|prompt_token_ids(\[\d+\])?|metadata\.weight_version) must be .* \(got [^]*\)$|^choices\[0\]\.logprobs\.content has \d+ entries but choices\[0\]\.token_ids has \d+$/;
+const REPLY_FIELD =
+  /^inference reply: (reply|choices(\[0\](\.message(\.content)?|\.finish_reason|\.token_ids(\[\d+\])?|\.prompt_token_ids(\[\d+\])?|\.logprobs\.content(\[\d+\]\.(logprob|id))?)?)?|prompt_token_ids(\[\d+\])?|metadata\.weight_version) must be .* \(got [^]*\)$|^choices\[0\]\.logprobs\.content has \d+ entries but choices\[0\]\.token_ids has \d+$/;
 
 describe('fuzz: inference replies (parseChatReply)', () => {
   it('parses the reference reply', () => {
@@ -246,7 +331,10 @@ describe('fuzz: inference replies (parseChatReply)', () => {
         try {
           result = parseChatReply(body);
         } catch (err) {
-          assert.ok(err instanceof LlmError, `parseChatReply threw ${(err as Error)?.name}: ${(err as Error)?.message}`);
+          assert.ok(
+            err instanceof LlmError,
+            `parseChatReply threw ${(err as Error)?.name}: ${(err as Error)?.message}`,
+          );
           assert.equal(err.code, 'ERR_LLM_BAD_REPLY');
           assert.match(err.message, REPLY_FIELD);
           return;
@@ -257,7 +345,8 @@ describe('fuzz: inference replies (parseChatReply)', () => {
         assert.ok(result.responseIds === null || result.responseIds instanceof Int32Array);
         assert.ok(result.promptIds === null || result.promptIds instanceof Int32Array);
         assert.ok(result.logprobs === null || result.logprobs instanceof Float32Array);
-        if (result.responseIds !== null && result.logprobs !== null) assert.equal(result.responseIds.length, result.logprobs.length);
+        if (result.responseIds !== null && result.logprobs !== null)
+          assert.equal(result.responseIds.length, result.logprobs.length);
         assert.ok(result.weightVersion === null || typeof result.weightVersion === 'string');
       }),
       params(),
@@ -267,12 +356,22 @@ describe('fuzz: inference replies (parseChatReply)', () => {
 
 // ── environment replies ────────────────────────────────────────────────────────────────────────────
 
-const message = fc.record({ role: fc.oneof(fc.constantFrom('system', 'user', 'assistant', 'tool'), anyValue), content: fc.oneof(fc.string(), anyValue) }, { requiredKeys: [] });
+const message = fc.record(
+  {
+    role: fc.oneof(fc.constantFrom('system', 'user', 'assistant', 'tool'), anyValue),
+    content: fc.oneof(fc.string(), anyValue),
+  },
+  { requiredKeys: [] },
+);
 const stepReply = fc.oneof(
   fc.record(
     {
       observation: anyValue,
-      reward: fc.oneof(fc.double(), fc.dictionary(fc.string(), fc.oneof(fc.double(), anyValue), { maxKeys: 3 }), anyValue),
+      reward: fc.oneof(
+        fc.double(),
+        fc.dictionary(fc.string(), fc.oneof(fc.double(), anyValue), { maxKeys: 3 }),
+        anyValue,
+      ),
       terminated: fc.oneof(fc.boolean(), anyValue),
       truncated: fc.oneof(fc.boolean(), anyValue),
       info: fc.oneof(fc.dictionary(fc.string(), anyValue, { maxKeys: 3 }), anyValue),
@@ -281,7 +380,11 @@ const stepReply = fc.oneof(
   ),
   anyValue,
 );
-const prompts = fc.oneof(fc.array(fc.oneof(message, anyValue), { maxLength: 4 }), fc.dictionary(fc.string(), fc.oneof(fc.array(message, { maxLength: 3 }), anyValue), { maxKeys: 3 }), anyValue);
+const prompts = fc.oneof(
+  fc.array(fc.oneof(message, anyValue), { maxLength: 4 }),
+  fc.dictionary(fc.string(), fc.oneof(fc.array(message, { maxLength: 3 }), anyValue), { maxKeys: 3 }),
+  anyValue,
+);
 
 /** Runs `fn`; passes when it returns, or throws an EnvReplyError whose message names `field`. */
 function returnsOrEnvError(fn: () => unknown, field: RegExp): void {
@@ -332,16 +435,13 @@ describe('error messages for values JSON cannot show', () => {
   const value = (): unknown => Object.assign(Object.create(null) as object, { n: 1n });
   // Same failure through a plain object whose own `toString` is not a function.
   const shadowed = (): unknown => ({ toString: false, n: 1n });
-  it(
-    'formats any value in an error message, so each validator still throws its own named error',
-    () => {
-      assert.throws(() => resolveConfig({ tasks: value() }), ConfigError);
-      assert.throws(() => parseChatReply({ choices: value() }), LlmError);
-      assert.throws(() => checkStepResult({ reward: [value()] }), EnvReplyError);
-      assert.throws(() => checkTaskPrompt(value()), EnvReplyError);
-      assert.throws(() => resolveConfig({ seed: shadowed() }), ConfigError);
-    },
-  );
+  it('formats any value in an error message, so each validator still throws its own named error', () => {
+    assert.throws(() => resolveConfig({ tasks: value() }), ConfigError);
+    assert.throws(() => parseChatReply({ choices: value() }), LlmError);
+    assert.throws(() => checkStepResult({ reward: [value()] }), EnvReplyError);
+    assert.throws(() => checkTaskPrompt(value()), EnvReplyError);
+    assert.throws(() => resolveConfig({ seed: shadowed() }), ConfigError);
+  });
 });
 
 // ── msgpack from peers ─────────────────────────────────────────────────────────────────────────────
@@ -357,7 +457,9 @@ const GROUP_MESSAGE: WireMessage = {
     status: 'COMPLETED',
     error: null,
     sample: { promptIndex: 0, drawIndex: 0, seed: 1, envParams: {} },
-    rollouts: [{ id: 't/0/0', turns: [{ responseIds: new Int32Array([1, 2]), logprobs: new Float32Array([-0.1, -0.2]) }] }],
+    rollouts: [
+      { id: 't/0/0', turns: [{ responseIds: new Int32Array([1, 2]), logprobs: new Float32Array([-0.1, -0.2]) }] },
+    ],
   } as never,
 };
 const VALID_BYTES = encodeMessage(GROUP_MESSAGE);
@@ -365,18 +467,31 @@ const VALID_BYTES = encodeMessage(GROUP_MESSAGE);
 /** Byte strings: random, valid messages bit-flipped or cut short, and msgpack of random values. */
 const peerBytes = fc.oneof(
   fc.uint8Array({ maxLength: 96 }),
-  fc.tuple(fc.array(fc.tuple(fc.nat(), fc.integer({ min: 1, max: 255 })), { minLength: 1, maxLength: 6 }), fc.option(fc.nat())).map(([flips, cut]) => {
-    const bytes = VALID_BYTES.slice();
-    for (const [at, xor] of flips) bytes[at % bytes.length] ^= xor;
-    return cut === null ? bytes : bytes.subarray(0, cut % bytes.length);
-  }),
-  fc.record({ v: fc.oneof(fc.constant(PROTOCOL_VERSION), anyValue), type: fc.oneof(fc.constantFrom('run-group', 'group-result'), anyValue) }, { requiredKeys: [] }).map((v) => {
-    try {
-      return encodeForPeer(v);
-    } catch {
-      return new Uint8Array([0xc1]); // a value msgpack cannot encode: fall back to the never-used byte
-    }
-  }),
+  fc
+    .tuple(
+      fc.array(fc.tuple(fc.nat(), fc.integer({ min: 1, max: 255 })), { minLength: 1, maxLength: 6 }),
+      fc.option(fc.nat()),
+    )
+    .map(([flips, cut]) => {
+      const bytes = VALID_BYTES.slice();
+      for (const [at, xor] of flips) bytes[at % bytes.length] ^= xor;
+      return cut === null ? bytes : bytes.subarray(0, cut % bytes.length);
+    }),
+  fc
+    .record(
+      {
+        v: fc.oneof(fc.constant(PROTOCOL_VERSION), anyValue),
+        type: fc.oneof(fc.constantFrom('run-group', 'group-result'), anyValue),
+      },
+      { requiredKeys: [] },
+    )
+    .map((v) => {
+      try {
+        return encodeForPeer(v);
+      } catch {
+        return new Uint8Array([0xc1]); // a value msgpack cannot encode: fall back to the never-used byte
+      }
+    }),
 );
 
 /** msgpack whose `v` or `type` decodes to a BigInt (an int64 field): the known decodeMessage finding below. */
@@ -411,14 +526,11 @@ describe('fuzz: msgpack from peers', () => {
     );
   });
 
-  it(
-    'refuses an envelope whose version is an int64 with a ProtocolError',
-    () => {
-      // {"v": int64 1}: what a msgpack library that always writes 64-bit ints sends.
-      const bytes = Uint8Array.from([0x81, 0xa1, 0x76, 0xd3, 0, 0, 0, 0, 0, 0, 0, 1]);
-      assert.throws(() => decodeMessage(bytes), ProtocolError);
-    },
-  );
+  it('refuses an envelope whose version is an int64 with a ProtocolError', () => {
+    // {"v": int64 1}: what a msgpack library that always writes 64-bit ints sends.
+    const bytes = Uint8Array.from([0x81, 0xa1, 0x76, 0xd3, 0, 0, 0, 0, 0, 0, 0, 1]);
+    assert.throws(() => decodeMessage(bytes), ProtocolError);
+  });
 
   it('decodeFromPeer returns a value or throws ProtocolError, for random and corrupted bytes', () => {
     fc.assert(
@@ -438,7 +550,16 @@ describe('fuzz: msgpack from peers', () => {
 // ── control API bodies ─────────────────────────────────────────────────────────────────────────────
 
 /** Codes the control API documents; anything else (a 500, a code from fs or zod) is a finding. */
-const STABLE_CODES = new Set(['ERR_BAD_BODY', 'ERR_BODY_TOO_LARGE', 'ERR_ENGINE_STATE', 'ERR_INVALID_ARGUMENT', 'ERR_CHECKPOINT', 'ERR_RATE_LIMITED', 'ERR_UNSUPPORTED_MEDIA_TYPE', 'ERR_TRAIN_STEP']);
+const STABLE_CODES = new Set([
+  'ERR_BAD_BODY',
+  'ERR_BODY_TOO_LARGE',
+  'ERR_ENGINE_STATE',
+  'ERR_INVALID_ARGUMENT',
+  'ERR_CHECKPOINT',
+  'ERR_RATE_LIMITED',
+  'ERR_UNSUPPORTED_MEDIA_TYPE',
+  'ERR_TRAIN_STEP',
+]);
 const ROUTES = ['/batch', '/resume', '/checkpoint'] as const;
 type Route = (typeof ROUTES)[number];
 
@@ -455,13 +576,21 @@ interface Probe {
 function knownFinding(probe: Probe): boolean {
   let body: unknown;
   try {
-    body = probe.contentType === 'application/msgpack' ? decodeFromPeer(probe.body) : JSON.parse(Buffer.from(probe.body).toString('utf8'));
+    body =
+      probe.contentType === 'application/msgpack'
+        ? decodeFromPeer(probe.body)
+        : JSON.parse(Buffer.from(probe.body).toString('utf8'));
   } catch {
     return false;
   }
   if (probe.contentType === 'application/msgpack' && containsBigInt(body)) return true;
   const modelStep = (body as { modelStep?: unknown } | null)?.modelStep;
-  return probe.route === '/resume' && typeof modelStep === 'number' && Number.isInteger(modelStep) && !Number.isSafeInteger(modelStep);
+  return (
+    probe.route === '/resume' &&
+    typeof modelStep === 'number' &&
+    Number.isInteger(modelStep) &&
+    !Number.isSafeInteger(modelStep)
+  );
 }
 
 describe('fuzz: control API bodies against a running engine', () => {
@@ -504,7 +633,14 @@ describe('fuzz: control API bodies against a running engine', () => {
   }
 
   const post = (route: Route, value: unknown, contentType = 'application/json') =>
-    send({ route, contentType, body: contentType === 'application/msgpack' ? encodeForPeer(value) : new Uint8Array(Buffer.from(JSON.stringify(value))) });
+    send({
+      route,
+      contentType,
+      body:
+        contentType === 'application/msgpack'
+          ? encodeForPeer(value)
+          : new Uint8Array(Buffer.from(JSON.stringify(value))),
+    });
 
   /** A JSON error with a documented code and a 4xx, or a 200 whose body fits the route. */
   function checkAnswer(probe: Probe, answer: { status: number; text: string; type: string }): void {
@@ -512,7 +648,12 @@ describe('fuzz: control API bodies against a running engine', () => {
     assert.match(answer.type, /^application\/json/, where);
     const json = JSON.parse(answer.text) as Record<string, any>;
     if (answer.status === 200) {
-      if (probe.route === '/batch') assert.ok(['NORMAL', 'EXPIRED_BATCH', 'UPDATE_WEIGHT_AND_ABORT'].includes(json.status) && Number.isInteger(json.trainStep), where);
+      if (probe.route === '/batch')
+        assert.ok(
+          ['NORMAL', 'EXPIRED_BATCH', 'UPDATE_WEIGHT_AND_ABORT'].includes(json.status) &&
+            Number.isInteger(json.trainStep),
+          where,
+        );
       if (probe.route === '/resume') assert.ok(json.resumed === true && Number.isInteger(json.modelStep), where);
       if (probe.route === '/checkpoint') assert.ok(typeof json.path === 'string' && json.bytes > 0, where);
       return;
@@ -525,19 +666,47 @@ describe('fuzz: control API bodies against a running engine', () => {
   const utf8 = (text: string) => new Uint8Array(Buffer.from(text, 'utf8'));
   /** Field values as JSON text, so 1e999 (Infinity), 1.0, "2" and 2^53 + 1 all reach the server. */
   const numberText = fc.oneof(
-    fc.constantFrom('1', '2', '0', '-1', '1.0', '1.5', '1e0', '1e999', '-1e999', '2147483647', '9007199254740993', '1e21', '"2"', 'true', 'null', '[]', '{}', '[1]', '0x10', '01'),
+    fc.constantFrom(
+      '1',
+      '2',
+      '0',
+      '-1',
+      '1.0',
+      '1.5',
+      '1e0',
+      '1e999',
+      '-1e999',
+      '2147483647',
+      '9007199254740993',
+      '1e21',
+      '"2"',
+      'true',
+      'null',
+      '[]',
+      '{}',
+      '[1]',
+      '0x10',
+      '01',
+    ),
     fc.integer({ min: -5, max: 1_000_000 }).map(String),
     fc.jsonValue({ maxDepth: 1 }).map((v) => JSON.stringify(v)),
   );
   // Checkpoint names in the run dir (the scratch directory), always writable; '' and absolute paths are refused.
-  const safePath = fc.oneof(
-    fc.constantFrom('', 'ck.ckpt', join(dir, 'ck.ckpt')),
-    fc.string({ minLength: 1, maxLength: 12 }).map((name) => `p-${name.replace(/[/\\\0.]/g, '_')}.ckpt`),
-  ).map((p) => JSON.stringify(p));
+  const safePath = fc
+    .oneof(
+      fc.constantFrom('', 'ck.ckpt', join(dir, 'ck.ckpt')),
+      fc.string({ minLength: 1, maxLength: 12 }).map((name) => `p-${name.replace(/[/\\\0.]/g, '_')}.ckpt`),
+    )
+    .map((p) => JSON.stringify(p));
   const fieldBody = fc.oneof(
     fc.tuple(fc.constantFrom('trainStep', 'modelStep'), numberText).map(([k, v]) => `{"${k}": ${v}}`),
     fc.oneof(safePath, numberText).map((v) => `{"path": ${v}}`),
-    fc.constantFrom('{}', '{"trainStep": 1, "trainStep": "x"}', '{"__proto__": {"modelStep": 1}}', '{"constructor": {"prototype": {"path": "x"}}}'),
+    fc.constantFrom(
+      '{}',
+      '{"trainStep": 1, "trainStep": "x"}',
+      '{"__proto__": {"modelStep": 1}}',
+      '{"constructor": {"prototype": {"path": "x"}}}',
+    ),
   );
   const jsonText = fc.oneof(
     fieldBody,
@@ -546,21 +715,40 @@ describe('fuzz: control API bodies against a running engine', () => {
     fc.constantFrom('', ' ', 'null', '[]', '"x"', '{', '{"trainStep":', '\uFEFF{}', '{"trainStep": 1}garbage'),
   );
   const probe: fc.Arbitrary<Probe> = fc.oneof(
-    { weight: 5, arbitrary: fc.record({ route: fc.constantFrom(...ROUTES), contentType: fc.constantFrom('application/json', null, 'text/plain', 'application/json; charset=latin1'), body: jsonText.map(utf8) }) },
-    { weight: 2, arbitrary: fc.record({ route: fc.constantFrom(...ROUTES), contentType: fc.constantFrom('application/msgpack', 'application/json', null), body: fc.uint8Array({ maxLength: 64 }) }) },
+    {
+      weight: 5,
+      arbitrary: fc.record({
+        route: fc.constantFrom(...ROUTES),
+        contentType: fc.constantFrom('application/json', null, 'text/plain', 'application/json; charset=latin1'),
+        body: jsonText.map(utf8),
+      }),
+    },
+    {
+      weight: 2,
+      arbitrary: fc.record({
+        route: fc.constantFrom(...ROUTES),
+        contentType: fc.constantFrom('application/msgpack', 'application/json', null),
+        body: fc.uint8Array({ maxLength: 64 }),
+      }),
+    },
     {
       weight: 2,
       arbitrary: fc.record({
         route: fc.constantFrom(...ROUTES),
         contentType: fc.constant('application/msgpack'),
         // Structured msgpack: trainStep / modelStep values of every type, and random documents.
-        body: fc.oneof(fc.dictionary(fc.constantFrom('trainStep', 'modelStep'), anyValue, { maxKeys: 2 }), fc.jsonValue({ maxDepth: 2 })).map((v) => {
-          try {
-            return encodeForPeer(v);
-          } catch {
-            return new Uint8Array([0xc1]); // msgpack cannot encode it: send the never-used byte instead
-          }
-        }),
+        body: fc
+          .oneof(
+            fc.dictionary(fc.constantFrom('trainStep', 'modelStep'), anyValue, { maxKeys: 2 }),
+            fc.jsonValue({ maxDepth: 2 }),
+          )
+          .map((v) => {
+            try {
+              return encodeForPeer(v);
+            } catch {
+              return new Uint8Array([0xc1]); // msgpack cannot encode it: send the never-used byte instead
+            }
+          }),
       }),
     },
   );
@@ -590,49 +778,49 @@ describe('fuzz: control API bodies against a running engine', () => {
     }
   });
 
-  it(
-    'answers an int64 in a msgpack body like the same number in JSON, not with a 500',
-    async () => {
-      for (const [route, body] of [['/batch', { trainStep: 5n }], ['/resume', { modelStep: 2n ** 40n }]] as const) {
-        const answer = await post(route, body, 'application/msgpack');
-        assert.ok(answer.status < 500, `${route}: ${answer.status} ${answer.text}`);
-      }
-    },
-  );
+  it('answers an int64 in a msgpack body like the same number in JSON, not with a 500', async () => {
+    for (const [route, body] of [
+      ['/batch', { trainStep: 5n }],
+      ['/resume', { modelStep: 2n ** 40n }],
+    ] as const) {
+      const answer = await post(route, body, 'application/msgpack');
+      assert.ok(answer.status < 500, `${route}: ${answer.status} ${answer.text}`);
+    }
+  });
 
-  it(
-    'answers a checkpoint path it cannot write with a 4xx and a documented code, leaving no temporary file',
-    async () => {
-      const leftover = join(dir, `taken.ckpt.tmp-${process.pid}`);
-      mkdirSync(join(dir, 'taken.ckpt'), { recursive: true }); // a directory where the file would go
-      try {
-        for (const path of [join(dir, 'missing', 'engine.ckpt'), 'taken.ckpt', 'a\0b.ckpt']) {
-          const answer = await post('/checkpoint', { path });
-          const json = JSON.parse(answer.text);
-          assert.ok(answer.status >= 400 && answer.status < 500 && STABLE_CODES.has(json.error?.code), `${JSON.stringify(path)} → ${answer.status} ${answer.text}`);
-        }
-        assert.equal(existsSync(leftover), false, `left ${leftover} behind`);
-      } finally {
-        rmSync(leftover, { force: true });
+  it('answers a checkpoint path it cannot write with a 4xx and a documented code, leaving no temporary file', async () => {
+    const leftover = join(dir, `taken.ckpt.tmp-${process.pid}`);
+    mkdirSync(join(dir, 'taken.ckpt'), { recursive: true }); // a directory where the file would go
+    try {
+      for (const path of [join(dir, 'missing', 'engine.ckpt'), 'taken.ckpt', 'a\0b.ckpt']) {
+        const answer = await post('/checkpoint', { path });
+        const json = JSON.parse(answer.text);
+        assert.ok(
+          answer.status >= 400 && answer.status < 500 && STABLE_CODES.has(json.error?.code),
+          `${JSON.stringify(path)} → ${answer.status} ${answer.text}`,
+        );
       }
-    },
-  );
+      assert.equal(existsSync(leftover), false, `left ${leftover} behind`);
+    } finally {
+      rmSync(leftover, { force: true });
+    }
+  });
 
   it('refuses a model step beyond int32 with 400 (steps are stored as int32 per token) and leaves the engine as it was', async () => {
     const before = (await engine.stats()).modelStep;
     const answer = await post('/resume', { modelStep: 2 ** 31 });
     assert.equal(answer.status, 400, answer.text);
-    assert.match(JSON.parse(answer.text).error.message, /modelStep must be an integer in \[0, 2147483647\] \(got 2147483648\)/);
+    assert.match(
+      JSON.parse(answer.text).error.message,
+      /modelStep must be an integer in \[0, 2147483647\] \(got 2147483648\)/,
+    );
     assert.equal((await engine.stats()).modelStep, before);
   });
 
-  it(
-    'refuses a model step beyond 2^53 with 400 and leaves the engine as it was',
-    async () => {
-      const before = (await engine.stats()).modelStep;
-      const answer = await post('/resume', { modelStep: 1e21 });
-      assert.equal(answer.status, 400, answer.text);
-      assert.equal((await engine.stats()).modelStep, before);
-    },
-  );
+  it('refuses a model step beyond 2^53 with 400 and leaves the engine as it was', async () => {
+    const before = (await engine.stats()).modelStep;
+    const answer = await post('/resume', { modelStep: 1e21 });
+    assert.equal(answer.status, 400, answer.text);
+    assert.equal((await engine.stats()).modelStep, before);
+  });
 });

@@ -115,22 +115,39 @@ describe('gateway against an SGLang-shaped backend', () => {
     assert.equal(backend.paths[0], '/generate');
     const full = model.encode(model.render(messages, { addGenerationPrompt: true }));
     assert.deepEqual(sent.input_ids, full);
-    assert.deepEqual(sent.sampling_params, { max_new_tokens: 32, no_stop_trim: true, temperature: 0.5, sampling_seed: 3, stop: ['###'] });
+    assert.deepEqual(sent.sampling_params, {
+      max_new_tokens: 32,
+      no_stop_trim: true,
+      temperature: 0.5,
+      sampling_seed: 3,
+      stop: ['###'],
+    });
     assert.equal(sent.return_logprob, true);
     assert.equal(reply.choices[0].message.content, 'Hello there!');
     assert.equal(reply.choices[0].finish_reason, 'stop');
     assert.equal(reply.metadata.weight_version, 7, 'an integer-like SGLang weight_version is the model step');
-    assert.deepEqual(reply.choices[0].logprobs.content.map((e: any) => e.logprob), [-0.01, -0.02, -0.03, -0.04]);
+    assert.deepEqual(
+      reply.choices[0].logprobs.content.map((e: any) => e.logprob),
+      [-0.01, -0.02, -0.03, -0.04],
+    );
 
     // Turn 2: only the new messages are tokenized; the sampled ids are reused as they were.
-    const next = [...messages, { role: 'assistant' as const, content: 'Hello there!' }, { role: 'user' as const, content: 'Again.' }];
+    const next = [
+      ...messages,
+      { role: 'assistant' as const, content: 'Hello there!' },
+      { role: 'user' as const, content: 'Again.' },
+    ];
     backend.replies.push(() => sglangReply([...model.encode('Hi.'), 13], { type: 'length', length: 3 }, 'default'));
     const second = (await openai.chat.completions.create({ model: 'qwen2.5', messages: next, max_tokens: 3 })) as any;
     const prompt2 = backend.bodies[1].input_ids as number[];
     assert.deepEqual(prompt2.slice(0, full.length + 4), [...full, ...model.encode('Hello there!'), EOS]);
     assert.deepEqual(prompt2, model.encode(model.render(next, { addGenerationPrompt: true })));
     assert.equal(second.choices[0].finish_reason, 'length');
-    assert.equal(second.metadata.weight_version, 3, 'SGLang\'s "default" version means none: the gateway\'s model step is used');
+    assert.equal(
+      second.metadata.weight_version,
+      3,
+      'SGLang\'s "default" version means none: the gateway\'s model step is used',
+    );
     const sample = gateway.stitch('sg');
     assert.deepEqual(sample.actionRanges, [
       [full.length, full.length + 4],
@@ -141,11 +158,25 @@ describe('gateway against an SGLang-shaped backend', () => {
   });
 
   it('answers 502 ERR_BACKEND_BAD_REPLY when the logprobs do not cover every output token, leaving the session as it was', async () => {
-    backend.replies.push(() => ({ status: 200, json: { output_ids: [9707, EOS], meta_info: { finish_reason: { type: 'stop' }, output_token_logprobs: [[-0.1, 9707, null]] } } }));
-    const { status, error } = await rejection(openaiClient(gateway.sessionBaseURL('bad')).chat.completions.create({ model: 'qwen2.5', messages: [{ role: 'user', content: 'x' }] }));
+    backend.replies.push(() => ({
+      status: 200,
+      json: {
+        output_ids: [9707, EOS],
+        meta_info: { finish_reason: { type: 'stop' }, output_token_logprobs: [[-0.1, 9707, null]] },
+      },
+    }));
+    const { status, error } = await rejection(
+      openaiClient(gateway.sessionBaseURL('bad')).chat.completions.create({
+        model: 'qwen2.5',
+        messages: [{ role: 'user', content: 'x' }],
+      }),
+    );
     assert.equal(status, 502);
     assert.equal(error.code, 'ERR_BACKEND_BAD_REPLY');
-    assert.match(error.message, /output_token_logprobs must hold one \[logprob, id, text\] per token \(2 tokens, got 1 entries\)/);
+    assert.match(
+      error.message,
+      /output_token_logprobs must hold one \[logprob, id, text\] per token \(2 tokens, got 1 entries\)/,
+    );
     assert.equal(gateway.session('bad'), undefined);
   });
 });
@@ -156,7 +187,10 @@ describe('gateway against a vLLM-shaped backend', () => {
   before(async () => {
     model = await loadChatModel('qwen2.5');
     backend = await scriptedServer();
-    gateway = await startGateway({ backend: { kind: 'vllm', url: `${backend.url}/v1`, model: 'Qwen/Qwen2.5-0.5B-Instruct' }, model: 'policy' });
+    gateway = await startGateway({
+      backend: { kind: 'vllm', url: `${backend.url}/v1`, model: 'Qwen/Qwen2.5-0.5B-Instruct' },
+      model: 'policy',
+    });
   });
   after(async () => {
     await gateway.close();
@@ -169,7 +203,15 @@ describe('gateway against a vLLM-shaped backend', () => {
       json: {
         id: 'cmpl-1',
         object: 'text_completion',
-        choices: [{ index: 0, text: 'ignored', token_ids: ids, finish_reason: finish, logprobs: { tokens: [], token_logprobs: ids.map(() => -0.5), top_logprobs: null } }],
+        choices: [
+          {
+            index: 0,
+            text: 'ignored',
+            token_ids: ids,
+            finish_reason: finish,
+            logprobs: { tokens: [], token_logprobs: ids.map(() => -0.5), top_logprobs: null },
+          },
+        ],
         ...(weightVersion !== undefined ? { metadata: { weight_version: weightVersion } } : {}),
       },
     });
@@ -177,13 +219,28 @@ describe('gateway against a vLLM-shaped backend', () => {
 
   it('sends the prompt as token ids with logprobs and return_token_ids to /v1/completions', async () => {
     backend.replies.push(vllmReply([...model.encode('OK.'), EOS], 'stop', 12));
-    const reply = (await openaiClient(gateway.baseURL).chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'Ready?' }], max_tokens: 8, seed: 42, session_id: 'v' } as never)) as any;
+    const reply = (await openaiClient(gateway.baseURL).chat.completions.create({
+      model: 'policy',
+      messages: [{ role: 'user', content: 'Ready?' }],
+      max_tokens: 8,
+      seed: 42,
+      session_id: 'v',
+    } as never)) as any;
     const sent = backend.bodies.at(-1)!;
     assert.equal(backend.paths.at(-1), '/v1/completions');
     assert.equal(sent.model, 'Qwen/Qwen2.5-0.5B-Instruct');
-    assert.deepEqual(sent.prompt, model.encode(model.render([{ role: 'user', content: 'Ready?' }], { addGenerationPrompt: true })));
     assert.deepEqual(
-      { max_tokens: sent.max_tokens, logprobs: sent.logprobs, return_token_ids: sent.return_token_ids, seed: sent.seed, include_stop_str_in_output: sent.include_stop_str_in_output },
+      sent.prompt,
+      model.encode(model.render([{ role: 'user', content: 'Ready?' }], { addGenerationPrompt: true })),
+    );
+    assert.deepEqual(
+      {
+        max_tokens: sent.max_tokens,
+        logprobs: sent.logprobs,
+        return_token_ids: sent.return_token_ids,
+        seed: sent.seed,
+        include_stop_str_in_output: sent.include_stop_str_in_output,
+      },
       { max_tokens: 8, logprobs: 1, return_token_ids: true, seed: 42, include_stop_str_in_output: true },
     );
     assert.equal(reply.model, 'policy');
@@ -198,7 +255,11 @@ describe('gateway against a vLLM-shaped backend', () => {
     assert.notDeepEqual(pieces, model.encode('Hello'));
     backend.replies.push(vllmReply([...pieces, EOS]));
     const openai = openaiClient(gateway.sessionBaseURL('split'));
-    const first = (await openai.chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'Say hello.' }], return_token_ids: true } as never)) as any;
+    const first = (await openai.chat.completions.create({
+      model: 'policy',
+      messages: [{ role: 'user', content: 'Say hello.' }],
+      return_token_ids: true,
+    } as never)) as any;
     assert.equal(first.choices[0].message.content, 'Hello');
     backend.replies.push(vllmReply([...model.encode('Bye.'), EOS]));
     const messages = [
@@ -206,33 +267,69 @@ describe('gateway against a vLLM-shaped backend', () => {
       { role: 'assistant', content: 'Hello' },
       { role: 'user', content: 'Now bye.' },
     ];
-    const second = (await openai.chat.completions.create({ model: 'policy', messages, return_token_ids: true } as never)) as any;
+    const second = (await openai.chat.completions.create({
+      model: 'policy',
+      messages,
+      return_token_ids: true,
+    } as never)) as any;
     const held = second.prompt_token_ids as number[];
     const at = first.prompt_token_ids.length;
-    assert.deepEqual(held.slice(at, at + pieces.length + 1), [...pieces, EOS], 'the sampled pieces are in the next prompt');
-    assert.notDeepEqual(held, model.encode(model.render(messages as never, { addGenerationPrompt: true })), 'a full re-tokenization would have changed them');
+    assert.deepEqual(
+      held.slice(at, at + pieces.length + 1),
+      [...pieces, EOS],
+      'the sampled pieces are in the next prompt',
+    );
+    assert.notDeepEqual(
+      held,
+      model.encode(model.render(messages as never, { addGenerationPrompt: true })),
+      'a full re-tokenization would have changed them',
+    );
     const sample = gateway.stitch('split');
     assert.deepEqual(Array.from(sample.observationTokens.subarray(...sample.actionRanges[0])), [...pieces, EOS]);
   });
 
   it('passes a backend 4xx on with its message, and rejects ids outside the vocabulary as a bad reply', async () => {
-    backend.replies.push(() => ({ status: 400, json: { object: 'error', message: "This model's maximum context length is 32768 tokens.", type: 'BadRequestError', code: 400 } }));
-    const tooLong = await rejection(openaiClient(gateway.baseURL).chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'x' }] }));
+    backend.replies.push(() => ({
+      status: 400,
+      json: {
+        object: 'error',
+        message: "This model's maximum context length is 32768 tokens.",
+        type: 'BadRequestError',
+        code: 400,
+      },
+    }));
+    const tooLong = await rejection(
+      openaiClient(gateway.baseURL).chat.completions.create({
+        model: 'policy',
+        messages: [{ role: 'user', content: 'x' }],
+      }),
+    );
     assert.equal(tooLong.status, 400);
     assert.equal(tooLong.error.code, 'ERR_BACKEND_HTTP');
     assert.match(tooLong.error.message, /answered 400: This model's maximum context length is 32768 tokens\./);
 
     backend.replies.push(vllmReply([9707, 999_999]));
-    const foreign = await rejection(openaiClient(gateway.baseURL).chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'x' }] }));
+    const foreign = await rejection(
+      openaiClient(gateway.baseURL).chat.completions.create({
+        model: 'policy',
+        messages: [{ role: 'user', content: 'x' }],
+      }),
+    );
     assert.equal(foreign.status, 502);
     assert.equal(foreign.error.code, 'ERR_BACKEND_BAD_REPLY');
-    assert.match(foreign.error.message, /token id 999999 \(completion position 1\), which is not in the qwen2\.5 vocabulary/);
+    assert.match(
+      foreign.error.message,
+      /token id 999999 \(completion position 1\), which is not in the qwen2\.5 vocabulary/,
+    );
   });
 
   it('cancels the backend request when the agent hangs up', async () => {
     backend.replies.push(() => 'hang');
     const controller = new AbortController();
-    const call = openaiClient(gateway.sessionBaseURL('gone')).chat.completions.create({ model: 'policy', messages: [{ role: 'user', content: 'x' }] }, { signal: controller.signal });
+    const call = openaiClient(gateway.sessionBaseURL('gone')).chat.completions.create(
+      { model: 'policy', messages: [{ role: 'user', content: 'x' }] },
+      { signal: controller.signal },
+    );
     call.catch(() => {});
     await backend.held;
     controller.abort();

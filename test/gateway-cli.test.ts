@@ -8,12 +8,20 @@ import { request } from 'undici';
 
 const MAIN = CLI_MAIN;
 
-
 describe('rollout gateway command', () => {
   it('prints its options with --help and is listed in the main help', async () => {
     const help = await rollout(['gateway', '--help']);
     assert.equal(help.code, 0, help.stderr);
-    for (const flag of ['--backend-url', '--backend <kind>', '--port', '--model', '--max-context', '--session-ttl-ms', '--tokenizer', '--embedded-mock']) {
+    for (const flag of [
+      '--backend-url',
+      '--backend <kind>',
+      '--port',
+      '--model',
+      '--max-context',
+      '--session-ttl-ms',
+      '--tokenizer',
+      '--embedded-mock',
+    ]) {
       assert.ok(help.stdout.includes(flag), `--help mentions ${flag}`);
     }
     const main = await rollout(['help']);
@@ -33,14 +41,27 @@ describe('rollout gateway command', () => {
   });
 
   it('serves an OpenAI client from a real process with an embedded mock backend and stops on SIGTERM', async () => {
-    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, 'gateway', '--embedded-mock', '--port', '0', '--model', 'toy']);
+    const child = spawn(process.execPath, [
+      '--import',
+      'tsx',
+      MAIN,
+      'gateway',
+      '--embedded-mock',
+      '--port',
+      '0',
+      '--model',
+      'toy',
+    ]);
     let stderr = '';
     child.stderr.on('data', (c) => (stderr += c));
     const exited = new Promise<number | null>((resolve) => child.on('close', resolve));
     try {
       const url = await listeningUrl(child, 'gateway', () => stderr);
       const openai = new OpenAI({ baseURL: `${url}/v1/sessions/cli`, apiKey: 'unused', maxRetries: 0 });
-      const reply = await openai.chat.completions.create({ model: 'toy', messages: [{ role: 'user', content: 'Compute 2 + 3. Answer with the number only.' }] });
+      const reply = await openai.chat.completions.create({
+        model: 'toy',
+        messages: [{ role: 'user', content: 'Compute 2 + 3. Answer with the number only.' }],
+      });
       assert.match(reply.choices[0].message.content ?? '', /\d/);
       assert.equal(reply.model, 'toy');
       const stitched = await request(`${url}/v1/sessions/cli/stitch`, { method: 'POST', body: '{"reward":1}' });

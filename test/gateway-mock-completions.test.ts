@@ -12,7 +12,11 @@ import type { MockLlm, MockLlmOptions } from '../src/testing/mock-llm/server.ts'
 import { promptTokenIds } from '../src/testing/mock-llm/tokens.ts';
 
 async function post(mock: MockLlm, path: string, body: unknown): Promise<{ status: number; json: any }> {
-  const res = await request(`${mock.url}${path}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const res = await request(`${mock.url}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
   return { status: res.statusCode, json: await res.body.json() };
 }
 
@@ -56,7 +60,11 @@ describe('mock /v1/completions with token-id prompts', () => {
     assert.equal(choice.logprobs.token_logprobs.length, choice.token_ids.length);
     assert.ok(choice.logprobs.token_logprobs.every((lp: number) => lp < 0));
     assert.equal(tokenIn.object, 'text_completion');
-    assert.deepEqual(tokenIn.usage, { prompt_tokens: prompt.length, completion_tokens: choice.token_ids.length, total_tokens: prompt.length + choice.token_ids.length });
+    assert.deepEqual(tokenIn.usage, {
+      prompt_tokens: prompt.length,
+      completion_tokens: choice.token_ids.length,
+      total_tokens: prompt.length + choice.token_ids.length,
+    });
     assert.deepEqual(tokenIn.metadata, { weight_version: 0 });
   });
 
@@ -93,9 +101,18 @@ describe('mock /v1/completions with token-id prompts', () => {
   it('continues an open assistant message at the end of the prompt exactly where the uninterrupted completion would be', async () => {
     const mock = await start({ tokenizer: 'qwen2.5', thinkTokens: 12 });
     const prompt = qwen.encode(qwen.render(GUESS, { addGenerationPrompt: true }));
-    const whole = (await completion(mock, { prompt, seed: 3, max_tokens: 100, logprobs: 1, return_token_ids: true })).choices[0];
+    const whole = (await completion(mock, { prompt, seed: 3, max_tokens: 100, logprobs: 1, return_token_ids: true }))
+      .choices[0];
     const head = whole.token_ids.slice(0, 6);
-    const rest = (await completion(mock, { prompt: [...prompt, ...head], seed: 3, max_tokens: 100, logprobs: 1, return_token_ids: true })).choices[0];
+    const rest = (
+      await completion(mock, {
+        prompt: [...prompt, ...head],
+        seed: 3,
+        max_tokens: 100,
+        logprobs: 1,
+        return_token_ids: true,
+      })
+    ).choices[0];
     assert.deepEqual([...head, ...rest.token_ids], whole.token_ids);
     assert.deepEqual(rest.logprobs.token_logprobs, whole.logprobs.token_logprobs.slice(6), 'logprobs continue too');
   });
@@ -128,6 +145,9 @@ describe('mock /v1/completions with token-id prompts', () => {
       assert.equal(json.error.param, param);
       assert.match(json.error.message, message);
     }
-    await assert.rejects(startMockLlm({ tokenizer: 'llama' as never }), /mock-llm: option tokenizer must be one of cl100k, qwen2\.5 \(got "llama"\)/);
+    await assert.rejects(
+      startMockLlm({ tokenizer: 'llama' as never }),
+      /mock-llm: option tokenizer must be one of cl100k, qwen2\.5 \(got "llama"\)/,
+    );
   });
 });

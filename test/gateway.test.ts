@@ -18,14 +18,22 @@ import { rejection } from './support/openai-errors.ts';
 
 type Message = ChatCompletionMessageParam;
 /** vLLM-style extras the gateway returns when asked. */
-type Traced = ChatCompletion & { prompt_token_ids: number[]; session_id: string; metadata: { weight_version: number; side_call: boolean }; choices: (ChatCompletion['choices'][number] & { token_ids: number[] })[] };
+type Traced = ChatCompletion & {
+  prompt_token_ids: number[];
+  session_id: string;
+  metadata: { weight_version: number; side_call: boolean };
+  choices: (ChatCompletion['choices'][number] & { token_ids: number[] })[];
+};
 
 interface Stack {
   mock: MockLlm;
   gateway: Gateway;
 }
 
-async function startStack(mockOptions: MockLlmOptions = {}, gatewayOptions: Partial<GatewayOptions> = {}): Promise<Stack> {
+async function startStack(
+  mockOptions: MockLlmOptions = {},
+  gatewayOptions: Partial<GatewayOptions> = {},
+): Promise<Stack> {
   const mock = await startMockLlm({ tokenizer: 'qwen2.5', thinkTokens: 6, ...mockOptions });
   try {
     const gateway = await startGateway({ backend: { kind: 'vllm', url: mock.url }, ...gatewayOptions });
@@ -41,7 +49,13 @@ async function closeStack(stack: Stack | undefined): Promise<void> {
   await stack?.mock.close();
 }
 
-async function http(gateway: Gateway, method: 'GET' | 'POST' | 'DELETE', path: string, body?: unknown, headers: Record<string, string> = {}) {
+async function http(
+  gateway: Gateway,
+  method: 'GET' | 'POST' | 'DELETE',
+  path: string,
+  body?: unknown,
+  headers: Record<string, string> = {},
+) {
   const res = await request(`${gateway.url}${path}`, {
     method,
     headers: { 'content-type': 'application/json', ...headers },
@@ -64,7 +78,12 @@ function guessGame(seed: number) {
 }
 
 /** One traced, non-streaming turn (the extras ride in the body like any OpenAI extra field). */
-async function turn(openai: OpenAI, messages: Message[], extra: Record<string, unknown> = {}, headers?: Record<string, string>): Promise<Traced> {
+async function turn(
+  openai: OpenAI,
+  messages: Message[],
+  extra: Record<string, unknown> = {},
+  headers?: Record<string, string>,
+): Promise<Traced> {
   const body = { model: 'qwen2.5', messages, max_tokens: 64, logprobs: true, return_token_ids: true, ...extra };
   return (await openai.chat.completions.create(body as never, headers ? { headers } : undefined)) as unknown as Traced;
 }
@@ -80,10 +99,16 @@ describe('token-trace gateway with the openai client', () => {
     const { gateway } = stack;
     assert.deepEqual((await http(gateway, 'GET', '/health')).json, { status: 'ok', model: 'qwen2.5', sessions: 0 });
     const models = await openaiClient(gateway.baseURL).models.list();
-    assert.deepEqual(models.data.map((m) => m.id), ['qwen2.5']);
+    assert.deepEqual(
+      models.data.map((m) => m.id),
+      ['qwen2.5'],
+    );
     const ids = await fullTokenization(gateway, [{ role: 'user', content: 'Hi' }]);
     const text = gateway.chatModel.decode(ids);
-    assert.equal(text, '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n');
+    assert.equal(
+      text,
+      '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n',
+    );
     assert.equal(ids[0], 151644, '<|im_start|> is one special token');
     const plain = await http(gateway, 'POST', '/tokenize', { text: 'Hello world' });
     assert.deepEqual(plain.json, { tokens: [9707, 1879], count: 2, max_model_len: gateway.maxContext });
@@ -101,7 +126,11 @@ describe('token-trace gateway with the openai client', () => {
       const reply = await turn(openai, messages);
       replies.push(reply);
       assert.equal(reply.session_id, 'game-1');
-      assert.deepEqual(reply.prompt_token_ids, await fullTokenization(gateway, messages), `turn ${i}: delta-built prompt = full tokenization`);
+      assert.deepEqual(
+        reply.prompt_token_ids,
+        await fullTokenization(gateway, messages),
+        `turn ${i}: delta-built prompt = full tokenization`,
+      );
       assert.equal(reply.usage!.prompt_tokens, reply.prompt_token_ids.length);
       const content = reply.choices[0].message.content!;
       assert.match(content, /\d/);
@@ -118,10 +147,17 @@ describe('token-trace gateway with the openai client', () => {
     for (let i = 1; i < replies.length; i++) {
       const previous = replies[i - 1];
       const prefix = [...previous.prompt_token_ids, ...previous.choices[0].token_ids];
-      assert.deepEqual(replies[i].prompt_token_ids.slice(0, prefix.length), prefix, `turn ${i} reuses turn ${i - 1}'s prompt and completion ids`);
+      assert.deepEqual(
+        replies[i].prompt_token_ids.slice(0, prefix.length),
+        prefix,
+        `turn ${i} reuses turn ${i - 1}'s prompt and completion ids`,
+      );
       // Only the new messages were tokenized: the delta is the rest of the prompt.
       assert.equal(summary.calls[i].delta_tokens, replies[i].prompt_token_ids.length - prefix.length);
-      assert.ok(summary.calls[i].delta_tokens < 40, `turn ${i} tokenized ${summary.calls[i].delta_tokens} new tokens only`);
+      assert.ok(
+        summary.calls[i].delta_tokens < 40,
+        `turn ${i} tokenized ${summary.calls[i].delta_tokens} new tokens only`,
+      );
     }
     gateway.release('game-1');
   });
@@ -157,17 +193,32 @@ describe('token-trace gateway with the openai client', () => {
     }
     assert.equal(content, plain.choices[0].message.content);
     assert.deepEqual(ids, plain.choices[0].token_ids);
-    assert.deepEqual(logprobs, plain.choices[0].logprobs!.content!.map((e) => e.logprob));
+    assert.deepEqual(
+      logprobs,
+      plain.choices[0].logprobs!.content!.map((e) => e.logprob),
+    );
     assert.equal(finish, 'stop');
     assert.deepEqual(usage, plain.usage);
 
     // A second streamed turn continues the same session.
-    const next = [...messages, { role: 'assistant' as const, content }, { role: 'user' as const, content: 'Compute 2 + 2. Answer with the number only.' }];
-    const raw = await http(gateway, 'POST', '/v1/sessions/streamed/chat/completions', { model: 'qwen2.5', messages: next, stream: true, max_tokens: 32 });
+    const next = [
+      ...messages,
+      { role: 'assistant' as const, content },
+      { role: 'user' as const, content: 'Compute 2 + 2. Answer with the number only.' },
+    ];
+    const raw = await http(gateway, 'POST', '/v1/sessions/streamed/chat/completions', {
+      model: 'qwen2.5',
+      messages: next,
+      stream: true,
+      max_tokens: 32,
+    });
     assert.equal(raw.status, 200);
     assert.match(String(raw.headers['content-type']), /^text\/event-stream/);
     assert.ok(raw.text.endsWith('data: [DONE]\n\n'), 'the stream ends with [DONE]');
-    const chunks = raw.text.split('\n\n').filter((l) => l.startsWith('data: {')).map((l) => JSON.parse(l.slice(6)));
+    const chunks = raw.text
+      .split('\n\n')
+      .filter((l) => l.startsWith('data: {'))
+      .map((l) => JSON.parse(l.slice(6)));
     assert.ok(chunks.every((c) => c.object === 'chat.completion.chunk' && c.id === chunks[0].id));
     assert.equal(chunks[0].choices[0].delta.role, 'assistant');
     assert.equal(chunks.at(-1).choices[0].finish_reason, 'stop');
@@ -182,7 +233,10 @@ describe('token-trace gateway with the openai client', () => {
     const byBody = await turn(openaiClient(gateway.baseURL), messages, { session_id: 'from-body' });
     const byHeader = await turn(openaiClient(gateway.baseURL), messages, {}, { 'x-session-id': 'from-header' });
     const byPath = await turn(openaiClient(gateway.sessionBaseURL('from path/ü')), messages);
-    assert.deepEqual([byBody.session_id, byHeader.session_id, byPath.session_id], ['from-body', 'from-header', 'from path/ü']);
+    assert.deepEqual(
+      [byBody.session_id, byHeader.session_id, byPath.session_id],
+      ['from-body', 'from-header', 'from path/ü'],
+    );
     for (const id of ['from-body', 'from-header', 'from path/ü']) assert.equal(gateway.session(id)!.calls.length, 1);
 
     const anonymous = await http(gateway, 'POST', '/v1/chat/completions', { messages });
@@ -220,7 +274,10 @@ describe('token-trace gateway with the openai client', () => {
       'each call keeps its prompt ids, completion ids, finish reason and model step',
     );
     const overHttp = await http(gateway, 'GET', '/v1/sessions/stitched/traces');
-    assert.deepEqual(overHttp.json.calls.map((c: any) => c.prompt_token_ids), replies.map((r) => r.prompt_token_ids));
+    assert.deepEqual(
+      overHttp.json.calls.map((c: any) => c.prompt_token_ids),
+      replies.map((r) => r.prompt_token_ids),
+    );
     const sample = gateway.stitch('stitched', { reward: 0.75 });
     const last = replies.at(-1)!;
     assert.deepEqual(Array.from(sample.observationTokens), [...last.prompt_token_ids, ...last.choices[0].token_ids]);
@@ -232,8 +289,14 @@ describe('token-trace gateway with the openai client', () => {
     sample.actionRanges.forEach(([start, end], call) => {
       const reply = replies[call];
       assert.deepEqual(Array.from(sample.observationTokens.subarray(start, end)), reply.choices[0].token_ids);
-      assert.deepEqual(Array.from(sample.rolloutLogprobs.subarray(start, end)), reply.choices[0].logprobs!.content!.map((e) => Math.fround(e.logprob)));
-      assert.ok(sample.modelSteps.subarray(start, end).every((s) => s === 10 + call), `call ${call} was generated by weight version ${10 + call}`);
+      assert.deepEqual(
+        Array.from(sample.rolloutLogprobs.subarray(start, end)),
+        reply.choices[0].logprobs!.content!.map((e) => Math.fround(e.logprob)),
+      );
+      assert.ok(
+        sample.modelSteps.subarray(start, end).every((s) => s === 10 + call),
+        `call ${call} was generated by weight version ${10 + call}`,
+      );
       assert.equal(reply.metadata.weight_version, 10 + call);
       for (let i = start; i < end; i++) inAction[i] = true;
     });
@@ -252,11 +315,15 @@ describe('token-trace gateway with the openai client', () => {
 
   it('stitches over HTTP with a reward and releases the session; DELETE releases too and is idempotent', async () => {
     const { gateway } = stack;
-    const reply = await turn(openaiClient(gateway.sessionBaseURL('over-http')), [{ role: 'user', content: 'Say something.' }]);
+    const reply = await turn(openaiClient(gateway.sessionBaseURL('over-http')), [
+      { role: 'user', content: 'Say something.' },
+    ]);
     const stitched = await http(gateway, 'POST', '/v1/sessions/over-http/stitch', { reward: 1 });
     assert.equal(stitched.status, 200);
     assert.deepEqual(stitched.json.observation_tokens, [...reply.prompt_token_ids, ...reply.choices[0].token_ids]);
-    assert.deepEqual(stitched.json.action_ranges, [[reply.prompt_token_ids.length, stitched.json.observation_tokens.length]]);
+    assert.deepEqual(stitched.json.action_ranges, [
+      [reply.prompt_token_ids.length, stitched.json.observation_tokens.length],
+    ]);
     assert.equal(stitched.json.rollout_log_probs.length, stitched.json.observation_tokens.length);
     assert.equal(stitched.json.reward, 1);
     assert.equal(stitched.json.truncated, false);
@@ -266,8 +333,14 @@ describe('token-trace gateway with the openai client', () => {
 
     await turn(openaiClient(gateway.sessionBaseURL('deleted')), [{ role: 'user', content: 'Say something.' }]);
     assert.equal((await http(gateway, 'GET', '/v1/sessions/deleted')).json.calls.length, 1);
-    assert.deepEqual((await http(gateway, 'DELETE', '/v1/sessions/deleted')).json, { session_id: 'deleted', deleted: true });
-    assert.deepEqual((await http(gateway, 'DELETE', '/v1/sessions/deleted')).json, { session_id: 'deleted', deleted: false });
+    assert.deepEqual((await http(gateway, 'DELETE', '/v1/sessions/deleted')).json, {
+      session_id: 'deleted',
+      deleted: true,
+    });
+    assert.deepEqual((await http(gateway, 'DELETE', '/v1/sessions/deleted')).json, {
+      session_id: 'deleted',
+      deleted: false,
+    });
     assert.equal((await http(gateway, 'GET', '/v1/sessions/deleted')).status, 404);
     const badReward = await http(gateway, 'POST', '/v1/sessions/x/stitch', { reward: 'high' });
     assert.equal(badReward.status, 400);
@@ -280,8 +353,16 @@ describe('token-trace gateway with the openai client', () => {
       [{ messages: [] }, 'messages', /messages must be a non-empty array \(got \[\]\)/],
       [{ messages: [{ role: 'robot', content: 'x' }] }, 'messages[0].role', /must be one of/],
       [{ messages: [{ role: 'user', content: 'x' }], n: 2 }, 'n', /n must be 1/],
-      [{ messages: [{ role: 'user', content: 'x' }], max_tokens: 0 }, 'max_tokens', /max_tokens must be a positive integer \(got 0\)/],
-      [{ messages: [{ role: 'user', content: [{ type: 'image_url' }] }] }, 'messages[0].content[0].type', /must be "text"/],
+      [
+        { messages: [{ role: 'user', content: 'x' }], max_tokens: 0 },
+        'max_tokens',
+        /max_tokens must be a positive integer \(got 0\)/,
+      ],
+      [
+        { messages: [{ role: 'user', content: [{ type: 'image_url' }] }] },
+        'messages[0].content[0].type',
+        /must be "text"/,
+      ],
     ];
     for (const [body, param, message] of cases) {
       const { status, json } = await http(gateway, 'POST', '/v1/chat/completions', body);
@@ -313,9 +394,15 @@ describe("token-trace gateway with sideCalls 'refuse' (the old strictness)", () 
       { role: 'user', content: 'Compute 3 + 4. Answer with the number only.' },
     ];
     const first = await turn(openai, messages);
-    messages.push({ role: 'assistant', content: first.choices[0].message.content }, { role: 'user', content: 'Compute 5 + 6. Answer with the number only.' });
+    messages.push(
+      { role: 'assistant', content: first.choices[0].message.content },
+      { role: 'user', content: 'Compute 5 + 6. Answer with the number only.' },
+    );
     const second = await turn(openai, messages);
-    messages.push({ role: 'assistant', content: second.choices[0].message.content }, { role: 'user', content: 'Compute 7 + 8. Answer with the number only.' });
+    messages.push(
+      { role: 'assistant', content: second.choices[0].message.content },
+      { role: 'user', content: 'Compute 7 + 8. Answer with the number only.' },
+    );
 
     const edited = structuredClone(messages);
     edited[1] = { role: 'user', content: 'Compute 3 + 9. Answer with the number only.' };
@@ -333,7 +420,11 @@ describe("token-trace gateway with sideCalls 'refuse' (the old strictness)", () 
     assert.equal(gateway.chatModel.decode([held[at]]), '4', 'the position is the edited digit');
     assert.match(error.message, new RegExp(`first difference at token ${at} \\(character \\d+, in messages\\[1\\]\\)`));
     assert.equal(error.details!.message_index, 1);
-    assert.match(error.message, /option sideCalls 'record'/, 'the error names the option that would record the call instead');
+    assert.match(
+      error.message,
+      /option sideCalls 'record'/,
+      'the error names the option that would record the call instead',
+    );
 
     // A client that rewrites the assistant's reply breaks the prefix too.
     const rewritten = structuredClone(messages);
@@ -355,13 +446,17 @@ describe('token-trace gateway side calls', () => {
   });
   after(() => closeStack(stack));
 
-  const question = (a: number, b: number): Message => ({ role: 'user', content: `Compute ${a} + ${b}. Answer with the number only.` });
+  const question = (a: number, b: number): Message => ({
+    role: 'user',
+    content: `Compute ${a} + ${b}. Answer with the number only.`,
+  });
   /** A side call as agents make them: a judge over the conversation so far, in a prompt of its own. */
   const judge = (messages: Message[]): Message[] => [
     { role: 'system', content: 'You grade answers. Reply with the corrected number only.' },
     { role: 'user', content: messages.map((m) => `${m.role}: ${m.content as string}`).join('\n') },
   ];
-  const logprobsOf = (reply: Traced): number[] => reply.choices[0].logprobs!.content!.map((e) => Math.fround(e.logprob));
+  const logprobsOf = (reply: Traced): number[] =>
+    reply.choices[0].logprobs!.content!.map((e) => Math.fround(e.logprob));
 
   it('records a side call that does not extend the conversation as its own trace instead of refusing it (regression: 400 ERR_GATEWAY_PREFIX_MISMATCH)', async () => {
     const { gateway } = stack;
@@ -375,21 +470,48 @@ describe('token-trace gateway side calls', () => {
     const sideMessages = judge(messages);
     const side = await turn(openai, sideMessages);
     assert.equal(side.choices[0].finish_reason, 'stop');
-    assert.deepEqual([first.metadata.side_call, second.metadata.side_call, side.metadata.side_call], [false, false, true]);
-    assert.deepEqual(side.prompt_token_ids, await fullTokenization(gateway, sideMessages), 'the whole render is tokenized fresh');
+    assert.deepEqual(
+      [first.metadata.side_call, second.metadata.side_call, side.metadata.side_call],
+      [false, false, true],
+    );
+    assert.deepEqual(
+      side.prompt_token_ids,
+      await fullTokenization(gateway, sideMessages),
+      'the whole render is tokenized fresh',
+    );
     const summary = gateway.session('side')!;
     assert.equal(summary.tokens, held, 'the main conversation is left as it was');
-    assert.deepEqual(summary.calls.map((c) => [c.index, c.kind]), [[0, 'main'], [1, 'main'], [2, 'side']]);
-    assert.deepEqual([summary.calls[2].prompt_tokens, summary.calls[2].delta_tokens], [side.prompt_token_ids.length, side.prompt_token_ids.length]);
+    assert.deepEqual(
+      summary.calls.map((c) => [c.index, c.kind]),
+      [
+        [0, 'main'],
+        [1, 'main'],
+        [2, 'side'],
+      ],
+    );
+    assert.deepEqual(
+      [summary.calls[2].prompt_tokens, summary.calls[2].delta_tokens],
+      [side.prompt_token_ids.length, side.prompt_token_ids.length],
+    );
 
     const records = gateway.traces('side')!;
-    assert.deepEqual(records.map((r) => r.kind), ['main', 'main', 'side']);
+    assert.deepEqual(
+      records.map((r) => r.kind),
+      ['main', 'main', 'side'],
+    );
     assert.deepEqual(Array.from(records[2].promptIds), side.prompt_token_ids);
     assert.deepEqual(Array.from(records[2].completionIds), side.choices[0].token_ids);
     assert.deepEqual(Array.from(records[2].logprobs), logprobsOf(side));
     assert.deepEqual(Array.from(records[1].promptIds), second.prompt_token_ids, 'the main calls keep their prompts');
     const overHttp = await http(gateway, 'GET', '/v1/sessions/side/traces');
-    assert.deepEqual(overHttp.json.calls.map((c: any) => [c.index, c.kind]), [[0, 'main'], [1, 'main'], [2, 'side']]);
+    assert.deepEqual(
+      overHttp.json.calls.map((c: any) => [c.index, c.kind]),
+      [
+        [0, 'main'],
+        [1, 'main'],
+        [2, 'side'],
+      ],
+    );
     assert.deepEqual(overHttp.json.calls[2].prompt_token_ids, side.prompt_token_ids);
     gateway.release('side');
   });
@@ -420,9 +542,19 @@ describe('token-trace gateway side calls', () => {
     };
     const plain = await play('plain', false);
     const withSide = await play('with-side', true);
-    assert.deepEqual(withSide.main.map((r) => r.prompt_token_ids), plain.main.map((r) => r.prompt_token_ids), 'the main calls after the side call extend the main conversation');
-    assert.deepEqual(withSide.main.map((r) => r.choices[0].token_ids), plain.main.map((r) => r.choices[0].token_ids));
-    assert.deepEqual(gateway.session('with-side')!.calls.map((c) => c.kind), ['main', 'side', 'main', 'main']);
+    assert.deepEqual(
+      withSide.main.map((r) => r.prompt_token_ids),
+      plain.main.map((r) => r.prompt_token_ids),
+      'the main calls after the side call extend the main conversation',
+    );
+    assert.deepEqual(
+      withSide.main.map((r) => r.choices[0].token_ids),
+      plain.main.map((r) => r.choices[0].token_ids),
+    );
+    assert.deepEqual(
+      gateway.session('with-side')!.calls.map((c) => c.kind),
+      ['main', 'side', 'main', 'main'],
+    );
 
     const expected = gateway.stitch('plain', { reward: 1 });
     const { status, json } = await http(gateway, 'POST', '/v1/sessions/with-side/stitch', { reward: 1 });
@@ -447,7 +579,7 @@ describe('token-trace gateway side calls', () => {
     assert.ok(!json.model_steps.includes(7), 'no token of the main sample comes from the side call');
   });
 
-  it("replaces a side call re-sent right after itself, and a main call re-sent after side calls, as the retry rule does; a side call re-sent later is a new one", async () => {
+  it('replaces a side call re-sent right after itself, and a main call re-sent after side calls, as the retry rule does; a side call re-sent later is a new one', async () => {
     const { gateway } = stack;
     const openai = openaiClient(gateway.sessionBaseURL('retries'));
     const messages: Message[] = [question(2, 2)];
@@ -457,23 +589,53 @@ describe('token-trace gateway side calls', () => {
     await turn(openai, sideMessages);
     const retried = await turn(openai, sideMessages);
     let calls = gateway.session('retries')!.calls;
-    assert.deepEqual(calls.map((c) => [c.index, c.kind]), [[0, 'main'], [1, 'side']], 'the re-sent side call replaced the first');
+    assert.deepEqual(
+      calls.map((c) => [c.index, c.kind]),
+      [
+        [0, 'main'],
+        [1, 'side'],
+      ],
+      'the re-sent side call replaced the first',
+    );
     assert.deepEqual(Array.from(gateway.traces('retries')![1].completionIds), retried.choices[0].token_ids);
 
     const again = await turn(openai, messages);
     calls = gateway.session('retries')!.calls;
-    assert.deepEqual(calls.map((c) => [c.index, c.kind]), [[0, 'main'], [1, 'side']], 'the re-sent first question replaced the main call, in its place');
+    assert.deepEqual(
+      calls.map((c) => [c.index, c.kind]),
+      [
+        [0, 'main'],
+        [1, 'side'],
+      ],
+      'the re-sent first question replaced the main call, in its place',
+    );
     assert.equal(again.metadata.side_call, false);
     assert.deepEqual(Array.from(gateway.traces('retries')![0].completionIds), again.choices[0].token_ids);
 
     await turn(openai, sideMessages);
-    const next = await turn(openai, [...messages, { role: 'assistant', content: again.choices[0].message.content }, question(3, 3)]);
+    const next = await turn(openai, [
+      ...messages,
+      { role: 'assistant', content: again.choices[0].message.content },
+      question(3, 3),
+    ]);
     assert.equal(next.metadata.side_call, false, 'the conversation goes on from the retried reply');
     calls = gateway.session('retries')!.calls;
-    assert.deepEqual(calls.map((c) => [c.index, c.kind]), [[0, 'main'], [1, 'side'], [2, 'side'], [3, 'main']], 'not right after itself: a side call of its own');
+    assert.deepEqual(
+      calls.map((c) => [c.index, c.kind]),
+      [
+        [0, 'main'],
+        [1, 'side'],
+        [2, 'side'],
+        [3, 'main'],
+      ],
+      'not right after itself: a side call of its own',
+    );
     const sample = gateway.stitch('retries');
     assert.equal(sample.actionRanges.length, 2);
-    assert.deepEqual(sample.sideCalls.map((c) => c.index), [1, 2]);
+    assert.deepEqual(
+      sample.sideCalls.map((c) => c.index),
+      [1, 2],
+    );
   });
 
   it('answers a side call past maxSideCalls with a 400 naming the limit, and the main conversation goes on', async () => {
@@ -492,7 +654,10 @@ describe('token-trace gateway side calls', () => {
       assert.deepEqual([error.details!.side_calls, error.details!.max_side_calls], [1, 1]);
       const next = await turn(openai, [...messages, question(2, 2)]);
       assert.equal(next.metadata.side_call, false);
-      assert.deepEqual(gateway.session('limited')!.calls.map((c) => c.kind), ['main', 'side', 'main']);
+      assert.deepEqual(
+        gateway.session('limited')!.calls.map((c) => c.kind),
+        ['main', 'side', 'main'],
+      );
     } finally {
       await closeStack(limited);
     }
@@ -501,8 +666,14 @@ describe('token-trace gateway side calls', () => {
   it('validates sideCalls and maxSideCalls, naming the option and the value', () => {
     const backend = { kind: 'vllm' as const, url: 'http://127.0.0.1:1' };
     assert.equal(resolveGatewayOptions({ backend }).sideCalls, 'record', 'side calls are recorded by default');
-    assert.throws(() => resolveGatewayOptions({ backend, sideCalls: 'ignore' as never }), { code: 'ERR_INVALID_CONFIG', message: /gateway\.sideCalls: must be "record" or "refuse" \(got "ignore"\)/ });
-    assert.throws(() => resolveGatewayOptions({ backend, maxSideCalls: 0 }), { code: 'ERR_INVALID_CONFIG', message: /gateway\.maxSideCalls: must be an integer in \[1, \d+\] \(got 0\)/ });
+    assert.throws(() => resolveGatewayOptions({ backend, sideCalls: 'ignore' as never }), {
+      code: 'ERR_INVALID_CONFIG',
+      message: /gateway\.sideCalls: must be "record" or "refuse" \(got "ignore"\)/,
+    });
+    assert.throws(() => resolveGatewayOptions({ backend, maxSideCalls: 0 }), {
+      code: 'ERR_INVALID_CONFIG',
+      message: /gateway\.maxSideCalls: must be an integer in \[1, \d+\] \(got 0\)/,
+    });
   });
 });
 
@@ -519,13 +690,19 @@ describe('token-trace gateway limits', () => {
     const room = 96 - first.prompt_token_ids.length;
     assert.equal(first.choices[0].finish_reason, 'length', 'max_tokens was clamped to the context left');
     assert.equal(first.choices[0].token_ids.length, room);
-    messages.push({ role: 'assistant', content: first.choices[0].message.content }, { role: 'user', content: 'Again.' });
+    messages.push(
+      { role: 'assistant', content: first.choices[0].message.content },
+      { role: 'user', content: 'Again.' },
+    );
     const { status, error } = await rejection(turn(openai, messages));
     assert.equal(status, 400);
     assert.equal(error.code, 'ERR_GATEWAY_CONTEXT_LENGTH');
     assert.ok((error.details!.prompt_tokens as number) >= 96);
     assert.equal(error.details!.max_context, 96);
-    assert.match(error.message, new RegExp(`the prompt is ${error.details!.prompt_tokens} tokens and the context limit is 96 tokens`));
+    assert.match(
+      error.message,
+      new RegExp(`the prompt is ${error.details!.prompt_tokens} tokens and the context limit is 96 tokens`),
+    );
     const sample = gateway.stitch('long');
     assert.equal(sample.truncated, true, 'a session ending on length is truncated');
     assert.equal(sample.observationTokens.length, 96);
@@ -584,7 +761,9 @@ describe('token-trace gateway sessions over time', () => {
     await mock.close();
     const gateway = await startGateway({ backend: { kind: 'vllm', url } });
     stacks.push({ mock, gateway });
-    const { status, error } = await rejection(turn(openaiClient(gateway.sessionBaseURL('down')), [{ role: 'user', content: 'Hi' }]));
+    const { status, error } = await rejection(
+      turn(openaiClient(gateway.sessionBaseURL('down')), [{ role: 'user', content: 'Hi' }]),
+    );
     assert.equal(status, 502);
     assert.equal(error.code, 'ERR_BACKEND_UNREACHABLE');
     assert.match(error.message, /ECONNREFUSED/);

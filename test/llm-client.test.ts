@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import type { ServerResponse } from 'node:http';
-import { after, before, describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import type { LlmClient, LlmClientOptions } from '../src/llm/client.ts';
 import { probeServer } from '../src/llm/servers.ts';
 import { llmClient } from './support/clients.ts';
@@ -10,7 +10,9 @@ type Handler = ScriptedHandler;
 
 /** A scripted server whose n-th request is answered by `handlers[n]`, with a 500 once they run out. */
 function queuedServer(handlers: Handler[]): Promise<ScriptedServer> {
-  return scriptedServer((req, res, body) => (handlers.shift() ?? ((_q, r) => r.writeHead(500).end('no more handlers')))(req, res, body));
+  return scriptedServer((req, res, body) =>
+    (handlers.shift() ?? ((_q, r) => r.writeHead(500).end('no more handlers')))(req, res, body),
+  );
 }
 
 const ok =
@@ -19,7 +21,14 @@ const ok =
     res.writeHead(200, { 'content-type': 'application/json' }).end(
       JSON.stringify({
         prompt_token_ids: [1, 2, 3],
-        choices: [{ message: { role: 'assistant', content: 'hello' }, finish_reason: 'stop', token_ids: [7, 8], logprobs: { content: [{ logprob: -0.5 }, { logprob: -1 }] } }],
+        choices: [
+          {
+            message: { role: 'assistant', content: 'hello' },
+            finish_reason: 'stop',
+            token_ids: [7, 8],
+            logprobs: { content: [{ logprob: -0.5 }, { logprob: -1 }] },
+          },
+        ],
         usage: { prompt_tokens: 3, completion_tokens: 2 },
         metadata: { weight_version: 4 },
         ...extra,
@@ -66,7 +75,9 @@ describe('inference client', () => {
     const { url } = await serve([
       (_req, res) => {
         const json = JSON.stringify({ choices: [{ message: { content: 'héllo' }, finish_reason: 'stop' }] });
-        res.writeHead(200, { 'content-type': 'application/json' }).end(Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from(json)]));
+        res
+          .writeHead(200, { 'content-type': 'application/json' })
+          .end(Buffer.concat([Buffer.from([0xef, 0xbb, 0xbf]), Buffer.from(json)]));
       },
     ]);
     const llm = client(url);
@@ -84,7 +95,10 @@ describe('inference client', () => {
   });
 
   it('does not retry a 400 and reports the server message with ERR_LLM_HTTP', async () => {
-    const { url, requests } = await serve([status(400, JSON.stringify({ error: { message: 'max_tokens too large' } })), ok()]);
+    const { url, requests } = await serve([
+      status(400, JSON.stringify({ error: { message: 'max_tokens too large' } })),
+      ok(),
+    ]);
     const llm = client(url);
     await assert.rejects(llm.chat(request), { code: 'ERR_LLM_HTTP', message: /answered 400: max_tokens too large/ });
     assert.equal(requests.length, 1);
@@ -100,27 +114,65 @@ describe('inference client', () => {
   });
 
   it('turns a malformed body or a reply missing fields into ERR_LLM_BAD_REPLY naming the field', async () => {
-    const { url } = await serve([status(200, '{"choices": [ not json'), ok({ choices: [{ message: { content: 3 }, finish_reason: 'stop' }] }), ok({ choices: [{ message: { content: 'x' }, finish_reason: 'stop', token_ids: [1, 2], logprobs: { content: [{ logprob: -1 }] } }] })]);
+    const { url } = await serve([
+      status(200, '{"choices": [ not json'),
+      ok({ choices: [{ message: { content: 3 }, finish_reason: 'stop' }] }),
+      ok({
+        choices: [
+          {
+            message: { content: 'x' },
+            finish_reason: 'stop',
+            token_ids: [1, 2],
+            logprobs: { content: [{ logprob: -1 }] },
+          },
+        ],
+      }),
+    ]);
     const llm = client(url);
     await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /not JSON/ });
-    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /choices\[0\]\.message\.content must be a string or null \(got 3\)/ });
-    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /logprobs\.content has 1 entries but choices\[0\]\.token_ids has 2/ });
+    await assert.rejects(llm.chat(request), {
+      code: 'ERR_LLM_BAD_REPLY',
+      message: /choices\[0\]\.message\.content must be a string or null \(got 3\)/,
+    });
+    await assert.rejects(llm.chat(request), {
+      code: 'ERR_LLM_BAD_REPLY',
+      message: /logprobs\.content has 1 entries but choices\[0\]\.token_ids has 2/,
+    });
     await llm.close();
   });
 
   it('refuses a logprob above 0 or beyond float32, naming the entry (regression: -1e39 reached the batch as null)', async () => {
-    const reply = (logprob: number) => ok({ choices: [{ message: { content: 'x' }, finish_reason: 'stop', token_ids: [1, 2], logprobs: { content: [{ logprob: -1 }, { logprob }] } }] });
+    const reply = (logprob: number) =>
+      ok({
+        choices: [
+          {
+            message: { content: 'x' },
+            finish_reason: 'stop',
+            token_ids: [1, 2],
+            logprobs: { content: [{ logprob: -1 }, { logprob }] },
+          },
+        ],
+      });
     const { url } = await serve([reply(5), reply(-1e39), reply(1e-7)]);
     const llm = client(url);
-    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /logprobs\.content\[1\]\.logprob must be a log-probability: a finite number ≤ 0 \(got 5\)/ });
-    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /logprobs\.content\[1\]\.logprob must be a log-probability.*\(got -1e\+39\)/ });
+    await assert.rejects(llm.chat(request), {
+      code: 'ERR_LLM_BAD_REPLY',
+      message: /logprobs\.content\[1\]\.logprob must be a log-probability: a finite number ≤ 0 \(got 5\)/,
+    });
+    await assert.rejects(llm.chat(request), {
+      code: 'ERR_LLM_BAD_REPLY',
+      message: /logprobs\.content\[1\]\.logprob must be a log-probability.*\(got -1e\+39\)/,
+    });
     const rounded = await llm.chat(request); // a hair above 0 is the server's rounding
     assert.equal(rounded.logprobs?.length, 2);
     await llm.close();
   });
 
   it('says once, not per call, that a server answers without the token ids and logprobs it was asked for (regression: text-only turns went unnoticed)', async () => {
-    const textOnly = ok({ prompt_token_ids: undefined, choices: [{ message: { content: 'x' }, finish_reason: 'stop' }] });
+    const textOnly = ok({
+      prompt_token_ids: undefined,
+      choices: [{ message: { content: 'x' }, finish_reason: 'stop' }],
+    });
     const { url } = await serve([textOnly, textOnly]);
     const warnings: string[] = [];
     const llm = client(url, { warn: (message) => warnings.push(message) });
@@ -138,8 +190,14 @@ describe('inference client', () => {
     const { url, close } = await queuedServer([]);
     await close();
     const llm = client(url, { retries: 1 });
-    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_UNREACHABLE', message: new RegExp(`${url}/v1/chat/completions unreachable: ECONNREFUSED`) });
-    await assert.rejects(probeServer(url, { server: 'auto' }), { code: 'ERR_LLM_UNREACHABLE', message: /ECONNREFUSED.*check llm\.url/ });
+    await assert.rejects(llm.chat(request), {
+      code: 'ERR_LLM_UNREACHABLE',
+      message: new RegExp(`${url}/v1/chat/completions unreachable: ECONNREFUSED`),
+    });
+    await assert.rejects(probeServer(url, { server: 'auto' }), {
+      code: 'ERR_LLM_UNREACHABLE',
+      message: /ECONNREFUSED.*check llm\.url/,
+    });
     await llm.close();
   });
 
@@ -170,7 +228,10 @@ describe('inference client', () => {
     const body = endless(' '.repeat(4096), 1);
     const { url, requests } = await serve([body.handler, ok()]);
     const llm = client(url, { maxReplyBytes: 64 * 1024 });
-    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /larger than llm\.maxReplyBytes = 65536 bytes/ });
+    await assert.rejects(llm.chat(request), {
+      code: 'ERR_LLM_BAD_REPLY',
+      message: /larger than llm\.maxReplyBytes = 65536 bytes/,
+    });
     await body.closed; // the connection was cut, so the server stops writing
     assert.equal(requests.length, 1);
     await llm.close();
@@ -180,7 +241,10 @@ describe('inference client', () => {
     const body = endless(' ', 10);
     const { url, requests } = await serve([body.handler, ok()]);
     const llm = client(url, { timeoutMs: 150 });
-    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_TIMEOUT', message: /still arriving after \d+ ms \(llm\.timeoutMs = 150\)/ });
+    await assert.rejects(llm.chat(request), {
+      code: 'ERR_LLM_TIMEOUT',
+      message: /still arriving after \d+ ms \(llm\.timeoutMs = 150\)/,
+    });
     await body.closed;
     assert.equal(requests.length, 1);
     await llm.close();
@@ -212,8 +276,12 @@ describe('inference client', () => {
     const controller = new AbortController();
     let listeners = 0;
     const signal = {
-      get aborted() { return controller.signal.aborted; },
-      get reason() { return controller.signal.reason; },
+      get aborted() {
+        return controller.signal.aborted;
+      },
+      get reason() {
+        return controller.signal.reason;
+      },
       addEventListener(type: 'abort', listener: () => void, options?: { once?: boolean }) {
         listeners++;
         controller.signal.addEventListener(type, listener, options);

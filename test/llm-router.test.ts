@@ -10,7 +10,9 @@ import { TEST_CLIENT } from './support/clients.ts';
 import { chatCompletion, listenLoopback } from './support/http.ts';
 
 /** A chat server that records request paths and the most requests it ever had open at once. */
-async function countingServer(delayMs: number): Promise<{ url: string; server: Server; paths: string[]; peak: () => number }> {
+async function countingServer(
+  delayMs: number,
+): Promise<{ url: string; server: Server; paths: string[]; peak: () => number }> {
   let open = 0;
   let peak = 0;
   const paths: string[] = [];
@@ -33,7 +35,12 @@ const request = { messages: [{ role: 'user' as const, content: 'hi' }], maxToken
 describe('inference routing in a worker', () => {
   it('never has more calls in flight than llm.maxConcurrency', async () => {
     const s = await countingServer(20);
-    const router = new LlmRouter({ client: clientOptions, default: { urls: [s.url], model: 'm', temperature: null, maxTokens: null }, policies: {}, maxConcurrency: 2 });
+    const router = new LlmRouter({
+      client: clientOptions,
+      default: { urls: [s.url], model: 'm', temperature: null, maxTokens: null },
+      policies: {},
+      maxConcurrency: 2,
+    });
     await Promise.all(Array.from({ length: 8 }, (_, i) => router.chat(request, undefined, { session: `s${i}` })));
     assert.equal(s.peak(), 2);
     await router.close();
@@ -57,9 +64,17 @@ describe('inference routing in a worker', () => {
   it('keeps a session on its endpoint and sends new sessions to the least busy one', async () => {
     const a = await countingServer(30);
     const b = await countingServer(30);
-    const router = new LlmRouter({ client: clientOptions, default: { urls: [a.url, b.url], model: 'm', temperature: null, maxTokens: null }, policies: {}, maxConcurrency: null });
+    const router = new LlmRouter({
+      client: clientOptions,
+      default: { urls: [a.url, b.url], model: 'm', temperature: null, maxTokens: null },
+      policies: {},
+      maxConcurrency: null,
+    });
     // Two sessions start together: they land on different endpoints.
-    await Promise.all([router.chat(request, undefined, { session: 'x' }), router.chat(request, undefined, { session: 'y' })]);
+    await Promise.all([
+      router.chat(request, undefined, { session: 'x' }),
+      router.chat(request, undefined, { session: 'y' }),
+    ]);
     assert.deepEqual([a.paths.length, b.paths.length], [1, 1]);
     // Session x goes back to its endpoint even while that endpoint is the busier one.
     const busy = router.chat(request, undefined, { session: 'y' });

@@ -8,18 +8,36 @@ import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
 import { llmClient } from './support/clients.ts';
 import { listenLoopback } from './support/http.ts';
 
-const request = { messages: [{ role: 'user' as const, content: 'Guess a number between 1 and 100.' }], maxTokens: 200, temperature: 1, seed: 5 };
+const request = {
+  messages: [{ role: 'user' as const, content: 'Guess a number between 1 and 100.' }],
+  maxTokens: 200,
+  temperature: 1,
+  seed: 5,
+};
 
 /** One chunk event of a streamed completion (the shape vLLM sends). */
 function event(choice: Record<string, unknown> | null, extra: Record<string, unknown> = {}): string {
   return `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', choices: choice === null ? [] : [{ index: 0, ...choice }], ...extra })}\n\n`;
 }
-const ROLE = event({ delta: { role: 'assistant', content: '' }, finish_reason: null, logprobs: null }, { prompt_token_ids: [1, 2, 3] });
+const ROLE = event(
+  { delta: { role: 'assistant', content: '' }, finish_reason: null, logprobs: null },
+  { prompt_token_ids: [1, 2, 3] },
+);
 const tokens = (content: string, ids: number[], finish: string | null = null, extra: Record<string, unknown> = {}) =>
-  event({ delta: { content }, token_ids: ids, logprobs: { content: ids.map((id) => ({ token: String(id), logprob: -id / 100 })) }, finish_reason: finish }, extra);
+  event(
+    {
+      delta: { content },
+      token_ids: ids,
+      logprobs: { content: ids.map((id) => ({ token: String(id), logprob: -id / 100 })) },
+      finish_reason: finish,
+    },
+    extra,
+  );
 
 /** A server on 127.0.0.1:0 that answers the n-th request with `script(res, n)`; it counts requests and connections. */
-async function scripted(script: (res: ServerResponse, index: number) => void): Promise<{ url: string; server: Server; requests: number; connections: number }> {
+async function scripted(
+  script: (res: ServerResponse, index: number) => void,
+): Promise<{ url: string; server: Server; requests: number; connections: number }> {
   const state = { url: '', server: null as unknown as Server, requests: 0, connections: 0 };
   state.server = createServer((req, res) => {
     req.resume();
@@ -74,11 +92,22 @@ describe('streamed replies (stream: true)', () => {
 
   it('names the event and the field of a bad event, and reads nothing after it', () => {
     const stream = new ChatStream({ tokenIds: true, logprobs: true });
-    stream.write(new TextEncoder().encode(`${ROLE}${tokens('a', [1])}${event({ delta: { content: 'b' }, token_ids: [2, -1], finish_reason: null })}${tokens('c', [3], 'stop')}data: [DONE]\n\n`));
-    assert.throws(() => stream.result(), { code: 'ERR_LLM_BAD_REPLY', message: /inference stream event 3: choices\[0\]\.token_ids\[1\] must be a non-negative integer token id \(got -1\)/ });
+    stream.write(
+      new TextEncoder().encode(
+        `${ROLE}${tokens('a', [1])}${event({ delta: { content: 'b' }, token_ids: [2, -1], finish_reason: null })}${tokens('c', [3], 'stop')}data: [DONE]\n\n`,
+      ),
+    );
+    assert.throws(() => stream.result(), {
+      code: 'ERR_LLM_BAD_REPLY',
+      message:
+        /inference stream event 3: choices\[0\]\.token_ids\[1\] must be a non-negative integer token id \(got -1\)/,
+    });
     const notJson = new ChatStream({ tokenIds: false, logprobs: false });
     notJson.write(new TextEncoder().encode(`${ROLE}data: {"choices": [\n\n`));
-    assert.throws(() => notJson.result(), { code: 'ERR_LLM_BAD_REPLY', message: /inference stream event 2 is not JSON/ });
+    assert.throws(() => notJson.result(), {
+      code: 'ERR_LLM_BAD_REPLY',
+      message: /inference stream event 2 is not JSON/,
+    });
     const serverError = new ChatStream({ tokenIds: false, logprobs: false });
     serverError.write(new TextEncoder().encode(`${ROLE}data: {"error": {"message": "CUDA out of memory"}}\n\n`));
     assert.throws(() => serverError.result(), { message: /event 2: the server reported an error: CUDA out of memory/ });
@@ -86,9 +115,17 @@ describe('streamed replies (stream: true)', () => {
 
   it('takes an event in only once all its fields are checked: a pause after a bad event reports that event, not a partial reply', () => {
     const stream = new ChatStream({ tokenIds: true, logprobs: false });
-    const ok = stream.write(new TextEncoder().encode(`${ROLE}${event({ delta: { content: 'a' }, token_ids: [5] })}${event({ delta: { content: 'b' }, token_ids: [6, -1] })}`));
+    const ok = stream.write(
+      new TextEncoder().encode(
+        `${ROLE}${event({ delta: { content: 'a' }, token_ids: [5] })}${event({ delta: { content: 'b' }, token_ids: [6, -1] })}`,
+      ),
+    );
     assert.equal(ok, false, 'the exchange is told to stop reading');
-    assert.throws(() => stream.held(), { code: 'ERR_LLM_BAD_REPLY', message: /inference stream event 3: choices\[0\]\.token_ids\[1\] must be a non-negative integer token id \(got -1\)/ });
+    assert.throws(() => stream.held(), {
+      code: 'ERR_LLM_BAD_REPLY',
+      message:
+        /inference stream event 3: choices\[0\]\.token_ids\[1\] must be a non-negative integer token id \(got -1\)/,
+    });
     const reported = new ChatStream({ tokenIds: false, logprobs: false });
     reported.write(new TextEncoder().encode(`${ROLE}data: {"error": {"message": "engine dead"}}\n\n`));
     assert.throws(() => reported.held(), { message: /the server reported an error: engine dead/ });
@@ -111,18 +148,31 @@ describe('streamed replies (stream: true)', () => {
     });
     servers.push(server);
     const llm = llmClient(url, { stream: true });
-    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /inference stream event 2: choices must be an array \(got 7\)/ });
+    await assert.rejects(llm.chat(request), {
+      code: 'ERR_LLM_BAD_REPLY',
+      message: /inference stream event 2: choices must be an array \(got 7\)/,
+    });
     await cut; // the server saw the client hang up
     await llm.close();
   });
 
   it('fails a stream that ends without a finish reason with ERR_LLM_BAD_REPLY, and one of the mock cut mid-way as a transport error', async () => {
-    const { url, server } = await scripted((res) => res.writeHead(200, { 'content-type': 'text/event-stream' }).end(`${ROLE}${tokens('a', [1])}`));
+    const { url, server } = await scripted((res) =>
+      res.writeHead(200, { 'content-type': 'text/event-stream' }).end(`${ROLE}${tokens('a', [1])}`),
+    );
     servers.push(server);
     const llm = llmClient(url, { stream: true });
-    await assert.rejects(llm.chat(request), { code: 'ERR_LLM_BAD_REPLY', message: /inference stream ended after 2 events without a finish_reason/ });
+    await assert.rejects(llm.chat(request), {
+      code: 'ERR_LLM_BAD_REPLY',
+      message: /inference stream ended after 2 events without a finish_reason/,
+    });
     await llm.close();
-    const cutting = await startMockLlm({ truncateRate: 1, tokensPerSecond: 5000, thinkTokens: 40, streamIntervalMs: 2 });
+    const cutting = await startMockLlm({
+      truncateRate: 1,
+      tokensPerSecond: 5000,
+      thinkTokens: 40,
+      streamIntervalMs: 2,
+    });
     const cut = llmClient(cutting.url, { stream: true });
     await assert.rejects(cut.chat(request), { code: 'ERR_LLM_UNREACHABLE' });
     await cut.close();
@@ -130,8 +180,14 @@ describe('streamed replies (stream: true)', () => {
   });
 
   it('reads a non-streamed answer to a streamed request as a whole reply (a server that ignores stream)', async () => {
-    const body = { choices: [{ message: { content: 'hi' }, finish_reason: 'stop', token_ids: [4], logprobs: { content: [{ logprob: -1 }] } }] };
-    const { url, server } = await scripted((res) => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(body)));
+    const body = {
+      choices: [
+        { message: { content: 'hi' }, finish_reason: 'stop', token_ids: [4], logprobs: { content: [{ logprob: -1 }] } },
+      ],
+    };
+    const { url, server } = await scripted((res) =>
+      res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify(body)),
+    );
     servers.push(server);
     const llm = llmClient(url, { stream: true });
     const reply = await llm.chat(request);
@@ -142,7 +198,10 @@ describe('streamed replies (stream: true)', () => {
   it('a hold settles an exchange at once with what it has, while the server has not answered, and the connection is reused after', async () => {
     const open: ServerResponse[] = [];
     const state = await scripted((res, index) => {
-      if (index > 0) return void res.writeHead(200, { 'content-type': 'text/event-stream' }).end(`${ROLE}${tokens('x', [5], 'stop')}data: [DONE]\n\n`);
+      if (index > 0)
+        return void res
+          .writeHead(200, { 'content-type': 'text/event-stream' })
+          .end(`${ROLE}${tokens('x', [5], 'stop')}data: [DONE]\n\n`);
       res.writeHead(200, { 'content-type': 'text/event-stream' }).write(`${ROLE}${tokens('ab', [1, 2])}`);
       open.push(res);
     });
@@ -163,12 +222,27 @@ describe('streamed replies (stream: true)', () => {
       },
     };
     const hold = new AbortController();
-    const call = exchanges.run(pool, url, { method: 'POST', path: '/', headers: {}, body: '{}', events: sink }, undefined, hold.signal);
+    const call = exchanges.run(
+      pool,
+      url,
+      { method: 'POST', path: '/', headers: {}, body: '{}', events: sink },
+      undefined,
+      hold.signal,
+    );
     await arrived;
     hold.abort();
     const result = await call;
     assert.deepEqual([result.held, result.streamed, result.statusCode], [true, true, 200]);
-    assert.deepEqual(stream.held(), { content: 'ab', finishReason: 'abort', promptIds: Int32Array.of(1, 2, 3), responseIds: Int32Array.of(1, 2), logprobs: Float32Array.of(-0.01, -0.02), weightVersion: null, promptTokens: null, completionTokens: null });
+    assert.deepEqual(stream.held(), {
+      content: 'ab',
+      finishReason: 'abort',
+      promptIds: Int32Array.of(1, 2, 3),
+      responseIds: Int32Array.of(1, 2),
+      logprobs: Float32Array.of(-0.01, -0.02),
+      weightVersion: null,
+      promptTokens: null,
+      completionTokens: null,
+    });
     // The server's aborted answer ends the exchange; what it sends after the hold is dropped.
     const before = chunks;
     open[0].end(`${tokens('c', [3], 'abort')}data: [DONE]\n\n`);
@@ -192,7 +266,19 @@ describe('streamed replies (stream: true)', () => {
     const pool = new Pool(url, { connections: 1 });
     const exchanges = new Exchanges({ holdDrainMs: 20 });
     const hold = new AbortController();
-    const call = exchanges.run(pool, url, { method: 'POST', path: '/', headers: {}, body: '{}', events: new ChatStream({ tokenIds: true, logprobs: true }) }, undefined, hold.signal);
+    const call = exchanges.run(
+      pool,
+      url,
+      {
+        method: 'POST',
+        path: '/',
+        headers: {},
+        body: '{}',
+        events: new ChatStream({ tokenIds: true, logprobs: true }),
+      },
+      undefined,
+      hold.signal,
+    );
     await streaming;
     hold.abort();
     assert.equal((await call).held, true);
@@ -215,7 +301,10 @@ describe('streamed replies (stream: true)', () => {
     await arrived;
     hold.abort();
     const reply = await call;
-    assert.deepEqual([reply.finishReason, reply.content, [...reply.responseIds!], [...reply.logprobs!]], ['abort', '', [], []]);
+    assert.deepEqual(
+      [reply.finishReason, reply.content, [...reply.responseIds!], [...reply.logprobs!]],
+      ['abort', '', [], []],
+    );
     open.forEach((res) => res.destroy());
     await llm.close();
   });

@@ -9,15 +9,29 @@ import { before, describe, it } from 'node:test';
 
 const CHROMIUM = '/usr/bin/chromium';
 
-
 describe('rollout loadtest', () => {
   const out = mkdtempSync(join(tmpdir(), 'rollout-loadtest-'));
   let run: { code: number | null; stdout: string; stderr: string };
   // One short run (3 s measured, a pause every second) shared by the checks below.
   before(async () => {
     run = await rollout([
-      'loadtest', '--duration', '3', '--rollouts', '32', '--workers', '2', '--pause-every', '1',
-      '--latency-ms', '5', '--think-tokens', '8', '--env-cpu-us', '20', '--out', out,
+      'loadtest',
+      '--duration',
+      '3',
+      '--rollouts',
+      '32',
+      '--workers',
+      '2',
+      '--pause-every',
+      '1',
+      '--latency-ms',
+      '5',
+      '--think-tokens',
+      '8',
+      '--env-cpu-us',
+      '20',
+      '--out',
+      out,
     ]);
   });
 
@@ -27,7 +41,14 @@ describe('rollout loadtest', () => {
     assert.match(run.stdout, /agent steps\/s\s+\d/);
     assert.match(run.stdout, /rollouts\/s\s+\d/);
     assert.match(run.stdout, /tokens\/s\s+\d/);
-    for (const phase of ['rollout queue', 'rollout inference', 'rollout environment', 'rollout total', 'turn inference', 'turn environment']) {
+    for (const phase of [
+      'rollout queue',
+      'rollout inference',
+      'rollout environment',
+      'rollout total',
+      'turn inference',
+      'turn environment',
+    ]) {
       assert.match(run.stdout, new RegExp(`${phase}\\s+\\d+\\s+[\\d.]+ ms\\s+[\\d.]+ ms\\s+[\\d.]+ ms`), phase);
     }
     assert.match(run.stdout, /workers stopped\s+\d+\s+[\d.]+ ms/);
@@ -45,17 +66,31 @@ describe('rollout loadtest', () => {
     }
     assert.ok(report.timeSeries.length >= 2, 'a point per second');
     assert.ok(report.timeSeries.some((p: { stepsPerSecond: number }) => p.stepsPerSecond > 0));
-    const phases = [report.latency.rollout.queueMs, report.latency.rollout.inferenceMs, report.latency.rollout.envMs, report.latency.rollout.totalMs, report.latency.turn.inferenceMs, report.latency.turn.envMs];
+    const phases = [
+      report.latency.rollout.queueMs,
+      report.latency.rollout.inferenceMs,
+      report.latency.rollout.envMs,
+      report.latency.rollout.totalMs,
+      report.latency.turn.inferenceMs,
+      report.latency.turn.envMs,
+    ];
     for (const d of phases) {
       assert.ok(d.count > 0);
       assert.ok(d.p50 <= d.p90 && d.p90 <= d.p99 && d.p99 <= d.max, JSON.stringify(d));
-      assert.equal(d.histogram.counts.reduce((a: number, b: number) => a + b, 0), d.count, 'every value lands in a histogram bin');
+      assert.equal(
+        d.histogram.counts.reduce((a: number, b: number) => a + b, 0),
+        d.count,
+        'every value lands in a histogram bin',
+      );
     }
     assert.ok(report.latency.rollout.inferenceMs.p50 >= 5, 'inference takes at least the mock latency');
     assert.ok(report.latency.turn.envMs.p50 >= 0.02, 'each env step burns its 20 µs');
     assert.ok(report.pauses.byReason.scheduled >= 2, `scheduled pauses: ${JSON.stringify(report.pauses.byReason)}`);
     assert.ok(report.pauses.allBackMs.p50 > 0 && report.pauses.allBackMs.p99 >= report.pauses.allBackMs.p50);
-    assert.ok(report.pauses.workersStoppedMs.count > 0 && report.pauses.workersStoppedMs.p99 >= report.pauses.workersStoppedMs.p50);
+    assert.ok(
+      report.pauses.workersStoppedMs.count > 0 &&
+        report.pauses.workersStoppedMs.p99 >= report.pauses.workersStoppedMs.p50,
+    );
     assert.equal(report.pauses.events.length, report.pauses.count);
     assert.ok(report.memory.samplesUsed > 0);
     assert.ok(Number.isFinite(report.memory.perRolloutHeapBytes) && Number.isFinite(report.memory.perRolloutRssBytes));
@@ -71,18 +106,31 @@ describe('rollout loadtest', () => {
     assert.doesNotMatch(html, /https?:\/\//i, 'no external URL');
     assert.doesNotMatch(html, /<link\b/i, 'no external stylesheet');
     assert.match(html, /<style>/);
-    assert.ok((html.match(/<svg\b/g) ?? []).length >= 3 + 6 + 2, 'throughput charts, six latency histograms, two pause charts');
+    assert.ok(
+      (html.match(/<svg\b/g) ?? []).length >= 3 + 6 + 2,
+      'throughput charts, six latency histograms, two pause charts',
+    );
     assert.match(html, /Steps, rollouts and groups per second/);
     assert.match(html, /rollout: total/);
     assert.match(html, /Workers stopped, per pause/);
     const report = JSON.parse(readFileSync(join(out, 'report.json'), 'utf8'));
-    assert.ok(html.includes('agent steps / s') && html.includes('CPU per agent step') && html.includes('heap per in-flight rollout'));
+    assert.ok(
+      html.includes('agent steps / s') &&
+        html.includes('CPU per agent step') &&
+        html.includes('heap per in-flight rollout'),
+    );
     assert.equal((html.match(/<svg\b/g) ?? []).length, (html.match(/<\/svg>/g) ?? []).length, 'every chart is closed');
     assert.ok(html.includes(`${report.pauses.count} pauses`));
   });
 
-  it('renders report.html in headless chromium when it is installed', { skip: !existsSync(CHROMIUM) && process.env.CI !== 'true' && `${CHROMIUM} is not installed (.ci/run installs it)` }, () => {
-    const result = spawnSync(CHROMIUM, ['--headless', '--no-sandbox', '--disable-gpu', '--dump-dom', pathToFileURL(join(out, 'report.html')).href], { encoding: 'utf8', timeout: 60_000 });
+  it('renders report.html in headless chromium when it is installed', {
+    skip: !existsSync(CHROMIUM) && process.env.CI !== 'true' && `${CHROMIUM} is not installed (.ci/run installs it)`,
+  }, () => {
+    const result = spawnSync(
+      CHROMIUM,
+      ['--headless', '--no-sandbox', '--disable-gpu', '--dump-dom', pathToFileURL(join(out, 'report.html')).href],
+      { encoding: 'utf8', timeout: 60_000 },
+    );
     assert.equal(result.status, 0, result.stderr);
     assert.match(result.stdout, /<svg/);
     assert.match(result.stdout, /rollout loadtest/);
@@ -106,7 +154,19 @@ describe('rollout loadtest', () => {
   it('explains its options with --help', async () => {
     const help = await rollout(['loadtest', '--help'], { timeoutMs: 20_000 });
     assert.equal(help.code, 0);
-    for (const flag of ['--rollouts', '--latency-ms', '--tokens-per-second', '--think-tokens', '--env-cpu-us', '--workers', '--duration', '--strategy', '--pause-every', '--stream', '--out']) {
+    for (const flag of [
+      '--rollouts',
+      '--latency-ms',
+      '--tokens-per-second',
+      '--think-tokens',
+      '--env-cpu-us',
+      '--workers',
+      '--duration',
+      '--strategy',
+      '--pause-every',
+      '--stream',
+      '--out',
+    ]) {
       assert.ok(help.stdout.includes(flag), flag);
     }
   });
@@ -117,17 +177,41 @@ describe('rollout loadtest --stream', () => {
     const out = mkdtempSync(join(tmpdir(), 'rollout-loadtest-stream-'));
     // Slow generations (100 tokens/s, 5 ms events) so the pauses catch calls mid-stream.
     const run = await rollout([
-      'loadtest', '--duration', '2', '--rollouts', '32', '--workers', '2', '--pause-every', '0.5', '--stream', '--stream-interval-ms', '5',
-      '--latency-ms', '5', '--tokens-per-second', '100', '--think-tokens', '20', '--out', out,
+      'loadtest',
+      '--duration',
+      '2',
+      '--rollouts',
+      '32',
+      '--workers',
+      '2',
+      '--pause-every',
+      '0.5',
+      '--stream',
+      '--stream-interval-ms',
+      '5',
+      '--latency-ms',
+      '5',
+      '--tokens-per-second',
+      '100',
+      '--think-tokens',
+      '20',
+      '--out',
+      out,
     ]);
     assert.equal(run.code, 0, run.stderr);
     const report = JSON.parse(readFileSync(join(out, 'report.json'), 'utf8'));
     assert.deepEqual([report.settings.stream, report.settings.streamIntervalMs], [true, 5]);
     assert.ok(report.throughput.stepsPerSecond > 0);
     assert.ok(report.pauses.byReason.scheduled >= 2, JSON.stringify(report.pauses.byReason));
-    assert.ok(report.outcomes.groups.landed.ABORTED > 0, `pauses brought groups back ABORTED: ${JSON.stringify(report.outcomes.groups.landed)}`);
+    assert.ok(
+      report.outcomes.groups.landed.ABORTED > 0,
+      `pauses brought groups back ABORTED: ${JSON.stringify(report.outcomes.groups.landed)}`,
+    );
     assert.equal(report.outcomes.groups.landed.FAILED, 0);
-    assert.match(readFileSync(join(out, 'report.html'), 'utf8'), /streamed, an event every 5 ms \(pauses hold calls with their tokens\)/);
+    assert.match(
+      readFileSync(join(out, 'report.html'), 'utf8'),
+      /streamed, an event every 5 ms \(pauses hold calls with their tokens\)/,
+    );
   });
 });
 
@@ -135,9 +219,29 @@ describe('rollout loadtest --capacity', () => {
   it('trains on a GPU-like mock, syncing weights each batch, and reports the servers busy beside the engine', async () => {
     const out = mkdtempSync(join(tmpdir(), 'rollout-loadtest-gpu-'));
     const run = await rollout([
-      'loadtest', '--duration', '3', '--rollouts', '32', '--workers', '1', '--envs', 'arithmetic',
-      '--capacity', '16', '--capacity-response-tokens', '30', '--capacity-speedup', '20',
-      '--train-ms-per-token', '0.5', '--sync-every', '1', '--load-ms', '100', '--out', out,
+      'loadtest',
+      '--duration',
+      '3',
+      '--rollouts',
+      '32',
+      '--workers',
+      '1',
+      '--envs',
+      'arithmetic',
+      '--capacity',
+      '16',
+      '--capacity-response-tokens',
+      '30',
+      '--capacity-speedup',
+      '20',
+      '--train-ms-per-token',
+      '0.5',
+      '--sync-every',
+      '1',
+      '--load-ms',
+      '100',
+      '--out',
+      out,
     ]);
     assert.equal(run.code, 0, run.stderr);
     assert.match(run.stdout, /GPU-like mock: 16 slots, responses median 30 tokens, σ 1, 20× speed/);
@@ -148,12 +252,18 @@ describe('rollout loadtest --capacity', () => {
     assert.ok(report.pauses.byReason.scheduled >= 1, JSON.stringify(report.pauses.byReason));
     assert.ok(report.timeSeries.some((p: { gpuBusyFraction: number | null }) => p.gpuBusyFraction !== null));
     assert.ok(report.inFlight.mean > 0 && report.inFlight.mean <= report.inFlight.capacity);
-    assert.match(readFileSync(join(out, 'report.html'), 'utf8'), /Inference servers \(GPU-like mock\): busy and slots filled/);
+    assert.match(
+      readFileSync(join(out, 'report.html'), 'utf8'),
+      /Inference servers \(GPU-like mock\): busy and slots filled/,
+    );
   });
 
   it('refuses a fixed latency beside --capacity, naming the flag', async () => {
     const run = await rollout(['loadtest', '--capacity', '16', '--latency-ms', '5']);
     assert.equal(run.code, 2);
-    assert.match(run.stderr, /--latency-ms does not apply with --capacity: the GPU-like mock sets the timing \(got --latency-ms "5"\)/);
+    assert.match(
+      run.stderr,
+      /--latency-ms does not apply with --capacity: the GPU-like mock sets the timing \(got --latency-ms "5"\)/,
+    );
   });
 });

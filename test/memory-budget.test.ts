@@ -35,13 +35,16 @@ describe('memory budget', () => {
         if (checkAgain) (checkAgain = false), onLanded();
       });
     };
-    const engine = createEngine({
-      logLevel: 'silent',
-      batchSize: 4,
-      workers: { threads: 1 },
-      tasks: [{ name: 'math', env: { module: 'builtin:arithmetic' }, groupSize: 4, maxSteps: 1 }],
-      producer: { strategy: 'async', maxStaleness: 1_000_000, overSampleThreshold: 1, memoryBudgetBytes: budget },
-    }, { observer: { landed: onLanded } });
+    const engine = createEngine(
+      {
+        logLevel: 'silent',
+        batchSize: 4,
+        workers: { threads: 1 },
+        tasks: [{ name: 'math', env: { module: 'builtin:arithmetic' }, groupSize: 4, maxSteps: 1 }],
+        producer: { strategy: 'async', maxStaleness: 1_000_000, overSampleThreshold: 1, memoryBudgetBytes: budget },
+      },
+      { observer: { landed: onLanded } },
+    );
     engines.push(engine);
     await engine.start();
     assert.equal((await engine.getBatch(1)).status, 'NORMAL');
@@ -54,7 +57,11 @@ describe('memory budget', () => {
     assert.equal(full.groups.inFlight, 0, 'production stopped');
     assert.ok(full.buffer.bytes <= budget, `buffer holds ${full.buffer.bytes} bytes, over the ${budget}-byte budget`);
     assert.ok(full.buffer.bytes > budget / 2, 'it filled most of the budget before stopping');
-    assert.equal(full.groups.dropped.FAILED + full.groups.dropped.FILTERED + full.groups.dropped.EXPIRED, 0, 'nothing was dropped to make room');
+    assert.equal(
+      full.groups.dropped.FAILED + full.groups.dropped.FILTERED + full.groups.dropped.EXPIRED,
+      0,
+      'nothing was dropped to make room',
+    );
     // The trainer takes: room again, production goes on. Nothing was in flight at `full`, so a group
     // landing now was scheduled after it.
     const landed = deferred();
@@ -74,6 +81,9 @@ describe('memory budget', () => {
     });
     engines.push(engine);
     await engine.start();
-    await assert.rejects(engine.getBatch(1), { code: 'ERR_PRODUCTION_STALLED', message: /producer\.memoryBudgetBytes \(20000\) cannot hold one batch/ });
+    await assert.rejects(engine.getBatch(1), {
+      code: 'ERR_PRODUCTION_STALLED',
+      message: /producer\.memoryBudgetBytes \(20000\) cannot hold one batch/,
+    });
   });
 });

@@ -61,17 +61,26 @@ describe('mock-llm dialect option', () => {
   it('refuses an unknown dialect with a coded error naming the option and the value', async () => {
     await assert.rejects(startMockLlm({ dialect: 'tgi' as never }), (error: Error & { code?: string }) => {
       assert.equal(error.code, 'ERR_INVALID_OPTION');
-      assert.match(error.message, /mock-llm: option dialect must be one of default, vllm, sglang, llamacpp \(got "tgi"\)/);
+      assert.match(
+        error.message,
+        /mock-llm: option dialect must be one of default, vllm, sglang, llamacpp \(got "tgi"\)/,
+      );
       return true;
     });
   });
 
   it('refuses a context length without a dialect, naming both options', async () => {
-    await assert.rejects(startMockLlm({ contextLength: 4096 }), /option contextLength applies to the vllm, sglang and llamacpp dialects only \(set option dialect too\) \(got 4096\)/);
+    await assert.rejects(
+      startMockLlm({ contextLength: 4096 }),
+      /option contextLength applies to the vllm, sglang and llamacpp dialects only \(set option dialect too\) \(got 4096\)/,
+    );
   });
 
   it('refuses a non-integer weight version on the default dialect but takes a string on sglang', async (t) => {
-    await assert.rejects(startMockLlm({ weightVersion: 'v1' }), /option weightVersion must be a non-negative integer \(got "v1"\)/);
+    await assert.rejects(
+      startMockLlm({ weightVersion: 'v1' }),
+      /option weightVersion must be a non-negative integer \(got "v1"\)/,
+    );
     const mock = await start(t, { dialect: 'sglang', weightVersion: 'run-7' });
     assert.equal(mock.reportedWeightVersion, 'run-7');
   });
@@ -88,7 +97,11 @@ describe('mock-llm dialect option', () => {
 describe('vllm dialect', () => {
   it('puts completion ids on the choice and prompt ids top level with return_token_ids, and no weight version (serving_chat.py chat_completion_full_generator @99c5632)', async (t) => {
     const mock = await start(t, { dialect: 'vllm', weightVersion: 5 });
-    const { status, json } = await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC, return_token_ids: true, logprobs: true });
+    const { status, json } = await call(mock, 'POST', '/v1/chat/completions', {
+      messages: ARITHMETIC,
+      return_token_ids: true,
+      logprobs: true,
+    });
     assert.equal(status, 200);
     const choice = json.choices[0];
     assert.ok(Array.isArray(choice.token_ids));
@@ -114,10 +127,15 @@ describe('vllm dialect', () => {
     const mock = await start(t, { dialect: 'vllm', model: 'Qwen/Qwen2.5-7B' });
     const chat = await call(mock, 'POST', '/v1/chat/completions', { model: 'gpt-4', messages: ARITHMETIC });
     assert.equal(chat.status, 404);
-    assert.deepEqual(chat.json, { error: { message: 'The model `gpt-4` does not exist.', type: 'NotFoundError', param: 'model', code: 404 } });
+    assert.deepEqual(chat.json, {
+      error: { message: 'The model `gpt-4` does not exist.', type: 'NotFoundError', param: 'model', code: 404 },
+    });
     const completions = await call(mock, 'POST', '/v1/completions', { model: 'gpt-4', prompt: [1, 2, 3] });
     assert.equal(completions.status, 404);
-    assert.equal((await call(mock, 'POST', '/v1/chat/completions', { model: 'Qwen/Qwen2.5-7B', messages: ARITHMETIC })).status, 200);
+    assert.equal(
+      (await call(mock, 'POST', '/v1/chat/completions', { model: 'Qwen/Qwen2.5-7B', messages: ARITHMETIC })).status,
+      200,
+    );
   });
 
   it('lists the model with owned_by vllm and max_model_len = the context (models/serving.py show_available_models @00153c8)', async (t) => {
@@ -135,15 +153,21 @@ describe('vllm dialect', () => {
     assert.equal(over.status, 400);
     assert.deepEqual(over.json, {
       error: {
-        message: "'max_tokens' or 'max_completion_tokens' is too large: 20. This model's maximum context length is 30 tokens and your request has 21 input tokens (20 > 30 - 21). (parameter=max_tokens, value=20)",
+        message:
+          "'max_tokens' or 'max_completion_tokens' is too large: 20. This model's maximum context length is 30 tokens and your request has 21 input tokens (20 > 30 - 21). (parameter=max_tokens, value=20)",
         type: 'BadRequestError',
         param: 'max_tokens',
         code: 400,
       },
     });
-    const long = await call(mock, 'POST', '/v1/chat/completions', { messages: [{ role: 'user', content: 'word '.repeat(40) }] });
+    const long = await call(mock, 'POST', '/v1/chat/completions', {
+      messages: [{ role: 'user', content: 'word '.repeat(40) }],
+    });
     assert.equal(long.status, 400);
-    assert.match(long.json.error.message, /^This model's maximum context length is 30 tokens\. However, your request has \d+ input tokens\. Please reduce the length of the input messages\. \(parameter=input_tokens, value=\d+\)$/);
+    assert.match(
+      long.json.error.message,
+      /^This model's maximum context length is 30 tokens\. However, your request has \d+ input tokens\. Please reduce the length of the input messages\. \(parameter=input_tokens, value=\d+\)$/,
+    );
     assert.equal(long.json.error.param, 'input_tokens');
   });
 
@@ -157,27 +181,54 @@ describe('vllm dialect', () => {
 
   it('streams prompt ids in the role chunk and token_ids per chunk, stop_reason at the end, and no weight version (chat_completion_stream_generator @99c5632)', async (t) => {
     const mock = await start(t, { dialect: 'vllm', tokensPerSecond: 2000, streamIntervalMs: 1 });
-    const whole = await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC, seed: 9, return_token_ids: true, logprobs: true });
-    const streamed = await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC, seed: 9, return_token_ids: true, logprobs: true, stream: true });
+    const whole = await call(mock, 'POST', '/v1/chat/completions', {
+      messages: ARITHMETIC,
+      seed: 9,
+      return_token_ids: true,
+      logprobs: true,
+    });
+    const streamed = await call(mock, 'POST', '/v1/chat/completions', {
+      messages: ARITHMETIC,
+      seed: 9,
+      return_token_ids: true,
+      logprobs: true,
+      stream: true,
+    });
     const chunks = events(streamed.text);
     assert.deepEqual(chunks[0].prompt_token_ids, whole.json.prompt_token_ids);
     assert.equal(chunks[0].choices[0].delta.role, 'assistant');
     const ids = chunks.slice(1).flatMap((c) => c.choices[0].token_ids);
     assert.deepEqual(ids, whole.json.choices[0].token_ids);
-    const logprobs = chunks.slice(1).flatMap((c) => c.choices[0].logprobs.content.map((e: { logprob: number }) => e.logprob));
-    assert.deepEqual(logprobs, whole.json.choices[0].logprobs.content.map((e: { logprob: number }) => e.logprob), 'vLLM streams the end token and its logprob too');
+    const logprobs = chunks
+      .slice(1)
+      .flatMap((c) => c.choices[0].logprobs.content.map((e: { logprob: number }) => e.logprob));
+    assert.deepEqual(
+      logprobs,
+      whole.json.choices[0].logprobs.content.map((e: { logprob: number }) => e.logprob),
+      'vLLM streams the end token and its logprob too',
+    );
     const last = chunks.at(-1);
     assert.equal(last.choices[0].finish_reason, 'stop');
     assert.equal(last.choices[0].stop_reason, null);
-    assert.equal(chunks.some((c) => 'metadata' in c), false);
+    assert.equal(
+      chunks.some((c) => 'metadata' in c),
+      false,
+    );
     assert.equal(chunks.map((c) => c.choices[0].delta.content ?? '').join(''), whole.json.choices[0].message.content);
   });
 
   it('answers token-id prompts on /v1/completions with choice token ids and token_logprobs, and no metadata (completion/serving.py request_output_to_completion_response @030ea52)', async (t) => {
     const mock = await start(t, { dialect: 'vllm' });
     const vocab = await loadVocabulary('cl100k');
-    const prompt = vocab.encode('<|im_start|>user\nCompute 2 + 3. Answer with the number only.<|im_end|>\n<|im_start|>assistant\n');
-    const { status, json } = await call(mock, 'POST', '/v1/completions', { prompt, max_tokens: 50, logprobs: 1, return_token_ids: true });
+    const prompt = vocab.encode(
+      '<|im_start|>user\nCompute 2 + 3. Answer with the number only.<|im_end|>\n<|im_start|>assistant\n',
+    );
+    const { status, json } = await call(mock, 'POST', '/v1/completions', {
+      prompt,
+      max_tokens: 50,
+      logprobs: 1,
+      return_token_ids: true,
+    });
     assert.equal(status, 200);
     const choice = json.choices[0];
     assert.deepEqual(choice.prompt_token_ids, prompt);
@@ -192,7 +243,9 @@ describe('vllm dialect', () => {
     await mock.waitForInFlight(1);
     const empty = await call(mock, 'POST', '/abort_requests', '');
     assert.equal(empty.status, 400);
-    assert.deepEqual(empty.json, { error: { message: 'Invalid JSON format', type: 'Bad Request', param: null, code: 400 } });
+    assert.deepEqual(empty.json, {
+      error: { message: 'Invalid JSON format', type: 'Bad Request', param: null, code: 400 },
+    });
     const aborted = await call(mock, 'POST', '/abort_requests', {});
     assert.deepEqual(aborted.json, { status: 'aborted', aborted: 1 });
     assert.equal((await pending).json.choices[0].finish_reason, 'abort');
@@ -227,17 +280,27 @@ describe('vllm dialect', () => {
   it('reads and sets a string weight version on the dev-mode routes, in no reply (dev/rlhf/api_router.py weight_info, update_weight_version @0100a21)', async (t) => {
     const mock = await start(t, { dialect: 'vllm' });
     assert.deepEqual((await call(mock, 'GET', '/weight_info')).json, { weight_version: 'default' });
-    assert.deepEqual((await call(mock, 'POST', '/update_weight_version', { new_version: 'step-3' })).json, { success: true, new_version: 'step-3' });
+    assert.deepEqual((await call(mock, 'POST', '/update_weight_version', { new_version: 'step-3' })).json, {
+      success: true,
+      new_version: 'step-3',
+    });
     assert.deepEqual((await call(mock, 'GET', '/weight_info')).json, { weight_version: 'step-3' });
     const missing = await call(mock, 'POST', '/update_weight_version', {});
     assert.equal(missing.status, 422);
     assert.equal(missing.json.detail[0].type, 'missing');
-    assert.equal('metadata' in (await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC })).json, false);
+    assert.equal(
+      'metadata' in (await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC })).json,
+      false,
+    );
   });
 
   it('answers the dev-mode routes 404 when launched without VLLM_SERVER_DEV_MODE (vllmDevMode: false)', async (t) => {
     const mock = await start(t, { dialect: 'vllm', vllmDevMode: false });
-    for (const [method, path] of [['POST', '/abort_requests'], ['GET', '/weight_info'], ['POST', '/update_weight_version']]) {
+    for (const [method, path] of [
+      ['POST', '/abort_requests'],
+      ['GET', '/weight_info'],
+      ['POST', '/update_weight_version'],
+    ]) {
       assert.equal((await call(mock, method, path, method === 'POST' ? {} : undefined)).status, 404, path);
     }
   });
@@ -246,16 +309,28 @@ describe('vllm dialect', () => {
 describe('sglang dialect', () => {
   it('reports metadata.weight_version as the string "default", or the --weight-version string (serving_chat.py _build_chat_response @002897c; server_args.py weight_version)', async (t) => {
     const plain = await start(t, { dialect: 'sglang' });
-    assert.equal((await call(plain, 'POST', '/v1/chat/completions', { messages: ARITHMETIC })).json.metadata.weight_version, 'default');
+    assert.equal(
+      (await call(plain, 'POST', '/v1/chat/completions', { messages: ARITHMETIC })).json.metadata.weight_version,
+      'default',
+    );
     const launched = await start(t, { dialect: 'sglang', weightVersion: 12 });
-    assert.equal((await call(launched, 'POST', '/v1/chat/completions', { messages: ARITHMETIC })).json.metadata.weight_version, '12');
+    assert.equal(
+      (await call(launched, 'POST', '/v1/chat/completions', { messages: ARITHMETIC })).json.metadata.weight_version,
+      '12',
+    );
   });
 
   it('puts prompt_token_ids on the choice only with return_prompt_token_ids, and the completion ids nowhere (serving_chat.py _build_chat_response @002897c)', async (t) => {
     const mock = await start(t, { dialect: 'sglang' });
-    const asked = await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC, return_prompt_token_ids: true, return_token_ids: true });
+    const asked = await call(mock, 'POST', '/v1/chat/completions', {
+      messages: ARITHMETIC,
+      return_prompt_token_ids: true,
+      return_token_ids: true,
+    });
     const choice = asked.json.choices[0];
-    assert.ok(Array.isArray(choice.prompt_token_ids) && choice.prompt_token_ids.length === asked.json.usage.prompt_tokens);
+    assert.ok(
+      Array.isArray(choice.prompt_token_ids) && choice.prompt_token_ids.length === asked.json.usage.prompt_tokens,
+    );
     assert.equal('prompt_token_ids' in asked.json, false, 'not top level');
     assert.equal('token_ids' in choice, false, 'SGLang does not fill completion ids in a chat reply');
     assert.equal(choice.matched_stop, IM_END);
@@ -272,28 +347,39 @@ describe('sglang dialect', () => {
 
   it('refuses return_prompt_token_ids with stream: true with 400 (serving_chat.py _convert_to_internal_request @002897c)', async (t) => {
     const mock = await start(t, { dialect: 'sglang' });
-    const answer = await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC, stream: true, return_prompt_token_ids: true });
+    const answer = await call(mock, 'POST', '/v1/chat/completions', {
+      messages: ARITHMETIC,
+      stream: true,
+      return_prompt_token_ids: true,
+    });
     assert.equal(answer.status, 400);
     assert.deepEqual(answer.json, {
       object: 'error',
-      message: 'return_prompt_token_ids is not supported with streaming. Please set stream=false when using return_prompt_token_ids=true.',
+      message:
+        'return_prompt_token_ids is not supported with streaming. Please set stream=false when using return_prompt_token_ids=true.',
       type: 'BadRequestError',
       param: null,
       code: 400,
     });
   });
 
-  it('streams no weight version and no token ids, and loses the end token\'s logprob (serving_chat.py _generate_stream_content: no chunk for an empty delta @002897c)', async (t) => {
+  it("streams no weight version and no token ids, and loses the end token's logprob (serving_chat.py _generate_stream_content: no chunk for an empty delta @002897c)", async (t) => {
     const mock = await start(t, { dialect: 'sglang' });
     const whole = await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC, seed: 4, logprobs: true });
-    const streamed = await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC, seed: 4, logprobs: true, stream: true, stream_options: { include_usage: true } });
+    const streamed = await call(mock, 'POST', '/v1/chat/completions', {
+      messages: ARITHMETIC,
+      seed: 4,
+      logprobs: true,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
     const chunks = events(streamed.text);
     assert.equal(streamed.text.includes('weight_version'), false);
     assert.equal(streamed.text.includes('token_ids'), false);
     const streamedLogprobs = chunks.flatMap((c) => c.choices[0]?.logprobs?.content ?? []);
     const wholeLogprobs = whole.json.choices[0].logprobs.content;
     assert.equal(wholeLogprobs.at(-1).token, '<|im_end|>');
-    assert.equal(streamedLogprobs.length, wholeLogprobs.length - 1, 'every logprob but the end token\'s');
+    assert.equal(streamedLogprobs.length, wholeLogprobs.length - 1, "every logprob but the end token's");
     assert.deepEqual(streamedLogprobs, wholeLogprobs.slice(0, -1));
     const finish = chunks.find((c) => c.choices[0]?.finish_reason);
     assert.deepEqual(finish.choices[0].delta, { role: null, content: null, reasoning_content: null, tool_calls: null });
@@ -320,8 +406,15 @@ describe('sglang dialect', () => {
   it('serves token-in /generate with output_ids, [logprob, id, null] entries, an object finish reason and the string version (tokenizer_manager.py _handle_batch_output @001067f)', async (t) => {
     const mock = await start(t, { dialect: 'sglang', weightVersion: 'w1' });
     const vocab = await loadVocabulary('cl100k');
-    const input = vocab.encode('<|im_start|>user\nCompute 2 + 3. Answer with the number only.<|im_end|>\n<|im_start|>assistant\n');
-    const { status, json } = await call(mock, 'POST', '/generate', { input_ids: input, sampling_params: { max_new_tokens: 64 }, return_logprob: true, rid: 'r-1' });
+    const input = vocab.encode(
+      '<|im_start|>user\nCompute 2 + 3. Answer with the number only.<|im_end|>\n<|im_start|>assistant\n',
+    );
+    const { status, json } = await call(mock, 'POST', '/generate', {
+      input_ids: input,
+      sampling_params: { max_new_tokens: 64 },
+      return_logprob: true,
+      rid: 'r-1',
+    });
     assert.equal(status, 200);
     assert.equal(json.output_ids.at(-1), vocab.endOfTurnId);
     assert.deepEqual(json.meta_info.finish_reason, { type: 'stop', matched: vocab.endOfTurnId });
@@ -329,7 +422,10 @@ describe('sglang dialect', () => {
     assert.equal(json.meta_info.weight_version, 'w1');
     assert.equal(json.meta_info.prompt_tokens, input.length);
     assert.equal(json.meta_info.completion_tokens, json.output_ids.length);
-    assert.deepEqual(json.meta_info.output_token_logprobs.map((e: unknown[]) => e[1]), json.output_ids);
+    assert.deepEqual(
+      json.meta_info.output_token_logprobs.map((e: unknown[]) => e[1]),
+      json.output_ids,
+    );
     assert.ok(json.meta_info.output_token_logprobs.every((e: unknown[]) => typeof e[0] === 'number' && e[2] === null));
     const short = await call(mock, 'POST', '/generate', { input_ids: input, sampling_params: { max_new_tokens: 1 } });
     assert.deepEqual(short.json.meta_info.finish_reason, { type: 'length', length: 1 });
@@ -345,12 +441,21 @@ describe('sglang dialect', () => {
       "Requested token count exceeds the model's maximum context length of 30 tokens. You requested a total of 41 tokens: 21 tokens from the input messages and 20 tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.",
     );
     assert.equal(chat.json.object, 'error');
-    const generate = await call(mock, 'POST', '/generate', { input_ids: Array.from({ length: 40 }, (_, i) => 100 + i) });
+    const generate = await call(mock, 'POST', '/generate', {
+      input_ids: Array.from({ length: 40 }, (_, i) => 100 + i),
+    });
     assert.equal(generate.status, 400);
-    assert.deepEqual(generate.json, { error: { message: "The input (40 tokens) is longer than the model's context length (30 tokens)." } });
+    assert.deepEqual(generate.json, {
+      error: { message: "The input (40 tokens) is longer than the model's context length (30 tokens)." },
+    });
     // /generate's default max_new_tokens is 128: a 20-token prompt already exceeds a 30-token context with it.
-    const defaulted = await call(mock, 'POST', '/generate', { input_ids: Array.from({ length: 20 }, (_, i) => 100 + i) });
-    assert.match(defaulted.json.error.message, /You requested a total of 148 tokens: 20 tokens from the input messages and 128 tokens for the completion/);
+    const defaulted = await call(mock, 'POST', '/generate', {
+      input_ids: Array.from({ length: 20 }, (_, i) => 100 + i),
+    });
+    assert.match(
+      defaulted.json.error.message,
+      /You requested a total of 148 tokens: 20 tokens from the input messages and 128 tokens for the completion/,
+    );
   });
 
   it('tells its model, context and version on /v1/models, /get_model_info, /get_server_info and their newer names (http_server.py @0025436)', async (t) => {
@@ -375,12 +480,22 @@ describe('sglang dialect', () => {
   it('updates the string weight version on /update_weight_version and reports it on /get_weight_version and in replies (http_server.py update_weight_version @0025436)', async (t) => {
     const mock = await start(t, { dialect: 'sglang' });
     const updated = await call(mock, 'POST', '/update_weight_version', { new_version: 'step-2' });
-    assert.deepEqual(updated.json, { success: true, message: 'Weight version updated to step-2', new_version: 'step-2' });
+    assert.deepEqual(updated.json, {
+      success: true,
+      message: 'Weight version updated to step-2',
+      new_version: 'step-2',
+    });
     assert.deepEqual((await call(mock, 'GET', '/get_weight_version')).json, { weight_version: 'step-2' });
-    assert.equal((await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC })).json.metadata.weight_version, 'step-2');
+    assert.equal(
+      (await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC })).json.metadata.weight_version,
+      'step-2',
+    );
     mock.setWeightVersion(3);
     assert.equal(mock.reportedWeightVersion, '3');
-    assert.equal((await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC })).json.metadata.weight_version, '3');
+    assert.equal(
+      (await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC })).json.metadata.weight_version,
+      '3',
+    );
   });
 
   it('answers an unknown route with FastAPI\'s 404 {"detail":"Not Found"}', async (t) => {
@@ -394,7 +509,11 @@ describe('sglang dialect', () => {
 describe('llamacpp dialect', () => {
   it('returns each token id only inside choices[0].logprobs.content[].id on chat, and no logprobs key unless asked (server-task.cpp to_json_oaicompat_chat @17f5f8a)', async (t) => {
     const mock = await start(t, { dialect: 'llamacpp' });
-    const asked = await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC, logprobs: true, return_token_ids: true });
+    const asked = await call(mock, 'POST', '/v1/chat/completions', {
+      messages: ARITHMETIC,
+      logprobs: true,
+      return_token_ids: true,
+    });
     const choice = asked.json.choices[0];
     const entries = choice.logprobs.content;
     assert.ok(entries.every((e: { id: unknown }) => Number.isInteger(e.id)));
@@ -412,16 +531,32 @@ describe('llamacpp dialect', () => {
   it('answers token-id prompts on /completion with tokens, completion_probabilities, stop_type and tokens_evaluated (server-task.cpp to_json_non_oaicompat @17f5f8a)', async (t) => {
     const mock = await start(t, { dialect: 'llamacpp' });
     const vocab = await loadVocabulary('cl100k');
-    const prompt = vocab.encode('<|im_start|>user\nCompute 2 + 3. Answer with the number only.<|im_end|>\n<|im_start|>assistant\n');
-    const { status, json } = await call(mock, 'POST', '/completion', { prompt, n_predict: 64, n_probs: 1, return_tokens: true });
+    const prompt = vocab.encode(
+      '<|im_start|>user\nCompute 2 + 3. Answer with the number only.<|im_end|>\n<|im_start|>assistant\n',
+    );
+    const { status, json } = await call(mock, 'POST', '/completion', {
+      prompt,
+      n_predict: 64,
+      n_probs: 1,
+      return_tokens: true,
+    });
     assert.equal(status, 200);
     assert.equal(json.tokens.at(-1), vocab.endOfTurnId);
     assert.equal(json.stop_type, 'eos');
     assert.equal(json.truncated, false);
     assert.equal(json.tokens_evaluated, prompt.length);
     assert.equal(json.tokens_predicted, json.tokens.length);
-    assert.deepEqual(json.completion_probabilities.map((p: { id: number }) => p.id), json.tokens);
-    assert.deepEqual(Object.keys(json.completion_probabilities[0]), ['id', 'token', 'bytes', 'logprob', 'top_logprobs']);
+    assert.deepEqual(
+      json.completion_probabilities.map((p: { id: number }) => p.id),
+      json.tokens,
+    );
+    assert.deepEqual(Object.keys(json.completion_probabilities[0]), [
+      'id',
+      'token',
+      'bytes',
+      'logprob',
+      'top_logprobs',
+    ]);
     const short = await call(mock, 'POST', '/completion', { prompt, n_predict: 1 });
     assert.equal(short.json.stop_type, 'limit');
     assert.equal('completion_probabilities' in short.json, false);
@@ -432,9 +567,17 @@ describe('llamacpp dialect', () => {
     const answer = await call(mock, 'POST', '/completion', { prompt: Array.from({ length: 30 }, (_, i) => 100 + i) });
     assert.equal(answer.status, 400);
     assert.deepEqual(answer.json, {
-      error: { code: 400, message: 'the request exceeds the available context size, try increasing it', type: 'exceed_context_size_error', n_prompt_tokens: 30, n_ctx: 30 },
+      error: {
+        code: 400,
+        message: 'the request exceeds the available context size, try increasing it',
+        type: 'exceed_context_size_error',
+        n_prompt_tokens: 30,
+        n_ctx: 30,
+      },
     });
-    const chat = await call(mock, 'POST', '/v1/chat/completions', { messages: [{ role: 'user', content: 'word '.repeat(40) }] });
+    const chat = await call(mock, 'POST', '/v1/chat/completions', {
+      messages: [{ role: 'user', content: 'word '.repeat(40) }],
+    });
     assert.equal(chat.status, 400);
     assert.equal(chat.json.error.type, 'exceed_context_size_error');
   });
@@ -476,18 +619,30 @@ describe('llamacpp dialect', () => {
   it('stops generating when the client closes the connection, its only way to abort', async (t) => {
     const mock = await start(t, { dialect: 'llamacpp', latencyMs: 60_000 });
     const controller = new AbortController();
-    const pending = request(`${mock.url}/v1/chat/completions`, { method: 'POST', body: JSON.stringify({ messages: ARITHMETIC }), signal: controller.signal }).catch(() => null);
+    const pending = request(`${mock.url}/v1/chat/completions`, {
+      method: 'POST',
+      body: JSON.stringify({ messages: ARITHMETIC }),
+      signal: controller.signal,
+    }).catch(() => null);
     await mock.waitForInFlight(1);
     controller.abort();
     await pending;
-    await within(5_000, 'the server hears of the closed connection', mock.waitForStats((s) => s.inFlight === 0));
+    await within(
+      5_000,
+      'the server hears of the closed connection',
+      mock.waitForStats((s) => s.inFlight === 0),
+    );
     assert.equal(mock.stats().inFlight, 0);
     assert.equal(mock.stats().cancelled, 1);
   });
 
   it('streams logprob entries with ids and no token-id field', async (t) => {
     const mock = await start(t, { dialect: 'llamacpp' });
-    const streamed = await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC, logprobs: true, stream: true });
+    const streamed = await call(mock, 'POST', '/v1/chat/completions', {
+      messages: ARITHMETIC,
+      logprobs: true,
+      stream: true,
+    });
     const chunks = events(streamed.text);
     const ids = chunks.flatMap((c) => c.choices[0]?.logprobs?.content.map((e: { id: number }) => e.id) ?? []);
     assert.equal(ids.at(-1), IM_END);

@@ -43,7 +43,11 @@ async function call(mock: MockLlm, path: string, body?: unknown): Promise<{ stat
 
 /** A chat completion with token ids and logprobs always on; returns the single choice and the rest. */
 async function chat(mock: MockLlm, body: Record<string, unknown>) {
-  const { status, json } = await call(mock, '/v1/chat/completions', { return_token_ids: true, logprobs: true, ...body });
+  const { status, json } = await call(mock, '/v1/chat/completions', {
+    return_token_ids: true,
+    logprobs: true,
+    ...body,
+  });
   assert.equal(status, 200, JSON.stringify(json));
   const reply = json as Completion;
   const choice = reply.choices[0];
@@ -101,12 +105,18 @@ describe('mock inference server: per-request seed', () => {
     for (let seed = 1; seed <= 8; seed++) texts.add((await chat(mock, { messages: GUESS_PROMPT, seed })).text);
     assert.equal(texts.size, 8);
     const other = await start(t, { thinkTokens: 30, mistakeRate: 0.5, seed: 1 });
-    assert.notEqual((await chat(other, { messages: GUESS_PROMPT, seed: 1 })).text, (await chat(mock, { messages: GUESS_PROMPT, seed: 1 })).text);
+    assert.notEqual(
+      (await chat(other, { messages: GUESS_PROMPT, seed: 1 })).text,
+      (await chat(mock, { messages: GUESS_PROMPT, seed: 1 })).text,
+    );
   });
 
   it('makes the policy a function of (server seed, request seed) alone, ignoring the request counter', () => {
     const options = { seed: 3, mistakeRate: 0.5, thinkTokens: 20 };
-    assert.deepEqual(generateCompletion(GUESS_PROMPT, options, 0, 77), generateCompletion(GUESS_PROMPT, options, 999, 77));
+    assert.deepEqual(
+      generateCompletion(GUESS_PROMPT, options, 0, 77),
+      generateCompletion(GUESS_PROMPT, options, 999, 77),
+    );
     assert.notDeepEqual(generateCompletion(GUESS_PROMPT, options, 0), generateCompletion(GUESS_PROMPT, options, 1));
   });
 });
@@ -129,7 +139,10 @@ describe('mock inference server: continue_final_message', () => {
 
     // The uninterrupted reference, from a fast twin (same seed option): only the seeds matter.
     const full = await chat(await start(t, { ...SLOW, tokensPerSecond: 0 }), { messages: GUESS_PROMPT, seed: S });
-    assert.ok(first.ids.length > 0 && first.ids.length < full.ids.length, `aborted after ${first.ids.length} of ${full.ids.length} tokens`);
+    assert.ok(
+      first.ids.length > 0 && first.ids.length < full.ids.length,
+      `aborted after ${first.ids.length} of ${full.ids.length} tokens`,
+    );
     assert.deepEqual([...first.ids, ...rest.ids], full.ids);
     assert.equal(first.text + rest.text, full.text);
     assert.deepEqual([...first.logprobs, ...rest.logprobs], full.logprobs);
@@ -159,9 +172,15 @@ describe('mock inference server: continue_final_message', () => {
     const last = await chat(mock, continuation(GUESS_PROMPT, partial, { seed: S }));
     assert.equal(last.finish, 'stop');
     parts.push(last);
-    assert.deepEqual(parts.flatMap((p) => p.ids), full.ids);
+    assert.deepEqual(
+      parts.flatMap((p) => p.ids),
+      full.ids,
+    );
     assert.equal(parts.map((p) => p.text).join(''), full.text);
-    assert.deepEqual(parts.flatMap((p) => p.logprobs), full.logprobs);
+    assert.deepEqual(
+      parts.flatMap((p) => p.logprobs),
+      full.logprobs,
+    );
     assert.equal(mock.stats().aborted, 2);
   });
 
@@ -228,8 +247,16 @@ describe('mock inference server: continue_final_message', () => {
       [{ messages: HELLO, seed: 1.5 }, 'seed', /^seed must be a 64-bit integer \(got 1\.5\)$/],
       [{ messages: HELLO, seed: '7' }, 'seed', /^seed must be a 64-bit integer \(got "7"\)$/],
       [{ messages: HELLO, seed: 2 ** 70 }, 'seed', /^seed must be a 64-bit integer \(got 1\.1805916207174113e\+21\)$/],
-      [{ messages: assistantLast, continue_final_message: 'yes' }, 'continue_final_message', /continue_final_message must be a boolean \(got "yes"\)/],
-      [{ messages: HELLO, add_generation_prompt: 0 }, 'add_generation_prompt', /add_generation_prompt must be a boolean \(got 0\)/],
+      [
+        { messages: assistantLast, continue_final_message: 'yes' },
+        'continue_final_message',
+        /continue_final_message must be a boolean \(got "yes"\)/,
+      ],
+      [
+        { messages: HELLO, add_generation_prompt: 0 },
+        'add_generation_prompt',
+        /add_generation_prompt must be a boolean \(got 0\)/,
+      ],
       [
         { messages: HELLO, continue_final_message: true, add_generation_prompt: false },
         'continue_final_message',
@@ -254,6 +281,9 @@ describe('mock inference server: continue_final_message', () => {
       assert.match(json.error.message, message);
     }
     // Not continuing, a trailing assistant message is just history: a new assistant turn follows it.
-    assert.equal((await chat(mock, { messages: assistantLast, continue_final_message: false, seed: -3 })).finish, 'stop');
+    assert.equal(
+      (await chat(mock, { messages: assistantLast, continue_final_message: false, seed: -3 })).finish,
+      'stop',
+    );
   });
 });

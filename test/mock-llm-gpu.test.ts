@@ -10,14 +10,22 @@ import { startMockLlm, type MockLlm, type MockLlmOptions } from '../src/testing/
 import { mockLlmCommand } from '../src/cli/mock-llm.ts';
 
 /** Round numbers so step times are exact: a step is 10 ms + 1 ms per decoding sequence + 1 ms per prefilled token. */
-const SHAPE: GpuModelOptions = { slots: 2, decodeMs: 10, decodeMsPerSeq: 1, prefillTokensPerSecond: 1000, prefillChunkTokens: 64, prefixCacheTokens: 1024 };
+const SHAPE: GpuModelOptions = {
+  slots: 2,
+  decodeMs: 10,
+  decodeMsPerSeq: 1,
+  prefillTokensPerSecond: 1000,
+  prefillChunkTokens: 64,
+  prefixCacheTokens: 1024,
+};
 
 const ids = (n: number, from = 1) => Array.from({ length: n }, (_, i) => from + i);
 
 /** Runs the model until idle; returns the time each sequence finished. */
 function drain(model: GpuModel): Sequence[] {
   const done: Sequence[] = [];
-  for (let guard = 0; model.nextEventAt !== null && guard < 100_000; guard++) done.push(...model.advanceTo(model.nextEventAt));
+  for (let guard = 0; model.nextEventAt !== null && guard < 100_000; guard++)
+    done.push(...model.advanceTo(model.nextEventAt));
   return done;
 }
 
@@ -25,10 +33,16 @@ describe('GPU-like mock: the replica model', () => {
   it('runs at most `slots` sequences and queues the rest in arrival order', () => {
     const model = new GpuModel(SHAPE);
     const seqs = [0, 1, 2, 3].map((i) => model.submit(0, { promptIds: ids(1, 100 * i), outputIds: ids(3) }).seq);
-    assert.deepEqual(seqs.map((s) => s.state), ['prefill', 'prefill', 'queued', 'queued']);
+    assert.deepEqual(
+      seqs.map((s) => s.state),
+      ['prefill', 'prefill', 'queued', 'queued'],
+    );
     assert.deepEqual(model.state(), { running: 2, queued: 2, cacheTokens: 0 });
     const done = drain(model);
-    assert.deepEqual(done.map((s) => s.id), [0, 1, 2, 3]);
+    assert.deepEqual(
+      done.map((s) => s.id),
+      [0, 1, 2, 3],
+    );
     // The third is admitted only when a slot frees, at the end of the step that finished the first two.
     assert.equal(seqs[2].admittedAt, seqs[0].doneAt);
     const c = model.counters();
@@ -86,7 +100,10 @@ describe('GPU-like mock: the replica model', () => {
     model.cancel(model.now, long);
     assert.equal(long.state, 'done');
     const done = drain(model);
-    assert.deepEqual(done.map((s) => s.id), [waiting.id]);
+    assert.deepEqual(
+      done.map((s) => s.id),
+      [waiting.id],
+    );
     assert.equal(model.counters().cancelled, 1);
   });
 
@@ -136,12 +153,21 @@ describe('GPU-like mock: the prefix cache', () => {
 
 describe('GPU-like mock: response lengths', () => {
   const draws = (sigma: number, prompts: number, perPrompt: number) =>
-    Array.from({ length: prompts }, (_, p) => Array.from({ length: perPrompt }, (_, r) => drawLength({ median: 200, sigma }, 7, p, 1000 * p + r)));
+    Array.from({ length: prompts }, (_, p) =>
+      Array.from({ length: perPrompt }, (_, r) => drawLength({ median: 200, sigma }, 7, p, 1000 * p + r)),
+    );
 
   it('draws a long tail around the median under a seed, the same every time', () => {
-    const all = draws(1, 200, 10).flat().sort((a, b) => a - b);
+    const all = draws(1, 200, 10)
+      .flat()
+      .sort((a, b) => a - b);
     const q = (p: number) => all[Math.floor((p / 100) * (all.length - 1))];
-    assert.deepEqual(draws(1, 200, 10).flat().sort((a, b) => a - b), all);
+    assert.deepEqual(
+      draws(1, 200, 10)
+        .flat()
+        .sort((a, b) => a - b),
+      all,
+    );
     assert.ok(q(50) > 150 && q(50) < 270, `median ${q(50)}`);
     assert.ok(q(99) / q(50) > 5, `p99 ${q(99)} vs median ${q(50)}`);
     const mean = all.reduce((s, x) => s + x, 0) / all.length;
@@ -159,9 +185,20 @@ describe('GPU-like mock: response lengths', () => {
 
   it('gives every reply the median with σ 0, and tells prompts apart by their opening messages', () => {
     assert.deepEqual(draws(0, 3, 3).flat(), Array(9).fill(200));
-    const a = promptKey([{ role: 'system', content: 'between 1 and 100' }, { role: 'user', content: 'go' }]);
-    const b = promptKey([{ role: 'system', content: 'between 1 and 200' }, { role: 'user', content: 'go' }]);
-    const a2 = promptKey([{ role: 'system', content: 'between 1 and 100' }, { role: 'user', content: 'go' }, { role: 'assistant', content: '50' }, { role: 'user', content: 'Too low.' }]);
+    const a = promptKey([
+      { role: 'system', content: 'between 1 and 100' },
+      { role: 'user', content: 'go' },
+    ]);
+    const b = promptKey([
+      { role: 'system', content: 'between 1 and 200' },
+      { role: 'user', content: 'go' },
+    ]);
+    const a2 = promptKey([
+      { role: 'system', content: 'between 1 and 100' },
+      { role: 'user', content: 'go' },
+      { role: 'assistant', content: '50' },
+      { role: 'user', content: 'Too low.' },
+    ]);
     assert.notEqual(a, b);
     assert.equal(a, a2, 'later turns keep the prompt’s key');
   });
@@ -185,8 +222,15 @@ function chatBody(content: string, extra: Record<string, unknown> = {}) {
 describe('GPU-like mock: the server', () => {
   it('answers with the drawn length and reports its metrics at /admin/gpu', async (t) => {
     const mock = await start(t, { capacity: { slots: 4, responseTokens: 40, lengthSigma: 0, speedup: 50 } });
-    const res = await request(`${mock.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: chatBody('Compute 2+3. Answer with the number only.') });
-    const reply = (await res.body.json()) as { usage: { completion_tokens: number }; choices: { message: { content: string } }[] };
+    const res = await request(`${mock.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: chatBody('Compute 2+3. Answer with the number only.'),
+    });
+    const reply = (await res.body.json()) as {
+      usage: { completion_tokens: number };
+      choices: { message: { content: string } }[];
+    };
     assert.equal(reply.usage.completion_tokens, 40);
     assert.match(reply.choices[0].message.content, /5/);
     const { status, json } = await get(mock, '/admin/gpu');
@@ -200,11 +244,30 @@ describe('GPU-like mock: the server', () => {
 
   it('answers an abort with the tokens the replica generated so far and frees its slots', async (t) => {
     const mock = await start(t, { capacity: { slots: 2, responseTokens: 5_000, lengthSigma: 0, speedup: 1 } });
-    const pending = [1, 2, 3].map(() => request(`${mock.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: chatBody('hello', { max_tokens: 6_000 }) }));
-    await mock.waitForStats((s) => s.gpu !== null && s.gpu.running === 2 && s.gpu.queued === 1 && s.gpu.generatedTokens > 0);
+    const pending = [1, 2, 3].map(() =>
+      request(`${mock.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: chatBody('hello', { max_tokens: 6_000 }),
+      }),
+    );
+    await mock.waitForStats(
+      (s) => s.gpu !== null && s.gpu.running === 2 && s.gpu.queued === 1 && s.gpu.generatedTokens > 0,
+    );
     assert.equal(mock.abortAll(), 3);
-    const replies = await Promise.all(pending.map(async (p) => (await (await p).body.json()) as { choices: { finish_reason: string }[]; usage: { completion_tokens: number } }));
-    assert.deepEqual(replies.map((r) => r.choices[0].finish_reason), ['abort', 'abort', 'abort']);
+    const replies = await Promise.all(
+      pending.map(
+        async (p) =>
+          (await (await p).body.json()) as {
+            choices: { finish_reason: string }[];
+            usage: { completion_tokens: number };
+          },
+      ),
+    );
+    assert.deepEqual(
+      replies.map((r) => r.choices[0].finish_reason),
+      ['abort', 'abort', 'abort'],
+    );
     assert.ok(replies[0].usage.completion_tokens > 0 && replies[0].usage.completion_tokens < 5_000);
     assert.equal(replies[2].usage.completion_tokens, 0, 'the queued one never ran');
     const gpu = mock.stats().gpu!;
@@ -216,7 +279,13 @@ describe('GPU-like mock: the server', () => {
   it('drops its prefix cache when a new weight version is set', async (t) => {
     const mock = await start(t, { capacity: { slots: 2, responseTokens: 20, lengthSigma: 0, speedup: 50 } });
     const long = `Compute 1+1. Answer with the number only. ${'padding words '.repeat(20)}`;
-    await (await request(`${mock.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: chatBody(long) })).body.dump();
+    await (
+      await request(`${mock.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: chatBody(long),
+      })
+    ).body.dump();
     assert.ok(mock.stats().gpu!.cacheTokens > 0);
     mock.setWeightVersion(1);
     assert.equal(mock.stats().gpu!.cacheTokens, 0);
@@ -224,15 +293,63 @@ describe('GPU-like mock: the server', () => {
   });
 
   it('computes a window’s busy fraction, slot fill and token rate from two readings', () => {
-    const zero: GpuMetrics = { timeMs: 0, busyMs: 0, slotMs: 0, queueMs: 0, steps: 0, submitted: 0, admitted: 0, completed: 0, cancelled: 0, generatedTokens: 0, promptTokens: 0, cachedTokens: 0, prefilledTokens: 0, cacheFlushes: 0, slots: 4, speedup: 1, running: 0, queued: 0, cacheTokens: 0 };
-    const w = gpuWindow(zero, { ...zero, timeMs: 1000, busyMs: 900, slotMs: 3000, queueMs: 500, generatedTokens: 2000, promptTokens: 100, cachedTokens: 25 });
-    assert.deepEqual(w, { timeMs: 1000, busyFraction: 0.9, meanRunning: 3, slotFill: 0.75, meanQueue: 0.5, tokensPerSecond: 2000, generatedTokens: 2000, cacheHitFraction: 0.25, completed: 0 });
+    const zero: GpuMetrics = {
+      timeMs: 0,
+      busyMs: 0,
+      slotMs: 0,
+      queueMs: 0,
+      steps: 0,
+      submitted: 0,
+      admitted: 0,
+      completed: 0,
+      cancelled: 0,
+      generatedTokens: 0,
+      promptTokens: 0,
+      cachedTokens: 0,
+      prefilledTokens: 0,
+      cacheFlushes: 0,
+      slots: 4,
+      speedup: 1,
+      running: 0,
+      queued: 0,
+      cacheTokens: 0,
+    };
+    const w = gpuWindow(zero, {
+      ...zero,
+      timeMs: 1000,
+      busyMs: 900,
+      slotMs: 3000,
+      queueMs: 500,
+      generatedTokens: 2000,
+      promptTokens: 100,
+      cachedTokens: 25,
+    });
+    assert.deepEqual(w, {
+      timeMs: 1000,
+      busyFraction: 0.9,
+      meanRunning: 3,
+      slotFill: 0.75,
+      meanQueue: 0.5,
+      tokensPerSecond: 2000,
+      generatedTokens: 2000,
+      cacheHitFraction: 0.25,
+      completed: 0,
+    });
   });
 
   it('refuses a capacity beside a fixed latency, and an unknown capacity field, naming it', async () => {
-    await assert.rejects(startMockLlm({ capacity: {}, latencyMs: 50 }), /option latencyMs must be 0 with option capacity \(the GPU model sets the timing\) \(got 50\)/);
-    await assert.rejects(startMockLlm({ capacity: { slot: 4 } as never }), /unknown option capacity\.slot \(known: slots, /);
-    await assert.rejects(startMockLlm({ capacity: { slots: 0 } }), /option capacity\.slots must be in \[1, 65536\] \(got 0\)/);
+    await assert.rejects(
+      startMockLlm({ capacity: {}, latencyMs: 50 }),
+      /option latencyMs must be 0 with option capacity \(the GPU model sets the timing\) \(got 50\)/,
+    );
+    await assert.rejects(
+      startMockLlm({ capacity: { slot: 4 } as never }),
+      /unknown option capacity\.slot \(known: slots, /,
+    );
+    await assert.rejects(
+      startMockLlm({ capacity: { slots: 0 } }),
+      /option capacity\.slots must be in \[1, 65536\] \(got 0\)/,
+    );
     await assert.rejects(mockLlmCommand(['--capacity-speedup', '10']), /--capacity-speedup needs --capacity <slots>/);
     assert.equal(GPU_DEFAULTS.slots, 256);
   });

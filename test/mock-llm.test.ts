@@ -25,7 +25,12 @@ async function start(t: TestContext, options: MockLlmOptions = {}): Promise<Mock
   return mock;
 }
 
-async function call(mock: MockLlm, method: 'GET' | 'POST', path: string, body?: unknown): Promise<{ status: number; json: any }> {
+async function call(
+  mock: MockLlm,
+  method: 'GET' | 'POST',
+  path: string,
+  body?: unknown,
+): Promise<{ status: number; json: any }> {
   const res = await request(`${mock.url}${path}`, {
     method,
     headers: { 'content-type': 'application/json' },
@@ -43,15 +48,28 @@ async function chat(mock: MockLlm, body: Record<string, unknown>): Promise<Compl
 interface Chunk {
   id: string;
   object: string;
-  choices: { delta: { role?: string; content?: string }; finish_reason: string | null; token_ids?: number[]; logprobs: Completion['choices'][0]['logprobs'] }[];
+  choices: {
+    delta: { role?: string; content?: string };
+    finish_reason: string | null;
+    token_ids?: number[];
+    logprobs: Completion['choices'][0]['logprobs'];
+  }[];
   prompt_token_ids?: number[];
   usage?: Completion['usage'];
   metadata?: { weight_version: number };
 }
 
 /** The data of each server-sent event of a streamed completion, in order; `onEvent` sees them as they arrive. */
-async function streamEvents(mock: MockLlm, body: Record<string, unknown>, onEvent?: (data: string) => void): Promise<string[]> {
-  const res = await request(`${mock.url}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+async function streamEvents(
+  mock: MockLlm,
+  body: Record<string, unknown>,
+  onEvent?: (data: string) => void,
+): Promise<string[]> {
+  const res = await request(`${mock.url}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
   assert.equal(res.statusCode, 200);
   assert.match(String(res.headers['content-type']), /^text\/event-stream/);
   const events: string[] = [];
@@ -85,7 +103,10 @@ describe('mock inference server', () => {
     assert.deepEqual(await call(mock, 'GET', '/health'), { status: 200, json: { status: 'ok' } });
     const models = await call(mock, 'GET', '/v1/models');
     assert.equal(models.json.object, 'list');
-    assert.deepEqual(models.json.data.map((m: { id: string }) => m.id), ['my-model']);
+    assert.deepEqual(
+      models.json.data.map((m: { id: string }) => m.id),
+      ['my-model'],
+    );
   });
 
   it('returns integer token ids and negative logprobs, one per completion token, matching usage', async (t) => {
@@ -133,11 +154,23 @@ describe('mock inference server', () => {
       ['{not json', null, /not valid JSON/],
       [{ model: 'x' }, 'messages', /messages must be a non-empty array \(got undefined\)/],
       [{ messages: [] }, 'messages', /messages must be a non-empty array \(got an empty array\)/],
-      [{ messages: [{ role: 'user', content: 42 }] }, 'messages[0].content', /messages\[0\]\.content must be .* \(got 42\)/],
+      [
+        { messages: [{ role: 'user', content: 42 }] },
+        'messages[0].content',
+        /messages\[0\]\.content must be .* \(got 42\)/,
+      ],
       [{ messages: HELLO, max_tokens: -3 }, 'max_tokens', /max_tokens must be a positive integer \(got -3\)/],
       [{ messages: HELLO, logprobs: 'yes' }, 'logprobs', /logprobs must be a boolean \(got "yes"\)/],
-      [{ messages: HELLO, stream_options: { include_usage: true } }, 'stream_options', /stream_options is only allowed with stream: true/],
-      [{ messages: HELLO, stream: true, stream_options: { include_usage: 1 } }, 'stream_options.include_usage', /stream_options.include_usage must be a boolean \(got 1\)/],
+      [
+        { messages: HELLO, stream_options: { include_usage: true } },
+        'stream_options',
+        /stream_options is only allowed with stream: true/,
+      ],
+      [
+        { messages: HELLO, stream: true, stream_options: { include_usage: 1 } },
+        'stream_options.include_usage',
+        /stream_options.include_usage must be a boolean \(got 1\)/,
+      ],
     ];
     for (const [body, param, message] of cases) {
       const { status, json } = await call(mock, 'POST', '/v1/chat/completions', body);
@@ -193,7 +226,10 @@ describe('mock inference server', () => {
     const ids = tokens.flatMap((c) => c.choices[0].token_ids!);
     assert.deepEqual(ids, whole.token_ids);
     assert.equal(tokens.map((c) => c.choices[0].delta.content).join(''), whole.message.content);
-    assert.deepEqual(tokens.flatMap((c) => c.choices[0].logprobs!.content.map((l) => l.logprob)), whole.logprobs!.content.map((l) => l.logprob));
+    assert.deepEqual(
+      tokens.flatMap((c) => c.choices[0].logprobs!.content.map((l) => l.logprob)),
+      whole.logprobs!.content.map((l) => l.logprob),
+    );
     assert.equal(usage.usage!.completion_tokens, ids.length);
   });
 
@@ -202,10 +238,20 @@ describe('mock inference server', () => {
     const events: string[] = [];
     let twoTokenEvents!: () => void;
     const started = new Promise<void>((r) => (twoTokenEvents = r));
-    const reading = streamEvents(mock, { messages: HELLO, return_token_ids: true, logprobs: true, stream: true, stream_options: { include_usage: true } }, (e) => {
-      events.push(e);
-      if (events.length === 3) twoTokenEvents(); // the role event and two with tokens
-    });
+    const reading = streamEvents(
+      mock,
+      {
+        messages: HELLO,
+        return_token_ids: true,
+        logprobs: true,
+        stream: true,
+        stream_options: { include_usage: true },
+      },
+      (e) => {
+        events.push(e);
+        if (events.length === 3) twoTokenEvents(); // the role event and two with tokens
+      },
+    );
     await started;
     assert.deepEqual(await call(mock, 'POST', '/admin/abort'), { status: 200, json: { aborted: 1 } });
     const all = await reading;
@@ -239,7 +285,10 @@ describe('mock inference server', () => {
   it('reports a weight version set over HTTP or in code in the metadata of later completions', async (t) => {
     const mock = await start(t, { weightVersion: 3 });
     assert.deepEqual((await call(mock, 'GET', '/admin/weight_version')).json, { weight_version: 3 });
-    assert.deepEqual(await call(mock, 'POST', '/admin/weight_version', { weight_version: 7 }), { status: 200, json: { weight_version: 7 } });
+    assert.deepEqual(await call(mock, 'POST', '/admin/weight_version', { weight_version: 7 }), {
+      status: 200,
+      json: { weight_version: 7 },
+    });
     assert.equal(mock.weightVersion, 7);
     assert.deepEqual((await chat(mock, { messages: HELLO })).metadata, { weight_version: 7 });
     mock.setWeightVersion(9);
@@ -270,7 +319,9 @@ describe('mock inference server', () => {
   });
 
   it('rejects invalid options, naming the option and the value', async () => {
-    await assert.rejects(startMockLlm({ errorRate: 2 }), { message: 'mock-llm: option errorRate must be in [0, 1] (got 2)' });
+    await assert.rejects(startMockLlm({ errorRate: 2 }), {
+      message: 'mock-llm: option errorRate must be in [0, 1] (got 2)',
+    });
     await assert.rejects(startMockLlm({ thinkTokens: 1.5 }), /option thinkTokens must be an integer \(got 1\.5\)/);
     await assert.rejects(startMockLlm({ latency: 5 } as MockLlmOptions), /unknown option latency/);
   });
@@ -316,7 +367,8 @@ describe('mock policy', () => {
   it('answers arithmetic right without mistakes and sometimes off by a little with them', async (t) => {
     const messages = [{ role: 'user', content: 'Compute 37 + 45 * 2 - 8. Answer with the number only.' }];
     const exact = await start(t, { mistakeRate: 0 });
-    for (let i = 0; i < 5; i++) assert.match((await chat(exact, { messages })).choices[0].message.content, /(?<!\d)119\D*$/);
+    for (let i = 0; i < 5; i++)
+      assert.match((await chat(exact, { messages })).choices[0].message.content, /(?<!\d)119\D*$/);
     const sloppy = await start(t, { mistakeRate: 1 });
     const answer = Number((await chat(sloppy, { messages })).choices[0].message.content.match(/-?\d+/g)!.at(-1));
     assert.ok(answer !== 119 && Math.abs(answer - 119) <= 3, String(answer));

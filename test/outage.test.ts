@@ -29,7 +29,13 @@ function outageGroup(): RolloutGroup {
     id: 'g',
     status: Status.ABORTED,
     error: null,
-    rollouts: [member(Status.ABORTED, `${OUTAGE_CODE}: ERR_LLM_UNREACHABLE: inference server http://x unreachable: ECONNREFUSED`), member(Status.COMPLETED, null)],
+    rollouts: [
+      member(
+        Status.ABORTED,
+        `${OUTAGE_CODE}: ERR_LLM_UNREACHABLE: inference server http://x unreachable: ECONNREFUSED`,
+      ),
+      member(Status.COMPLETED, null),
+    ],
   } as unknown as RolloutGroup;
 }
 
@@ -84,7 +90,7 @@ function deferredQueue() {
 }
 
 describe('outage monitor (coordinator/outage.ts)', () => {
-  it('fails a group whose call failed while an endpoint answers, with the call\'s own reason', async () => {
+  it("fails a group whose call failed while an endpoint answers, with the call's own reason", async () => {
     const { monitor, round } = scripted();
     const group = outageGroup();
     const settled = monitor.arrived(group, 0);
@@ -96,7 +102,10 @@ describe('outage monitor (coordinator/outage.ts)', () => {
     assert.equal(group.rollouts[0].error, 'ERR_LLM_UNREACHABLE: inference server http://x unreachable: ECONNREFUSED');
     assert.equal(group.rollouts[1].status, Status.COMPLETED);
     assert.equal(monitor.holding, false);
-    assert.deepEqual({ ...monitor.stats(), currentMs: null }, { state: 'up', currentMs: null, outages: 0, totalMs: 0, groupsAborted: 0, budgetMs: 60_000 });
+    assert.deepEqual(
+      { ...monitor.stats(), currentMs: null },
+      { state: 'up', currentMs: null, outages: 0, totalMs: 0, groupsAborted: 0, budgetMs: 60_000 },
+    );
     await monitor.close();
   });
 
@@ -135,7 +144,14 @@ describe('outage monitor (coordinator/outage.ts)', () => {
     (await nextWait()).done();
     await round([true, false]);
     while (monitor.holding) await new Promise((r) => setImmediate(r));
-    assert.deepEqual(monitor.stats(), { state: 'up', currentMs: null, outages: 1, totalMs: 30_000, groupsAborted: 2, budgetMs: 60_000 });
+    assert.deepEqual(monitor.stats(), {
+      state: 'up',
+      currentMs: null,
+      outages: 1,
+      totalMs: 30_000,
+      groupsAborted: 2,
+      budgetMs: 60_000,
+    });
     // A group dispatched before the end met the outage: retried, whatever the servers say now.
     const late = outageGroup();
     await monitor.arrived(late, 29_000);
@@ -155,7 +171,10 @@ describe('outage monitor (coordinator/outage.ts)', () => {
     await round([false, false]);
     while (monitor.spentError === null) await new Promise((r) => setImmediate(r));
     assert.equal(monitor.spentError.code, OUTAGE_CODE);
-    assert.match(monitor.spentError.message, /no inference endpoint has answered for 1 s, more than llm\.outageBudgetMs = 1000 allows; last error: ERR_LLM_UNREACHABLE/);
+    assert.match(
+      monitor.spentError.message,
+      /no inference endpoint has answered for 1 s, more than llm\.outageBudgetMs = 1000 allows; last error: ERR_LLM_UNREACHABLE/,
+    );
     const late = outageGroup();
     await monitor.arrived(late, 900);
     assert.equal(late.status, Status.FAILED);
@@ -183,7 +202,11 @@ describe('llm.outageBudgetMs', () => {
 function assertAccounted(stats: EngineStats, when: string): void {
   const { scheduled, inFlight, taken, dropped } = stats.groups;
   const stored = stats.buffer.completed + stats.buffer.aborted + stats.buffer.expired;
-  assert.equal(scheduled, inFlight + stored + taken + dropped.FAILED + dropped.FILTERED + dropped.EXPIRED, `${when}: ${JSON.stringify(stats.groups)} stored ${stored}`);
+  assert.equal(
+    scheduled,
+    inFlight + stored + taken + dropped.FAILED + dropped.FILTERED + dropped.EXPIRED,
+    `${when}: ${JSON.stringify(stats.groups)} stored ${stored}`,
+  );
 }
 
 describe('the engine through an inference outage', { timeout: 60_000 }, () => {
@@ -202,14 +225,23 @@ describe('the engine through an inference outage', { timeout: 60_000 }, () => {
     logLevel: 'silent' as const,
     seed: 1,
     batchSize: 4,
-    llm: { url: proxy.url, retries: 1, retryBackoffMs: 5, timeoutMs: 5_000, ...(outageBudgetMs !== undefined ? { outageBudgetMs } : {}) },
+    llm: {
+      url: proxy.url,
+      retries: 1,
+      retryBackoffMs: 5,
+      timeoutMs: 5_000,
+      ...(outageBudgetMs !== undefined ? { outageBudgetMs } : {}),
+    },
     workers: { threads: 1, groupsPerWorker: 8 },
     // One failed group tolerated: before, a 1.5 s outage failed every group in flight.
     producer: { strategy, maxFailedGroupsPerStep: 1, ...(strategy === 'async' ? { maxStaleness: 8 } : {}) },
     tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 4, maxTokens: 16 }],
   });
 
-  for (const [strategy, mode] of [['sync', 'refuse'], ['async', '503']] as const) {
+  for (const [strategy, mode] of [
+    ['sync', 'refuse'],
+    ['async', '503'],
+  ] as const) {
     it(`an inference outage of 1.5 s (${mode === 'refuse' ? 'connections refused' : 'every request answered 503'}, ${strategy} production) does not fail the run with ERR_TOO_MANY_FAILED_GROUPS`, async () => {
       proxy.chats = 0;
       const outageOver = deferred();
@@ -248,7 +280,10 @@ describe('the engine through an inference outage', { timeout: 60_000 }, () => {
 
   it('with one of two endpoints down, calls fail over to the other: no group fails and no outage is declared', async () => {
     const other = await OutageProxy.start(mock.url);
-    const engine = createEngine({ ...engineConfig('sync'), llm: { url: [proxy.url, other.url], retries: 0, retryBackoffMs: 1 } });
+    const engine = createEngine({
+      ...engineConfig('sync'),
+      llm: { url: [proxy.url, other.url], retries: 0, retryBackoffMs: 1 },
+    });
     try {
       await engine.start(); // both answer the start-up probe
       await other.down('refuse');

@@ -9,12 +9,23 @@ import { ProduceProgress } from '../src/coordinator/progress.ts';
 import { batchOf, pauseWith, scriptedProducer, settled } from './support/scripted-producer.ts';
 
 describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
-  const twoTasks = [{ name: 'a', weight: 1 }, { name: 'b', weight: 1 }];
+  const twoTasks = [
+    { name: 'a', weight: 1 },
+    { name: 'b', weight: 1 },
+  ];
 
   it('starts with every count at 0 and the consumer and producer at step 1', () => {
     const p = new ProduceProgress(twoTasks, 8);
     assert.deepEqual([p.nextConsumerStep, p.producerFutureStep, p.targetUptoFutureStep, p.produceMs], [1, 1, 0, 0]);
-    assert.deepEqual([p.consumedSamples, p.targetSamples, p.rewardSum, p.producedSamples], [{ a: 0, b: 0 }, { a: 0, b: 0 }, { a: 0, b: 0 }, { a: 0, b: 0 }]);
+    assert.deepEqual(
+      [p.consumedSamples, p.targetSamples, p.rewardSum, p.producedSamples],
+      [
+        { a: 0, b: 0 },
+        { a: 0, b: 0 },
+        { a: 0, b: 0 },
+        { a: 0, b: 0 },
+      ],
+    );
   });
 
   // batch 8 over a:b = 1:1 → shares 4/4 per step; targets are cumulative: share × steps covered.
@@ -38,7 +49,13 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
 
   it('accumulates uneven shares per step: batch 7 over 1:1 is 4/3 per step, so step 3 gives 12/9', () => {
     const p = new ProduceProgress(twoTasks, 7);
-    assert.deepEqual([...p.shares()], [['a', 4], ['b', 3]]);
+    assert.deepEqual(
+      [...p.shares()],
+      [
+        ['a', 4],
+        ['b', 3],
+      ],
+    );
     p.ensureTargetUpto(3);
     assert.deepEqual(p.targetSamples, { a: 12, b: 9 });
   });
@@ -71,8 +88,18 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
   it('counts consumed groups cumulatively without touching the targets (4+4 then 4+3 → 8/7)', () => {
     const p = new ProduceProgress(twoTasks, 8);
     p.ensureTargetUpto(2);
-    p.markConsumed(new Map([['a', 4], ['b', 4]]));
-    p.markConsumed(new Map([['a', 4], ['b', 3]]));
+    p.markConsumed(
+      new Map([
+        ['a', 4],
+        ['b', 4],
+      ]),
+    );
+    p.markConsumed(
+      new Map([
+        ['a', 4],
+        ['b', 3],
+      ]),
+    );
     assert.deepEqual(p.consumedSamples, { a: 8, b: 7 });
     assert.deepEqual(p.targetSamples, { a: 8, b: 8 });
   });
@@ -87,10 +114,26 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
     p.produceMs = 250;
     p.markConsumed(new Map([['a', 2]]));
     p.ensureTargetUpto(1);
-    assert.deepEqual(p.takeWindow(), { meanReward: { a: 0.5, b: null }, producedSamples: { a: 3, b: 1 }, producedTokens: { a: 120, b: 30 }, produceMs: 250 });
-    assert.deepEqual(p.takeWindow(), { meanReward: { a: null, b: null }, producedSamples: { a: 0, b: 0 }, producedTokens: { a: 0, b: 0 }, produceMs: 0 });
+    assert.deepEqual(p.takeWindow(), {
+      meanReward: { a: 0.5, b: null },
+      producedSamples: { a: 3, b: 1 },
+      producedTokens: { a: 120, b: 30 },
+      produceMs: 250,
+    });
+    assert.deepEqual(p.takeWindow(), {
+      meanReward: { a: null, b: null },
+      producedSamples: { a: 0, b: 0 },
+      producedTokens: { a: 0, b: 0 },
+      produceMs: 0,
+    });
     // cumulative counts are not window statistics
-    assert.deepEqual([p.consumedSamples, p.targetSamples], [{ a: 2, b: 0 }, { a: 4, b: 4 }]);
+    assert.deepEqual(
+      [p.consumedSamples, p.targetSamples],
+      [
+        { a: 2, b: 0 },
+        { a: 4, b: 4 },
+      ],
+    );
   });
 
   it('takes a snapshot that later changes do not alter', () => {
@@ -99,14 +142,22 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
     const snap = p.snapshot();
     p.ensureTargetUpto(5);
     p.markConsumed(new Map([['a', 4]]));
-    assert.deepEqual([snap.targetSamples, snap.consumedSamples, snap.targetUptoFutureStep], [{ a: 8, b: 8 }, { a: 0, b: 0 }, 2]);
+    assert.deepEqual(
+      [snap.targetSamples, snap.consumedSamples, snap.targetUptoFutureStep],
+      [{ a: 8, b: 8 }, { a: 0, b: 0 }, 2],
+    );
   });
 
   it('restores every field in place, the task maps keeping their identity (consumed/target objects are the same references)', () => {
     const p = new ProduceProgress(twoTasks, 8);
     p.ensureTargetUpto(3); // 12/12
     p.beginConsume(2);
-    p.markConsumed(new Map([['a', 4], ['b', 4]]));
+    p.markConsumed(
+      new Map([
+        ['a', 4],
+        ['b', 4],
+      ]),
+    );
     p.finishConsume(2);
     p.addRewards('b', 2, 4);
     p.addProduced('a', 5, 50);
@@ -122,7 +173,18 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
     assert.equal(q.targetSamples, targetBefore);
     assert.equal(q.rewardSum, rewardBefore);
     assert.deepEqual(
-      [q.nextConsumerStep, q.producerFutureStep, q.targetUptoFutureStep, q.produceMs, q.consumedSamples, q.targetSamples, q.rewardSum, q.rewardCount, q.producedSamples, q.producedTokens],
+      [
+        q.nextConsumerStep,
+        q.producerFutureStep,
+        q.targetUptoFutureStep,
+        q.produceMs,
+        q.consumedSamples,
+        q.targetSamples,
+        q.rewardSum,
+        q.rewardCount,
+        q.producedSamples,
+        q.producedTokens,
+      ],
       [3, 2, 3, 10, { a: 4, b: 4 }, { a: 12, b: 12 }, { a: 0, b: 2 }, { a: 0, b: 4 }, { a: 5, b: 0 }, { a: 50, b: 0 }],
     );
     // and the restored object keeps working from there: step 4 adds one more share of 4
@@ -136,7 +198,13 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
     p.markConsumed(new Map([['b', 9]]));
     const state = { ...p.snapshot(), consumedSamples: { a: 5, zzz: 1 }, targetSamples: { a: 6 } };
     p.restore(state);
-    assert.deepEqual([p.consumedSamples, p.targetSamples], [{ a: 5, b: 0 }, { a: 6, b: 0 }]);
+    assert.deepEqual(
+      [p.consumedSamples, p.targetSamples],
+      [
+        { a: 5, b: 0 },
+        { a: 6, b: 0 },
+      ],
+    );
   });
 });
 

@@ -75,7 +75,11 @@ const outcomeArb: fc.Arbitrary<Outcome> = fc.oneof(
   { weight: 1, arbitrary: fc.constant<Outcome>({ kind: 'equal-rewards' }) },
   {
     weight: 2,
-    arbitrary: fc.record({ kind: fc.constant('aborted' as const), tokens: fc.integer({ min: 0, max: 2 }), finished: fc.array(fc.boolean(), { minLength: 1, maxLength: 2 }) }),
+    arbitrary: fc.record({
+      kind: fc.constant('aborted' as const),
+      tokens: fc.integer({ min: 0, max: 2 }),
+      finished: fc.array(fc.boolean(), { minLength: 1, maxLength: 2 }),
+    }),
   },
   { weight: 1, arbitrary: fc.constant<Outcome>({ kind: 'failed' }) },
 );
@@ -88,33 +92,73 @@ const outcomesArb = (maxLength: number): fc.Arbitrary<Outcome[]> =>
   );
 
 const abortArb: fc.Arbitrary<Outcome> = fc.oneof(
-  { weight: 5, arbitrary: fc.record({ kind: fc.constant('aborted' as const), tokens: fc.integer({ min: 0, max: 2 }), finished: fc.array(fc.boolean(), { minLength: 1, maxLength: 2 }) }) },
+  {
+    weight: 5,
+    arbitrary: fc.record({
+      kind: fc.constant('aborted' as const),
+      tokens: fc.integer({ min: 0, max: 2 }),
+      finished: fc.array(fc.boolean(), { minLength: 1, maxLength: 2 }),
+    }),
+  },
   { weight: 1, arbitrary: outcomeArb },
 );
 
-const leaveArb = fc.oneof({ weight: 12, arbitrary: fc.constant(0) }, { weight: 1, arbitrary: fc.integer({ min: 1, max: 2 }) });
+const leaveArb = fc.oneof(
+  { weight: 12, arbitrary: fc.constant(0) },
+  { weight: 1, arbitrary: fc.integer({ min: 1, max: 2 }) },
+);
 
 /** Microtasks between a resume and the trainer's next getBatch; absent: no getBatch in that op. */
 const thenBatchArb = fc.option(fc.integer({ min: 0, max: 8 }), { nil: undefined });
 
 const opArb: fc.Arbitrary<Op> = fc.oneof(
-  { weight: 3, arbitrary: fc.record({ op: fc.constant('settle' as const), picks: fc.array(fc.nat(7), { minLength: 1, maxLength: 6 }), outcomes: outcomesArb(4) }) },
+  {
+    weight: 3,
+    arbitrary: fc.record({
+      op: fc.constant('settle' as const),
+      picks: fc.array(fc.nat(7), { minLength: 1, maxLength: 6 }),
+      outcomes: outcomesArb(4),
+    }),
+  },
   {
     weight: 6,
     arbitrary: fc.record({
       op: fc.constant('getBatch' as const),
       outcomes: outcomesArb(10),
-      pauseAfter: fc.oneof({ weight: 4, arbitrary: fc.constant(null) }, { weight: 1, arbitrary: fc.integer({ min: 0, max: 4 }) }),
+      pauseAfter: fc.oneof(
+        { weight: 4, arbitrary: fc.constant(null) },
+        { weight: 1, arbitrary: fc.integer({ min: 0, max: 4 }) },
+      ),
       pauseOutcomes: fc.array(abortArb, { maxLength: 4 }),
       leave: leaveArb,
     }),
   },
   {
     weight: 3,
-    arbitrary: fc.record({ op: fc.constant('weightUpdate' as const), outcomes: fc.array(abortArb, { maxLength: 4 }), leave: leaveArb, k: fc.integer({ min: 0, max: 2 }), thenBatch: thenBatchArb }),
+    arbitrary: fc.record({
+      op: fc.constant('weightUpdate' as const),
+      outcomes: fc.array(abortArb, { maxLength: 4 }),
+      leave: leaveArb,
+      k: fc.integer({ min: 0, max: 2 }),
+      thenBatch: thenBatchArb,
+    }),
   },
-  { weight: 1, arbitrary: fc.record({ op: fc.constant('pause' as const), outcomes: fc.array(abortArb, { maxLength: 4 }), leave: leaveArb }) },
-  { weight: 1, arbitrary: fc.record({ op: fc.constant('resume' as const), k: fc.integer({ min: 0, max: 2 }), thenBatch: thenBatchArb }) },
+  {
+    weight: 1,
+    arbitrary: fc.record({
+      op: fc.constant('pause' as const),
+      outcomes: fc.array(abortArb, { maxLength: 4 }),
+      leave: leaveArb,
+    }),
+  },
+  {
+    weight: 1,
+    arbitrary: fc.record({
+      op: fc.constant('resume' as const),
+      k: fc.integer({ min: 0, max: 2 }),
+      thenBatch: thenBatchArb,
+    }),
+  },
   { weight: 1, arbitrary: fc.constant<Op>({ op: 'restart' }) },
 );
 
@@ -122,7 +166,10 @@ function setupArb(strategy: 'sync' | 'async'): fc.Arbitrary<Setup> {
   return fc.record({
     strategy: fc.constant(strategy),
     batchSize: fc.integer({ min: 2, max: 4 }),
-    weights: fc.oneof(fc.constant<number[]>([1]), fc.tuple(fc.integer({ min: 1, max: 2 }), fc.integer({ min: 1, max: 2 }))),
+    weights: fc.oneof(
+      fc.constant<number[]>([1]),
+      fc.tuple(fc.integer({ min: 1, max: 2 }), fc.integer({ min: 1, max: 2 })),
+    ),
     filter: fc.constantFrom('none' as const, 'drop-equal-rewards' as const),
     partialRollout: fc.boolean(),
     maxStaleness: fc.integer({ min: 0, max: 2 }),
@@ -139,7 +186,13 @@ function configFor(s: Setup): ResolvedConfig {
     batchSize: s.batchSize,
     modelStep: 0,
     logLevel: 'silent',
-    tasks: s.weights.map((weight, i) => ({ name: `t${i}`, env: { module: 'builtin:arithmetic' }, groupSize: 2, weight, maxSteps: 1 })),
+    tasks: s.weights.map((weight, i) => ({
+      name: `t${i}`,
+      env: { module: 'builtin:arithmetic' },
+      groupSize: 2,
+      weight,
+      maxSteps: 1,
+    })),
     llm: { url: LLM_URL, abortPath: null },
     workers: { threads: 1 },
     producer: {
@@ -214,7 +267,8 @@ class Run {
     this.config = config;
     const p = config.producer;
     // Sync means staleness 0, measured against the weights being served (checkBatch).
-    this.threshold = p.strategy === 'async' ? staleThreshold(p.maxStaleness, p.syncWeightsInterval) : staleThreshold(0, 1);
+    this.threshold =
+      p.strategy === 'async' ? staleThreshold(p.maxStaleness, p.syncWeightsInterval) : staleThreshold(0, 1);
   }
 
   /** A fresh Producer, pool, control block and samplers; restored from `snapshot` (before start) if given. */
@@ -234,11 +288,20 @@ class Run {
     }
     this.pool = new ScriptedPool({ partialRollout: config.producer.partialRollout });
     this.control = new PauseControl(0);
-    this.producer = new Producer({ config, pool: this.pool, control: this.control, samplers, log, endpoints: [LLM_URL], hooks: {} });
+    this.producer = new Producer({
+      config,
+      pool: this.pool,
+      control: this.control,
+      samplers,
+      log,
+      endpoints: [LLM_URL],
+      hooks: {},
+    });
     const onDrop = this.producer.buffer.onDrop;
     this.producer.buffer.onDrop = (group, reason) => {
       onDrop?.(group, reason);
-      if (this.dropped.has(group.id)) this.problems.push(`group ${group.id} dropped twice (${this.dropped.get(group.id)}, then ${reason})`);
+      if (this.dropped.has(group.id))
+        this.problems.push(`group ${group.id} dropped twice (${this.dropped.get(group.id)}, then ${reason})`);
       this.dropped.set(group.id, reason);
     };
     if (snapshot !== undefined) this.producer.restore(snapshot);
@@ -293,7 +356,9 @@ class Run {
     const report = await within(pending, 2_000, 'pause()');
     this.trace.push(`  paused: ${JSON.stringify(report)}`);
     if (report.stillInFlight !== this.pool.heldCount) {
-      this.problems.push(`pause() reported ${report.stillInFlight} groups still in flight, the pool holds ${this.pool.heldCount}`);
+      this.problems.push(
+        `pause() reported ${report.stillInFlight} groups still in flight, the pool holds ${this.pool.heldCount}`,
+      );
     }
   }
 
@@ -338,7 +403,9 @@ class Run {
       }
       const ids = this.pool.heldIds();
       if (ids.length === 0) {
-        this.problems.push(`getBatch(${step}) is still waiting with no group in flight (paused=${this.producer.paused}, modelStep=${this.producer.modelStep}, futureStep=${this.producer.futureStep})`);
+        this.problems.push(
+          `getBatch(${step}) is still waiting with no group in flight (paused=${this.producer.paused}, modelStep=${this.producer.modelStep}, futureStep=${this.producer.futureStep})`,
+        );
         return;
       }
       if (settled >= DRIVE_BOUND) {
@@ -352,7 +419,8 @@ class Run {
     if ('error' in r) {
       const code = (r.error as { code?: string }).code;
       this.trace.push(`  getBatch(${step}) rejected: ${code} ${(r.error as Error).message}`);
-      if (code !== 'ERR_TOO_MANY_FAILED_GROUPS') this.problems.push(`getBatch(${step}) rejected unexpectedly: ${String((r.error as Error).stack ?? r.error)}`);
+      if (code !== 'ERR_TOO_MANY_FAILED_GROUPS')
+        this.problems.push(`getBatch(${step}) rejected unexpectedly: ${String((r.error as Error).stack ?? r.error)}`);
       return;
     }
     this.checkBatch(step, r.batch);
@@ -363,21 +431,32 @@ class Run {
     this.trace.push(`  getBatch(${step}) → ${batch.status} [${batch.groups.map((g) => g.id).join(', ')}]`);
     if (batch.trainStep !== step) this.problems.push(`getBatch(${step}) answered for train step ${batch.trainStep}`);
     if (batch.status === 'UPDATE_WEIGHT_AND_ABORT') {
-      if (!this.producer.paused) this.problems.push(`getBatch(${step}) answered UPDATE_WEIGHT_AND_ABORT while not paused`);
+      if (!this.producer.paused)
+        this.problems.push(`getBatch(${step}) answered UPDATE_WEIGHT_AND_ABORT while not paused`);
       return;
     }
     if (batch.status === 'EXPIRED_BATCH') {
-      if (config.producer.strategy !== 'async') this.problems.push(`getBatch(${step}) answered EXPIRED_BATCH with the sync strategy`);
-      else if (step - this.producer.modelStep - 1 < Math.min(this.threshold, config.producer.tokenStalenessThreshold ?? Infinity)) {
-        this.problems.push(`getBatch(${step}) answered EXPIRED_BATCH though model step ${this.producer.modelStep} is fresh enough (threshold ${this.threshold})`);
+      if (config.producer.strategy !== 'async')
+        this.problems.push(`getBatch(${step}) answered EXPIRED_BATCH with the sync strategy`);
+      else if (
+        step - this.producer.modelStep - 1 <
+        Math.min(this.threshold, config.producer.tokenStalenessThreshold ?? Infinity)
+      ) {
+        this.problems.push(
+          `getBatch(${step}) answered EXPIRED_BATCH though model step ${this.producer.modelStep} is fresh enough (threshold ${this.threshold})`,
+        );
       }
       return;
     }
-    if (batch.groups.length !== config.batchSize) this.problems.push(`NORMAL batch for step ${step} has ${batch.groups.length} groups, batchSize is ${config.batchSize}`);
+    if (batch.groups.length !== config.batchSize)
+      this.problems.push(
+        `NORMAL batch for step ${step} has ${batch.groups.length} groups, batchSize is ${config.batchSize}`,
+      );
     const shares = allocateBatch(config.batchSize, config.tasks);
     for (const [task, share] of shares) {
       const n = batch.groups.filter((g) => g.taskName === task).length;
-      if (n !== share) this.problems.push(`NORMAL batch for step ${step} has ${n} groups of task ${task}, its share is ${share}`);
+      if (n !== share)
+        this.problems.push(`NORMAL batch for step ${step} has ${n} groups of task ${task}, its share is ${share}`);
     }
     for (const group of batch.groups) {
       if (this.taken.has(group.id)) this.problems.push(`group ${group.id} taken twice (again at step ${step})`);
@@ -387,12 +466,19 @@ class Run {
       for (const r of group.rollouts) {
         if (r.status !== Status.COMPLETED) this.problems.push(`rollout ${r.id} taken with status ${r.status}`);
         if (config.producer.tokenStalenessThreshold !== null && r.turns.some((t) => (t.responseIds?.length ?? 0) > 0)) {
-          const kept = r.turns.reduce((n, t) => n + (t.lossMask ? t.lossMask.reduce((a, b) => a + b, 0) : (t.responseIds?.length ?? 0)), 0);
-          if (kept === 0) this.problems.push(`rollout ${r.id} taken at step ${step} with every token masked out of the loss`);
+          const kept = r.turns.reduce(
+            (n, t) => n + (t.lossMask ? t.lossMask.reduce((a, b) => a + b, 0) : (t.responseIds?.length ?? 0)),
+            0,
+          );
+          if (kept === 0)
+            this.problems.push(`rollout ${r.id} taken at step ${step} with every token masked out of the loss`);
         }
         const measuredAt = config.producer.strategy === 'sync' ? this.producer.modelStep + 1 : step;
         const s = rolloutStaleness(r, measuredAt);
-        if (s >= this.threshold) this.problems.push(`rollout ${r.id} taken at step ${step} (model step ${this.producer.modelStep}) with staleness ${s} ≥ threshold ${this.threshold}, measured at step ${measuredAt}`);
+        if (s >= this.threshold)
+          this.problems.push(
+            `rollout ${r.id} taken at step ${step} (model step ${this.producer.modelStep}) with staleness ${s} ≥ threshold ${this.threshold}, measured at step ${measuredAt}`,
+          );
       }
     }
     this.trainStep = step + 1;
@@ -417,28 +503,45 @@ class Run {
       const where = places.get(id) ?? [];
       if (where.length !== 1) this.problems.push(`group ${id} is in ${where.length} places: [${where.join(', ')}]`);
     }
-    for (const id of places.keys()) if (!this.drawn.has(id)) this.problems.push(`group ${id} is accounted for but was never drawn`);
+    for (const id of places.keys())
+      if (!this.drawn.has(id)) this.problems.push(`group ${id} is accounted for but was never drawn`);
     const c = producer.counts;
     const droppedTotal = c.dropped.FAILED + c.dropped.FILTERED + c.dropped.EXPIRED;
     if (producer.inFlightTotal !== held.length || c.inFlight !== held.length) {
-      this.problems.push(`in flight: producer says ${producer.inFlightTotal} (counts ${c.inFlight}), the pool holds ${held.length}`);
+      this.problems.push(
+        `in flight: producer says ${producer.inFlightTotal} (counts ${c.inFlight}), the pool holds ${held.length}`,
+      );
     }
-    if (c.scheduled !== this.drawn.size) this.problems.push(`counts.scheduled ${c.scheduled} ≠ ${this.drawn.size} groups drawn`);
+    if (c.scheduled !== this.drawn.size)
+      this.problems.push(`counts.scheduled ${c.scheduled} ≠ ${this.drawn.size} groups drawn`);
     if (c.scheduled !== c.inFlight + stored.length + c.taken + droppedTotal) {
-      this.problems.push(`counts.scheduled ${c.scheduled} ≠ inFlight ${c.inFlight} + stored ${stored.length} + taken ${c.taken} + dropped ${droppedTotal}`);
+      this.problems.push(
+        `counts.scheduled ${c.scheduled} ≠ inFlight ${c.inFlight} + stored ${stored.length} + taken ${c.taken} + dropped ${droppedTotal}`,
+      );
     }
-    if (c.taken !== this.taken.size) this.problems.push(`counts.taken ${c.taken} ≠ ${this.taken.size} groups the trainer took`);
-    if (droppedTotal !== this.dropped.size) this.problems.push(`counts.dropped total ${droppedTotal} ≠ ${this.dropped.size} groups seen through buffer.onDrop`);
+    if (c.taken !== this.taken.size)
+      this.problems.push(`counts.taken ${c.taken} ≠ ${this.taken.size} groups the trainer took`);
+    if (droppedTotal !== this.dropped.size)
+      this.problems.push(
+        `counts.dropped total ${droppedTotal} ≠ ${this.dropped.size} groups seen through buffer.onDrop`,
+      );
     // Every dispatch is a fresh draw or a retry, and every dispatch lands once or is still out.
     const dispatched = c.scheduled + c.retried - this.#dispatchBase;
-    if (dispatched !== pool.sent.length) this.problems.push(`counts.scheduled + counts.retried grew by ${dispatched}, the pool received ${pool.sent.length} groups`);
+    if (dispatched !== pool.sent.length)
+      this.problems.push(
+        `counts.scheduled + counts.retried grew by ${dispatched}, the pool received ${pool.sent.length} groups`,
+      );
     const landed = sumValues(c.landed) - this.#landedBase;
-    if (landed !== pool.sent.length - held.length) this.problems.push(`counts.landed grew by ${landed}, the pool returned ${pool.sent.length - held.length} groups`);
+    if (landed !== pool.sent.length - held.length)
+      this.problems.push(`counts.landed grew by ${landed}, the pool returned ${pool.sent.length - held.length} groups`);
     // Progress: consumed counts are the groups the trainer took, per task.
     for (const task of this.config.tasks) {
       let n = 0;
       for (const id of this.taken) if (id.startsWith(`${task.name}/`)) n++;
-      if (producer.progress.consumedSamples[task.name] !== n) this.problems.push(`progress.consumedSamples[${task.name}] = ${producer.progress.consumedSamples[task.name]}, the trainer took ${n}`);
+      if (producer.progress.consumedSamples[task.name] !== n)
+        this.problems.push(
+          `progress.consumedSamples[${task.name}] = ${producer.progress.consumedSamples[task.name]}, the trainer took ${n}`,
+        );
     }
     // Async: the producer schedules toward target + over-sampling and no further — taking groups
     // never makes it re-make them (docs/ARCHITECTURE.md, "The producer's states": progress counts are absolute and cumulative).
@@ -446,18 +549,28 @@ class Run {
       const shares = allocateBatch(this.config.batchSize, this.config.tasks);
       for (const task of this.config.tasks) {
         const share = shares.get(task.name)!;
-        const bound = producer.progress.targetSamples[task.name] + Math.ceil(this.config.producer.overSampleThreshold * share);
-        const have = producer.progress.consumedSamples[task.name] + producer.completed(task.name) + producer.inFlight(task.name);
+        const bound =
+          producer.progress.targetSamples[task.name] + Math.ceil(this.config.producer.overSampleThreshold * share);
+        const have =
+          producer.progress.consumedSamples[task.name] + producer.completed(task.name) + producer.inFlight(task.name);
         if (have > bound) {
-          this.problems.push(`task ${task.name}: consumed + completed + in flight = ${have} exceeds target + over-sampling = ${bound}`);
+          this.problems.push(
+            `task ${task.name}: consumed + completed + in flight = ${have} exceeds target + over-sampling = ${bound}`,
+          );
         }
       }
     }
-    if (producer.progress.nextConsumerStep > this.trainStep) this.problems.push(`progress.nextConsumerStep ${producer.progress.nextConsumerStep} is past the next step the trainer asks for (${this.trainStep})`);
+    if (producer.progress.nextConsumerStep > this.trainStep)
+      this.problems.push(
+        `progress.nextConsumerStep ${producer.progress.nextConsumerStep} is past the next step the trainer asks for (${this.trainStep})`,
+      );
     // Expired groups are retried only when tailBatchTriggerSize ≥ 0; otherwise they are dropped and counted.
     if (this.config.producer.tailBatchTriggerSize < 0) {
       for (const g of producer.buffer.snapshot().groups) {
-        if (g.status === Status.EXPIRED) this.problems.push(`group ${g.id} is stored EXPIRED though tailBatchTriggerSize is −1 (expired groups are dropped, never retried)`);
+        if (g.status === Status.EXPIRED)
+          this.problems.push(
+            `group ${g.id} is stored EXPIRED though tailBatchTriggerSize is −1 (expired groups are dropped, never retried)`,
+          );
       }
     }
     for (const v of pool.violations) this.problems.push(v);
@@ -554,7 +667,10 @@ const getBatchOp: Op = { op: 'getBatch', outcomes: [], pauseAfter: null, pauseOu
  * getBatch(2) waits with nothing in flight. Even woken, it would regenerate at model step 0 and mask
  * again: `isModelExpired` only knows the group threshold, so EXPIRED_BATCH is never answered.
  */
-const tokenMaskStall: [Setup, Op[]] = [{ ...asyncBase, syncWeightsInterval: 2, tokenStalenessThreshold: 1 }, [getBatchOp, getBatchOp]];
+const tokenMaskStall: [Setup, Op[]] = [
+  { ...asyncBase, syncWeightsInterval: 2, tokenStalenessThreshold: 1 },
+  [getBatchOp, getBatchOp],
+];
 
 /**
  * Token-level mask with tailBatchTriggerSize −1 (expired groups are not retryable). Group t0/1 is made
@@ -564,8 +680,20 @@ const tokenMaskStall: [Setup, Op[]] = [{ ...asyncBase, syncWeightsInterval: 2, t
  * trigger −1 that pool is never drawn from: the group sits in the buffer for good.
  */
 const tokenMaskNotDropped: [Setup, Op[]] = [
-  { ...asyncBase, weights: [1, 1], maxStaleness: 1, overSampleThreshold: 1, tailBatchTriggerSize: -1, tokenStalenessThreshold: 1 },
-  [getBatchOp, { op: 'weightUpdate', outcomes: [], leave: 0, k: 2 }, { op: 'settle', picks: [0, 0, 0, 0], outcomes: [] }, getBatchOp],
+  {
+    ...asyncBase,
+    weights: [1, 1],
+    maxStaleness: 1,
+    overSampleThreshold: 1,
+    tailBatchTriggerSize: -1,
+    tokenStalenessThreshold: 1,
+  },
+  [
+    getBatchOp,
+    { op: 'weightUpdate', outcomes: [], leave: 0, k: 2 },
+    { op: 'settle', picks: [0, 0, 0, 0], outcomes: [] },
+    getBatchOp,
+  ],
 ];
 
 /**

@@ -18,13 +18,21 @@ const ids = (turns: TurnRecord[]) => turns.map((t) => (t.promptIds === null ? nu
 describe('prompt ids shared along an episode (rollout/prompt-prefix.ts)', () => {
   it('makes every earlier prompt a view into the latest when each prompt extends the one before', () => {
     const turns = record([turn(1, [1, 2]), turn(2, [1, 2, 3, 4]), turn(3, [1, 2, 3, 4, 5, 6])]);
-    assert.deepEqual(ids(turns), [[1, 2], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6]]);
+    assert.deepEqual(ids(turns), [
+      [1, 2],
+      [1, 2, 3, 4],
+      [1, 2, 3, 4, 5, 6],
+    ]);
     assert.ok(turns.every((t) => t.promptIds!.buffer === turns[2].promptIds!.buffer && t.promptIds!.byteOffset === 0));
   });
 
   it('keeps a prompt that is not an extension (a trimmed or rewritten history) in an array of its own, and shares again after it', () => {
     const turns = record([turn(1, [1, 2]), turn(2, [9, 2, 3]), turn(3, [9, 2, 3, 4])]);
-    assert.deepEqual(ids(turns), [[1, 2], [9, 2, 3], [9, 2, 3, 4]]);
+    assert.deepEqual(ids(turns), [
+      [1, 2],
+      [9, 2, 3],
+      [9, 2, 3, 4],
+    ]);
     assert.notEqual(turns[0].promptIds!.buffer, turns[2].promptIds!.buffer);
     assert.equal(turns[1].promptIds!.buffer, turns[2].promptIds!.buffer);
   });
@@ -57,7 +65,7 @@ describe('prompt ids in a batch with the whole conversation sent (messageCut 0)'
   });
   after(() => mock.close());
 
-  it('holds each prompt once: every earlier turn views the last turn\'s ids, and holds the ids the server sent for it', async () => {
+  it("holds each prompt once: every earlier turn views the last turn's ids, and holds the ids the server sent for it", async () => {
     const engine = createEngine({
       logLevel: 'silent',
       llm: { url: mock.url },

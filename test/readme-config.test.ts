@@ -53,7 +53,8 @@ function unwrap(schema: Schema): { def: Def; hasDefault: boolean; defaultValue: 
       hasDefault = true;
       defaultValue = def.defaultValue;
     }
-    const next = def.type === 'pipe' ? def.in : ['default', 'optional', 'nullable'].includes(def.type) ? def.innerType : undefined;
+    const next =
+      def.type === 'pipe' ? def.in : ['default', 'optional', 'nullable'].includes(def.type) ? def.innerType : undefined;
     if (next === undefined) return { def, hasDefault, defaultValue };
     def = next._zod.def;
   }
@@ -86,7 +87,10 @@ function configTable(readme: string): Row[] {
     .split('\n')
     .filter((line) => line.startsWith('| `'))
     .map((line) => {
-      const [field, defaults] = line.split(/(?<!\\)\|/).slice(1).map((c) => c.trim());
+      const [field, defaults] = line
+        .split(/(?<!\\)\|/)
+        .slice(1)
+        .map((c) => c.trim());
       return { names: [...field.matchAll(/`([^`]+)`/g)].map((m) => m[1]), defaults, text: line };
     });
 }
@@ -94,7 +98,10 @@ function configTable(readme: string): Row[] {
 /** What is wrong with `cell` as the default of `option`, or null. */
 function defaultProblem(option: Option, cell: string): string | null {
   const shown = cell.trim();
-  if (shown === '—') return option.hasDefault ? `the README shows no default, src/config.ts has ${JSON.stringify(option.defaultValue)}` : null;
+  if (shown === '—')
+    return option.hasDefault
+      ? `the README shows no default, src/config.ts has ${JSON.stringify(option.defaultValue)}`
+      : null;
   const literal = /^`([^`]*)`/.exec(shown)?.[1];
   let value: unknown;
   let isLiteral = literal !== undefined;
@@ -109,7 +116,9 @@ function defaultProblem(option: Option, cell: string): string | null {
     return `the README describes the default as ${JSON.stringify(shown)}, src/config.ts has ${JSON.stringify(option.defaultValue)}`;
   }
   if (!option.hasDefault) return `the README shows default ${literal}, src/config.ts has none`;
-  return isDeepStrictEqual(value, option.defaultValue) ? null : `the README shows default ${literal}, src/config.ts has ${JSON.stringify(option.defaultValue)}`;
+  return isDeepStrictEqual(value, option.defaultValue)
+    ? null
+    : `the README shows default ${literal}, src/config.ts has ${JSON.stringify(option.defaultValue)}`;
 }
 
 /** Every problem between the table and the schema, one line each. */
@@ -122,14 +131,18 @@ function tableProblems(options: Option[], rows: Row[]): string[] {
     known.add(option.path);
     const found = byName.get(option.path);
     if (found === undefined) {
-      if (option.children === null) problems.push(`\`${option.path}\` has no row in the README's config reference (default: ${option.hasDefault ? JSON.stringify(option.defaultValue) : 'none'})`);
+      if (option.children === null)
+        problems.push(
+          `\`${option.path}\` has no row in the README's config reference (default: ${option.hasDefault ? JSON.stringify(option.defaultValue) : 'none'})`,
+        );
       else option.children.forEach(visit);
       return;
     }
     const { row, index } = found;
     const cells = row.defaults.split(/ \/ /);
     const cell = cells.length === row.names.length ? cells[index] : cells.length === 1 ? cells[0] : null;
-    if (cell === null) problems.push(`row \`${row.names.join('` / `')}\`: ${cells.length} defaults for ${row.names.length} options`);
+    if (cell === null)
+      problems.push(`row \`${row.names.join('` / `')}\`: ${cells.length} defaults for ${row.names.length} options`);
     else {
       const problem = defaultProblem(option, cell);
       if (problem !== null) problems.push(`\`${option.path}\`: ${problem}`);
@@ -142,7 +155,8 @@ function tableProblems(options: Option[], rows: Row[]): string[] {
     for (const child of option.children ?? []) {
       walk(child);
       const field = child.path.slice(option.path.length).replace(/^(\[\])?\./, '');
-      if (!new RegExp(`\\b${field}\\b`).test(row.text)) problems.push(`\`${option.path}\`: its row does not name the field \`${field}\``);
+      if (!new RegExp(`\\b${field}\\b`).test(row.text))
+        problems.push(`\`${option.path}\`: its row does not name the field \`${field}\``);
       // `field: value` inside the row (`{ urls, timeoutMs: 30000, … }`) is a default too, when a JSON literal.
       const inline = new RegExp(`\\b${field}: ([^\\s,}]+)`).exec(row.text)?.[1].trim();
       if (inline !== undefined) {
@@ -152,7 +166,8 @@ function tableProblems(options: Option[], rows: Row[]): string[] {
     }
   };
   options.forEach(visit);
-  for (const name of byName.keys()) if (!known.has(name)) problems.push(`row \`${name}\` names no option of EngineConfigSchema (src/config.ts)`);
+  for (const name of byName.keys())
+    if (!known.has(name)) problems.push(`row \`${name}\` names no option of EngineConfigSchema (src/config.ts)`);
   return problems;
 }
 
@@ -163,7 +178,12 @@ describe('README config reference', () => {
     const paths: string[] = [];
     const collect = (o: Option) => (paths.push(o.path), o.children?.forEach(collect));
     options.forEach(collect);
-    assert.ok(paths.includes('llm.url') && paths.includes('tasks[].env.http.urls') && paths.includes('producer.maxSkippedSteps'), paths.join(', '));
+    assert.ok(
+      paths.includes('llm.url') &&
+        paths.includes('tasks[].env.http.urls') &&
+        paths.includes('producer.maxSkippedSteps'),
+      paths.join(', '),
+    );
   });
 
   it('names a missing option, a row for no option and a wrong default, each on its own line', () => {
@@ -182,7 +202,7 @@ describe('README config reference', () => {
     ]);
   });
 
-  it('has a row for every option of EngineConfigSchema, no row for an option that does not exist, and the schema\'s defaults', () => {
+  it("has a row for every option of EngineConfigSchema, no row for an option that does not exist, and the schema's defaults", () => {
     const problems = tableProblems(options, configTable(README));
     assert.deepEqual(problems, [], `README.md "Config reference" and src/config.ts disagree:\n${problems.join('\n')}`);
   });

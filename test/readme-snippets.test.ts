@@ -59,29 +59,54 @@ function extractSnippets(file: string, text: string): Snippet[] {
 }
 
 function markdownFiles(): string[] {
-  const docs = readdirSync(join(ROOT, 'docs')).filter((f) => f.endsWith('.md')).map((f) => join('docs', f));
+  const docs = readdirSync(join(ROOT, 'docs'))
+    .filter((f) => f.endsWith('.md'))
+    .map((f) => join('docs', f));
   return ['README.md', ...docs];
 }
 
 function tsc(project: string): Promise<{ code: number | null; output: string }> {
   return new Promise((resolve, reject) => {
-    execFile(TSC, ['-p', project, '--pretty', 'false'], { timeout: TSC_TIMEOUT_MS, cwd: ROOT }, (err, stdout, stderr) => {
-      if (err !== null && (err as { killed?: boolean }).killed) reject(new Error(`tsc did not finish within ${TSC_TIMEOUT_MS} ms`));
-      else resolve({ code: err === null ? 0 : typeof err.code === 'number' ? err.code : 1, output: `${stdout}${stderr}` });
-    });
+    execFile(
+      TSC,
+      ['-p', project, '--pretty', 'false'],
+      { timeout: TSC_TIMEOUT_MS, cwd: ROOT },
+      (err, stdout, stderr) => {
+        if (err !== null && (err as { killed?: boolean }).killed)
+          reject(new Error(`tsc did not finish within ${TSC_TIMEOUT_MS} ms`));
+        else
+          resolve({
+            code: err === null ? 0 : typeof err.code === 'number' ? err.code : 1,
+            output: `${stdout}${stderr}`,
+          });
+      },
+    );
   });
 }
 
 describe('documentation snippets', () => {
   it('finds a prelude above a fence and keeps each block with its markdown line', () => {
-    const md = ['text', '<!-- snippet-prelude:', 'declare const url: string;', '-->', '```ts', 'url;', '```', '```ts', 'let a = 1;', '```'].join('\n');
+    const md = [
+      'text',
+      '<!-- snippet-prelude:',
+      'declare const url: string;',
+      '-->',
+      '```ts',
+      'url;',
+      '```',
+      '```ts',
+      'let a = 1;',
+      '```',
+    ].join('\n');
     assert.deepEqual(extractSnippets('x.md', md), [
       { file: 'x.md', line: 6, prelude: 'declare const url: string;', code: 'url;' },
       { file: 'x.md', line: 9, prelude: '', code: 'let a = 1;' },
     ]);
   });
 
-  it('every TypeScript block in README.md and docs/*.md type-checks under the strict settings of tsconfig.json', { timeout: TSC_TIMEOUT_MS + 10_000 }, async () => {
+  it('every TypeScript block in README.md and docs/*.md type-checks under the strict settings of tsconfig.json', {
+    timeout: TSC_TIMEOUT_MS + 10_000,
+  }, async () => {
     const snippets = markdownFiles().flatMap((file) => extractSnippets(file, readFileSync(join(ROOT, file), 'utf8')));
     assert.ok(snippets.length >= 5, `expected the README's snippets, found ${snippets.length}`);
     const dir = mkdtempSync(join(ROOT, 'test', '.snippets-'));
@@ -98,7 +123,11 @@ describe('documentation snippets', () => {
         join(dir, 'tsconfig.json'),
         JSON.stringify({
           extends: base,
-          compilerOptions: { noEmit: true, rootDir: relative(dir, ROOT), paths: { 'rollout-engine': src('src/index.ts'), 'rollout-engine/testing': src('src/testing/index.ts') } },
+          compilerOptions: {
+            noEmit: true,
+            rootDir: relative(dir, ROOT),
+            paths: { 'rollout-engine': src('src/index.ts'), 'rollout-engine/testing': src('src/testing/index.ts') },
+          },
           include: names,
         }),
       );
@@ -107,7 +136,9 @@ describe('documentation snippets', () => {
       const located = output.replace(/^.*?snippet-(\d+)\.ts\((\d+),(\d+)\)/gm, (_, n: string, l: string, c: string) => {
         const s = snippets[Number(n)];
         const line = Number(l);
-        return line === 1 ? `${s.file}:${s.line - 1} (the snippet-prelude above the block at line ${s.line}):${c}` : `${s.file}:${s.line + line - 2}:${c}`;
+        return line === 1
+          ? `${s.file}:${s.line - 1} (the snippet-prelude above the block at line ${s.line}):${c}`
+          : `${s.file}:${s.line + line - 2}:${c}`;
       });
       assert.equal(code, 0, `the documentation's TypeScript does not compile:\n${located}`);
     } finally {

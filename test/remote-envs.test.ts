@@ -14,7 +14,11 @@ describe('the engine driving environments served by other processes', () => {
   const engines: Engine[] = [];
   before(async () => {
     mock = await startMockLlm({ port: 0, seed: 4 });
-    nodeServer = await spawnServer(process.execPath, ['--import', 'tsx', MAIN, 'env-server', '--env', 'guess-number=builtin:guess-number', '--port', '0'], /listening on (http:\/\/\S+)/);
+    nodeServer = await spawnServer(
+      process.execPath,
+      ['--import', 'tsx', MAIN, 'env-server', '--env', 'guess-number=builtin:guess-number', '--port', '0'],
+      /listening on (http:\/\/\S+)/,
+    );
     pythonServer = await spawnServer('python3', [PYTHON_SERVER, '--port', '0'], /listening on (http:\/\/\S+)/);
   });
   after(async () => {
@@ -35,7 +39,10 @@ describe('the engine driving environments served by other processes', () => {
   }
 
   it('plays multi-turn episodes against `rollout env-server`, one actor per episode, spread over two servers', async () => {
-    const e = engine({ http: { urls: [nodeServer.url, nodeServer.url], name: 'guess-number', dedupeSteps: true }, poolSize: 4 });
+    const e = engine({
+      http: { urls: [nodeServer.url, nodeServer.url], name: 'guess-number', dedupeSteps: true },
+      poolSize: 4,
+    });
     await e.start();
     const batch = await e.getBatch();
     assert.equal(batch.status, 'NORMAL');
@@ -80,7 +87,14 @@ describe('the engine driving environments served by other processes', () => {
         llm: { url: mock.url },
         batchSize: 1,
         workers: { threads: 1, groupsPerWorker: 1 },
-        tasks: [{ name: 'remote', env: { http: { urls: [proxy.url], name: 'guess-number', retryBackoffMs: 1 } }, groupSize: 1, maxSteps: 8 }],
+        tasks: [
+          {
+            name: 'remote',
+            env: { http: { urls: [proxy.url], name: 'guess-number', retryBackoffMs: 1 } },
+            groupSize: 1,
+            maxSteps: 8,
+          },
+        ],
       });
       engines.push(e);
       await e.start();
@@ -90,7 +104,10 @@ describe('the engine driving environments served by other processes', () => {
       assert.equal(stats.groups.dropped.FAILED, 1);
       assert.match(stats.buffer.lastDropReason ?? '', /ERR_ENV_HTTP.*422.*seed out of range for this env/);
       const resets = proxy.seen.filter((r) => r.path.endsWith('/reset'));
-      assert.deepEqual(resets.slice(0, 3).map((r) => r.rule), ['status 422', 'status 503', 'pass']);
+      assert.deepEqual(
+        resets.slice(0, 3).map((r) => r.rule),
+        ['status 422', 'status 503', 'pass'],
+      );
     } finally {
       await proxy.close();
     }

@@ -12,7 +12,11 @@ import { groupStatus, newGroup, Status, type RolloutGroup } from '../src/protoco
 import { A, at5, C, E, fill, group, I, ids, L, multi, statuses, T2, turnCounts, X } from './support/groups.ts';
 
 /** Drain a pool with takeForRetry, oldest first, returning the ids. */
-function drainRetry(buffer: ReplayBuffer, task: string, status: typeof Status.EXPIRED | typeof Status.ABORTED): string[] {
+function drainRetry(
+  buffer: ReplayBuffer,
+  task: string,
+  status: typeof Status.EXPIRED | typeof Status.ABORTED,
+): string[] {
   const out: string[] = [];
   for (let g = buffer.takeForRetry(task, [status]); g !== null; g = buffer.takeForRetry(task, [status])) out.push(g.id);
   return out;
@@ -33,7 +37,10 @@ describe('replay buffer', () => {
     buffer.put(group('b', 9, Status.COMPLETED));
     assert.equal(buffer.count('a'), 3);
     assert.equal(buffer.count(), 4);
-    assert.deepEqual(buffer.take('a', 2).map((g) => g.id), ['a/0', 'a/1']);
+    assert.deepEqual(
+      buffer.take('a', 2).map((g) => g.id),
+      ['a/0', 'a/1'],
+    );
     assert.equal(buffer.count('a'), 1);
   });
 
@@ -60,23 +67,96 @@ describe('replay buffer', () => {
 });
 
 describe('replay buffer put (buffer/replay-buffer.ts)', () => {
-  const rows: { name: string; build: () => RolloutGroup; expiry?: ExpiryPolicy; where: string; stored: Partial<Record<'COMPLETED' | 'ABORTED' | 'EXPIRED', number>>; dropped: Record<'FAILED' | 'FILTERED' | 'EXPIRED', number> }[] = [
-    { name: 'a COMPLETED group is stored as COMPLETED', build: () => group('a', 0, C(4), C(4)), where: 'COMPLETED', stored: { COMPLETED: 1 }, dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 } },
-    { name: 'an ABORTED group is stored as ABORTED', build: () => group('a', 0, C(4), A(4)), where: 'ABORTED', stored: { ABORTED: 1 }, dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 } },
-    { name: 'an EXPIRED group is stored as EXPIRED', build: () => group('a', 0, E(), C(4)), where: 'EXPIRED', stored: { EXPIRED: 1 }, dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 } },
-    { name: 'a FAILED group is counted, not stored', build: () => group('a', 0, C(4), X(4)), where: 'FAILED', stored: {}, dropped: { FAILED: 1, FILTERED: 0, EXPIRED: 0 } },
-    { name: 'a FILTERED group is counted, not stored', build: () => group('a', 0, L(4), C(4)), where: 'FILTERED', stored: {}, dropped: { FAILED: 0, FILTERED: 1, EXPIRED: 0 } },
-    { name: 'a fresh COMPLETED group passes expiry: C(4) at 5 → 0 < 2', build: () => group('a', 0, C(4), C(3)), expiry: at5(true), where: 'COMPLETED', stored: { COMPLETED: 1 }, dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 } },
-    { name: 'a stale COMPLETED group becomes EXPIRED when retryable: C(2) at 5 → 2 ≥ 2', build: () => group('a', 0, C(4), C(2)), expiry: at5(true), where: 'EXPIRED', stored: { EXPIRED: 1 }, dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 } },
-    { name: 'a stale group with a fresh ABORTED sibling stays ABORTED when retryable: C(1) → 3 expires, A(4) remains', build: () => group('a', 0, C(1), A(4)), expiry: at5(true), where: 'ABORTED', stored: { ABORTED: 1 }, dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 } },
-    { name: 'a stale ABORTED group is dropped and counted when not retryable: A(2) at 5 → 2 ≥ 2', build: () => group('a', 0, A(2), C(4)), expiry: at5(false), where: 'EXPIRED', stored: {}, dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 1 } },
-    { name: 'a FAILED group is counted as FAILED even when also stale', build: () => group('a', 0, X(0), C(0)), expiry: at5(false), where: 'FAILED', stored: {}, dropped: { FAILED: 1, FILTERED: 0, EXPIRED: 0 } },
+  const rows: {
+    name: string;
+    build: () => RolloutGroup;
+    expiry?: ExpiryPolicy;
+    where: string;
+    stored: Partial<Record<'COMPLETED' | 'ABORTED' | 'EXPIRED', number>>;
+    dropped: Record<'FAILED' | 'FILTERED' | 'EXPIRED', number>;
+  }[] = [
+    {
+      name: 'a COMPLETED group is stored as COMPLETED',
+      build: () => group('a', 0, C(4), C(4)),
+      where: 'COMPLETED',
+      stored: { COMPLETED: 1 },
+      dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 },
+    },
+    {
+      name: 'an ABORTED group is stored as ABORTED',
+      build: () => group('a', 0, C(4), A(4)),
+      where: 'ABORTED',
+      stored: { ABORTED: 1 },
+      dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 },
+    },
+    {
+      name: 'an EXPIRED group is stored as EXPIRED',
+      build: () => group('a', 0, E(), C(4)),
+      where: 'EXPIRED',
+      stored: { EXPIRED: 1 },
+      dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 },
+    },
+    {
+      name: 'a FAILED group is counted, not stored',
+      build: () => group('a', 0, C(4), X(4)),
+      where: 'FAILED',
+      stored: {},
+      dropped: { FAILED: 1, FILTERED: 0, EXPIRED: 0 },
+    },
+    {
+      name: 'a FILTERED group is counted, not stored',
+      build: () => group('a', 0, L(4), C(4)),
+      where: 'FILTERED',
+      stored: {},
+      dropped: { FAILED: 0, FILTERED: 1, EXPIRED: 0 },
+    },
+    {
+      name: 'a fresh COMPLETED group passes expiry: C(4) at 5 → 0 < 2',
+      build: () => group('a', 0, C(4), C(3)),
+      expiry: at5(true),
+      where: 'COMPLETED',
+      stored: { COMPLETED: 1 },
+      dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 },
+    },
+    {
+      name: 'a stale COMPLETED group becomes EXPIRED when retryable: C(2) at 5 → 2 ≥ 2',
+      build: () => group('a', 0, C(4), C(2)),
+      expiry: at5(true),
+      where: 'EXPIRED',
+      stored: { EXPIRED: 1 },
+      dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 },
+    },
+    {
+      name: 'a stale group with a fresh ABORTED sibling stays ABORTED when retryable: C(1) → 3 expires, A(4) remains',
+      build: () => group('a', 0, C(1), A(4)),
+      expiry: at5(true),
+      where: 'ABORTED',
+      stored: { ABORTED: 1 },
+      dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 },
+    },
+    {
+      name: 'a stale ABORTED group is dropped and counted when not retryable: A(2) at 5 → 2 ≥ 2',
+      build: () => group('a', 0, A(2), C(4)),
+      expiry: at5(false),
+      where: 'EXPIRED',
+      stored: {},
+      dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 1 },
+    },
+    {
+      name: 'a FAILED group is counted as FAILED even when also stale',
+      build: () => group('a', 0, X(0), C(0)),
+      expiry: at5(false),
+      where: 'FAILED',
+      stored: {},
+      dropped: { FAILED: 1, FILTERED: 0, EXPIRED: 0 },
+    },
   ];
   for (const row of rows) {
     it(`returns ${row.where}: ${row.name}`, () => {
       const buffer = new ReplayBuffer(['a', 'b']);
       assert.equal(buffer.put(row.build(), row.expiry), row.where);
-      for (const s of ['COMPLETED', 'ABORTED', 'EXPIRED'] as const) assert.equal(buffer.count('a', s), row.stored[s] ?? 0, `count(a, ${s})`);
+      for (const s of ['COMPLETED', 'ABORTED', 'EXPIRED'] as const)
+        assert.equal(buffer.count('a', s), row.stored[s] ?? 0, `count(a, ${s})`);
       assert.equal(buffer.count('b'), 0);
       assert.deepEqual(buffer.dropped, row.dropped);
     });
@@ -119,7 +199,11 @@ describe('replay buffer put (buffer/replay-buffer.ts)', () => {
     buffer.put(group('a', 3, C(0)), at5(false));
     assert.match(buffer.lastDropReason!, /a\/3/);
     assert.match(buffer.lastDropReason!, /expired/);
-    assert.deepEqual(seen, [['a/1', 'FAILED'], ['a/2', 'FILTERED'], ['a/3', 'EXPIRED']]);
+    assert.deepEqual(seen, [
+      ['a/1', 'FAILED'],
+      ['a/2', 'FILTERED'],
+      ['a/3', 'EXPIRED'],
+    ]);
     assert.deepEqual(buffer.dropped, { FAILED: 1, FILTERED: 1, EXPIRED: 1 });
   });
 
@@ -155,7 +239,14 @@ describe('replay buffer refresh (buffer/replay-buffer.ts)', () => {
     const expired = [buffer.takeForRetry('a', ['EXPIRED'])!, buffer.takeForRetry('a', ['EXPIRED'])!];
     assert.deepEqual(ids(expired), ['a/1', 'a/3']);
     // only the stale member was reset; its sibling C(4) kept its response
-    for (const g of expired) assert.deepEqual([statuses(g), turnCounts(g)], [['EXPIRED', 'COMPLETED'], [0, 1]]);
+    for (const g of expired)
+      assert.deepEqual(
+        [statuses(g), turnCounts(g)],
+        [
+          ['EXPIRED', 'COMPLETED'],
+          [0, 1],
+        ],
+      );
     assert.deepEqual(buffer.dropped, { FAILED: 0, FILTERED: 0, EXPIRED: 0 });
   });
 
@@ -201,7 +292,13 @@ describe('replay buffer refresh (buffer/replay-buffer.ts)', () => {
     assert.equal(buffer.count('a', 'EXPIRED'), 1);
     buffer.refresh({ trainStep: 7, threshold: T2, retryable: true });
     const g = buffer.takeForRetry('a', ['EXPIRED'])!;
-    assert.deepEqual([statuses(g), turnCounts(g)], [['EXPIRED', 'EXPIRED'], [0, 0]]);
+    assert.deepEqual(
+      [statuses(g), turnCounts(g)],
+      [
+        ['EXPIRED', 'EXPIRED'],
+        [0, 0],
+      ],
+    );
   });
 
   it('changes nothing when nothing is stale, and a refresh with an infinite threshold changes nothing at all', () => {
@@ -294,15 +391,30 @@ describe('replay buffer taking (buffer/replay-buffer.ts take / takeForRetry / co
     buffer.put(group('a', 2, A(1)));
     for (let i = 0; i < 3; i++) buffer.put(group('b', i, C(1)));
     assert.deepEqual(
-      [buffer.count('a'), buffer.count('b'), buffer.count(), buffer.count(undefined, 'ABORTED'), buffer.count('b', 'ABORTED'), buffer.count(undefined, 'EXPIRED')],
+      [
+        buffer.count('a'),
+        buffer.count('b'),
+        buffer.count(),
+        buffer.count(undefined, 'ABORTED'),
+        buffer.count('b', 'ABORTED'),
+        buffer.count(undefined, 'EXPIRED'),
+      ],
       [2, 3, 5, 1, 0, 0],
     );
   });
 
   const retryRows: { name: string; order: ('EXPIRED' | 'ABORTED')[]; want: (string | null)[] }[] = [
-    { name: 'EXPIRED first, then ABORTED, each oldest first', order: ['EXPIRED', 'ABORTED'], want: ['a/1', 'a/3', 'a/0', 'a/2', null] },
+    {
+      name: 'EXPIRED first, then ABORTED, each oldest first',
+      order: ['EXPIRED', 'ABORTED'],
+      want: ['a/1', 'a/3', 'a/0', 'a/2', null],
+    },
     { name: 'only ABORTED when EXPIRED is not asked for', order: ['ABORTED'], want: ['a/0', 'a/2', null] },
-    { name: 'ABORTED first when listed first', order: ['ABORTED', 'EXPIRED'], want: ['a/0', 'a/2', 'a/1', 'a/3', null] },
+    {
+      name: 'ABORTED first when listed first',
+      order: ['ABORTED', 'EXPIRED'],
+      want: ['a/0', 'a/2', 'a/1', 'a/3', null],
+    },
   ];
   for (const row of retryRows) {
     it(`takes groups for retry from [${row.order}] as ${row.want.map(String).join(', ')}: ${row.name}`, () => {
@@ -368,10 +480,13 @@ describe('replay buffer snapshot and restore (buffer/replay-buffer.ts)', () => {
 
   it('does not apply expiry on restore: a group at step 0 comes back COMPLETED whatever the step', () => {
     const buffer = new ReplayBuffer(['a']);
-    buffer.restore({ groups: [group('a', 0, C(0))], dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 }, lastDropReason: null });
+    buffer.restore({
+      groups: [group('a', 0, C(0))],
+      dropped: { FAILED: 0, FILTERED: 0, EXPIRED: 0 },
+      lastDropReason: null,
+    });
     assert.equal(buffer.count('a'), 1);
     buffer.refresh(at5(false)); // the next refresh decides: 5−0−1 = 4 ≥ 2
     assert.deepEqual([buffer.count('a'), buffer.dropped.EXPIRED], [0, 1]);
   });
-
 });

@@ -5,7 +5,24 @@ import { omitKeptTurns, receivedTurns, restoreKeptTurns } from '../src/protocol/
 import { newGroup, type TurnRecord } from '../src/protocol/rollout.ts';
 
 describe('group results carry only the turns a worker added (protocol/result-delta.ts)', () => {
-  const turn = (step: number): TurnRecord => ({ step, agentId: null, messages: [], response: `r${step}`, finishReason: 'stop', promptIds: null, responseIds: null, logprobs: null, modelSteps: null, seed: null, modelStep: 0, reward: 0, terminated: false, truncated: false, trainable: true, timings: { inferenceMs: 0, envMs: 0, totalMs: 0 } });
+  const turn = (step: number): TurnRecord => ({
+    step,
+    agentId: null,
+    messages: [],
+    response: `r${step}`,
+    finishReason: 'stop',
+    promptIds: null,
+    responseIds: null,
+    logprobs: null,
+    modelSteps: null,
+    seed: null,
+    modelStep: 0,
+    reward: 0,
+    terminated: false,
+    truncated: false,
+    trainable: true,
+    timings: { inferenceMs: 0, envMs: 0, totalMs: 0 },
+  });
 
   it('leaves out the unchanged leading turns and puts them back from the group as sent', () => {
     const sent = newGroup({ taskName: 't', promptIndex: 0, drawIndex: 0, seed: 1, envParams: {} }, 3);
@@ -20,15 +37,27 @@ describe('group results carry only the turns a worker added (protocol/result-del
     inWorker.rollouts[2].turns = [turn(1)];
     const kept = omitKeptTurns(inWorker, received);
     assert.deepEqual(kept, [2, 1, 0]);
-    assert.deepEqual(inWorker.rollouts.map((r) => r.turns.length), [1, 1, 1]);
+    assert.deepEqual(
+      inWorker.rollouts.map((r) => r.turns.length),
+      [1, 1, 1],
+    );
     const back = restoreKeptTurns(structuredClone(inWorker), sent, kept);
-    assert.deepEqual(back.rollouts.map((r) => r.turns.map((t) => t.step)), [[1, 2, 3], [1, 2], [1]]);
+    assert.deepEqual(
+      back.rollouts.map((r) => r.turns.map((t) => t.step)),
+      [[1, 2, 3], [1, 2], [1]],
+    );
     assert.equal(back.rollouts[0].turns[0], sent.rollouts[0].turns[0]);
   });
 
   it('refuses counts that do not fit the group as sent, naming the field', () => {
     const sent = newGroup({ taskName: 't', promptIndex: 0, drawIndex: 0, seed: 1, envParams: {} }, 1);
-    assert.throws(() => restoreKeptTurns(structuredClone(sent), sent, [1]), /keptTurns\[0\] must be an integer from 0 to 0/);
-    assert.throws(() => restoreKeptTurns(structuredClone(sent), sent, 'x'), /keptTurns must list one count per rollout/);
+    assert.throws(
+      () => restoreKeptTurns(structuredClone(sent), sent, [1]),
+      /keptTurns\[0\] must be an integer from 0 to 0/,
+    );
+    assert.throws(
+      () => restoreKeptTurns(structuredClone(sent), sent, 'x'),
+      /keptTurns must list one count per rollout/,
+    );
   });
 });

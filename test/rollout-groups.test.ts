@@ -5,7 +5,14 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { TOKEN_WIRES } from '../src/llm/token-wire.ts';
-import { fillModelSteps, groupStatus, newGroup, resetToPrompt, Status, statusForFinishReason } from '../src/protocol/rollout.ts';
+import {
+  fillModelSteps,
+  groupStatus,
+  newGroup,
+  resetToPrompt,
+  Status,
+  statusForFinishReason,
+} from '../src/protocol/rollout.ts';
 import { group, multi, sample } from './support/groups.ts';
 
 describe('group status (protocol/rollout.ts groupStatus)', () => {
@@ -13,8 +20,16 @@ describe('group status (protocol/rollout.ts groupStatus)', () => {
     { name: 'all COMPLETED → COMPLETED', members: ['COMPLETED', 'COMPLETED', 'COMPLETED'], want: 'COMPLETED' },
     { name: 'a single COMPLETED member → COMPLETED', members: ['COMPLETED'], want: 'COMPLETED' },
     { name: 'one FAILED among COMPLETED → FAILED', members: ['COMPLETED', 'FAILED', 'COMPLETED'], want: 'FAILED' },
-    { name: 'FAILED beats ABORTED, EXPIRED and FILTERED wherever it sits', members: ['FILTERED', 'EXPIRED', 'ABORTED', 'FAILED'], want: 'FAILED' },
-    { name: 'ABORTED beats EXPIRED and FILTERED', members: ['EXPIRED', 'FILTERED', 'ABORTED', 'COMPLETED'], want: 'ABORTED' },
+    {
+      name: 'FAILED beats ABORTED, EXPIRED and FILTERED wherever it sits',
+      members: ['FILTERED', 'EXPIRED', 'ABORTED', 'FAILED'],
+      want: 'FAILED',
+    },
+    {
+      name: 'ABORTED beats EXPIRED and FILTERED',
+      members: ['EXPIRED', 'FILTERED', 'ABORTED', 'COMPLETED'],
+      want: 'ABORTED',
+    },
     { name: 'EXPIRED beats FILTERED', members: ['FILTERED', 'COMPLETED', 'EXPIRED'], want: 'EXPIRED' },
     { name: 'FILTERED with COMPLETED siblings → FILTERED', members: ['COMPLETED', 'FILTERED'], want: 'FILTERED' },
     { name: 'all ABORTED → ABORTED', members: ['ABORTED', 'ABORTED'], want: 'ABORTED' },
@@ -44,14 +59,19 @@ describe('finish reason to rollout status (protocol/rollout.ts statusForFinishRe
     ['Content_Filter', 'FAILED'],
   ];
   for (const [reason, want] of rows) {
-    it(`maps finish reason ${JSON.stringify(reason)} to ${want}`, () => assert.equal(statusForFinishReason(reason), want));
+    it(`maps finish reason ${JSON.stringify(reason)} to ${want}`, () =>
+      assert.equal(statusForFinishReason(reason), want));
   }
 });
 
 describe('finish reasons read case-insensitively (issue 17 item 16)', () => {
   it('reads a llama.cpp stop_type of "EOS" as stop and "LIMIT" as length (regression: kept as given, the rollout FAILED)', () => {
     const fail = (why: string) => new Error(why);
-    const reply = (stop: string) => ({ tokens: [64], stop_type: stop, completion_probabilities: [{ id: 64, logprob: -1 }] });
+    const reply = (stop: string) => ({
+      tokens: [64],
+      stop_type: stop,
+      completion_probabilities: [{ id: 64, logprob: -1 }],
+    });
     assert.equal(TOKEN_WIRES.llamacpp.parse(reply('EOS'), fail).finishReason, 'stop');
     assert.equal(TOKEN_WIRES.llamacpp.parse(reply('LIMIT'), fail).finishReason, 'length');
     assert.equal(TOKEN_WIRES.llamacpp.parse(reply('Other'), fail).finishReason, 'other');
@@ -77,7 +97,10 @@ describe('new groups and reset (protocol/rollout.ts)', () => {
     );
     for (const r of g.rollouts) {
       assert.equal(r.sample, s);
-      assert.deepEqual([r.messages, r.turns, r.reward, r.finishReason, r.error, r.workerId], [[], [], 0, null, null, null]);
+      assert.deepEqual(
+        [r.messages, r.turns, r.reward, r.finishReason, r.error, r.workerId],
+        [[], [], 0, null, null, null],
+      );
     }
   });
 
@@ -96,10 +119,31 @@ describe('new groups and reset (protocol/rollout.ts)', () => {
     r.timings.totalMs = 99;
     resetToPrompt(r, Status.EXPIRED);
     assert.deepEqual(
-      { status: r.status, messages: r.messages, turns: r.turns, reward: r.reward, terminated: r.terminated, truncated: r.truncated, finishReason: r.finishReason, error: r.error },
-      { status: 'EXPIRED', messages: [], turns: [], reward: 0, terminated: false, truncated: false, finishReason: null, error: null },
+      {
+        status: r.status,
+        messages: r.messages,
+        turns: r.turns,
+        reward: r.reward,
+        terminated: r.terminated,
+        truncated: r.truncated,
+        finishReason: r.finishReason,
+        error: r.error,
+      },
+      {
+        status: 'EXPIRED',
+        messages: [],
+        turns: [],
+        reward: 0,
+        terminated: false,
+        truncated: false,
+        finishReason: null,
+        error: null,
+      },
     );
-    assert.deepEqual([r.id, r.groupId, r.index, r.sample, r.workerId, r.timings.totalMs], ['t/4/0', 't/4', 0, g.sample, 2, 99]);
+    assert.deepEqual(
+      [r.id, r.groupId, r.index, r.sample, r.workerId, r.timings.totalMs],
+      ['t/4/0', 't/4', 0, g.sample, 2, 99],
+    );
   });
 });
 
@@ -121,7 +165,20 @@ describe('group status', () => {
 describe('implicit model steps', () => {
   it('fills a turn whose tokens all have its model step, and keeps explicit (continued) or absent ones', () => {
     const group = newGroup({ taskName: 't', promptIndex: 0, drawIndex: 0, seed: 1, envParams: {} }, 1);
-    const base = { agentId: null, messages: [], response: 'r', finishReason: 'stop' as const, promptIds: null, logprobs: null, seed: null, reward: 0, terminated: false, truncated: false, trainable: true, timings: { inferenceMs: 0, envMs: 0, totalMs: 0 } };
+    const base = {
+      agentId: null,
+      messages: [],
+      response: 'r',
+      finishReason: 'stop' as const,
+      promptIds: null,
+      logprobs: null,
+      seed: null,
+      reward: 0,
+      terminated: false,
+      truncated: false,
+      trainable: true,
+      timings: { inferenceMs: 0, envMs: 0, totalMs: 0 },
+    };
     group.rollouts[0].turns.push(
       { ...base, step: 1, responseIds: Int32Array.of(5, 6, 7), modelSteps: null, modelStep: 4 },
       { ...base, step: 2, responseIds: Int32Array.of(8, 9), modelSteps: Int32Array.of(3, 4), modelStep: 4 },

@@ -13,7 +13,11 @@ const HOLDER = new URL('./fixtures/hold-run-dir-lock.ts', import.meta.url).pathn
 function rolloutIn(cwd: string, args: string[]): Promise<{ code: number | null; stderr: string }> {
   return new Promise((resolve, reject) => {
     // tsx by its resolved URL: the child's cwd is a temporary dir without node_modules.
-    const child = spawn(process.execPath, ['--import', import.meta.resolve('tsx'), CLI_MAIN, ...args], { cwd, env: { ...process.env, LOG_LEVEL: 'warn' }, stdio: ['ignore', 'ignore', 'pipe'] });
+    const child = spawn(process.execPath, ['--import', import.meta.resolve('tsx'), CLI_MAIN, ...args], {
+      cwd,
+      env: { ...process.env, LOG_LEVEL: 'warn' },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
     let stderr = '';
     child.stderr.on('data', (c) => (stderr += c));
     const timer = setTimeout(() => {
@@ -28,14 +32,22 @@ function rolloutIn(cwd: string, args: string[]): Promise<{ code: number | null; 
 }
 
 describe('run dir lock', () => {
-  it('two `rollout run` started at once without --run-dir (a seed sweep) write two run dirs, each with its own seed\'s groups (regression: both wrote runs/<timestamp>)', async () => {
+  it("two `rollout run` started at once without --run-dir (a seed sweep) write two run dirs, each with its own seed's groups (regression: both wrote runs/<timestamp>)", async () => {
     const cwd = mkdtempSync(join(tmpdir(), 'rollout-sweep-'));
     const common = ['run', '--steps', '1', '--batch-size', '2', '--threads', '1'];
-    const results = await Promise.all([rolloutIn(cwd, [...common, '--seed', '1']), rolloutIn(cwd, [...common, '--seed', '2'])]);
+    const results = await Promise.all([
+      rolloutIn(cwd, [...common, '--seed', '1']),
+      rolloutIn(cwd, [...common, '--seed', '2']),
+    ]);
     for (const r of results) assert.equal(r.code, 0, r.stderr);
     const dirs = readdirSync(join(cwd, 'runs'));
     assert.equal(dirs.length, 2, `two run dirs, got ${dirs.join(', ')}`);
-    const ids = dirs.map((d) => readFileSync(join(cwd, 'runs', d, 'batches.jsonl'), 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { id: string }).id));
+    const ids = dirs.map((d) =>
+      readFileSync(join(cwd, 'runs', d, 'batches.jsonl'), 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => (JSON.parse(l) as { id: string }).id),
+    );
     for (const own of ids) assert.equal(own.length, 2, 'one batch of two groups in each dir');
   });
 
@@ -56,7 +68,12 @@ describe('run dir lock', () => {
     try {
       const second = await rollout(['run', '--resume', ...args]);
       assert.equal(second.code, 2, second.stderr);
-      assert.match(second.stderr, new RegExp(`run dir ${runDir} is in use by another rollout process \\(pid ${process.pid}\\): wait for it to exit, or choose another --run-dir`));
+      assert.match(
+        second.stderr,
+        new RegExp(
+          `run dir ${runDir} is in use by another rollout process \\(pid ${process.pid}\\): wait for it to exit, or choose another --run-dir`,
+        ),
+      );
       const served = await rollout(['serve', '--port', '0', '--resume', '--run-dir', runDir]);
       assert.equal(served.code, 2, served.stderr);
       assert.match(served.stderr, /is in use by another rollout process/);
@@ -74,13 +91,16 @@ describe('run dir lock', () => {
     const results = await Promise.allSettled([lockRunDir(runDir), lockRunDir(link), lockRunDir(runDir)]);
     const held = results.filter((r) => r.status === 'fulfilled');
     assert.equal(held.length, 1, 'one holder');
-    for (const r of results) if (r.status === 'rejected') assert.equal((r.reason as { code: string }).code, 'ERR_USAGE');
+    for (const r of results)
+      if (r.status === 'rejected') assert.equal((r.reason as { code: string }).code, 'ERR_USAGE');
     await (held[0] as PromiseFulfilledResult<{ release(): Promise<void> }>).value.release();
   });
 
   it('a lock holder killed with SIGKILL leaves the run dir free at once, and nothing behind in it', async () => {
     const runDir = mkdtempSync(join(tmpdir(), 'rollout-killed-'));
-    const child = spawn(process.execPath, ['--import', 'tsx', HOLDER, runDir], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const child = spawn(process.execPath, ['--import', 'tsx', HOLDER, runDir], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
     const exited = new Promise((resolve) => child.on('exit', resolve));
     try {
       await new Promise<void>((resolve, reject) => {

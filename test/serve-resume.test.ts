@@ -14,7 +14,10 @@ interface Served {
 
 /** `rollout serve` on port 0, once it prints its listening line; killed if it is not up in 30 s. */
 function serve(args: string[]): Promise<Served> {
-  const child = spawn(process.execPath, ['--import', 'tsx', CLI_MAIN, 'serve', '--port', '0', ...args], { env: { ...process.env, LOG_LEVEL: 'warn' }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(process.execPath, ['--import', 'tsx', CLI_MAIN, 'serve', '--port', '0', ...args], {
+    env: { ...process.env, LOG_LEVEL: 'warn' },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let stdout = '';
   let stderr = '';
   child.stderr!.on('data', (c) => (stderr += c));
@@ -51,13 +54,17 @@ function stop(served: Served): Promise<number | null> {
 }
 
 async function post(url: string, body: unknown): Promise<any> {
-  const res = await fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
+  const res = await fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
   assert.equal(res.status, 200, await res.clone().text());
   return res.json();
 }
 
 describe('rollout serve restarts', () => {
-  it('`rollout serve` restarted with its own command line refuses the run dir\'s checkpoint, and with --resume continues after it (regression: it began again at step 1 and handed out trained group ids)', async () => {
+  it("`rollout serve` restarted with its own command line refuses the run dir's checkpoint, and with --resume continues after it (regression: it began again at step 1 and handed out trained group ids)", async () => {
     const runDir = mkdtempSync(join(tmpdir(), 'rollout-serve-resume-'));
     const args = ['--run-dir', runDir, '--batch-size', '2', '--threads', '1', '--strategy', 'sync'];
     const first = await serve(args);
@@ -85,7 +92,11 @@ describe('rollout serve restarts', () => {
       assert.equal(batch.status, 'NORMAL');
       assert.equal(batch.trainStep, 2);
       const ids: string[] = batch.groups.map((g: { id: string }) => g.id);
-      assert.deepEqual(ids.filter((id) => stepOne.includes(id)), [], 'no group id of step 1 handed out again');
+      assert.deepEqual(
+        ids.filter((id) => stepOne.includes(id)),
+        [],
+        'no group id of step 1 handed out again',
+      );
     } finally {
       assert.equal(await stop(resumed), 0, resumed.stderr());
     }
@@ -93,7 +104,17 @@ describe('rollout serve restarts', () => {
 
   it('`rollout serve --resume` on a run dir without a checkpoint starts the run (a supervisor may always pass it)', async () => {
     const runDir = mkdtempSync(join(tmpdir(), 'rollout-serve-fresh-'));
-    const served = await serve(['--run-dir', runDir, '--batch-size', '2', '--threads', '1', '--strategy', 'sync', '--resume']);
+    const served = await serve([
+      '--run-dir',
+      runDir,
+      '--batch-size',
+      '2',
+      '--threads',
+      '1',
+      '--strategy',
+      'sync',
+      '--resume',
+    ]);
     try {
       const status = (await (await fetch(`${served.url}/status`)).json()) as { nextTrainStep: number };
       assert.equal(status.nextTrainStep, 1);

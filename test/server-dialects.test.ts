@@ -34,7 +34,15 @@ const CLIENT: Omit<LlmClientOptions, 'url'> = { ...TEST_CLIENT, maxReplyBytes: 1
 describe('inference replies as each server sends them', () => {
   it('takes SGLang\'s string weight version "default" and its per-choice prompt_token_ids (sglang serving_chat.py _build_chat_response)', () => {
     const reply = parseChatReply({
-      choices: [{ index: 0, message: { role: 'assistant', content: 'hi' }, finish_reason: 'stop', prompt_token_ids: [1, 2, 3], logprobs: { content: [{ token: 'hi', logprob: -0.5, bytes: [104, 105], top_logprobs: [] }] } }],
+      choices: [
+        {
+          index: 0,
+          message: { role: 'assistant', content: 'hi' },
+          finish_reason: 'stop',
+          prompt_token_ids: [1, 2, 3],
+          logprobs: { content: [{ token: 'hi', logprob: -0.5, bytes: [104, 105], top_logprobs: [] }] },
+        },
+      ],
       usage: { prompt_tokens: 3, completion_tokens: 1 },
       metadata: { weight_version: 'default' },
     });
@@ -46,7 +54,19 @@ describe('inference replies as each server sends them', () => {
 
   it("reads llama.cpp's token ids from logprobs.content[].id (tools/server, no token_ids field)", () => {
     const reply = parseChatReply({
-      choices: [{ index: 0, message: { role: 'assistant', content: 'ab' }, finish_reason: 'length', logprobs: { content: [{ id: 64, token: 'a', logprob: -1.25, bytes: [97], top_logprobs: [] }, { id: 65, token: 'b', logprob: -0.5, bytes: [98], top_logprobs: [] }] } }],
+      choices: [
+        {
+          index: 0,
+          message: { role: 'assistant', content: 'ab' },
+          finish_reason: 'length',
+          logprobs: {
+            content: [
+              { id: 64, token: 'a', logprob: -1.25, bytes: [97], top_logprobs: [] },
+              { id: 65, token: 'b', logprob: -0.5, bytes: [98], top_logprobs: [] },
+            ],
+          },
+        },
+      ],
     });
     assert.deepEqual(reply.responseIds, Int32Array.of(64, 65));
     assert.deepEqual(reply.logprobs, Float32Array.of(-1.25, -0.5));
@@ -56,22 +76,32 @@ describe('inference replies as each server sends them', () => {
     const stream = new ChatStream({ tokenIds: true, logprobs: true });
     const chunk = (id: number, text: string, finish: string | null) =>
       `data: ${JSON.stringify({ choices: [{ index: 0, delta: { content: text }, finish_reason: finish, logprobs: { content: [{ id, token: text, logprob: -0.25, bytes: [] }] } }] })}\n\n`;
-    stream.write(new TextEncoder().encode(chunk(7, 'x', null) + chunk(8, 'y', 'stop') + 'data: [DONE]\n\n'));
+    stream.write(new TextEncoder().encode(`${chunk(7, 'x', null) + chunk(8, 'y', 'stop')}data: [DONE]\n\n`));
     const result = stream.result();
     assert.deepEqual(result.responseIds, Int32Array.of(7, 8));
     assert.equal(result.content, 'xy');
   });
 
   it('reads finish reasons whatever their case (regression: a server answering "STOP" failed the rollout)', () => {
-    assert.equal(parseChatReply({ choices: [{ message: { content: 'x' }, finish_reason: 'STOP' }] }).finishReason, 'stop');
+    assert.equal(
+      parseChatReply({ choices: [{ message: { content: 'x' }, finish_reason: 'STOP' }] }).finishReason,
+      'stop',
+    );
     const stream = new ChatStream({ tokenIds: false, logprobs: false });
-    stream.write(new TextEncoder().encode(`data: ${JSON.stringify({ choices: [{ delta: { content: 'x' }, finish_reason: 'Length' }] })}\n\ndata: [DONE]\n\n`));
+    stream.write(
+      new TextEncoder().encode(
+        `data: ${JSON.stringify({ choices: [{ delta: { content: 'x' }, finish_reason: 'Length' }] })}\n\ndata: [DONE]\n\n`,
+      ),
+    );
     assert.equal(stream.result().finishReason, 'length');
   });
 
   it('refuses a weight version that is no name at all, naming the field', () => {
     const base = { choices: [{ message: { content: '' }, finish_reason: 'stop' }] };
-    assert.throws(() => parseChatReply({ ...base, metadata: { weight_version: { v: 1 } } }), { code: 'ERR_LLM_BAD_REPLY', message: /metadata\.weight_version must be a string/ });
+    assert.throws(() => parseChatReply({ ...base, metadata: { weight_version: { v: 1 } } }), {
+      code: 'ERR_LLM_BAD_REPLY',
+      message: /metadata\.weight_version must be a string/,
+    });
     assert.equal(parseChatReply({ ...base, metadata: { weight_version: 12 } }).weightVersion, '12');
   });
 });
@@ -82,9 +112,17 @@ describe('weight versions named by the trainer', () => {
     const gate = new PauseGate(control.block);
     try {
       assert.equal(gate.stepOfVersion(null), 5);
-      assert.equal(gate.stepOfVersion('3'), 3, 'no announcement: a whole-number version is the step (mock, --weight-version N)');
-      assert.equal(gate.stepOfVersion('default'), 5, "no announcement: SGLang's \"default\" names no step");
-      assert.equal(gate.stepOfVersion('9'), -1, 'newer than the step resumed with: reported, not tagged (regression: staleness went negative without a word)');
+      assert.equal(
+        gate.stepOfVersion('3'),
+        3,
+        'no announcement: a whole-number version is the step (mock, --weight-version N)',
+      );
+      assert.equal(gate.stepOfVersion('default'), 5, 'no announcement: SGLang\'s "default" names no step');
+      assert.equal(
+        gate.stepOfVersion('9'),
+        -1,
+        'newer than the step resumed with: reported, not tagged (regression: staleness went negative without a word)',
+      );
       control.pause();
       control.resume(7, 'ckpt-7');
       await control.waitForAcks(1, 1_000);
@@ -105,7 +143,19 @@ describe('weight versions named by the trainer', () => {
 describe('probing an inference server at start (llm.server: auto)', () => {
   it('tells vLLM by /v1/models owned_by, reads max_model_len, and finds no abort route without dev mode (vllm api_server.py)', async (t) => {
     const server = await double((req, _body, res) => {
-      if (req.url === '/v1/models') return json(res, 200, { object: 'list', data: [{ id: 'Qwen/Qwen2.5-0.5B', object: 'model', owned_by: 'vllm', root: 'Qwen/Qwen2.5-0.5B', max_model_len: 32768 }] });
+      if (req.url === '/v1/models')
+        return json(res, 200, {
+          object: 'list',
+          data: [
+            {
+              id: 'Qwen/Qwen2.5-0.5B',
+              object: 'model',
+              owned_by: 'vllm',
+              root: 'Qwen/Qwen2.5-0.5B',
+              max_model_len: 32768,
+            },
+          ],
+        });
       json(res, 404, { detail: 'Not Found' });
     });
     t.after(() => server.close());
@@ -113,16 +163,24 @@ describe('probing an inference server at start (llm.server: auto)', () => {
     assert.equal(info.kind, 'vllm');
     assert.equal(info.contextLength, 32768);
     assert.equal(info.abort, null, 'GET /abort_requests answered 404: not in dev mode');
-    assert.ok(server.requests.some((r) => r.method === 'GET' && r.path === '/abort_requests'), 'the route is checked with a GET, which aborts nothing');
+    assert.ok(
+      server.requests.some((r) => r.method === 'GET' && r.path === '/abort_requests'),
+      'the route is checked with a GET, which aborts nothing',
+    );
     const gaps = serverGaps(info, { api: 'chat', stream: false, wantIds: true });
-    assert.ok(gaps.some((g) => /no abort-all route.*VLLM_SERVER_DEV_MODE=1/.test(g)), gaps.join('\n'));
+    assert.ok(
+      gaps.some((g) => /no abort-all route.*VLLM_SERVER_DEV_MODE=1/.test(g)),
+      gaps.join('\n'),
+    );
     assert.ok(gaps.some((g) => /no weight version/.test(g)));
   });
 
   it("keeps vLLM's dev-mode abort route when it exists (405 to a GET) and aborts with a {} body", async (t) => {
     const server = await double((req, _body, res) => {
-      if (req.url === '/v1/models') return json(res, 200, { data: [{ id: 'm', owned_by: 'vllm', max_model_len: 4096 }] });
-      if (req.url === '/abort_requests') return req.method === 'POST' ? json(res, 200, {}) : json(res, 405, { detail: 'Method Not Allowed' });
+      if (req.url === '/v1/models')
+        return json(res, 200, { data: [{ id: 'm', owned_by: 'vllm', max_model_len: 4096 }] });
+      if (req.url === '/abort_requests')
+        return req.method === 'POST' ? json(res, 200, {}) : json(res, 405, { detail: 'Method Not Allowed' });
       json(res, 404, { detail: 'Not Found' });
     });
     t.after(() => server.close());
@@ -132,8 +190,17 @@ describe('probing an inference server at start (llm.server: auto)', () => {
 
   it("tells llama.cpp by /props and takes a slot's n_ctx as the context (tools/server)", async (t) => {
     const server = await double((req, _body, res) => {
-      if (req.url === '/v1/models') return json(res, 200, { object: 'list', data: [{ id: 'tiny.gguf', object: 'model', owned_by: 'llamacpp', meta: { n_ctx_train: 4096 } }] });
-      if (req.url === '/props') return json(res, 200, { default_generation_settings: { n_ctx: 1024 }, total_slots: 2, model_path: 'tiny.gguf' });
+      if (req.url === '/v1/models')
+        return json(res, 200, {
+          object: 'list',
+          data: [{ id: 'tiny.gguf', object: 'model', owned_by: 'llamacpp', meta: { n_ctx_train: 4096 } }],
+        });
+      if (req.url === '/props')
+        return json(res, 200, {
+          default_generation_settings: { n_ctx: 1024 },
+          total_slots: 2,
+          model_path: 'tiny.gguf',
+        });
       json(res, 404, { error: { code: 404, message: 'File Not Found', type: 'not_found_error' } });
     });
     t.after(() => server.close());
@@ -142,13 +209,23 @@ describe('probing an inference server at start (llm.server: auto)', () => {
     assert.equal(info.contextLength, 1024);
     assert.equal(info.abort, null, 'llama.cpp has no abort route: closing the connection stops the slot');
     const gaps = serverGaps(info, { api: 'chat', stream: false, wantIds: true });
-    assert.ok(gaps.some((g) => /no prompt token ids.*llm\.api "tokens", \/completion/.test(g)), gaps.join('\n'));
-    assert.ok(gaps.some((g) => /leave out the id and logprob of a token that ends inside a UTF-8 character/.test(g)), gaps.join('\n'));
+    assert.ok(
+      gaps.some((g) => /no prompt token ids.*llm\.api "tokens", \/completion/.test(g)),
+      gaps.join('\n'),
+    );
+    assert.ok(
+      gaps.some((g) => /leave out the id and logprob of a token that ends inside a UTF-8 character/.test(g)),
+      gaps.join('\n'),
+    );
   });
 
   it('says SGLang chat replies carry no response ids, and keeps its abort_all route', async (t) => {
     const server = await double((req, _body, res) => {
-      if (req.url === '/v1/models') return json(res, 200, { object: 'list', data: [{ id: 'qwen', object: 'model', owned_by: 'sglang', root: 'qwen', max_model_len: 8192 }] });
+      if (req.url === '/v1/models')
+        return json(res, 200, {
+          object: 'list',
+          data: [{ id: 'qwen', object: 'model', owned_by: 'sglang', root: 'qwen', max_model_len: 8192 }],
+        });
       if (req.url === '/abort_request') return json(res, 405, { detail: 'Method Not Allowed' });
       json(res, 404, { detail: 'Not Found' });
     });
@@ -157,22 +234,34 @@ describe('probing an inference server at start (llm.server: auto)', () => {
     assert.equal(info.kind, 'sglang');
     assert.deepEqual(info.abort, { path: '/abort_request', body: '{"abort_all":true}' });
     const gaps = serverGaps(info, { api: 'chat', stream: false, wantIds: true });
-    assert.ok(gaps.some((g) => /no response token ids.*\/generate/.test(g)), gaps.join('\n'));
+    assert.ok(
+      gaps.some((g) => /no response token ids.*\/generate/.test(g)),
+      gaps.join('\n'),
+    );
     assert.deepEqual(serverGaps(info, { api: 'tokens', stream: false, wantIds: true }), []);
   });
 
   it('refuses at start a model the server does not serve, naming llm.model and what it lists', async (t) => {
     const mock = await startMockLlm({ port: 0, model: 'served-model' });
     t.after(() => mock.close());
-    const engine = createEngine({ logLevel: 'silent', llm: { url: mock.url, model: 'other-model' }, workers: { threads: 1 } });
-    await assert.rejects(engine.start(), { code: 'ERR_LLM_MODEL', message: /llm\.model: .* does not serve "other-model" \(it lists "served-model"\)/ });
+    const engine = createEngine({
+      logLevel: 'silent',
+      llm: { url: mock.url, model: 'other-model' },
+      workers: { threads: 1 },
+    });
+    await assert.rejects(engine.start(), {
+      code: 'ERR_LLM_MODEL',
+      message: /llm\.model: .* does not serve "other-model" \(it lists "served-model"\)/,
+    });
     await engine.close();
   });
 });
 
 describe('chat requests in each dialect', () => {
   it('asks SGLang for return_prompt_token_ids on whole replies only (SGLang refuses it with stream: 400)', async (t) => {
-    const server = await double((_req, _body, res) => json(res, 200, { choices: [{ message: { content: 'x' }, finish_reason: 'stop' }] }));
+    const server = await double((_req, _body, res) =>
+      json(res, 200, { choices: [{ message: { content: 'x' }, finish_reason: 'stop' }] }),
+    );
     t.after(() => server.close());
     const client = new LlmClient({ ...CLIENT, url: server.url, server: { kind: 'sglang', contextLength: null } });
     t.after(() => client.close());
@@ -180,18 +269,45 @@ describe('chat requests in each dialect', () => {
     const sent = JSON.parse(server.requests[0].body);
     assert.equal(sent.return_prompt_token_ids, true);
     assert.equal(sent.return_token_ids, undefined, 'SGLang has no return_token_ids');
-    const streamed = chatPayload({ ...CLIENT, stream: true }, { messages: [], maxTokens: 1, temperature: 1 }, DIALECTS.sglang.chatIdFields(true)) as Record<string, unknown>;
+    const streamed = chatPayload(
+      { ...CLIENT, stream: true },
+      { messages: [], maxTokens: 1, temperature: 1 },
+      DIALECTS.sglang.chatIdFields(true),
+    ) as Record<string, unknown>;
     assert.equal(streamed.return_prompt_token_ids, undefined);
-    const llamacpp = chatPayload(CLIENT, { messages: [], maxTokens: 1, temperature: 1 }, DIALECTS.llamacpp.chatIdFields(false)) as Record<string, unknown>;
+    const llamacpp = chatPayload(
+      CLIENT,
+      { messages: [], maxTokens: 1, temperature: 1 },
+      DIALECTS.llamacpp.chatIdFields(false),
+    ) as Record<string, unknown>;
     assert.equal(llamacpp.logprobs, true, "llama.cpp's ids come with the logprobs");
     assert.equal(llamacpp.return_token_ids, undefined);
   });
 
   it('ends a chat call the server refuses for its context as a truncation (vLLM, SGLang, llama.cpp wordings)', async (t) => {
     const wordings = [
-      { object: 'error', message: "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (1600 in the messages, 500 in the completion).", type: 'BadRequestError', code: 400 },
-      { object: 'error', message: "The input (5000 tokens) is longer than the model's context length (4096 tokens).", type: 'BadRequestError', code: 400 },
-      { error: { code: 400, message: 'the request exceeds the available context size, try increasing it', type: 'exceed_context_size_error', n_prompt_tokens: 1200, n_ctx: 1024 } },
+      {
+        object: 'error',
+        message:
+          "This model's maximum context length is 2048 tokens. However, you requested 2100 tokens (1600 in the messages, 500 in the completion).",
+        type: 'BadRequestError',
+        code: 400,
+      },
+      {
+        object: 'error',
+        message: "The input (5000 tokens) is longer than the model's context length (4096 tokens).",
+        type: 'BadRequestError',
+        code: 400,
+      },
+      {
+        error: {
+          code: 400,
+          message: 'the request exceeds the available context size, try increasing it',
+          type: 'exceed_context_size_error',
+          n_prompt_tokens: 1200,
+          n_ctx: 1024,
+        },
+      },
     ];
     let i = 0;
     const server = await double((_req, _body, res) => json(res, 400, wordings[i++]));
@@ -236,16 +352,27 @@ describe('token-in episodes (llm.api: tokens)', () => {
       if (rollout.turns.length > 1) multiTurn++;
       for (let i = 0; i < rollout.turns.length; i++) {
         const turn = rollout.turns[i];
-        assert.ok(turn.promptIds && turn.responseIds && turn.logprobs, 'token-in turns carry prompt ids, response ids and logprobs');
+        assert.ok(
+          turn.promptIds && turn.responseIds && turn.logprobs,
+          'token-in turns carry prompt ids, response ids and logprobs',
+        );
         assert.equal(turn.logprobs.length, turn.responseIds.length);
         assert.equal(qwen.decode(Array.from(turn.responseIds)).replace(/<\|im_end\|>$/, ''), turn.response);
         if (i === 0) {
-          assert.deepEqual(Array.from(turn.promptIds), qwen.encode(qwen.render(turn.messages, { addGenerationPrompt: true })), 'the first prompt is the chat template rendered and tokenized');
+          assert.deepEqual(
+            Array.from(turn.promptIds),
+            qwen.encode(qwen.render(turn.messages, { addGenerationPrompt: true })),
+            'the first prompt is the chat template rendered and tokenized',
+          );
           continue;
         }
         const before = rollout.turns[i - 1];
         const prefix = [...before.promptIds!, ...before.responseIds!];
-        assert.deepEqual(Array.from(turn.promptIds.subarray(0, prefix.length)), prefix, `turn ${i} extends turn ${i - 1}'s prompt + response exactly`);
+        assert.deepEqual(
+          Array.from(turn.promptIds.subarray(0, prefix.length)),
+          prefix,
+          `turn ${i} extends turn ${i - 1}'s prompt + response exactly`,
+        );
         assert.ok(turn.promptIds.length > prefix.length, 'and adds the new observation');
       }
     }
@@ -259,11 +386,20 @@ describe('token-in episodes (llm.api: tokens)', () => {
     const calls: unknown[] = [];
     const server = await double((_req, body, res) => (calls.push(JSON.parse(body)), json(res, 200, {})));
     t.after(() => server.close());
-    const client = new LlmClient({ ...CLIENT, url: server.url, api: 'tokens', server: { kind: 'vllm', contextLength: length }, chatModel: () => loadChatModel('qwen2.5') });
+    const client = new LlmClient({
+      ...CLIENT,
+      url: server.url,
+      api: 'tokens',
+      server: { kind: 'vllm', contextLength: length },
+      chatModel: () => loadChatModel('qwen2.5'),
+    });
     t.after(() => client.close());
     const reply = await client.chat({ messages, maxTokens: 16, temperature: 1 }, undefined, 's1');
     assert.equal(reply.finishReason, 'length');
-    assert.match(reply.contextExceeded ?? '', new RegExp(`the prompt is ${length} tokens and the server's context is ${length}`));
+    assert.match(
+      reply.contextExceeded ?? '',
+      new RegExp(`the prompt is ${length} tokens and the server's context is ${length}`),
+    );
     assert.equal(calls.length, 0, 'nothing sent');
   });
 });
@@ -278,8 +414,31 @@ describe('context limits end episodes as truncated, not failed', () => {
       const key = JSON.stringify(messages[1] ?? messages[0]);
       const n = (calls.get(key) ?? 0) + 1;
       calls.set(key, n);
-      if (messages.length > 2) return json(res, 400, { object: 'error', message: "This model's maximum context length is 64 tokens. However, you requested 80 tokens (60 in the messages, 20 in the completion).", type: 'BadRequestError', code: 400 });
-      json(res, 200, { choices: [{ index: 0, message: { role: 'assistant', content: '50' }, finish_reason: 'stop', token_ids: [1, 2], logprobs: { content: [{ token: '5', logprob: -1 }, { token: '0', logprob: -1 }] } }], prompt_token_ids: [9, 9, 9] });
+      if (messages.length > 2)
+        return json(res, 400, {
+          object: 'error',
+          message:
+            "This model's maximum context length is 64 tokens. However, you requested 80 tokens (60 in the messages, 20 in the completion).",
+          type: 'BadRequestError',
+          code: 400,
+        });
+      json(res, 200, {
+        choices: [
+          {
+            index: 0,
+            message: { role: 'assistant', content: '50' },
+            finish_reason: 'stop',
+            token_ids: [1, 2],
+            logprobs: {
+              content: [
+                { token: '5', logprob: -1 },
+                { token: '0', logprob: -1 },
+              ],
+            },
+          },
+        ],
+        prompt_token_ids: [9, 9, 9],
+      });
     });
     t.after(() => server.close());
     const engine = createEngine({
@@ -314,14 +473,45 @@ describe("llama.cpp's left-out logprobs (tokens mode)", () => {
       const sent = JSON.parse(body) as Record<string, unknown>;
       bodies.push(sent);
       if (bodies.length === 1) {
-        return json(res, 200, { tokens: [64, 160, 99, 151645], stop_type: 'eos', completion_probabilities: [{ id: 64, logprob: -1 }, { id: 99, logprob: -3 }, { id: 151645, logprob: -4 }] });
+        return json(res, 200, {
+          tokens: [64, 160, 99, 151645],
+          stop_type: 'eos',
+          completion_probabilities: [
+            { id: 64, logprob: -1 },
+            { id: 99, logprob: -3 },
+            { id: 151645, logprob: -4 },
+          ],
+        });
       }
-      json(res, 200, { tokens: [64], stop_type: 'limit', completion_probabilities: [{ id: 64, logprob: -9, top_logprobs: [{ id: 5, logprob: -0.5 }, { id: 160, logprob: -2.5 }] }] });
+      json(res, 200, {
+        tokens: [64],
+        stop_type: 'limit',
+        completion_probabilities: [
+          {
+            id: 64,
+            logprob: -9,
+            top_logprobs: [
+              { id: 5, logprob: -0.5 },
+              { id: 160, logprob: -2.5 },
+            ],
+          },
+        ],
+      });
     });
     t.after(() => server.close());
-    const client = new LlmClient({ ...CLIENT, url: server.url, api: 'tokens', server: { kind: 'llamacpp', contextLength: null }, chatModel: () => loadChatModel('qwen2.5') });
+    const client = new LlmClient({
+      ...CLIENT,
+      url: server.url,
+      api: 'tokens',
+      server: { kind: 'llamacpp', contextLength: null },
+      chatModel: () => loadChatModel('qwen2.5'),
+    });
     t.after(() => client.close());
-    const reply = await client.chat({ messages: [{ role: 'user', content: 'hi' }], maxTokens: 8, temperature: 1 }, undefined, 's');
+    const reply = await client.chat(
+      { messages: [{ role: 'user', content: 'hi' }], maxTokens: 8, temperature: 1 },
+      undefined,
+      's',
+    );
     assert.deepEqual(Array.from(reply.responseIds!), [64, 160, 99, 151645]);
     assert.deepEqual(Array.from(reply.logprobs!), [-1, -2.5, -3, -4]);
     assert.equal(bodies.length, 2);
@@ -335,15 +525,28 @@ describe("llama.cpp's left-out logprobs (tokens mode)", () => {
     let n = 0;
     const server = await double((_req, _body, res) => {
       if (n++ === 0) return json(res, 200, { tokens: [160], stop_type: 'limit', completion_probabilities: [] });
-      json(res, 200, { tokens: [64], stop_type: 'limit', completion_probabilities: [{ id: 64, logprob: -9, top_logprobs: [{ id: 5, logprob: -0.5 }] }] });
+      json(res, 200, {
+        tokens: [64],
+        stop_type: 'limit',
+        completion_probabilities: [{ id: 64, logprob: -9, top_logprobs: [{ id: 5, logprob: -0.5 }] }],
+      });
     });
     t.after(() => server.close());
-    const client = new LlmClient({ ...CLIENT, url: server.url, api: 'tokens', server: { kind: 'llamacpp', contextLength: null }, chatModel: () => loadChatModel('qwen2.5') });
-    t.after(() => client.close());
-    await assert.rejects(client.chat({ messages: [{ role: 'user', content: 'hi' }], maxTokens: 1, temperature: 1 }, undefined, 's'), {
-      code: 'ERR_LLM_BAD_REPLY',
-      message: /left out the logprob of completion token 0 \(id 160, which ends inside a UTF-8 character\)/,
+    const client = new LlmClient({
+      ...CLIENT,
+      url: server.url,
+      api: 'tokens',
+      server: { kind: 'llamacpp', contextLength: null },
+      chatModel: () => loadChatModel('qwen2.5'),
     });
+    t.after(() => client.close());
+    await assert.rejects(
+      client.chat({ messages: [{ role: 'user', content: 'hi' }], maxTokens: 1, temperature: 1 }, undefined, 's'),
+      {
+        code: 'ERR_LLM_BAD_REPLY',
+        message: /left out the logprob of completion token 0 \(id 160, which ends inside a UTF-8 character\)/,
+      },
+    );
   });
 });
 
@@ -352,7 +555,9 @@ describe("llama.cpp's left-out logprobs (tokens mode)", () => {
  * the source of each trait). Each row of the README's inference-server table is one of these.
  */
 describe('the engine against each dialect of the mock', () => {
-  const GUESS = [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 4, messageCut: 0, maxTokens: 32 }];
+  const GUESS = [
+    { name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 4, messageCut: 0, maxTokens: 32 },
+  ];
   type Trait = { promptIds: boolean; responseIds: boolean };
   const cases: { dialect: 'vllm' | 'sglang' | 'llamacpp'; api: 'chat' | 'tokens'; gets: Trait }[] = [
     { dialect: 'vllm', api: 'chat', gets: { promptIds: true, responseIds: true } },
@@ -365,9 +570,21 @@ describe('the engine against each dialect of the mock', () => {
   for (const { dialect, api, gets } of cases) {
     const yes = (b: boolean) => (b ? 'with' : 'without');
     it(`${dialect}, ${api} mode: plays whole episodes, ${yes(gets.promptIds)} prompt ids, ${yes(gets.responseIds)} response ids, with logprobs`, async (t) => {
-      const mock = await startMockLlm({ port: 0, seed: 5, dialect, model: 'm', ...(api === 'tokens' ? { tokenizer: 'qwen2.5' as const } : {}) });
+      const mock = await startMockLlm({
+        port: 0,
+        seed: 5,
+        dialect,
+        model: 'm',
+        ...(api === 'tokens' ? { tokenizer: 'qwen2.5' as const } : {}),
+      });
       t.after(() => mock.close());
-      const engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, llm: { url: mock.url, model: 'm', api }, tasks: GUESS });
+      const engine = createEngine({
+        logLevel: 'silent',
+        batchSize: 2,
+        workers: { threads: 1 },
+        llm: { url: mock.url, model: 'm', api },
+        tasks: GUESS,
+      });
       t.after(() => engine.close());
       await engine.start();
       const batch = await engine.getBatch();
@@ -385,16 +602,39 @@ describe('the engine against each dialect of the mock', () => {
   }
 
   const pauses: { name: string; options: Parameters<typeof startMockLlm>[0]; serverAbort: boolean }[] = [
-    { name: 'vLLM in dev mode is aborted with POST /abort_requests {}', options: { dialect: 'vllm' }, serverAbort: true },
-    { name: 'vLLM without dev mode has no abort route: calls are cancelled client-side', options: { dialect: 'vllm', vllmDevMode: false }, serverAbort: false },
-    { name: 'SGLang is aborted with POST /abort_request {"abort_all": true}', options: { dialect: 'sglang' }, serverAbort: true },
-    { name: 'llama.cpp has no abort route: calls are cancelled client-side', options: { dialect: 'llamacpp' }, serverAbort: false },
+    {
+      name: 'vLLM in dev mode is aborted with POST /abort_requests {}',
+      options: { dialect: 'vllm' },
+      serverAbort: true,
+    },
+    {
+      name: 'vLLM without dev mode has no abort route: calls are cancelled client-side',
+      options: { dialect: 'vllm', vllmDevMode: false },
+      serverAbort: false,
+    },
+    {
+      name: 'SGLang is aborted with POST /abort_request {"abort_all": true}',
+      options: { dialect: 'sglang' },
+      serverAbort: true,
+    },
+    {
+      name: 'llama.cpp has no abort route: calls are cancelled client-side',
+      options: { dialect: 'llamacpp' },
+      serverAbort: false,
+    },
   ];
   for (const { name, options, serverAbort } of pauses) {
     it(`pauses: ${name}`, async (t) => {
       const mock = await startMockLlm({ port: 0, seed: 6, model: 'm', latencyMs: 60_000, ...options });
       t.after(() => mock.close());
-      const engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, llm: { url: mock.url, model: 'm' }, producer: { strategy: 'async' }, tasks: GUESS });
+      const engine = createEngine({
+        logLevel: 'silent',
+        batchSize: 2,
+        workers: { threads: 1 },
+        llm: { url: mock.url, model: 'm' },
+        producer: { strategy: 'async' },
+        tasks: GUESS,
+      });
       t.after(() => engine.close());
       await engine.start();
       // Every call is held by the mock's latency: wait until the first ones have reached it.
@@ -409,11 +649,20 @@ describe('the engine against each dialect of the mock', () => {
   it("tags SGLang's string versions with the announced step, and counts replies from weights the trainer did not announce", async (t) => {
     const mock = await startMockLlm({ port: 0, seed: 7, dialect: 'sglang', model: 'm' });
     t.after(() => mock.close());
-    const engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 }, llm: { url: mock.url, model: 'm' }, tasks: GUESS });
+    const engine = createEngine({
+      logLevel: 'silent',
+      batchSize: 2,
+      workers: { threads: 1 },
+      llm: { url: mock.url, model: 'm' },
+      tasks: GUESS,
+    });
     t.after(() => engine.close());
     await engine.start();
     const first = await engine.getBatch(1);
-    assert.ok(first.groups.flatMap((g) => g.rollouts).every((r) => r.status === Status.COMPLETED), 'a "default" version fails nothing');
+    assert.ok(
+      first.groups.flatMap((g) => g.rollouts).every((r) => r.status === Status.COMPLETED),
+      'a "default" version fails nothing',
+    );
     // The trainer says it loaded "step-1", but the server still serves its launch weights ("default").
     await engine.pauseForWeightUpdate();
     await engine.resume({ modelStep: 1, weightVersion: 'step-1' });
@@ -421,14 +670,26 @@ describe('the engine against each dialect of the mock', () => {
     const stale = (await engine.stats()).workers.reduce((n, w) => n + w.weightVersionMismatches, 0);
     assert.ok(stale > 0, 'replies with an unannounced version are counted');
     // Now the server loads them (SGLang's POST /update_weight_version) and the trainer announces them.
-    const update = await fetch(`${mock.url}/update_weight_version`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ new_version: 'step-2' }) });
+    const update = await fetch(`${mock.url}/update_weight_version`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ new_version: 'step-2' }),
+    });
     assert.equal(update.status, 200);
     await engine.pauseForWeightUpdate();
     await engine.resume({ modelStep: 2, weightVersion: 'step-2' });
     const third = await engine.getBatch(3);
-    for (const turn of third.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns))) if (turn.step > 0) assert.ok(turn.modelStep <= 2);
-    assert.ok(third.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns)).some((turn) => turn.modelStep === 2), 'tokens of the new weights carry step 2');
-    assert.equal((await engine.stats()).workers.reduce((n, w) => n + w.weightVersionMismatches, 0), stale, 'no new mismatch once the server serves what was announced');
+    for (const turn of third.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns)))
+      if (turn.step > 0) assert.ok(turn.modelStep <= 2);
+    assert.ok(
+      third.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns)).some((turn) => turn.modelStep === 2),
+      'tokens of the new weights carry step 2',
+    );
+    assert.equal(
+      (await engine.stats()).workers.reduce((n, w) => n + w.weightVersionMismatches, 0),
+      stale,
+      'no new mismatch once the server serves what was announced',
+    );
   });
 
   it("checks vLLM's served version on a resume that names the weights (its replies carry none; dev-mode GET /weight_info)", async (t) => {
@@ -438,12 +699,23 @@ describe('the engine against each dialect of the mock', () => {
     assert.equal(info.kind, 'vllm');
     const problems = await checkServedVersions([info], 'step-1', 1);
     assert.equal(problems.length, 1);
-    assert.match(problems[0], /vLLM at .* serves weight version "default", not "step-1" announced with model step 1: it has not loaded the new weights/);
-    const update = await fetch(`${mock.url}/update_weight_version`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ new_version: 'step-1' }) });
+    assert.match(
+      problems[0],
+      /vLLM at .* serves weight version "default", not "step-1" announced with model step 1: it has not loaded the new weights/,
+    );
+    const update = await fetch(`${mock.url}/update_weight_version`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ new_version: 'step-1' }),
+    });
     assert.equal(update.status, 200);
     assert.deepEqual(await checkServedVersions([info], 'step-1', 1), []);
     const plain = await startMockLlm({ port: 0, dialect: 'vllm', model: 'm', vllmDevMode: false });
     t.after(() => plain.close());
-    assert.deepEqual(await checkServedVersions([await probeServer(plain.url, { server: 'auto' })], 'step-1', 1), [], 'outside dev mode there is nothing to ask (said at start)');
+    assert.deepEqual(
+      await checkServedVersions([await probeServer(plain.url, { server: 'auto' })], 'step-1', 1),
+      [],
+      'outside dev mode there is nothing to ask (said at start)',
+    );
   });
 });

@@ -8,10 +8,31 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { rolloutMinModelStep, rolloutStaleness, seqStaleness, staleThreshold, tokenLossMask, tokensAllStale, turnMinModelStep } from '../src/buffer/staleness.ts';
+import {
+  rolloutMinModelStep,
+  rolloutStaleness,
+  seqStaleness,
+  staleThreshold,
+  tokenLossMask,
+  tokensAllStale,
+  turnMinModelStep,
+} from '../src/buffer/staleness.ts';
 import { applyExpiry, ReplayBuffer, type ExpiryPolicy } from '../src/buffer/replay-buffer.ts';
 import { Status, type RolloutGroup, type TurnRecord } from '../src/protocol/rollout.ts';
-import { A, at5, C, E, group, multi, rolloutOf, statuses, turn, turnCounts, X, type MemberSpec } from './support/groups.ts';
+import {
+  A,
+  at5,
+  C,
+  E,
+  group,
+  multi,
+  rolloutOf,
+  statuses,
+  turn,
+  turnCounts,
+  X,
+  type MemberSpec,
+} from './support/groups.ts';
 import { batchOf, pauseWith, scriptedProducer, settled } from './support/scripted-producer.ts';
 
 const minStepOf = (g: RolloutGroup) => Math.min(...g.rollouts.map((r) => rolloutMinModelStep(r) ?? Infinity));
@@ -41,7 +62,10 @@ describe('stale threshold (buffer/staleness.ts staleThreshold)', () => {
   ];
   for (const [maxStaleness, interval, mentions] of bad) {
     it(`throws a RangeError naming the bad argument for staleThreshold(${maxStaleness}, ${interval})`, () => {
-      assert.throws(() => staleThreshold(maxStaleness, interval), (err: unknown) => err instanceof RangeError && mentions.test(err.message));
+      assert.throws(
+        () => staleThreshold(maxStaleness, interval),
+        (err: unknown) => err instanceof RangeError && mentions.test(err.message),
+      );
     });
   }
 });
@@ -64,15 +88,69 @@ describe('sequence staleness (buffer/staleness.ts seqStaleness)', () => {
 
 describe('rollout staleness (buffer/staleness.ts rolloutStaleness)', () => {
   const rows: { name: string; turns: TurnRecord[]; trainStep: number; minStep: number | null; want: number }[] = [
-    { name: 'one turn [3,4,4] at step 6: 6−min(3,4,4)−1 = 2', turns: [turn([3, 4, 4])], trainStep: 6, minStep: 3, want: 2 },
-    { name: 'the oldest token anywhere counts: turns [5,5] and [6,2] at step 6: 6−2−1 = 3', turns: [turn([5, 5]), turn([6, 2])], trainStep: 6, minStep: 2, want: 3 },
-    { name: 'no ids but a response: the turn model step 4 is used, 7−4−1 = 2', turns: [turn(null, { modelStep: 4, response: 'hi' })], trainStep: 7, minStep: 4, want: 2 },
-    { name: 'a turn with no ids and an empty response is ignored: [5] and (step 1, "") at 7: 7−5−1 = 1', turns: [turn(null, { modelStep: 1, response: '' }), turn([5])], trainStep: 7, minStep: 5, want: 1 },
-    { name: 'per-token steps win over the turn model step: steps [6], modelStep 1 at 7: 7−6−1 = 0', turns: [turn([6], { modelStep: 1 })], trainStep: 7, minStep: 6, want: 0 },
-    { name: 'an empty per-token array falls back to the turn model step: [], modelStep 2, "x" at 7: 7−2−1 = 4', turns: [turn([], { modelStep: 2, response: 'x' })], trainStep: 7, minStep: 2, want: 4 },
-    { name: 'negative when the weights are newer than the consumer: [8] at 6: 6−8−1 = −3', turns: [turn([8])], trainStep: 6, minStep: 8, want: -3 },
-    { name: 'no turns at all: 0, however late the consumer (step 100)', turns: [], trainStep: 100, minStep: null, want: 0 },
-    { name: 'only turns without tokens: 0 at step 100', turns: [turn(null, { modelStep: 0, response: '' }), turn([], { modelStep: 0, response: '' })], trainStep: 100, minStep: null, want: 0 },
+    {
+      name: 'one turn [3,4,4] at step 6: 6−min(3,4,4)−1 = 2',
+      turns: [turn([3, 4, 4])],
+      trainStep: 6,
+      minStep: 3,
+      want: 2,
+    },
+    {
+      name: 'the oldest token anywhere counts: turns [5,5] and [6,2] at step 6: 6−2−1 = 3',
+      turns: [turn([5, 5]), turn([6, 2])],
+      trainStep: 6,
+      minStep: 2,
+      want: 3,
+    },
+    {
+      name: 'no ids but a response: the turn model step 4 is used, 7−4−1 = 2',
+      turns: [turn(null, { modelStep: 4, response: 'hi' })],
+      trainStep: 7,
+      minStep: 4,
+      want: 2,
+    },
+    {
+      name: 'a turn with no ids and an empty response is ignored: [5] and (step 1, "") at 7: 7−5−1 = 1',
+      turns: [turn(null, { modelStep: 1, response: '' }), turn([5])],
+      trainStep: 7,
+      minStep: 5,
+      want: 1,
+    },
+    {
+      name: 'per-token steps win over the turn model step: steps [6], modelStep 1 at 7: 7−6−1 = 0',
+      turns: [turn([6], { modelStep: 1 })],
+      trainStep: 7,
+      minStep: 6,
+      want: 0,
+    },
+    {
+      name: 'an empty per-token array falls back to the turn model step: [], modelStep 2, "x" at 7: 7−2−1 = 4',
+      turns: [turn([], { modelStep: 2, response: 'x' })],
+      trainStep: 7,
+      minStep: 2,
+      want: 4,
+    },
+    {
+      name: 'negative when the weights are newer than the consumer: [8] at 6: 6−8−1 = −3',
+      turns: [turn([8])],
+      trainStep: 6,
+      minStep: 8,
+      want: -3,
+    },
+    {
+      name: 'no turns at all: 0, however late the consumer (step 100)',
+      turns: [],
+      trainStep: 100,
+      minStep: null,
+      want: 0,
+    },
+    {
+      name: 'only turns without tokens: 0 at step 100',
+      turns: [turn(null, { modelStep: 0, response: '' }), turn([], { modelStep: 0, response: '' })],
+      trainStep: 100,
+      minStep: null,
+      want: 0,
+    },
   ];
   for (const row of rows) {
     it(`measures ${row.name}`, () => {
@@ -119,7 +197,14 @@ describe('token loss mask (buffer/staleness.ts tokenLossMask)', () => {
 
 describe('expiry of one group (buffer/replay-buffer.ts applyExpiry)', () => {
   // Policy at5: train step 5, threshold 2, so a member with oldest token step m expires iff 5−m−1 ≥ 2 ⇔ m ≤ 2.
-  const retryRows: { name: string; members: MemberSpec[]; kept: boolean; status: Status; members_after: Status[]; turns_after: number[] }[] = [
+  const retryRows: {
+    name: string;
+    members: MemberSpec[];
+    kept: boolean;
+    status: Status;
+    members_after: Status[];
+    turns_after: number[];
+  }[] = [
     {
       name: 'nothing expires: C(3) has 5−3−1 = 1 < 2, C(4) has 0',
       members: [C(3), C(4)],
@@ -207,7 +292,10 @@ describe('expiry of one group (buffer/replay-buffer.ts applyExpiry)', () => {
     const g = group('t', 1, C(2), C(4));
     const sibling = g.rollouts[1].turns[0];
     applyExpiry(g, at5(true));
-    assert.deepEqual([g.rollouts[0].messages, g.rollouts[0].reward, g.rollouts[0].finishReason, g.rollouts[0].terminated], [[], 0, null, false]);
+    assert.deepEqual(
+      [g.rollouts[0].messages, g.rollouts[0].reward, g.rollouts[0].finishReason, g.rollouts[0].terminated],
+      [[], 0, null, false],
+    );
     assert.equal(g.rollouts[1].turns[0], sibling);
     assert.equal(g.rollouts[1].reward, 1);
   });
@@ -216,7 +304,11 @@ describe('expiry of one group (buffer/replay-buffer.ts applyExpiry)', () => {
     { name: 'keeps a group with nothing expired: C(3) → 1, C(4) → 0 (both < 2)', members: [C(3), C(4)], kept: true },
     { name: 'drops a group with one expired member: C(2) → 2 ≥ 2', members: [C(4), C(2)], kept: false },
     { name: 'drops a group whose ABORTED member expired: A(0) → 4 ≥ 2', members: [A(0), C(4)], kept: false },
-    { name: 'keeps a group whose only stale member is FAILED: X(0) is not examined', members: [C(4), X(0)], kept: true },
+    {
+      name: 'keeps a group whose only stale member is FAILED: X(0) is not examined',
+      members: [C(4), X(0)],
+      kept: true,
+    },
   ];
   for (const row of dropRows) {
     it(`when not retryable, ${row.name}, touching no member`, () => {
@@ -245,7 +337,12 @@ describe('expiry of one group (buffer/replay-buffer.ts applyExpiry)', () => {
 describe('token-level expiry (issue 17 item 11)', () => {
   // Token threshold 2 at train step 5: a token of model step m is masked when 5 − m − 1 ≥ 2, i.e. m ≤ 2.
   // The group threshold 100 is never reached, so only the token-level test can expire a member.
-  const tokenPolicy = (retryable: boolean): ExpiryPolicy => ({ trainStep: 5, threshold: 100, tokenThreshold: 2, retryable });
+  const tokenPolicy = (retryable: boolean): ExpiryPolicy => ({
+    trainStep: 5,
+    threshold: 100,
+    tokenThreshold: 2,
+    retryable,
+  });
 
   it('expires on put a member whose every token is past the token threshold (steps 1, 2 → 3, 2 ≥ 2) and keeps one with a token under it (steps 2, 3 → 3 − 1 = 1 < 2) (regression: only a batch take expired it)', () => {
     const buffer = new ReplayBuffer(['a']);
@@ -271,7 +368,10 @@ describe('token-level expiry (issue 17 item 11)', () => {
 
   it('counts only turns with per-token model steps: a text-only turn neither expires a rollout nor keeps one alive', () => {
     assert.equal(tokensAllStale(rolloutOf(turn(null, { response: 'hi', modelStep: 0 })), 5, 2), false);
-    assert.equal(tokensAllStale(rolloutOf(turn(null, { response: 'hi', modelStep: 4 }), turn([1, 2], { step: 2 })), 5, 2), true);
+    assert.equal(
+      tokensAllStale(rolloutOf(turn(null, { response: 'hi', modelStep: 4 }), turn([1, 2], { step: 2 })), 5, 2),
+      true,
+    );
     assert.equal(tokensAllStale(rolloutOf(turn([], { response: '' })), 5, 2), false);
   });
 
@@ -279,7 +379,13 @@ describe('token-level expiry (issue 17 item 11)', () => {
     // maxStaleness 1: group threshold 2; token threshold 1. Batch 1 with over-sampling 1 schedules 2
     // groups at model step 0; the first makes batch 1. The second lands for train step 2: its tokens
     // are 2 − 0 − 1 = 1 ≥ 1 stale, so it expires there and then (dropped: tailBatchTriggerSize −1).
-    const s = await scriptedProducer({ strategy: 'async', maxStaleness: 1, overSampleThreshold: 1, tokenStalenessThreshold: 1, tailBatchTriggerSize: -1 });
+    const s = await scriptedProducer({
+      strategy: 'async',
+      maxStaleness: 1,
+      overSampleThreshold: 1,
+      tokenStalenessThreshold: 1,
+      tailBatchTriggerSize: -1,
+    });
     try {
       const batch = await batchOf(s, 1);
       assert.equal(batch.status, 'NORMAL');
@@ -311,7 +417,10 @@ describe('sync strategy staleness (issue 17 item 13)', () => {
       assert.equal((await first).status, 'UPDATE_WEIGHT_AND_ABORT');
       assert.deepEqual([s.producer.completed('t0'), s.producer.buffer.count('t0', 'ABORTED')], [1, 1]);
       s.producer.resume(1);
-      assert.deepEqual([s.producer.completed('t0'), s.producer.buffer.count('t0', 'ABORTED'), s.producer.expired('t0')], [0, 0, 2]);
+      assert.deepEqual(
+        [s.producer.completed('t0'), s.producer.buffer.count('t0', 'ABORTED'), s.producer.expired('t0')],
+        [0, 0, 2],
+      );
       const batch = await batchOf(s, 2);
       assert.equal(batch.status, 'NORMAL');
       assert.deepEqual(batch.groups.map((g) => g.id).sort(), [a, b].sort()); // drawn again, not replaced by fresh prompts
@@ -339,7 +448,14 @@ describe('sync strategy staleness (issue 17 item 13)', () => {
     try {
       restored.producer.restore(snapshot);
       restored.producer.resume(1);
-      assert.deepEqual([restored.producer.completed('t0'), restored.producer.expired('t0'), restored.producer.buffer.count('t0', 'ABORTED')], [0, 1, 1]);
+      assert.deepEqual(
+        [
+          restored.producer.completed('t0'),
+          restored.producer.expired('t0'),
+          restored.producer.buffer.count('t0', 'ABORTED'),
+        ],
+        [0, 1, 1],
+      );
       const batch = await batchOf(restored, 2);
       assert.equal(batch.status, 'NORMAL');
       assert.deepEqual(batch.groups.map(minStepOf), [1, 1]);
@@ -352,7 +468,10 @@ describe('sync strategy staleness (issue 17 item 13)', () => {
     const s = await scriptedProducer({ strategy: 'sync' });
     try {
       for (const step of [1, 2, 3]) assert.equal((await batchOf(s, step)).status, 'NORMAL');
-      assert.deepEqual([s.producer.counts.dropped.EXPIRED, s.producer.expired('t0'), s.producer.counts.scheduled], [0, 0, 3]);
+      assert.deepEqual(
+        [s.producer.counts.dropped.EXPIRED, s.producer.expired('t0'), s.producer.counts.scheduled],
+        [0, 0, 3],
+      );
     } finally {
       await s.producer.close();
     }

@@ -117,8 +117,20 @@ describe('StepRecordWriter', () => {
     assert.deepEqual(JSON.parse(lines[0]), stepOf('t/0/0', 0, 1));
     assert.deepEqual(JSON.parse(lines[1]), endOf('t/0/0', 0, 1));
     const stats = writer.stats();
-    assert.equal(stats.bytesWritten, Buffer.byteLength(lines.join('\n') + '\n'));
-    assert.deepEqual({ ...stats, bytesWritten: 0 }, { recorded: 2, written: 2, writes: 1, failedRecords: 0, failedWrites: 0, pending: 0, bytesWritten: 0, repairedBytes: 0 });
+    assert.equal(stats.bytesWritten, Buffer.byteLength(`${lines.join('\n')}\n`));
+    assert.deepEqual(
+      { ...stats, bytesWritten: 0 },
+      {
+        recorded: 2,
+        written: 2,
+        writes: 1,
+        failedRecords: 0,
+        failedWrites: 0,
+        pending: 0,
+        bytesWritten: 0,
+        repairedBytes: 0,
+      },
+    );
     await writer.close();
   });
 
@@ -130,7 +142,12 @@ describe('StepRecordWriter', () => {
   });
 
   it('writes a full batch right away, without waiting for the timer', async () => {
-    const writer = new StepRecordWriter({ dir: freshDir(), fileName: 'w.jsonl', flushIntervalMs: 60_000, maxBufferedRecords: 3 });
+    const writer = new StepRecordWriter({
+      dir: freshDir(),
+      fileName: 'w.jsonl',
+      flushIntervalMs: 60_000,
+      maxBufferedRecords: 3,
+    });
     writer.record(stepOf('t/0/0', 0, 1));
     writer.record(stepOf('t/0/0', 0, 2));
     await turns(20);
@@ -141,7 +158,12 @@ describe('StepRecordWriter', () => {
   });
 
   it('keeps record order and one record per line across many batches, with newlines and non-ASCII in the text', async () => {
-    const writer = new StepRecordWriter({ dir: freshDir(), fileName: 'w.jsonl', flushIntervalMs: 1, maxBufferedRecords: 4 });
+    const writer = new StepRecordWriter({
+      dir: freshDir(),
+      fileName: 'w.jsonl',
+      flushIntervalMs: 1,
+      maxBufferedRecords: 4,
+    });
     const written: StepRecord[] = [];
     for (let i = 1; i <= 50; i++) {
       const rec = stepOf('t/0/0', 0, i, { response: `line one\nline two — ünïcödé 🚀 ${i}` });
@@ -151,7 +173,10 @@ describe('StepRecordWriter', () => {
     }
     await writer.flush({ fsync: true });
     const lines = await linesOf(writer.path);
-    assert.deepEqual(lines.map((l) => JSON.parse(l)), written);
+    assert.deepEqual(
+      lines.map((l) => JSON.parse(l)),
+      written,
+    );
     await writer.close();
   });
 
@@ -182,7 +207,9 @@ describe('StepRecordWriter', () => {
     const run = (close: boolean) =>
       new Promise<{ code: number | null; ms: number }>((resolve, reject) => {
         const started = Date.now();
-        const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script(close)], { stdio: ['ignore', 'ignore', 'inherit'] });
+        const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script(close)], {
+          stdio: ['ignore', 'ignore', 'inherit'],
+        });
         const killer = setTimeout(() => child.kill('SIGKILL'), 30_000);
         child.on('error', reject);
         child.on('exit', (code) => {
@@ -196,14 +223,22 @@ describe('StepRecordWriter', () => {
     // Well under the 60 s batch timer: neither the timer nor the file handle held the process.
     assert.ok(open.ms < 30_000, `the process without close() took ${open.ms} ms to exit`);
     assert.equal((await linesOf(join(dir, 'closed.jsonl'))).length, 1, 'close() wrote the record before exit');
-    assert.equal((await linesOf(join(dir, 'open.jsonl'))).length, 0, 'without close() the pending batch is lost (the documented contract)');
+    assert.equal(
+      (await linesOf(join(dir, 'open.jsonl'))).length,
+      0,
+      'without close() the pending batch is lost (the documented contract)',
+    );
   });
 
   it('reports a failed write from flush, counted, without ever throwing from record', async () => {
     const base = freshDir();
     await writeFile(`${base}.file`, 'not a directory');
     // mkdir under a regular file fails: every write of this writer fails.
-    const writer = new StepRecordWriter({ dir: join(`${base}.file`, 'records'), fileName: 'w.jsonl', flushIntervalMs: 60_000 });
+    const writer = new StepRecordWriter({
+      dir: join(`${base}.file`, 'records'),
+      fileName: 'w.jsonl',
+      flushIntervalMs: 60_000,
+    });
     writer.record(stepOf('t/0/0', 0, 1));
     writer.record(stepOf('t/0/0', 0, 2));
     await assert.rejects(writer.flush(), (err: unknown) => {
@@ -226,7 +261,11 @@ describe('StepRecordWriter', () => {
     const first = new StepRecordWriter({ dir, fileName: 'same.jsonl' });
     assert.throws(() => new StepRecordWriter({ dir, fileName: 'same.jsonl' }), { code: 'ERR_RECORDS_FILE_IN_USE' });
     assert.throws(() => new StepRecordWriter({ dir, fileName: 'sub/other.jsonl' }), RangeError);
-    assert.throws(() => new StepRecordWriter({ dir, fileName: 'other.txt' }), RangeError, 'the reader would never see it');
+    assert.throws(
+      () => new StepRecordWriter({ dir, fileName: 'other.txt' }),
+      RangeError,
+      'the reader would never see it',
+    );
     await first.close();
     const second = new StepRecordWriter({ dir, fileName: 'same.jsonl' });
     await second.close();
@@ -270,7 +309,10 @@ describe('step records from worker threads', () => {
     const dir = freshDir();
     const sessions = 10;
     const steps = 6;
-    const workers = [startWorker({ dir, name: 'a', sessions, steps }), startWorker({ dir, name: 'b', sessions, steps })];
+    const workers = [
+      startWorker({ dir, name: 'a', sessions, steps }),
+      startWorker({ dir, name: 'b', sessions, steps }),
+    ];
     try {
       assert.deepEqual(await Promise.all(workers.map(message)), ['ready', 'ready']);
       const done = workers.map(message);
@@ -294,7 +336,10 @@ describe('step records from worker threads', () => {
         ['a', 'b'].flatMap((name) => [0, 2, 4, 6, 8].map((i) => `${name}/${i}/0#0`)).sort(),
       );
       for (const session of completed) {
-        assert.deepEqual(session.steps.map((s) => s.step), [1, 2, 3, 4, 5, 6]);
+        assert.deepEqual(
+          session.steps.map((s) => s.step),
+          [1, 2, 3, 4, 5, 6],
+        );
         assert.equal(session.totalReward, steps);
         assert.deepEqual(session.missingSteps, []);
         assert.equal(session.files.length, 1);
@@ -337,35 +382,68 @@ describe('reading step records', () => {
     await Promise.all([w1.close(), w2.close()]);
 
     const index = await indexSessions(dir);
-    assert.deepEqual(index.completed.map((s) => s.sessionId), ['duo/0/0#0', 'math/0/0#0', 'code/0/0#0', 'math/2/0#1']);
+    assert.deepEqual(
+      index.completed.map((s) => s.sessionId),
+      ['duo/0/0#0', 'math/0/0#0', 'code/0/0#0', 'math/2/0#1'],
+    );
     assert.deepEqual(index.unfinished, ['math/0/1#0', 'math/1/0#0', 'math/2/0#0']);
     assert.deepEqual(index.stats, { files: 2, records: 23, tornLines: [] });
 
     const byId = new Map(index.completed.map((s) => [s.sessionId, s]));
     const math = byId.get('math/0/0#0')!;
     assert.deepEqual(
-      { rolloutId: math.rolloutId, groupId: math.groupId, taskName: math.taskName, attempt: math.attempt, totalReward: math.totalReward },
+      {
+        rolloutId: math.rolloutId,
+        groupId: math.groupId,
+        taskName: math.taskName,
+        attempt: math.attempt,
+        totalReward: math.totalReward,
+      },
       { rolloutId: 'math/0/0', groupId: 'math/0', taskName: 'math', attempt: 0, totalReward: 3 },
     );
-    assert.deepEqual(math.steps.map((s) => s.step), [1, 2, 3]);
+    assert.deepEqual(
+      math.steps.map((s) => s.step),
+      [1, 2, 3],
+    );
 
     const restarted = byId.get('math/2/0#1')!;
     assert.equal(restarted.attempt, 1);
-    assert.deepEqual(restarted.steps.map((s) => [s.attempt, s.step]), [[1, 1], [1, 2], [1, 3], [1, 4]]);
+    assert.deepEqual(
+      restarted.steps.map((s) => [s.attempt, s.step]),
+      [
+        [1, 1],
+        [1, 2],
+        [1, 3],
+        [1, 4],
+      ],
+    );
 
     const continued = byId.get('code/0/0#0')!;
-    assert.deepEqual(continued.steps.map((s) => [s.step, s.response]), [[1, 'response 1'], [2, 'partial and the rest'], [3, 'response 3']]);
+    assert.deepEqual(
+      continued.steps.map((s) => [s.step, s.response]),
+      [
+        [1, 'response 1'],
+        [2, 'partial and the rest'],
+        [3, 'response 3'],
+      ],
+    );
     assert.deepEqual(continued.files, [join(dir, 'steps-worker-1.jsonl'), join(dir, 'steps-worker-2.jsonl')]);
     assert.deepEqual(continued.missingSteps, []);
 
-    assert.deepEqual(byId.get('duo/0/0#0')!.steps.map((s) => [s.step, s.agentId]), [[1, 'a'], [1, 'b']]);
+    assert.deepEqual(
+      byId.get('duo/0/0#0')!.steps.map((s) => [s.step, s.agentId]),
+      [
+        [1, 'a'],
+        [1, 'b'],
+      ],
+    );
 
     assert.deepEqual(await listCompletedSessions(dir), index.completed);
   });
 
   it('lists step indices a completed session has no record of', async () => {
     const dir = freshDir();
-    await writeFile(join(dir + '.jsonl'), ''); // a sibling file outside dir is not read
+    await writeFile(join(`${dir}.jsonl`), ''); // a sibling file outside dir is not read
     const w = new StepRecordWriter({ dir, fileName: 'w.jsonl' });
     w.record(stepOf('t/0/0', 0, 1));
     w.record(stepOf('t/0/0', 0, 3));
@@ -389,7 +467,10 @@ describe('reading step records', () => {
     for await (const rec of stream) records.push(rec);
     assert.equal(records.length, 2);
     assert.deepEqual(stream.stats.tornLines, [{ file: w.path, line: 3, bytes: Buffer.byteLength(torn) }]);
-    assert.deepEqual((await listCompletedSessions(dir)).map((s) => s.sessionId), ['t/0/0#0']);
+    assert.deepEqual(
+      (await listCompletedSessions(dir)).map((s) => s.sessionId),
+      ['t/0/0#0'],
+    );
   });
 
   it('fails on a corrupted middle line, naming the file and line', async () => {
@@ -397,7 +478,7 @@ describe('reading step records', () => {
     const w = new StepRecordWriter({ dir, fileName: 'w.jsonl' });
     w.record(stepOf('t/0/0', 0, 1));
     await w.close();
-    await appendFile(w.path, '{"type":"step", garbage\n' + JSON.stringify(stepOf('t/0/0', 0, 2)) + '\n');
+    await appendFile(w.path, `{"type":"step", garbage\n${JSON.stringify(stepOf('t/0/0', 0, 2))}\n`);
     await assert.rejects(collect(dir), (err: unknown) => {
       assert.ok(err instanceof StepRecordFormatError);
       assert.equal(err.code, 'ERR_RECORDS_FORMAT');
@@ -415,7 +496,7 @@ describe('reading step records', () => {
     w.record(stepOf('t/0/0', 0, 1));
     await w.close();
     const { sessionId: _dropped, ...noSession } = stepOf('t/0/0', 0, 2);
-    await appendFile(w.path, JSON.stringify(noSession) + '\n');
+    await appendFile(w.path, `${JSON.stringify(noSession)}\n`);
     await assert.rejects(collect(dir), { message: `${w.path}:2: sessionId must be a non-empty string` });
   });
 });

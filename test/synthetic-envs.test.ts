@@ -19,8 +19,14 @@ describe('seeded rng', () => {
     const b = createRng(123);
     const c = createRng(124);
     const seqA = Array.from({ length: 20 }, () => a.int(-5, 5));
-    assert.deepEqual(seqA, Array.from({ length: 20 }, () => b.int(-5, 5)));
-    assert.notDeepEqual(seqA, Array.from({ length: 20 }, () => c.int(-5, 5)));
+    assert.deepEqual(
+      seqA,
+      Array.from({ length: 20 }, () => b.int(-5, 5)),
+    );
+    assert.notDeepEqual(
+      seqA,
+      Array.from({ length: 20 }, () => c.int(-5, 5)),
+    );
     assert.ok(seqA.every((x) => x >= -5 && x <= 5));
   });
 });
@@ -37,7 +43,10 @@ describe('guess-number', () => {
     const env = createGuessNumber({ min: 3, max: 9, maxTurns: 4 });
     env.reset({ seed: 1, params: {} });
     const prompt = env.getTaskPrompt();
-    assert.deepEqual(prompt.map((m) => m.role), ['system', 'user']);
+    assert.deepEqual(
+      prompt.map((m) => m.role),
+      ['system', 'user'],
+    );
     assert.match(prompt[0].content, /between 3 and 9/);
     assert.match(prompt[0].content, /4 guesses/);
   });
@@ -110,7 +119,10 @@ describe('guess-number', () => {
     env.reset({ seed: 0, params: { min: -10, max: -1 } });
     const target = env.step('x').info!.target as number;
     assert.ok(target >= -10 && target <= -1);
-    assert.throws(() => env.reset({ seed: 0, params: { target: 500 } }), /reset params\.target must be in \[1, 100\] \(got 500\)/);
+    assert.throws(
+      () => env.reset({ seed: 0, params: { target: 500 } }),
+      /reset params\.target must be in \[1, 100\] \(got 500\)/,
+    );
   });
 
   it('burns at least cpuCostUs of CPU per step', () => {
@@ -156,7 +168,10 @@ describe('arithmetic', () => {
 
   it('rejects a malformed expression in reset params, naming it', () => {
     const env = createArithmetic();
-    assert.throws(() => env.reset({ seed: 0, params: { expression: '2 + (3)' } }), /arithmetic: reset params\.expression must look like .* \(got "2 \+ \(3\)"\)/);
+    assert.throws(
+      () => env.reset({ seed: 0, params: { expression: '2 + (3)' } }),
+      /arithmetic: reset params\.expression must look like .* \(got "2 \+ \(3\)"\)/,
+    );
   });
 });
 
@@ -165,11 +180,21 @@ describe('parameter validation and registry', () => {
     assert.throws(() => createGuessNumber({ min: 10, max: 5 }), {
       message: 'guess-number: params.min must be <= params.max (got min=10, max=5)',
     });
-    assert.throws(() => createGuessNumber({ max: 'ten' }), { message: 'guess-number: params.max must be an integer (got "ten")' });
+    assert.throws(() => createGuessNumber({ max: 'ten' }), {
+      message: 'guess-number: params.max must be an integer (got "ten")',
+    });
     assert.throws(() => createGuessNumber({ maxTurns: 0 }), /params\.maxTurns must be in \[1, 10000\] \(got 0\)/);
-    assert.throws(() => createGuessNumber({ maxTurn: 3 }), /unknown params\.maxTurn \(known: min, max, maxTurns, cpuCostUs\)/);
-    assert.throws(() => createArithmetic({ terms: 1 }), { message: 'arithmetic: params.terms must be in [2, 10] (got 1)' });
-    assert.throws(() => createArithmetic({ cpuCostUs: -1 }), /arithmetic: params\.cpuCostUs must be in \[0, 60000000\] \(got -1\)/);
+    assert.throws(
+      () => createGuessNumber({ maxTurn: 3 }),
+      /unknown params\.maxTurn \(known: min, max, maxTurns, cpuCostUs\)/,
+    );
+    assert.throws(() => createArithmetic({ terms: 1 }), {
+      message: 'arithmetic: params.terms must be in [2, 10] (got 1)',
+    });
+    assert.throws(
+      () => createArithmetic({ cpuCostUs: -1 }),
+      /arithmetic: params\.cpuCostUs must be in \[0, 60000000\] \(got -1\)/,
+    );
   });
 
   it('finds the last integer, not a range end glued to a digit', () => {

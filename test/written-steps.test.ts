@@ -12,12 +12,16 @@ const MiB = 1024 * 1024;
 /** Lines of `perStep` groups for steps 1..steps, with text that is several bytes per character in UTF-8. */
 function batchLines(steps: number, perStep: number): string[] {
   const lines: string[] = [];
-  for (let step = 1; step <= steps; step++) for (let g = 0; g < perStep; g++) lines.push(JSON.stringify({ trainStep: step, id: `g-${step}-${g}`, text: `é€𝄞 ${'x'.repeat((step * 7 + g) % 50)}` }));
+  for (let step = 1; step <= steps; step++)
+    for (let g = 0; g < perStep; g++)
+      lines.push(
+        JSON.stringify({ trainStep: step, id: `g-${step}-${g}`, text: `é€𝄞 ${'x'.repeat((step * 7 + g) % 50)}` }),
+      );
   return lines;
 }
 
 describe('resuming from a batches file', () => {
-  it('`rollout run --resume` on a batches file past V8\'s string limit resumes instead of dying with ERR_STRING_TOO_LONG (regression)', async () => {
+  it("`rollout run --resume` on a batches file past V8's string limit resumes instead of dying with ERR_STRING_TOO_LONG (regression)", async () => {
     const runDir = mkdtempSync(join(tmpdir(), 'rollout-huge-'));
     const args = ['--batch-size', '2', '--threads', '1', '--run-dir', runDir];
     assert.equal((await rollout(['run', '--steps', '1', ...args])).code, 0);
@@ -31,7 +35,13 @@ describe('resuming from a batches file', () => {
     assert.doesNotMatch(stderr, /ERR_STRING_TOO_LONG/);
     const lines = readFileSync(path, 'utf8');
     assert.ok(lines.startsWith(written), 'step 1 as it was');
-    assert.deepEqual(lines.trim().split('\n').map((l) => (JSON.parse(l) as { trainStep: number }).trainStep), [1, 1, 2, 2]);
+    assert.deepEqual(
+      lines
+        .trim()
+        .split('\n')
+        .map((l) => (JSON.parse(l) as { trainStep: number }).trainStep),
+      [1, 1, 2, 2],
+    );
   });
 
   it('a batches file is scanned in bounded memory: 640 MiB read with a peak resident size far below it', async () => {
@@ -40,11 +50,18 @@ describe('resuming from a batches file', () => {
     writeFileSync(path, `${batchLines(3, 2).join('\n')}\n`);
     const whole = statSync(path).size;
     truncateSync(path, 640 * MiB); // a hole: nothing written to disk
-    const { code, stdout, stderr } = await runToExit(process.execPath, ['--import', 'tsx', SCAN, path, '2', String(MiB)], { timeoutMs: 60_000 });
+    const { code, stdout, stderr } = await runToExit(
+      process.execPath,
+      ['--import', 'tsx', SCAN, path, '2', String(MiB)],
+      { timeoutMs: 60_000 },
+    );
     assert.equal(code, 0, stderr);
     const result = JSON.parse(stdout) as { first: number; last: number; maxRssBytes: number };
     assert.deepEqual({ first: result.first, last: result.last }, { first: 1, last: 3 });
-    assert.ok(result.maxRssBytes < 256 * MiB, `peak resident size ${Math.round(result.maxRssBytes / MiB)} MiB while reading a 640 MiB file`);
+    assert.ok(
+      result.maxRssBytes < 256 * MiB,
+      `peak resident size ${Math.round(result.maxRssBytes / MiB)} MiB while reading a 640 MiB file`,
+    );
     assert.equal(statSync(path).size, whole, 'cut back to its last whole step');
   });
 
@@ -76,7 +93,10 @@ describe('resuming from a batches file', () => {
     const long = JSON.stringify({ trainStep: 2, pad: 'y'.repeat(500) });
     const text = `${one}\n${two}\n${long}\n`;
     writeFileSync(path, text);
-    await assert.rejects(writtenSteps(path, 2, { maxLineBytes: 200, chunkBytes: 64 }), { code: 'ERR_USAGE', message: /batches\.jsonl line 3 is longer than 200 bytes/ });
+    await assert.rejects(writtenSteps(path, 2, { maxLineBytes: 200, chunkBytes: 64 }), {
+      code: 'ERR_USAGE',
+      message: /batches\.jsonl line 3 is longer than 200 bytes/,
+    });
     assert.equal(readFileSync(path, 'utf8'), text);
     writeFileSync(path, `${one}\n${two}\n${long}`); // no newline: the crash cut it
     assert.deepEqual(await writtenSteps(path, 2, { maxLineBytes: 200, chunkBytes: 64 }), { first: 1, last: 1 });

@@ -15,7 +15,15 @@
  * the expired members are reset to their prompt and marked EXPIRED (siblings keep their responses);
  * when they are not, the whole group is dropped and counted.
  */
-import { approxGroupBytes, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import {
+  approxGroupBytes,
+  groupError,
+  groupStatus,
+  resetToPrompt,
+  responseTokenCount,
+  Status,
+  type RolloutGroup,
+} from '../protocol/rollout.ts';
 import { rolloutExpired, rolloutMinModelStep } from './staleness.ts';
 
 const STORED_STATUSES = [Status.COMPLETED, Status.ABORTED, Status.EXPIRED] as const;
@@ -112,7 +120,8 @@ export class ReplayBuffer {
 
   count(taskName?: string, status: StoredStatus = Status.COMPLETED): number {
     let n = 0;
-    for (const [name, pools] of this.#pools) if (taskName === undefined || name === taskName) n += pools.get(status)!.size;
+    for (const [name, pools] of this.#pools)
+      if (taskName === undefined || name === taskName) n += pools.get(status)!.size;
     return n;
   }
 
@@ -221,7 +230,10 @@ export class ReplayBuffer {
   #drop(group: RolloutGroup, reason: DropReason): void {
     this.#forget(group.id);
     this.#dropped[reason]++;
-    this.#lastDropReason = reason === 'EXPIRED' ? `group ${group.id} expired (too stale) and expired groups are not retried` : (groupError(group) ?? reason);
+    this.#lastDropReason =
+      reason === 'EXPIRED'
+        ? `group ${group.id} expired (too stale) and expired groups are not retried`
+        : (groupError(group) ?? reason);
     this.onDrop?.(group, reason);
   }
 
@@ -236,7 +248,11 @@ export class ReplayBuffer {
  * The expiry lifecycle for one group. Returns false when the group must be dropped (it has an
  * expired member and expired groups are not retryable).
  */
-export function applyExpiry(group: RolloutGroup, { trainStep, threshold, retryable, tokenThreshold = null }: ExpiryPolicy, onReset?: ((tokens: number) => void) | null): boolean {
+export function applyExpiry(
+  group: RolloutGroup,
+  { trainStep, threshold, retryable, tokenThreshold = null }: ExpiryPolicy,
+  onReset?: ((tokens: number) => void) | null,
+): boolean {
   if (!Number.isFinite(threshold) && tokenThreshold === null) return true;
   let expiredAny = false;
   for (const rollout of group.rollouts) {

@@ -43,7 +43,8 @@ export class Sampler {
   }
 
   set cursor(value: number) {
-    if (!Number.isInteger(value) || value < 0) throw new RangeError(`sampler cursor must be a non-negative integer, got ${value}`);
+    if (!Number.isInteger(value) || value < 0)
+      throw new RangeError(`sampler cursor must be a non-negative integer, got ${value}`);
     this.#cursor = value;
   }
 
@@ -101,20 +102,29 @@ async function readDataset(path: string, taskName: string): Promise<DatasetRow[]
         throw new ConfigError([`${where(n)}: not valid JSON (${(err as Error).message})`]);
       }
       if (typeof value !== 'object' || value === null || Array.isArray(value)) {
-        throw new ConfigError([`${where(n)}: each line must be a JSON object of environment params (got ${line.slice(0, 60)})`]);
+        throw new ConfigError([
+          `${where(n)}: each line must be a JSON object of environment params (got ${line.slice(0, 60)})`,
+        ]);
       }
       const deep = deeperThan(value, MAX_DATASET_DEPTH);
-      if (deep !== null) throw new ConfigError([`${where(n)}: nested deeper than ${MAX_DATASET_DEPTH} levels (at ${deep.length > 60 ? `${deep.slice(0, 28)}…${deep.slice(-28)}` : deep}); environment params are not that deep`]);
+      if (deep !== null)
+        throw new ConfigError([
+          `${where(n)}: nested deeper than ${MAX_DATASET_DEPTH} levels (at ${deep.length > 60 ? `${deep.slice(0, 28)}…${deep.slice(-28)}` : deep}); environment params are not that deep`,
+        ]);
       const { seed, ...params } = value as Record<string, unknown>;
       if (seed !== undefined && (!Number.isInteger(seed) || (seed as number) < 0 || (seed as number) > MAX_SEED)) {
-        throw new ConfigError([`${where(n)}: seed must be an integer in [0, ${MAX_SEED}] (got ${JSON.stringify(seed)})`]);
+        throw new ConfigError([
+          `${where(n)}: seed must be an integer in [0, ${MAX_SEED}] (got ${JSON.stringify(seed)})`,
+        ]);
       }
       rows.push({ line: n, params, seed: (seed as number | undefined) ?? null });
     }
   } catch (err) {
     if (err instanceof ConfigError) throw err;
     // A directory, a file gone since the config was checked, no permission: one line naming it.
-    throw new ConfigError([`task ${taskName} dataset ${path}: cannot be read (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`]);
+    throw new ConfigError([
+      `task ${taskName} dataset ${path}: cannot be read (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`,
+    ]);
   }
   if (rows.length === 0) throw new ConfigError([`task ${taskName} dataset ${path}: no prompts (the file is empty)`]);
   return rows;
@@ -127,7 +137,12 @@ function deeperThan(root: unknown, max: number): string | null {
     const { value, depth, path } = stack.pop()!;
     if (typeof value !== 'object' || value === null) continue;
     if (depth > max) return path || '(top)';
-    for (const [key, child] of Object.entries(value)) stack.push({ value: child, depth: depth + 1, path: Array.isArray(value) ? `${path}[${key}]` : path === '' ? key : `${path}.${key}` });
+    for (const [key, child] of Object.entries(value))
+      stack.push({
+        value: child,
+        depth: depth + 1,
+        path: Array.isArray(value) ? `${path}[${key}]` : path === '' ? key : `${path}.${key}`,
+      });
   }
   return null;
 }

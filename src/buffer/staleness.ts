@@ -11,8 +11,10 @@
 import type { RolloutState, TurnRecord } from '../protocol/rollout.ts';
 
 export function staleThreshold(maxStaleness: number, syncWeightsInterval: number): number {
-  if (!Number.isInteger(maxStaleness) || maxStaleness < 0) throw new RangeError(`maxStaleness must be a non-negative integer (got ${maxStaleness})`);
-  if (!Number.isInteger(syncWeightsInterval) || syncWeightsInterval <= 0) throw new RangeError(`syncWeightsInterval must be a positive integer (got ${syncWeightsInterval})`);
+  if (!Number.isInteger(maxStaleness) || maxStaleness < 0)
+    throw new RangeError(`maxStaleness must be a non-negative integer (got ${maxStaleness})`);
+  if (!Number.isInteger(syncWeightsInterval) || syncWeightsInterval <= 0)
+    throw new RangeError(`syncWeightsInterval must be a positive integer (got ${syncWeightsInterval})`);
   return (maxStaleness + 1) * syncWeightsInterval;
 }
 
@@ -80,6 +82,14 @@ export function tokensAllStale(rollout: RolloutState, trainStep: number, tokenTh
 }
 
 /** The expiry test for one rollout at `trainStep` (see the header); `tokenThreshold` null = no token-level mask. */
-export function rolloutExpired(rollout: RolloutState, trainStep: number, threshold: number, tokenThreshold: number | null): boolean {
-  return rolloutStaleness(rollout, trainStep) >= threshold || (tokenThreshold !== null && tokensAllStale(rollout, trainStep, tokenThreshold));
+export function rolloutExpired(
+  rollout: RolloutState,
+  trainStep: number,
+  threshold: number,
+  tokenThreshold: number | null,
+): boolean {
+  return (
+    rolloutStaleness(rollout, trainStep) >= threshold ||
+    (tokenThreshold !== null && tokensAllStale(rollout, trainStep, tokenThreshold))
+  );
 }

@@ -20,7 +20,9 @@ export function intFlag(name: string, value: string | undefined, { min = 0, max 
   if (value === undefined) return undefined;
   const n = Number(value);
   if (!Number.isInteger(n) || n < min || n > max) {
-    throw new UsageError(`--${name} must be an integer ${max === Infinity ? `>= ${min}` : `in [${min}, ${max}]`} (got ${JSON.stringify(value)})`);
+    throw new UsageError(
+      `--${name} must be an integer ${max === Infinity ? `>= ${min}` : `in [${min}, ${max}]`} (got ${JSON.stringify(value)})`,
+    );
   }
   return n;
 }
@@ -30,9 +32,14 @@ export function portFlag(value: string | undefined): number | undefined {
   return intFlag('port', value, { max: 65_535 });
 }
 
-export function numberFlag(name: string, value: string | undefined, { min = 0, max = Infinity } = {}): number | undefined {
+export function numberFlag(
+  name: string,
+  value: string | undefined,
+  { min = 0, max = Infinity } = {},
+): number | undefined {
   if (value === undefined) return undefined;
   const n = Number(value);
-  if (!Number.isFinite(n) || n < min || n > max) throw new UsageError(`--${name} must be a number in [${min}, ${max}] (got ${JSON.stringify(value)})`);
+  if (!Number.isFinite(n) || n < min || n > max)
+    throw new UsageError(`--${name} must be a number in [${min}, ${max}] (got ${JSON.stringify(value)})`);
   return n;
 }

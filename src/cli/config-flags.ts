@@ -19,7 +19,10 @@ export const CONFIG_FLAGS = {
   strategy: { type: 'string' },
 } as const;
 
-export function configFromFlags(values: Record<string, string | boolean | undefined>): { config: Record<string, unknown>; configPath: string | undefined } {
+export function configFromFlags(values: Record<string, string | boolean | undefined>): {
+  config: Record<string, unknown>;
+  configPath: string | undefined;
+} {
   const configPath = typeof values.config === 'string' ? resolve(values.config) : undefined;
   const config = configPath === undefined ? {} : readJsonConfig(configPath);
   applyOverrides(config, values);
@@ -35,7 +38,8 @@ function readJsonConfig(path: string): Record<string, unknown> {
   }
   try {
     const value = JSON.parse(text) as unknown;
-    if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('the top level must be an object');
+    if (typeof value !== 'object' || value === null || Array.isArray(value))
+      throw new Error('the top level must be an object');
     return value as Record<string, unknown>;
   } catch (err) {
     throw new ConfigError([`${path}: not a valid JSON config (${(err as Error).message})`]);
@@ -62,4 +66,3 @@ function applyOverrides(config: Record<string, unknown>, values: Record<string, 
   if (seed !== undefined) config.seed = seed;
   if (values.strategy !== undefined) (section('producer') as Record<string, unknown>).strategy = values.strategy;
 }
-

@@ -47,7 +47,8 @@ export async function envServerCommand(argv: string[]): Promise<number> {
     return 0;
   }
   const specs = values.env ?? [];
-  if (specs.length === 0) throw new UsageError('--env is required (e.g. --env builtin:guess-number); see rollout env-server --help');
+  if (specs.length === 0)
+    throw new UsageError('--env is required (e.g. --env builtin:guess-number); see rollout env-server --help');
 
   const { startEnvServer } = await import('../env/server.ts');
   const { loadServedEnvs, parseEnvParams, resolveEnvModuleSpec } = await import('./env-specs.ts');

@@ -42,7 +42,12 @@ export function resolveEnvModuleSpec(spec: string, baseDir = process.cwd()): Env
   if (target.startsWith('builtin:')) {
     const builtin = target.slice('builtin:'.length);
     const file = BUILTIN_ENVS[builtin];
-    if (file === undefined) fail(`unknown built-in environment (expected one of ${Object.keys(BUILTIN_ENVS).map((n) => `builtin:${n}`).join(', ')})`);
+    if (file === undefined)
+      fail(
+        `unknown built-in environment (expected one of ${Object.keys(BUILTIN_ENVS)
+          .map((n) => `builtin:${n}`)
+          .join(', ')})`,
+      );
     moduleUrl = projectModuleUrl(file).href;
     name ??= builtin;
   } else {
@@ -51,17 +56,32 @@ export function resolveEnvModuleSpec(spec: string, baseDir = process.cwd()): Env
     moduleUrl = pathToFileURL(file).href;
     name ??= basename(file).replace(/\.[cm]?[jt]s$/, '');
   }
-  if (!SERVED_ENV_NAME.test(name)) fail(`environment name must be letters, digits, "_", "." or "-" (got ${JSON.stringify(name)})`);
+  if (!SERVED_ENV_NAME.test(name))
+    fail(`environment name must be letters, digits, "_", "." or "-" (got ${JSON.stringify(name)})`);
   return { name, moduleUrl, exportName };
 }
 
 /** Resolves and imports each spec; `params` (name → factory params) are attached by name. */
-export async function loadServedEnvs(specs: string[], params: Record<string, EnvParams> = {}, baseDir?: string): Promise<ServedEnv[]> {
+export async function loadServedEnvs(
+  specs: string[],
+  params: Record<string, EnvParams> = {},
+  baseDir?: string,
+): Promise<ServedEnv[]> {
   const resolved = specs.map((spec) => resolveEnvModuleSpec(spec, baseDir));
   const unknown = Object.keys(params).filter((name) => !resolved.some((r) => r.name === name));
-  if (unknown.length > 0) throw new ConfigError(unknown.map((name) => `--params: no served environment is named ${JSON.stringify(name)} (serving: ${resolved.map((r) => r.name).join(', ')})`));
+  if (unknown.length > 0)
+    throw new ConfigError(
+      unknown.map(
+        (name) =>
+          `--params: no served environment is named ${JSON.stringify(name)} (serving: ${resolved.map((r) => r.name).join(', ')})`,
+      ),
+    );
   return Promise.all(
-    resolved.map(async (r) => ({ name: r.name, factory: await loadEnvironmentFactory(r.moduleUrl, r.exportName), params: params[r.name] ?? {} })),
+    resolved.map(async (r) => ({
+      name: r.name,
+      factory: await loadEnvironmentFactory(r.moduleUrl, r.exportName),
+      params: params[r.name] ?? {},
+    })),
   );
 }
 
@@ -80,9 +100,13 @@ export function parseEnvParams(flags: string[], names: string[]): Record<string,
     } catch {
       throw new UsageError(`--params must be a JSON object or name=<JSON object> (got ${JSON.stringify(flag)})`);
     }
-    if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new UsageError(`--params must be a JSON object (got ${JSON.stringify(flag)})`);
+    if (typeof value !== 'object' || value === null || Array.isArray(value))
+      throw new UsageError(`--params must be a JSON object (got ${JSON.stringify(flag)})`);
     if (name === null) shared.push(value as EnvParams);
-    else if (!names.includes(name)) throw new UsageError(`--params ${JSON.stringify(flag)}: no served environment is named ${JSON.stringify(name)} (serving: ${names.join(', ')})`);
+    else if (!names.includes(name))
+      throw new UsageError(
+        `--params ${JSON.stringify(flag)}: no served environment is named ${JSON.stringify(name)} (serving: ${names.join(', ')})`,
+      );
     else own[name] = { ...own[name], ...(value as EnvParams) };
   }
   const base = Object.assign({}, ...shared) as EnvParams;

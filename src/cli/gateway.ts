@@ -59,14 +59,17 @@ export async function gatewayCommand(argv: string[]): Promise<number> {
     return 0;
   }
   const kind = values.backend ?? 'vllm';
-  if (kind !== 'vllm' && kind !== 'sglang' && kind !== 'llamacpp') throw new UsageError(`--backend must be vllm, sglang or llamacpp (got ${JSON.stringify(kind)})`);
+  if (kind !== 'vllm' && kind !== 'sglang' && kind !== 'llamacpp')
+    throw new UsageError(`--backend must be vllm, sglang or llamacpp (got ${JSON.stringify(kind)})`);
   const tokenizer = values.tokenizer ?? 'qwen2.5';
   const embedded = values['embedded-mock'] === true;
   if (embedded === (values['backend-url'] !== undefined)) {
     throw new UsageError('give exactly one of --backend-url <url> or --embedded-mock (see rollout gateway --help)');
   }
   if (embedded && (kind !== 'vllm' || tokenizer !== 'qwen2.5')) {
-    throw new UsageError(`--embedded-mock serves the vllm shape in the qwen2.5 vocabulary (got --backend ${kind} --tokenizer ${tokenizer})`);
+    throw new UsageError(
+      `--embedded-mock serves the vllm shape in the qwen2.5 vocabulary (got --backend ${kind} --tokenizer ${tokenizer})`,
+    );
   }
   const port = portFlag(values.port) ?? 8100;
   const options = {
@@ -91,7 +94,12 @@ export async function gatewayCommand(argv: string[]): Promise<number> {
   try {
     gateway = await startGateway({
       ...options,
-      backend: { kind, url: mock?.url ?? values['backend-url']!, timeoutMs: backendTimeoutMs, apiKey: process.env.ROLLOUT_BACKEND_API_KEY ?? null },
+      backend: {
+        kind,
+        url: mock?.url ?? values['backend-url']!,
+        timeoutMs: backendTimeoutMs,
+        apiKey: process.env.ROLLOUT_BACKEND_API_KEY ?? null,
+      },
     });
   } catch (err) {
     await mock?.close();

@@ -1,6 +1,13 @@
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
-import { defaultLoadtestOptions, formatTable, LOADTEST_ENVS, runLoadtest, type LoadtestEnv, type LoadtestOptions } from '../loadtest/index.ts';
+import {
+  defaultLoadtestOptions,
+  formatTable,
+  LOADTEST_ENVS,
+  runLoadtest,
+  type LoadtestEnv,
+  type LoadtestOptions,
+} from '../loadtest/index.ts';
 import { intFlag, numberFlag, UsageError } from './args.ts';
 
 export const LOADTEST_HELP = `Usage: rollout loadtest [options]
@@ -92,7 +99,9 @@ export async function loadtestCommand(argv: string[]): Promise<number> {
   }
   const options = loadtestOptions(values);
   const workers = `${options.workers} worker${options.workers === 1 ? '' : 's'}`;
-  console.error(`rollout loadtest: ${options.rollouts} rollouts in flight on ${workers} (${options.envs.join('+')}), ${options.strategy}, ${options.durationS} s…`);
+  console.error(
+    `rollout loadtest: ${options.rollouts} rollouts in flight on ${workers} (${options.envs.join('+')}), ${options.strategy}, ${options.durationS} s…`,
+  );
   // Ctrl-C or a kill mid-run: exit through process.exit so the mock server's process is ended too.
   const interrupted = (signal: NodeJS.Signals) => {
     console.error(`rollout loadtest: ${signal}, stopping without a report`);
@@ -139,7 +148,8 @@ function loadtestOptions(values: Record<string, string | boolean | undefined>): 
     pauseEveryS: positiveFlag('pause-every', str('pause-every')) ?? defaults.pauseEveryS,
     pauseMode: choiceFlag('pause-mode', str('pause-mode'), ['abort', 'drain'] as const) ?? defaults.pauseMode,
     stream: values.stream === true,
-    streamIntervalMs: numberFlag('stream-interval-ms', str('stream-interval-ms'), { min: 1, max: 60_000 }) ?? defaults.streamIntervalMs,
+    streamIntervalMs:
+      numberFlag('stream-interval-ms', str('stream-interval-ms'), { min: 1, max: 60_000 }) ?? defaults.streamIntervalMs,
     seed: intFlag('seed', str('seed')) ?? defaults.seed,
   };
 }
@@ -147,13 +157,21 @@ function loadtestOptions(values: Record<string, string | boolean | undefined>): 
 /** The GPU-like mock's flags; its sub-flags without --capacity, or beside a fixed latency, are refused. */
 function capacityFlags(values: Record<string, string | boolean | undefined>): LoadtestOptions['capacity'] {
   const str = (name: string) => values[name] as string | undefined;
-  const sub = ['capacity-response-tokens', 'capacity-length-sigma', 'capacity-speedup'].find((k) => values[k] !== undefined);
+  const sub = ['capacity-response-tokens', 'capacity-length-sigma', 'capacity-speedup'].find(
+    (k) => values[k] !== undefined,
+  );
   if (values.capacity === undefined) {
-    if (sub !== undefined) throw new UsageError(`--${sub} needs --capacity <slots> (got --${sub} ${JSON.stringify(values[sub])} without it)`);
+    if (sub !== undefined)
+      throw new UsageError(
+        `--${sub} needs --capacity <slots> (got --${sub} ${JSON.stringify(values[sub])} without it)`,
+      );
     return null;
   }
   const fixed = ['latency-ms', 'tokens-per-second'].find((k) => values[k] !== undefined);
-  if (fixed !== undefined) throw new UsageError(`--${fixed} does not apply with --capacity: the GPU-like mock sets the timing (got --${fixed} ${JSON.stringify(values[fixed])})`);
+  if (fixed !== undefined)
+    throw new UsageError(
+      `--${fixed} does not apply with --capacity: the GPU-like mock sets the timing (got --${fixed} ${JSON.stringify(values[fixed])})`,
+    );
   return {
     slots: intFlag('capacity', str('capacity'), { min: 1, max: 65_536 })!,
     responseTokens: intFlag('capacity-response-tokens', str('capacity-response-tokens'), { min: 1 }) ?? null,
@@ -171,7 +189,8 @@ function positiveFlag(name: string, value: string | undefined): number | undefin
 
 function choiceFlag<T extends string>(name: string, value: string | undefined, choices: readonly T[]): T | undefined {
   if (value === undefined) return undefined;
-  if (!(choices as readonly string[]).includes(value)) throw new UsageError(`--${name} must be one of ${choices.join(', ')} (got ${JSON.stringify(value)})`);
+  if (!(choices as readonly string[]).includes(value))
+    throw new UsageError(`--${name} must be one of ${choices.join(', ')} (got ${JSON.stringify(value)})`);
   return value as T;
 }
 
@@ -181,9 +200,12 @@ function envsFlag(value: string | undefined): LoadtestEnv[] | undefined {
   const envs: LoadtestEnv[] = [];
   for (const name of names) {
     if (!(LOADTEST_ENVS as readonly string[]).includes(name)) {
-      throw new UsageError(`--envs: unknown environment ${JSON.stringify(name)} (known: ${LOADTEST_ENVS.join(', ')}; got ${JSON.stringify(value)})`);
+      throw new UsageError(
+        `--envs: unknown environment ${JSON.stringify(name)} (known: ${LOADTEST_ENVS.join(', ')}; got ${JSON.stringify(value)})`,
+      );
     }
-    if (envs.includes(name as LoadtestEnv)) throw new UsageError(`--envs: ${JSON.stringify(name)} is listed twice (got ${JSON.stringify(value)})`);
+    if (envs.includes(name as LoadtestEnv))
+      throw new UsageError(`--envs: ${JSON.stringify(name)} is listed twice (got ${JSON.stringify(value)})`);
     envs.push(name as LoadtestEnv);
   }
   return envs;

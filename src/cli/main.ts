@@ -71,11 +71,20 @@ function failureReport(command: string, err: unknown): { lines: string[]; exitCo
   const prefix = `rollout ${command}:`;
   const code = (err as { code?: unknown } | null)?.code;
   const oneLine = (text: string) => text.replace(/\s*\n\s*/g, ' ');
-  if (err instanceof ConfigError) return { lines: err.issues.map((issue) => `${prefix} ${err.code}: ${oneLine(issue)}`), exitCode: 1 };
-  if (typeof code === 'string' && (USAGE_CODES.has(code) || code.startsWith('ERR_PARSE_ARGS'))) return { lines: [`${prefix} ${oneLine((err as Error).message)}`], exitCode: 2 };
-  if (err instanceof RolloutEngineError) return { lines: [`${prefix} ${err.code}: ${oneLine(err.message)}`], exitCode: 1 };
+  if (err instanceof ConfigError)
+    return { lines: err.issues.map((issue) => `${prefix} ${err.code}: ${oneLine(issue)}`), exitCode: 1 };
+  if (typeof code === 'string' && (USAGE_CODES.has(code) || code.startsWith('ERR_PARSE_ARGS')))
+    return { lines: [`${prefix} ${oneLine((err as Error).message)}`], exitCode: 2 };
+  if (err instanceof RolloutEngineError)
+    return { lines: [`${prefix} ${err.code}: ${oneLine(err.message)}`], exitCode: 1 };
   // Not an engine error: a bug, or something nothing here expected. Its stack is for a bug report.
   const debug = process.env.LOG_LEVEL === 'debug' || process.env.LOG_LEVEL === 'trace';
-  const text = err instanceof Error ? `${typeof code === 'string' ? `${code}: ` : ''}${oneLine(err.message)}` : oneLine(String(err));
-  return { lines: [`${prefix} ${text}`, ...(debug && err instanceof Error && err.stack ? [err.stack] : [])], exitCode: 1 };
+  const text =
+    err instanceof Error
+      ? `${typeof code === 'string' ? `${code}: ` : ''}${oneLine(err.message)}`
+      : oneLine(String(err));
+  return {
+    lines: [`${prefix} ${text}`, ...(debug && err instanceof Error && err.stack ? [err.stack] : [])],
+    exitCode: 1,
+  };
 }

@@ -90,11 +90,16 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
     throw new UsageError(`--dialect must be one of default, vllm, sglang, llamacpp (got ${JSON.stringify(dialect)})`);
   }
   if (values.context !== undefined && dialect === 'default') {
-    throw new UsageError(`--context needs --dialect vllm, sglang or llamacpp (got --context ${JSON.stringify(values.context)} without one)`);
+    throw new UsageError(
+      `--context needs --dialect vllm, sglang or llamacpp (got --context ${JSON.stringify(values.context)} without one)`,
+    );
   }
   // SGLang's --weight-version is any string; the mock's own is an integer (a trainer's step).
   const stringVersion = dialect === 'sglang' || dialect === 'vllm';
-  const weightVersion = stringVersion && values['weight-version'] !== undefined && !/^\d+$/.test(values['weight-version']) ? values['weight-version'] : intFlag('weight-version', values['weight-version']);
+  const weightVersion =
+    stringVersion && values['weight-version'] !== undefined && !/^\d+$/.test(values['weight-version'])
+      ? values['weight-version']
+      : intFlag('weight-version', values['weight-version']);
   // Undefined values are left to the mock's defaults (resolveMockLlmOptions skips them).
   const options = {
     port: portFlag(values.port) ?? 8000,
@@ -118,8 +123,13 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
   const server = await startMockLlm(options);
   const tokenizer = server.options.tokenizer === 'cl100k' ? '' : `, tokenizer ${server.options.tokenizer}`;
   const speaks = dialect === 'default' ? '' : `, ${dialect} dialect, context ${server.options.contextLength ?? 32768}`;
-  const gpu = server.options.capacity === null ? '' : `, GPU-like: ${server.options.capacity.slots} slots${server.options.capacity.speedup === 1 ? '' : ` at ${server.options.capacity.speedup}× speed`}`;
-  console.log(`mock inference server listening on ${server.url} (model ${options.model ?? 'mock-policy'}${speaks}${tokenizer}${gpu})`);
+  const gpu =
+    server.options.capacity === null
+      ? ''
+      : `, GPU-like: ${server.options.capacity.slots} slots${server.options.capacity.speedup === 1 ? '' : ` at ${server.options.capacity.speedup}× speed`}`;
+  console.log(
+    `mock inference server listening on ${server.url} (model ${options.model ?? 'mock-policy'}${speaks}${tokenizer}${gpu})`,
+  );
   await untilSignal();
   await server.close();
   return 0;
@@ -130,7 +140,10 @@ function capacityFlags(values: Record<string, string | boolean | undefined>): Ca
   const str = (name: string) => values[name] as string | undefined;
   const sub = Object.keys(values).filter((k) => k.startsWith('capacity-') && values[k] !== undefined);
   if (values.capacity === undefined) {
-    if (sub.length > 0) throw new UsageError(`--${sub[0]} needs --capacity <slots> (got --${sub[0]} ${JSON.stringify(values[sub[0]])} without it)`);
+    if (sub.length > 0)
+      throw new UsageError(
+        `--${sub[0]} needs --capacity <slots> (got --${sub[0]} ${JSON.stringify(values[sub[0]])} without it)`,
+      );
     return null;
   }
   const responseTokens = intFlag('capacity-response-tokens', str('capacity-response-tokens'), { min: 1 });
@@ -138,7 +151,11 @@ function capacityFlags(values: Record<string, string | boolean | undefined>): Ca
     slots: intFlag('capacity', str('capacity'), { min: 1, max: 65_536 }),
     decodeMs: numberFlag('capacity-decode-ms', str('capacity-decode-ms'), { min: 0.001 }),
     decodeMsPerSeq: numberFlag('capacity-decode-ms-per-seq', str('capacity-decode-ms-per-seq')),
-    prefillTokensPerSecond: numberFlag('capacity-prefill-tokens-per-second', str('capacity-prefill-tokens-per-second'), { min: 1 }),
+    prefillTokensPerSecond: numberFlag(
+      'capacity-prefill-tokens-per-second',
+      str('capacity-prefill-tokens-per-second'),
+      { min: 1 },
+    ),
     prefillChunkTokens: intFlag('capacity-prefill-chunk', str('capacity-prefill-chunk'), { min: 1 }),
     prefixCacheTokens: intFlag('capacity-prefix-cache', str('capacity-prefix-cache')),
     ...(responseTokens === undefined ? {} : { responseTokens }),

@@ -19,7 +19,12 @@ export class ProgressLine {
   #busy = false;
 
   /** `earlier.batches`: the run's batches written before this process (a resumed run counts them too). */
-  constructor(engine: Engine, totalBatches: number, earlier: { batches: number } = { batches: 0 }, stream: NodeJS.WriteStream = process.stderr) {
+  constructor(
+    engine: Engine,
+    totalBatches: number,
+    earlier: { batches: number } = { batches: 0 },
+    stream: NodeJS.WriteStream = process.stderr,
+  ) {
     this.#engine = engine;
     this.#total = totalBatches;
     this.#batches = earlier.batches;

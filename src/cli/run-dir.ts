@@ -83,7 +83,9 @@ export async function lockRunDir(dir: string): Promise<RunDirLock> {
     if (bound.code !== 'EADDRINUSE') throw new UsageError(`cannot lock the run dir ${dir}: ${bound.message}`);
     const holder = await askHolder(address);
     if (holder.alive || abstract || attempt > 0) {
-      throw new UsageError(`run dir ${dir} is in use by another rollout process${holder.pid === null ? '' : ` (pid ${holder.pid})`}: wait for it to exit, or choose another --run-dir`);
+      throw new UsageError(
+        `run dir ${dir} is in use by another rollout process${holder.pid === null ? '' : ` (pid ${holder.pid})`}: wait for it to exit, or choose another --run-dir`,
+      );
     }
     // A socket file nobody listens on: its holder died. Remove it and bind again (once).
     rmSync(address, { force: true });

@@ -63,12 +63,17 @@ export async function runCommand(argv: string[]): Promise<number> {
   const steps = intFlag('steps', values.steps, { min: 1 }) ?? 3;
   const { config, configPath } = configFromFlags(values);
   // On a terminal the live progress line replaces the per-batch info logs.
-  if (process.stderr.isTTY && process.env.LOG_LEVEL === undefined && config.logLevel === undefined) config.logLevel = 'warn';
+  if (process.stderr.isTTY && process.env.LOG_LEVEL === undefined && config.logLevel === undefined)
+    config.logLevel = 'warn';
 
-  if (values.resume && values['run-dir'] === undefined && typeof config.runDir !== 'string') throw new UsageError('--resume needs --run-dir (the directory of the run to continue)');
+  if (values.resume && values['run-dir'] === undefined && typeof config.runDir !== 'string')
+    throw new UsageError('--resume needs --run-dir (the directory of the run to continue)');
   const named = values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : null);
   // A run to continue is there: a missing dir is a typo, and starting a new run in it would not say so.
-  if (values.resume && !existsSync(resolve(named!))) throw new UsageError(`--resume: run dir ${resolve(named!)} does not exist; give the dir of the run to continue, or drop --resume to start one`);
+  if (values.resume && !existsSync(resolve(named!)))
+    throw new UsageError(
+      `--resume: run dir ${resolve(named!)} does not exist; give the dir of the run to continue, or drop --resume to start one`,
+    );
   // Made by this process (a default name, or a --run-dir not there yet): removed again if the run fails before writing in it.
   const madeHere = named === null || !existsSync(resolve(named));
   const runDir = named === null ? newRunDir(resolve('runs')) : resolve(named);
@@ -85,7 +90,13 @@ export async function runCommand(argv: string[]): Promise<number> {
 }
 
 /** `rollout run` once its run dir is locked: what `runCommand` checked is in `values` and `config`. */
-async function runLocked(values: RunFlags, steps: number, config: Record<string, unknown>, configPath: string | undefined, runDir: string): Promise<number> {
+async function runLocked(
+  values: RunFlags,
+  steps: number,
+  config: Record<string, unknown>,
+  configPath: string | undefined,
+  runDir: string,
+): Promise<number> {
   config.runDir = runDir; // step records go to <runDir>/steps/, the per-batch checkpoint to <runDir>/engine.ckpt
   if (values.resume) config.resume = true;
   const checkpointPath = join(runDir, 'engine.ckpt');
@@ -95,9 +106,14 @@ async function runLocked(values: RunFlags, steps: number, config: Record<string,
   const batchesPath = resolve(values.out ?? join(runDir, 'batches.jsonl'));
   const holdsBatches = existsSync(batchesPath) && statSync(batchesPath).size > 0;
   // Appending a new run to an old file would give the trainer the same steps (and group ids) twice.
-  if (!values.resume && holdsBatches) throw new UsageError(`${batchesPath} already holds batches: pass --resume to continue that run, or choose another --run-dir / --out`);
+  if (!values.resume && holdsBatches)
+    throw new UsageError(
+      `${batchesPath} already holds batches: pass --resume to continue that run, or choose another --run-dir / --out`,
+    );
   if (values.resume && holdsBatches && !existsSync(checkpointPath)) {
-    throw new UsageError(`--resume: ${checkpointPath} is missing, so the run in ${batchesPath} cannot continue without producing its groups again; start a new --run-dir instead`);
+    throw new UsageError(
+      `--resume: ${checkpointPath} is missing, so the run in ${batchesPath} cannot continue without producing its groups again; start a new --run-dir instead`,
+    );
   }
   const engine = createEngine(config, { baseDir: configPath === undefined ? process.cwd() : dirname(configPath) });
   // Resuming: the batches file is the trainer's record of what it received; continue after its last
@@ -109,7 +125,9 @@ async function runLocked(values: RunFlags, steps: number, config: Record<string,
     // another run's checkpoint, or an older one.
     const handedOut = readCheckpoint(checkpointPath, engine.config).progress.nextConsumerStep - 1;
     if (written.last !== handedOut && written.last !== handedOut - 1) {
-      throw new UsageError(`--resume: ${batchesPath} ends at step ${written.last} but ${checkpointPath} handed out step ${handedOut}: they are not of the same run, or the checkpoint is older than the batches`);
+      throw new UsageError(
+        `--resume: ${batchesPath} ends at step ${written.last} but ${checkpointPath} handed out step ${handedOut}: they are not of the same run, or the checkpoint is older than the batches`,
+      );
     }
   }
   // Opened at the first batch: a run that fails before it leaves no empty file.
@@ -163,11 +181,16 @@ async function runLocked(values: RunFlags, steps: number, config: Record<string,
     if (stopping) {
       await engine.pauseForWeightUpdate();
       await engine.checkpoint(join(runDir, 'engine.ckpt'));
-      console.error(`rollout run: stopped by a signal after ${earlier.batches + batches.length} batches; continue with --resume --run-dir ${runDir}`);
+      console.error(
+        `rollout run: stopped by a signal after ${earlier.batches + batches.length} batches; continue with --resume --run-dir ${runDir}`,
+      );
     }
   } catch (err) {
     failure = err;
-    landed = await engine.stats().then((s) => s.groups.landed, () => null);
+    landed = await engine.stats().then(
+      (s) => s.groups.landed,
+      () => null,
+    );
   } finally {
     progress.stop();
     await (writer as BatchFileWriter | null)?.close();
@@ -179,7 +202,14 @@ async function runLocked(values: RunFlags, steps: number, config: Record<string,
   // stays as it was. The error is printed once, by the caller.
   if (failure !== null && batches.length === 0) throw failure;
   const seconds = (performance.now() - started) / 1000;
-  const summary = summarize(earlier, batches, landed ?? emptyStatusCounts(), seconds, batchesPath, failure === null ? null : describeError(failure));
+  const summary = summarize(
+    earlier,
+    batches,
+    landed ?? emptyStatusCounts(),
+    seconds,
+    batchesPath,
+    failure === null ? null : describeError(failure),
+  );
   writeFileSync(join(runDir, 'summary.json'), `${JSON.stringify(summary, null, 2)}\n`);
   console.log(formatSummary(summary));
   if (failure !== null) throw failure;
@@ -217,7 +247,14 @@ interface RunSummary {
 
 type NormalBatch = Extract<Batch, { status: 'NORMAL' }>;
 
-function summarize(earlier: WrittenTotals, batches: NormalBatch[], produced: Record<Status, number>, seconds: number, output: string, error: string | null): RunSummary {
+function summarize(
+  earlier: WrittenTotals,
+  batches: NormalBatch[],
+  produced: Record<Status, number>,
+  seconds: number,
+  output: string,
+  error: string | null,
+): RunSummary {
   const here = emptyTotals();
   for (const b of batches) {
     here.groups += b.stats.groups;

@@ -49,13 +49,25 @@ export function controlToken(host: string, given: string | null): { token: strin
   if (given !== null && given !== '') return { token: given, notice: null };
   if (isLoopback(host)) return { token: null, notice: null };
   const token = randomBytes(32).toString('base64url');
-  return { token, notice: `rollout serve: --host ${host} reaches beyond loopback and no --token (or $ROLLOUT_TOKEN) was given; requests must carry\n  Authorization: Bearer ${token}` };
+  return {
+    token,
+    notice: `rollout serve: --host ${host} reaches beyond loopback and no --token (or $ROLLOUT_TOKEN) was given; requests must carry\n  Authorization: Bearer ${token}`,
+  };
 }
 
 export async function serveCommand(argv: string[]): Promise<number> {
   const { values } = parseArgs({
     args: argv,
-    options: { ...CONFIG_FLAGS, 'run-dir': { type: 'string' }, resume: { type: 'boolean' }, host: { type: 'string' }, port: { type: 'string' }, token: { type: 'string' }, 'allow-host': { type: 'string', multiple: true }, help: { type: 'boolean', short: 'h' } },
+    options: {
+      ...CONFIG_FLAGS,
+      'run-dir': { type: 'string' },
+      resume: { type: 'boolean' },
+      host: { type: 'string' },
+      port: { type: 'string' },
+      token: { type: 'string' },
+      'allow-host': { type: 'string', multiple: true },
+      help: { type: 'boolean', short: 'h' },
+    },
     strict: true,
   });
   if (values.help) {
@@ -68,11 +80,14 @@ export async function serveCommand(argv: string[]): Promise<number> {
     try {
       return checkAllowedHost(name);
     } catch {
-      throw new UsageError(`--allow-host must be a host name or an IP address, without a scheme or port (got ${JSON.stringify(name)})`);
+      throw new UsageError(
+        `--allow-host must be a host name or an IP address, without a scheme or port (got ${JSON.stringify(name)})`,
+      );
     }
   });
   const { config, configPath } = configFromFlags(flags);
-  if (values.resume && values['run-dir'] === undefined && typeof config.runDir !== 'string') throw new UsageError('--resume needs --run-dir (the directory of the run to continue)');
+  if (values.resume && values['run-dir'] === undefined && typeof config.runDir !== 'string')
+    throw new UsageError('--resume needs --run-dir (the directory of the run to continue)');
   const named = values['run-dir'] ?? (typeof config.runDir === 'string' ? config.runDir : null);
   const runDir = named === null ? newRunDir(resolve('runs'), 'serve-') : resolve(named);
   // Held until this process exits, taken before the checkpoint is looked at: a supervisor restarting
@@ -84,7 +99,10 @@ export async function serveCommand(argv: string[]): Promise<number> {
   // trained on. Starting over at step 1 would hand out those group ids again, and the first batch's
   // checkpoint would overwrite the real resume point — so it is continued when asked, refused if not.
   if (existsSync(checkpointPath)) {
-    if (!values.resume) throw new UsageError(`${checkpointPath} already holds a run's checkpoint: pass --resume to continue that run, or choose another --run-dir`);
+    if (!values.resume)
+      throw new UsageError(
+        `${checkpointPath} already holds a run's checkpoint: pass --resume to continue that run, or choose another --run-dir`,
+      );
     // The run's own checkpoint, whatever checkpointEachBatch says (a signal stop writes one too), and
     // not the checkpoint the run may have started from (a config's resumeFrom).
     config.resumeFrom = checkpointPath;

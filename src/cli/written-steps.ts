@@ -57,7 +57,11 @@ export function emptyTotals(): WrittenTotals {
  * is cut back to its last complete step and the step after it is taken (the engine delivers that batch
  * again). A missing file holds no steps.
  */
-export async function writtenSteps(path: string, batchSize: number, options: ScanOptions = {}): Promise<{ first: number; last: number }> {
+export async function writtenSteps(
+  path: string,
+  batchSize: number,
+  options: ScanOptions = {},
+): Promise<{ first: number; last: number }> {
   const scan = await scanWrittenSteps(path, batchSize, options);
   cutToLastStep(path, scan);
   return { first: scan.first, last: scan.last };
@@ -72,7 +76,11 @@ export function cutToLastStep(path: string, scan: WrittenSteps): void {
  * `writtenSteps` without the cut: the file is only read, so a command that may still refuse to run
  * (`rollout run --resume` finding a checkpoint of another run) has written nothing when it does.
  */
-export async function scanWrittenSteps(path: string, batchSize: number, options: ScanOptions = {}): Promise<WrittenSteps> {
+export async function scanWrittenSteps(
+  path: string,
+  batchSize: number,
+  options: ScanOptions = {},
+): Promise<WrittenSteps> {
   const maxLineBytes = options.maxLineBytes ?? MAX_LINE_BYTES;
   let complete = { step: 0, end: 0 }; // the last complete step and the byte offset where its last line ends
   let current = { step: 0, lines: 0 };
@@ -89,7 +97,9 @@ export async function scanWrittenSteps(path: string, batchSize: number, options:
   const endLine = (tail: Buffer, end: number) => {
     line++;
     if (overlong || pendingBytes + tail.length > maxLineBytes) {
-      throw new UsageError(`--resume: ${path} line ${line} is longer than ${maxLineBytes} bytes, too long to be a group; the file is the record of what was handed out, so it is left as it is`);
+      throw new UsageError(
+        `--resume: ${path} line ${line} is longer than ${maxLineBytes} bytes, too long to be a group; the file is the record of what was handed out, so it is left as it is`,
+      );
     }
     const text = (pending.length === 0 ? tail : Buffer.concat([...pending, tail])).toString('utf8');
     pending = [];
@@ -98,7 +108,9 @@ export async function scanWrittenSteps(path: string, batchSize: number, options:
     try {
       group = JSON.parse(text) as { trainStep?: unknown; rollouts?: unknown } | null;
     } catch (err) {
-      throw new UsageError(`--resume: ${path} line ${line} is not JSON (${(err as Error).message}); the file is the record of what was handed out, so it is left as it is`);
+      throw new UsageError(
+        `--resume: ${path} line ${line} is not JSON (${(err as Error).message}); the file is the record of what was handed out, so it is left as it is`,
+      );
     }
     const step = group?.trainStep;
     if (typeof step !== 'number') return;
@@ -129,7 +141,11 @@ export async function scanWrittenSteps(path: string, batchSize: number, options:
       const { bytesRead } = await file.read(chunk, 0, chunk.length, null);
       if (bytesRead === 0) break;
       let start = 0;
-      for (let nl = chunk.indexOf(NEWLINE); nl >= 0 && nl < bytesRead; start = nl + 1, nl = chunk.indexOf(NEWLINE, start)) {
+      for (
+        let nl = chunk.indexOf(NEWLINE);
+        nl >= 0 && nl < bytesRead;
+        start = nl + 1, nl = chunk.indexOf(NEWLINE, start)
+      ) {
         endLine(chunk.subarray(start, nl), offset + nl + 1);
         overlong = false;
       }
@@ -162,6 +178,7 @@ function addGroup(totals: WrittenTotals, rollouts: unknown): void {
     if (typeof r?.reward === 'number') totals.rewardSum += r.reward;
     if (!Array.isArray(r?.turns)) continue;
     totals.turns += r.turns.length;
-    for (const t of r.turns as { responseIds?: unknown }[]) if (Array.isArray(t?.responseIds)) totals.responseTokens += t.responseIds.length;
+    for (const t of r.turns as { responseIds?: unknown }[])
+      if (Array.isArray(t?.responseIds)) totals.responseTokens += t.responseIds.length;
   }
 }

@@ -49,8 +49,14 @@ function nameOfAuthority(authority: string): string | null {
 /** A name for `allowHosts` (`--allow-host`), checked once: a DNS name or an IP address, no port. */
 export function checkAllowedHost(value: string): string {
   const name = hostName(value);
-  if (isIP(name.replace(/^\[(.*)\]$/, '$1')) === 0 && !/^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*\.?$/.test(name)) {
-    throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `allowHosts: ${preview(value)} is not a host name or an IP address (give it without a scheme or port)`);
+  if (
+    isIP(name.replace(/^\[(.*)\]$/, '$1')) === 0 &&
+    !/^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*\.?$/.test(name)
+  ) {
+    throw new RolloutEngineError(
+      'ERR_INVALID_ARGUMENT',
+      `allowHosts: ${preview(value)} is not a host name or an IP address (give it without a scheme or port)`,
+    );
   }
   return name;
 }
@@ -66,7 +72,8 @@ export class HostAllowList {
     if (WILDCARDS.has(boundHost)) {
       // Bound to every interface: the machine's own addresses and name are how clients reach it, and
       // none of them can be a rebinding attacker's name.
-      for (const list of Object.values(networkInterfaces())) for (const a of list ?? []) if (!a.address.includes('%')) names.add(hostName(a.address));
+      for (const list of Object.values(networkInterfaces()))
+        for (const a of list ?? []) if (!a.address.includes('%')) names.add(hostName(a.address));
       names.add(hostName(hostname()));
     } else names.add(hostName(boundHost));
     this.#extra = new Set(extra.map(checkAllowedHost));
@@ -80,7 +87,11 @@ export class HostAllowList {
     if (name === null || !this.#names.has(name)) {
       // The allowed names stay out of the message: a rebound page reads this answer, and the list can
       // hold the machine's own addresses and name.
-      throw new HttpError(403, 'ERR_FORBIDDEN_HOST', `Host ${preview(host ?? null)} is not a name this server answers to; add it with --allow-host (allowHosts)`);
+      throw new HttpError(
+        403,
+        'ERR_FORBIDDEN_HOST',
+        `Host ${preview(host ?? null)} is not a name this server answers to; add it with --allow-host (allowHosts)`,
+      );
     }
     if (origin === undefined) return;
     let url: URL | null = null;
@@ -89,10 +100,15 @@ export class HostAllowList {
     } catch {
       // "null" (a sandboxed or file: page) and anything unparsable: refused below
     }
-    const fromOrigin = url !== null && (url.protocol === 'http:' || url.protocol === 'https:') ? nameOfAuthority(url.host) : null;
+    const fromOrigin =
+      url !== null && (url.protocol === 'http:' || url.protocol === 'https:') ? nameOfAuthority(url.host) : null;
     const sameOrigin = url !== null && url.host.toLowerCase() === host!.trim().toLowerCase();
     if (fromOrigin === null || !(sameOrigin || this.#extra.has(fromOrigin))) {
-      throw new HttpError(403, 'ERR_FORBIDDEN_ORIGIN', `Origin ${preview(origin)} may not drive this server: requests from web pages are accepted only from the server's own origin or an --allow-host (allowHosts) name`);
+      throw new HttpError(
+        403,
+        'ERR_FORBIDDEN_ORIGIN',
+        `Origin ${preview(origin)} may not drive this server: requests from web pages are accepted only from the server's own origin or an --allow-host (allowHosts) name`,
+      );
     }
   }
 }
@@ -104,15 +120,28 @@ export class HostAllowList {
  * before the check, so a link out of it does not lead the write out.
  */
 export function checkpointPathIn(dir: string | null, path: unknown): string {
-  if (typeof path !== 'string' || path === '') throw new HttpError(400, 'ERR_BAD_BODY', `path must be a non-empty string (got ${preview(path)})`);
-  if (dir === null) throw new HttpError(400, 'ERR_BAD_BODY', `path ${preview(path)} cannot be written: this server has no run dir to keep checkpoints in (rollout serve --run-dir; listen({ checkpointDir }))`);
-  if (isAbsolute(path)) throw new HttpError(400, 'ERR_BAD_BODY', `path must be relative to the run dir (got ${preview(path)})`);
+  if (typeof path !== 'string' || path === '')
+    throw new HttpError(400, 'ERR_BAD_BODY', `path must be a non-empty string (got ${preview(path)})`);
+  if (dir === null)
+    throw new HttpError(
+      400,
+      'ERR_BAD_BODY',
+      `path ${preview(path)} cannot be written: this server has no run dir to keep checkpoints in (rollout serve --run-dir; listen({ checkpointDir }))`,
+    );
+  if (isAbsolute(path))
+    throw new HttpError(400, 'ERR_BAD_BODY', `path must be relative to the run dir (got ${preview(path)})`);
   if (path.includes('\0')) throw new HttpError(400, 'ERR_BAD_BODY', `path must not contain NUL (got ${preview(path)})`);
-  if (!path.endsWith('.ckpt')) throw new HttpError(400, 'ERR_BAD_BODY', `path must name a .ckpt file (got ${preview(path)}): the run dir's other files are not the API's to overwrite`);
+  if (!path.endsWith('.ckpt'))
+    throw new HttpError(
+      400,
+      'ERR_BAD_BODY',
+      `path must name a .ckpt file (got ${preview(path)}): the run dir's other files are not the API's to overwrite`,
+    );
   const root = realOrSelf(resolve(dir));
   const target = resolve(root, path);
   const real = join(realAncestor(dirname(target)), basename(target));
-  if (!inside(root, target) || !inside(root, real)) throw new HttpError(400, 'ERR_BAD_BODY', `path must stay inside the run dir ${root} (got ${preview(path)})`);
+  if (!inside(root, target) || !inside(root, real))
+    throw new HttpError(400, 'ERR_BAD_BODY', `path must stay inside the run dir ${root} (got ${preview(path)})`);
   return target;
 }
 

@@ -40,11 +40,20 @@ export async function readBody(req: IncomingMessage, limit: number): Promise<unk
   const type = declared === undefined ? undefined : BODY_TYPES.get(declared.split(';')[0].trim().toLowerCase());
   if (declared !== undefined && type === undefined) {
     req.resume(); // read and drop it, so the answer can still be written on this connection
-    throw new HttpError(415, 'ERR_UNSUPPORTED_MEDIA_TYPE', `content-type ${preview(declared)} is not accepted: send application/json or application/msgpack`);
+    throw new HttpError(
+      415,
+      'ERR_UNSUPPORTED_MEDIA_TYPE',
+      `content-type ${preview(declared)} is not accepted: send application/json or application/msgpack`,
+    );
   }
   const bytes = await readRequestBody(req, limit, bodyErrors);
   if (bytes.byteLength === 0) return {};
-  if (type === undefined) throw new HttpError(415, 'ERR_UNSUPPORTED_MEDIA_TYPE', 'a body needs a content-type: application/json or application/msgpack');
+  if (type === undefined)
+    throw new HttpError(
+      415,
+      'ERR_UNSUPPORTED_MEDIA_TYPE',
+      'a body needs a content-type: application/json or application/msgpack',
+    );
   if (type === 'msgpack') {
     try {
       return decodeFromPeer(bytes);
@@ -72,7 +81,9 @@ export function send(req: IncomingMessage, res: ServerResponse, status: number, 
 export function sendError(req: IncomingMessage, res: ServerResponse, err: unknown): void {
   const status = err instanceof HttpError ? err.status : statusFor((err as { code?: string }).code);
   const code = (err as { code?: unknown }).code;
-  send(req, res, status, { error: { code: typeof code === 'string' ? code : 'ERR_INTERNAL', message: (err as Error).message ?? String(err) } });
+  send(req, res, status, {
+    error: { code: typeof code === 'string' ? code : 'ERR_INTERNAL', message: (err as Error).message ?? String(err) },
+  });
 }
 
 function statusFor(code: string | undefined): number {

@@ -15,17 +15,69 @@ const PAUSE_SECONDS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25
 
 export class EngineMetrics implements ProducerObserver {
   readonly registry = new Registry();
-  readonly #groups = new Counter({ name: 'rollout_engine_groups_landed_total', help: 'Groups back from the workers, by status', labelNames: ['status'], registers: [this.registry] });
-  readonly #dropped = new Counter({ name: 'rollout_engine_groups_dropped_total', help: 'Groups counted and let go (FAILED, FILTERED, EXPIRED)', labelNames: ['reason'], registers: [this.registry] });
-  readonly #taken = new Counter({ name: 'rollout_engine_groups_taken_total', help: 'Groups handed to the trainer', registers: [this.registry] });
-  readonly #turns = new Counter({ name: 'rollout_engine_turns_total', help: 'Agent turns (inference calls) completed', registers: [this.registry] });
-  readonly #tokens = new Counter({ name: 'rollout_engine_tokens_total', help: 'Response tokens: produced, and wasted (generated then discarded)', labelNames: ['kind'], registers: [this.registry] });
-  readonly #latency = new Histogram({ name: 'rollout_engine_rollout_seconds', help: 'Per-rollout time by phase (queue, inference, env, paused, total)', labelNames: ['phase'], buckets: SECONDS, registers: [this.registry] });
-  readonly #staleness = new Histogram({ name: 'rollout_engine_sample_staleness', help: 'Staleness of rollouts handed to the trainer (train step − oldest token model step − 1)', buckets: [-1, 0, 1, 2, 3, 4, 6, 8, 12, 16], registers: [this.registry] });
-  readonly #outages = new Counter({ name: 'rollout_engine_inference_outages_total', help: 'Inference outages: times no endpoint answered (new groups held until one did)', registers: [this.registry] });
-  readonly #outageSeconds = new Counter({ name: 'rollout_engine_inference_outage_seconds_total', help: 'Time spent in inference outages that have ended', registers: [this.registry] });
-  readonly #outageAborted = new Counter({ name: 'rollout_engine_groups_outage_aborted_total', help: 'Groups that met an inference outage and came back ABORTED to be retried (not failures)', registers: [this.registry] });
-  readonly #pause = new Histogram({ name: 'rollout_engine_pause_seconds', help: 'Weight-update pauses: until every worker stopped, until every group was back', labelNames: ['phase'], buckets: PAUSE_SECONDS, registers: [this.registry] });
+  readonly #groups = new Counter({
+    name: 'rollout_engine_groups_landed_total',
+    help: 'Groups back from the workers, by status',
+    labelNames: ['status'],
+    registers: [this.registry],
+  });
+  readonly #dropped = new Counter({
+    name: 'rollout_engine_groups_dropped_total',
+    help: 'Groups counted and let go (FAILED, FILTERED, EXPIRED)',
+    labelNames: ['reason'],
+    registers: [this.registry],
+  });
+  readonly #taken = new Counter({
+    name: 'rollout_engine_groups_taken_total',
+    help: 'Groups handed to the trainer',
+    registers: [this.registry],
+  });
+  readonly #turns = new Counter({
+    name: 'rollout_engine_turns_total',
+    help: 'Agent turns (inference calls) completed',
+    registers: [this.registry],
+  });
+  readonly #tokens = new Counter({
+    name: 'rollout_engine_tokens_total',
+    help: 'Response tokens: produced, and wasted (generated then discarded)',
+    labelNames: ['kind'],
+    registers: [this.registry],
+  });
+  readonly #latency = new Histogram({
+    name: 'rollout_engine_rollout_seconds',
+    help: 'Per-rollout time by phase (queue, inference, env, paused, total)',
+    labelNames: ['phase'],
+    buckets: SECONDS,
+    registers: [this.registry],
+  });
+  readonly #staleness = new Histogram({
+    name: 'rollout_engine_sample_staleness',
+    help: 'Staleness of rollouts handed to the trainer (train step − oldest token model step − 1)',
+    buckets: [-1, 0, 1, 2, 3, 4, 6, 8, 12, 16],
+    registers: [this.registry],
+  });
+  readonly #outages = new Counter({
+    name: 'rollout_engine_inference_outages_total',
+    help: 'Inference outages: times no endpoint answered (new groups held until one did)',
+    registers: [this.registry],
+  });
+  readonly #outageSeconds = new Counter({
+    name: 'rollout_engine_inference_outage_seconds_total',
+    help: 'Time spent in inference outages that have ended',
+    registers: [this.registry],
+  });
+  readonly #outageAborted = new Counter({
+    name: 'rollout_engine_groups_outage_aborted_total',
+    help: 'Groups that met an inference outage and came back ABORTED to be retried (not failures)',
+    registers: [this.registry],
+  });
+  readonly #pause = new Histogram({
+    name: 'rollout_engine_pause_seconds',
+    help: 'Weight-update pauses: until every worker stopped, until every group was back',
+    labelNames: ['phase'],
+    buckets: PAUSE_SECONDS,
+    registers: [this.registry],
+  });
 
   /** Scrape-time gauges read the engine's live state through this. */
   constructor(stats: () => Promise<EngineStats>) {
@@ -98,7 +150,8 @@ export class EngineMetrics implements ProducerObserver {
       registers,
       async collect() {
         this.reset();
-        for (const w of (await current()).workers) this.set({ worker: String(w.workerId) }, w.eventLoopDelayP99Ms / 1000);
+        for (const w of (await current()).workers)
+          this.set({ worker: String(w.workerId) }, w.eventLoopDelayP99Ms / 1000);
       },
     });
   }
@@ -156,7 +209,8 @@ export class EngineMetrics implements ProducerObserver {
   }
 
   paused(report: PauseReport): void {
-    if (report.workersStoppedMs !== null) this.#pause.observe({ phase: 'workers_stopped' }, report.workersStoppedMs / 1000);
+    if (report.workersStoppedMs !== null)
+      this.#pause.observe({ phase: 'workers_stopped' }, report.workersStoppedMs / 1000);
     if (report.workersAckedMs !== null) this.#pause.observe({ phase: 'workers_acked' }, report.workersAckedMs / 1000);
     this.#pause.observe({ phase: 'all_back' }, report.allBackMs / 1000);
   }

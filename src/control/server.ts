@@ -27,7 +27,7 @@ import { compactGroup } from '../protocol/compact.ts';
 import { HttpError, readBody, send, sendError, tokenMatches } from './http.ts';
 import { listen } from '../http-server.ts';
 import { checkpointPathIn, HostAllowList } from './access.ts';
-import { preview, RolloutEngineError } from '../protocol/errors.ts';
+import { preview } from '../protocol/errors.ts';
 import { MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
 
 const MAX_STEP = 0x7fffffff;
@@ -78,7 +78,11 @@ interface Route {
   run: Handler;
 }
 
-export async function startControlServer(engine: ControlTarget, metrics: EngineMetrics, options: ControlServerOptions = {}): Promise<ControlServer> {
+export async function startControlServer(
+  engine: ControlTarget,
+  metrics: EngineMetrics,
+  options: ControlServerOptions = {},
+): Promise<ControlServer> {
   const host = options.host ?? '127.0.0.1';
   const token = options.token ?? null;
   const maxBodyBytes = options.maxBodyBytes ?? 1024 * 1024;
@@ -125,7 +129,8 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
       const key = `${req.method} ${path}`;
       access.check(req.headers.host, req.headers.origin);
       const authorized = token === null || tokenMatches(req.headers.authorization, token);
-      if (!authorized && path !== '/health') throw new HttpError(401, 'ERR_UNAUTHORIZED', 'missing or wrong bearer token (Authorization: Bearer …)');
+      if (!authorized && path !== '/health')
+        throw new HttpError(401, 'ERR_UNAUTHORIZED', 'missing or wrong bearer token (Authorization: Bearer …)');
       // Counted only once the token is known good: requests without it never spend a client's budget,
       // so a flood of them from the trainer's address (its host, a NAT) cannot push the trainer into 429s.
       // /health without the token is then not counted either: it does no work.
@@ -141,15 +146,26 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
       const route = routes[key];
       if (route === undefined) {
         const known = Object.keys(routes).some((k) => k.endsWith(` ${path}`)) || path === '/metrics';
-        throw known ? new HttpError(405, 'ERR_METHOD_NOT_ALLOWED', `${req.method} is not allowed on ${path}`) : new HttpError(404, 'ERR_NOT_FOUND', `no route ${req.method} ${path}`);
+        throw known
+          ? new HttpError(405, 'ERR_METHOD_NOT_ALLOWED', `${req.method} is not allowed on ${path}`)
+          : new HttpError(404, 'ERR_NOT_FOUND', `no route ${req.method} ${path}`);
       }
       const body = req.method === 'POST' ? await readBody(req, maxBodyBytes) : {};
-      if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new HttpError(400, 'ERR_BAD_BODY', `body must be an object (got ${body === null ? 'null' : Array.isArray(body) ? 'an array' : typeof body})`);
+      if (typeof body !== 'object' || body === null || Array.isArray(body))
+        throw new HttpError(
+          400,
+          'ERR_BAD_BODY',
+          `body must be an object (got ${body === null ? 'null' : Array.isArray(body) ? 'an array' : typeof body})`,
+        );
       // A misspelt field would otherwise be ignored: `{"trainstep": 5}` takes the next batch, not step 5.
       const { fields } = route;
       const unknown = Object.keys(body).find((field) => !fields.includes(field));
       if (unknown !== undefined) {
-        throw new HttpError(400, 'ERR_BAD_BODY', `unknown field ${JSON.stringify(unknown)} (${key} takes ${fields.length === 0 ? 'no fields' : fields.join(', ')})`);
+        throw new HttpError(
+          400,
+          'ERR_BAD_BODY',
+          `unknown field ${JSON.stringify(unknown)} (${key} takes ${fields.length === 0 ? 'no fields' : fields.join(', ')})`,
+        );
       }
       send(req, res, 200, await route.run(body as Record<string, unknown>));
     } catch (err) {
@@ -173,7 +189,8 @@ export async function startControlServer(engine: ControlTarget, metrics: EngineM
 
 function optionalBool(body: Record<string, unknown>, field: string): boolean | undefined {
   const value = body[field];
-  if (value !== undefined && typeof value !== 'boolean') throw new HttpError(400, 'ERR_BAD_BODY', `${field} must be true or false (got ${preview(value)})`);
+  if (value !== undefined && typeof value !== 'boolean')
+    throw new HttpError(400, 'ERR_BAD_BODY', `${field} must be true or false (got ${preview(value)})`);
   return value;
 }
 
@@ -183,7 +200,11 @@ function optionalVersion(body: Record<string, unknown>, field: string): string |
   if (value === undefined || value === null) return null;
   if (Number.isSafeInteger(value)) return String(value);
   if (typeof value !== 'string' || value === '' || value.length > MAX_WEIGHT_VERSION_LENGTH) {
-    throw new HttpError(400, 'ERR_BAD_BODY', `${field} must be a non-empty string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters, or an integer (got ${preview(value)})`);
+    throw new HttpError(
+      400,
+      'ERR_BAD_BODY',
+      `${field} must be a non-empty string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters, or an integer (got ${preview(value)})`,
+    );
   }
   return value;
 }
@@ -196,7 +217,11 @@ function requiredInt(body: Record<string, unknown>, field: string, min: number):
   const value = body[field];
   // Steps live in 32-bit shared memory and typed arrays: larger values are refused here, not wrapped later.
   if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > MAX_STEP) {
-    throw new HttpError(400, 'ERR_BAD_BODY', `${field} must be an integer in [${min}, ${MAX_STEP}] (got ${preview(value)})`);
+    throw new HttpError(
+      400,
+      'ERR_BAD_BODY',
+      `${field} must be an integer in [${min}, ${MAX_STEP}] (got ${preview(value)})`,
+    );
   }
   return value;
 }

@@ -37,7 +37,8 @@ export class BatchFileWriter {
   /** Append every group of the batch in one write; resolves once the stream has room again (backpressure). */
   async write(batch: Batch): Promise<void> {
     let text = '';
-    for (const group of batch.groups) text += `${groupToJson(this.#compact ? compactGroup(group) : group, batch.trainStep)}\n`;
+    for (const group of batch.groups)
+      text += `${groupToJson(this.#compact ? compactGroup(group) : group, batch.trainStep)}\n`;
     this.#lines += batch.groups.length;
     if (!this.#stream.write(text)) await once(this.#stream, 'drain');
   }

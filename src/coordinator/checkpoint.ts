@@ -46,9 +46,17 @@ export function writeCheckpoint(path: string, config: ResolvedConfig, snapshot: 
     ...snapshot,
     buffer: { ...snapshot.buffer, groups: snapshot.buffer.groups.map(compactGroup) },
     inFlight: snapshot.inFlight.map(compactGroup),
-    lastBatch: snapshot.lastBatch === null ? null : { ...snapshot.lastBatch, groups: snapshot.lastBatch.groups.map(compactGroup) },
+    lastBatch:
+      snapshot.lastBatch === null
+        ? null
+        : { ...snapshot.lastBatch, groups: snapshot.lastBatch.groups.map(compactGroup) },
   };
-  const bytes = encodeCheckpoint({ v: CHECKPOINT_VERSION, writtenAt: new Date().toISOString(), fingerprint: configFingerprint(config), producer });
+  const bytes = encodeCheckpoint({
+    v: CHECKPOINT_VERSION,
+    writtenAt: new Date().toISOString(),
+    fingerprint: configFingerprint(config),
+    producer,
+  });
   const tmp = `${path}.tmp-${process.pid}`;
   try {
     // A path under a directory not made yet (a trainer's first `runs/<name>/engine.ckpt`) is what the
@@ -69,7 +77,11 @@ export function writeCheckpoint(path: string, config: ResolvedConfig, snapshot: 
     } catch {
       // the path itself was unusable: there is no temporary file to remove
     }
-    throw new RolloutEngineError('ERR_CHECKPOINT', `cannot write a checkpoint to ${JSON.stringify(path)}: ${(err as Error).message}`, { cause: err });
+    throw new RolloutEngineError(
+      'ERR_CHECKPOINT',
+      `cannot write a checkpoint to ${JSON.stringify(path)}: ${(err as Error).message}`,
+      { cause: err },
+    );
   }
   const dir = openSync(dirname(path), 'r');
   try {
@@ -83,7 +95,8 @@ export function writeCheckpoint(path: string, config: ResolvedConfig, snapshot: 
 const fail = (message: string) => new RolloutEngineError('ERR_CHECKPOINT', message);
 
 const STATUSES: readonly unknown[] = Object.values(Status);
-const isObject = (value: unknown): value is Record<string, unknown> => typeof value === 'object' && value !== null && !Array.isArray(value);
+const isObject = (value: unknown): value is Record<string, unknown> =>
+  typeof value === 'object' && value !== null && !Array.isArray(value);
 const isCount = (value: unknown): value is number => Number.isInteger(value) && (value as number) >= 0;
 
 /**
@@ -102,32 +115,69 @@ function checkSnapshotShape(state: Record<string, unknown>, path: string, tasks:
   need(isCount(p.modelStep), 'producer.modelStep', p.modelStep, 'a non-negative integer');
   const progress = p.progress as Record<string, unknown>;
   need(isObject(progress), 'producer.progress', progress, 'an object');
-  for (const field of ['nextConsumerStep', 'producerFutureStep']) need(isCount(progress[field]) && (progress[field] as number) >= 1, `producer.progress.${field}`, progress[field], 'a positive integer');
-  need(isCount(progress.targetUptoFutureStep), 'producer.progress.targetUptoFutureStep', progress.targetUptoFutureStep, 'a non-negative integer');
-  for (const field of ['consumedSamples', 'targetSamples', 'rewardSum', 'rewardCount', 'producedSamples', 'producedTokens']) {
+  for (const field of ['nextConsumerStep', 'producerFutureStep'])
+    need(
+      isCount(progress[field]) && (progress[field] as number) >= 1,
+      `producer.progress.${field}`,
+      progress[field],
+      'a positive integer',
+    );
+  need(
+    isCount(progress.targetUptoFutureStep),
+    'producer.progress.targetUptoFutureStep',
+    progress.targetUptoFutureStep,
+    'a non-negative integer',
+  );
+  for (const field of [
+    'consumedSamples',
+    'targetSamples',
+    'rewardSum',
+    'rewardCount',
+    'producedSamples',
+    'producedTokens',
+  ]) {
     const perTask = progress[field] as Record<string, unknown>;
     need(isObject(perTask), `producer.progress.${field}`, perTask, 'an object by task');
-    for (const task of tasks) need(Number.isFinite(perTask[task]), `producer.progress.${field}.${task}`, perTask[task], 'a finite number');
+    for (const task of tasks)
+      need(Number.isFinite(perTask[task]), `producer.progress.${field}.${task}`, perTask[task], 'a finite number');
   }
   const samplers = p.samplers as Record<string, unknown>;
   need(isObject(samplers), 'producer.samplers', samplers, 'an object by task');
-  for (const task of tasks) need(isCount(samplers[task]), `producer.samplers.${task}`, samplers[task], 'a non-negative integer (the task\'s sampler cursor)');
+  for (const task of tasks)
+    need(
+      isCount(samplers[task]),
+      `producer.samplers.${task}`,
+      samplers[task],
+      "a non-negative integer (the task's sampler cursor)",
+    );
   const counts = p.counts as Record<string, unknown>;
   need(isObject(counts), 'producer.counts', counts, 'an object');
-  for (const field of ['scheduled', 'retried', 'inFlight', 'taken']) need(isCount(counts[field]), `producer.counts.${field}`, counts[field], 'a non-negative integer');
+  for (const field of ['scheduled', 'retried', 'inFlight', 'taken'])
+    need(isCount(counts[field]), `producer.counts.${field}`, counts[field], 'a non-negative integer');
   // landed is kept by status, dropped by drop reason
   for (const field of ['landed', 'dropped']) {
     const byKey = counts[field] as Record<string, unknown>;
     need(isObject(byKey), `producer.counts.${field}`, byKey, 'an object of counts');
-    for (const [key, n] of Object.entries(byKey)) need(isCount(n), `producer.counts.${field}.${key}`, n, 'a non-negative integer');
+    for (const [key, n] of Object.entries(byKey))
+      need(isCount(n), `producer.counts.${field}.${key}`, n, 'a non-negative integer');
   }
   const buffer = p.buffer as Record<string, unknown>;
-  need(isObject(buffer) && Array.isArray(buffer.groups), 'producer.buffer.groups', isObject(buffer) ? buffer.groups : buffer, 'an array');
+  need(
+    isObject(buffer) && Array.isArray(buffer.groups),
+    'producer.buffer.groups',
+    isObject(buffer) ? buffer.groups : buffer,
+    'an array',
+  );
   need(Array.isArray(p.inFlight), 'producer.inFlight', p.inFlight, 'an array');
   const last = p.lastBatch as Record<string, unknown> | null | undefined;
   if (last != null) {
     need(isObject(last), 'producer.lastBatch', last, 'an object or null');
-    need(isCount(last.trainStep) && (last.trainStep as number) >= 1, 'producer.lastBatch.trainStep', last.trainStep, 'a positive integer');
+    need(
+      isCount(last.trainStep) && (last.trainStep as number) >= 1,
+      'producer.lastBatch.trainStep',
+      last.trainStep,
+      'a positive integer',
+    );
     need(Array.isArray(last.groups), 'producer.lastBatch.groups', last.groups, 'an array');
   }
   return producer as unknown as ProducerSnapshot;
@@ -136,17 +186,24 @@ function checkSnapshotShape(state: Record<string, unknown>, path: string, tasks:
 /** What expanding and restoring rely on: a known task and status, rollouts and turns as arrays of objects, rewards as numbers. */
 function checkGroupShape(group: RolloutGroup, where: string, tasks: readonly string[]): void {
   if (!isObject(group)) throw fail(`${where} must be a group object, got ${preview(group)}`);
-  if (!tasks.includes(group.taskName)) throw fail(`${where}.taskName must be a task of the config (${tasks.join(', ')}), got ${preview(group.taskName)}`);
-  if (!STATUSES.includes(group.status)) throw fail(`${where}.status must be one of ${STATUSES.join(', ')}, got ${preview(group.status)}`);
+  if (!tasks.includes(group.taskName))
+    throw fail(`${where}.taskName must be a task of the config (${tasks.join(', ')}), got ${preview(group.taskName)}`);
+  if (!STATUSES.includes(group.status))
+    throw fail(`${where}.status must be one of ${STATUSES.join(', ')}, got ${preview(group.status)}`);
   const rollouts: unknown = group.rollouts;
   if (!Array.isArray(rollouts)) throw fail(`${where}.rollouts must be an array, got ${preview(rollouts)}`);
   rollouts.forEach((rollout: { turns?: unknown; status?: unknown; reward?: unknown } | null, r) => {
-    if (!STATUSES.includes(rollout?.status)) throw fail(`${where}.rollouts[${r}].status must be one of ${STATUSES.join(', ')}, got ${preview(rollout?.status)}`);
-    if (!Number.isFinite(rollout?.reward)) throw fail(`${where}.rollouts[${r}].reward must be a finite number, got ${preview(rollout?.reward)}`);
+    if (!STATUSES.includes(rollout?.status))
+      throw fail(
+        `${where}.rollouts[${r}].status must be one of ${STATUSES.join(', ')}, got ${preview(rollout?.status)}`,
+      );
+    if (!Number.isFinite(rollout?.reward))
+      throw fail(`${where}.rollouts[${r}].reward must be a finite number, got ${preview(rollout?.reward)}`);
     const turns = rollout?.turns;
     if (!Array.isArray(turns)) throw fail(`${where}.rollouts[${r}].turns must be an array, got ${preview(turns)}`);
     turns.forEach((turn: unknown, t) => {
-      if (typeof turn !== 'object' || turn === null) throw fail(`${where}.rollouts[${r}].turns[${t}] must be an object, got ${preview(turn)}`);
+      if (typeof turn !== 'object' || turn === null)
+        throw fail(`${where}.rollouts[${r}].turns[${t}] must be an object, got ${preview(turn)}`);
     });
   });
 }
@@ -157,7 +214,8 @@ function checkTurnFields(group: RolloutGroup, where: string): void {
     rollout.turns.forEach((turn, t) => {
       const at = `${where}.rollouts[${r}].turns[${t}]`;
       if (!Array.isArray(turn.messages)) throw fail(`${at}.messages must be an array, got ${preview(turn.messages)}`);
-      if (turn.promptIds !== null && !(turn.promptIds instanceof Int32Array)) throw fail(`${at}.promptIds must be an Int32Array or null, got ${preview(turn.promptIds)}`);
+      if (turn.promptIds !== null && !(turn.promptIds instanceof Int32Array))
+        throw fail(`${at}.promptIds must be an Int32Array or null, got ${preview(turn.promptIds)}`);
     }),
   );
 }
@@ -191,7 +249,9 @@ export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSn
   }
   const state = decodeCheckpoint(bytes, path);
   if (state.v !== CHECKPOINT_VERSION && state.v !== WHOLE_GROUPS_VERSION) {
-    throw fail(`${path}: checkpoint version ${String(state.v)} is not supported (expected ${WHOLE_GROUPS_VERSION} or ${CHECKPOINT_VERSION})`);
+    throw fail(
+      `${path}: checkpoint version ${String(state.v)} is not supported (expected ${WHOLE_GROUPS_VERSION} or ${CHECKPOINT_VERSION})`,
+    );
   }
   const saved = state.fingerprint;
   if (!isObject(saved)) throw fail(`${path}: fingerprint must be an object, got ${preview(saved)}`);
@@ -200,14 +260,20 @@ export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSn
     .filter((k) => JSON.stringify(saved[k]) !== JSON.stringify(current[k]))
     .map((k) => `${k}: checkpoint has ${JSON.stringify(saved[k])}, config has ${JSON.stringify(current[k])}`);
   if (differences.length > 0) {
-    throw new RolloutEngineError('ERR_CHECKPOINT_MISMATCH', `${path} was written by a run with a different config:\n  - ${differences.join('\n  - ')}`);
+    throw new RolloutEngineError(
+      'ERR_CHECKPOINT_MISMATCH',
+      `${path} was written by a run with a different config:\n  - ${differences.join('\n  - ')}`,
+    );
   }
   const tasks = config.tasks.map((t) => t.name);
   const producer = checkSnapshotShape(state, path, tasks);
   const groups: [RolloutGroup, string][] = [
     ...producer.buffer.groups.map((g, i): [RolloutGroup, string] => [g, `${path}: producer.buffer.groups[${i}]`]),
     ...producer.inFlight.map((g, i): [RolloutGroup, string] => [g, `${path}: producer.inFlight[${i}]`]),
-    ...(producer.lastBatch?.groups ?? []).map((g, i): [RolloutGroup, string] => [g, `${path}: producer.lastBatch.groups[${i}]`]),
+    ...(producer.lastBatch?.groups ?? []).map((g, i): [RolloutGroup, string] => [
+      g,
+      `${path}: producer.lastBatch.groups[${i}]`,
+    ]),
   ];
   for (const [group, where] of groups) {
     checkGroupShape(group, where, tasks);

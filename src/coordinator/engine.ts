@@ -25,7 +25,16 @@ import type { TaskCheck } from '../rollout/worker-runtime.ts';
 import type { WorkerStats } from '../protocol/messages.ts';
 import { readCheckpoint, writeCheckpoint } from './checkpoint.ts';
 import { PauseControl } from './pause-control.ts';
-import { emptyGroupCounts, Producer, type Batch, type GroupCounts, type PauseReport, type ProducerHooks, type ProducerObserver, type ProducerSnapshot } from './producer.ts';
+import {
+  emptyGroupCounts,
+  Producer,
+  type Batch,
+  type GroupCounts,
+  type PauseReport,
+  type ProducerHooks,
+  type ProducerObserver,
+  type ProducerSnapshot,
+} from './producer.ts';
 import { PiscinaWorkerPool, type WorkerPool } from './worker-pool.ts';
 import type { OutageStats } from './outage.ts';
 
@@ -37,7 +46,14 @@ export interface EngineStats {
   producerFutureStep: number;
   paused: boolean;
   groups: GroupCounts;
-  buffer: { completed: number; aborted: number; expired: number; bytes: number; dropped: Record<DropReason, number>; lastDropReason: string | null };
+  buffer: {
+    completed: number;
+    aborted: number;
+    expired: number;
+    bytes: number;
+    dropped: Record<DropReason, number>;
+    lastDropReason: string | null;
+  };
   /** Inference outages: whether one is on now, how many and how long so far, the groups they aborted. */
   outage: OutageStats;
   workers: WorkerStats[];
@@ -85,12 +101,14 @@ export class Coordinator {
   }
 
   async start(): Promise<void> {
-    if (this.#state !== 'created') throw new RolloutEngineError('ERR_ENGINE_STATE', `start() called on an engine that is ${this.#state}`);
+    if (this.#state !== 'created')
+      throw new RolloutEngineError('ERR_ENGINE_STATE', `start() called on an engine that is ${this.#state}`);
     this.#state = 'starting';
     try {
       const { config } = this;
       const autoPath = this.#autoCheckpointPath();
-      const resumeFrom = config.resumeFrom ?? (config.resume && autoPath !== null && existsSync(autoPath) ? autoPath : null);
+      const resumeFrom =
+        config.resumeFrom ?? (config.resume && autoPath !== null && existsSync(autoPath) ? autoPath : null);
       const resumed = resumeFrom === null ? null : readCheckpoint(resumeFrom, config);
       const samplers = new Map<string, Sampler>();
       for (const task of config.tasks) samplers.set(task.name, await Sampler.create(task, config.seed));
@@ -116,11 +134,17 @@ export class Coordinator {
         // One gateway per process: it holds the policy's tokenizer, and workers reach it over loopback.
         const { startGateway } = await import('../gateway/index.ts');
         this.#gateway = await startGateway({
-          backend: { kind: config.gateway.backend, url: this.#llmUrls[0], model: config.llm.model, apiKey: config.llm.apiKey },
+          backend: {
+            kind: config.gateway.backend,
+            url: this.#llmUrls[0],
+            model: config.llm.model,
+            apiKey: config.llm.apiKey,
+          },
           tokenizer: config.gateway.tokenizer,
           // The server's own limit when the config names none: a session past it is truncated by the
           // gateway (max_tokens clamped) instead of refused by the server.
-          maxContext: config.gateway.maxContext ?? servers.find((s) => s.url === this.#llmUrls[0])?.contextLength ?? null,
+          maxContext:
+            config.gateway.maxContext ?? servers.find((s) => s.url === this.#llmUrls[0])?.contextLength ?? null,
           sessionTtlMs: config.gateway.sessionTtlMs,
           modelStep: resumed?.modelStep ?? config.modelStep,
           port: 0,
@@ -130,11 +154,28 @@ export class Coordinator {
       const gatewayUrl = this.#gateway?.url ?? null;
       const pool =
         this.#options.pool?.(config, this.#llmUrls, control.block, this.log) ??
-        new PiscinaWorkerPool({ config, llmUrls: this.#llmUrls, control: control.block, log: this.log, gatewayUrl, servers });
+        new PiscinaWorkerPool({
+          config,
+          llmUrls: this.#llmUrls,
+          control: control.block,
+          log: this.log,
+          gatewayUrl,
+          servers,
+        });
       this.#pool = pool;
       await this.#checkTasks(pool, samplers);
       const abortRoutes = new Map(servers.map((s) => [s.url, s.abort]));
-      this.#producer = new Producer({ config, pool, control, samplers, log: this.log, endpoints, abortRoutes, hooks: this.#options, observer: this.#options.observer });
+      this.#producer = new Producer({
+        config,
+        pool,
+        control,
+        samplers,
+        log: this.log,
+        endpoints,
+        abortRoutes,
+        hooks: this.#options,
+        observer: this.#options.observer,
+      });
       if (resumed !== null) {
         this.#producer.restore(resumed);
         this.#embeddedMock?.setWeightVersion(resumed.modelStep);
@@ -162,14 +203,27 @@ export class Coordinator {
   getBatch(trainStep?: number): Promise<Batch> {
     return this.#serialized(async (producer) => {
       const step = trainStep ?? producer.progress.nextConsumerStep;
-      if (!Number.isInteger(step) || step < 1) throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `trainStep must be a positive integer (got ${String(trainStep)})`);
+      if (!Number.isInteger(step) || step < 1)
+        throw new RolloutEngineError(
+          'ERR_INVALID_ARGUMENT',
+          `trainStep must be a positive integer (got ${String(trainStep)})`,
+        );
       const batch = await producer.getBatch(step);
       const autoPath = this.#autoCheckpointPath();
       // Saved before the batch leaves: after a crash the run resumes past it, and asking for the same step again re-delivers it.
       if (batch.status === 'NORMAL' && autoPath !== null) writeCheckpoint(autoPath, this.config, producer.snapshot());
       if (batch.status === 'NORMAL') {
         const s = batch.stats!;
-        this.log.info({ trainStep: step, groups: s.groups, meanReward: round3(s.meanReward), maxStaleness: s.staleness.max, ms: Math.round(s.produceMs) }, 'batch ready');
+        this.log.info(
+          {
+            trainStep: step,
+            groups: s.groups,
+            meanReward: round3(s.meanReward),
+            maxStaleness: s.staleness.max,
+            ms: Math.round(s.produceMs),
+          },
+          'batch ready',
+        );
       } else this.log.info({ trainStep: step, status: batch.status }, 'no batch');
       return batch;
     });
@@ -187,8 +241,11 @@ export class Coordinator {
       producer.resume(options.modelStep, options.weightVersion ?? null);
       if (options.weightVersion != null) {
         // Not awaited: production has resumed, and the check is a report, not a gate.
-        void checkServedVersions(this.#servers, options.weightVersion, options.modelStep, { apiKey: this.config.llm.apiKey }).then((problems) => {
-          for (const problem of problems) this.log.warn({ weightVersion: options.weightVersion, modelStep: options.modelStep }, problem);
+        void checkServedVersions(this.#servers, options.weightVersion, options.modelStep, {
+          apiKey: this.config.llm.apiKey,
+        }).then((problems) => {
+          for (const problem of problems)
+            this.log.warn({ weightVersion: options.weightVersion, modelStep: options.modelStep }, problem);
         });
       }
       this.#gateway?.setModelStep(options.modelStep);
@@ -198,7 +255,10 @@ export class Coordinator {
 
   /** Write the run's state to `path` atomically. Production goes on; groups in flight are saved as they were sent. */
   checkpoint(path: string): Promise<{ path: string; bytes: number }> {
-    return this.#serialized(async (producer) => ({ path, bytes: writeCheckpoint(path, this.config, producer.snapshot()) }));
+    return this.#serialized(async (producer) => ({
+      path,
+      bytes: writeCheckpoint(path, this.config, producer.snapshot()),
+    }));
   }
 
   /**
@@ -214,14 +274,29 @@ export class Coordinator {
       const dialect = DIALECTS[info.kind];
       // vLLM and SGLang answer 404 to a model they do not serve: every call would fail. llama.cpp serves
       // its one model whatever the request names.
-      if (info.models.length > 0 && !info.models.includes(llm.model) && !policyEndpoints.includes(url) && info.kind !== 'llamacpp') {
-        throw new RolloutEngineError('ERR_LLM_MODEL', `llm.model: ${url} does not serve ${JSON.stringify(llm.model)} (it lists ${info.models.map((m) => JSON.stringify(m)).join(', ')}); set llm.model (--model) to one of them`);
+      if (
+        info.models.length > 0 &&
+        !info.models.includes(llm.model) &&
+        !policyEndpoints.includes(url) &&
+        info.kind !== 'llamacpp'
+      ) {
+        throw new RolloutEngineError(
+          'ERR_LLM_MODEL',
+          `llm.model: ${url} does not serve ${JSON.stringify(llm.model)} (it lists ${info.models.map((m) => JSON.stringify(m)).join(', ')}); set llm.model (--model) to one of them`,
+        );
       }
       if (llm.api === 'tokens' && dialect.tokenRoute === null) {
-        throw new RolloutEngineError('ERR_LLM_API', `llm.api "tokens": ${url} is a ${dialect.label} server, which has no token-in route; use llm.api "chat", or set llm.server if it is vLLM, SGLang or llama.cpp`);
+        throw new RolloutEngineError(
+          'ERR_LLM_API',
+          `llm.api "tokens": ${url} is a ${dialect.label} server, which has no token-in route; use llm.api "chat", or set llm.server if it is vLLM, SGLang or llama.cpp`,
+        );
       }
-      this.log.info({ url, server: info.kind, contextLength: info.contextLength, abort: info.abort?.path ?? null, api: llm.api }, `inference server: ${dialect.label}${llm.server === 'auto' ? ' (llm.server auto)' : ''}`);
-      for (const gap of serverGaps(info, { api: llm.api, stream: llm.stream, wantIds: llm.returnTokenIds })) this.log.warn({ url, server: info.kind }, `${dialect.label} at ${url}: ${gap}`);
+      this.log.info(
+        { url, server: info.kind, contextLength: info.contextLength, abort: info.abort?.path ?? null, api: llm.api },
+        `inference server: ${dialect.label}${llm.server === 'auto' ? ' (llm.server auto)' : ''}`,
+      );
+      for (const gap of serverGaps(info, { api: llm.api, stream: llm.stream, wantIds: llm.returnTokenIds }))
+        this.log.warn({ url, server: info.kind }, `${dialect.label} at ${url}: ${gap}`);
       servers.push(info);
     }
     return servers;
@@ -244,11 +319,18 @@ export class Coordinator {
           check = await pool.checkTask(task.name, sampler.prompts(start, start + CHECK_SLICE));
         } catch (err) {
           // The worker died under the check (a module that exits on import), or none can start at all.
-          throw new RolloutEngineError('ERR_WORKER', `tasks[${i}] (${task.name}): no worker could check the task: ${describeError(err)}`);
+          throw new RolloutEngineError(
+            'ERR_WORKER',
+            `tasks[${i}] (${task.name}): no worker could check the task: ${describeError(err)}`,
+          );
         }
         const { problem, checksPrompts } = check;
         if (problem !== null) {
-          throw new ConfigError([problem.line === null ? `tasks[${i}] (${task.name}): ${problem.message}` : `task ${task.name} dataset ${task.dataset}:${problem.line}: ${problem.message}`]);
+          throw new ConfigError([
+            problem.line === null
+              ? `tasks[${i}] (${task.name}): ${problem.message}`
+              : `task ${task.name} dataset ${task.dataset}:${problem.line}: ${problem.message}`,
+          ]);
         }
         if (!checksPrompts) break;
       }
@@ -282,7 +364,14 @@ export class Coordinator {
         dropped: buffer?.dropped ?? emptyDropCounts(),
         lastDropReason: buffer?.lastDropReason ?? null,
       },
-      outage: producer?.outage ?? { state: 'up', currentMs: null, outages: 0, totalMs: 0, groupsAborted: 0, budgetMs: this.config.llm.outageBudgetMs },
+      outage: producer?.outage ?? {
+        state: 'up',
+        currentMs: null,
+        outages: 0,
+        totalMs: 0,
+        groupsAborted: 0,
+        budgetMs: this.config.llm.outageBudgetMs,
+      },
       workers: (await this.#pool?.stats()) ?? [],
     };
   }
@@ -301,7 +390,9 @@ export class Coordinator {
 
   #withProducer<T>(fn: (producer: Producer) => Promise<T>): Promise<T> {
     if (this.#state !== 'running' || this.#producer === null) {
-      return Promise.reject(new RolloutEngineError('ERR_ENGINE_STATE', `the engine must be running (it is ${this.#state})`));
+      return Promise.reject(
+        new RolloutEngineError('ERR_ENGINE_STATE', `the engine must be running (it is ${this.#state})`),
+      );
     }
     return fn(this.#producer);
   }
@@ -319,10 +410,19 @@ export class Coordinator {
     // ids of its own: the mock then reads and answers in that vocabulary.
     const tokenIn = this.config.llm.api === 'tokens' || this.config.tasks.some((t) => t.agent !== null);
     if (this.config.llm.api === 'tokens' && this.config.llm.tokenizer !== 'qwen2.5') {
-      throw new RolloutEngineError('ERR_LLM_API', `llm.tokenizer: the built-in mock speaks qwen2.5 ids only (got ${JSON.stringify(this.config.llm.tokenizer)}); give llm.url for another tokenizer`);
+      throw new RolloutEngineError(
+        'ERR_LLM_API',
+        `llm.tokenizer: the built-in mock speaks qwen2.5 ids only (got ${JSON.stringify(this.config.llm.tokenizer)}); give llm.url for another tokenizer`,
+      );
     }
     const tokenizer = tokenIn ? { tokenizer: 'qwen2.5' as const } : {};
-    const mock = await startMockLlm({ ...this.config.mock, ...tokenizer, host: '127.0.0.1', port: 0, model: this.config.llm.model });
+    const mock = await startMockLlm({
+      ...this.config.mock,
+      ...tokenizer,
+      host: '127.0.0.1',
+      port: 0,
+      model: this.config.llm.model,
+    });
     this.#embeddedMock = mock;
     this.log.info({ url: mock.url }, 'embedded mock inference server started');
     return mock.url;

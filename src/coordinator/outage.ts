@@ -135,7 +135,14 @@ export class OutageMonitor {
 
   stats(): OutageStats {
     const current = this.#since === null ? null : this.#now() - this.#since;
-    return { state: this.#state, currentMs: current, outages: this.#outages, totalMs: this.#endedMs + (current ?? 0), groupsAborted: this.#groupsAborted, budgetMs: this.#options.budgetMs };
+    return {
+      state: this.#state,
+      currentMs: current,
+      outages: this.#outages,
+      totalMs: this.#endedMs + (current ?? 0),
+      groupsAborted: this.#groupsAborted,
+      budgetMs: this.#options.budgetMs,
+    };
   }
 
   /**
@@ -172,7 +179,8 @@ export class OutageMonitor {
 
   #suspect(dispatchedAt: number): Promise<OutageVerdict> {
     if (this.#closing.signal.aborted) return Promise.resolve('outage'); // closing: it lands ABORTED, as a cancelled call does
-    if (this.#state === 'down') return Promise.resolve(this.#spent !== null || this.#budgetLeft() <= 0 ? 'spent' : 'outage');
+    if (this.#state === 'down')
+      return Promise.resolve(this.#spent !== null || this.#budgetLeft() <= 0 ? 'spent' : 'outage');
     if (this.#state === 'up' && dispatchedAt <= this.#lastEnded) return Promise.resolve('outage');
     const verdict = new Promise<OutageVerdict>((resolve) => this.#waiting.push({ dispatchedAt, resolve }));
     if (this.#state === 'up') void this.#check();
@@ -191,7 +199,10 @@ export class OutageMonitor {
     this.#budgetFrom = start;
     this.#outages++;
     const { endpoints, budgetMs } = this.#options;
-    this.#options.log.warn({ endpoints, outageBudgetMs: budgetMs, reason: this.#lastReasonOf() }, 'inference outage: no endpoint answers; new groups are held and the endpoints probed until one does');
+    this.#options.log.warn(
+      { endpoints, outageBudgetMs: budgetMs, reason: this.#lastReasonOf() },
+      'inference outage: no endpoint answers; new groups are held and the endpoints probed until one does',
+    );
     this.#options.observer?.outageBegan?.();
     this.#release(() => (this.#budgetLeft() <= 0 ? 'spent' : 'outage'));
     this.#checkBudget();
@@ -213,7 +224,10 @@ export class OutageMonitor {
       const ms = this.#now() - outageStart;
       this.#endedMs += ms;
       this.#lastEnded = this.#now();
-      this.#options.log.info({ durationMs: Math.round(ms), groupsAborted: this.#groupsAborted }, 'inference outage over: an endpoint answers again; production resumes');
+      this.#options.log.info(
+        { durationMs: Math.round(ms), groupsAborted: this.#groupsAborted },
+        'inference outage over: an endpoint answers again; production resumes',
+      );
       this.#options.observer?.outageEnded?.(ms);
     }
     this.#state = 'up';
@@ -246,7 +260,9 @@ export class OutageMonitor {
   }
 
   #lastReasonOf(): string {
-    return this.#lastReason.startsWith(OUTAGE_CODE) ? this.#lastReason.slice(OUTAGE_CODE.length + 2) : this.#lastReason || '(none yet)';
+    return this.#lastReason.startsWith(OUTAGE_CODE)
+      ? this.#lastReason.slice(OUTAGE_CODE.length + 2)
+      : this.#lastReason || '(none yet)';
   }
 
   async #anyAnswers(): Promise<boolean> {
@@ -263,7 +279,12 @@ export class OutageMonitor {
     if (pool === undefined) this.#pools.set(base.origin, (pool = new Pool(base.origin, { connections: 1 })));
     const apiKey = this.#options.apiKey;
     const signal = AbortSignal.any([AbortSignal.timeout(PROBE_TIMEOUT_MS), this.#closing.signal]);
-    const response = await pool.request({ method: 'GET', path: `${prefix}/v1/models`, headers: apiKey ? { authorization: `Bearer ${apiKey}` } : {}, signal });
+    const response = await pool.request({
+      method: 'GET',
+      path: `${prefix}/v1/models`,
+      headers: apiKey ? { authorization: `Bearer ${apiKey}` } : {},
+      signal,
+    });
     await response.body.dump();
     return response.statusCode < 500;
   }

@@ -12,7 +12,13 @@
  * - groups never leave the buffer except through `take` (to the trainer) or `spawn` (back in flight).
  */
 import type { ResolvedConfig } from '../config.ts';
-import { emptyDropCounts, ReplayBuffer, type BufferSnapshot, type DropReason, type ExpiryPolicy } from '../buffer/replay-buffer.ts';
+import {
+  emptyDropCounts,
+  ReplayBuffer,
+  type BufferSnapshot,
+  type DropReason,
+  type ExpiryPolicy,
+} from '../buffer/replay-buffer.ts';
 import type { Sampler } from '../buffer/sampler.ts';
 import { rolloutStaleness, staleThreshold, tokenLossMask } from '../buffer/staleness.ts';
 import { InferenceAborter, type AbortRoute, type AbortTarget } from '../llm/client.ts';
@@ -21,12 +27,27 @@ import { MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
 import type { Logger } from '../log.ts';
 import { preview, RolloutEngineError } from '../protocol/errors.ts';
 import { wallClockUs } from '../protocol/control-block.ts';
-import { approxGroupBytes, dispatchTokenCount, groupError, groupStatus, resetToPrompt, responseTokenCount, Status, type RolloutGroup } from '../protocol/rollout.ts';
+import {
+  approxGroupBytes,
+  dispatchTokenCount,
+  groupError,
+  groupStatus,
+  resetToPrompt,
+  responseTokenCount,
+  Status,
+  type RolloutGroup,
+} from '../protocol/rollout.ts';
 import { Notifier, WakeUp } from './notifier.ts';
 import { OutageMonitor, type OutageObserver, type OutageStats } from './outage.ts';
 import type { PauseControl } from './pause-control.ts';
 import { ProduceProgress, type ProgressState } from './progress.ts';
-import { AsyncStrategy, SyncStrategy, type ProduceContext, type ProduceStatus, type ShouldContinue } from './strategies.ts';
+import {
+  AsyncStrategy,
+  SyncStrategy,
+  type ProduceContext,
+  type ProduceStatus,
+  type ShouldContinue,
+} from './strategies.ts';
 import type { WorkerPool } from './worker-pool.ts';
 
 /** Cumulative group counts since the run started. */
@@ -204,7 +225,10 @@ export class Producer implements ProduceContext {
     this.#control = options.control;
     this.#samplers = options.samplers;
     this.#log = options.log;
-    const configured: AbortRoute | null = config.llm.abortPath === null ? null : { path: config.llm.abortPath ?? DIALECTS.generic.abort!.path, body: DIALECTS.generic.abort!.body };
+    const configured: AbortRoute | null =
+      config.llm.abortPath === null
+        ? null
+        : { path: config.llm.abortPath ?? DIALECTS.generic.abort!.path, body: DIALECTS.generic.abort!.body };
     this.#abortTargets = options.endpoints.flatMap((url) => {
       const route = options.abortRoutes?.has(url) ? options.abortRoutes.get(url)! : configured;
       return route === null ? [] : [{ url, route }];
@@ -235,11 +259,13 @@ export class Producer implements ProduceContext {
     this.#isValidGroup = options.hooks?.isValidGroup ?? (p.filter === 'drop-equal-rewards' ? hasRewardSpread : null);
     // Sync means staleness 0: the threshold of maxStaleness 0, measured against the weights being
     // served (#expiry), so a leftover of older weights expires instead of being served off-policy.
-    this.#threshold = p.strategy === 'async' ? staleThreshold(p.maxStaleness, p.syncWeightsInterval) : staleThreshold(0, 1);
+    this.#threshold =
+      p.strategy === 'async' ? staleThreshold(p.maxStaleness, p.syncWeightsInterval) : staleThreshold(0, 1);
     // Producing for a step is pointless once its samples would expire on arrival — or have every token
     // masked by the token-level threshold: either bound makes the weights too stale for the step. Sync
     // measures against the weights it produces with, which are never too stale for themselves.
-    this.#produceThreshold = p.strategy === 'async' ? Math.min(this.#threshold, p.tokenStalenessThreshold ?? Infinity) : Infinity;
+    this.#produceThreshold =
+      p.strategy === 'async' ? Math.min(this.#threshold, p.tokenStalenessThreshold ?? Infinity) : Infinity;
     this.#sync = new SyncStrategy(options.hooks?.shouldContinue);
     this.#async = new AsyncStrategy({
       overSampleThreshold: p.overSampleThreshold,
@@ -295,14 +321,18 @@ export class Producer implements ProduceContext {
   }
 
   spawn(task: string, fromExpiredPool: boolean): void {
-    let group = this.buffer.takeForRetry(task, fromExpiredPool ? [Status.EXPIRED, Status.ABORTED] : [Status.ABORTED], this.#config.producer.takeOrder);
+    let group = this.buffer.takeForRetry(
+      task,
+      fromExpiredPool ? [Status.EXPIRED, Status.ABORTED] : [Status.ABORTED],
+      this.#config.producer.takeOrder,
+    );
     if (group !== null) {
       this.#counts.retried++;
       // Time an interrupted rollout waited (paused, then queued for a retry) counts as paused time.
       const now = Date.now();
-      for (const r of group.rollouts) if (r.status === Status.ABORTED && r.timings.finishedAt > 0) r.timings.pausedMs += now - r.timings.finishedAt;
-    }
-    else {
+      for (const r of group.rollouts)
+        if (r.status === Status.ABORTED && r.timings.finishedAt > 0) r.timings.pausedMs += now - r.timings.finishedAt;
+    } else {
       group = this.#samplers.get(task)!.draw();
       this.#counts.scheduled++;
     }
@@ -385,7 +415,8 @@ export class Producer implements ProduceContext {
     this.#inFlightByTask.set(sent.taskName, this.#inFlightByTask.get(sent.taskName)! - 1);
     group.status = groupStatus(group.rollouts);
     this.#counts.landed[group.status]++;
-    if (this.#config.producer.memoryBudgetBytes !== null) this.#meanGroupBytes = 0.9 * this.#meanGroupBytes + 0.1 * approxGroupBytes(group);
+    if (this.#config.producer.memoryBudgetBytes !== null)
+      this.#meanGroupBytes = 0.9 * this.#meanGroupBytes + 0.1 * approxGroupBytes(group);
     const task = group.taskName;
     // Only what this dispatch generated: a retried group's kept siblings and partial turns were counted when they landed.
     let tokens = 0;
@@ -424,7 +455,10 @@ export class Producer implements ProduceContext {
       if (last === undefined || turns.length <= (sent.rollouts[i]?.turns.length ?? 0)) continue;
       if (this.#reportedModelStep === null || last.modelStep > this.#reportedModelStep) {
         if (last.modelStep < this.#modelStep && (this.#reportedModelStep ?? -1) < last.modelStep) {
-          this.#log.warn({ served: last.modelStep, modelStep: this.#modelStep }, 'the inference servers report an older weight version than the engine resumed with: did the new weights load?');
+          this.#log.warn(
+            { served: last.modelStep, modelStep: this.#modelStep },
+            'the inference servers report an older weight version than the engine resumed with: did the new weights load?',
+          );
         }
         this.#reportedModelStep = last.modelStep;
       }
@@ -439,7 +473,12 @@ export class Producer implements ProduceContext {
   #expiry(trainStep = this.progress.nextConsumerStep): ExpiryPolicy {
     const p = this.#config.producer;
     const measuredAt = p.strategy === 'sync' ? this.servingModelStep + 1 : trainStep;
-    return { trainStep: measuredAt, threshold: this.#threshold, tokenThreshold: p.tokenStalenessThreshold, retryable: p.tailBatchTriggerSize >= 0 };
+    return {
+      trainStep: measuredAt,
+      threshold: this.#threshold,
+      tokenThreshold: p.tokenStalenessThreshold,
+      retryable: p.tailBatchTriggerSize >= 0,
+    };
   }
 
   // ── the consumer ──────────────────────────────────────────────────────────────────────────────
@@ -454,16 +493,30 @@ export class Producer implements ProduceContext {
     // passed (regression: it hung).
     const next = this.progress.nextConsumerStep;
     if (trainStep < next) {
-      const last = this.#lastBatch === null ? '' : `; the last batch handed out, step ${this.#lastBatch.trainStep}, is delivered again when asked for`;
-      throw new RolloutEngineError('ERR_TRAIN_STEP', `train step ${trainStep} is behind the consumer, which is at step ${next}: steps only go forward${last}`);
+      const last =
+        this.#lastBatch === null
+          ? ''
+          : `; the last batch handed out, step ${this.#lastBatch.trainStep}, is delivered again when asked for`;
+      throw new RolloutEngineError(
+        'ERR_TRAIN_STEP',
+        `train step ${trainStep} is behind the consumer, which is at step ${next}: steps only go forward${last}`,
+      );
     }
     // Checked before the consumer moves: a step far ahead would otherwise become the consumer's step,
     // and every real step after it (and after a restart from the checkpoint) be behind.
     const { maxSkippedSteps } = this.#config.producer;
     if (trainStep - next > maxSkippedSteps) {
-      throw new RolloutEngineError('ERR_TRAIN_STEP', `train step ${trainStep} is too far ahead of the consumer, which is at step ${next}: at most producer.maxSkippedSteps (${maxSkippedSteps}) steps may be skipped, so the step must be at most ${next + maxSkippedSteps}`);
+      throw new RolloutEngineError(
+        'ERR_TRAIN_STEP',
+        `train step ${trainStep} is too far ahead of the consumer, which is at step ${next}: at most producer.maxSkippedSteps (${maxSkippedSteps}) steps may be skipped, so the step must be at most ${next + maxSkippedSteps}`,
+      );
     }
-    const empty = (status: 'UPDATE_WEIGHT_AND_ABORT' | 'EXPIRED_BATCH'): Batch => ({ trainStep, status, groups: [], stats: null });
+    const empty = (status: 'UPDATE_WEIGHT_AND_ABORT' | 'EXPIRED_BATCH'): Batch => ({
+      trainStep,
+      status,
+      groups: [],
+      stats: null,
+    });
     if (this.#paused) return empty('UPDATE_WEIGHT_AND_ABORT');
     this.progress.beginConsume(trainStep);
     this.buffer.refresh(this.#expiry(trainStep));
@@ -471,7 +524,8 @@ export class Producer implements ProduceContext {
     const shares = this.progress.shares();
     const sync = this.#config.producer.strategy === 'sync';
     for (;;) {
-      if (this.#closed) throw new RolloutEngineError('ERR_ENGINE_STATE', 'the engine closed while a batch was being produced');
+      if (this.#closed)
+        throw new RolloutEngineError('ERR_ENGINE_STATE', 'the engine closed while a batch was being produced');
       const dispatched = this.#counts.scheduled + this.#counts.retried;
       if (sync) {
         const start = performance.now();
@@ -493,14 +547,19 @@ export class Producer implements ProduceContext {
       if (this.#paused) return empty('UPDATE_WEIGHT_AND_ABORT');
       // Nothing generated with these weights can be used at this step: the trainer must sync first.
       if (this.#modelTooStale(trainStep)) return empty('EXPIRED_BATCH');
-      const stalled = sync ? this.#counts.scheduled + this.#counts.retried === dispatched : this.#inFlight.size === 0 && !this.hasRoom();
+      const stalled = sync
+        ? this.#counts.scheduled + this.#counts.retried === dispatched
+        : this.#inFlight.size === 0 && !this.hasRoom();
       if (stalled) {
         const budget = this.#config.producer.memoryBudgetBytes;
         const why =
           budget !== null && !this.hasRoom()
             ? `producer.memoryBudgetBytes (${budget}) cannot hold one batch: the buffer holds ≈${Math.round(this.buffer.bytes)} bytes`
             : 'a shouldContinue hook that returns false too early?';
-        throw new RolloutEngineError('ERR_PRODUCTION_STALLED', `train step ${trainStep}: production stopped before the batch was complete (${why})`);
+        throw new RolloutEngineError(
+          'ERR_PRODUCTION_STALLED',
+          `train step ${trainStep}: production stopped before the batch was complete (${why})`,
+        );
       }
       if (!sync) await this.#landed.wait();
     }
@@ -533,7 +592,8 @@ export class Producer implements ProduceContext {
     // every token masked: those expired in the buffer, where the counts and the tail-batch trigger see them.
     for (const [task, share] of shares) {
       const groups = this.buffer.take(task, share, order);
-      if (tokenThreshold !== null) for (const group of groups) maskedTokens += applyTokenMask(group, maskedAt, tokenThreshold);
+      if (tokenThreshold !== null)
+        for (const group of groups) maskedTokens += applyTokenMask(group, maskedAt, tokenThreshold);
       chosen.set(task, groups);
     }
     const groups = [...chosen.values()].flat();
@@ -610,7 +670,9 @@ export class Producer implements ProduceContext {
       const start = performance.now();
       let statuses: ProduceStatus[];
       try {
-        statuses = await Promise.all([...this.progress.shares()].map(([task, share]) => this.#async.produce(this, task, share)));
+        statuses = await Promise.all(
+          [...this.progress.shares()].map(([task, share]) => this.#async.produce(this, task, share)),
+        );
       } catch (err) {
         // Too many failures: stop scheduling until a getBatch reports it and the counter is reset.
         this.#log.error({ err: (err as Error).message }, 'production stopped');
@@ -653,7 +715,8 @@ export class Producer implements ProduceContext {
     const groupsBefore = this.#inFlight.size;
     // The server abort does not wait for the workers' acks: from the store above no worker can send a
     // call (the send path reads the flag in the same tick), so the acks only measure, they gate nothing.
-    const serverAborting = mode === 'abort' && groupsBefore > 0 && this.#abortTargets.length > 0 ? this.#abortOnServers() : null;
+    const serverAborting =
+      mode === 'abort' && groupsBefore > 0 && this.#abortTargets.length > 0 ? this.#abortOnServers() : null;
     const workersAckedMs = await this.#control.waitForAcks(this.#pool.liveWorkers, Math.min(timeoutMs, 1_000), start);
     const workersStoppedMs = workersAckedMs === null ? null : this.#control.lastSendAfterMs(requestedUs);
     const serverAbort = serverAborting !== null && (await serverAborting);
@@ -683,7 +746,10 @@ export class Producer implements ProduceContext {
       }
       if (now >= deadline) {
         if (cancelled) break; // cancelled and waited another interval: report what is left, it lands later
-        this.#log.warn({ inFlight: this.#inFlight.size, timeoutMs }, 'pause timed out: cancelling in-flight inference client-side');
+        this.#log.warn(
+          { inFlight: this.#inFlight.size, timeoutMs },
+          'pause timed out: cancelling in-flight inference client-side',
+        );
         this.#control.cancel();
         cancelled = true;
         deadline = now + resignalIntervalMs;
@@ -728,10 +794,19 @@ export class Producer implements ProduceContext {
    */
   resume(modelStep: number, weightVersion: string | null = null): void {
     if (!Number.isInteger(modelStep) || modelStep < this.#modelStep || modelStep > 0x7fffffff) {
-      throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `modelStep must be an integer from the current model step ${this.#modelStep} to 2147483647 (got ${String(modelStep)})`);
+      throw new RolloutEngineError(
+        'ERR_INVALID_ARGUMENT',
+        `modelStep must be an integer from the current model step ${this.#modelStep} to 2147483647 (got ${String(modelStep)})`,
+      );
     }
-    if (weightVersion !== null && (typeof weightVersion !== 'string' || weightVersion === '' || weightVersion.length > MAX_WEIGHT_VERSION_LENGTH)) {
-      throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `weightVersion must be a non-empty string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters (got ${preview(weightVersion)})`);
+    if (
+      weightVersion !== null &&
+      (typeof weightVersion !== 'string' || weightVersion === '' || weightVersion.length > MAX_WEIGHT_VERSION_LENGTH)
+    ) {
+      throw new RolloutEngineError(
+        'ERR_INVALID_ARGUMENT',
+        `weightVersion must be a non-empty string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters (got ${preview(weightVersion)})`,
+      );
     }
     this.#modelStep = modelStep;
     this.#reportedModelStep = null; // learnt again from the first tokens the new weights generate
@@ -769,7 +844,8 @@ export class Producer implements ProduceContext {
     }
     Object.assign(this.#counts, structuredClone(snapshot.counts), { inFlight: 0 });
     const interrupted = snapshot.inFlight.map((group) => {
-      for (const r of group.rollouts) if (r.status === Status.INIT || r.status === Status.EXPIRED) resetToPrompt(r, Status.ABORTED);
+      for (const r of group.rollouts)
+        if (r.status === Status.INIT || r.status === Status.EXPIRED) resetToPrompt(r, Status.ABORTED);
       group.status = groupStatus(group.rollouts);
       return group;
     });

@@ -111,7 +111,12 @@ export class ProduceProgress implements ProgressState {
 
   /** The window's statistics, reset for the next batch. */
   takeWindow(): WindowStats {
-    const out: WindowStats = { meanReward: {}, producedSamples: { ...this.producedSamples }, producedTokens: { ...this.producedTokens }, produceMs: this.produceMs };
+    const out: WindowStats = {
+      meanReward: {},
+      producedSamples: { ...this.producedSamples },
+      producedTokens: { ...this.producedTokens },
+      produceMs: this.produceMs,
+    };
     for (const { name } of this.#tasks) {
       out.meanReward[name] = this.rewardCount[name] === 0 ? null : this.rewardSum[name] / this.rewardCount[name];
       this.rewardSum[name] = 0;

@@ -120,7 +120,8 @@ export class AsyncStrategy implements ProduceStrategy {
       const available = ctx.available(task);
       if (!this.#shouldContinue(available, target)) return 'NORMAL';
       // Over the memory budget it stops scheduling: the loop below waits for groups to land and be taken.
-      while (available + ctx.inFlight(task) < scheduled && !ctx.shouldAbort() && ctx.hasRoom() && !ctx.holding()) ctx.spawn(task, fromExpiredPool);
+      while (available + ctx.inFlight(task) < scheduled && !ctx.shouldAbort() && ctx.hasRoom() && !ctx.holding())
+        ctx.spawn(task, fromExpiredPool);
       if (ctx.inFlight(task) === 0 && !ctx.holding()) return 'NORMAL';
       await ctx.landed();
     }

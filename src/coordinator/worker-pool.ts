@@ -24,7 +24,13 @@ import { projectModuleUrl } from '../paths.ts';
 import { decodeMessage, encodeMessage } from '../protocol/codec.ts';
 import { EnvWatch, type Culprit } from '../protocol/env-watch.ts';
 import { describeError, RolloutEngineError } from '../protocol/errors.ts';
-import { isWorkerRegistration, PROTOCOL_VERSION, type TaskBox, type WorkerControl, type WorkerStats } from '../protocol/messages.ts';
+import {
+  isWorkerRegistration,
+  PROTOCOL_VERSION,
+  type TaskBox,
+  type WorkerControl,
+  type WorkerStats,
+} from '../protocol/messages.ts';
 import { restoreKeptTurns } from '../protocol/result-delta.ts';
 import { fillModelSteps, Status, type RolloutGroup } from '../protocol/rollout.ts';
 import type { PromptLine, TaskCheck, WorkerEnvSettings, WorkerInit } from '../rollout/worker-runtime.ts';
@@ -94,7 +100,14 @@ export class PiscinaWorkerPool implements WorkerPool {
     const threads = config.workers.threads;
     this.#envWatch = new EnvWatch(threads);
     this.#deathRetries = config.workers.deathRetries;
-    const init = workerInit(config, options.llmUrls, options.control, options.gatewayUrl ?? null, options.servers ?? [], this.#envWatch.block);
+    const init = workerInit(
+      config,
+      options.llmUrls,
+      options.control,
+      options.gatewayUrl ?? null,
+      options.servers ?? [],
+      this.#envWatch.block,
+    );
     this.#pool = new Piscina({
       filename: (options.workerUrl ?? projectModuleUrl('workers/episode-worker')).href,
       // Fixed size, never idled out: a worker holds keep-alive connections and loaded environments.
@@ -105,7 +118,9 @@ export class PiscinaWorkerPool implements WorkerPool {
       atomics: 'disabled',
       concurrentTasksPerWorker: config.workers.groupsPerWorker,
       workerData: init,
-      ...(config.workers.maxOldGenerationSizeMb !== null ? { resourceLimits: { maxOldGenerationSizeMb: config.workers.maxOldGenerationSizeMb } } : {}),
+      ...(config.workers.maxOldGenerationSizeMb !== null
+        ? { resourceLimits: { maxOldGenerationSizeMb: config.workers.maxOldGenerationSizeMb } }
+        : {}),
     });
     this.#pool.on('message', (message: unknown) => {
       if (!isWorkerRegistration(message)) return;
@@ -138,13 +153,24 @@ export class PiscinaWorkerPool implements WorkerPool {
   async runGroup(group: RolloutGroup, modelStep: number): Promise<RolloutGroup> {
     if (this.#broken !== null) return failedGroup(group, this.#broken);
     const dispatch = this.#envWatch.nextDispatch();
-    const bytes = encodeMessage({ v: PROTOCOL_VERSION, type: 'run-group', group, modelStep, enqueuedAt: Date.now(), dispatch });
+    const bytes = encodeMessage({
+      v: PROTOCOL_VERSION,
+      type: 'run-group',
+      group,
+      modelStep,
+      enqueuedAt: Date.now(),
+      dispatch,
+    });
     let resultBytes: Uint8Array;
     try {
       const box: TaskBox = { bytes };
-      resultBytes = (await Promise.race([this.#pool.run(box, { transferList: [bytes.buffer as ArrayBuffer] }), this.#brokenPromise])) as Uint8Array;
+      resultBytes = (await Promise.race([
+        this.#pool.run(box, { transferList: [bytes.buffer as ArrayBuffer] }),
+        this.#brokenPromise,
+      ])) as Uint8Array;
     } catch (err) {
-      const kill = this.#lastKill !== null && Date.now() - this.#lastKill.at < 5_000 ? ` (${this.#lastKill.reason})` : '';
+      const kill =
+        this.#lastKill !== null && Date.now() - this.#lastKill.at < 5_000 ? ` (${this.#lastKill.reason})` : '';
       const reason = `worker failed while running the group: ${describeError(err)}${kill}`;
       this.#lastTaskError = describeError(err);
       if (this.#broken !== null || this.#closed) return failedGroup(group, reason);
@@ -167,27 +193,43 @@ export class PiscinaWorkerPool implements WorkerPool {
    */
   #lostWithWorker(group: RolloutGroup, dispatch: number, reason: string): RolloutGroup {
     // piscina removes a dead worker from its threads before it rejects the worker's tasks.
-    for (const [d, culprit] of this.#envWatch.sweep(new Set(this.#pool.threads.map((w) => w.threadId)))) this.#culprits.set(d, culprit);
+    for (const [d, culprit] of this.#envWatch.sweep(new Set(this.#pool.threads.map((w) => w.threadId))))
+      this.#culprits.set(d, culprit);
     const culprit = this.#culprits.get(dispatch);
     this.#culprits.delete(dispatch);
     if (culprit !== undefined) {
       this.#deaths.delete(group.id);
-      const where = culprit.call === 'beforeInference' || culprit.call === 'onEpisodeEnd' ? `hook ${culprit.call}()` : `environment ${culprit.call}()`;
-      return failedGroup(group, `${reason}; rollout ${group.rollouts[culprit.rollout]?.id ?? culprit.rollout} was in its ${where} when the worker died`);
+      const where =
+        culprit.call === 'beforeInference' || culprit.call === 'onEpisodeEnd'
+          ? `hook ${culprit.call}()`
+          : `environment ${culprit.call}()`;
+      return failedGroup(
+        group,
+        `${reason}; rollout ${group.rollouts[culprit.rollout]?.id ?? culprit.rollout} was in its ${where} when the worker died`,
+      );
     }
     const deaths = (this.#deaths.get(group.id) ?? 0) + 1;
     if (deaths > this.#deathRetries) {
       this.#deaths.delete(group.id);
-      return failedGroup(group, `${reason}; its worker died ${deaths} times while running it, never inside its environment (workers.deathRetries = ${this.#deathRetries})`);
+      return failedGroup(
+        group,
+        `${reason}; its worker died ${deaths} times while running it, never inside its environment (workers.deathRetries = ${this.#deathRetries})`,
+      );
     }
     this.#deaths.set(group.id, deaths);
-    return abortedGroup(group, `${reason}; no rollout of the group was in its environment: sent again (death ${deaths}, workers.deathRetries = ${this.#deathRetries})`);
+    return abortedGroup(
+      group,
+      `${reason}; no rollout of the group was in its environment: sent again (death ${deaths}, workers.deathRetries = ${this.#deathRetries})`,
+    );
   }
 
   async checkTask(task: string, prompts: PromptLine[]): Promise<TaskCheck> {
     if (this.#broken !== null) throw new RolloutEngineError('ERR_WORKER', this.#broken);
     // Raced with the pool breaking: a module that kills its worker on import leaves no worker to answer.
-    return (await Promise.race([this.#pool.run({ task, prompts }, { name: 'checkTask' }), this.#brokenPromise])) as TaskCheck;
+    return (await Promise.race([
+      this.#pool.run({ task, prompts }, { name: 'checkTask' }),
+      this.#brokenPromise,
+    ])) as TaskCheck;
   }
 
   get liveWorkers(): number {
@@ -247,8 +289,16 @@ const FLUSH_DEADLINE_MS = 10_000;
 /** What every worker is started with (workerData): resolved once from the config. */
 function workerEnv(env: TaskConfig['env']): WorkerEnvSettings | null {
   if (env === null) return null;
-  if (env.http !== undefined) return { kind: 'http', http: { ...env.http }, poolSize: env.poolSize, timeoutMs: env.timeoutMs };
-  return { kind: 'module', moduleUrl: env.moduleUrl!, exportName: env.export, params: env.params, poolSize: env.poolSize, timeoutMs: env.timeoutMs };
+  if (env.http !== undefined)
+    return { kind: 'http', http: { ...env.http }, poolSize: env.poolSize, timeoutMs: env.timeoutMs };
+  return {
+    kind: 'module',
+    moduleUrl: env.moduleUrl!,
+    exportName: env.export,
+    params: env.params,
+    poolSize: env.poolSize,
+    timeoutMs: env.timeoutMs,
+  };
 }
 
 export function workerInit(
@@ -269,7 +319,10 @@ export function workerInit(
     prettyLogs: wantsPrettyLogs(),
     gatewayUrl,
     recordsDir: config.runDir !== null && config.recordSteps ? join(config.runDir, 'steps') : null,
-    firstWave: Math.min(config.workers.groupsPerWorker * Math.max(...config.tasks.map((t) => t.groupSize)), config.workers.rolloutsPerWorker ?? Infinity),
+    firstWave: Math.min(
+      config.workers.groupsPerWorker * Math.max(...config.tasks.map((t) => t.groupSize)),
+      config.workers.rolloutsPerWorker ?? Infinity,
+    ),
     rolloutsPerWorker: config.workers.rolloutsPerWorker,
     llm: {
       client: {
@@ -293,7 +346,15 @@ export function workerInit(
       tokenizer: llm.api === 'tokens' ? llm.tokenizer : null,
       default: { urls: llmUrls, model: llm.model, temperature: null, maxTokens: null },
       policies: Object.fromEntries(
-        Object.entries(llm.policies).map(([agent, p]) => [agent, { urls: urls(p.url), model: p.model ?? llm.model, temperature: p.temperature ?? null, maxTokens: p.maxTokens ?? null }]),
+        Object.entries(llm.policies).map(([agent, p]) => [
+          agent,
+          {
+            urls: urls(p.url),
+            model: p.model ?? llm.model,
+            temperature: p.temperature ?? null,
+            maxTokens: p.maxTokens ?? null,
+          },
+        ]),
       ),
       maxConcurrency: llm.maxConcurrency,
       startupJitterMs: llm.startupJitterMs,

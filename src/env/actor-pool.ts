@@ -98,16 +98,21 @@ class Pool implements ActorPool {
   #prewarming: Promise<void> | null = null;
 
   constructor(options: ActorPoolOptions) {
-    if (!Number.isInteger(options.size) || options.size < 1) throw new RangeError(`actor pool size must be a positive integer (got ${options.size})`);
+    if (!Number.isInteger(options.size) || options.size < 1)
+      throw new RangeError(`actor pool size must be a positive integer (got ${options.size})`);
     const max = options.maxEpisodes ?? null;
-    if (max !== null && (!Number.isInteger(max) || max < 0)) throw new RangeError(`actor pool maxEpisodes must be an integer >= 0 or null (got ${max})`);
+    if (max !== null && (!Number.isInteger(max) || max < 0))
+      throw new RangeError(`actor pool maxEpisodes must be an integer >= 0 or null (got ${max})`);
     this.size = options.size;
     this.#create = options.create;
     this.#maxEpisodes = max;
     this.#prewarm = options.prewarm;
     this.#onCloseError = options.onCloseError;
     this.#timeoutMs = options.timeoutMs ?? null;
-    this.#timedOut = options.timedOut ?? (() => new RolloutEngineError('ERR_ENV_TIMEOUT', `environment close() did not settle within ${this.#timeoutMs} ms`));
+    this.#timedOut =
+      options.timedOut ??
+      (() =>
+        new RolloutEngineError('ERR_ENV_TIMEOUT', `environment close() did not settle within ${this.#timeoutMs} ms`));
   }
 
   get busy(): number {
@@ -145,11 +150,17 @@ class Pool implements ActorPool {
   }
 
   async done(env: Environment, failed: boolean): Promise<void> {
-    if (!this.#out.delete(env)) throw new RolloutEngineError('ERR_ACTOR_POOL_MISUSE', 'actor pool: done() called for an actor that is not out (called twice, or the actor came from another pool)');
+    if (!this.#out.delete(env))
+      throw new RolloutEngineError(
+        'ERR_ACTOR_POOL_MISUSE',
+        'actor pool: done() called for an actor that is not out (called twice, or the actor came from another pool)',
+      );
     let recycle = failed;
     try {
       const closing = env.close?.();
-      await (this.#timeoutMs === null ? closing : settleWithin(closing, { timeoutMs: this.#timeoutMs, timedOut: this.#timedOut }));
+      await (this.#timeoutMs === null
+        ? closing
+        : settleWithin(closing, { timeoutMs: this.#timeoutMs, timedOut: this.#timedOut }));
     } catch (err) {
       recycle = true;
       this.#onCloseError?.(err, env);
@@ -230,5 +241,7 @@ class Pool implements ActorPool {
 
 function abortedError(signal: AbortSignal): RolloutEngineError {
   const reason = signal.reason instanceof Error ? signal.reason.message : String(signal.reason ?? 'aborted');
-  return new RolloutEngineError('ERR_ACTOR_POOL_ABORTED', `waiting for an environment actor was cancelled: ${reason}`, { cause: signal.reason });
+  return new RolloutEngineError('ERR_ACTOR_POOL_ABORTED', `waiting for an environment actor was cancelled: ${reason}`, {
+    cause: signal.reason,
+  });
 }

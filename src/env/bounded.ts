@@ -57,8 +57,17 @@ export function settleWithin<T>(value: MaybePromise<T>, bound: Bound): MaybeProm
 }
 
 /** The error of a call that did not settle in time, naming the option that bounds it. */
-export function timeoutError(code: Extract<EnvErrorCode, 'ERR_ENV_TIMEOUT' | 'ERR_HOOK_TIMEOUT'>, taskName: string, call: string, timeoutMs: number, consequence: string): EnvError {
-  return new EnvError(code, `task ${JSON.stringify(taskName)}: ${call} did not settle within ${timeoutMs} ms (tasks[].env.timeoutMs); ${consequence}`);
+export function timeoutError(
+  code: Extract<EnvErrorCode, 'ERR_ENV_TIMEOUT' | 'ERR_HOOK_TIMEOUT'>,
+  taskName: string,
+  call: string,
+  timeoutMs: number,
+  consequence: string,
+): EnvError {
+  return new EnvError(
+    code,
+    `task ${JSON.stringify(taskName)}: ${call} did not settle within ${timeoutMs} ms (tasks[].env.timeoutMs); ${consequence}`,
+  );
 }
 
 function isThenable<T>(value: MaybePromise<T>): value is Promise<T> {

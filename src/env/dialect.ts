@@ -18,19 +18,34 @@ export interface DialectConflict {
   value: unknown;
 }
 
-export function dialectConflicts(dialect: EnvDialect, options: { dedupeSteps?: boolean; params?: EnvParams }): DialectConflict[] {
+export function dialectConflicts(
+  dialect: EnvDialect,
+  options: { dedupeSteps?: boolean; params?: EnvParams },
+): DialectConflict[] {
   const conflicts: DialectConflict[] = [];
   const params = options.params ?? {};
   if (dialect === 'safactory') {
     if (options.dedupeSteps === true) {
-      conflicts.push({ option: 'dedupeSteps', value: true, why: 'a Safactory server applies every step it receives (its step route takes no step index), so it cannot deduplicate steps' });
+      conflicts.push({
+        option: 'dedupeSteps',
+        value: true,
+        why: 'a Safactory server applies every step it receives (its step route takes no step index), so it cannot deduplicate steps',
+      });
     }
     if (Object.hasOwn(params, 'dataset')) {
-      conflicts.push({ option: 'params.dataset', value: params.dataset, why: 'Safactory\'s env_param carries the dataset line under "dataset", which would replace this one' });
+      conflicts.push({
+        option: 'params.dataset',
+        value: params.dataset,
+        why: 'Safactory\'s env_param carries the dataset line under "dataset", which would replace this one',
+      });
     }
   } else if (Object.keys(params).length > 0) {
     // Sending them anyway would be silently ignored: the server builds its environments from its own.
-    conflicts.push({ option: 'params', value: params, why: 'a rollout env-server takes no params from the engine (its environments get theirs from the server: rollout env-server --params)' });
+    conflicts.push({
+      option: 'params',
+      value: params,
+      why: 'a rollout env-server takes no params from the engine (its environments get theirs from the server: rollout env-server --params)',
+    });
   }
   return conflicts;
 }

@@ -39,7 +39,15 @@ import { ConfigError, preview, serverMessage } from '../protocol/errors.ts';
 import { dialectConflicts, ENV_DIALECTS, formatConflict, type EnvDialect, type EnvDialectSetting } from './dialect.ts';
 import { EnvError } from './errors.ts';
 import { checkAgentPrompts, checkStepResult, EnvReplyError } from './replies.ts';
-import type { AgentActions, AgentPrompts, Environment, EnvParams, ResetOptions, ResetResult, StepResult } from './types.ts';
+import type {
+  AgentActions,
+  AgentPrompts,
+  Environment,
+  EnvParams,
+  ResetOptions,
+  ResetResult,
+  StepResult,
+} from './types.ts';
 import type { ChatMessage } from '../protocol/rollout.ts';
 
 export interface HttpEnvOptions {
@@ -114,7 +122,15 @@ const MAX_CONNECT_TIMEOUT_MS = 10_000;
  * safe to retry. (ECONNRESET / "other side closed" are NOT here: on a reused keep-alive connection
  * they can happen after the server read the request.)
  */
-const NOT_SENT_CODES = new Set(['ECONNREFUSED', 'UND_ERR_CONNECT_TIMEOUT', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL']);
+const NOT_SENT_CODES = new Set([
+  'ECONNREFUSED',
+  'UND_ERR_CONNECT_TIMEOUT',
+  'ENOTFOUND',
+  'EAI_AGAIN',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'EADDRNOTAVAIL',
+]);
 const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT']);
 
 interface Endpoint {
@@ -140,7 +156,10 @@ interface SafactoryInstance {
  * A GET /envs reply: names (rollout), live instances (Safactory), or an empty list, which either
  * could send: a Safactory server before its first reset, or a rollout server serving nothing.
  */
-type EnvListing = { kind: 'names'; names: string[]; dedupesSteps: boolean } | { kind: 'instances'; instances: SafactoryInstance[] } | { kind: 'empty' };
+type EnvListing =
+  | { kind: 'names'; names: string[]; dedupesSteps: boolean }
+  | { kind: 'instances'; instances: SafactoryInstance[] }
+  | { kind: 'empty' };
 
 /**
  * How an attempt failed decides what may happen next:
@@ -207,7 +226,11 @@ class HttpEnvClient implements HttpEnvironments {
   }
 
   create(): HttpEnvironment {
-    if (this.#closing.signal.aborted) throw new EnvError('ERR_ENV_CLOSED', `environment client for ${JSON.stringify(this.#options.name)} is closed: no new actors`);
+    if (this.#closing.signal.aborted)
+      throw new EnvError(
+        'ERR_ENV_CLOSED',
+        `environment client for ${JSON.stringify(this.#options.name)} is closed: no new actors`,
+      );
     const endpoint = this.#pick();
     endpoint.live += 1;
     const id = `${this.#idPrefix}-${++this.#counter}`;
@@ -251,7 +274,10 @@ class HttpEnvClient implements HttpEnvironments {
       this.#endpoints.map(async (endpoint) => {
         const listing = await this.#listOn(endpoint);
         if (this.#dialectFor(endpoint, listing) === 'safactory') {
-          throw new EnvError('ERR_ENV_HTTP', `env server ${endpoint.url} speaks Safactory's protocol: its GET /envs lists live instances, not the environments it serves`);
+          throw new EnvError(
+            'ERR_ENV_HTTP',
+            `env server ${endpoint.url} speaks Safactory's protocol: its GET /envs lists live instances, not the environments it serves`,
+          );
         }
         return listing.kind === 'names' ? listing.names : [];
       }),
@@ -324,10 +350,15 @@ class HttpEnvClient implements HttpEnvironments {
       }
       if (attempt >= attempts) {
         if (attempts === 1) throw error;
-        throw new EnvError(error.code, `${error.message} (gave up after ${attempts} attempts)`, { status: error.status, cause: error.cause ?? error });
+        throw new EnvError(error.code, `${error.message} (gave up after ${attempts} attempts)`, {
+          status: error.status,
+          cause: error.cause ?? error,
+        });
       }
       try {
-        await sleep(retryBackoffMs * 2 ** (attempt - 1), undefined, { signal: spec.method === 'DELETE' ? undefined : this.#closing.signal });
+        await sleep(retryBackoffMs * 2 ** (attempt - 1), undefined, {
+          signal: spec.method === 'DELETE' ? undefined : this.#closing.signal,
+        });
       } catch {
         throw this.#closedError(endpoint, spec);
       }
@@ -338,24 +369,39 @@ class HttpEnvClient implements HttpEnvironments {
     const url = `${endpoint.url}${spec.path}`;
     const label = `${spec.method} ${url}`;
     // A DELETE may run while close() waits for it; everything else stops at close().
-    if (this.#closing.signal.aborted && spec.method !== 'DELETE') return { ok: false, kind: 'final', error: this.#closedError(endpoint, spec) };
+    if (this.#closing.signal.aborted && spec.method !== 'DELETE')
+      return { ok: false, kind: 'final', error: this.#closedError(endpoint, spec) };
     const timeout = AbortSignal.timeout(this.#options.timeoutMs);
     const signal = spec.method === 'DELETE' ? timeout : AbortSignal.any([timeout, this.#closing.signal]);
     const failed = (err: unknown): Attempt => {
-      if (this.#closing.signal.aborted && spec.method !== 'DELETE') return { ok: false, kind: 'final', error: this.#closedError(endpoint, spec, err) };
+      if (this.#closing.signal.aborted && spec.method !== 'DELETE')
+        return { ok: false, kind: 'final', error: this.#closedError(endpoint, spec, err) };
       if (err instanceof EnvError) return { ok: false, kind: 'final', error: err };
       const code = (err as { code?: unknown }).code;
       // The pool was destroyed under us (a DELETE started after close() finished): nothing left to retry on.
-      if (code === 'UND_ERR_DESTROYED' || code === 'UND_ERR_CLOSED') return { ok: false, kind: 'final', error: this.#closedError(endpoint, spec, err) };
+      if (code === 'UND_ERR_DESTROYED' || code === 'UND_ERR_CLOSED')
+        return { ok: false, kind: 'final', error: this.#closedError(endpoint, spec, err) };
       if (timeout.aborted || (typeof code === 'string' && TIMEOUT_CODES.has(code))) {
-        return { ok: false, kind: 'maybe-applied', error: new EnvError('ERR_ENV_TIMEOUT', `${label} (${spec.what}) timed out after ${this.#options.timeoutMs} ms`, { cause: err }) };
+        return {
+          ok: false,
+          kind: 'maybe-applied',
+          error: new EnvError(
+            'ERR_ENV_TIMEOUT',
+            `${label} (${spec.what}) timed out after ${this.#options.timeoutMs} ms`,
+            { cause: err },
+          ),
+        };
       }
       const detail = `${typeof code === 'string' ? `${code} ` : ''}${(err as Error)?.message ?? String(err)}`;
       const notSent = typeof code === 'string' && NOT_SENT_CODES.has(code);
       return {
         ok: false,
         kind: notSent ? 'not-sent' : 'maybe-applied',
-        error: new EnvError('ERR_ENV_UNREACHABLE', `${label} (${spec.what}) failed: env server ${endpoint.url} unreachable: ${detail}`, { cause: err }),
+        error: new EnvError(
+          'ERR_ENV_UNREACHABLE',
+          `${label} (${spec.what}) failed: env server ${endpoint.url} unreachable: ${detail}`,
+          { cause: err },
+        ),
       };
     };
 
@@ -370,18 +416,32 @@ class HttpEnvClient implements HttpEnvironments {
         signal,
       });
       statusCode = response.statusCode;
-      text = await readLimited(response.body, response.headers['content-length'], this.#options.maxResponseBytes, `${label} (${spec.what})`);
+      text = await readLimited(
+        response.body,
+        response.headers['content-length'],
+        this.#options.maxResponseBytes,
+        `${label} (${spec.what})`,
+      );
     } catch (err) {
       return failed(err);
     }
     if (statusCode >= 200 && statusCode < 300) return { ok: true, body: text };
-    const error = new EnvError('ERR_ENV_HTTP', `${label} (${spec.what}) answered ${statusCode}: ${serverMessage(text, 300)}`, { status: statusCode });
+    const error = new EnvError(
+      'ERR_ENV_HTTP',
+      `${label} (${spec.what}) answered ${statusCode}: ${serverMessage(text, 300)}`,
+      { status: statusCode },
+    );
     return { ok: false, kind: statusCode >= 500 ? 'maybe-applied' : 'final', error };
   }
 
   async #listOn(endpoint: Endpoint): Promise<EnvListing> {
     const label = `GET ${endpoint.url}/envs`;
-    const text = await this.call(endpoint, { method: 'GET', path: '/envs', what: 'list environments', idempotent: true });
+    const text = await this.call(endpoint, {
+      method: 'GET',
+      path: '/envs',
+      what: 'list environments',
+      idempotent: true,
+    });
     const json = parseJson(text, label);
     const list = Array.isArray(json) ? json : (json as { envs?: unknown } | null)?.envs;
     if (!Array.isArray(list)) throw badReply(label, 'reply', json, 'an array of names or {"envs": [...]}');
@@ -393,7 +453,8 @@ class HttpEnvClient implements HttpEnvironments {
         instances: list.map((entry, i) => {
           const { envname, id, state } = (entry ?? {}) as Record<string, unknown>;
           const expected = 'a Safactory instance {"envname": string, "id": string, "state": string}';
-          if (typeof entry !== 'object' || entry === null || Array.isArray(entry)) throw badReply(label, `envs[${i}]`, entry, expected);
+          if (typeof entry !== 'object' || entry === null || Array.isArray(entry))
+            throw badReply(label, `envs[${i}]`, entry, expected);
           if (typeof envname !== 'string') throw badReply(label, `envs[${i}].envname`, envname, 'a string');
           if (typeof id !== 'string') throw badReply(label, `envs[${i}].id`, id, 'a string');
           if (typeof state !== 'string') throw badReply(label, `envs[${i}].state`, state, 'a string');
@@ -408,7 +469,8 @@ class HttpEnvClient implements HttpEnvironments {
       dedupesSteps: (json as { dedupes_steps?: unknown } | null)?.dedupes_steps === true,
       names: list.map((entry, i) => {
         const name = typeof entry === 'string' ? entry : (entry as { name?: unknown } | null)?.name;
-        if (typeof name !== 'string') throw badReply(label, `envs[${i}]`, entry, 'a name (string) or {"name": string}, like the entries before it');
+        if (typeof name !== 'string')
+          throw badReply(label, `envs[${i}]`, entry, 'a name (string) or {"name": string}, like the entries before it');
         return name;
       }),
     };
@@ -422,12 +484,18 @@ class HttpEnvClient implements HttpEnvironments {
     const configured = this.#options.dialect ?? 'rollout';
     // An empty list is a rollout server's only when one was configured: a rollout server that serves
     // nothing cannot serve the environment either, while a fresh Safactory server always lists nothing.
-    const shown: EnvDialect = listing.kind === 'names' || (listing.kind === 'empty' && configured === 'rollout') ? 'rollout' : 'safactory';
+    const shown: EnvDialect =
+      listing.kind === 'names' || (listing.kind === 'empty' && configured === 'rollout') ? 'rollout' : 'safactory';
     if (configured !== 'auto' && configured !== shown) {
-      const what = shown === 'rollout' ? 'environment names (rollout env-server\'s protocol)' : 'live instances (Safactory\'s protocol)';
-      throw new ConfigError([`http env: dialect: env server ${endpoint.url} lists ${what} on GET /envs, so it does not speak ${JSON.stringify(configured)}; set "${shown}" or "auto" (got ${JSON.stringify(configured)})`]);
+      const what =
+        shown === 'rollout'
+          ? "environment names (rollout env-server's protocol)"
+          : "live instances (Safactory's protocol)";
+      throw new ConfigError([
+        `http env: dialect: env server ${endpoint.url} lists ${what} on GET /envs, so it does not speak ${JSON.stringify(configured)}; set "${shown}" or "auto" (got ${JSON.stringify(configured)})`,
+      ]);
     }
-    const told = `env server ${endpoint.url} lists ${shown === 'rollout' ? 'environment names on GET /envs (rollout env-server\'s protocol)' : 'live instances on GET /envs (Safactory\'s protocol)'}; `;
+    const told = `env server ${endpoint.url} lists ${shown === 'rollout' ? "environment names on GET /envs (rollout env-server's protocol)" : "live instances on GET /envs (Safactory's protocol)"}; `;
     const conflicts = dialectConflicts(shown, this.#options);
     if (conflicts.length > 0) throw new ConfigError(conflicts.map((c) => `http env: ${formatConflict(c, told)}`));
     return shown;
@@ -443,19 +511,38 @@ class HttpEnvClient implements HttpEnvironments {
     const name = this.#options.name;
     const base = `/${encodeURIComponent(name)}/${encodeURIComponent(`${this.#idPrefix}-probe`)}`;
     try {
-      await this.call(endpoint, { method: 'POST', path: `${base}/reset`, body: JSON.stringify({ env_param: [] }), what: `check that environment ${JSON.stringify(name)} is served`, idempotent: true });
+      await this.call(endpoint, {
+        method: 'POST',
+        path: `${base}/reset`,
+        body: JSON.stringify({ env_param: [] }),
+        what: `check that environment ${JSON.stringify(name)} is served`,
+        idempotent: true,
+      });
     } catch (err) {
       if (!(err instanceof EnvError) || err.status === null || err.status >= 500) throw err;
       if (err.status === 404 || (err.status === 400 && /Unknown envname/i.test(err.message))) {
-        throw new EnvError('ERR_ENV_HTTP', `env server ${endpoint.url} does not serve environment ${JSON.stringify(name)} (${err.message})`, { status: err.status, cause: err });
+        throw new EnvError(
+          'ERR_ENV_HTTP',
+          `env server ${endpoint.url} does not serve environment ${JSON.stringify(name)} (${err.message})`,
+          { status: err.status, cause: err },
+        );
       }
       return;
     }
-    await this.call(endpoint, { method: 'DELETE', path: base, what: `delete of the probe for ${JSON.stringify(name)}`, idempotent: true });
+    await this.call(endpoint, {
+      method: 'DELETE',
+      path: base,
+      what: `delete of the probe for ${JSON.stringify(name)}`,
+      idempotent: true,
+    });
   }
 
   #closedError(endpoint: Endpoint, spec: CallSpec, cause?: unknown): EnvError {
-    return new EnvError('ERR_ENV_CLOSED', `${spec.method} ${endpoint.url}${spec.path} (${spec.what}) cancelled: the environment client was closed`, { cause });
+    return new EnvError(
+      'ERR_ENV_CLOSED',
+      `${spec.method} ${endpoint.url}${spec.path} (${spec.what}) cancelled: the environment client was closed`,
+      { cause },
+    );
   }
 
   /** Least busy endpoint; among equals, the first at or after the round-robin cursor. */
@@ -508,7 +595,12 @@ class HttpActor implements HttpEnvironment {
       const serialized = JSON.stringify(envParam);
       if (this.#lastEnvParam !== null && this.#lastEnvParam !== serialized) {
         // Safactory would reset the instance made from the old env_param and ignore the new one: make it anew.
-        await this.#client.call(this.#endpoint, { method: 'DELETE', path: this.#base, what: `delete of env ${JSON.stringify(this.id)} before a reset with other params`, idempotent: true });
+        await this.#client.call(this.#endpoint, {
+          method: 'DELETE',
+          path: this.#base,
+          what: `delete of env ${JSON.stringify(this.id)} before a reset with other params`,
+          idempotent: true,
+        });
       }
       this.#lastEnvParam = serialized;
     }
@@ -521,9 +613,11 @@ class HttpActor implements HttpEnvironment {
       idempotent: true,
     });
     const json = parseJson(text, label);
-    if (typeof json !== 'object' || json === null || Array.isArray(json)) throw badReply(label, 'reset()', json, 'an object {observation, info}');
+    if (typeof json !== 'object' || json === null || Array.isArray(json))
+      throw badReply(label, 'reset()', json, 'an object {observation, info}');
     const { observation, info } = json as { observation?: unknown; info?: unknown };
-    if (info !== undefined && info !== null && (typeof info !== 'object' || Array.isArray(info))) throw badReply(label, 'reset().info', info, 'an object');
+    if (info !== undefined && info !== null && (typeof info !== 'object' || Array.isArray(info)))
+      throw badReply(label, 'reset().info', info, 'an object');
     return { observation, info: (info ?? undefined) as ResetResult['info'] };
   }
 
@@ -562,11 +656,20 @@ class HttpActor implements HttpEnvironment {
 
   async #delete(): Promise<void> {
     const done = this.#client
-      .call(this.#endpoint, { method: 'DELETE', path: this.#base, what: `delete of env ${JSON.stringify(this.id)}`, idempotent: true })
+      .call(this.#endpoint, {
+        method: 'DELETE',
+        path: this.#base,
+        what: `delete of env ${JSON.stringify(this.id)}`,
+        idempotent: true,
+      })
       .then(
         () => undefined,
         // The episode's outcome is already decided: a failed delete only leaks an instance on the server.
-        (err: unknown) => this.#client.warn({ env: this.#client.options.name, id: this.id, url: this.#endpoint.url, err: (err as Error).message }, 'env DELETE failed (ignored)'),
+        (err: unknown) =>
+          this.#client.warn(
+            { env: this.#client.options.name, id: this.id, url: this.#endpoint.url, err: (err as Error).message },
+            'env DELETE failed (ignored)',
+          ),
       )
       .finally(() => this.#client.released(this.#endpoint));
     this.#client.trackDelete(done);
@@ -575,7 +678,12 @@ class HttpActor implements HttpEnvironment {
 }
 
 /** Reads a body, counting bytes as they arrive, and stops (destroying the stream) past `limit`. */
-async function readLimited(body: AsyncIterable<Buffer> & { destroy(err?: Error): unknown; once(event: 'error', fn: () => void): unknown }, contentLength: string | string[] | undefined, limit: number, label: string): Promise<string> {
+async function readLimited(
+  body: AsyncIterable<Buffer> & { destroy(err?: Error): unknown; once(event: 'error', fn: () => void): unknown },
+  contentLength: string | string[] | undefined,
+  limit: number,
+  label: string,
+): Promise<string> {
   const tooLarge = (size: string) =>
     new EnvError('ERR_ENV_TOO_LARGE', `${label}: reply is larger than maxResponseBytes = ${limit} bytes (${size})`);
   const declared = Number(Array.isArray(contentLength) ? contentLength[0] : contentLength);
@@ -601,7 +709,10 @@ function parseJson(text: string, label: string): unknown {
   try {
     return JSON.parse(text);
   } catch {
-    throw new EnvError('ERR_ENV_BAD_REPLY', `${label}: reply is not JSON (got ${JSON.stringify(text.length > 80 ? `${text.slice(0, 77)}...` : text)})`);
+    throw new EnvError(
+      'ERR_ENV_BAD_REPLY',
+      `${label}: reply is not JSON (got ${JSON.stringify(text.length > 80 ? `${text.slice(0, 77)}...` : text)})`,
+    );
   }
 }
 
@@ -610,7 +721,8 @@ function withLabel<T>(label: string, check: () => T): T {
   try {
     return check();
   } catch (err) {
-    if (err instanceof EnvReplyError) throw new EnvError('ERR_ENV_BAD_REPLY', `${label}: ${err.message}`, { cause: err });
+    if (err instanceof EnvReplyError)
+      throw new EnvError('ERR_ENV_BAD_REPLY', `${label}: ${err.message}`, { cause: err });
     throw err;
   }
 }
@@ -621,7 +733,8 @@ function badReply(label: string, field: string, value: unknown, expected: string
 
 function checkOptions(options: HttpEnvOptions): void {
   const problems: string[] = [];
-  if (!Array.isArray(options.urls) || options.urls.length === 0) problems.push(`urls: must list at least one env server URL (got ${preview(options.urls)})`);
+  if (!Array.isArray(options.urls) || options.urls.length === 0)
+    problems.push(`urls: must list at least one env server URL (got ${preview(options.urls)})`);
   else {
     options.urls.forEach((raw, i) => {
       let url: URL | null = null;
@@ -630,26 +743,43 @@ function checkOptions(options: HttpEnvOptions): void {
       } catch {
         // reported below
       }
-      if (url === null || (url.protocol !== 'http:' && url.protocol !== 'https:')) problems.push(`urls[${i}]: must be an http(s) URL (got ${preview(raw)})`);
-      else if (url.search || url.hash) problems.push(`urls[${i}]: must not have a query or fragment (got ${preview(raw)})`);
+      if (url === null || (url.protocol !== 'http:' && url.protocol !== 'https:'))
+        problems.push(`urls[${i}]: must be an http(s) URL (got ${preview(raw)})`);
+      else if (url.search || url.hash)
+        problems.push(`urls[${i}]: must not have a query or fragment (got ${preview(raw)})`);
     });
   }
-  if (typeof options.name !== 'string' || options.name === '' || options.name.includes('/')) problems.push(`name: must be a non-empty environment name without "/" (got ${preview(options.name)})`);
+  if (typeof options.name !== 'string' || options.name === '' || options.name.includes('/'))
+    problems.push(`name: must be a non-empty environment name without "/" (got ${preview(options.name)})`);
   const positive = (field: string, v: unknown) => {
-    if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) problems.push(`${field}: must be a positive number (got ${preview(v)})`);
+    if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0)
+      problems.push(`${field}: must be a positive number (got ${preview(v)})`);
   };
   const nonNegativeInt = (field: string, v: unknown) => {
-    if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) problems.push(`${field}: must be an integer >= 0 (got ${preview(v)})`);
+    if (typeof v !== 'number' || !Number.isInteger(v) || v < 0)
+      problems.push(`${field}: must be an integer >= 0 (got ${preview(v)})`);
   };
   positive('timeoutMs', options.timeoutMs);
   nonNegativeInt('retries', options.retries);
-  if (typeof options.retryBackoffMs !== 'number' || !Number.isFinite(options.retryBackoffMs) || options.retryBackoffMs < 0) problems.push(`retryBackoffMs: must be a number >= 0 (got ${preview(options.retryBackoffMs)})`);
+  if (
+    typeof options.retryBackoffMs !== 'number' ||
+    !Number.isFinite(options.retryBackoffMs) ||
+    options.retryBackoffMs < 0
+  )
+    problems.push(`retryBackoffMs: must be a number >= 0 (got ${preview(options.retryBackoffMs)})`);
   positive('maxResponseBytes', options.maxResponseBytes);
-  if (typeof options.dedupeSteps !== 'boolean') problems.push(`dedupeSteps: must be a boolean (got ${preview(options.dedupeSteps)})`);
-  if (options.connections !== undefined && (!Number.isInteger(options.connections) || options.connections < 1)) problems.push(`connections: must be a positive integer (got ${preview(options.connections)})`);
+  if (typeof options.dedupeSteps !== 'boolean')
+    problems.push(`dedupeSteps: must be a boolean (got ${preview(options.dedupeSteps)})`);
+  if (options.connections !== undefined && (!Number.isInteger(options.connections) || options.connections < 1))
+    problems.push(`connections: must be a positive integer (got ${preview(options.connections)})`);
   const dialect = options.dialect ?? 'rollout';
-  if (!(ENV_DIALECTS as readonly unknown[]).includes(dialect)) problems.push(`dialect: must be "auto", "rollout" or "safactory" (got ${preview(options.dialect)})`);
-  else if (options.params !== undefined && (typeof options.params !== 'object' || options.params === null || Array.isArray(options.params))) problems.push(`params: must be an object (got ${preview(options.params)})`);
+  if (!(ENV_DIALECTS as readonly unknown[]).includes(dialect))
+    problems.push(`dialect: must be "auto", "rollout" or "safactory" (got ${preview(options.dialect)})`);
+  else if (
+    options.params !== undefined &&
+    (typeof options.params !== 'object' || options.params === null || Array.isArray(options.params))
+  )
+    problems.push(`params: must be an object (got ${preview(options.params)})`);
   else if (dialect !== 'auto') problems.push(...dialectConflicts(dialect, options).map((c) => formatConflict(c)));
   if (problems.length > 0) throw new ConfigError(problems.map((p) => `http env: ${p}`));
 }

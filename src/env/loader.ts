@@ -13,7 +13,12 @@ export function loadEnvironmentFactory(moduleUrl: string, exportName: string): P
 }
 
 /** A user module's export (environment factories, episode hooks), imported once per worker. */
-export function loadExport(moduleUrl: string, exportName: string, field: string, kind: 'function' | 'object'): Promise<unknown> {
+export function loadExport(
+  moduleUrl: string,
+  exportName: string,
+  field: string,
+  kind: 'function' | 'object',
+): Promise<unknown> {
   const key = `${moduleUrl}#${exportName}`;
   let value = exports.get(key);
   if (value === undefined) {
@@ -25,12 +30,19 @@ export function loadExport(moduleUrl: string, exportName: string, field: string,
   return value;
 }
 
-async function importExport(moduleUrl: string, exportName: string, field: string, kind: 'function' | 'object'): Promise<unknown> {
+async function importExport(
+  moduleUrl: string,
+  exportName: string,
+  field: string,
+  kind: 'function' | 'object',
+): Promise<unknown> {
   const mod = (await importModule(moduleUrl)) as Record<string, unknown>;
   const value = mod[exportName];
   if (typeof value !== kind || value === null) {
     const available = Object.keys(mod).filter((k) => typeof mod[k] === kind);
-    throw new Error(`${field}: ${JSON.stringify(exportName)} of ${moduleUrl} is not a${kind === 'object' ? 'n' : ''} ${kind} (got ${value === null ? 'null' : typeof value}; ${kind} exports: ${available.join(', ') || 'none'})`);
+    throw new Error(
+      `${field}: ${JSON.stringify(exportName)} of ${moduleUrl} is not a${kind === 'object' ? 'n' : ''} ${kind} (got ${value === null ? 'null' : typeof value}; ${kind} exports: ${available.join(', ') || 'none'})`,
+    );
   }
   return value;
 }
@@ -48,7 +60,9 @@ async function importModule(moduleUrl: string): Promise<unknown> {
     typescriptLoader ??= import('tsx/esm/api').then(
       (tsx) => void tsx.register(),
       () => {
-        throw new Error(`environment module ${moduleUrl} is TypeScript: compile it to JavaScript, or install tsx so workers can load it`);
+        throw new Error(
+          `environment module ${moduleUrl} is TypeScript: compile it to JavaScript, or install tsx so workers can load it`,
+        );
       },
     );
     await typescriptLoader;

@@ -22,7 +22,8 @@ export function checkTaskPrompt(value: unknown): ChatMessage[] {
 /** A single conversation, or (multi-agent) an object of agent id → conversation. */
 export function checkAgentPrompts(value: unknown): ChatMessage[] | Record<string, ChatMessage[]> {
   if (Array.isArray(value)) return checkMessages(value, 'getTaskPrompt()');
-  if (typeof value !== 'object' || value === null) throw bad('getTaskPrompt()', value, 'an array of chat messages or an object of agent id → messages');
+  if (typeof value !== 'object' || value === null)
+    throw bad('getTaskPrompt()', value, 'an array of chat messages or an object of agent id → messages');
   for (const [agent, messages] of Object.entries(value)) checkMessages(messages, `getTaskPrompt().${agent}`);
   return value as Record<string, ChatMessage[]>;
 }
@@ -32,7 +33,8 @@ function checkMessages(value: unknown, field: string): ChatMessage[] {
   for (let i = 0; i < value.length; i++) {
     const m = value[i] as { role?: unknown; content?: unknown } | null;
     if (typeof m !== 'object' || m === null) throw bad(`${field}[${i}]`, m, 'a chat message object');
-    if (typeof m.role !== 'string' || !ROLES.has(m.role)) throw bad(`${field}[${i}].role`, m.role, 'one of system, user, assistant, tool');
+    if (typeof m.role !== 'string' || !ROLES.has(m.role))
+      throw bad(`${field}[${i}].role`, m.role, 'one of system, user, assistant, tool');
     if (typeof m.content !== 'string') throw bad(`${field}[${i}].content`, m.content, 'a string');
   }
   return value as ChatMessage[];
@@ -44,15 +46,24 @@ export function checkStepResult(value: unknown): StepResult {
   const out = value as Record<string, unknown>;
   const reward = out.reward ?? 0;
   if (typeof reward === 'object' && reward !== null && !Array.isArray(reward)) {
-    for (const [agent, r] of Object.entries(reward)) if (typeof r !== 'number' || !Number.isFinite(r)) throw bad(`step().reward.${agent}`, r, 'a finite number');
-  } else if (typeof reward !== 'number' || !Number.isFinite(reward)) throw bad('step().reward', out.reward, 'a finite number or an object of agent id → number');
+    for (const [agent, r] of Object.entries(reward))
+      if (typeof r !== 'number' || !Number.isFinite(r)) throw bad(`step().reward.${agent}`, r, 'a finite number');
+  } else if (typeof reward !== 'number' || !Number.isFinite(reward))
+    throw bad('step().reward', out.reward, 'a finite number or an object of agent id → number');
   const terminated = out.terminated ?? false;
   if (typeof terminated !== 'boolean') throw bad('step().terminated', out.terminated, 'a boolean');
   const truncated = out.truncated ?? false;
   if (typeof truncated !== 'boolean') throw bad('step().truncated', out.truncated, 'a boolean');
   const info = out.info;
-  if (info !== undefined && info !== null && (typeof info !== 'object' || Array.isArray(info))) throw bad('step().info', info, 'an object');
-  return { observation: out.observation, reward: reward as StepResult['reward'], terminated, truncated, info: (info ?? undefined) as StepResult['info'] };
+  if (info !== undefined && info !== null && (typeof info !== 'object' || Array.isArray(info)))
+    throw bad('step().info', info, 'an object');
+  return {
+    observation: out.observation,
+    reward: reward as StepResult['reward'],
+    terminated,
+    truncated,
+    info: (info ?? undefined) as StepResult['info'],
+  };
 }
 
 function bad(field: string, value: unknown, expected: string): EnvReplyError {

@@ -128,15 +128,19 @@ class HttpFailure extends Error {
 export async function startEnvServer(options: EnvServerOptions): Promise<EnvServer> {
   const served = new Map<string, ServedEnv>();
   for (const env of options.envs) {
-    if (!SERVED_ENV_NAME.test(env.name)) throw new ConfigError([`envs: name must be letters, digits, "_", "." or "-" (got ${JSON.stringify(env.name)})`]);
+    if (!SERVED_ENV_NAME.test(env.name))
+      throw new ConfigError([`envs: name must be letters, digits, "_", "." or "-" (got ${JSON.stringify(env.name)})`]);
     if (served.has(env.name)) throw new ConfigError([`envs: name ${JSON.stringify(env.name)} is served twice`]);
-    if (typeof env.factory !== 'function') throw new ConfigError([`envs.${env.name}: factory must be a function (got ${typeof env.factory})`]);
+    if (typeof env.factory !== 'function')
+      throw new ConfigError([`envs.${env.name}: factory must be a function (got ${typeof env.factory})`]);
     if (options.checkParams !== false) {
       try {
         const probe = await env.factory(env.params ?? {});
         await probe.close?.();
       } catch (err) {
-        throw new ConfigError([`envs.${env.name}: the factory rejects its params ${JSON.stringify(env.params ?? {})}: ${(err as Error).message}`]);
+        throw new ConfigError([
+          `envs.${env.name}: the factory rejects its params ${JSON.stringify(env.params ?? {})}: ${(err as Error).message}`,
+        ]);
       }
     }
     served.set(env.name, env);
@@ -151,7 +155,10 @@ export async function startEnvServer(options: EnvServerOptions): Promise<EnvServ
       const v = f[key];
       if (v === undefined) continue;
       const ok = key === 'failFirst' ? Number.isInteger(v) && v >= 0 : Number.isFinite(v) && v >= 0 && v <= 1;
-      if (!ok) throw new RangeError(`env server fault ${key} must be ${key === 'failFirst' ? 'an integer >= 0' : 'a number in [0, 1]'} (got ${v})`);
+      if (!ok)
+        throw new RangeError(
+          `env server fault ${key} must be ${key === 'failFirst' ? 'an integer >= 0' : 'a number in [0, 1]'} (got ${v})`,
+        );
       faults[key] = v;
     }
   };
@@ -192,7 +199,10 @@ export async function startEnvServer(options: EnvServerOptions): Promise<EnvServ
 
   function live(instance: Instance): Environment {
     if (instance.env === null || instances.get(key(instance.served.name, instance.id)) !== instance) {
-      throw new HttpFailure(404, `unknown env id ${JSON.stringify(instance.id)} for ${instance.served.name} (reset it first)`);
+      throw new HttpFailure(
+        404,
+        `unknown env id ${JSON.stringify(instance.id)} for ${instance.served.name} (reset it first)`,
+      );
     }
     return instance.env;
   }
@@ -205,19 +215,41 @@ export async function startEnvServer(options: EnvServerOptions): Promise<EnvServ
     }
   }
 
-  async function instanceRoute(req: IncomingMessage, servedEnv: ServedEnv, id: string, route: string, body: () => Promise<unknown>): Promise<Reply> {
+  async function instanceRoute(
+    req: IncomingMessage,
+    servedEnv: ServedEnv,
+    id: string,
+    route: string,
+    body: () => Promise<unknown>,
+  ): Promise<Reply> {
     const k = key(servedEnv.name, id);
     let instance = instances.get(k);
     if (route === 'reset') {
       expectMethod(req, 'POST');
       const payload = await body();
-      if (typeof payload !== 'object' || payload === null || Array.isArray(payload)) throw new HttpFailure(400, `reset body must be a JSON object {"env_param": {...}, "seed": n} (got ${preview(payload)})`);
-      if (!('env_param' in payload)) throw new HttpFailure(400, 'reset body needs the "env_param" key (the reset params; {} for none)');
+      if (typeof payload !== 'object' || payload === null || Array.isArray(payload))
+        throw new HttpFailure(
+          400,
+          `reset body must be a JSON object {"env_param": {...}, "seed": n} (got ${preview(payload)})`,
+        );
+      if (!('env_param' in payload))
+        throw new HttpFailure(400, 'reset body needs the "env_param" key (the reset params; {} for none)');
       const { env_param: envParam, seed = 0 } = payload as { env_param: unknown; seed?: unknown };
-      if (envParam !== null && (typeof envParam !== 'object' || Array.isArray(envParam))) throw new HttpFailure(400, `reset env_param must be an object or null (got ${preview(envParam)})`);
-      if (seed !== null && (typeof seed !== 'number' || !Number.isFinite(seed))) throw new HttpFailure(400, `reset seed must be a number (got ${preview(seed)})`);
+      if (envParam !== null && (typeof envParam !== 'object' || Array.isArray(envParam)))
+        throw new HttpFailure(400, `reset env_param must be an object or null (got ${preview(envParam)})`);
+      if (seed !== null && (typeof seed !== 'number' || !Number.isFinite(seed)))
+        throw new HttpFailure(400, `reset seed must be a number (got ${preview(seed)})`);
       if (instance === undefined) {
-        instance = { served: servedEnv, id, env: null, tail: Promise.resolve(), steps: 0, lastStep: null, done: false, lastObservation: undefined };
+        instance = {
+          served: servedEnv,
+          id,
+          env: null,
+          tail: Promise.resolve(),
+          steps: 0,
+          lastStep: null,
+          done: false,
+          lastObservation: undefined,
+        };
         instances.set(k, instance);
       }
       const target = instance;
@@ -228,7 +260,9 @@ export async function startEnvServer(options: EnvServerOptions): Promise<EnvServ
         await closeQuietly(old);
         try {
           const env = await envCall('the factory', () => servedEnv.factory(servedEnv.params ?? {}));
-          const result = await envCall('reset()', () => env.reset({ seed: (seed as number | null) ?? 0, params: (envParam ?? {}) as EnvParams }));
+          const result = await envCall('reset()', () =>
+            env.reset({ seed: (seed as number | null) ?? 0, params: (envParam ?? {}) as EnvParams }),
+          );
           target.env = env;
           target.steps = 0;
           target.lastStep = null;
@@ -241,7 +275,8 @@ export async function startEnvServer(options: EnvServerOptions): Promise<EnvServ
         }
       });
     }
-    if (instance === undefined) throw new HttpFailure(404, `unknown env id ${JSON.stringify(id)} for ${servedEnv.name} (reset it first)`);
+    if (instance === undefined)
+      throw new HttpFailure(404, `unknown env id ${JSON.stringify(id)} for ${servedEnv.name} (reset it first)`);
     const target = instance;
     switch (route) {
       case 'health':
@@ -257,10 +292,22 @@ export async function startEnvServer(options: EnvServerOptions): Promise<EnvServ
       case 'step': {
         expectMethod(req, 'POST');
         const payload = await body();
-        if (typeof payload !== 'object' || payload === null || Array.isArray(payload)) throw new HttpFailure(400, `step body must be a JSON object {"action": "...", "step": n} (got ${preview(payload)})`);
+        if (typeof payload !== 'object' || payload === null || Array.isArray(payload))
+          throw new HttpFailure(
+            400,
+            `step body must be a JSON object {"action": "...", "step": n} (got ${preview(payload)})`,
+          );
         const { action, step } = payload as { action?: unknown; step?: unknown };
-        if (!isAction(action)) throw new HttpFailure(400, `step action must be a string, or an object of agent id → string (got ${preview(action)})`);
-        if (step !== undefined && step !== null && (typeof step !== 'number' || !Number.isSafeInteger(step) || step < 1)) {
+        if (!isAction(action))
+          throw new HttpFailure(
+            400,
+            `step action must be a string, or an object of agent id → string (got ${preview(action)})`,
+          );
+        if (
+          step !== undefined &&
+          step !== null &&
+          (typeof step !== 'number' || !Number.isSafeInteger(step) || step < 1)
+        ) {
           throw new HttpFailure(400, `step index must be a positive integer (got ${preview(step)})`);
         }
         return serialize(target, async () => {
@@ -272,7 +319,10 @@ export async function startEnvServer(options: EnvServerOptions): Promise<EnvServ
               return { status: 200, raw: target.lastStep.body };
             }
             if (step !== target.steps + 1) {
-              throw new HttpFailure(409, `step index ${step} out of order for env id ${JSON.stringify(id)}: ${target.steps} step(s) applied since reset, so the next is ${target.steps + 1}`);
+              throw new HttpFailure(
+                409,
+                `step index ${step} out of order for env id ${JSON.stringify(id)}: ${target.steps} step(s) applied since reset, so the next is ${target.steps + 1}`,
+              );
             }
           }
           const result = await envCall('step()', () => env.step(action as string));
@@ -295,18 +345,32 @@ export async function startEnvServer(options: EnvServerOptions): Promise<EnvServ
         expectMethod(req, 'GET');
         return serialize(target, async () => {
           const env = live(target) as Environment & { describe?: () => unknown };
-          const extra = typeof env.describe === 'function' ? await envCall('describe()', () => env.describe!()) : undefined;
-          return { status: 200, json: { env: servedEnv.name, id, steps: target.steps, done: target.done, ...(extra === undefined ? {} : { description: extra }) } };
+          const extra =
+            typeof env.describe === 'function' ? await envCall('describe()', () => env.describe!()) : undefined;
+          return {
+            status: 200,
+            json: {
+              env: servedEnv.name,
+              id,
+              steps: target.steps,
+              done: target.done,
+              ...(extra === undefined ? {} : { description: extra }),
+            },
+          };
         });
       case 'render':
         expectMethod(req, 'GET');
         return serialize(target, async () => {
           const env = live(target) as Environment & { render?: () => unknown };
-          const render = typeof env.render === 'function' ? await envCall('render()', () => env.render!()) : target.lastObservation;
+          const render =
+            typeof env.render === 'function' ? await envCall('render()', () => env.render!()) : target.lastObservation;
           return { status: 200, json: { render: render ?? null } };
         });
       default:
-        throw new HttpFailure(404, `unknown route ${JSON.stringify(route)} (expected one of ${[...INSTANCE_ROUTES].join(', ')})`);
+        throw new HttpFailure(
+          404,
+          `unknown route ${JSON.stringify(route)} (expected one of ${[...INSTANCE_ROUTES].join(', ')})`,
+        );
     }
   }
 
@@ -328,14 +392,23 @@ export async function startEnvServer(options: EnvServerOptions): Promise<EnvServ
       count(segments[0]);
       expectMethod(req, 'GET');
       // dedupes_steps: a repeated step index gets the reply already sent (so engines may retry steps).
-      return { status: 200, json: segments[0] === 'envs' ? { envs: [...served.keys()], dedupes_steps: true } : { ok: true, envs: [...served.keys()] } };
+      return {
+        status: 200,
+        json:
+          segments[0] === 'envs'
+            ? { envs: [...served.keys()], dedupes_steps: true }
+            : { ok: true, envs: [...served.keys()] },
+      };
     }
     const servedEnv = served.get(segments[0] ?? '');
     if (segments.length === 2 || segments.length === 3) {
       const routeName = segments.length === 2 ? 'delete' : segments[2];
       count(INSTANCE_ROUTES.has(routeName) || routeName === 'delete' ? routeName : 'other');
       if (servedEnv === undefined) {
-        throw new HttpFailure(404, `unknown environment ${JSON.stringify(segments[0])} (serving: ${[...served.keys()].join(', ')})`);
+        throw new HttpFailure(
+          404,
+          `unknown environment ${JSON.stringify(segments[0])} (serving: ${[...served.keys()].join(', ')})`,
+        );
       }
       const id = segments[1];
       if (segments.length === 2) {
@@ -355,7 +428,10 @@ export async function startEnvServer(options: EnvServerOptions): Promise<EnvServ
       return instanceRoute(req, servedEnv, id, routeName, body);
     }
     count('other');
-    throw new HttpFailure(404, `no route for ${req.method} ${req.url} (env routes are /{env}/{id}/{reset|get_task_prompt|step|health|is_done|describe|render}, DELETE /{env}/{id}, GET /envs)`);
+    throw new HttpFailure(
+      404,
+      `no route for ${req.method} ${req.url} (env routes are /{env}/{id}/{reset|get_task_prompt|step|health|is_done|describe|render}, DELETE /{env}/{id}, GET /envs)`,
+    );
   }
 
   const server = createServer((req, res) => {
@@ -387,7 +463,12 @@ export async function startEnvServer(options: EnvServerOptions): Promise<EnvServ
       (err: unknown) => {
         if (err instanceof HttpFailure) {
           // The protocol's "bare 500" for errors inside the environment; JSON {"error"} for the rest.
-          send(res, err.status === 500 ? { status: 500, text: err.message } : { status: err.status, json: { error: err.message } });
+          send(
+            res,
+            err.status === 500
+              ? { status: 500, text: err.message }
+              : { status: err.status, json: { error: err.message } },
+          );
         } else {
           send(res, { status: 500, text: `env server error: ${(err as Error)?.message ?? String(err)}` });
         }
@@ -435,7 +516,10 @@ function serializeReply(value: unknown, what: string): string {
     if (text === undefined) throw new Error('nothing to serialize');
     return text;
   } catch (err) {
-    throw new HttpFailure(500, `environment error in ${what}: its result is not JSON-serializable (${(err as Error).message})`);
+    throw new HttpFailure(
+      500,
+      `environment error in ${what}: its result is not JSON-serializable (${(err as Error).message})`,
+    );
   }
 }
 

@@ -12,7 +12,15 @@ import { TRANSPORT_ERROR_CODES } from '../llm/client.ts';
 import { ConfigError, serverMessage } from '../protocol/errors.ts';
 import { GatewayError } from './errors.ts';
 import { GATEWAY_DEFAULTS } from './options.ts';
-import { fillMissingLogprobs, TOKEN_WIRES, type GenerationResult, type SamplingParams, type SamplingRequest, type TokenWireKind, type TopLogprob } from '../llm/token-wire.ts';
+import {
+  fillMissingLogprobs,
+  TOKEN_WIRES,
+  type GenerationResult,
+  type SamplingParams,
+  type SamplingRequest,
+  type TokenWireKind,
+  type TopLogprob,
+} from '../llm/token-wire.ts';
 
 export type BackendKind = TokenWireKind;
 export const BACKEND_KINDS: readonly BackendKind[] = ['vllm', 'sglang', 'llamacpp'];
@@ -35,7 +43,17 @@ export interface BackendOptions {
   completeTokenId?: number;
 }
 
-const SAMPLING_PARAMS = ['temperature', 'topP', 'topK', 'minP', 'presencePenalty', 'frequencyPenalty', 'repetitionPenalty', 'seed', 'stop'] as const satisfies readonly (keyof SamplingParams)[];
+const SAMPLING_PARAMS = [
+  'temperature',
+  'topP',
+  'topK',
+  'minP',
+  'presencePenalty',
+  'frequencyPenalty',
+  'repetitionPenalty',
+  'seed',
+  'stop',
+] as const satisfies readonly (keyof SamplingParams)[];
 
 /** The sampling settings of anything that carries them (a parsed chat request). */
 export function samplingParamsOf(source: SamplingParams): SamplingParams {
@@ -54,7 +72,9 @@ export interface TokenBackend {
 
 export function createTokenBackend(options: BackendOptions): TokenBackend {
   if (!BACKEND_KINDS.includes(options.kind)) {
-    throw new ConfigError([`backend.kind: must be one of ${BACKEND_KINDS.map((k) => JSON.stringify(k)).join(', ')} (got ${JSON.stringify(options.kind)})`]);
+    throw new ConfigError([
+      `backend.kind: must be one of ${BACKEND_KINDS.map((k) => JSON.stringify(k)).join(', ')} (got ${JSON.stringify(options.kind)})`,
+    ]);
   }
   let base: URL;
   try {
@@ -90,18 +110,34 @@ export function createTokenBackend(options: BackendOptions): TokenBackend {
       text = await response.body.text();
     } catch (err) {
       const code = (err as { code?: string }).code ?? (err as Error).name;
-      if (signal?.aborted) throw new GatewayError('ERR_BACKEND_ABORTED', `backend call to ${endpoint} cancelled: ${String(signal.reason instanceof Error ? signal.reason.message : signal.reason)}`, { cause: err });
+      if (signal?.aborted)
+        throw new GatewayError(
+          'ERR_BACKEND_ABORTED',
+          `backend call to ${endpoint} cancelled: ${String(signal.reason instanceof Error ? signal.reason.message : signal.reason)}`,
+          { cause: err },
+        );
       if (code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT') {
-        throw new GatewayError('ERR_BACKEND_TIMEOUT', `backend ${endpoint} did not answer within ${timeoutMs} ms (backend.timeoutMs)`, { cause: err });
+        throw new GatewayError(
+          'ERR_BACKEND_TIMEOUT',
+          `backend ${endpoint} did not answer within ${timeoutMs} ms (backend.timeoutMs)`,
+          { cause: err },
+        );
       }
       const hint = TRANSPORT_ERROR_CODES.has(code) ? ' (is the backend running? check --backend-url)' : '';
-      throw new GatewayError('ERR_BACKEND_UNREACHABLE', `backend ${endpoint} unreachable: ${code} ${(err as Error).message}${hint}`, { cause: err });
+      throw new GatewayError(
+        'ERR_BACKEND_UNREACHABLE',
+        `backend ${endpoint} unreachable: ${code} ${(err as Error).message}${hint}`,
+        { cause: err },
+      );
     }
     if (status !== 200) {
       // A 4xx is about the request (vLLM's own context check, a bad sampling value): the agent
       // should see it as its own error, not as a gateway fault.
       const passOn = status >= 400 && status < 500 && status !== 404 && status !== 405;
-      throw new GatewayError('ERR_BACKEND_HTTP', `backend ${endpoint} answered ${status}: ${serverMessage(text)}`, { status: passOn ? status : 502, details: { backend_status: status } });
+      throw new GatewayError('ERR_BACKEND_HTTP', `backend ${endpoint} answered ${status}: ${serverMessage(text)}`, {
+        status: passOn ? status : 502,
+        details: { backend_status: status },
+      });
     }
     try {
       return JSON.parse(text);
@@ -117,8 +153,17 @@ export function createTokenBackend(options: BackendOptions): TokenBackend {
       const result = wire.parse(await post(wire.body(request, model), signal), fail);
       if (result.missingLogprobs === undefined) return result;
       // llama.cpp leaves out the logprob of a token ending inside a UTF-8 character: computed again.
-      if (options.completeTokenId === undefined) throw fail(`llama.cpp left out ${result.missingLogprobs.length} logprob(s) and no completeTokenId was given to compute them again`);
-      return fillMissingLogprobs(result, request.promptIds, options.completeTokenId, (body) => post(body, signal), fail);
+      if (options.completeTokenId === undefined)
+        throw fail(
+          `llama.cpp left out ${result.missingLogprobs.length} logprob(s) and no completeTokenId was given to compute them again`,
+        );
+      return fillMissingLogprobs(
+        result,
+        request.promptIds,
+        options.completeTokenId,
+        (body) => post(body, signal),
+        fail,
+      );
     },
     close: () => pool.close(),
   };

@@ -36,7 +36,12 @@ export interface ChatContext {
   modelStep(): number;
 }
 
-export async function runChatCall(ctx: ChatContext, request: ChatCompletionRequest, sessionId: string | null, signal?: AbortSignal): Promise<CallReply> {
+export async function runChatCall(
+  ctx: ChatContext,
+  request: ChatCompletionRequest,
+  sessionId: string | null,
+  signal?: AbortSignal,
+): Promise<CallReply> {
   const t0 = performance.now();
   const id = sessionId ?? `anon-${randomUUID()}`;
   const rendered = ctx.model.render(request.messages, { addGenerationPrompt: true, tools: request.tools });
@@ -44,13 +49,20 @@ export async function runChatCall(ctx: ChatContext, request: ChatCompletionReque
 
   const existing = ctx.sessions.get(id);
   if (existing?.busy) {
-    throw new GatewayError('ERR_GATEWAY_SESSION_BUSY', `session ${JSON.stringify(id)} already has a call in flight; a session's turns are sequential (each prompt extends the previous completion)`, {
-      param: 'session_id',
-      details: { session_id: id },
-    });
+    throw new GatewayError(
+      'ERR_GATEWAY_SESSION_BUSY',
+      `session ${JSON.stringify(id)} already has a call in flight; a session's turns are sequential (each prompt extends the previous completion)`,
+      {
+        param: 'session_id',
+        details: { session_id: id },
+      },
+    );
   }
   const base = existing !== undefined && existing.traces.length > 0 ? existing : null;
-  const plan = planPrompt(ctx.model, id, base, rendered, { sideCalls: ctx.sideCalls, messageAt: (char) => messageAt(ctx.model, request, char) });
+  const plan = planPrompt(ctx.model, id, base, rendered, {
+    sideCalls: ctx.sideCalls,
+    messageAt: (char) => messageAt(ctx.model, request, char),
+  });
   let retriedSide: SideCallTrace | null = null;
   if (plan.kind === 'side') {
     // A side call needs a main call before it, so `existing` is set.
@@ -62,16 +74,23 @@ export async function runChatCall(ctx: ChatContext, request: ChatCompletionReque
         'ERR_GATEWAY_TOO_MANY_SIDE_CALLS',
         `session ${JSON.stringify(id)} already keeps ${existing!.sideCalls.length} side calls (maxSideCalls ${ctx.maxSideCalls}), and this call does not extend its conversation: ` +
           'stitch the session and start a new one, or raise maxSideCalls',
-        { param: 'messages', details: { session_id: id, side_calls: existing!.sideCalls.length, max_side_calls: ctx.maxSideCalls } },
+        {
+          param: 'messages',
+          details: { session_id: id, side_calls: existing!.sideCalls.length, max_side_calls: ctx.maxSideCalls },
+        },
       );
     }
   }
   const promptLength = plan.promptIds.length;
   if (promptLength >= ctx.maxContext) {
-    throw new GatewayError('ERR_GATEWAY_CONTEXT_LENGTH', `session ${JSON.stringify(id)}: the prompt is ${promptLength} tokens and the context limit is ${ctx.maxContext} tokens (max-context), which leaves no room for a completion`, {
-      param: 'messages',
-      details: { session_id: id, prompt_tokens: promptLength, max_context: ctx.maxContext },
-    });
+    throw new GatewayError(
+      'ERR_GATEWAY_CONTEXT_LENGTH',
+      `session ${JSON.stringify(id)}: the prompt is ${promptLength} tokens and the context limit is ${ctx.maxContext} tokens (max-context), which leaves no room for a completion`,
+      {
+        param: 'messages',
+        details: { session_id: id, prompt_tokens: promptLength, max_context: ctx.maxContext },
+      },
+    );
   }
   const room = ctx.maxContext - promptLength;
   // Clamped rather than rejected (vLLM would 400): an agent near the end of its context still gets a
@@ -197,9 +216,13 @@ function numericVersion(version: string | null): number | null {
 function checkVocabulary(ctx: ChatContext, ids: readonly number[]): void {
   for (let i = 0; i < ids.length; i++) {
     if (!ctx.model.hasToken(ids[i])) {
-      throw new GatewayError('ERR_BACKEND_BAD_REPLY', `backend ${ctx.backend.endpoint} returned token id ${ids[i]} (completion position ${i}), which is not in the ${ctx.model.name} vocabulary: the backend serves another tokenizer than the gateway's`, {
-        details: { position: i, token_id: ids[i] },
-      });
+      throw new GatewayError(
+        'ERR_BACKEND_BAD_REPLY',
+        `backend ${ctx.backend.endpoint} returned token id ${ids[i]} (completion position ${i}), which is not in the ${ctx.model.name} vocabulary: the backend serves another tokenizer than the gateway's`,
+        {
+          details: { position: i, token_id: ids[i] },
+        },
+      );
     }
   }
 }
@@ -211,7 +234,10 @@ function checkVocabulary(ctx: ChatContext, ids: readonly number[]): void {
 function messageAt(model: ChatModel, request: ChatCompletionRequest, char: number): number | null {
   for (let k = 1; k <= request.messages.length; k++) {
     try {
-      if (model.render(request.messages.slice(0, k), { addGenerationPrompt: false, tools: request.tools }).length > char) return k - 1;
+      if (
+        model.render(request.messages.slice(0, k), { addGenerationPrompt: false, tools: request.tools }).length > char
+      )
+        return k - 1;
     } catch {
       return null;
     }

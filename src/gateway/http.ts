@@ -12,7 +12,12 @@ export async function readBody(req: IncomingMessage, limit: number): Promise<str
   return (await readRequestBody(req, limit, bodyErrors)).toString('utf8');
 }
 
-export function sendText(res: ServerResponse, status: number, text: string, headers: Record<string, string> = {}): void {
+export function sendText(
+  res: ServerResponse,
+  status: number,
+  text: string,
+  headers: Record<string, string> = {},
+): void {
   if (res.headersSent || res.destroyed) return;
   res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), ...headers });
   res.end(text);

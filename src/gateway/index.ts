@@ -9,7 +9,14 @@ export type { GatewayOptions, ResolvedGatewayOptions } from './options.ts';
 export { stitchTraces, stitchedSampleJson } from './stitch.ts';
 export type { StitchedSample, StitchInput } from './stitch.ts';
 export { createTokenBackend } from './backend.ts';
-export type { BackendKind, BackendOptions, GenerationResult, SamplingRequest, TokenBackend, TopLogprob } from './backend.ts';
+export type {
+  BackendKind,
+  BackendOptions,
+  GenerationResult,
+  SamplingRequest,
+  TokenBackend,
+  TopLogprob,
+} from './backend.ts';
 export { BUILTIN_MODELS, loadChatModel } from './model.ts';
 export type { ChatMessageInput, ChatModel, RenderOptions } from './model.ts';
 export { GatewayError } from './errors.ts';

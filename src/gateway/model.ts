@@ -72,7 +72,13 @@ export function loadChatModel(source: string): Promise<ChatModel> {
     try {
       files = { tokenizer: require.resolve(builtin.tokenizer), config: require.resolve(builtin.config), name: source };
     } catch (err) {
-      return Promise.reject(new GatewayError('ERR_GATEWAY_MODEL', `tokenizer ${JSON.stringify(source)}: cannot resolve ${builtin.tokenizer} (${(err as Error).message})`, { cause: err }));
+      return Promise.reject(
+        new GatewayError(
+          'ERR_GATEWAY_MODEL',
+          `tokenizer ${JSON.stringify(source)}: cannot resolve ${builtin.tokenizer} (${(err as Error).message})`,
+          { cause: err },
+        ),
+      );
     }
   } else {
     const dir = resolve(source);
@@ -93,46 +99,72 @@ async function readJson(path: string, what: string): Promise<Record<string, unkn
   try {
     text = await readFile(path, 'utf8');
   } catch (err) {
-    throw new GatewayError('ERR_GATEWAY_MODEL', `cannot read the ${what} ${path}: ${(err as Error).message} (a model directory needs tokenizer.json and tokenizer_config.json; built-in: ${BUILTIN_MODELS.join(', ')})`, { cause: err });
+    throw new GatewayError(
+      'ERR_GATEWAY_MODEL',
+      `cannot read the ${what} ${path}: ${(err as Error).message} (a model directory needs tokenizer.json and tokenizer_config.json; built-in: ${BUILTIN_MODELS.join(', ')})`,
+      { cause: err },
+    );
   }
   try {
     return JSON.parse(text) as Record<string, unknown>;
   } catch (err) {
-    throw new GatewayError('ERR_GATEWAY_MODEL', `the ${what} ${path} is not valid JSON: ${(err as Error).message}`, { cause: err });
+    throw new GatewayError('ERR_GATEWAY_MODEL', `the ${what} ${path} is not valid JSON: ${(err as Error).message}`, {
+      cause: err,
+    });
   }
 }
 
 /** tokenizer_config token fields are a string or an AddedToken object `{ content }`. */
 function tokenString(value: unknown): string | null {
   if (typeof value === 'string') return value;
-  if (typeof value === 'object' && value !== null && typeof (value as { content?: unknown }).content === 'string') return (value as { content: string }).content;
+  if (typeof value === 'object' && value !== null && typeof (value as { content?: unknown }).content === 'string')
+    return (value as { content: string }).content;
   return null;
 }
 
 async function loadFiles(name: string, tokenizerPath: string, configPath: string): Promise<ChatModel> {
-  const [tokenizerJson, config] = await Promise.all([readJson(tokenizerPath, 'tokenizer'), readJson(configPath, 'tokenizer config')]);
+  const [tokenizerJson, config] = await Promise.all([
+    readJson(tokenizerPath, 'tokenizer'),
+    readJson(configPath, 'tokenizer config'),
+  ]);
   const chatTemplate = config.chat_template;
   if (typeof chatTemplate !== 'string' || chatTemplate.length === 0) {
-    throw new GatewayError('ERR_GATEWAY_MODEL', `${configPath} has no chat_template string (got ${typeof chatTemplate}); the gateway renders conversations with it`);
+    throw new GatewayError(
+      'ERR_GATEWAY_MODEL',
+      `${configPath} has no chat_template string (got ${typeof chatTemplate}); the gateway renders conversations with it`,
+    );
   }
   let tokenizer: Tokenizer;
   let template: Template;
   try {
     tokenizer = new Tokenizer(tokenizerJson, config);
   } catch (err) {
-    throw new GatewayError('ERR_GATEWAY_MODEL', `${tokenizerPath}: @huggingface/tokenizers cannot load it: ${(err as Error).message}`, { cause: err });
+    throw new GatewayError(
+      'ERR_GATEWAY_MODEL',
+      `${tokenizerPath}: @huggingface/tokenizers cannot load it: ${(err as Error).message}`,
+      { cause: err },
+    );
   }
   try {
     template = new Template(chatTemplate);
   } catch (err) {
-    throw new GatewayError('ERR_GATEWAY_MODEL', `${configPath}: chat_template does not parse: ${(err as Error).message}`, { cause: err });
+    throw new GatewayError(
+      'ERR_GATEWAY_MODEL',
+      `${configPath}: chat_template does not parse: ${(err as Error).message}`,
+      { cause: err },
+    );
   }
   const bosToken = tokenString(config.bos_token) ?? '';
   const eosToken = tokenString(config.eos_token);
   const specialIds = new Set<number>();
   for (const [id, token] of tokenizer.get_added_tokens_decoder()) if (token.special) specialIds.add(id);
   const eosTokenId = eosToken === null ? null : (tokenizer.token_to_id(eosToken) ?? null);
-  const maxLength = typeof config.model_max_length === 'number' && Number.isSafeInteger(config.model_max_length) && config.model_max_length > 0 ? config.model_max_length : null;
+  const maxLength =
+    typeof config.model_max_length === 'number' &&
+    Number.isSafeInteger(config.model_max_length) &&
+    config.model_max_length > 0
+      ? config.model_max_length
+      : null;
   const texts = new Map<number, string>();
 
   return {
@@ -150,7 +182,11 @@ async function loadFiles(name: string, tokenizerPath: string, configPath: string
           eos_token: eosToken ?? '',
         });
       } catch (err) {
-        throw new GatewayError('ERR_GATEWAY_TEMPLATE', `the chat template of ${name} cannot render these messages: ${(err as Error).message}`, { param: 'messages', cause: err });
+        throw new GatewayError(
+          'ERR_GATEWAY_TEMPLATE',
+          `the chat template of ${name} cannot render these messages: ${(err as Error).message}`,
+          { param: 'messages', cause: err },
+        );
       }
     },
     encode(text) {

@@ -75,7 +75,22 @@ export const GATEWAY_DEFAULTS = Object.freeze({
 /** Default context when the tokenizer config names none, and the cap on model_max_length (Qwen says 131072). */
 export const DEFAULT_MAX_CONTEXT = 32_768;
 
-const KNOWN = ['backend', 'host', 'port', 'tokenizer', 'model', 'maxContext', 'defaultMaxTokens', 'sessionTtlMs', 'maxSessions', 'modelStep', 'maxBodyBytes', 'sideCalls', 'maxSideCalls', 'onSessionReleased'];
+const KNOWN = [
+  'backend',
+  'host',
+  'port',
+  'tokenizer',
+  'model',
+  'maxContext',
+  'defaultMaxTokens',
+  'sessionTtlMs',
+  'maxSessions',
+  'modelStep',
+  'maxBodyBytes',
+  'sideCalls',
+  'maxSideCalls',
+  'onSessionReleased',
+];
 const KNOWN_BACKEND = ['kind', 'url', 'model', 'apiKey', 'timeoutMs', 'connections'];
 
 function fail(name: string, rule: string, value: unknown): never {
@@ -83,7 +98,8 @@ function fail(name: string, rule: string, value: unknown): never {
 }
 
 function integer(name: string, value: unknown, min: number, max = Number.MAX_SAFE_INTEGER): number {
-  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < min || value > max) fail(name, `must be an integer in [${min}, ${max}]`, value);
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < min || value > max)
+    fail(name, `must be an integer in [${min}, ${max}]`, value);
   return value;
 }
 
@@ -104,7 +120,8 @@ function callback<T>(name: string, value: T): T {
 
 function unknownKeys(where: string, obj: object, known: string[]): void {
   for (const key of Object.keys(obj)) {
-    if (!known.includes(key)) throw new ConfigError([`gateway.${where}${key}: unknown option (known: ${known.join(', ')})`]);
+    if (!known.includes(key))
+      throw new ConfigError([`gateway.${where}${key}: unknown option (known: ${known.join(', ')})`]);
   }
 }
 
@@ -114,7 +131,8 @@ export function resolveGatewayOptions(options: GatewayOptions): ResolvedGatewayO
   const b = options.backend;
   if (typeof b !== 'object' || b === null) fail('backend', 'must be an object {kind, url}', b);
   unknownKeys('backend.', b, KNOWN_BACKEND);
-  if (b.kind !== 'vllm' && b.kind !== 'sglang' && b.kind !== 'llamacpp') fail('backend.kind', 'must be "vllm", "sglang" or "llamacpp"', b.kind);
+  if (b.kind !== 'vllm' && b.kind !== 'sglang' && b.kind !== 'llamacpp')
+    fail('backend.kind', 'must be "vllm", "sglang" or "llamacpp"', b.kind);
   const url = text('backend.url', b.url);
   if (!/^https?:\/\//.test(url)) fail('backend.url', 'must be an http(s) URL', url);
   const model = options.model === undefined || options.model === null ? null : text('model', options.model);
@@ -131,14 +149,23 @@ export function resolveGatewayOptions(options: GatewayOptions): ResolvedGatewayO
     port: integer('port', options.port ?? GATEWAY_DEFAULTS.port, 0, 65535),
     tokenizer: text('tokenizer', options.tokenizer ?? GATEWAY_DEFAULTS.tokenizer),
     model,
-    maxContext: options.maxContext === undefined || options.maxContext === null ? null : integer('maxContext', options.maxContext, 2),
-    defaultMaxTokens: options.defaultMaxTokens === undefined || options.defaultMaxTokens === null ? null : integer('defaultMaxTokens', options.defaultMaxTokens, 1),
+    maxContext:
+      options.maxContext === undefined || options.maxContext === null
+        ? null
+        : integer('maxContext', options.maxContext, 2),
+    defaultMaxTokens:
+      options.defaultMaxTokens === undefined || options.defaultMaxTokens === null
+        ? null
+        : integer('defaultMaxTokens', options.defaultMaxTokens, 1),
     sessionTtlMs: integer('sessionTtlMs', options.sessionTtlMs ?? GATEWAY_DEFAULTS.sessionTtlMs, 1, 2 ** 31 - 1),
     maxSessions: integer('maxSessions', options.maxSessions ?? GATEWAY_DEFAULTS.maxSessions, 1),
     modelStep: integer('modelStep', options.modelStep ?? GATEWAY_DEFAULTS.modelStep, 0),
     maxBodyBytes: integer('maxBodyBytes', options.maxBodyBytes ?? GATEWAY_DEFAULTS.maxBodyBytes, 1024),
     sideCalls: oneOf('sideCalls', options.sideCalls ?? GATEWAY_DEFAULTS.sideCalls, ['record', 'refuse'] as const),
     maxSideCalls: integer('maxSideCalls', options.maxSideCalls ?? GATEWAY_DEFAULTS.maxSideCalls, 1),
-    onSessionReleased: options.onSessionReleased === undefined || options.onSessionReleased === null ? null : callback('onSessionReleased', options.onSessionReleased),
+    onSessionReleased:
+      options.onSessionReleased === undefined || options.onSessionReleased === null
+        ? null
+        : callback('onSessionReleased', options.onSessionReleased),
   };
 }

@@ -73,7 +73,13 @@ export interface PlanOptions {
   messageAt?: (char: number) => number | null;
 }
 
-export function planPrompt(model: ChatModel, sessionId: string, base: PromptBase | null, rendered: string, options: PlanOptions = {}): PromptPlan {
+export function planPrompt(
+  model: ChatModel,
+  sessionId: string,
+  base: PromptBase | null,
+  rendered: string,
+  options: PlanOptions = {},
+): PromptPlan {
   if (base === null) {
     const ids = model.encode(rendered);
     return { kind: 'first', promptIds: ids, deltaLength: ids.length };
@@ -120,7 +126,13 @@ function tokenAt(model: ChatModel, tokens: readonly number[], char: number): { t
   return { token: lo, charStart: model.decode(tokens.slice(0, lo)).length };
 }
 
-function prefixMismatch(model: ChatModel, sessionId: string, base: PromptBase, rendered: string, messageAt: (char: number) => number | null = () => null): GatewayError {
+function prefixMismatch(
+  model: ChatModel,
+  sessionId: string,
+  base: PromptBase,
+  rendered: string,
+  messageAt: (char: number) => number | null = () => null,
+): GatewayError {
   const char = firstDifference(base.coveredText, rendered);
   const message = messageAt(char);
   // A render shorter than what the session holds differs right where it ends.

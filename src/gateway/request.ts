@@ -36,8 +36,12 @@ export function parseMessages(value: unknown, param = 'messages'): ChatMessageIn
   return value.map((raw, i) => {
     const m = raw as Record<string, unknown> | null;
     if (typeof m !== 'object' || m === null || Array.isArray(m)) bad(`${param}[${i}]`, 'must be an object', m);
-    if (typeof m.role !== 'string' || !CHAT_ROLES.has(m.role)) bad(`${param}[${i}].role`, `must be one of ${[...CHAT_ROLES].join(', ')}`, m.role);
-    const message: ChatMessageInput = { role: m.role, content: contentText(m.content, `${param}[${i}].content`, bad, 'the gateway renders text only') };
+    if (typeof m.role !== 'string' || !CHAT_ROLES.has(m.role))
+      bad(`${param}[${i}].role`, `must be one of ${[...CHAT_ROLES].join(', ')}`, m.role);
+    const message: ChatMessageInput = {
+      role: m.role,
+      content: contentText(m.content, `${param}[${i}].content`, bad, 'the gateway renders text only'),
+    };
     if (typeof m.name === 'string') message.name = m.name;
     if (Array.isArray(m.tool_calls)) message.tool_calls = m.tool_calls;
     if (typeof m.tool_call_id === 'string') message.tool_call_id = m.tool_call_id;
@@ -52,7 +56,12 @@ export function parseSessionId(value: unknown, param: string): string {
   return value;
 }
 
-function optional<T>(b: Record<string, unknown>, key: string, check: (v: unknown) => boolean, rule: string): T | undefined {
+function optional<T>(
+  b: Record<string, unknown>,
+  key: string,
+  check: (v: unknown) => boolean,
+  rule: string,
+): T | undefined {
   const value = b[key];
   if (value === undefined || value === null) return undefined;
   if (!check(value)) bad(key, rule, value);
@@ -81,14 +90,20 @@ export function parseChatCompletionRequest(b: Record<string, unknown>): ChatComp
   const messages = parseMessages(b.messages);
   const n = optional<number>(b, 'n', isPositiveInt, 'must be a positive integer');
   if (n !== undefined && n !== 1) bad('n', 'must be 1 (a session records one completion per call)', n);
-  const streamOptions = optional<Record<string, unknown>>(b, 'stream_options', (v) => typeof v === 'object' && !Array.isArray(v), 'must be an object');
+  const streamOptions = optional<Record<string, unknown>>(
+    b,
+    'stream_options',
+    (v) => typeof v === 'object' && !Array.isArray(v),
+    'must be an object',
+  );
   const stop = optional<string | string[]>(
     b,
     'stop',
     (v) => typeof v === 'string' || (Array.isArray(v) && v.every((s) => typeof s === 'string')),
     'must be a string or an array of strings',
   );
-  const sessionId = b.session_id === undefined || b.session_id === null ? null : parseSessionId(b.session_id, 'session_id');
+  const sessionId =
+    b.session_id === undefined || b.session_id === null ? null : parseSessionId(b.session_id, 'session_id');
   const tools = optional<unknown[]>(b, 'tools', Array.isArray, 'must be an array');
   const request: ChatCompletionRequest = {
     messages,
@@ -100,7 +115,13 @@ export function parseChatCompletionRequest(b: Record<string, unknown>): ChatComp
     stream: optional<boolean>(b, 'stream', isBool, 'must be a boolean') === true,
     includeUsage: streamOptions?.include_usage === true,
     logprobs: optional<boolean>(b, 'logprobs', isBool, 'must be a boolean') === true,
-    topLogprobs: optional<number>(b, 'top_logprobs', (v) => Number.isInteger(v) && (v as number) >= 0 && (v as number) <= 20, 'must be an integer in [0, 20]') ?? 0,
+    topLogprobs:
+      optional<number>(
+        b,
+        'top_logprobs',
+        (v) => Number.isInteger(v) && (v as number) >= 0 && (v as number) <= 20,
+        'must be an integer in [0, 20]',
+      ) ?? 0,
     returnTokenIds: optional<boolean>(b, 'return_token_ids', isBool, 'must be a boolean') === true,
     sessionId,
     tools: tools !== undefined && tools.length > 0 ? tools : null,

@@ -40,12 +40,17 @@ export interface CallReply {
 }
 
 function logprobEntry(model: ChatModel, reply: CallReply, i: number): Record<string, unknown> {
-  const top = reply.wantTopLogprobs > 0 && reply.topLogprobs !== null ? reply.topLogprobs[i].slice(0, reply.wantTopLogprobs) : [];
+  const top =
+    reply.wantTopLogprobs > 0 && reply.topLogprobs !== null ? reply.topLogprobs[i].slice(0, reply.wantTopLogprobs) : [];
   return {
     token: model.tokenText(reply.completionIds[i]),
     logprob: reply.logprobs[i],
     bytes: null,
-    top_logprobs: top.map((t) => ({ token: t.token ?? (t.tokenId !== null ? model.tokenText(t.tokenId) : ''), logprob: t.logprob, bytes: null })),
+    top_logprobs: top.map((t) => ({
+      token: t.token ?? (t.tokenId !== null ? model.tokenText(t.tokenId) : ''),
+      logprob: t.logprob,
+      bytes: null,
+    })),
   };
 }
 
@@ -110,8 +115,15 @@ function contentPieces(model: ChatModel, ids: readonly number[], contentTokens: 
 export function chatCompletionSse(model: ChatModel, reply: CallReply): string {
   const head = `{"id":${JSON.stringify(reply.id)},"object":"chat.completion.chunk","created":${reply.created},"model":${JSON.stringify(reply.model)},"session_id":${JSON.stringify(reply.sessionId)},`;
   const out: string[] = [];
-  const first: Record<string, unknown> = { index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null };
-  out.push(`data: ${head}"choices":[${JSON.stringify(first)}]${reply.wantTokenIds ? `,"prompt_token_ids":${JSON.stringify(reply.promptIds)}` : ''}}\n\n`);
+  const first: Record<string, unknown> = {
+    index: 0,
+    delta: { role: 'assistant', content: '' },
+    logprobs: null,
+    finish_reason: null,
+  };
+  out.push(
+    `data: ${head}"choices":[${JSON.stringify(first)}]${reply.wantTokenIds ? `,"prompt_token_ids":${JSON.stringify(reply.promptIds)}` : ''}}\n\n`,
+  );
   const pieces = contentPieces(model, reply.completionIds, reply.contentTokens, reply.content);
   for (let i = 0; i < reply.completionIds.length; i++) {
     const choice: Record<string, unknown> = {
@@ -124,7 +136,9 @@ export function chatCompletionSse(model: ChatModel, reply: CallReply): string {
     out.push(`data: ${head}"choices":[${JSON.stringify(choice)}]}\n\n`);
   }
   const last = { index: 0, delta: {}, logprobs: null, finish_reason: reply.finishReason };
-  out.push(`data: ${head}"choices":[${JSON.stringify(last)}],"metadata":{"weight_version":${reply.modelStep},"side_call":${reply.sideCall}}}\n\n`);
+  out.push(
+    `data: ${head}"choices":[${JSON.stringify(last)}],"metadata":{"weight_version":${reply.modelStep},"side_call":${reply.sideCall}}}\n\n`,
+  );
   if (reply.includeUsage) out.push(`data: ${head}"choices":[],"usage":${JSON.stringify(usage(reply))}}\n\n`);
   out.push('data: [DONE]\n\n');
   return out.join('');

@@ -107,7 +107,11 @@ function resolveSessionId(sources: [string, string | null][]): string | null {
   for (const [where, id] of sources) {
     if (id === null) continue;
     if (chosen !== null && chosen[1] !== id) {
-      throw new GatewayError('ERR_GATEWAY_BAD_REQUEST', `session id ${JSON.stringify(id)} from ${where} differs from ${JSON.stringify(chosen[1])} from ${chosen[0]}`, { param: 'session_id' });
+      throw new GatewayError(
+        'ERR_GATEWAY_BAD_REQUEST',
+        `session id ${JSON.stringify(id)} from ${where} differs from ${JSON.stringify(chosen[1])} from ${chosen[0]}`,
+        { param: 'session_id' },
+      );
     }
     chosen ??= [where, id];
   }
@@ -115,10 +119,14 @@ function resolveSessionId(sources: [string, string | null][]): string | null {
 }
 
 function unknownSession(id: string): GatewayError {
-  return new GatewayError('ERR_GATEWAY_UNKNOWN_SESSION', `no live session ${JSON.stringify(id)} (never used, already stitched or deleted, or expired after the session TTL)`, {
-    param: 'session_id',
-    details: { session_id: id },
-  });
+  return new GatewayError(
+    'ERR_GATEWAY_UNKNOWN_SESSION',
+    `no live session ${JSON.stringify(id)} (never used, already stitched or deleted, or expired after the session TTL)`,
+    {
+      param: 'session_id',
+      details: { session_id: id },
+    },
+  );
 }
 
 export async function startGateway(options: GatewayOptions): Promise<Gateway> {
@@ -127,7 +135,11 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   const maxContext = opts.maxContext ?? Math.min(model.maxLength ?? DEFAULT_MAX_CONTEXT, DEFAULT_MAX_CONTEXT);
   const servedModel = opts.model ?? opts.tokenizer;
   const backend = createTokenBackend({ ...opts.backend, completeTokenId: model.encode('a')[0] });
-  const sessions = new SessionStore({ ttlMs: opts.sessionTtlMs, maxSessions: opts.maxSessions, onRelease: opts.onSessionReleased });
+  const sessions = new SessionStore({
+    ttlMs: opts.sessionTtlMs,
+    maxSessions: opts.maxSessions,
+    onRelease: opts.onSessionReleased,
+  });
   let modelStep = opts.modelStep;
   const ctx: ChatContext = {
     model,
@@ -148,11 +160,18 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     const session = sessions.get(sessionId);
     if (session === undefined) throw unknownSession(sessionId);
     if (session.busy) {
-      throw new GatewayError('ERR_GATEWAY_SESSION_BUSY', `session ${JSON.stringify(sessionId)} has a call in flight; stitch it once the agent is done`, { param: 'session_id', details: { session_id: sessionId } });
+      throw new GatewayError(
+        'ERR_GATEWAY_SESSION_BUSY',
+        `session ${JSON.stringify(sessionId)} has a call in flight; stitch it once the agent is done`,
+        { param: 'session_id', details: { session_id: sessionId } },
+      );
     }
     if (session.traces.length === 0) throw unknownSession(sessionId);
     try {
-      const sample = stitchTraces({ sessionId, tokens: session.tokens, traces: session.traces, sideCalls: session.sideCalls }, stitchOptions);
+      const sample = stitchTraces(
+        { sessionId, tokens: session.tokens, traces: session.traces, sideCalls: session.sideCalls },
+        stitchOptions,
+      );
       counters.stitched += 1;
       return sample;
     } finally {
@@ -181,7 +200,10 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       reply = await runChatCall(ctx, request, sessionId, controller.signal);
     } catch (err) {
       // Cut short by close(): say so, rather than "cancelled" as if the client had hung up.
-      if (closing && (err as GatewayError).code === 'ERR_BACKEND_ABORTED') throw new GatewayError('ERR_GATEWAY_CLOSING', 'the gateway is shutting down; the call was cancelled', { cause: err });
+      if (closing && (err as GatewayError).code === 'ERR_BACKEND_ABORTED')
+        throw new GatewayError('ERR_GATEWAY_CLOSING', 'the gateway is shutting down; the call was cancelled', {
+          cause: err,
+        });
       throw err;
     } finally {
       inFlight.delete(controller);
@@ -189,11 +211,18 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     counters.backendMs += reply.timings.backendMs;
     counters.gatewayMs += reply.timings.totalMs - reply.timings.backendMs;
     counters.calls += 1;
-    const headers: Record<string, string> = HEADER_SAFE.test(reply.sessionId) ? { 'x-session-id': reply.sessionId } : {};
+    const headers: Record<string, string> = HEADER_SAFE.test(reply.sessionId)
+      ? { 'x-session-id': reply.sessionId }
+      : {};
     if (request.stream) {
       const sse = chatCompletionSse(model, reply);
       if (res.destroyed) return;
-      res.writeHead(200, { 'content-type': 'text/event-stream; charset=utf-8', 'cache-control': 'no-cache', 'content-length': Buffer.byteLength(sse), ...headers });
+      res.writeHead(200, {
+        'content-type': 'text/event-stream; charset=utf-8',
+        'cache-control': 'no-cache',
+        'content-length': Buffer.byteLength(sse),
+        ...headers,
+      });
       res.end(sse);
     } else {
       sendText(res, 200, JSON.stringify(chatCompletionBody(model, reply)), headers);
@@ -202,7 +231,12 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
 
   const models: Handler = (req, res) => {
     req.resume();
-    sendJson(res, 200, { object: 'list', data: [{ id: servedModel, object: 'model', created: 0, owned_by: 'rollout-engine-gateway', max_model_len: maxContext }] });
+    sendJson(res, 200, {
+      object: 'list',
+      data: [
+        { id: servedModel, object: 'model', created: 0, owned_by: 'rollout-engine-gateway', max_model_len: maxContext },
+      ],
+    });
   };
 
   const tokenize: Handler = async (req, res) => {
@@ -210,17 +244,29 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     const hasMessages = body.messages !== undefined;
     const hasText = body.text !== undefined || body.prompt !== undefined;
     if (hasMessages === hasText) {
-      throw new GatewayError('ERR_GATEWAY_BAD_REQUEST', 'send exactly one of messages (a conversation, rendered with the chat template) or text', { param: hasMessages ? 'text' : 'messages' });
+      throw new GatewayError(
+        'ERR_GATEWAY_BAD_REQUEST',
+        'send exactly one of messages (a conversation, rendered with the chat template) or text',
+        { param: hasMessages ? 'text' : 'messages' },
+      );
     }
     let text: string;
     if (hasMessages) {
       const addGenerationPrompt = body.add_generation_prompt ?? true;
-      if (typeof addGenerationPrompt !== 'boolean') throw new GatewayError('ERR_GATEWAY_BAD_REQUEST', `add_generation_prompt must be a boolean (got ${JSON.stringify(addGenerationPrompt)})`, { param: 'add_generation_prompt' });
+      if (typeof addGenerationPrompt !== 'boolean')
+        throw new GatewayError(
+          'ERR_GATEWAY_BAD_REQUEST',
+          `add_generation_prompt must be a boolean (got ${JSON.stringify(addGenerationPrompt)})`,
+          { param: 'add_generation_prompt' },
+        );
       const tools = Array.isArray(body.tools) && body.tools.length > 0 ? body.tools : null;
       text = model.render(parseMessages(body.messages), { addGenerationPrompt, tools });
     } else {
       const value = body.text ?? body.prompt;
-      if (typeof value !== 'string') throw new GatewayError('ERR_GATEWAY_BAD_REQUEST', `text must be a string (got ${typeof value})`, { param: 'text' });
+      if (typeof value !== 'string')
+        throw new GatewayError('ERR_GATEWAY_BAD_REQUEST', `text must be a string (got ${typeof value})`, {
+          param: 'text',
+        });
       text = value;
     }
     const ids = model.encode(text);
@@ -262,9 +308,17 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     const body = raw.trim() === '' ? {} : parseJsonObject(raw);
     const reward = body.reward;
     if (reward !== undefined && reward !== null && (typeof reward !== 'number' || !Number.isFinite(reward))) {
-      throw new GatewayError('ERR_GATEWAY_BAD_REQUEST', `reward must be a finite number or null (got ${JSON.stringify(reward)})`, { param: 'reward' });
+      throw new GatewayError(
+        'ERR_GATEWAY_BAD_REQUEST',
+        `reward must be a finite number or null (got ${JSON.stringify(reward)})`,
+        { param: 'reward' },
+      );
     }
-    sendJson(res, 200, stitchedSampleJson(stitch(sessionId!, { reward: (reward as number | null | undefined) ?? null })));
+    sendJson(
+      res,
+      200,
+      stitchedSampleJson(stitch(sessionId!, { reward: (reward as number | null | undefined) ?? null })),
+    );
   };
 
   const health: Handler = (req, res) => {
@@ -287,7 +341,12 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     '/models': { GET: models },
   };
 
-  function route(req: IncomingMessage): { handler: Handler | undefined; allowed: string[] | null; sessionId: string | null; path: string } {
+  function route(req: IncomingMessage): {
+    handler: Handler | undefined;
+    allowed: string[] | null;
+    sessionId: string | null;
+    path: string;
+  } {
     const q = req.url?.indexOf('?') ?? -1;
     const path = q >= 0 ? req.url!.slice(0, q) : (req.url ?? '/');
     const match = SESSION_ROUTE.exec(path);
@@ -298,7 +357,9 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       try {
         decoded = decodeURIComponent(match[1]);
       } catch {
-        throw new GatewayError('ERR_GATEWAY_BAD_REQUEST', `the session id in ${path} is not valid percent-encoding`, { param: 'session_id' });
+        throw new GatewayError('ERR_GATEWAY_BAD_REQUEST', `the session id in ${path} is not valid percent-encoding`, {
+          param: 'session_id',
+        });
       }
       sessionId = parseSessionId(decoded, 'session_id');
       table = sessionRoutes[match[2] ?? ''];
@@ -327,18 +388,25 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         if (handler === undefined) {
           req.resume();
           if (allowed === null) throw new GatewayError('ERR_GATEWAY_NOT_FOUND', `unknown route ${req.method} ${path}`);
-          throw new GatewayError('ERR_GATEWAY_METHOD', `method ${req.method} is not allowed on ${path} (allowed: ${allowed.join(', ')})`);
+          throw new GatewayError(
+            'ERR_GATEWAY_METHOD',
+            `method ${req.method} is not allowed on ${path} (allowed: ${allowed.join(', ')})`,
+          );
         }
         return handler(req, res, sessionId);
       })
       .catch((err: unknown) => {
         if (isChat) counters.failedCalls += 1;
-        const error = err instanceof GatewayError ? err : new GatewayError('ERR_GATEWAY_INTERNAL', `gateway error: ${(err as Error).message}`, { cause: err });
+        const error =
+          err instanceof GatewayError
+            ? err
+            : new GatewayError('ERR_GATEWAY_INTERNAL', `gateway error: ${(err as Error).message}`, { cause: err });
         if (res.headersSent || res.destroyed) {
           res.destroy();
           return;
         }
-        const headers: Record<string, string> = error.code === 'ERR_GATEWAY_BODY_TOO_LARGE' ? { connection: 'close' } : {};
+        const headers: Record<string, string> =
+          error.code === 'ERR_GATEWAY_BODY_TOO_LARGE' ? { connection: 'close' } : {};
         sendError(res, error, headers);
       });
   });
@@ -375,7 +443,12 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     },
     release: (sessionId) => sessions.release(sessionId, 'deleted'),
     setModelStep(step) {
-      if (!Number.isSafeInteger(step) || step < 0) throw new GatewayError('ERR_GATEWAY_BAD_REQUEST', `model step must be a non-negative integer (got ${JSON.stringify(step)})`, { param: 'modelStep' });
+      if (!Number.isSafeInteger(step) || step < 0)
+        throw new GatewayError(
+          'ERR_GATEWAY_BAD_REQUEST',
+          `model step must be a non-negative integer (got ${JSON.stringify(step)})`,
+          { param: 'modelStep' },
+        );
       modelStep = step;
     },
     stats: () => ({ sessions: sessions.size, expiredSessions: sessions.expired, ...counters }),

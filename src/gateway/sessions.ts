@@ -53,7 +53,11 @@ interface Entry {
   timer: NodeJS.Timeout;
 }
 
-function callSummary(t: CallTrace | SideCallTrace, kind: 'main' | 'side', promptTokens: number): SessionSummary['calls'][number] {
+function callSummary(
+  t: CallTrace | SideCallTrace,
+  kind: 'main' | 'side',
+  promptTokens: number,
+): SessionSummary['calls'][number] {
   return {
     index: t.index,
     kind,
@@ -73,7 +77,11 @@ export class SessionStore {
   readonly #onRelease: ((id: string, reason: ReleaseReason) => void) | null;
   #expired = 0;
 
-  constructor(options: { ttlMs: number; maxSessions: number; onRelease?: ((id: string, reason: ReleaseReason) => void) | null }) {
+  constructor(options: {
+    ttlMs: number;
+    maxSessions: number;
+    onRelease?: ((id: string, reason: ReleaseReason) => void) | null;
+  }) {
     this.#ttlMs = options.ttlMs;
     this.#maxSessions = options.maxSessions;
     this.#onRelease = options.onRelease ?? null;
@@ -97,9 +105,13 @@ export class SessionStore {
     const existing = this.#entries.get(id);
     if (existing !== undefined) return existing.session;
     if (this.#entries.size >= this.#maxSessions) {
-      throw new GatewayError('ERR_GATEWAY_TOO_MANY_SESSIONS', `${this.#entries.size} sessions are live (maxSessions ${this.#maxSessions}); stitch or delete finished sessions, or raise the limit`, {
-        details: { live: this.#entries.size, max_sessions: this.#maxSessions },
-      });
+      throw new GatewayError(
+        'ERR_GATEWAY_TOO_MANY_SESSIONS',
+        `${this.#entries.size} sessions are live (maxSessions ${this.#maxSessions}); stitch or delete finished sessions, or raise the limit`,
+        {
+          details: { live: this.#entries.size, max_sessions: this.#maxSessions },
+        },
+      );
     }
     const session: Session = {
       id,

@@ -33,14 +33,20 @@ export interface StitchInput {
 }
 
 function broken(sessionId: string, why: string, details: Record<string, unknown>): GatewayError {
-  return new GatewayError('ERR_GATEWAY_STITCH', `session ${JSON.stringify(sessionId)}: traces do not stitch: ${why}`, { details: { session_id: sessionId, ...details } });
+  return new GatewayError('ERR_GATEWAY_STITCH', `session ${JSON.stringify(sessionId)}: traces do not stitch: ${why}`, {
+    details: { session_id: sessionId, ...details },
+  });
 }
 
 export function stitchTraces(input: StitchInput, options: { reward?: number | null } = {}): StitchedSample {
   const { sessionId, tokens, traces, sideCalls = [] } = input;
   const reward = options.reward ?? null;
   if (reward !== null && (typeof reward !== 'number' || !Number.isFinite(reward))) {
-    throw new GatewayError('ERR_GATEWAY_BAD_REQUEST', `reward must be a finite number or null (got ${typeof reward === 'number' ? String(reward) : JSON.stringify(reward)})`, { param: 'reward' });
+    throw new GatewayError(
+      'ERR_GATEWAY_BAD_REQUEST',
+      `reward must be a finite number or null (got ${typeof reward === 'number' ? String(reward) : JSON.stringify(reward)})`,
+      { param: 'reward' },
+    );
   }
   if (traces.length === 0) throw broken(sessionId, 'the session has no completed call', { calls: 0 });
   const observation = Int32Array.from(tokens);
@@ -53,17 +59,39 @@ export function stitchTraces(input: StitchInput, options: { reward?: number | nu
   for (const trace of traces) {
     const start = trace.promptLength;
     const end = start + trace.completionIds.length;
-    if (start < previousEnd) throw broken(sessionId, `call ${trace.index} starts at token ${start}, inside the previous action which ends at ${previousEnd}`, { call: trace.index, start, previous_end: previousEnd });
-    if (end > observation.length) throw broken(sessionId, `call ${trace.index} ends at token ${end}, past the ${observation.length} tokens of the session`, { call: trace.index, end, tokens: observation.length });
+    if (start < previousEnd)
+      throw broken(
+        sessionId,
+        `call ${trace.index} starts at token ${start}, inside the previous action which ends at ${previousEnd}`,
+        { call: trace.index, start, previous_end: previousEnd },
+      );
+    if (end > observation.length)
+      throw broken(
+        sessionId,
+        `call ${trace.index} ends at token ${end}, past the ${observation.length} tokens of the session`,
+        { call: trace.index, end, tokens: observation.length },
+      );
     hash = hashIds(observation, hashedTo, start, hash);
     hashedTo = start;
-    if (hash !== trace.promptHash) throw broken(sessionId, `call ${trace.index}: the first ${start} tokens are not the prompt that call sent`, { call: trace.index, prompt_length: start });
+    if (hash !== trace.promptHash)
+      throw broken(sessionId, `call ${trace.index}: the first ${start} tokens are not the prompt that call sent`, {
+        call: trace.index,
+        prompt_length: start,
+      });
     if (trace.logprobs.length !== trace.completionIds.length) {
-      throw broken(sessionId, `call ${trace.index} has ${trace.logprobs.length} logprobs for ${trace.completionIds.length} completion tokens`, { call: trace.index });
+      throw broken(
+        sessionId,
+        `call ${trace.index} has ${trace.logprobs.length} logprobs for ${trace.completionIds.length} completion tokens`,
+        { call: trace.index },
+      );
     }
     for (let j = 0; j < trace.completionIds.length; j++) {
       if (observation[start + j] !== trace.completionIds[j]) {
-        throw broken(sessionId, `call ${trace.index}: token ${start + j} is ${observation[start + j]} but that call generated ${trace.completionIds[j]}`, { call: trace.index, position: start + j });
+        throw broken(
+          sessionId,
+          `call ${trace.index}: token ${start + j} is ${observation[start + j]} but that call generated ${trace.completionIds[j]}`,
+          { call: trace.index, position: start + j },
+        );
       }
     }
     logprobs.set(trace.logprobs, start);
@@ -72,11 +100,19 @@ export function stitchTraces(input: StitchInput, options: { reward?: number | nu
     previousEnd = end;
   }
   if (previousEnd !== observation.length) {
-    throw broken(sessionId, `the last action ends at token ${previousEnd} but the session holds ${observation.length} (observation must be last prompt + last completion)`, { last_end: previousEnd, tokens: observation.length });
+    throw broken(
+      sessionId,
+      `the last action ends at token ${previousEnd} but the session holds ${observation.length} (observation must be last prompt + last completion)`,
+      { last_end: previousEnd, tokens: observation.length },
+    );
   }
   for (const side of sideCalls) {
     if (side.logprobs.length !== side.completionIds.length) {
-      throw broken(sessionId, `side call ${side.index} has ${side.logprobs.length} logprobs for ${side.completionIds.length} completion tokens`, { call: side.index });
+      throw broken(
+        sessionId,
+        `side call ${side.index} has ${side.logprobs.length} logprobs for ${side.completionIds.length} completion tokens`,
+        { call: side.index },
+      );
     }
   }
   const last = traces[traces.length - 1];
@@ -91,7 +127,16 @@ export function stitchTraces(input: StitchInput, options: { reward?: number | nu
     finishReasons: traces.map((t) => t.finishReason),
     // Shared with the traces, not copied: the gateway releases a session once stitched, so nothing writes them again.
     sideCalls: sideCalls
-      .map((t): SideCall => ({ index: t.index, promptIds: t.promptIds, completionIds: t.completionIds, logprobs: t.logprobs, finishReason: t.finishReason, modelStep: t.modelStep }))
+      .map(
+        (t): SideCall => ({
+          index: t.index,
+          promptIds: t.promptIds,
+          completionIds: t.completionIds,
+          logprobs: t.logprobs,
+          finishReason: t.finishReason,
+          modelStep: t.modelStep,
+        }),
+      )
       .sort((a, b) => a.index - b.index),
   };
 }

@@ -62,9 +62,19 @@ export interface CallRecord extends Omit<CallTrace, 'promptHash'> {
  * Every call of a session with its prompt ids, in call order. The main calls' views share one buffer,
  * so this costs O(context) plus the side calls' own prompts, not O(calls × context).
  */
-export function callRecords(tokens: ArrayLike<number>, traces: readonly CallTrace[], sideCalls: readonly SideCallTrace[] = []): CallRecord[] {
+export function callRecords(
+  tokens: ArrayLike<number>,
+  traces: readonly CallTrace[],
+  sideCalls: readonly SideCallTrace[] = [],
+): CallRecord[] {
   const all = Int32Array.from(tokens);
-  const main = traces.map(({ promptHash: _hash, ...trace }): CallRecord => ({ ...trace, kind: 'main', promptIds: all.subarray(0, trace.promptLength) }));
+  const main = traces.map(
+    ({ promptHash: _hash, ...trace }): CallRecord => ({
+      ...trace,
+      kind: 'main',
+      promptIds: all.subarray(0, trace.promptLength),
+    }),
+  );
   if (sideCalls.length === 0) return main;
   const side = sideCalls.map((trace): CallRecord => ({ ...trace, kind: 'side', promptLength: trace.promptIds.length }));
   return main.concat(side).sort((a, b) => a.index - b.index);

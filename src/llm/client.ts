@@ -91,11 +91,17 @@ export interface ChatRequest {
  * The OpenAI chat-completions request body for `request` (the object; each attempt serialises it).
  * `ids`: the dialect's fields asking for token ids (llm/servers.ts); default vLLM's `return_token_ids`.
  */
-export function chatPayload(options: Pick<LlmClientOptions, 'model' | 'logprobs' | 'returnTokenIds' | 'stream'>, request: ChatRequest, ids: Record<string, unknown> | null = VLLM_IDS): object {
+export function chatPayload(
+  options: Pick<LlmClientOptions, 'model' | 'logprobs' | 'returnTokenIds' | 'stream'>,
+  request: ChatRequest,
+  ids: Record<string, unknown> | null = VLLM_IDS,
+): object {
   const continuing = request.continueFrom !== undefined;
   return {
     model: options.model,
-    messages: continuing ? [...request.messages, { role: 'assistant', content: request.continueFrom }] : request.messages,
+    messages: continuing
+      ? [...request.messages, { role: 'assistant', content: request.continueFrom }]
+      : request.messages,
     max_tokens: request.maxTokens,
     temperature: request.temperature,
     ...(request.seed !== undefined ? { seed: request.seed } : {}),
@@ -109,7 +115,9 @@ export function chatPayload(options: Pick<LlmClientOptions, 'model' | 'logprobs'
 const VLLM_IDS = { return_token_ids: true };
 
 /** How one attempt ended: the reply, or why not and whether another attempt may do better. */
-type Outcome<T = ChatResult> = { ok: true; result: T } | { ok: false; error: LlmError; retryable: boolean; retryAfterMs?: number };
+type Outcome<T = ChatResult> =
+  | { ok: true; result: T }
+  | { ok: false; error: LlmError; retryable: boolean; retryAfterMs?: number };
 
 /** How the answer to one kind of call is read (chat, or a token-in route): plain functions, no closure per call. */
 interface CallReader<T> {
@@ -162,8 +170,15 @@ export class LlmClient {
       onClientError: (status, text) => (isContextOverflow(status, text) ? contextOverflowReply(text) : null),
       check: (result) => this.#checkAsked(result),
     };
-    this.#tokens = options.api === 'tokens' ? new TokenChat(this.#dialect, options, (path, payload, reader, signal) => this.#call(path, payload, reader, signal, false)) : null;
-    this.#exchanges = new Exchanges({ limits: { maxBodyBytes: options.maxReplyBytes, wholeBodyMs: options.timeoutMs } });
+    this.#tokens =
+      options.api === 'tokens'
+        ? new TokenChat(this.#dialect, options, (path, payload, reader, signal) =>
+            this.#call(path, payload, reader, signal, false),
+          )
+        : null;
+    this.#exchanges = new Exchanges({
+      limits: { maxBodyBytes: options.maxReplyBytes, wholeBodyMs: options.timeoutMs },
+    });
     const url = new URL(options.url);
     this.#origin = url.origin;
     this.#v1 = v1Path(url.pathname);
@@ -216,7 +231,13 @@ export class LlmClient {
    * KB per frame), so the reading of an answer is plain functions (`#outcomeOf`, `#transportOutcome`)
    * instead of an awaited helper.
    */
-  async #call<T>(path: string, payload: object, reader: CallReader<T>, signal: CancelSignal | undefined, stream: boolean): Promise<T> {
+  async #call<T>(
+    path: string,
+    payload: object,
+    reader: CallReader<T>,
+    signal: CancelSignal | undefined,
+    stream: boolean,
+  ): Promise<T> {
     const attempts = this.#options.retries + 1;
     let lastError: LlmError | null = null;
     for (let attempt = 1; ; attempt++) {
@@ -224,7 +245,12 @@ export class LlmClient {
       // call slot, a retry's backoff): this check, in the same tick as the send, is what makes
       // "stopped issuing" immediate — for a first attempt and a retry alike.
       if (this.#options.paused?.()) {
-        throw new LlmError('ERR_LLM_ABORTED', lastError === null ? 'inference call not sent: paused for a weight update' : `not retried while paused for a weight update (after: ${lastError.message})`);
+        throw new LlmError(
+          'ERR_LLM_ABORTED',
+          lastError === null
+            ? 'inference call not sent: paused for a weight update'
+            : `not retried while paused for a weight update (after: ${lastError.message})`,
+        );
       }
       // The request budget is enforced by the pool's headers and body timeouts (both llm.timeoutMs): a
       // timer and a composite signal per call cost more than the rest of the client's work per step.
@@ -233,7 +259,12 @@ export class LlmClient {
       let response: ExchangeResult | null = null;
       let failure: unknown = null;
       // Per attempt: a retry reads its own stream from the start.
-      const events = stream ? new ChatStream({ tokenIds: this.#options.returnTokenIds && this.#dialect.chatResponseIds, logprobs: this.#options.logprobs }) : undefined;
+      const events = stream
+        ? new ChatStream({
+            tokenIds: this.#options.returnTokenIds && this.#dialect.chatResponseIds,
+            logprobs: this.#options.logprobs,
+          })
+        : undefined;
       try {
         this.#options.onSend?.();
         response = await this.#exchanges.run(
@@ -275,15 +306,21 @@ export class LlmClient {
     if (result.finishReason === 'abort' || result.contextExceeded !== undefined) return;
     // What the dialect is known not to send was said once at start (llm/servers.ts serverGaps).
     if (this.#options.returnTokenIds && result.responseIds === null && this.#dialect.chatResponseIds) {
-      this.#warnOnce('token ids', 'llm.returnTokenIds (choices[0].token_ids, prompt_token_ids: vLLM ≥ 0.10.2 with return_token_ids)');
+      this.#warnOnce(
+        'token ids',
+        'llm.returnTokenIds (choices[0].token_ids, prompt_token_ids: vLLM ≥ 0.10.2 with return_token_ids)',
+      );
     }
-    if (this.#options.logprobs && result.logprobs === null) this.#warnOnce('logprobs', 'llm.logprobs (choices[0].logprobs.content)');
+    if (this.#options.logprobs && result.logprobs === null)
+      this.#warnOnce('logprobs', 'llm.logprobs (choices[0].logprobs.content)');
   }
 
   #warnOnce(what: string, asked: string): void {
     if (this.#warned.has(what)) return;
     this.#warned.add(what);
-    this.#options.warn?.(`${this.url} answers without ${what} though ${asked} asks for them: its turns are kept as text only (said once)`);
+    this.#options.warn?.(
+      `${this.url} answers without ${what} though ${asked} asks for them: its turns are kept as text only (said once)`,
+    );
   }
 
   /** A request that got no answer (timeouts, transport errors; not a cancellation). */
@@ -292,12 +329,24 @@ export class LlmClient {
     if (err instanceof LlmError) return { ok: false, retryable: false, error: err };
     const code = (err as { code?: string }).code;
     if (code === 'UND_ERR_HEADERS_TIMEOUT' || code === 'UND_ERR_BODY_TIMEOUT') {
-      return { ok: false, retryable: false, error: new LlmError('ERR_LLM_TIMEOUT', `inference request to ${this.url} timed out after ${this.#options.timeoutMs} ms (llm.timeoutMs)`, { cause: err }) };
+      return {
+        ok: false,
+        retryable: false,
+        error: new LlmError(
+          'ERR_LLM_TIMEOUT',
+          `inference request to ${this.url} timed out after ${this.#options.timeoutMs} ms (llm.timeoutMs)`,
+          { cause: err },
+        ),
+      };
     }
     return {
       ok: false,
       retryable: TRANSPORT_ERROR_CODES.has(code ?? 'unknown'),
-      error: new LlmError('ERR_LLM_UNREACHABLE', `inference server ${this.url} unreachable: ${code ?? 'unknown'} ${(err as Error).message}`, { cause: err }),
+      error: new LlmError(
+        'ERR_LLM_UNREACHABLE',
+        `inference server ${this.url} unreachable: ${code ?? 'unknown'} ${(err as Error).message}`,
+        { cause: err },
+      ),
     };
   }
 
@@ -315,7 +364,9 @@ export class LlmClient {
         ok: false,
         retryable: statusCode === 429 || statusCode >= 500,
         retryAfterMs: statusCode === 429 ? parseRetryAfter(response.headers['retry-after']) : undefined,
-        error: new LlmError('ERR_LLM_HTTP', `inference server answered ${statusCode}: ${serverMessage(text)}`, { status: statusCode }),
+        error: new LlmError('ERR_LLM_HTTP', `inference server answered ${statusCode}: ${serverMessage(text)}`, {
+          status: statusCode,
+        }),
       };
     }
     if (response.streamed && events !== undefined) return this.#replyOutcome(streamedReply, events) as Outcome<T>;
@@ -323,7 +374,11 @@ export class LlmClient {
     try {
       json = JSON.parse(text);
     } catch {
-      return { ok: false, retryable: false, error: new LlmError('ERR_LLM_BAD_REPLY', `inference reply is not JSON: ${JSON.stringify(text.slice(0, 80))}`) };
+      return {
+        ok: false,
+        retryable: false,
+        error: new LlmError('ERR_LLM_BAD_REPLY', `inference reply is not JSON: ${JSON.stringify(text.slice(0, 80))}`),
+      };
     }
     return this.#replyOutcome(reader.parse, json);
   }
@@ -371,7 +426,10 @@ export class InferenceAborter {
 
   constructor(options: { apiKey?: string | null; timeoutMs?: number } = {}) {
     this.#timeoutMs = options.timeoutMs ?? 2_000;
-    this.#headers = { 'content-type': 'application/json', ...(options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {}) };
+    this.#headers = {
+      'content-type': 'application/json',
+      ...(options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {}),
+    };
   }
 
   /** Resolves true when every server accepted the abort, false when any does not support it or failed. */
@@ -392,7 +450,10 @@ export class InferenceAborter {
       if (target === undefined) {
         const base = new URL(url);
         const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
-        target = { pool: new Pool(base.origin, { connections: 1, keepAliveTimeout: 600_000 }), path: `${prefix}${route.path}` };
+        target = {
+          pool: new Pool(base.origin, { connections: 1, keepAliveTimeout: 600_000 }),
+          path: `${prefix}${route.path}`,
+        };
         this.#pools.set(url, target);
       }
       const response = await target.pool.request({
@@ -423,7 +484,6 @@ function parseRetryAfter(value: string | string[] | undefined): number | undefin
   const ms = Number.isFinite(seconds) ? seconds * 1000 : Date.parse(text) - Date.now();
   return Number.isFinite(ms) ? Math.min(Math.max(ms, 0), MAX_RETRY_AFTER_MS) : undefined;
 }
-
 
 function aborted(signal: CancelSignal | undefined): LlmError {
   const reason = signal?.reason instanceof Error ? signal.reason.message : String(signal?.reason ?? 'aborted');

@@ -17,7 +17,8 @@ import type { ChatResult } from './reply.ts';
  *   type `exceed_context_size_error` (tools/server/server-context.cpp, server-common.cpp);
  * - OpenAI: code `context_length_exceeded`.
  */
-const OVERFLOW = /maximum context length|longer than the model's context length|exceeds? the available context size|exceed_context_size_error|context_length_exceeded/i;
+const OVERFLOW =
+  /maximum context length|longer than the model's context length|exceeds? the available context size|exceed_context_size_error|context_length_exceeded/i;
 
 export function isContextOverflow(status: number, text: string): boolean {
   return status === 400 && OVERFLOW.test(text);

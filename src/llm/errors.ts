@@ -8,7 +8,12 @@ import { RolloutEngineError } from '../protocol/errors.ts';
  * - ERR_LLM_BAD_REPLY: the body is not JSON or not a usable chat completion;
  * - ERR_LLM_ABORTED: the caller cancelled the request (pause / shutdown).
  */
-export type LlmErrorCode = 'ERR_LLM_HTTP' | 'ERR_LLM_UNREACHABLE' | 'ERR_LLM_TIMEOUT' | 'ERR_LLM_BAD_REPLY' | 'ERR_LLM_ABORTED';
+export type LlmErrorCode =
+  | 'ERR_LLM_HTTP'
+  | 'ERR_LLM_UNREACHABLE'
+  | 'ERR_LLM_TIMEOUT'
+  | 'ERR_LLM_BAD_REPLY'
+  | 'ERR_LLM_ABORTED';
 
 export class LlmError extends RolloutEngineError {
   declare readonly code: LlmErrorCode;

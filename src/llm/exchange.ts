@@ -85,37 +85,62 @@ export class Exchanges {
    * with `signal`'s reason once it aborts. `hold` aborting settles the call at once with what it has
    * (`held`), however far the answer got.
    */
-  run(dispatcher: Dispatcher, origin: string, request: ExchangeRequest, signal?: CancelSignal, hold?: CancelSignal): Promise<ExchangeResult> {
+  run(
+    dispatcher: Dispatcher,
+    origin: string,
+    request: ExchangeRequest,
+    signal?: CancelSignal,
+    hold?: CancelSignal,
+  ): Promise<ExchangeResult> {
     if (signal?.aborted) return Promise.reject(signal.reason);
     // Already held: nothing is sent, so there is nothing to wait for (the client does not send while
     // paused; this keeps a caller that does not check from sending during a pause).
     if (hold?.aborted) return Promise.resolve({ statusCode: 0, headers: {}, text: '', streamed: false, held: true });
     return new Promise<ExchangeResult>((resolve, reject) => {
       const exchange = new Exchange(resolve, reject, request.events ?? null, this.#limits);
-      if (signal !== undefined) exchange.track(callsOf(this.#cancelling, signal, (calls, reason) => calls.forEach((call) => call.cancel(reason))));
+      if (signal !== undefined)
+        exchange.track(
+          callsOf(this.#cancelling, signal, (calls, reason) => calls.forEach((call) => call.cancel(reason))),
+        );
       if (hold !== undefined) exchange.track(callsOf(this.#holding, hold, (calls) => this.#holdAll(calls)));
-      dispatcher.dispatch({ origin, method: request.method, path: request.path, headers: request.headers, body: request.body ?? null }, exchange);
+      dispatcher.dispatch(
+        { origin, method: request.method, path: request.path, headers: request.headers, body: request.body ?? null },
+        exchange,
+      );
     });
   }
 
   #holdAll(calls: Exchange[]): void {
     for (const call of calls) call.hold();
     const drained = setTimeout(() => {
-      for (const call of calls) call.cancel(new Error(`a held answer was not ended by the server within ${this.#holdDrainMs} ms (llm/exchange.ts holdDrainMs)`));
+      for (const call of calls)
+        call.cancel(
+          new Error(
+            `a held answer was not ended by the server within ${this.#holdDrainMs} ms (llm/exchange.ts holdDrainMs)`,
+          ),
+        );
     }, this.#holdDrainMs);
     drained.unref();
   }
 }
 
-function callsOf(bySignal: WeakMap<CancelSignal, Set<Exchange>>, signal: CancelSignal, act: (calls: Exchange[], reason: unknown) => void): Set<Exchange> {
+function callsOf(
+  bySignal: WeakMap<CancelSignal, Set<Exchange>>,
+  signal: CancelSignal,
+  act: (calls: Exchange[], reason: unknown) => void,
+): Set<Exchange> {
   let calls = bySignal.get(signal);
   if (calls === undefined) {
     const set = new Set<Exchange>();
-    signal.addEventListener('abort', () => {
-      const now = [...set];
-      set.clear();
-      act(now, signal.reason);
-    }, { once: true });
+    signal.addEventListener(
+      'abort',
+      () => {
+        const now = [...set];
+        set.clear();
+        act(now, signal.reason);
+      },
+      { once: true },
+    );
     bySignal.set(signal, set);
     calls = set;
   }
@@ -147,7 +172,12 @@ class Exchange implements Dispatcher.DispatchHandler {
   #settled = false;
   #done = false;
 
-  constructor(resolve: (result: ExchangeResult) => void, reject: (err: unknown) => void, events: BodySink | null, limits: ExchangeLimits) {
+  constructor(
+    resolve: (result: ExchangeResult) => void,
+    reject: (err: unknown) => void,
+    events: BodySink | null,
+    limits: ExchangeLimits,
+  ) {
     this.#resolve = resolve;
     this.#reject = reject;
     this.#events = events;
@@ -179,11 +209,16 @@ class Exchange implements Dispatcher.DispatchHandler {
     if (this.#cancelReason !== undefined) controller.abort(this.#cancelReason as Error);
   }
 
-  onResponseStart(_controller: Dispatcher.DispatchController, statusCode: number, headers: ExchangeResult['headers']): void {
+  onResponseStart(
+    _controller: Dispatcher.DispatchController,
+    statusCode: number,
+    headers: ExchangeResult['headers'],
+  ): void {
     this.#statusCode = statusCode;
     this.#headers = headers;
     const type = headers['content-type'];
-    this.#streamed = this.#events !== null && statusCode === 200 && typeof type === 'string' && type.startsWith('text/event-stream');
+    this.#streamed =
+      this.#events !== null && statusCode === 200 && typeof type === 'string' && type.startsWith('text/event-stream');
   }
 
   onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
@@ -191,13 +226,25 @@ class Exchange implements Dispatcher.DispatchHandler {
     this.#bytes += chunk.length;
     const limits = this.#limits;
     if (this.#bytes > limits.maxBodyBytes) {
-      this.#fail(controller, new LlmError('ERR_LLM_BAD_REPLY', `inference reply is larger than llm.maxReplyBytes = ${limits.maxBodyBytes} bytes; cut at ${this.#bytes}`));
+      this.#fail(
+        controller,
+        new LlmError(
+          'ERR_LLM_BAD_REPLY',
+          `inference reply is larger than llm.maxReplyBytes = ${limits.maxBodyBytes} bytes; cut at ${this.#bytes}`,
+        ),
+      );
       return;
     }
     if (!this.#streamed) {
       const ms = performance.now() - this.#sentAt;
       if (ms > limits.wholeBodyMs) {
-        this.#fail(controller, new LlmError('ERR_LLM_TIMEOUT', `inference reply still arriving after ${Math.round(ms)} ms (llm.timeoutMs = ${limits.wholeBodyMs}); cut at ${this.#bytes} bytes`));
+        this.#fail(
+          controller,
+          new LlmError(
+            'ERR_LLM_TIMEOUT',
+            `inference reply still arriving after ${Math.round(ms)} ms (llm.timeoutMs = ${limits.wholeBodyMs}); cut at ${this.#bytes} bytes`,
+          ),
+        );
         return;
       }
       this.#chunks.push(chunk);

@@ -24,7 +24,9 @@ export function sessionBaseUrl(gatewayUrl: string, sessionId: string): string {
 }
 
 export async function fetchTraces(gatewayUrl: string, sessionId: string): Promise<GatewayCall[]> {
-  const body = (await call('GET', `${sessionBaseUrl(gatewayUrl, sessionId)}/traces`)) as { calls: (TracedCall & { index: number; kind: 'main' | 'side' })[] } | null;
+  const body = (await call('GET', `${sessionBaseUrl(gatewayUrl, sessionId)}/traces`)) as {
+    calls: (TracedCall & { index: number; kind: 'main' | 'side' })[];
+  } | null;
   if (body === null) return []; // the agent made no inference call in this session
   return body.calls.map((c) => ({
     index: c.index,
@@ -38,7 +40,11 @@ export async function fetchTraces(gatewayUrl: string, sessionId: string): Promis
 }
 
 /** The session as one sample, its side calls beside it; the gateway then releases it. */
-export async function stitchSession(gatewayUrl: string, sessionId: string, reward: number | null): Promise<StitchedSession & { reward: number | null; sideCalls: SideCall[] }> {
+export async function stitchSession(
+  gatewayUrl: string,
+  sessionId: string,
+  reward: number | null,
+): Promise<StitchedSession & { reward: number | null; sideCalls: SideCall[] }> {
   const body = (await call('POST', `${sessionBaseUrl(gatewayUrl, sessionId)}/stitch`, { reward })) as {
     observation_tokens: number[];
     action_ranges: [number, number][];
@@ -90,10 +96,17 @@ async function call(method: 'GET' | 'POST' | 'DELETE', url: string, json?: unkno
       signal: AbortSignal.timeout(30_000),
     });
   } catch (err) {
-    throw new LlmError('ERR_LLM_UNREACHABLE', `token-trace gateway ${url} unreachable: ${(err as Error).message}`, { cause: err });
+    throw new LlmError('ERR_LLM_UNREACHABLE', `token-trace gateway ${url} unreachable: ${(err as Error).message}`, {
+      cause: err,
+    });
   }
   const text = await res.body.text();
   if (res.statusCode === 404 && method === 'GET') return null;
-  if (res.statusCode >= 300) throw new LlmError('ERR_LLM_HTTP', `token-trace gateway ${method} ${url} answered ${res.statusCode}: ${text.slice(0, 300)}`, { status: res.statusCode });
+  if (res.statusCode >= 300)
+    throw new LlmError(
+      'ERR_LLM_HTTP',
+      `token-trace gateway ${method} ${url} answered ${res.statusCode}: ${text.slice(0, 300)}`,
+      { status: res.statusCode },
+    );
   return text === '' ? {} : JSON.parse(text);
 }

@@ -44,7 +44,8 @@ export function parseChatReply(body: unknown): ChatResult {
   const content = message.content ?? '';
   if (typeof content !== 'string') throw bad('choices[0].message.content', content, 'a string or null');
   const finishReason = choice.finish_reason;
-  if (typeof finishReason !== 'string' || finishReason === '') throw bad('choices[0].finish_reason', finishReason, 'a non-empty string');
+  if (typeof finishReason !== 'string' || finishReason === '')
+    throw bad('choices[0].finish_reason', finishReason, 'a non-empty string');
 
   const promptIds =
     body.prompt_token_ids != null
@@ -53,7 +54,8 @@ export function parseChatReply(body: unknown): ChatResult {
         ? intArray(choice.prompt_token_ids, 'choices[0].prompt_token_ids')
         : null;
   const logprobs = parseLogprobs(choice.logprobs);
-  const responseIds = choice.token_ids != null ? intArray(choice.token_ids, 'choices[0].token_ids') : logprobIds(choice.logprobs);
+  const responseIds =
+    choice.token_ids != null ? intArray(choice.token_ids, 'choices[0].token_ids') : logprobIds(choice.logprobs);
   if (responseIds !== null && logprobs !== null && responseIds.length !== logprobs.length) {
     throw new LlmError(
       'ERR_LLM_BAD_REPLY',
@@ -94,14 +96,16 @@ export function logprobIds(value: unknown, where = REPLY): Int32Array | null {
   const out = new Int32Array(entries.length);
   for (let i = 0; i < entries.length; i++) {
     const id = (entries[i] as { id?: unknown } | null)?.id;
-    if (!Number.isInteger(id) || (id as number) < 0 || (id as number) > 0x7fffffff) throw bad(`choices[0].logprobs.content[${i}].id`, id, 'a non-negative integer token id', where);
+    if (!Number.isInteger(id) || (id as number) < 0 || (id as number) > 0x7fffffff)
+      throw bad(`choices[0].logprobs.content[${i}].id`, id, 'a non-negative integer token id', where);
     out[i] = id as number;
   }
   return out;
 }
 
 function logprobEntries(value: unknown, where = REPLY): unknown[] {
-  if (!isObject(value) || !Array.isArray(value.content)) throw bad('choices[0].logprobs.content', isObject(value) ? value.content : value, 'an array', where);
+  if (!isObject(value) || !Array.isArray(value.content))
+    throw bad('choices[0].logprobs.content', isObject(value) ? value.content : value, 'an array', where);
   return value.content;
 }
 
@@ -131,11 +135,17 @@ function intArray(value: unknown, field: string): Int32Array {
 }
 
 /** Each token id of `value` (a JSON array), checked, to `take`; returns how many. */
-export function readTokenIds(value: unknown, field: string, take: (id: number, i: number) => void, where = REPLY): number {
+export function readTokenIds(
+  value: unknown,
+  field: string,
+  take: (id: number, i: number) => void,
+  where = REPLY,
+): number {
   if (!Array.isArray(value)) throw bad(field, value, 'an array of token ids', where);
   for (let i = 0; i < value.length; i++) {
     const id = value[i];
-    if (!Number.isInteger(id) || id < 0 || id > 0x7fffffff) throw bad(`${field}[${i}]`, id, 'a non-negative integer token id', where);
+    if (!Number.isInteger(id) || id < 0 || id > 0x7fffffff)
+      throw bad(`${field}[${i}]`, id, 'a non-negative integer token id', where);
     take(id, i);
   }
   return value.length;
@@ -159,7 +169,12 @@ export function weightVersionOf(body: Record<string, unknown>, where = REPLY): s
     if (v == null) continue;
     if (typeof v === 'string' && v.length <= MAX_WEIGHT_VERSION_LENGTH) return v;
     if (Number.isSafeInteger(v)) return String(v);
-    throw bad('metadata.weight_version', v, `a string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters or an integer`, where);
+    throw bad(
+      'metadata.weight_version',
+      v,
+      `a string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters or an integer`,
+      where,
+    );
   }
   return null;
 }

@@ -88,7 +88,10 @@ export class LlmRouter {
     const tokenizer = options.tokenizer ?? null;
     // Loaded on the first token-in call, once per worker (a multi-megabyte JSON), shared by every client.
     let model: Promise<ChatModel> | null = null;
-    const chatModel = tokenizer === null ? undefined : () => (model ??= import('../gateway/model.ts').then((m) => m.loadChatModel(tokenizer)));
+    const chatModel =
+      tokenizer === null
+        ? undefined
+        : () => (model ??= import('../gateway/model.ts').then((m) => m.loadChatModel(tokenizer)));
     const build = (settings: PolicySettings): Policy => ({
       settings,
       next: 0,
@@ -96,7 +99,11 @@ export class LlmRouter {
         const key = `${url}\u0000${settings.model}`;
         let client = clients.get(key);
         const server = options.servers?.[url] ?? options.fallbackServer;
-        if (!client) clients.set(key, (client = new LlmClient({ ...options.client, ...hooks, url, model: settings.model, server, chatModel })));
+        if (!client)
+          clients.set(
+            key,
+            (client = new LlmClient({ ...options.client, ...hooks, url, model: settings.model, server, chatModel })),
+          );
         return endpointOf(client);
       }),
     });
@@ -122,13 +129,24 @@ export class LlmRouter {
     const effective: ChatRequest =
       temperature === null && maxTokens === null
         ? request
-        : { ...request, temperature: temperature ?? request.temperature, maxTokens: maxTokens !== null ? Math.min(maxTokens, request.maxTokens) : request.maxTokens };
+        : {
+            ...request,
+            temperature: temperature ?? request.temperature,
+            maxTokens: maxTokens !== null ? Math.min(maxTokens, request.maxTokens) : request.maxTokens,
+          };
     // Several endpoints: one suspended frame more per call in flight, the price of failing over.
-    if (policy.endpoints.length > 1) return this.#chatFailingOver(policy, endpoint, effective, signal, route.session, key);
+    if (policy.endpoints.length > 1)
+      return this.#chatFailingOver(policy, endpoint, effective, signal, route.session, key);
     return this.#send(endpoint, effective, signal, route.session, key);
   }
 
-  #send(endpoint: Endpoint, request: ChatRequest, signal: CancelSignal | undefined, session: string, key: string): Promise<ChatResult> {
+  #send(
+    endpoint: Endpoint,
+    request: ChatRequest,
+    signal: CancelSignal | undefined,
+    session: string,
+    key: string,
+  ): Promise<ChatResult> {
     if (this.#calls.size !== Infinity) return this.#chatInSlot(endpoint, request, signal, session, key);
     // No call limit: no suspended frame or closure of ours per call in flight (memory per episode), just the count.
     endpoint.outstanding++;
@@ -138,7 +156,14 @@ export class LlmRouter {
   }
 
   /** The call on `endpoint`, then on each other endpoint of the policy in turn while they fail as down servers do. */
-  async #chatFailingOver(policy: Policy, first: Endpoint, request: ChatRequest, signal: CancelSignal | undefined, session: string, key: string): Promise<ChatResult> {
+  async #chatFailingOver(
+    policy: Policy,
+    first: Endpoint,
+    request: ChatRequest,
+    signal: CancelSignal | undefined,
+    session: string,
+    key: string,
+  ): Promise<ChatResult> {
     const tried = new Set<Endpoint>();
     for (let endpoint = first; ; ) {
       try {
@@ -156,11 +181,20 @@ export class LlmRouter {
     }
   }
 
-  async #chatInSlot(endpoint: Endpoint, request: ChatRequest, signal: CancelSignal | undefined, session: string, conversation: string): Promise<ChatResult> {
+  async #chatInSlot(
+    endpoint: Endpoint,
+    request: ChatRequest,
+    signal: CancelSignal | undefined,
+    session: string,
+    conversation: string,
+  ): Promise<ChatResult> {
     try {
       await this.#calls.acquire(signal);
     } catch (reason) {
-      throw new LlmError('ERR_LLM_ABORTED', `inference call cancelled while waiting for a slot (llm.maxConcurrency): ${reason instanceof Error ? reason.message : String(reason)}`);
+      throw new LlmError(
+        'ERR_LLM_ABORTED',
+        `inference call cancelled while waiting for a slot (llm.maxConcurrency): ${reason instanceof Error ? reason.message : String(reason)}`,
+      );
     }
     endpoint.outstanding++;
     try {
@@ -191,10 +225,10 @@ export class LlmRouter {
 
   async close(): Promise<void> {
     const clients = new Set<LlmClient>();
-    for (const policy of [this.#default, ...this.#policies.values()]) for (const e of policy.endpoints) clients.add(e.client);
+    for (const policy of [this.#default, ...this.#policies.values()])
+      for (const e of policy.endpoints) clients.add(e.client);
     await Promise.all([...clients].map((c) => c.close()));
   }
-
 }
 
 /**

@@ -119,11 +119,17 @@ const GENERIC: ServerDialect = {
   weightVersion: true,
   abort: { path: '/abort_request', body: '{"abort_all":true}' },
   tokenRoute: '/v1/completions',
-  abortHint: 'set llm.abortPath to the server\'s abort-all route, or llm.stream: true',
+  abortHint: "set llm.abortPath to the server's abort-all route, or llm.stream: true",
   versionRoute: null,
 };
 
-export const DIALECTS: Record<ServerKind, ServerDialect> = { vllm: VLLM, sglang: SGLANG, llamacpp: LLAMACPP, openai: OPENAI, generic: GENERIC };
+export const DIALECTS: Record<ServerKind, ServerDialect> = {
+  vllm: VLLM,
+  sglang: SGLANG,
+  llamacpp: LLAMACPP,
+  openai: OPENAI,
+  generic: GENERIC,
+};
 
 /** What the engine learnt about one inference endpoint at start. */
 export interface ServerInfo {
@@ -147,7 +153,14 @@ export interface ProbeOptions {
 }
 
 /** `owned_by` of `/v1/models` entries → kind (vLLM and SGLang ModelCard defaults, llama.cpp's server). */
-const OWNERS: Record<string, ServerKind> = { vllm: 'vllm', sglang: 'sglang', llamacpp: 'llamacpp', openai: 'openai', system: 'openai', 'openai-internal': 'openai' };
+const OWNERS: Record<string, ServerKind> = {
+  vllm: 'vllm',
+  sglang: 'sglang',
+  llamacpp: 'llamacpp',
+  openai: 'openai',
+  system: 'openai',
+  'openai-internal': 'openai',
+};
 
 /**
  * Probes one endpoint: `/v1/models` (which must answer: a down or misconfigured server is one clear
@@ -162,7 +175,12 @@ export async function probeServer(url: string, options: ProbeOptions): Promise<S
   const headers: Record<string, string> = options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {};
   const timeoutMs = options.timeoutMs ?? 5_000;
   const get = async (path: string): Promise<{ status: number; json: unknown; text: string }> => {
-    const response = await pool.request({ method: 'GET', path: `${prefix}${path}`, headers, signal: AbortSignal.timeout(timeoutMs) });
+    const response = await pool.request({
+      method: 'GET',
+      path: `${prefix}${path}`,
+      headers,
+      signal: AbortSignal.timeout(timeoutMs),
+    });
     const text = await response.body.text();
     let json: unknown = null;
     try {
@@ -178,19 +196,30 @@ export async function probeServer(url: string, options: ProbeOptions): Promise<S
       models = await get('/v1/models');
     } catch (err) {
       const code = (err as { code?: string }).code ?? (err as Error).name;
-      throw new LlmError('ERR_LLM_UNREACHABLE', `inference server ${base.origin}${prefix}/v1/models unreachable: ${code} ${(err as Error).message} (check llm.url / --llm-url)`, { cause: err });
+      throw new LlmError(
+        'ERR_LLM_UNREACHABLE',
+        `inference server ${base.origin}${prefix}/v1/models unreachable: ${code} ${(err as Error).message} (check llm.url / --llm-url)`,
+        { cause: err },
+      );
     }
     if (models.status !== 200) {
-      throw new LlmError('ERR_LLM_HTTP', `GET ${base.origin}${prefix}/v1/models answered ${models.status}: ${serverMessage(models.text)}`, { status: models.status });
+      throw new LlmError(
+        'ERR_LLM_HTTP',
+        `GET ${base.origin}${prefix}/v1/models answered ${models.status}: ${serverMessage(models.text)}`,
+        { status: models.status },
+      );
     }
-    const entries = Array.isArray((models.json as { data?: unknown } | null)?.data) ? ((models.json as { data: unknown[] }).data as Record<string, unknown>[]) : [];
+    const entries = Array.isArray((models.json as { data?: unknown } | null)?.data)
+      ? ((models.json as { data: unknown[] }).data as Record<string, unknown>[])
+      : [];
     const ids = entries.map((m) => String(m?.id));
     const owner = typeof entries[0]?.owned_by === 'string' ? (entries[0].owned_by as string) : '';
     let kind: ServerKind = options.server === 'auto' ? (OWNERS[owner] ?? 'generic') : options.server;
     let contextLength = positiveInt(entries[0]?.max_model_len);
     if (kind === 'llamacpp' || (options.server === 'auto' && kind === 'generic' && owner !== 'rollout-engine-mock')) {
       const props = await get('/props').catch(() => null);
-      const settings = (props?.json as { default_generation_settings?: { n_ctx?: unknown } } | null)?.default_generation_settings;
+      const settings = (props?.json as { default_generation_settings?: { n_ctx?: unknown } } | null)
+        ?.default_generation_settings;
       if (props?.status === 200 && settings !== undefined) {
         kind = 'llamacpp';
         // n_ctx of one slot (server-context.cpp: default_generation_settings.n_ctx = slot_n_ctx): what one
@@ -199,7 +228,12 @@ export async function probeServer(url: string, options: ProbeOptions): Promise<S
       }
     }
     const dialect = DIALECTS[kind];
-    let abort = options.abortPath === undefined ? dialect.abort : options.abortPath === null ? null : { path: options.abortPath, body: dialect.abort?.body ?? '{"abort_all":true}' };
+    let abort =
+      options.abortPath === undefined
+        ? dialect.abort
+        : options.abortPath === null
+          ? null
+          : { path: options.abortPath, body: dialect.abort?.body ?? '{"abort_all":true}' };
     if (abort !== null && options.abortPath === undefined && kind !== 'generic') {
       const probe = await get(abort.path).catch(() => null);
       if (probe === null || probe.status === 404) abort = null;
@@ -218,11 +252,16 @@ function positiveInt(value: unknown): number | null {
  * What the user loses on this server, one sentence each, for the start-up warning (empty when nothing):
  * said at start, not discovered at the first pause.
  */
-export function serverGaps(info: ServerInfo, options: { api: 'chat' | 'tokens'; stream: boolean; wantIds: boolean }): string[] {
+export function serverGaps(
+  info: ServerInfo,
+  options: { api: 'chat' | 'tokens'; stream: boolean; wantIds: boolean },
+): string[] {
   const dialect = DIALECTS[info.kind];
   const gaps: string[] = [];
   if (info.abort === null && !options.stream) {
-    gaps.push(`no abort-all route: a pause cancels calls client-side and a non-streamed call loses the tokens it had generated (to keep them: ${dialect.abortHint})`);
+    gaps.push(
+      `no abort-all route: a pause cancels calls client-side and a non-streamed call loses the tokens it had generated (to keep them: ${dialect.abortHint})`,
+    );
   }
   if (!dialect.weightVersion) {
     gaps.push(
@@ -232,11 +271,20 @@ export function serverGaps(info: ServerInfo, options: { api: 'chat' | 'tokens'; 
     );
   }
   if (options.api === 'chat' && options.wantIds) {
-    if (!dialect.chatResponseIds) gaps.push(`its chat replies carry no response token ids: turns are kept as text only (exact tokens: llm.api "tokens"${dialect.tokenRoute ? `, ${dialect.tokenRoute}` : ''})`);
-    else if (!dialect.chatPromptIds(options.stream)) gaps.push(`its ${options.stream ? 'streamed ' : ''}chat replies carry no prompt token ids (exact prompts: llm.api "tokens"${dialect.tokenRoute ? `, ${dialect.tokenRoute}` : ''})`);
+    if (!dialect.chatResponseIds)
+      gaps.push(
+        `its chat replies carry no response token ids: turns are kept as text only (exact tokens: llm.api "tokens"${dialect.tokenRoute ? `, ${dialect.tokenRoute}` : ''})`,
+      );
+    else if (!dialect.chatPromptIds(options.stream))
+      gaps.push(
+        `its ${options.stream ? 'streamed ' : ''}chat replies carry no prompt token ids (exact prompts: llm.api "tokens"${dialect.tokenRoute ? `, ${dialect.tokenRoute}` : ''})`,
+      );
     // server-context.cpp process_token: a token whose text ends inside a UTF-8 character is never
     // reported, and the reply's text loses its leading whitespace (test/real-server pins both).
-    if (info.kind === 'llamacpp') gaps.push('its chat replies leave out the id and logprob of a token that ends inside a UTF-8 character (multi-byte text), and trim the text\'s leading whitespace: exact tokens need llm.api "tokens"');
+    if (info.kind === 'llamacpp')
+      gaps.push(
+        'its chat replies leave out the id and logprob of a token that ends inside a UTF-8 character (multi-byte text), and trim the text\'s leading whitespace: exact tokens need llm.api "tokens"',
+      );
   }
   return gaps;
 }
@@ -248,7 +296,12 @@ export function serverGaps(info: ServerInfo, options: { api: 'chat' | 'tokens'; 
  * another version; a server without the route (vLLM outside dev mode) or that does not answer in time
  * says nothing (its start-up line said so).
  */
-export async function checkServedVersions(servers: readonly ServerInfo[], announced: string, modelStep: number, options: { apiKey?: string | null; timeoutMs?: number } = {}): Promise<string[]> {
+export async function checkServedVersions(
+  servers: readonly ServerInfo[],
+  announced: string,
+  modelStep: number,
+  options: { apiKey?: string | null; timeoutMs?: number } = {},
+): Promise<string[]> {
   const checks = servers.map(async (info) => {
     const dialect = DIALECTS[info.kind];
     if (dialect.weightVersion || dialect.versionRoute === null) return null;
@@ -270,4 +323,3 @@ export async function checkServedVersions(servers: readonly ServerInfo[], announ
   });
   return (await Promise.all(checks)).filter((x): x is string => x !== null);
 }
-

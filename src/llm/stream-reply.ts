@@ -57,7 +57,11 @@ export class ChatStream {
     text = this.#pending + text;
     if (text.includes('\r')) text = text.replace(/\r\n?/g, '\n');
     let start = 0;
-    for (let end = text.indexOf('\n'); end !== -1 && this.#error === null && !this.#done; end = text.indexOf('\n', start)) {
+    for (
+      let end = text.indexOf('\n');
+      end !== -1 && this.#error === null && !this.#done;
+      end = text.indexOf('\n', start)
+    ) {
       this.#line(text.slice(start, end));
       start = end + 1;
     }
@@ -76,7 +80,10 @@ export class ChatStream {
     }
     if (this.#error !== null) throw this.#error;
     if (this.#finishReason === null) {
-      throw new LlmError('ERR_LLM_BAD_REPLY', `inference stream ended after ${this.#events} events without a finish_reason${this.#done ? ' (before data: [DONE])' : ''}`);
+      throw new LlmError(
+        'ERR_LLM_BAD_REPLY',
+        `inference stream ended after ${this.#events} events without a finish_reason${this.#done ? ' (before data: [DONE])' : ''}`,
+      );
     }
     return this.#result(this.#finishReason);
   }
@@ -89,9 +96,15 @@ export class ChatStream {
 
   #result(finishReason: FinishReason): ChatResult {
     const ids = this.#idsMissing || (!this.#wantIds && this.#ids.length === 0) ? null : Int32Array.from(this.#ids);
-    const logprobs = this.#logprobsMissing || (!this.#wantLogprobs && this.#logprobs.length === 0) ? null : Float32Array.from(this.#logprobs);
+    const logprobs =
+      this.#logprobsMissing || (!this.#wantLogprobs && this.#logprobs.length === 0)
+        ? null
+        : Float32Array.from(this.#logprobs);
     if (ids !== null && logprobs !== null && ids.length !== logprobs.length) {
-      throw new LlmError('ERR_LLM_BAD_REPLY', `inference stream: its events hold ${logprobs.length} logprobs but ${ids.length} token ids`);
+      throw new LlmError(
+        'ERR_LLM_BAD_REPLY',
+        `inference stream: its events hold ${logprobs.length} logprobs but ${ids.length} token ids`,
+      );
     }
     return {
       content: this.#content,
@@ -133,7 +146,8 @@ export class ChatStream {
       }
       this.#chunk(body, where);
     } catch (err) {
-      this.#error = err instanceof LlmError ? err : new LlmError('ERR_LLM_BAD_REPLY', `${where}: ${(err as Error).message}`);
+      this.#error =
+        err instanceof LlmError ? err : new LlmError('ERR_LLM_BAD_REPLY', `${where}: ${(err as Error).message}`);
     }
   }
 
@@ -142,7 +156,8 @@ export class ChatStream {
     if (!isObject(body)) throw bad('event', body, 'a JSON object', where);
     if (body.error !== undefined) {
       // vLLM and SGLang report a failure mid-stream as an event with an `error` object.
-      const message = isObject(body.error) && typeof body.error.message === 'string' ? body.error.message : preview(body.error);
+      const message =
+        isObject(body.error) && typeof body.error.message === 'string' ? body.error.message : preview(body.error);
       throw new LlmError('ERR_LLM_BAD_REPLY', `${where}: the server reported an error: ${message}`);
     }
     let promptIds: number[] | null = null;
@@ -176,14 +191,19 @@ export class ChatStream {
         readTokenIds(choice.prompt_token_ids, 'choices[0].prompt_token_ids', (id) => promptIds!.push(id), where);
       }
       if (choice.token_ids != null && choice.logprobs != null && ids.length !== logprobs.length) {
-        throw new LlmError('ERR_LLM_BAD_REPLY', `${where}: choices[0].logprobs.content has ${logprobs.length} entries but choices[0].token_ids has ${ids.length}`);
+        throw new LlmError(
+          'ERR_LLM_BAD_REPLY',
+          `${where}: choices[0].logprobs.content has ${logprobs.length} entries but choices[0].token_ids has ${ids.length}`,
+        );
       }
       if (choice.finish_reason != null) {
-        if (typeof choice.finish_reason !== 'string' || choice.finish_reason === '') throw bad('choices[0].finish_reason', choice.finish_reason, 'a non-empty string or null', where);
+        if (typeof choice.finish_reason !== 'string' || choice.finish_reason === '')
+          throw bad('choices[0].finish_reason', choice.finish_reason, 'a non-empty string or null', where);
         finishReason = choice.finish_reason.toLowerCase(); // as reply.ts: "STOP" means stop
       }
       // Tokens arrived without ids (or logprobs): the server does not send them, and partial arrays would lie.
-      if (choice.token_ids == null && ids.length === 0 && (logprobs.length > 0 || content !== '')) this.#idsMissing = true;
+      if (choice.token_ids == null && ids.length === 0 && (logprobs.length > 0 || content !== ''))
+        this.#idsMissing = true;
       if (choice.logprobs == null && (ids.length > 0 || content !== '')) this.#logprobsMissing = true;
     }
     if (promptIds !== null) this.#promptIds = Int32Array.from(promptIds);

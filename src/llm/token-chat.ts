@@ -25,7 +25,12 @@ import type { ServerDialect } from './servers.ts';
 import { fillMissingLogprobs, TOKEN_WIRES, type GenerationResult, type TokenWire } from './token-wire.ts';
 
 /** Sends one token-in call with the client's retries, pause checks and reply limits (LlmClient #call). */
-export type TokenCall = <T>(path: string, payload: object, reader: { parse(json: unknown): T }, signal: CancelSignal | undefined) => Promise<T>;
+export type TokenCall = <T>(
+  path: string,
+  payload: object,
+  reader: { parse(json: unknown): T },
+  signal: CancelSignal | undefined,
+) => Promise<T>;
 
 /** Sessions whose sequence is kept at once per client: an episode's next turn finds its own; older ones are rebuilt from `previous`. */
 const SESSIONS_KEPT = 4096;
@@ -45,15 +50,25 @@ export class TokenChat {
   #aToken: number | undefined;
 
   constructor(dialect: ServerDialect, options: LlmClientOptions, call: TokenCall) {
-    if (dialect.tokenRoute === null) throw new LlmError('ERR_LLM_HTTP', `llm.api "tokens": a ${dialect.label} server has no token-in route`);
-    const kind = dialect.kind === 'generic' || dialect.kind === 'vllm' ? 'vllm' : dialect.kind === 'sglang' ? 'sglang' : 'llamacpp';
+    if (dialect.tokenRoute === null)
+      throw new LlmError('ERR_LLM_HTTP', `llm.api "tokens": a ${dialect.label} server has no token-in route`);
+    const kind =
+      dialect.kind === 'generic' || dialect.kind === 'vllm'
+        ? 'vllm'
+        : dialect.kind === 'sglang'
+          ? 'sglang'
+          : 'llamacpp';
     this.#wire = TOKEN_WIRES[kind];
     this.#options = options;
     this.#call = call;
     this.#reader = { parse: (json) => this.#wire.parse(json, fail) };
   }
 
-  async chat(request: ChatRequest, signal: CancelSignal | undefined, sessionId: string | undefined): Promise<ChatResult> {
+  async chat(
+    request: ChatRequest,
+    signal: CancelSignal | undefined,
+    sessionId: string | undefined,
+  ): Promise<ChatResult> {
     const model = (this.#model ??= await this.#loadModel());
     let promptIds: number[];
     let rendered: string | null = null;
@@ -70,21 +85,43 @@ export class TokenChat {
     const contextLength = this.#options.server?.contextLength ?? null;
     if (contextLength !== null && promptIds.length >= contextLength) {
       if (sessionId !== undefined) this.#sessions.delete(sessionId);
-      return { ...contextOverflowReply(`the prompt is ${promptIds.length} tokens and the server's context is ${contextLength}`), promptIds: Int32Array.from(promptIds) };
+      return {
+        ...contextOverflowReply(
+          `the prompt is ${promptIds.length} tokens and the server's context is ${contextLength}`,
+        ),
+        promptIds: Int32Array.from(promptIds),
+      };
     }
-    const maxTokens = contextLength === null ? request.maxTokens : Math.min(request.maxTokens, contextLength - promptIds.length);
+    const maxTokens =
+      contextLength === null ? request.maxTokens : Math.min(request.maxTokens, contextLength - promptIds.length);
     const payload = this.#wire.body(
-      { promptIds, maxTokens, topLogprobs: 0, temperature: request.temperature, ...(request.seed !== undefined ? { seed: request.seed } : {}) },
+      {
+        promptIds,
+        maxTokens,
+        topLogprobs: 0,
+        temperature: request.temperature,
+        ...(request.seed !== undefined ? { seed: request.seed } : {}),
+      },
       this.#options.model,
     );
     const result = await this.#call(this.#wire.path, payload, this.#reader, signal);
     if (result.missingLogprobs !== undefined) {
       // llama.cpp leaves out the logprob of a token ending inside a UTF-8 character: computed again.
-      await fillMissingLogprobs(result, promptIds, this.#completeToken(model), (body) => this.#call(this.#wire.path, body, RAW_JSON, signal), fail);
+      await fillMissingLogprobs(
+        result,
+        promptIds,
+        this.#completeToken(model),
+        (body) => this.#call(this.#wire.path, body, RAW_JSON, signal),
+        fail,
+      );
     }
     const ids = result.completionIds;
     for (let i = 0; i < ids.length; i++) {
-      if (!model.hasToken(ids[i])) throw new LlmError('ERR_LLM_BAD_REPLY', `token-in reply: token id ${ids[i]} (completion position ${i}) is not in the ${model.name} vocabulary: the server serves another tokenizer than llm.tokenizer`);
+      if (!model.hasToken(ids[i]))
+        throw new LlmError(
+          'ERR_LLM_BAD_REPLY',
+          `token-in reply: token id ${ids[i]} (completion position ${i}) is not in the ${model.name} vocabulary: the server serves another tokenizer than llm.tokenizer`,
+        );
     }
     // The stop token stays in the ids (the policy sampled it) but not in the text the environment sees,
     // as a chat completion would give it; the session's text keeps it, since the template writes it back.
@@ -92,7 +129,12 @@ export class TokenChat {
     const stripStop = result.finishReason === 'stop' && model.specialIds.has(last);
     const content = model.decode(stripStop ? ids.slice(0, -1) : ids);
     if (sessionId !== undefined && rendered !== null) {
-      this.#remember(sessionId, { tokens: promptIds.concat(ids), coveredText: rendered + content + (stripStop ? model.tokenText(last) : ''), lastPromptText: rendered, lastPromptLength: promptIds.length });
+      this.#remember(sessionId, {
+        tokens: promptIds.concat(ids),
+        coveredText: rendered + content + (stripStop ? model.tokenText(last) : ''),
+        lastPromptText: rendered,
+        lastPromptLength: promptIds.length,
+      });
     } else if (sessionId !== undefined) {
       this.#sessions.delete(sessionId); // a continuation: the next turn rebuilds from it (`previous`)
     }
@@ -126,7 +168,12 @@ export class TokenChat {
     const tokens = Array.from(previous.promptIds);
     for (const id of previous.responseIds) tokens.push(id);
     // decode keeps special tokens: the stop token's text is in it, as the template writes it back.
-    return { tokens, coveredText: lastPromptText + model.decode(Array.from(previous.responseIds)), lastPromptText, lastPromptLength: previous.promptIds.length };
+    return {
+      tokens,
+      coveredText: lastPromptText + model.decode(Array.from(previous.responseIds)),
+      lastPromptText,
+      lastPromptLength: previous.promptIds.length,
+    };
   }
 
   #remember(sessionId: string, base: PromptBase): void {
@@ -136,7 +183,8 @@ export class TokenChat {
   }
 
   async #loadModel(): Promise<ChatModel> {
-    if (this.#options.chatModel === undefined) throw new LlmError('ERR_LLM_HTTP', 'llm.api "tokens" needs the policy tokenizer (llm.tokenizer)');
+    if (this.#options.chatModel === undefined)
+      throw new LlmError('ERR_LLM_HTTP', 'llm.api "tokens" needs the policy tokenizer (llm.tokenizer)');
     return this.#options.chatModel();
   }
 }

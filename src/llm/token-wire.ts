@@ -151,72 +151,122 @@ function versionText(value: unknown): string | null {
 function parseVllm(json: unknown, fail: (why: string) => Error): GenerationResult {
   const reply = json as { choices?: unknown; metadata?: { weight_version?: unknown } | null } | null;
   const choice = (Array.isArray(reply?.choices) ? reply.choices[0] : undefined) as
-    | { token_ids?: unknown; logprobs?: { token_logprobs?: unknown; top_logprobs?: unknown } | null; finish_reason?: unknown }
+    | {
+        token_ids?: unknown;
+        logprobs?: { token_logprobs?: unknown; top_logprobs?: unknown } | null;
+        finish_reason?: unknown;
+      }
     | undefined;
   if (typeof choice !== 'object' || choice === null) throw fail('no choices[0]');
   if (!isTokenIds(choice.token_ids)) {
-    throw fail(`choices[0].token_ids must be an array of token ids (got ${typeof choice.token_ids}); vLLM needs return_token_ids support (>= 0.10.2)`);
+    throw fail(
+      `choices[0].token_ids must be an array of token ids (got ${typeof choice.token_ids}); vLLM needs return_token_ids support (>= 0.10.2)`,
+    );
   }
   const completionIds = choice.token_ids;
   const logprobs = choice.logprobs?.token_logprobs;
-  if (!Array.isArray(logprobs) || logprobs.length !== completionIds.length || !logprobs.every((v) => typeof v === 'number')) {
-    throw fail(`choices[0].logprobs.token_logprobs must hold one number per token (${completionIds.length} tokens, got ${Array.isArray(logprobs) ? `${logprobs.length} entries` : typeof logprobs})`);
+  if (
+    !Array.isArray(logprobs) ||
+    logprobs.length !== completionIds.length ||
+    !logprobs.every((v) => typeof v === 'number')
+  ) {
+    throw fail(
+      `choices[0].logprobs.token_logprobs must hold one number per token (${completionIds.length} tokens, got ${Array.isArray(logprobs) ? `${logprobs.length} entries` : typeof logprobs})`,
+    );
   }
-  if (typeof choice.finish_reason !== 'string') throw fail(`choices[0].finish_reason must be a string (got ${JSON.stringify(choice.finish_reason)})`);
+  if (typeof choice.finish_reason !== 'string')
+    throw fail(`choices[0].finish_reason must be a string (got ${JSON.stringify(choice.finish_reason)})`);
   let top: TopLogprob[][] | null = null;
   const rawTop = choice.logprobs?.top_logprobs;
   if (Array.isArray(rawTop) && rawTop.length === completionIds.length) {
     // vLLM keys alternatives by token text: ids are unknown, and text is ambiguous for partial bytes.
     top = rawTop.map((entry) =>
-      typeof entry === 'object' && entry !== null ? Object.entries(entry as Record<string, number>).map(([token, logprob]) => ({ token, tokenId: null, logprob })) : [],
+      typeof entry === 'object' && entry !== null
+        ? Object.entries(entry as Record<string, number>).map(([token, logprob]) => ({ token, tokenId: null, logprob }))
+        : [],
     );
   }
-  return { completionIds, logprobs: logprobs as number[], topLogprobs: top, finishReason: choice.finish_reason.toLowerCase(), weightVersion: versionText(reply?.metadata?.weight_version) };
+  return {
+    completionIds,
+    logprobs: logprobs as number[],
+    topLogprobs: top,
+    finishReason: choice.finish_reason.toLowerCase(),
+    weightVersion: versionText(reply?.metadata?.weight_version),
+  };
 }
 
 function parseSglang(json: unknown, fail: (why: string) => Error): GenerationResult {
-  const reply = (Array.isArray(json) ? json[0] : json) as { output_ids?: unknown; meta_info?: Record<string, unknown> } | null;
+  const reply = (Array.isArray(json) ? json[0] : json) as {
+    output_ids?: unknown;
+    meta_info?: Record<string, unknown>;
+  } | null;
   if (typeof reply !== 'object' || reply === null) throw fail('the body is not an object');
-  if (!isTokenIds(reply.output_ids)) throw fail(`output_ids must be an array of token ids (got ${typeof reply.output_ids})`);
+  if (!isTokenIds(reply.output_ids))
+    throw fail(`output_ids must be an array of token ids (got ${typeof reply.output_ids})`);
   const completionIds = reply.output_ids;
   const meta = reply.meta_info ?? {};
   const entries = meta.output_token_logprobs;
   if (!Array.isArray(entries) || entries.length !== completionIds.length) {
-    throw fail(`meta_info.output_token_logprobs must hold one [logprob, id, text] per token (${completionIds.length} tokens, got ${Array.isArray(entries) ? `${entries.length} entries` : typeof entries})`);
+    throw fail(
+      `meta_info.output_token_logprobs must hold one [logprob, id, text] per token (${completionIds.length} tokens, got ${Array.isArray(entries) ? `${entries.length} entries` : typeof entries})`,
+    );
   }
   const logprobs = new Array<number>(completionIds.length);
   for (let i = 0; i < completionIds.length; i++) {
     const e = entries[i] as unknown[];
-    if (!Array.isArray(e) || typeof e[0] !== 'number') throw fail(`meta_info.output_token_logprobs[${i}] must be [logprob, id, text] (got ${JSON.stringify(e)})`);
-    if (e[1] !== undefined && e[1] !== null && e[1] !== completionIds[i]) throw fail(`meta_info.output_token_logprobs[${i}] is for token ${String(e[1])} but output_ids[${i}] is ${completionIds[i]}`);
+    if (!Array.isArray(e) || typeof e[0] !== 'number')
+      throw fail(`meta_info.output_token_logprobs[${i}] must be [logprob, id, text] (got ${JSON.stringify(e)})`);
+    if (e[1] !== undefined && e[1] !== null && e[1] !== completionIds[i])
+      throw fail(
+        `meta_info.output_token_logprobs[${i}] is for token ${String(e[1])} but output_ids[${i}] is ${completionIds[i]}`,
+      );
     logprobs[i] = e[0];
   }
   const finish = meta.finish_reason as { type?: unknown } | string | null | undefined;
   const finishReason = typeof finish === 'string' ? finish : typeof finish?.type === 'string' ? finish.type : null;
-  if (finishReason === null) throw fail(`meta_info.finish_reason must be a string or {type} (got ${JSON.stringify(finish)})`);
+  if (finishReason === null)
+    throw fail(`meta_info.finish_reason must be a string or {type} (got ${JSON.stringify(finish)})`);
   let top: TopLogprob[][] | null = null;
   const rawTop = meta.output_top_logprobs;
   if (Array.isArray(rawTop) && rawTop.length === completionIds.length) {
     top = rawTop.map((row) =>
       Array.isArray(row)
-        ? (row as unknown[][]).map((e) => ({ logprob: Number(e[0]), tokenId: typeof e[1] === 'number' ? e[1] : null, token: typeof e[2] === 'string' ? e[2] : null }))
+        ? (row as unknown[][]).map((e) => ({
+            logprob: Number(e[0]),
+            tokenId: typeof e[1] === 'number' ? e[1] : null,
+            token: typeof e[2] === 'string' ? e[2] : null,
+          }))
         : [],
     );
   }
-  return { completionIds, logprobs, topLogprobs: top, finishReason: finishReason.toLowerCase(), weightVersion: versionText(meta.weight_version) };
+  return {
+    completionIds,
+    logprobs,
+    topLogprobs: top,
+    finishReason: finishReason.toLowerCase(),
+    weightVersion: versionText(meta.weight_version),
+  };
 }
 
 /** llama.cpp's stop_type → the OpenAI finish reason its own chat route gives for it. */
 const LLAMACPP_FINISH: Record<string, string> = { eos: 'stop', word: 'stop', limit: 'length', none: 'length' };
 
 function parseLlamacpp(json: unknown, fail: (why: string) => Error): GenerationResult {
-  const reply = json as { tokens?: unknown; completion_probabilities?: unknown; stop_type?: unknown; truncated?: unknown } | null;
+  const reply = json as {
+    tokens?: unknown;
+    completion_probabilities?: unknown;
+    stop_type?: unknown;
+    truncated?: unknown;
+  } | null;
   if (typeof reply !== 'object' || reply === null) throw fail('the body is not an object');
-  if (!isTokenIds(reply.tokens)) throw fail(`tokens must be an array of token ids (got ${typeof reply.tokens}); send return_tokens: true`);
+  if (!isTokenIds(reply.tokens))
+    throw fail(`tokens must be an array of token ids (got ${typeof reply.tokens}); send return_tokens: true`);
   const completionIds = reply.tokens;
   const probs = reply.completion_probabilities;
   if (!Array.isArray(probs) || probs.length > completionIds.length) {
-    throw fail(`completion_probabilities must hold at most one entry per token (${completionIds.length} tokens, got ${Array.isArray(probs) ? `${probs.length} entries` : typeof probs}); send n_probs ≥ 1`);
+    throw fail(
+      `completion_probabilities must hold at most one entry per token (${completionIds.length} tokens, got ${Array.isArray(probs) ? `${probs.length} entries` : typeof probs}); send n_probs ≥ 1`,
+    );
   }
   // A token whose text ends inside a UTF-8 character gets no entry (server-context.cpp process_token:
   // it is never added to the slot's outputs), so entries are matched to tokens by id; the gaps are
@@ -233,14 +283,18 @@ function parseLlamacpp(json: unknown, fail: (why: string) => Error): GenerationR
       continue;
     }
     j++;
-    if (typeof e.logprob !== 'number') throw fail(`completion_probabilities[${j - 1}].logprob must be a number (got ${JSON.stringify(e.logprob)})`);
+    if (typeof e.logprob !== 'number')
+      throw fail(`completion_probabilities[${j - 1}].logprob must be a number (got ${JSON.stringify(e.logprob)})`);
     logprobs[i] = e.logprob;
     if (Array.isArray(e.top_logprobs)) {
       top ??= [];
       top[i] = topOf(e.top_logprobs);
     }
   }
-  if (j !== probs.length) throw fail(`completion_probabilities[${j}] is for token ${String((probs[j] as { id?: unknown })?.id)}, which is not among the tokens after the ones matched`);
+  if (j !== probs.length)
+    throw fail(
+      `completion_probabilities[${j}] is for token ${String((probs[j] as { id?: unknown })?.id)}, which is not among the tokens after the ones matched`,
+    );
   const stop = reply.stop_type;
   const finishReason = typeof stop === 'string' ? (LLAMACPP_FINISH[stop.toLowerCase()] ?? stop.toLowerCase()) : null;
   if (finishReason === null) throw fail(`stop_type must be a string (got ${JSON.stringify(stop)})`);
@@ -255,7 +309,11 @@ function parseLlamacpp(json: unknown, fail: (why: string) => Error): GenerationR
 }
 
 function topOf(entries: { id?: unknown; token?: unknown; logprob?: unknown }[]): TopLogprob[] {
-  return entries.map((t) => ({ tokenId: typeof t.id === 'number' ? t.id : null, token: typeof t.token === 'string' ? t.token : null, logprob: Number(t.logprob) }));
+  return entries.map((t) => ({
+    tokenId: typeof t.id === 'number' ? t.id : null,
+    token: typeof t.token === 'string' ? t.token : null,
+    logprob: Number(t.logprob),
+  }));
 }
 
 /** Alternatives asked for when a missing logprob is computed again: llama.cpp samples from its top 40 by default. */
@@ -268,12 +326,22 @@ export const LLAMACPP_RECOMPUTE_TOP = 100;
  * logprobs are read). The prefix is in the slot's cache: only one position is computed.
  */
 export function llamacppRecomputeBody(prefix: readonly number[], completeToken: number): Record<string, unknown> {
-  return { prompt: prefix, n_predict: 1, n_probs: LLAMACPP_RECOMPUTE_TOP, post_sampling_probs: false, return_tokens: true, cache_prompt: true, logit_bias: [[completeToken, 100]] };
+  return {
+    prompt: prefix,
+    n_predict: 1,
+    n_probs: LLAMACPP_RECOMPUTE_TOP,
+    post_sampling_probs: false,
+    return_tokens: true,
+    cache_prompt: true,
+    logit_bias: [[completeToken, 100]],
+  };
 }
 
 /** The logprob of `tokenId` among the alternatives of a recompute reply's one entry; null when it is not there. */
 function recomputedLogprob(json: unknown, tokenId: number): number | null {
-  const entry = (json as { completion_probabilities?: { top_logprobs?: { id?: unknown; logprob?: unknown }[] }[] } | null)?.completion_probabilities?.[0];
+  const entry = (
+    json as { completion_probabilities?: { top_logprobs?: { id?: unknown; logprob?: unknown }[] }[] } | null
+  )?.completion_probabilities?.[0];
   const hit = entry?.top_logprobs?.find((t) => t.id === tokenId);
   return typeof hit?.logprob === 'number' ? hit.logprob : null;
 }
@@ -296,8 +364,14 @@ export async function fillMissingLogprobs(
   const prompt = Array.from(promptIds);
   for (const i of missing) {
     const tokenId = result.completionIds[i];
-    const logprob = recomputedLogprob(await post(llamacppRecomputeBody(prompt.concat(result.completionIds.slice(0, i)), completeToken)), tokenId);
-    if (logprob === null) throw fail(`llama.cpp left out the logprob of completion token ${i} (id ${tokenId}, which ends inside a UTF-8 character), and it is not among the ${LLAMACPP_RECOMPUTE_TOP} most likely at that position when computed again`);
+    const logprob = recomputedLogprob(
+      await post(llamacppRecomputeBody(prompt.concat(result.completionIds.slice(0, i)), completeToken)),
+      tokenId,
+    );
+    if (logprob === null)
+      throw fail(
+        `llama.cpp left out the logprob of completion token ${i} (id ${tokenId}, which ends inside a UTF-8 character), and it is not among the ${LLAMACPP_RECOMPUTE_TOP} most likely at that position when computed again`,
+      );
     result.logprobs[i] = logprob;
   }
   delete result.missingLogprobs;

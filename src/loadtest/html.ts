@@ -7,7 +7,16 @@ import type { LoadtestReport } from './report.ts';
 import type { Distribution } from './stats.ts';
 import { barChart, escapeXml as esc, histogramChart, lineChart } from './svg.ts';
 
-const COLORS = { steps: '#2563eb', rollouts: '#16a34a', groups: '#d97706', tokens: '#7c3aed', inFlight: '#0891b2', p50: '#15803d', p90: '#b45309', p99: '#b91c1c' };
+const COLORS = {
+  steps: '#2563eb',
+  rollouts: '#16a34a',
+  groups: '#d97706',
+  tokens: '#7c3aed',
+  inFlight: '#0891b2',
+  p50: '#15803d',
+  p90: '#b45309',
+  p99: '#b91c1c',
+};
 
 const CSS = `
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1320px;padding:0 16px;color:#1f2937;background:#fff}
@@ -59,7 +68,8 @@ ${settingsTable(r)}
 }
 
 function cards(r: LoadtestReport): string {
-  const card = (value: string, key: string) => `<div class="card"><div class="v">${esc(value)}</div><div class="k">${esc(key)}</div></div>`;
+  const card = (value: string, key: string) =>
+    `<div class="card"><div class="v">${esc(value)}</div><div class="k">${esc(key)}</div></div>`;
   return `<div class="cards">
 ${card(num(r.throughput.stepsPerSecond), 'agent steps / s')}
 ${card(num(r.throughput.rolloutsPerSecond), 'rollouts / s (taken)')}
@@ -70,32 +80,59 @@ ${card(bytes(r.memory.perRolloutHeapBytes), 'heap per in-flight rollout')}
 ${card(bytes(r.memory.perRolloutRssBytes), 'RSS per in-flight rollout')}
 ${card(r.pauses.count === 0 ? '—' : `${num(r.pauses.allBackMs.p50)} / ${num(r.pauses.allBackMs.p99)} ms`, 'pause: all back p50 / p99')}
 ${card(`${num(r.inFlight.mean)} of ${r.inFlight.capacity}`, 'rollouts in flight (mean of max)')}
-${r.gpu === null ? '' : `${card(`${num(100 * r.gpu.busyFraction)} %`, 'inference servers busy')}
+${
+  r.gpu === null
+    ? ''
+    : `${card(`${num(100 * r.gpu.busyFraction)} %`, 'inference servers busy')}
 ${card(`${num(100 * r.gpu.slotFill)} %`, 'server slots filled')}
-${card(num(r.gpu.tokensPerSecond), 'server tokens / s (GPU time)')}`}
+${card(num(r.gpu.tokensPerSecond), 'server tokens / s (GPU time)')}`
+}
 </div>`;
 }
 
 function throughputCharts(r: LoadtestReport): string {
   // Each point ends its sliding window.
-  const pts = (key: 'stepsPerSecond' | 'rolloutsPerSecond' | 'groupsPerSecond' | 'tokensPerSecond' | 'inFlightRollouts') =>
-    r.timeSeries.map((p): [number, number] => [p.t, p[key]]);
-  const pct = (key: 'gpuBusyFraction' | 'gpuSlotFill') => r.timeSeries.flatMap((p): [number, number][] => (p[key] === null ? [] : [[p.t, 100 * p[key]!]]));
-  const markers = r.pauses.events.map((e) => ({ x: e.t, label: `pause (${e.reason}) at ${num(e.t)} s: all back in ${num(e.allBackMs)} ms` }));
+  const pts = (
+    key: 'stepsPerSecond' | 'rolloutsPerSecond' | 'groupsPerSecond' | 'tokensPerSecond' | 'inFlightRollouts',
+  ) => r.timeSeries.map((p): [number, number] => [p.t, p[key]]);
+  const pct = (key: 'gpuBusyFraction' | 'gpuSlotFill') =>
+    r.timeSeries.flatMap((p): [number, number][] => (p[key] === null ? [] : [[p.t, 100 * p[key]!]]));
+  const markers = r.pauses.events.map((e) => ({
+    x: e.t,
+    label: `pause (${e.reason}) at ${num(e.t)} s: all back in ${num(e.allBackMs)} ms`,
+  }));
   const xMax = r.window.seconds;
   return `<div class="charts">
 <p>Rates over a sliding window of ${r.slidingWindowS} s, a point a second.</p>
-${lineChart({ title: 'Steps, rollouts and groups per second (dashed: pauses)', xLabel: 'seconds', yLabel: 'per second', xMax, markers, series: [
+${lineChart({
+  title: 'Steps, rollouts and groups per second (dashed: pauses)',
+  xLabel: 'seconds',
+  yLabel: 'per second',
+  xMax,
+  markers,
+  series: [
     { name: 'agent steps/s', color: COLORS.steps, points: pts('stepsPerSecond') },
     { name: 'rollouts/s', color: COLORS.rollouts, points: pts('rolloutsPerSecond') },
     { name: 'groups/s', color: COLORS.groups, points: pts('groupsPerSecond') },
-  ] })}
+  ],
+})}
 ${lineChart({ title: 'Response tokens per second (taken)', xLabel: 'seconds', yLabel: 'tokens/s', xMax, markers, series: [{ name: 'tokens/s', color: COLORS.tokens, points: pts('tokensPerSecond') }] })}
 ${lineChart({ title: `Rollouts in flight on the workers (at most ${r.inFlight.capacity})`, xLabel: 'seconds', yLabel: 'rollouts', xMax, markers, series: [{ name: 'in flight', color: COLORS.inFlight, points: pts('inFlightRollouts') }] })}
-${r.gpu === null ? '' : lineChart({ title: 'Inference servers (GPU-like mock): busy and slots filled', xLabel: 'seconds', yLabel: '%', xMax, markers, series: [
-    { name: 'busy %', color: COLORS.steps, points: pct('gpuBusyFraction') },
-    { name: 'slots filled %', color: COLORS.rollouts, points: pct('gpuSlotFill') },
-  ] })}
+${
+  r.gpu === null
+    ? ''
+    : lineChart({
+        title: 'Inference servers (GPU-like mock): busy and slots filled',
+        xLabel: 'seconds',
+        yLabel: '%',
+        xMax,
+        markers,
+        series: [
+          { name: 'busy %', color: COLORS.steps, points: pct('gpuBusyFraction') },
+          { name: 'slots filled %', color: COLORS.rollouts, points: pct('gpuSlotFill') },
+        ],
+      })
+}
 </div>`;
 }
 
@@ -139,13 +176,24 @@ function latencyCharts(r: LoadtestReport): string {
 
 function pauseSection(r: LoadtestReport): string {
   const p = r.pauses;
-  if (p.count === 0) return '<p>No pause in this run. Run with <code>--pause-every &lt;seconds&gt;</code> (or the async strategy, which pauses when the weights are too stale) to measure pauses.</p>';
-  const reasons = Object.entries(p.byReason).map(([k, n]) => `${n} ${esc(k)}`).join(', ');
-  const spreadRow = (name: string, x: LoadtestReport['pauses']['allBackMs']) => `<tr><td>${esc(name)}</td><td>${x.count}</td><td>${ms(x.p50)}</td><td>${ms(x.p99)}</td><td>${ms(x.max)}</td></tr>`;
+  if (p.count === 0)
+    return '<p>No pause in this run. Run with <code>--pause-every &lt;seconds&gt;</code> (or the async strategy, which pauses when the weights are too stale) to measure pauses.</p>';
+  const reasons = Object.entries(p.byReason)
+    .map(([k, n]) => `${n} ${esc(k)}`)
+    .join(', ');
+  const spreadRow = (name: string, x: LoadtestReport['pauses']['allBackMs']) =>
+    `<tr><td>${esc(name)}</td><td>${x.count}</td><td>${ms(x.p50)}</td><td>${ms(x.p99)}</td><td>${ms(x.max)}</td></tr>`;
   const bars = (key: 'workersStoppedMs' | 'allBackMs') =>
-    p.events.map((e, i) => ({ label: String(i + 1), value: e[key] ?? 0, tip: `pause ${i + 1} (${e.reason}) at ${num(e.t)} s, ${e.inFlightBefore} rollouts in flight: ${num(e[key] ?? NaN)} ms` }));
+    p.events.map((e, i) => ({
+      label: String(i + 1),
+      value: e[key] ?? 0,
+      tip: `pause ${i + 1} (${e.reason}) at ${num(e.t)} s, ${e.inFlightBefore} rollouts in flight: ${num(e[key] ?? NaN)} ms`,
+    }));
   const events = p.events
-    .map((e, i) => `<tr><td>${i + 1}</td><td>${num(e.t)} s</td><td>${esc(e.reason)}</td><td>${e.inFlightBefore}</td><td>${e.groupsBack}</td><td>${e.workersStoppedMs === null ? '—' : ms(e.workersStoppedMs)}</td><td>${ms(e.allBackMs)}</td><td>${ms(e.resumeMs)}</td><td>${e.modelStep}</td><td>${e.serverAbort ? 'server' : e.cancelled ? 'client' : '—'}</td></tr>`)
+    .map(
+      (e, i) =>
+        `<tr><td>${i + 1}</td><td>${num(e.t)} s</td><td>${esc(e.reason)}</td><td>${e.inFlightBefore}</td><td>${e.groupsBack}</td><td>${e.workersStoppedMs === null ? '—' : ms(e.workersStoppedMs)}</td><td>${ms(e.allBackMs)}</td><td>${ms(e.resumeMs)}</td><td>${e.modelStep}</td><td>${e.serverAbort ? 'server' : e.cancelled ? 'client' : '—'}</td></tr>`,
+    )
     .join('\n');
   return `<p>${p.count} pauses (${reasons}). “Workers stopped”: from the request until the last inference call any worker sent (0 when none was sent after it — workers read the pause flag in the same tick as they send); “workers acked”: until every worker’s event loop ran its pause watcher; “all back”: until every group in flight was back on the main thread; “resume”: loading the weight version into the mock and resuming.</p>
 <table><thead><tr><th></th><th>count</th><th>p50</th><th>p99</th><th>max</th></tr></thead><tbody>
@@ -169,13 +217,19 @@ function resourceTable(r: LoadtestReport): string {
   const rows: [string, string][] = [
     ['heap per in-flight rollout', bytes(m.perRolloutHeapBytes)],
     ['RSS per in-flight rollout', bytes(m.perRolloutRssBytes)],
-    ['samples used (rollouts in flight)', `${m.samplesUsed} (~${Math.round(m.inFlightRollouts)}${m.full ? '' : ', never full'})`],
+    [
+      'samples used (rollouts in flight)',
+      `${m.samplesUsed} (~${Math.round(m.inFlightRollouts)}${m.full ? '' : ', never full'})`,
+    ],
     ['baseline heap / RSS (idle, workers loaded)', `${bytes(m.baseline.heapBytes)} / ${bytes(m.baseline.rssBytes)}`],
     ['peak heap / RSS', `${bytes(m.peak.heapBytes)} / ${bytes(m.peak.rssBytes)}`],
     ['engine CPU per agent step', us(c.perStepUs)],
     ['engine CPU per taken turn', us(c.perTakenTurnUs)],
     ['engine CPU (user + system)', `${ms(c.engineMs)} (${num(c.coresBusy)} cores busy)`],
-    ['mock server CPU (own process)', c.mockMs === null ? 'not measured' : `${ms(c.mockMs)} (${num(c.mockCoresBusy ?? 0)} cores busy)`],
+    [
+      'mock server CPU (own process)',
+      c.mockMs === null ? 'not measured' : `${ms(c.mockMs)} (${num(c.mockCoresBusy ?? 0)} cores busy)`,
+    ],
   ];
   return `<p>Memory: the engine's heap (main thread + workers) and this process's RSS, minus an idle baseline, divided by rollouts in flight, median over samples taken while production was full. CPU: <code>process.cpuUsage()</code> of the engine process over the window (the mock server runs in its own process and is not counted).</p>
 <table><tbody>
@@ -187,23 +241,57 @@ function settingsTable(r: LoadtestReport): string {
   const s = r.settings;
   const rows: [string, string][] = [
     ['strategy', s.strategy],
-    ['rollouts in flight: at most (requested → effective), mean', `${s.rollouts} → ${s.rolloutsInFlight}, ${num(r.inFlight.mean)}`],
+    [
+      'rollouts in flight: at most (requested → effective), mean',
+      `${s.rollouts} → ${s.rolloutsInFlight}, ${num(r.inFlight.mean)}`,
+    ],
     ['group size / batch size (groups)', `${s.groupSize} / ${s.batchSize}`],
-    ['workers × groups per worker, connections per worker', `${s.workers} × ${s.groupsPerWorker}, ${s.connectionsPerWorker}${s.episodeSlots ? ' (episode slots: rollouts in flight = episodes playing)' : ''}`],
+    [
+      'workers × groups per worker, connections per worker',
+      `${s.workers} × ${s.groupsPerWorker}, ${s.connectionsPerWorker}${s.episodeSlots ? ' (episode slots: rollouts in flight = episodes playing)' : ''}`,
+    ],
     ['environments', s.envs.join(', ')],
     ['environment CPU per step', `${s.envCpuUs} µs`],
     s.capacity === null
-      ? ['mock latency / token rate / think tokens', `${s.latencyMs} ms / ${s.tokensPerSecond === 0 ? 'instant' : `${s.tokensPerSecond} tokens/s`} / ${s.thinkTokens}`]
-      : ['GPU-like mock: slots / median response / σ / speed-up', `${s.capacity.slots} / ${s.capacity.responseTokens ?? `${s.thinkTokens} think tokens`} / ${s.capacity.lengthSigma} / ${s.capacity.speedup}×`],
+      ? [
+          'mock latency / token rate / think tokens',
+          `${s.latencyMs} ms / ${s.tokensPerSecond === 0 ? 'instant' : `${s.tokensPerSecond} tokens/s`} / ${s.thinkTokens}`,
+        ]
+      : [
+          'GPU-like mock: slots / median response / σ / speed-up',
+          `${s.capacity.slots} / ${s.capacity.responseTokens ?? `${s.thinkTokens} think tokens`} / ${s.capacity.lengthSigma} / ${s.capacity.speedup}×`,
+        ],
     ['max tokens per turn', String(s.maxTokens)],
     ['pause every / mode', `${s.pauseEveryS === null ? 'off' : `${s.pauseEveryS} s`} / ${s.pauseMode}`],
-    ['replies', s.stream ? `streamed, an event every ${s.streamIntervalMs} ms${s.pauseMode === 'abort' ? ' (pauses hold calls with their tokens)' : ''}` : 'whole'],
-    ['trainer time per batch, per token; sync every / load', `${s.trainMs} ms, ${s.trainMsPerToken} ms; ${s.syncEvery === null ? 'off' : `${s.syncEvery} batches`} / ${s.loadMs} ms`],
+    [
+      'replies',
+      s.stream
+        ? `streamed, an event every ${s.streamIntervalMs} ms${s.pauseMode === 'abort' ? ' (pauses hold calls with their tokens)' : ''}`
+        : 'whole',
+    ],
+    [
+      'trainer time per batch, per token; sync every / load',
+      `${s.trainMs} ms, ${s.trainMsPerToken} ms; ${s.syncEvery === null ? 'off' : `${s.syncEvery} batches`} / ${s.loadMs} ms`,
+    ],
     ['max staleness (async), partial rollouts', `${s.maxStaleness}, ${s.partialRollout ? 'on' : 'off'}`],
     ['seed', String(s.seed)],
-    ['groups: scheduled / retried / taken', `${r.outcomes.groups.scheduled} / ${r.outcomes.groups.retried} / ${r.outcomes.groups.taken}`],
-    ['groups landed by status', Object.entries(r.outcomes.groups.landed).filter(([, n]) => n > 0).map(([k, n]) => `${k} ${n}`).join(', ') || 'none'],
-    ['rollouts taken by environment', Object.entries(r.outcomes.rolloutsByTask).map(([k, n]) => `${k} ${n}`).join(', ') || 'none'],
+    [
+      'groups: scheduled / retried / taken',
+      `${r.outcomes.groups.scheduled} / ${r.outcomes.groups.retried} / ${r.outcomes.groups.taken}`,
+    ],
+    [
+      'groups landed by status',
+      Object.entries(r.outcomes.groups.landed)
+        .filter(([, n]) => n > 0)
+        .map(([k, n]) => `${k} ${n}`)
+        .join(', ') || 'none',
+    ],
+    [
+      'rollouts taken by environment',
+      Object.entries(r.outcomes.rolloutsByTask)
+        .map(([k, n]) => `${k} ${n}`)
+        .join(', ') || 'none',
+    ],
     ['mean reward of taken rollouts', num(r.outcomes.meanReward)],
   ];
   return `<table><tbody>

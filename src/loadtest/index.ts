@@ -22,14 +22,26 @@ export async function runLoadtest(options: LoadtestOptions): Promise<LoadtestRes
   mkdirSync(outDir, { recursive: true });
   const startedAt = new Date();
   const c = options.capacity;
-  const timing = c === null
-    ? ['--latency-ms', String(options.latencyMs), '--tokens-per-second', String(options.tokensPerSecond)]
-    : ['--capacity', String(c.slots), '--capacity-length-sigma', String(c.lengthSigma), '--capacity-speedup', String(c.speedup), ...(c.responseTokens === null ? [] : ['--capacity-response-tokens', String(c.responseTokens)])];
+  const timing =
+    c === null
+      ? ['--latency-ms', String(options.latencyMs), '--tokens-per-second', String(options.tokensPerSecond)]
+      : [
+          '--capacity',
+          String(c.slots),
+          '--capacity-length-sigma',
+          String(c.lengthSigma),
+          '--capacity-speedup',
+          String(c.speedup),
+          ...(c.responseTokens === null ? [] : ['--capacity-response-tokens', String(c.responseTokens)]),
+        ];
   const mock = await startMockProcess([
     ...timing,
-    '--think-tokens', String(options.thinkTokens),
-    '--stream-interval-ms', String(options.streamIntervalMs),
-    '--seed', String(options.seed),
+    '--think-tokens',
+    String(options.thinkTokens),
+    '--stream-interval-ms',
+    String(options.streamIntervalMs),
+    '--seed',
+    String(options.seed),
   ]);
   let report: LoadtestReport;
   try {

@@ -24,7 +24,10 @@ export interface MockProcessOptions {
 }
 
 /** Start `rollout mock-llm --port 0 <args>` with this Node binary; resolves once it listens. */
-export async function startMockProcess(args: readonly string[], options: MockProcessOptions = {}): Promise<MockProcess> {
+export async function startMockProcess(
+  args: readonly string[],
+  options: MockProcessOptions = {},
+): Promise<MockProcess> {
   const cli = fileURLToPath(projectModuleUrl('src/cli/main'));
   const child = spawn(process.execPath, [...childExecArgv(cli), cli, 'mock-llm', '--port', '0', ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
@@ -75,7 +78,10 @@ function childExecArgv(cli: string): string[] {
 function waitForUrl(child: ChildProcess, timeoutMs: number, stderr: () => string): Promise<string> {
   return new Promise<string>((resolve, reject) => {
     let out = '';
-    const timer = setTimeout(() => fail(new Error(`the mock inference server did not start within ${timeoutMs} ms\n${stderr()}`)), timeoutMs);
+    const timer = setTimeout(
+      () => fail(new Error(`the mock inference server did not start within ${timeoutMs} ms\n${stderr()}`)),
+      timeoutMs,
+    );
     const onData = (chunk: Buffer) => {
       out += chunk.toString();
       const match = /listening on (http:\/\/\S+)/.exec(out);
@@ -86,7 +92,9 @@ function waitForUrl(child: ChildProcess, timeoutMs: number, stderr: () => string
       }
     };
     const onExit = (code: number | null, signal: string | null) =>
-      fail(new Error(`the mock inference server exited before listening (code ${code}, signal ${signal})\n${stderr()}`));
+      fail(
+        new Error(`the mock inference server exited before listening (code ${code}, signal ${signal})\n${stderr()}`),
+      );
     const fail = (err: Error) => {
       cleanup();
       reject(err);

@@ -50,7 +50,12 @@ export class Recorder {
   readonly samples: Sample[] = [];
   readonly pauses: PauseRecord[] = [];
   /** Per rollout of taken groups, ms. */
-  readonly rollout = { queueMs: [] as number[], inferenceMs: [] as number[], envMs: [] as number[], totalMs: [] as number[] };
+  readonly rollout = {
+    queueMs: [] as number[],
+    inferenceMs: [] as number[],
+    envMs: [] as number[],
+    totalMs: [] as number[],
+  };
   /** Per turn of taken rollouts, ms. */
   readonly turn = { inferenceMs: [] as number[], envMs: [] as number[], totalMs: [] as number[] };
   readonly rolloutsByTask: Record<string, number> = {};
@@ -72,7 +77,15 @@ export class Recorder {
 
   addBatch(batch: Extract<Batch, { status: 'NORMAL' }>): void {
     const s = batch.stats;
-    this.batches.push({ t: this.now(), trainStep: batch.trainStep, groups: s.groups, rollouts: s.rollouts, turns: s.turns, tokens: s.responseTokens, meanReward: s.meanReward });
+    this.batches.push({
+      t: this.now(),
+      trainStep: batch.trainStep,
+      groups: s.groups,
+      rollouts: s.rollouts,
+      turns: s.turns,
+      tokens: s.responseTokens,
+      meanReward: s.meanReward,
+    });
     for (const group of batch.groups) {
       for (const r of group.rollouts) {
         this.rolloutsByTask[r.taskName] = (this.rolloutsByTask[r.taskName] ?? 0) + 1;

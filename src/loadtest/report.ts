@@ -50,9 +50,23 @@ export interface Spread {
 export interface LoadtestReport {
   version: 1;
   startedAt: string;
-  settings: Omit<LoadtestOptions, 'outDir'> & { rolloutsInFlight: number; batchSize: number; groupsPerWorker: number; connectionsPerWorker: number; partialRollout: boolean };
+  settings: Omit<LoadtestOptions, 'outDir'> & {
+    rolloutsInFlight: number;
+    batchSize: number;
+    groupsPerWorker: number;
+    connectionsPerWorker: number;
+    partialRollout: boolean;
+  };
   machine: { cpus: number; cpuModel: string; totalMemoryBytes: number; node: string; platform: string };
-  window: { seconds: number; batches: number; agentSteps: number; turns: number; rollouts: number; groups: number; tokens: number };
+  window: {
+    seconds: number;
+    batches: number;
+    agentSteps: number;
+    turns: number;
+    rollouts: number;
+    groups: number;
+    tokens: number;
+  };
   throughput: Throughput;
   /** Rollouts the workers held: at most `settings.rolloutsInFlight` (the capacity asked for), mean over the window's samples. */
   inFlight: { capacity: number; mean: number; peak: number };
@@ -80,7 +94,19 @@ export interface LoadtestReport {
     workersAckedMs: Spread;
     allBackMs: Spread;
     resumeMs: Spread;
-    events: { t: number; reason: string; inFlightBefore: number; groupsBack: number; workersStoppedMs: number | null; allBackMs: number; resumeMs: number; modelStep: number; serverAbort: boolean; cancelled: boolean; stillInFlight: number }[];
+    events: {
+      t: number;
+      reason: string;
+      inFlightBefore: number;
+      groupsBack: number;
+      workersStoppedMs: number | null;
+      allBackMs: number;
+      resumeMs: number;
+      modelStep: number;
+      serverAbort: boolean;
+      cancelled: boolean;
+      stillInFlight: number;
+    }[];
   };
   memory: {
     /** Divided by rollouts in flight, over samples taken while production was full (see `full`). */
@@ -135,7 +161,13 @@ export function buildReport(options: LoadtestOptions, run: EngineRun, startedAt:
     version: 1,
     startedAt: startedAt.toISOString(),
     settings: { ...settings, rolloutsInFlight, ...run.engineSettings },
-    machine: { cpus: cpus().length, cpuModel: cpus()[0]?.model ?? 'unknown', totalMemoryBytes: totalmem(), node: process.version, platform: process.platform },
+    machine: {
+      cpus: cpus().length,
+      cpuModel: cpus()[0]?.model ?? 'unknown',
+      totalMemoryBytes: totalmem(),
+      node: process.version,
+      platform: process.platform,
+    },
     window: { seconds, agentSteps, ...totals },
     throughput: {
       stepsPerSecond: rate(agentSteps),
@@ -147,7 +179,10 @@ export function buildReport(options: LoadtestOptions, run: EngineRun, startedAt:
     },
     inFlight: {
       capacity: rolloutsInFlight,
-      mean: windowSamples.length === 0 ? 0 : windowSamples.reduce((n, x) => n + x.inFlightRollouts, 0) / windowSamples.length,
+      mean:
+        windowSamples.length === 0
+          ? 0
+          : windowSamples.reduce((n, x) => n + x.inFlightRollouts, 0) / windowSamples.length,
       peak: Math.max(0, ...windowSamples.map((x) => x.inFlightRollouts)),
     },
     slidingWindowS: slidingWindow(seconds),
@@ -179,7 +214,11 @@ export function buildReport(options: LoadtestOptions, run: EngineRun, startedAt:
       mockMs: run.mockCpuMs,
       mockCoresBusy: run.mockCpuMs === null || seconds <= 0 ? null : run.mockCpuMs / (seconds * 1000),
     },
-    outcomes: { meanReward: totals.rollouts > 0 ? rewardSum / totals.rollouts : 0, rolloutsByTask: { ...recorder.rolloutsByTask }, groups: run.stats.groups },
+    outcomes: {
+      meanReward: totals.rollouts > 0 ? rewardSum / totals.rollouts : 0,
+      rolloutsByTask: { ...recorder.rolloutsByTask },
+      groups: run.stats.groups,
+    },
     notes,
   };
 }
@@ -187,7 +226,8 @@ export function buildReport(options: LoadtestOptions, run: EngineRun, startedAt:
 /** Agent steps run between consecutive samples, credited to the later one; a replaced worker's reset counter counts 0. */
 function stepDeltas(samples: readonly Sample[]): { t: number; steps: number }[] {
   const out: { t: number; steps: number }[] = [];
-  for (let i = 1; i < samples.length; i++) out.push({ t: samples[i].t, steps: Math.max(0, samples[i].agentSteps - samples[i - 1].agentSteps) });
+  for (let i = 1; i < samples.length; i++)
+    out.push({ t: samples[i].t, steps: Math.max(0, samples[i].agentSteps - samples[i - 1].agentSteps) });
   return out;
 }
 
@@ -270,7 +310,12 @@ function pauseFigures(run: EngineRun): LoadtestReport['pauses'] {
   };
 }
 
-function memoryFigures(baseline: Sample, samples: readonly Sample[], target: number, notes: string[]): LoadtestReport['memory'] {
+function memoryFigures(
+  baseline: Sample,
+  samples: readonly Sample[],
+  target: number,
+  notes: string[],
+): LoadtestReport['memory'] {
   const peakInFlight = Math.max(0, ...samples.map((s) => s.inFlightRollouts));
   let used = samples.filter((s) => s.inFlightRollouts >= FULL_FRACTION * target && s.inFlightRollouts > 0);
   const full = used.length > 0;
@@ -290,7 +335,15 @@ function memoryFigures(baseline: Sample, samples: readonly Sample[], target: num
     full,
     samplesUsed: used.length,
     inFlightRollouts: used.length === 0 ? 0 : median(used.map((s) => s.inFlightRollouts)),
-    baseline: { heapBytes: baseline.heapBytes, rssBytes: baseline.rssBytes, inFlightRollouts: baseline.inFlightRollouts },
-    peak: { heapBytes: Math.max(0, ...samples.map((s) => s.heapBytes)), rssBytes: Math.max(0, ...samples.map((s) => s.rssBytes)), inFlightRollouts: peakInFlight },
+    baseline: {
+      heapBytes: baseline.heapBytes,
+      rssBytes: baseline.rssBytes,
+      inFlightRollouts: baseline.inFlightRollouts,
+    },
+    peak: {
+      heapBytes: Math.max(0, ...samples.map((s) => s.heapBytes)),
+      rssBytes: Math.max(0, ...samples.map((s) => s.rssBytes)),
+      inFlightRollouts: peakInFlight,
+    },
   };
 }

@@ -42,7 +42,11 @@ function engineConfig(options: LoadtestOptions, llmUrl: string): EngineConfigInp
     batchSize: groups,
     // Every group of a batch must be able to run at once, and every rollout needs its connection.
     workers: options.episodeSlots
-      ? { threads: options.workers, rolloutsPerWorker, groupsPerWorker: Math.ceil((1.5 * rolloutsPerWorker) / options.groupSize) + 1 }
+      ? {
+          threads: options.workers,
+          rolloutsPerWorker,
+          groupsPerWorker: Math.ceil((1.5 * rolloutsPerWorker) / options.groupSize) + 1,
+        }
       : { threads: options.workers, groupsPerWorker: Math.ceil(groups / options.workers) + 1 },
     llm: {
       url: llmUrl,
@@ -118,7 +122,11 @@ async function measure(
       await setMockWeightVersion(mock.url, next);
       await engine.resume({ modelStep: next });
       modelStep = next;
-      recorder.addPause(report, { reason, inFlightBefore, modelStep: next, resumeMs: performance.now() - resumeStart }, t);
+      recorder.addPause(
+        report,
+        { reason, inFlightBefore, modelStep: next, resumeMs: performance.now() - resumeStart },
+        t,
+      );
     })().finally(() => (current.sync = null));
     return current.sync;
   };
@@ -173,7 +181,8 @@ async function measure(
         if (trainMs > 0) await sleep(trainMs);
         step++;
         // The trainer pushes the weights of the steps it has trained (step - 1 of them by now).
-        if (options.syncEvery !== null && (step - 1) % options.syncEvery === 0 && !stopping) await syncWeights('scheduled');
+        if (options.syncEvery !== null && (step - 1) % options.syncEvery === 0 && !stopping)
+          await syncWeights('scheduled');
       } else if (batch.status === 'EXPIRED_BATCH') {
         await syncWeights('expired-batch');
       } else {
@@ -192,7 +201,8 @@ async function measure(
   await closing.done; // rethrows a failure of the closing figures
   const finished = closing.end;
   if (finished === null) throw new Error('loadtest: the measured window ended without its closing figures');
-  if (recorder.batches.length === 0) notes.push(`no batch was completed in ${options.durationS} s: raise --duration or lower --latency-ms / --rollouts`);
+  if (recorder.batches.length === 0)
+    notes.push(`no batch was completed in ${options.durationS} s: raise --duration or lower --latency-ms / --rollouts`);
   const resolved = engine.config;
   return {
     recorder,
@@ -228,7 +238,14 @@ async function sample(engine: Engine, recorder: Recorder, gpu: (() => Promise<Gp
     agentSteps += w.steps;
     heapBytes += w.heapUsedBytes;
   }
-  return recorder.addSample({ workers: stats.workers.length, inFlightRollouts, agentSteps, rssBytes: memory.rss, heapBytes, gpu: gpuMetrics });
+  return recorder.addSample({
+    workers: stats.workers.length,
+    inFlightRollouts,
+    agentSteps,
+    rssBytes: memory.rss,
+    heapBytes,
+    gpu: gpuMetrics,
+  });
 }
 
 async function waitForWorkers(engine: Engine, threads: number, notes: string[]): Promise<void> {
@@ -239,7 +256,9 @@ async function waitForWorkers(engine: Engine, threads: number, notes: string[]):
     if (live >= threads) return;
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
-  notes.push(`only ${live} of ${threads} workers answered stats within ${WORKER_START_TIMEOUT_MS} ms: memory and step counts miss the others`);
+  notes.push(
+    `only ${live} of ${threads} workers answered stats within ${WORKER_START_TIMEOUT_MS} ms: memory and step counts miss the others`,
+  );
 }
 
 /** Stand-in for loading new weights: the mock then reports this version with every completion. */
@@ -249,5 +268,8 @@ async function setMockWeightVersion(baseUrl: string, version: number): Promise<v
     headers: { 'content-type': 'application/json' },
     body: JSON.stringify({ weight_version: version }),
   });
-  if (!response.ok) throw new Error(`loadtest: the mock server refused weight_version ${version}: HTTP ${response.status} ${await response.text()}`);
+  if (!response.ok)
+    throw new Error(
+      `loadtest: the mock server refused weight_version ${version}: HTTP ${response.status} ${await response.text()}`,
+    );
 }

@@ -6,7 +6,10 @@
 /** Nearest-rank percentile of unsorted values (p in 0..100); NaN for no values. */
 export function percentile(values: readonly number[], p: number): number {
   if (values.length === 0) return NaN;
-  return percentileOfSorted([...values].sort((a, b) => a - b), p);
+  return percentileOfSorted(
+    [...values].sort((a, b) => a - b),
+    p,
+  );
 }
 
 /** Nearest-rank percentile of values already sorted ascending. */
@@ -46,7 +49,16 @@ const HISTOGRAM_BINS = 30;
 /** Summary figures and a histogram; every figure is null-free (0 with count 0) so JSON readers need no guards. */
 export function distribution(values: readonly number[]): Distribution {
   if (values.length === 0) {
-    return { count: 0, mean: 0, min: 0, p50: 0, p90: 0, p99: 0, max: 0, histogram: { start: 0, binWidth: 0, counts: [], overflow: 0 } };
+    return {
+      count: 0,
+      mean: 0,
+      min: 0,
+      p50: 0,
+      p90: 0,
+      p99: 0,
+      max: 0,
+      histogram: { start: 0, binWidth: 0, counts: [], overflow: 0 },
+    };
   }
   const sorted = [...values].sort((a, b) => a - b);
   let sum = 0;

@@ -65,7 +65,14 @@ export interface LineSeries {
 }
 
 /** Lines over a shared x axis (seconds), with optional vertical markers (pauses). */
-export function lineChart(options: { title: string; xLabel: string; yLabel: string; series: LineSeries[]; xMax: number; markers?: { x: number; label: string }[] }): string {
+export function lineChart(options: {
+  title: string;
+  xLabel: string;
+  yLabel: string;
+  series: LineSeries[];
+  xMax: number;
+  markers?: { x: number; label: string }[];
+}): string {
   const f = FRAME;
   const yMax = Math.max(0, ...options.series.flatMap((s) => s.points.map((p) => p[1])));
   const axis = yAxis(f, yMax, options.yLabel);
@@ -82,9 +89,12 @@ export function lineChart(options: { title: string; xLabel: string; yLabel: stri
   }
   for (const s of options.series) {
     if (s.points.length === 0) continue;
-    const d = s.points.map(([px, py], i) => `${i === 0 ? 'M' : 'L'}${x(px).toFixed(1)},${axis.y(py).toFixed(1)}`).join('');
+    const d = s.points
+      .map(([px, py], i) => `${i === 0 ? 'M' : 'L'}${x(px).toFixed(1)},${axis.y(py).toFixed(1)}`)
+      .join('');
     body += `<path class="line" d="${d}" stroke="${s.color}"/>`;
-    for (const [px, py] of s.points) body += `<circle cx="${x(px).toFixed(1)}" cy="${axis.y(py).toFixed(1)}" r="2.5" fill="${s.color}"><title>${escapeXml(`${s.name}: ${num(py)} at ${num(px)} s`)}</title></circle>`;
+    for (const [px, py] of s.points)
+      body += `<circle cx="${x(px).toFixed(1)}" cy="${axis.y(py).toFixed(1)}" r="2.5" fill="${s.color}"><title>${escapeXml(`${s.name}: ${num(py)} at ${num(px)} s`)}</title></circle>`;
   }
   let lx = f.left + 4;
   let legend = '';
@@ -96,10 +106,16 @@ export function lineChart(options: { title: string; xLabel: string; yLabel: stri
 }
 
 /** Bars for a histogram's bins, with labelled vertical lines at the given values (percentiles). */
-export function histogramChart(options: { title: string; unit: string; histogram: Histogram; markers: { label: string; value: number; color: string }[] }): string {
+export function histogramChart(options: {
+  title: string;
+  unit: string;
+  histogram: Histogram;
+  markers: { label: string; value: number; color: string }[];
+}): string {
   const f: Frame = { ...FRAME, width: 420, height: 220 };
   const h = options.histogram;
-  if (h.counts.length === 0) return `${svgOpen(options.title, f)}<text class="empty" x="${f.width / 2}" y="${f.height / 2}" text-anchor="middle">no samples</text></svg>`;
+  if (h.counts.length === 0)
+    return `${svgOpen(options.title, f)}<text class="empty" x="${f.width / 2}" y="${f.height / 2}" text-anchor="middle">no samples</text></svg>`;
   const axis = yAxis(f, Math.max(...h.counts), 'count');
   const plotW = f.width - f.left - f.right;
   const lo = h.start;
@@ -114,7 +130,8 @@ export function histogramChart(options: { title: string; unit: string; histogram
     const label = `${num(from)}–${num(from + h.binWidth)}${last ? '+' : ''} ${options.unit}: ${c}`;
     body += `<rect class="bar" x="${(f.left + i * barW + 0.5).toFixed(1)}" y="${axis.y(c).toFixed(1)}" width="${Math.max(1, barW - 1).toFixed(1)}" height="${(f.height - f.bottom - axis.y(c)).toFixed(1)}"><title>${escapeXml(label)}</title></rect>`;
   });
-  for (const t of [lo, (lo + hi) / 2, hi]) body += `<text class="tick" x="${x(t).toFixed(1)}" y="${f.height - f.bottom + 14}" text-anchor="middle">${escapeXml(tick(t))}</text>`;
+  for (const t of [lo, (lo + hi) / 2, hi])
+    body += `<text class="tick" x="${x(t).toFixed(1)}" y="${f.height - f.bottom + 14}" text-anchor="middle">${escapeXml(tick(t))}</text>`;
   body += `<text class="axis-label" x="${(f.left + plotW / 2).toFixed(1)}" y="${f.height - 4}" text-anchor="middle">${escapeXml(options.unit)}</text>`;
   options.markers.forEach((m, i) => {
     const mx = x(m.value).toFixed(1);
@@ -127,9 +144,15 @@ export function histogramChart(options: { title: string; unit: string; histogram
 }
 
 /** One bar per item (e.g. per pause), labelled underneath. */
-export function barChart(options: { title: string; unit: string; color: string; bars: { label: string; value: number; tip: string }[] }): string {
+export function barChart(options: {
+  title: string;
+  unit: string;
+  color: string;
+  bars: { label: string; value: number; tip: string }[];
+}): string {
   const f: Frame = { ...FRAME, width: 420, height: 220 };
-  if (options.bars.length === 0) return `${svgOpen(options.title, f)}<text class="empty" x="${f.width / 2}" y="${f.height / 2}" text-anchor="middle">no pauses</text></svg>`;
+  if (options.bars.length === 0)
+    return `${svgOpen(options.title, f)}<text class="empty" x="${f.width / 2}" y="${f.height / 2}" text-anchor="middle">no pauses</text></svg>`;
   const axis = yAxis(f, Math.max(...options.bars.map((b) => b.value)), options.unit);
   const plotW = f.width - f.left - f.right;
   const slot = plotW / options.bars.length;
@@ -138,7 +161,8 @@ export function barChart(options: { title: string; unit: string; color: string; 
   options.bars.forEach((b, i) => {
     const x = f.left + i * slot;
     body += `<rect class="bar" fill="${options.color}" x="${(x + slot * 0.15).toFixed(1)}" y="${axis.y(b.value).toFixed(1)}" width="${(slot * 0.7).toFixed(1)}" height="${(f.height - f.bottom - axis.y(b.value)).toFixed(1)}"><title>${escapeXml(b.tip)}</title></rect>`;
-    if (i % labelEvery === 0) body += `<text class="tick" x="${(x + slot / 2).toFixed(1)}" y="${f.height - f.bottom + 14}" text-anchor="middle">${escapeXml(b.label)}</text>`;
+    if (i % labelEvery === 0)
+      body += `<text class="tick" x="${(x + slot / 2).toFixed(1)}" y="${f.height - f.bottom + 14}" text-anchor="middle">${escapeXml(b.label)}</text>`;
   });
   body += `<text class="axis-label" x="${(f.left + plotW / 2).toFixed(1)}" y="${f.height - 4}" text-anchor="middle">pause</text>`;
   return `${svgOpen(options.title, f)}${body}</svg>`;

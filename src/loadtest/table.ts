@@ -6,20 +6,25 @@ import { percentile } from './stats.ts';
 export function formatTable(r: LoadtestReport, files: { json: string; html: string }): string {
   const s = r.settings;
   const lines: string[] = [];
-  const row = (cells: string[], widths: number[]) => cells.map((c, i) => (i === 0 ? c.padEnd(widths[0]) : c.padStart(widths[i]))).join('').trimEnd();
+  const row = (cells: string[], widths: number[]) =>
+    cells
+      .map((c, i) => (i === 0 ? c.padEnd(widths[0]) : c.padStart(widths[i])))
+      .join('')
+      .trimEnd();
 
   lines.push(
     `rollout loadtest: ${num(r.window.seconds)} s measured, ${s.strategy} strategy, ${s.rolloutsInFlight} rollouts in flight (${s.batchSize} groups × ${s.groupSize}), ${s.workers} worker${s.workers === 1 ? '' : 's'}, envs ${s.envs.join('+')}`,
     s.capacity === null
       ? `  mock server: latency ${s.latencyMs} ms, ${s.tokensPerSecond === 0 ? 'instant generation' : `${s.tokensPerSecond} tokens/s`}, ${s.thinkTokens} think tokens; env CPU ${s.envCpuUs} µs/step${s.trainMs > 0 ? `; trainer ${s.trainMs} ms/batch` : ''}`
       : `  GPU-like mock: ${s.capacity.slots} slots, responses ${s.capacity.responseTokens === null ? `of ${s.thinkTokens} think tokens` : `median ${s.capacity.responseTokens} tokens, σ ${s.capacity.lengthSigma}`}, ${s.capacity.speedup}× speed; env CPU ${s.envCpuUs} µs/step` +
-        `${s.trainMs > 0 || s.trainMsPerToken > 0 ? `; trainer ${s.trainMs} ms/batch + ${s.trainMsPerToken} ms/token` : ''}${s.syncEvery === null ? '' : `; sync every ${s.syncEvery} batches, load ${s.loadMs} ms`}`,
+          `${s.trainMs > 0 || s.trainMsPerToken > 0 ? `; trainer ${s.trainMs} ms/batch + ${s.trainMsPerToken} ms/token` : ''}${s.syncEvery === null ? '' : `; sync every ${s.syncEvery} batches, load ${s.loadMs} ms`}`,
     `  rollouts in flight: ${num(r.inFlight.mean)} on average, peak ${r.inFlight.peak}, at most ${r.inFlight.capacity}`,
     '',
   );
 
   const tw = [22, 12, 12, 12, 12];
-  const perSecond = (key: 'stepsPerSecond' | 'rolloutsPerSecond' | 'groupsPerSecond' | 'tokensPerSecond') => r.timeSeries.map((p) => p[key]);
+  const perSecond = (key: 'stepsPerSecond' | 'rolloutsPerSecond' | 'groupsPerSecond' | 'tokensPerSecond') =>
+    r.timeSeries.map((p) => p[key]);
   lines.push(`throughput over ${r.slidingWindowS}-s sliding windows:`);
   lines.push(row(['throughput', 'overall', 'p50', 'min', 'max'], tw));
   const tput: [string, number, ReturnType<typeof perSecond>][] = [
@@ -29,9 +34,14 @@ export function formatTable(r: LoadtestReport, files: { json: string; html: stri
     ['  tokens/s', r.throughput.tokensPerSecond, perSecond('tokensPerSecond')],
   ];
   for (const [label, overall, series] of tput) {
-    lines.push(row([label, num(overall), num(percentile(series, 50)), num(Math.min(...series)), num(Math.max(...series))], tw));
+    lines.push(
+      row([label, num(overall), num(percentile(series, 50)), num(Math.min(...series)), num(Math.max(...series))], tw),
+    );
   }
-  lines.push(`  taken: ${r.window.batches} batches, ${r.window.groups} groups, ${r.window.rollouts} rollouts, ${r.window.turns} turns, ${r.window.tokens} tokens; mean reward ${num(r.outcomes.meanReward)}`, '');
+  lines.push(
+    `  taken: ${r.window.batches} batches, ${r.window.groups} groups, ${r.window.rollouts} rollouts, ${r.window.turns} turns, ${r.window.tokens} tokens; mean reward ${num(r.outcomes.meanReward)}`,
+    '',
+  );
 
   const lw = [22, 9, 12, 12, 12, 12];
   lines.push(row(['latency', 'count', 'p50', 'p90', 'p99', 'max'], lw));
@@ -43,18 +53,70 @@ export function formatTable(r: LoadtestReport, files: { json: string; html: stri
     ['  turn inference', r.latency.turn.inferenceMs],
     ['  turn environment', r.latency.turn.envMs],
   ];
-  for (const [label, d] of phases) lines.push(row([label, String(d.count), ms(d.p50), ms(d.p90), ms(d.p99), ms(d.max)], lw));
+  for (const [label, d] of phases)
+    lines.push(row([label, String(d.count), ms(d.p50), ms(d.p90), ms(d.p99), ms(d.max)], lw));
   lines.push('');
 
   const pw = [22, 9, 16, 16, 16];
-  const reasons = Object.entries(r.pauses.byReason).map(([k, n]) => `${n} ${k}`).join(', ');
-  lines.push(row([`pauses${reasons ? ` (${reasons})` : ''}`, 'count', 'p50', 'p99', 'max'], [Math.max(22, 8 + reasons.length + 3), ...pw.slice(1)]));
+  const reasons = Object.entries(r.pauses.byReason)
+    .map(([k, n]) => `${n} ${k}`)
+    .join(', ');
+  lines.push(
+    row(
+      [`pauses${reasons ? ` (${reasons})` : ''}`, 'count', 'p50', 'p99', 'max'],
+      [Math.max(22, 8 + reasons.length + 3), ...pw.slice(1)],
+    ),
+  );
   if (r.pauses.count === 0) lines.push('  none (set --pause-every to measure pauses)');
   else {
-    lines.push(row(['  workers stopped', String(r.pauses.workersStoppedMs.count), ms(r.pauses.workersStoppedMs.p50), ms(r.pauses.workersStoppedMs.p99), ms(r.pauses.workersStoppedMs.max)], pw));
-    lines.push(row(['  workers acked', String(r.pauses.workersAckedMs.count), ms(r.pauses.workersAckedMs.p50), ms(r.pauses.workersAckedMs.p99), ms(r.pauses.workersAckedMs.max)], pw));
-    lines.push(row(['  all groups back', String(r.pauses.allBackMs.count), ms(r.pauses.allBackMs.p50), ms(r.pauses.allBackMs.p99), ms(r.pauses.allBackMs.max)], pw));
-    lines.push(row(['  resume', String(r.pauses.resumeMs.count), ms(r.pauses.resumeMs.p50), ms(r.pauses.resumeMs.p99), ms(r.pauses.resumeMs.max)], pw));
+    lines.push(
+      row(
+        [
+          '  workers stopped',
+          String(r.pauses.workersStoppedMs.count),
+          ms(r.pauses.workersStoppedMs.p50),
+          ms(r.pauses.workersStoppedMs.p99),
+          ms(r.pauses.workersStoppedMs.max),
+        ],
+        pw,
+      ),
+    );
+    lines.push(
+      row(
+        [
+          '  workers acked',
+          String(r.pauses.workersAckedMs.count),
+          ms(r.pauses.workersAckedMs.p50),
+          ms(r.pauses.workersAckedMs.p99),
+          ms(r.pauses.workersAckedMs.max),
+        ],
+        pw,
+      ),
+    );
+    lines.push(
+      row(
+        [
+          '  all groups back',
+          String(r.pauses.allBackMs.count),
+          ms(r.pauses.allBackMs.p50),
+          ms(r.pauses.allBackMs.p99),
+          ms(r.pauses.allBackMs.max),
+        ],
+        pw,
+      ),
+    );
+    lines.push(
+      row(
+        [
+          '  resume',
+          String(r.pauses.resumeMs.count),
+          ms(r.pauses.resumeMs.p50),
+          ms(r.pauses.resumeMs.p99),
+          ms(r.pauses.resumeMs.max),
+        ],
+        pw,
+      ),
+    );
   }
   lines.push('');
 

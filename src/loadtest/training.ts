@@ -94,15 +94,21 @@ export interface TrainingFigures {
 
 export async function readGpu(url: string): Promise<GpuMetrics> {
   const response = await fetch(`${url}/admin/gpu`);
-  if (!response.ok) throw new Error(`training loop: GET ${url}/admin/gpu answered ${response.status} (start the mock with --capacity)`);
+  if (!response.ok)
+    throw new Error(`training loop: GET ${url}/admin/gpu answered ${response.status} (start the mock with --capacity)`);
   return (await response.json()) as GpuMetrics;
 }
 
 export const readAll = (servers: readonly string[]): Promise<GpuMetrics[]> => Promise.all(servers.map(readGpu));
 
 async function setWeightVersion(url: string, version: number): Promise<void> {
-  const response = await fetch(`${url}/admin/weight_version`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ weight_version: version }) });
-  if (!response.ok) throw new Error(`training loop: the mock at ${url} refused weight_version ${version}: HTTP ${response.status}`);
+  const response = await fetch(`${url}/admin/weight_version`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ weight_version: version }),
+  });
+  if (!response.ok)
+    throw new Error(`training loop: the mock at ${url} refused weight_version ${version}: HTTP ${response.status}`);
   await response.body?.cancel();
 }
 
@@ -192,7 +198,10 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
 
   production.start(await readAll(servers));
   let step = 1;
-  while (step <= o.steps && !(o.maxSeconds !== undefined && step > 2 && performance.now() - startedAt > o.maxSeconds * 1000)) {
+  while (
+    step <= o.steps &&
+    !(o.maxSeconds !== undefined && step > 2 && performance.now() - startedAt > o.maxSeconds * 1000)
+  ) {
     if (o.strategy === 'sync') production.start(await readAll(servers));
     const asked = performance.now();
     const batch = await engine.getBatch(step);
@@ -232,7 +241,8 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     prompt += m.promptTokens;
     cached += m.cachedTokens;
   }
-  const wasted = o.discardedTokens === undefined ? Math.max(0, generated - tokensAfterFirst) : discardedAtLast - discardedAtFirst;
+  const wasted =
+    o.discardedTokens === undefined ? Math.max(0, generated - tokensAfterFirst) : discardedAtLast - discardedAtFirst;
   const mean = (xs: number[]) => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length);
   const sorted = [...pauseMs].sort((a, b) => a - b);
   return {

@@ -4,7 +4,14 @@
  */
 
 /** The message roles both accept (OpenAI's, with the legacy `function`). */
-export const CHAT_ROLES: ReadonlySet<string> = new Set(['system', 'developer', 'user', 'assistant', 'tool', 'function']);
+export const CHAT_ROLES: ReadonlySet<string> = new Set([
+  'system',
+  'developer',
+  'user',
+  'assistant',
+  'tool',
+  'function',
+]);
 
 /** Throws the caller's error: `param` breaks `rule` (the message shows `value`). */
 export type BadField = (param: string, rule: string, value: unknown) => never;

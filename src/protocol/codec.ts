@@ -52,10 +52,13 @@ export function encodeMessage(message: WireMessage): Uint8Array {
 
 /** Decode and check the envelope; a peer's garbage becomes a ProtocolError, never a crash later on. */
 export function decodeMessage(bytes: Uint8Array): WireMessage {
-  if (bytes.byteLength < HEADER_BYTES) throw new ProtocolError(`message is ${bytes.byteLength} bytes, shorter than its ${HEADER_BYTES}-byte header`);
+  if (bytes.byteLength < HEADER_BYTES)
+    throw new ProtocolError(`message is ${bytes.byteLength} bytes, shorter than its ${HEADER_BYTES}-byte header`);
   const bodyLength = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength).getUint32(0, true);
   if (HEADER_BYTES + bodyLength > bytes.byteLength) {
-    throw new ProtocolError(`message header declares a ${bodyLength}-byte body, but only ${bytes.byteLength - HEADER_BYTES} bytes follow`);
+    throw new ProtocolError(
+      `message header declares a ${bodyLength}-byte body, but only ${bytes.byteLength - HEADER_BYTES} bytes follow`,
+    );
   }
   let value: unknown;
   try {
@@ -68,7 +71,9 @@ export function decodeMessage(bytes: Uint8Array): WireMessage {
   }
   const { v, type } = value as { v?: unknown; type?: unknown };
   if (v !== PROTOCOL_VERSION) {
-    throw new ProtocolError(`message.v must be ${PROTOCOL_VERSION}, got ${preview(v)} (worker and coordinator from different versions?)`);
+    throw new ProtocolError(
+      `message.v must be ${PROTOCOL_VERSION}, got ${preview(v)} (worker and coordinator from different versions?)`,
+    );
   }
   if (!WIRE_MESSAGE_TYPES.includes(type as WireMessage['type'])) {
     throw new ProtocolError(`message.type must be one of ${WIRE_MESSAGE_TYPES.join(', ')}, got ${preview(type)}`);
@@ -121,7 +126,8 @@ class ArraysBeside {
         const from = views[i][0].byteOffset & ~7;
         let to = views[i][0].byteOffset + views[i][0].byteLength;
         let j = i + 1;
-        for (; j < views.length && views[j][0].byteOffset <= to; j++) to = Math.max(to, views[j][0].byteOffset + views[j][0].byteLength);
+        for (; j < views.length && views[j][0].byteOffset <= to; j++)
+          to = Math.max(to, views[j][0].byteOffset + views[j][0].byteLength);
         const at = this.#place(buffer, from, to - from);
         for (; i < j; i++) views[i][1][1] = at + views[i][0].byteOffset - from;
       }
@@ -182,20 +188,35 @@ function restoreArrays(message: WireMessage, block: ArrayBuffer): void {
     if (!Array.isArray(turns)) continue;
     for (let t = 0; t < turns.length; t++) {
       const turn = turns[t] as Record<string, unknown> | null;
-      if (turn !== null && typeof turn === 'object') restoreTurnArrays(turn, `message.group.rollouts[${r}].turns[${t}]`, block, views);
+      if (turn !== null && typeof turn === 'object')
+        restoreTurnArrays(turn, `message.group.rollouts[${r}].turns[${t}]`, block, views);
     }
   }
 }
 
-function restoreTurnArrays(turn: Record<string, unknown>, where: string, block: ArrayBuffer, views: Map<number, TurnArray>): void {
+function restoreTurnArrays(
+  turn: Record<string, unknown>,
+  where: string,
+  block: ArrayBuffer,
+  views: Map<number, TurnArray>,
+): void {
   for (const field of TURN_ARRAYS) {
     const ref = turn[field];
     if (!Array.isArray(ref)) continue;
     const [kind, offset, length] = ref as unknown[];
     const Kind = ARRAY_KINDS[kind as number];
-    const fits = Kind !== undefined && Number.isInteger(offset) && Number.isInteger(length) && (offset as number) >= 0 && (offset as number) % Kind.BYTES_PER_ELEMENT === 0 && (length as number) >= 0 &&
+    const fits =
+      Kind !== undefined &&
+      Number.isInteger(offset) &&
+      Number.isInteger(length) &&
+      (offset as number) >= 0 &&
+      (offset as number) % Kind.BYTES_PER_ELEMENT === 0 &&
+      (length as number) >= 0 &&
       (offset as number) + (length as number) * Kind.BYTES_PER_ELEMENT <= block.byteLength;
-    if (!fits) throw new ProtocolError(`${where}.${field} must reference the arrays after the body, got ${preview(ref)} (${block.byteLength} bytes there)`);
+    if (!fits)
+      throw new ProtocolError(
+        `${where}.${field} must reference the arrays after the body, got ${preview(ref)} (${block.byteLength} bytes there)`,
+      );
     let view = views.get(offset as number);
     if (view === undefined || view.constructor !== Kind || view.length !== length) {
       view = new Kind(block, offset as number, length as number);
@@ -257,5 +278,7 @@ function typedArraysAsBytes(value: unknown): unknown {
 
 /** JSON for outside readers (batch files, the control API): typed arrays become number lists. */
 export function toJson(value: unknown): string {
-  return JSON.stringify(value, (_key, v: unknown) => (ArrayBuffer.isView(v) && !(v instanceof DataView) ? Array.from(v as Int32Array) : v));
+  return JSON.stringify(value, (_key, v: unknown) =>
+    ArrayBuffer.isView(v) && !(v instanceof DataView) ? Array.from(v as Int32Array) : v,
+  );
 }

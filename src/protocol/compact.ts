@@ -17,7 +17,14 @@
  * batch the engine holds for redelivery is not changed.
  */
 import { preview, RolloutEngineError } from './errors.ts';
-import { idsStartWith, sharedMessageCount, type ChatMessage, type RolloutGroup, type RolloutState, type TurnRecord } from './rollout.ts';
+import {
+  idsStartWith,
+  sharedMessageCount,
+  type ChatMessage,
+  type RolloutGroup,
+  type RolloutState,
+  type TurnRecord,
+} from './rollout.ts';
 
 interface CompactTurnFields {
   messagesPrefixOf?: { turn: number; length: number };
@@ -65,7 +72,6 @@ function compactRollout(rollout: RolloutState): CompactRollout {
   return { ...rollout, turns };
 }
 
-
 /**
  * The full form again, in place (a checkpoint read back): each named prefix becomes the carrier's
  * first messages (the same objects) and a view of its prompt ids. A reference that names no carrier
@@ -77,11 +83,21 @@ export function expandGroup(group: RolloutGroup, where: string): RolloutGroup {
       const compact = turn as CompactTurn;
       const at = `${where}.rollouts[${r}].turns[${t}]`;
       if (compact.messagesPrefixOf !== undefined) {
-        turn.messages = prefixOf(rollout.turns, compact.messagesPrefixOf, 'messages', `${at}.messagesPrefixOf`) as ChatMessage[];
+        turn.messages = prefixOf(
+          rollout.turns,
+          compact.messagesPrefixOf,
+          'messages',
+          `${at}.messagesPrefixOf`,
+        ) as ChatMessage[];
         delete compact.messagesPrefixOf;
       }
       if (compact.promptIdsPrefixOf !== undefined) {
-        turn.promptIds = prefixOf(rollout.turns, compact.promptIdsPrefixOf, 'promptIds', `${at}.promptIdsPrefixOf`) as Int32Array;
+        turn.promptIds = prefixOf(
+          rollout.turns,
+          compact.promptIdsPrefixOf,
+          'promptIds',
+          `${at}.promptIdsPrefixOf`,
+        ) as Int32Array;
         delete compact.promptIdsPrefixOf;
       }
     });
@@ -89,12 +105,29 @@ export function expandGroup(group: RolloutGroup, where: string): RolloutGroup {
   return group;
 }
 
-function prefixOf(turns: TurnRecord[], ref: unknown, field: 'messages' | 'promptIds', where: string): ChatMessage[] | Int32Array {
+function prefixOf(
+  turns: TurnRecord[],
+  ref: unknown,
+  field: 'messages' | 'promptIds',
+  where: string,
+): ChatMessage[] | Int32Array {
   const { turn, length } = (ref ?? {}) as { turn?: unknown; length?: unknown };
-  const carried: unknown = Number.isInteger(turn) ? (turns[turn as number] as CompactTurn | undefined)?.[field] : undefined;
+  const carried: unknown = Number.isInteger(turn)
+    ? (turns[turn as number] as CompactTurn | undefined)?.[field]
+    : undefined;
   const kindOk = field === 'messages' ? Array.isArray(carried) : carried instanceof Int32Array;
-  if (!kindOk || !Number.isInteger(length) || (length as number) < 0 || (length as number) > (carried as unknown[] | Int32Array).length) {
-    throw new RolloutEngineError('ERR_CHECKPOINT', `${where} must name a turn whose ${field} has at least its length, got ${preview(ref)}`);
+  if (
+    !kindOk ||
+    !Number.isInteger(length) ||
+    (length as number) < 0 ||
+    (length as number) > (carried as unknown[] | Int32Array).length
+  ) {
+    throw new RolloutEngineError(
+      'ERR_CHECKPOINT',
+      `${where} must name a turn whose ${field} has at least its length, got ${preview(ref)}`,
+    );
   }
-  return carried instanceof Int32Array ? carried.subarray(0, length as number) : (carried as ChatMessage[]).slice(0, length as number);
+  return carried instanceof Int32Array
+    ? carried.subarray(0, length as number)
+    : (carried as ChatMessage[]).slice(0, length as number);
 }

@@ -63,7 +63,8 @@ export function writeWeightVersion(sab: SharedArrayBuffer, version: string | nul
     return;
   }
   const bytes = new TextEncoder().encode(version);
-  if (bytes.length > VERSION_BYTES) throw new RangeError(`weight version is ${bytes.length} bytes of UTF-8; at most ${VERSION_BYTES} fit`);
+  if (bytes.length > VERSION_BYTES)
+    throw new RangeError(`weight version is ${bytes.length} bytes of UTF-8; at most ${VERSION_BYTES} fit`);
   new Uint8Array(sab, VERSION_OFFSET, VERSION_BYTES).set(bytes);
   Atomics.store(view, CONTROL.VERSION_LENGTH, bytes.length);
 }

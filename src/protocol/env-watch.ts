@@ -98,7 +98,11 @@ export class EnvWatch {
       const owner = Atomics.load(this.#view, i + OWNER);
       if (owner === 0 || live.has(owner)) continue;
       const dispatch = Atomics.load(this.#view, i + DISPATCH);
-      if (dispatch !== 0) culprits.set(dispatch, { rollout: Atomics.load(this.#view, i + ROLLOUT), call: ENV_CALLS[Atomics.load(this.#view, i + CALL)] ?? 'step' });
+      if (dispatch !== 0)
+        culprits.set(dispatch, {
+          rollout: Atomics.load(this.#view, i + ROLLOUT),
+          call: ENV_CALLS[Atomics.load(this.#view, i + CALL)] ?? 'step',
+        });
       Atomics.store(this.#view, i + DISPATCH, 0);
       Atomics.compareExchange(this.#view, i + OWNER, owner, 0);
     }

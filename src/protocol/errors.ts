@@ -48,7 +48,8 @@ export class ListenError extends RolloutEngineError {
   /** The system's code (EADDRINUSE, EACCES…), or null when the cause carried none. */
   readonly errno: string | null;
   constructor(server: string, host: string, port: number, cause: Error) {
-    const errno = typeof (cause as NodeJS.ErrnoException).code === 'string' ? (cause as NodeJS.ErrnoException).code! : null;
+    const errno =
+      typeof (cause as NodeJS.ErrnoException).code === 'string' ? (cause as NodeJS.ErrnoException).code! : null;
     const why = errno === null ? cause.message : `${LISTEN_CAUSES[errno] ?? cause.message} (${errno})`;
     super('ERR_LISTEN', `cannot listen on ${host.includes(':') ? `[${host}]` : host}:${port}: ${why}`, { cause });
     this.name = 'ListenError';
@@ -64,7 +65,14 @@ export function preview(value: unknown): string {
   let text: string;
   try {
     // NaN and ±Infinity as themselves: JSON would show them as null, the very value they are not.
-    text = value === undefined ? 'undefined' : typeof value === 'bigint' ? `${value}n` : typeof value === 'number' ? String(value) : (JSON.stringify(value) ?? String(value));
+    text =
+      value === undefined
+        ? 'undefined'
+        : typeof value === 'bigint'
+          ? `${value}n`
+          : typeof value === 'number'
+            ? String(value)
+            : (JSON.stringify(value) ?? String(value));
   } catch {
     // BigInts inside objects, cycles, objects without a usable toString: still a message, never a throw.
     try {
@@ -93,7 +101,10 @@ export function serverMessage(text: string, maxLength = 200): string {
   try {
     const parsed = JSON.parse(text) as Record<string, unknown> | null;
     const err = parsed?.error;
-    const msg = typeof err === 'string' ? err : ((err as { message?: unknown } | undefined)?.message ?? parsed?.message ?? parsed?.detail);
+    const msg =
+      typeof err === 'string'
+        ? err
+        : ((err as { message?: unknown } | undefined)?.message ?? parsed?.message ?? parsed?.detail);
     if (typeof msg === 'string') return msg;
     if (msg !== undefined) return JSON.stringify(msg);
   } catch {

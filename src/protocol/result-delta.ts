@@ -32,15 +32,24 @@ export function omitKeptTurns(group: RolloutGroup, received: TurnRecord[][]): nu
 
 /** Coordinator side: put the kept turns back in front, from the group as it was sent (in place). */
 export function restoreKeptTurns(result: RolloutGroup, sent: RolloutGroup, keptTurns: unknown): RolloutGroup {
-  if (!Array.isArray(keptTurns) || keptTurns.length !== result.rollouts.length || result.rollouts.length !== sent.rollouts.length) {
-    throw new ProtocolError(`group-result.keptTurns must list one count per rollout (${sent.rollouts.length}), got ${JSON.stringify(keptTurns)?.slice(0, 80)}`);
+  if (
+    !Array.isArray(keptTurns) ||
+    keptTurns.length !== result.rollouts.length ||
+    result.rollouts.length !== sent.rollouts.length
+  ) {
+    throw new ProtocolError(
+      `group-result.keptTurns must list one count per rollout (${sent.rollouts.length}), got ${JSON.stringify(keptTurns)?.slice(0, 80)}`,
+    );
   }
   result.rollouts.forEach((rollout, i) => {
     const from = sent.rollouts[i];
     const kept = keptTurns[i] as unknown;
-    if (rollout.id !== from.id) throw new ProtocolError(`group-result rollout ${i} is ${rollout.id}, the group sent ${from.id}`);
+    if (rollout.id !== from.id)
+      throw new ProtocolError(`group-result rollout ${i} is ${rollout.id}, the group sent ${from.id}`);
     if (!Number.isInteger(kept) || (kept as number) < 0 || (kept as number) > from.turns.length) {
-      throw new ProtocolError(`group-result.keptTurns[${i}] must be an integer from 0 to ${from.turns.length} (the turns sent), got ${String(kept)}`);
+      throw new ProtocolError(
+        `group-result.keptTurns[${i}] must be an integer from 0 to ${from.turns.length} (the turns sent), got ${String(kept)}`,
+      );
     }
     if ((kept as number) > 0) rollout.turns = from.turns.slice(0, kept as number).concat(rollout.turns);
   });

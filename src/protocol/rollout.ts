@@ -47,7 +47,9 @@ export function sharedMessageCount(a: readonly ChatMessage[], b: readonly ChatMe
 export function idsStartWith(ids: Int32Array, prefix: Int32Array): boolean {
   if (prefix.length > ids.length) return false;
   if (prefix.buffer === ids.buffer && prefix.byteOffset === ids.byteOffset) return true;
-  return Buffer.from(ids.buffer, ids.byteOffset, prefix.byteLength).equals(Buffer.from(prefix.buffer, prefix.byteOffset, prefix.byteLength));
+  return Buffer.from(ids.buffer, ids.byteOffset, prefix.byteLength).equals(
+    Buffer.from(prefix.buffer, prefix.byteOffset, prefix.byteLength),
+  );
 }
 
 /** Why the inference server stopped generating; anything else it sends is kept as-is and fails the rollout. */

@@ -158,7 +158,8 @@ function recordProblem(value: unknown): string | null {
     if (!Array.isArray(rec.messages)) return 'messages must be an array';
     if (typeof rec.response !== 'string') return 'response must be a string';
     if (typeof rec.stepReward !== 'number') return 'stepReward must be a number';
-    if (rec.agentId === undefined) rec.agentId = null; // written before multi-agent records existed
+    if (rec.agentId === undefined)
+      rec.agentId = null; // written before multi-agent records existed
     else if (rec.agentId !== null && typeof rec.agentId !== 'string') return 'agentId must be a string or null';
   } else {
     if (typeof rec.status !== 'string') return 'status must be a string';
@@ -189,7 +190,8 @@ export async function indexSessions(dir: string): Promise<SessionIndex> {
   const sessions = new Map<string, SessionParts>();
   for await (const { record: rec, file } of readDir(resolve(dir), stats)) {
     let parts = sessions.get(rec.sessionId);
-    if (parts === undefined) sessions.set(rec.sessionId, (parts = { steps: new Map(), end: null, files: new Set(), stepIndices: new Set() }));
+    if (parts === undefined)
+      sessions.set(rec.sessionId, (parts = { steps: new Map(), end: null, files: new Set(), stepIndices: new Set() }));
     parts.files.add(file);
     // ≥: on equal times the record read later wins (same file: written later).
     if (rec.type === 'step') {
@@ -226,7 +228,9 @@ export async function indexSessions(dir: string): Promise<SessionIndex> {
       files: [...parts.files].sort(),
     });
   }
-  completed.sort((a, b) => a.end.time - b.end.time || (a.sessionId < b.sessionId ? -1 : a.sessionId > b.sessionId ? 1 : 0));
+  completed.sort(
+    (a, b) => a.end.time - b.end.time || (a.sessionId < b.sessionId ? -1 : a.sessionId > b.sessionId ? 1 : 0),
+  );
   unfinished.sort();
   return { completed, unfinished, stats };
 }

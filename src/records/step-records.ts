@@ -123,7 +123,11 @@ export class StepRecordWriteError extends RolloutEngineError {
   constructor(file: string, lostRecords: number, errors: unknown[]) {
     const first = errors[0];
     const reason = first instanceof Error ? first.message : String(first);
-    super('ERR_RECORDS_WRITE', `step records: ${lostRecords} record(s) lost in ${errors.length} failed write(s) to ${file}: ${reason}`, { cause: first });
+    super(
+      'ERR_RECORDS_WRITE',
+      `step records: ${lostRecords} record(s) lost in ${errors.length} failed write(s) to ${file}: ${reason}`,
+      { cause: first },
+    );
     this.name = 'StepRecordWriteError';
     this.file = file;
     this.lostRecords = lostRecords;
@@ -175,12 +179,18 @@ export class StepRecordWriter {
   constructor(options: StepRecordWriterOptions) {
     const { dir, fileName = defaultStepFileName(), flushIntervalMs = 200, maxBufferedRecords = 1000 } = options;
     if (!(flushIntervalMs > 0)) throw new RangeError(`flushIntervalMs must be > 0 (got ${flushIntervalMs})`);
-    if (!Number.isInteger(maxBufferedRecords) || maxBufferedRecords < 1) throw new RangeError(`maxBufferedRecords must be a positive integer (got ${maxBufferedRecords})`);
+    if (!Number.isInteger(maxBufferedRecords) || maxBufferedRecords < 1)
+      throw new RangeError(`maxBufferedRecords must be a positive integer (got ${maxBufferedRecords})`);
     // The reader reads `*.jsonl` directly in the directory: any other name would be written, never read.
-    if (!/^[^/\\]+\.jsonl$/.test(fileName)) throw new RangeError(`fileName must be a plain file name ending in .jsonl (got ${JSON.stringify(fileName)})`);
+    if (!/^[^/\\]+\.jsonl$/.test(fileName))
+      throw new RangeError(`fileName must be a plain file name ending in .jsonl (got ${JSON.stringify(fileName)})`);
     this.#dir = resolve(dir);
     this.path = join(this.#dir, fileName);
-    if (openFiles.has(this.path)) throw new RolloutEngineError('ERR_RECORDS_FILE_IN_USE', `step records: ${this.path} already has an open writer in this thread`);
+    if (openFiles.has(this.path))
+      throw new RolloutEngineError(
+        'ERR_RECORDS_FILE_IN_USE',
+        `step records: ${this.path} already has an open writer in this thread`,
+      );
     openFiles.add(this.path);
     this.#flushIntervalMs = flushIntervalMs;
     this.#maxBufferedRecords = maxBufferedRecords;
@@ -255,7 +265,11 @@ export class StepRecordWriter {
   }
 
   #append(rec: StepRecordLine): void {
-    if (this.#closing !== null) throw new RolloutEngineError('ERR_RECORDS_CLOSED', `step records: ${this.path} is closed; ${rec.type} of ${rec.sessionId} not recorded`);
+    if (this.#closing !== null)
+      throw new RolloutEngineError(
+        'ERR_RECORDS_CLOSED',
+        `step records: ${this.path} is closed; ${rec.type} of ${rec.sessionId} not recorded`,
+      );
     this.#batch.push(`${JSON.stringify(rec)}\n`);
     this.#recorded++;
     if (this.#batch.length >= this.#maxBufferedRecords) this.#startDrain();

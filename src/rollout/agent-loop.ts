@@ -84,8 +84,21 @@ export interface ActorSource {
 /** User hooks (`tasks[].hooks`): a hook that throws is logged and the episode goes on. */
 export interface EpisodeHooks {
   /** May return rewritten messages for this inference call (before trimming). */
-  beforeInference?(ctx: { rolloutId: string; taskName: string; step: number; agentId: string | null; messages: ChatMessage[] }): ChatMessage[] | void | Promise<ChatMessage[] | void>;
-  onEpisodeEnd?(ctx: { rolloutId: string; taskName: string; status: Status; totalReward: number; lastInfo: Record<string, unknown> | null; steps: number }): void | Promise<void>;
+  beforeInference?(ctx: {
+    rolloutId: string;
+    taskName: string;
+    step: number;
+    agentId: string | null;
+    messages: ChatMessage[];
+  }): ChatMessage[] | undefined | Promise<ChatMessage[] | undefined>;
+  onEpisodeEnd?(ctx: {
+    rolloutId: string;
+    taskName: string;
+    status: Status;
+    totalReward: number;
+    lastInfo: Record<string, unknown> | null;
+    steps: number;
+  }): void | Promise<void>;
 }
 
 /**
@@ -172,7 +185,10 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
     // kept, marked so that the producer asks the servers whether they are down (coordinator/outage.ts)
     // before retrying it.
     const outage = isOutageError(err);
-    rollout.status = outage || code === 'ERR_LLM_ABORTED' || code === 'ERR_ACTOR_POOL_ABORTED' || code === 'ERR_ENV_CANCELLED' ? Status.ABORTED : Status.FAILED;
+    rollout.status =
+      outage || code === 'ERR_LLM_ABORTED' || code === 'ERR_ACTOR_POOL_ABORTED' || code === 'ERR_ENV_CANCELLED'
+        ? Status.ABORTED
+        : Status.FAILED;
     rollout.error = outage ? `${OUTAGE_CODE}: ${describeError(err)}` : describeError(err);
     // An environment error (not an inference one) means the actor is not to be trusted again.
     actorFailed = typeof code !== 'string' || !(code.startsWith('ERR_LLM_') || code.startsWith('ERR_ACTOR_POOL_'));
@@ -188,9 +204,17 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
     ctx.llm.endSession?.(rollout.id);
     timings.totalMs += performance.now() - start;
     timings.finishedAt = Date.now();
-    if (rollout.status !== Status.ABORTED && ctx.hooks?.onEpisodeEnd !== undefined) await callHook(ctx, rollout, 'onEpisodeEnd', () =>
-      ctx.hooks?.onEpisodeEnd?.({ rolloutId: rollout.id, taskName: rollout.taskName, status: rollout.status, totalReward: rollout.reward, lastInfo: episode?.lastInfo ?? null, steps: lastStep(rollout) }),
-    );
+    if (rollout.status !== Status.ABORTED && ctx.hooks?.onEpisodeEnd !== undefined)
+      await callHook(ctx, rollout, 'onEpisodeEnd', () =>
+        ctx.hooks?.onEpisodeEnd?.({
+          rolloutId: rollout.id,
+          taskName: rollout.taskName,
+          status: rollout.status,
+          totalReward: rollout.reward,
+          lastInfo: episode?.lastInfo ?? null,
+          steps: lastStep(rollout),
+        }),
+      );
     ctx.onEpisodeEnd?.(rollout);
   }
 }
@@ -202,7 +226,11 @@ async function acquire(ctx: EpisodeContext): Promise<Episode> {
 /** A fresh environment actor for an episode; an exhausted or closed pool is the episode's failure. */
 export async function acquireActor(actors: ActorSource, signal: AbortSignal): Promise<Environment> {
   const env = await actors.acquire(signal);
-  if (env === null) throw new RolloutEngineError('ERR_ENV_POOL_EXHAUSTED', 'no environment actor available: the actor pool is exhausted or closed');
+  if (env === null)
+    throw new RolloutEngineError(
+      'ERR_ENV_POOL_EXHAUSTED',
+      'no environment actor available: the actor pool is exhausted or closed',
+    );
   return env;
 }
 
@@ -214,11 +242,13 @@ export async function acquireActor(actors: ActorSource, signal: AbortSignal): Pr
 async function prepare(episode: Episode, rollout: RolloutState, ctx: EpisodeContext): Promise<TurnRecord | null> {
   const t = performance.now();
   const { env } = episode;
-  await envCall(ctx, rollout, 'reset', () => env.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams }));
+  await envCall(ctx, rollout, 'reset', () =>
+    env.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams }),
+  );
   const steps = stepsOf(rollout.turns);
   let partial: TurnRecord | null = null;
   const last = steps.at(-1);
-  if (last !== undefined && last.some((turn) => turn.finishReason === 'abort')) {
+  if (last?.some((turn) => turn.finishReason === 'abort')) {
     steps.pop();
     if (last.length === 1 && last[0].agentId === null) partial = last[0];
     else rollout.turns.splice(rollout.turns.length - last.length); // multi-agent: redo the step whole
@@ -240,7 +270,12 @@ async function prepare(episode: Episode, rollout: RolloutState, ctx: EpisodeCont
   return partial;
 }
 
-async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord | null, ctx: EpisodeContext): Promise<void> {
+async function play(
+  episode: Episode,
+  rollout: RolloutState,
+  partial: TurnRecord | null,
+  ctx: EpisodeContext,
+): Promise<void> {
   const { settings, gate } = ctx;
   const { env } = episode;
   const timings = rollout.timings;
@@ -257,10 +292,19 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
     const prompts: [string | null, ChatMessage[], ChatMessage[]][] = [];
     for (const [agentId, messages] of agents) {
       // Without the hook no closure or await per agent per step.
-      const rewritten = ctx.hooks?.beforeInference === undefined ? undefined : await callHook(ctx, rollout, 'beforeInference', async () => {
-        const out = await ctx.hooks?.beforeInference?.({ rolloutId: rollout.id, taskName: rollout.taskName, step, agentId, messages });
-        return out === undefined ? undefined : checkTaskPrompt(out); // a malformed rewrite is reported and ignored
-      });
+      const rewritten =
+        ctx.hooks?.beforeInference === undefined
+          ? undefined
+          : await callHook(ctx, rollout, 'beforeInference', async () => {
+              const out = await ctx.hooks?.beforeInference?.({
+                rolloutId: rollout.id,
+                taskName: rollout.taskName,
+                step,
+                agentId,
+                messages,
+              });
+              return out === undefined ? undefined : checkTaskPrompt(out); // a malformed rewrite is reported and ignored
+            });
       const hooked = rewritten ?? messages;
       const prompt = trimMessages(hooked, settings.messageCut);
       if (prompt.length > 0) prompts.push([agentId, hooked, prompt]);
@@ -281,9 +325,15 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
     try {
       if (prompts.length === 1) {
         const [agentId, , prompt] = prompts[0];
-        turns = [await infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart)];
+        turns = [
+          await infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart),
+        ];
       } else {
-        turns = await allOrFirstError(prompts.map(([agentId, , prompt]) => infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart)));
+        turns = await allOrFirstError(
+          prompts.map(([agentId, , prompt]) =>
+            infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart),
+          ),
+        );
       }
     } catch (err) {
       if (!(err instanceof ContextExceeded)) throw err;
@@ -297,7 +347,8 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
       partial = null;
     }
     rollout.turns.push(...turns);
-    for (let i = rollout.turns.length - turns.length; i < rollout.turns.length; i++) sharePromptPrefix(rollout.turns, firstNewTurn, i);
+    for (let i = rollout.turns.length - turns.length; i < rollout.turns.length; i++)
+      sharePromptPrefix(rollout.turns, firstNewTurn, i);
     const lastTurn = turns[turns.length - 1];
     rollout.finishReason = lastTurn.finishReason;
     if (turns.length === 1) rollout.messages = [...prompts[0][1], { role: 'assistant', content: lastTurn.response }];
@@ -306,7 +357,10 @@ async function play(episode: Episode, rollout: RolloutState, partial: TurnRecord
     if (interrupted) {
       // abort: the turn keeps its tokens and is continued after the resume; anything unknown: fail with it.
       rollout.status = statusForFinishReason(interrupted.finishReason);
-      rollout.error = rollout.status === Status.FAILED ? `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(interrupted.finishReason)}` : null;
+      rollout.error =
+        rollout.status === Status.FAILED
+          ? `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(interrupted.finishReason)}`
+          : null;
       return;
     }
     if (turns.some((turn) => turn.finishReason === 'length')) {
@@ -361,8 +415,18 @@ function infer(
         temperature: settings.temperature,
         ...(seed !== null ? { seed } : {}),
         ...(partial ? { continueFrom: partial.response } : {}),
-        ...(partial?.promptIds && partial.responseIds ? { continueTokens: { promptIds: partial.promptIds, responseIds: partial.responseIds } } : {}),
-        ...(previous !== undefined ? { previous: { messages: previous.messages, promptIds: previous.promptIds, responseIds: previous.responseIds } } : {}),
+        ...(partial?.promptIds && partial.responseIds
+          ? { continueTokens: { promptIds: partial.promptIds, responseIds: partial.responseIds } }
+          : {}),
+        ...(previous !== undefined
+          ? {
+              previous: {
+                messages: previous.messages,
+                promptIds: previous.promptIds,
+                responseIds: previous.responseIds,
+              },
+            }
+          : {}),
       },
       gate.signal,
       agentId === null ? { session: rollout.id } : { session: rollout.id, agent: agentId },
@@ -379,7 +443,18 @@ function infer(
       modelStep = gate.modelStep;
       ctx.onVersionMismatch?.(reply.weightVersion!, modelStep);
     }
-    const turn = turnRecord(step, agentId, prompt, reply, modelStep, seed, settings, promptMs, performance.now() - t, turnStart);
+    const turn = turnRecord(
+      step,
+      agentId,
+      prompt,
+      reply,
+      modelStep,
+      seed,
+      settings,
+      promptMs,
+      performance.now() - t,
+      turnStart,
+    );
     if (partial) mergeContinuation(partial, turn);
     return turn;
   });
@@ -413,7 +488,13 @@ function endTruncated(rollout: RolloutState, partial: TurnRecord | null, why: st
   rollout.status = Status.COMPLETED;
 }
 
-function applyOutcome(rollout: RolloutState, turns: TurnRecord[], outcome: StepResult, settings: AgentSettings, stepMs: number): void {
+function applyOutcome(
+  rollout: RolloutState,
+  turns: TurnRecord[],
+  outcome: StepResult,
+  settings: AgentSettings,
+  stepMs: number,
+): void {
   for (const turn of turns) {
     const reward = rewardFor(outcome.reward, turn.agentId);
     turn.reward = reward;
@@ -533,7 +614,10 @@ function lastStep(rollout: RolloutState): number {
  * completions (regression: every epoch resent them).
  */
 function turnSeed(rollout: RolloutState, step: number, agentId: string | null): number {
-  let h = Math.imul(rollout.sample.seed ^ 0x9e3779b9, 0x85ebca6b) ^ Math.imul(rollout.index + 1, 0xc2b2ae35) ^ Math.imul(step, 0x27d4eb2f);
+  let h =
+    Math.imul(rollout.sample.seed ^ 0x9e3779b9, 0x85ebca6b) ^
+    Math.imul(rollout.index + 1, 0xc2b2ae35) ^
+    Math.imul(step, 0x27d4eb2f);
   h = Math.imul(h ^ rollout.sample.drawIndex, 0x165667b1);
   if (agentId !== null) for (let i = 0; i < agentId.length; i++) h = Math.imul(h ^ agentId.charCodeAt(i), 0x01000193);
   h ^= h >>> 15;
@@ -543,11 +627,21 @@ function turnSeed(rollout: RolloutState, step: number, agentId: string | null): 
 }
 
 /** One call into the task's environment or hooks, through the guard when there is one. */
-function envCall<T>(ctx: EpisodeContext, rollout: RolloutState, call: EnvCall, run: () => T | Promise<T>): T | Promise<T> {
+function envCall<T>(
+  ctx: EpisodeContext,
+  rollout: RolloutState,
+  call: EnvCall,
+  run: () => T | Promise<T>,
+): T | Promise<T> {
   return ctx.guard === undefined ? run() : ctx.guard.call(rollout, call, run);
 }
 
-async function callHook<T>(ctx: EpisodeContext, rollout: RolloutState, name: 'beforeInference' | 'onEpisodeEnd', call: () => T | Promise<T> | undefined): Promise<T | undefined> {
+async function callHook<T>(
+  ctx: EpisodeContext,
+  rollout: RolloutState,
+  name: 'beforeInference' | 'onEpisodeEnd',
+  call: () => T | Promise<T> | undefined,
+): Promise<T | undefined> {
   if (!ctx.hooks) return undefined;
   try {
     return await envCall(ctx, rollout, name, call);

@@ -39,7 +39,12 @@ export interface BlackBoxInput {
   signal: AbortSignal;
 }
 
-export type BlackBoxResult = { reward?: number | null; info?: Record<string, unknown> } | number | null | undefined | void;
+export type BlackBoxResult =
+  | { reward?: number | null; info?: Record<string, unknown> }
+  | number
+  | null
+  | undefined
+  | undefined;
 export type BlackBoxAgent = (input: BlackBoxInput) => Promise<BlackBoxResult> | BlackBoxResult;
 
 export interface BlackBoxContext {
@@ -71,7 +76,9 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
     if (ctx.actors !== null) {
       const actor = (env = await acquireActor(ctx.actors, ctx.gate.signal));
       const t = performance.now();
-      const reset = await guarded(ctx, rollout, 'reset', () => actor.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams }));
+      const reset = await guarded(ctx, rollout, 'reset', () =>
+        actor.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams }),
+      );
       prompt = checkTaskPrompt(await guarded(ctx, rollout, 'getTaskPrompt', () => actor.getTaskPrompt()));
       timings.envMs += performance.now() - t;
       label ??= reset.info?.label;
@@ -86,30 +93,40 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
     let result: BlackBoxResult;
     let agentError: unknown = null;
     try {
-      result = await ctx.agent({ baseURL: sessionBaseUrl(ctx.gatewayUrl, sessionId), sessionId, prompt, label, signal: ctx.gate.signal });
+      result = await ctx.agent({
+        baseURL: sessionBaseUrl(ctx.gatewayUrl, sessionId),
+        sessionId,
+        prompt,
+        label,
+        signal: ctx.gate.signal,
+      });
     } catch (err) {
       agentError = err;
     }
     timings.inferenceMs += performance.now() - t;
     const calls = await fetchTraces(ctx.gatewayUrl, sessionId);
-    rollout.turns = calls.filter((c) => c.kind === 'main').map((c, i): TurnRecord => ({
-      step: i + 1,
-      agentId: null,
-      messages: [],
-      response: '',
-      finishReason: c.finishReason,
-      promptIds: c.promptIds,
-      responseIds: c.completionIds,
-      logprobs: c.logprobs,
-      modelSteps: null, // every token has `modelStep` (TurnRecord.modelSteps)
-      seed: null,
-      modelStep: c.modelStep,
-      reward: 0,
-      terminated: false,
-      truncated: c.finishReason === 'length',
-      trainable: true,
-      timings: { inferenceMs: 0, envMs: 0, totalMs: 0 },
-    }));
+    rollout.turns = calls
+      .filter((c) => c.kind === 'main')
+      .map(
+        (c, i): TurnRecord => ({
+          step: i + 1,
+          agentId: null,
+          messages: [],
+          response: '',
+          finishReason: c.finishReason,
+          promptIds: c.promptIds,
+          responseIds: c.completionIds,
+          logprobs: c.logprobs,
+          modelSteps: null, // every token has `modelStep` (TurnRecord.modelSteps)
+          seed: null,
+          modelStep: c.modelStep,
+          reward: 0,
+          terminated: false,
+          truncated: c.finishReason === 'length',
+          trainable: true,
+          timings: { inferenceMs: 0, envMs: 0, totalMs: 0 },
+        }),
+      );
     const interrupted = calls.some((c) => c.finishReason === 'abort') || (agentError !== null && ctx.gate.paused);
     if (interrupted) {
       await releaseSession(ctx.gatewayUrl, sessionId);
@@ -120,7 +137,10 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
     const returned: unknown = typeof result === 'number' ? result : (result?.reward ?? null);
     // NaN (a score over zero cases) or a string would reach the batch and the checkpoint as null.
     if (returned !== null && (typeof returned !== 'number' || !Number.isFinite(returned))) {
-      throw new RolloutEngineError('ERR_AGENT_BAD_REWARD', `the black-box agent returned reward ${preview(returned)}: a reward must be a finite number`);
+      throw new RolloutEngineError(
+        'ERR_AGENT_BAD_REWARD',
+        `the black-box agent returned reward ${preview(returned)}: a reward must be a finite number`,
+      );
     }
     let reward = returned as number | null;
     if (reward === null && env !== null) {
@@ -131,7 +151,10 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
     }
     // A sample without a reward teaches nothing: failed with the reason, not kept with a silent 0.
     if (reward === null) {
-      throw new RolloutEngineError('ERR_AGENT_NO_REWARD', 'the black-box agent returned no reward, and its task has no environment to judge an answer (tasks[].env is null): return { reward }, e.g. computed from the label it is given');
+      throw new RolloutEngineError(
+        'ERR_AGENT_NO_REWARD',
+        'the black-box agent returned no reward, and its task has no environment to judge an answer (tasks[].env is null): return { reward }, e.g. computed from the label it is given',
+      );
     }
     const sample = await stitchSession(ctx.gatewayUrl, sessionId, reward);
     const { reward: _reward, ...stitched } = sample;
@@ -160,7 +183,12 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
   }
 }
 
-function guarded<T>(ctx: BlackBoxContext, rollout: RolloutState, call: 'reset' | 'getTaskPrompt' | 'step', run: () => T | Promise<T>): T | Promise<T> {
+function guarded<T>(
+  ctx: BlackBoxContext,
+  rollout: RolloutState,
+  call: 'reset' | 'getTaskPrompt' | 'step',
+  run: () => T | Promise<T>,
+): T | Promise<T> {
   return ctx.guard === undefined ? run() : ctx.guard.call(rollout, call, run);
 }
 
@@ -168,5 +196,8 @@ function guarded<T>(ctx: BlackBoxContext, rollout: RolloutState, call: 'reset' |
 function finalAnswer(result: BlackBoxResult): string {
   const answer = typeof result === 'object' && result !== null ? result.info?.answer : undefined;
   if (typeof answer === 'string') return answer;
-  throw new RolloutEngineError('ERR_AGENT_NO_REWARD', 'the black-box agent returned no reward and no info.answer for the environment to judge');
+  throw new RolloutEngineError(
+    'ERR_AGENT_NO_REWARD',
+    'the black-box agent returned no reward and no info.answer for the environment to judge',
+  );
 }

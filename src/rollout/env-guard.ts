@@ -48,14 +48,28 @@ export class EnvGuard implements EnvCallGuard {
       }
     }
     if (call === 'beforeInference' || call === 'onEpisodeEnd') {
-      return settleWithin(value, { timeoutMs, timedOut: () => timeoutError('ERR_HOOK_TIMEOUT', taskName, `hook ${call}()`, timeoutMs, 'ignored, as a hook that throws') });
+      return settleWithin(value, {
+        timeoutMs,
+        timedOut: () =>
+          timeoutError('ERR_HOOK_TIMEOUT', taskName, `hook ${call}()`, timeoutMs, 'ignored, as a hook that throws'),
+      });
     }
     return settleWithin(value, {
       timeoutMs,
-      timedOut: () => timeoutError('ERR_ENV_TIMEOUT', taskName, `environment ${call}()`, timeoutMs, 'the rollout fails and its actor is discarded'),
+      timedOut: () =>
+        timeoutError(
+          'ERR_ENV_TIMEOUT',
+          taskName,
+          `environment ${call}()`,
+          timeoutMs,
+          'the rollout fails and its actor is discarded',
+        ),
       signal: this.#options.gate.signal,
       cancelled: () =>
-        new EnvError('ERR_ENV_CANCELLED', `task ${JSON.stringify(taskName)}: environment ${call}() was still pending when in-flight work was cancelled for a weight update; the actor is discarded and the rollout runs again after the resume`),
+        new EnvError(
+          'ERR_ENV_CANCELLED',
+          `task ${JSON.stringify(taskName)}: environment ${call}() was still pending when in-flight work was cancelled for a weight update; the actor is discarded and the rollout runs again after the resume`,
+        ),
     });
   }
 }

@@ -116,7 +116,8 @@ export class PauseGate {
     }
     // Hold before cancelling: a worker that sees PAUSED and CANCEL at once (it missed the first
     // broadcast) still returns its streamed calls with their tokens; the cancel then cuts their connections.
-    if (state !== RunState.RUNNING && !this.#hold.signal.aborted) this.#hold.abort(new Error('held for a weight update'));
+    if (state !== RunState.RUNNING && !this.#hold.signal.aborted)
+      this.#hold.abort(new Error('held for a weight update'));
     if (state === RunState.CANCEL && !this.#cancel.signal.aborted) {
       this.#cancel.abort(new Error('inference cancelled for a weight update'));
     }

@@ -33,7 +33,11 @@ export function sharePromptPrefix(turns: TurnRecord[], from: number, last: numbe
     if (previous === null) {
       if (!idsStartWith(ids, earlier)) return;
       previous = earlier;
-    } else if (earlier.buffer !== previous.buffer || earlier.byteOffset !== previous.byteOffset || earlier.length > previous.length) {
+    } else if (
+      earlier.buffer !== previous.buffer ||
+      earlier.byteOffset !== previous.byteOffset ||
+      earlier.length > previous.length
+    ) {
       return; // not a prefix view of the previous turn's ids: the chain of shared prompts ends here
     }
     turn.promptIds = ids.subarray(0, earlier.length);

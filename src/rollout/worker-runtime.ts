@@ -46,7 +46,14 @@ const OS_THREAD_ID = ((): number | null => {
 
 /** `timeoutMs`: `tasks[].env.timeoutMs`, the bound on every environment and hook call. */
 export type WorkerEnvSettings =
-  | { kind: 'module'; moduleUrl: string; exportName: string; params: EnvParams; poolSize: number | null; timeoutMs: number }
+  | {
+      kind: 'module';
+      moduleUrl: string;
+      exportName: string;
+      params: EnvParams;
+      poolSize: number | null;
+      timeoutMs: number;
+    }
   | { kind: 'http'; http: HttpEnvOptions; poolSize: number | null; timeoutMs: number };
 
 /** Per-task settings a worker needs; sent once as workerData. */
@@ -140,18 +147,30 @@ export class WorkerRuntime implements WorkerControl {
   readonly #rolloutsByStatus: Record<string, number> = {};
 
   constructor(init: WorkerInit) {
-    if (init?.v !== PROTOCOL_VERSION) throw new Error(`worker init v must be ${PROTOCOL_VERSION}, got ${JSON.stringify(init?.v)}`);
+    if (init?.v !== PROTOCOL_VERSION)
+      throw new Error(`worker init v must be ${PROTOCOL_VERSION}, got ${JSON.stringify(init?.v)}`);
     this.#init = init;
     this.#log = createLogger(init.logLevel, { worker: threadId }, init.prettyLogs);
     this.#gate = new PauseGate(init.control);
     this.#episodeSlots = new Slots(init.rolloutsPerWorker ?? Infinity);
     const gate = this.#gate;
     const log = this.#log;
-    this.#llm = new LlmRouter(init.llm, { paused: () => gate.paused, onSend: () => gate.noteSend(), hold: () => gate.hold, warn: (message) => log.warn(message) });
+    this.#llm = new LlmRouter(init.llm, {
+      paused: () => gate.paused,
+      onSend: () => gate.noteSend(),
+      hold: () => gate.hold,
+      warn: (message) => log.warn(message),
+    });
     this.#loopDelay.enable();
-    this.#records = init.recordsDir === null ? null : new StepRecordWriter({ dir: init.recordsDir, fileName: `steps-${process.pid}-${threadId}.jsonl` });
+    this.#records =
+      init.recordsDir === null
+        ? null
+        : new StepRecordWriter({ dir: init.recordsDir, fileName: `steps-${process.pid}-${threadId}.jsonl` });
     const watch = init.envWatch === null ? null : new EnvWatchSlot(init.envWatch, threadId);
-    if (watch !== null && !watch.watched) this.#log.warn('no free env watch slot: a death of this worker cannot be blamed on one rollout (its groups are retried instead)');
+    if (watch !== null && !watch.watched)
+      this.#log.warn(
+        'no free env watch slot: a death of this worker cannot be blamed on one rollout (its groups are retried instead)',
+      );
     this.#watch = watch?.watched ? watch : null;
     for (const [name, settings] of Object.entries(init.tasks)) this.#tasks.set(name, this.#taskRuntime(name, settings));
   }
@@ -161,7 +180,8 @@ export class WorkerRuntime implements WorkerControl {
     // The wire keeps shared references (protocol/codec.ts), so a group's rollouts arrive sharing one
     // `sample`. Episodes hand parts of it to user code (an environment's reset params, a black-box
     // agent's prompt), which may change what it is given: each rollout gets its own.
-    for (const rollout of group.rollouts) if (rollout.sample === group.sample) rollout.sample = structuredClone(group.sample);
+    for (const rollout of group.rollouts)
+      if (rollout.sample === group.sample) rollout.sample = structuredClone(group.sample);
     const received = receivedTurns(group);
     const task = this.#tasks.get(group.taskName);
     const queueMs = Math.max(0, Date.now() - message.enqueuedAt);
@@ -169,11 +189,27 @@ export class WorkerRuntime implements WorkerControl {
     this.#inFlightRollouts += group.rollouts.length;
     if (message.dispatch) this.#dispatches.set(group.id, message.dispatch);
     try {
-      if (task === undefined) throw new Error(`unknown task ${JSON.stringify(group.taskName)} (worker knows ${[...this.#tasks.keys()].join(', ')})`);
+      if (task === undefined)
+        throw new Error(
+          `unknown task ${JSON.stringify(group.taskName)} (worker knows ${[...this.#tasks.keys()].join(', ')})`,
+        );
       if (task.blackbox !== null) {
         const agent = await task.blackbox;
-        const ctx = { agent, gatewayUrl: this.#init.gatewayUrl!, actors: task.actors, guard: task.guard ?? undefined, gate: this.#gate, workerId: threadId, onProblem: (r: { id: string; status: string }, reason: string) => this.#log.warn({ rollout: r.id, status: r.status }, reason) };
-        await Promise.all(group.rollouts.map((rollout) => this.#inSlot(rollout, (waitedMs) => runBlackBoxEpisode(rollout, ctx, queueMs + waitedMs))));
+        const ctx = {
+          agent,
+          gatewayUrl: this.#init.gatewayUrl!,
+          actors: task.actors,
+          guard: task.guard ?? undefined,
+          gate: this.#gate,
+          workerId: threadId,
+          onProblem: (r: { id: string; status: string }, reason: string) =>
+            this.#log.warn({ rollout: r.id, status: r.status }, reason),
+        };
+        await Promise.all(
+          group.rollouts.map((rollout) =>
+            this.#inSlot(rollout, (waitedMs) => runBlackBoxEpisode(rollout, ctx, queueMs + waitedMs)),
+          ),
+        );
         group.status = groupStatus(group.rollouts);
         return groupResult(group, received);
       }
@@ -182,7 +218,11 @@ export class WorkerRuntime implements WorkerControl {
       // group lived as long as the group).
       const hooks = await task.hooks;
       const ctx = (task.episodes ??= this.#episodeContext(task.settings.agent, task.actors, task.guard, hooks));
-      await Promise.all(group.rollouts.map((rollout) => this.#inSlot(rollout, (waitedMs) => runEpisode(rollout, ctx, queueMs + waitedMs))));
+      await Promise.all(
+        group.rollouts.map((rollout) =>
+          this.#inSlot(rollout, (waitedMs) => runEpisode(rollout, ctx, queueMs + waitedMs)),
+        ),
+      );
       group.status = groupStatus(group.rollouts);
     } catch (err) {
       // Setup failed (module import, unknown task): every rollout fails with the same reason.
@@ -202,7 +242,8 @@ export class WorkerRuntime implements WorkerControl {
       this.#inFlightRollouts -= group.rollouts.length;
       this.#groupsDone++;
       this.#rolloutsDone += group.rollouts.length;
-      for (const rollout of group.rollouts) this.#rolloutsByStatus[rollout.status] = (this.#rolloutsByStatus[rollout.status] ?? 0) + 1;
+      for (const rollout of group.rollouts)
+        this.#rolloutsByStatus[rollout.status] = (this.#rolloutsByStatus[rollout.status] ?? 0) + 1;
     }
     return groupResult(group, received);
   }
@@ -215,12 +256,23 @@ export class WorkerRuntime implements WorkerControl {
    */
   async checkTask(name: string, prompts: PromptLine[]): Promise<TaskCheck> {
     const settings = this.#tasks.get(name)?.settings;
-    const fail = (message: string, line: number | null = null): TaskCheck => ({ problem: { line, message }, checksPrompts: false });
+    const fail = (message: string, line: number | null = null): TaskCheck => ({
+      problem: { line, message },
+      checksPrompts: false,
+    });
     if (settings === undefined) return fail(`unknown task ${JSON.stringify(name)}`);
-    for (const [kind, module] of [['hooks', settings.hooks], ['agent', settings.blackbox]] as const) {
+    for (const [kind, module] of [
+      ['hooks', settings.hooks],
+      ['agent', settings.blackbox],
+    ] as const) {
       if (module === null) continue;
       try {
-        await loadExport(module.moduleUrl, module.exportName, `${kind}.export`, kind === 'hooks' ? 'object' : 'function');
+        await loadExport(
+          module.moduleUrl,
+          module.exportName,
+          `${kind}.export`,
+          kind === 'hooks' ? 'object' : 'function',
+        );
       } catch (err) {
         return fail(`${kind} module ${module.moduleUrl} cannot be loaded (${startupReason(err)})`);
       }
@@ -233,7 +285,9 @@ export class WorkerRuntime implements WorkerControl {
       try {
         instance = await factory(env.params);
       } catch (err) {
-        return fail(`env module ${env.moduleUrl}: its factory throws on env.params ${preview(env.params)} (${startupReason(err)})`);
+        return fail(
+          `env module ${env.moduleUrl}: its factory throws on env.params ${preview(env.params)} (${startupReason(err)})`,
+        );
       }
     } catch (err) {
       return fail(`env module ${env.moduleUrl} cannot be loaded (${startupReason(err)})`);
@@ -294,22 +348,63 @@ export class WorkerRuntime implements WorkerControl {
 
   #taskRuntime(name: string, settings: WorkerTaskSettings): TaskRuntime {
     const { env } = settings;
-    const hooks = settings.hooks === null ? Promise.resolve(null) : (loadExport(settings.hooks.moduleUrl, settings.hooks.exportName, 'hooks.export', 'object') as Promise<EpisodeHooks>);
+    const hooks =
+      settings.hooks === null
+        ? Promise.resolve(null)
+        : (loadExport(
+            settings.hooks.moduleUrl,
+            settings.hooks.exportName,
+            'hooks.export',
+            'object',
+          ) as Promise<EpisodeHooks>);
     hooks.catch(() => undefined); // reported by each episode that awaits it
-    const blackbox = settings.blackbox === null ? null : (loadExport(settings.blackbox.moduleUrl, settings.blackbox.exportName, 'agent.export', 'function') as Promise<BlackBoxAgent>);
+    const blackbox =
+      settings.blackbox === null
+        ? null
+        : (loadExport(
+            settings.blackbox.moduleUrl,
+            settings.blackbox.exportName,
+            'agent.export',
+            'function',
+          ) as Promise<BlackBoxAgent>);
     blackbox?.catch(() => undefined);
     if (env === null) return { settings, actors: null, guard: null, hooks, blackbox, close: async () => {} };
     // Without a configured size, the pool never makes an episode wait: the worker's own concurrency bounds it.
     const size = env.poolSize ?? Number.MAX_SAFE_INTEGER;
-    const guard = new EnvGuard({ taskName: name, timeoutMs: env.timeoutMs, gate: this.#gate, watch: this.#watch, dispatchOf: this.#dispatchOf });
-    const bound = (call: string) => ({ timeoutMs: env.timeoutMs, timedOut: () => timeoutError('ERR_ENV_TIMEOUT', name, `environment ${call}`, env.timeoutMs, 'the actor is discarded') });
+    const guard = new EnvGuard({
+      taskName: name,
+      timeoutMs: env.timeoutMs,
+      gate: this.#gate,
+      watch: this.#watch,
+      dispatchOf: this.#dispatchOf,
+    });
+    const bound = (call: string) => ({
+      timeoutMs: env.timeoutMs,
+      timedOut: () =>
+        timeoutError('ERR_ENV_TIMEOUT', name, `environment ${call}`, env.timeoutMs, 'the actor is discarded'),
+    });
     const bounds = { timeoutMs: env.timeoutMs, timedOut: bound('close()').timedOut };
     if (env.kind === 'http') {
       const servers = createHttpEnvironments(env.http);
-      const actors = createActorPool({ size, create: () => servers.create(), prewarm: () => servers.prewarm(), ...bounds });
+      const actors = createActorPool({
+        size,
+        create: () => servers.create(),
+        prewarm: () => servers.prewarm(),
+        ...bounds,
+      });
       // Open connections before the first episode needs them; a failure here shows again on first use.
       actors.prewarm().catch((err) => this.#log.warn({ err: describeError(err) }, 'environment prewarm failed'));
-      return { settings, actors, guard, hooks, blackbox, close: async () => { await actors.close(); await servers.close(); } };
+      return {
+        settings,
+        actors,
+        guard,
+        hooks,
+        blackbox,
+        close: async () => {
+          await actors.close();
+          await servers.close();
+        },
+      };
     }
     const factory = loadEnvironmentFactory(env.moduleUrl, env.exportName);
     factory.catch(() => undefined); // reported by each episode that awaits it
@@ -320,7 +415,9 @@ export class WorkerRuntime implements WorkerControl {
         return await settleWithin(made, bound('factory call'));
       } catch (err) {
         // A late actor is nobody's: closed as soon as it exists (its close errors go nowhere).
-        Promise.resolve(made).then((late) => late.close?.()).catch(() => undefined);
+        Promise.resolve(made)
+          .then((late) => late.close?.())
+          .catch(() => undefined);
         throw err;
       }
     };
@@ -329,7 +426,12 @@ export class WorkerRuntime implements WorkerControl {
   }
 
   /** What every episode of a task is given: made on the task's first group and kept (TaskRuntime.episodes). */
-  #episodeContext(settings: AgentSettings, actors: ActorPool, guard: EnvGuard | null, hooks: EpisodeHooks | null): EpisodeContext {
+  #episodeContext(
+    settings: AgentSettings,
+    actors: ActorPool,
+    guard: EnvGuard | null,
+    hooks: EpisodeHooks | null,
+  ): EpisodeContext {
     const recorder = this.#records;
     return {
       actors,
@@ -341,45 +443,51 @@ export class WorkerRuntime implements WorkerControl {
       hooks,
       startDelayMs: () => this.#startDelay(),
       onStep: () => this.#steps++,
-      onTurn: recorder === null ? undefined : (rollout, turns, info) => {
-        for (const turn of turns) {
-          recorder.record({
-            type: 'step',
-            sessionId: sessionIdOf(rollout.id, rollout.attempt),
-            rolloutId: rollout.id,
-            groupId: rollout.groupId,
-            taskName: rollout.taskName,
-            attempt: rollout.attempt,
-            step: turn.step,
-            agentId: turn.agentId,
-            messages: turn.messages,
-            response: turn.response,
-            stepReward: turn.reward,
-            cumulativeReward: rollout.reward,
-            envState: { weightVersion: turn.modelStep, info },
-            terminated: turn.terminated,
-            truncated: turn.truncated,
-            trainable: turn.trainable,
-            finishReason: turn.finishReason,
-            time: Date.now(),
-          });
-        }
-      },
-      onEpisodeEnd: recorder === null ? undefined : (rollout) => {
-        if (rollout.status === Status.ABORTED) return; // it continues later: the session is not over
-        recorder.recordEnd({
-          type: 'end',
-          sessionId: sessionIdOf(rollout.id, rollout.attempt),
-          rolloutId: rollout.id,
-          groupId: rollout.groupId,
-          taskName: rollout.taskName,
-          attempt: rollout.attempt,
-          status: rollout.status,
-          totalReward: rollout.reward,
-          steps: rollout.turns.at(-1)?.step ?? 0,
-          time: Date.now(),
-        });
-      },
+      onTurn:
+        recorder === null
+          ? undefined
+          : (rollout, turns, info) => {
+              for (const turn of turns) {
+                recorder.record({
+                  type: 'step',
+                  sessionId: sessionIdOf(rollout.id, rollout.attempt),
+                  rolloutId: rollout.id,
+                  groupId: rollout.groupId,
+                  taskName: rollout.taskName,
+                  attempt: rollout.attempt,
+                  step: turn.step,
+                  agentId: turn.agentId,
+                  messages: turn.messages,
+                  response: turn.response,
+                  stepReward: turn.reward,
+                  cumulativeReward: rollout.reward,
+                  envState: { weightVersion: turn.modelStep, info },
+                  terminated: turn.terminated,
+                  truncated: turn.truncated,
+                  trainable: turn.trainable,
+                  finishReason: turn.finishReason,
+                  time: Date.now(),
+                });
+              }
+            },
+      onEpisodeEnd:
+        recorder === null
+          ? undefined
+          : (rollout) => {
+              if (rollout.status === Status.ABORTED) return; // it continues later: the session is not over
+              recorder.recordEnd({
+                type: 'end',
+                sessionId: sessionIdOf(rollout.id, rollout.attempt),
+                rolloutId: rollout.id,
+                groupId: rollout.groupId,
+                taskName: rollout.taskName,
+                attempt: rollout.attempt,
+                status: rollout.status,
+                totalReward: rollout.reward,
+                steps: rollout.turns.at(-1)?.step ?? 0,
+                time: Date.now(),
+              });
+            },
       onProblem: (rollout, reason) => this.#log.warn({ rollout: rollout.id, status: rollout.status }, reason),
       onVersionMismatch: (version, modelStep) => {
         if (this.#versionMismatches++ > 0) return;
@@ -431,11 +539,18 @@ export class WorkerRuntime implements WorkerControl {
 
 /** An error as the start-up check says it: one that is not a plain Error keeps its class (`SyntaxError: …`). */
 function startupReason(err: unknown): string {
-  if (!(err instanceof Error) || err.name === 'Error' || typeof (err as { code?: unknown }).code === 'string') return describeError(err);
+  if (!(err instanceof Error) || err.name === 'Error' || typeof (err as { code?: unknown }).code === 'string')
+    return describeError(err);
   return `${err.name}: ${err.message}`;
 }
 
 /** The answer to a run-group message: `received` is what the group held on arrival (receivedTurns). */
 function groupResult(group: RolloutGroup, received: TurnRecord[][]): GroupResultMessage {
-  return { v: PROTOCOL_VERSION, type: 'group-result', keptTurns: omitKeptTurns(group, received), group, workerId: threadId };
+  return {
+    v: PROTOCOL_VERSION,
+    type: 'group-result',
+    keptTurns: omitKeptTurns(group, received),
+    group,
+    workerId: threadId,
+  };
 }

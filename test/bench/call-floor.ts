@@ -43,7 +43,12 @@ export async function callFloor(latencyMs = 50, calls = 40): Promise<CallFloor> 
   try {
     for (let i = 0; i < calls; i++) {
       sentAt = performance.now();
-      const response = await pool.request({ method: 'POST', path: '/', headers: { 'content-type': 'application/json' }, body: '{}' });
+      const response = await pool.request({
+        method: 'POST',
+        path: '/',
+        headers: { 'content-type': 'application/json' },
+        body: '{}',
+      });
       await response.body.text();
       answered.push(performance.now() - sentAt);
     }
@@ -52,7 +57,14 @@ export async function callFloor(latencyMs = 50, calls = 40): Promise<CallFloor> 
     await new Promise((resolve) => server.close(resolve));
   }
   const answeredMs = median(answered);
-  return { latencyMs, calls, serverSawMs: median(saw), timerFiredMs: median(fired), answeredMs, boundPct: (100 * latencyMs) / answeredMs };
+  return {
+    latencyMs,
+    calls,
+    serverSawMs: median(saw),
+    timerFiredMs: median(fired),
+    answeredMs,
+    boundPct: (100 * latencyMs) / answeredMs,
+  };
 }
 
 export function describeCallFloor(f: CallFloor): string {

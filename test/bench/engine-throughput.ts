@@ -7,7 +7,12 @@
  * process.cpuUsage() over the window (coordinator and every worker thread, not the mock server).
  */
 import { Pool } from 'undici';
-import { FIRST_GUESS_PROMPT, GUESS_NUMBER_DEFAULTS, GUESS_NUMBER_SYSTEM_PROMPT, guessNumberTaskText } from '../../src/env/synthetic/guess-number.ts';
+import {
+  FIRST_GUESS_PROMPT,
+  GUESS_NUMBER_DEFAULTS,
+  GUESS_NUMBER_SYSTEM_PROMPT,
+  guessNumberTaskText,
+} from '../../src/env/synthetic/guess-number.ts';
 import { createEngine, type Batch, type TurnRecord } from '../../src/index.ts';
 import { chatPayload } from '../../src/llm/client.ts';
 import type { MockProcess } from '../../src/loadtest/mock-process.ts';
@@ -92,9 +97,21 @@ export async function engineThroughput(o: ThroughputOptions): Promise<Throughput
     // Async production with over-sampling keeps the workers supplied between batches, as a steady loop does.
     workers: !o.groupSlack
       ? { threads: o.threads, groupsPerWorker: Math.ceil(groupsInFlight / o.threads) }
-      : { threads: o.threads, rolloutsPerWorker, groupsPerWorker: Math.ceil(((1 + o.groupSlack) * rolloutsPerWorker) / o.groupSize) },
+      : {
+          threads: o.threads,
+          rolloutsPerWorker,
+          groupsPerWorker: Math.ceil(((1 + o.groupSlack) * rolloutsPerWorker) / o.groupSize),
+        },
     producer: { strategy: 'async', maxStaleness: 1_000_000, overSampleThreshold: 1 },
-    tasks: [{ name: 'guess', env: { module: 'builtin:guess-number', params: o.envParams ?? {} }, groupSize: o.groupSize, maxSteps: 8, maxTokens: o.maxTokens }],
+    tasks: [
+      {
+        name: 'guess',
+        env: { module: 'builtin:guess-number', params: o.envParams ?? {} },
+        groupSize: o.groupSize,
+        maxSteps: 8,
+        maxTokens: o.maxTokens,
+      },
+    ],
   });
   await engine.start();
   try {
@@ -124,10 +141,12 @@ export async function engineThroughput(o: ThroughputOptions): Promise<Throughput
     // Turns only, in the window: their bodies are serialised after it, off the engine's CPU figure.
     const recorded: TurnRecord[] = [];
     const record = (batch: Batch) => {
-      for (const g of batch.groups) for (const r of g.rollouts) for (const t of r.turns) {
-        if (recorded.length >= (o.recordBodies ?? 0)) return;
-        recorded.push(t);
-      }
+      for (const g of batch.groups)
+        for (const r of g.rollouts)
+          for (const t of r.turns) {
+            if (recorded.length >= (o.recordBodies ?? 0)) return;
+            recorded.push(t);
+          }
     };
     const threads0 = threadCpuMs();
     const cpu0 = process.cpuUsage();
@@ -152,12 +171,34 @@ export async function engineThroughput(o: ThroughputOptions): Promise<Throughput
       operations: Math.max(turns, steps),
       seconds: elapsed,
       cpuMs: (cpu.user + cpu.system) / 1000,
-      workerLoopDelayMeanMs: Math.max(0, after.workers.reduce((n, w) => n + w.eventLoopDelayMeanMs, 0) / Math.max(1, after.workers.length) - WORKER_LOOP_MONITOR_RESOLUTION_MS),
-      cpuSplit: cpuSplit(threads0, threads1, after.workers.map((w) => w.osThreadId)),
-      bodies: recorded.map((t) => JSON.stringify(chatPayload(CLIENT, { messages: t.messages, maxTokens: o.maxTokens, temperature: 1, seed: t.seed ?? undefined }))),
+      workerLoopDelayMeanMs: Math.max(
+        0,
+        after.workers.reduce((n, w) => n + w.eventLoopDelayMeanMs, 0) / Math.max(1, after.workers.length) -
+          WORKER_LOOP_MONITOR_RESOLUTION_MS,
+      ),
+      cpuSplit: cpuSplit(
+        threads0,
+        threads1,
+        after.workers.map((w) => w.osThreadId),
+      ),
+      bodies: recorded.map((t) =>
+        JSON.stringify(
+          chatPayload(CLIENT, {
+            messages: t.messages,
+            maxTokens: o.maxTokens,
+            temperature: 1,
+            seed: t.seed ?? undefined,
+          }),
+        ),
+      ),
       mockCpuMs: mockCpu0 !== null && mockCpu1 !== null ? mockCpu1 - mockCpu0 : null,
       detail: o.detail
-        ? { groupOccupancy: acc.turns / Math.max(1, acc.slots), meanInferenceMs: acc.inferenceMs / Math.max(1, acc.turns), meanTurnMs: acc.turnMs / Math.max(1, acc.turns), turns: acc.turns }
+        ? {
+            groupOccupancy: acc.turns / Math.max(1, acc.slots),
+            meanInferenceMs: acc.inferenceMs / Math.max(1, acc.turns),
+            meanTurnMs: acc.turnMs / Math.max(1, acc.turns),
+            turns: acc.turns,
+          }
         : null,
     };
   } finally {
@@ -165,7 +206,11 @@ export async function engineThroughput(o: ThroughputOptions): Promise<Throughput
   }
 }
 
-function cpuSplit(before: Map<number, number> | null, after: Map<number, number> | null, workerTids: (number | null)[]): ThroughputSample['cpuSplit'] {
+function cpuSplit(
+  before: Map<number, number> | null,
+  after: Map<number, number> | null,
+  workerTids: (number | null)[],
+): ThroughputSample['cpuSplit'] {
   if (before === null || after === null || workerTids.some((tid) => tid === null)) return null;
   const workers = new Set(workerTids);
   const split = { mainMs: 0, workersMs: 0, helpersMs: 0 };
@@ -189,7 +234,10 @@ export function firstTurnBody(maxTokens: number): string {
   return JSON.stringify(
     chatPayload(CLIENT, {
       messages: [
-        { role: 'system', content: `${GUESS_NUMBER_SYSTEM_PROMPT} ${guessNumberTaskText(GUESS_NUMBER_DEFAULTS.min, GUESS_NUMBER_DEFAULTS.max, GUESS_NUMBER_DEFAULTS.maxTurns)}` },
+        {
+          role: 'system',
+          content: `${GUESS_NUMBER_SYSTEM_PROMPT} ${guessNumberTaskText(GUESS_NUMBER_DEFAULTS.min, GUESS_NUMBER_DEFAULTS.max, GUESS_NUMBER_DEFAULTS.maxTurns)}`,
+        },
         { role: 'user', content: FIRST_GUESS_PROMPT },
       ],
       maxTokens,
@@ -202,7 +250,19 @@ export function firstTurnBody(maxTokens: number): string {
  * The bare side: `concurrency` loops over one undici Pool for `seconds`, sending `bodies` in turn — the
  * chat bodies the engine sent (every turn of its conversations, so later turns' longer prompts too).
  */
-export async function bareLoop({ url, concurrency, seconds, bodies, mock }: { url: string; concurrency: number; seconds: number; bodies: readonly string[]; mock?: Pick<MockProcess, 'cpuMs'> }): Promise<Sample & { mockCpuMs: number | null }> {
+export async function bareLoop({
+  url,
+  concurrency,
+  seconds,
+  bodies,
+  mock,
+}: {
+  url: string;
+  concurrency: number;
+  seconds: number;
+  bodies: readonly string[];
+  mock?: Pick<MockProcess, 'cpuMs'>;
+}): Promise<Sample & { mockCpuMs: number | null }> {
   if (bodies.length === 0) throw new Error('bareLoop needs at least one chat body');
   const origin = new URL(url).origin;
   const pool = new Pool(origin, { connections: concurrency, headersTimeout: 60_000, bodyTimeout: 60_000 });
@@ -212,7 +272,12 @@ export async function bareLoop({ url, concurrency, seconds, bodies, mock }: { ur
   const worker = async () => {
     while (!stop) {
       const body = bodies[next++ % bodies.length];
-      const res = await pool.request({ method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json' }, body });
+      const res = await pool.request({
+        method: 'POST',
+        path: '/v1/chat/completions',
+        headers: { 'content-type': 'application/json' },
+        body,
+      });
       const reply = JSON.parse(await res.body.text()) as { choices: { message: { content: string } }[] };
       if (typeof reply.choices[0].message.content !== 'string') throw new Error('bad reply');
       operations++;
@@ -230,5 +295,10 @@ export async function bareLoop({ url, concurrency, seconds, bodies, mock }: { ur
   const cpu = process.cpuUsage(cpu0);
   const mockCpu1 = mock?.cpuMs() ?? null;
   await pool.close();
-  return { operations, seconds: elapsed, cpuMs: (cpu.user + cpu.system) / 1000, mockCpuMs: mockCpu0 !== null && mockCpu1 !== null ? mockCpu1 - mockCpu0 : null };
+  return {
+    operations,
+    seconds: elapsed,
+    cpuMs: (cpu.user + cpu.system) / 1000,
+    mockCpuMs: mockCpu0 !== null && mockCpu1 !== null ? mockCpu1 - mockCpu0 : null,
+  };
 }

@@ -29,7 +29,11 @@ export interface LongEpisodeFigures {
   batchBytesCompact: number;
 }
 
-export async function longEpisodes(o: { groups: number; maxTurns: number; thinkTokens: number }): Promise<LongEpisodeFigures> {
+export async function longEpisodes(o: {
+  groups: number;
+  maxTurns: number;
+  thinkTokens: number;
+}): Promise<LongEpisodeFigures> {
   const mock = await startMockProcess(['--latency-ms', '0', '--think-tokens', String(o.thinkTokens)]);
   const engine = createEngine({
     logLevel: 'warn',
@@ -54,12 +58,20 @@ export async function longEpisodes(o: { groups: number; maxTurns: number; thinkT
     if (batch.status !== 'NORMAL') throw new Error(`long-episode run: batch status ${batch.status}`);
     const rollouts = batch.groups.flatMap((g) => g.rollouts);
     let wire = 0;
-    for (const group of batch.groups) wire += encodeMessage({ v: PROTOCOL_VERSION, type: 'group-result', group, keptTurns: group.rollouts.map(() => 0), workerId: 0 }).byteLength;
+    for (const group of batch.groups)
+      wire += encodeMessage({
+        v: PROTOCOL_VERSION,
+        type: 'group-result',
+        group,
+        keptTurns: group.rollouts.map(() => 0),
+        workerId: 0,
+      }).byteLength;
     const n = Math.max(1, rollouts.length);
     return {
       groups: batch.groups.length,
       turnsPerRollout: rollouts.reduce((s, r) => s + r.turns.length, 0) / n,
-      promptIdsSentBytes: rollouts.reduce((s, r) => s + r.turns.reduce((t, turn) => t + (turn.promptIds?.byteLength ?? 0), 0), 0) / n,
+      promptIdsSentBytes:
+        rollouts.reduce((s, r) => s + r.turns.reduce((t, turn) => t + (turn.promptIds?.byteLength ?? 0), 0), 0) / n,
       promptIdsHeldBytes: rollouts.reduce((s, r) => s + heldPromptBytes(r), 0) / n,
       wireBytesPerGroup: wire / Math.max(1, batch.groups.length),
       batchBytesFull: encodeForPeer(batch).byteLength / n,

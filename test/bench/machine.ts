@@ -38,7 +38,10 @@ function machineBusyTicks(): number | null {
 function benchTicks(): number | null {
   try {
     const stat = readFileSync('/proc/self/stat', 'utf8');
-    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ').map(Number);
+    const f = stat
+      .slice(stat.lastIndexOf(')') + 2)
+      .split(' ')
+      .map(Number);
     // Fields after the name: state is f[0]; utime, stime, cutime, cstime are the 14th–17th fields overall.
     return f[11] + f[12] + f[13] + f[14];
   } catch {
@@ -64,7 +67,10 @@ export function startCpuMeter(): () => CpuShare | null {
 
 export function describeShare(share: CpuShare | null, cores: number): string {
   if (share === null) return 'machine load: n/a';
-  const warn = share.othersCores > 0.15 * cores ? '  ← other processes shared the CPUs: timings and rates here are unreliable' : '';
+  const warn =
+    share.othersCores > 0.15 * cores
+      ? '  ← other processes shared the CPUs: timings and rates here are unreliable'
+      : '';
   return `machine: ${share.machineCores.toFixed(2)} of ${cores} cores busy over ${share.seconds.toFixed(0)} s, ${share.othersCores.toFixed(2)} by other processes${warn}`;
 }
 

@@ -84,14 +84,22 @@ export interface MemoryFigures {
 }
 
 /** GC every thread, then read every thread's memory: main thread, and each worker through the probe. */
-async function snapshot(engine: Engine, channel: BroadcastChannel, threads: number, id: number): Promise<MemorySnapshot> {
+async function snapshot(
+  engine: Engine,
+  channel: BroadcastChannel,
+  threads: number,
+  id: number,
+): Promise<MemorySnapshot> {
   const replies = new Map<number, ThreadMemory>();
   // Asked again until every worker answered: a worker still importing the probe module misses a
   // broadcast (a worker answers each id once).
   const ask = () => channel.postMessage({ type: 'gc', id });
   const again = setInterval(ask, 500);
   const got = new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`memory probe: ${replies.size} of ${threads} workers answered within 20 s`)), 20_000);
+    const timer = setTimeout(
+      () => reject(new Error(`memory probe: ${replies.size} of ${threads} workers answered within 20 s`)),
+      20_000,
+    );
     channel.onmessage = (event: unknown) => {
       const data = (event as { data: ProbeReply }).data;
       if (data?.type !== 'memory' || data.id !== id) return;
@@ -145,11 +153,25 @@ function payloadOf(rollout: RolloutState, turns: number): PayloadBreakdown {
   // untrimmed up to turn 3 with the default messageCut) — or, for a rollout that had ended, all of it.
   const next = rollout.turns[turns];
   const text = next !== undefined ? textBytes(next.messages) : textBytes(rollout.messages);
-  return { promptIdsBytes: promptIds, responseIdsBytes: responseIds, logprobsBytes: logprobs, textBytes: text, totalBytes: promptIds + responseIds + logprobs + text, turns: kept.length };
+  return {
+    promptIdsBytes: promptIds,
+    responseIdsBytes: responseIds,
+    logprobsBytes: logprobs,
+    textBytes: text,
+    totalBytes: promptIds + responseIds + logprobs + text,
+    turns: kept.length,
+  };
 }
 
 function meanPayload(rollouts: readonly RolloutState[], turns: number): PayloadBreakdown {
-  const sum: PayloadBreakdown = { promptIdsBytes: 0, responseIdsBytes: 0, logprobsBytes: 0, textBytes: 0, totalBytes: 0, turns: 0 };
+  const sum: PayloadBreakdown = {
+    promptIdsBytes: 0,
+    responseIdsBytes: 0,
+    logprobsBytes: 0,
+    textBytes: 0,
+    totalBytes: 0,
+    turns: 0,
+  };
   for (const r of rollouts) {
     const p = payloadOf(r, turns);
     for (const k of Object.keys(sum) as (keyof PayloadBreakdown)[]) sum[k] += p[k];
@@ -235,9 +257,12 @@ export async function memoryBench(options: MemoryOptions): Promise<MemoryFigures
       if (all.length !== target) notes.push(`the batch held ${all.length} rollouts, not ${target}`);
       // The rollouts that were in flight at the hold: those of groups that had not all ended before it
       // (such a group landed in the buffer early; every other one had a call held at turn `holdAtTurn`).
-      const held = batch.groups.filter((g) => g.rollouts.some((r) => r.turns.length >= holdAtTurn)).flatMap((g) => g.rollouts);
+      const held = batch.groups
+        .filter((g) => g.rollouts.some((r) => r.turns.length >= holdAtTurn))
+        .flatMap((g) => g.rollouts);
       const payloadHeld = meanPayload(held, holdAtTurn - 1);
-      const per = (f: (s: MemorySnapshot) => number) => median(loaded.map((s) => (f(s) - f(baseline)) / Math.max(1, inFlight)));
+      const per = (f: (s: MemorySnapshot) => number) =>
+        median(loaded.map((s) => (f(s) - f(baseline)) / Math.max(1, inFlight)));
       const perRollout = {
         heapBytes: per((s) => s.heapBytes),
         heapPlusArrayBuffersBytes: per((s) => s.heapBytes + s.arrayBufferBytes),
@@ -295,7 +320,14 @@ export async function bareRequestMemory(requests: number): Promise<BareRequestMe
       collectGarbage();
       const before = threadMemory();
       const pending = Array.from({ length: requests }, () =>
-        pool.request({ method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json' }, body }).then((r) => r.body.text()),
+        pool
+          .request({
+            method: 'POST',
+            path: '/v1/chat/completions',
+            headers: { 'content-type': 'application/json' },
+            body,
+          })
+          .then((r) => r.body.text()),
       );
       for (let waited = 0; (await proxy.stats()).held < requests; waited += 100) {
         if (waited > 60_000) throw new Error('bare memory reference: the requests were not all held within 60 s');
@@ -305,7 +337,11 @@ export async function bareRequestMemory(requests: number): Promise<BareRequestMe
       const after = threadMemory();
       await proxy.release();
       await Promise.all(pending);
-      return { requests, heapBytes: (after.heapUsed - before.heapUsed) / requests, arrayBufferBytes: (after.arrayBuffers - before.arrayBuffers) / requests };
+      return {
+        requests,
+        heapBytes: (after.heapUsed - before.heapUsed) / requests,
+        arrayBufferBytes: (after.arrayBuffers - before.arrayBuffers) / requests,
+      };
     } finally {
       await pool.close();
     }

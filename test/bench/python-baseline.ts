@@ -38,7 +38,9 @@ export interface PythonBaselineResult {
   aiohttp: string;
 }
 
-export type PythonBaselineOutcome = { ok: true; result: PythonBaselineResult; interpreter: string } | { ok: false; reason: string };
+export type PythonBaselineOutcome =
+  | { ok: true; result: PythonBaselineResult; interpreter: string }
+  | { ok: false; reason: string };
 
 const SCRIPT = fileURLToPath(new URL('./python_baseline.py', import.meta.url));
 
@@ -74,7 +76,9 @@ let chosen: Promise<{ interpreter: string | null; tried: string[] }> | null = nu
 /** The first interpreter that imports aiohttp (cached); null with the candidates tried when none does. */
 function findInterpreter(): Promise<{ interpreter: string | null; tried: string[] }> {
   chosen ??= (async () => {
-    const candidates = [...new Set([process.env.PYTHON, 'python3', '/usr/bin/python3'].filter((c): c is string => !!c))];
+    const candidates = [
+      ...new Set([process.env.PYTHON, 'python3', '/usr/bin/python3'].filter((c): c is string => !!c)),
+    ];
     const present: string[] = [];
     for (const candidate of candidates) {
       const exit = await run(candidate, ['-c', 'import aiohttp'], 15_000);
@@ -94,11 +98,16 @@ export async function runPythonBaseline(options: PythonBaselineOptions): Promise
   if (interpreter === null) return { ok: false, reason: `no Python interpreter found (tried ${tried.join(', ')})` };
   const args = [
     SCRIPT,
-    '--url', options.url,
-    '--concurrency', String(options.concurrency),
-    '--seconds', String(options.seconds),
-    '--mode', options.mode,
-    '--max-tokens', String(options.maxTokens),
+    '--url',
+    options.url,
+    '--concurrency',
+    String(options.concurrency),
+    '--seconds',
+    String(options.seconds),
+    '--mode',
+    options.mode,
+    '--max-tokens',
+    String(options.maxTokens),
   ];
   // Warm-up is at most 5 s; allow generously for start-up and shutdown on a loaded machine.
   const exit = await run(interpreter, args, (options.seconds + 60) * 1000);
@@ -138,21 +147,33 @@ export interface PythonTrainerOptions {
  * synchronous trainer against the GPU-like mocks; it prints the figures src/loadtest/training.ts
  * reports for the engine's sides. Never rejects.
  */
-export async function runPythonTrainer(o: PythonTrainerOptions): Promise<{ ok: true; result: TrainingFigures; interpreter: string } | { ok: false; reason: string }> {
+export async function runPythonTrainer(
+  o: PythonTrainerOptions,
+): Promise<{ ok: true; result: TrainingFigures; interpreter: string } | { ok: false; reason: string }> {
   const { interpreter, tried } = await findInterpreter();
   if (interpreter === null) return { ok: false, reason: `no Python interpreter found (tried ${tried.join(', ')})` };
   const args = [
     SCRIPT,
-    '--mode', 'sync-trainer',
-    '--urls', o.urls.join(','),
-    '--groups', String(o.groups),
-    '--group-size', String(o.groupSize),
-    '--turns', String(o.turns),
-    '--max-tokens', String(o.maxTokens),
-    '--steps', String(o.steps),
-    '--train-ms-per-token', String(o.trainMsPerToken),
-    '--load-ms', String(o.loadMs),
-    '--speedup', String(o.speedup),
+    '--mode',
+    'sync-trainer',
+    '--urls',
+    o.urls.join(','),
+    '--groups',
+    String(o.groups),
+    '--group-size',
+    String(o.groupSize),
+    '--turns',
+    String(o.turns),
+    '--max-tokens',
+    String(o.maxTokens),
+    '--steps',
+    String(o.steps),
+    '--train-ms-per-token',
+    String(o.trainMsPerToken),
+    '--load-ms',
+    String(o.loadMs),
+    '--speedup',
+    String(o.speedup),
   ];
   const exit = await run(interpreter, args, 30 * 60_000);
   const lastLine = exit.stdout.trim().split('\n').at(-1) ?? '';
@@ -162,10 +183,14 @@ export async function runPythonTrainer(o: PythonTrainerOptions): Promise<{ ok: t
   } catch {
     parsed = null;
   }
-  if (parsed && typeof parsed.error === 'string') return { ok: false, reason: `${parsed.error}${exit.code === 3 ? ` (tried ${tried.join(', ')})` : ''}` };
+  if (parsed && typeof parsed.error === 'string')
+    return { ok: false, reason: `${parsed.error}${exit.code === 3 ? ` (tried ${tried.join(', ')})` : ''}` };
   if (exit.code !== 0 || parsed === null || typeof parsed.stepsPerHour !== 'number') {
     const tail = exit.stderr.trim().split('\n').slice(-3).join(' | ');
-    return { ok: false, reason: `${interpreter} ${SCRIPT} --mode sync-trainer exited with code ${exit.code}${tail ? `: ${tail}` : ''}` };
+    return {
+      ok: false,
+      reason: `${interpreter} ${SCRIPT} --mode sync-trainer exited with code ${exit.code}${tail ? `: ${tail}` : ''}`,
+    };
   }
   return { ok: true, result: parsed as unknown as TrainingFigures, interpreter };
 }

@@ -48,7 +48,15 @@ import { describeShare, startCpuMeter, type CpuShare } from './machine.ts';
 import { runPythonBaseline } from './python-baseline.ts';
 import { longEpisodes } from './long-episodes.ts';
 import { printTrainingBench, trainingBench, trainingBenchDefaults, trainingTargets } from './training-loop.ts';
-import { LATENCY_GROUP_SLACK, latencyBound, memoryRuns, printTargets, row, workerScaling, type TargetRow } from './targets.ts';
+import {
+  LATENCY_GROUP_SLACK,
+  latencyBound,
+  memoryRuns,
+  printTargets,
+  row,
+  workerScaling,
+  type TargetRow,
+} from './targets.ts';
 
 const { values } = parseArgs({
   options: {
@@ -85,12 +93,32 @@ const envCpuUs = Number(values['env-cpu-us'] ?? 500);
 /** Chat bodies the engine sent, kept from its first run: the bare loop sends the same ones. */
 const RECORDED_BODIES = 4_000;
 
-function bareRun(url: string, bodies: readonly string[], mock: MockProcess): Promise<Sample & { mockCpuMs: number | null }> {
+function bareRun(
+  url: string,
+  bodies: readonly string[],
+  mock: MockProcess,
+): Promise<Sample & { mockCpuMs: number | null }> {
   return bareLoop({ url, concurrency, seconds, bodies, mock });
 }
 
-function engineRun(url: string, workers: number, mock: MockProcess, recordBodies = 0, stream = false): Promise<ThroughputSample> {
-  return engineThroughput({ url, concurrency, threads: workers, seconds, groupSize, maxTokens, mock, recordBodies, stream });
+function engineRun(
+  url: string,
+  workers: number,
+  mock: MockProcess,
+  recordBodies = 0,
+  stream = false,
+): Promise<ThroughputSample> {
+  return engineThroughput({
+    url,
+    concurrency,
+    threads: workers,
+    seconds,
+    groupSize,
+    maxTokens,
+    mock,
+    recordBodies,
+    stream,
+  });
 }
 
 interface PythonRuns {
@@ -112,7 +140,13 @@ async function pythonRound(url: string, runs: PythonRuns): Promise<void> {
     }
     const r = outcome.result;
     runs.versions ??= { interpreter: outcome.interpreter, python: r.python, aiohttp: r.aiohttp };
-    runs[mode].push({ operations: r.steps, seconds: r.seconds, cpuMs: r.cpuSeconds * 1000, episodes: r.episodes, meanReward: r.meanReward });
+    runs[mode].push({
+      operations: r.steps,
+      seconds: r.seconds,
+      cpuMs: r.cpuSeconds * 1000,
+      episodes: r.episodes,
+      meanReward: r.meanReward,
+    });
   }
 }
 
@@ -144,7 +178,13 @@ interface PauseFigures {
  * control block's last-send clock), the time until every worker's event loop acknowledged it, and the
  * time until every group is back on the main thread.
  */
-async function pauseBench(url: string, mode: 'abort' | 'drain', stream: boolean, pauseRollouts: number, pauses: number): Promise<PauseFigures> {
+async function pauseBench(
+  url: string,
+  mode: 'abort' | 'drain',
+  stream: boolean,
+  pauseRollouts: number,
+  pauses: number,
+): Promise<PauseFigures> {
   const groups = Math.ceil(pauseRollouts / groupSize);
   const engine = createEngine({
     logLevel: 'warn',
@@ -205,13 +245,23 @@ async function bareAbortFloor(url: string, calls: number, rounds: number): Promi
     for (let round = 0; round < rounds; round++) {
       let lastReadAt = 0;
       const pending = Array.from({ length: calls }, async () => {
-        const res = await pool.request({ method: 'POST', path: '/v1/chat/completions', headers: { 'content-type': 'application/json' }, body });
+        const res = await pool.request({
+          method: 'POST',
+          path: '/v1/chat/completions',
+          headers: { 'content-type': 'application/json' },
+          body,
+        });
         await res.body.text();
         lastReadAt = performance.now();
       });
       await new Promise((r) => setTimeout(r, 600)); // generations are mid-way (≈ 60 of 100+ tokens)
       const t0 = performance.now();
-      const abort = await admin.request({ method: 'POST', path: '/admin/abort', headers: { 'content-type': 'application/json' }, body: '{"abort_all":true}' });
+      const abort = await admin.request({
+        method: 'POST',
+        path: '/admin/abort',
+        headers: { 'content-type': 'application/json' },
+        body: '{"abort_all":true}',
+      });
       await abort.body.dump();
       await Promise.all(pending);
       times.push(lastReadAt - t0);
@@ -251,11 +301,24 @@ async function main(): Promise<void> {
   meter = startCpuMeter();
   // A slow server for the pause figures: ~100 tokens/s per request, so generations are mid-way when paused.
   // Streamed replies send their new tokens every 20 ms (2 per event at this rate).
-  const slow = await startMockProcess(['--latency-ms', '20', '--tokens-per-second', '100', '--think-tokens', '100', '--stream-interval-ms', '20']);
+  const slow = await startMockProcess([
+    '--latency-ms',
+    '20',
+    '--tokens-per-second',
+    '100',
+    '--think-tokens',
+    '100',
+    '--stream-interval-ms',
+    '20',
+  ]);
   const pauseFigures: PauseFigures[] = [];
   let abortFloor = { p50: NaN, p99: NaN };
   try {
-    for (const [mode, stream] of [['abort', false], ['abort', true], ['drain', false]] as const) {
+    for (const [mode, stream] of [
+      ['abort', false],
+      ['abort', true],
+      ['drain', false],
+    ] as const) {
       pauseFigures.push(await pauseBench(slow.url, mode, stream, pauseRollouts, quick ? 3 : mode === 'abort' ? 20 : 8));
     }
     abortFloor = await bareAbortFloor(slow.url, pauseRollouts, quick ? 3 : 10);
@@ -307,21 +370,69 @@ async function main(): Promise<void> {
   const split = (samples: ThroughputSample[]) => {
     const withSplit = samples.filter((s) => s.cpuSplit !== null);
     if (withSplit.length === 0) return null;
-    const per = (f: (c: NonNullable<ThroughputSample['cpuSplit']>) => number) => stats(withSplit.map((s) => (f(s.cpuSplit!) * 1000) / s.operations)).median;
+    const per = (f: (c: NonNullable<ThroughputSample['cpuSplit']>) => number) =>
+      stats(withSplit.map((s) => (f(s.cpuSplit!) * 1000) / s.operations)).median;
     return { mainUs: per((c) => c.mainMs), workersUs: per((c) => c.workersMs), helpersUs: per((c) => c.helpersMs) };
   };
-  const bodyStats = { count: bodies.length, meanBytes: bodies.reduce((n, b) => n + Buffer.byteLength(b), 0) / Math.max(1, bodies.length), meanMessages: bodies.reduce((n, b) => n + (JSON.parse(b) as { messages: unknown[] }).messages.length, 0) / Math.max(1, bodies.length) };
+  const bodyStats = {
+    count: bodies.length,
+    meanBytes: bodies.reduce((n, b) => n + Buffer.byteLength(b), 0) / Math.max(1, bodies.length),
+    meanMessages:
+      bodies.reduce((n, b) => n + (JSON.parse(b) as { messages: unknown[] }).messages.length, 0) /
+      Math.max(1, bodies.length),
+  };
   const pythonFigures = (samples: PythonRuns['executor']) =>
-    samples.length === 0 ? null : { stepsPerSecond: stats(samples.map(rate)), cpuUsPerStep: stats(samples.map(cpuPer)), samples };
+    samples.length === 0
+      ? null
+      : { stepsPerSecond: stats(samples.map(rate)), cpuUsPerStep: stats(samples.map(cpuPer)), samples };
   const pyExecutor = pythonFigures(python.executor);
   const pyDirect = pythonFigures(python.direct);
   const result = {
-    machine: { cpus: cpus().length, model: cpus()[0]?.model, node: process.version, platform: process.platform, cpuShare },
-    settings: { concurrency, seconds, repeats, threads, groupSize, latencyMs, maxTokens, pauseRollouts, memoryRollouts, memoryThinkTokens, envCpuUs },
+    machine: {
+      cpus: cpus().length,
+      model: cpus()[0]?.model,
+      node: process.version,
+      platform: process.platform,
+      cpuShare,
+    },
+    settings: {
+      concurrency,
+      seconds,
+      repeats,
+      threads,
+      groupSize,
+      latencyMs,
+      maxTokens,
+      pauseRollouts,
+      memoryRollouts,
+      memoryThinkTokens,
+      envCpuUs,
+    },
     bare: { requestsPerSecond: bareRate, cpuUsPerRequest: bareCpu, bodies: bodyStats, samples: bare },
-    engine: { threads, stepsPerSecond: engineRate, cpuUsPerStep: engineCpu, cpuSplitUsPerStep: split(engine), samples: engine.map(({ bodies: _, ...s }) => s) },
-    engineOneWorkerStreamed: { threads: 1, stepsPerSecond: streamedRate, cpuUsPerStep: streamedCpu, cpuSplitUsPerStep: split(engineStreamed), samples: engineStreamed.map(({ bodies: _, ...s }) => s) },
-    engineOneWorker: engineOneRate && engineOneCpu ? { threads: 1, stepsPerSecond: engineOneRate, cpuUsPerStep: engineOneCpu, cpuSplitUsPerStep: split(engineOne), samples: engineOne.map(({ bodies: _, ...s }) => s) } : null,
+    engine: {
+      threads,
+      stepsPerSecond: engineRate,
+      cpuUsPerStep: engineCpu,
+      cpuSplitUsPerStep: split(engine),
+      samples: engine.map(({ bodies: _, ...s }) => s),
+    },
+    engineOneWorkerStreamed: {
+      threads: 1,
+      stepsPerSecond: streamedRate,
+      cpuUsPerStep: streamedCpu,
+      cpuSplitUsPerStep: split(engineStreamed),
+      samples: engineStreamed.map(({ bodies: _, ...s }) => s),
+    },
+    engineOneWorker:
+      engineOneRate && engineOneCpu
+        ? {
+            threads: 1,
+            stepsPerSecond: engineOneRate,
+            cpuUsPerStep: engineOneCpu,
+            cpuSplitUsPerStep: split(engineOne),
+            samples: engineOne.map(({ bodies: _, ...s }) => s),
+          }
+        : null,
     python: { skipped: python.skipped, ...python.versions, executor: pyExecutor, direct: pyDirect },
     pause: pauseFigures,
     pauseBareAbortFloorMs: abortFloor,
@@ -329,8 +440,12 @@ async function main(): Promise<void> {
       engineCpuPerStepOverBareCpuPerRequest: engineCpu.median / bareCpu.median,
       engineOneWorkerCpuPerStepOverBareCpuPerRequest: engineOneCpu ? engineOneCpu.median / bareCpu.median : null,
       engineStepsPerSecondOverBareRequestsPerSecond: engineRate.median / bareRate.median,
-      engineStepsPerSecondOverPythonExecutorStepsPerSecond: pyExecutor ? engineRate.median / pyExecutor.stepsPerSecond.median : null,
-      engineStepsPerSecondOverPythonDirectStepsPerSecond: pyDirect ? engineRate.median / pyDirect.stepsPerSecond.median : null,
+      engineStepsPerSecondOverPythonExecutorStepsPerSecond: pyExecutor
+        ? engineRate.median / pyExecutor.stepsPerSecond.median
+        : null,
+      engineStepsPerSecondOverPythonDirectStepsPerSecond: pyDirect
+        ? engineRate.median / pyDirect.stepsPerSecond.median
+        : null,
     },
     latencyBound: latency,
     latencyCallFloor: floor,
@@ -343,27 +458,58 @@ async function main(): Promise<void> {
   const fmt = (n: number, d = 0) => n.toFixed(d).padStart(10);
   const spread = (s: { min: number; max: number }, d = 0) => `${s.min.toFixed(d)}–${s.max.toFixed(d)}`;
   console.log(`\nrollout-engine bench — ${result.machine.cpus} × ${result.machine.model}, Node ${process.version}`);
-  console.log(`concurrency ${concurrency} (engine: ${threads} workers × ${concurrency / groupSize} groups × ${groupSize}), ${seconds} s × ${repeats} repeats, mock latency ${latencyMs} ms, mock server in its own process\n`);
+  console.log(
+    `concurrency ${concurrency} (engine: ${threads} workers × ${concurrency / groupSize} groups × ${groupSize}), ${seconds} s × ${repeats} repeats, mock latency ${latencyMs} ms, mock server in its own process\n`,
+  );
   console.log(`${'side'.padEnd(28)}${'ops/s'.padStart(10)}${'CPU µs/op'.padStart(10)}   spread (ops/s; CPU µs/op)`);
-  console.log(`${'bare undici loop (requests)'.padEnd(28)}${fmt(bareRate.median)}${fmt(bareCpu.median)}   ${spread(bareRate)}; ${spread(bareCpu)}`);
+  console.log(
+    `${'bare undici loop (requests)'.padEnd(28)}${fmt(bareRate.median)}${fmt(bareCpu.median)}   ${spread(bareRate)}; ${spread(bareCpu)}`,
+  );
   const workersLabel = (n: number) => `${n} worker${n > 1 ? 's' : ''}`;
-  console.log(`${`engine, ${workersLabel(threads)} (steps)`.padEnd(28)}${fmt(engineRate.median)}${fmt(engineCpu.median)}   ${spread(engineRate)}; ${spread(engineCpu)}`);
-  if (engineOneRate && engineOneCpu) console.log(`${'engine, 1 worker (steps)'.padEnd(28)}${fmt(engineOneRate.median)}${fmt(engineOneCpu.median)}   ${spread(engineOneRate)}; ${spread(engineOneCpu)}`);
-  console.log(`${'engine, 1 worker, streamed'.padEnd(28)}${fmt(streamedRate.median)}${fmt(streamedCpu.median)}   ${spread(streamedRate)}; ${spread(streamedCpu)}   (llm.stream; the mock sends each reply as 4 events here)`);
+  console.log(
+    `${`engine, ${workersLabel(threads)} (steps)`.padEnd(28)}${fmt(engineRate.median)}${fmt(engineCpu.median)}   ${spread(engineRate)}; ${spread(engineCpu)}`,
+  );
+  if (engineOneRate && engineOneCpu)
+    console.log(
+      `${'engine, 1 worker (steps)'.padEnd(28)}${fmt(engineOneRate.median)}${fmt(engineOneCpu.median)}   ${spread(engineOneRate)}; ${spread(engineOneCpu)}`,
+    );
+  console.log(
+    `${'engine, 1 worker, streamed'.padEnd(28)}${fmt(streamedRate.median)}${fmt(streamedCpu.median)}   ${spread(streamedRate)}; ${spread(streamedCpu)}   (llm.stream; the mock sends each reply as 4 events here)`,
+  );
   if (python.skipped !== null) console.log(`python baseline skipped: ${python.skipped}`);
-  for (const [label, f] of [['python asyncio (executor)', pyExecutor], ['python asyncio (direct)', pyDirect]] as const) {
-    if (f) console.log(`${label.padEnd(28)}${fmt(f.stepsPerSecond.median)}${fmt(f.cpuUsPerStep.median)}   ${spread(f.stepsPerSecond)}; ${spread(f.cpuUsPerStep)}`);
+  for (const [label, f] of [
+    ['python asyncio (executor)', pyExecutor],
+    ['python asyncio (direct)', pyDirect],
+  ] as const) {
+    if (f)
+      console.log(
+        `${label.padEnd(28)}${fmt(f.stepsPerSecond.median)}${fmt(f.cpuUsPerStep.median)}   ${spread(f.stepsPerSecond)}; ${spread(f.cpuUsPerStep)}`,
+      );
   }
-  console.log(`the bare loop sends the ${bodyStats.count} chat bodies the engine sent, in turn (every turn of its episodes: ${bodyStats.meanMessages.toFixed(1)} messages, ${bodyStats.meanBytes.toFixed(0)} bytes on average)`);
-  for (const [label, sp] of [[workersLabel(threads), result.engine.cpuSplitUsPerStep], ['1 worker', result.engineOneWorker?.cpuSplitUsPerStep ?? null]] as const) {
-    if (sp) console.log(`engine CPU per step by thread, ${label}: main ${sp.mainUs.toFixed(0)} µs + workers ${sp.workersUs.toFixed(0)} µs + V8/libuv helper threads (GC, compiler) ${sp.helpersUs.toFixed(0)} µs`);
+  console.log(
+    `the bare loop sends the ${bodyStats.count} chat bodies the engine sent, in turn (every turn of its episodes: ${bodyStats.meanMessages.toFixed(1)} messages, ${bodyStats.meanBytes.toFixed(0)} bytes on average)`,
+  );
+  for (const [label, sp] of [
+    [workersLabel(threads), result.engine.cpuSplitUsPerStep],
+    ['1 worker', result.engineOneWorker?.cpuSplitUsPerStep ?? null],
+  ] as const) {
+    if (sp)
+      console.log(
+        `engine CPU per step by thread, ${label}: main ${sp.mainUs.toFixed(0)} µs + workers ${sp.workersUs.toFixed(0)} µs + V8/libuv helper threads (GC, compiler) ${sp.helpersUs.toFixed(0)} µs`,
+      );
   }
   const mockPerCall = (samples: { operations: number; mockCpuMs: number | null }[]) =>
-    samples.length > 0 && samples.every((s) => s.mockCpuMs !== null) ? `${stats(samples.map((s) => (s.mockCpuMs! * 1000) / s.operations)).median.toFixed(0)} µs` : 'n/a';
+    samples.length > 0 && samples.every((s) => s.mockCpuMs !== null)
+      ? `${stats(samples.map((s) => (s.mockCpuMs! * 1000) / s.operations)).median.toFixed(0)} µs`
+      : 'n/a';
   // The mock does the same work per call whoever calls: what its CPU per call does shows what sharing the cores costs every thread.
-  console.log(`the mock's CPU per call (the same work each time): beside the bare loop ${mockPerCall(bare)}, the engine at 1 worker ${mockPerCall(threads > 1 ? engineOne : engine)}${threads > 1 ? `, at ${threads} workers ${mockPerCall(engine)}` : ''}`);
+  console.log(
+    `the mock's CPU per call (the same work each time): beside the bare loop ${mockPerCall(bare)}, the engine at 1 worker ${mockPerCall(threads > 1 ? engineOne : engine)}${threads > 1 ? `, at ${threads} workers ${mockPerCall(engine)}` : ''}`,
+  );
   console.log(describeShare(cpuShare.throughput, cpus().length));
-  console.log(`\nratio engine/bare: CPU per step ${result.ratios.engineCpuPerStepOverBareCpuPerRequest.toFixed(2)}×${result.ratios.engineOneWorkerCpuPerStepOverBareCpuPerRequest === null ? '' : ` (1 worker: ${result.ratios.engineOneWorkerCpuPerStepOverBareCpuPerRequest.toFixed(2)}×)`}, throughput ${result.ratios.engineStepsPerSecondOverBareRequestsPerSecond.toFixed(2)}×`);
+  console.log(
+    `\nratio engine/bare: CPU per step ${result.ratios.engineCpuPerStepOverBareCpuPerRequest.toFixed(2)}×${result.ratios.engineOneWorkerCpuPerStepOverBareCpuPerRequest === null ? '' : ` (1 worker: ${result.ratios.engineOneWorkerCpuPerStepOverBareCpuPerRequest.toFixed(2)}×)`}, throughput ${result.ratios.engineStepsPerSecondOverBareRequestsPerSecond.toFixed(2)}×`,
+  );
   if (pyExecutor) {
     const direct = result.ratios.engineStepsPerSecondOverPythonDirectStepsPerSecond;
     console.log(
@@ -371,42 +517,72 @@ async function main(): Promise<void> {
         ` (÷ python direct: ${direct === null ? 'n/a' : `${direct.toFixed(2)}×`}; ${python.versions!.interpreter}, Python ${python.versions!.python}, aiohttp ${python.versions!.aiohttp})`,
     );
   }
-  console.log(`\npause for a weight update, ${pauseRollouts} rollouts in flight (slow server: 100 tokens/s per request)`);
-  console.log(`${'mode'.padEnd(14)}${'pauses'.padStart(8)}${'in flight'.padStart(11)}${'stopped issuing p50/p99 ms'.padStart(30)}${'acked p50/p99 ms'.padStart(22)}${'all back p50/p99 ms'.padStart(24)}`);
-  const pair = (x: { p50: number; p99: number }, digits: number) => `${x.p50.toFixed(digits)} / ${x.p99.toFixed(digits)}`;
+  console.log(
+    `\npause for a weight update, ${pauseRollouts} rollouts in flight (slow server: 100 tokens/s per request)`,
+  );
+  console.log(
+    `${'mode'.padEnd(14)}${'pauses'.padStart(8)}${'in flight'.padStart(11)}${'stopped issuing p50/p99 ms'.padStart(30)}${'acked p50/p99 ms'.padStart(22)}${'all back p50/p99 ms'.padStart(24)}`,
+  );
+  const pair = (x: { p50: number; p99: number }, digits: number) =>
+    `${x.p50.toFixed(digits)} / ${x.p99.toFixed(digits)}`;
   for (const f of pauseFigures) {
     console.log(
       `${pauseLabel(f).padEnd(14)}${String(f.pauses).padStart(8)}${String(f.rolloutsInFlight.median).padStart(11)}${pair(f.workersStoppedMs, 3).padStart(30)}${pair(f.workersAckedMs, 2).padStart(22)}${pair(f.allBackMs, 1).padStart(24)}`,
     );
   }
-  console.log('stopped issuing: request → the last call any worker sent (0 = none after it); acked: every worker loop ran its pause watcher');
-  console.log('abort, streamed: llm.stream — each call in flight comes back with the tokens it holds, without waiting for the aborted replies');
-  console.log(`floor: a bare undici client with ${pauseRollouts} calls in flight reads the ${pauseRollouts} aborted replies ${abortFloor.p50.toFixed(1)} / ${abortFloor.p99.toFixed(1)} ms (p50 / p99) after the abort request — no engine`);
+  console.log(
+    'stopped issuing: request → the last call any worker sent (0 = none after it); acked: every worker loop ran its pause watcher',
+  );
+  console.log(
+    'abort, streamed: llm.stream — each call in flight comes back with the tokens it holds, without waiting for the aborted replies',
+  );
+  console.log(
+    `floor: a bare undici client with ${pauseRollouts} calls in flight reads the ${pauseRollouts} aborted replies ${abortFloor.p50.toFixed(1)} / ${abortFloor.p99.toFixed(1)} ms (p50 / p99) after the abort request — no engine`,
+  );
 
   console.log(describeShare(cpuShare.pause, cpus().length));
   const lat = (c: number) => latency.points.find((p) => p.concurrency === c)!;
-  console.log(`\nlatency-bound efficiency: mock ${latency.latencyMs} ms fixed per call, 0 ms per token; ${threads} workers; ${seconds} s × ${repeats} repeats`);
-  console.log(`${'in flight'.padEnd(10)}${'bound/s'.padStart(9)}${'steps/s'.padStart(9)}${'% bound'.padStart(9)}${'spread %'.padStart(13)}${'group occ.'.padStart(12)}${'call ms'.padStart(9)}${'loop ms'.padStart(9)}${'bare loop %'.padStart(13)}   cores engine + mock`);
+  console.log(
+    `\nlatency-bound efficiency: mock ${latency.latencyMs} ms fixed per call, 0 ms per token; ${threads} workers; ${seconds} s × ${repeats} repeats`,
+  );
+  console.log(
+    `${'in flight'.padEnd(10)}${'bound/s'.padStart(9)}${'steps/s'.padStart(9)}${'% bound'.padStart(9)}${'spread %'.padStart(13)}${'group occ.'.padStart(12)}${'call ms'.padStart(9)}${'loop ms'.padStart(9)}${'bare loop %'.padStart(13)}   cores engine + mock`,
+  );
   for (const p of latency.points) {
     console.log(
       `${String(p.concurrency).padEnd(10)}${fmt(p.boundStepsPerSecond).slice(1)}${fmt(p.stepsPerSecond.median).slice(1)}${p.efficiencyPct.median.toFixed(1).padStart(9)}${spread(p.efficiencyPct, 1).padStart(13)}` +
         `${`${p.groupOccupancyPct.toFixed(1)} %`.padStart(12)}${p.meanInferenceMs.toFixed(1).padStart(9)}${p.workerLoopDelayMeanMs.toFixed(1).padStart(9)}${p.bare.efficiencyPct.median.toFixed(1).padStart(13)}   ${p.engineCores.toFixed(2)} + ${p.mockCores === null ? 'n/a' : p.mockCores.toFixed(2)}`,
     );
   }
-  console.log(`  (in flight: episodes playing — workers.rolloutsPerWorker = in flight ÷ workers, each worker holding ${1 + LATENCY_GROUP_SLACK}× as many groups' rollouts, so a rollout that`);
-  console.log('   ended before its siblings hands its slot on; group occ.: Σ turns ÷ Σ (group size × longest rollout), what calls in flight would sag to without episode slots;');
-  console.log('   call ms: engine-side time per call; loop ms: workers\' mean event-loop delay beyond its 10 ms sampling;');
-  console.log('   bare loop %: the bare undici loop, same mock and calls in flight, as % of the same bound — what mock and transport allow)');
+  console.log(
+    `  (in flight: episodes playing — workers.rolloutsPerWorker = in flight ÷ workers, each worker holding ${1 + LATENCY_GROUP_SLACK}× as many groups' rollouts, so a rollout that`,
+  );
+  console.log(
+    '   ended before its siblings hands its slot on; group occ.: Σ turns ÷ Σ (group size × longest rollout), what calls in flight would sag to without episode slots;',
+  );
+  console.log(
+    "   call ms: engine-side time per call; loop ms: workers' mean event-loop delay beyond its 10 ms sampling;",
+  );
+  console.log(
+    '   bare loop %: the bare undici loop, same mock and calls in flight, as % of the same bound — what mock and transport allow)',
+  );
   console.log(describeCallFloor(floor));
-  if (latency.python.skipped !== null) console.log(`python baseline at ${latency.python.concurrency} in flight skipped: ${latency.python.skipped}`);
+  if (latency.python.skipped !== null)
+    console.log(`python baseline at ${latency.python.concurrency} in flight skipped: ${latency.python.skipped}`);
   for (const r of latency.python.runs) {
-    console.log(`python asyncio (${r.mode}) at ${latency.python.concurrency} in flight: ${r.stepsPerSecond.median.toFixed(0)} steps/s (${spread(r.stepsPerSecond)}) → engine ÷ python ${(lat(latency.python.concurrency).stepsPerSecond.median / r.stepsPerSecond.median).toFixed(2)}×`);
+    console.log(
+      `python asyncio (${r.mode}) at ${latency.python.concurrency} in flight: ${r.stepsPerSecond.median.toFixed(0)} steps/s (${spread(r.stepsPerSecond)}) → engine ÷ python ${(lat(latency.python.concurrency).stepsPerSecond.median / r.stepsPerSecond.median).toFixed(2)}×`,
+    );
   }
 
   console.log(describeShare(cpuShare.latencyBound, cpus().length));
-  console.log(`\nworker scaling: guess-number burning ${scaling.cpuCostUs} µs CPU per step, ${scaling.concurrency} in flight, 0 ms latency; ${seconds} s × ${repeats} repeats`);
+  console.log(
+    `\nworker scaling: guess-number burning ${scaling.cpuCostUs} µs CPU per step, ${scaling.concurrency} in flight, 0 ms latency; ${seconds} s × ${repeats} repeats`,
+  );
   for (const side of [scaling.one, scaling.two]) {
-    console.log(`${workersLabel(side.threads).padEnd(10)}${fmt(side.stepsPerSecond.median)} steps/s (${spread(side.stepsPerSecond)})   cores busy: engine ${side.engineCores.toFixed(2)} + mock ${side.mockCores === null ? 'n/a' : side.mockCores.toFixed(2)} of ${cpus().length}`);
+    console.log(
+      `${workersLabel(side.threads).padEnd(10)}${fmt(side.stepsPerSecond.median)} steps/s (${spread(side.stepsPerSecond)})   cores busy: engine ${side.engineCores.toFixed(2)} + mock ${side.mockCores === null ? 'n/a' : side.mockCores.toFixed(2)} of ${cpus().length}`,
+    );
   }
   console.log(
     `ratio 2 workers ÷ 1 worker: ${scaling.ratio.toFixed(2)}×` +
@@ -415,13 +591,19 @@ async function main(): Promise<void> {
         : `; ${scaling.cores} cores allow at most ${scaling.ceiling.toFixed(2)}× at the 1-worker cost per step (${scaling.one.machineCpuUsPerStep!.toFixed(0)} µs of engine + mock CPU; ${scaling.two.machineCpuUsPerStep!.toFixed(0)} µs at 2 workers)`),
   );
   if (scaling.one.workerCpuUsPerStep !== null && scaling.two.workerCpuUsPerStep !== null) {
-    console.log(`worker-thread CPU per step: ${scaling.one.workerCpuUsPerStep.toFixed(0)} µs with 1 worker, ${scaling.two.workerCpuUsPerStep.toFixed(0)} µs with 2 (equal: each worker does the same work per step, nothing in the engine holds the other back)`);
+    console.log(
+      `worker-thread CPU per step: ${scaling.one.workerCpuUsPerStep.toFixed(0)} µs with 1 worker, ${scaling.two.workerCpuUsPerStep.toFixed(0)} µs with 2 (equal: each worker does the same work per step, nothing in the engine holds the other back)`,
+    );
   }
   console.log(describeShare(cpuShare.workerScaling, cpus().length));
 
   const kb = (b: number) => `${(b / 1024).toFixed(1)} KiB`;
-  console.log(`\nmemory per in-flight rollout: ${memory.rollouts} rollouts held in flight by the stall proxy (mock answers ${memory.thinkTokens} filler tokens + the guess)`);
-  console.log(`${'held at'.padEnd(9)}${'in flight'.padStart(10)}${'calls held'.padStart(11)}${'payload'.padStart(11)}${'heap'.padStart(11)}${'+ ArrayBuf'.padStart(11)}${'RSS'.padStart(11)}   ratio to payload: heap / heap + ArrayBuffers / RSS`);
+  console.log(
+    `\nmemory per in-flight rollout: ${memory.rollouts} rollouts held in flight by the stall proxy (mock answers ${memory.thinkTokens} filler tokens + the guess)`,
+  );
+  console.log(
+    `${'held at'.padEnd(9)}${'in flight'.padStart(10)}${'calls held'.padStart(11)}${'payload'.padStart(11)}${'heap'.padStart(11)}${'+ ArrayBuf'.padStart(11)}${'RSS'.padStart(11)}   ratio to payload: heap / heap + ArrayBuffers / RSS`,
+  );
   for (const m of memory.phases) {
     console.log(
       `${`turn ${m.holdAtTurn}`.padEnd(9)}${String(m.rolloutsInFlight).padStart(10)}${String(m.callsHeld).padStart(11)}${kb(m.payloadHeld.totalBytes).padStart(11)}${kb(m.perRollout.heapBytes).padStart(11)}${kb(m.perRollout.heapPlusArrayBuffersBytes).padStart(11)}${kb(m.perRollout.rssBytes).padStart(11)}` +
@@ -435,13 +617,20 @@ async function main(): Promise<void> {
     `  payload at turn 3 (per rollout, ${pb.turns.toFixed(2)} turns): prompt ids ${kb(pb.promptIdsBytes)}, response ids ${kb(pb.responseIdsBytes)}, logprobs ${kb(pb.logprobsBytes)}, text ${kb(pb.textBytes)} (UTF-16)`,
   );
   if (memory.fixedBytesPerRollout !== null && memory.bytesPerPayloadByte !== null) {
-    console.log(`  fit over the two (heap + ArrayBuffers): ≈ ${kb(memory.fixedBytesPerRollout)} per rollout in flight whatever it holds + ${memory.bytesPerPayloadByte.toFixed(2)} bytes per payload byte`);
+    console.log(
+      `  fit over the two (heap + ArrayBuffers): ≈ ${kb(memory.fixedBytesPerRollout)} per rollout in flight whatever it holds + ${memory.bytesPerPayloadByte.toFixed(2)} bytes per payload byte`,
+    );
   }
   const mainShare = (m: (typeof memory.phases)[number]) => {
     const l = m.loaded[Math.floor(m.loaded.length / 2)];
-    return (l.mainHeapBytes + l.mainArrayBufferBytes - m.baseline.mainHeapBytes - m.baseline.mainArrayBufferBytes) / Math.max(1, m.rolloutsInFlight);
+    return (
+      (l.mainHeapBytes + l.mainArrayBufferBytes - m.baseline.mainHeapBytes - m.baseline.mainArrayBufferBytes) /
+      Math.max(1, m.rolloutsInFlight)
+    );
   };
-  console.log(`  main thread's share per rollout: ${kb(mainShare(t1))} at turn 1, ${kb(mainShare(t3))} at turn 3 (the rest is in the workers)`);
+  console.log(
+    `  main thread's share per rollout: ${kb(mainShare(t1))} at turn 1, ${kb(mainShare(t3))} at turn 3 (the rest is in the workers)`,
+  );
   const ref = memory.bareRequest;
   console.log(
     `  reference — ${ref.requests} bare undici calls pending (one connection each, first-turn body): ${kb(ref.heapBytes + ref.arrayBufferBytes)} per call (heap ${kb(ref.heapBytes)} + ArrayBuffers ${kb(ref.arrayBufferBytes)})`,
@@ -455,45 +644,128 @@ async function main(): Promise<void> {
 
   const ratioText = (r: number | null) => (r === null ? 'not run' : `${r.toFixed(2)}×`);
   console.log(describeShare(cpuShare.memory, cpus().length));
-  const splitNote = (sp: { mainUs: number; workersUs: number; helpersUs: number } | null) => (sp ? ` (main ${sp.mainUs.toFixed(0)} + workers ${sp.workersUs.toFixed(0)} + helpers ${sp.helpersUs.toFixed(0)})` : '');
-  const settingsNote = (c: number, l: number) => (concurrency === c && latencyMs === l ? '' : ` (issue 7 states it at ${c} in flight, ${l} ms)`);
+  const splitNote = (sp: { mainUs: number; workersUs: number; helpersUs: number } | null) =>
+    sp
+      ? ` (main ${sp.mainUs.toFixed(0)} + workers ${sp.workersUs.toFixed(0)} + helpers ${sp.helpersUs.toFixed(0)})`
+      : '';
+  const settingsNote = (c: number, l: number) =>
+    concurrency === c && latencyMs === l ? '' : ` (issue 7 states it at ${c} in flight, ${l} ms)`;
   const abort = pauseFigures.find((f) => f.mode === 'abort' && !f.stream)!;
   const held = pauseFigures.find((f) => f.mode === 'abort' && f.stream)!;
   const pyLat = latency.python.runs.find((r) => r.mode === 'executor');
   result.targets = [
-    row({ target: `1 · ${concurrency} in flight, ${latencyMs} ms, ${workersLabel(threads)}`, figure: 'engine CPU per step ÷ bare loop CPU per request', value: result.ratios.engineCpuPerStepOverBareCpuPerRequest, limit: 1.3, kind: 'max', unit: '×',
-      detail: `${engineCpu.median.toFixed(0)} vs ${bareCpu.median.toFixed(0)} µs${splitNote(result.engine.cpuSplitUsPerStep)}${settingsNote(64, 0)}` }),
+    row({
+      target: `1 · ${concurrency} in flight, ${latencyMs} ms, ${workersLabel(threads)}`,
+      figure: 'engine CPU per step ÷ bare loop CPU per request',
+      value: result.ratios.engineCpuPerStepOverBareCpuPerRequest,
+      limit: 1.3,
+      kind: 'max',
+      unit: '×',
+      detail: `${engineCpu.median.toFixed(0)} vs ${bareCpu.median.toFixed(0)} µs${splitNote(result.engine.cpuSplitUsPerStep)}${settingsNote(64, 0)}`,
+    }),
     ...(engineOneCpu
-      ? [row({ target: `1 · ${concurrency} in flight, ${latencyMs} ms, 1 worker`, figure: 'engine CPU per step ÷ bare loop CPU per request', value: result.ratios.engineOneWorkerCpuPerStepOverBareCpuPerRequest, limit: 1.3, kind: 'max', unit: '×',
-          detail: `${engineOneCpu.median.toFixed(0)} vs ${bareCpu.median.toFixed(0)} µs${splitNote(result.engineOneWorker?.cpuSplitUsPerStep ?? null)}${settingsNote(64, 0)}` })]
+      ? [
+          row({
+            target: `1 · ${concurrency} in flight, ${latencyMs} ms, 1 worker`,
+            figure: 'engine CPU per step ÷ bare loop CPU per request',
+            value: result.ratios.engineOneWorkerCpuPerStepOverBareCpuPerRequest,
+            limit: 1.3,
+            kind: 'max',
+            unit: '×',
+            detail: `${engineOneCpu.median.toFixed(0)} vs ${bareCpu.median.toFixed(0)} µs${splitNote(result.engineOneWorker?.cpuSplitUsPerStep ?? null)}${settingsNote(64, 0)}`,
+          }),
+        ]
       : []),
-    row({ target: `2 · ${concurrency} in flight, ${latencyMs} ms`, figure: 'engine ÷ Python loop (executor) steps/s', value: result.ratios.engineStepsPerSecondOverPythonExecutorStepsPerSecond, limit: 7, kind: 'min', unit: '×',
-      detail: pyExecutor ? `${engineRate.median.toFixed(0)} vs ${pyExecutor.stepsPerSecond.median.toFixed(0)}/s${engineOneRate ? ` (1 worker: ${(engineOneRate.median / pyExecutor.stepsPerSecond.median).toFixed(2)}×)` : ''}; ÷ direct ${ratioText(result.ratios.engineStepsPerSecondOverPythonDirectStepsPerSecond)}; bare loop ÷ Python ${(bareRate.median / pyExecutor.stepsPerSecond.median).toFixed(2)}× (the mock's ceiling here)${settingsNote(64, 0)}` : `python skipped: ${python.skipped}` }),
-    row({ target: `2 · ${latency.python.concurrency} in flight, ${latency.latencyMs} ms`, figure: 'engine ÷ Python loop (executor) steps/s', value: latency.engineOverPythonExecutor, limit: 4, kind: 'min', unit: '×',
-      detail: pyLat ? `${lat(latency.python.concurrency).stepsPerSecond.median.toFixed(0)} vs ${pyLat.stepsPerSecond.median.toFixed(0)}/s; ÷ direct ${ratioText(latency.engineOverPythonDirect)}; at most ${(lat(latency.python.concurrency).boundStepsPerSecond / pyLat.stepsPerSecond.median).toFixed(2)}× (in flight ÷ latency ÷ Python)` : `python skipped: ${latency.python.skipped}` }),
+    row({
+      target: `2 · ${concurrency} in flight, ${latencyMs} ms`,
+      figure: 'engine ÷ Python loop (executor) steps/s',
+      value: result.ratios.engineStepsPerSecondOverPythonExecutorStepsPerSecond,
+      limit: 7,
+      kind: 'min',
+      unit: '×',
+      detail: pyExecutor
+        ? `${engineRate.median.toFixed(0)} vs ${pyExecutor.stepsPerSecond.median.toFixed(0)}/s${engineOneRate ? ` (1 worker: ${(engineOneRate.median / pyExecutor.stepsPerSecond.median).toFixed(2)}×)` : ''}; ÷ direct ${ratioText(result.ratios.engineStepsPerSecondOverPythonDirectStepsPerSecond)}; bare loop ÷ Python ${(bareRate.median / pyExecutor.stepsPerSecond.median).toFixed(2)}× (the mock's ceiling here)${settingsNote(64, 0)}`
+        : `python skipped: ${python.skipped}`,
+    }),
+    row({
+      target: `2 · ${latency.python.concurrency} in flight, ${latency.latencyMs} ms`,
+      figure: 'engine ÷ Python loop (executor) steps/s',
+      value: latency.engineOverPythonExecutor,
+      limit: 4,
+      kind: 'min',
+      unit: '×',
+      detail: pyLat
+        ? `${lat(latency.python.concurrency).stepsPerSecond.median.toFixed(0)} vs ${pyLat.stepsPerSecond.median.toFixed(0)}/s; ÷ direct ${ratioText(latency.engineOverPythonDirect)}; at most ${(lat(latency.python.concurrency).boundStepsPerSecond / pyLat.stepsPerSecond.median).toFixed(2)}× (in flight ÷ latency ÷ Python)`
+        : `python skipped: ${latency.python.skipped}`,
+    }),
     ...latency.points.map((p) =>
-      row({ target: `3 · ${p.concurrency} in flight, ${latency.latencyMs} ms`, figure: 'steps/s ÷ (in flight ÷ latency)', value: p.efficiencyPct.median, limit: p.concurrency <= 64 ? 97 : 90, kind: 'min', unit: ' %', digits: 1,
-        detail: `${p.stepsPerSecond.median.toFixed(0)} of ${p.boundStepsPerSecond.toFixed(0)}/s; group occupancy ${p.groupOccupancyPct.toFixed(1)} %, ${p.meanInferenceMs.toFixed(1)} ms per call; bare loop ${p.bare.efficiencyPct.median.toFixed(1)} %; one call alone, no engine or mock: ${floor.boundPct.toFixed(1)} %` }),
+      row({
+        target: `3 · ${p.concurrency} in flight, ${latency.latencyMs} ms`,
+        figure: 'steps/s ÷ (in flight ÷ latency)',
+        value: p.efficiencyPct.median,
+        limit: p.concurrency <= 64 ? 97 : 90,
+        kind: 'min',
+        unit: ' %',
+        digits: 1,
+        detail: `${p.stepsPerSecond.median.toFixed(0)} of ${p.boundStepsPerSecond.toFixed(0)}/s; group occupancy ${p.groupOccupancyPct.toFixed(1)} %, ${p.meanInferenceMs.toFixed(1)} ms per call; bare loop ${p.bare.efficiencyPct.median.toFixed(1)} %; one call alone, no engine or mock: ${floor.boundPct.toFixed(1)} %`,
+      }),
     ),
-    row({ target: `4 · ${pauseRollouts} in flight, abort`, figure: 'pause: every worker stopped issuing, p99', value: abort.workersStoppedMs.p99, limit: 2, kind: 'max', unit: ' ms',
-      detail: `p50 ${abort.workersStoppedMs.p50.toFixed(3)} ms over ${abort.pauses} pauses (last-send clock); every worker acked p99 ${abort.workersAckedMs.p99.toFixed(1)} ms` }),
-    row({ target: `4 · ${pauseRollouts} in flight, abort`, figure: 'pause: every partial rollout back, p99', value: abort.allBackMs.p99, limit: 10, kind: 'max', unit: ' ms',
-      detail: `p50 ${abort.allBackMs.p50.toFixed(1)} ms over ${abort.pauses} pauses, server-side abort; a bare client reading the same aborted replies: ${abortFloor.p50.toFixed(1)} / ${abortFloor.p99.toFixed(1)} ms` }),
-    row({ target: `4 · ${pauseRollouts} in flight, abort, streamed`, figure: 'pause: every partial rollout back, p99', value: held.allBackMs.p99, limit: 10, kind: 'max', unit: ' ms',
-      detail: `p50 ${held.allBackMs.p50.toFixed(1)} ms over ${held.pauses} pauses; llm.stream: calls held with their tokens, server-side abort too; stopped issuing p99 ${held.workersStoppedMs.p99.toFixed(3)} ms` }),
+    row({
+      target: `4 · ${pauseRollouts} in flight, abort`,
+      figure: 'pause: every worker stopped issuing, p99',
+      value: abort.workersStoppedMs.p99,
+      limit: 2,
+      kind: 'max',
+      unit: ' ms',
+      detail: `p50 ${abort.workersStoppedMs.p50.toFixed(3)} ms over ${abort.pauses} pauses (last-send clock); every worker acked p99 ${abort.workersAckedMs.p99.toFixed(1)} ms`,
+    }),
+    row({
+      target: `4 · ${pauseRollouts} in flight, abort`,
+      figure: 'pause: every partial rollout back, p99',
+      value: abort.allBackMs.p99,
+      limit: 10,
+      kind: 'max',
+      unit: ' ms',
+      detail: `p50 ${abort.allBackMs.p50.toFixed(1)} ms over ${abort.pauses} pauses, server-side abort; a bare client reading the same aborted replies: ${abortFloor.p50.toFixed(1)} / ${abortFloor.p99.toFixed(1)} ms`,
+    }),
+    row({
+      target: `4 · ${pauseRollouts} in flight, abort, streamed`,
+      figure: 'pause: every partial rollout back, p99',
+      value: held.allBackMs.p99,
+      limit: 10,
+      kind: 'max',
+      unit: ' ms',
+      detail: `p50 ${held.allBackMs.p50.toFixed(1)} ms over ${held.pauses} pauses; llm.stream: calls held with their tokens, server-side abort too; stopped issuing p99 ${held.workersStoppedMs.p99.toFixed(3)} ms`,
+    }),
     ...[t3, t1].map((m) =>
-      row({ target: `5 · ${m.rolloutsInFlight} in flight, turn ${m.holdAtTurn}`, figure: 'memory per rollout ÷ raw payload held', value: m.ratio.heapPlusArrayBuffers, limit: 1.2, kind: 'max', unit: '×',
-        detail: `${kb(m.perRollout.heapPlusArrayBuffersBytes)} vs ${kb(m.payloadHeld.totalBytes)}; V8 heap alone ${m.ratio.heap.toFixed(2)}×; without the pending HTTP call's own ${kb(ref.heapBytes + ref.arrayBufferBytes)} ${((m.perRollout.heapPlusArrayBuffersBytes - ref.heapBytes - ref.arrayBufferBytes) / m.payloadHeld.totalBytes).toFixed(2)}×${memory.rollouts < 10_000 ? ' (issue 7: 10k)' : ''}` }),
+      row({
+        target: `5 · ${m.rolloutsInFlight} in flight, turn ${m.holdAtTurn}`,
+        figure: 'memory per rollout ÷ raw payload held',
+        value: m.ratio.heapPlusArrayBuffers,
+        limit: 1.2,
+        kind: 'max',
+        unit: '×',
+        detail: `${kb(m.perRollout.heapPlusArrayBuffersBytes)} vs ${kb(m.payloadHeld.totalBytes)}; V8 heap alone ${m.ratio.heap.toFixed(2)}×; without the pending HTTP call's own ${kb(ref.heapBytes + ref.arrayBufferBytes)} ${((m.perRollout.heapPlusArrayBuffersBytes - ref.heapBytes - ref.arrayBufferBytes) / m.payloadHeld.totalBytes).toFixed(2)}×${memory.rollouts < 10_000 ? ' (issue 7: 10k)' : ''}`,
+      }),
     ),
-    row({ target: `6 · ${scaling.cpuCostUs} µs/step, ${scaling.concurrency} in flight`, figure: '2 workers ÷ 1 worker steps/s', value: scaling.ratio, limit: 1.7, kind: 'min', unit: '×',
-      detail: `${scaling.two.stepsPerSecond.median.toFixed(0)} vs ${scaling.one.stepsPerSecond.median.toFixed(0)}/s; 2 workers: engine ${scaling.two.engineCores.toFixed(2)} + mock ${scaling.two.mockCores?.toFixed(2) ?? 'n/a'} cores of ${cpus().length}${scaling.ceiling === null ? '' : `; at most ${scaling.ceiling.toFixed(2)}× on ${scaling.cores} cores at the 1-worker cost per step`}` }),
+    row({
+      target: `6 · ${scaling.cpuCostUs} µs/step, ${scaling.concurrency} in flight`,
+      figure: '2 workers ÷ 1 worker steps/s',
+      value: scaling.ratio,
+      limit: 1.7,
+      kind: 'min',
+      unit: '×',
+      detail: `${scaling.two.stepsPerSecond.median.toFixed(0)} vs ${scaling.one.stepsPerSecond.median.toFixed(0)}/s; 2 workers: engine ${scaling.two.engineCores.toFixed(2)} + mock ${scaling.two.mockCores?.toFixed(2) ?? 'n/a'} cores of ${cpus().length}${scaling.ceiling === null ? '' : `; at most ${scaling.ceiling.toFixed(2)}× on ${scaling.cores} cores at the 1-worker cost per step`}`,
+    }),
   ];
   printTrainingBench(training);
   console.log(describeShare(cpuShare.trainingLoop, cpus().length));
   result.targets.push(...trainingTargets(training));
   printTargets(result.targets);
   // Memory is not a matter of CPU time; every other part is.
-  const shared = Object.entries(cpuShare).filter(([part, c]) => part !== 'memory' && c !== null && c.othersCores > 0.15 * cpus().length);
+  const shared = Object.entries(cpuShare).filter(
+    ([part, c]) => part !== 'memory' && c !== null && c.othersCores > 0.15 * cpus().length,
+  );
   if (shared.length > 0) {
     console.log(
       `other processes shared the CPUs during: ${shared.map(([part, c]) => `${part} (${c!.othersCores.toFixed(2)} cores)`).join(', ')} — rates there are low and ratios skewed either way; rerun on a quiet machine`,

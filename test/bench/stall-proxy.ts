@@ -47,9 +47,13 @@ const SELF = fileURLToPath(import.meta.url);
 export async function startStallProxy(upstream: string, holdFromAssistant: number): Promise<StallProxy> {
   const execArgv = process.execArgv.filter((a) => !/^--(test|inspect|watch)/.test(a));
   if (!execArgv.some((a) => a.includes('tsx'))) execArgv.push('--import', 'tsx');
-  const child = spawn(process.execPath, [...execArgv, SELF, '--upstream', upstream, '--hold-from-assistant', String(holdFromAssistant)], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
+  const child = spawn(
+    process.execPath,
+    [...execArgv, SELF, '--upstream', upstream, '--hold-from-assistant', String(holdFromAssistant)],
+    {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    },
+  );
   const killOnExit = () => child.kill('SIGKILL');
   process.once('exit', killOnExit);
   let stderr = '';
@@ -116,7 +120,12 @@ function assistantMessages(body: Buffer): number {
 }
 
 async function serve(upstream: string, holdFromAssistant: number): Promise<void> {
-  const pool = new Pool(new URL(upstream).origin, { connections: 512, headersTimeout: 0, bodyTimeout: 0, keepAliveTimeout: 60_000 });
+  const pool = new Pool(new URL(upstream).origin, {
+    connections: 512,
+    headersTimeout: 0,
+    bodyTimeout: 0,
+    keepAliveTimeout: 60_000,
+  });
   const state = { holding: true, forwarding: 0, forwarded: 0 };
   const held = new Set<{ req: IncomingMessage; res: ServerResponse; body: Buffer }>();
 
@@ -125,10 +134,21 @@ async function serve(upstream: string, holdFromAssistant: number): Promise<void>
     try {
       const headers: Record<string, string> = {};
       if (req.headers['content-type']) headers['content-type'] = String(req.headers['content-type']);
-      const reply = await pool.request({ method: req.method as 'POST', path: req.url ?? '/', headers, body: body.length > 0 ? body : undefined });
+      const reply = await pool.request({
+        method: req.method as 'POST',
+        path: req.url ?? '/',
+        headers,
+        body: body.length > 0 ? body : undefined,
+      });
       const bytes = Buffer.from(await reply.body.arrayBuffer());
       const type = reply.headers['content-type'];
-      if (!res.destroyed) res.writeHead(reply.statusCode, { 'content-type': typeof type === 'string' ? type : 'application/json', 'content-length': bytes.length }).end(bytes);
+      if (!res.destroyed)
+        res
+          .writeHead(reply.statusCode, {
+            'content-type': typeof type === 'string' ? type : 'application/json',
+            'content-length': bytes.length,
+          })
+          .end(bytes);
     } catch (err) {
       if (!res.destroyed) res.writeHead(502, { 'content-type': 'text/plain' }).end(`stall proxy: ${String(err)}`);
     } finally {
@@ -152,7 +172,12 @@ async function serve(upstream: string, holdFromAssistant: number): Promise<void>
         res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ released: all.length }));
         return;
       }
-      if (state.holding && req.method === 'POST' && req.url?.includes('/chat/completions') && assistantMessages(body) >= holdFromAssistant) {
+      if (
+        state.holding &&
+        req.method === 'POST' &&
+        req.url?.includes('/chat/completions') &&
+        assistantMessages(body) >= holdFromAssistant
+      ) {
         const entry = { req, res, body };
         held.add(entry);
         res.once('close', () => held.delete(entry)); // the client gave up: nothing to forward
@@ -177,7 +202,9 @@ async function serve(upstream: string, holdFromAssistant: number): Promise<void>
 }
 
 if (process.argv[1] && pathToFileURL(process.argv[1]).href === import.meta.url) {
-  const { values } = parseArgs({ options: { upstream: { type: 'string' }, 'hold-from-assistant': { type: 'string' } } });
+  const { values } = parseArgs({
+    options: { upstream: { type: 'string' }, 'hold-from-assistant': { type: 'string' } },
+  });
   if (!values.upstream) throw new Error('stall-proxy: --upstream is required');
   await serve(values.upstream, Number(values['hold-from-assistant'] ?? 0));
 }

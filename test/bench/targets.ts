@@ -101,14 +101,37 @@ export async function latencyBound(o: LatencyOptions): Promise<LatencyBound> {
   try {
     for (let i = 0; i < o.repeats; i++) {
       for (const c of o.concurrencies) {
-        engine.get(c)!.push(await engineThroughput({ url: mock.url, concurrency: c, threads: o.threads, seconds: o.seconds, groupSize: o.groupSize, maxTokens: o.maxTokens, detail: true, mock, groupSlack: LATENCY_GROUP_SLACK }));
+        engine.get(c)!.push(
+          await engineThroughput({
+            url: mock.url,
+            concurrency: c,
+            threads: o.threads,
+            seconds: o.seconds,
+            groupSize: o.groupSize,
+            maxTokens: o.maxTokens,
+            detail: true,
+            mock,
+            groupSlack: LATENCY_GROUP_SLACK,
+          }),
+        );
         bare.get(c)!.push(await bareLoop({ url: mock.url, concurrency: c, seconds: o.seconds, bodies: o.bodies }));
       }
       for (const mode of o.pythonModes) {
         if (skipped !== null) break;
-        const outcome = await runPythonBaseline({ url: mock.url, concurrency: o.pythonConcurrency, seconds: o.seconds, mode, maxTokens: o.maxTokens });
+        const outcome = await runPythonBaseline({
+          url: mock.url,
+          concurrency: o.pythonConcurrency,
+          seconds: o.seconds,
+          mode,
+          maxTokens: o.maxTokens,
+        });
         if (!outcome.ok) skipped = outcome.reason;
-        else python.get(mode)!.push({ steps: outcome.result.steps, seconds: outcome.result.seconds, cpuSeconds: outcome.result.cpuSeconds });
+        else
+          python.get(mode)!.push({
+            steps: outcome.result.steps,
+            seconds: outcome.result.seconds,
+            cpuSeconds: outcome.result.cpuSeconds,
+          });
       }
     }
   } finally {
@@ -129,12 +152,21 @@ export async function latencyBound(o: LatencyOptions): Promise<LatencyBound> {
       engineCores: med((s) => s.cpuMs / 1000 / s.seconds),
       mockCores: samples.every((s) => s.mockCpuMs !== null) ? med((s) => s.mockCpuMs! / 1000 / s.seconds) : null,
       samples,
-      bare: { efficiencyPct: spreadOf(bare.get(concurrency)!.map((s) => (100 * rate(s)) / bound)), samples: bare.get(concurrency)! },
+      bare: {
+        efficiencyPct: spreadOf(bare.get(concurrency)!.map((s) => (100 * rate(s)) / bound)),
+        samples: bare.get(concurrency)!,
+      },
     };
   });
   const runs = o.pythonModes
     .filter((m) => python.get(m)!.length > 0)
-    .map((mode): PythonAtLatency => ({ mode, samples: python.get(mode)!, stepsPerSecond: spreadOf(python.get(mode)!.map((s) => s.steps / s.seconds)) }));
+    .map(
+      (mode): PythonAtLatency => ({
+        mode,
+        samples: python.get(mode)!,
+        stepsPerSecond: spreadOf(python.get(mode)!.map((s) => s.steps / s.seconds)),
+      }),
+    );
   const enginePoint = points.find((p) => p.concurrency === o.pythonConcurrency);
   const over = (mode: PythonBaselineMode) => {
     const run = runs.find((r) => r.mode === mode);
@@ -180,14 +212,33 @@ export interface WorkerScaling {
   cores: number;
 }
 
-export async function workerScaling(o: { cpuCostUs: number; concurrency: number; seconds: number; repeats: number; groupSize: number; maxTokens: number }): Promise<WorkerScaling> {
+export async function workerScaling(o: {
+  cpuCostUs: number;
+  concurrency: number;
+  seconds: number;
+  repeats: number;
+  groupSize: number;
+  maxTokens: number;
+}): Promise<WorkerScaling> {
   const mock: MockProcess = await startMockProcess(['--latency-ms', '0']);
-  const by = new Map<number, ThroughputSample[]>([[1, []], [2, []]]);
+  const by = new Map<number, ThroughputSample[]>([
+    [1, []],
+    [2, []],
+  ]);
   try {
     for (let i = 0; i < o.repeats; i++) {
       for (const threads of [1, 2]) {
         by.get(threads)!.push(
-          await engineThroughput({ url: mock.url, concurrency: o.concurrency, threads, seconds: o.seconds, groupSize: o.groupSize, maxTokens: o.maxTokens, envParams: { cpuCostUs: o.cpuCostUs }, mock }),
+          await engineThroughput({
+            url: mock.url,
+            concurrency: o.concurrency,
+            threads,
+            seconds: o.seconds,
+            groupSize: o.groupSize,
+            maxTokens: o.maxTokens,
+            envParams: { cpuCostUs: o.cpuCostUs },
+            mock,
+          }),
         );
       }
     }
@@ -200,17 +251,34 @@ export async function workerScaling(o: { cpuCostUs: number; concurrency: number;
       threads,
       stepsPerSecond: spreadOf(samples.map(rate)),
       engineCores: spreadOf(samples.map((s) => s.cpuMs / 1000 / s.seconds)).median,
-      mockCores: samples.every((s) => s.mockCpuMs !== null) ? spreadOf(samples.map((s) => s.mockCpuMs! / 1000 / s.seconds)).median : null,
-      workerCpuUsPerStep: samples.every((s) => s.cpuSplit !== null) ? spreadOf(samples.map((s) => (s.cpuSplit!.workersMs * 1000) / s.operations)).median : null,
-      machineCpuUsPerStep: samples.every((s) => s.mockCpuMs !== null) ? spreadOf(samples.map((s) => ((s.cpuMs + s.mockCpuMs!) * 1000) / s.operations)).median : null,
+      mockCores: samples.every((s) => s.mockCpuMs !== null)
+        ? spreadOf(samples.map((s) => s.mockCpuMs! / 1000 / s.seconds)).median
+        : null,
+      workerCpuUsPerStep: samples.every((s) => s.cpuSplit !== null)
+        ? spreadOf(samples.map((s) => (s.cpuSplit!.workersMs * 1000) / s.operations)).median
+        : null,
+      machineCpuUsPerStep: samples.every((s) => s.mockCpuMs !== null)
+        ? spreadOf(samples.map((s) => ((s.cpuMs + s.mockCpuMs!) * 1000) / s.operations)).median
+        : null,
       samples,
     };
   };
   const one = side(1);
   const two = side(2);
   const cores = availableParallelism();
-  const ceiling = one.machineCpuUsPerStep === null ? null : Math.min(2, (cores * 1e6) / one.machineCpuUsPerStep / one.stepsPerSecond.median);
-  return { cpuCostUs: o.cpuCostUs, concurrency: o.concurrency, one, two, ratio: two.stepsPerSecond.median / one.stepsPerSecond.median, ceiling, cores };
+  const ceiling =
+    one.machineCpuUsPerStep === null
+      ? null
+      : Math.min(2, (cores * 1e6) / one.machineCpuUsPerStep / one.stepsPerSecond.median);
+  return {
+    cpuCostUs: o.cpuCostUs,
+    concurrency: o.concurrency,
+    one,
+    two,
+    ratio: two.stepsPerSecond.median / one.stepsPerSecond.median,
+    ceiling,
+    cores,
+  };
 }
 
 // --- target 5 ----------------------------------------------------------------------------------
@@ -230,9 +298,23 @@ export interface MemoryResult {
   bareRequest: BareRequestMemory;
 }
 
-export async function memoryRuns(o: { rollouts: number; thinkTokens: number; threads: number; groupSize: number }): Promise<MemoryResult> {
+export async function memoryRuns(o: {
+  rollouts: number;
+  thinkTokens: number;
+  threads: number;
+  groupSize: number;
+}): Promise<MemoryResult> {
   const phases: MemoryFigures[] = [];
-  for (const holdAtTurn of [1, 3] as const) phases.push(await memoryBench({ rollouts: o.rollouts, holdAtTurn, threads: o.threads, groupSize: o.groupSize, thinkTokens: o.thinkTokens }));
+  for (const holdAtTurn of [1, 3] as const)
+    phases.push(
+      await memoryBench({
+        rollouts: o.rollouts,
+        holdAtTurn,
+        threads: o.threads,
+        groupSize: o.groupSize,
+        thinkTokens: o.thinkTokens,
+      }),
+    );
   const [a, b] = phases;
   const dx = b.payloadHeld.totalBytes - a.payloadHeld.totalBytes;
   const slope = dx > 0 ? (b.perRollout.heapPlusArrayBuffersBytes - a.perRollout.heapPlusArrayBuffersBytes) / dx : null;
@@ -243,7 +325,8 @@ export async function memoryRuns(o: { rollouts: number; thinkTokens: number; thr
     bareRequest,
     phases,
     bytesPerPayloadByte: slope,
-    fixedBytesPerRollout: slope === null ? null : a.perRollout.heapPlusArrayBuffersBytes - slope * a.payloadHeld.totalBytes,
+    fixedBytesPerRollout:
+      slope === null ? null : a.perRollout.heapPlusArrayBuffersBytes - slope * a.payloadHeld.totalBytes,
   };
 }
 
@@ -262,7 +345,16 @@ export interface TargetRow {
   detail: string;
 }
 
-export function row(o: { target: string; figure: string; value: number | null; limit: number; kind: 'max' | 'min'; unit: string; digits?: number; detail: string }): TargetRow {
+export function row(o: {
+  target: string;
+  figure: string;
+  value: number | null;
+  limit: number;
+  kind: 'max' | 'min';
+  unit: string;
+  digits?: number;
+  detail: string;
+}): TargetRow {
   const ok = o.value !== null && Number.isFinite(o.value);
   return {
     target: o.target,
@@ -277,11 +369,20 @@ export function row(o: { target: string; figure: string; value: number | null; l
 
 export function printTargets(rows: TargetRow[]): void {
   const width = (f: (r: TargetRow) => string, title: string) => Math.max(title.length, ...rows.map((r) => f(r).length));
-  const w = [width((r) => r.target, 'target'), width((r) => r.figure, 'figure'), width((r) => r.limit, 'target'), width((r) => r.measured, 'measured')];
+  const w = [
+    width((r) => r.target, 'target'),
+    width((r) => r.figure, 'figure'),
+    width((r) => r.limit, 'target'),
+    width((r) => r.measured, 'measured'),
+  ];
   console.log('\ntargets of issues 7 and 21 (this run)');
-  console.log(`${'#'.padEnd(w[0])}  ${'figure'.padEnd(w[1])}  ${'target'.padEnd(w[2])}  ${'measured'.padStart(w[3])}  ok    detail`);
+  console.log(
+    `${'#'.padEnd(w[0])}  ${'figure'.padEnd(w[1])}  ${'target'.padEnd(w[2])}  ${'measured'.padStart(w[3])}  ok    detail`,
+  );
   for (const r of rows) {
     const mark = r.pass === null ? 'n/a ' : r.pass ? 'PASS' : 'FAIL';
-    console.log(`${r.target.padEnd(w[0])}  ${r.figure.padEnd(w[1])}  ${r.limit.padEnd(w[2])}  ${r.measured.padStart(w[3])}  ${mark}  ${r.detail}`);
+    console.log(
+      `${r.target.padEnd(w[0])}  ${r.figure.padEnd(w[1])}  ${r.limit.padEnd(w[2])}  ${r.measured.padStart(w[3])}  ${mark}  ${r.detail}`,
+    );
   }
 }

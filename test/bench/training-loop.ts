@@ -102,12 +102,24 @@ export const promptRange = (i: number): number => 20 + ((i * 7919) % 981);
 
 function writeDataset(dir: string, lines: number): string {
   const file = join(dir, 'guess.jsonl');
-  writeFileSync(file, Array.from({ length: lines }, (_, i) => JSON.stringify({ min: 1, max: promptRange(i) })).join('\n') + '\n');
+  writeFileSync(
+    file,
+    `${Array.from({ length: lines }, (_, i) => JSON.stringify({ min: 1, max: promptRange(i) })).join('\n')}\n`,
+  );
   return file;
 }
 
 export function capacityArgs(o: TrainingBenchOptions): string[] {
-  return ['--capacity', String(o.slots), '--capacity-response-tokens', String(o.responseTokens), '--capacity-length-sigma', String(o.lengthSigma), '--capacity-speedup', String(o.speedup)];
+  return [
+    '--capacity',
+    String(o.slots),
+    '--capacity-response-tokens',
+    String(o.responseTokens),
+    '--capacity-length-sigma',
+    String(o.lengthSigma),
+    '--capacity-speedup',
+    String(o.speedup),
+  ];
 }
 
 async function startServers(o: TrainingBenchOptions): Promise<MockProcess[]> {
@@ -126,24 +138,50 @@ const mockCpuMs = (mocks: MockProcess[]): number | null => {
   return xs.every((x) => x !== null) ? xs.reduce((a, b) => a! + b!, 0)! : null;
 };
 
-async function engineSide(o: TrainingBenchOptions, dataset: string, side: 'sync' | 'async' | 'async+partial'): Promise<SideResult> {
+async function engineSide(
+  o: TrainingBenchOptions,
+  dataset: string,
+  side: 'sync' | 'async' | 'async+partial',
+): Promise<SideResult> {
   const mocks = await startServers(o);
   const cpu0 = mockCpuMs(mocks);
   const t0 = performance.now();
   const rollouts = o.groups * o.groupSize;
   const async = side !== 'sync';
   let discarded = 0;
-  const engine = createEngine({
-    logLevel: 'warn',
-    llm: { url: mocks.map((m) => m.url), abortPath: '/admin/abort', connections: 2 * rollouts * (1 + o.overSample) + 16 },
-    batchSize: o.groups,
-    workers: { threads: 1, groupsPerWorker: Math.ceil(o.groups * (2 + o.overSample)) },
-    tasks: [{ name: 'guess', env: { module: 'builtin:guess-number', params: { maxTurns: o.turns } }, dataset, groupSize: o.groupSize, maxSteps: o.turns, maxTokens: o.maxTokens }],
-    producer: async
-      ? { strategy: 'async', maxStaleness: 1, syncWeightsInterval: o.asyncSyncEvery, partialRollout: side === 'async+partial', overSampleThreshold: o.overSample }
-      : { strategy: 'sync' },
-    pause: { mode: 'abort' },
-  }, { observer: { discarded: (tokens) => (discarded += tokens) } });
+  const engine = createEngine(
+    {
+      logLevel: 'warn',
+      llm: {
+        url: mocks.map((m) => m.url),
+        abortPath: '/admin/abort',
+        connections: 2 * rollouts * (1 + o.overSample) + 16,
+      },
+      batchSize: o.groups,
+      workers: { threads: 1, groupsPerWorker: Math.ceil(o.groups * (2 + o.overSample)) },
+      tasks: [
+        {
+          name: 'guess',
+          env: { module: 'builtin:guess-number', params: { maxTurns: o.turns } },
+          dataset,
+          groupSize: o.groupSize,
+          maxSteps: o.turns,
+          maxTokens: o.maxTokens,
+        },
+      ],
+      producer: async
+        ? {
+            strategy: 'async',
+            maxStaleness: 1,
+            syncWeightsInterval: o.asyncSyncEvery,
+            partialRollout: side === 'async+partial',
+            overSampleThreshold: o.overSample,
+          }
+        : { strategy: 'sync' },
+      pause: { mode: 'abort' },
+    },
+    { observer: { discarded: (tokens) => (discarded += tokens) } },
+  );
   try {
     await engine.start();
     const figures = await runTrainingLoop({
@@ -152,12 +190,23 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: 'sync'
       strategy: async ? 'async' : 'sync',
       steps: o.steps,
       discardedTokens: () => discarded,
-      trainer: { trainMsPerToken: o.trainMsPerToken, loadMs: o.loadMs, speedup: o.speedup, syncEvery: async ? o.asyncSyncEvery : 1 },
+      trainer: {
+        trainMsPerToken: o.trainMsPerToken,
+        loadMs: o.loadMs,
+        speedup: o.speedup,
+        syncEvery: async ? o.asyncSyncEvery : 1,
+      },
     });
     const cpu1 = mockCpuMs(mocks);
     const groups = (await engine.stats()).groups;
     const gpuSeconds = ((performance.now() - t0) * o.speedup) / 1000;
-    return { side, figures: { ...figures, strategy: side }, skipped: null, mockCores: cpu0 === null || cpu1 === null ? null : (cpu1 - cpu0) / 1000 / (gpuSeconds / o.speedup), groups };
+    return {
+      side,
+      figures: { ...figures, strategy: side },
+      skipped: null,
+      mockCores: cpu0 === null || cpu1 === null ? null : (cpu1 - cpu0) / 1000 / (gpuSeconds / o.speedup),
+      groups,
+    };
   } finally {
     await engine.close();
     await Promise.all(mocks.map((m) => m.close()));
@@ -178,7 +227,8 @@ async function pythonSide(o: TrainingBenchOptions): Promise<SideResult> {
       loadMs: o.loadMs,
       speedup: o.speedup,
     });
-    if (!outcome.ok) return { side: 'python sync', figures: null, skipped: outcome.reason, mockCores: null, groups: null };
+    if (!outcome.ok)
+      return { side: 'python sync', figures: null, skipped: outcome.reason, mockCores: null, groups: null };
     return { side: 'python sync', figures: outcome.result, skipped: null, mockCores: null, groups: null };
   } finally {
     await Promise.all(mocks.map((m) => m.close()));
@@ -187,23 +237,32 @@ async function pythonSide(o: TrainingBenchOptions): Promise<SideResult> {
 
 export const TRAINING_SIDES = ['sync', 'async', 'async+partial', 'python sync'] as const;
 
-export async function trainingBench(o: TrainingBenchOptions, only: readonly string[] = TRAINING_SIDES): Promise<TrainingBenchResult> {
+export async function trainingBench(
+  o: TrainingBenchOptions,
+  only: readonly string[] = TRAINING_SIDES,
+): Promise<TrainingBenchResult> {
   const dir = mkdtempSync(join(tmpdir(), 'rollout-training-bench-'));
   const sides: SideResult[] = [];
   try {
     const dataset = writeDataset(dir, 4096);
-    for (const side of ['sync', 'async', 'async+partial'] as const) if (only.includes(side)) sides.push(await engineSide(o, dataset, side));
+    for (const side of ['sync', 'async', 'async+partial'] as const)
+      if (only.includes(side)) sides.push(await engineSide(o, dataset, side));
     if (only.includes('python sync')) sides.push(await pythonSide(o));
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
   const sync = sides.find((s) => s.side === 'sync')?.figures;
   const partial = sides.find((s) => s.side === 'async+partial')?.figures;
-  return { options: o, sides, speedUp: sync && partial && sync.stepsPerHour > 0 ? partial.stepsPerHour / sync.stepsPerHour : null };
+  return {
+    options: o,
+    sides,
+    speedUp: sync && partial && sync.stepsPerHour > 0 ? partial.stepsPerHour / sync.stepsPerHour : null,
+  };
 }
 
 /** The anchors' published end-to-end speed-ups of asynchronous over synchronous RL (issue 21). */
-export const ANCHORS = 'AReaL 2.77×; verl fully async 2.35–2.67× (one-step-off +23–40 %); ROLL Flash 2.24× RLVR, 2.72× agentic; NeMo-RL in-flight updates 187 → 478 tokens/s/GPU (2.56×)';
+export const ANCHORS =
+  'AReaL 2.77×; verl fully async 2.35–2.67× (one-step-off +23–40 %); ROLL Flash 2.24× RLVR, 2.72× agentic; NeMo-RL in-flight updates 187 → 478 tokens/s/GPU (2.56×)';
 
 export function printTrainingBench(r: TrainingBenchResult): void {
   const o = r.options;
@@ -211,7 +270,21 @@ export function printTrainingBench(r: TrainingBenchResult): void {
     `\nsimulated training loop on GPU-like mocks: ${o.servers} × ${o.slots}-slot replica (Llama-3-8B on an H100 by default), ${o.groups} groups × ${o.groupSize} per batch, guess-number ≤ ${o.turns} turns,` +
       ` response length log-normal (median ${o.responseTokens}, σ ${o.lengthSigma}, max ${o.maxTokens}); trainer ${o.trainMsPerToken.toFixed(3)} ms/token, weight load ${o.loadMs} ms, sync every step (async: every ${o.asyncSyncEvery}, syncWeightsInterval ${o.asyncSyncEvery}); GPU time at ${o.speedup}× speed`,
   );
-  const h = ['side', 'steps/h', '× sync', 'step s', 'wait s', 'busy %', 'slots %', 'running', 'tok/s', 'sync idle ms', 'beyond load', 'wasted tok/step', 'cache hit %'];
+  const h = [
+    'side',
+    'steps/h',
+    '× sync',
+    'step s',
+    'wait s',
+    'busy %',
+    'slots %',
+    'running',
+    'tok/s',
+    'sync idle ms',
+    'beyond load',
+    'wasted tok/step',
+    'cache hit %',
+  ];
   const w = [15, 9, 8, 8, 8, 8, 9, 9, 8, 14, 13, 17, 13];
   console.log(h.map((x, i) => (i === 0 ? x.padEnd(w[i]) : x.padStart(w[i]))).join(''));
   const sync = r.sides.find((s) => s.side === 'sync')?.figures;
@@ -241,12 +314,25 @@ export function printTrainingBench(r: TrainingBenchResult): void {
   for (const s of r.sides) {
     if (s.groups === null) continue;
     const g = s.groups;
-    const dropped = Object.entries(g.dropped).filter(([, n]) => n > 0).map(([k, n]) => `${k} ${n}`).join(', ') || 'none';
-    const landed = Object.entries(g.landed).filter(([, n]) => n > 0).map(([k, n]) => `${k} ${n}`).join(", ");
-    console.log(`  ${s.side}: groups scheduled ${g.scheduled}, retried ${g.retried}, landed ${landed}, taken ${g.taken}, in flight at the end ${g.inFlight}, dropped ${dropped}`);
+    const dropped =
+      Object.entries(g.dropped)
+        .filter(([, n]) => n > 0)
+        .map(([k, n]) => `${k} ${n}`)
+        .join(', ') || 'none';
+    const landed = Object.entries(g.landed)
+      .filter(([, n]) => n > 0)
+      .map(([k, n]) => `${k} ${n}`)
+      .join(', ');
+    console.log(
+      `  ${s.side}: groups scheduled ${g.scheduled}, retried ${g.retried}, landed ${landed}, taken ${g.taken}, in flight at the end ${g.inFlight}, dropped ${dropped}`,
+    );
   }
-  console.log('  wait: the trainer inside getBatch per step; busy / slots / running / tok/s: the servers while production runs (sync: inside getBatch; async: between syncs);');
-  console.log('  sync idle: pause request → servers running again, GPU ms; wasted: tokens the engine threw away (members restarted, groups dropped; Python: generated but not taken)');
+  console.log(
+    '  wait: the trainer inside getBatch per step; busy / slots / running / tok/s: the servers while production runs (sync: inside getBatch; async: between syncs);',
+  );
+  console.log(
+    '  sync idle: pause request → servers running again, GPU ms; wasted: tokens the engine threw away (members restarted, groups dropped; Python: generated but not taken)',
+  );
   console.log(`  anchors (published, real GPUs): ${ANCHORS}`);
 }
 
@@ -254,21 +340,79 @@ export function trainingTargets(r: TrainingBenchResult): TargetRow[] {
   const partial = r.sides.find((s) => s.side === 'async+partial')?.figures ?? null;
   const sync = r.sides.find((s) => s.side === 'sync')?.figures ?? null;
   return [
-    row({ target: `21 · async+partial vs sync, staleness 1, sync every ${r.options.asyncSyncEvery}`, figure: 'training steps/hour ÷ sync', value: r.speedUp, limit: 2.5, kind: 'min', unit: '×',
-      detail: partial && sync ? `${partial.stepsPerHour.toFixed(0)} vs ${sync.stepsPerHour.toFixed(0)} steps/h (GPU time); anchors 2.24–2.77×` : 'not measured' }),
-    row({ target: '21 · async+partial, production', figure: 'servers busy', value: partial ? 100 * partial.production.busyFraction : null, limit: 95, kind: 'min', unit: ' %', digits: 1,
-      detail: partial ? `over ${partial.production.seconds.toFixed(0)} GPU s of production` : 'not measured' }),
-    row({ target: '21 · async+partial, production', figure: 'slots filled', value: partial ? 100 * partial.production.slotFill : null, limit: 90, kind: 'min', unit: ' %', digits: 1,
-      detail: partial ? `${partial.production.meanRunning.toFixed(0)} of ${r.options.slots} running on average; sync: ${sync ? (100 * sync.production.slotFill).toFixed(1) : 'n/a'} %` : 'not measured' }),
-    row({ target: '21 · async+partial, each weight sync', figure: 'server idle beyond the load ÷ step time', value: partial && partial.stepSeconds > 0 ? (100 * partial.syncs.idleBeyondLoadMs) / (partial.stepSeconds * 1000 * r.options.asyncSyncEvery) : null, limit: 1, kind: 'max', unit: ' %', digits: 2,
-      detail: partial ? `${partial.syncs.idleBeyondLoadMs.toFixed(0)} GPU ms beyond a ${r.options.loadMs} ms load (worst ${partial.syncs.maxIdleBeyondLoadMs.toFixed(0)}) per ${r.options.asyncSyncEvery} steps of ${partial.stepSeconds.toFixed(1)} s; pause p50 ${partial.syncs.pauseMsP50.toFixed(1)} real ms = ${(partial.syncs.pauseMsP50 * r.options.speedup).toFixed(0)} GPU ms at ${r.options.speedup}× speed` : 'not measured' }),
+    row({
+      target: `21 · async+partial vs sync, staleness 1, sync every ${r.options.asyncSyncEvery}`,
+      figure: 'training steps/hour ÷ sync',
+      value: r.speedUp,
+      limit: 2.5,
+      kind: 'min',
+      unit: '×',
+      detail:
+        partial && sync
+          ? `${partial.stepsPerHour.toFixed(0)} vs ${sync.stepsPerHour.toFixed(0)} steps/h (GPU time); anchors 2.24–2.77×`
+          : 'not measured',
+    }),
+    row({
+      target: '21 · async+partial, production',
+      figure: 'servers busy',
+      value: partial ? 100 * partial.production.busyFraction : null,
+      limit: 95,
+      kind: 'min',
+      unit: ' %',
+      digits: 1,
+      detail: partial ? `over ${partial.production.seconds.toFixed(0)} GPU s of production` : 'not measured',
+    }),
+    row({
+      target: '21 · async+partial, production',
+      figure: 'slots filled',
+      value: partial ? 100 * partial.production.slotFill : null,
+      limit: 90,
+      kind: 'min',
+      unit: ' %',
+      digits: 1,
+      detail: partial
+        ? `${partial.production.meanRunning.toFixed(0)} of ${r.options.slots} running on average; sync: ${sync ? (100 * sync.production.slotFill).toFixed(1) : 'n/a'} %`
+        : 'not measured',
+    }),
+    row({
+      target: '21 · async+partial, each weight sync',
+      figure: 'server idle beyond the load ÷ step time',
+      value:
+        partial && partial.stepSeconds > 0
+          ? (100 * partial.syncs.idleBeyondLoadMs) / (partial.stepSeconds * 1000 * r.options.asyncSyncEvery)
+          : null,
+      limit: 1,
+      kind: 'max',
+      unit: ' %',
+      digits: 2,
+      detail: partial
+        ? `${partial.syncs.idleBeyondLoadMs.toFixed(0)} GPU ms beyond a ${r.options.loadMs} ms load (worst ${partial.syncs.maxIdleBeyondLoadMs.toFixed(0)}) per ${r.options.asyncSyncEvery} steps of ${partial.stepSeconds.toFixed(1)} s; pause p50 ${partial.syncs.pauseMsP50.toFixed(1)} real ms = ${(partial.syncs.pauseMsP50 * r.options.speedup).toFixed(0)} GPU ms at ${r.options.speedup}× speed`
+        : 'not measured',
+    }),
   ];
 }
 
 const isMain = process.argv[1] !== undefined && fileURLToPath(import.meta.url) === process.argv[1];
 if (isMain) {
-  const numeric = ['steps', 'speedup', 'servers', 'groups', 'max-tokens', 'over-sample', 'response-tokens', 'length-sigma', 'load-ms', 'async-sync-every'] as const;
-  const { values } = parseArgs({ options: { quick: { type: 'boolean' }, sides: { type: 'string' }, ...Object.fromEntries(numeric.map((k) => [k, { type: 'string' as const }])) } });
+  const numeric = [
+    'steps',
+    'speedup',
+    'servers',
+    'groups',
+    'max-tokens',
+    'over-sample',
+    'response-tokens',
+    'length-sigma',
+    'load-ms',
+    'async-sync-every',
+  ] as const;
+  const { values } = parseArgs({
+    options: {
+      quick: { type: 'boolean' },
+      sides: { type: 'string' },
+      ...Object.fromEntries(numeric.map((k) => [k, { type: 'string' as const }])),
+    },
+  });
   const o = trainingBenchDefaults(values.quick ?? false);
   const key = (flag: string) => flag.replace(/-(.)/g, (_, c: string) => c.toUpperCase()) as keyof TrainingBenchOptions;
   for (const flag of numeric) {

@@ -28,7 +28,16 @@ function engine(server: LlamaServer, config: EngineConfigInput): Engine {
     workers: { threads: 1 },
     ...config,
     llm: { url: server.url, model: MODEL_NAME, timeoutMs: 60_000, ...config.llm },
-    tasks: config.tasks ?? [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 4, messageCut: 0, maxTokens: 48 }],
+    tasks: config.tasks ?? [
+      {
+        name: 'guess',
+        env: { module: 'builtin:guess-number' },
+        groupSize: 2,
+        maxSteps: 4,
+        messageCut: 0,
+        maxTokens: 48,
+      },
+    ],
   });
   engines.push(e);
   return e;
@@ -43,7 +52,9 @@ function rolloutsOf(batch: Awaited<ReturnType<Engine['getBatch']>>): RolloutStat
 async function slotsIdleWithin(server: LlamaServer, ms: number): Promise<boolean> {
   const deadline = performance.now() + ms;
   while (performance.now() < deadline) {
-    const slots = (await (await fetch(`${server.url}/slots`, { signal: AbortSignal.timeout(5_000) })).json()) as { is_processing: boolean }[];
+    const slots = (await (await fetch(`${server.url}/slots`, { signal: AbortSignal.timeout(5_000) })).json()) as {
+      is_processing: boolean;
+    }[];
     if (slots.every((s) => !s.is_processing)) return true;
     await new Promise((r) => setTimeout(r, 20));
   }
@@ -71,7 +82,10 @@ describe('the engine against a real llama.cpp server', { skip, timeout: 600_000 
         assert.ok(turn.responseIds !== null && turn.logprobs !== null, 'ids and logprobs on every turn');
         assert.equal(turn.responseIds.length, turn.logprobs.length);
         assert.ok(turn.logprobs.every((lp) => lp <= 0));
-        assert.ok(turn.responseIds.every((id) => qwen.hasToken(id)), 'ids of the Qwen2.5 vocabulary');
+        assert.ok(
+          turn.responseIds.every((id) => qwen.hasToken(id)),
+          'ids of the Qwen2.5 vocabulary',
+        );
         assert.equal(turn.promptIds, null, 'llama.cpp chat replies carry no prompt ids (tokens mode has them)');
         tokens += turn.responseIds.length;
       }
@@ -79,7 +93,7 @@ describe('the engine against a real llama.cpp server', { skip, timeout: 600_000 
     assert.ok(tokens > 0);
   });
 
-  it('tokens mode: every turn\'s prompt ids begin with the previous turn\'s prompt + response ids, with a logprob per token', async () => {
+  it("tokens mode: every turn's prompt ids begin with the previous turn's prompt + response ids, with a logprob per token", async () => {
     const e = engine(server, { llm: { api: 'tokens' }, batchSize: 3 });
     await e.start();
     const rollouts = rolloutsOf(await e.getBatch());
@@ -87,16 +101,29 @@ describe('the engine against a real llama.cpp server', { skip, timeout: 600_000 
     for (const rollout of rollouts) {
       assert.equal(rollout.status, Status.COMPLETED, rollout.error ?? '');
       rollout.turns.forEach((turn, i) => {
-        assert.ok(turn.promptIds && turn.responseIds && turn.logprobs, `turn ${i}: prompt ids, response ids and logprobs`);
+        assert.ok(
+          turn.promptIds && turn.responseIds && turn.logprobs,
+          `turn ${i}: prompt ids, response ids and logprobs`,
+        );
         assert.equal(turn.logprobs.length, turn.responseIds.length, `turn ${i}: one logprob per response token`);
-        assert.ok(turn.logprobs.every((lp) => Number.isFinite(lp) && lp <= 0), `turn ${i}: every logprob known, those llama.cpp leaves out computed again`);
+        assert.ok(
+          turn.logprobs.every((lp) => Number.isFinite(lp) && lp <= 0),
+          `turn ${i}: every logprob known, those llama.cpp leaves out computed again`,
+        );
         if (i === 0) {
-          assert.deepEqual(Array.from(turn.promptIds), qwen.encode(qwen.render(turn.messages, { addGenerationPrompt: true })));
+          assert.deepEqual(
+            Array.from(turn.promptIds),
+            qwen.encode(qwen.render(turn.messages, { addGenerationPrompt: true })),
+          );
           return;
         }
         const prev = rollout.turns[i - 1];
         const prefix = [...prev.promptIds!, ...prev.responseIds!];
-        assert.deepEqual(Array.from(turn.promptIds.subarray(0, prefix.length)), prefix, `turn ${i} begins with turn ${i - 1}'s prompt + response`);
+        assert.deepEqual(
+          Array.from(turn.promptIds.subarray(0, prefix.length)),
+          prefix,
+          `turn ${i} begins with turn ${i - 1}'s prompt + response`,
+        );
         laterTurns++;
       });
     }
@@ -109,7 +136,16 @@ describe('the engine against a real llama.cpp server', { skip, timeout: 600_000 
       // One step ahead: the next batch's groups are generating when the pause comes.
       producer: { strategy: 'async', partialRollout: true, maxStaleness: 1 },
       batchSize: 4,
-      tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 4, maxSteps: 6, messageCut: 0, maxTokens: 400 }],
+      tasks: [
+        {
+          name: 'guess',
+          env: { module: 'builtin:guess-number' },
+          groupSize: 4,
+          maxSteps: 6,
+          messageCut: 0,
+          maxTokens: 400,
+        },
+      ],
     });
     await e.start();
     await e.getBatch(1);
@@ -140,7 +176,16 @@ describe('the engine against a real llama.cpp server with a small context', { sk
       const e = engine(server, {
         llm: { api },
         batchSize: 2,
-        tasks: [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 40, messageCut: 0, maxTokens: 64 }],
+        tasks: [
+          {
+            name: 'guess',
+            env: { module: 'builtin:guess-number' },
+            groupSize: 2,
+            maxSteps: 40,
+            messageCut: 0,
+            maxTokens: 64,
+          },
+        ],
       });
       await e.start();
       const rollouts = rolloutsOf(await e.getBatch());
@@ -152,15 +197,25 @@ describe('the engine against a real llama.cpp server with a small context', { sk
         // Each episode either ended on its own, hit maxSteps, or outgrew its slot's context: truncated.
         if (rollout.truncated) assert.equal(rollout.turns.at(-1)!.trainable, true);
         if (api === 'tokens') {
-          for (const turn of rollout.turns) assert.ok(turn.promptIds!.length + turn.responseIds!.length <= slotContext, `turn ${turn.step}: ${turn.promptIds!.length} + ${turn.responseIds!.length} tokens in a ${slotContext}-token slot`);
+          for (const turn of rollout.turns)
+            assert.ok(
+              turn.promptIds!.length + turn.responseIds!.length <= slotContext,
+              `turn ${turn.step}: ${turn.promptIds!.length} + ${turn.responseIds!.length} tokens in a ${slotContext}-token slot`,
+            );
         }
       }
-      assert.ok(rollouts.some((r) => r.truncated && r.finishReason === 'length'), 'some episode outgrew the context');
+      assert.ok(
+        rollouts.some((r) => r.truncated && r.finishReason === 'length'),
+        'some episode outgrew the context',
+      );
     });
   }
 });
 
-describe('rollout gateway from the command line in front of the real llama.cpp server', { skip, timeout: 300_000 }, () => {
+describe('rollout gateway from the command line in front of the real llama.cpp server', {
+  skip,
+  timeout: 300_000,
+}, () => {
   let server: LlamaServer;
   before(async () => {
     [server, qwen] = await Promise.all([startLlamaServer({ ctxSize: 4096, slots: 1 }), loadChatModel('qwen2.5')]);
@@ -170,15 +225,35 @@ describe('rollout gateway from the command line in front of the real llama.cpp s
   });
 
   it('serves an OpenAI client through llama.cpp /completion and stitches the session into exact tokens', async (t) => {
-    const gateway = await spawnServer(process.execPath, ['--import', 'tsx', MAIN, 'gateway', '--backend', 'llamacpp', '--backend-url', server.url, '--port', '0'], /gateway listening on (http:\/\/\S+)/);
+    const gateway = await spawnServer(
+      process.execPath,
+      ['--import', 'tsx', MAIN, 'gateway', '--backend', 'llamacpp', '--backend-url', server.url, '--port', '0'],
+      /gateway listening on (http:\/\/\S+)/,
+    );
     t.after(() => gateway.stop());
-    const openai = new OpenAI({ baseURL: `${gateway.url}/v1/sessions/real`, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
-    const messages: OpenAI.ChatCompletionMessageParam[] = [{ role: 'user', content: 'Guess a number between 1 and 100.' }];
+    const openai = new OpenAI({
+      baseURL: `${gateway.url}/v1/sessions/real`,
+      apiKey: 'unused',
+      maxRetries: 0,
+      timeout: 60_000,
+    });
+    const messages: OpenAI.ChatCompletionMessageParam[] = [
+      { role: 'user', content: 'Guess a number between 1 and 100.' },
+    ];
     for (let turn = 0; turn < 2; turn++) {
       const reply = await openai.chat.completions.create({ model: 'qwen2.5', messages, max_tokens: 16 });
-      messages.push({ role: 'assistant', content: reply.choices[0].message.content ?? '' }, { role: 'user', content: 'Higher.' });
+      messages.push(
+        { role: 'assistant', content: reply.choices[0].message.content ?? '' },
+        { role: 'user', content: 'Higher.' },
+      );
     }
-    const stitched = (await (await fetch(`${gateway.url}/v1/sessions/real/stitch`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' })).json()) as {
+    const stitched = (await (
+      await fetch(`${gateway.url}/v1/sessions/real/stitch`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: '{}',
+      })
+    ).json()) as {
       observation_tokens: number[];
       action_ranges: [number, number][];
       rollout_log_probs: number[];
@@ -186,11 +261,14 @@ describe('rollout gateway from the command line in front of the real llama.cpp s
     assert.equal(stitched.action_ranges.length, 2, 'two calls, one action span each');
     assert.ok(stitched.observation_tokens.every((id) => qwen.hasToken(id)));
     for (const [start, end] of stitched.action_ranges) {
-      for (let i = start; i < end; i++) assert.ok(Number.isFinite(stitched.rollout_log_probs[i]) && stitched.rollout_log_probs[i] <= 0, `logprob of token ${i}`);
+      for (let i = start; i < end; i++)
+        assert.ok(
+          Number.isFinite(stitched.rollout_log_probs[i]) && stitched.rollout_log_probs[i] <= 0,
+          `logprob of token ${i}`,
+        );
     }
     // The prompt the second call sent begins with the first call's prompt and completion, exactly.
     const firstPrompt = qwen.encode(qwen.render(messages.slice(0, 1) as never, { addGenerationPrompt: true }));
     assert.deepEqual(stitched.observation_tokens.slice(0, firstPrompt.length), firstPrompt);
   });
 });
-

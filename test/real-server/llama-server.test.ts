@@ -14,7 +14,14 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { loadChatModel, type ChatMessageInput, type ChatModel } from '../../src/gateway/model.ts';
-import { LLAMA_CPP_COMMIT, MODEL_NAME, qwenTokenizerDir, realServerAvailable, startLlamaServer, type LlamaServer } from '../support/llama-server.ts';
+import {
+  LLAMA_CPP_COMMIT,
+  MODEL_NAME,
+  qwenTokenizerDir,
+  realServerAvailable,
+  startLlamaServer,
+  type LlamaServer,
+} from '../support/llama-server.ts';
 
 const available = realServerAvailable();
 const skip = available.ok || process.env.CI === 'true' ? false : available.reason;
@@ -46,7 +53,12 @@ interface Reply {
 let server: LlamaServer;
 let qwen: ChatModel;
 
-async function call(method: 'GET' | 'POST' | 'DELETE', path: string, body?: unknown, { headers = {}, timeoutMs = 30_000 }: { headers?: Record<string, string>; timeoutMs?: number } = {}): Promise<Reply> {
+async function call(
+  method: 'GET' | 'POST' | 'DELETE',
+  path: string,
+  body?: unknown,
+  { headers = {}, timeoutMs = 30_000 }: { headers?: Record<string, string>; timeoutMs?: number } = {},
+): Promise<Reply> {
   const res = await fetch(server.url + path, {
     method,
     headers: body === undefined ? headers : { 'content-type': 'application/json', ...headers },
@@ -63,7 +75,8 @@ async function call(method: 'GET' | 'POST' | 'DELETE', path: string, body?: unkn
   return { status: res.status, headers: res.headers, text, json };
 }
 
-const post = (path: string, body: unknown, options?: { headers?: Record<string, string>; timeoutMs?: number }) => call('POST', path, body, options);
+const post = (path: string, body: unknown, options?: { headers?: Record<string, string>; timeoutMs?: number }) =>
+  call('POST', path, body, options);
 const get = (path: string) => call('GET', path);
 
 /** The `data:` payloads of an SSE body, JSON-parsed; `[DONE]` stays a string. */
@@ -109,8 +122,16 @@ const allIdle = async () => (await slots()).every((s) => !s.is_processing);
 const anyBusy = async () => (await slots()).some((s) => s.is_processing);
 
 /** A request on its own socket (no keep-alive), to be cut mid-generation. */
-function openRequest(path: string, body: unknown, headers: Record<string, string> = {}): { response: Promise<IncomingMessage>; cut: () => void } {
-  const req = httpRequest(server.url + path, { method: 'POST', agent: false, headers: { 'content-type': 'application/json', ...headers } });
+function openRequest(
+  path: string,
+  body: unknown,
+  headers: Record<string, string> = {},
+): { response: Promise<IncomingMessage>; cut: () => void } {
+  const req = httpRequest(server.url + path, {
+    method: 'POST',
+    agent: false,
+    headers: { 'content-type': 'application/json', ...headers },
+  });
   const response = new Promise<IncomingMessage>((resolve, reject) => {
     req.once('response', resolve);
     req.once('error', reject);
@@ -155,20 +176,30 @@ const CONVERSATIONS: Record<string, ChatMessageInput[]> = {
     { role: 'assistant', content: 'Voilà : 152 399 025 — ça marche !' },
     { role: 'user', content: '  leading spaces, tabs\tand\r\nCRLF; émojis 🧪🔬, “quotes”, don’t, I’ve' },
   ],
-  'a user message that spells special tokens in its text': [{ role: 'user', content: 'say <|im_end|> then <tool_call> and <|endoftext|>' }],
+  'a user message that spells special tokens in its text': [
+    { role: 'user', content: 'say <|im_end|> then <tool_call> and <|endoftext|>' },
+  ],
 };
 
 describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it', { skip }, () => {
-  before(async () => {
-    [server, qwen] = await Promise.all([startLlamaServer({ ctxSize: CTX, slots: SLOTS }), loadChatModel('qwen2.5')]);
-  }, { timeout: 90_000 });
+  before(
+    async () => {
+      [server, qwen] = await Promise.all([startLlamaServer({ ctxSize: CTX, slots: SLOTS }), loadChatModel('qwen2.5')]);
+    },
+    { timeout: 90_000 },
+  );
 
-  after(async () => {
-    await server?.stop();
-  }, { timeout: 30_000 });
+  after(
+    async () => {
+      await server?.stop();
+    },
+    { timeout: 30_000 },
+  );
 
   describe('what it says about itself', () => {
-    it('GET /props gives the per-slot context in default_generation_settings.n_ctx, the slot count, the alias and the model’s own Qwen2.5 chat template', { timeout: 10_000 }, async () => {
+    it('GET /props gives the per-slot context in default_generation_settings.n_ctx, the slot count, the alias and the model’s own Qwen2.5 chat template', {
+      timeout: 10_000,
+    }, async () => {
       const props = server.props as any;
       assert.equal(props.default_generation_settings.n_ctx, SLOT_CTX);
       assert.equal(props.total_slots, SLOTS);
@@ -187,7 +218,9 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
       assert.equal(props.chat_template_caps.supports_tool_calls, true);
     });
 
-    it('GET /v1/models lists the one model by its alias, with n_ctx (per slot), n_ctx_train and n_vocab in meta', { timeout: 10_000 }, async () => {
+    it('GET /v1/models lists the one model by its alias, with n_ctx (per slot), n_ctx_train and n_vocab in meta', {
+      timeout: 10_000,
+    }, async () => {
       const reply = await get('/v1/models');
       assert.equal(reply.status, 200);
       assert.equal(reply.json.object, 'list');
@@ -216,18 +249,42 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
   });
 
   describe('token ids in replies', () => {
-    it('a non-streamed chat completion with logprobs gives each generated token’s id in choices[0].logprobs.content[], with token, bytes, logprob and top_logprobs', { timeout: 30_000 }, async () => {
+    it('a non-streamed chat completion with logprobs gives each generated token’s id in choices[0].logprobs.content[], with token, bytes, logprob and top_logprobs', {
+      timeout: 30_000,
+    }, async () => {
       const messages = [{ role: 'user', content: 'Hi' }];
       // The end-of-turn token is held off (the model ends a reply now and then: make_model.py), so the reply runs to max_tokens.
-      const reply = await post('/v1/chat/completions', { model: MODEL_NAME, messages, max_tokens: 8, logprobs: true, top_logprobs: 2, seed: 7, logit_bias: { [IM_END]: -100 } });
+      const reply = await post('/v1/chat/completions', {
+        model: MODEL_NAME,
+        messages,
+        max_tokens: 8,
+        logprobs: true,
+        top_logprobs: 2,
+        seed: 7,
+        logit_bias: { [IM_END]: -100 },
+      });
       assert.equal(reply.status, 200, reply.text);
       const body = reply.json;
-      assert.deepEqual(Object.keys(body).sort(), ['choices', 'created', 'id', 'model', 'object', 'system_fingerprint', 'timings', 'usage']);
+      assert.deepEqual(Object.keys(body).sort(), [
+        'choices',
+        'created',
+        'id',
+        'model',
+        'object',
+        'system_fingerprint',
+        'timings',
+        'usage',
+      ]);
       assert.equal(body.object, 'chat.completion');
       assert.equal(body.model, MODEL_NAME);
       assert.match(body.id, /^chatcmpl-/);
       assert.equal(body.system_fingerprint, `b1-${LLAMA_CPP_COMMIT.slice(0, 7)}`);
-      assert.deepEqual(Object.keys(body.usage).sort(), ['completion_tokens', 'prompt_tokens', 'prompt_tokens_details', 'total_tokens']);
+      assert.deepEqual(Object.keys(body.usage).sort(), [
+        'completion_tokens',
+        'prompt_tokens',
+        'prompt_tokens_details',
+        'total_tokens',
+      ]);
       assert.equal(typeof body.usage.prompt_tokens_details.cached_tokens, 'number');
       const choice = body.choices[0];
       assert.equal(choice.finish_reason, 'length');
@@ -254,39 +311,98 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
       if (content.length === 8) assert.equal(qwen.decode(content.map((e) => e.id)), text);
     });
 
-    it('the message content loses the generated text’s leading whitespace (also in the first streamed delta); the token and its logprob entry keep it', { timeout: 30_000 }, async () => {
+    it('the message content loses the generated text’s leading whitespace (also in the first streamed delta); the token and its logprob entry keep it', {
+      timeout: 30_000,
+    }, async () => {
       const messages = [{ role: 'user', content: 'Hi' }];
-      const reply = await post('/v1/chat/completions', { messages, max_tokens: 2, logprobs: true, top_logprobs: 1, logit_bias: { [SPACE_HELLO]: 100 } });
+      const reply = await post('/v1/chat/completions', {
+        messages,
+        max_tokens: 2,
+        logprobs: true,
+        top_logprobs: 1,
+        logit_bias: { [SPACE_HELLO]: 100 },
+      });
       assert.equal(reply.json.choices[0].message.content, 'Hello Hello');
-      assert.deepEqual(reply.json.choices[0].logprobs.content.map((e: { token: string }) => e.token), [' Hello', ' Hello']);
-      const streamed = await post('/v1/chat/completions', { messages, max_tokens: 2, logprobs: true, top_logprobs: 1, logit_bias: { [SPACE_HELLO]: 100 }, stream: true });
-      const deltas = (sseEvents(streamed.text) as any[]).filter((e) => e !== '[DONE]' && e.choices[0]?.delta?.content).map((e) => e.choices[0].delta.content);
+      assert.deepEqual(
+        reply.json.choices[0].logprobs.content.map((e: { token: string }) => e.token),
+        [' Hello', ' Hello'],
+      );
+      const streamed = await post('/v1/chat/completions', {
+        messages,
+        max_tokens: 2,
+        logprobs: true,
+        top_logprobs: 1,
+        logit_bias: { [SPACE_HELLO]: 100 },
+        stream: true,
+      });
+      const deltas = (sseEvents(streamed.text) as any[])
+        .filter((e) => e !== '[DONE]' && e.choices[0]?.delta?.content)
+        .map((e) => e.choices[0].delta.content);
       assert.deepEqual(deltas, ['Hello', ' Hello']);
-      const completion = await post('/completion', { prompt: enginePrompt(messages).ids, n_predict: 2, return_tokens: true, logit_bias: [[SPACE_HELLO, 100]] });
+      const completion = await post('/completion', {
+        prompt: enginePrompt(messages).ids,
+        n_predict: 2,
+        return_tokens: true,
+        logit_bias: [[SPACE_HELLO, 100]],
+      });
       assert.equal(completion.json.content, ' Hello Hello', '/completion keeps it');
     });
 
-    it('a token that ends inside a UTF-8 character gets no logprobs entry and is never streamed: only /completion’s non-streamed tokens (return_tokens) has every id', { timeout: 30_000 }, async () => {
+    it('a token that ends inside a UTF-8 character gets no logprobs entry and is never streamed: only /completion’s non-streamed tokens (return_tokens) has every id', {
+      timeout: 30_000,
+    }, async () => {
       const messages = [{ role: 'user', content: 'Hi' }];
       const bias = { [LONE_LEAD_BYTE]: 100 };
-      const chat = await post('/v1/chat/completions', { messages, max_tokens: 1, logprobs: true, top_logprobs: 1, logit_bias: bias });
+      const chat = await post('/v1/chat/completions', {
+        messages,
+        max_tokens: 1,
+        logprobs: true,
+        top_logprobs: 1,
+        logit_bias: bias,
+      });
       assert.equal(chat.json.usage.completion_tokens, 1);
       assert.equal(chat.json.choices[0].message.content, '\uFFFD');
       assert.equal('logprobs' in chat.json.choices[0], false, 'no logprobs at all when no entry is left');
-      const streamed = await post('/v1/chat/completions', { messages, max_tokens: 1, logprobs: true, top_logprobs: 1, logit_bias: bias, stream: true });
+      const streamed = await post('/v1/chat/completions', {
+        messages,
+        max_tokens: 1,
+        logprobs: true,
+        top_logprobs: 1,
+        logit_bias: bias,
+        stream: true,
+      });
       const events = sseEvents(streamed.text) as any[];
       assert.equal(events.length, 2, 'not even the role chunk: the finish chunk and [DONE]');
       assert.deepEqual(events[0].choices[0], { finish_reason: 'length', index: 0, delta: {} });
-      const completion = await post('/completion', { prompt: enginePrompt(messages).ids, n_predict: 1, n_probs: 1, return_tokens: true, logit_bias: [[LONE_LEAD_BYTE, 100]] });
+      const completion = await post('/completion', {
+        prompt: enginePrompt(messages).ids,
+        n_predict: 1,
+        n_probs: 1,
+        return_tokens: true,
+        logit_bias: [[LONE_LEAD_BYTE, 100]],
+      });
       assert.deepEqual(completion.json.tokens, [LONE_LEAD_BYTE]);
       assert.equal('completion_probabilities' in completion.json, false);
-      const completionStream = sseEvents((await post('/completion', { prompt: [IM_START, 872], n_predict: 1, n_probs: 1, return_tokens: true, logit_bias: [[LONE_LEAD_BYTE, 100]], stream: true })).text) as any[];
+      const completionStream = sseEvents(
+        (
+          await post('/completion', {
+            prompt: [IM_START, 872],
+            n_predict: 1,
+            n_probs: 1,
+            return_tokens: true,
+            logit_bias: [[LONE_LEAD_BYTE, 100]],
+            stream: true,
+          })
+        ).text,
+      ) as any[];
       assert.equal(completionStream.length, 1);
       assert.deepEqual(completionStream[0].tokens, []);
       assert.equal(completionStream[0].tokens_predicted, 1);
     });
 
-    it('logprobs without top_logprobs gives 20 alternatives per token, and top_logprobs: 0 gives no logprobs at all', { timeout: 30_000 }, async () => {
+    it('logprobs without top_logprobs gives 20 alternatives per token, and top_logprobs: 0 gives no logprobs at all', {
+      timeout: 30_000,
+    }, async () => {
       const messages = [{ role: 'user', content: 'Hi' }];
       const twenty = await post('/v1/chat/completions', { messages, max_tokens: 1, logprobs: true });
       assert.equal(twenty.json.choices[0].logprobs.content[0].top_logprobs.length, 20);
@@ -295,8 +411,16 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
       assert.equal('logprobs' in none.json.choices[0], false);
     });
 
-    it('logprobs are the model’s own (before logit_bias and sampling), and a generated end-of-turn token is in logprobs with empty text', { timeout: 30_000 }, async () => {
-      const reply = await post('/v1/chat/completions', { messages: [{ role: 'user', content: 'Hi' }], max_tokens: 4, logprobs: true, top_logprobs: 1, logit_bias: { [IM_END]: 100 } });
+    it('logprobs are the model’s own (before logit_bias and sampling), and a generated end-of-turn token is in logprobs with empty text', {
+      timeout: 30_000,
+    }, async () => {
+      const reply = await post('/v1/chat/completions', {
+        messages: [{ role: 'user', content: 'Hi' }],
+        max_tokens: 4,
+        logprobs: true,
+        top_logprobs: 1,
+        logit_bias: { [IM_END]: 100 },
+      });
       const choice = reply.json.choices[0];
       assert.equal(choice.finish_reason, 'stop');
       assert.equal(choice.message.content, '');
@@ -307,14 +431,31 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
       assert.deepEqual(eot.bytes, []);
       assert.ok(eot.logprob < -5, `the bias does not show in the logprob: ${eot.logprob}`);
       // The same prompt without the bias: the end-of-turn token's logprob among the alternatives is the same number.
-      const plain = await post('/v1/chat/completions', { messages: [{ role: 'user', content: 'Hi' }], max_tokens: 1, logprobs: true, top_logprobs: 5 });
-      const unbiased = (plain.json.choices[0].logprobs.content[0].top_logprobs as { id: number; logprob: number }[]).find((t) => t.id === IM_END);
+      const plain = await post('/v1/chat/completions', {
+        messages: [{ role: 'user', content: 'Hi' }],
+        max_tokens: 1,
+        logprobs: true,
+        top_logprobs: 5,
+      });
+      const unbiased = (
+        plain.json.choices[0].logprobs.content[0].top_logprobs as { id: number; logprob: number }[]
+      ).find((t) => t.id === IM_END);
       assert.ok(unbiased !== undefined, 'the end-of-turn token is among the top 5 of this model');
       assert.ok(Math.abs(unbiased.logprob - eot.logprob) < 1e-3, `${unbiased.logprob} vs ${eot.logprob}`);
     });
 
-    it('a streamed chat completion carries logprobs with ids in every content chunk, then a finish_reason chunk, a usage chunk and [DONE]', { timeout: 30_000 }, async () => {
-      const reply = await post('/v1/chat/completions', { messages: [{ role: 'user', content: 'Hi' }], max_tokens: 5, ignore_eos: true, logprobs: true, top_logprobs: 1, stream: true, stream_options: { include_usage: true } });
+    it('a streamed chat completion carries logprobs with ids in every content chunk, then a finish_reason chunk, a usage chunk and [DONE]', {
+      timeout: 30_000,
+    }, async () => {
+      const reply = await post('/v1/chat/completions', {
+        messages: [{ role: 'user', content: 'Hi' }],
+        max_tokens: 5,
+        ignore_eos: true,
+        logprobs: true,
+        top_logprobs: 1,
+        stream: true,
+        stream_options: { include_usage: true },
+      });
       assert.equal(reply.status, 200);
       assert.match(reply.headers.get('content-type') ?? '', /^text\/event-stream/);
       const events = sseEvents(reply.text) as any[];
@@ -344,20 +485,60 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
       assert.equal(usage.usage.completion_tokens, 5);
       assert.equal(typeof usage.timings.predicted_n, 'number');
       // Without stream_options.include_usage there is no usage chunk: the finish chunk carries the timings.
-      const plain = sseEvents((await post('/v1/chat/completions', { messages: [{ role: 'user', content: 'Hi' }], max_tokens: 2, ignore_eos: true, stream: true })).text) as any[];
-      assert.equal(plain.some((e) => e !== '[DONE]' && 'usage' in e), false);
+      const plain = sseEvents(
+        (
+          await post('/v1/chat/completions', {
+            messages: [{ role: 'user', content: 'Hi' }],
+            max_tokens: 2,
+            ignore_eos: true,
+            stream: true,
+          })
+        ).text,
+      ) as any[];
+      assert.equal(
+        plain.some((e) => e !== '[DONE]' && 'usage' in e),
+        false,
+      );
       assert.equal(typeof plain.at(-2).timings.predicted_n, 'number');
       assert.equal(new Set(chunks.map((c) => c.id)).size, 1);
     });
 
-    it('/completion takes the prompt as token ids and, with return_tokens and n_probs, gives the generated ids in tokens and completion_probabilities', { timeout: 30_000 }, async () => {
+    it('/completion takes the prompt as token ids and, with return_tokens and n_probs, gives the generated ids in tokens and completion_probabilities', {
+      timeout: 30_000,
+    }, async () => {
       const prompt = enginePrompt([{ role: 'user', content: 'Hi' }]).ids;
-      const reply = await post('/completion', { prompt, n_predict: 6, ignore_eos: true, n_probs: 2, return_tokens: true, seed: 3 });
+      const reply = await post('/completion', {
+        prompt,
+        n_predict: 6,
+        ignore_eos: true,
+        n_probs: 2,
+        return_tokens: true,
+        seed: 3,
+      });
       assert.equal(reply.status, 200, reply.text);
       const body = reply.json;
       assert.deepEqual(
-        Object.keys(body).filter((k) => k !== 'completion_probabilities').sort(),
-        ['content', 'generation_settings', 'has_new_line', 'id_slot', 'index', 'model', 'prompt', 'stop', 'stop_type', 'stopping_word', 'timings', 'tokens', 'tokens_cached', 'tokens_evaluated', 'tokens_predicted', 'truncated'],
+        Object.keys(body)
+          .filter((k) => k !== 'completion_probabilities')
+          .sort(),
+        [
+          'content',
+          'generation_settings',
+          'has_new_line',
+          'id_slot',
+          'index',
+          'model',
+          'prompt',
+          'stop',
+          'stop_type',
+          'stopping_word',
+          'timings',
+          'tokens',
+          'tokens_cached',
+          'tokens_evaluated',
+          'tokens_predicted',
+          'truncated',
+        ],
       );
       assert.equal(body.tokens.length, 6);
       assert.equal(body.tokens_predicted, 6);
@@ -384,13 +565,24 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
         at++;
       }
       if (probs.length === 6) {
-        assert.deepEqual(probs.map((p) => p.id), body.tokens);
+        assert.deepEqual(
+          probs.map((p) => p.id),
+          body.tokens,
+        );
         assert.equal(body.content, qwen.decode(body.tokens));
       }
     });
 
-    it('/completion without return_tokens leaves tokens empty, and post_sampling_probs turns logprob into prob and top_logprobs into top_probs', { timeout: 30_000 }, async () => {
-      const reply = await post('/completion', { prompt: [IM_START, 872], n_predict: 2, ignore_eos: true, n_probs: 1, post_sampling_probs: true });
+    it('/completion without return_tokens leaves tokens empty, and post_sampling_probs turns logprob into prob and top_logprobs into top_probs', {
+      timeout: 30_000,
+    }, async () => {
+      const reply = await post('/completion', {
+        prompt: [IM_START, 872],
+        n_predict: 2,
+        ignore_eos: true,
+        n_probs: 1,
+        post_sampling_probs: true,
+      });
       assert.deepEqual(reply.json.tokens, []);
       for (const p of reply.json.completion_probabilities) {
         assert.deepEqual(Object.keys(p).sort(), ['bytes', 'id', 'prob', 'token', 'top_probs']);
@@ -398,16 +590,33 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
       }
     });
 
-    it('/completion at an end-of-turn token stops with stop_type eos and keeps the id in tokens', { timeout: 30_000 }, async () => {
-      const reply = await post('/completion', { prompt: [IM_START, 872], n_predict: 4, n_probs: 1, return_tokens: true, logit_bias: [[IM_END, 100]] });
+    it('/completion at an end-of-turn token stops with stop_type eos and keeps the id in tokens', {
+      timeout: 30_000,
+    }, async () => {
+      const reply = await post('/completion', {
+        prompt: [IM_START, 872],
+        n_predict: 4,
+        n_probs: 1,
+        return_tokens: true,
+        logit_bias: [[IM_END, 100]],
+      });
       assert.equal(reply.json.stop_type, 'eos');
       assert.deepEqual(reply.json.tokens, [IM_END]);
       assert.equal(reply.json.content, '');
       assert.equal(reply.json.completion_probabilities[0].id, IM_END);
     });
 
-    it('a streamed /completion sends tokens and completion_probabilities per chunk (id_slot -1 until the last), then a final chunk with stop true and no [DONE]', { timeout: 30_000 }, async () => {
-      const reply = await post('/completion', { prompt: [IM_START, 872], n_predict: 3, ignore_eos: true, n_probs: 1, return_tokens: true, stream: true });
+    it('a streamed /completion sends tokens and completion_probabilities per chunk (id_slot -1 until the last), then a final chunk with stop true and no [DONE]', {
+      timeout: 30_000,
+    }, async () => {
+      const reply = await post('/completion', {
+        prompt: [IM_START, 872],
+        n_predict: 3,
+        ignore_eos: true,
+        n_probs: 1,
+        return_tokens: true,
+        stream: true,
+      });
       const events = sseEvents(reply.text) as any[];
       assert.equal(events.length, 4);
       for (const e of events.slice(0, 3)) {
@@ -425,29 +634,59 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
   });
 
   describe('replies are not parsed (--skip-chat-parsing)', () => {
-    it('tool-call text stays in message.content, with tools in the request or not, and no tool_calls field appears', { timeout: 30_000 }, async () => {
+    it('tool-call text stays in message.content, with tools in the request or not, and no tool_calls field appears', {
+      timeout: 30_000,
+    }, async () => {
       const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: {} } } }];
       for (const withTools of [false, true]) {
-        const reply = await post('/v1/chat/completions', { messages: [{ role: 'user', content: 'Hi' }], ...(withTools ? { tools } : {}), max_tokens: 3, logit_bias: { 151657: 100 } });
+        const reply = await post('/v1/chat/completions', {
+          messages: [{ role: 'user', content: 'Hi' }],
+          ...(withTools ? { tools } : {}),
+          max_tokens: 3,
+          logit_bias: { 151657: 100 },
+        });
         assert.equal(reply.status, 200, reply.text);
-        assert.deepEqual(reply.json.choices[0].message, { role: 'assistant', content: '<tool_call><tool_call><tool_call>' });
+        assert.deepEqual(reply.json.choices[0].message, {
+          role: 'assistant',
+          content: '<tool_call><tool_call><tool_call>',
+        });
         assert.equal(reply.json.choices[0].finish_reason, 'length');
       }
     });
 
-    it('random replies, streamed or not, at temperature 1 over the whole vocabulary, all answer 200 without an error event', { timeout: 120_000 }, async () => {
+    it('random replies, streamed or not, at temperature 1 over the whole vocabulary, all answer 200 without an error event', {
+      timeout: 120_000,
+    }, async () => {
       for (let seed = 1; seed <= 10; seed++) {
         const stream = seed % 2 === 0;
-        const reply = await post('/v1/chat/completions', { messages: [{ role: 'user', content: 'Hi' }], max_tokens: 64, seed, stream, temperature: 1, top_k: 0, top_p: 1, min_p: 0, logprobs: true, top_logprobs: 1 });
+        const reply = await post('/v1/chat/completions', {
+          messages: [{ role: 'user', content: 'Hi' }],
+          max_tokens: 64,
+          seed,
+          stream,
+          temperature: 1,
+          top_k: 0,
+          top_p: 1,
+          min_p: 0,
+          logprobs: true,
+          top_logprobs: 1,
+        });
         assert.equal(reply.status, 200, reply.text);
-        if (stream) assert.equal((sseEvents(reply.text) as any[]).some((e) => e !== '[DONE]' && 'error' in e), false, reply.text);
+        if (stream)
+          assert.equal(
+            (sseEvents(reply.text) as any[]).some((e) => e !== '[DONE]' && 'error' in e),
+            false,
+            reply.text,
+          );
       }
     });
   });
 
   describe('the Qwen2.5 template and tokenizer: the engine’s are the server’s', () => {
     for (const [name, messages] of Object.entries(CONVERSATIONS)) {
-      it(`for ${name}, /apply-template and /tokenize give the engine’s text and ids, and the chat completion’s prompt is those ids`, { timeout: 30_000 }, async () => {
+      it(`for ${name}, /apply-template and /tokenize give the engine’s text and ids, and the chat completion’s prompt is those ids`, {
+        timeout: 30_000,
+      }, async () => {
         const engine = enginePrompt(messages);
         const rendered = await post('/apply-template', { messages });
         assert.equal(rendered.status, 200, rendered.text);
@@ -466,7 +705,9 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
       });
     }
 
-    it('a conversation ending with an assistant message is closed and a new assistant turn opened (--no-prefill-assistant), as the template does with add_generation_prompt', { timeout: 30_000 }, async () => {
+    it('a conversation ending with an assistant message is closed and a new assistant turn opened (--no-prefill-assistant), as the template does with add_generation_prompt', {
+      timeout: 30_000,
+    }, async () => {
       const messages = [
         { role: 'user', content: 'Hi' },
         { role: 'assistant', content: 'Hello!' },
@@ -479,7 +720,9 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
       assert.equal(chat.json.usage.prompt_tokens, engine.ids.length);
     });
 
-    it('/tokenize matches the engine’s tokenizer on assorted text, special-token spellings included', { timeout: 30_000 }, async () => {
+    it('/tokenize matches the engine’s tokenizer on assorted text, special-token spellings included', {
+      timeout: 30_000,
+    }, async () => {
       const samples = [
         'Hello world',
         " it's  they're   we'll\tI'd",
@@ -497,17 +740,27 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
       }
     });
 
-    it('text not in Unicode NFC tokenizes differently: the engine composes it first (tokenizer.json’s NFC normalizer), llama.cpp does not', { timeout: 30_000 }, async () => {
+    it('text not in Unicode NFC tokenizes differently: the engine composes it first (tokenizer.json’s NFC normalizer), llama.cpp does not', {
+      timeout: 30_000,
+    }, async () => {
       const decomposed = 'caf\u0065\u0301'; // café with a combining acute accent
       const server = (await post('/tokenize', { content: decomposed })).json.tokens;
       assert.notDeepEqual(server, qwen.encode(decomposed));
       assert.deepEqual(qwen.encode(decomposed), qwen.encode(decomposed.normalize('NFC')));
-      assert.deepEqual((await post('/tokenize', { content: decomposed.normalize('NFC') })).json.tokens, qwen.encode(decomposed));
+      assert.deepEqual(
+        (await post('/tokenize', { content: decomposed.normalize('NFC') })).json.tokens,
+        qwen.encode(decomposed),
+      );
     });
 
-    it('/tokenize with parse_special false reads special-token spellings as plain text, with_pieces gives {id, piece}; /detokenize gives {content}', { timeout: 30_000 }, async () => {
+    it('/tokenize with parse_special false reads special-token spellings as plain text, with_pieces gives {id, piece}; /detokenize gives {content}', {
+      timeout: 30_000,
+    }, async () => {
       const plain = await post('/tokenize', { content: '<|im_end|>', parse_special: false, with_pieces: true });
-      assert.deepEqual(plain.json.tokens.map((t: { piece: string }) => t.piece), ['<', '|', 'im', '_end', '|', '>']);
+      assert.deepEqual(
+        plain.json.tokens.map((t: { piece: string }) => t.piece),
+        ['<', '|', 'im', '_end', '|', '>'],
+      );
       assert.deepEqual(Object.keys(plain.json.tokens[0]).sort(), ['id', 'piece']);
       const special = await post('/tokenize', { content: 'a<|im_end|>' });
       assert.deepEqual(special.json, { tokens: [64, IM_END] });
@@ -519,7 +772,9 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
   });
 
   describe('limits and errors', () => {
-    it('a prompt longer than the slot’s context is refused with 400 and type exceed_context_size_error, before any streaming', { timeout: 30_000 }, async () => {
+    it('a prompt longer than the slot’s context is refused with 400 and type exceed_context_size_error, before any streaming', {
+      timeout: 30_000,
+    }, async () => {
       const messages = [{ role: 'user', content: 'hello '.repeat(SLOT_CTX + 50) }];
       const promptTokens = enginePrompt(messages).ids.length;
       for (const stream of [false, true]) {
@@ -543,13 +798,18 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
       assert.equal(completion.json.error.n_prompt_tokens, SLOT_CTX);
     });
 
-    it('a generation that reaches the end of the slot’s context stops early with stop_type limit and truncated true (finish_reason length in chat)', { timeout: 60_000 }, async () => {
+    it('a generation that reaches the end of the slot’s context stops early with stop_type limit and truncated true (finish_reason length in chat)', {
+      timeout: 60_000,
+    }, async () => {
       const prompt = new Array(SLOT_CTX - 20).fill(13048);
       const reply = await post('/completion', { prompt, n_predict: 100, ignore_eos: true, return_tokens: true });
       assert.equal(reply.status, 200, reply.text);
       assert.equal(reply.json.stop_type, 'limit');
       assert.equal(reply.json.truncated, true);
-      assert.ok(reply.json.tokens_predicted < 100 && reply.json.tokens_predicted > 0, String(reply.json.tokens_predicted));
+      assert.ok(
+        reply.json.tokens_predicted < 100 && reply.json.tokens_predicted > 0,
+        String(reply.json.tokens_predicted),
+      );
       const text = qwen.decode(new Array(SLOT_CTX - 60).fill(13048));
       const chat = await post('/v1/chat/completions', { messages: [{ role: 'user', content: text }], max_tokens: 100 });
       assert.equal(chat.status, 200, chat.text);
@@ -565,9 +825,16 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
   });
 
   describe('stopping a generation', () => {
-    it('closing the connection of a streamed chat completion frees its slot at the next token', { timeout: 60_000 }, async (t) => {
+    it('closing the connection of a streamed chat completion frees its slot at the next token', {
+      timeout: 60_000,
+    }, async (t) => {
       await waitFor('idle before', allIdle, 30_000);
-      const open = openRequest('/v1/chat/completions', { messages: [{ role: 'user', content: 'Hi' }], max_tokens: SLOT_CTX - 40, stream: true, ignore_eos: true });
+      const open = openRequest('/v1/chat/completions', {
+        messages: [{ role: 'user', content: 'Hi' }],
+        max_tokens: SLOT_CTX - 40,
+        stream: true,
+        ignore_eos: true,
+      });
       const res = await open.response;
       assert.equal(res.statusCode, 200);
       await readEvents(res, 4);
@@ -580,10 +847,16 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
       assert.match(metrics.text, /^llamacpp:requests_processing 0$/m);
     });
 
-    it('closing the connection of a non-streamed chat completion is noticed only after a second with no result traffic on the server: then the slot is freed', { timeout: 60_000 }, async () => {
+    it('closing the connection of a non-streamed chat completion is noticed only after a second with no result traffic on the server: then the slot is freed', {
+      timeout: 60_000,
+    }, async () => {
       await waitFor('idle before', allIdle, 30_000);
       const before = await tokensPredicted();
-      const open = openRequest('/v1/chat/completions', { messages: [{ role: 'user', content: 'Hi' }], max_tokens: SLOT_CTX - 40, ignore_eos: true });
+      const open = openRequest('/v1/chat/completions', {
+        messages: [{ role: 'user', content: 'Hi' }],
+        max_tokens: SLOT_CTX - 40,
+        ignore_eos: true,
+      });
       await new Promise((r) => setTimeout(r, 400));
       open.cut();
       // The request's handler waits for its result 1 s at a time and checks the connection only when a
@@ -594,17 +867,25 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
       assert.ok(predicted < SLOT_CTX - 40, `cancelled after ${predicted} tokens`);
     });
 
-    it('closing the connection of a non-streamed chat completion while other requests keep coming does not stop it: it runs to max_tokens', { timeout: 120_000 }, async () => {
+    it('closing the connection of a non-streamed chat completion while other requests keep coming does not stop it: it runs to max_tokens', {
+      timeout: 120_000,
+    }, async () => {
       await waitFor('idle before', allIdle, 30_000);
       const before = await tokensPredicted();
-      const open = openRequest('/v1/chat/completions', { messages: [{ role: 'user', content: 'Hi' }], max_tokens: 150, ignore_eos: true });
+      const open = openRequest('/v1/chat/completions', {
+        messages: [{ role: 'user', content: 'Hi' }],
+        max_tokens: 150,
+        ignore_eos: true,
+      });
       await waitFor('slot busy', anyBusy, 10_000);
       open.cut();
       await waitFor('the generation to end', allIdle, 100_000); // polls /slots every 20 ms: traffic
       assert.equal((await tokensPredicted()) - before, 150);
     });
 
-    it('there is no abort route: POST /abort_request and /abort_requests answer 404, and /v1/chat/completions/control knows only reasoning_end', { timeout: 10_000 }, async () => {
+    it('there is no abort route: POST /abort_request and /abort_requests answer 404, and /v1/chat/completions/control knows only reasoning_end', {
+      timeout: 10_000,
+    }, async () => {
       for (const path of ['/abort_request', '/abort_requests', '/v1/abort_request', '/abort']) {
         const reply = await post(path, { rid: 'x' });
         assert.equal(reply.status, 404, path);
@@ -612,16 +893,24 @@ describe('llama-server (llama.cpp from node-llama-cpp) as the engine will use it
       }
       const abort = await post('/v1/chat/completions/control', { id: 'chatcmpl-x', action: 'abort' });
       assert.equal(abort.status, 400);
-      assert.deepEqual(abort.json, { error: { code: 400, message: 'unknown control action', type: 'invalid_request_error' } });
+      assert.deepEqual(abort.json, {
+        error: { code: 400, message: 'unknown control action', type: 'invalid_request_error' },
+      });
       const reasoningEnd = await post('/v1/chat/completions/control', { id: 'chatcmpl-x', action: 'reasoning_end' });
       assert.equal(reasoningEnd.status, 200);
       assert.deepEqual(reasoningEnd.json, { success: false, message: 'no active completion for this id' });
     });
 
-    it('a streamed request with an X-Conversation-Id header survives a closed connection, and DELETE /v1/stream?conv_id= stops it', { timeout: 60_000 }, async (t) => {
+    it('a streamed request with an X-Conversation-Id header survives a closed connection, and DELETE /v1/stream?conv_id= stops it', {
+      timeout: 60_000,
+    }, async (t) => {
       await waitFor('idle before', allIdle, 30_000);
       const conv = `conv-${process.pid}-${Date.now()}`;
-      const open = openRequest('/v1/chat/completions', { messages: [{ role: 'user', content: 'Hi' }], max_tokens: SLOT_CTX - 40, stream: true, ignore_eos: true }, { 'X-Conversation-Id': conv });
+      const open = openRequest(
+        '/v1/chat/completions',
+        { messages: [{ role: 'user', content: 'Hi' }], max_tokens: SLOT_CTX - 40, stream: true, ignore_eos: true },
+        { 'X-Conversation-Id': conv },
+      );
       const res = await open.response;
       await readEvents(res, 3);
       open.cut();

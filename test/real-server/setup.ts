@@ -14,7 +14,19 @@
  */
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { createReadStream, existsSync, mkdirSync, openSync, closeSync, readFileSync, renameSync, rmSync, writeFileSync, copyFileSync, chmodSync } from 'node:fs';
+import {
+  createReadStream,
+  existsSync,
+  mkdirSync,
+  openSync,
+  closeSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  writeFileSync,
+  copyFileSync,
+  chmodSync,
+} from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { dirname, join } from 'node:path';
 import {
@@ -41,7 +53,11 @@ interface RunOptions {
 function run(command: string, args: string[], { cwd, timeoutMs, log }: RunOptions): Promise<string> {
   return new Promise((resolve, reject) => {
     const fd = log === undefined ? undefined : openSync(log, 'a');
-    const child = spawn(command, args, { cwd, stdio: ['ignore', fd ?? 'pipe', fd ?? 'pipe'], env: { ...process.env, GIT_TERMINAL_PROMPT: '0' } });
+    const child = spawn(command, args, {
+      cwd,
+      stdio: ['ignore', fd ?? 'pipe', fd ?? 'pipe'],
+      env: { ...process.env, GIT_TERMINAL_PROMPT: '0' },
+    });
     if (fd !== undefined) closeSync(fd);
     let out = '';
     child.stdout?.on('data', (c) => (out += c));
@@ -49,7 +65,9 @@ function run(command: string, args: string[], { cwd, timeoutMs, log }: RunOption
     const what = `${command} ${args.join(' ')}`;
     const timer = setTimeout(() => {
       child.kill('SIGKILL');
-      reject(new SetupError(`${what}: no exit in ${Math.round(timeoutMs / 1000)} s (killed)${log ? `; log ${log}` : ''}`));
+      reject(
+        new SetupError(`${what}: no exit in ${Math.round(timeoutMs / 1000)} s (killed)${log ? `; log ${log}` : ''}`),
+      );
     }, timeoutMs);
     child.once('error', (err: NodeJS.ErrnoException) => {
       clearTimeout(timer);
@@ -69,7 +87,9 @@ async function requireTool(command: string, args: string[], debianPackage: strin
   try {
     await run(command, args, { timeoutMs: 30_000 });
   } catch (err) {
-    throw new SetupError(`${command} is missing or broken (${(err as Error).message.split('\n')[0]}); Debian: apt-get install -y ${debianPackage}`);
+    throw new SetupError(
+      `${command} is missing or broken (${(err as Error).message.split('\n')[0]}); Debian: apt-get install -y ${debianPackage}`,
+    );
   }
 }
 
@@ -85,13 +105,18 @@ async function pythonWithNumpy(): Promise<string> {
       tried.push(`${python}: ${(err as Error).message.split('\n').at(-1)}`);
     }
   }
-  throw new SetupError(`no python3 with numpy (make_model.py needs it; Debian: apt-get install -y python3-numpy); tried ${tried.join('; ')}`);
+  throw new SetupError(
+    `no python3 with numpy (make_model.py needs it; Debian: apt-get install -y python3-numpy); tried ${tried.join('; ')}`,
+  );
 }
 
 function sha512(file: string): Promise<string> {
   return new Promise((resolve, reject) => {
     const hash = createHash('sha512');
-    createReadStream(file).on('data', (c) => hash.update(c)).on('error', reject).on('end', () => resolve(`sha512-${hash.digest('base64')}`));
+    createReadStream(file)
+      .on('data', (c) => hash.update(c))
+      .on('error', reject)
+      .on('end', () => resolve(`sha512-${hash.digest('base64')}`));
   });
 }
 
@@ -115,7 +140,10 @@ function lock(dir: string): () => void {
           alive = false;
         }
       }
-      if (alive) throw new SetupError(`another setup (pid ${holder}) is working in ${dir}; wait for it, or remove ${file} if it is not a setup`);
+      if (alive)
+        throw new SetupError(
+          `another setup (pid ${holder}) is working in ${dir}; wait for it, or remove ${file} if it is not a setup`,
+        );
       rmSync(file, { force: true });
     }
   }
@@ -143,10 +171,22 @@ async function ensureSource(paths: ReturnType<typeof llamaPaths>, logs: string):
       rmSync(packDir, { recursive: true, force: true });
       mkdirSync(packDir, { recursive: true });
       console.log(`setup: npm pack node-llama-cpp@${NODE_LLAMA_CPP_VERSION} (≈36 MB)`);
-      await run('npm', ['pack', `node-llama-cpp@${NODE_LLAMA_CPP_VERSION}`, '--pack-destination', packDir, '--silent', '--ignore-scripts'], { timeoutMs: 10 * MIN, log: join(logs, 'npm-pack.log') });
+      await run(
+        'npm',
+        [
+          'pack',
+          `node-llama-cpp@${NODE_LLAMA_CPP_VERSION}`,
+          '--pack-destination',
+          packDir,
+          '--silent',
+          '--ignore-scripts',
+        ],
+        { timeoutMs: 10 * MIN, log: join(logs, 'npm-pack.log') },
+      );
       const tarball = join(packDir, `node-llama-cpp-${NODE_LLAMA_CPP_VERSION}.tgz`);
       const integrity = await sha512(tarball);
-      if (integrity !== NODE_LLAMA_CPP_INTEGRITY) throw new SetupError(`${tarball}: integrity ${integrity}, expected ${NODE_LLAMA_CPP_INTEGRITY}`);
+      if (integrity !== NODE_LLAMA_CPP_INTEGRITY)
+        throw new SetupError(`${tarball}: integrity ${integrity}, expected ${NODE_LLAMA_CPP_INTEGRITY}`);
       await run('tar', ['-xzf', tarball, '-C', packDir, 'package/llama/gitRelease.bundle'], { timeoutMs: 5 * MIN });
       renameSync(join(packDir, 'package', 'llama', 'gitRelease.bundle'), paths.bundle);
       rmSync(packDir, { recursive: true, force: true });
@@ -156,11 +196,17 @@ async function ensureSource(paths: ReturnType<typeof llamaPaths>, logs: string):
     rmSync(tmp, { recursive: true, force: true });
     rmSync(paths.src, { recursive: true, force: true });
     console.log('setup: git clone of the llama.cpp bundle');
-    await run('git', ['-c', 'advice.detachedHead=false', 'clone', '--quiet', paths.bundle, tmp], { timeoutMs: 10 * MIN, log: join(logs, 'git-clone.log') });
+    await run('git', ['-c', 'advice.detachedHead=false', 'clone', '--quiet', paths.bundle, tmp], {
+      timeoutMs: 10 * MIN,
+      log: join(logs, 'git-clone.log'),
+    });
     renameSync(tmp, paths.src);
   }
   const commit = (await run('git', ['-C', paths.src, 'rev-parse', 'HEAD'], { timeoutMs: 60_000 })).trim();
-  if (commit !== LLAMA_CPP_COMMIT) throw new SetupError(`${paths.src} is at ${commit}, expected ${LLAMA_CPP_COMMIT} (node-llama-cpp ${NODE_LLAMA_CPP_VERSION}); remove ${paths.dir} and run again`);
+  if (commit !== LLAMA_CPP_COMMIT)
+    throw new SetupError(
+      `${paths.src} is at ${commit}, expected ${LLAMA_CPP_COMMIT} (node-llama-cpp ${NODE_LLAMA_CPP_VERSION}); remove ${paths.dir} and run again`,
+    );
   return commit;
 }
 
@@ -177,14 +223,24 @@ async function ensureBuild(paths: ReturnType<typeof llamaPaths>, logs: string): 
   const jobs = String(Number(process.env.ROLLOUT_BUILD_JOBS) || availableParallelism());
   const log = join(logs, 'build.log');
   console.log(`setup: building llama-server (cmake, -j${jobs}; ≈9 min on 2 cores), log ${log}`);
-  await run('cmake', ['-S', paths.src, '-B', paths.build, '-G', 'Unix Makefiles', ...CMAKE_ARGS], { timeoutMs: 10 * MIN, log });
-  await run('cmake', ['--build', paths.build, '--target', 'llama-server', '--config', 'Release', '-j', jobs], { timeoutMs: 60 * MIN, log });
+  await run('cmake', ['-S', paths.src, '-B', paths.build, '-G', 'Unix Makefiles', ...CMAKE_ARGS], {
+    timeoutMs: 10 * MIN,
+    log,
+  });
+  await run('cmake', ['--build', paths.build, '--target', 'llama-server', '--config', 'Release', '-j', jobs], {
+    timeoutMs: 60 * MIN,
+    log,
+  });
   const built = join(paths.build, 'bin', 'llama-server');
   mkdirSync(dirname(paths.binary), { recursive: true });
   const tmp = `${paths.binary}.tmp`;
   copyFileSync(built, tmp);
   chmodSync(tmp, 0o755);
-  const version = (await run(tmp, ['--version'], { timeoutMs: 60_000 })).trim().split('\n').filter((l) => /version|built/.test(l)).join('; ');
+  const version = (await run(tmp, ['--version'], { timeoutMs: 60_000 }))
+    .trim()
+    .split('\n')
+    .filter((l) => /version|built/.test(l))
+    .join('; ');
   renameSync(tmp, paths.binary);
   const stamp: BuildStamp = {
     nodeLlamaCpp: NODE_LLAMA_CPP_VERSION,
@@ -206,7 +262,11 @@ async function ensureModel(paths: ReturnType<typeof llamaPaths>, logs: string): 
   console.log(`setup: making the model (${python} make_model.py)`);
   mkdirSync(dirname(paths.model), { recursive: true });
   // make_model.py writes to a temporary name and renames: the model path exists only when whole.
-  await run(python, [paths.modelScript, '--gguf-py', paths.ggufPy, '--tokenizer-dir', paths.tokenizerDir, '--out', paths.model], { timeoutMs: 10 * MIN, log: join(logs, 'make-model.log') });
+  await run(
+    python,
+    [paths.modelScript, '--gguf-py', paths.ggufPy, '--tokenizer-dir', paths.tokenizerDir, '--out', paths.model],
+    { timeoutMs: 10 * MIN, log: join(logs, 'make-model.log') },
+  );
   if (!existsSync(paths.model)) throw new SetupError(`make_model.py exited 0 but wrote no ${paths.model}`);
 }
 
@@ -220,7 +280,9 @@ async function main(): Promise<void> {
     const stamp = await ensureBuild(paths, logs);
     await ensureModel(paths, logs);
     // A model made by an older make_model.py or tokenizer is another key's folder: those are left alone.
-    console.log(`llama-server: ${paths.binary} (llama.cpp ${stamp.commit.slice(0, 10)} from node-llama-cpp ${stamp.nodeLlamaCpp}; built in ${stamp.buildSeconds} s)`);
+    console.log(
+      `llama-server: ${paths.binary} (llama.cpp ${stamp.commit.slice(0, 10)} from node-llama-cpp ${stamp.nodeLlamaCpp}; built in ${stamp.buildSeconds} s)`,
+    );
     console.log(`model: ${paths.model}`);
     console.log(`llama.cpp source: ${paths.src}`);
     console.log(`setup: ${((Date.now() - started) / 1000).toFixed(1)} s`);

@@ -9,12 +9,19 @@ export interface CliResult {
   stderr: string;
 }
 
-export function rollout(args: string[], { timeoutMs = 60_000, env = { LOG_LEVEL: 'warn' } as Record<string, string> } = {}): Promise<CliResult> {
+export function rollout(
+  args: string[],
+  { timeoutMs = 60_000, env = { LOG_LEVEL: 'warn' } as Record<string, string> } = {},
+): Promise<CliResult> {
   return runToExit(process.execPath, ['--import', 'tsx', CLI_MAIN, ...args], { timeoutMs, env });
 }
 
 /** Runs a command to its exit, collecting its output; killed and rejected after `timeoutMs`. */
-export function runToExit(command: string, args: string[], { timeoutMs = 60_000, env = {} as Record<string, string> } = {}): Promise<CliResult> {
+export function runToExit(
+  command: string,
+  args: string[],
+  { timeoutMs = 60_000, env = {} as Record<string, string> } = {},
+): Promise<CliResult> {
   return new Promise((resolve, reject) => {
     const child = spawn(command, args, { env: { ...process.env, ...env } });
     let stdout = '';
@@ -33,7 +40,11 @@ export function runToExit(command: string, args: string[], { timeoutMs = 60_000,
 }
 
 /** The URL a server process prints as `listening on http://…` on stdout; rejects, naming `what` and its stderr, if it exits first. */
-export function listeningUrl(child: ChildProcessWithoutNullStreams, what: string, stderr: () => string): Promise<string> {
+export function listeningUrl(
+  child: ChildProcessWithoutNullStreams,
+  what: string,
+  stderr: () => string,
+): Promise<string> {
   return new Promise<string>((resolve, reject) => {
     let stdout = '';
     child.stdout.on('data', (c) => {

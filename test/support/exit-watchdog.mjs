@@ -18,7 +18,9 @@ if (isMainThread && /\.test\.[cm]?[jt]s$/.test(process.argv[1] ?? '')) {
   after(() => {
     setTimeout(() => {
       const open = process._getActiveHandles().map((h) => h.constructor.name);
-      process.stderr.write(`test file still running ${GRACE_MS / 1000} s after its last test; open handles: ${open.join(', ') || 'none'}\n`);
+      process.stderr.write(
+        `test file still running ${GRACE_MS / 1000} s after its last test; open handles: ${open.join(', ') || 'none'}\n`,
+      );
       process.exit(1);
     }, GRACE_MS).unref();
   });

@@ -7,14 +7,25 @@
  */
 import type { ExpiryPolicy } from '../../src/buffer/replay-buffer.ts';
 import { staleThreshold } from '../../src/buffer/staleness.ts';
-import { groupStatus, newGroup, Status, type PromptSample, type RolloutGroup, type RolloutState, type TurnRecord } from '../../src/protocol/rollout.ts';
+import {
+  groupStatus,
+  newGroup,
+  Status,
+  type PromptSample,
+  type RolloutGroup,
+  type RolloutState,
+  type TurnRecord,
+} from '../../src/protocol/rollout.ts';
 
 export function sample(taskName: string, drawIndex: number): PromptSample {
   return { taskName, promptIndex: drawIndex, drawIndex, seed: 1000 + drawIndex, envParams: { n: drawIndex } };
 }
 
 /** A turn whose response tokens carry `steps` (null: the server returned no ids). */
-export function turn(steps: number[] | null, opts: { modelStep?: number; response?: string; step?: number } = {}): TurnRecord {
+export function turn(
+  steps: number[] | null,
+  opts: { modelStep?: number; response?: string; step?: number } = {},
+): TurnRecord {
   const modelSteps = steps === null ? null : Int32Array.from(steps);
   return {
     step: opts.step ?? 1,
@@ -40,7 +51,10 @@ export interface MemberSpec {
   status: Status;
   turns: TurnRecord[];
 }
-export const multi = (status: Status, ...turns: number[][]): MemberSpec => ({ status, turns: turns.map((s, i) => turn(s, { step: i + 1 })) });
+export const multi = (status: Status, ...turns: number[][]): MemberSpec => ({
+  status,
+  turns: turns.map((s, i) => turn(s, { step: i + 1 })),
+});
 export const C = (...steps: number[]): MemberSpec => multi(Status.COMPLETED, steps);
 export const A = (...steps: number[]): MemberSpec => multi(Status.ABORTED, steps);
 export const X = (...steps: number[]): MemberSpec => multi(Status.FAILED, steps);
@@ -60,7 +74,10 @@ export function fill(r: RolloutState, { status, turns }: MemberSpec): void {
   r.status = status;
   r.turns = turns;
   if (turns.length > 0) {
-    r.messages = [{ role: 'user', content: 'question' }, { role: 'assistant', content: turns.at(-1)!.response }];
+    r.messages = [
+      { role: 'user', content: 'question' },
+      { role: 'assistant', content: turns.at(-1)!.response },
+    ];
     r.reward = turns.reduce((s, t) => s + t.reward, 0);
     r.terminated = status === Status.COMPLETED;
     r.finishReason = status === Status.ABORTED ? 'abort' : status === Status.FAILED ? 'error' : 'stop';

@@ -23,7 +23,8 @@ import { fileURLToPath } from 'node:url';
 /** The node-llama-cpp release whose llama.cpp source is built (one exact version: the build is cached by it). */
 export const NODE_LLAMA_CPP_VERSION = '3.22.1';
 /** npm's integrity of that tarball (`npm view node-llama-cpp@3.22.1 dist.integrity`), checked before use. */
-export const NODE_LLAMA_CPP_INTEGRITY = 'sha512-bltIipuWmc123H7tMIgDGKSsSrhmhlQYeVUC48XTjVW7XGJJiJJyCdlTMzQ/LiWoPkGDpcL4FviDpgw7qfTiDw==';
+export const NODE_LLAMA_CPP_INTEGRITY =
+  'sha512-bltIipuWmc123H7tMIgDGKSsSrhmhlQYeVUC48XTjVW7XGJJiJJyCdlTMzQ/LiWoPkGDpcL4FviDpgw7qfTiDw==';
 /** The llama.cpp commit inside that tarball's llama/gitRelease.bundle. */
 export const LLAMA_CPP_COMMIT = 'de3ff815ea7d559ee917f063901b8986f038abc6';
 export const MODEL_NAME = 'qwen2.5-tiny-random';
@@ -73,7 +74,11 @@ export function llamaPaths(): LlamaPaths {
   const tokenizerDir = qwenTokenizerDir();
   if (modelKeyMemo === undefined) {
     const hash = createHash('sha256');
-    for (const file of [modelScript, join(tokenizerDir, 'tokenizer.json'), join(tokenizerDir, 'tokenizer_config.json')]) {
+    for (const file of [
+      modelScript,
+      join(tokenizerDir, 'tokenizer.json'),
+      join(tokenizerDir, 'tokenizer_config.json'),
+    ]) {
       hash.update(readFileSync(file));
       hash.update('\0');
     }
@@ -110,8 +115,10 @@ export function readBuildStamp(paths = llamaPaths()): BuildStamp | null {
 export function realServerAvailable(): { ok: true; binary: string; model: string } | { ok: false; reason: string } {
   const paths = llamaPaths();
   const fix = 'run `node --import tsx test/real-server/setup.ts` (≈10 min the first time)';
-  if (readBuildStamp(paths) === null) return { ok: false, reason: `no finished llama-server build in ${paths.dir}: ${fix}` };
-  if (!existsSync(paths.model)) return { ok: false, reason: `no model ${paths.model} (made for this make_model.py and tokenizer): ${fix}` };
+  if (readBuildStamp(paths) === null)
+    return { ok: false, reason: `no finished llama-server build in ${paths.dir}: ${fix}` };
+  if (!existsSync(paths.model))
+    return { ok: false, reason: `no model ${paths.model} (made for this make_model.py and tokenizer): ${fix}` };
   return { ok: true, binary: paths.binary, model: paths.model };
 }
 
@@ -141,13 +148,21 @@ export interface LlamaServer {
 }
 
 /** The arguments every test server gets before `extraArgs`. */
-export function baseArgs(model: string, { ctxSize = 4096, slots = 1 }: { ctxSize?: number; slots?: number } = {}): string[] {
+export function baseArgs(
+  model: string,
+  { ctxSize = 4096, slots = 1 }: { ctxSize?: number; slots?: number } = {},
+): string[] {
   return [
-    '--model', model,
-    '--host', '127.0.0.1',
-    '--port', '0', // the OS picks; the server logs "listening on http://127.0.0.1:<port>"
-    '--ctx-size', String(ctxSize),
-    '--parallel', String(slots),
+    '--model',
+    model,
+    '--host',
+    '127.0.0.1',
+    '--port',
+    '0', // the OS picks; the server logs "listening on http://127.0.0.1:<port>"
+    '--ctx-size',
+    String(ctxSize),
+    '--parallel',
+    String(slots),
     // The real Qwen2.5 Jinja template from the GGUF (default system prompt included), and no parsing of the
     // reply for tool calls or reasoning: random tokens can look like a broken <tool_call>.
     '--jinja',
@@ -155,8 +170,10 @@ export function baseArgs(model: string, { ctxSize = 4096, slots = 1 }: { ctxSize
     // A trailing assistant message is a finished turn and a new one is opened (as vLLM and HF's
     // add_generation_prompt do). With prefill on, --skip-chat-parsing drops that message from the prompt.
     '--no-prefill-assistant',
-    '--alias', MODEL_NAME,
-    '--threads', '2',
+    '--alias',
+    MODEL_NAME,
+    '--threads',
+    '2',
     '--no-webui',
     '--metrics',
     '--slots',
@@ -175,7 +192,8 @@ function tail(file: string, lines = 30): string {
 /** The environment without LLAMA_ARG_* (llama-server reads them as flags) and the cloud port override. */
 function serverEnv(): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = {};
-  for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('LLAMA_ARG_') && k !== 'AIP_MODE' && k !== 'AIP_HTTP_PORT') env[k] = v;
+  for (const [k, v] of Object.entries(process.env))
+    if (!k.startsWith('LLAMA_ARG_') && k !== 'AIP_MODE' && k !== 'AIP_HTTP_PORT') env[k] = v;
   return env;
 }
 
@@ -190,7 +208,10 @@ export async function startLlamaServer(options: StartOptions = {}): Promise<Llam
   if (!available.ok) throw new Error(available.reason);
   const startTimeoutMs = options.startTimeoutMs ?? 60_000;
   const args = [...baseArgs(available.model, options), ...(options.extraArgs ?? [])];
-  const logFile = join(tmpdir(), `llama-server-${process.pid}-${Date.now()}-${Math.random().toString(36).slice(2, 8)}.log`);
+  const logFile = join(
+    tmpdir(),
+    `llama-server-${process.pid}-${Date.now()}-${Math.random().toString(36).slice(2, 8)}.log`,
+  );
   const fd = openSync(logFile, 'w');
   let child: ChildProcess;
   try {
@@ -215,7 +236,9 @@ export async function startLlamaServer(options: StartOptions = {}): Promise<Llam
   };
   const fail = async (why: string): Promise<never> => {
     await kill(); // the log stays: the error names it
-    throw new Error(`llama-server did not start: ${why}\n  ${available.binary} ${args.join(' ')}\n  log ${logFile}, last lines:\n${tail(logFile)}`);
+    throw new Error(
+      `llama-server did not start: ${why}\n  ${available.binary} ${args.join(' ')}\n  log ${logFile}, last lines:\n${tail(logFile)}`,
+    );
   };
   let spawnError: Error | undefined;
   child.once('error', (err) => (spawnError = err));
@@ -224,7 +247,8 @@ export async function startLlamaServer(options: StartOptions = {}): Promise<Llam
   let port: number | undefined;
   while (port === undefined) {
     if (spawnError) return fail(spawnError.message);
-    if (child.exitCode !== null || child.signalCode !== null) return fail(`exited (code ${child.exitCode}, signal ${child.signalCode})`);
+    if (child.exitCode !== null || child.signalCode !== null)
+      return fail(`exited (code ${child.exitCode}, signal ${child.signalCode})`);
     if (Date.now() > deadline) return fail(`no "listening on" line in ${startTimeoutMs} ms`);
     const m = /listening on http:\/\/127\.0\.0\.1:(\d+)/.exec(tail(logFile, 200));
     if (m) port = Number(m[1]);
@@ -232,7 +256,8 @@ export async function startLlamaServer(options: StartOptions = {}): Promise<Llam
   }
   const url = `http://127.0.0.1:${port}`;
   for (;;) {
-    if (child.exitCode !== null || child.signalCode !== null) return fail(`exited (code ${child.exitCode}, signal ${child.signalCode})`);
+    if (child.exitCode !== null || child.signalCode !== null)
+      return fail(`exited (code ${child.exitCode}, signal ${child.signalCode})`);
     if (Date.now() > deadline) return fail(`/health not 200 in ${startTimeoutMs} ms`);
     try {
       const res = await fetch(`${url}/health`, { signal: AbortSignal.timeout(2_000) });

@@ -22,4 +22,6 @@ const lines = [
   `test/python/*       not run here: they start python3 (${has('python3', ['--version']) ? 'found' : 'not found'}) — npm run test:python`,
   `test/real-server/*  not run here: they build llama.cpp's llama-server (≈10 min the first time, then cached; ${built ? 'a build is cached' : 'none cached yet'}) — npm run test:real-server`,
 ];
-process.stdout.write(`npm test runs test/*.test.ts.\n${lines.map((l) => `  ${l}`).join('\n')}\n  .ci/run installs what these need and runs them all.\n\n`);
+process.stdout.write(
+  `npm test runs test/*.test.ts.\n${lines.map((l) => `  ${l}`).join('\n')}\n  .ci/run installs what these need and runs them all.\n\n`,
+);

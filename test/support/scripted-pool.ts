@@ -14,7 +14,14 @@
  */
 import type { WorkerPool } from '../../src/coordinator/worker-pool.ts';
 import type { WorkerStats } from '../../src/protocol/messages.ts';
-import { groupStatus, resetToPrompt, Status, type RolloutGroup, type RolloutState, type TurnRecord } from '../../src/protocol/rollout.ts';
+import {
+  groupStatus,
+  resetToPrompt,
+  Status,
+  type RolloutGroup,
+  type RolloutState,
+  type TurnRecord,
+} from '../../src/protocol/rollout.ts';
 
 /** How a held group comes back. */
 export type Outcome =
@@ -93,7 +100,12 @@ export class ScriptedPool implements WorkerPool {
 }
 
 /** Run `group` (already a private copy) to `outcome`, the way the worker's agent loop would. */
-export function applyOutcome(group: RolloutGroup, outcome: Outcome, modelStep: number, partialRollout: boolean): RolloutGroup {
+export function applyOutcome(
+  group: RolloutGroup,
+  outcome: Outcome,
+  modelStep: number,
+  partialRollout: boolean,
+): RolloutGroup {
   group.rollouts.forEach((rollout, i) => {
     if (rollout.status === Status.COMPLETED) return; // a sibling kept from an earlier run of its group
     if (rollout.status === Status.ABORTED && !partialRollout) resetToPrompt(rollout, Status.INIT);

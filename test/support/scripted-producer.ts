@@ -53,7 +53,11 @@ export async function pauseWith(s: ScriptedProducer, outcome: Outcome): Promise<
 }
 
 /** getBatch(step), settling each group the producer sends with `outcome` until the batch is answered. */
-export async function batchOf(s: ScriptedProducer, step: number, outcome: Outcome = { kind: 'completed' }): Promise<Batch> {
+export async function batchOf(
+  s: ScriptedProducer,
+  step: number,
+  outcome: Outcome = { kind: 'completed' },
+): Promise<Batch> {
   let answer: Batch | null = null;
   const asking = s.producer.getBatch(step).then((b) => (answer = b));
   for (let i = 0; i < 50 && answer === null; i++) {

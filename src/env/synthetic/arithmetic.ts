@@ -73,7 +73,8 @@ function drawExpression(rng: Rng, terms: number, maxOperand: number): string {
   let expression = String(rng.int(1, maxOperand));
   for (let i = 1; i < terms; i++) {
     const op = rng.pick(['+', '-', '*'] as const);
-    const operand = op === '*' ? rng.int(Math.min(2, maxOperand), Math.min(MAX_MULTIPLIER, maxOperand)) : rng.int(1, maxOperand);
+    const operand =
+      op === '*' ? rng.int(Math.min(2, maxOperand), Math.min(MAX_MULTIPLIER, maxOperand)) : rng.int(1, maxOperand);
     expression += ` ${op} ${operand}`;
   }
   return expression;

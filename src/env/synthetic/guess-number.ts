@@ -77,7 +77,8 @@ export function createEnv(params: EnvParams = {}): GuessNumberEnvironment {
   reader.rejectUnknown(FACTORY_PARAMS);
   const baseMin = reader.int('min', GUESS_NUMBER_DEFAULTS.min);
   const baseMax = reader.int('max', GUESS_NUMBER_DEFAULTS.max);
-  if (baseMin > baseMax) throw new Error(`${ENV}: params.min must be <= params.max (got min=${baseMin}, max=${baseMax})`);
+  if (baseMin > baseMax)
+    throw new Error(`${ENV}: params.min must be <= params.max (got min=${baseMin}, max=${baseMax})`);
   const maxTurns = reader.int('maxTurns', GUESS_NUMBER_DEFAULTS.maxTurns, 1, 10_000);
   const cpuCostUs = reader.number('cpuCostUs', GUESS_NUMBER_DEFAULTS.cpuCostUs, 0, 60_000_000);
 
@@ -153,7 +154,11 @@ export function createEnv(params: EnvParams = {}): GuessNumberEnvironment {
 }
 
 /** A drawn prompt's range and target (null: drawn from the seed), the factory's range by default. */
-function readReset(params: EnvParams, baseMin: number, baseMax: number): { min: number; max: number; target: number | null } {
+function readReset(
+  params: EnvParams,
+  baseMin: number,
+  baseMax: number,
+): { min: number; max: number; target: number | null } {
   const reset = new ParamReader(ENV, 'reset params', params);
   reset.rejectUnknown(RESET_PARAMS);
   const min = reset.int('min', baseMin);

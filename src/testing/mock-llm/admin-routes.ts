@@ -18,14 +18,26 @@ export interface AdminParts {
 }
 
 export function adminRoutes(parts: AdminParts): RouteTable {
-  const abort = { POST: (req: IncomingMessage, res: ServerResponse) => (req.resume(), sendJson(res, 200, { aborted: parts.abortAll() })) };
+  const abort = {
+    POST: (req: IncomingMessage, res: ServerResponse) => (
+      req.resume(), sendJson(res, 200, { aborted: parts.abortAll() })
+    ),
+  };
   const weightVersion = (req: IncomingMessage, res: ServerResponse) => weightVersionRoute(parts, req, res);
   return {
     '/admin/abort': abort,
     // SGLang's name for the abort endpoint; the body (rid / abort_all) is ignored: everything is aborted.
     '/abort_request': abort,
     '/admin/weight_version': { GET: weightVersion, POST: weightVersion },
-    ...(parts.gpu === null ? {} : { '/admin/gpu': { GET: (req: IncomingMessage, res: ServerResponse) => (req.resume(), sendJson(res, 200, parts.gpu!.metrics())) } }),
+    ...(parts.gpu === null
+      ? {}
+      : {
+          '/admin/gpu': {
+            GET: (req: IncomingMessage, res: ServerResponse) => (
+              req.resume(), sendJson(res, 200, parts.gpu!.metrics())
+            ),
+          },
+        }),
   };
 }
 

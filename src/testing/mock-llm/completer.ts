@@ -9,7 +9,18 @@
  * same faults on every run.
  */
 import type { ServerResponse } from 'node:http';
-import { checkContext, badRequest, llamacppChatJson, llamacppCompletionJson, sglangChatJson, sglangGenerateJson, sglangOpenAiError, vllmChatJson, vllmError, wantsAlternatives } from './dialects.ts';
+import {
+  checkContext,
+  badRequest,
+  llamacppChatJson,
+  llamacppCompletionJson,
+  sglangChatJson,
+  sglangGenerateJson,
+  sglangOpenAiError,
+  vllmChatJson,
+  vllmError,
+  wantsAlternatives,
+} from './dialects.ts';
 import type { Dialect, TokenInRequest } from './dialects.ts';
 import { DialectStream } from './dialect-stream.ts';
 import { deliver, type FaultInjector, type ReplyFault } from './faults.ts';
@@ -75,8 +86,14 @@ export class Completer {
     this.#vocab = parts.vocab;
     this.#context = parts.context;
     const capacity = parts.options.capacity;
-    const lengths = capacity?.responseTokens == null ? null : { median: capacity.responseTokens, sigma: capacity.lengthSigma };
-    this.#policy = { seed: parts.options.seed, mistakeRate: parts.options.mistakeRate, thinkTokens: parts.options.thinkTokens, lengths };
+    const lengths =
+      capacity?.responseTokens == null ? null : { median: capacity.responseTokens, sigma: capacity.lengthSigma };
+    this.#policy = {
+      seed: parts.options.seed,
+      mistakeRate: parts.options.mistakeRate,
+      thinkTokens: parts.options.thinkTokens,
+      lengths,
+    };
     this.#scheduler = parts.scheduler;
     this.#faults = parts.faults;
     this.#rejections = parts.rejections;
@@ -101,11 +118,15 @@ export class Completer {
       // The next turn re-sends partial + continuation = completion.text.
       rememberEncoding(completion.text, completion.ids);
     }
-    const promptIds = promptTokenIds(messages, partial !== null ? 'continue' : request.addGenerationPrompt ? 'generation' : 'closed');
+    const promptIds = promptTokenIds(
+      messages,
+      partial !== null ? 'continue' : request.addGenerationPrompt ? 'generation' : 'closed',
+    );
     // The version that "generated" the reply: the one current when generation started.
     const version = this.#version.number;
     const o = this.#options;
-    const contentOf = (out: readonly number[]): string => (out.length === fullLength && fullText !== null ? fullText : decodeIds(out));
+    const contentOf = (out: readonly number[]): string =>
+      out.length === fullLength && fullText !== null ? fullText : decodeIds(out);
     if (request.stream) {
       const stream = new CompletionStream(res, {
         index,
@@ -119,7 +140,14 @@ export class Completer {
         requestSeed: request.seed,
         offset: skip,
       });
-      this.#scheduler.schedule(res, { ids, promptTokens: promptIds.length, promptIds, natural, answer: (reason, out) => stream.finish(reason, out, contentOf(out), fault), progress: (n) => stream.progress(ids, n) });
+      this.#scheduler.schedule(res, {
+        ids,
+        promptTokens: promptIds.length,
+        promptIds,
+        natural,
+        answer: (reason, out) => stream.finish(reason, out, contentOf(out), fault),
+        progress: (n) => stream.progress(ids, n),
+      });
       return;
     }
     // Spelled out, not spread from a head shared with the stream: on this per-reply path the spread
@@ -163,10 +191,29 @@ export class Completer {
     const version = this.#version.number;
     const o = this.#options;
     const answer = (reason: Finish, out: readonly number[]): void => {
-      const json = textCompletionJson({ index, model: o.model, vocab: this.#vocab, ids: out, promptIds: prompt.ids, finishReason: reason, weightVersion: version, logprobs: request.logprobs, returnTokenIds: request.returnTokenIds, seed: o.seed, requestSeed: request.seed, offset: skip });
+      const json = textCompletionJson({
+        index,
+        model: o.model,
+        vocab: this.#vocab,
+        ids: out,
+        promptIds: prompt.ids,
+        finishReason: reason,
+        weightVersion: version,
+        logprobs: request.logprobs,
+        returnTokenIds: request.returnTokenIds,
+        seed: o.seed,
+        requestSeed: request.seed,
+        offset: skip,
+      });
       deliver(res, json, fault);
     };
-    this.#scheduler.schedule(res, { ids, promptTokens: prompt.ids.length, promptIds: prompt.ids, natural: ids.length < reply.uncut ? 'length' : 'stop', answer });
+    this.#scheduler.schedule(res, {
+      ids,
+      promptTokens: prompt.ids.length,
+      promptIds: prompt.ids,
+      natural: ids.length < reply.uncut ? 'length' : 'stop',
+      answer,
+    });
   }
 
   /**
@@ -178,12 +225,21 @@ export class Completer {
     if (d === 'vllm' && this.#refuseModel(res, request.model)) return;
     // SGLang serving_chat.py OpenAIServingChat._convert_to_internal_request @002897c23becbd522d88b8115a763a21765f978a → 400.
     if (d === 'sglang' && request.stream && request.returnPromptTokenIds) {
-      this.#rejections.dialect(res, sglangOpenAiError(400, 'return_prompt_token_ids is not supported with streaming. Please set stream=false when using return_prompt_token_ids=true.'));
+      this.#rejections.dialect(
+        res,
+        sglangOpenAiError(
+          400,
+          'return_prompt_token_ids is not supported with streaming. Please set stream=false when using return_prompt_token_ids=true.',
+        ),
+      );
       return;
     }
     const messages = request.messages;
     const partial = request.continueFinalMessage ? messages[messages.length - 1].content : null;
-    const promptIds = promptTokenIds(messages, partial !== null ? 'continue' : request.addGenerationPrompt ? 'generation' : 'closed');
+    const promptIds = promptTokenIds(
+      messages,
+      partial !== null ? 'continue' : request.addGenerationPrompt ? 'generation' : 'closed',
+    );
     const limit = checkContext(d, 'openai', promptIds.length, request.maxTokens, this.#context);
     if ('error' in limit) {
       this.#rejections.dialect(res, limit.error);
@@ -214,7 +270,8 @@ export class Completer {
     const model = d === 'sglang' ? (request.model ?? o.model) : o.model;
     const version = this.#version.label;
     const rid = `chatcmpl-mock-${index}`;
-    const draws = (): { next(): number } | null => (request.logprobs ? logprobDraws({ seed: o.seed, index, requestSeed: request.seed, offset: skip }) : null);
+    const draws = (): { next(): number } | null =>
+      request.logprobs ? logprobDraws({ seed: o.seed, index, requestSeed: request.seed, offset: skip }) : null;
     const promptTokens = promptIds.length;
     if (request.stream) {
       const stream = new DialectStream(res, {
@@ -232,12 +289,32 @@ export class Completer {
         if (fault !== null) res.destroy();
         else stream.finish(reason, out, textOf(out), reason === 'stop' ? END_OF_TURN_ID : null);
       };
-      this.#scheduler.schedule(res, { ids, promptTokens, promptIds, natural, answer, progress: (n) => stream.progress(ids, n), rid });
+      this.#scheduler.schedule(res, {
+        ids,
+        promptTokens,
+        promptIds,
+        natural,
+        answer,
+        progress: (n) => stream.progress(ids, n),
+        rid,
+      });
       return;
     }
     const serialise = d === 'vllm' ? vllmChatJson : d === 'sglang' ? sglangChatJson : llamacppChatJson;
     const answer = (reason: Finish, out: readonly number[]): void => {
-      const json = serialise({ index, model, content: textOf(out), finishReason: reason, ids: out, promptIds, request, version, draws: draws(), truncated: truncated && reason === 'length', created: Math.floor(Date.now() / 1000) });
+      const json = serialise({
+        index,
+        model,
+        content: textOf(out),
+        finishReason: reason,
+        ids: out,
+        promptIds,
+        request,
+        version,
+        draws: draws(),
+        truncated: truncated && reason === 'length',
+        created: Math.floor(Date.now() / 1000),
+      });
       deliver(res, json, fault);
     };
     this.#scheduler.schedule(res, { ids, promptTokens, promptIds, natural, answer, rid });
@@ -246,7 +323,19 @@ export class Completer {
   /** vLLM's `/v1/completions` in its dialect: the model name is checked as on chat (OpenAIServing._check_model). */
   vllmTokens(res: ServerResponse, r: TokenCompletionRequest): void {
     if (this.#refuseModel(res, r.model)) return;
-    this.dialectTokens('vllm', res, { prompt: r.prompt, maxTokens: r.maxTokens, logprobs: r.logprobs, seed: r.seed, rid: null, returnTokenIds: r.returnTokenIds }, 'openai');
+    this.dialectTokens(
+      'vllm',
+      res,
+      {
+        prompt: r.prompt,
+        maxTokens: r.maxTokens,
+        logprobs: r.logprobs,
+        seed: r.seed,
+        rid: null,
+        returnTokenIds: r.returnTokenIds,
+      },
+      'openai',
+    );
   }
 
   /**
@@ -274,10 +363,28 @@ export class Completer {
     const rid = d === 'vllm' ? `cmpl-mock-${index}` : (request.rid ?? `mock-${index}`);
     const o = this.#options;
     const answer = (reason: Finish, out: readonly number[]): void => {
-      const shape = { index, model: o.model, vocab: this.#vocab, ids: out, promptIds: prompt.ids, finishReason: reason, truncated: truncated && reason === 'length', version, request, seed: o.seed, offset: skip };
+      const shape = {
+        index,
+        model: o.model,
+        vocab: this.#vocab,
+        ids: out,
+        promptIds: prompt.ids,
+        finishReason: reason,
+        truncated: truncated && reason === 'length',
+        version,
+        request,
+        seed: o.seed,
+        offset: skip,
+      };
       let json: string;
       if (d === 'vllm') {
-        json = textCompletionJson({ ...shape, weightVersion: null, logprobs: request.logprobs, returnTokenIds: request.returnTokenIds === true, requestSeed: request.seed });
+        json = textCompletionJson({
+          ...shape,
+          weightVersion: null,
+          logprobs: request.logprobs,
+          returnTokenIds: request.returnTokenIds === true,
+          requestSeed: request.seed,
+        });
       } else if (d === 'sglang') {
         json = sglangGenerateJson({ ...shape, rid });
       } else {
@@ -285,7 +392,14 @@ export class Completer {
       }
       deliver(res, json, fault);
     };
-    this.#scheduler.schedule(res, { ids, promptTokens: prompt.ids.length, promptIds: prompt.ids, natural: ids.length < reply.uncut ? 'length' : 'stop', answer, rid });
+    this.#scheduler.schedule(res, {
+      ids,
+      promptTokens: prompt.ids.length,
+      promptIds: prompt.ids,
+      natural: ids.length < reply.uncut ? 'length' : 'stop',
+      answer,
+      rid,
+    });
   }
 
   /**
@@ -294,7 +408,12 @@ export class Completer {
    * the uninterrupted completion exactly.
    */
   #chatReply(messages: PromptMessage[], partial: string | null, index: number, seed: number | undefined): ChatReply {
-    const completion = generateCompletion(partial === null ? messages : messages.slice(0, -1), this.#policy, index, seed);
+    const completion = generateCompletion(
+      partial === null ? messages : messages.slice(0, -1),
+      this.#policy,
+      index,
+      seed,
+    );
     if (partial === null) return { completion, skip: 0, extendsCompletion: true, fullText: completion.text };
     const partialIds = encodeText(partial);
     // Best effort when the partial message is not a prefix (another seed, an edited or foreign
@@ -302,15 +421,24 @@ export class Completer {
     const extendsCompletion = startsWith(completion.ids, partialIds);
     const skip = Math.min(partialIds.length, completion.ids.length);
     // Exact whenever extendsCompletion: the skipped ids decode to `partial`, a whole-character prefix.
-    return { completion, skip, extendsCompletion, fullText: extendsCompletion ? completion.text.slice(partial.length) : null };
+    return {
+      completion,
+      skip,
+      extendsCompletion,
+      fullText: extendsCompletion ? completion.text.slice(partial.length) : null,
+    };
   }
 
   /** A token-in prompt as ids and as text in the configured vocabulary, or why it is not in it. */
   #readPrompt(prompt: number[] | string): { ids: number[]; text: string } | { error: string } {
     try {
-      return typeof prompt === 'string' ? { ids: this.#vocab.encode(prompt), text: prompt } : { ids: prompt, text: this.#vocab.decode(prompt) };
+      return typeof prompt === 'string'
+        ? { ids: this.#vocab.encode(prompt), text: prompt }
+        : { ids: prompt, text: this.#vocab.decode(prompt) };
     } catch (error) {
-      return { error: `prompt is not in the ${this.#vocab.name} vocabulary of this mock: ${(error as Error).message} (start it with --tokenizer qwen2.5, or option tokenizer: 'qwen2.5', for a Qwen-tokenizing client)` };
+      return {
+        error: `prompt is not in the ${this.#vocab.name} vocabulary of this mock: ${(error as Error).message} (start it with --tokenizer qwen2.5, or option tokenizer: 'qwen2.5', for a Qwen-tokenizing client)`,
+      };
     }
   }
 

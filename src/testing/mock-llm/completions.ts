@@ -39,7 +39,8 @@ export function parseTokenCompletionRequest(raw: string): TokenCompletionRequest
   } catch (error) {
     throw new RequestError(`request body is not valid JSON: ${(error as Error).message}`, null);
   }
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new RequestError(`request body must be a JSON object (got ${show(body)})`, null);
+  if (typeof body !== 'object' || body === null || Array.isArray(body))
+    throw new RequestError(`request body must be a JSON object (got ${show(body)})`, null);
   const b = body as Record<string, unknown>;
   const prompt = b.prompt;
   if (typeof prompt === 'string') {
@@ -47,7 +48,8 @@ export function parseTokenCompletionRequest(raw: string): TokenCompletionRequest
   } else if (Array.isArray(prompt)) {
     if (prompt.length === 0) bad('prompt', 'must be a non-empty array of token ids', prompt);
     for (let i = 0; i < prompt.length; i++) {
-      if (!Number.isSafeInteger(prompt[i]) || prompt[i] < 0) bad(`prompt[${i}]`, 'must be a token id (a non-negative integer; one prompt per request)', prompt[i]);
+      if (!Number.isSafeInteger(prompt[i]) || prompt[i] < 0)
+        bad(`prompt[${i}]`, 'must be a token id (a non-negative integer; one prompt per request)', prompt[i]);
     }
   } else {
     bad('prompt', 'must be an array of token ids or a string', prompt);
@@ -58,14 +60,24 @@ export function parseTokenCompletionRequest(raw: string): TokenCompletionRequest
     if (!ok(v)) bad(key, rule, v);
     return v;
   };
-  const maxTokens = check('max_tokens', (v) => Number.isSafeInteger(v) && (v as number) > 0, 'must be a positive integer') as number | undefined;
-  const logprobs = check('logprobs', (v) => Number.isInteger(v) && (v as number) >= 0 && (v as number) <= 20, 'must be an integer in [0, 20]') as number | undefined;
+  const maxTokens = check(
+    'max_tokens',
+    (v) => Number.isSafeInteger(v) && (v as number) > 0,
+    'must be a positive integer',
+  ) as number | undefined;
+  const logprobs = check(
+    'logprobs',
+    (v) => Number.isInteger(v) && (v as number) >= 0 && (v as number) <= 20,
+    'must be an integer in [0, 20]',
+  ) as number | undefined;
   const returnTokenIds = check('return_token_ids', (v) => typeof v === 'boolean', 'must be a boolean');
   const seed = check('seed', isInt64, 'must be a 64-bit integer') as number | undefined;
   const n = check('n', (v) => Number.isSafeInteger(v) && (v as number) > 0, 'must be a positive integer');
   if (n !== undefined && n !== 1) bad('n', 'must be 1 (the mock generates one choice)', n);
-  if (check('stream', (v) => typeof v === 'boolean', 'must be a boolean') === true) bad('stream', 'is not supported by the mock (send stream: false)', true);
-  if (check('echo', (v) => typeof v === 'boolean', 'must be a boolean') === true) bad('echo', 'is not supported by the mock', true);
+  if (check('stream', (v) => typeof v === 'boolean', 'must be a boolean') === true)
+    bad('stream', 'is not supported by the mock (send stream: false)', true);
+  if (check('echo', (v) => typeof v === 'boolean', 'must be a boolean') === true)
+    bad('echo', 'is not supported by the mock', true);
   const model = check('model', (v) => typeof v === 'string', 'must be a string') as string | undefined;
   check('temperature', (v) => typeof v === 'number' && Number.isFinite(v), 'must be a number');
   check('top_p', (v) => typeof v === 'number' && Number.isFinite(v), 'must be a number');
@@ -129,7 +141,13 @@ export function textCompletionJson(c: TextCompletionBody): string {
     }
     logprobs = { tokens, token_logprobs: values, top_logprobs: top, text_offset: offsets };
   }
-  const choice: Record<string, unknown> = { index: 0, text, logprobs, finish_reason: c.finishReason, stop_reason: null };
+  const choice: Record<string, unknown> = {
+    index: 0,
+    text,
+    logprobs,
+    finish_reason: c.finishReason,
+    stop_reason: null,
+  };
   if (c.returnTokenIds) {
     choice.token_ids = c.ids;
     choice.prompt_token_ids = c.promptIds;
@@ -140,7 +158,11 @@ export function textCompletionJson(c: TextCompletionBody): string {
     created: Math.floor(Date.now() / 1000),
     model: c.model,
     choices: [choice],
-    usage: { prompt_tokens: c.promptIds.length, completion_tokens: c.ids.length, total_tokens: c.promptIds.length + c.ids.length },
+    usage: {
+      prompt_tokens: c.promptIds.length,
+      completion_tokens: c.ids.length,
+      total_tokens: c.promptIds.length + c.ids.length,
+    },
   };
   if (c.weightVersion !== null) reply.metadata = { weight_version: c.weightVersion };
   return JSON.stringify(reply);

@@ -16,6 +16,7 @@ export class CountWaiters {
   /** Call after every change of the count. */
   notify(): void {
     const waiting = this.#waiting;
-    for (let i = waiting.length - 1; i >= 0; i--) if (this.#current() >= waiting[i].count) waiting.splice(i, 1)[0].resolve();
+    for (let i = waiting.length - 1; i >= 0; i--)
+      if (this.#current() >= waiting[i].count) waiting.splice(i, 1)[0].resolve();
   }
 }

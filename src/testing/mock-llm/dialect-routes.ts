@@ -45,11 +45,21 @@ function empty(res: ServerResponse): void {
 }
 
 /** FastAPI's 422 for a body field it could not validate (pydantic v2 error list). */
-function unprocessable(res: ServerResponse, ctx: DialectRouteContext, loc: string[], type: string, msg: string, input: unknown): void {
+function unprocessable(
+  res: ServerResponse,
+  ctx: DialectRouteContext,
+  loc: string[],
+  type: string,
+  msg: string,
+  input: unknown,
+): void {
   ctx.reject(res, { status: 422, body: JSON.stringify({ detail: [{ type, loc, msg, input: input ?? null }] }) });
 }
 
-async function jsonBody(req: IncomingMessage, ctx: DialectRouteContext): Promise<{ ok: true; value: unknown } | { ok: false }> {
+async function jsonBody(
+  req: IncomingMessage,
+  ctx: DialectRouteContext,
+): Promise<{ ok: true; value: unknown } | { ok: false }> {
   const raw = await ctx.readBody(req);
   try {
     return { ok: true, value: JSON.parse(raw) };
@@ -87,7 +97,20 @@ function vllmRoutes(ctx: DialectRouteContext): RouteTable {
               parent: null,
               max_model_len: ctx.context,
               permission: [
-                { id: 'modelperm-mock', object: 'model_permission', created, allow_create_engine: false, allow_sampling: true, allow_logprobs: true, allow_search_indices: false, allow_view: true, allow_fine_tuning: false, organization: '*', group: null, is_blocking: false },
+                {
+                  id: 'modelperm-mock',
+                  object: 'model_permission',
+                  created,
+                  allow_create_engine: false,
+                  allow_sampling: true,
+                  allow_logprobs: true,
+                  allow_search_indices: false,
+                  allow_view: true,
+                  allow_fine_tuning: false,
+                  organization: '*',
+                  group: null,
+                  is_blocking: false,
+                },
               ],
             },
           ],
@@ -107,7 +130,10 @@ function vllmRoutes(ctx: DialectRouteContext): RouteTable {
     POST: async (req, res) => {
       const body = await jsonBody(req, ctx);
       if (!body.ok) {
-        ctx.reject(res, { status: 400, body: '{"error":{"message":"Invalid JSON format","type":"Bad Request","param":null,"code":400}}' });
+        ctx.reject(res, {
+          status: 400,
+          body: '{"error":{"message":"Invalid JSON format","type":"Bad Request","param":null,"code":400}}',
+        });
         return;
       }
       const ids = (body.value as { request_ids?: unknown } | null)?.request_ids;
@@ -126,7 +152,14 @@ function vllmRoutes(ctx: DialectRouteContext): RouteTable {
       const body = await jsonBody(req, ctx);
       const value = body.ok ? (body.value as { new_version?: unknown } | null)?.new_version : undefined;
       if (typeof value !== 'string') {
-        unprocessable(res, ctx, ['body', 'new_version'], value === undefined ? 'missing' : 'string_type', value === undefined ? 'Field required' : 'Input should be a valid string', value);
+        unprocessable(
+          res,
+          ctx,
+          ['body', 'new_version'],
+          value === undefined ? 'missing' : 'string_type',
+          value === undefined ? 'Field required' : 'Input should be a valid string',
+          value,
+        );
         return;
       }
       ctx.setVersion(value);
@@ -140,7 +173,16 @@ function sglangRoutes(ctx: DialectRouteContext): RouteTable {
   const o = ctx.options;
   // python/sglang/srt/entrypoints/http_server.py get_model_info @0025436eab0556737d615b36a4dd3e1e26e82f3d
   // (newer SGLang also serves it as /model_info).
-  const modelInfo = get(() => ({ model_path: o.model, tokenizer_path: o.model, is_generation: true, preferred_sampling_params: null, weight_version: ctx.getVersion() }), ctx);
+  const modelInfo = get(
+    () => ({
+      model_path: o.model,
+      tokenizer_path: o.model,
+      is_generation: true,
+      preferred_sampling_params: null,
+      weight_version: ctx.getVersion(),
+    }),
+    ctx,
+  );
   // get_server_info: {**asdict(server_args), **scheduler_info, internal_states, version} (newer: /server_info).
   // The mock sends the server args an engine reads; context_length is what --context-length set (null
   // when the model's own is used): /v1/models max_model_len is the one always there.
@@ -167,7 +209,22 @@ function sglangRoutes(ctx: DialectRouteContext): RouteTable {
     // available_models: owned_by "sglang" (protocol.py ModelCard @9b116dffe828b2dfa7ec0e4d061555b6c354b67a),
     // max_model_len = model_config.context_len.
     '/v1/models': {
-      GET: get(() => ({ object: 'list', data: [{ id: o.model, object: 'model', created: Math.floor(Date.now() / 1000), owned_by: 'sglang', root: o.model, max_model_len: ctx.context }] }), ctx),
+      GET: get(
+        () => ({
+          object: 'list',
+          data: [
+            {
+              id: o.model,
+              object: 'model',
+              created: Math.floor(Date.now() / 1000),
+              owned_by: 'sglang',
+              root: o.model,
+              max_model_len: ctx.context,
+            },
+          ],
+        }),
+        ctx,
+      ),
     },
     '/v1/chat/completions': { POST: ctx.chat },
     '/generate': { POST: ctx.tokens, PUT: ctx.tokens },
@@ -183,12 +240,27 @@ function sglangRoutes(ctx: DialectRouteContext): RouteTable {
         const body = await jsonBody(req, ctx);
         const b = (body.ok ? body.value : null) as { new_version?: unknown; abort_all_requests?: unknown } | null;
         if (typeof b?.new_version !== 'string') {
-          unprocessable(res, ctx, ['body', 'new_version'], b?.new_version === undefined ? 'missing' : 'string_type', b?.new_version === undefined ? 'Field required' : 'Input should be a valid string', b?.new_version);
+          unprocessable(
+            res,
+            ctx,
+            ['body', 'new_version'],
+            b?.new_version === undefined ? 'missing' : 'string_type',
+            b?.new_version === undefined ? 'Field required' : 'Input should be a valid string',
+            b?.new_version,
+          );
           return;
         }
         if (b.abort_all_requests === true) ctx.abortAll();
         ctx.setVersion(b.new_version);
-        ctx.send(res, 200, JSON.stringify({ success: true, message: `Weight version updated to ${b.new_version}`, new_version: b.new_version }));
+        ctx.send(
+          res,
+          200,
+          JSON.stringify({
+            success: true,
+            message: `Weight version updated to ${b.new_version}`,
+            new_version: b.new_version,
+          }),
+        );
       },
     },
     // abort_request: AbortReq {rid = "", abort_all = false} → tokenizer_manager.abort_request; 200, no
@@ -231,18 +303,45 @@ function llamacppRoutes(ctx: DialectRouteContext): RouteTable {
           tags: [''],
           capabilities: ['completion'],
           parameters: '',
-          details: { parent_model: '', format: 'gguf', family: '', families: [''], parameter_size: '', quantization_level: '' },
+          details: {
+            parent_model: '',
+            format: 'gguf',
+            family: '',
+            families: [''],
+            parameter_size: '',
+            quantization_level: '',
+          },
         },
       ],
       object: 'list',
-      data: [{ id: o.model, object: 'model', created: Math.floor(Date.now() / 1000), owned_by: 'llamacpp', meta: { vocab_type: 2, n_vocab: 151_936, n_ctx_train: N_CTX_TRAIN, n_embd: 0, n_params: 0, size: 0 } }],
+      data: [
+        {
+          id: o.model,
+          object: 'model',
+          created: Math.floor(Date.now() / 1000),
+          owned_by: 'llamacpp',
+          meta: { vocab_type: 2, n_vocab: 151_936, n_ctx_train: N_CTX_TRAIN, n_embd: 0, n_params: 0, size: 0 },
+        },
+      ],
     }),
     ctx,
   );
   // get_props: the server's context per slot is default_generation_settings.n_ctx (get_slot_n_ctx).
   const props = get(
     () => ({
-      default_generation_settings: { params: { n_predict: -1, seed: 4294967295, temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, n_probs: 0, stream: false }, n_ctx: ctx.context },
+      default_generation_settings: {
+        params: {
+          n_predict: -1,
+          seed: 4294967295,
+          temperature: 0.8,
+          top_k: 40,
+          top_p: 0.95,
+          min_p: 0.05,
+          n_probs: 0,
+          stream: false,
+        },
+        n_ctx: ctx.context,
+      },
       total_slots: 1,
       model_alias: o.model,
       model_path: `${o.model}.gguf`,

@@ -70,7 +70,9 @@ export class DialectStream {
     const { dialect, promptIds } = this.#h;
     if (dialect === 'sglang') {
       // The finish reason is a chunk of its own, after the content (serving_chat.py _generate_chat_stream).
-      tail += this.#event(`${this.#prefix}{"index":0,"delta":{"role":null,"content":null,"reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":${JSON.stringify(reason)},"matched_stop":${matchedStop === null ? 'null' : matchedStop}}${this.#suffix}}`);
+      tail += this.#event(
+        `${this.#prefix}{"index":0,"delta":{"role":null,"content":null,"reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":${JSON.stringify(reason)},"matched_stop":${matchedStop === null ? 'null' : matchedStop}}${this.#suffix}}`,
+      );
     }
     if (this.#h.includeUsage) {
       const p = promptIds.length;
@@ -78,7 +80,10 @@ export class DialectStream {
         dialect === 'llamacpp'
           ? `{"completion_tokens":${out.length},"prompt_tokens":${p},"total_tokens":${p + out.length}}`
           : `{"prompt_tokens":${p},"completion_tokens":${out.length},"total_tokens":${p + out.length}}`;
-      tail += dialect === 'llamacpp' ? this.#event(`${this.#prefix}${this.#suffix},"usage":${usage}}`) : this.#event(`${this.#prefix}],"usage":${usage}}`);
+      tail +=
+        dialect === 'llamacpp'
+          ? this.#event(`${this.#prefix}${this.#suffix},"usage":${usage}}`)
+          : this.#event(`${this.#prefix}],"usage":${usage}}`);
     }
     this.#res.end(`${tail}data: [DONE]\n\n`);
   }
@@ -128,15 +133,21 @@ export class DialectStream {
     }
     if (dialect === 'sglang') {
       if (text === '') return '';
-      return this.#event(`${this.#prefix}{"index":0,"delta":{"role":null,"content":${JSON.stringify(text)},"reasoning_content":null,"tool_calls":null},"logprobs":${logprobs},"finish_reason":null,"matched_stop":null}${this.#suffix}}`);
+      return this.#event(
+        `${this.#prefix}{"index":0,"delta":{"role":null,"content":${JSON.stringify(text)},"reasoning_content":null,"tool_calls":null},"logprobs":${logprobs},"finish_reason":null,"matched_stop":null}${this.#suffix}}`,
+      );
     }
     if (dialect === 'llamacpp') {
       const lp = draws === null ? '' : `,"logprobs":${logprobs}`;
-      return this.#event(`${this.#prefix}{"finish_reason":${reason === null ? 'null' : JSON.stringify(reason)},"index":0,"delta":{"content":${JSON.stringify(text)}}${lp}}${this.#suffix}}`);
+      return this.#event(
+        `${this.#prefix}{"finish_reason":${reason === null ? 'null' : JSON.stringify(reason)},"index":0,"delta":{"content":${JSON.stringify(text)}}${lp}}${this.#suffix}}`,
+      );
     }
     const tokenIds = this.#h.returnTokenIds ? JSON.stringify(ids.slice(from, n)) : 'null';
     const finish = reason === null ? 'null' : `${JSON.stringify(reason)},"stop_reason":null`;
-    return this.#event(`${this.#prefix}{"index":0,"delta":{"content":${JSON.stringify(text)}},"logprobs":${logprobs},"finish_reason":${finish},"token_ids":${tokenIds}}]}`);
+    return this.#event(
+      `${this.#prefix}{"index":0,"delta":{"content":${JSON.stringify(text)}},"logprobs":${logprobs},"finish_reason":${finish},"token_ids":${tokenIds}}]}`,
+    );
   }
 
   #event(json: string): string {

@@ -65,7 +65,14 @@ function tokenBytesJson(id: number): string {
  * `logprobs.content` entries of ids[from..to) for one dialect. The alternatives list holds the sampled
  * token only when alternatives were asked for: the mock has no distribution to rank.
  */
-export function dialectLogprobEntries(dialect: Dialect, ids: readonly number[], from: number, to: number, draws: { next(): number }, withTop: boolean): string {
+export function dialectLogprobEntries(
+  dialect: Dialect,
+  ids: readonly number[],
+  from: number,
+  to: number,
+  draws: { next(): number },
+  withTop: boolean,
+): string {
   let json = '';
   for (let i = from; i < to; i++) {
     const id = ids[i];
@@ -108,7 +115,8 @@ export function wantsAlternatives(dialect: Dialect, request: MockChatRequest): b
 // ---------------------------------------------------------------------------------------------------
 
 function usageJson(prompt: number, completion: number, dialect: Dialect): string {
-  if (dialect === 'llamacpp') return `{"completion_tokens":${completion},"prompt_tokens":${prompt},"total_tokens":${prompt + completion}}`;
+  if (dialect === 'llamacpp')
+    return `{"completion_tokens":${completion},"prompt_tokens":${prompt},"total_tokens":${prompt + completion}}`;
   return `{"prompt_tokens":${prompt},"total_tokens":${prompt + completion},"completion_tokens":${completion},"prompt_tokens_details":null}`;
 }
 
@@ -120,7 +128,10 @@ function usageJson(prompt: number, completion: number, dialect: Dialect): string
  */
 export function vllmChatJson(c: DialectChat): string {
   const r = c.request;
-  const logprobs = c.draws === null ? 'null' : `{"content":[${dialectLogprobEntries('vllm', c.ids, 0, c.ids.length, c.draws, wantsAlternatives('vllm', r))}]}`;
+  const logprobs =
+    c.draws === null
+      ? 'null'
+      : `{"content":[${dialectLogprobEntries('vllm', c.ids, 0, c.ids.length, c.draws, wantsAlternatives('vllm', r))}]}`;
   return (
     `{"id":"chatcmpl-mock-${c.index}","object":"chat.completion","created":${c.created},"model":${JSON.stringify(c.model)},` +
     `"choices":[{"index":0,"message":{"role":"assistant","content":${JSON.stringify(c.content)},"tool_calls":[],"reasoning_content":null},` +
@@ -141,8 +152,12 @@ export function vllmChatJson(c: DialectChat): string {
  */
 export function sglangChatJson(c: DialectChat): string {
   const r = c.request;
-  const logprobs = c.draws === null ? 'null' : `{"content":[${dialectLogprobEntries('sglang', c.ids, 0, c.ids.length, c.draws, wantsAlternatives('sglang', r))}]}`;
-  const matched = c.finishReason === 'stop' && c.ids[c.ids.length - 1] === END_OF_TURN_ID ? String(END_OF_TURN_ID) : 'null';
+  const logprobs =
+    c.draws === null
+      ? 'null'
+      : `{"content":[${dialectLogprobEntries('sglang', c.ids, 0, c.ids.length, c.draws, wantsAlternatives('sglang', r))}]}`;
+  const matched =
+    c.finishReason === 'stop' && c.ids[c.ids.length - 1] === END_OF_TURN_ID ? String(END_OF_TURN_ID) : 'null';
   return (
     `{"id":"chatcmpl-mock-${c.index}","object":"chat.completion","created":${c.created},"model":${JSON.stringify(c.model)},` +
     `"choices":[{"index":0,"message":{"role":"assistant","content":${JSON.stringify(c.content)},"reasoning_content":null,"tool_calls":null},` +
@@ -172,7 +187,10 @@ function timingsJson(promptTokens: number, predicted: number): string {
  */
 export function llamacppChatJson(c: DialectChat): string {
   const r = c.request;
-  const logprobs = c.draws === null ? '' : `,"logprobs":{"content":[${dialectLogprobEntries('llamacpp', c.ids, 0, c.ids.length, c.draws, wantsAlternatives('llamacpp', r))}]}`;
+  const logprobs =
+    c.draws === null
+      ? ''
+      : `,"logprobs":{"content":[${dialectLogprobEntries('llamacpp', c.ids, 0, c.ids.length, c.draws, wantsAlternatives('llamacpp', r))}]}`;
   return (
     `{"choices":[{"finish_reason":${JSON.stringify(c.finishReason)},"index":0,"message":{"role":"assistant","content":${JSON.stringify(c.content)}}${logprobs}}],` +
     `"created":${c.created},"model":${JSON.stringify(c.model)},"system_fingerprint":"${LLAMACPP_BUILD_INFO}","object":"chat.completion",` +
@@ -195,12 +213,18 @@ export interface DialectError {
  * @00bd1493b3e82d6c13c68ee8a0e1c5a96707e190): {"error": {message, type, param, code}}.
  */
 export function vllmError(status: number, type: string, message: string, param: string | null = null): DialectError {
-  return { status, body: `{"error":{"message":${JSON.stringify(message)},"type":${JSON.stringify(type)},"param":${JSON.stringify(param)},"code":${status}}}` };
+  return {
+    status,
+    body: `{"error":{"message":${JSON.stringify(message)},"type":${JSON.stringify(type)},"param":${JSON.stringify(param)},"code":${status}}}`,
+  };
 }
 
 /** SGLang's OpenAI-route ErrorResponse (protocol.py ErrorResponse @9b116dffe828b2dfa7ec0e4d061555b6c354b67a): flat, with object "error". */
 export function sglangOpenAiError(status: number, message: string, type = 'BadRequestError'): DialectError {
-  return { status, body: `{"object":"error","message":${JSON.stringify(message)},"type":${JSON.stringify(type)},"param":null,"code":${status}}` };
+  return {
+    status,
+    body: `{"object":"error","message":${JSON.stringify(message)},"type":${JSON.stringify(type)},"param":null,"code":${status}}`,
+  };
 }
 
 /** SGLang's native-route error (http_server.py _create_error_response, used by /generate @0025436eab0556737d615b36a4dd3e1e26e82f3d): {"error": {message}}, 400. */
@@ -214,7 +238,10 @@ export function sglangNativeError(message: string): DialectError {
  * n_ctx (server-context.cpp send_error @fb4026604c67c682f552337ec9b91eced0abd35a).
  */
 export function llamacppError(status: number, type: string, message: string, extra = ''): DialectError {
-  return { status, body: `{"error":{"code":${status},"message":${JSON.stringify(message)},"type":${JSON.stringify(type)}${extra}}}` };
+  return {
+    status,
+    body: `{"error":{"code":${status},"message":${JSON.stringify(message)},"type":${JSON.stringify(type)}${extra}}}`,
+  };
 }
 
 /**
@@ -225,12 +252,20 @@ export function llamacppError(status: number, type: string, message: string, ext
  * set_error_handler @aa6192d38defc9a5d9fb2987413f71b18f214270).
  */
 export function unknownRoute(dialect: Dialect, methodNotAllowed: boolean): DialectError {
-  if (dialect === 'llamacpp') return { status: 404, body: '{"error":{"message":"File Not Found","type":"not_found_error","code":404}}' };
-  return methodNotAllowed ? { status: 405, body: '{"detail":"Method Not Allowed"}' } : { status: 404, body: '{"detail":"Not Found"}' };
+  if (dialect === 'llamacpp')
+    return { status: 404, body: '{"error":{"message":"File Not Found","type":"not_found_error","code":404}}' };
+  return methodNotAllowed
+    ? { status: 405, body: '{"detail":"Method Not Allowed"}' }
+    : { status: 404, body: '{"detail":"Not Found"}' };
 }
 
 /** A body the mock could not parse, in the dialect's error shape (the real servers' own validators word it differently). */
-export function badRequest(dialect: Dialect, route: 'openai' | 'native', message: string, param: string | null): DialectError {
+export function badRequest(
+  dialect: Dialect,
+  route: 'openai' | 'native',
+  message: string,
+  param: string | null,
+): DialectError {
   if (dialect === 'vllm') return vllmError(400, 'BadRequestError', message, param);
   if (dialect === 'sglang') return route === 'native' ? sglangNativeError(message) : sglangOpenAiError(400, message);
   return llamacppError(400, 'invalid_request_error', message);
@@ -245,18 +280,36 @@ export function badRequest(dialect: Dialect, route: 'openai' | 'native', message
  * generation may take (Infinity = no cap beyond max tokens). `maxTokens` is what the request asked
  * for (null = not given).
  */
-export function checkContext(dialect: Dialect, route: 'openai' | 'native', promptTokens: number, maxTokens: number | null, context: number): { error: DialectError } | { cap: number } {
+export function checkContext(
+  dialect: Dialect,
+  route: 'openai' | 'native',
+  promptTokens: number,
+  maxTokens: number | null,
+  context: number,
+): { error: DialectError } | { cap: number } {
   const p = promptTokens;
   if (dialect === 'vllm') {
     // vllm/entrypoints/openai/engine/serving.py OpenAIServing._validate_input @00bd1493b3e82d6c13c68ee8a0e1c5a96707e190:
     // VLLMValidationError (its __str__ appends "(parameter=…, value=…)", vllm/exceptions.py) → 400
     // BadRequestError with param; without max_tokens the budget is the rest of the context (get_max_tokens).
     if (p >= context) {
-      return { error: vllmError(400, 'BadRequestError', `This model's maximum context length is ${context} tokens. However, your request has ${p} input tokens. Please reduce the length of the input messages. (parameter=input_tokens, value=${p})`, 'input_tokens') };
+      return {
+        error: vllmError(
+          400,
+          'BadRequestError',
+          `This model's maximum context length is ${context} tokens. However, your request has ${p} input tokens. Please reduce the length of the input messages. (parameter=input_tokens, value=${p})`,
+          'input_tokens',
+        ),
+      };
     }
     if (maxTokens !== null && p + maxTokens > context) {
       return {
-        error: vllmError(400, 'BadRequestError', `'max_tokens' or 'max_completion_tokens' is too large: ${maxTokens}. This model's maximum context length is ${context} tokens and your request has ${p} input tokens (${maxTokens} > ${context} - ${p}). (parameter=max_tokens, value=${maxTokens})`, 'max_tokens'),
+        error: vllmError(
+          400,
+          'BadRequestError',
+          `'max_tokens' or 'max_completion_tokens' is too large: ${maxTokens}. This model's maximum context length is ${context} tokens and your request has ${p} input tokens (${maxTokens} > ${context} - ${p}). (parameter=max_tokens, value=${maxTokens})`,
+          'max_tokens',
+        ),
       };
     }
     return { cap: context - p };
@@ -264,8 +317,11 @@ export function checkContext(dialect: Dialect, route: 'openai' | 'native', promp
   if (dialect === 'sglang') {
     // python/sglang/srt/managers/tokenizer_manager.py TokenizerManager._validate_one_request @001067fffe33427bee0ed2f007fb7551a1d76b44:
     // ValueError → 400 in the route's error shape; no max_new_tokens = no total check (generation stops at the context).
-    const error = (message: string): { error: DialectError } => ({ error: route === 'native' ? sglangNativeError(message) : sglangOpenAiError(400, message) });
-    if (p >= context) return error(`The input (${p} tokens) is longer than the model's context length (${context} tokens).`);
+    const error = (message: string): { error: DialectError } => ({
+      error: route === 'native' ? sglangNativeError(message) : sglangOpenAiError(400, message),
+    });
+    if (p >= context)
+      return error(`The input (${p} tokens) is longer than the model's context length (${context} tokens).`);
     if (maxTokens !== null && maxTokens + p > context) {
       return error(
         `Requested token count exceeds the model's maximum context length of ${context} tokens. You requested a total of ${maxTokens + p} tokens: ${p} tokens from the input messages and ${maxTokens} tokens for the completion. Please reduce the number of tokens in the input messages or the completion to fit within the limit.`,
@@ -277,7 +333,14 @@ export function checkContext(dialect: Dialect, route: 'openai' | 'native', promp
   // prompt is checked (n_tokens >= n_ctx); n_predict is not — generation stops when the context is full
   // (process_token: truncated, STOP_TYPE_LIMIT), after n_ctx - prompt tokens.
   if (p >= context) {
-    return { error: llamacppError(400, 'exceed_context_size_error', 'the request exceeds the available context size, try increasing it', `,"n_prompt_tokens":${p},"n_ctx":${context}`) };
+    return {
+      error: llamacppError(
+        400,
+        'exceed_context_size_error',
+        'the request exceeds the available context size, try increasing it',
+        `,"n_prompt_tokens":${p},"n_ctx":${context}`,
+      ),
+    };
   }
   return { cap: context - p };
 }
@@ -311,11 +374,13 @@ function objectBody(raw: string): Record<string, unknown> {
   } catch (error) {
     throw new RequestError(`request body is not valid JSON: ${(error as Error).message}`, null);
   }
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new RequestError(`request body must be a JSON object (got ${show(body)})`, null);
+  if (typeof body !== 'object' || body === null || Array.isArray(body))
+    throw new RequestError(`request body must be a JSON object (got ${show(body)})`, null);
   return body as Record<string, unknown>;
 }
 
-const isIds = (v: unknown): v is number[] => Array.isArray(v) && v.length > 0 && v.every((x) => Number.isSafeInteger(x) && (x as number) >= 0);
+const isIds = (v: unknown): v is number[] =>
+  Array.isArray(v) && v.length > 0 && v.every((x) => Number.isSafeInteger(x) && (x as number) >= 0);
 const isInt = (v: unknown): v is number => typeof v === 'number' && Number.isSafeInteger(v);
 
 /**
@@ -328,7 +393,8 @@ export function parseGenerateRequest(raw: string): TokenInRequest {
   const b = objectBody(raw);
   let prompt: number[] | string;
   if (b.input_ids !== undefined && b.input_ids !== null) {
-    if (!isIds(b.input_ids)) bad('input_ids', 'must be a non-empty array of token ids (one prompt per request in the mock)', b.input_ids);
+    if (!isIds(b.input_ids))
+      bad('input_ids', 'must be a non-empty array of token ids (one prompt per request in the mock)', b.input_ids);
     prompt = b.input_ids;
   } else if (typeof b.text === 'string' && b.text.length > 0) {
     prompt = b.text;
@@ -338,12 +404,15 @@ export function parseGenerateRequest(raw: string): TokenInRequest {
   const sp = (b.sampling_params ?? {}) as Record<string, unknown>;
   if (typeof sp !== 'object' || Array.isArray(sp)) bad('sampling_params', 'must be an object', b.sampling_params);
   const maxNew = sp.max_new_tokens;
-  if (maxNew !== undefined && maxNew !== null && !(isInt(maxNew) && maxNew >= 0)) bad('sampling_params.max_new_tokens', 'must be a non-negative integer', maxNew);
+  if (maxNew !== undefined && maxNew !== null && !(isInt(maxNew) && maxNew >= 0))
+    bad('sampling_params.max_new_tokens', 'must be a non-negative integer', maxNew);
   const seed = sp.sampling_seed;
-  if (seed !== undefined && seed !== null && !isInt(seed)) bad('sampling_params.sampling_seed', 'must be an integer', seed);
+  if (seed !== undefined && seed !== null && !isInt(seed))
+    bad('sampling_params.sampling_seed', 'must be an integer', seed);
   if (b.stream === true) bad('stream', 'is not supported by the mock on /generate (send stream: false)', true);
   const top = b.top_logprobs_num;
-  if (top !== undefined && top !== null && !(isInt(top) && top >= 0)) bad('top_logprobs_num', 'must be a non-negative integer', top);
+  if (top !== undefined && top !== null && !(isInt(top) && top >= 0))
+    bad('top_logprobs_num', 'must be a non-negative integer', top);
   const rid = typeof b.rid === 'string' ? b.rid : null;
   return {
     prompt,
@@ -364,11 +433,17 @@ export function parseGenerateRequest(raw: string): TokenInRequest {
 export function parseLlamaCompletionRequest(raw: string): TokenInRequest {
   const b = objectBody(raw);
   const prompt = b.prompt;
-  if (!(isIds(prompt) || (typeof prompt === 'string' && prompt.length > 0))) bad('prompt', 'must be a non-empty array of token ids or a string (mixed prompts are not supported by the mock)', prompt);
+  if (!(isIds(prompt) || (typeof prompt === 'string' && prompt.length > 0)))
+    bad(
+      'prompt',
+      'must be a non-empty array of token ids or a string (mixed prompts are not supported by the mock)',
+      prompt,
+    );
   const n = b.n_predict;
   if (n !== undefined && n !== null && !(isInt(n) && n >= -1)) bad('n_predict', 'must be an integer >= -1', n);
   const probs = b.n_probs;
-  if (probs !== undefined && probs !== null && !(isInt(probs) && probs >= 0)) bad('n_probs', 'must be a non-negative integer', probs);
+  if (probs !== undefined && probs !== null && !(isInt(probs) && probs >= 0))
+    bad('n_probs', 'must be a non-negative integer', probs);
   const seed = b.seed;
   if (seed !== undefined && seed !== null && !isInt(seed)) bad('seed', 'must be an integer', seed);
   if (b.stream === true) bad('stream', 'is not supported by the mock on /completion (send stream: false)', true);
@@ -462,7 +537,11 @@ export function llamacppCompletionJson(t: DialectTokens): string {
     model: t.model,
     tokens_predicted: t.ids.length,
     tokens_evaluated: t.promptIds.length,
-    generation_settings: { n_predict: t.request.maxTokens ?? -1, seed: t.request.seed ?? 4294967295, n_probs: t.request.logprobs ?? 0 },
+    generation_settings: {
+      n_predict: t.request.maxTokens ?? -1,
+      seed: t.request.seed ?? 4294967295,
+      n_probs: t.request.logprobs ?? 0,
+    },
     prompt: t.vocab.decode(t.promptIds),
     has_new_line: false,
     truncated: t.truncated,

@@ -31,7 +31,14 @@ export class FaultInjector {
   readonly #options: ResolvedMockLlmOptions;
   readonly #anyFault: boolean;
   /** Requests that drew each fault (stats().faults). */
-  readonly #counts: Record<MockFault, number> = { error: 0, rateLimit: 0, reset: 0, hang: 0, malformed: 0, truncate: 0 };
+  readonly #counts: Record<MockFault, number> = {
+    error: 0,
+    rateLimit: 0,
+    reset: 0,
+    hang: 0,
+    malformed: 0,
+    truncate: 0,
+  };
   /** Requests held by `hangRate`: released only by the client hanging up or close(). */
   readonly #hung = new Set<ServerResponse>();
 
@@ -66,7 +73,12 @@ export class FaultInjector {
         sendJson(res, 500, errorBody(`injected error (errorRate=${this.#options.errorRate})`, 'server_error'));
         return 'answered';
       case 'rateLimit':
-        sendJson(res, 429, errorBody(`injected rate limit (rateLimitRate=${this.#options.rateLimitRate})`, 'rate_limit_error'), { 'retry-after': '0' });
+        sendJson(
+          res,
+          429,
+          errorBody(`injected rate limit (rateLimitRate=${this.#options.rateLimitRate})`, 'rate_limit_error'),
+          { 'retry-after': '0' },
+        );
         return 'answered';
       case 'reset': {
         // RST rather than FIN: what a crashed proxy or a killed server process looks like to the client.

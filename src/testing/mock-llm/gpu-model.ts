@@ -111,8 +111,20 @@ export class GpuModel {
   #now = 0;
   #nextId = 0;
   readonly #c: GpuCounters = {
-    timeMs: 0, busyMs: 0, slotMs: 0, queueMs: 0, steps: 0, submitted: 0, admitted: 0, completed: 0, cancelled: 0,
-    generatedTokens: 0, promptTokens: 0, cachedTokens: 0, prefilledTokens: 0, cacheFlushes: 0,
+    timeMs: 0,
+    busyMs: 0,
+    slotMs: 0,
+    queueMs: 0,
+    steps: 0,
+    submitted: 0,
+    admitted: 0,
+    completed: 0,
+    cancelled: 0,
+    generatedTokens: 0,
+    promptTokens: 0,
+    cachedTokens: 0,
+    prefilledTokens: 0,
+    cacheFlushes: 0,
   };
 
   constructor(options: GpuModelOptions) {
@@ -222,7 +234,10 @@ export class GpuModel {
       budget -= take;
       prefillTokens += take;
     }
-    const ms = this.#o.decodeMs + this.#o.decodeMsPerSeq * decode.length + (prefillTokens * 1000) / this.#o.prefillTokensPerSecond;
+    const ms =
+      this.#o.decodeMs +
+      this.#o.decodeMsPerSeq * decode.length +
+      (prefillTokens * 1000) / this.#o.prefillTokensPerSecond;
     this.#step = { start, end: start + ms, decode, prefill };
   }
 
@@ -266,6 +281,8 @@ export class GpuModel {
     this.#slots.delete(seq);
     if (seq.state === 'prefill' && seq.prefillLeft > 0) return; // its prompt was never whole in the KV cache
     const { promptIds, outputIds } = seq.input;
-    this.#cache.insert(blockHashes(seq.generated === 0 ? promptIds : [...promptIds, ...outputIds.slice(0, seq.generated)]));
+    this.#cache.insert(
+      blockHashes(seq.generated === 0 ? promptIds : [...promptIds, ...outputIds.slice(0, seq.generated)]),
+    );
   }
 }

@@ -123,7 +123,14 @@ export class Gpu {
     this.#options = options;
     this.#onChange = onChange;
     const { slots, decodeMs, decodeMsPerSeq, prefillTokensPerSecond, prefillChunkTokens, prefixCacheTokens } = options;
-    const model: GpuModelOptions = { slots, decodeMs, decodeMsPerSeq, prefillTokensPerSecond, prefillChunkTokens, prefixCacheTokens };
+    const model: GpuModelOptions = {
+      slots,
+      decodeMs,
+      decodeMsPerSeq,
+      prefillTokensPerSecond,
+      prefillChunkTokens,
+      prefixCacheTokens,
+    };
     this.#model = new GpuModel(model);
   }
 
@@ -146,7 +153,12 @@ export class Gpu {
 
   metrics(): GpuMetrics {
     this.#settle(this.#model.advanceTo(this.#clock()));
-    return { ...this.#model.counters(), ...this.#model.state(), slots: this.#options.slots, speedup: this.#options.speedup };
+    return {
+      ...this.#model.counters(),
+      ...this.#model.state(),
+      slots: this.#options.slots,
+      speedup: this.#options.speedup,
+    };
   }
 
   /** Loaded new weights: the prefix cache is dropped. */
@@ -177,11 +189,14 @@ export class Gpu {
     this.stop();
     if (next === null) return;
     this.#armedFor = next;
-    this.#timer = setTimeout(() => {
-      this.#timer = null;
-      this.#armedFor = null;
-      this.#settle(this.#model.advanceTo(this.#clock()));
-      this.#onChange();
-    }, Math.max(0, (next - this.#clock()) / this.#options.speedup));
+    this.#timer = setTimeout(
+      () => {
+        this.#timer = null;
+        this.#armedFor = null;
+        this.#settle(this.#model.advanceTo(this.#clock()));
+        this.#onChange();
+      },
+      Math.max(0, (next - this.#clock()) / this.#options.speedup),
+    );
   }
 }

@@ -9,7 +9,10 @@ import type { DialectError } from './dialects.ts';
 /** A body over `maxBodyBytes`: the route table answers it 413 and closes the connection. */
 export class BodyTooLarge extends Error {}
 
-const bodyErrors: BodyErrors = { tooLarge: (message) => new BodyTooLarge(message), aborted: (message) => new Error(message) };
+const bodyErrors: BodyErrors = {
+  tooLarge: (message) => new BodyTooLarge(message),
+  aborted: (message) => new Error(message),
+};
 
 export async function readBody(req: IncomingMessage, limit: number): Promise<string> {
   return (await readRequestBody(req, limit, bodyErrors)).toString('utf8');
@@ -43,7 +46,13 @@ export class Rejections {
   }
 
   /** The default dialect's refusal: OpenAI's `invalid_request_error` naming the field. */
-  reject(res: ServerResponse, status: number, message: string, param: string | null = null, headers?: Record<string, string>): void {
+  reject(
+    res: ServerResponse,
+    status: number,
+    message: string,
+    param: string | null = null,
+    headers?: Record<string, string>,
+  ): void {
     this.#count += 1;
     sendJson(res, status, errorBody(message, 'invalid_request_error', param), headers);
   }

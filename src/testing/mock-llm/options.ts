@@ -108,7 +108,12 @@ export interface MockLlmOptions {
   capacity?: CapacityOptions | null;
 }
 
-export type ResolvedMockLlmOptions = Readonly<Required<Omit<MockLlmOptions, 'contextLength' | 'capacity'>> & { contextLength: number | null; capacity: ResolvedCapacity | null }>;
+export type ResolvedMockLlmOptions = Readonly<
+  Required<Omit<MockLlmOptions, 'contextLength' | 'capacity'>> & {
+    contextLength: number | null;
+    capacity: ResolvedCapacity | null;
+  }
+>;
 
 export const MOCK_LLM_DEFAULTS: ResolvedMockLlmOptions = Object.freeze({
   host: '127.0.0.1',
@@ -138,7 +143,14 @@ export const MOCK_LLM_DEFAULTS: ResolvedMockLlmOptions = Object.freeze({
 const KNOWN = Object.keys(MOCK_LLM_DEFAULTS);
 
 /** The fault knobs, in the order their bands are laid out on the per-request die. */
-export const MOCK_FAULTS = ['errorRate', 'rateLimitRate', 'resetRate', 'hangRate', 'malformedRate', 'truncateRate'] as const;
+export const MOCK_FAULTS = [
+  'errorRate',
+  'rateLimitRate',
+  'resetRate',
+  'hangRate',
+  'malformedRate',
+  'truncateRate',
+] as const;
 export type MockFaultOption = (typeof MOCK_FAULTS)[number];
 
 function fail(name: string, rule: string, value: unknown): never {
@@ -168,22 +180,38 @@ function oneOf<T extends string>(name: string, value: unknown, allowed: readonly
 }
 
 export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMockLlmOptions {
-  if (typeof options !== 'object' || options === null || Array.isArray(options)) fail('(options)', 'must be an object', options);
+  if (typeof options !== 'object' || options === null || Array.isArray(options))
+    fail('(options)', 'must be an object', options);
   for (const key of Object.keys(options)) {
-    if (!KNOWN.includes(key)) throw new RolloutEngineError('ERR_INVALID_OPTION', `mock-llm: unknown option ${key} (known: ${KNOWN.join(', ')})`);
+    if (!KNOWN.includes(key))
+      throw new RolloutEngineError(
+        'ERR_INVALID_OPTION',
+        `mock-llm: unknown option ${key} (known: ${KNOWN.join(', ')})`,
+      );
   }
   const o = { ...MOCK_LLM_DEFAULTS };
-  for (const [key, value] of Object.entries(options)) if (value !== undefined) (o as Record<string, unknown>)[key] = value;
-  const rates = Object.fromEntries(MOCK_FAULTS.map((name) => [name, finite(name, o[name], 0, 1)])) as Record<MockFaultOption, number>;
+  for (const [key, value] of Object.entries(options))
+    if (value !== undefined) (o as Record<string, unknown>)[key] = value;
+  const rates = Object.fromEntries(MOCK_FAULTS.map((name) => [name, finite(name, o[name], 0, 1)])) as Record<
+    MockFaultOption,
+    number
+  >;
   const total = MOCK_FAULTS.reduce((sum, name) => sum + rates[name], 0);
   // One die per request: overlapping bands would make some faults silently rarer than asked.
   if (total > 1 + 1e-9) {
     const given = MOCK_FAULTS.filter((name) => rates[name] > 0).map((name) => `${name}=${rates[name]}`);
-    throw new RolloutEngineError('ERR_INVALID_OPTION', `mock-llm: fault rates must sum to at most 1 (got ${given.join(' + ')} = ${Math.round(total * 1e6) / 1e6})`);
+    throw new RolloutEngineError(
+      'ERR_INVALID_OPTION',
+      `mock-llm: fault rates must sum to at most 1 (got ${given.join(' + ')} = ${Math.round(total * 1e6) / 1e6})`,
+    );
   }
   const dialect = oneOf('dialect', o.dialect, MOCK_DIALECTS);
   if (dialect === 'default' && o.contextLength !== null) {
-    fail('contextLength', 'applies to the vllm, sglang and llamacpp dialects only (set option dialect too)', o.contextLength);
+    fail(
+      'contextLength',
+      'applies to the vllm, sglang and llamacpp dialects only (set option dialect too)',
+      o.contextLength,
+    );
   }
   return Object.freeze({
     host: text('host', o.host),
@@ -193,7 +221,10 @@ export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMoc
     tokensPerSecond: finite('tokensPerSecond', o.tokensPerSecond, 0, 1e9),
     streamIntervalMs: finite('streamIntervalMs', o.streamIntervalMs, 1, 60_000),
     seed: integer('seed', o.seed, Number.MIN_SAFE_INTEGER, Number.MAX_SAFE_INTEGER),
-    weightVersion: dialect === 'default' ? validateWeightVersion(o.weightVersion, 'option weightVersion') : versionLabel(options.weightVersion),
+    weightVersion:
+      dialect === 'default'
+        ? validateWeightVersion(o.weightVersion, 'option weightVersion')
+        : versionLabel(options.weightVersion),
     ...rates,
     thinkTokens: integer('thinkTokens', o.thinkTokens, 0, 1_000_000),
     mistakeRate: finite('mistakeRate', o.mistakeRate, 0, 1),
@@ -209,13 +240,19 @@ export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMoc
 const CAPACITY_KEYS = Object.keys(GPU_DEFAULTS);
 
 function capacity(value: unknown, latencyMs: unknown, tokensPerSecond: unknown): ResolvedCapacity {
-  if (typeof value !== 'object' || value === null || Array.isArray(value)) fail('capacity', 'must be an object (or null)', value);
+  if (typeof value !== 'object' || value === null || Array.isArray(value))
+    fail('capacity', 'must be an object (or null)', value);
   for (const key of Object.keys(value)) {
-    if (!CAPACITY_KEYS.includes(key)) throw new RolloutEngineError('ERR_INVALID_OPTION', `mock-llm: unknown option capacity.${key} (known: ${CAPACITY_KEYS.join(', ')})`);
+    if (!CAPACITY_KEYS.includes(key))
+      throw new RolloutEngineError(
+        'ERR_INVALID_OPTION',
+        `mock-llm: unknown option capacity.${key} (known: ${CAPACITY_KEYS.join(', ')})`,
+      );
   }
   // The replica sets every reply's timing: a fixed latency on top would be a second, different model.
   if (latencyMs !== 0) fail('latencyMs', 'must be 0 with option capacity (the GPU model sets the timing)', latencyMs);
-  if (tokensPerSecond !== 0) fail('tokensPerSecond', 'must be 0 with option capacity (the GPU model sets the timing)', tokensPerSecond);
+  if (tokensPerSecond !== 0)
+    fail('tokensPerSecond', 'must be 0 with option capacity (the GPU model sets the timing)', tokensPerSecond);
   const c = { ...GPU_DEFAULTS } as Record<string, unknown>;
   for (const [key, v] of Object.entries(value)) if (v !== undefined) c[key] = v;
   const resolved = {
@@ -225,7 +262,8 @@ function capacity(value: unknown, latencyMs: unknown, tokensPerSecond: unknown):
     prefillTokensPerSecond: finite('capacity.prefillTokensPerSecond', c.prefillTokensPerSecond, 1, 1e9),
     prefillChunkTokens: integer('capacity.prefillChunkTokens', c.prefillChunkTokens, 1, 1 << 24),
     prefixCacheTokens: integer('capacity.prefixCacheTokens', c.prefixCacheTokens, 0, 1 << 30),
-    responseTokens: c.responseTokens === null ? null : integer('capacity.responseTokens', c.responseTokens, 1, MAX_RESPONSE_TOKENS),
+    responseTokens:
+      c.responseTokens === null ? null : integer('capacity.responseTokens', c.responseTokens, 1, MAX_RESPONSE_TOKENS),
     lengthSigma: finite('capacity.lengthSigma', c.lengthSigma, 0, 4),
     speedup: finite('capacity.speedup', c.speedup, 0.001, 1_000),
   };
@@ -239,8 +277,15 @@ function boolean(name: string, value: unknown): boolean {
 
 /** A built-in vocabulary by name, or a directory holding tokenizer.json and tokenizer_config.json. */
 function tokenizer(value: unknown): MockTokenizer {
-  if (typeof value === 'string' && ((MOCK_TOKENIZERS as readonly string[]).includes(value) || /[\\/]/.test(value) || value.startsWith('.'))) return value;
-  throw new RolloutEngineError('ERR_INVALID_OPTION', `mock-llm: option tokenizer must be one of ${MOCK_TOKENIZERS.join(', ')} (got ${show(value)}), or a tokenizer directory path (one with a / in it)`);
+  if (
+    typeof value === 'string' &&
+    ((MOCK_TOKENIZERS as readonly string[]).includes(value) || /[\\/]/.test(value) || value.startsWith('.'))
+  )
+    return value;
+  throw new RolloutEngineError(
+    'ERR_INVALID_OPTION',
+    `mock-llm: option tokenizer must be one of ${MOCK_TOKENIZERS.join(', ')} (got ${show(value)}), or a tokenizer directory path (one with a / in it)`,
+  );
 }
 
 /** The weight version a string-versioned dialect reports: SGLang's ServerArgs.weight_version defaults to "default". */
@@ -253,7 +298,10 @@ function versionLabel(value: unknown): string {
 /** Weight versions are non-negative integers, like a trainer's step counter. */
 export function validateWeightVersion(value: unknown, name = 'weight_version'): number {
   if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0) {
-    throw new RolloutEngineError('ERR_INVALID_OPTION', `mock-llm: ${name} must be a non-negative integer (got ${show(value)})`);
+    throw new RolloutEngineError(
+      'ERR_INVALID_OPTION',
+      `mock-llm: ${name} must be a non-negative integer (got ${show(value)})`,
+    );
   }
   return value;
 }

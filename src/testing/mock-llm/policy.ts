@@ -106,7 +106,11 @@ function guessInterval(messages: readonly PromptMessage[], start: number, min: n
 const GUESS_TEMPLATES = ['My guess is {n}.', "I'll guess {n}.", '{n}', 'Let me try {n}.'];
 const ARITHMETIC_TEMPLATES = ['{n}', 'The answer is {n}.', '= {n}'];
 
-function answerFor(messages: readonly PromptMessage[], rng: Rng, mistakeRate: number): { kind: TaskKind; answer: string } {
+function answerFor(
+  messages: readonly PromptMessage[],
+  rng: Rng,
+  mistakeRate: number,
+): { kind: TaskKind; answer: string } {
   for (let i = 0; i < messages.length; i++) {
     if (messages[i].role !== 'user' && messages[i].role !== 'system') continue;
     const task = GUESS_TASK.exec(messages[i].content);
@@ -138,9 +142,21 @@ function answerFor(messages: readonly PromptMessage[], rng: Rng, mistakeRate: nu
 const LENGTH_STREAM = 0x1e46;
 
 /** Filler tokens for one reply: `thinkTokens`, or what pads the answer to a drawn length. */
-function thinkTokensFor(messages: readonly PromptMessage[], options: PolicyOptions, kind: TaskKind, answer: string, requestIndex: number, requestSeed: number | undefined): number {
+function thinkTokensFor(
+  messages: readonly PromptMessage[],
+  options: PolicyOptions,
+  kind: TaskKind,
+  answer: string,
+  requestIndex: number,
+  requestSeed: number | undefined,
+): number {
   if (options.lengths == null) return options.thinkTokens;
-  const length = drawLength(options.lengths, options.seed, promptKey(messages), requestStreamSeed(options.seed, requestIndex, requestSeed, LENGTH_STREAM));
+  const length = drawLength(
+    options.lengths,
+    options.seed,
+    promptKey(messages),
+    requestStreamSeed(options.seed, requestIndex, requestSeed, LENGTH_STREAM),
+  );
   // A known task's answer follows the filler after "\n\n"; a generic reply adds a few words of its own.
   const tail = kind === 'generic' ? 0 : encodeText(`\n\n${answer}`).length;
   return Math.max(0, length - tail);
@@ -153,8 +169,14 @@ const REQUEST_SEED_TAG = 0x5eed;
  * Seed of one random stream of a request (`stream` tells the policy, logprobs, … apart). With a
  * request seed only (server seed, request seed) count; without one, the request counter does.
  */
-export function requestStreamSeed(serverSeed: number, requestIndex: number, requestSeed: number | undefined, stream?: number): number {
-  if (requestSeed === undefined) return stream === undefined ? mixSeeds(serverSeed, requestIndex) : mixSeeds(serverSeed, requestIndex, stream);
+export function requestStreamSeed(
+  serverSeed: number,
+  requestIndex: number,
+  requestSeed: number | undefined,
+  stream?: number,
+): number {
+  if (requestSeed === undefined)
+    return stream === undefined ? mixSeeds(serverSeed, requestIndex) : mixSeeds(serverSeed, requestIndex, stream);
   return stream === undefined
     ? mixSeeds(serverSeed, REQUEST_SEED_TAG, requestSeed)
     : mixSeeds(serverSeed, REQUEST_SEED_TAG, requestSeed, stream);

@@ -55,7 +55,10 @@ function parseMessages(value: unknown): PromptMessage[] {
     if (typeof m.role !== 'string' || !CHAT_ROLES.has(m.role)) {
       bad(`messages[${i}].role`, `must be one of ${[...CHAT_ROLES].join(', ')}`, m.role);
     }
-    messages[i] = { role: m.role, content: contentText(m.content, `messages[${i}].content`, bad, 'the mock reads text only') };
+    messages[i] = {
+      role: m.role,
+      content: contentText(m.content, `messages[${i}].content`, bad, 'the mock reads text only'),
+    };
   }
   return messages;
 }
@@ -87,16 +90,28 @@ export function parseChatRequest(raw: string): MockChatRequest {
   const messages = parseMessages(b.messages);
   const model = optional(b, 'model', (v) => typeof v === 'string', 'must be a string') as string | undefined;
   const stream = optional(b, 'stream', isBool, 'must be a boolean') === true;
-  const streamOptions = optional(b, 'stream_options', (v) => typeof v === 'object' && !Array.isArray(v), 'must be an object') as Record<string, unknown> | undefined;
-  if (streamOptions !== undefined && !stream) bad('stream_options', 'is only allowed with stream: true (as in vLLM)', streamOptions);
+  const streamOptions = optional(
+    b,
+    'stream_options',
+    (v) => typeof v === 'object' && !Array.isArray(v),
+    'must be an object',
+  ) as Record<string, unknown> | undefined;
+  if (streamOptions !== undefined && !stream)
+    bad('stream_options', 'is only allowed with stream: true (as in vLLM)', streamOptions);
   const includeUsage = streamOptions?.include_usage;
-  if (includeUsage != null && !isBool(includeUsage)) bad('stream_options.include_usage', 'must be a boolean', includeUsage);
+  if (includeUsage != null && !isBool(includeUsage))
+    bad('stream_options.include_usage', 'must be a boolean', includeUsage);
   const n = optional(b, 'n', isPositiveInt, 'must be a positive integer');
   if (n !== undefined && n !== 1) bad('n', 'must be 1 (the mock generates one choice)', n);
   const maxTokens = optional(b, 'max_tokens', isPositiveInt, 'must be a positive integer');
   const maxCompletion = optional(b, 'max_completion_tokens', isPositiveInt, 'must be a positive integer');
   const logprobs = optional(b, 'logprobs', isBool, 'must be a boolean');
-  const topLogprobs = optional(b, 'top_logprobs', (v) => typeof v === 'number' && Number.isInteger(v) && v >= 0 && v <= 20, 'must be an integer in [0, 20]') as number | undefined;
+  const topLogprobs = optional(
+    b,
+    'top_logprobs',
+    (v) => typeof v === 'number' && Number.isInteger(v) && v >= 0 && v <= 20,
+    'must be an integer in [0, 20]',
+  ) as number | undefined;
   const returnTokenIds = optional(b, 'return_token_ids', isBool, 'must be a boolean');
   const returnPromptTokenIds = optional(b, 'return_prompt_token_ids', isBool, 'must be a boolean');
   optional(b, 'temperature', isNumber, 'must be a number');
@@ -114,11 +129,19 @@ export function parseChatRequest(raw: string): MockChatRequest {
     // vLLM rejects both flags true, and its add_generation_prompt defaults to true: an engine that
     // forgets to send false would fail against the real server, so it fails here too.
     if (addGenerationPrompt !== false) {
-      bad('add_generation_prompt', 'must be false when continue_final_message is true (it defaults to true, as in vLLM)', b.add_generation_prompt);
+      bad(
+        'add_generation_prompt',
+        'must be false when continue_final_message is true (it defaults to true, as in vLLM)',
+        b.add_generation_prompt,
+      );
     }
     const last = messages[messages.length - 1];
     if (last.role !== 'assistant') {
-      bad('continue_final_message', `needs the last message to be an assistant message (messages[${messages.length - 1}].role)`, last.role);
+      bad(
+        'continue_final_message',
+        `needs the last message to be an assistant message (messages[${messages.length - 1}].role)`,
+        last.role,
+      );
     }
   }
   return {

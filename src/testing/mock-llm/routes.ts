@@ -10,7 +10,14 @@ import type { Completer } from './completer.ts';
 import type { Gpu } from './gpu.ts';
 import { parseTokenCompletionRequest, type TokenCompletionRequest } from './completions.ts';
 import { dialectRoutes, type RouteTable } from './dialect-routes.ts';
-import { badRequest, parseGenerateRequest, parseLlamaCompletionRequest, unknownRoute, type Dialect, type TokenInRequest } from './dialects.ts';
+import {
+  badRequest,
+  parseGenerateRequest,
+  parseLlamaCompletionRequest,
+  unknownRoute,
+  type Dialect,
+  type TokenInRequest,
+} from './dialects.ts';
 import { CountWaiters } from './count-waiters.ts';
 import { BodyTooLarge, errorBody, readBody, sendJson, sendText, type Rejections } from './http-replies.ts';
 import type { ResolvedMockLlmOptions } from './options.ts';
@@ -68,7 +75,10 @@ export class Routes {
       req.resume();
       if (this.#dialect !== null) rejections.dialect(res, unknownRoute(this.#dialect, route !== undefined));
       else if (route === undefined) rejections.reject(res, 404, `unknown route ${req.method} ${path}`);
-      else rejections.reject(res, 405, `method ${req.method} is not allowed on ${path}`, null, { allow: Object.keys(route).join(', ') });
+      else
+        rejections.reject(res, 405, `method ${req.method} is not allowed on ${path}`, null, {
+          allow: Object.keys(route).join(', '),
+        });
       return;
     }
     Promise.resolve()
@@ -93,9 +103,21 @@ export class Routes {
           });
         },
       },
-      '/v1/chat/completions': { POST: this.#generation<MockChatRequest>(parseChatRequest, (res, r) => completer.chat(res, r)) },
-      '/v1/completions': { POST: this.#generation<TokenCompletionRequest>(parseTokenCompletionRequest, (res, r) => completer.tokens(res, r)) },
-      ...adminRoutes({ abortAll: () => scheduler.abortAll(), version, readBody: (req) => readBody(req, options.maxBodyBytes), rejections, gpu: this.#parts.gpu ?? null }),
+      '/v1/chat/completions': {
+        POST: this.#generation<MockChatRequest>(parseChatRequest, (res, r) => completer.chat(res, r)),
+      },
+      '/v1/completions': {
+        POST: this.#generation<TokenCompletionRequest>(parseTokenCompletionRequest, (res, r) =>
+          completer.tokens(res, r),
+        ),
+      },
+      ...adminRoutes({
+        abortAll: () => scheduler.abortAll(),
+        version,
+        readBody: (req) => readBody(req, options.maxBodyBytes),
+        rejections,
+        gpu: this.#parts.gpu ?? null,
+      }),
     };
   }
 
@@ -103,10 +125,20 @@ export class Routes {
     const { options, context, completer, scheduler, rejections, version } = this.#parts;
     const tokens =
       dialect === 'vllm'
-        ? this.#generation<TokenCompletionRequest>(parseTokenCompletionRequest, (res, r) => completer.vllmTokens(res, r))
+        ? this.#generation<TokenCompletionRequest>(parseTokenCompletionRequest, (res, r) =>
+            completer.vllmTokens(res, r),
+          )
         : dialect === 'sglang'
-          ? this.#generation<TokenInRequest>(parseGenerateRequest, (res, r) => completer.dialectTokens('sglang', res, r, 'native'), true)
-          : this.#generation<TokenInRequest>(parseLlamaCompletionRequest, (res, r) => completer.dialectTokens('llamacpp', res, r, 'native'), true);
+          ? this.#generation<TokenInRequest>(
+              parseGenerateRequest,
+              (res, r) => completer.dialectTokens('sglang', res, r, 'native'),
+              true,
+            )
+          : this.#generation<TokenInRequest>(
+              parseLlamaCompletionRequest,
+              (res, r) => completer.dialectTokens('llamacpp', res, r, 'native'),
+              true,
+            );
     return dialectRoutes(dialect, {
       options,
       context,
@@ -135,7 +167,8 @@ export class Routes {
         request = parse(raw);
       } catch (error) {
         if (!(error instanceof RequestError)) throw error;
-        if (this.#dialect !== null) rejections.dialect(res, badRequest(this.#dialect, native ? 'native' : 'openai', error.message, error.param));
+        if (this.#dialect !== null)
+          rejections.dialect(res, badRequest(this.#dialect, native ? 'native' : 'openai', error.message, error.param));
         else rejections.reject(res, 400, error.message, error.param);
         return;
       }

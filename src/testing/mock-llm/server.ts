@@ -117,11 +117,34 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
   const completer = new Completer({ options: opts, vocab, context, scheduler, faults, rejections, version });
   let closed: Promise<void> | null = null;
   const closing = (): boolean => closed !== null;
-  const routes = new Routes({ options: opts, dialect, context, completer, scheduler, rejections, version, closing, onChange, gpu });
+  const routes = new Routes({
+    options: opts,
+    dialect,
+    context,
+    completer,
+    scheduler,
+    rejections,
+    version,
+    closing,
+    onChange,
+    gpu,
+  });
   const stats = (): MockLlmStats => {
     const { promptTokens, completionTokens, aborted, cancelled } = scheduler.counts;
     const faultCounts = faults.counts;
-    return { requests: routes.requests, promptTokens, completionTokens, aborted, cancelled, errorsInjected: faultCounts.error, rejected: rejections.count, faults: faultCounts, hanging: faults.hanging, inFlight: scheduler.inFlight, gpu: gpu?.metrics() ?? null };
+    return {
+      requests: routes.requests,
+      promptTokens,
+      completionTokens,
+      aborted,
+      cancelled,
+      errorsInjected: faultCounts.error,
+      rejected: rejections.count,
+      faults: faultCounts,
+      hanging: faults.hanging,
+      inFlight: scheduler.inFlight,
+      gpu: gpu?.metrics() ?? null,
+    };
   };
   const statsWaiters = new StatsWaiters(stats);
   statsChanged = () => statsWaiters.changed();

@@ -85,7 +85,10 @@ export type PromptEnd = 'generation' | 'continue' | 'closed';
  * `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then `<|im_start|>assistant\n`
  * (for `continue`: the last message is rendered as `<|im_start|>{role}\n{content}` and nothing follows).
  */
-export function promptTokenIds(messages: readonly { role: string; content: string }[], end: PromptEnd = 'generation'): number[] {
+export function promptTokenIds(
+  messages: readonly { role: string; content: string }[],
+  end: PromptEnd = 'generation',
+): number[] {
   const ids: number[] = [];
   const push = (part: readonly number[]): void => {
     for (let i = 0; i < part.length; i++) ids.push(part[i]);
