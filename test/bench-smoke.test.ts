@@ -6,6 +6,8 @@ import assert from 'node:assert/strict';
 import { createServer, request as httpRequest, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
+import { createEngine } from '../src/index.ts';
+import { runTrainingLoop } from '../src/loadtest/training.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/index.ts';
 import { callFloor } from './bench/call-floor.ts';
 import { bareLoop, engineThroughput } from './bench/engine-throughput.ts';
@@ -78,4 +80,41 @@ describe('bench parts (smoke, no figures checked)', () => {
     assert.ok(floor.serverSawMs < floor.timerFiredMs && floor.timerFiredMs < floor.answeredMs, JSON.stringify(floor));
     assert.equal(floor.boundPct, (100 * 5) / floor.answeredMs);
   });
+});
+
+describe('the simulated training loop on a GPU-like mock (smoke, no figures checked)', () => {
+  for (const side of ['sync', 'async+partial'] as const) {
+    it(`runs the ${side} trainer for three steps and accounts for its syncs and production`, async (t) => {
+      const gpu = await startMockLlm({
+        port: 0,
+        capacity: { slots: 16, responseTokens: 20, lengthSigma: 0.5, speedup: 50 },
+      });
+      t.after(() => gpu.close());
+      const async = side !== 'sync';
+      const engine = createEngine({
+        logLevel: 'warn',
+        llm: { url: gpu.url, abortPath: '/admin/abort' },
+        batchSize: 4,
+        workers: { threads: 1 },
+        tasks: [{ name: 'a', env: { module: 'builtin:arithmetic' }, groupSize: 4, maxTokens: 256 }],
+        producer: async ? { strategy: 'async', maxStaleness: 1, partialRollout: true } : { strategy: 'sync' },
+      });
+      t.after(() => engine.close());
+      await engine.start();
+      const f = await runTrainingLoop({
+        engine,
+        servers: [gpu.url],
+        strategy: async ? 'async' : 'sync',
+        steps: 3,
+        trainer: { trainMsPerToken: 0.5, loadMs: 50, speedup: 50, syncEvery: 1 },
+      });
+      assert.equal(f.steps, 3);
+      assert.equal(f.cycles, 2);
+      assert.ok(f.stepsPerHour > 0 && Number.isFinite(f.stepsPerHour), JSON.stringify(f));
+      assert.ok(f.syncs.count <= 2, 'no sync after the last step');
+      assert.ok(f.production.busyFraction > 0 && f.production.busyFraction <= 1);
+      assert.ok(f.production.slotFill > 0 && f.production.slotFill <= 1);
+      assert.equal(gpu.weightVersion, 2, 'the servers were told each step’s weights but the last');
+    });
+  }
 });

@@ -214,3 +214,56 @@ describe('rollout loadtest --stream', () => {
     );
   });
 });
+
+describe('rollout loadtest --capacity', () => {
+  it('trains on a GPU-like mock, syncing weights each batch, and reports the servers busy beside the engine', async () => {
+    const out = mkdtempSync(join(tmpdir(), 'rollout-loadtest-gpu-'));
+    const run = await rollout([
+      'loadtest',
+      '--duration',
+      '3',
+      '--rollouts',
+      '32',
+      '--workers',
+      '1',
+      '--envs',
+      'arithmetic',
+      '--capacity',
+      '16',
+      '--capacity-response-tokens',
+      '30',
+      '--capacity-speedup',
+      '20',
+      '--train-ms-per-token',
+      '0.5',
+      '--sync-every',
+      '1',
+      '--load-ms',
+      '100',
+      '--out',
+      out,
+    ]);
+    assert.equal(run.code, 0, run.stderr);
+    assert.match(run.stdout, /GPU-like mock: 16 slots, responses median 30 tokens, σ 1, 20× speed/);
+    assert.match(run.stdout, /inference servers\s+busy [\d.]+ %, slots filled [\d.]+ %/);
+    const report = JSON.parse(readFileSync(join(out, 'report.json'), 'utf8'));
+    assert.ok(report.gpu.busyFraction > 0 && report.gpu.busyFraction <= 1, JSON.stringify(report.gpu));
+    assert.ok(report.gpu.slotFill > 0 && report.gpu.slotFill <= 1);
+    assert.ok(report.pauses.byReason.scheduled >= 1, JSON.stringify(report.pauses.byReason));
+    assert.ok(report.timeSeries.some((p: { gpuBusyFraction: number | null }) => p.gpuBusyFraction !== null));
+    assert.ok(report.inFlight.mean > 0 && report.inFlight.mean <= report.inFlight.capacity);
+    assert.match(
+      readFileSync(join(out, 'report.html'), 'utf8'),
+      /Inference servers \(GPU-like mock\): busy and slots filled/,
+    );
+  });
+
+  it('refuses a fixed latency beside --capacity, naming the flag', async () => {
+    const run = await rollout(['loadtest', '--capacity', '16', '--latency-ms', '5']);
+    assert.equal(run.code, 2);
+    assert.match(
+      run.stderr,
+      /--latency-ms does not apply with --capacity: the GPU-like mock sets the timing \(got --latency-ms "5"\)/,
+    );
+  });
+});

@@ -34,9 +34,19 @@ Mock inference server:
   --stream                 streamed replies (llm.stream): an aborting pause holds each call with the
                            tokens it has instead of waiting for the server's aborted replies
   --stream-interval-ms <ms>  how often a streamed reply sends its new tokens (default 20)
+  --capacity <slots>       the GPU-like mock instead (rollout mock-llm --capacity): sequence slots,
+                           continuous batching, prefix cache; replaces --latency-ms and
+                           --tokens-per-second, and the report shows the servers' busy fraction
+  --capacity-response-tokens <n>  median response length, log-normal (default: --think-tokens)
+  --capacity-length-sigma <σ>     σ of log(response length) (default 1)
+  --capacity-speedup <x>   GPU ms per real ms; trainer and load times below are GPU time (default 1)
 Run:
   --duration <s>           measured seconds, after start-up (default 10)
   --train-ms <ms>          time the stand-in trainer spends per batch, so async production overlaps it (default 0)
+  --train-ms-per-token <ms>  and per response token of the batch: training proportional to its tokens (default 0)
+  --sync-every <n>         sync weights after every n batches: pause, --load-ms, resume (default: only
+                           when a batch would be too stale, and --pause-every)
+  --load-ms <ms>           time a weight sync spends loading the weights, servers idle (default 0)
   --strategy <s>           sync | async (default async; async syncs weights when a batch would be too stale)
   --max-staleness <n>      async: weight syncs a sample may lag (default 1)
   --pause-every <s>        also pause for a weight update every <s> seconds, to measure pauses (default off)
@@ -66,6 +76,13 @@ export async function loadtestCommand(argv: string[]): Promise<number> {
       'stream-interval-ms': { type: 'string' },
       duration: { type: 'string' },
       'train-ms': { type: 'string' },
+      'train-ms-per-token': { type: 'string' },
+      'sync-every': { type: 'string' },
+      'load-ms': { type: 'string' },
+      capacity: { type: 'string' },
+      'capacity-response-tokens': { type: 'string' },
+      'capacity-length-sigma': { type: 'string' },
+      'capacity-speedup': { type: 'string' },
       strategy: { type: 'string' },
       'max-staleness': { type: 'string' },
       'pause-every': { type: 'string' },
@@ -122,6 +139,10 @@ function loadtestOptions(values: Record<string, string | boolean | undefined>): 
     maxTokens: intFlag('max-tokens', str('max-tokens'), { min: 1 }) ?? Math.max(defaults.maxTokens, thinkTokens + 64),
     durationS: positiveFlag('duration', str('duration')) ?? defaults.durationS,
     trainMs: numberFlag('train-ms', str('train-ms')) ?? defaults.trainMs,
+    trainMsPerToken: numberFlag('train-ms-per-token', str('train-ms-per-token')) ?? defaults.trainMsPerToken,
+    syncEvery: intFlag('sync-every', str('sync-every'), { min: 1 }) ?? defaults.syncEvery,
+    loadMs: numberFlag('load-ms', str('load-ms')) ?? defaults.loadMs,
+    capacity: capacityFlags(values),
     strategy: choiceFlag('strategy', str('strategy'), ['sync', 'async'] as const) ?? defaults.strategy,
     maxStaleness: intFlag('max-staleness', str('max-staleness')) ?? defaults.maxStaleness,
     pauseEveryS: positiveFlag('pause-every', str('pause-every')) ?? defaults.pauseEveryS,
@@ -130,6 +151,32 @@ function loadtestOptions(values: Record<string, string | boolean | undefined>): 
     streamIntervalMs:
       numberFlag('stream-interval-ms', str('stream-interval-ms'), { min: 1, max: 60_000 }) ?? defaults.streamIntervalMs,
     seed: intFlag('seed', str('seed')) ?? defaults.seed,
+  };
+}
+
+/** The GPU-like mock's flags; its sub-flags without --capacity, or beside a fixed latency, are refused. */
+function capacityFlags(values: Record<string, string | boolean | undefined>): LoadtestOptions['capacity'] {
+  const str = (name: string) => values[name] as string | undefined;
+  const sub = ['capacity-response-tokens', 'capacity-length-sigma', 'capacity-speedup'].find(
+    (k) => values[k] !== undefined,
+  );
+  if (values.capacity === undefined) {
+    if (sub !== undefined)
+      throw new UsageError(
+        `--${sub} needs --capacity <slots> (got --${sub} ${JSON.stringify(values[sub])} without it)`,
+      );
+    return null;
+  }
+  const fixed = ['latency-ms', 'tokens-per-second'].find((k) => values[k] !== undefined);
+  if (fixed !== undefined)
+    throw new UsageError(
+      `--${fixed} does not apply with --capacity: the GPU-like mock sets the timing (got --${fixed} ${JSON.stringify(values[fixed])})`,
+    );
+  return {
+    slots: intFlag('capacity', str('capacity'), { min: 1, max: 65_536 })!,
+    responseTokens: intFlag('capacity-response-tokens', str('capacity-response-tokens'), { min: 1 }) ?? null,
+    lengthSigma: numberFlag('capacity-length-sigma', str('capacity-length-sigma'), { max: 4 }) ?? 1,
+    speedup: numberFlag('capacity-speedup', str('capacity-speedup'), { min: 0.001, max: 1_000 }) ?? 1,
   };
 }
 

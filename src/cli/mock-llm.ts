@@ -1,4 +1,5 @@
 import { parseArgs } from 'node:util';
+import type { CapacityOptions } from '../testing/mock-llm/gpu.ts';
 import { UsageError, intFlag, numberFlag, untilSignal, portFlag } from './args.ts';
 
 export const MOCK_LLM_HELP = `Usage: rollout mock-llm [options]
@@ -31,6 +32,19 @@ Options:
                            rollout gateway sends), or a directory with tokenizer.json + tokenizer_config.json
   -h, --help               show this help
 
+GPU-like mock (replaces --latency-ms and --tokens-per-second; defaults: one Llama-3-8B replica on an
+H100 under vLLM; metrics at GET /admin/gpu):
+  --capacity <slots>       sequence slots; requests beyond them queue (continuous batching; 256)
+  --capacity-decode-ms <ms>          a decode step's fixed time (6.2)
+  --capacity-decode-ms-per-seq <ms>  what each running sequence adds to a step (0.05)
+  --capacity-prefill-tokens-per-second <n>  prefill rate (25000)
+  --capacity-prefill-chunk <n>       tokens one step may process, decodes first (8192)
+  --capacity-prefix-cache <tokens>   prefix cache size, LRU; 0 = none (400000)
+  --capacity-response-tokens <n>     median response length, drawn log-normal per prompt and per
+                                     reply (default: the answer + --think-tokens)
+  --capacity-length-sigma <σ>        σ of log(length): 0 = fixed, 1 = p99 ≈ 10× the median (1)
+  --capacity-speedup <x>             GPU milliseconds per real one, to run long workloads fast (1)
+
 Routes (default dialect): GET /health, GET /v1/models, POST /v1/chat/completions, POST
 /v1/completions (token-id prompts), POST /admin/abort (alias /abort_request), GET|POST
 /admin/weight_version. The dialects serve their server's routes instead.`;
@@ -54,6 +68,15 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
       context: { type: 'string' },
       'no-dev-mode': { type: 'boolean' },
       tokenizer: { type: 'string' },
+      capacity: { type: 'string' },
+      'capacity-decode-ms': { type: 'string' },
+      'capacity-decode-ms-per-seq': { type: 'string' },
+      'capacity-prefill-tokens-per-second': { type: 'string' },
+      'capacity-prefill-chunk': { type: 'string' },
+      'capacity-prefix-cache': { type: 'string' },
+      'capacity-response-tokens': { type: 'string' },
+      'capacity-length-sigma': { type: 'string' },
+      'capacity-speedup': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
     strict: true,
@@ -94,15 +117,49 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
     contextLength: intFlag('context', values.context, { min: 2 }),
     vllmDevMode: values['no-dev-mode'] === true ? false : undefined,
     tokenizer: values.tokenizer,
+    capacity: capacityFlags(values),
   };
   const { startMockLlm } = await import('../testing/mock-llm/server.ts');
   const server = await startMockLlm(options);
   const tokenizer = server.options.tokenizer === 'cl100k' ? '' : `, tokenizer ${server.options.tokenizer}`;
   const speaks = dialect === 'default' ? '' : `, ${dialect} dialect, context ${server.options.contextLength ?? 32768}`;
+  const gpu =
+    server.options.capacity === null
+      ? ''
+      : `, GPU-like: ${server.options.capacity.slots} slots${server.options.capacity.speedup === 1 ? '' : ` at ${server.options.capacity.speedup}× speed`}`;
   console.log(
-    `mock inference server listening on ${server.url} (model ${options.model ?? 'mock-policy'}${speaks}${tokenizer})`,
+    `mock inference server listening on ${server.url} (model ${options.model ?? 'mock-policy'}${speaks}${tokenizer}${gpu})`,
   );
   await untilSignal();
   await server.close();
   return 0;
+}
+
+/** The --capacity* flags as option capacity: null without --capacity, whose sub-flags then make no sense. */
+function capacityFlags(values: Record<string, string | boolean | undefined>): CapacityOptions | null {
+  const str = (name: string) => values[name] as string | undefined;
+  const sub = Object.keys(values).filter((k) => k.startsWith('capacity-') && values[k] !== undefined);
+  if (values.capacity === undefined) {
+    if (sub.length > 0)
+      throw new UsageError(
+        `--${sub[0]} needs --capacity <slots> (got --${sub[0]} ${JSON.stringify(values[sub[0]])} without it)`,
+      );
+    return null;
+  }
+  const responseTokens = intFlag('capacity-response-tokens', str('capacity-response-tokens'), { min: 1 });
+  return {
+    slots: intFlag('capacity', str('capacity'), { min: 1, max: 65_536 }),
+    decodeMs: numberFlag('capacity-decode-ms', str('capacity-decode-ms'), { min: 0.001 }),
+    decodeMsPerSeq: numberFlag('capacity-decode-ms-per-seq', str('capacity-decode-ms-per-seq')),
+    prefillTokensPerSecond: numberFlag(
+      'capacity-prefill-tokens-per-second',
+      str('capacity-prefill-tokens-per-second'),
+      { min: 1 },
+    ),
+    prefillChunkTokens: intFlag('capacity-prefill-chunk', str('capacity-prefill-chunk'), { min: 1 }),
+    prefixCacheTokens: intFlag('capacity-prefix-cache', str('capacity-prefix-cache')),
+    ...(responseTokens === undefined ? {} : { responseTokens }),
+    lengthSigma: numberFlag('capacity-length-sigma', str('capacity-length-sigma'), { max: 4 }),
+    speedup: numberFlag('capacity-speedup', str('capacity-speedup'), { min: 0.001, max: 1_000 }),
+  };
 }

@@ -36,7 +36,7 @@ code{background:#f3f4f6;padding:0 4px;border-radius:4px}
 
 export function renderHtml(r: LoadtestReport): string {
   const s = r.settings;
-  const title = `rollout loadtest — ${num(r.throughput.stepsPerSecond)} steps/s, ${s.rolloutsInFlight} rollouts in flight`;
+  const title = `rollout loadtest — ${num(r.throughput.stepsPerSecond)} steps/s, ${num(r.inFlight.mean)} rollouts in flight`;
   return `<!doctype html>
 <html lang="en">
 <head>
@@ -54,6 +54,7 @@ ${cards(r)}
 ${throughputCharts(r)}
 <h2>Latency per phase</h2>
 ${latencyTable(r)}
+${r.gpu === null ? '' : `<p>Beside them, the inference servers over the window: busy ${num(100 * r.gpu.busyFraction)} % of the time, ${num(100 * r.gpu.slotFill)} % of their slots filled (${num(r.gpu.meanRunning)} sequences running), ${num(r.gpu.meanQueue)} requests queued on average (time queued at the server counts as inference above), ${num(100 * r.gpu.cacheHitFraction)} % of prompt tokens from the prefix cache.</p>`}
 ${latencyCharts(r)}
 <h2>Pauses for weight updates</h2>
 ${pauseSection(r)}
@@ -78,20 +79,31 @@ ${card(us(r.cpu.perStepUs), 'engine CPU per agent step')}
 ${card(bytes(r.memory.perRolloutHeapBytes), 'heap per in-flight rollout')}
 ${card(bytes(r.memory.perRolloutRssBytes), 'RSS per in-flight rollout')}
 ${card(r.pauses.count === 0 ? '—' : `${num(r.pauses.allBackMs.p50)} / ${num(r.pauses.allBackMs.p99)} ms`, 'pause: all back p50 / p99')}
+${card(`${num(r.inFlight.mean)} of ${r.inFlight.capacity}`, 'rollouts in flight (mean of max)')}
+${
+  r.gpu === null
+    ? ''
+    : `${card(`${num(100 * r.gpu.busyFraction)} %`, 'inference servers busy')}
+${card(`${num(100 * r.gpu.slotFill)} %`, 'server slots filled')}
+${card(num(r.gpu.tokensPerSecond), 'server tokens / s (GPU time)')}`
+}
 </div>`;
 }
 
 function throughputCharts(r: LoadtestReport): string {
-  // Points sit at the middle of their one-second bucket.
+  // Each point ends its sliding window.
   const pts = (
     key: 'stepsPerSecond' | 'rolloutsPerSecond' | 'groupsPerSecond' | 'tokensPerSecond' | 'inFlightRollouts',
-  ) => r.timeSeries.map((p): [number, number] => [Math.min(r.window.seconds, p.t + 0.5), p[key]]);
+  ) => r.timeSeries.map((p): [number, number] => [p.t, p[key]]);
+  const pct = (key: 'gpuBusyFraction' | 'gpuSlotFill') =>
+    r.timeSeries.flatMap((p): [number, number][] => (p[key] === null ? [] : [[p.t, 100 * p[key]!]]));
   const markers = r.pauses.events.map((e) => ({
     x: e.t,
     label: `pause (${e.reason}) at ${num(e.t)} s: all back in ${num(e.allBackMs)} ms`,
   }));
   const xMax = r.window.seconds;
   return `<div class="charts">
+<p>Rates over a sliding window of ${r.slidingWindowS} s, a point a second.</p>
 ${lineChart({
   title: 'Steps, rollouts and groups per second (dashed: pauses)',
   xLabel: 'seconds',
@@ -105,7 +117,22 @@ ${lineChart({
   ],
 })}
 ${lineChart({ title: 'Response tokens per second (taken)', xLabel: 'seconds', yLabel: 'tokens/s', xMax, markers, series: [{ name: 'tokens/s', color: COLORS.tokens, points: pts('tokensPerSecond') }] })}
-${lineChart({ title: 'Rollouts in flight on the workers', xLabel: 'seconds', yLabel: 'rollouts', xMax, markers, series: [{ name: 'in flight', color: COLORS.inFlight, points: pts('inFlightRollouts') }] })}
+${lineChart({ title: `Rollouts in flight on the workers (at most ${r.inFlight.capacity})`, xLabel: 'seconds', yLabel: 'rollouts', xMax, markers, series: [{ name: 'in flight', color: COLORS.inFlight, points: pts('inFlightRollouts') }] })}
+${
+  r.gpu === null
+    ? ''
+    : lineChart({
+        title: 'Inference servers (GPU-like mock): busy and slots filled',
+        xLabel: 'seconds',
+        yLabel: '%',
+        xMax,
+        markers,
+        series: [
+          { name: 'busy %', color: COLORS.steps, points: pct('gpuBusyFraction') },
+          { name: 'slots filled %', color: COLORS.rollouts, points: pct('gpuSlotFill') },
+        ],
+      })
+}
 </div>`;
 }
 
@@ -214,7 +241,10 @@ function settingsTable(r: LoadtestReport): string {
   const s = r.settings;
   const rows: [string, string][] = [
     ['strategy', s.strategy],
-    ['rollouts in flight (requested → effective)', `${s.rollouts} → ${s.rolloutsInFlight}`],
+    [
+      'rollouts in flight: at most (requested → effective), mean',
+      `${s.rollouts} → ${s.rolloutsInFlight}, ${num(r.inFlight.mean)}`,
+    ],
     ['group size / batch size (groups)', `${s.groupSize} / ${s.batchSize}`],
     [
       'workers × groups per worker, connections per worker',
@@ -222,10 +252,15 @@ function settingsTable(r: LoadtestReport): string {
     ],
     ['environments', s.envs.join(', ')],
     ['environment CPU per step', `${s.envCpuUs} µs`],
-    [
-      'mock latency / token rate / think tokens',
-      `${s.latencyMs} ms / ${s.tokensPerSecond === 0 ? 'instant' : `${s.tokensPerSecond} tokens/s`} / ${s.thinkTokens}`,
-    ],
+    s.capacity === null
+      ? [
+          'mock latency / token rate / think tokens',
+          `${s.latencyMs} ms / ${s.tokensPerSecond === 0 ? 'instant' : `${s.tokensPerSecond} tokens/s`} / ${s.thinkTokens}`,
+        ]
+      : [
+          'GPU-like mock: slots / median response / σ / speed-up',
+          `${s.capacity.slots} / ${s.capacity.responseTokens ?? `${s.thinkTokens} think tokens`} / ${s.capacity.lengthSigma} / ${s.capacity.speedup}×`,
+        ],
     ['max tokens per turn', String(s.maxTokens)],
     ['pause every / mode', `${s.pauseEveryS === null ? 'off' : `${s.pauseEveryS} s`} / ${s.pauseMode}`],
     [
@@ -234,7 +269,10 @@ function settingsTable(r: LoadtestReport): string {
         ? `streamed, an event every ${s.streamIntervalMs} ms${s.pauseMode === 'abort' ? ' (pauses hold calls with their tokens)' : ''}`
         : 'whole',
     ],
-    ['trainer time per batch', `${s.trainMs} ms`],
+    [
+      'trainer time per batch, per token; sync every / load',
+      `${s.trainMs} ms, ${s.trainMsPerToken} ms; ${s.syncEvery === null ? 'off' : `${s.syncEvery} batches`} / ${s.loadMs} ms`,
+    ],
     ['max staleness (async), partial rollouts', `${s.maxStaleness}, ${s.partialRollout ? 'on' : 'off'}`],
     ['seed', String(s.seed)],
     [

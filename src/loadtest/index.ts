@@ -21,11 +21,21 @@ export async function runLoadtest(options: LoadtestOptions): Promise<LoadtestRes
   // Fail on an unwritable --out before spending the run.
   mkdirSync(outDir, { recursive: true });
   const startedAt = new Date();
+  const c = options.capacity;
+  const timing =
+    c === null
+      ? ['--latency-ms', String(options.latencyMs), '--tokens-per-second', String(options.tokensPerSecond)]
+      : [
+          '--capacity',
+          String(c.slots),
+          '--capacity-length-sigma',
+          String(c.lengthSigma),
+          '--capacity-speedup',
+          String(c.speedup),
+          ...(c.responseTokens === null ? [] : ['--capacity-response-tokens', String(c.responseTokens)]),
+        ];
   const mock = await startMockProcess([
-    '--latency-ms',
-    String(options.latencyMs),
-    '--tokens-per-second',
-    String(options.tokensPerSecond),
+    ...timing,
     '--think-tokens',
     String(options.thinkTokens),
     '--stream-interval-ms',

@@ -29,6 +29,18 @@ export interface LoadtestOptions {
   workers: number;
   /** Time the stand-in trainer spends on each batch before asking for the next (0 = takes them back to back). */
   trainMs: number;
+  /**
+   * The GPU-like mock (`rollout mock-llm --capacity`): slots, median response length (null = the
+   * think tokens), σ of log(length), GPU ms per real ms; null = the fixed-latency mock. With it the
+   * report shows the servers' busy fraction and slot fill, and times below are GPU time.
+   */
+  capacity: { slots: number; responseTokens: number | null; lengthSigma: number; speedup: number } | null;
+  /** The simulated trainer: GPU ms of training per response token taken (0 = none), on top of trainMs. */
+  trainMsPerToken: number;
+  /** Sync weights after every this many batches (pause, `loadMs`, resume); null = only on EXPIRED_BATCH and --pause-every. */
+  syncEvery: number | null;
+  /** GPU ms a weight sync spends loading the weights, between the pause and the resume. */
+  loadMs: number;
   /** Measured time, after start-up. */
   durationS: number;
   strategy: 'sync' | 'async';
@@ -61,6 +73,10 @@ export function defaultLoadtestOptions(outDir: string): LoadtestOptions {
     maxTokens: 512,
     workers: availableParallelism(),
     trainMs: 0,
+    capacity: null,
+    trainMsPerToken: 0,
+    syncEvery: null,
+    loadMs: 0,
     durationS: 10,
     strategy: 'async',
     pauseEveryS: null,

@@ -6,6 +6,7 @@
  * `engine.stats()` (worker counters and heaps) and the pause reports.
  */
 import type { Batch, PauseReport } from '../coordinator/producer.ts';
+import type { GpuMetrics } from '../testing/mock-llm/gpu.ts';
 
 export interface BatchRecord {
   t: number;
@@ -27,6 +28,8 @@ export interface Sample {
   rssBytes: number;
   /** This thread's V8 heap plus every worker's: the engine's JavaScript memory. */
   heapBytes: number;
+  /** The GPU-like mock's cumulative metrics at this moment; null with the fixed-latency mock. */
+  gpu: GpuMetrics | null;
 }
 
 export type PauseReason = 'scheduled' | 'expired-batch';

@@ -7,6 +7,7 @@ import type { GroupCounts } from '../coordinator/producer.ts';
 import type { LoadtestOptions } from './options.ts';
 import type { Sample } from './recorder.ts';
 import type { EngineRun } from './runner.ts';
+import { gpuWindow, type GpuWindow } from '../testing/mock-llm/gpu.ts';
 import { distribution, median, percentile, type Distribution } from './stats.ts';
 
 export interface Throughput {
@@ -21,15 +22,22 @@ export interface Throughput {
   batchesPerSecond: number;
 }
 
+/**
+ * One point a second: each rate is what happened over the sliding window (`slidingWindowS`) that ends
+ * at `t`, so batches taken in bursts read as the rate they sustain, not as spikes and zeros.
+ */
 export interface SeriesPoint {
-  /** Start of the one-second bucket, seconds into the window. */
+  /** End of the window, seconds into the measured window. */
   t: number;
   stepsPerSecond: number;
   rolloutsPerSecond: number;
   groupsPerSecond: number;
   tokensPerSecond: number;
-  /** Mean of the samples in the bucket. */
+  /** Rollouts the workers held, mean of the samples in the window (the report's one "in flight" figure). */
   inFlightRollouts: number;
+  /** The GPU-like mock over the window: share of time busy, share of slots filled; null without it. */
+  gpuBusyFraction: number | null;
+  gpuSlotFill: number | null;
 }
 
 export interface Spread {
@@ -60,7 +68,13 @@ export interface LoadtestReport {
     tokens: number;
   };
   throughput: Throughput;
+  /** Rollouts the workers held: at most `settings.rolloutsInFlight` (the capacity asked for), mean over the window's samples. */
+  inFlight: { capacity: number; mean: number; peak: number };
+  /** Width of the sliding window of `timeSeries`, seconds. */
+  slidingWindowS: number;
   timeSeries: SeriesPoint[];
+  /** The GPU-like mock over the measured window (model time); null with the fixed-latency mock. */
+  gpu: GpuWindow | null;
   /**
    * Milliseconds, over the rollouts of taken groups (and their turns) that started inside the window;
    * a rollout interrupted by a pause counts every attempt (times add up across attempts).
@@ -163,7 +177,17 @@ export function buildReport(options: LoadtestOptions, run: EngineRun, startedAt:
       tokensPerSecond: rate(totals.tokens),
       batchesPerSecond: rate(totals.batches),
     },
+    inFlight: {
+      capacity: rolloutsInFlight,
+      mean:
+        windowSamples.length === 0
+          ? 0
+          : windowSamples.reduce((n, x) => n + x.inFlightRollouts, 0) / windowSamples.length,
+      peak: Math.max(0, ...windowSamples.map((x) => x.inFlightRollouts)),
+    },
+    slidingWindowS: slidingWindow(seconds),
     timeSeries: timeSeries(run, windowSamples),
+    gpu: gpuOverWindow(run.baseline, windowSamples),
     latency: {
       startedBeforeWindow: recorder.startedBeforeWindow,
       rollout: {
@@ -207,41 +231,49 @@ function stepDeltas(samples: readonly Sample[]): { t: number; steps: number }[] 
   return out;
 }
 
-/** A last bucket shorter than this is folded into the one before: a 5 ms sliver would show as a wild rate. */
-const MIN_LAST_BUCKET_S = 0.25;
+/** Rates over time are averaged over this many seconds (fewer for a short run): enough to span a batch or two. */
+const SLIDING_WINDOW_S = 5;
+
+function slidingWindow(seconds: number): number {
+  return Math.max(1, Math.min(SLIDING_WINDOW_S, Math.floor(seconds / 3)));
+}
+
+function gpuOverWindow(baseline: Sample, samples: readonly Sample[]): GpuWindow | null {
+  const last = samples.at(-1)?.gpu;
+  return baseline.gpu && last ? gpuWindow(baseline.gpu, last) : null;
+}
 
 function timeSeries(run: EngineRun, windowSamples: readonly Sample[]): SeriesPoint[] {
   const { seconds, recorder } = run;
-  let buckets = Math.max(1, Math.ceil(seconds));
-  if (buckets > 1 && seconds - (buckets - 1) < MIN_LAST_BUCKET_S) buckets--;
-  const points: SeriesPoint[] = Array.from({ length: buckets }, (_, t) => ({
-    t,
-    stepsPerSecond: 0,
-    rolloutsPerSecond: 0,
-    groupsPerSecond: 0,
-    tokensPerSecond: 0,
-    inFlightRollouts: 0,
-  }));
-  const bucketOf = (t: number) => Math.min(buckets - 1, Math.max(0, Math.floor(t)));
-  for (const d of stepDeltas([run.baseline, ...windowSamples])) points[bucketOf(d.t)].stepsPerSecond += d.steps;
-  for (const b of recorder.batches) {
-    if (b.t < 0 || b.t > seconds) continue;
-    const p = points[bucketOf(b.t)];
-    p.rolloutsPerSecond += b.rollouts;
-    p.groupsPerSecond += b.groups;
-    p.tokensPerSecond += b.tokens;
-  }
-  const inFlight: number[][] = points.map(() => []);
-  for (const s of windowSamples) inFlight[bucketOf(s.t)].push(s.inFlightRollouts);
-  for (const p of points) {
-    // Counts become rates over the bucket's real width (the last one is rarely a whole second).
-    const width = p.t === buckets - 1 ? Math.max(seconds - p.t, MIN_LAST_BUCKET_S) : 1;
-    p.stepsPerSecond /= width;
-    p.rolloutsPerSecond /= width;
-    p.groupsPerSecond /= width;
-    p.tokensPerSecond /= width;
-    const xs = inFlight[p.t];
-    p.inFlightRollouts = xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length;
+  const width = slidingWindow(seconds);
+  const steps = stepDeltas([run.baseline, ...windowSamples]);
+  const batches = recorder.batches.filter((b) => b.t >= 0 && b.t <= seconds);
+  const withGpu = [run.baseline, ...windowSamples].filter((x) => x.gpu !== null);
+  const points: SeriesPoint[] = [];
+  // A point every second from the first whole window, and one at the very end.
+  const ends: number[] = [];
+  for (let t = width; t < seconds; t++) ends.push(t);
+  ends.push(seconds);
+  for (const end of ends) {
+    const start = Math.max(0, end - width);
+    const span = Math.max(end - start, 1e-9);
+    const inside = <T extends { t: number }>(xs: readonly T[]) => xs.filter((x) => x.t > start && x.t <= end);
+    const b = inside(batches);
+    const sampled = inside(windowSamples);
+    // The GPU readings bracketing the window (its integrals make any two readings a window).
+    const from = [...withGpu].reverse().find((x) => x.t <= start) ?? withGpu[0];
+    const to = [...withGpu].reverse().find((x) => x.t <= end);
+    const gpu = from?.gpu && to?.gpu && to.t > from.t ? gpuWindow(from.gpu, to.gpu) : null;
+    points.push({
+      t: end,
+      stepsPerSecond: inside(steps).reduce((n, d) => n + d.steps, 0) / span,
+      rolloutsPerSecond: b.reduce((n, x) => n + x.rollouts, 0) / span,
+      groupsPerSecond: b.reduce((n, x) => n + x.groups, 0) / span,
+      tokensPerSecond: b.reduce((n, x) => n + x.tokens, 0) / span,
+      inFlightRollouts: sampled.length === 0 ? 0 : sampled.reduce((n, x) => n + x.inFlightRollouts, 0) / sampled.length,
+      gpuBusyFraction: gpu?.busyFraction ?? null,
+      gpuSlotFill: gpu?.slotFill ?? null,
+    });
   }
   return points;
 }

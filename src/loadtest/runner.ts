@@ -9,9 +9,11 @@ import type { EngineConfigInput } from '../config.ts';
 import type { EngineStats } from '../coordinator/engine-core.ts';
 import type { Batch } from '../coordinator/producer.ts';
 import { createEngine, type Engine } from '../engine.ts';
+import type { GpuMetrics } from '../testing/mock-llm/gpu.ts';
 import type { MockProcess } from './mock-process.ts';
 import type { LoadtestOptions } from './options.ts';
 import { Recorder, type PauseReason, type Sample } from './recorder.ts';
+import { readGpu } from './training.ts';
 
 /** How often the engine is sampled; short enough to catch the moments production is full. */
 const SAMPLE_INTERVAL_MS = 200;
@@ -77,11 +79,12 @@ export async function runEngine(options: LoadtestOptions, mock: MockProcess): Pr
     await waitForWorkers(engine, options.workers, notes);
 
     // Baseline: workers up, nothing in flight. The async producer starts at once, so pause it first.
+    const gpu = options.capacity === null ? null : () => readGpu(mock.url);
     await engine.pauseForWeightUpdate();
-    const baseline = await sample(engine, recorder);
+    const baseline = await sample(engine, recorder, gpu);
     await engine.resume({ modelStep: 0 });
 
-    return await measure(engine, options, mock, recorder, baseline, notes);
+    return await measure(engine, options, mock, recorder, baseline, notes, gpu);
   } finally {
     await engine.close();
   }
@@ -94,8 +97,11 @@ async function measure(
   recorder: Recorder,
   baseline: Sample,
   notes: string[],
+  gpu: (() => Promise<GpuMetrics>) | null,
 ): Promise<EngineRun> {
   recorder.startWindow();
+  /** The trainer's and the loader's times are GPU time: the GPU-like mock runs this many times faster. */
+  const speedup = options.capacity?.speedup ?? 1;
   const cpu0 = process.cpuUsage();
   const mockCpu0 = mock.cpuMs();
   let step = 1;
@@ -112,6 +118,8 @@ async function measure(
       const inFlightBefore = recorder.lastSample()?.inFlightRollouts ?? 0;
       const report = await engine.pauseForWeightUpdate();
       const resumeStart = performance.now();
+      // Loading the new weights: the servers stand idle meanwhile.
+      if (options.loadMs > 0) await sleep(options.loadMs / speedup);
       // The trainer has trained steps 1..step-1: those are the weights it would push now.
       const next = Math.max(modelStep, step - 1);
       await setMockWeightVersion(mock.url, next);
@@ -128,7 +136,7 @@ async function measure(
 
   let sampling: Promise<unknown> | null = null;
   const sampler = setInterval(() => {
-    sampling ??= sample(engine, recorder).finally(() => (sampling = null));
+    sampling ??= sample(engine, recorder, gpu).finally(() => (sampling = null));
   }, SAMPLE_INTERVAL_MS);
   /** A scheduled sync runs beside the loop: its failure is rethrown there, not lost. */
   let timerFailure: unknown = null;
@@ -152,7 +160,7 @@ async function measure(
       clearInterval(sampler);
       clearInterval(pauseTimer);
       await sampling;
-      await sample(engine, recorder);
+      await sample(engine, recorder, gpu);
       // A batch in production would hold the run past its duration: a pause makes getBatch return.
       if (inGetBatch && current.sync === null) await engine.pauseForWeightUpdate();
     })();
@@ -171,8 +179,13 @@ async function measure(
       if (stopping) break;
       if (batch.status === 'NORMAL') {
         recorder.addBatch(batch);
+        // "Training": async production goes on meanwhile.
+        const trainMs = options.trainMs + (batch.stats.responseTokens * options.trainMsPerToken) / speedup;
+        if (trainMs > 0) await sleep(trainMs);
         step++;
-        if (options.trainMs > 0) await sleep(options.trainMs); // "training": async production goes on meanwhile
+        // The trainer pushes the weights of the steps it has trained (step - 1 of them by now).
+        if (options.syncEvery !== null && (step - 1) % options.syncEvery === 0 && !stopping)
+          await syncWeights('scheduled');
       } else if (batch.status === 'EXPIRED_BATCH') {
         await syncWeights('expired-batch');
       } else {
@@ -217,8 +230,8 @@ interface WindowEnd {
   mockCpuMs: number | null;
 }
 
-async function sample(engine: Engine, recorder: Recorder): Promise<Sample> {
-  const stats = await engine.stats();
+async function sample(engine: Engine, recorder: Recorder, gpu: (() => Promise<GpuMetrics>) | null): Promise<Sample> {
+  const [stats, gpuMetrics] = await Promise.all([engine.stats(), gpu?.() ?? null]);
   const memory = process.memoryUsage();
   let inFlightRollouts = 0;
   let agentSteps = 0;
@@ -234,6 +247,7 @@ async function sample(engine: Engine, recorder: Recorder): Promise<Sample> {
     agentSteps,
     rssBytes: memory.rss,
     heapBytes,
+    gpu: gpuMetrics,
   });
 }
 

@@ -14,14 +14,19 @@ export function formatTable(r: LoadtestReport, files: { json: string; html: stri
 
   lines.push(
     `rollout loadtest: ${num(r.window.seconds)} s measured, ${s.strategy} strategy, ${s.rolloutsInFlight} rollouts in flight (${s.batchSize} groups × ${s.groupSize}), ${s.workers} worker${s.workers === 1 ? '' : 's'}, envs ${s.envs.join('+')}`,
-    `  mock server: latency ${s.latencyMs} ms, ${s.tokensPerSecond === 0 ? 'instant generation' : `${s.tokensPerSecond} tokens/s`}, ${s.thinkTokens} think tokens; env CPU ${s.envCpuUs} µs/step${s.trainMs > 0 ? `; trainer ${s.trainMs} ms/batch` : ''}`,
+    s.capacity === null
+      ? `  mock server: latency ${s.latencyMs} ms, ${s.tokensPerSecond === 0 ? 'instant generation' : `${s.tokensPerSecond} tokens/s`}, ${s.thinkTokens} think tokens; env CPU ${s.envCpuUs} µs/step${s.trainMs > 0 ? `; trainer ${s.trainMs} ms/batch` : ''}`
+      : `  GPU-like mock: ${s.capacity.slots} slots, responses ${s.capacity.responseTokens === null ? `of ${s.thinkTokens} think tokens` : `median ${s.capacity.responseTokens} tokens, σ ${s.capacity.lengthSigma}`}, ${s.capacity.speedup}× speed; env CPU ${s.envCpuUs} µs/step` +
+          `${s.trainMs > 0 || s.trainMsPerToken > 0 ? `; trainer ${s.trainMs} ms/batch + ${s.trainMsPerToken} ms/token` : ''}${s.syncEvery === null ? '' : `; sync every ${s.syncEvery} batches, load ${s.loadMs} ms`}`,
+    `  rollouts in flight: ${num(r.inFlight.mean)} on average, peak ${r.inFlight.peak}, at most ${r.inFlight.capacity}`,
     '',
   );
 
   const tw = [22, 12, 12, 12, 12];
   const perSecond = (key: 'stepsPerSecond' | 'rolloutsPerSecond' | 'groupsPerSecond' | 'tokensPerSecond') =>
     r.timeSeries.map((p) => p[key]);
-  lines.push(row(['throughput', 'overall', 'p50/s', 'min/s', 'max/s'], tw));
+  lines.push(`throughput over ${r.slidingWindowS}-s sliding windows:`);
+  lines.push(row(['throughput', 'overall', 'p50', 'min', 'max'], tw));
   const tput: [string, number, ReturnType<typeof perSecond>][] = [
     ['  agent steps/s', r.throughput.stepsPerSecond, perSecond('stepsPerSecond')],
     ['  rollouts/s', r.throughput.rolloutsPerSecond, perSecond('rolloutsPerSecond')],
@@ -121,6 +126,11 @@ export function formatTable(r: LoadtestReport, files: { json: string; html: stri
     `engine CPU                     ${us(r.cpu.perStepUs)} per agent step, ${us(r.cpu.perTakenTurnUs)} per taken turn, ${num(r.cpu.coresBusy)} cores busy` +
       (r.cpu.mockCoresBusy === null ? '' : ` (mock server: ${num(r.cpu.mockCoresBusy)} cores)`),
   );
+  if (r.gpu !== null) {
+    lines.push(
+      `inference servers              busy ${num(100 * r.gpu.busyFraction)} %, slots filled ${num(100 * r.gpu.slotFill)} % (${num(r.gpu.meanRunning)} running), queue ${num(r.gpu.meanQueue)}, ${num(r.gpu.tokensPerSecond)} tokens/s GPU time, prefix cache ${num(100 * r.gpu.cacheHitFraction)} % of prompt tokens`,
+    );
+  }
   for (const note of r.notes) lines.push(`note: ${note}`);
   lines.push('', `report: ${files.json}`, `        ${files.html}`);
   return lines.join('\n');

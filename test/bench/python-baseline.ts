@@ -9,6 +9,7 @@
  */
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
+import type { TrainingFigures } from '../../src/loadtest/training.ts';
 
 export type PythonBaselineMode = 'executor' | 'direct';
 
@@ -126,4 +127,70 @@ export async function runPythonBaseline(options: PythonBaselineOptions): Promise
     return { ok: false, reason: `${interpreter} ${SCRIPT} exited with code ${exit.code}${tail ? `: ${tail}` : ''}` };
   }
   return { ok: true, result: parsed as unknown as PythonBaselineResult, interpreter };
+}
+
+export interface PythonTrainerOptions {
+  urls: readonly string[];
+  groups: number;
+  groupSize: number;
+  turns: number;
+  maxTokens: number;
+  steps: number;
+  /** GPU ms, as src/loadtest/training.ts takes them. */
+  trainMsPerToken: number;
+  loadMs: number;
+  speedup: number;
+}
+
+/**
+ * Issue 21's fourth side: python_baseline.py --mode sync-trainer, the seed-style loop grown into a
+ * synchronous trainer against the GPU-like mocks; it prints the figures src/loadtest/training.ts
+ * reports for the engine's sides. Never rejects.
+ */
+export async function runPythonTrainer(
+  o: PythonTrainerOptions,
+): Promise<{ ok: true; result: TrainingFigures; interpreter: string } | { ok: false; reason: string }> {
+  const { interpreter, tried } = await findInterpreter();
+  if (interpreter === null) return { ok: false, reason: `no Python interpreter found (tried ${tried.join(', ')})` };
+  const args = [
+    SCRIPT,
+    '--mode',
+    'sync-trainer',
+    '--urls',
+    o.urls.join(','),
+    '--groups',
+    String(o.groups),
+    '--group-size',
+    String(o.groupSize),
+    '--turns',
+    String(o.turns),
+    '--max-tokens',
+    String(o.maxTokens),
+    '--steps',
+    String(o.steps),
+    '--train-ms-per-token',
+    String(o.trainMsPerToken),
+    '--load-ms',
+    String(o.loadMs),
+    '--speedup',
+    String(o.speedup),
+  ];
+  const exit = await run(interpreter, args, 30 * 60_000);
+  const lastLine = exit.stdout.trim().split('\n').at(-1) ?? '';
+  let parsed: Record<string, unknown> | null = null;
+  try {
+    parsed = JSON.parse(lastLine) as Record<string, unknown>;
+  } catch {
+    parsed = null;
+  }
+  if (parsed && typeof parsed.error === 'string')
+    return { ok: false, reason: `${parsed.error}${exit.code === 3 ? ` (tried ${tried.join(', ')})` : ''}` };
+  if (exit.code !== 0 || parsed === null || typeof parsed.stepsPerHour !== 'number') {
+    const tail = exit.stderr.trim().split('\n').slice(-3).join(' | ');
+    return {
+      ok: false,
+      reason: `${interpreter} ${SCRIPT} --mode sync-trainer exited with code ${exit.code}${tail ? `: ${tail}` : ''}`,
+    };
+  }
+  return { ok: true, result: parsed as unknown as TrainingFigures, interpreter };
 }

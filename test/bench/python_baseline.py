@@ -315,7 +315,7 @@ class Baseline:
         out.extend(prompt[start:][-(self.message_cut * 2 - 1):])
         return out
 
-    async def _llm_generate(self, messages, seed):
+    async def _llm_generate(self, messages, seed, chat_url=None):
         body = json.dumps({
             "model": self.model,
             "messages": messages,
@@ -328,7 +328,7 @@ class Baseline:
         attempts = 1 + self.http_retries
         for i in range(attempts):
             try:
-                async with self.session.post(self.chat_url, data=body) as response:
+                async with self.session.post(chat_url or self.chat_url, data=body) as response:
                     if response.status >= 400:
                         response.raise_for_status()
                     data = json.loads(await response.read())
@@ -412,6 +412,153 @@ class Baseline:
             log.info("worker=%d finished (reward=%s)", worker_id, reward)
 
 
+# --- the sync trainer loop (issue 21): the same loop grown into a seed-style synchronous trainer --------
+
+def prompt_range(i):
+    """test/bench/training-loop.ts promptRange: the dataset's ranges, so the mock's per-prompt lengths differ."""
+    return 20 + ((i * 7919) % 981)
+
+
+class SyncTrainer(Baseline):
+    """Take a batch (every rollout of G groups x k, all at once), wait for the last, "train" for a time
+    proportional to its response tokens, then sync weights: load time, new version on every server."""
+
+    def __init__(self, args):
+        urls = args.urls.split(",")
+        super().__init__(urls[0], args.groups * args.group_size, "direct", args.max_tokens, max_steps=args.turns)
+        self.urls = [u.rstrip("/") for u in urls]
+        self.args = args
+
+    async def _gpu(self):
+        out = []
+        for url in self.urls:
+            async with self.session.get(url + "/admin/gpu") as response:
+                out.append(json.loads(await response.read()))
+        return out
+
+    async def _rollout(self, prompt_index, rollout_index):
+        env = GuessNumberEnv(1, prompt_range(prompt_index), self.args.turns)
+        sample_seed = mix_seeds(0, prompt_index)
+        url = self.urls[(prompt_index * self.args.group_size + rollout_index) % len(self.urls)]
+        chat_url = url + "/v1/chat/completions"
+        env.reset(sample_seed)
+        tokens = 0
+        for step_i in range(1, self.args.turns + 1):
+            prompt = self._trim_messages(env.get_task_prompt())
+            if not prompt:
+                break
+            result = await self._llm_generate(prompt, turn_seed(sample_seed, rollout_index, step_i), chat_url)
+            tokens += len(result["token_ids"])
+            if result["finish_reason"] == "length":
+                break
+            out = env.step(result["content"])
+            if out["terminated"] or out["truncated"]:
+                break
+        return tokens
+
+    async def run(self):
+        a = self.args
+        window = {"time": 0.0, "busy": 0.0, "slot": 0.0, "slots": 0.0, "tokens": 0}
+        idle = []
+        watchers = []
+        first = last = None
+        tokens_after_first = 0
+        wait_total = 0.0
+
+        def add_window(before, after):
+            for x, y in zip(before, after):
+                window["time"] += y["timeMs"] - x["timeMs"]
+                window["busy"] += y["busyMs"] - x["busyMs"]
+                window["slot"] += y["slotMs"] - x["slotMs"]
+                window["slots"] += (y["timeMs"] - x["timeMs"]) * y["slots"]
+                window["tokens"] += y["generatedTokens"] - x["generatedTokens"]
+
+        async def watch_restart(before):
+            deadline = time.perf_counter() + 5.0
+            while True:
+                now = await self._gpu()
+                if time.perf_counter() > deadline:
+                    return
+                if all(m["running"] > 0 for m in now):
+                    per = [y["timeMs"] - x["timeMs"] - (y["busyMs"] - x["busyMs"]) for x, y in zip(before, now)]
+                    idle.append(sum(per) / len(per))
+                    return
+                await asyncio.sleep(0.001)
+
+        for step in range(1, a.steps + 1):
+            before = await self._gpu()
+            asked = time.perf_counter()
+            base = (step - 1) * a.groups
+            results = await asyncio.gather(*[self._rollout(base + g, r) for g in range(a.groups) for r in range(a.group_size)])
+            taken_at = time.perf_counter()
+            if first is not None:
+                wait_total += taken_at - asked
+            after = await self._gpu()
+            add_window(before, after)
+            tokens = sum(results)
+            if first is None:
+                first = (taken_at, after)
+            else:
+                tokens_after_first += tokens
+            last = (taken_at, after)
+            await asyncio.sleep(tokens * a.train_ms_per_token / a.speedup / 1000)
+            if step == a.steps:
+                break
+            sync_start = await self._gpu()
+            await asyncio.sleep(a.load_ms / a.speedup / 1000)
+            for url in self.urls:
+                async with self.session.post(url + "/admin/weight_version", data=json.dumps({"weight_version": step})) as response:
+                    await response.read()
+            watchers.append(asyncio.create_task(watch_restart(sync_start)))
+        await asyncio.gather(*watchers)
+        cycles = a.steps - 1
+        cycle_seconds = (last[0] - first[0]) * a.speedup
+        generated = sum(y["generatedTokens"] - x["generatedTokens"] for x, y in zip(first[1], last[1]))
+        wasted = max(0, generated - tokens_after_first)
+        final = await self._gpu()
+        prompt = sum(m["promptTokens"] for m in final)
+        cached = sum(m["cachedTokens"] for m in final)
+        mean_idle = sum(idle) / len(idle) if idle else 0.0
+        return {
+            "strategy": "python sync",
+            "steps": a.steps,
+            "cycles": cycles,
+            "cycleSeconds": cycle_seconds,
+            "stepsPerHour": cycles / cycle_seconds * 3600 if cycle_seconds > 0 else 0,
+            "stepSeconds": cycle_seconds / cycles if cycles > 0 else 0,
+            "tokensTakenPerStep": tokens_after_first / cycles if cycles > 0 else 0,
+            "wastedTokensPerStep": wasted / cycles if cycles > 0 else 0,
+            "wastedFraction": wasted / generated if generated > 0 else 0,
+            "waitSeconds": wait_total * a.speedup / cycles if cycles > 0 else 0,
+            "production": {
+                "seconds": window["time"] / 1000,
+                "busyFraction": window["busy"] / window["time"] if window["time"] > 0 else 0,
+                "slotFill": window["slot"] / window["slots"] if window["slots"] > 0 else 0,
+                "meanRunning": window["slot"] / window["time"] if window["time"] > 0 else 0,
+                "tokensPerSecond": window["tokens"] / window["time"] * 1000 * len(self.urls) if window["time"] > 0 else 0,
+            },
+            "syncs": {
+                "count": len(idle),
+                "idleMs": mean_idle,
+                "idleBeyondLoadMs": mean_idle - a.load_ms,
+                "maxIdleBeyondLoadMs": (max(idle) - a.load_ms) if idle else 0,
+                "pauseMsP50": 0,
+            },
+            "cacheHitFraction": cached / prompt if prompt > 0 else 0,
+            "python": sys.version.split()[0],
+            "aiohttp": aiohttp.__version__,
+        }
+
+
+async def trainer_async(args):
+    trainer = SyncTrainer(args)
+    await trainer.start()
+    try:
+        return await trainer.run()
+    finally:
+        await trainer.close()
+
+
 def cpu_seconds():
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -467,13 +614,30 @@ async def main_async(args):
 
 def main():
     parser = argparse.ArgumentParser(description="Python asyncio rollout baseline (reference Interactor design)")
-    parser.add_argument("--url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--concurrency", type=int, default=64, help="rollouts in flight (worker tasks)")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured window after warm-up")
-    parser.add_argument("--mode", choices=["executor", "direct"], default="executor")
+    parser.add_argument("--mode", choices=["executor", "direct", "sync-trainer"], default="executor")
     parser.add_argument("--max-tokens", type=int, default=64)
+    # sync-trainer only (issue 21): GPU-like mocks (--capacity) and a simulated trainer, times in GPU ms
+    parser.add_argument("--urls", help="sync-trainer: comma-separated base URLs of the GPU-like mocks")
+    parser.add_argument("--groups", type=int, default=16)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--train-ms-per-token", type=float, default=0.1)
+    parser.add_argument("--load-ms", type=float, default=2000)
+    parser.add_argument("--speedup", type=float, default=1)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if args.mode != "sync-trainer" and not args.url:
+        parser.error("--url is required")
+    if args.mode == "sync-trainer":
+        if not args.urls:
+            args.urls = args.url
+        result = asyncio.run(trainer_async(args))
+        print(json.dumps(result), flush=True)
+        return 0
     result = asyncio.run(main_async(args))
     print(json.dumps(result), flush=True)
     return 1 if "error" in result else 0

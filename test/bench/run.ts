@@ -29,6 +29,10 @@
  * rollouts held mid-episode by ./stall-proxy.ts), and beside it what long episodes' prompt ids cost
  * with the whole conversation sent (./long-episodes.ts). The last table lists every target with its figure
  * and PASS / FAIL; the JSON result (bench-results/) holds all of it.
+ *
+ * Last, issue 21's simulated training loop on GPU-like mocks (./training-loop.ts, runnable on its
+ * own): sync, async at staleness 1, async with partial rollouts and the Python sync trainer, in
+ * training steps per hour, the servers' busy fraction and slot fill, and what each weight sync costs.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { availableParallelism, cpus } from 'node:os';
@@ -44,6 +48,7 @@ import { describeShare, startCpuMeter, type CpuShare } from './machine.ts';
 import { runPythonBaseline } from './python-baseline.ts';
 import { longEpisodes } from './long-episodes.ts';
 import { printScaleOut, scaleOut } from './scale-out.ts';
+import { printTrainingBench, trainingBench, trainingBenchDefaults, trainingTargets } from './training-loop.ts';
 import {
   LATENCY_GROUP_SLACK,
   latencyBound,
@@ -352,6 +357,10 @@ async function main(): Promise<void> {
   cpuShare.memory = meter();
   // Beside target 5: what long episodes' prompt ids cost with the whole conversation sent.
   const long = await longEpisodes({ groups: 8, maxTurns: 16, thinkTokens: 200 });
+  meter = startCpuMeter();
+  // Issue 21: the simulated training loop on GPU-like mocks, four strategies side by side.
+  const training = await trainingBench(trainingBenchDefaults(quick));
+  cpuShare.trainingLoop = meter();
   const rate = (s: Sample) => s.operations / s.seconds;
   const cpuPer = (s: Sample) => (s.cpuMs * 1000) / s.operations; // µs per operation
   const bareRate = stats(bare.map(rate));
@@ -449,6 +458,7 @@ async function main(): Promise<void> {
     scaleOut: scale,
     memory,
     longEpisodes: long,
+    trainingLoop: training,
     targets: [] as TargetRow[],
   };
   const fmt = (n: number, d = 0) => n.toFixed(d).padStart(10);
@@ -754,6 +764,9 @@ async function main(): Promise<void> {
       detail: `${scaling.two.stepsPerSecond.median.toFixed(0)} vs ${scaling.one.stepsPerSecond.median.toFixed(0)}/s; 2 workers: engine ${scaling.two.engineCores.toFixed(2)} + mock ${scaling.two.mockCores?.toFixed(2) ?? 'n/a'} cores of ${cpus().length}${scaling.ceiling === null ? '' : `; at most ${scaling.ceiling.toFixed(2)}× on ${scaling.cores} cores at the 1-worker cost per step`}`,
     }),
   ];
+  printTrainingBench(training);
+  console.log(describeShare(cpuShare.trainingLoop, cpus().length));
+  result.targets.push(...trainingTargets(training));
   printTargets(result.targets);
   printScaleOut(scale);
   // Memory is not a matter of CPU time; every other part is.

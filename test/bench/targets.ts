@@ -333,7 +333,7 @@ export async function memoryRuns(o: {
 // --- the final table ---------------------------------------------------------------------------
 
 export interface TargetRow {
-  /** Issue 7's target number and condition, e.g. "3 · 512 in flight, 50 ms". */
+  /** The issue's target number and condition, e.g. "3 · 512 in flight, 50 ms" (issue 7) or "21 · …". */
   target: string;
   figure: string;
   /** The measured value compared with the limit; null when it could not be measured. */
@@ -375,7 +375,7 @@ export function printTargets(rows: TargetRow[]): void {
     width((r) => r.limit, 'target'),
     width((r) => r.measured, 'measured'),
   ];
-  console.log('\nissue 7 targets (this run)');
+  console.log('\ntargets of issues 7 and 21 (this run)');
   console.log(
     `${'#'.padEnd(w[0])}  ${'figure'.padEnd(w[1])}  ${'target'.padEnd(w[2])}  ${'measured'.padStart(w[3])}  ok    detail`,
   );

@@ -1,9 +1,11 @@
 /**
- * The default dialect's `/admin/*` routes: abort every in-flight completion, and read or set the
- * weight version a trainer syncs after each update. The dialects have none (dialect-routes.ts).
+ * The default dialect's `/admin/*` routes: abort every in-flight completion, read or set the
+ * weight version a trainer syncs after each update, and read the GPU-like mock's metrics (404
+ * without option capacity). The dialects have none (dialect-routes.ts).
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { RouteTable } from './dialect-routes.ts';
+import type { Gpu } from './gpu.ts';
 import { sendJson, type Rejections } from './http-replies.ts';
 import type { WeightVersion } from './weight-version.ts';
 
@@ -12,6 +14,7 @@ export interface AdminParts {
   version: WeightVersion;
   readBody(req: IncomingMessage): Promise<string>;
   rejections: Rejections;
+  gpu: Gpu | null;
 }
 
 export function adminRoutes(parts: AdminParts): RouteTable {
@@ -26,6 +29,15 @@ export function adminRoutes(parts: AdminParts): RouteTable {
     // SGLang's name for the abort endpoint; the body (rid / abort_all) is ignored: everything is aborted.
     '/abort_request': abort,
     '/admin/weight_version': { GET: weightVersion, POST: weightVersion },
+    ...(parts.gpu === null
+      ? {}
+      : {
+          '/admin/gpu': {
+            GET: (req: IncomingMessage, res: ServerResponse) => (
+              req.resume(), sendJson(res, 200, parts.gpu!.metrics())
+            ),
+          },
+        }),
   };
 }
 

@@ -85,10 +85,14 @@ export class Completer {
     this.#options = parts.options;
     this.#vocab = parts.vocab;
     this.#context = parts.context;
+    const capacity = parts.options.capacity;
+    const lengths =
+      capacity?.responseTokens == null ? null : { median: capacity.responseTokens, sigma: capacity.lengthSigma };
     this.#policy = {
       seed: parts.options.seed,
       mistakeRate: parts.options.mistakeRate,
       thinkTokens: parts.options.thinkTokens,
+      lengths,
     };
     this.#scheduler = parts.scheduler;
     this.#faults = parts.faults;
@@ -139,6 +143,7 @@ export class Completer {
       this.#scheduler.schedule(res, {
         ids,
         promptTokens: promptIds.length,
+        promptIds,
         natural,
         answer: (reason, out) => stream.finish(reason, out, contentOf(out), fault),
         progress: (n) => stream.progress(ids, n),
@@ -175,7 +180,7 @@ export class Completer {
       });
       deliver(res, json, fault);
     };
-    this.#scheduler.schedule(res, { ids, promptTokens: promptIds.length, natural, answer });
+    this.#scheduler.schedule(res, { ids, promptTokens: promptIds.length, promptIds, natural, answer });
   }
 
   /**
@@ -216,6 +221,7 @@ export class Completer {
     this.#scheduler.schedule(res, {
       ids,
       promptTokens: prompt.ids.length,
+      promptIds: prompt.ids,
       natural: ids.length < reply.uncut ? 'length' : 'stop',
       answer,
     });
@@ -297,6 +303,7 @@ export class Completer {
       this.#scheduler.schedule(res, {
         ids,
         promptTokens,
+        promptIds,
         natural,
         answer,
         progress: (n) => stream.progress(ids, n),
@@ -321,7 +328,7 @@ export class Completer {
       });
       deliver(res, json, fault);
     };
-    this.#scheduler.schedule(res, { ids, promptTokens, natural, answer, rid });
+    this.#scheduler.schedule(res, { ids, promptTokens, promptIds, natural, answer, rid });
   }
 
   /** vLLM's `/v1/completions` in its dialect: the model name is checked as on chat (OpenAIServing._check_model). */
@@ -399,6 +406,7 @@ export class Completer {
     this.#scheduler.schedule(res, {
       ids,
       promptTokens: prompt.ids.length,
+      promptIds: prompt.ids,
       natural: ids.length < reply.uncut ? 'length' : 'stop',
       answer,
       rid,

@@ -4,6 +4,8 @@
  */
 import { show } from '../../env/synthetic/params.ts';
 import { RolloutEngineError } from '../../errors.ts';
+import { GPU_DEFAULTS, type CapacityOptions, type ResolvedCapacity } from './gpu.ts';
+import { MAX_RESPONSE_TOKENS } from './lengths.ts';
 import { MOCK_TOKENIZERS } from './vocab.ts';
 import type { MockTokenizer } from './vocab.ts';
 
@@ -96,10 +98,21 @@ export interface MockLlmOptions {
    * which they are 404.
    */
   vllmDevMode?: boolean;
+  /**
+   * The GPU-like mock (gpu.ts): a replica with sequence slots, continuous batching, a decode step
+   * that slows with the sequences running, prefill with a prefix cache, and long-tailed response
+   * lengths; its metrics at `GET /admin/gpu` and in stats().gpu. `{}` takes the defaults (one
+   * Llama-3-8B replica on an H100, GPU_DEFAULTS); null = the fixed-rate mock of latencyMs and
+   * tokensPerSecond, which this replaces (leave them at 0).
+   */
+  capacity?: CapacityOptions | null;
 }
 
 export type ResolvedMockLlmOptions = Readonly<
-  Required<Omit<MockLlmOptions, 'contextLength'>> & { contextLength: number | null }
+  Required<Omit<MockLlmOptions, 'contextLength' | 'capacity'>> & {
+    contextLength: number | null;
+    capacity: ResolvedCapacity | null;
+  }
 >;
 
 export const MOCK_LLM_DEFAULTS: ResolvedMockLlmOptions = Object.freeze({
@@ -124,6 +137,7 @@ export const MOCK_LLM_DEFAULTS: ResolvedMockLlmOptions = Object.freeze({
   dialect: 'default',
   contextLength: null,
   vllmDevMode: true,
+  capacity: null,
 });
 
 const KNOWN = Object.keys(MOCK_LLM_DEFAULTS);
@@ -219,7 +233,41 @@ export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMoc
     dialect,
     contextLength: o.contextLength === null ? null : integer('contextLength', o.contextLength, 2, 1 << 30),
     vllmDevMode: boolean('vllmDevMode', o.vllmDevMode),
+    capacity: o.capacity === null ? null : capacity(o.capacity, o.latencyMs, o.tokensPerSecond),
   });
+}
+
+const CAPACITY_KEYS = Object.keys(GPU_DEFAULTS);
+
+function capacity(value: unknown, latencyMs: unknown, tokensPerSecond: unknown): ResolvedCapacity {
+  if (typeof value !== 'object' || value === null || Array.isArray(value))
+    fail('capacity', 'must be an object (or null)', value);
+  for (const key of Object.keys(value)) {
+    if (!CAPACITY_KEYS.includes(key))
+      throw new RolloutEngineError(
+        'ERR_INVALID_OPTION',
+        `mock-llm: unknown option capacity.${key} (known: ${CAPACITY_KEYS.join(', ')})`,
+      );
+  }
+  // The replica sets every reply's timing: a fixed latency on top would be a second, different model.
+  if (latencyMs !== 0) fail('latencyMs', 'must be 0 with option capacity (the GPU model sets the timing)', latencyMs);
+  if (tokensPerSecond !== 0)
+    fail('tokensPerSecond', 'must be 0 with option capacity (the GPU model sets the timing)', tokensPerSecond);
+  const c = { ...GPU_DEFAULTS } as Record<string, unknown>;
+  for (const [key, v] of Object.entries(value)) if (v !== undefined) c[key] = v;
+  const resolved = {
+    slots: integer('capacity.slots', c.slots, 1, 65_536),
+    decodeMs: finite('capacity.decodeMs', c.decodeMs, 0.001, 60_000),
+    decodeMsPerSeq: finite('capacity.decodeMsPerSeq', c.decodeMsPerSeq, 0, 60_000),
+    prefillTokensPerSecond: finite('capacity.prefillTokensPerSecond', c.prefillTokensPerSecond, 1, 1e9),
+    prefillChunkTokens: integer('capacity.prefillChunkTokens', c.prefillChunkTokens, 1, 1 << 24),
+    prefixCacheTokens: integer('capacity.prefixCacheTokens', c.prefixCacheTokens, 0, 1 << 30),
+    responseTokens:
+      c.responseTokens === null ? null : integer('capacity.responseTokens', c.responseTokens, 1, MAX_RESPONSE_TOKENS),
+    lengthSigma: finite('capacity.lengthSigma', c.lengthSigma, 0, 4),
+    speedup: finite('capacity.speedup', c.speedup, 0.001, 1_000),
+  };
+  return Object.freeze(resolved);
 }
 
 function boolean(name: string, value: unknown): boolean {

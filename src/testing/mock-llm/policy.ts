@@ -14,6 +14,7 @@ import { lastInteger } from '../../env/synthetic/params.ts';
 import { LOOKUP_TOOL } from '../../env/synthetic/tool-lookup.ts';
 import { createRng, mixSeeds } from '../../env/synthetic/rng.ts';
 import type { Rng } from '../../env/synthetic/rng.ts';
+import { drawLength, promptKey, type LengthOptions } from './lengths.ts';
 import { encodeText, encodeUncached } from './tokens.ts';
 
 export interface PromptMessage {
@@ -26,6 +27,11 @@ export interface PolicyOptions {
   mistakeRate: number;
   /** Filler tokens before the answer; the filler never contains a digit, so parsers see only the answer. */
   thinkTokens: number;
+  /**
+   * The GPU-like mock's long-tailed lengths (lengths.ts): the filler then pads each reply to a drawn
+   * length instead of `thinkTokens`. Absent or null: `thinkTokens`.
+   */
+  lengths?: LengthOptions | null;
 }
 
 export type TaskKind = 'guess-number' | 'arithmetic' | 'tool-lookup' | 'generic';
@@ -209,6 +215,30 @@ function answerFor(
   return { kind: 'generic', answer: '' };
 }
 
+/** The random stream of a request's response length (policy and logprobs use others). */
+const LENGTH_STREAM = 0x1e46;
+
+/** Filler tokens for one reply: `thinkTokens`, or what pads the answer to a drawn length. */
+function thinkTokensFor(
+  messages: readonly PromptMessage[],
+  options: PolicyOptions,
+  kind: TaskKind,
+  answer: string,
+  requestIndex: number,
+  requestSeed: number | undefined,
+): number {
+  if (options.lengths == null) return options.thinkTokens;
+  const length = drawLength(
+    options.lengths,
+    options.seed,
+    promptKey(messages),
+    requestStreamSeed(options.seed, requestIndex, requestSeed, LENGTH_STREAM),
+  );
+  // A known task's answer follows the filler after "\n\n"; a generic reply adds a few words of its own.
+  const tail = kind === 'generic' ? 0 : encodeText(`\n\n${answer}`).length;
+  return Math.max(0, length - tail);
+}
+
 /** Tags request-seeded streams, so a request with seed n does not replay the n-th unseeded request. */
 const REQUEST_SEED_TAG = 0x5eed;
 
@@ -244,7 +274,7 @@ export function generateCompletion(
   const { kind, answer: said, toolCalls } = answerFor(messages, rng, options.mistakeRate);
   const answer = toolCalls !== undefined ? hermesText(toolCalls) : said;
   const ids: number[] = [];
-  const filler = fillerInto(rng, options.thinkTokens, ids);
+  const filler = fillerInto(rng, thinkTokensFor(messages, options, kind, answer, requestIndex, requestSeed), ids);
   let tail: string;
   if (kind === 'generic') {
     // A short letters-only reply of varying length for prompts the policy does not know. Random, so

@@ -7,6 +7,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { adminRoutes } from './admin-routes.ts';
 import type { Completer } from './completer.ts';
+import type { Gpu } from './gpu.ts';
 import { parseTokenCompletionRequest, type TokenCompletionRequest } from './completions.ts';
 import { dialectRoutes, type RouteTable } from './dialect-routes.ts';
 import {
@@ -37,6 +38,8 @@ export interface RouteParts {
   closing(): boolean;
   /** Called after each generation request is counted (waitForStats). */
   onChange?: () => void;
+  /** The GPU-like mock's replica, whose metrics `GET /admin/gpu` answers; null without option capacity. */
+  gpu?: Gpu | null;
 }
 
 export class Routes {
@@ -113,6 +116,7 @@ export class Routes {
         version,
         readBody: (req) => readBody(req, options.maxBodyBytes),
         rejections,
+        gpu: this.#parts.gpu ?? null,
       }),
     };
   }

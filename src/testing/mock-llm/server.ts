@@ -24,6 +24,7 @@ import { Completer } from './completer.ts';
 import { Connections } from './connections.ts';
 import type { Dialect } from './dialects.ts';
 import { FaultInjector, type MockFault } from './faults.ts';
+import { Gpu, type GpuMetrics } from './gpu.ts';
 import { Rejections } from './http-replies.ts';
 import { DIALECT_DEFAULT_CONTEXT, MOCK_LLM_DEFAULTS, resolveMockLlmOptions } from './options.ts';
 import type { MockLlmOptions, ResolvedMockLlmOptions } from './options.ts';
@@ -34,7 +35,7 @@ import { loadVocabulary } from './vocab.ts';
 import { WeightVersion } from './weight-version.ts';
 
 export { MOCK_LLM_DEFAULTS };
-export type { MockFault, MockLlmOptions, ResolvedMockLlmOptions };
+export type { GpuMetrics, MockFault, MockLlmOptions, ResolvedMockLlmOptions };
 
 export interface MockLlmStats {
   /** Chat completion requests received (valid or not). */
@@ -56,6 +57,8 @@ export interface MockLlmStats {
   hanging: number;
   /** Requests answered 4xx (bad body, unknown route, too large). */
   rejected: number;
+  /** The GPU-like mock's replica (option capacity): cumulative figures and its state now; null without it. */
+  gpu: GpuMetrics | null;
 }
 
 export interface MockLlm {
@@ -103,11 +106,12 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
   const vocab = await loadVocabulary(opts.tokenizer);
   const dialect: Dialect | null = opts.dialect === 'default' ? null : opts.dialect;
   const context = opts.contextLength ?? DIALECT_DEFAULT_CONTEXT;
-  const version = new WeightVersion(opts.weightVersion);
   // Every part whose counts stats() reads tells the waiters of each change; bound before any request.
   let statsChanged = (): void => {};
   const onChange = (): void => statsChanged();
-  const scheduler = new Scheduler({ ...opts, onChange });
+  const gpu = opts.capacity === null ? null : new Gpu(opts.capacity, onChange);
+  const version = new WeightVersion(opts.weightVersion, () => gpu?.flushCache());
+  const scheduler = new Scheduler({ ...opts, onChange, gpu });
   const faults = new FaultInjector(opts, onChange);
   const rejections = new Rejections();
   const completer = new Completer({ options: opts, vocab, context, scheduler, faults, rejections, version });
@@ -123,6 +127,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     version,
     closing,
     onChange,
+    gpu,
   });
   const stats = (): MockLlmStats => {
     const { promptTokens, completionTokens, aborted, cancelled } = scheduler.counts;
@@ -138,6 +143,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
       faults: faultCounts,
       hanging: faults.hanging,
       inFlight: scheduler.inFlight,
+      gpu: gpu?.metrics() ?? null,
     };
   };
   const statsWaiters = new StatsWaiters(stats);
@@ -176,6 +182,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
       closed ??= new Promise<void>((resolve) => {
         scheduler.abortAll();
         scheduler.stop();
+        gpu?.stop();
         faults.releaseHung();
         server.close(() => resolve());
         connections.cutIdle();

@@ -10,8 +10,11 @@ export class WeightVersion {
   #number: number;
   /** The version as the string-versioned dialects report it. */
   #label: string;
+  /** Called after every set: new weights invalidate what a server computed with the old ones (its prefix cache). */
+  readonly #onSet: () => void;
 
-  constructor(initial: number | string) {
+  constructor(initial: number | string, onSet: () => void = () => {}) {
+    this.#onSet = onSet;
     this.#number = typeof initial === 'number' ? initial : /^\d+$/.test(initial) ? Number(initial) : 0;
     this.#label = String(initial);
   }
@@ -28,6 +31,7 @@ export class WeightVersion {
   set(version: unknown): number {
     this.#number = validateWeightVersion(version);
     this.#label = String(version);
+    this.#onSet();
     return this.#number;
   }
 
@@ -35,5 +39,6 @@ export class WeightVersion {
   setLabel(label: string): void {
     this.#label = label;
     if (/^\d+$/.test(label)) this.#number = Number(label);
+    this.#onSet();
   }
 }

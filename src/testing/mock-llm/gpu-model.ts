@@ -1,0 +1,288 @@
+/**
+ * The GPU-like mock's model of one inference replica, on a clock of its own (milliseconds of model
+ * time; gpu.ts drives it from the wall clock). What it models is what makes a real server's
+ * throughput depend on how it is fed:
+ *
+ * - a fixed number of sequence slots (vLLM's max_num_seqs): requests beyond them queue (FIFO);
+ * - continuous batching: the replica runs steps back to back while any slot is taken; a step decodes
+ *   one token of every sequence in a slot and prefills up to `prefillChunkTokens` prompt tokens of the
+ *   ones just admitted (chunked prefill), and lasts
+ *       decodeMs + decodeMsPerSeq × decoding sequences + prefill tokens ÷ prefillTokensPerSecond;
+ *   a request that arrives mid-step is admitted at the step's end;
+ * - the step that ends a sequence's prefill also yields its first token (as vLLM's last chunk does);
+ * - prefix caching (prefix-cache.ts): an admitted prompt prefills only what the cache does not hold
+ *   (at least one token); a sequence's prompt and its tokens are cached when it leaves a slot.
+ *
+ * Invariants: a sequence is in exactly one of queue, slots (prefilling or decoding) or gone; slots
+ * taken ≤ `slots`; the metrics' integrals cover every millisecond from 0 to `now` exactly once
+ * (`#account` before every change of what they integrate).
+ */
+import { blockHashes, PrefixCache } from './prefix-cache.ts';
+
+export interface GpuModelOptions {
+  slots: number;
+  decodeMs: number;
+  decodeMsPerSeq: number;
+  prefillTokensPerSecond: number;
+  prefillChunkTokens: number;
+  prefixCacheTokens: number;
+}
+
+export interface SequenceInput {
+  promptIds: readonly number[];
+  /** The ids the sequence will generate (its length is the work; the ids are cached when it leaves). */
+  outputIds: readonly number[];
+}
+
+export type SequenceState = 'queued' | 'prefill' | 'decode' | 'done';
+
+export class Sequence {
+  readonly id: number;
+  readonly input: SequenceInput;
+  readonly submittedAt: number;
+  state: SequenceState = 'queued';
+  /** Prompt tokens still to prefill once admitted. */
+  prefillLeft = 0;
+  /** Prompt tokens the prefix cache held at admission. */
+  cachedTokens = 0;
+  generated = 0;
+  admittedAt: number | null = null;
+  firstTokenAt: number | null = null;
+  doneAt: number | null = null;
+
+  constructor(id: number, input: SequenceInput, submittedAt: number) {
+    this.id = id;
+    this.input = input;
+    this.submittedAt = submittedAt;
+  }
+
+  get target(): number {
+    return this.input.outputIds.length;
+  }
+}
+
+/** Cumulative figures since the model started; read two and subtract for a window (gpu.ts `gpuWindow`). */
+export interface GpuCounters {
+  /** Model time since the start, ms. */
+  timeMs: number;
+  /** Time inside a step. */
+  busyMs: number;
+  /** ∫ slots taken dt (prefilling and decoding sequences), slot·ms. */
+  slotMs: number;
+  /** ∫ queue length dt, request·ms. */
+  queueMs: number;
+  steps: number;
+  submitted: number;
+  admitted: number;
+  completed: number;
+  /** Sequences removed before their end (abort, client gone). */
+  cancelled: number;
+  generatedTokens: number;
+  promptTokens: number;
+  /** Prompt tokens found in the prefix cache at admission. */
+  cachedTokens: number;
+  /** Prompt tokens actually prefilled. */
+  prefilledTokens: number;
+  cacheFlushes: number;
+}
+
+export interface GpuState {
+  running: number;
+  queued: number;
+  cacheTokens: number;
+}
+
+interface Step {
+  start: number;
+  end: number;
+  /** Decoding sequences at the step's start: each gets one token at its end. */
+  decode: Sequence[];
+  /** Prompt tokens each prefilling sequence gets through in this step. */
+  prefill: [Sequence, number][];
+}
+
+export class GpuModel {
+  readonly #o: GpuModelOptions;
+  readonly #cache: PrefixCache;
+  readonly #queue: Sequence[] = [];
+  /** In a slot, in admission order: the prefilling ones are served FIFO within a step's chunk. */
+  readonly #slots = new Set<Sequence>();
+  #step: Step | null = null;
+  #now = 0;
+  #nextId = 0;
+  readonly #c: GpuCounters = {
+    timeMs: 0,
+    busyMs: 0,
+    slotMs: 0,
+    queueMs: 0,
+    steps: 0,
+    submitted: 0,
+    admitted: 0,
+    completed: 0,
+    cancelled: 0,
+    generatedTokens: 0,
+    promptTokens: 0,
+    cachedTokens: 0,
+    prefilledTokens: 0,
+    cacheFlushes: 0,
+  };
+
+  constructor(options: GpuModelOptions) {
+    this.#o = options;
+    this.#cache = new PrefixCache(options.prefixCacheTokens);
+  }
+
+  get now(): number {
+    return this.#now;
+  }
+
+  /** When the step under way ends (the next moment anything changes by itself), or null when idle. */
+  get nextEventAt(): number | null {
+    return this.#step?.end ?? null;
+  }
+
+  counters(): GpuCounters {
+    return { ...this.#c };
+  }
+
+  state(): GpuState {
+    return { running: this.#slots.size, queued: this.#queue.length, cacheTokens: this.#cache.tokens };
+  }
+
+  /** Runs every step that ends by `t`; returns the sequences that finished, in order. */
+  advanceTo(t: number): Sequence[] {
+    const done: Sequence[] = [];
+    while (this.#step !== null && this.#step.end <= t) this.#endStep(done);
+    this.#account(Math.max(t, this.#now));
+    return done;
+  }
+
+  /** A request arrives at `t` (≥ now); returns the sequences that finished up to `t` too. */
+  submit(t: number, input: SequenceInput): { seq: Sequence; done: Sequence[] } {
+    const done = this.advanceTo(t);
+    const seq = new Sequence(this.#nextId++, input, this.#now);
+    this.#c.submitted++;
+    this.#queue.push(seq);
+    // An idle replica starts at once; a busy one admits at its step's end (continuous batching),
+    // unless the step starts this very moment: requests arriving together are batched together.
+    if (this.#step === null || this.#step.start === this.#now) {
+      this.#admit();
+      this.#startStep(this.#now);
+    }
+    return { seq, done };
+  }
+
+  /** Removes a sequence before its end (abort, client gone) at `t`; the tokens it has are cached. */
+  cancel(t: number, seq: Sequence): Sequence[] {
+    const done = this.advanceTo(t);
+    if (seq.state === 'done') return done;
+    if (seq.state === 'queued') this.#queue.splice(this.#queue.indexOf(seq), 1);
+    else this.#leave(seq);
+    seq.state = 'done';
+    seq.doneAt = this.#now;
+    this.#c.cancelled++;
+    return done;
+  }
+
+  /** New weights: nothing cached is valid any more. */
+  flushCache(): void {
+    this.#cache.clear();
+    this.#c.cacheFlushes++;
+  }
+
+  #account(t: number): void {
+    const dt = t - this.#now;
+    if (dt <= 0) return;
+    this.#c.timeMs += dt;
+    if (this.#step !== null) this.#c.busyMs += dt;
+    this.#c.slotMs += dt * this.#slots.size;
+    this.#c.queueMs += dt * this.#queue.length;
+    this.#now = t;
+  }
+
+  #admit(): void {
+    while (this.#slots.size < this.#o.slots && this.#queue.length > 0) {
+      const seq = this.#queue.shift()!;
+      const prompt = seq.input.promptIds;
+      const cached = Math.min(this.#cache.match(blockHashes(prompt)), Math.max(0, prompt.length - 1));
+      seq.cachedTokens = cached;
+      seq.prefillLeft = Math.max(1, prompt.length - cached);
+      seq.state = 'prefill';
+      seq.admittedAt = this.#now;
+      this.#slots.add(seq);
+      this.#c.admitted++;
+      this.#c.promptTokens += prompt.length;
+      this.#c.cachedTokens += cached;
+    }
+  }
+
+  #startStep(start: number): void {
+    if (this.#slots.size === 0) {
+      this.#step = null;
+      return;
+    }
+    const decode: Sequence[] = [];
+    const prefill: [Sequence, number][] = [];
+    for (const seq of this.#slots) if (seq.state === 'decode') decode.push(seq);
+    let budget = Math.max(1, this.#o.prefillChunkTokens - decode.length);
+    let prefillTokens = 0;
+    for (const seq of this.#slots) {
+      if (budget === 0) break;
+      if (seq.state !== 'prefill') continue;
+      const take = Math.min(seq.prefillLeft, budget);
+      prefill.push([seq, take]);
+      budget -= take;
+      prefillTokens += take;
+    }
+    const ms =
+      this.#o.decodeMs +
+      this.#o.decodeMsPerSeq * decode.length +
+      (prefillTokens * 1000) / this.#o.prefillTokensPerSecond;
+    this.#step = { start, end: start + ms, decode, prefill };
+  }
+
+  #endStep(done: Sequence[]): void {
+    const step = this.#step!;
+    this.#account(step.end);
+    this.#c.steps++;
+    for (const seq of step.decode) {
+      if (seq.state !== 'decode') continue; // cancelled mid-step
+      seq.generated++;
+      this.#c.generatedTokens++;
+      if (seq.generated >= seq.target) this.#finish(seq, done);
+    }
+    for (const [seq, take] of step.prefill) {
+      if (seq.state !== 'prefill') continue;
+      seq.prefillLeft -= take;
+      this.#c.prefilledTokens += take;
+      if (seq.prefillLeft > 0) continue;
+      seq.state = 'decode';
+      if (seq.target > 0) {
+        seq.generated = 1;
+        seq.firstTokenAt = this.#now;
+        this.#c.generatedTokens++;
+      }
+      if (seq.generated >= seq.target) this.#finish(seq, done);
+    }
+    this.#admit();
+    this.#startStep(this.#now);
+  }
+
+  #finish(seq: Sequence, done: Sequence[]): void {
+    this.#leave(seq);
+    seq.state = 'done';
+    seq.doneAt = this.#now;
+    this.#c.completed++;
+    done.push(seq);
+  }
+
+  /** Frees the slot and caches what the sequence computed: its prompt and the tokens it generated. */
+  #leave(seq: Sequence): void {
+    this.#slots.delete(seq);
+    if (seq.state === 'prefill' && seq.prefillLeft > 0) return; // its prompt was never whole in the KV cache
+    const { promptIds, outputIds } = seq.input;
+    this.#cache.insert(
+      blockHashes(seq.generated === 0 ? promptIds : [...promptIds, ...outputIds.slice(0, seq.generated)]),
+    );
+  }
+}
