@@ -431,19 +431,116 @@ describe('the synthetic tool environment played by the mock policy', () => {
     await Promise.all(mocks.map((m) => m.close()));
   });
 
-  for (const api of ['chat', 'tokens'] as const) {
-    it(`plays builtin:tool-lookup with real tool calls in ${api} mode, imperfectly, so rewards vary`, async () => {
+  it('streams a reply’s tool calls as vLLM does — id and name first, arguments in pieces, finish_reason tool_calls — and the engine’s reader joins them', async () => {
+    const { startMockLlm } = await import('../src/testing/mock-llm/server.ts');
+    const { ChatStream } = await import('../src/llm/stream-reply.ts');
+    const mock = await startMockLlm({ port: 0, seed: 3, mistakeRate: 0, tokensPerSecond: 20_000, streamIntervalMs: 1 });
+    mocks.push(mock);
+    const ask = async (body: object): Promise<string> => {
+      const res = await fetch(`${mock.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({
+          messages: [
+            {
+              role: 'user',
+              content: 'Look up the values of "amber" and "birch" with the lookup tool and answer with their sum.',
+            },
+          ],
+          tools: [{ type: 'function', function: { name: 'lookup', parameters: { type: 'object' } } }],
+          seed: 7,
+          ...body,
+        }),
+      });
+      return res.text();
+    };
+    const events = (await ask({ stream: true, return_token_ids: true }))
+      .split('\n\n')
+      .filter((e) => e.startsWith('data: {'))
+      .map(
+        (e) =>
+          JSON.parse(e.slice(6)) as {
+            choices: {
+              delta: {
+                content?: string;
+                tool_calls?: {
+                  index: number;
+                  id?: string;
+                  type?: string;
+                  function: { name?: string; arguments: string };
+                }[];
+              };
+              finish_reason: string | null;
+            }[];
+          },
+      );
+    const deltas = events.flatMap((e) => e.choices[0].delta.tool_calls ?? []);
+    for (const index of [0, 1]) {
+      const [first, ...rest] = deltas.filter((d) => d.index === index);
+      assert.match(first.id!, /^chatcmpl-tool-[0-9a-f]{32}$/);
+      assert.equal(first.type, 'function');
+      assert.equal(first.function.name, 'lookup');
+      for (const d of rest) assert.deepEqual(Object.keys(d).sort(), ['function', 'index']);
+    }
+    assert.ok(
+      events.every((e) => !(e.choices[0].delta.content ?? '').includes('<tool_call>')),
+      'no block markup as content',
+    );
+    assert.equal(events.at(-1)!.choices[0].finish_reason, 'tool_calls');
+    // Paced by the text generated: a call opens once its name is out, its arguments follow in pieces.
+    const { ToolCallDeltas } = await import('../src/testing/mock-llm/stream-tools.ts');
+    const text = 'Let me look.\n<tool_call>\n{"name": "lookup", "arguments": {"key":"amber"}}\n</tool_call>';
+    const plan = new ToolCallDeltas(text, [{ name: 'lookup', arguments: '{"key":"amber"}' }], (i) => `id-${i}`);
+    const pieces = Array.from({ length: text.length }, (_, i) => plan.advance(i + 1)).filter((d) => d !== '');
+    assert.equal(pieces[0], '"content":"L"');
+    const calls = pieces.filter((d) => d.startsWith('"tool_calls"'));
+    assert.equal(
+      calls[0],
+      '"tool_calls":[{"index":0,"id":"id-0","type":"function","function":{"name":"lookup","arguments":""}}]',
+    );
+    assert.ok(calls.length > 5);
+    const args = calls.map(
+      (d) =>
+        (JSON.parse(`{${d}}`) as { tool_calls: { function: { arguments: string } }[] }).tool_calls[0].function
+          .arguments,
+    );
+    assert.equal(args.join(''), '{"key": "amber"}', 'json.dumps of the parsed arguments, as vLLM sends them');
+    // The engine's reader joins the pieces to the calls of the whole reply.
+    const reader = new ChatStream({ tokenIds: true, logprobs: false });
+    assert.ok(reader.write(new TextEncoder().encode(await ask({ stream: true, return_token_ids: true }))));
+    const streamed = reader.result();
+    const whole = parseChatReply(JSON.parse(await ask({ return_token_ids: true })));
+    assert.equal(streamed.finishReason, 'tool_calls');
+    assert.deepEqual(
+      streamed.toolCalls!.map((c) => [c.name, c.arguments]),
+      whole.toolCalls!.map((c) => [c.name, c.arguments]),
+    );
+    assert.deepEqual(
+      streamed.toolCalls!.map((c) => c.arguments),
+      ['{"key": "amber"}', '{"key": "birch"}'],
+    );
+    assert.deepEqual(Array.from(streamed.responseIds!), Array.from(whole.responseIds!));
+  });
+
+  for (const [api, stream] of [
+    ['chat', false],
+    ['chat', true],
+    ['tokens', false],
+  ] as const) {
+    it(`plays builtin:tool-lookup with real tool calls in ${api} mode${stream ? ' with streamed replies' : ''}, imperfectly, so rewards vary`, async () => {
       const { startMockLlm } = await import('../src/testing/mock-llm/server.ts');
       const mock = await startMockLlm({
         port: 0,
         seed: 3,
         mistakeRate: 0.3,
         ...(api === 'tokens' ? { tokenizer: 'qwen2.5' as const } : {}),
+        // Streamed: a few tokens per event, so each call's arguments arrive in pieces.
+        ...(stream ? { tokensPerSecond: 20_000, streamIntervalMs: 1 } : {}),
       });
       mocks.push(mock);
       const e = createEngine({
         logLevel: 'silent',
-        llm: { url: mock.url, api },
+        llm: { url: mock.url, api, stream },
         batchSize: 8,
         workers: { threads: 1 },
         tasks: [{ name: 'lookup', env: { module: 'builtin:tool-lookup' }, groupSize: 4, maxSteps: 1 }],
@@ -462,6 +559,7 @@ describe('the synthetic tool environment played by the mock policy', () => {
       const withCalls = rollouts.filter((r) => r.turns[0].toolCalls !== undefined);
       assert.ok(withCalls.some((r) => r.turns[0].toolCalls!.length === 2 && r.turns.length === 2));
       if (api === 'chat') for (const c of calls) assert.match(c.id, /^chatcmpl-tool-[0-9a-f]{32}$/);
+      for (const r of withCalls) assert.equal(r.turns[0].finishReason, 'tool_calls');
       const mistakes = new Set(calls.map((c) => c.error).filter((k) => k !== null));
       assert.ok(mistakes.size >= 1, 'the policy errs now and then: bad JSON or an unknown tool');
     });
