@@ -222,6 +222,128 @@ describe('tool calls from the environment, end to end in a worker thread', () =>
   });
 });
 
+describe('tool calls in tokens mode, the whole episode', () => {
+  const servers: ScriptedServer[] = [];
+  const engines: Engine[] = [];
+  after(async () => {
+    await Promise.all(engines.map((e) => e.close()));
+    await Promise.all(servers.map((s) => s.close()));
+  });
+
+  it('plays parallel calls, a bad block and a timed-out call over two rounds as one token sequence, every turn recorded', async () => {
+    const model = await loadChatModel('qwen2.5');
+    const imEnd = model.encode('<|im_end|>')[0];
+    // Round 1: two lookups in parallel and a block whose JSON is cut; round 2: `slow` (times out)
+    // beside a lookup; then the answer. The reply is chosen by how many results the prompt holds.
+    const replies = [
+      `Looking both up.\n${formatToolCalls('hermes', [
+        { name: 'lookup', arguments: { key: 'a' } },
+        { name: 'lookup', arguments: { key: 'b' } },
+      ])}\n<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}\n</tool_call>`,
+      formatToolCalls('hermes', [
+        { name: 'slow', arguments: {} },
+        { name: 'lookup', arguments: { key: 'a' } },
+      ]),
+      'The sum is 42.',
+    ];
+    const server = await scriptedServer((req, res, body) => {
+      res.setHeader('content-type', 'application/json');
+      if (req.method === 'GET') return void res.end(req.url === '/v1/models' ? MODELS : '{}');
+      const results =
+        model.decode((JSON.parse(body) as { prompt: number[] }).prompt).split('<tool_response>').length - 1;
+      const text = replies[results === 0 ? 0 : results === 3 ? 1 : 2];
+      const ids = [...model.encode(text), imEnd];
+      res.end(
+        JSON.stringify({
+          choices: [
+            {
+              index: 0,
+              text,
+              token_ids: ids,
+              logprobs: { token_logprobs: ids.map(() => -0.25) },
+              finish_reason: 'stop',
+            },
+          ],
+        }),
+      );
+    });
+    servers.push(server);
+    const e = createEngine({
+      logLevel: 'silent',
+      llm: { url: server.url, model: 'm', server: 'vllm', api: 'tokens' },
+      batchSize: 1,
+      workers: { threads: 1 },
+      tasks: [
+        {
+          name: 'tools',
+          env: { module: TOOL_ENV },
+          groupSize: 1,
+          maxSteps: 2,
+          messageCut: 0,
+          tools: { timeoutMs: 150 },
+        },
+      ],
+    });
+    engines.push(e);
+    await e.start();
+    const r = (await e.getBatch()).groups[0].rollouts[0];
+    assert.equal(r.status, 'COMPLETED', r.error ?? '');
+    assert.equal(r.turns.length, 3, 'two calling rounds and the answer, one step');
+    assert.deepEqual(
+      r.turns.map((t) => [t.step, t.finishReason, t.toolCalls?.length]),
+      [
+        [1, 'tool_calls', 3],
+        [1, 'tool_calls', 2],
+        [1, 'stop', undefined],
+      ],
+    );
+    const [first, second, answer] = r.turns;
+    assert.deepEqual(
+      first.toolCalls!.map((c) => [c.name, c.error, c.error === null ? c.result : c.result.slice(0, 6)]),
+      [
+        ['lookup', null, '17'],
+        ['lookup', null, '25'],
+        ['lookup', 'unparsed', 'error:'],
+      ],
+    );
+    assert.deepEqual(
+      second.toolCalls!.map((c) => [c.name, c.error, c.error === null ? c.result : c.result.slice(0, 6)]),
+      [
+        ['slow', 'timeout', 'error:'],
+        ['lookup', null, '17'],
+      ],
+    );
+    assert.ok(second.toolCalls![0].ms >= 150, `the timed-out call took ${second.toolCalls![0].ms} ms`);
+    const ids = new Set([...first.toolCalls!, ...second.toolCalls!].map((c) => c.id));
+    assert.equal(ids.size, 5, 'every call has its own id');
+    assert.deepEqual(r.tools, { calls: 5, errors: 2 });
+    assert.equal(r.reward, 1);
+    assert.equal(answer.reward, 1);
+    // One token sequence: each turn's prompt is the previous prompt + its sampled ids (ending with
+    // <|im_end|>) + the tool results, rendered with the template's tool role, errors included.
+    for (const [prev, next, calls] of [
+      [first, second, first.toolCalls!],
+      [second, answer, second.toolCalls!],
+    ] as const) {
+      assert.equal(prev.responseIds!.at(-1), imEnd);
+      assert.equal(prev.logprobs!.length, prev.responseIds!.length);
+      const head = [...prev.promptIds!, ...prev.responseIds!];
+      assert.deepEqual(Array.from(next.promptIds!.subarray(0, head.length)), head);
+      const rest = model.decode(Array.from(next.promptIds!.subarray(head.length)));
+      assert.ok(rest.startsWith('\n<|im_start|>user\n<tool_response>\n'), rest);
+      assert.ok(rest.endsWith('<|im_start|>assistant\n'), rest);
+      const shown = [...rest.matchAll(/<tool_response>\n([\s\S]*?)\n<\/tool_response>/g)].map((m) => m[1]);
+      assert.deepEqual(
+        shown,
+        calls.map((c) => c.result),
+        'the model sees every result, the errors too',
+      );
+    }
+    // The sampled ids hold no tool result: the loss (response tokens) never covers one.
+    for (const t of r.turns) assert.ok(!model.decode(Array.from(t.responseIds!)).includes('<tool_response>'));
+  });
+});
+
 describe('tool-call parsing', () => {
   it('reads Hermes blocks, a bad block as an unparsed call, and Llama 3 JSON calls', () => {
     const hermes = parseToolCalls(
