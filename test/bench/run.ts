@@ -28,7 +28,8 @@
  * that burns CPU per step, and memory per in-flight rollout against its raw payload (./memory.ts,
  * rollouts held mid-episode by ./stall-proxy.ts), and beside it what long episodes' prompt ids cost
  * with the whole conversation sent (./long-episodes.ts). The last table lists every target with its figure
- * and PASS / FAIL; the JSON result (bench-results/) holds all of it.
+ * and PASS / FAIL; the JSON result (bench-results/) holds all of it. Last, the CPU per tool call
+ * (./tool-calls.ts): builtin:tool-lookup beside builtin:arithmetic on one mock.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { availableParallelism, cpus } from 'node:os';
@@ -44,6 +45,7 @@ import { describeShare, startCpuMeter, type CpuShare } from './machine.ts';
 import { runPythonBaseline } from './python-baseline.ts';
 import { longEpisodes } from './long-episodes.ts';
 import { printScaleOut, scaleOut } from './scale-out.ts';
+import { describeToolCallCost, toolCallCost } from './tool-calls.ts';
 import {
   LATENCY_GROUP_SLACK,
   latencyBound,
@@ -352,6 +354,10 @@ async function main(): Promise<void> {
   cpuShare.memory = meter();
   // Beside target 5: what long episodes' prompt ids cost with the whole conversation sent.
   const long = await longEpisodes({ groups: 8, maxTurns: 16, thinkTokens: 200 });
+  meter = startCpuMeter();
+  // Issue 20: the CPU per tool call, tool-lookup beside arithmetic on one mock.
+  const tools = await toolCallCost({ seconds, repeats });
+  cpuShare.toolCalls = meter();
   const rate = (s: Sample) => s.operations / s.seconds;
   const cpuPer = (s: Sample) => (s.cpuMs * 1000) / s.operations; // µs per operation
   const bareRate = stats(bare.map(rate));
@@ -449,6 +455,7 @@ async function main(): Promise<void> {
     scaleOut: scale,
     memory,
     longEpisodes: long,
+    toolCalls: tools,
     targets: [] as TargetRow[],
   };
   const fmt = (n: number, d = 0) => n.toFixed(d).padStart(10);
@@ -756,6 +763,8 @@ async function main(): Promise<void> {
   ];
   printTargets(result.targets);
   printScaleOut(scale);
+  console.log(`\n${describeToolCallCost(tools)}`);
+  console.log(describeShare(cpuShare.toolCalls, cpus().length));
   // Memory is not a matter of CPU time; every other part is.
   const shared = Object.entries(cpuShare).filter(
     ([part, c]) => part !== 'memory' && c !== null && c.othersCores > 0.15 * cpus().length,
