@@ -11,6 +11,7 @@ import { runTrainingLoop } from '../src/loadtest/training.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/index.ts';
 import { callFloor } from './bench/call-floor.ts';
 import { bareLoop, engineThroughput } from './bench/engine-throughput.ts';
+import { toolCallCost } from './bench/tool-calls.ts';
 
 /** A pass-through proxy on 127.0.0.1:0 that keeps every chat body it forwards. */
 async function recordingProxy(target: string): Promise<{ url: string; bodies: Set<string>; server: Server }> {
@@ -79,6 +80,19 @@ describe('bench parts (smoke, no figures checked)', () => {
     assert.equal(floor.calls, 4);
     assert.ok(floor.serverSawMs < floor.timerFiredMs && floor.timerFiredMs < floor.answeredMs, JSON.stringify(floor));
     assert.equal(floor.boundPct, (100 * 5) / floor.answeredMs);
+  });
+
+  it('counts the tool calls of tool-lookup and none of arithmetic from the turn records, and derives a CPU per tool call', async () => {
+    const f = await toolCallCost({ seconds: 0.3, repeats: 1, concurrency: 8, latencyMs: 0 });
+    assert.deepEqual(
+      f.samples.map((s) => s.env),
+      ['tool-lookup', 'arithmetic'],
+    );
+    const [tools, plain] = f.samples;
+    assert.ok(tools.toolCalls > 0 && tools.inferenceCalls > tools.steps, JSON.stringify(tools));
+    assert.equal(plain.toolCalls, 0);
+    assert.equal(plain.inferenceCalls, plain.steps);
+    assert.ok(Number.isFinite(f.cpuUsPerToolCall));
   });
 });
 

@@ -222,6 +222,128 @@ describe('tool calls from the environment, end to end in a worker thread', () =>
   });
 });
 
+describe('tool calls in tokens mode, the whole episode', () => {
+  const servers: ScriptedServer[] = [];
+  const engines: Engine[] = [];
+  after(async () => {
+    await Promise.all(engines.map((e) => e.close()));
+    await Promise.all(servers.map((s) => s.close()));
+  });
+
+  it('plays parallel calls, a bad block and a timed-out call over two rounds as one token sequence, every turn recorded', async () => {
+    const model = await loadChatModel('qwen2.5');
+    const imEnd = model.encode('<|im_end|>')[0];
+    // Round 1: two lookups in parallel and a block whose JSON is cut; round 2: `slow` (times out)
+    // beside a lookup; then the answer. The reply is chosen by how many results the prompt holds.
+    const replies = [
+      `Looking both up.\n${formatToolCalls('hermes', [
+        { name: 'lookup', arguments: { key: 'a' } },
+        { name: 'lookup', arguments: { key: 'b' } },
+      ])}\n<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}\n</tool_call>`,
+      formatToolCalls('hermes', [
+        { name: 'slow', arguments: {} },
+        { name: 'lookup', arguments: { key: 'a' } },
+      ]),
+      'The sum is 42.',
+    ];
+    const server = await scriptedServer((req, res, body) => {
+      res.setHeader('content-type', 'application/json');
+      if (req.method === 'GET') return void res.end(req.url === '/v1/models' ? MODELS : '{}');
+      const results =
+        model.decode((JSON.parse(body) as { prompt: number[] }).prompt).split('<tool_response>').length - 1;
+      const text = replies[results === 0 ? 0 : results === 3 ? 1 : 2];
+      const ids = [...model.encode(text), imEnd];
+      res.end(
+        JSON.stringify({
+          choices: [
+            {
+              index: 0,
+              text,
+              token_ids: ids,
+              logprobs: { token_logprobs: ids.map(() => -0.25) },
+              finish_reason: 'stop',
+            },
+          ],
+        }),
+      );
+    });
+    servers.push(server);
+    const e = createEngine({
+      logLevel: 'silent',
+      llm: { url: server.url, model: 'm', server: 'vllm', api: 'tokens' },
+      batchSize: 1,
+      workers: { threads: 1 },
+      tasks: [
+        {
+          name: 'tools',
+          env: { module: TOOL_ENV },
+          groupSize: 1,
+          maxSteps: 2,
+          messageCut: 0,
+          tools: { timeoutMs: 150 },
+        },
+      ],
+    });
+    engines.push(e);
+    await e.start();
+    const r = (await e.getBatch()).groups[0].rollouts[0];
+    assert.equal(r.status, 'COMPLETED', r.error ?? '');
+    assert.equal(r.turns.length, 3, 'two calling rounds and the answer, one step');
+    assert.deepEqual(
+      r.turns.map((t) => [t.step, t.finishReason, t.toolCalls?.length]),
+      [
+        [1, 'tool_calls', 3],
+        [1, 'tool_calls', 2],
+        [1, 'stop', undefined],
+      ],
+    );
+    const [first, second, answer] = r.turns;
+    assert.deepEqual(
+      first.toolCalls!.map((c) => [c.name, c.error, c.error === null ? c.result : c.result.slice(0, 6)]),
+      [
+        ['lookup', null, '17'],
+        ['lookup', null, '25'],
+        ['lookup', 'unparsed', 'error:'],
+      ],
+    );
+    assert.deepEqual(
+      second.toolCalls!.map((c) => [c.name, c.error, c.error === null ? c.result : c.result.slice(0, 6)]),
+      [
+        ['slow', 'timeout', 'error:'],
+        ['lookup', null, '17'],
+      ],
+    );
+    assert.ok(second.toolCalls![0].ms >= 150, `the timed-out call took ${second.toolCalls![0].ms} ms`);
+    const ids = new Set([...first.toolCalls!, ...second.toolCalls!].map((c) => c.id));
+    assert.equal(ids.size, 5, 'every call has its own id');
+    assert.deepEqual(r.tools, { calls: 5, errors: 2 });
+    assert.equal(r.reward, 1);
+    assert.equal(answer.reward, 1);
+    // One token sequence: each turn's prompt is the previous prompt + its sampled ids (ending with
+    // <|im_end|>) + the tool results, rendered with the template's tool role, errors included.
+    for (const [prev, next, calls] of [
+      [first, second, first.toolCalls!],
+      [second, answer, second.toolCalls!],
+    ] as const) {
+      assert.equal(prev.responseIds!.at(-1), imEnd);
+      assert.equal(prev.logprobs!.length, prev.responseIds!.length);
+      const head = [...prev.promptIds!, ...prev.responseIds!];
+      assert.deepEqual(Array.from(next.promptIds!.subarray(0, head.length)), head);
+      const rest = model.decode(Array.from(next.promptIds!.subarray(head.length)));
+      assert.ok(rest.startsWith('\n<|im_start|>user\n<tool_response>\n'), rest);
+      assert.ok(rest.endsWith('<|im_start|>assistant\n'), rest);
+      const shown = [...rest.matchAll(/<tool_response>\n([\s\S]*?)\n<\/tool_response>/g)].map((m) => m[1]);
+      assert.deepEqual(
+        shown,
+        calls.map((c) => c.result),
+        'the model sees every result, the errors too',
+      );
+    }
+    // The sampled ids hold no tool result: the loss (response tokens) never covers one.
+    for (const t of r.turns) assert.ok(!model.decode(Array.from(t.responseIds!)).includes('<tool_response>'));
+  });
+});
+
 describe('tool-call parsing', () => {
   it('reads Hermes blocks, a bad block as an unparsed call, and Llama 3 JSON calls', () => {
     const hermes = parseToolCalls(
@@ -431,19 +553,116 @@ describe('the synthetic tool environment played by the mock policy', () => {
     await Promise.all(mocks.map((m) => m.close()));
   });
 
-  for (const api of ['chat', 'tokens'] as const) {
-    it(`plays builtin:tool-lookup with real tool calls in ${api} mode, imperfectly, so rewards vary`, async () => {
+  it('streams a reply’s tool calls as vLLM does — id and name first, arguments in pieces, finish_reason tool_calls — and the engine’s reader joins them', async () => {
+    const { startMockLlm } = await import('../src/testing/mock-llm/server.ts');
+    const { ChatStream } = await import('../src/llm/stream-reply.ts');
+    const mock = await startMockLlm({ port: 0, seed: 3, mistakeRate: 0, tokensPerSecond: 20_000, streamIntervalMs: 1 });
+    mocks.push(mock);
+    const ask = async (body: object): Promise<string> => {
+      const res = await fetch(`${mock.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({
+          messages: [
+            {
+              role: 'user',
+              content: 'Look up the values of "amber" and "birch" with the lookup tool and answer with their sum.',
+            },
+          ],
+          tools: [{ type: 'function', function: { name: 'lookup', parameters: { type: 'object' } } }],
+          seed: 7,
+          ...body,
+        }),
+      });
+      return res.text();
+    };
+    const events = (await ask({ stream: true, return_token_ids: true }))
+      .split('\n\n')
+      .filter((e) => e.startsWith('data: {'))
+      .map(
+        (e) =>
+          JSON.parse(e.slice(6)) as {
+            choices: {
+              delta: {
+                content?: string;
+                tool_calls?: {
+                  index: number;
+                  id?: string;
+                  type?: string;
+                  function: { name?: string; arguments: string };
+                }[];
+              };
+              finish_reason: string | null;
+            }[];
+          },
+      );
+    const deltas = events.flatMap((e) => e.choices[0].delta.tool_calls ?? []);
+    for (const index of [0, 1]) {
+      const [first, ...rest] = deltas.filter((d) => d.index === index);
+      assert.match(first.id!, /^chatcmpl-tool-[0-9a-f]{32}$/);
+      assert.equal(first.type, 'function');
+      assert.equal(first.function.name, 'lookup');
+      for (const d of rest) assert.deepEqual(Object.keys(d).sort(), ['function', 'index']);
+    }
+    assert.ok(
+      events.every((e) => !(e.choices[0].delta.content ?? '').includes('<tool_call>')),
+      'no block markup as content',
+    );
+    assert.equal(events.at(-1)!.choices[0].finish_reason, 'tool_calls');
+    // Paced by the text generated: a call opens once its name is out, its arguments follow in pieces.
+    const { ToolCallDeltas } = await import('../src/testing/mock-llm/stream-tools.ts');
+    const text = 'Let me look.\n<tool_call>\n{"name": "lookup", "arguments": {"key":"amber"}}\n</tool_call>';
+    const plan = new ToolCallDeltas(text, [{ name: 'lookup', arguments: '{"key":"amber"}' }], (i) => `id-${i}`);
+    const pieces = Array.from({ length: text.length }, (_, i) => plan.advance(i + 1)).filter((d) => d !== '');
+    assert.equal(pieces[0], '"content":"L"');
+    const calls = pieces.filter((d) => d.startsWith('"tool_calls"'));
+    assert.equal(
+      calls[0],
+      '"tool_calls":[{"index":0,"id":"id-0","type":"function","function":{"name":"lookup","arguments":""}}]',
+    );
+    assert.ok(calls.length > 5);
+    const args = calls.map(
+      (d) =>
+        (JSON.parse(`{${d}}`) as { tool_calls: { function: { arguments: string } }[] }).tool_calls[0].function
+          .arguments,
+    );
+    assert.equal(args.join(''), '{"key": "amber"}', 'json.dumps of the parsed arguments, as vLLM sends them');
+    // The engine's reader joins the pieces to the calls of the whole reply.
+    const reader = new ChatStream({ tokenIds: true, logprobs: false });
+    assert.ok(reader.write(new TextEncoder().encode(await ask({ stream: true, return_token_ids: true }))));
+    const streamed = reader.result();
+    const whole = parseChatReply(JSON.parse(await ask({ return_token_ids: true })));
+    assert.equal(streamed.finishReason, 'tool_calls');
+    assert.deepEqual(
+      streamed.toolCalls!.map((c) => [c.name, c.arguments]),
+      whole.toolCalls!.map((c) => [c.name, c.arguments]),
+    );
+    assert.deepEqual(
+      streamed.toolCalls!.map((c) => c.arguments),
+      ['{"key": "amber"}', '{"key": "birch"}'],
+    );
+    assert.deepEqual(Array.from(streamed.responseIds!), Array.from(whole.responseIds!));
+  });
+
+  for (const [api, stream] of [
+    ['chat', false],
+    ['chat', true],
+    ['tokens', false],
+  ] as const) {
+    it(`plays builtin:tool-lookup with real tool calls in ${api} mode${stream ? ' with streamed replies' : ''}, imperfectly, so rewards vary`, async () => {
       const { startMockLlm } = await import('../src/testing/mock-llm/server.ts');
       const mock = await startMockLlm({
         port: 0,
         seed: 3,
         mistakeRate: 0.3,
         ...(api === 'tokens' ? { tokenizer: 'qwen2.5' as const } : {}),
+        // Streamed: a few tokens per event, so each call's arguments arrive in pieces.
+        ...(stream ? { tokensPerSecond: 20_000, streamIntervalMs: 1 } : {}),
       });
       mocks.push(mock);
       const e = createEngine({
         logLevel: 'silent',
-        llm: { url: mock.url, api },
+        llm: { url: mock.url, api, stream },
         batchSize: 8,
         workers: { threads: 1 },
         tasks: [{ name: 'lookup', env: { module: 'builtin:tool-lookup' }, groupSize: 4, maxSteps: 1 }],
@@ -462,6 +681,7 @@ describe('the synthetic tool environment played by the mock policy', () => {
       const withCalls = rollouts.filter((r) => r.turns[0].toolCalls !== undefined);
       assert.ok(withCalls.some((r) => r.turns[0].toolCalls!.length === 2 && r.turns.length === 2));
       if (api === 'chat') for (const c of calls) assert.match(c.id, /^chatcmpl-tool-[0-9a-f]{32}$/);
+      for (const r of withCalls) assert.equal(r.turns[0].finishReason, 'tool_calls');
       const mistakes = new Set(calls.map((c) => c.error).filter((k) => k !== null));
       assert.ok(mistakes.size >= 1, 'the policy errs now and then: bad JSON or an unknown tool');
     });

@@ -33,6 +33,8 @@
  * Last, issue 21's simulated training loop on GPU-like mocks (./training-loop.ts, runnable on its
  * own): sync, async at staleness 1, async with partial rollouts and the Python sync trainer, in
  * training steps per hour, the servers' busy fraction and slot fill, and what each weight sync costs.
+ *
+ * Then the CPU per tool call (./tool-calls.ts): builtin:tool-lookup beside builtin:arithmetic on one mock.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { availableParallelism, cpus } from 'node:os';
@@ -49,6 +51,7 @@ import { runPythonBaseline } from './python-baseline.ts';
 import { longEpisodes } from './long-episodes.ts';
 import { printScaleOut, scaleOut } from './scale-out.ts';
 import { printTrainingBench, trainingBench, trainingBenchDefaults, trainingTargets } from './training-loop.ts';
+import { describeToolCallCost, toolCallCost } from './tool-calls.ts';
 import {
   LATENCY_GROUP_SLACK,
   latencyBound,
@@ -361,6 +364,9 @@ async function main(): Promise<void> {
   // Issue 21: the simulated training loop on GPU-like mocks, four strategies side by side.
   const training = await trainingBench(trainingBenchDefaults(quick));
   cpuShare.trainingLoop = meter();
+  // Issue 20: the CPU per tool call, tool-lookup beside arithmetic on one mock.
+  const tools = await toolCallCost({ seconds, repeats });
+  cpuShare.toolCalls = meter();
   const rate = (s: Sample) => s.operations / s.seconds;
   const cpuPer = (s: Sample) => (s.cpuMs * 1000) / s.operations; // µs per operation
   const bareRate = stats(bare.map(rate));
@@ -459,6 +465,7 @@ async function main(): Promise<void> {
     memory,
     longEpisodes: long,
     trainingLoop: training,
+    toolCalls: tools,
     targets: [] as TargetRow[],
   };
   const fmt = (n: number, d = 0) => n.toFixed(d).padStart(10);
@@ -769,6 +776,8 @@ async function main(): Promise<void> {
   result.targets.push(...trainingTargets(training));
   printTargets(result.targets);
   printScaleOut(scale);
+  console.log(`\n${describeToolCallCost(tools)}`);
+  console.log(describeShare(cpuShare.toolCalls, cpus().length));
   // Memory is not a matter of CPU time; every other part is.
   const shared = Object.entries(cpuShare).filter(
     ([part, c]) => part !== 'memory' && c !== null && c.othersCores > 0.15 * cpus().length,

@@ -32,6 +32,7 @@ import { textCompletionJson, type TokenCompletionRequest } from './completions.t
 import { completionJson, logprobDraws } from './response.ts';
 import type { Finish, NaturalFinish, Scheduler } from './scheduler.ts';
 import { CompletionStream } from './stream.ts';
+import { pythonJsonDumps, ToolCallDeltas } from './stream-tools.ts';
 import { decodeIds, encodeText, END_OF_TURN_ID, promptTokenIds, rememberEncoding } from './tokens.ts';
 import { parseChatMl, type MockVocabulary } from './vocab.ts';
 import type { WeightVersion } from './weight-version.ts';
@@ -139,6 +140,14 @@ export class Completer {
         seed: o.seed,
         requestSeed: request.seed,
         offset: skip,
+        ...(request.tools && partial === null && completion.toolCalls !== undefined
+          ? {
+              // The whole reply's text: a cut one still paces its calls by where they lie in it.
+              tools: new ToolCallDeltas(fullText ?? decodeIds(completion.ids), completion.toolCalls, (call) =>
+                mockToolCallId(index, call),
+              ),
+            }
+          : {}),
       });
       this.#scheduler.schedule(res, {
         ids,
@@ -495,16 +504,6 @@ function vllmToolCalls(
     out.push({ name: call.name, arguments: pythonJsonDumps(parsed) });
   }
   return out;
-}
-
-/** Python's `json.dumps(value, ensure_ascii=False)`: JSON with ", " and ": " between items. */
-function pythonJsonDumps(value: unknown): string {
-  if (Array.isArray(value)) return `[${value.map(pythonJsonDumps).join(', ')}]`;
-  if (value !== null && typeof value === 'object') {
-    const items = Object.entries(value).map(([k, v]) => `${JSON.stringify(k)}: ${pythonJsonDumps(v)}`);
-    return `{${items.join(', ')}}`;
-  }
-  return JSON.stringify(value);
 }
 
 /** vLLM's call id shape (`chatcmpl-tool-` + 32 hex digits), made from the request index: replies stay reproducible. */

@@ -5,10 +5,13 @@
  * the rest with `finish_reason` and `metadata.weight_version`, a usage chunk when
  * `stream_options.include_usage` asked for one, and `data: [DONE]`.
  *
- * The events' ids, logprobs and text concatenate to exactly the non-streamed reply of the same request.
+ * The events' ids, logprobs and text concatenate to exactly the non-streamed reply of the same request;
+ * a reply that calls tools streams them as vLLM does instead (stream-tools.ts), ending with
+ * finish_reason "tool_calls".
  */
 import type { ServerResponse } from 'node:http';
 import { logprobDraws, logprobEntries } from './response.ts';
+import type { ToolCallDeltas } from './stream-tools.ts';
 import { decodeIds } from './tokens.ts';
 
 export interface StreamHead {
@@ -23,6 +26,8 @@ export interface StreamHead {
   seed: number;
   requestSeed: number | undefined;
   offset: number;
+  /** The reply's tool calls when the request offered tools: its text then streams as calls. */
+  tools?: ToolCallDeltas;
 }
 
 /** The two faults that spoil a generated reply: the last event is half JSON, or the connection is cut before it. */
@@ -51,7 +56,9 @@ export class CompletionStream {
   /** The first `n` of `ids` are generated: send the new ones (the first call opens the stream). */
   progress(ids: readonly number[], n: number): void {
     if (!this.#open()) return;
-    if (n > this.#sent) this.#res.write(this.#event(this.#tokens(ids, n, null, null)));
+    if (n <= this.#sent) return;
+    const chunk = this.#tokens(ids, n, null, null);
+    if (chunk !== null) this.#res.write(this.#event(chunk));
   }
 
   /**
@@ -65,7 +72,7 @@ export class CompletionStream {
       this.#res.destroy();
       return;
     }
-    let last = this.#event(this.#tokens(out, out.length, reason, content));
+    let last = this.#event(this.#tokens(out, out.length, reason, content)!);
     if (fault === 'malformed') last = `${last.slice(0, last.length >> 1)}\n\n`; // half a JSON object is never JSON
     const { promptIds } = this.#head;
     if (this.#head.includeUsage) {
@@ -87,8 +94,11 @@ export class CompletionStream {
     return true;
   }
 
-  /** A chunk with `ids[#sent..n)`; the last one (`reason` set) also carries the rest of `content`. */
-  #tokens(ids: readonly number[], n: number, reason: string | null, content: string | null): string {
+  /**
+   * A chunk with `ids[#sent..n)`; the last one (`reason` set) also carries the rest of `content`.
+   * Null when a tool-calling reply has nothing to say for these ids and nothing else to carry.
+   */
+  #tokens(ids: readonly number[], n: number, reason: string | null, content: string | null): string | null {
     const from = Math.min(this.#sent, n);
     let text: string;
     if (content !== null) {
@@ -101,8 +111,19 @@ export class CompletionStream {
     }
     this.#chars += text.length;
     this.#sent = n;
-    const { logprobs, returnTokenIds } = this.#head;
-    let json = `${this.#prefix}{"index":0,"delta":{"content":${JSON.stringify(text)}},"logprobs":`;
+    const { logprobs, returnTokenIds, tools } = this.#head;
+    let delta: string;
+    if (tools === undefined) delta = `"content":${JSON.stringify(text)}`;
+    else {
+      // #chars counts the text generated, which the calls' deltas are paced by.
+      delta = tools.advance(this.#chars);
+      if (delta === '' && reason === null && !logprobs && !returnTokenIds) return null;
+      // vLLM: "tool_calls" once the parser opened a call (serving_chat.py chat_completion_stream_generator
+      // @99c5632fc2d252a6f25afa76347df392eb898c42, auto_tools_called). A cut generation keeps its reason
+      // here: vLLM would say "tool_calls" over truncated arguments, and the abort of a pause must stay one.
+      if (reason === 'stop' && tools.called) reason = 'tool_calls';
+    }
+    let json = `${this.#prefix}{"index":0,"delta":{${delta}},"logprobs":`;
     json += logprobs ? `{"content":[${logprobEntries(ids, from, n, this.#draws)}]}` : 'null';
     json += `,"finish_reason":${reason === null ? 'null' : JSON.stringify(reason)}`;
     if (returnTokenIds) json += `,"token_ids":${JSON.stringify(ids.slice(from, n))}`;
