@@ -2,7 +2,8 @@
  * Errors of the NATS worker-node cluster (src/cluster/). Stable codes:
  * - ERR_NATS_CONNECT: the NATS server cannot be reached, or has no JetStream (`nats-server -js`);
  * - ERR_NATS: a JetStream or KV call failed after the connection was up (stream, consumer, bucket);
- * - ERR_NATS_TOO_LARGE: a group or a result is larger than the server's max_payload.
+ * - ERR_NATS_TOO_LARGE: a group or a result is larger than MAX_CHUNKS chunks of the server's max_payload
+ *   (./chunks.ts).
  */
 import { RolloutEngineError } from '../errors.ts';
 

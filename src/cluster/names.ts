@@ -5,6 +5,8 @@
  * - WORK: a work-queue stream of run-group messages; every node pulls from its one durable consumer
  *   (a work-queue stream takes a single unfiltered consumer), so a group goes to whichever node asks.
  * - RESULTS: a work-queue stream of group results, read by the coordinator's durable consumer.
+ * - CHUNKS: a limits stream (bounded by age) of the chunks past the first of messages larger than
+ *   max_payload, one subject per chunk (./chunks.ts).
  * - the state bucket (KV): `run` (what a node needs to start its workers), `control` (running / paused,
  *   epoch, model step, weight version), `coordinator` (its incarnation), `nodes.<id>` (heartbeats).
  * - the accepted bucket (KV): `<dispatch>` created once per accepted result. Its own bucket because
@@ -19,6 +21,9 @@ export interface RunNames {
   resultStream: string;
   resultSubject: string;
   resultConsumer: string;
+  chunkStream: string;
+  /** Chunk i of a message is on `<chunkSubject>.<chunks id>.<i>`. */
+  chunkSubject: string;
   stateBucket: string;
   acceptedBucket: string;
   controlSubject: string;
@@ -35,6 +40,8 @@ export function runNames(run: string): RunNames {
     resultStream: `ROLLOUT_${run}_RESULTS`,
     resultSubject: `rollout.${run}.results`,
     resultConsumer: 'coordinator',
+    chunkStream: `ROLLOUT_${run}_CHUNKS`,
+    chunkSubject: `rollout.${run}.chunks`,
     stateBucket: `rollout_${run}`,
     acceptedBucket: `rollout_${run}_accepted`,
     controlSubject: `rollout.${run}.control`,
@@ -48,6 +55,11 @@ export const HEADER = {
   DISPATCH: 'Rollout-Dispatch',
   /** The node that ran it (results). */
   NODE: 'Rollout-Node',
+  /** A message cut in chunks (./chunks.ts): its random id, and how many chunks it has. */
+  CHUNKS_ID: 'Rollout-Chunks-Id',
+  CHUNKS: 'Rollout-Chunks',
+  /** A result with no body: the node could not run the group, for this reason (the coordinator fails it). */
+  ERROR: 'Rollout-Error',
 } as const;
 
 export const KEY = {

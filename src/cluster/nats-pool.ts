@@ -14,6 +14,9 @@
  * dispatch — a zombie node's that was taken for dead, a result stream redelivery — finds the key and is
  * dropped. A dispatch not in `#pending` (an earlier coordinator's, or one already landed) is dropped too.
  *
+ * A group or result larger than the server's max_payload is sent in chunks (./chunks.ts): its head is
+ * the dispatch above, so none of this changes; a dispatch's chunks are purged when it settles.
+ *
  * A restarted coordinator (a new incarnation, counted in the state bucket) purges both streams: the
  * checkpoint it resumes from sends again every group that was in flight, under new dispatch ids.
  *
@@ -23,7 +26,7 @@
  * acknowledgement in the block (`liveWorkers` = live nodes), and raises LAST_SEND to the node's.
  */
 import { hostname } from 'node:os';
-import { headers as natsHeaders, type Msg } from '@nats-io/transport-node';
+import type { Msg } from '@nats-io/transport-node';
 import {
   AckPolicy,
   DeliverPolicy,
@@ -49,6 +52,15 @@ import {
   type PauseNodes,
   type WorkerPool,
 } from '../coordinator/worker-pool.ts';
+import {
+  chunkMessage,
+  CHUNKS_MAX_AGE_MS,
+  headHeaders,
+  publishTail,
+  purgeChunks,
+  readMessage,
+  type ChunkedMessage,
+} from './chunks.ts';
 import { isKeyExists, isNotFound, openNats, type NatsLink } from './connect.ts';
 import { ClusterError } from './errors.ts';
 import { HEADER, KEY, runNames, type RunNames } from './names.ts';
@@ -78,6 +90,8 @@ export interface NatsWorkerPoolOptions {
 /** Which nodes answered the latest pause's requests (reported with the pause). */
 interface Pending {
   sent: RolloutGroup;
+  /** The chunks id of the run-group message when it was cut in chunks (./chunks.ts), else null. */
+  chunks: string | null;
   resolve: (group: RolloutGroup) => void;
   /** A result is being accepted (its KV create is on its way): a second one waits its turn, then is dropped. */
   accepting: boolean;
@@ -156,9 +170,17 @@ export class NatsWorkerPool implements WorkerPool {
         retention: RetentionPolicy.Workqueue,
         duplicate_window: 120_000_000_000,
       });
+      await ensureStream(jsm, {
+        name: names.chunkStream,
+        subjects: [`${names.chunkSubject}.>`],
+        retention: RetentionPolicy.Limits,
+        duplicate_window: 120_000_000_000,
+        max_age: CHUNKS_MAX_AGE_MS * 1_000_000,
+      });
       // Earlier coordinators' dispatches: the checkpoint this one resumes from sends their groups again.
       await jsm.streams.purge(names.workStream);
       await jsm.streams.purge(names.resultStream);
+      await jsm.streams.purge(names.chunkStream);
       await ensureConsumer(jsm, names.workStream, {
         durable_name: names.workConsumer,
         ack_policy: AckPolicy.Explicit,
@@ -263,27 +285,27 @@ export class NatsWorkerPool implements WorkerPool {
       enqueuedAt: Date.now(),
       dispatch: 0,
     });
-    if (bytes.byteLength > this.#link.maxPayload) {
-      return Promise.resolve(
-        failedGroup(
-          group,
-          `ERR_NATS_TOO_LARGE: the group is ${bytes.byteLength} bytes encoded, over the NATS server's max_payload (${this.#link.maxPayload}); raise max_payload in the server's config`,
-        ),
-      );
+    let message: ChunkedMessage;
+    try {
+      message = chunkMessage(bytes, this.#link.maxPayload, 'the group');
+    } catch (err) {
+      return Promise.resolve(failedGroup(group, `ERR_NATS_TOO_LARGE: ${describeError(err)}`));
     }
     return new Promise<RolloutGroup>((resolve) => {
-      this.#pending.set(dispatch, { sent: group, resolve, accepting: false });
-      void this.#publish(dispatch, bytes);
+      this.#pending.set(dispatch, { sent: group, chunks: message.id, resolve, accepting: false });
+      void this.#publish(dispatch, message);
     });
   }
 
-  async #publish(dispatch: string, bytes: Uint8Array): Promise<void> {
-    const headers = natsHeaders();
+  async #publish(dispatch: string, message: ChunkedMessage): Promise<void> {
+    const headers = headHeaders(message);
     headers.set(HEADER.DISPATCH, dispatch);
     let last: unknown = null;
     for (let attempt = 1; attempt <= PUBLISH_ATTEMPTS && !this.#closed; attempt++) {
       try {
-        await this.#link.js.publish(this.#names.workSubject, bytes, { msgID: dispatch, headers });
+        // The tail first: a node that takes the head must find every chunk.
+        await publishTail(this.#link.js, this.#names, message);
+        await this.#link.js.publish(this.#names.workSubject, message.head, { msgID: dispatch, headers });
         return;
       } catch (err) {
         last = err;
@@ -313,17 +335,28 @@ export class NatsWorkerPool implements WorkerPool {
         'result of a dispatch not in flight dropped (a node taken for dead, or an earlier coordinator)',
       );
       msg.ack();
+      void purgeChunks(this.#link.jsm, this.#names, msg.headers?.get(HEADER.CHUNKS_ID) ?? null);
       return;
     }
     entry.accepting = true;
-    // Copied before the first await: `msg.data` is a view into the client's read buffer.
-    const data = new Uint8Array(msg.data);
+    const failure = msg.headers?.get(HEADER.ERROR) ?? '';
+    let data: Uint8Array | null;
+    try {
+      // Read before the accept: once accepted, a nak would bring this result back only to be dropped.
+      data = failure === '' ? await readMessage(this.#link.jsm, this.#names, msg.data, msg.headers) : null;
+    } catch (err) {
+      this.#log.warn({ dispatch, node, err: describeError(err) }, "a result's chunks could not be read yet");
+      entry.accepting = false;
+      msg.nak(1_000);
+      return;
+    }
     try {
       await this.#accepted.create(dispatch, new TextEncoder().encode(node));
     } catch (err) {
       if (isKeyExists(err)) {
         this.#log.warn({ dispatch, node }, 'a second result of one dispatch dropped: another was accepted');
         msg.ack();
+        void purgeChunks(this.#link.jsm, this.#names, msg.headers?.get(HEADER.CHUNKS_ID) ?? null);
         return;
       }
       // NATS did not answer: leave the result in the stream, it comes again.
@@ -332,12 +365,22 @@ export class NatsWorkerPool implements WorkerPool {
       return;
     }
     this.#settle(dispatch, (sent) => {
+      if (failure !== '') return failedGroup(sent, `node ${node} could not run the group: ${failure}`);
+      if (data === null)
+        return failedGroup(sent, `node ${node} sent a result whose chunks are gone (past the CHUNKS stream's max age)`);
       try {
         const message = decodeMessage(data);
         if (message.type !== 'group-result') throw new Error(`node answered ${message.type} to run-group`);
         const group = fillModelSteps(restoreKeptTurns(message.group, sent, message.keptTurns));
         this.#log.debug(
-          { group: group.id, dispatch, node, status: group.status, turns: group.rollouts.map((r) => r.turns.length) },
+          {
+            group: group.id,
+            dispatch,
+            node,
+            status: group.status,
+            turns: group.rollouts.map((r) => r.turns.length),
+            chunks: Number(msg.headers?.get(HEADER.CHUNKS) || 1),
+          },
           'group landed',
         );
         return group;
@@ -346,6 +389,7 @@ export class NatsWorkerPool implements WorkerPool {
       }
     });
     msg.ack();
+    void purgeChunks(this.#link.jsm, this.#names, msg.headers?.get(HEADER.CHUNKS_ID) ?? null);
   }
 
   /** The server gave up on a dispatch after `maxDeliver` deliveries: fail the group and take it out of the stream. */
@@ -386,6 +430,8 @@ export class NatsWorkerPool implements WorkerPool {
     const entry = this.#pending.get(dispatch);
     if (entry === undefined) return;
     this.#pending.delete(dispatch);
+    // A node still holding the head (taken for dead) finds the set gone and leaves the group.
+    if (!this.#closed) void purgeChunks(this.#link.jsm, this.#names, entry.chunks);
     entry.resolve(result(entry.sent));
   }
 
@@ -530,6 +576,7 @@ export class NatsWorkerPool implements WorkerPool {
         `KV_${this.#names.stateBucket}`,
         this.#names.workStream,
         this.#names.resultStream,
+        this.#names.chunkStream,
         `KV_${this.#names.acceptedBucket}`,
       ]) {
         await jsm.streams.delete(stream).catch((err: unknown) => {
@@ -558,7 +605,13 @@ async function nextIncarnation(state: KV): Promise<number> {
   }
 }
 
-type StreamSpec = { name: string; subjects: string[]; retention: RetentionPolicy; duplicate_window: number };
+type StreamSpec = {
+  name: string;
+  subjects: string[];
+  retention: RetentionPolicy;
+  duplicate_window: number;
+  max_age?: number;
+};
 
 async function ensureStream(jsm: NatsLink['jsm'], spec: StreamSpec): Promise<void> {
   const config = { ...spec, storage: StorageType.File };

@@ -19,13 +19,13 @@
  */
 import { createServer, type Server } from 'node:http';
 import { availableParallelism, hostname } from 'node:os';
-import { headers as natsHeaders, type Msg } from '@nats-io/transport-node';
+import type { Msg } from '@nats-io/transport-node';
 import type { ConsumerMessages, JsMsg } from '@nats-io/jetstream';
 import { Kvm, type KV } from '@nats-io/kv';
 import { Counter, Gauge, Registry } from 'prom-client';
 import { Notifier } from '../coordinator/notifier.ts';
 import { PauseControl } from '../coordinator/pause-control.ts';
-import { failedGroup, PiscinaWorkerPool } from '../coordinator/worker-pool.ts';
+import { PiscinaWorkerPool } from '../coordinator/worker-pool.ts';
 import { listen } from '../http-server.ts';
 import type { Logger } from '../log.ts';
 import { decodeMessage, encodeMessage } from '../protocol/codec.ts';
@@ -34,6 +34,7 @@ import { describeError } from '../errors.ts';
 import { PROTOCOL_VERSION } from '../protocol/messages.ts';
 import { omitKeptTurns, receivedTurns } from '../protocol/result-delta.ts';
 import type { RolloutGroup } from '../domain/rollout.ts';
+import { chunkMessage, headHeaders, publishTail, readMessage, type ChunkedMessage } from './chunks.ts';
 import { isNotFound, openNats, type NatsLink } from './connect.ts';
 import { HEADER, KEY, runNames, type RunNames } from './names.ts';
 import {
@@ -387,34 +388,59 @@ export class RolloutNode {
     try {
       let group: RolloutGroup;
       let modelStep: number;
+      let data: Uint8Array | null;
       try {
-        const message = decodeMessage(msg.data);
+        data = await readMessage(this.#link.jsm, this.#names, msg.data, msg.headers);
+      } catch (err) {
+        this.#log.warn(
+          { dispatch, err: describeError(err) },
+          "the group's chunks could not be read yet: it comes again",
+        );
+        msg.nak(1_000);
+        return;
+      }
+      try {
+        if (data === null)
+          throw new Error("its chunks are gone (the group settled meanwhile, or past the CHUNKS stream's max age)");
+        const message = decodeMessage(data);
         if (message.type !== 'run-group') throw new Error(`expected a run-group message, got ${message.type}`);
         group = message.group;
         modelStep = message.modelStep;
       } catch (err) {
-        // Sending it again would fail again: out of the stream, and the coordinator's advisory never comes.
+        // Sending it again would fail again: out of the stream (no max-deliver advisory comes for it), and
+        // the coordinator is told why, so that the group is accounted for as FAILED.
+        const reason = `unreadable group: ${describeError(err)}`;
         this.#log.error({ dispatch, err: describeError(err) }, 'unreadable group terminated');
-        msg.term(describeError(err));
+        if (
+          await this.#publishResult(
+            dispatch,
+            chunkMessage(new Uint8Array(0), this.#link.maxPayload, 'a failure'),
+            reason,
+          )
+        )
+          msg.term(reason);
         return;
       }
-      this.#log.debug({ dispatch, delivery: msg.info.deliveryCount }, 'running group');
+      this.#log.debug(
+        { dispatch, delivery: msg.info.deliveryCount, chunks: Number(msg.headers?.get(HEADER.CHUNKS) || 1) },
+        'running group',
+      );
       const received = receivedTurns(group);
       const result = await this.#pool.runGroup(group, modelStep);
       const keptTurns = omitKeptTurns(result, received);
-      let bytes = encodeMessage({ v: PROTOCOL_VERSION, type: 'group-result', group: result, keptTurns, workerId: 0 });
-      if (bytes.byteLength > this.#link.maxPayload) {
-        const reason = `ERR_NATS_TOO_LARGE: the group's result is ${bytes.byteLength} bytes encoded, over the NATS server's max_payload (${this.#link.maxPayload}); raise max_payload in the server's config`;
-        bytes = encodeMessage({
-          v: PROTOCOL_VERSION,
-          type: 'group-result',
-          group: failedGroup(result, reason),
-          keptTurns,
-          workerId: 0,
-        });
+      const bytes = encodeMessage({ v: PROTOCOL_VERSION, type: 'group-result', group: result, keptTurns, workerId: 0 });
+      let message: ChunkedMessage;
+      let failure: string | undefined;
+      try {
+        message = chunkMessage(bytes, this.#link.maxPayload, "the group's result");
+      } catch (err) {
+        // Past the chunk cap: the coordinator fails the group with the reason (a body-less result).
+        failure = `ERR_NATS_TOO_LARGE: ${describeError(err)}`;
+        message = chunkMessage(new Uint8Array(0), this.#link.maxPayload, 'a failure');
       }
-      if (!(await this.#publishResult(dispatch, bytes))) return; // closed before it could: the group goes to another node
-      this.#metrics.groups.inc({ status: result.status });
+      // Closed before it could: the group goes to another node.
+      if (!(await this.#publishResult(dispatch, message, failure))) return;
+      this.#metrics.groups.inc({ status: failure === undefined ? result.status : 'FAILED' });
       this.#metrics.resultBytes.inc(bytes.byteLength);
       this.#groupsDone++;
       await msg.ackAck().catch(() => false); // acked late (taken for dead meanwhile): the coordinator drops the duplicate
@@ -426,13 +452,16 @@ export class RolloutNode {
   }
 
   /** Stores the result in the RESULTS stream; retried (deduplicated by the dispatch id) until stored or the node closes. */
-  async #publishResult(dispatch: string, bytes: Uint8Array): Promise<boolean> {
-    const headers = natsHeaders();
+  async #publishResult(dispatch: string, message: ChunkedMessage, failure?: string): Promise<boolean> {
+    const headers = headHeaders(message);
     headers.set(HEADER.DISPATCH, dispatch);
     headers.set(HEADER.NODE, this.id);
+    if (failure !== undefined) headers.set(HEADER.ERROR, failure);
     for (let attempt = 1; !this.#closed; attempt++) {
       try {
-        await this.#link.js.publish(this.#names.resultSubject, bytes, { msgID: `result.${dispatch}`, headers });
+        // The tail first: the coordinator that reads the head must find every chunk.
+        await publishTail(this.#link.js, this.#names, message);
+        await this.#link.js.publish(this.#names.resultSubject, message.head, { msgID: `result.${dispatch}`, headers });
         return true;
       } catch (err) {
         if (isNotFound(err) || /no responders/i.test(describeError(err))) return false; // the run is gone

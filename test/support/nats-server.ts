@@ -4,7 +4,7 @@
  * binary is installed (Debian/Ubuntu: `apt-get install nats-server`).
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -22,9 +22,15 @@ export interface NatsServer {
   stop(): Promise<void>;
 }
 
-export function startNatsServer(): Promise<NatsServer> {
+/** `config`: the text of a nats-server config file to start it with (e.g. `max_payload: 65536`). */
+export function startNatsServer(config?: string): Promise<NatsServer> {
   const dir = mkdtempSync(join(tmpdir(), 'rollout-nats-'));
-  const child: ChildProcess = spawn('nats-server', ['-js', '-a', '127.0.0.1', '-p', '-1', '-sd', dir], {
+  const args = ['-js', '-a', '127.0.0.1', '-p', '-1', '-sd', dir];
+  if (config !== undefined) {
+    writeFileSync(join(dir, 'nats-server.conf'), config);
+    args.push('-c', join(dir, 'nats-server.conf'));
+  }
+  const child: ChildProcess = spawn('nats-server', args, {
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   const stop = async (): Promise<void> => {
@@ -58,10 +64,10 @@ export function startNatsServer(): Promise<NatsServer> {
 }
 
 /** For `npm run test:cluster`: a missing nats-server fails the suite, saying how to install it. */
-export function requireNatsServer(): Promise<NatsServer> {
+export function requireNatsServer(config?: string): Promise<NatsServer> {
   if (!hasNatsServer())
     throw new Error(
       'nats-server is not installed: the cluster tests need it (Debian/Ubuntu: apt-get install nats-server)',
     );
-  return startNatsServer();
+  return startNatsServer(config);
 }
