@@ -3,7 +3,7 @@
  * would leave the table pointing at nothing, so every name it quotes must be a test of that file.
  */
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import { describe, it } from 'node:test';
 
 const ROOT = new URL('../', import.meta.url);
@@ -32,5 +32,20 @@ describe('docs/ARCHITECTURE.md', () => {
       return !source.includes(name);
     });
     assert.deepEqual(missing, [], missing.map(([f, n]) => `${f}: "${n}"`).join('\n'));
+  });
+
+  it('names every folder of src/ and of the repository in its source map', () => {
+    const map = DOC.slice(DOC.indexOf('## Source map'), DOC.indexOf('### Layers'));
+    const dirs = (path: string) =>
+      readdirSync(new URL(path, ROOT), { withFileTypes: true })
+        .filter(
+          (d) =>
+            d.isDirectory() &&
+            !d.name.startsWith('.') &&
+            !['node_modules', 'dist', 'runs', 'bench-results', 'scratch', '__pycache__'].includes(d.name),
+        )
+        .map((d) => `${path}${d.name}/`);
+    const missing = [...dirs('src/'), ...dirs('')].filter((dir) => !map.includes(`\`${dir}\``));
+    assert.deepEqual(missing, [], `not in the source map: ${missing.join(', ')}`);
   });
 });
