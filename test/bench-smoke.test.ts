@@ -107,7 +107,8 @@ describe('the simulated training loop on a GPU-like mock (smoke, no figures chec
       const async = side !== 'sync';
       const engine = createEngine({
         logLevel: 'warn',
-        llm: { url: gpu.url, abortPath: '/admin/abort' },
+        // A reply the mock never answers costs this, not the default 120 s, and fails the check below.
+        llm: { url: gpu.url, abortPath: '/admin/abort', timeoutMs: 10_000 },
         batchSize: 4,
         workers: { threads: 1 },
         tasks: [{ name: 'a', env: { module: 'builtin:arithmetic' }, groupSize: 4, maxTokens: 256 }],
@@ -129,6 +130,11 @@ describe('the simulated training loop on a GPU-like mock (smoke, no figures chec
       assert.ok(f.production.busyFraction > 0 && f.production.busyFraction <= 1);
       assert.ok(f.production.slotFill > 0 && f.production.slotFill <= 1);
       assert.equal(gpu.weightVersion, 2, 'the servers were told each step’s weights but the last');
+      assert.equal(
+        gpu.stats().cancelled,
+        0,
+        'the mock left a reply unanswered until the engine gave up on it (llm.timeoutMs)',
+      );
     });
   }
 });

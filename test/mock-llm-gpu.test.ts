@@ -1,11 +1,14 @@
 import assert from 'node:assert/strict';
+import { EventEmitter } from 'node:events';
+import type { ServerResponse } from 'node:http';
 import { describe, it } from 'node:test';
 import type { TestContext } from 'node:test';
 import { request } from 'undici';
 import { GpuModel, type GpuModelOptions, type Sequence } from '../src/testing/mock-llm/gpu-model.ts';
-import { gpuWindow, GPU_DEFAULTS, type GpuMetrics } from '../src/testing/mock-llm/gpu.ts';
+import { Gpu, gpuWindow, GPU_DEFAULTS, type GpuMetrics } from '../src/testing/mock-llm/gpu.ts';
 import { drawLength, promptKey } from '../src/testing/mock-llm/lengths.ts';
 import { BLOCK_TOKENS, blockHashes, PrefixCache } from '../src/testing/mock-llm/prefix-cache.ts';
+import { Scheduler, type Finish } from '../src/testing/mock-llm/scheduler.ts';
 import { startMockLlm, type MockLlm, type MockLlmOptions } from '../src/testing/mock-llm/server.ts';
 import { mockLlmCommand } from '../src/cli/mock-llm.ts';
 
@@ -218,6 +221,57 @@ async function get(mock: MockLlm, path: string): Promise<{ status: number; json:
 function chatBody(content: string, extra: Record<string, unknown> = {}) {
   return JSON.stringify({ model: 'mock-policy', messages: [{ role: 'user', content }], seed: 3, ...extra });
 }
+
+describe('GPU-like mock: the scheduler on the replica', () => {
+  it('answers a reply whose sequence ends while the ones before it are answered, instead of leaving its client to time out', () => {
+    // The wall clock is the test's: answering a reply takes time only when the test says so.
+    let wall = 0;
+    const gpu = new Gpu(
+      { ...GPU_DEFAULTS, ...SHAPE, speedup: 1 },
+      () => {},
+      () => wall,
+    );
+    const scheduler = new Scheduler({ latencyMs: 0, tokensPerSecond: 0, streamIntervalMs: 50, gpu });
+    const answers: [string, Finish, number][] = [];
+    const generation = (name: string, promptId: number, onAnswer = () => {}) => ({
+      ids: ids(2),
+      promptTokens: 1,
+      promptIds: [promptId],
+      natural: 'stop' as const,
+      answer(reason: Finish, out: readonly number[]) {
+        answers.push([name, reason, out.length]);
+        onAnswer();
+      },
+    });
+    const client = () => new EventEmitter() as unknown as ServerResponse;
+    try {
+      // a1 and a2 share a prefill step (12 ms) and a decode step (12 ms): done at 24, not yet reported.
+      scheduler.schedule(
+        client(),
+        generation('a1', 1, () => (wall += 100)),
+      );
+      scheduler.schedule(client(), generation('a2', 2));
+      wall = 100;
+      // b arrives at 100 and is done at 122. Submitting it reports a1 and a2; answering a1 takes until
+      // 200, so letting a2's finished sequence go catches the replica up past b's end.
+      scheduler.schedule(client(), generation('b', 3));
+      // b is answered inside a2's answering, before it: the order is not the point.
+      assert.deepEqual(
+        answers.toSorted(([x], [y]) => x.localeCompare(y)),
+        [
+          ['a1', 'stop', 2],
+          ['a2', 'stop', 2],
+          ['b', 'stop', 2],
+        ],
+      );
+      assert.equal(scheduler.inFlight, 0);
+      assert.equal(gpu.metrics().completed, 3);
+    } finally {
+      gpu.stop();
+      scheduler.stop();
+    }
+  });
+});
 
 describe('GPU-like mock: the server', () => {
   it('answers with the drawn length and reports its metrics at /admin/gpu', async (t) => {

@@ -110,7 +110,9 @@ export interface GpuJob {
 export class Gpu {
   readonly #options: ResolvedCapacity;
   readonly #model: GpuModel;
-  readonly #startedAt = performance.now();
+  /** Wall-clock milliseconds (performance.now; a test's own clock runs the replica without real time). */
+  readonly #wallClock: () => number;
+  readonly #startedAt: number;
   readonly #onDone = new Map<Sequence, () => void>();
   #timer: NodeJS.Timeout | null = null;
   /** The model time the timer is set for: re-armed only when the step under way changes. */
@@ -119,9 +121,11 @@ export class Gpu {
   /** Told after the replica moved on by itself (a step ended): waitForStats looks again. */
   readonly #onChange: () => void;
 
-  constructor(options: ResolvedCapacity, onChange: () => void = () => {}) {
+  constructor(options: ResolvedCapacity, onChange: () => void = () => {}, wallClock = () => performance.now()) {
     this.#options = options;
     this.#onChange = onChange;
+    this.#wallClock = wallClock;
+    this.#startedAt = wallClock();
     const { slots, decodeMs, decodeMsPerSeq, prefillTokensPerSecond, prefillChunkTokens, prefixCacheTokens } = options;
     const model: GpuModelOptions = {
       slots,
@@ -174,7 +178,7 @@ export class Gpu {
 
   /** Model time now. */
   #clock(): number {
-    return Math.max(this.#model.now, (performance.now() - this.#startedAt) * this.#options.speedup);
+    return Math.max(this.#model.now, (this.#wallClock() - this.#startedAt) * this.#options.speedup);
   }
 
   /** Answers what finished, then re-arms the timer for the end of the step under way. */
