@@ -172,7 +172,10 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
         const now = await readAll(servers);
         // A server nothing is sent to any more (the run ended) is not idled by the sync: not counted.
         if (performance.now() > deadline) return;
-        if (now.every((m) => m.running > 0)) {
+        // Running again, or ran since (a short batch can start and end between two polls: waiting for
+        // `running > 0` then missed the restart and dropped the sync's idle time after 5 s). Past the
+        // restart the trailing idle of such a batch is counted too: at most one poll's worth.
+        if (now.every((m, i) => m.running > 0 || m.steps > before[i].steps)) {
           const perServer = now.map((b, i) => b.timeMs - before[i].timeMs - (b.busyMs - before[i].busyMs));
           const mean = perServer.reduce((a, b) => a + b, 0) / perServer.length;
           idle.push({ idleMs: mean, beyondMs: mean - trainer.loadMs });
