@@ -17,6 +17,17 @@ function mkRunDir(): string {
   return mkdtempSync(join(tmpdir(), 'rollout-cli-errors-'));
 }
 
+/**
+ * `rollout run --config <config> --threads 1 --run-dir <runDir>`, which must be refused: exit 1,
+ * nothing on stdout. Returns what it said on stderr.
+ */
+async function refusedRun(config: string, runDir: string): Promise<string> {
+  const { code, stdout, stderr } = await rollout(['run', '--config', config, '--threads', '1', '--run-dir', runDir]);
+  assert.equal(code, 1, stderr);
+  assert.equal(stdout, '');
+  return stderr;
+}
+
 /** A TCP port on 127.0.0.1 held open by this process, so a command told to listen on it finds it in use. */
 async function heldPort(): Promise<{ port: number; server: Server }> {
   const server = createServer();
@@ -198,17 +209,7 @@ describe('rollout CLI errors', () => {
     ];
     for (const [i, [config, expected]] of cases.entries()) {
       const runDir = join(dir, `run-${i}`);
-      const { code, stdout, stderr } = await rollout([
-        'run',
-        '--config',
-        file(`config-${i}.json`, JSON.stringify(config)),
-        '--threads',
-        '1',
-        '--run-dir',
-        runDir,
-      ]);
-      assert.equal(code, 1, stderr);
-      assert.equal(stdout, '');
+      const stderr = await refusedRun(file(`config-${i}.json`, JSON.stringify(config)), runDir);
       assert.match(stderr, expected);
       assert.equal(existsSync(runDir), false, 'the run dir it made is gone again');
     }
@@ -229,17 +230,7 @@ describe('rollout CLI errors', () => {
     for (const name of ['guess', 'sums'] as const) {
       const config = join(dir, `${name}.json`);
       writeFileSync(config, JSON.stringify({ tasks: [tasks[name]] }));
-      const { code, stdout, stderr } = await rollout([
-        'run',
-        '--config',
-        config,
-        '--threads',
-        '1',
-        '--run-dir',
-        join(dir, `run-${name}`),
-      ]);
-      assert.equal(code, 1, stderr);
-      assert.equal(stdout, '');
+      const stderr = await refusedRun(config, join(dir, `run-${name}`));
       assert.equal(stderr, expected[name]);
     }
   });
@@ -270,17 +261,7 @@ describe('rollout CLI errors', () => {
           ],
         }),
       );
-      const { code, stdout, stderr } = await rollout([
-        'run',
-        '--config',
-        config,
-        '--threads',
-        '1',
-        '--run-dir',
-        join(dir, `run-${name}`),
-      ]);
-      assert.equal(code, 1, stderr);
-      assert.equal(stdout, '');
+      const stderr = await refusedRun(config, join(dir, `run-${name}`));
       assert.equal(stderr.split('\n').length, 2, stderr);
       assert.ok(
         stderr.startsWith(`rollout run: ERR_INVALID_CONFIG: tasks[1] (broken-${name}): env module file://${module}`),
