@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { threadId } from 'node:worker_threads';
 import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { createEngine, Status, type Engine, type RolloutGroup } from '../src/index.ts';
+import { createEngine, Status, type Engine, type EngineConfigInput, type RolloutGroup } from '../src/index.ts';
 import { DIE_EXIT_CODE } from './fixtures/dying-env.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
 import { assertSettled } from './support/accounting.ts';
@@ -24,6 +24,19 @@ function datasetOfLines(lines: object[]): string {
 
 function datasetOf(modes: string[]): string {
   return datasetOfLines(modes.map((mode) => ({ mode })));
+}
+
+type TaskInput = NonNullable<EngineConfigInput['tasks']>[number];
+
+/**
+ * The task "faulty" on test/fixtures/faulty-env.ts, whose dataset lines say how each episode
+ * misbehaves: one rollout a group and two steps unless `overrides` says otherwise.
+ */
+function faultyTask(
+  dataset: string,
+  { env, ...overrides }: Omit<Partial<TaskInput>, 'env'> & { env?: object } = {},
+): TaskInput {
+  return { name: 'faulty', env: { module: FAULTY_ENV, ...env }, dataset, groupSize: 1, maxSteps: 2, ...overrides };
 }
 
 describe('engine against the mock inference server, in real worker threads', () => {
@@ -83,15 +96,7 @@ describe('engine against the mock inference server, in real worker threads', () 
       batchSize: 6,
       workers: { threads: 2, groupsPerWorker: 2 },
       producer: { maxFailedGroupsPerStep: 20 },
-      tasks: [
-        {
-          name: 'faulty',
-          env: { module: FAULTY_ENV, export: 'createEnv' },
-          dataset: datasetOf(modes),
-          groupSize: 2,
-          maxSteps: 2,
-        },
-      ],
+      tasks: [faultyTask(datasetOf(modes), { env: { export: 'createEnv' }, groupSize: 2 })],
     });
     await e.start();
     const first = await e.getBatch();
@@ -114,15 +119,7 @@ describe('engine against the mock inference server, in real worker threads', () 
       batchSize: 1,
       workers: { threads: 1, groupsPerWorker: 1 },
       producer: { maxFailedGroupsPerStep: 1 },
-      tasks: [
-        {
-          name: 'faulty',
-          env: { module: FAULTY_ENV },
-          dataset: datasetOf(['throw', 'exit', 'bad-reply']),
-          groupSize: 1,
-          maxSteps: 1,
-        },
-      ],
+      tasks: [faultyTask(datasetOf(['throw', 'exit', 'bad-reply']), { maxSteps: 1 })],
     });
     await e.start();
     await assert.rejects(e.getBatch(), (err: Error & { code?: string }) => {
@@ -197,15 +194,7 @@ describe('the worker watchdog', () => {
       batchSize: 2,
       workers: { threads: 1, groupsPerWorker: 1, watchdogMs: 300 },
       producer: { maxFailedGroupsPerStep: 5 },
-      tasks: [
-        {
-          name: 'faulty',
-          env: { module: FAULTY_ENV },
-          dataset: datasetOf(['ok', 'spin', 'ok', 'ok', 'ok', 'ok']),
-          groupSize: 1,
-          maxSteps: 2,
-        },
-      ],
+      tasks: [faultyTask(datasetOf(['ok', 'spin', 'ok', 'ok', 'ok', 'ok']))],
     });
     try {
       await e.start();
@@ -280,15 +269,7 @@ describe('environment calls that never settle (tasks[].env.timeoutMs)', () => {
         workers: { threads: 1, groupsPerWorker: 2 },
         producer: { maxFailedGroupsPerStep: 5 },
         // One actor per worker: the batch completes only if the hung actor's slot is given back.
-        tasks: [
-          {
-            name: 'faulty',
-            env: { module: FAULTY_ENV, timeoutMs: 200, poolSize: 1 },
-            dataset: datasetOf(['hang', 'ok', 'ok', 'ok']),
-            groupSize: 1,
-            maxSteps: 2,
-          },
-        ],
+        tasks: [faultyTask(datasetOf(['hang', 'ok', 'ok', 'ok']), { env: { timeoutMs: 200, poolSize: 1 } })],
       },
       { observer: { dropped: (group) => void dropped.push(group) } },
     );
@@ -347,15 +328,7 @@ describe('environment calls that never settle (tasks[].env.timeoutMs)', () => {
         batchSize: 1,
         workers: { threads: 1 },
         pause: { mode: 'abort', timeoutMs: 200, resignalIntervalMs: 100 },
-        tasks: [
-          {
-            name: 'faulty',
-            env: { module: FAULTY_ENV },
-            dataset: datasetOfLines([{ mode: 'hang', marker }]),
-            groupSize: 1,
-            maxSteps: 1,
-          },
-        ],
+        tasks: [faultyTask(datasetOfLines([{ mode: 'hang', marker }]), { maxSteps: 1 })],
       },
       { observer: { landed: (group) => void landed.push(group) } },
     );
@@ -445,15 +418,7 @@ describe('a worker that dies (workers.deathRetries)', () => {
         batchSize: 2,
         workers: { threads: 1, groupsPerWorker: 1, deathRetries: 1 },
         producer: { maxFailedGroupsPerStep: 5 },
-        tasks: [
-          {
-            name: 'faulty',
-            env: { module: FAULTY_ENV },
-            dataset: datasetOf(['uncaught', 'ok', 'ok', 'ok']),
-            groupSize: 1,
-            maxSteps: 2,
-          },
-        ],
+        tasks: [faultyTask(datasetOf(['uncaught', 'ok', 'ok', 'ok']))],
       },
       { observer: { dropped: (group) => void dropped.push(group) } },
     );
