@@ -347,27 +347,9 @@ describe('GPU-like mock: the server', () => {
   });
 
   it('computes a window’s busy fraction, slot fill and token rate from two readings', () => {
-    const zero: GpuMetrics = {
-      timeMs: 0,
-      busyMs: 0,
-      slotMs: 0,
-      queueMs: 0,
-      steps: 0,
-      submitted: 0,
-      admitted: 0,
-      completed: 0,
-      cancelled: 0,
-      generatedTokens: 0,
-      promptTokens: 0,
-      cachedTokens: 0,
-      prefilledTokens: 0,
-      cacheFlushes: 0,
-      slots: 4,
-      speedup: 1,
-      running: 0,
-      queued: 0,
-      cacheTokens: 0,
-    };
+    // A fresh model's readings, as Gpu.metrics() reports them: every counter at zero.
+    const idle = new GpuModel(SHAPE);
+    const zero: GpuMetrics = { ...idle.counters(), ...idle.state(), slots: 4, speedup: 1 };
     const w = gpuWindow(zero, {
       ...zero,
       timeMs: 1000,

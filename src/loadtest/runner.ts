@@ -13,7 +13,7 @@ import type { GpuMetrics } from '../testing/mock-llm/gpu.ts';
 import type { MockProcess } from './mock-process.ts';
 import type { LoadtestOptions } from './options.ts';
 import { Recorder, type PauseReason, type Sample } from './recorder.ts';
-import { readGpu } from './training.ts';
+import { readGpu, setMockWeightVersion } from './training.ts';
 
 /** How often the engine is sampled; short enough to catch the moments production is full. */
 const SAMPLE_INTERVAL_MS = 200;
@@ -262,17 +262,4 @@ async function waitForWorkers(engine: Engine, threads: number, notes: string[]):
   notes.push(
     `only ${live} of ${threads} workers answered stats within ${WORKER_START_TIMEOUT_MS} ms: memory and step counts miss the others`,
   );
-}
-
-/** Stand-in for loading new weights: the mock then reports this version with every completion. */
-async function setMockWeightVersion(baseUrl: string, version: number): Promise<void> {
-  const response = await fetch(`${baseUrl}/admin/weight_version`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ weight_version: version }),
-  });
-  if (!response.ok)
-    throw new Error(
-      `loadtest: the mock server refused weight_version ${version}: HTTP ${response.status} ${await response.text()}`,
-    );
 }

@@ -1,6 +1,6 @@
 /** The report as a plain-text table for the terminal (stdout). */
 import { bytes, ms, num, us } from './format.ts';
-import type { LoadtestReport } from './report.ts';
+import type { LoadtestReport, Spread } from './report.ts';
 import { percentile } from './stats.ts';
 
 export function formatTable(r: LoadtestReport, files: { json: string; html: string }): string {
@@ -69,54 +69,13 @@ export function formatTable(r: LoadtestReport, files: { json: string; html: stri
   );
   if (r.pauses.count === 0) lines.push('  none (set --pause-every to measure pauses)');
   else {
-    lines.push(
-      row(
-        [
-          '  workers stopped',
-          String(r.pauses.workersStoppedMs.count),
-          ms(r.pauses.workersStoppedMs.p50),
-          ms(r.pauses.workersStoppedMs.p99),
-          ms(r.pauses.workersStoppedMs.max),
-        ],
-        pw,
-      ),
-    );
-    lines.push(
-      row(
-        [
-          '  workers acked',
-          String(r.pauses.workersAckedMs.count),
-          ms(r.pauses.workersAckedMs.p50),
-          ms(r.pauses.workersAckedMs.p99),
-          ms(r.pauses.workersAckedMs.max),
-        ],
-        pw,
-      ),
-    );
-    lines.push(
-      row(
-        [
-          '  all groups back',
-          String(r.pauses.allBackMs.count),
-          ms(r.pauses.allBackMs.p50),
-          ms(r.pauses.allBackMs.p99),
-          ms(r.pauses.allBackMs.max),
-        ],
-        pw,
-      ),
-    );
-    lines.push(
-      row(
-        [
-          '  resume',
-          String(r.pauses.resumeMs.count),
-          ms(r.pauses.resumeMs.p50),
-          ms(r.pauses.resumeMs.p99),
-          ms(r.pauses.resumeMs.max),
-        ],
-        pw,
-      ),
-    );
+    const spans: [string, Spread][] = [
+      ['  workers stopped', r.pauses.workersStoppedMs],
+      ['  workers acked', r.pauses.workersAckedMs],
+      ['  all groups back', r.pauses.allBackMs],
+      ['  resume', r.pauses.resumeMs],
+    ];
+    for (const [label, d] of spans) lines.push(row([label, String(d.count), ms(d.p50), ms(d.p99), ms(d.max)], pw));
   }
   lines.push('');
 

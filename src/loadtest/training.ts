@@ -101,14 +101,20 @@ export async function readGpu(url: string): Promise<GpuMetrics> {
 
 export const readAll = (servers: readonly string[]): Promise<GpuMetrics[]> => Promise.all(servers.map(readGpu));
 
-async function setWeightVersion(url: string, version: number): Promise<void> {
+/**
+ * Stand-in for loading new weights: the mock then reports this version with every completion (a
+ * GPU-like one also drops its prefix cache).
+ */
+export async function setMockWeightVersion(url: string, version: number): Promise<void> {
   const response = await fetch(`${url}/admin/weight_version`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
     body: JSON.stringify({ weight_version: version }),
   });
   if (!response.ok)
-    throw new Error(`training loop: the mock at ${url} refused weight_version ${version}: HTTP ${response.status}`);
+    throw new Error(
+      `loadtest: the mock at ${url} refused weight_version ${version}: HTTP ${response.status} ${await response.text()}`,
+    );
   await response.body?.cancel();
 }
 
@@ -192,7 +198,7 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     await engine.pauseForWeightUpdate();
     pauseMs.push(performance.now() - t0);
     await sleep(trainer.loadMs / trainer.speedup);
-    await Promise.all(servers.map((url) => setWeightVersion(url, version)));
+    await Promise.all(servers.map((url) => setMockWeightVersion(url, version)));
     await engine.resume({ modelStep: version });
     modelStep = version;
     watchers.push(watchRestart(before));

@@ -289,7 +289,8 @@ export function printTrainingBench(r: TrainingBenchResult): void {
     'cache hit %',
   ];
   const w = [15, 9, 8, 8, 8, 8, 9, 9, 8, 14, 13, 17, 13];
-  console.log(h.map((x, i) => (i === 0 ? x.padEnd(w[i]) : x.padStart(w[i]))).join(''));
+  const line = (cells: string[]): string => cells.map((x, i) => (i === 0 ? x.padEnd(w[i]) : x.padStart(w[i]))).join('');
+  console.log(line(h));
   const sync = r.sides.find((s) => s.side === 'sync')?.figures;
   for (const s of r.sides) {
     if (s.figures === null) {
@@ -312,7 +313,7 @@ export function printTrainingBench(r: TrainingBenchResult): void {
       f.wastedTokensPerStep.toFixed(0),
       (100 * f.cacheHitFraction).toFixed(1),
     ];
-    console.log(cells.map((x, i) => (i === 0 ? x.padEnd(w[i]) : x.padStart(w[i]))).join(''));
+    console.log(line(cells));
   }
   for (const s of r.sides) {
     if (s.groups === null) continue;
