@@ -18,7 +18,6 @@ import {
   type Dialect,
   type TokenInRequest,
 } from './dialects.ts';
-import { CountWaiters } from './count-waiters.ts';
 import { BodyTooLarge, errorBody, readBody, sendJson, sendText, type Rejections } from './http-replies.ts';
 import type { ResolvedMockLlmOptions } from './options.ts';
 import { parseChatRequest, RequestError, type MockChatRequest } from './request.ts';
@@ -48,7 +47,6 @@ export class Routes {
   readonly #table: RouteTable;
   /** Generation requests received, valid or not (stats().requests). */
   #requests = 0;
-  readonly #requestsReached = new CountWaiters(() => this.#requests);
 
   constructor(parts: RouteParts) {
     this.#parts = parts;
@@ -58,10 +56,6 @@ export class Routes {
 
   get requests(): number {
     return this.#requests;
-  }
-
-  waitForRequests(count: number): Promise<void> {
-    return this.#requestsReached.wait(count);
   }
 
   /** Answers one request: its route's handler, or the dialect's answer to an unknown route or method. */
@@ -159,7 +153,6 @@ export class Routes {
     const { options, rejections, closing } = this.#parts;
     return async (req: IncomingMessage, res: ServerResponse): Promise<void> => {
       this.#requests += 1;
-      this.#requestsReached.notify();
       this.#parts.onChange?.();
       const raw = await readBody(req, options.maxBodyBytes);
       let request: R;

@@ -9,7 +9,6 @@
  * counted in stats() exactly when it is answered.
  */
 import type { ServerResponse } from 'node:http';
-import { CountWaiters } from './count-waiters.ts';
 import type { Gpu, GpuJob } from './gpu.ts';
 import { StreamTicker, type Ticking } from './ticker.ts';
 
@@ -59,7 +58,6 @@ interface InFlight extends Ticking {
 export class Scheduler {
   readonly #options: SchedulerOptions;
   readonly #inFlight = new Set<InFlight>();
-  readonly #inFlightReached = new CountWaiters(() => this.#inFlight.size);
   readonly #ticker: StreamTicker;
   readonly #counts = { promptTokens: 0, completionTokens: 0, aborted: 0, cancelled: 0 };
 
@@ -75,10 +73,6 @@ export class Scheduler {
   /** Tokens answered (an abort's partial ones included), aborts, and requests whose client left first. */
   get counts(): Readonly<{ promptTokens: number; completionTokens: number; aborted: number; cancelled: number }> {
     return { ...this.#counts };
-  }
-
-  waitForInFlight(count: number): Promise<void> {
-    return this.#inFlightReached.wait(count);
   }
 
   /** Answers every in-flight reply now with finish reason abort; returns how many. */
@@ -134,7 +128,6 @@ export class Scheduler {
         this.#options.onChange?.();
       }
     });
-    this.#inFlightReached.notify();
     this.#options.onChange?.();
   }
 

@@ -175,8 +175,8 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     },
     abortAll: () => scheduler.abortAll(),
     stats,
-    waitForInFlight: (count) => scheduler.waitForInFlight(count),
-    waitForRequests: (count) => routes.waitForRequests(count),
+    waitForInFlight: (count) => statsWaiters.wait((s) => s.inFlight >= count),
+    waitForRequests: (count) => statsWaiters.wait((s) => s.requests >= count),
     waitForStats: (test) => statsWaiters.wait(test),
     close() {
       closed ??= new Promise<void>((resolve) => {

@@ -1,5 +1,6 @@
 /**
- * Promises that resolve once a test over the server's stats holds (waitForStats): no polling. The
+ * Promises that resolve once a test over the server's stats holds (waitForStats, waitForInFlight,
+ * waitForRequests): no polling. The
  * parts whose counts the stats read call `changed()` after every change — a request arrives, starts
  * or stops generating, is held or released by `hangRate` — and each waiter is tested again then.
  */
