@@ -4,6 +4,7 @@ import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
+import { assertEveryStepOnce, readBatches } from './support/batches.ts';
 
 const MAIN = new URL('../src/cli/main.ts', import.meta.url).pathname;
 const STEPS = 8;
@@ -85,20 +86,8 @@ describe('crash safety', () => {
     assert.ok(kills >= 3, `only ${kills} attempts were killed before finishing`);
     const path = join(runDir, 'batches.jsonl');
     assert.ok(existsSync(path));
-    const groups = readFileSync(path, 'utf8')
-      .trim()
-      .split('\n')
-      .map((line) => JSON.parse(line) as { trainStep: number; id: string; status: string });
-    const perStep = new Map<number, number>();
-    for (const g of groups) perStep.set(g.trainStep, (perStep.get(g.trainStep) ?? 0) + 1);
-    assert.deepEqual(
-      [...perStep.keys()].sort((a, b) => a - b),
-      Array.from({ length: STEPS }, (_, i) => i + 1),
-      'every train step, none missing',
-    );
-    for (const [step, n] of perStep) assert.equal(n, BATCH, `step ${step} has ${n} groups`);
-    const ids = groups.map((g) => g.id);
-    assert.equal(new Set(ids).size, ids.length, 'no group delivered twice');
+    const groups = readBatches(runDir);
+    assertEveryStepOnce(groups, STEPS, BATCH);
     assert.ok(groups.every((g) => g.status === 'COMPLETED'));
   });
 

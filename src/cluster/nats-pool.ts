@@ -40,11 +40,10 @@ import type { ResolvedConfig } from '../config.ts';
 import type { ServerInfo } from '../llm/servers.ts';
 import type { Logger } from '../log.ts';
 import { CONTROL, LAST_SEND } from '../protocol/control-block.ts';
-import { decodeMessage, encodeMessage } from '../protocol/codec.ts';
+import { decodeGroupResult, encodeRunGroup } from '../protocol/codec.ts';
 import { describeError } from '../errors.ts';
 import { PROTOCOL_VERSION, type WorkerStats } from '../protocol/messages.ts';
-import { restoreKeptTurns } from '../protocol/result-delta.ts';
-import { fillModelSteps, type RolloutGroup } from '../domain/rollout.ts';
+import type { RolloutGroup } from '../domain/rollout.ts';
 import {
   abortedGroup,
   failedGroup,
@@ -86,8 +85,6 @@ export interface NatsWorkerPoolOptions {
   servers?: readonly ServerInfo[];
 }
 
-/** A node as /status lists it. */
-/** Which nodes answered the latest pause's requests (reported with the pause). */
 interface Pending {
   sent: RolloutGroup;
   /** The chunks id of the run-group message when it was cut in chunks (./chunks.ts), else null. */
@@ -277,14 +274,8 @@ export class NatsWorkerPool implements WorkerPool {
   runGroup(group: RolloutGroup, modelStep: number): Promise<RolloutGroup> {
     if (this.#closed) return Promise.resolve(failedGroup(group, 'the worker-node pool is closed'));
     const dispatch = `${group.id}.${this.#incarnation}.${++this.#seq}`;
-    const bytes = encodeMessage({
-      v: PROTOCOL_VERSION,
-      type: 'run-group',
-      group,
-      modelStep,
-      enqueuedAt: Date.now(),
-      dispatch: 0,
-    });
+    // 0: not watched here (the node's own pool numbers the run for its env watch).
+    const bytes = encodeRunGroup(group, modelStep, 0);
     let message: ChunkedMessage;
     try {
       message = chunkMessage(bytes, this.#link.maxPayload, 'the group');
@@ -369,9 +360,7 @@ export class NatsWorkerPool implements WorkerPool {
       if (data === null)
         return failedGroup(sent, `node ${node} sent a result whose chunks are gone (past the CHUNKS stream's max age)`);
       try {
-        const message = decodeMessage(data);
-        if (message.type !== 'group-result') throw new Error(`node answered ${message.type} to run-group`);
-        const group = fillModelSteps(restoreKeptTurns(message.group, sent, message.keptTurns));
+        const group = decodeGroupResult(data, sent);
         this.#log.debug(
           {
             group: group.id,

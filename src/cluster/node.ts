@@ -28,7 +28,7 @@ import { PauseControl } from '../coordinator/pause-control.ts';
 import { PiscinaWorkerPool } from '../coordinator/worker-pool.ts';
 import { listen } from '../http-server.ts';
 import type { Logger } from '../log.ts';
-import { decodeMessage, encodeMessage } from '../protocol/codec.ts';
+import { decodeRunGroup, encodeMessage } from '../protocol/codec.ts';
 import { LAST_SEND } from '../protocol/control-block.ts';
 import { describeError } from '../errors.ts';
 import { PROTOCOL_VERSION } from '../protocol/messages.ts';
@@ -402,8 +402,7 @@ export class RolloutNode {
       try {
         if (data === null)
           throw new Error("its chunks are gone (the group settled meanwhile, or past the CHUNKS stream's max age)");
-        const message = decodeMessage(data);
-        if (message.type !== 'run-group') throw new Error(`expected a run-group message, got ${message.type}`);
+        const message = decodeRunGroup(data);
         group = message.group;
         modelStep = message.modelStep;
       } catch (err) {

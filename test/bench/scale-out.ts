@@ -19,10 +19,9 @@ import { parseArgs } from 'node:util';
 import { connect } from '@nats-io/transport-node';
 import { createEngine } from '../../src/index.ts';
 import { startMockProcess, type MockProcess } from '../../src/loadtest/mock-process.ts';
+import { CLI_MAIN } from '../support/cli.ts';
 import { hasNatsServer, startNatsServer, type NatsServer } from '../support/nats-server.ts';
 import { threadCpuMs } from './machine.ts';
-
-const MAIN = new URL('../../src/cli/main.ts', import.meta.url).pathname;
 
 export interface ScaleOutSide {
   side: string;
@@ -124,7 +123,7 @@ async function measure(
           [
             '--import',
             'tsx',
-            MAIN,
+            CLI_MAIN,
             'node',
             '--nats',
             at.nats!.url,

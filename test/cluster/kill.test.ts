@@ -4,12 +4,13 @@
  * train step once, every group id once, every group accounted for.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { readCheckpoint } from '../../src/coordinator/checkpoint.ts';
 import { resolveConfig } from '../../src/config.ts';
+import { assertEveryStepOnce, readBatches } from '../support/batches.ts';
 import { requireNatsServer, type NatsServer } from '../support/nats-server.ts';
 import { LoggedProcess, rolloutNode, type LogLine } from './support.ts';
 
@@ -77,19 +78,8 @@ describe('worker nodes survive kills', () => {
       await Promise.all([...nodes, ...coordinators].map((p) => p.kill('SIGKILL')));
     }
 
-    const groups = readFileSync(join(runDir, 'batches.jsonl'), 'utf8')
-      .trim()
-      .split('\n')
-      .map((line) => JSON.parse(line) as { trainStep: number; id: string; status: string });
-    const perStep = new Map<number, number>();
-    for (const g of groups) perStep.set(g.trainStep, (perStep.get(g.trainStep) ?? 0) + 1);
-    assert.deepEqual(
-      [...perStep.keys()].sort((a, b) => a - b),
-      Array.from({ length: STEPS }, (_, i) => i + 1),
-      'every train step, none missing',
-    );
-    for (const [step, n] of perStep) assert.equal(n, BATCH, `step ${step} has ${n} groups`);
-    assert.equal(new Set(groups.map((g) => g.id)).size, groups.length, 'no group delivered twice');
+    const groups = readBatches(runDir);
+    assertEveryStepOnce(groups, STEPS, BATCH);
     assert.ok(groups.every((g) => g.status === 'COMPLETED'));
     // The final checkpoint: scheduled = in flight + in the buffer + taken + dropped.
     const snapshot = readCheckpoint(join(runDir, 'engine.ckpt'), resolveConfig(config, { baseDir: dir }));

@@ -4,8 +4,7 @@
  * not sleeps, decide when a test kills what.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-
-export const CLI_MAIN = new URL('../../src/cli/main.ts', import.meta.url).pathname;
+import { CLI_MAIN } from '../support/cli.ts';
 
 export type LogLine = Record<string, unknown> & { msg?: string };
 
