@@ -33,7 +33,7 @@ import type { Route } from '../llm/router.ts';
 import { isOutageError, OUTAGE_CODE } from '../llm/errors.ts';
 import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/replies.ts';
 import type { Environment, StepResult } from '../env/types.ts';
-import type { McpServers } from '../env/mcp.ts';
+import type { McpConnection, McpServers } from '../env/mcp.ts';
 import type { ParsedToolCall } from '../llm/tool-calls.ts';
 import type { EnvCall } from '../protocol/env-watch.ts';
 import { describeError, RolloutEngineError } from '../errors.ts';
@@ -795,7 +795,7 @@ async function stepTools(episode: Episode, rollout: RolloutState, ctx: EpisodeCo
   const listed = await episode.mcp.list();
   for (const problem of listed.problems) ctx.onProblem?.(rollout, `${problem}: its tools are not offered this step`);
   const schemas = own.slice();
-  const mcp = new Map<string, typeof listed.owners extends Map<string, infer C> ? C : never>();
+  const mcp = new Map<string, McpConnection>();
   for (const schema of listed.schemas) {
     if (names.has(schema.function.name)) continue; // the environment's own tool of that name wins
     schemas.push(schema);
