@@ -69,6 +69,53 @@ function checkToolRollout(r: RolloutState): void {
   assert.ok(answer.trainable && call.trainable);
 }
 
+type ChatModel = Awaited<ReturnType<typeof loadChatModel>>;
+
+/**
+ * A tokens-mode policy: each completion's text is `reply(the prompt, decoded)`, sent back as
+ * vLLM does with its token ids (ending with <|im_end|>) and a logprob for each.
+ */
+async function tokensPolicy(model: ChatModel, reply: (prompt: string) => string): Promise<ScriptedServer> {
+  const imEnd = model.encode('<|im_end|>')[0];
+  return scriptedServer((req, res, body) => {
+    res.setHeader('content-type', 'application/json');
+    if (req.method === 'GET') return void res.end(req.url === '/v1/models' ? MODELS : '{}');
+    const text = reply(model.decode((JSON.parse(body) as { prompt: number[] }).prompt));
+    const ids = [...model.encode(text), imEnd];
+    res.end(
+      JSON.stringify({
+        choices: [
+          { index: 0, text, token_ids: ids, logprobs: { token_logprobs: ids.map(() => -0.5) }, finish_reason: 'stop' },
+        ],
+      }),
+    );
+  });
+}
+
+/** An engine playing the tool environment (`TOOL_ENV`): one batch of one group, two steps. */
+function toolEngine(
+  url: string,
+  opts: { api: 'chat' | 'tokens'; groupSize: number; timeoutMs: number; runDir?: string },
+): Engine {
+  return createEngine({
+    logLevel: 'silent',
+    ...(opts.runDir === undefined ? {} : { runDir: opts.runDir }),
+    llm: { url, model: 'm', server: 'vllm', ...(opts.api === 'tokens' ? { api: 'tokens' as const } : {}) },
+    batchSize: 1,
+    workers: { threads: 1 },
+    tasks: [
+      {
+        name: 'tools',
+        env: { module: TOOL_ENV },
+        groupSize: opts.groupSize,
+        maxSteps: 2,
+        messageCut: 0,
+        tools: { timeoutMs: opts.timeoutMs },
+      },
+    ],
+  });
+}
+
 describe('tool calls from the environment, end to end in a worker thread', () => {
   const servers: ScriptedServer[] = [];
   const engines: Engine[] = [];
@@ -98,23 +145,7 @@ describe('tool calls from the environment, end to end in a worker thread', () =>
     });
     servers.push(server);
     const runDir = await mkdtemp(join(tmpdir(), 'tools-'));
-    const e = createEngine({
-      logLevel: 'silent',
-      runDir,
-      llm: { url: server.url, model: 'm', server: 'vllm' },
-      batchSize: 1,
-      workers: { threads: 1 },
-      tasks: [
-        {
-          name: 'tools',
-          env: { module: TOOL_ENV },
-          groupSize: 2,
-          maxSteps: 2,
-          messageCut: 0,
-          tools: { timeoutMs: 200 },
-        },
-      ],
-    });
+    const e = toolEngine(server.url, { api: 'chat', groupSize: 2, timeoutMs: 200, runDir });
     engines.push(e);
     await e.start();
     const batch = await e.getBatch();
@@ -155,52 +186,17 @@ describe('tool calls from the environment, end to end in a worker thread', () =>
 
   it('reads Hermes <tool_call> blocks from the raw text in tokens mode and keeps the exact token sequence', async () => {
     const model = await loadChatModel('qwen2.5');
-    const imEnd = model.encode('<|im_end|>')[0];
-    const server = await scriptedServer((req, res, body) => {
-      res.setHeader('content-type', 'application/json');
-      if (req.method === 'GET') return void res.end(req.url === '/v1/models' ? MODELS : '{}');
-      const request = JSON.parse(body) as { prompt: number[] };
-      const prompt = model.decode(request.prompt);
-      const answered = prompt.includes('<tool_response>');
-      const text = answered
+    const server = await tokensPolicy(model, (prompt) =>
+      prompt.includes('<tool_response>')
         ? 'The sum is 42.'
         : `${formatToolCalls('hermes', [
             { name: 'lookup', arguments: { key: 'a' } },
             { name: 'lookup', arguments: { key: 'b' } },
             { name: 'slow', arguments: {} },
-          ])}\n<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}\n</tool_call>`;
-      const ids = [...model.encode(text), imEnd];
-      res.end(
-        JSON.stringify({
-          choices: [
-            {
-              index: 0,
-              text,
-              token_ids: ids,
-              logprobs: { token_logprobs: ids.map(() => -0.5) },
-              finish_reason: 'stop',
-            },
-          ],
-        }),
-      );
-    });
+          ])}\n<tool_call>\n{"name": "lookup", "arguments": {"key": "a"}\n</tool_call>`,
+    );
     servers.push(server);
-    const e = createEngine({
-      logLevel: 'silent',
-      llm: { url: server.url, model: 'm', server: 'vllm', api: 'tokens' },
-      batchSize: 1,
-      workers: { threads: 1 },
-      tasks: [
-        {
-          name: 'tools',
-          env: { module: TOOL_ENV },
-          groupSize: 1,
-          maxSteps: 2,
-          messageCut: 0,
-          tools: { timeoutMs: 200 },
-        },
-      ],
-    });
+    const e = toolEngine(server.url, { api: 'tokens', groupSize: 1, timeoutMs: 200 });
     engines.push(e);
     await e.start();
     const batch = await e.getBatch();
@@ -246,44 +242,12 @@ describe('tool calls in tokens mode, the whole episode', () => {
       ]),
       'The sum is 42.',
     ];
-    const server = await scriptedServer((req, res, body) => {
-      res.setHeader('content-type', 'application/json');
-      if (req.method === 'GET') return void res.end(req.url === '/v1/models' ? MODELS : '{}');
-      const results =
-        model.decode((JSON.parse(body) as { prompt: number[] }).prompt).split('<tool_response>').length - 1;
-      const text = replies[results === 0 ? 0 : results === 3 ? 1 : 2];
-      const ids = [...model.encode(text), imEnd];
-      res.end(
-        JSON.stringify({
-          choices: [
-            {
-              index: 0,
-              text,
-              token_ids: ids,
-              logprobs: { token_logprobs: ids.map(() => -0.25) },
-              finish_reason: 'stop',
-            },
-          ],
-        }),
-      );
+    const server = await tokensPolicy(model, (prompt) => {
+      const results = prompt.split('<tool_response>').length - 1;
+      return replies[results === 0 ? 0 : results === 3 ? 1 : 2];
     });
     servers.push(server);
-    const e = createEngine({
-      logLevel: 'silent',
-      llm: { url: server.url, model: 'm', server: 'vllm', api: 'tokens' },
-      batchSize: 1,
-      workers: { threads: 1 },
-      tasks: [
-        {
-          name: 'tools',
-          env: { module: TOOL_ENV },
-          groupSize: 1,
-          maxSteps: 2,
-          messageCut: 0,
-          tools: { timeoutMs: 150 },
-        },
-      ],
-    });
+    const e = toolEngine(server.url, { api: 'tokens', groupSize: 1, timeoutMs: 150 });
     engines.push(e);
     await e.start();
     const r = (await e.getBatch()).groups[0].rollouts[0];

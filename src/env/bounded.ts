@@ -70,6 +70,7 @@ export function timeoutError(
   );
 }
 
-function isThenable<T>(value: MaybePromise<T>): value is Promise<T> {
+/** Whether `value` is a promise (to wait for) rather than a value already there. */
+export function isThenable<T>(value: MaybePromise<T>): value is Promise<T> {
   return typeof (value as { then?: unknown } | null)?.then === 'function';
 }

@@ -33,7 +33,7 @@ import type { Route } from '../llm/router.ts';
 import { isOutageError, OUTAGE_CODE } from '../llm/errors.ts';
 import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/replies.ts';
 import type { Environment, StepResult } from '../env/types.ts';
-import type { McpServers } from '../env/mcp.ts';
+import type { McpConnection, McpServers } from '../env/mcp.ts';
 import type { ParsedToolCall } from '../llm/tool-calls.ts';
 import type { EnvCall } from '../protocol/env-watch.ts';
 import { describeError, RolloutEngineError } from '../errors.ts';
@@ -435,11 +435,7 @@ async function play(
     const interrupted = turns.find((turn) => statusForFinishReason(turn.finishReason) !== Status.COMPLETED);
     if (interrupted) {
       // abort: the turn keeps its tokens and is continued after the resume; anything unknown: fail with it.
-      rollout.status = statusForFinishReason(interrupted.finishReason);
-      rollout.error =
-        rollout.status === Status.FAILED
-          ? `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(interrupted.finishReason)}`
-          : null;
+      endInterrupted(rollout, interrupted.finishReason);
       return;
     }
     let toolMessages: ChatMessage[] = [];
@@ -575,6 +571,15 @@ function infer(
 function previousTurn(rollout: RolloutState, agentId: string | null): TurnRecord | undefined {
   for (let i = rollout.turns.length - 1; i >= 0; i--) if (rollout.turns[i].agentId === agentId) return rollout.turns[i];
   return undefined;
+}
+
+/** Ends `rollout` on a turn that did not complete: ABORTED for `abort`, FAILED naming anything unknown. */
+function endInterrupted(rollout: RolloutState, finishReason: TurnRecord['finishReason']): void {
+  rollout.status = statusForFinishReason(finishReason);
+  rollout.error =
+    rollout.status === Status.FAILED
+      ? `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(finishReason)}`
+      : null;
 }
 
 /**
@@ -790,7 +795,7 @@ async function stepTools(episode: Episode, rollout: RolloutState, ctx: EpisodeCo
   const listed = await episode.mcp.list();
   for (const problem of listed.problems) ctx.onProblem?.(rollout, `${problem}: its tools are not offered this step`);
   const schemas = own.slice();
-  const mcp = new Map<string, typeof listed.owners extends Map<string, infer C> ? C : never>();
+  const mcp = new Map<string, McpConnection>();
   for (const schema of listed.schemas) {
     if (names.has(schema.function.name)) continue; // the environment's own tool of that name wins
     schemas.push(schema);
@@ -866,14 +871,9 @@ async function toolRounds(
         return null;
       }
       rollout.timings.inferenceMs += performance.now() - t;
-      const status = statusForFinishReason(next.finishReason);
-      if (status !== Status.COMPLETED) {
+      if (statusForFinishReason(next.finishReason) !== Status.COMPLETED) {
         drop();
-        rollout.status = status;
-        rollout.error =
-          status === Status.FAILED
-            ? `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(next.finishReason)}`
-            : null;
+        endInterrupted(rollout, next.finishReason);
         return null;
       }
       rollout.turns.push(next);

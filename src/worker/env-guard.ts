@@ -10,7 +10,7 @@
  * - marks the rollout as inside user code while the call runs synchronously (protocol/env-watch.ts),
  *   so a worker that dies there is blamed on this rollout alone.
  */
-import { settleWithin, timeoutError } from '../env/bounded.ts';
+import { isThenable, settleWithin, timeoutError } from '../env/bounded.ts';
 import { EnvError } from '../env/errors.ts';
 import type { EnvCall, EnvWatchSlot } from '../protocol/env-watch.ts';
 import type { RolloutState } from '../domain/rollout.ts';
@@ -47,6 +47,9 @@ export class EnvGuard implements EnvCallGuard {
         watch.leave();
       }
     }
+    // A synchronous answer (the synthetic environments, on the hot path) needs no bound: return it
+    // before building one.
+    if (!isThenable(value)) return value;
     if (call === 'beforeInference' || call === 'onEpisodeEnd') {
       return settleWithin(value, {
         timeoutMs,

@@ -7,6 +7,7 @@
  * The calls of one reply run concurrently, each bounded by `tasks[].tools.timeoutMs` (its signal
  * aborts then); calls past the turn's budget (`maxCallsPerTurn`) are not run.
  */
+import { settleWithin } from '../env/bounded.ts';
 import type { McpConnection, McpServerSpec, McpSessions } from '../env/mcp.ts';
 import type { ToolCallRequest, ToolOutput, ToolSchema } from '../env/types.ts';
 import type { ToolChoice } from '../llm/request.ts';
@@ -112,21 +113,20 @@ async function runOne(
   const controller = new AbortController();
   const onCancel = (): void => controller.abort(cancel.reason);
   cancel.addEventListener('abort', onCancel, { once: true });
-  let timer: NodeJS.Timeout | undefined;
   const start = performance.now();
   try {
-    const timeout = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => {
-        controller.abort(new ToolTimeout());
-        reject(new ToolTimeout());
-      }, timeoutMs);
-    });
     const running =
       source === 'env'
         ? Promise.resolve().then(() => callEnv!(request, controller.signal))
         : mcp!.call(call.name, request.arguments, controller.signal, timeoutMs);
-    running.catch(() => undefined); // a call that lost the race settles unobserved
-    const output = await Promise.race([running, timeout]);
+    const output = await settleWithin(running, {
+      timeoutMs,
+      // Time is up: the call's signal aborts too, so a tool that listens stops.
+      timedOut: () => {
+        controller.abort(new ToolTimeout());
+        return new ToolTimeout();
+      },
+    });
     const { content, isError } =
       typeof output === 'string' ? { content: output, isError: false } : checkOutput(output, call.name);
     return isError
@@ -152,7 +152,6 @@ async function runOne(
       ms,
     );
   } finally {
-    clearTimeout(timer);
     cancel.removeEventListener('abort', onCancel);
   }
 }
