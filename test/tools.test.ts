@@ -52,8 +52,9 @@ function checkToolRollout(r: RolloutState): void {
   );
   assert.ok(['bad_arguments', 'unparsed'].includes(calls[3].error!), calls[3].error!);
   for (const c of calls.slice(0, 3)) assert.equal(c.source, 'env');
-  assert.ok(calls[2].ms >= 150, `the timed-out call took ${calls[2].ms} ms`);
-  assert.ok(call.timings.toolMs! >= 150 && call.timings.toolMs! < 2_000, 'parallel calls: the span of the slowest');
+  // A timer may fire up to a millisecond before performance.now() shows its delay (149.84 ms was seen).
+  assert.ok(calls[2].ms >= 149, `the timed-out call took ${calls[2].ms} ms`);
+  assert.ok(call.timings.toolMs! >= 149 && call.timings.toolMs! < 2_000, 'parallel calls: the span of the slowest');
   assert.deepEqual(r.tools, { calls: 4, errors: 2 });
   // The answer turn was sent the exchange: the assistant's calls, then one tool message per call.
   const sent = answer.messages.slice(-5);
@@ -277,7 +278,8 @@ describe('tool calls in tokens mode, the whole episode', () => {
         ['lookup', null, '17'],
       ],
     );
-    assert.ok(second.toolCalls![0].ms >= 150, `the timed-out call took ${second.toolCalls![0].ms} ms`);
+    // A timer may fire up to a millisecond before performance.now() shows its delay.
+    assert.ok(second.toolCalls![0].ms >= 149, `the timed-out call took ${second.toolCalls![0].ms} ms`);
     const ids = new Set([...first.toolCalls!, ...second.toolCalls!].map((c) => c.id));
     assert.equal(ids.size, 5, 'every call has its own id');
     assert.deepEqual(r.tools, { calls: 5, errors: 2 });
