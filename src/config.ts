@@ -10,6 +10,7 @@ import { availableParallelism } from 'node:os';
 import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { z } from 'zod';
+import { NATS_URL, RUN_NAME } from './cluster/names.ts';
 import { dialectConflicts, ENV_DIALECTS } from './env/dialect.ts';
 import { ConfigError, preview } from './errors.ts';
 import { projectModuleUrl } from './paths.ts';
@@ -287,12 +288,9 @@ const WorkersSpec = z.strictObject({
   nats: z
     .strictObject({
       /** The NATS server the coordinator and every node connect to. */
-      url: z.string().regex(/^(nats|tls):\/\/[^\s]+$/, 'expected nats://host:port (or tls://)'),
+      url: z.string().regex(NATS_URL, 'expected nats://host:port (or tls://)'),
       /** Names the run's streams, bucket and subjects: nodes started with the same `--run` serve it. */
-      run: z
-        .string()
-        .regex(/^[A-Za-z0-9_-]{1,64}$/, 'expected 1 to 64 letters, digits, _ or -')
-        .default('rollout'),
+      run: z.string().regex(RUN_NAME, 'expected 1 to 64 letters, digits, _ or -').default('rollout'),
       /** Also run groups on `workers.threads` local threads (local first, nodes take the rest). */
       localThreads: z.boolean().default(false),
       /** A node that neither returns a result nor heartbeats for this long is taken for dead: its group goes to another node. */

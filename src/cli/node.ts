@@ -6,7 +6,7 @@
 import { parseArgs } from 'node:util';
 import { createLogger } from '../log.ts';
 import { RolloutNode } from '../cluster/node.ts';
-import { DEFAULT_RUN } from '../cluster/names.ts';
+import { DEFAULT_RUN, NATS_URL, RUN_NAME } from '../cluster/names.ts';
 import { intFlag, portFlag, UsageError } from './args.ts';
 
 export const NODE_HELP = `Usage: rollout node --nats <url> [options]
@@ -48,10 +48,10 @@ export async function nodeCommand(argv: string[]): Promise<number> {
     console.log(NODE_HELP);
     return 0;
   }
-  if (values.nats === undefined || !/^(nats|tls):\/\/\S+$/.test(values.nats))
+  if (values.nats === undefined || !NATS_URL.test(values.nats))
     throw new UsageError(`--nats must be a nats://host:port URL (got ${JSON.stringify(values.nats ?? null)})`);
   const run = values.run ?? DEFAULT_RUN;
-  if (!/^[A-Za-z0-9_-]{1,64}$/.test(run))
+  if (!RUN_NAME.test(run))
     throw new UsageError(`--run must be 1 to 64 letters, digits, _ or - (got ${JSON.stringify(run)})`);
   if (values.id !== undefined && !/^[A-Za-z0-9_-]{1,128}$/.test(values.id))
     throw new UsageError(`--id must be 1 to 128 letters, digits, _ or - (got ${JSON.stringify(values.id)})`);

@@ -13,6 +13,11 @@
  *   2.9 has no per-key TTL: the bucket's max age bounds it.
  * - CONTROL: a core subject; a pause is also sent there as a request every node answers.
  */
+/** A run's name, as `workers.nats.run` and `rollout node --run` take it: it goes into stream and bucket names. */
+export const RUN_NAME = /^[A-Za-z0-9_-]{1,64}$/;
+/** A NATS server URL, as `workers.nats.url` and `--nats` take it. */
+export const NATS_URL = /^(nats|tls):\/\/\S+$/;
+
 export interface RunNames {
   workStream: string;
   workSubject: string;
