@@ -277,6 +277,42 @@ describe('weight updates with partial rollouts, against the mock server over HTT
     }
   });
 
+  it('reports the tokens an interrupted rollout held as discarded when it restarts from its prompt (regression: plain async waste went uncounted)', async () => {
+    let discarded = 0;
+    let restartedHeld = 0;
+    const engine = createEngine(
+      asyncConfig(mock, {
+        producer: { strategy: 'async', partialRollout: false, maxStaleness: 1, syncWeightsInterval: 2 },
+      }),
+      {
+        observer: {
+          discarded: (tokens) => void (discarded += tokens),
+          // What each restarted member held when it was sent out again, counted independently here.
+          landed: (group, sent) => {
+            group.rollouts.forEach((r, i) => {
+              const before = sent.rollouts[i];
+              if (r.attempt > before.attempt) for (const t of before.turns) restartedHeld += t.responseIds?.length ?? 0;
+            });
+          },
+        },
+      },
+    );
+    engines.push(engine);
+    await engine.start();
+    mock.setWeightVersion(0);
+    assert.equal((await engine.getBatch(1)).status, 'NORMAL');
+    // Pause once the groups in flight are some turns into their episodes (each call is one turn).
+    await mock.waitForRequests(mock.stats().requests + 48);
+    await engine.pauseForWeightUpdate();
+    mock.setWeightVersion(1);
+    await engine.resume({ modelStep: 1 });
+    // The interrupted groups are drawn first (the ABORTED pool before fresh prompts) and land in these.
+    for (const step of [2, 3, 4]) assert.equal((await engine.getBatch(step)).status, 'NORMAL');
+    assert.ok(restartedHeld > 0, 'the pause interrupted rollouts that had generated tokens, and they ran again');
+    // Nothing expires at this pace and nothing is dropped: every discarded token is a restart's.
+    assert.equal(discarded, restartedHeld);
+  });
+
   it('reports EXPIRED_BATCH when the weights are too stale for the step, and produces again after a sync', async () => {
     const engine = createEngine(
       asyncConfig(mock, { producer: { strategy: 'async', maxStaleness: 0, syncWeightsInterval: 1 } }),

@@ -8,7 +8,7 @@ import type { DropReason } from '../buffer/replay-buffer.ts';
 import { rolloutStaleness } from '../buffer/staleness.ts';
 import type { PauseReport, ProducerObserver } from '../coordinator/producer.ts';
 import type { EngineStats } from '../coordinator/engine-core.ts';
-import { dispatchTokenCount, responseTokenCount, type RolloutGroup } from '../domain/rollout.ts';
+import { dispatchTokenCount, type RolloutGroup } from '../domain/rollout.ts';
 
 const SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
 const PAUSE_SECONDS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30];
@@ -159,12 +159,9 @@ export class EngineMetrics implements ProducerObserver {
   landed(group: RolloutGroup, sent: RolloutGroup): void {
     this.#groups.inc({ status: group.status });
     let produced = 0;
-    let wasted = 0;
     for (let i = 0; i < group.rollouts.length; i++) {
       const r = group.rollouts[i];
       const before = sent.rollouts[i];
-      // A rollout restarted from its prompt in the worker threw its earlier tokens away.
-      if (before && r.attempt > before.attempt) wasted += responseTokenCount(before);
       produced += dispatchTokenCount(before, r);
       this.#turns.inc(Math.max(0, r.turns.length - (before && r.attempt === before.attempt ? before.turns.length : 0)));
       if (r.status === 'COMPLETED' || r.status === 'FAILED') {
@@ -177,7 +174,6 @@ export class EngineMetrics implements ProducerObserver {
       }
     }
     if (produced > 0) this.#tokens.inc({ kind: 'produced' }, produced);
-    if (wasted > 0) this.#tokens.inc({ kind: 'wasted' }, wasted);
   }
 
   taken(groups: readonly RolloutGroup[], trainStep: number): void {
@@ -185,12 +181,11 @@ export class EngineMetrics implements ProducerObserver {
     for (const g of groups) for (const r of g.rollouts) this.#staleness.observe(rolloutStaleness(r, trainStep));
   }
 
-  dropped(group: RolloutGroup, reason: DropReason): void {
+  dropped(_group: RolloutGroup, reason: DropReason): void {
     this.#dropped.inc({ reason });
-    let tokens = 0;
-    for (const r of group.rollouts) tokens += responseTokenCount(r);
-    if (tokens > 0) this.#tokens.inc({ kind: 'wasted' }, tokens);
   }
+
+  /** Every thrown-away token comes here (the producer's one report of them): restarted, reset, dropped. */
 
   discarded(tokens: number): void {
     if (tokens > 0) this.#tokens.inc({ kind: 'wasted' }, tokens);

@@ -51,6 +51,7 @@ import {
   groupError,
   groupStatus,
   resetToPrompt,
+  responseTokenCount,
   Status,
   type RolloutGroup,
 } from '../domain/rollout.ts';
@@ -109,7 +110,10 @@ export interface ProducerObserver extends OutageObserver {
   landed?(group: RolloutGroup, sent: RolloutGroup): void;
   taken?(groups: readonly RolloutGroup[], trainStep: number): void;
   dropped?(group: RolloutGroup, reason: DropReason): void;
-  /** Response tokens thrown away: a member reset to its prompt, or a group dropped. */
+  /**
+   * Response tokens thrown away, wherever it happens: a member reset to its prompt (expired in the
+   * buffer, or restarted in the worker), or a group dropped.
+   */
   discarded?(tokens: number): void;
   paused?(report: PauseReport): void;
 }
@@ -234,6 +238,9 @@ export class Producer implements ProduceContext {
     this.buffer.onDrop = (group, reason) => {
       this.#counts.dropped[reason]++;
       this.#observer.dropped?.(group, reason);
+      let tokens = 0;
+      for (const r of group.rollouts) tokens += responseTokenCount(r);
+      if (tokens > 0) this.#observer.discarded?.(tokens);
     };
     this.buffer.onReset = (tokens) => this.#observer.discarded?.(tokens);
     for (const task of config.tasks) this.#inFlightByTask.set(task.name, 0);
@@ -403,7 +410,15 @@ export class Producer implements ProduceContext {
     const task = group.taskName;
     // Only what this dispatch generated: a retried group's kept siblings and partial turns were counted when they landed.
     let tokens = 0;
-    for (let i = 0; i < group.rollouts.length; i++) tokens += dispatchTokenCount(sent.rollouts[i], group.rollouts[i]);
+    let restarted = 0;
+    for (let i = 0; i < group.rollouts.length; i++) {
+      const before = sent.rollouts[i];
+      tokens += dispatchTokenCount(before, group.rollouts[i]);
+      // Restarted from its prompt in the worker (an interrupted rollout without partialRollout, a replay
+      // that no longer matched): what it held when dispatched was thrown away there.
+      if (before !== undefined && group.rollouts[i].attempt > before.attempt) restarted += responseTokenCount(before);
+    }
+    if (restarted > 0) this.#observer.discarded?.(restarted);
     this.progress.addProduced(task, group.rollouts.length, tokens);
     if (group.status === Status.COMPLETED) {
       let sum = 0;
