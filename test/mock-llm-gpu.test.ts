@@ -80,6 +80,8 @@ describe('GPU-like mock: the replica model', () => {
     const c = model.counters();
     assert.equal(c.cachedTokens, 64);
     assert.equal(c.prefilledTokens, 40 + (74 - 64));
+    // At 1 000 prompt tokens per second, 1 ms of each step per token prefilled.
+    assert.equal(c.prefillMs, 40 + (74 - 64));
   });
 
   it('forgets every cached prefix when new weights are loaded', () => {

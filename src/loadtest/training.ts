@@ -58,6 +58,8 @@ export interface ProductionFigures {
   meanRunning: number;
   /** Generated tokens per model second, all servers together. */
   tokensPerSecond: number;
+  /** Share of the busy time spent prefilling prompts the prefix cache did not hold. */
+  prefillFraction: number;
 }
 
 export interface SyncFigures {
@@ -121,7 +123,7 @@ export async function setMockWeightVersion(url: string, version: number): Promis
 /** Sums of the GPU integrals over the production windows, every server together. */
 class Production {
   #open: GpuMetrics[] | null = null;
-  readonly #sum = { timeMs: 0, busyMs: 0, slotMs: 0, slots: 0, tokens: 0 };
+  readonly #sum = { timeMs: 0, busyMs: 0, prefillMs: 0, slotMs: 0, slots: 0, tokens: 0 };
 
   start(now: GpuMetrics[]): void {
     this.#open ??= now;
@@ -133,6 +135,7 @@ class Production {
       const a = this.#open![i];
       this.#sum.timeMs += b.timeMs - a.timeMs;
       this.#sum.busyMs += b.busyMs - a.busyMs;
+      this.#sum.prefillMs += b.prefillMs - a.prefillMs;
       this.#sum.slotMs += b.slotMs - a.slotMs;
       this.#sum.slots += (b.timeMs - a.timeMs) * b.slots;
       this.#sum.tokens += b.generatedTokens - a.generatedTokens;
@@ -148,6 +151,7 @@ class Production {
       slotFill: s.slots > 0 ? s.slotMs / s.slots : 0,
       meanRunning: s.timeMs > 0 ? s.slotMs / s.timeMs : 0,
       tokensPerSecond: s.timeMs > 0 ? (s.tokens / s.timeMs) * 1000 * servers : 0,
+      prefillFraction: s.busyMs > 0 ? s.prefillMs / s.busyMs : 0,
     };
   }
 }

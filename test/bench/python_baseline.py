@@ -458,7 +458,7 @@ class SyncTrainer(Baseline):
 
     async def run(self):
         a = self.args
-        window = {"time": 0.0, "busy": 0.0, "slot": 0.0, "slots": 0.0, "tokens": 0}
+        window = {"time": 0.0, "busy": 0.0, "prefill": 0.0, "slot": 0.0, "slots": 0.0, "tokens": 0}
         idle = []
         watchers = []
         first = last = None
@@ -469,6 +469,7 @@ class SyncTrainer(Baseline):
             for x, y in zip(before, after):
                 window["time"] += y["timeMs"] - x["timeMs"]
                 window["busy"] += y["busyMs"] - x["busyMs"]
+                window["prefill"] += y["prefillMs"] - x["prefillMs"]
                 window["slot"] += y["slotMs"] - x["slotMs"]
                 window["slots"] += (y["timeMs"] - x["timeMs"]) * y["slots"]
                 window["tokens"] += y["generatedTokens"] - x["generatedTokens"]
@@ -536,6 +537,7 @@ class SyncTrainer(Baseline):
                 "slotFill": window["slot"] / window["slots"] if window["slots"] > 0 else 0,
                 "meanRunning": window["slot"] / window["time"] if window["time"] > 0 else 0,
                 "tokensPerSecond": window["tokens"] / window["time"] * 1000 * len(self.urls) if window["time"] > 0 else 0,
+                "prefillFraction": window["prefill"] / window["busy"] if window["busy"] > 0 else 0,
             },
             "syncs": {
                 "count": len(idle),

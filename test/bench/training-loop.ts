@@ -55,6 +55,8 @@ export interface TrainingBenchOptions {
    * rollout may then span (1 + 1) × this many steps. The sync sides sync every step (on-policy).
    */
   asyncSyncEvery: number;
+  /** workers.rolloutsPerWorker on the async sides; 0 = null (every rollout of the groups in flight). */
+  episodeSlots: number;
 }
 
 export function trainingBenchDefaults(quick: boolean): TrainingBenchOptions {
@@ -80,6 +82,7 @@ export function trainingBenchDefaults(quick: boolean): TrainingBenchOptions {
     loadMs: 2_000,
     overSample: 1,
     asyncSyncEvery: 2,
+    episodeSlots: 0,
   };
 }
 
@@ -161,7 +164,11 @@ async function engineSide(
         connections: 2 * rollouts * (1 + o.overSample) + 16,
       },
       batchSize: o.groups,
-      workers: { threads: 1, groupsPerWorker: Math.ceil(o.groups * (2 + o.overSample)) },
+      workers: {
+        threads: 1,
+        groupsPerWorker: Math.ceil(o.groups * (2 + o.overSample)),
+        rolloutsPerWorker: async && o.episodeSlots > 0 ? o.episodeSlots : null,
+      },
       tasks: [
         {
           name: 'guess',
@@ -280,6 +287,7 @@ export function printTrainingBench(r: TrainingBenchResult): void {
     'step s',
     'wait s',
     'busy %',
+    'prefill %',
     'slots %',
     'running',
     'tok/s',
@@ -288,7 +296,7 @@ export function printTrainingBench(r: TrainingBenchResult): void {
     'wasted tok/step',
     'cache hit %',
   ];
-  const w = [15, 9, 8, 8, 8, 8, 9, 9, 8, 14, 13, 17, 13];
+  const w = [15, 9, 8, 8, 8, 8, 11, 9, 9, 8, 14, 13, 17, 13];
   const line = (cells: string[]): string => cells.map((x, i) => (i === 0 ? x.padEnd(w[i]) : x.padStart(w[i]))).join('');
   console.log(line(h));
   const sync = r.sides.find((s) => s.side === 'sync')?.figures;
@@ -305,6 +313,7 @@ export function printTrainingBench(r: TrainingBenchResult): void {
       f.stepSeconds.toFixed(1),
       (f.waitSeconds ?? 0).toFixed(1),
       (100 * f.production.busyFraction).toFixed(1),
+      (100 * (f.production.prefillFraction ?? 0)).toFixed(1),
       (100 * f.production.slotFill).toFixed(1),
       f.production.meanRunning.toFixed(0),
       f.production.tokensPerSecond.toFixed(0),
@@ -332,7 +341,7 @@ export function printTrainingBench(r: TrainingBenchResult): void {
     );
   }
   console.log(
-    '  wait: the trainer inside getBatch per step; busy / slots / running / tok/s: the servers while production runs (sync: inside getBatch; async: between syncs);',
+    '  wait: the trainer inside getBatch per step; busy / prefill / slots / running / tok/s: the servers while production runs (sync: inside getBatch; async: between syncs), prefill as a share of busy;',
   );
   console.log(
     '  sync idle: pause request → servers running again, GPU ms; wasted: tokens the engine threw away (members restarted, groups dropped; Python: generated but not taken)',
@@ -409,6 +418,7 @@ if (isMain) {
     'length-sigma',
     'load-ms',
     'async-sync-every',
+    'episode-slots',
   ] as const;
   const { values } = parseArgs({
     options: {

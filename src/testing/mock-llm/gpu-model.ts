@@ -83,6 +83,8 @@ export interface GpuCounters {
   cachedTokens: number;
   /** Prompt tokens actually prefilled. */
   prefilledTokens: number;
+  /** The share of busyMs spent prefilling (steps' prefill tokens ÷ prefillTokensPerSecond). */
+  prefillMs: number;
   cacheFlushes: number;
 }
 
@@ -99,6 +101,7 @@ interface Step {
   decode: Sequence[];
   /** Prompt tokens each prefilling sequence gets through in this step. */
   prefill: [Sequence, number][];
+  prefillMs: number;
 }
 
 export class GpuModel {
@@ -124,6 +127,7 @@ export class GpuModel {
     promptTokens: 0,
     cachedTokens: 0,
     prefilledTokens: 0,
+    prefillMs: 0,
     cacheFlushes: 0,
   };
 
@@ -234,17 +238,16 @@ export class GpuModel {
       budget -= take;
       prefillTokens += take;
     }
-    const ms =
-      this.#o.decodeMs +
-      this.#o.decodeMsPerSeq * decode.length +
-      (prefillTokens * 1000) / this.#o.prefillTokensPerSecond;
-    this.#step = { start, end: start + ms, decode, prefill };
+    const prefillMs = (prefillTokens * 1000) / this.#o.prefillTokensPerSecond;
+    const ms = this.#o.decodeMs + this.#o.decodeMsPerSeq * decode.length + prefillMs;
+    this.#step = { start, end: start + ms, decode, prefill, prefillMs };
   }
 
   #endStep(done: Sequence[]): void {
     const step = this.#step!;
     this.#account(step.end);
     this.#c.steps++;
+    this.#c.prefillMs += step.prefillMs;
     for (const seq of step.decode) {
       if (seq.state !== 'decode') continue; // cancelled mid-step
       seq.generated++;
