@@ -38,8 +38,9 @@ export type ResolvedCapacity = Readonly<Required<CapacityOptions>>;
  * "The GPU-like mock"): a decode step reads the 16 GB of weights once — 4.8 ms at 3.35 TB/s, ≈ 6.2 ms
  * at the 77 % of the bandwidth roofline that single-stream vLLM decode reaches (75 tokens/s on an
  * A100-40GB) — plus each sequence's KV cache (128 KiB per token; ≈ 0.05 ms at 1–1.5k tokens of
- * context): 256 sequences (vLLM's default max_num_seqs) then decode ≈ 13 000 tokens/s, an estimate from the
- * bandwidth, not a published absolute figure. Prefill at ≈ 40 % of
+ * context): 256 sequences (vLLM's default max_num_seqs) then decode ≈ 13 500 tokens/s — checked against
+ * published figures (test/bench/README.md: vLLM v0.6.0 with max-num-seqs 256 serves 8 088 output
+ * tokens/s with prefill stalls; a newer vLLM 12 553 offline). Prefill at ≈ 40 % of
  * the H100's 989 dense bf16 TFLOPS over 16 GFLOP per token: 25 000 tokens/s. The prefix cache: what
  * is left of 80 GB after weights and activations, ≈ 52 GB of KV at 128 KiB per token.
  */
