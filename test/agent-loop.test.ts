@@ -19,6 +19,7 @@ import {
 import { newGroup, Status, type RolloutState } from '../src/domain/rollout.ts';
 import { sample } from './support/groups.ts';
 import { deferred } from './support/waits.ts';
+import { NO_EXPIRY } from '../src/protocol/control-block.ts';
 
 const SETTINGS: AgentSettings = {
   maxSteps: 5,
@@ -98,6 +99,7 @@ function testGate(): { -readonly [K in keyof PauseView]: PauseView[K] } & { paus
   return {
     paused: false,
     modelStep: 3,
+    oldestUsefulStep: NO_EXPIRY,
     signal: controller.signal,
     stepOfVersion: (version) => (version === null ? 3 : Number(version)),
     pause() {
@@ -196,6 +198,32 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
         [true, true],
       ],
     );
+  });
+
+  it('stops a rollout at its next turn once its oldest token can no longer be taken, instead of generating what landing resets', async () => {
+    const gate = testGate();
+    const llm = scriptedClient([
+      async () => {
+        // The trainer moves on while the first turn is generated at model step 3: tokens older than step 4 expire.
+        gate.oldestUsefulStep = 4;
+        return reply('one');
+      },
+      answer('two'),
+    ]);
+    const { ctx, rollout } = episode(countingEnv(), llm, gate, { maxSteps: 4 });
+    await runEpisode(rollout, ctx);
+    assert.equal(rollout.status, Status.ABORTED, 'landed as interrupted: the buffer expires it and counts its tokens');
+    assert.deepEqual([rollout.turns.length, llm.requests.length], [1, 1], 'no call after the turn that made it stale');
+  });
+
+  it('plays on while its oldest token is still young enough to be taken', async () => {
+    const gate = testGate();
+    gate.oldestUsefulStep = 3; // the rollout's tokens are of step 3: not older
+    const llm = scriptedClient([answer('one'), answer('two')]);
+    const { ctx, rollout } = episode(countingEnv({ terminateAt: 2 }), llm, gate);
+    await runEpisode(rollout, ctx);
+    assert.equal(rollout.status, Status.COMPLETED);
+    assert.equal(rollout.turns.length, 2);
   });
 
   it('fails the rollout with the environment error when a step throws, keeping the turns so far and recycling the actor', async () => {

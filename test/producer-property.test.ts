@@ -26,10 +26,10 @@ import { rolloutStaleness, staleThreshold } from '../src/buffer/staleness.ts';
 import { resolveConfig, type ResolvedConfig } from '../src/config.ts';
 import { allocateBatch } from '../src/coordinator/allocate.ts';
 import { PauseControl } from '../src/coordinator/pause-control.ts';
+import { CONTROL, NO_EXPIRY } from '../src/protocol/control-block.ts';
 import { Producer, type Batch, type ProducerSnapshot } from '../src/coordinator/producer.ts';
 import { createLogger } from '../src/log.ts';
 import { decodeCheckpoint, encodeCheckpoint } from '../src/formats/checkpoint-file.ts';
-import { CONTROL } from '../src/protocol/control-block.ts';
 import { Status } from '../src/domain/rollout.ts';
 import { ScriptedPool, type Outcome } from './support/scripted-pool.ts';
 
@@ -451,6 +451,14 @@ class Run {
     if (batch.groups.length !== config.batchSize)
       this.problems.push(
         `NORMAL batch for step ${step} has ${batch.groups.length} groups, batchSize is ${config.batchSize}`,
+      );
+    // What the workers read to stop in-flight rollouts that will expire on landing: in step with the
+    // buffer's own expiry (a rollout holding a token older than it is reset at the next put).
+    const oldest = Atomics.load(new Int32Array(this.control.block), CONTROL.OLDEST_USEFUL_STEP);
+    const expected = config.producer.strategy === 'async' ? step + 1 - this.threshold : NO_EXPIRY;
+    if (oldest !== expected)
+      this.problems.push(
+        `after getBatch(${step}) the workers were told tokens older than step ${oldest} expire, not ${expected}`,
       );
     const shares = allocateBatch(config.batchSize, config.tasks);
     for (const [task, share] of shares) {

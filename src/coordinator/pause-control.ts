@@ -46,6 +46,11 @@ export class PauseControl {
     this.#broadcast(this.state);
   }
 
+  /** Published without an epoch: workers read it at their next turn boundary (protocol/control-block.ts). */
+  setOldestUsefulStep(step: number): void {
+    Atomics.store(this.#view, CONTROL.OLDEST_USEFUL_STEP, step);
+  }
+
   /** `weightVersion`: the server's name for these weights, as the trainer announced it (null: none). */
   resume(modelStep: number, weightVersion: string | null = null): void {
     writeWeightVersion(this.block, weightVersion);

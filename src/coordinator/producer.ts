@@ -58,6 +58,7 @@ import {
 import { batchStats, groupLossMasks, type BatchStats } from './batch-stats.ts';
 import { Notifier, WakeUp } from './notifier.ts';
 import { OutageMonitor, type OutageObserver, type OutageStats } from './outage.ts';
+import { NO_EXPIRY } from '../protocol/control-block.ts';
 import type { PauseControl } from './pause-control.ts';
 import { PauseSequence, type PauseReport } from './pause-sequence.ts';
 import { ProducerLifecycle, type ProducerState } from './producer-state.ts';
@@ -459,6 +460,21 @@ export class Producer implements ProduceContext {
     }
   }
 
+  /**
+   * Tell the workers which rollouts in flight have expired already, so they stop them at their next
+   * turn instead of generating tokens that are reset on landing (protocol/control-block.ts,
+   * OLDEST_USEFUL_STEP). Published whenever the expiry measure moves: the consumer, a resume.
+   */
+  #publishExpiry(): void {
+    const e = this.#expiry();
+    // Sync stores what it dispatched this epoch without the check: nothing in flight can expire there.
+    const measured = !this.#strategy.freshOnLanding(this.#lifecycle.epoch, this.#lifecycle.epoch);
+    const oldest = e.trainStep - e.threshold; // expired ⇔ trainStep − min − 1 ≥ threshold ⇔ min < this
+    this.#control.setOldestUsefulStep(
+      measured && Number.isFinite(oldest) ? Math.max(NO_EXPIRY, Math.min(0x7fffffff, oldest)) : NO_EXPIRY,
+    );
+  }
+
   /** The expiry policy with the consumer at `trainStep`; where staleness is measured is the strategy's. */
   #expiry(trainStep = this.progress.nextTrainStep): ExpiryPolicy {
     const p = this.#config.producer;
@@ -512,6 +528,7 @@ export class Producer implements ProduceContext {
     if (this.#lifecycle.paused) return empty('UPDATE_WEIGHT_AND_ABORT');
     this.progress.beginConsume(trainStep);
     this.buffer.refresh(this.#expiry(trainStep));
+    this.#publishExpiry();
     this.#changed.notify(); // the consumer moved: the background loop re-checks its targets
     const shares = this.progress.shares();
     for (;;) {
@@ -588,6 +605,7 @@ export class Producer implements ProduceContext {
     const groups = [...taken.values()].flat();
     this.progress.markConsumed(new Map([...taken].map(([task, gs]) => [task, gs.length])));
     this.progress.finishConsume(trainStep);
+    this.#publishExpiry();
     this.#counts.taken += groups.length;
     this.#failedSinceBatch = 0;
     this.#changed.notify();
@@ -654,6 +672,7 @@ export class Producer implements ProduceContext {
     this.#reportedModelStep = null; // learnt again from the first tokens the new weights generate
     this.#control.resume(modelStep, weightVersion);
     this.buffer.refresh(this.#expiry());
+    this.#publishExpiry();
     this.#changed.notify();
     this.#landed.notify();
   }

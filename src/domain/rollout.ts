@@ -320,6 +320,29 @@ export function resetToPrompt(rollout: RolloutState, status: Status): void {
   delete rollout.tools;
 }
 
+/**
+ * Oldest model step among a turn's response tokens: the per-token array when the server gave ids,
+ * else the turn's own model step when it produced any text. Null for a turn with no response.
+ */
+export function turnMinModelStep(turn: TurnRecord): number | null {
+  const steps = turn.modelSteps;
+  if (steps !== null && steps.length > 0) {
+    let min = steps[0];
+    for (let i = 1; i < steps.length; i++) if (steps[i] < min) min = steps[i];
+    return min;
+  }
+  return turn.response.length > 0 ? turn.modelStep : null;
+}
+
+export function rolloutMinModelStep(rollout: RolloutState): number | null {
+  let min: number | null = null;
+  for (const turn of rollout.turns) {
+    const m = turnMinModelStep(turn);
+    if (m !== null && (min === null || m < min)) min = m;
+  }
+  return min;
+}
+
 /** Total response tokens of a rollout (0 when the server returned no ids). */
 export function responseTokenCount(rollout: RolloutState): number {
   let n = 0;

@@ -36,9 +36,19 @@ export const CONTROL = {
   ACKS: 2,
   MODEL_STEP: 3,
   VERSION_LENGTH: 4,
+  /**
+   * The oldest model step whose tokens can still be taken: a rollout holding a response token of an
+   * older step expires when it lands, whatever it generates next (coordinator/producer.ts publishes it
+   * as the consumer moves; NO_EXPIRY when landings are not measured). Read at turn boundaries, so a
+   * plain store is enough: a worker that reads the previous value stops that rollout one turn later.
+   */
+  OLDEST_USEFUL_STEP: 5,
 } as const;
 
-const INT32_SLOTS = 6; // 5 used; 6 keeps LAST_SEND 8-byte aligned
+/** OLDEST_USEFUL_STEP when nothing in flight can expire (sync production, no staleness bound). */
+export const NO_EXPIRY = -0x80000000;
+
+const INT32_SLOTS = 6; // all used; 6 keeps LAST_SEND 8-byte aligned
 /** Index of LAST_SEND in a BigInt64Array over the block (after the Int32 slots, 8-byte aligned). */
 export const LAST_SEND = (INT32_SLOTS * Int32Array.BYTES_PER_ELEMENT) / BigInt64Array.BYTES_PER_ELEMENT;
 
@@ -52,6 +62,7 @@ export function createControlBlock(modelStep: number): SharedArrayBuffer {
   const view = new Int32Array(sab);
   Atomics.store(view, CONTROL.MODEL_STEP, modelStep);
   Atomics.store(view, CONTROL.VERSION_LENGTH, -1);
+  Atomics.store(view, CONTROL.OLDEST_USEFUL_STEP, NO_EXPIRY);
   return sab;
 }
 

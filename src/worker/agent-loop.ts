@@ -40,12 +40,14 @@ import { describeError, RolloutEngineError } from '../errors.ts';
 import {
   modelStepsOf,
   resetToPrompt,
+  rolloutMinModelStep,
   statusForFinishReason,
   Status,
   type ChatMessage,
   type RolloutState,
   type TurnRecord,
 } from '../domain/rollout.ts';
+import { NO_EXPIRY } from '../protocol/control-block.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
 import { trimMessages } from './trim.ts';
 import { NO_TOOLS, runToolCalls, toolMessagesOf, type StepTools, type ToolSettings } from './tools.ts';
@@ -88,6 +90,8 @@ export interface ChatClient {
 export interface PauseView {
   readonly paused: boolean;
   readonly modelStep: number;
+  /** A rollout holding a response token of an older model step has expired (NO_EXPIRY: none has). */
+  readonly oldestUsefulStep: number;
   readonly signal: AbortSignal;
   /** The model step a reply's weight version names; −1 for a version the trainer did not announce (worker/pause-gate.ts). */
   stepOfVersion(version: string | null): number;
@@ -330,6 +334,13 @@ interface AgentPrompt {
   prompt: ChatMessage[];
 }
 
+/** Whether the rollout holds a response token older than `oldestUseful` (NO_EXPIRY: never, without a scan). */
+function hasExpired(rollout: RolloutState, oldestUseful: number): boolean {
+  if (oldestUseful === NO_EXPIRY) return false;
+  const min = rolloutMinModelStep(rollout);
+  return min !== null && min < oldestUseful;
+}
+
 async function play(
   episode: Episode,
   rollout: RolloutState,
@@ -343,6 +354,12 @@ async function play(
   for (let step = lastStep(rollout) + (partial ? 0 : 1); step <= settings.maxSteps; step++) {
     if (gate.paused) {
       rollout.status = Status.ABORTED; // stopped at a step boundary: continues from here after the resume
+      return;
+    }
+    if (hasExpired(rollout, gate.oldestUsefulStep)) {
+      // Its oldest token can no longer be taken: it is reset on landing whatever it generates next, so
+      // its episode slot and the servers' time go to rollouts that can still be used.
+      rollout.status = Status.ABORTED;
       return;
     }
     const turnStart = performance.now();

@@ -45,6 +45,11 @@ export class PauseGate {
   }
 
   /** The weight version the coordinator last resumed with. */
+  /** A rollout with a response token of an older model step expires on landing (NO_EXPIRY: none does). */
+  get oldestUsefulStep(): number {
+    return Atomics.load(this.#view, CONTROL.OLDEST_USEFUL_STEP);
+  }
+
   get modelStep(): number {
     return Atomics.load(this.#view, CONTROL.MODEL_STEP);
   }
