@@ -55,8 +55,12 @@ export interface TrainingBenchOptions {
    * rollout may then span (1 + 1) × this many steps. The sync sides sync every step (on-policy).
    */
   asyncSyncEvery: number;
+  /** producer.maxStaleness on the async sides (the issue's target is at 1). */
+  maxStaleness: number;
   /** workers.rolloutsPerWorker on the async sides; 0 = null (every rollout of the groups in flight). */
   episodeSlots: number;
+  /** producer.takeOrder on the async sides: which retried group is sent out first, and which stored group is taken first. */
+  takeOrder: 'fifo' | 'stalest';
 }
 
 export function trainingBenchDefaults(quick: boolean): TrainingBenchOptions {
@@ -82,7 +86,9 @@ export function trainingBenchDefaults(quick: boolean): TrainingBenchOptions {
     loadMs: 2_000,
     overSample: 1,
     asyncSyncEvery: 2,
+    maxStaleness: 1,
     episodeSlots: 0,
+    takeOrder: 'fifo',
   };
 }
 
@@ -182,10 +188,11 @@ async function engineSide(
       producer: async
         ? {
             strategy: 'async',
-            maxStaleness: 1,
+            maxStaleness: o.maxStaleness,
             syncWeightsInterval: o.asyncSyncEvery,
             partialRollout: side === 'async+partial',
             overSampleThreshold: o.overSample,
+            takeOrder: o.takeOrder,
           }
         : { strategy: 'sync' },
       pause: { mode: 'abort' },
@@ -293,10 +300,11 @@ export function printTrainingBench(r: TrainingBenchResult): void {
     'tok/s',
     'sync idle ms',
     'beyond load',
+    'taken tok/step',
     'wasted tok/step',
     'cache hit %',
   ];
-  const w = [15, 9, 8, 8, 8, 8, 11, 9, 9, 8, 14, 13, 17, 13];
+  const w = [15, 9, 8, 8, 8, 8, 11, 9, 9, 8, 14, 13, 16, 17, 13];
   const line = (cells: string[]): string => cells.map((x, i) => (i === 0 ? x.padEnd(w[i]) : x.padStart(w[i]))).join('');
   console.log(line(h));
   const sync = r.sides.find((s) => s.side === 'sync')?.figures;
@@ -319,6 +327,7 @@ export function printTrainingBench(r: TrainingBenchResult): void {
       f.production.tokensPerSecond.toFixed(0),
       f.syncs.idleMs.toFixed(0),
       f.syncs.idleBeyondLoadMs.toFixed(0),
+      f.tokensTakenPerStep.toFixed(0),
       f.wastedTokensPerStep.toFixed(0),
       (100 * f.cacheHitFraction).toFixed(1),
     ];
@@ -354,7 +363,7 @@ export function trainingTargets(r: TrainingBenchResult): TargetRow[] {
   const sync = r.sides.find((s) => s.side === 'sync')?.figures ?? null;
   return [
     row({
-      target: `21 · async+partial vs sync, staleness 1, sync every ${r.options.asyncSyncEvery}`,
+      target: `21 · async+partial vs sync, staleness ${r.options.maxStaleness}, sync every ${r.options.asyncSyncEvery}`,
       figure: 'training steps/hour ÷ sync',
       value: r.speedUp,
       limit: 2.5,
@@ -418,12 +427,14 @@ if (isMain) {
     'length-sigma',
     'load-ms',
     'async-sync-every',
+    'max-staleness',
     'episode-slots',
   ] as const;
   const { values } = parseArgs({
     options: {
       quick: { type: 'boolean' },
       sides: { type: 'string' },
+      'take-order': { type: 'string' },
       ...Object.fromEntries(numeric.map((k) => [k, { type: 'string' as const }])),
     },
   });
@@ -435,6 +446,11 @@ if (isMain) {
     const n = Number(v);
     if (!Number.isFinite(n) || n < 0) throw new Error(`--${flag} must be a number ≥ 0 (got ${JSON.stringify(v)})`);
     (o as unknown as Record<string, number>)[key(flag)] = n;
+  }
+  if (values['take-order'] !== undefined) {
+    if (values['take-order'] !== 'fifo' && values['take-order'] !== 'stalest')
+      throw new Error(`--take-order must be fifo or stalest (got ${JSON.stringify(values['take-order'])})`);
+    o.takeOrder = values['take-order'];
   }
   const result = await trainingBench(o, values.sides?.split(',') ?? TRAINING_SIDES);
   printTrainingBench(result);
