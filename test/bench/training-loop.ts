@@ -371,7 +371,7 @@ export function trainingTargets(r: TrainingBenchResult): TargetRow[] {
       unit: '×',
       detail:
         partial && sync
-          ? `${partial.stepsPerHour.toFixed(0)} vs ${sync.stepsPerHour.toFixed(0)} steps/h (GPU time); anchors 2.24–2.77×`
+          ? `${partial.stepsPerHour.toFixed(0)} vs ${sync.stepsPerHour.toFixed(0)} steps/h (GPU time); in tokens trained per hour ${((partial.stepsPerHour * partial.tokensTakenPerStep) / Math.max(1, sync.stepsPerHour * sync.tokensTakenPerStep)).toFixed(2)}×; anchors 2.24–2.77×`
           : 'not measured',
     }),
     row({
