@@ -17,7 +17,7 @@ import {
   type PauseView,
 } from '../src/worker/agent-loop.ts';
 import { newGroup, Status, type RolloutState } from '../src/domain/rollout.ts';
-import { sample } from './support/groups.ts';
+import { sample, turn } from './support/groups.ts';
 import { deferred } from './support/waits.ts';
 import { NO_EXPIRY } from '../src/protocol/control-block.ts';
 
@@ -214,6 +214,18 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
     await runEpisode(rollout, ctx);
     assert.equal(rollout.status, Status.ABORTED, 'landed as interrupted: the buffer expires it and counts its tokens');
     assert.deepEqual([rollout.turns.length, llm.requests.length], [1, 1], 'no call after the turn that made it stale');
+  });
+
+  it('takes no actor and replays nothing for an interrupted rollout that expired while it waited to continue', async () => {
+    const llm = scriptedClient([answer('one'), answer('two')]);
+    const { ctx, rollout, released } = episode(countingEnv(), llm);
+    rollout.turns = [turn([3, 3], { modelStep: 3, response: 'pa' })];
+    rollout.status = Status.ABORTED;
+    const gate = testGate();
+    gate.oldestUsefulStep = 4; // its tokens are of step 3
+    await runEpisode(rollout, { ...ctx, gate });
+    assert.equal(rollout.status, Status.ABORTED);
+    assert.deepEqual([released.length, llm.requests.length, rollout.turns.length], [0, 0, 1]);
   });
 
   it('plays on while its oldest token is still young enough to be taken', async () => {

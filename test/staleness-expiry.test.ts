@@ -9,6 +9,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import {
+  rolloutExpired,
   rolloutMinModelStep,
   rolloutStaleness,
   seqStaleness,
@@ -68,6 +69,20 @@ describe('stale threshold (buffer/staleness.ts staleThreshold)', () => {
       );
     });
   }
+});
+
+describe('the bound the workers stop rollouts at (protocol/control-block.ts OLDEST_USEFUL_STEP)', () => {
+  it('stops exactly the rollouts the buffer expires: oldest token < trainStep − threshold', () => {
+    // The producer publishes trainStep − threshold; the agent loop stops a rollout whose oldest token
+    // is older. A rollout stopped that the buffer would keep would be interrupted for nothing.
+    for (let trainStep = 0; trainStep <= 9; trainStep++)
+      for (let threshold = 1; threshold <= 6; threshold++)
+        for (let min = -2; min <= 9; min++) {
+          const stopped = min < trainStep - threshold;
+          const expired = rolloutExpired(rolloutOf(turn([min + 1, min])), trainStep, threshold, null);
+          assert.equal(stopped, expired, `trainStep ${trainStep}, threshold ${threshold}, oldest token ${min}`);
+        }
+  });
 });
 
 describe('sequence staleness (buffer/staleness.ts seqStaleness)', () => {

@@ -112,8 +112,9 @@ export interface ProducerObserver extends OutageObserver {
   taken?(groups: readonly RolloutGroup[], trainStep: number): void;
   dropped?(group: RolloutGroup, reason: DropReason): void;
   /**
-   * Response tokens thrown away, wherever it happens: a member reset to its prompt (expired in the
-   * buffer, or restarted in the worker), or a group dropped.
+   * Response tokens thrown away: a member reset to its prompt (expired in the buffer, or restarted in
+   * the worker), or a group dropped. Turns a worker redoes within one run (a tool round cut by a
+   * pause) are regenerated without being reported.
    */
   discarded?(tokens: number): void;
   paused?(report: PauseReport): void;
@@ -301,6 +302,7 @@ export class Producer implements ProduceContext {
   /** idle → running: the strategy's background production starts, if it has one (async). */
   start(): void {
     this.#lifecycle.start();
+    this.#publishExpiry(); // a restored run's retried groups go out before any getBatch
     this.#background = this.#strategy.onStart(this, this.#handle);
   }
 
@@ -467,7 +469,8 @@ export class Producer implements ProduceContext {
    */
   #publishExpiry(): void {
     const e = this.#expiry();
-    // Sync stores what it dispatched this epoch without the check: nothing in flight can expire there.
+    // Sync stores what it dispatched this epoch without the check, so it publishes no bound (the groups
+    // of an earlier epoch still out after a pause timed out are checked when they land, as before).
     const measured = !this.#strategy.freshOnLanding(this.#lifecycle.epoch, this.#lifecycle.epoch);
     const oldest = e.trainStep - e.threshold; // expired ⇔ trainStep − min − 1 ≥ threshold ⇔ min < this
     this.#control.setOldestUsefulStep(

@@ -187,6 +187,12 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
   }
   const { settings } = ctx;
   if (rollout.status === Status.ABORTED && !settings.partialRollout) resetToPrompt(rollout, Status.INIT);
+  if (hasExpired(rollout, ctx.gate.oldestUsefulStep)) {
+    // Expired while it waited to continue: not worth an actor and the replay of its steps.
+    rollout.status = Status.ABORTED;
+    rollout.workerId = ctx.workerId;
+    return;
+  }
   rollout.error = null;
   const timings = rollout.timings;
   timings.queueMs += queueMs;
