@@ -287,7 +287,7 @@ describe('weight updates with partial rollouts, against the mock server over HTT
       {
         observer: {
           discarded: (tokens) => void (discarded += tokens),
-          // What each restarted member held when it was sent out again, counted independently here.
+          // What each restarted member held when it was sent out again, from the dispatched and landed groups.
           landed: (group, sent) => {
             group.rollouts.forEach((r, i) => {
               const before = sent.rollouts[i];

@@ -185,8 +185,11 @@ export class EngineMetrics implements ProducerObserver {
     this.#dropped.inc({ reason });
   }
 
-  /** Every thrown-away token comes here (the producer's one report of them): restarted, reset, dropped. */
-
+  /**
+   * Tokens thrown away, as the producer reports them: members restarted or reset to their prompt,
+   * groups dropped. (Turns a worker redoes inside one run, such as a tool round cut by a pause, are
+   * regenerated without being reported here.)
+   */
   discarded(tokens: number): void {
     if (tokens > 0) this.#tokens.inc({ kind: 'wasted' }, tokens);
   }

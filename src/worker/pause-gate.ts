@@ -44,12 +44,12 @@ export class PauseGate {
     Atomics.store(this.#clock, LAST_SEND, wallClockUs());
   }
 
-  /** The weight version the coordinator last resumed with. */
   /** A rollout with a response token of an older model step expires on landing (NO_EXPIRY: none does). */
   get oldestUsefulStep(): number {
     return Atomics.load(this.#view, CONTROL.OLDEST_USEFUL_STEP);
   }
 
+  /** The weight version the coordinator last resumed with. */
   get modelStep(): number {
     return Atomics.load(this.#view, CONTROL.MODEL_STEP);
   }

@@ -430,6 +430,15 @@ if (isMain) {
     'max-staleness',
     'episode-slots',
   ] as const;
+  const INTEGER_FLAGS: ReadonlySet<string> = new Set([
+    'steps',
+    'servers',
+    'groups',
+    'max-tokens',
+    'async-sync-every',
+    'max-staleness',
+    'episode-slots',
+  ]);
   const { values } = parseArgs({
     options: {
       quick: { type: 'boolean' },
@@ -445,6 +454,8 @@ if (isMain) {
     if (v === undefined) continue;
     const n = Number(v);
     if (!Number.isFinite(n) || n < 0) throw new Error(`--${flag} must be a number ≥ 0 (got ${JSON.stringify(v)})`);
+    if (INTEGER_FLAGS.has(flag) && !Number.isInteger(n))
+      throw new Error(`--${flag} must be a whole number (got ${JSON.stringify(v)})`);
     (o as unknown as Record<string, number>)[key(flag)] = n;
   }
   if (values['take-order'] !== undefined) {

@@ -2,8 +2,9 @@
  * What holds async + partial rollouts below the anchors' speed-up on this workload: the training loop
  * (./training-loop.ts) with the async side's knobs moved one at a time, against one sync run. At
  * staleness 1 over-sampling trades slots filled against tokens thrown away (groups that outlive the
- * bound are reset); at staleness 2 nothing is thrown away and what is left is the prefill of every
- * continued rollout after a sync (the servers' prefix caches are emptied by new weights).
+ * bound are reset); at staleness 2 (in the runs recorded in README.md) nothing was thrown away and
+ * what is left is the prefill of every continued rollout after a sync (new weights empty the servers'
+ * prefix caches).
  *
  *   node --import tsx test/bench/training-sweep.ts            # 8 steps a run, ≈ 20 min
  *   node --import tsx test/bench/training-sweep.ts --steps 6  # shorter

@@ -83,7 +83,10 @@ export interface GpuCounters {
   cachedTokens: number;
   /** Prompt tokens actually prefilled. */
   prefilledTokens: number;
-  /** The share of busyMs spent prefilling (steps' prefill tokens ÷ prefillTokensPerSecond). */
+  /**
+   * Of busyMs, the time spent prefilling (each step's prefill tokens ÷ prefillTokensPerSecond), added
+   * when the step ends: a reading taken mid-step holds its busy time but not yet its prefill.
+   */
   prefillMs: number;
   cacheFlushes: number;
 }
