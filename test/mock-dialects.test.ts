@@ -506,6 +506,52 @@ describe('sglang dialect', () => {
   });
 });
 
+describe('sglang dialect: pausing generation around a weight update', () => {
+  // python/sglang/srt/entrypoints/http_server.py pause_generation / continue_generation; modes from
+  // docs/advanced_features/sglang_for_rl.md @067bfe93626b99d33a934c78ac24c0c71e5e5e17.
+  it('keeps a request in flight across an in_place pause and finishes it after continue_generation, holding new ones meanwhile', async (t) => {
+    const mock = await start(t, { dialect: 'sglang', latencyMs: 40 });
+    const first = call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC });
+    await mock.waitForInFlight(1);
+    const paused = await call(mock, 'POST', '/pause_generation', { mode: 'in_place' });
+    assert.deepEqual([paused.status, paused.json], [200, { message: 'Generation paused successfully.', status: 'ok' }]);
+    const second = call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC });
+    await mock.waitForInFlight(2);
+    const resumed = await call(mock, 'POST', '/continue_generation', {});
+    assert.deepEqual(
+      [resumed.status, resumed.json],
+      [200, { message: 'Generation continued successfully.', status: 'ok' }],
+    );
+    for (const reply of await Promise.all([first, second]))
+      assert.equal(reply.json.choices[0].finish_reason, 'stop', 'generated whole, not aborted');
+    assert.equal(mock.stats().aborted, 0);
+  });
+
+  it('answers what is in flight at once on a pause in abort mode (the default), then holds new requests until continue', async (t) => {
+    const mock = await start(t, { dialect: 'sglang', latencyMs: 60_000 });
+    const first = call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC });
+    await mock.waitForInFlight(1);
+    assert.equal((await call(mock, 'POST', '/pause_generation', {})).status, 200);
+    assert.equal((await first).json.choices[0].finish_reason, 'abort');
+    const held = call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC });
+    await mock.waitForInFlight(1);
+    mock.abortAll(); // the 60 s latency would outlive the test once continued
+    await call(mock, 'POST', '/continue_generation', {});
+    assert.equal((await held).json.choices[0].finish_reason, 'abort');
+  });
+
+  it('refuses a pause without a body or with an unknown mode, 422 as FastAPI validates the request model', async (t) => {
+    const mock = await start(t, { dialect: 'sglang' });
+    const missing = await call(mock, 'POST', '/pause_generation', '');
+    assert.equal(missing.status, 422);
+    assert.equal(missing.json.detail[0].type, 'missing');
+    const wrong = await call(mock, 'POST', '/pause_generation', { mode: 'keep' });
+    assert.equal(wrong.status, 422);
+    assert.deepEqual([wrong.json.detail[0].type, wrong.json.detail[0].loc], ['literal_error', ['body', 'mode']]);
+    assert.equal((await call(mock, 'POST', '/continue_generation', '')).status, 422);
+  });
+});
+
 describe('llamacpp dialect', () => {
   it('returns each token id only inside choices[0].logprobs.content[].id on chat, and no logprobs key unless asked (server-task.cpp to_json_oaicompat_chat @17f5f8a)', async (t) => {
     const mock = await start(t, { dialect: 'llamacpp' });

@@ -84,6 +84,45 @@ describe('GPU-like mock: the replica model', () => {
     assert.equal(c.prefillMs, 40 + (74 - 64));
   });
 
+  it('paused in place, ends the step under way, then generates nothing until resumed, and loses nothing (SGLang pause_generation in_place)', () => {
+    const model = new GpuModel(SHAPE);
+    const seq = model.submit(0, { promptIds: [7], outputIds: ids(5) }).seq;
+    model.advanceTo(15); // mid-way through the second step (prefill 0–11, decode 11–22)
+    model.pause(15, 'in_place');
+    assert.deepEqual(model.advanceTo(22), [], 'the step under way ends');
+    assert.equal(seq.generated, 2);
+    assert.equal(model.nextEventAt, null, 'no step starts while paused');
+    const late = model.submit(30, { promptIds: [8], outputIds: ids(1) }).seq;
+    assert.equal(late.state, 'queued', 'a request that comes during the pause waits');
+    model.advanceTo(1_000);
+    assert.equal(seq.generated, 2);
+    const c = model.counters();
+    assert.equal(c.busyMs, 22, 'idle while paused');
+    model.resume(1_000);
+    const done = drain(model);
+    assert.deepEqual(
+      done.map((s) => s.id),
+      [late.id, seq.id],
+      'the late one-token request first',
+    );
+    assert.equal(seq.generated, 5, 'it went on from the KV it kept: no token generated twice or lost');
+    assert.equal(model.counters().prefilledTokens, 1 + 1, 'nothing prefilled again');
+  });
+
+  it('retracted by a pause, prefills its prompt and the tokens it had again once resumed', () => {
+    const model = new GpuModel(SHAPE);
+    const seq = model.submit(0, { promptIds: ids(4, 50), outputIds: ids(6) }).seq;
+    model.advanceTo(26); // prefill 0–14 (first token), one decode step 14–25: 2 tokens
+    model.pause(26, 'retract');
+    drain(model); // the step under way ends, then the sequence goes back to the queue
+    assert.equal(seq.state, 'queued');
+    assert.equal(seq.generated, 3);
+    model.resume(model.now);
+    drain(model);
+    assert.equal(seq.generated, 6);
+    assert.equal(model.counters().prefilledTokens, 4 + (4 + 3), 'the prompt, then the prompt and the 3 tokens again');
+  });
+
   it('forgets every cached prefix when new weights are loaded', () => {
     const model = new GpuModel(SHAPE);
     model.submit(0, { promptIds: ids(32), outputIds: ids(1) });

@@ -1,16 +1,21 @@
 /**
  * The default dialect's `/admin/*` routes: abort every in-flight completion, read or set the
  * weight version a trainer syncs after each update, and read the GPU-like mock's metrics (404
- * without option capacity). The dialects have none (dialect-routes.ts).
+ * without option capacity). The dialects have none (dialect-routes.ts). Beside them, SGLang's names
+ * for abort and for pausing generation around a weight update (its dialect has the same, strictly).
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { RouteTable } from './dialect-routes.ts';
 import type { Gpu } from './gpu.ts';
+import { PAUSE_MODES, PAUSED_REPLY, CONTINUED_REPLY } from './pause-routes.ts';
+import type { PauseMode } from './scheduler.ts';
 import { sendJson, type Rejections } from './http-replies.ts';
 import type { WeightVersion } from './weight-version.ts';
 
 export interface AdminParts {
   abortAll(): number;
+  pause(mode: PauseMode): number;
+  resume(): void;
   version: WeightVersion;
   readBody(req: IncomingMessage): Promise<string>;
   rejections: Rejections;
@@ -29,6 +34,13 @@ export function adminRoutes(parts: AdminParts): RouteTable {
     // SGLang's name for the abort endpoint; the body (rid / abort_all) is ignored: everything is aborted.
     '/abort_request': abort,
     '/admin/weight_version': { GET: weightVersion, POST: weightVersion },
+    // SGLang's pause and continue (pause-routes.ts); here the body may be empty (mode abort).
+    '/pause_generation': { POST: (req: IncomingMessage, res: ServerResponse) => pauseRoute(parts, req, res) },
+    '/continue_generation': {
+      POST: (req: IncomingMessage, res: ServerResponse) => (
+        req.resume(), parts.resume(), sendJson(res, 200, CONTINUED_REPLY)
+      ),
+    },
     ...(parts.gpu === null
       ? {}
       : {
@@ -39,6 +51,31 @@ export function adminRoutes(parts: AdminParts): RouteTable {
           },
         }),
   };
+}
+
+/** `POST {"mode": "abort" | "retract" | "in_place"}` (default abort); 400 naming the field otherwise. */
+async function pauseRoute(parts: AdminParts, req: IncomingMessage, res: ServerResponse): Promise<void> {
+  const raw = await parts.readBody(req);
+  let mode: unknown = 'abort';
+  if (raw.trim() !== '') {
+    try {
+      mode = (JSON.parse(raw) as { mode?: unknown } | null)?.mode ?? 'abort';
+    } catch (error) {
+      parts.rejections.reject(res, 400, `request body is not valid JSON: ${(error as Error).message}`);
+      return;
+    }
+  }
+  if (!PAUSE_MODES.includes(mode as PauseMode)) {
+    parts.rejections.reject(
+      res,
+      400,
+      `mode must be one of ${PAUSE_MODES.join(', ')} (got ${JSON.stringify(mode)})`,
+      'mode',
+    );
+    return;
+  }
+  parts.pause(mode as PauseMode);
+  sendJson(res, 200, PAUSED_REPLY);
 }
 
 /** `GET` reads the version; `POST {"weight_version": n}` sets it (400 naming the field otherwise). */

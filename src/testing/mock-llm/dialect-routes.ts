@@ -9,6 +9,8 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Dialect, DialectError } from './dialects.ts';
 import { LLAMACPP_BUILD_INFO } from './dialects.ts';
 import type { ResolvedMockLlmOptions } from './options.ts';
+import { CONTINUED_REPLY, PAUSE_MODES, PAUSED_REPLY } from './pause-routes.ts';
+import type { PauseMode } from './scheduler.ts';
 
 type Handler = (req: IncomingMessage, res: ServerResponse) => void | Promise<void>;
 export type RouteTable = Record<string, Record<string, Handler>>;
@@ -21,6 +23,9 @@ export interface DialectRouteContext {
   tokens: Handler;
   abortAll(): number;
   abortIds(rids: ReadonlySet<string>): number;
+  /** SGLang's pause_generation / continue_generation (pause-routes.ts). */
+  pause(mode: PauseMode): number;
+  resume(): void;
   getVersion(): string;
   setVersion(label: string): void;
   readBody(req: IncomingMessage): Promise<string>;
@@ -261,6 +266,42 @@ function sglangRoutes(ctx: DialectRouteContext): RouteTable {
             new_version: b.new_version,
           }),
         );
+      },
+    },
+    // pause_generation / continue_generation (pause-routes.ts): a body is required (FastAPI Body() of a
+    // model, 422 without one); mode is a Literal, 422 literal_error naming the three otherwise.
+    '/pause_generation': {
+      POST: async (req, res) => {
+        const body = await jsonBody(req, ctx);
+        if (!body.ok || typeof body.value !== 'object' || body.value === null) {
+          unprocessable(res, ctx, ['body'], 'missing', 'Field required', null);
+          return;
+        }
+        const mode = (body.value as { mode?: unknown }).mode ?? 'abort';
+        if (!PAUSE_MODES.includes(mode as PauseMode)) {
+          unprocessable(
+            res,
+            ctx,
+            ['body', 'mode'],
+            'literal_error',
+            "Input should be 'abort', 'retract' or 'in_place'",
+            mode,
+          );
+          return;
+        }
+        ctx.pause(mode as PauseMode);
+        ctx.send(res, 200, JSON.stringify(PAUSED_REPLY));
+      },
+    },
+    '/continue_generation': {
+      POST: async (req, res) => {
+        const body = await jsonBody(req, ctx);
+        if (!body.ok || typeof body.value !== 'object' || body.value === null) {
+          unprocessable(res, ctx, ['body'], 'missing', 'Field required', null);
+          return;
+        }
+        ctx.resume();
+        ctx.send(res, 200, JSON.stringify(CONTINUED_REPLY));
       },
     },
     // abort_request: AbortReq {rid = "", abort_all = false} → tokenizer_manager.abort_request; 200, no

@@ -13,6 +13,10 @@
  * - prefix caching (prefix-cache.ts): an admitted prompt prefills only what the cache does not hold
  *   (at least one token); a sequence's prompt and its tokens are cached when it leaves a slot.
  *
+ * - a pause (SGLang's pause_generation, gpu.ts): the step under way ends, then no step starts and
+ *   nothing is admitted until resume; `in_place` keeps the running sequences in their slots with
+ *   their KV, `retract` sends them back to the head of the queue to prefill again what they had.
+ *
  * Invariants: a sequence is in exactly one of queue, slots (prefilling or decoding) or gone; slots
  * taken ≤ `slots`; the metrics' integrals cover every millisecond from 0 to `now` exactly once
  * (`#account` before every change of what they integrate).
@@ -46,6 +50,8 @@ export class Sequence {
   /** Prompt tokens the prefix cache held at admission. */
   cachedTokens = 0;
   generated = 0;
+  /** Retracted by a pause: its KV is gone, and admission prefills its prompt and the tokens it had. */
+  retracted = false;
   admittedAt: number | null = null;
   firstTokenAt: number | null = null;
   doneAt: number | null = null;
@@ -114,6 +120,8 @@ export class GpuModel {
   /** In a slot, in admission order: the prefilling ones are served FIFO within a step's chunk. */
   readonly #slots = new Set<Sequence>();
   #step: Step | null = null;
+  /** Between pause() and resume(): no step starts, nothing is admitted. */
+  #paused: 'in_place' | 'retract' | null = null;
   #now = 0;
   #nextId = 0;
   readonly #c: GpuCounters = {
@@ -164,6 +172,33 @@ export class GpuModel {
     return done;
   }
 
+  get paused(): 'in_place' | 'retract' | null {
+    return this.#paused;
+  }
+
+  /**
+   * Paused at `t`: the step under way still ends (SGLang finishes the batch it is running), then the
+   * replica idles with its slots as they are (`in_place`), or with every running sequence sent back
+   * to the head of the queue (`retract`: done at that step's end, or now when idle).
+   */
+  pause(t: number, mode: 'in_place' | 'retract'): Sequence[] {
+    const done = this.advanceTo(t);
+    this.#paused = mode;
+    if (mode === 'retract' && this.#step === null) this.#retract();
+    return done;
+  }
+
+  /** Resumed at `t`: admission and steps start again. */
+  resume(t: number): Sequence[] {
+    const done = this.advanceTo(t);
+    this.#paused = null;
+    if (this.#step === null) {
+      this.#admit();
+      this.#startStep(this.#now);
+    }
+    return done;
+  }
+
   /** A request arrives at `t` (≥ now); returns the sequences that finished up to `t` too. */
   submit(t: number, input: SequenceInput): { seq: Sequence; done: Sequence[] } {
     const done = this.advanceTo(t);
@@ -172,7 +207,7 @@ export class GpuModel {
     this.#queue.push(seq);
     // An idle replica starts at once; a busy one admits at its step's end (continuous batching),
     // unless the step starts this very moment: requests arriving together are batched together.
-    if (this.#step === null || this.#step.start === this.#now) {
+    if (this.#paused === null && (this.#step === null || this.#step.start === this.#now)) {
       this.#admit();
       this.#startStep(this.#now);
     }
@@ -208,9 +243,14 @@ export class GpuModel {
   }
 
   #admit(): void {
+    if (this.#paused !== null) return;
     while (this.#slots.size < this.#o.slots && this.#queue.length > 0) {
       const seq = this.#queue.shift()!;
-      const prompt = seq.input.promptIds;
+      // A retracted sequence recomputes what it had: its prompt and the tokens generated so far.
+      const prompt = seq.retracted
+        ? [...seq.input.promptIds, ...seq.input.outputIds.slice(0, seq.generated)]
+        : seq.input.promptIds;
+      seq.retracted = false;
       const cached = Math.min(this.#cache.match(blockHashes(prompt)), Math.max(0, prompt.length - 1));
       seq.cachedTokens = cached;
       seq.prefillLeft = Math.max(1, prompt.length - cached);
@@ -224,7 +264,7 @@ export class GpuModel {
   }
 
   #startStep(start: number): void {
-    if (this.#slots.size === 0) {
+    if (this.#slots.size === 0 || this.#paused !== null) {
       this.#step = null;
       return;
     }
@@ -263,15 +303,29 @@ export class GpuModel {
       this.#c.prefilledTokens += take;
       if (seq.prefillLeft > 0) continue;
       seq.state = 'decode';
-      if (seq.target > 0) {
-        seq.generated = 1;
-        seq.firstTokenAt = this.#now;
+      // The last chunk yields the next token: the first, or (retracted) the one after those it had.
+      if (seq.target > seq.generated) {
+        seq.generated++;
+        seq.firstTokenAt ??= this.#now;
         this.#c.generatedTokens++;
       }
       if (seq.generated >= seq.target) this.#finish(seq, done);
     }
+    if (this.#paused === 'retract') this.#retract();
     this.#admit();
     this.#startStep(this.#now);
+  }
+
+  /** Every running sequence back to the head of the queue, in admission order, its KV dropped. */
+  #retract(): void {
+    const back = [...this.#slots];
+    for (const seq of back) {
+      this.#slots.delete(seq);
+      seq.state = 'queued';
+      seq.prefillLeft = 0;
+      seq.retracted = true;
+    }
+    this.#queue.unshift(...back);
   }
 
   #finish(seq: Sequence, done: Sequence[]): void {

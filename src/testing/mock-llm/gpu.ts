@@ -166,9 +166,23 @@ export class Gpu {
     };
   }
 
-  /** Loaded new weights: the prefix cache is dropped. */
+  /**
+   * Loaded new weights: the prefix cache is dropped — unless sequences are paused in place, whose
+   * generation goes on from the KV they hold: SGLang refuses a cache flush then, so the cached
+   * prefixes of the old weights stay too.
+   */
   flushCache(): void {
-    this.#model.flushCache();
+    if (this.#model.paused !== 'in_place') this.#model.flushCache();
+  }
+
+  /** SGLang's pause_generation `in_place` or `retract` (gpu-model.ts pause). */
+  pause(mode: 'in_place' | 'retract'): void {
+    this.#settle(this.#model.pause(this.#clock(), mode));
+  }
+
+  /** SGLang's continue_generation. */
+  resume(): void {
+    this.#settle(this.#model.resume(this.#clock()));
   }
 
   stop(): void {

@@ -107,6 +107,8 @@ export class Routes {
       },
       ...adminRoutes({
         abortAll: () => scheduler.abortAll(),
+        pause: (mode) => scheduler.pause(mode),
+        resume: () => scheduler.resume(),
         version,
         readBody: (req) => readBody(req, options.maxBodyBytes),
         rejections,
@@ -140,6 +142,8 @@ export class Routes {
       tokens,
       abortAll: () => scheduler.abortAll(),
       abortIds: (rids) => scheduler.abortIds(rids),
+      pause: (mode) => scheduler.pause(mode),
+      resume: () => scheduler.resume(),
       getVersion: () => version.label,
       setVersion: (label) => version.setLabel(label),
       readBody: (req) => readBody(req, options.maxBodyBytes),
