@@ -342,8 +342,12 @@ const ProducerSpec = z.strictObject({
 });
 
 const PauseSpec = z.strictObject({
-  /** abort: in-flight calls are aborted (server-side, else client-side) and return partial tokens; drain: they finish first. */
-  mode: z.enum(['abort', 'drain']).default('abort'),
+  /**
+   * abort: in-flight calls are aborted (server-side, else client-side) and return partial tokens;
+   * drain: they finish first; in-place: the servers pause with every call kept, KV cache and all, and
+   * go on after the resume (SGLang's pause_generation in_place; a server without it is aborted).
+   */
+  mode: z.enum(['abort', 'drain', 'in-place']).default('abort'),
   /** Re-send the pause flag this often while groups drain (a server-side abort is repeated every 50 ms). */
   resignalIntervalMs: positiveInt.default(5_000),
   /** Cancel what is still in flight, client-side, after this long. */

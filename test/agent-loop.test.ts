@@ -228,6 +228,19 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
     assert.deepEqual([released.length, llm.requests.length, rollout.turns.length], [0, 0, 1]);
   });
 
+  it('tags a turn kept across an in-place pause with the weights it began on, not the newer ones its reply names', async () => {
+    const gate = testGate();
+    const llm = scriptedClient([
+      async () => {
+        gate.modelStep = 4; // new weights loaded while the server kept this call
+        return reply('one', { weightVersion: '4' });
+      },
+    ]);
+    const { ctx, rollout } = episode(countingEnv({ terminateAt: 1 }), llm, gate);
+    await runEpisode(rollout, ctx);
+    assert.equal(rollout.turns[0].modelStep, 3);
+  });
+
   it('plays on while its oldest token is still young enough to be taken', async () => {
     const gate = testGate();
     gate.oldestUsefulStep = 3; // the rollout's tokens are of step 3: not older

@@ -5,7 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { after, before, describe, it } from 'node:test';
+import { after, before, describe, it, type TestContext } from 'node:test';
 import { createEngine, Status, type Engine } from '../src/index.ts';
 import { chatPayload, LlmClient, type LlmClientOptions } from '../src/llm/client.ts';
 import { parseChatReply } from '../src/llm/reply.ts';
@@ -645,6 +645,55 @@ describe('the engine against each dialect of the mock', () => {
       assert.equal(report.stillInFlight, 0);
     });
   }
+
+  /** An async engine on `mock` with pause.mode in-place, started, with its first calls on the server. */
+  async function inPlaceEngine(t: TestContext, options: Parameters<typeof startMockLlm>[0]) {
+    const mock = await startMockLlm({ port: 0, seed: 6, model: 'm', ...options });
+    t.after(() => mock.close());
+    const engine = createEngine({
+      logLevel: 'silent',
+      batchSize: 2,
+      workers: { threads: 1 },
+      llm: { url: mock.url, model: 'm' },
+      producer: { strategy: 'async', partialRollout: true },
+      pause: { mode: 'in-place' },
+      tasks: GUESS,
+    });
+    t.after(() => engine.close());
+    await engine.start();
+    await mock.waitForInFlight(1);
+    return { mock, engine };
+  }
+
+  it('pauses SGLang in place with pause.mode in-place: every call stays on the server and finishes after the resume, none aborted', async (t) => {
+    // SGLang: POST /pause_generation {"mode": "in_place"}, POST /continue_generation (llm/servers.ts).
+    const { mock, engine } = await inPlaceEngine(t, { dialect: 'sglang', latencyMs: 100 });
+    const report = await engine.pauseForWeightUpdate();
+    assert.deepEqual([report.inPlace, report.serverAbort, report.cancelled], [true, false, false]);
+    assert.ok(report.stillInFlight > 0, 'the groups stay out, their calls on the server');
+    assert.ok(mock.stats().inFlight > 0);
+    await engine.resume({ modelStep: 1 });
+    assert.equal((await engine.getBatch(1)).status, 'NORMAL');
+    assert.equal(mock.stats().aborted, 0, 'nothing was aborted: the calls went on from where they were');
+  });
+
+  it('continues a server it paused in place when it closes before the resume, so other clients are not held there', async (t) => {
+    const { mock, engine } = await inPlaceEngine(t, { dialect: 'sglang', latencyMs: 20 });
+    assert.equal((await engine.pauseForWeightUpdate()).inPlace, true);
+    await engine.close();
+    const other = await fetch(`${mock.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'Guess a number.' }] }),
+    });
+    assert.equal(((await other.json()) as { choices: { finish_reason: string }[] }).choices[0].finish_reason, 'stop');
+  });
+
+  it('pauses by abort when pause.mode is in-place but the server cannot pause in place (vLLM)', async (t) => {
+    const { engine } = await inPlaceEngine(t, { dialect: 'vllm', latencyMs: 60_000 });
+    const report = await engine.pauseForWeightUpdate();
+    assert.deepEqual([report.inPlace, report.serverAbort, report.stillInFlight], [false, true, 0]);
+  });
 
   it("tags SGLang's string versions with the announced step, and counts replies from weights the trainer did not announce", async (t) => {
     const mock = await startMockLlm({ port: 0, seed: 7, dialect: 'sglang', model: 'm' });

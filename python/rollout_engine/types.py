@@ -56,7 +56,8 @@ class EngineStatus(TypedDict):
 
 
 class PauseReport(TypedDict):
-    """``POST /pause``: answered once every group in flight is back (times in ms from the request)."""
+    """``POST /pause``: answered once every group in flight is back, or at once when the servers paused
+    in place (``inPlace``; pause.mode in-place). Times in ms from the request."""
 
     workersStoppedMs: Optional[float]
     workersAckedMs: Optional[float]
@@ -65,6 +66,7 @@ class PauseReport(TypedDict):
     serverAbort: bool
     cancelled: bool
     stillInFlight: int
+    inPlace: bool
 
 
 class Staleness(TypedDict):

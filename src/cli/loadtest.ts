@@ -50,7 +50,7 @@ Run:
   --strategy <s>           sync | async (default async; async syncs weights when a batch would be too stale)
   --max-staleness <n>      async: weight syncs a sample may lag (default 1)
   --pause-every <s>        also pause for a weight update every <s> seconds, to measure pauses (default off)
-  --pause-mode <m>         abort | drain: what a pause does to calls in flight (default abort)
+  --pause-mode <m>         abort | drain | in-place: what a pause does to calls in flight (default abort)
   --seed <n>               run seed (default 0)
   --out <dir>              where report.json and report.html go (default runs/loadtest-<timestamp>)
   -h, --help               show this help
@@ -146,7 +146,8 @@ function loadtestOptions(values: Record<string, string | boolean | undefined>): 
     strategy: choiceFlag('strategy', str('strategy'), ['sync', 'async'] as const) ?? defaults.strategy,
     maxStaleness: intFlag('max-staleness', str('max-staleness')) ?? defaults.maxStaleness,
     pauseEveryS: positiveFlag('pause-every', str('pause-every')) ?? defaults.pauseEveryS,
-    pauseMode: choiceFlag('pause-mode', str('pause-mode'), ['abort', 'drain'] as const) ?? defaults.pauseMode,
+    pauseMode:
+      choiceFlag('pause-mode', str('pause-mode'), ['abort', 'drain', 'in-place'] as const) ?? defaults.pauseMode,
     stream: values.stream === true,
     streamIntervalMs:
       numberFlag('stream-interval-ms', str('stream-interval-ms'), { min: 1, max: 60_000 }) ?? defaults.streamIntervalMs,

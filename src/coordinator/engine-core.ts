@@ -179,6 +179,7 @@ export class EngineCore {
         log: this.log,
         endpoints,
         abortRoutes,
+        inPlaceRoutes: new Map(servers.map((s) => [s.url, s.pauseInPlace])),
         hooks: this.#options,
         observer: this.#options.observer,
       });
@@ -249,6 +250,8 @@ export class EngineCore {
   resume(options: { modelStep: number; weightVersion?: string | null }): Promise<void> {
     return this.#withProducer(async (producer) => {
       producer.resume(options.modelStep, options.weightVersion ?? null);
+      // After an in-place pause the servers go on too (a call the workers send first waits there for it).
+      await producer.continueServers();
       if (options.weightVersion != null) {
         // Not awaited: production has resumed, and the check is a report, not a gate.
         void checkServedVersions(this.#servers, options.weightVersion, options.modelStep, {

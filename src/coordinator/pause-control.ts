@@ -36,6 +36,11 @@ export class PauseControl {
     this.#broadcast(RunState.PAUSED);
   }
 
+  /** No new calls; those in flight are left to their servers, which keep them (pause.mode in-place). */
+  pauseInPlace(): void {
+    this.#broadcast(RunState.IN_PLACE);
+  }
+
   /** Escalate: in-flight inference calls are cancelled client-side too. */
   cancel(): void {
     this.#broadcast(RunState.CANCEL);

@@ -7,12 +7,18 @@
  *   re-signalling every resignalIntervalMs and aborting again every SERVER_ABORT_REPEAT_MS ─► at
  *   pause.timeoutMs cancel what is left, wait one more interval ─► flush step records ─► report.
  *
+ * In-place mode instead: signal the workers (no new calls; those in flight left alone) ─► every
+ * endpoint pauses generation in place ─► flush step records ─► report, the groups still out; the
+ * resume continues the servers before the workers. An endpoint without the routes, or one that
+ * refuses, turns the pause into an abort-mode one (from the abort on): nothing is lost either way.
+ *
  * It owns the server aborter; the producer owns the state (./producer-state.ts) and tells the sequence,
  * through `stillPausing`, when a resume or close has ended it: from then on no abort or cancel may cut
  * short the calls that run on the new weights.
  */
 import type { ResolvedConfig } from '../config.ts';
-import { InferenceAborter, type AbortTarget } from '../llm/client.ts';
+import { ServerControlClient, type ServerRouteTarget } from '../llm/client.ts';
+import type { InPlaceRoutes } from '../llm/servers.ts';
 import type { Logger } from '../log.ts';
 import { wallClockUs } from '../protocol/control-block.ts';
 import type { PauseControl } from './pause-control.ts';
@@ -35,8 +41,13 @@ export interface PauseReport {
   serverAbort: boolean;
   /** In-flight calls were cancelled client-side (abort mode without a server abort, or the timeout). */
   cancelled: boolean;
-  /** Groups still running when the pause gave up waiting (they land later; none is lost). */
+  /**
+   * Groups still running when the pause returned: an in-place pause leaves them all to the servers,
+   * another one gave up waiting for them (they land later; none is lost).
+   */
   stillInFlight: number;
+  /** Every endpoint paused generation in place (pause.mode in-place): the calls in flight go on after the resume. */
+  inPlace: boolean;
 }
 
 /** What one run of the sequence reads of the producer. */
@@ -58,10 +69,15 @@ export class PauseSequence {
    * Every inference endpoint with an abort-all route, deduplicated: what a pause aborts. Endpoints
    * without one are cancelled client-side, so a server abort counts only when none lacks it.
    */
-  readonly #abortTargets: readonly AbortTarget[];
+  readonly #abortTargets: readonly ServerRouteTarget[];
+  /** Every endpoint with in-place pause routes; in-place pauses need all of them to have them. */
+  readonly #inPlaceTargets: readonly { url: string; routes: InPlaceRoutes }[];
   readonly #endpointCount: number;
-  /** Created on the first server-side abort; keeps its connections for the next pauses. Null again once closed. */
-  #aborter: InferenceAborter | null = null;
+  /** Created on the first request to a server; keeps its connections for the next pauses. Null again once closed. */
+  #servers: ServerControlClient | null = null;
+  /** Some endpoint was asked to pause in place since the last resume: the resume must continue them. */
+  #pausedInPlace = false;
+  #warnedNoInPlace = false;
   #closed = false;
 
   constructor(options: {
@@ -69,7 +85,8 @@ export class PauseSequence {
     control: PauseControl;
     pool: WorkerPool;
     log: Logger;
-    abortTargets: readonly AbortTarget[];
+    abortTargets: readonly ServerRouteTarget[];
+    inPlaceTargets?: readonly { url: string; routes: InPlaceRoutes }[];
     endpointCount: number;
   }) {
     this.#config = options.config;
@@ -77,6 +94,7 @@ export class PauseSequence {
     this.#pool = options.pool;
     this.#log = options.log;
     this.#abortTargets = options.abortTargets;
+    this.#inPlaceTargets = options.inPlaceTargets ?? [];
     this.#endpointCount = options.endpointCount;
   }
 
@@ -85,9 +103,15 @@ export class PauseSequence {
    * the caller's return on no worker sends an inference call.
    */
   async run(watch: PauseWatch): Promise<PauseReport> {
-    const { mode, resignalIntervalMs, timeoutMs } = this.#config.pause;
+    const { resignalIntervalMs, timeoutMs } = this.#config.pause;
+    let mode = this.#config.pause.mode;
     const requestedUs = wallClockUs();
     const start = performance.now();
+    if (mode === 'in-place') {
+      const report = await this.#pauseInPlace(watch, requestedUs, start);
+      if (report !== null) return report;
+      mode = 'abort';
+    }
     this.#control.pause();
     const groupsBefore = watch.inFlight();
     // The server abort does not wait for the workers' acks: from the store above no worker can send a
@@ -148,13 +172,80 @@ export class PauseSequence {
       serverAbort,
       cancelled,
       stillInFlight,
+      inPlace: false,
     };
   }
 
-  /** Close the aborter's connections; a sequence still running aborts nothing more. */
+  /**
+   * Before the workers run again after an in-place pause: every endpoint asked to pause continues
+   * (a call left paused on a server would wait there until llm.timeoutMs).
+   */
+  async continueServers(): Promise<void> {
+    if (!this.#pausedInPlace || this.#closed) return;
+    this.#pausedInPlace = false;
+    const ok = await this.#client().postAll(
+      this.#inPlaceTargets.map(({ url, routes }) => ({ url, route: routes.resume })),
+    );
+    if (!ok)
+      this.#log.error(
+        { endpoints: this.#inPlaceTargets.map((t) => t.url) },
+        'an inference server did not continue generation after an in-place pause: its paused calls end at llm.timeoutMs',
+      );
+  }
+
+  /** The in-place pause; null when it cannot be one (then the caller aborts, from the shared flag on). */
+  async #pauseInPlace(watch: PauseWatch, requestedUs: bigint, start: number): Promise<PauseReport | null> {
+    if (this.#inPlaceTargets.length < this.#endpointCount) {
+      if (!this.#warnedNoInPlace)
+        this.#log.warn(
+          { withRoutes: this.#inPlaceTargets.map((t) => t.url), endpoints: this.#endpointCount },
+          'pause.mode in-place: not every inference server can pause generation in place (SGLang /pause_generation); pausing by abort instead',
+        );
+      this.#warnedNoInPlace = true;
+      return null;
+    }
+    this.#control.pauseInPlace();
+    this.#pausedInPlace = true;
+    const paused = await this.#client().postAll(
+      this.#inPlaceTargets.map(({ url, routes }) => ({ url, route: routes.pause })),
+    );
+    if (!paused) {
+      this.#log.warn('an inference server refused to pause generation in place: pausing by abort instead');
+      return null; // the resume continues those that did pause
+    }
+    const workersAckedMs = await this.#control.waitForAcks(
+      this.#pool.liveWorkers,
+      Math.min(this.#config.pause.timeoutMs, 1_000),
+      start,
+    );
+    const workersStoppedMs = workersAckedMs === null ? null : this.#control.lastSendAfterMs(requestedUs);
+    await this.#pool.flush();
+    const stillInFlight = watch.inFlight();
+    return {
+      workersStoppedMs,
+      workersAckedMs,
+      allBackMs: performance.now() - start,
+      groupsBack: 0,
+      serverAbort: false,
+      cancelled: false,
+      stillInFlight,
+      inPlace: true,
+    };
+  }
+
+  /**
+   * Close the servers' connections; a sequence still running asks nothing more of them. Servers left
+   * paused in place are continued first: they are shared, and would hold every other client's calls.
+   */
   async close(): Promise<void> {
+    await this.continueServers();
     this.#closed = true;
-    await this.#aborter?.close();
+    await this.#servers?.close();
+  }
+
+  #client(): ServerControlClient {
+    this.#servers ??= new ServerControlClient({ apiKey: this.#config.llm.apiKey });
+    return this.#servers;
   }
 
   /**
@@ -162,9 +253,8 @@ export class PauseSequence {
    * endpoint without an abort route cannot: its calls are then cancelled client-side).
    */
   async #abortOnServers(): Promise<boolean> {
-    if (this.#closed) return false; // close() has closed the aborter's connections
-    this.#aborter ??= new InferenceAborter({ apiKey: this.#config.llm.apiKey });
-    const all = await this.#aborter.abortAll(this.#abortTargets);
+    if (this.#closed) return false; // close() has closed the connections
+    const all = await this.#client().postAll(this.#abortTargets);
     return all && this.#abortTargets.length === this.#endpointCount;
   }
 }

@@ -40,7 +40,8 @@ import {
   type ExpiryPolicy,
 } from '../buffer/replay-buffer.ts';
 import type { Sampler } from '../buffer/sampler.ts';
-import type { AbortRoute, AbortTarget } from '../llm/client.ts';
+import type { ServerRoute, ServerRouteTarget } from '../llm/client.ts';
+import type { InPlaceRoutes } from '../llm/servers.ts';
 import { DIALECTS } from '../llm/servers.ts';
 import { MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
 import type { Logger } from '../log.ts';
@@ -195,7 +196,9 @@ export class Producer implements ProduceContext {
     log: Logger;
     endpoints: string[];
     /** Each endpoint's abort-all route as probed at start (llm/servers.ts); default: from `llm.abortPath`. */
-    abortRoutes?: ReadonlyMap<string, AbortRoute | null>;
+    abortRoutes?: ReadonlyMap<string, ServerRoute | null>;
+    /** Each endpoint's in-place pause routes (its dialect's); default: the generic dialect's. */
+    inPlaceRoutes?: ReadonlyMap<string, InPlaceRoutes | null>;
     hooks?: ProducerHooks;
     observer?: ProducerObserver;
   }) {
@@ -205,14 +208,18 @@ export class Producer implements ProduceContext {
     this.#control = options.control;
     this.#samplers = options.samplers;
     this.#log = options.log;
-    const configured: AbortRoute | null =
+    const configured: ServerRoute | null =
       config.llm.abortPath === null
         ? null
         : { path: config.llm.abortPath ?? DIALECTS.generic.abort!.path, body: DIALECTS.generic.abort!.body };
     // Every inference endpoint (the default policy's and the agents' own), with its abort-all route.
-    const abortTargets: AbortTarget[] = options.endpoints.flatMap((url) => {
+    const abortTargets: ServerRouteTarget[] = options.endpoints.flatMap((url) => {
       const route = options.abortRoutes?.has(url) ? options.abortRoutes.get(url)! : configured;
       return route === null ? [] : [{ url, route }];
+    });
+    const inPlaceTargets = options.endpoints.flatMap((url) => {
+      const routes = options.inPlaceRoutes?.has(url) ? options.inPlaceRoutes.get(url)! : DIALECTS.generic.pauseInPlace;
+      return routes === null ? [] : [{ url, routes }];
     });
     this.#pauses = new PauseSequence({
       config,
@@ -220,6 +227,7 @@ export class Producer implements ProduceContext {
       pool: options.pool,
       log: options.log,
       abortTargets,
+      inPlaceTargets,
       endpointCount: options.endpoints.length,
     });
     this.#outage = new OutageMonitor({
@@ -647,6 +655,11 @@ export class Producer implements ProduceContext {
     this.#log.info(report, 'paused for a weight update');
     this.#observer.paused?.(report);
     return report;
+  }
+
+  /** After an in-place pause, the servers continue generation (pause-sequence.ts); a no-op otherwise. */
+  continueServers(): Promise<void> {
+    return this.#pauses.continueServers();
   }
 
   /**

@@ -385,29 +385,33 @@ export class LlmClient {
 const heldReply = (events: ChatStream): ChatResult => events.held();
 const streamedReply = (events: ChatStream): ChatResult => events.result();
 
-export interface AbortRoute {
+/** A control route of an inference server: abort-all, or an in-place pause and its continue (llm/servers.ts). */
+export interface ServerRoute {
   path: string;
-  /** JSON body: SGLang `{"abort_all":true}`, vLLM `{}` (llm/servers.ts). */
+  /** JSON body: SGLang `{"abort_all":true}`, vLLM `{}`, SGLang's pause `{"mode":"in_place"}`. */
   body: string;
 }
 
-export interface AbortTarget {
+export interface ServerRouteTarget {
   url: string;
-  route: AbortRoute;
+  route: ServerRoute;
 }
 
 /**
- * Asks inference servers to abort every request in flight (SGLang's `POST /abort_request
- * {"abort_all": true}`, vLLM's dev-mode `POST /abort_requests {}`, the mock's alias of `/admin/abort`):
- * they are answered at once with finish reason `abort` and the tokens generated so far.
+ * Sends inference servers the requests a pause makes of them: abort every request in flight (SGLang's
+ * `POST /abort_request {"abort_all": true}`, vLLM's dev-mode `POST /abort_requests {}`, the mock's
+ * alias of `/admin/abort`: answered at once with finish reason `abort` and the tokens generated so
+ * far), or pause generation in place and continue it (SGLang's `/pause_generation`,
+ * `/continue_generation`).
  *
  * One keep-alive connection per server, opened on first use and kept: a pause is on the critical path
  * of a weight update, and a fresh TCP connection per pause would add its handshake to every one.
  */
-export class InferenceAborter {
+export class ServerControlClient {
   readonly #headers: Record<string, string>;
   readonly #timeoutMs: number;
-  readonly #pools = new Map<string, { pool: Pool; path: string }>();
+  /** Per endpoint URL: its connection, and the path prefix its routes go under (routers, gateways). */
+  readonly #pools = new Map<string, { pool: Pool; prefix: string }>();
 
   constructor(options: { apiKey?: string | null; timeoutMs?: number } = {}) {
     this.#timeoutMs = options.timeoutMs ?? 2_000;
@@ -417,9 +421,9 @@ export class InferenceAborter {
     };
   }
 
-  /** Resolves true when every server accepted the abort, false when any does not support it or failed. */
-  async abortAll(targets: readonly AbortTarget[]): Promise<boolean> {
-    const results = await Promise.all(targets.map((t) => this.#abort(t)));
+  /** POSTs each target's route; resolves true when every server answered 2xx, false when any did not or failed. */
+  async postAll(targets: readonly ServerRouteTarget[]): Promise<boolean> {
+    const results = await Promise.all(targets.map((t) => this.#post(t)));
     return results.every(Boolean);
   }
 
@@ -429,21 +433,20 @@ export class InferenceAborter {
     await Promise.all(pools.map((p) => p.pool.close()));
   }
 
-  async #abort({ url, route }: AbortTarget): Promise<boolean> {
+  async #post({ url, route }: ServerRouteTarget): Promise<boolean> {
     try {
       let target = this.#pools.get(url);
       if (target === undefined) {
         const base = new URL(url);
-        const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
         target = {
           pool: new Pool(base.origin, { connections: 1, keepAliveTimeout: 600_000 }),
-          path: `${prefix}${route.path}`,
+          prefix: base.pathname.replace(/\/+$/, '').replace(/\/v1$/, ''),
         };
         this.#pools.set(url, target);
       }
       const response = await target.pool.request({
         method: 'POST',
-        path: target.path,
+        path: `${target.prefix}${route.path}`,
         headers: this.#headers,
         body: route.body,
         signal: AbortSignal.timeout(this.#timeoutMs),

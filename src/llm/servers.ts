@@ -21,6 +21,23 @@ export const SERVER_KINDS = ['vllm', 'sglang', 'llamacpp', 'openai', 'generic'] 
  */
 export type ServerKind = (typeof SERVER_KINDS)[number];
 
+export interface InPlaceRoutes {
+  pause: { path: string; body: string };
+  resume: { path: string; body: string };
+}
+
+/**
+ * SGLang's: POST /pause_generation {"mode": "in_place"}, then POST /continue_generation
+ * (python/sglang/srt/entrypoints/http_server.py; the modes in docs/advanced_features/sglang_for_rl.md
+ * at 067bfe93626b99d33a934c78ac24c0c71e5e5e17 — in_place keeps running requests and their KV cache,
+ * and a cache flush fails until generation continues). Older releases' /pause_generation takes no
+ * mode and aborts: there a pause still loses nothing, it just does not keep the KV cache.
+ */
+const SGLANG_IN_PLACE: InPlaceRoutes = {
+  pause: { path: '/pause_generation', body: '{"mode":"in_place"}' },
+  resume: { path: '/continue_generation', body: '{}' },
+};
+
 export interface ServerDialect {
   kind: ServerKind;
   label: string;
@@ -33,6 +50,11 @@ export interface ServerDialect {
   weightVersion: boolean;
   /** Abort-all route and body; null = the server has none (a pause cancels calls client-side). */
   abort: { path: string; body: string } | null;
+  /**
+   * Routes that pause generation with every request kept where it is, KV and all, and continue it
+   * (`pause.mode: in-place`); null = none (such a pause aborts instead).
+   */
+  pauseInPlace: InPlaceRoutes | null;
   /** Token-in route for `llm.api: tokens`; null = none. */
   tokenRoute: '/v1/completions' | '/generate' | '/completion' | null;
   /** How to keep what the missing abort route loses, for the start-up line. */
@@ -54,6 +76,9 @@ const VLLM: ServerDialect = {
   // vllm/entrypoints/openai/api_server.py: POST /abort_requests, registered only with
   // VLLM_SERVER_DEV_MODE=1, a JSON body naming no request ids aborts them all ({}; an empty body is a 400).
   abort: { path: '/abort_requests', body: '{}' },
+  // vLLM's pause with requests kept (AsyncLLM.pause_generation, /pause) is newer than the sources the
+  // dialect was checked against: not used until it is (a pause.mode in-place pause aborts here).
+  pauseInPlace: null,
   tokenRoute: '/v1/completions',
   abortHint: 'launch vLLM with VLLM_SERVER_DEV_MODE=1 (it then serves POST /abort_requests), or set llm.stream: true',
   // vllm/entrypoints/serve/dev/rlhf/api_router.py (dev mode only): GET /weight_info {"weight_version"}.
@@ -74,6 +99,7 @@ const SGLANG: ServerDialect = {
   // python/sglang/srt/entrypoints/http_server.py abort_request: {"abort_all": true} (older releases
   // take only `rid`, and then abort nothing).
   abort: { path: '/abort_request', body: '{"abort_all":true}' },
+  pauseInPlace: SGLANG_IN_PLACE,
   tokenRoute: '/generate',
   abortHint: 'use an SGLang release whose /abort_request takes abort_all, or set llm.stream: true',
   // http_server.py: GET /get_weight_version (replies carry it too, so it is not needed on resume).
@@ -92,6 +118,7 @@ const LLAMACPP: ServerDialect = {
   weightVersion: false,
   // No abort route (server-context.cpp registers none): closing the connection stops the slot.
   abort: null,
+  pauseInPlace: null,
   tokenRoute: '/completion',
   abortHint: 'set llm.stream: true (a pause then keeps the tokens a call has received)',
   versionRoute: null,
@@ -105,6 +132,7 @@ const OPENAI: ServerDialect = {
   chatPromptIds: () => false,
   weightVersion: false,
   abort: null,
+  pauseInPlace: null,
   tokenRoute: null,
   abortHint: 'set llm.stream: true',
   versionRoute: null,
@@ -118,6 +146,8 @@ const GENERIC: ServerDialect = {
   chatPromptIds: () => true,
   weightVersion: true,
   abort: { path: '/abort_request', body: '{"abort_all":true}' },
+  // The mock's default dialect serves SGLang's routes (mock-llm/pause-routes.ts).
+  pauseInPlace: SGLANG_IN_PLACE,
   tokenRoute: '/v1/completions',
   abortHint: "set llm.abortPath to the server's abort-all route, or llm.stream: true",
   versionRoute: null,
@@ -141,6 +171,8 @@ export interface ServerInfo {
   contextLength: number | null;
   /** The abort-all route in use (after `llm.abortPath` and the probe); null = cancel client-side. */
   abort: { path: string; body: string } | null;
+  /** The dialect's in-place pause routes (not probed: asking would pause the server); null = none. */
+  pauseInPlace: InPlaceRoutes | null;
 }
 
 export interface ProbeOptions {
@@ -238,7 +270,7 @@ export async function probeServer(url: string, options: ProbeOptions): Promise<S
       const probe = await get(abort.path).catch(() => null);
       if (probe === null || probe.status === 404) abort = null;
     }
-    return { url, kind, models: ids, contextLength, abort };
+    return { url, kind, models: ids, contextLength, abort, pauseInPlace: dialect.pauseInPlace };
   } finally {
     await pool.close();
   }

@@ -46,7 +46,7 @@ export interface LoadtestOptions {
   strategy: 'sync' | 'async';
   /** Pause for a weight update every this many seconds; null = only when the async producer asks (EXPIRED_BATCH). */
   pauseEveryS: number | null;
-  pauseMode: 'abort' | 'drain';
+  pauseMode: 'abort' | 'drain' | 'in-place';
   /**
    * Streamed replies (llm.stream): the mock sends the tokens generated every `streamIntervalMs`, and an
    * aborting pause holds each call with the tokens it has instead of waiting for the aborted replies.

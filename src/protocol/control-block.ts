@@ -27,6 +27,11 @@ export const RunState = {
   PAUSED: 1,
   /** Paused, and in-flight calls are cancelled client-side as well. */
   CANCEL: 2,
+  /**
+   * No new inference calls; the calls in flight are kept by their servers, paused in place (pause.mode
+   * in-place), and go on after the resume: neither held nor cancelled here.
+   */
+  IN_PLACE: 3,
 } as const;
 export type RunState = (typeof RunState)[keyof typeof RunState];
 

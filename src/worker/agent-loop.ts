@@ -531,6 +531,8 @@ function infer(
   const already = partial?.responseIds?.length ?? 0;
   const seed = settings.sendSeed ? turnSeed(rollout, step, agentId) : null;
   const t = performance.now();
+  // A call kept across an in-place pause began on these weights: its early tokens are theirs.
+  const stepAtSend = gate.modelStep;
   const previous = partial === null ? previousTurn(rollout, agentId) : undefined;
   let call: Promise<ChatResult>;
   try {
@@ -572,6 +574,9 @@ function infer(
       modelStep = gate.modelStep;
       ctx.onVersionMismatch?.(reply.weightVersion!, modelStep);
     }
+    // The reply names the weights that ended it; the turn is tagged with the oldest that made any of
+    // it, so staleness is never understated (one step for every token: the turn record has no split).
+    modelStep = Math.min(modelStep, stepAtSend);
     const turn = turnRecord(
       step,
       agentId,

@@ -88,7 +88,10 @@ export class PauseGate {
     return this.#cancel.signal;
   }
 
-  /** Aborts when a pause begins (any state but RUNNING); a fresh one after each resume (renewed as `signal` is). */
+  /**
+   * Aborts when a pause begins (any state but RUNNING, and IN_PLACE, whose calls the servers keep); a
+   * fresh one after each resume (renewed as `signal` is).
+   */
   get hold(): AbortSignal {
     if (this.#hold.signal.aborted && !this.paused) this.#hold = quietController();
     return this.#hold.signal;
@@ -121,7 +124,8 @@ export class PauseGate {
     }
     // Hold before cancelling: a worker that sees PAUSED and CANCEL at once (it missed the first
     // broadcast) still returns its streamed calls with their tokens; the cancel then cuts their connections.
-    if (state !== RunState.RUNNING && !this.#hold.signal.aborted)
+    // A pause in place leaves the calls in flight to their servers, which keep them.
+    if (state !== RunState.RUNNING && state !== RunState.IN_PLACE && !this.#hold.signal.aborted)
       this.#hold.abort(new Error('held for a weight update'));
     if (state === RunState.CANCEL && !this.#cancel.signal.aborted) {
       this.#cancel.abort(new Error('inference cancelled for a weight update'));

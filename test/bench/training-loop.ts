@@ -8,6 +8,8 @@
  *   async           strategy async, maxStaleness 1: production runs while the trainer trains; a
  *                   weight sync aborts the rollouts in flight, which restart from their prompt
  *   async+partial   the same with partialRollout: aborted rollouts continue with the new weights
+ *   async+in-place  the same, the weights loaded in place (pause.mode in-place): the servers keep every
+ *                   call in flight, KV cache and all, and go on after the resume
  *   python sync     test/bench/python_baseline.py --mode sync-trainer: the seed-style asyncio loop
  *                   grown into the same sync trainer (batch, wait for all, train, sync)
  *
@@ -150,11 +152,7 @@ const mockCpuMs = (mocks: MockProcess[]): number | null => {
   return xs.every((x) => x !== null) ? xs.reduce((a, b) => a! + b!, 0)! : null;
 };
 
-async function engineSide(
-  o: TrainingBenchOptions,
-  dataset: string,
-  side: 'sync' | 'async' | 'async+partial',
-): Promise<SideResult> {
+async function engineSide(o: TrainingBenchOptions, dataset: string, side: EngineSide): Promise<SideResult> {
   const mocks = await startServers(o);
   const cpu0 = mockCpuMs(mocks);
   const t0 = performance.now();
@@ -190,12 +188,12 @@ async function engineSide(
             strategy: 'async',
             maxStaleness: o.maxStaleness,
             syncWeightsInterval: o.asyncSyncEvery,
-            partialRollout: side === 'async+partial',
+            partialRollout: side === 'async+partial' || side === 'async+in-place',
             overSampleThreshold: o.overSample,
             takeOrder: o.takeOrder,
           }
         : { strategy: 'sync' },
-      pause: { mode: 'abort' },
+      pause: { mode: side === 'async+in-place' ? 'in-place' : 'abort' },
     },
     { observer: { discarded: (tokens) => (discarded += tokens) } },
   );
@@ -252,7 +250,9 @@ async function pythonSide(o: TrainingBenchOptions): Promise<SideResult> {
   }
 }
 
-export const TRAINING_SIDES = ['sync', 'async', 'async+partial', 'python sync'] as const;
+const ENGINE_SIDES = ['sync', 'async', 'async+partial', 'async+in-place'] as const;
+type EngineSide = (typeof ENGINE_SIDES)[number];
+export const TRAINING_SIDES = [...ENGINE_SIDES, 'python sync'] as const;
 
 export async function trainingBench(
   o: TrainingBenchOptions,
@@ -262,8 +262,7 @@ export async function trainingBench(
   const sides: SideResult[] = [];
   try {
     const dataset = writeDataset(dir, 4096);
-    for (const side of ['sync', 'async', 'async+partial'] as const)
-      if (only.includes(side)) sides.push(await engineSide(o, dataset, side));
+    for (const side of ENGINE_SIDES) if (only.includes(side)) sides.push(await engineSide(o, dataset, side));
     if (only.includes('python sync')) sides.push(await pythonSide(o));
   } finally {
     rmSync(dir, { recursive: true, force: true });
@@ -360,8 +359,21 @@ export function printTrainingBench(r: TrainingBenchResult): void {
 
 export function trainingTargets(r: TrainingBenchResult): TargetRow[] {
   const partial = r.sides.find((s) => s.side === 'async+partial')?.figures ?? null;
+  const inPlace = r.sides.find((s) => s.side === 'async+in-place')?.figures ?? null;
   const sync = r.sides.find((s) => s.side === 'sync')?.figures ?? null;
   return [
+    row({
+      target: `21 · async+partial, weights loaded in place, staleness ${r.options.maxStaleness}`,
+      figure: 'training steps/hour ÷ sync',
+      value: inPlace && sync && sync.stepsPerHour > 0 ? inPlace.stepsPerHour / sync.stepsPerHour : null,
+      limit: 2.5,
+      kind: 'min',
+      unit: '×',
+      detail:
+        inPlace && sync
+          ? `${inPlace.stepsPerHour.toFixed(0)} vs ${sync.stepsPerHour.toFixed(0)} steps/h; in tokens trained per hour ${((inPlace.stepsPerHour * inPlace.tokensTakenPerStep) / Math.max(1, sync.stepsPerHour * sync.tokensTakenPerStep)).toFixed(2)}×; slots ${(100 * inPlace.production.slotFill).toFixed(1)} % filled, prefill ${(100 * inPlace.production.prefillFraction).toFixed(1)} % of busy`
+          : 'not measured',
+    }),
     row({
       target: `21 · async+partial vs sync, staleness ${r.options.maxStaleness}, sync every ${r.options.asyncSyncEvery}`,
       figure: 'training steps/hour ÷ sync',

@@ -4,7 +4,7 @@
  * staleness 1 over-sampling trades slots filled against tokens thrown away (groups that outlive the
  * bound are reset); at staleness 2 (in the runs recorded in README.md) nothing was thrown away and
  * what is left is the prefill of every continued rollout after a sync (new weights empty the servers'
- * prefix caches).
+ * prefix caches) — unless the weights are loaded in place (pause.mode in-place), which keeps it.
  *
  *   node --import tsx test/bench/training-sweep.ts            # 8 steps a run, ≈ 20 min
  *   node --import tsx test/bench/training-sweep.ts --steps 6  # shorter
@@ -15,6 +15,8 @@ import { trainingBench, trainingBenchDefaults, type TrainingBenchOptions } from 
 interface Variant {
   label: string;
   options: Partial<TrainingBenchOptions>;
+  /** Weights loaded in place (pause.mode in-place) instead of aborting what is in flight. */
+  inPlace?: boolean;
 }
 
 const VARIANTS: Variant[] = [
@@ -25,6 +27,8 @@ const VARIANTS: Variant[] = [
   { label: 'staleness 1, over-sample 2, 288 episode slots', options: { overSample: 2, episodeSlots: 288 } },
   { label: 'staleness 2, over-sample 1', options: { maxStaleness: 2 } },
   { label: 'staleness 2, over-sample 1.5', options: { maxStaleness: 2, overSample: 1.5 } },
+  { label: 'staleness 1, over-sample 1, weights loaded in place', options: {}, inPlace: true },
+  { label: 'staleness 2, over-sample 1, weights loaded in place', options: { maxStaleness: 2 }, inPlace: true },
 ];
 
 const { values } = parseArgs({ options: { steps: { type: 'string' } } });
@@ -53,7 +57,8 @@ const widths = [46, 9, 8, 8, 9, 11, 16, 17, 17];
 const line = (cells: string[]) => cells.map((c, i) => (i === 0 ? c.padEnd(widths[i]) : c.padStart(widths[i]))).join('');
 const rows: string[] = [];
 for (const v of VARIANTS) {
-  const f = (await trainingBench({ ...base, ...v.options }, ['async+partial'])).sides[0].figures;
+  const f = (await trainingBench({ ...base, ...v.options }, [v.inPlace ? 'async+in-place' : 'async+partial'])).sides[0]
+    .figures;
   if (f === null) {
     rows.push(`${v.label.padEnd(widths[0])}measured nothing`);
     continue;
