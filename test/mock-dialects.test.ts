@@ -510,13 +510,14 @@ describe('sglang dialect: pausing generation around a weight update', () => {
   // python/sglang/srt/entrypoints/http_server.py pause_generation / continue_generation; modes from
   // docs/advanced_features/sglang_for_rl.md @067bfe93626b99d33a934c78ac24c0c71e5e5e17.
   it('keeps a request in flight across an in_place pause and finishes it after continue_generation, holding new ones meanwhile', async (t) => {
-    const mock = await start(t, { dialect: 'sglang', latencyMs: 40 });
+    const mock = await start(t, { dialect: 'sglang', latencyMs: 300 });
     const first = call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC });
     await mock.waitForInFlight(1);
     const paused = await call(mock, 'POST', '/pause_generation', { mode: 'in_place' });
     assert.deepEqual([paused.status, paused.json], [200, { message: 'Generation paused successfully.', status: 'ok' }]);
     const second = call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC });
-    await mock.waitForInFlight(2);
+    await mock.waitForRequests(2);
+    assert.equal(mock.stats().aborted, 0, 'an in_place pause aborts nothing');
     const resumed = await call(mock, 'POST', '/continue_generation', {});
     assert.deepEqual(
       [resumed.status, resumed.json],

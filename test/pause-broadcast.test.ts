@@ -5,7 +5,14 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { PauseControl } from '../src/coordinator/pause-control.ts';
-import { wallClockUs } from '../src/protocol/control-block.ts';
+import { PauseSequence } from '../src/coordinator/pause-sequence.ts';
+import type { WorkerPool } from '../src/coordinator/worker-pool.ts';
+import { resolveConfig } from '../src/config.ts';
+import { DIALECTS } from '../src/llm/servers.ts';
+import { createLogger } from '../src/log.ts';
+import { RunState, wallClockUs } from '../src/protocol/control-block.ts';
+import { startMockLlm } from '../src/testing/mock-llm/server.ts';
+import { scriptedServer } from './support/http.ts';
 import { PauseGate } from '../src/worker/pause-gate.ts';
 
 describe('pause broadcast: the last-send clock', () => {
@@ -50,5 +57,72 @@ describe('pause broadcast: the worker gate', () => {
     await control.waitForAcks(1, 5_000);
     assert.deepEqual(order, ['hold', 'cancel']);
     gate.close();
+  });
+});
+
+describe('pause sequence: in place, and its fall back to an abort', () => {
+  const config = resolveConfig({ logLevel: 'silent', pause: { mode: 'in-place' } });
+  const pool = { liveWorkers: 0, flush: async () => {} } as unknown as WorkerPool;
+  const watch = { inFlight: () => 0, landedWithin: async () => {}, stillPausing: () => true };
+  const routes = DIALECTS.sglang.pauseInPlace!;
+
+  it('continues the servers that did pause before aborting, when another refuses to pause in place (regression: they held their aborted calls)', async (t) => {
+    const sglang = await startMockLlm({ port: 0, dialect: 'sglang', latencyMs: 0 });
+    t.after(() => sglang.close());
+    const refusing = await scriptedServer((req, res) => {
+      res.writeHead(req.url === '/pause_generation' ? 500 : 200, { 'content-type': 'application/json' }).end('{}');
+    });
+    t.after(() => refusing.close());
+    const control = new PauseControl(0);
+    const sequence = new PauseSequence({
+      config,
+      control,
+      pool,
+      log: createLogger('silent'),
+      abortTargets: [],
+      inPlaceTargets: [sglang.url, refusing.url].map((url) => ({ url, routes })),
+      endpointCount: 2,
+    });
+    t.after(() => sequence.close());
+    const report = await sequence.run(watch);
+    assert.equal(report.inPlace, false);
+    assert.equal(control.state, RunState.PAUSED, 'an abort-mode pause from then on');
+    assert.deepEqual(
+      refusing.requests.map((r) => r.path),
+      ['/pause_generation', '/continue_generation'],
+    );
+    // The SGLang server generates again: a request is answered instead of waiting for a continue.
+    const answer = await fetch(`${sglang.url}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ messages: [{ role: 'user', content: 'Compute 2 + 3.' }] }),
+    });
+    assert.equal(answer.status, 200);
+    await answer.body?.cancel();
+    // The next pause aborts at once, without asking again.
+    await sequence.run(watch);
+    assert.equal(refusing.requests.filter((r) => r.path === '/pause_generation').length, 1);
+  });
+
+  it('leaves the shared flag running when a resume came while the servers were being asked to pause', async (t) => {
+    const refusing = await scriptedServer((_req, res) => res.writeHead(500).end());
+    t.after(() => refusing.close());
+    const control = new PauseControl(0);
+    const sequence = new PauseSequence({
+      config,
+      control,
+      pool,
+      log: createLogger('silent'),
+      abortTargets: [],
+      inPlaceTargets: [{ url: refusing.url, routes }],
+      endpointCount: 1,
+    });
+    t.after(() => sequence.close());
+    let pausing = true;
+    const run = sequence.run({ ...watch, stillPausing: () => pausing });
+    pausing = false; // the trainer resumed while the pause request was on its way
+    control.resume(1);
+    await run;
+    assert.equal(control.state, RunState.RUNNING);
   });
 });

@@ -667,7 +667,7 @@ describe('the engine against each dialect of the mock', () => {
 
   it('pauses SGLang in place with pause.mode in-place: every call stays on the server and finishes after the resume, none aborted', async (t) => {
     // SGLang: POST /pause_generation {"mode": "in_place"}, POST /continue_generation (llm/servers.ts).
-    const { mock, engine } = await inPlaceEngine(t, { dialect: 'sglang', latencyMs: 100 });
+    const { mock, engine } = await inPlaceEngine(t, { dialect: 'sglang', latencyMs: 400 });
     const report = await engine.pauseForWeightUpdate();
     assert.deepEqual([report.inPlace, report.serverAbort, report.cancelled], [true, false, false]);
     assert.ok(report.stillInFlight > 0, 'the groups stay out, their calls on the server');

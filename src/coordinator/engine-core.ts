@@ -250,6 +250,7 @@ export class EngineCore {
   resume(options: { modelStep: number; weightVersion?: string | null }): Promise<void> {
     return this.#withProducer(async (producer) => {
       producer.resume(options.modelStep, options.weightVersion ?? null);
+      this.#embeddedMock?.setWeightVersion(options.modelStep); // "loading" the new weights into the embedded server
       // After an in-place pause the servers go on too (a call the workers send first waits there for it).
       await producer.continueServers();
       if (options.weightVersion != null) {
@@ -262,7 +263,6 @@ export class EngineCore {
         });
       }
       this.#gateway?.setModelStep(options.modelStep);
-      this.#embeddedMock?.setWeightVersion(options.modelStep); // "loading" the new weights into the embedded server
     });
   }
 

@@ -16,6 +16,7 @@
  * through `stillPausing`, when a resume or close has ended it: from then on no abort or cancel may cut
  * short the calls that run on the new weights.
  */
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { ResolvedConfig } from '../config.ts';
 import { ServerControlClient, type ServerRouteTarget } from '../llm/client.ts';
 import type { InPlaceRoutes } from '../llm/servers.ts';
@@ -26,6 +27,9 @@ import type { WorkerPool } from './worker-pool.ts';
 
 /** While groups are still out after a server-side abort, it is sent again this often. */
 export const SERVER_ABORT_REPEAT_MS = 50;
+/** A continue after an in-place pause is tried this many times, this far apart, before it is reported. */
+const CONTINUE_ATTEMPTS = 3;
+const CONTINUE_RETRY_MS = 200;
 
 export interface PauseReport {
   /**
@@ -77,7 +81,8 @@ export class PauseSequence {
   #servers: ServerControlClient | null = null;
   /** Some endpoint was asked to pause in place since the last resume: the resume must continue them. */
   #pausedInPlace = false;
-  #warnedNoInPlace = false;
+  /** In-place pauses are not possible here (an endpoint without the routes, or one refused): abort instead, without a warning per pause. */
+  #noInPlace = false;
   #closed = false;
 
   constructor(options: {
@@ -111,6 +116,8 @@ export class PauseSequence {
       const report = await this.#pauseInPlace(watch, requestedUs, start);
       if (report !== null) return report;
       mode = 'abort';
+      // A resume or close during the in-place attempt ended this pause: the flag must stay RUNNING.
+      if (!watch.stillPausing()) return this.#emptyReport(start, watch, false);
     }
     this.#control.pause();
     const groupsBefore = watch.inFlight();
@@ -182,26 +189,31 @@ export class PauseSequence {
    */
   async continueServers(): Promise<void> {
     if (!this.#pausedInPlace || this.#closed) return;
-    this.#pausedInPlace = false;
-    const ok = await this.#client().postAll(
-      this.#inPlaceTargets.map(({ url, routes }) => ({ url, route: routes.resume })),
+    const targets = this.#inPlaceTargets.map(({ url, routes }) => ({ url, route: routes.resume }));
+    // Continuing is idempotent; a server left paused holds every call sent to it, so try a few times.
+    for (let attempt = 0; attempt < CONTINUE_ATTEMPTS; attempt++) {
+      if (attempt > 0) await sleep(CONTINUE_RETRY_MS);
+      if (await this.#client().postAll(targets)) {
+        this.#pausedInPlace = false;
+        return;
+      }
+    }
+    // Left set: the next resume, and close(), try again.
+    this.#log.error(
+      { endpoints: this.#inPlaceTargets.map((t) => t.url) },
+      'an inference server did not continue generation after an in-place pause: calls sent to it wait until llm.timeoutMs',
     );
-    if (!ok)
-      this.#log.error(
-        { endpoints: this.#inPlaceTargets.map((t) => t.url) },
-        'an inference server did not continue generation after an in-place pause: its paused calls end at llm.timeoutMs',
-      );
   }
 
   /** The in-place pause; null when it cannot be one (then the caller aborts, from the shared flag on). */
   async #pauseInPlace(watch: PauseWatch, requestedUs: bigint, start: number): Promise<PauseReport | null> {
+    if (this.#noInPlace) return null;
     if (this.#inPlaceTargets.length < this.#endpointCount) {
-      if (!this.#warnedNoInPlace)
-        this.#log.warn(
-          { withRoutes: this.#inPlaceTargets.map((t) => t.url), endpoints: this.#endpointCount },
-          'pause.mode in-place: not every inference server can pause generation in place (SGLang /pause_generation); pausing by abort instead',
-        );
-      this.#warnedNoInPlace = true;
+      this.#noInPlace = true;
+      this.#log.warn(
+        { withRoutes: this.#inPlaceTargets.map((t) => t.url), endpoints: this.#endpointCount },
+        'pause.mode in-place: not every inference server can pause generation in place (SGLang /pause_generation); pausing by abort from now on',
+      );
       return null;
     }
     this.#control.pauseInPlace();
@@ -210,8 +222,12 @@ export class PauseSequence {
       this.#inPlaceTargets.map(({ url, routes }) => ({ url, route: routes.pause })),
     );
     if (!paused) {
-      this.#log.warn('an inference server refused to pause generation in place: pausing by abort instead');
-      return null; // the resume continues those that did pause
+      this.#noInPlace = true;
+      this.#log.warn('an inference server refused to pause generation in place: pausing by abort from now on');
+      // Those that did pause go on first: SGLang finishes an aborted running request only at its next
+      // decode step, which a paused scheduler never runs.
+      await this.continueServers();
+      return null;
     }
     const workersAckedMs = await this.#control.waitForAcks(
       this.#pool.liveWorkers,
@@ -230,6 +246,20 @@ export class PauseSequence {
       cancelled: false,
       stillInFlight,
       inPlace: true,
+    };
+  }
+
+  /** A pause that ended before it signalled anything (a resume or close came first). */
+  #emptyReport(start: number, watch: PauseWatch, inPlace: boolean): PauseReport {
+    return {
+      workersStoppedMs: null,
+      workersAckedMs: null,
+      allBackMs: performance.now() - start,
+      groupsBack: 0,
+      serverAbort: false,
+      cancelled: false,
+      stillInFlight: watch.inFlight(),
+      inPlace,
     };
   }
 

@@ -359,7 +359,9 @@ export function workerInit(
         sessionPath: llm.sessionPath,
         stream: llm.stream,
         // Drain mode lets every call finish on the old weights; only an aborting pause holds streams.
-        holdOnPause: llm.stream && config.pause.mode === 'abort',
+        // An in-place pause leaves calls to the servers (the gate holds nothing in IN_PLACE); one that
+        // falls back to an abort holds streamed calls as abort mode does.
+        holdOnPause: llm.stream && config.pause.mode !== 'drain',
         api: llm.api,
         toolParser: llm.toolParser,
       },

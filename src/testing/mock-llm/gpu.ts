@@ -167,12 +167,13 @@ export class Gpu {
   }
 
   /**
-   * Loaded new weights: the prefix cache is dropped — unless sequences are paused in place, whose
-   * generation goes on from the KV they hold: SGLang refuses a cache flush then, so the cached
-   * prefixes of the old weights stay too.
+   * Loaded new weights: the prefix cache is dropped — when the replica is idle. SGLang's flush_cache
+   * succeeds only with no request running or waiting (so never while requests are paused in place or
+   * retracted): otherwise the prefixes cached with the old weights stay.
    */
   flushCache(): void {
-    if (this.#model.paused !== 'in_place') this.#model.flushCache();
+    const { running, queued } = this.#model.state();
+    if (running === 0 && queued === 0) this.#model.flushCache();
   }
 
   /** SGLang's pause_generation `in_place` or `retract` (gpu-model.ts pause). */
