@@ -7,8 +7,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { RouteTable } from './dialect-routes.ts';
 import type { Gpu } from './gpu.ts';
-import { PAUSE_MODES, PAUSED_REPLY, CONTINUED_REPLY } from './pause-routes.ts';
-import type { PauseMode } from './scheduler.ts';
+import { isPauseMode, PAUSE_MODES, PAUSED_REPLY, CONTINUED_REPLY, type PauseMode } from './pause-routes.ts';
 import { sendJson, type Rejections } from './http-replies.ts';
 import type { WeightVersion } from './weight-version.ts';
 
@@ -65,7 +64,7 @@ async function pauseRoute(parts: AdminParts, req: IncomingMessage, res: ServerRe
       return;
     }
   }
-  if (!PAUSE_MODES.includes(mode as PauseMode)) {
+  if (!isPauseMode(mode)) {
     parts.rejections.reject(
       res,
       400,
@@ -74,7 +73,7 @@ async function pauseRoute(parts: AdminParts, req: IncomingMessage, res: ServerRe
     );
     return;
   }
-  parts.pause(mode as PauseMode);
+  parts.pause(mode);
   sendJson(res, 200, PAUSED_REPLY);
 }
 

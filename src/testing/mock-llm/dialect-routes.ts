@@ -9,8 +9,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Dialect, DialectError } from './dialects.ts';
 import { LLAMACPP_BUILD_INFO } from './dialects.ts';
 import type { ResolvedMockLlmOptions } from './options.ts';
-import { CONTINUED_REPLY, PAUSE_MODES, PAUSED_REPLY } from './pause-routes.ts';
-import type { PauseMode } from './scheduler.ts';
+import { CONTINUED_REPLY, isPauseMode, PAUSED_REPLY, type PauseMode } from './pause-routes.ts';
 
 type Handler = (req: IncomingMessage, res: ServerResponse) => void | Promise<void>;
 export type RouteTable = Record<string, Record<string, Handler>>;
@@ -278,7 +277,7 @@ function sglangRoutes(ctx: DialectRouteContext): RouteTable {
           return;
         }
         const mode = (body.value as { mode?: unknown }).mode ?? 'abort';
-        if (!PAUSE_MODES.includes(mode as PauseMode)) {
+        if (!isPauseMode(mode)) {
           unprocessable(
             res,
             ctx,
@@ -289,7 +288,7 @@ function sglangRoutes(ctx: DialectRouteContext): RouteTable {
           );
           return;
         }
-        ctx.pause(mode as PauseMode);
+        ctx.pause(mode);
         ctx.send(res, 200, JSON.stringify(PAUSED_REPLY));
       },
     },

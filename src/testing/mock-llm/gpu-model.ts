@@ -21,6 +21,7 @@
  * taken ≤ `slots`; the metrics' integrals cover every millisecond from 0 to `now` exactly once
  * (`#account` before every change of what they integrate).
  */
+import type { PauseMode } from './pause-routes.ts';
 import { blockHashes, PrefixCache } from './prefix-cache.ts';
 
 export interface GpuModelOptions {
@@ -121,7 +122,7 @@ export class GpuModel {
   readonly #slots = new Set<Sequence>();
   #step: Step | null = null;
   /** Between pause() and resume(): no step starts, nothing is admitted. */
-  #paused: 'in_place' | 'retract' | null = null;
+  #paused: Exclude<PauseMode, 'abort'> | null = null;
   #now = 0;
   #nextId = 0;
   readonly #c: GpuCounters = {
@@ -172,16 +173,12 @@ export class GpuModel {
     return done;
   }
 
-  get paused(): 'in_place' | 'retract' | null {
-    return this.#paused;
-  }
-
   /**
    * Paused at `t`: the step under way still ends (SGLang finishes the batch it is running), then the
    * replica idles with its slots as they are (`in_place`), or with every running sequence sent back
    * to the head of the queue (`retract`: done at that step's end, or now when idle).
    */
-  pause(t: number, mode: 'in_place' | 'retract'): Sequence[] {
+  pause(t: number, mode: Exclude<PauseMode, 'abort'>): Sequence[] {
     const done = this.advanceTo(t);
     this.#paused = mode;
     if (mode === 'retract' && this.#step === null) this.#retract();

@@ -7,6 +7,7 @@
  * Invariant: the model is advanced to the wall clock before anything reads or changes it, and every
  * sequence it reports done is answered exactly once (its callback is dropped with it).
  */
+import type { PauseMode } from './pause-routes.ts';
 import { GpuModel, type GpuCounters, type GpuModelOptions, type Sequence, type SequenceInput } from './gpu-model.ts';
 
 /** The `capacity` option: one replica's shape and speed. Defaults: GPU_DEFAULTS. */
@@ -177,7 +178,7 @@ export class Gpu {
   }
 
   /** SGLang's pause_generation `in_place` or `retract` (gpu-model.ts pause). */
-  pause(mode: 'in_place' | 'retract'): void {
+  pause(mode: Exclude<PauseMode, 'abort'>): void {
     this.#settle(this.#model.pause(this.#clock(), mode));
   }
 

@@ -9,8 +9,9 @@
  * and new requests wait, until continue_generation. Replies: python/sglang/srt/entrypoints/
  * http_server.py (pause_generation, continue_generation).
  */
-import type { PauseMode } from './scheduler.ts';
+export const PAUSE_MODES = ['abort', 'retract', 'in_place'] as const;
+export type PauseMode = (typeof PAUSE_MODES)[number];
 
-export const PAUSE_MODES: readonly PauseMode[] = ['abort', 'retract', 'in_place'];
+export const isPauseMode = (value: unknown): value is PauseMode => PAUSE_MODES.includes(value as PauseMode);
 export const PAUSED_REPLY = { message: 'Generation paused successfully.', status: 'ok' } as const;
 export const CONTINUED_REPLY = { message: 'Generation continued successfully.', status: 'ok' } as const;

@@ -14,11 +14,11 @@
  */
 import type { ServerResponse } from 'node:http';
 import type { Gpu, GpuJob } from './gpu.ts';
+import type { PauseMode } from './pause-routes.ts';
 import { StreamTicker, type Ticking } from './ticker.ts';
 
 export type NaturalFinish = 'stop' | 'length';
-/** SGLang's pause_generation modes. */
-export type PauseMode = 'abort' | 'retract' | 'in_place';
+
 export type Finish = NaturalFinish | 'abort';
 
 /** What a reply is, for the scheduler: its ids, how it would end, and how to answer it. */
@@ -95,10 +95,6 @@ export class Scheduler {
   /** Aborts the in-flight replies whose request id is in `rids`; returns how many. */
   abortIds(rids: ReadonlySet<string>): number {
     return this.#abort((entry) => rids.has(entry.rid));
-  }
-
-  get paused(): PauseMode | null {
-    return this.#paused;
   }
 
   /**
