@@ -125,8 +125,7 @@ export class PauseSequence {
     // call (the send path reads the flag in the same tick), so the acks only measure, they gate nothing.
     const serverAborting =
       mode === 'abort' && groupsBefore > 0 && this.#abortTargets.length > 0 ? this.#abortOnServers() : null;
-    const workersAckedMs = await this.#control.waitForAcks(this.#pool.liveWorkers, Math.min(timeoutMs, 1_000), start);
-    const workersStoppedMs = workersAckedMs === null ? null : this.#control.lastSendAfterMs(requestedUs);
+    const { workersAckedMs, workersStoppedMs } = await this.#workersStopped(start, requestedUs);
     const serverAbort = serverAborting !== null && (await serverAborting);
     let cancelled = false;
     // Streamed calls held by the pause may have landed already, but their answers are still being read:
@@ -229,27 +228,25 @@ export class PauseSequence {
       await this.continueServers();
       return null;
     }
-    const workersAckedMs = await this.#control.waitForAcks(
-      this.#pool.liveWorkers,
-      Math.min(this.#config.pause.timeoutMs, 1_000),
-      start,
-    );
-    const workersStoppedMs = workersAckedMs === null ? null : this.#control.lastSendAfterMs(requestedUs);
+    const stopped = await this.#workersStopped(start, requestedUs);
     await this.#pool.flush();
-    const stillInFlight = watch.inFlight();
+    return { ...this.#emptyReport(start, watch, true), ...stopped };
+  }
+
+  /** When every worker has seen the flag (at most 1 s of waiting: it only measures) and sent its last call. */
+  async #workersStopped(
+    start: number,
+    requestedUs: bigint,
+  ): Promise<Pick<PauseReport, 'workersAckedMs' | 'workersStoppedMs'>> {
+    const timeoutMs = Math.min(this.#config.pause.timeoutMs, 1_000);
+    const workersAckedMs = await this.#control.waitForAcks(this.#pool.liveWorkers, timeoutMs, start);
     return {
-      workersStoppedMs,
       workersAckedMs,
-      allBackMs: performance.now() - start,
-      groupsBack: 0,
-      serverAbort: false,
-      cancelled: false,
-      stillInFlight,
-      inPlace: true,
+      workersStoppedMs: workersAckedMs === null ? null : this.#control.lastSendAfterMs(requestedUs),
     };
   }
 
-  /** A pause that ended before it signalled anything (a resume or close came first). */
+  /** A report with nothing measured or brought back: a pause in place, or one a resume or close ended first. */
   #emptyReport(start: number, watch: PauseWatch, inPlace: boolean): PauseReport {
     return {
       workersStoppedMs: null,
