@@ -6,7 +6,21 @@ import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { assertEveryStepOnce, readBatches } from './support/batches.ts';
 
-const MAIN = new URL('../src/cli/main.ts', import.meta.url).pathname;
+import { CLI_MAIN } from './support/cli.ts';
+
+/** `rollout run` on one worker thread in this run dir (with this config file, if any), then `more`. */
+const runArgs = (config: string | null, runDir: string, ...more: string[]): string[] => [
+  '--import',
+  'tsx',
+  CLI_MAIN,
+  'run',
+  ...(config === null ? [] : ['--config', config]),
+  '--run-dir',
+  runDir,
+  '--threads',
+  '1',
+  ...more,
+];
 const STEPS = 8;
 const BATCH = 4;
 
@@ -25,25 +39,17 @@ function attempt(
     }),
   );
   return new Promise((resolve) => {
-    const args = [
-      '--import',
-      'tsx',
-      MAIN,
-      'run',
-      '--config',
+    const args = runArgs(
       config,
-      '--run-dir',
       runDir,
       '--steps',
       String(STEPS),
       '--batch-size',
       String(BATCH),
-      '--threads',
-      '1',
       '--strategy',
       'async',
       '--resume',
-    ];
+    );
     const child = spawn(process.execPath, args, {
       env: { ...process.env, LOG_LEVEL: 'warn', LOG_FORMAT: 'json' },
       stdio: ['ignore', 'ignore', 'pipe'],
@@ -93,14 +99,10 @@ describe('crash safety', () => {
 
   it('SIGTERM stops a run cleanly: groups in flight come back, a checkpoint is written, exit code 0', async () => {
     const runDir = mkdtempSync(join(tmpdir(), 'rollout-term-'));
-    const child = spawn(
-      process.execPath,
-      ['--import', 'tsx', MAIN, 'run', '--run-dir', runDir, '--steps', '1000', '--batch-size', '4', '--threads', '1'],
-      {
-        env: { ...process.env, LOG_LEVEL: 'warn', LOG_FORMAT: 'json' },
-        stdio: ['ignore', 'pipe', 'pipe'],
-      },
-    );
+    const child = spawn(process.execPath, runArgs(null, runDir, '--steps', '1000', '--batch-size', '4'), {
+      env: { ...process.env, LOG_LEVEL: 'warn', LOG_FORMAT: 'json' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     let stderr = '';
     child.stderr.on('data', (c) => (stderr += c));
     // Wait until it has written a batch, then ask it to stop.
@@ -123,20 +125,7 @@ describe('crash safety', () => {
     const runDir = mkdtempSync(join(tmpdir(), 'rollout-term-noeach-'));
     const config = join(runDir, '..', `${runDir.split('/').pop()}.json`);
     writeFileSync(config, JSON.stringify({ checkpointEachBatch: false }));
-    const args = [
-      '--import',
-      'tsx',
-      MAIN,
-      'run',
-      '--config',
-      config,
-      '--run-dir',
-      runDir,
-      '--batch-size',
-      '4',
-      '--threads',
-      '1',
-    ];
+    const args = runArgs(config, runDir, '--batch-size', '4');
     const batches = join(runDir, 'batches.jsonl');
     const child = spawn(process.execPath, [...args, '--steps', '1000'], {
       env: { ...process.env, LOG_LEVEL: 'warn', LOG_FORMAT: 'json' },

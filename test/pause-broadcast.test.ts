@@ -3,7 +3,7 @@
  * block (src/coordinator/pause-control.ts), each worker's PauseGate reads it (src/worker/pause-gate.ts).
  */
 import assert from 'node:assert/strict';
-import { describe, it } from 'node:test';
+import { describe, it, type TestContext } from 'node:test';
 import { PauseControl } from '../src/coordinator/pause-control.ts';
 import { PauseSequence } from '../src/coordinator/pause-sequence.ts';
 import type { WorkerPool } from '../src/coordinator/worker-pool.ts';
@@ -66,13 +66,8 @@ describe('pause sequence: in place, and its fall back to an abort', () => {
   const watch = { inFlight: () => 0, landedWithin: async () => {}, stillPausing: () => true };
   const routes = DIALECTS.sglang.pauseInPlace!;
 
-  it('continues the servers that did pause before aborting, when another refuses to pause in place (regression: they held their aborted calls)', async (t) => {
-    const sglang = await startMockLlm({ port: 0, dialect: 'sglang', latencyMs: 0 });
-    t.after(() => sglang.close());
-    const refusing = await scriptedServer((req, res) => {
-      res.writeHead(req.url === '/pause_generation' ? 500 : 200, { 'content-type': 'application/json' }).end('{}');
-    });
-    t.after(() => refusing.close());
+  /** A pause sequence for SGLang-style endpoints at `urls`, no abort route, no workers. */
+  function inPlaceSequence(t: TestContext, urls: string[]) {
     const control = new PauseControl(0);
     const sequence = new PauseSequence({
       config,
@@ -80,10 +75,21 @@ describe('pause sequence: in place, and its fall back to an abort', () => {
       pool,
       log: createLogger('silent'),
       abortTargets: [],
-      inPlaceTargets: [sglang.url, refusing.url].map((url) => ({ url, routes })),
-      endpointCount: 2,
+      inPlaceTargets: urls.map((url) => ({ url, routes })),
+      endpointCount: urls.length,
     });
     t.after(() => sequence.close());
+    return { control, sequence };
+  }
+
+  it('continues the servers that did pause before aborting, when another refuses to pause in place (regression: they held their aborted calls)', async (t) => {
+    const sglang = await startMockLlm({ port: 0, dialect: 'sglang', latencyMs: 0 });
+    t.after(() => sglang.close());
+    const refusing = await scriptedServer((req, res) => {
+      res.writeHead(req.url === '/pause_generation' ? 500 : 200, { 'content-type': 'application/json' }).end('{}');
+    });
+    t.after(() => refusing.close());
+    const { control, sequence } = inPlaceSequence(t, [sglang.url, refusing.url]);
     const report = await sequence.run(watch);
     assert.equal(report.inPlace, false);
     assert.equal(control.state, RunState.PAUSED, 'an abort-mode pause from then on');
@@ -107,17 +113,7 @@ describe('pause sequence: in place, and its fall back to an abort', () => {
   it('leaves the shared flag running when a resume came while the servers were being asked to pause', async (t) => {
     const refusing = await scriptedServer((_req, res) => res.writeHead(500).end());
     t.after(() => refusing.close());
-    const control = new PauseControl(0);
-    const sequence = new PauseSequence({
-      config,
-      control,
-      pool,
-      log: createLogger('silent'),
-      abortTargets: [],
-      inPlaceTargets: [{ url: refusing.url, routes }],
-      endpointCount: 1,
-    });
-    t.after(() => sequence.close());
+    const { control, sequence } = inPlaceSequence(t, [refusing.url]);
     let pausing = true;
     const run = sequence.run({ ...watch, stillPausing: () => pausing });
     pausing = false; // the trainer resumed while the pause request was on its way

@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { after, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { createEngine, type Engine } from '../src/engine.ts';
+import type { EngineConfigInput } from '../src/config.ts';
 import { loadChatModel } from '../src/gateway/model.ts';
 import { formatToolCalls, parseToolCalls } from '../src/llm/tool-calls.ts';
 import { parseChatReply } from '../src/llm/reply.ts';
@@ -418,28 +419,30 @@ describe('tools from MCP servers', () => {
     await Promise.all(servers.map((s) => s.close()));
   });
 
-  it('serves a stdio MCP server’s tools to episodes; the server dying mid-call fails only the calls in flight, and it is started again', async () => {
-    const policy = await mcpPolicy((n) => n === 1);
-    servers.push(policy);
+  /** One single-step MCP episode per group, `batchSize` groups, against the scripted `policy`. */
+  function mcpEngine(
+    policy: ScriptedServer,
+    batchSize: number,
+    tools: NonNullable<EngineConfigInput['tasks']>[number]['tools'],
+  ): Engine {
     const e = createEngine({
       logLevel: 'silent',
       llm: { url: policy.url, model: 'm', server: 'vllm' },
-      batchSize: 4,
+      batchSize,
       workers: { threads: 1, groupsPerWorker: 1 },
-      tasks: [
-        {
-          name: 'mcp',
-          env: { module: MCP_ENV },
-          groupSize: 1,
-          maxSteps: 1,
-          tools: {
-            mcp: [{ command: process.execPath, args: ['--import', 'tsx', MCP_SERVER], cwd: REPO }],
-            timeoutMs: 20_000,
-          },
-        },
-      ],
+      tasks: [{ name: 'mcp', env: { module: MCP_ENV }, groupSize: 1, maxSteps: 1, tools }],
     });
     engines.push(e);
+    return e;
+  }
+
+  it('serves a stdio MCP server’s tools to episodes; the server dying mid-call fails only the calls in flight, and it is started again', async () => {
+    const policy = await mcpPolicy((n) => n === 1);
+    servers.push(policy);
+    const e = mcpEngine(policy, 4, {
+      mcp: [{ command: process.execPath, args: ['--import', 'tsx', MCP_SERVER], cwd: REPO }],
+      timeoutMs: 20_000,
+    });
     await e.start();
     const batch = await e.getBatch();
     const rollouts = batch.groups.flatMap((g) => g.rollouts);
@@ -473,22 +476,7 @@ describe('tools from MCP servers', () => {
     const policy = await mcpPolicy(() => false);
     servers.push(policy);
     try {
-      const e = createEngine({
-        logLevel: 'silent',
-        llm: { url: policy.url, model: 'm', server: 'vllm' },
-        batchSize: 2,
-        workers: { threads: 1, groupsPerWorker: 1 },
-        tasks: [
-          {
-            name: 'mcp',
-            env: { module: MCP_ENV },
-            groupSize: 1,
-            maxSteps: 1,
-            tools: { mcp: [{ url }], mcpSessions: 'episode', timeoutMs: 5_000 },
-          },
-        ],
-      });
-      engines.push(e);
+      const e = mcpEngine(policy, 2, { mcp: [{ url }], mcpSessions: 'episode', timeoutMs: 5_000 });
       await e.start();
       const first = (await e.getBatch()).groups.flatMap((g) => g.rollouts);
       for (const r of first) assert.equal(r.turns[0].toolCalls?.[0].result, '5');
