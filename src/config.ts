@@ -306,40 +306,58 @@ const WorkersSpec = z.strictObject({
     .default(null),
 });
 
-const ProducerSpec = z.strictObject({
-  /** sync: produce each batch on demand; async: keep producing in the background between batches. */
-  strategy: z.enum(['sync', 'async']).default('sync'),
-  /** Failed groups tolerated while producing one batch before `getBatch` rejects; null = 2 × batchSize. */
-  maxFailedGroupsPerStep: positiveInt.nullable().default(null),
-  /** async: extra groups scheduled per task, as a fraction of its share of the batch. */
-  overSampleThreshold: z.number().min(0).max(100).default(0),
-  /** Continue interrupted rollouts after a weight update instead of restarting them. */
-  partialRollout: z.boolean().default(false),
-  /** async: how many weight syncs behind the trainer a sample may be. */
-  maxStaleness: nonNegativeInt.default(0),
-  /** async: train steps between weight syncs. */
-  syncWeightsInterval: positiveInt.default(1),
-  /** async: −1 = expired groups are dropped; 0 = retried whenever any exist; N > 0 = tail-batch mode once N are expired. */
-  tailBatchTriggerSize: z.number().int().min(-1).default(0),
-  /** Group validity filter: `drop-equal-rewards` marks groups whose rewards are all equal FILTERED (no GRPO signal). */
-  filter: z.enum(['none', 'drop-equal-rewards']).default('none'),
-  /**
-   * Train steps one `getBatch(t)` may skip past the consumer's next step (`nextTrainStep`): t beyond
-   * `nextTrainStep + maxSkippedSteps` is refused (ERR_TRAIN_STEP). Steps only go forward, so without
-   * a bound one mistaken or hostile step (2^31 − 1) would refuse every real step for good, checkpoint
-   * and restart included.
-   */
-  maxSkippedSteps: nonNegativeInt.max(1_000_000).default(100),
-  /** Order groups leave the buffer in, for a batch (COMPLETED) and for a retry (EXPIRED, ABORTED): insertion (`fifo`) or stalest first, then oldest. */
-  takeOrder: z.enum(['fifo', 'stalest']).default('fifo'),
-  /**
-   * Memory budget for the buffer plus the groups in flight (approximate bytes). Over it, the producer
-   * stops scheduling and waits for the trainer to take batches; nothing is dropped. null = no budget.
-   */
-  memoryBudgetBytes: positiveInt.nullable().default(null),
-  /** Token-level mask: tokens this many steps stale (or more) are masked out of the loss; null = off. */
-  tokenStalenessThreshold: positiveInt.nullable().default(null),
-});
+const ProducerSpec = z
+  .strictObject({
+    /** sync: produce each batch on demand; async: keep producing in the background between batches. */
+    strategy: z.enum(['sync', 'async']).default('sync'),
+    /** Failed groups tolerated while producing one batch before `getBatch` rejects; null = 2 × batchSize. */
+    maxFailedGroupsPerStep: positiveInt.nullable().default(null),
+    /** async: extra groups scheduled per task, as a fraction of its share of the batch. */
+    overSampleThreshold: z.number().min(0).max(100).default(0),
+    /** Continue interrupted rollouts after a weight update instead of restarting them. */
+    partialRollout: z.boolean().default(false),
+    /** async: how many weight syncs behind the trainer a sample may be. */
+    maxStaleness: nonNegativeInt.default(0),
+    /**
+     * async: what becomes of a rollout that reaches the stale threshold. `reset`: it expires and is
+     * generated again. `keep`: it is trained as it is, and the threshold only bounds how far production
+     * runs ahead of the trainer (admission, as AReaL's staleness manager); the token-level threshold
+     * still masks and expires.
+     */
+    staleRollouts: z.enum(['reset', 'keep']).default('reset'),
+    /** async: train steps between weight syncs. */
+    syncWeightsInterval: positiveInt.default(1),
+    /** async: −1 = expired groups are dropped; 0 = retried whenever any exist; N > 0 = tail-batch mode once N are expired. */
+    tailBatchTriggerSize: z.number().int().min(-1).default(0),
+    /** Group validity filter: `drop-equal-rewards` marks groups whose rewards are all equal FILTERED (no GRPO signal). */
+    filter: z.enum(['none', 'drop-equal-rewards']).default('none'),
+    /**
+     * Train steps one `getBatch(t)` may skip past the consumer's next step (`nextTrainStep`): t beyond
+     * `nextTrainStep + maxSkippedSteps` is refused (ERR_TRAIN_STEP). Steps only go forward, so without
+     * a bound one mistaken or hostile step (2^31 − 1) would refuse every real step for good, checkpoint
+     * and restart included.
+     */
+    maxSkippedSteps: nonNegativeInt.max(1_000_000).default(100),
+    /** Order groups leave the buffer in, for a batch (COMPLETED) and for a retry (EXPIRED, ABORTED): insertion (`fifo`) or stalest first, then oldest. */
+    takeOrder: z.enum(['fifo', 'stalest']).default('fifo'),
+    /**
+     * Memory budget for the buffer plus the groups in flight (approximate bytes). Over it, the producer
+     * stops scheduling and waits for the trainer to take batches; nothing is dropped. null = no budget.
+     */
+    memoryBudgetBytes: positiveInt.nullable().default(null),
+    /** Token-level mask: tokens this many steps stale (or more) are masked out of the loss; null = off. */
+    tokenStalenessThreshold: positiveInt.nullable().default(null),
+  })
+  .superRefine((p, ctx) => {
+    // Sync production serves nothing older than the weights it runs with: there is no stale rollout to keep.
+    if (p.staleRollouts === 'keep' && p.strategy !== 'async')
+      ctx.addIssue({
+        code: 'custom',
+        path: ['staleRollouts'],
+        message: `applies to producer.strategy "async" only; the strategy is "${p.strategy}"`,
+        input: p.staleRollouts,
+      });
+  });
 
 const PauseSpec = z.strictObject({
   /**

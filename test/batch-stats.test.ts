@@ -48,19 +48,20 @@ const window: WindowStats = {
 describe('batch stats (coordinator/batch-stats.ts batchStats)', () => {
   it('adds up groups, rollouts, rewards, turns and tokens by hand: 2 + 1 groups, rewards (1 + 0 + 0.5) / 3', () => {
     // Task a: two groups of one member; task b: one group of one member. Train step 5.
-    // Staleness = 5 − min step − 1: member 1 → 5 − 3 − 1 = 1, member 2 → 5 − 4 − 1 = 0, member 3 → 5 − 2 − 1 = 2.
+    // Staleness = 5 − min step − 1: member 1 → 5 − 3 − 1 = 1, member 2 → 5 − 4 − 1 = 0, member 3 → 5 − 2 − 1 = 2,
+    // which alone reaches the stale threshold 2.
     const taken = new Map([
       ['a', [group('a', 0, { reward: 1, turns: [[3, 4], [4]] }), group('a', 1, { reward: 0, turns: [[4, 4, 4]] })]],
       ['b', [group('b', 0, { reward: 0.5, turns: [[2]] })]],
     ]);
-    const stats = batchStats(5, taken, 7, window);
+    const stats = batchStats(5, taken, 7, window, 2);
     assert.deepEqual(stats, {
       groups: 3,
       rollouts: 3,
       meanReward: 1.5 / 3,
       turns: 4,
       responseTokens: 2 + 1 + 3 + 1,
-      staleness: { min: 0, max: 2, mean: (1 + 0 + 2) / 3 },
+      staleness: { min: 0, max: 2, mean: (1 + 0 + 2) / 3, pastThreshold: 1 },
       maskedTokens: 7,
       producedSamples: { a: 6, b: 2 },
       producedTokens: { a: 40, b: 0 },
@@ -71,18 +72,24 @@ describe('batch stats (coordinator/batch-stats.ts batchStats)', () => {
   });
 
   it('reports zeros, not NaN, for a batch with no rollouts', () => {
-    const stats = batchStats(1, new Map([['a', []]]), 0, window);
+    const stats = batchStats(1, new Map([['a', []]]), 0, window, 1);
     assert.deepEqual(
       [stats.groups, stats.rollouts, stats.meanReward, stats.staleness, stats.byTask],
-      [0, 0, 0, { min: 0, max: 0, mean: 0 }, { a: { groups: 0, meanReward: 0 } }],
+      [0, 0, 0, { min: 0, max: 0, mean: 0, pastThreshold: 0 }, { a: { groups: 0, meanReward: 0 } }],
     );
   });
 
   it('counts a rollout with no response as staleness 0, and a text-only turn at its own model step: 9 − 0 − 1 = 8', () => {
-    const stats = batchStats(9, new Map([['a', [group('a', 0, { reward: 1, turns: [] })]]]), 0, window);
-    assert.deepEqual(stats.staleness, { min: 0, max: 0, mean: 0 });
-    const textOnly = batchStats(9, new Map([['a', [group('a', 0, { reward: 1, turns: [null] })]]]), 0, window);
-    assert.deepEqual(textOnly.staleness, { min: 8, max: 8, mean: 8 });
+    const stats = batchStats(9, new Map([['a', [group('a', 0, { reward: 1, turns: [] })]]]), 0, window, 1);
+    assert.deepEqual(stats.staleness, { min: 0, max: 0, mean: 0, pastThreshold: 0 });
+    const textOnly = batchStats(
+      9,
+      new Map([['a', [group('a', 0, { reward: 1, turns: [null] })]]]),
+      0,
+      window,
+      Infinity,
+    );
+    assert.deepEqual(textOnly.staleness, { min: 8, max: 8, mean: 8, pastThreshold: 0 });
   });
 });
 

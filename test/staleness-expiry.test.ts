@@ -34,7 +34,8 @@ import {
   X,
   type MemberSpec,
 } from './support/groups.ts';
-import { batchOf, pauseWith, scriptedProducer, settled } from './support/scripted-producer.ts';
+import { CONTROL, NO_EXPIRY } from '../src/protocol/control-block.ts';
+import { batchOf, pauseWith, scriptedProducer, settled, type ScriptedProducer } from './support/scripted-producer.ts';
 
 const minStepOf = (g: RolloutGroup) => Math.min(...g.rollouts.map((r) => rolloutMinModelStep(r) ?? Infinity));
 
@@ -412,6 +413,78 @@ describe('token-level expiry (issue 17 item 11)', () => {
     } finally {
       await s.producer.close();
     }
+  });
+});
+
+describe('stale rollouts kept or reset (producer.staleRollouts)', () => {
+  // maxStaleness 0: threshold (0 + 1) × 1 = 1. Batch 1 with over-sampling 1 schedules 2 groups at model
+  // step 0; the first makes batch 1. The second lands with the consumer at train step 2, no weights
+  // pushed: 2 − 0 − 1 = 1 ≥ 1 stale.
+  const leftover = async (staleRollouts: 'reset' | 'keep') => {
+    const s = await scriptedProducer({
+      strategy: 'async',
+      maxStaleness: 0,
+      overSampleThreshold: 1,
+      tailBatchTriggerSize: -1,
+      staleRollouts,
+    });
+    assert.equal((await batchOf(s, 1)).status, 'NORMAL');
+    assert.equal(s.pool.heldCount, 1);
+    s.pool.settle(s.pool.heldIds()[0], { kind: 'completed' });
+    await settled();
+    return s;
+  };
+  const oldestUseful = (s: ScriptedProducer) =>
+    Atomics.load(new Int32Array(s.control.block), CONTROL.OLDEST_USEFUL_STEP);
+
+  it('resets a rollout at the stale threshold and tells the workers tokens older than step 2 − 1 = 1 expire', async () => {
+    const s = await leftover('reset');
+    try {
+      assert.equal(s.producer.counts.dropped.EXPIRED, 1);
+      assert.equal(oldestUseful(s), 1);
+      assert.equal((await s.producer.getBatch(2)).status, 'EXPIRED_BATCH');
+    } finally {
+      await s.producer.close();
+    }
+  });
+
+  it('keeps a rollout at the stale threshold and hands it out as it is, telling the workers nothing expires', async () => {
+    const s = await leftover('keep');
+    try {
+      assert.equal(s.producer.counts.dropped.EXPIRED, 0);
+      assert.equal(oldestUseful(s), NO_EXPIRY);
+      const batch = await s.producer.getBatch(2);
+      assert.equal(batch.status, 'NORMAL');
+      assert.deepEqual(batch.groups.map(minStepOf), [0]); // staleness 2 − 0 − 1 = 1, at the threshold
+    } finally {
+      await s.producer.close();
+    }
+  });
+
+  it('still refuses to produce for a step too stale for the weights when stale rollouts are kept', async () => {
+    // The kept leftover made batch 2; step 3 with model step 0 is 3 − 0 − 1 = 2 ≥ 1 stale: nothing is
+    // sent for it, and the trainer is told to sync. After resume(2) production goes on.
+    const s = await leftover('keep');
+    try {
+      assert.equal((await s.producer.getBatch(2)).status, 'NORMAL');
+      await settled();
+      assert.equal(s.pool.heldCount, 0);
+      assert.equal((await s.producer.getBatch(3)).status, 'EXPIRED_BATCH');
+      s.producer.resume(2);
+      await settled();
+      assert.equal(s.pool.heldCount, 2); // step 3's group and its over-sampled sibling
+      for (const id of s.pool.heldIds()) s.pool.settle(id, { kind: 'completed' });
+      assert.equal((await s.producer.getBatch(3)).status, 'NORMAL');
+    } finally {
+      await s.producer.close();
+    }
+  });
+
+  it('refuses staleRollouts keep with the sync strategy, naming the option', async () => {
+    await assert.rejects(
+      scriptedProducer({ strategy: 'sync', staleRollouts: 'keep' }),
+      /producer\.staleRollouts: applies to producer\.strategy "async" only; the strategy is "sync"/,
+    );
   });
 });
 

@@ -73,6 +73,8 @@ class Staleness(TypedDict):
     min: float
     max: float
     mean: float
+    # Rollouts at or past the stale threshold: only producer.staleRollouts "keep" hands them out.
+    pastThreshold: int
 
 
 class TaskStats(TypedDict):

@@ -13,8 +13,11 @@ export interface BatchStats {
   /** Agent turns (inference calls) in the batch's rollouts. */
   turns: number;
   responseTokens: number;
-  /** Staleness of the batch's rollouts at this train step. */
-  staleness: { min: number; max: number; mean: number };
+  /**
+   * Staleness of the batch's rollouts at this train step; `pastThreshold`: how many reached the stale
+   * threshold (async with producer.staleRollouts keep hands such rollouts out; otherwise 0).
+   */
+  staleness: { min: number; max: number; mean: number; pastThreshold: number };
   /** Tokens masked out of the loss by the token-level staleness threshold. */
   maskedTokens: number;
   /**
@@ -32,13 +35,15 @@ export interface BatchStats {
 
 /**
  * The stats of the batch `taken` (task → its groups) for `trainStep`: `maskedTokens` from
- * groupLossMasks, `window` what was produced since the previous batch (ProduceProgress.takeWindow).
+ * groupLossMasks, `window` what was produced since the previous batch (ProduceProgress.takeWindow),
+ * `threshold` the stale threshold rollouts are counted against (Infinity: none is past it).
  */
 export function batchStats(
   trainStep: number,
   taken: ReadonlyMap<string, readonly RolloutGroup[]>,
   maskedTokens: number,
   window: WindowStats,
+  threshold: number,
 ): BatchStats {
   const byTask: BatchStats['byTask'] = {};
   let groups = 0;
@@ -49,6 +54,7 @@ export function batchStats(
   let sMin = Infinity;
   let sMax = -Infinity;
   let sSum = 0;
+  let past = 0;
   for (const [task, taskGroups] of taken) {
     let taskReward = 0;
     let taskRollouts = 0;
@@ -62,6 +68,7 @@ export function batchStats(
         sMin = Math.min(sMin, s);
         sMax = Math.max(sMax, s);
         sSum += s;
+        if (s >= threshold) past++;
       }
     }
     byTask[task] = { groups: taskGroups.length, meanReward: taskRollouts === 0 ? 0 : taskReward / taskRollouts };
@@ -75,7 +82,10 @@ export function batchStats(
     meanReward: rollouts === 0 ? 0 : rewardSum / rollouts,
     turns,
     responseTokens,
-    staleness: rollouts === 0 ? { min: 0, max: 0, mean: 0 } : { min: sMin, max: sMax, mean: sSum / rollouts },
+    staleness:
+      rollouts === 0
+        ? { min: 0, max: 0, mean: 0, pastThreshold: 0 }
+        : { min: sMin, max: sMax, mean: sSum / rollouts, pastThreshold: past },
     maskedTokens,
     producedSamples: window.producedSamples,
     producedTokens: window.producedTokens,

@@ -625,7 +625,7 @@ export class Producer implements ProduceContext {
       trainStep,
       status: 'NORMAL',
       groups,
-      stats: batchStats(trainStep, taken, maskedTokens, this.progress.takeWindow()),
+      stats: batchStats(trainStep, taken, maskedTokens, this.progress.takeWindow(), this.#strategy.staleThreshold),
     };
     return this.#lastBatch;
   }

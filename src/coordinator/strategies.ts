@@ -15,7 +15,8 @@
  *
  *                           Sync                          Async
  *   expiry measured at      serving model step + 1        the consumer's train step
- *   expiry threshold        1 (maxStaleness 0)            (maxStaleness + 1) × syncWeightsInterval
+ *   expiry threshold        1 (maxStaleness 0)            (maxStaleness + 1) × syncWeightsInterval;
+ *                                                         never with staleRollouts keep
  *   model too stale         never                         at the produce threshold
  *   onStart                 nothing                       the background loop
  *   produceFor (getBatch)   every task's share, here      nothing: the loop produces
@@ -80,6 +81,11 @@ export interface ProducerHandle {
 export interface ProduceStrategy {
   /** Staleness from which a stored group expires (the ExpiryPolicy threshold). */
   readonly expiryThreshold: number;
+  /**
+   * The stale threshold a taken batch's rollouts are counted against at the train step
+   * (BatchStats.staleness.pastThreshold); Infinity where staleness is not measured there.
+   */
+  readonly staleThreshold: number;
   /** The train step staleness is measured at when the consumer is at `trainStep` and the servers serve `servingModelStep`. */
   expiryStep(trainStep: number, servingModelStep: number): number;
   /** Whether a group landing now is stored without the expiry check (`dispatchEpoch`: the resume epoch of its dispatch). */
@@ -106,13 +112,16 @@ export interface ProduceStrategy {
 export function createStrategy(config: ResolvedConfig, shouldContinue?: ShouldContinue): ProduceStrategy {
   const p = config.producer;
   if (p.strategy === 'sync') return new SyncStrategy(shouldContinue);
-  const expiryThreshold = staleThreshold(p.maxStaleness, p.syncWeightsInterval);
+  const threshold = staleThreshold(p.maxStaleness, p.syncWeightsInterval);
   return new AsyncStrategy({
     overSampleThreshold: p.overSampleThreshold,
-    expiryThreshold,
+    staleThreshold: threshold,
+    // Kept stale rollouts never expire for their age: the threshold then bounds production alone.
+    expiryThreshold: p.staleRollouts === 'keep' ? Infinity : threshold,
     // Producing for a step is pointless once its samples would expire on arrival — or have every token
-    // masked by the token-level threshold: either bound makes the weights too stale for the step.
-    produceThreshold: Math.min(expiryThreshold, p.tokenStalenessThreshold ?? Infinity),
+    // masked by the token-level threshold: either bound makes the weights too stale for the step. With
+    // stale rollouts kept it is the admission bound: production runs at most this far ahead.
+    produceThreshold: Math.min(threshold, p.tokenStalenessThreshold ?? Infinity),
     tailBatchTriggerSize: p.tailBatchTriggerSize,
     shouldContinue,
   });
@@ -121,6 +130,8 @@ export function createStrategy(config: ResolvedConfig, shouldContinue?: ShouldCo
 export class SyncStrategy implements ProduceStrategy {
   /** Sync means staleness 0: the threshold of maxStaleness 0 (and syncWeightsInterval 1). */
   readonly expiryThreshold = staleThreshold(0, 1);
+  /** Measured against the served weights, not the train step: a trainer that pushes none is never stale. */
+  readonly staleThreshold = Infinity;
   readonly #shouldContinue: ShouldContinue;
 
   constructor(shouldContinue: ShouldContinue = defaultShouldContinue) {
@@ -193,7 +204,9 @@ export class SyncStrategy implements ProduceStrategy {
 
 export interface AsyncStrategyOptions {
   overSampleThreshold: number;
-  /** staleThreshold(maxStaleness, syncWeightsInterval); default: `produceThreshold`. */
+  /** staleThreshold(maxStaleness, syncWeightsInterval); default: `expiryThreshold`. */
+  staleThreshold?: number;
+  /** staleThreshold(maxStaleness, syncWeightsInterval), Infinity when stale rollouts are kept; default: `produceThreshold`. */
   expiryThreshold?: number;
   /**
    * Staleness from which weights are too old to produce with: the lower of the expiry threshold,
@@ -206,12 +219,14 @@ export interface AsyncStrategyOptions {
 
 export class AsyncStrategy implements ProduceStrategy {
   readonly expiryThreshold: number;
+  readonly staleThreshold: number;
   readonly #options: AsyncStrategyOptions;
   readonly #shouldContinue: ShouldContinue;
 
   constructor(options: AsyncStrategyOptions) {
     this.#options = options;
     this.expiryThreshold = options.expiryThreshold ?? options.produceThreshold;
+    this.staleThreshold = options.staleThreshold ?? this.expiryThreshold;
     this.#shouldContinue = options.shouldContinue ?? defaultShouldContinue;
   }
 
