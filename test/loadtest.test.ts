@@ -146,6 +146,9 @@ describe('rollout loadtest', () => {
     const duration = await rollout(['loadtest', '--duration', '0'], { timeoutMs: 20_000 });
     assert.equal(duration.code, 2);
     assert.match(duration.stderr, /--duration must be a number > 0 \(got "0"\)/);
+    const keep = await rollout(['loadtest', '--strategy', 'sync', '--stale-rollouts', 'keep'], { timeoutMs: 20_000 });
+    assert.equal(keep.code, 2);
+    assert.match(keep.stderr, /--stale-rollouts keep needs --strategy async \(got --strategy sync\)/);
     const interval = await rollout(['loadtest', '--stream', '--stream-interval-ms', '0.5'], { timeoutMs: 20_000 });
     assert.equal(interval.code, 2);
     assert.match(interval.stderr, /--stream-interval-ms must be a number in \[1, 60000\] \(got "0.5"\)/);
@@ -265,5 +268,31 @@ describe('rollout loadtest --capacity', () => {
       run.stderr,
       /--latency-ms does not apply with --capacity: the GPU-like mock sets the timing \(got --latency-ms "5"\)/,
     );
+  });
+});
+
+describe('rollout loadtest --stale-rollouts', () => {
+  it('keeps stale rollouts when asked, expiring none, and reports how stale the rollouts taken were', async () => {
+    // maxStaleness 0: every batch needs the weights of the step before it, so each one is an
+    // EXPIRED_BATCH and a sync; partial rollouts continued across a sync hold tokens one step old.
+    const out = mkdtempSync(join(tmpdir(), 'rollout-loadtest-keep-'));
+    const run = await rollout([
+      'loadtest',
+      ...['--duration', '2', '--rollouts', '16', '--workers', '1', '--latency-ms', '5', '--train-ms', '20'],
+      ...['--max-staleness', '0', '--stale-rollouts', 'keep', '--out', out],
+    ]);
+    assert.equal(run.code, 0, run.stderr);
+    assert.match(
+      run.stdout,
+      /staleness taken: mean [\d.]+, max \d+, [\d.]+ % at or past the bound \(stale rollouts keep\)/,
+    );
+    const report = JSON.parse(readFileSync(join(out, 'report.json'), 'utf8'));
+    assert.equal(report.settings.staleRollouts, 'keep');
+    assert.ok(report.window.batches >= 1, JSON.stringify(report.window));
+    assert.equal(report.outcomes.groups.dropped.EXPIRED, 0);
+    assert.equal(report.outcomes.groups.landed.EXPIRED ?? 0, 0);
+    const { mean, max, pastThresholdFraction } = report.outcomes.staleness;
+    assert.ok(mean >= 0 && mean <= max && pastThresholdFraction >= 0 && pastThresholdFraction <= 1);
+    assert.match(readFileSync(join(out, 'report.html'), 'utf8'), /staleness of taken rollouts/);
   });
 });

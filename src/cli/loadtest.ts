@@ -49,6 +49,8 @@ Run:
   --load-ms <ms>           time a weight sync spends loading the weights, servers idle (default 0)
   --strategy <s>           sync | async (default async; async syncs weights when a batch would be too stale)
   --max-staleness <n>      async: weight syncs a sample may lag (default 1)
+  --stale-rollouts <m>     async: reset | keep: a rollout past that bound is generated again, or
+                           trained as it is (the bound then only limits production; default reset)
   --pause-every <s>        also pause for a weight update every <s> seconds, to measure pauses (default off)
   --pause-mode <m>         abort | drain | in-place: what a pause does to calls in flight (default abort)
   --seed <n>               run seed (default 0)
@@ -85,6 +87,7 @@ export async function loadtestCommand(argv: string[]): Promise<number> {
       'capacity-speedup': { type: 'string' },
       strategy: { type: 'string' },
       'max-staleness': { type: 'string' },
+      'stale-rollouts': { type: 'string' },
       'pause-every': { type: 'string' },
       'pause-mode': { type: 'string' },
       seed: { type: 'string' },
@@ -145,6 +148,7 @@ function loadtestOptions(values: Record<string, string | boolean | undefined>): 
     capacity: capacityFlags(values),
     strategy: choiceFlag('strategy', str('strategy'), ['sync', 'async'] as const) ?? defaults.strategy,
     maxStaleness: intFlag('max-staleness', str('max-staleness')) ?? defaults.maxStaleness,
+    staleRollouts: staleRolloutsFlag(str('stale-rollouts'), str('strategy')) ?? defaults.staleRollouts,
     pauseEveryS: positiveFlag('pause-every', str('pause-every')) ?? defaults.pauseEveryS,
     pauseMode:
       choiceFlag('pause-mode', str('pause-mode'), ['abort', 'drain', 'in-place'] as const) ?? defaults.pauseMode,
@@ -153,6 +157,17 @@ function loadtestOptions(values: Record<string, string | boolean | undefined>): 
       numberFlag('stream-interval-ms', str('stream-interval-ms'), { min: 1, max: 60_000 }) ?? defaults.streamIntervalMs,
     seed: intFlag('seed', str('seed')) ?? defaults.seed,
   };
+}
+
+/** --stale-rollouts: only an async run has stale rollouts to keep. */
+function staleRolloutsFlag(
+  value: string | undefined,
+  strategy: string | undefined,
+): LoadtestOptions['staleRollouts'] | undefined {
+  const mode = choiceFlag('stale-rollouts', value, ['reset', 'keep'] as const);
+  if (mode === 'keep' && strategy === 'sync')
+    throw new UsageError('--stale-rollouts keep needs --strategy async (got --strategy sync)');
+  return mode;
 }
 
 /** The GPU-like mock's flags; its sub-flags without --capacity, or beside a fixed latency, are refused. */

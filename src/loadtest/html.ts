@@ -273,7 +273,10 @@ function settingsTable(r: LoadtestReport): string {
       'trainer time per batch, per token; sync every / load',
       `${s.trainMs} ms, ${s.trainMsPerToken} ms; ${s.syncEvery === null ? 'off' : `${s.syncEvery} batches`} / ${s.loadMs} ms`,
     ],
-    ['max staleness (async), partial rollouts', `${s.maxStaleness}, ${s.partialRollout ? 'on' : 'off'}`],
+    [
+      'max staleness (async), stale rollouts, partial rollouts',
+      `${s.maxStaleness}, ${s.staleRollouts}, ${s.partialRollout ? 'on' : 'off'}`,
+    ],
     ['seed', String(s.seed)],
     [
       'groups: scheduled / retried / taken',
@@ -293,6 +296,10 @@ function settingsTable(r: LoadtestReport): string {
         .join(', ') || 'none',
     ],
     ['mean reward of taken rollouts', num(r.outcomes.meanReward)],
+    [
+      'staleness of taken rollouts: mean / max / at or past the bound',
+      `${num(r.outcomes.staleness.mean)} / ${r.outcomes.staleness.max} / ${(100 * r.outcomes.staleness.pastThresholdFraction).toFixed(1)} %`,
+    ],
   ];
   return `<table><tbody>
 ${rows.map(([k, v]) => `<tr><td>${esc(k)}</td><td>${esc(v)}</td></tr>`).join('\n')}

@@ -55,6 +55,8 @@ export interface LoadtestOptions {
   streamIntervalMs: number;
   /** async: weight syncs a sample may lag (producer.maxStaleness). */
   maxStaleness: number;
+  /** async: a rollout past that bound is reset and generated again, or kept and trained as it is (producer.staleRollouts). */
+  staleRollouts: 'reset' | 'keep';
   seed: number;
   /** Where report.json and report.html go. */
   outDir: string;
@@ -84,6 +86,7 @@ export function defaultLoadtestOptions(outDir: string): LoadtestOptions {
     stream: false,
     streamIntervalMs: 20,
     maxStaleness: 1,
+    staleRollouts: 'reset',
     seed: 0,
     outDir,
   };

@@ -16,6 +16,8 @@ export interface BatchRecord {
   turns: number;
   tokens: number;
   meanReward: number;
+  /** The batch stats' staleness of its rollouts (mean, max, how many at or past the stale threshold). */
+  staleness: { mean: number; max: number; pastThreshold: number };
 }
 
 /** One look at the engine: counters summed over workers, memory of this process. */
@@ -85,6 +87,7 @@ export class Recorder {
       turns: s.turns,
       tokens: s.responseTokens,
       meanReward: s.meanReward,
+      staleness: { mean: s.staleness.mean, max: s.staleness.max, pastThreshold: s.staleness.pastThreshold },
     });
     for (const group of batch.groups) {
       for (const r of group.rollouts) {

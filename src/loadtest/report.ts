@@ -131,7 +131,13 @@ export interface LoadtestReport {
     mockMs: number | null;
     mockCoresBusy: number | null;
   };
-  outcomes: { meanReward: number; rolloutsByTask: Record<string, number>; groups: GroupCounts };
+  outcomes: {
+    meanReward: number;
+    rolloutsByTask: Record<string, number>;
+    groups: GroupCounts;
+    /** How stale the rollouts taken in the window were: what kept stale rollouts cost the trainer. */
+    staleness: { mean: number; max: number; pastThresholdFraction: number };
+  };
   notes: string[];
 }
 
@@ -143,7 +149,11 @@ export function buildReport(options: LoadtestOptions, run: EngineRun, startedAt:
   const taken = recorder.batches.filter((b) => b.t >= 0 && b.t <= seconds);
   const totals = { batches: taken.length, turns: 0, rollouts: 0, groups: 0, tokens: 0 };
   let rewardSum = 0;
+  const stale = { sum: 0, max: 0, past: 0 };
   for (const b of taken) {
+    stale.sum += b.staleness.mean * b.rollouts;
+    stale.max = Math.max(stale.max, b.staleness.max);
+    stale.past += b.staleness.pastThreshold;
     totals.turns += b.turns;
     totals.rollouts += b.rollouts;
     totals.groups += b.groups;
@@ -218,6 +228,11 @@ export function buildReport(options: LoadtestOptions, run: EngineRun, startedAt:
       meanReward: totals.rollouts > 0 ? rewardSum / totals.rollouts : 0,
       rolloutsByTask: { ...recorder.rolloutsByTask },
       groups: run.stats.groups,
+      staleness: {
+        mean: totals.rollouts > 0 ? stale.sum / totals.rollouts : 0,
+        max: stale.max,
+        pastThresholdFraction: totals.rollouts > 0 ? stale.past / totals.rollouts : 0,
+      },
     },
     notes,
   };

@@ -64,7 +64,12 @@ function engineConfig(options: LoadtestOptions, llmUrl: string): EngineConfigInp
       maxSteps: env === 'arithmetic' ? 1 : 8,
       maxTokens: options.maxTokens,
     })),
-    producer: { strategy: options.strategy, maxStaleness: options.maxStaleness, partialRollout: true },
+    producer: {
+      strategy: options.strategy,
+      maxStaleness: options.maxStaleness,
+      partialRollout: true,
+      ...(options.strategy === 'async' ? { staleRollouts: options.staleRollouts } : {}),
+    },
     pause: { mode: options.pauseMode },
   };
 }

@@ -40,6 +40,7 @@ export function formatTable(r: LoadtestReport, files: { json: string; html: stri
   }
   lines.push(
     `  taken: ${r.window.batches} batches, ${r.window.groups} groups, ${r.window.rollouts} rollouts, ${r.window.turns} turns, ${r.window.tokens} tokens; mean reward ${num(r.outcomes.meanReward)}`,
+    `  staleness taken: mean ${num(r.outcomes.staleness.mean)}, max ${r.outcomes.staleness.max}, ${(100 * r.outcomes.staleness.pastThresholdFraction).toFixed(1)} % at or past the bound (stale rollouts ${r.settings.staleRollouts})`,
     '',
   );
 
