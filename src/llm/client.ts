@@ -423,8 +423,12 @@ export class ServerControlClient {
 
   /** POSTs each target's route; resolves true when every server answered 2xx, false when any did not or failed. */
   async postAll(targets: readonly ServerRouteTarget[]): Promise<boolean> {
-    const results = await Promise.all(targets.map((t) => this.#post(t)));
-    return results.every(Boolean);
+    return (await this.postEach(targets)).every((status) => status !== null && status >= 200 && status < 300);
+  }
+
+  /** POSTs each target's route; resolves to each server's status, null where none came (failed, timed out). */
+  postEach(targets: readonly ServerRouteTarget[]): Promise<(number | null)[]> {
+    return Promise.all(targets.map((t) => this.#post(t)));
   }
 
   async close(): Promise<void> {
@@ -433,7 +437,7 @@ export class ServerControlClient {
     await Promise.all(pools.map((p) => p.pool.close()));
   }
 
-  async #post({ url, route }: ServerRouteTarget): Promise<boolean> {
+  async #post({ url, route }: ServerRouteTarget): Promise<number | null> {
     try {
       let target = this.#pools.get(url);
       if (target === undefined) {
@@ -452,9 +456,9 @@ export class ServerControlClient {
         signal: AbortSignal.timeout(this.#timeoutMs),
       });
       await response.body.dump();
-      return response.statusCode >= 200 && response.statusCode < 300;
+      return response.statusCode;
     } catch {
-      return false;
+      return null;
     }
   }
 }
