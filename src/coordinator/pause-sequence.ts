@@ -215,7 +215,7 @@ export class PauseSequence {
       this.#noInPlace = true;
       this.#log.warn(
         { withRoutes: this.#inPlaceTargets.map((t) => t.url), endpoints: this.#endpointCount },
-        'pause.mode in-place: not every inference server can pause generation in place (SGLang /pause_generation); pausing by abort from now on',
+        'pause.mode in-place: not every inference server can pause generation in place (SGLang /pause_generation, vLLM /pause in dev mode); pausing by abort from now on',
       );
       return null;
     }

@@ -388,7 +388,10 @@ const streamedReply = (events: ChatStream): ChatResult => events.result();
 /** A control route of an inference server: abort-all, or an in-place pause and its continue (llm/servers.ts). */
 export interface ServerRoute {
   path: string;
-  /** JSON body: SGLang `{"abort_all":true}`, vLLM `{}`, SGLang's pause `{"mode":"in_place"}`. */
+  /**
+   * JSON body: SGLang `{"abort_all":true}`, vLLM `{}`, SGLang's pause `{"mode":"in_place"}`; '' = none
+   * (vLLM's pause and resume).
+   */
   body: string;
 }
 
@@ -402,7 +405,7 @@ export interface ServerRouteTarget {
  * `POST /abort_request {"abort_all": true}`, vLLM's dev-mode `POST /abort_requests {}`, the mock's
  * alias of `/admin/abort`: answered at once with finish reason `abort` and the tokens generated so
  * far), or pause generation in place and continue it (SGLang's `/pause_generation`,
- * `/continue_generation`).
+ * `/continue_generation`; vLLM's dev-mode `/pause?mode=keep`, `/resume`).
  *
  * One keep-alive connection per server, opened on first use and kept: a pause is on the critical path
  * of a weight update, and a fresh TCP connection per pause would add its handshake to every one.
