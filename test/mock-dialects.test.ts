@@ -300,9 +300,99 @@ describe('vllm dialect', () => {
       ['POST', '/abort_requests'],
       ['GET', '/weight_info'],
       ['POST', '/update_weight_version'],
+      ['POST', '/pause?mode=keep'],
+      ['POST', '/resume'],
     ]) {
       assert.equal((await call(mock, method, path, method === 'POST' ? {} : undefined)).status, 404, path);
     }
+  });
+});
+
+describe('vllm dialect: pausing generation around a weight update', () => {
+  // vllm/entrypoints/serve/dev/rlhf/api_router.py pause_generation, resume_generation
+  // @0100a2129224e729af1b3b8ed42a900cdfe9a452 (dev mode only; query parameters, no body); the modes:
+  // vllm/v1/engine/core.py EngineCoreProc.pause_scheduler @00080ee13c7a451fce071ccb8d0e94d395acf5a7.
+  it('keeps a request in flight across POST /pause?mode=keep and finishes it after POST /resume, holding new ones meanwhile', async (t) => {
+    const mock = await start(t, { dialect: 'vllm', latencyMs: 300 });
+    const first = call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC });
+    await mock.waitForInFlight(1);
+    const paused = await call(mock, 'POST', '/pause?mode=keep&clear_cache=false');
+    assert.deepEqual([paused.status, paused.text], [200, '{"status":"paused"}']);
+    const second = call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC });
+    await mock.waitForRequests(2);
+    assert.equal(mock.stats().aborted, 0, 'a keep pause aborts nothing');
+    const resumed = await call(mock, 'POST', '/resume');
+    assert.deepEqual([resumed.status, resumed.text], [200, '{"status":"resumed"}']);
+    for (const reply of await Promise.all([first, second]))
+      assert.equal(reply.json.choices[0].finish_reason, 'stop', 'generated whole, not aborted');
+    assert.equal(mock.stats().aborted, 0);
+  });
+
+  it('keeps the KV of a kept request only with clear_cache=false: by default its prompt and tokens are prefilled again after the resume (docs/training/async_rl.md @006ebac)', async (t) => {
+    for (const clearCache of [false, true]) {
+      const mock = await start(t, {
+        dialect: 'vllm',
+        capacity: { slots: 2, responseTokens: 5_000, lengthSigma: 0, speedup: 1 },
+      });
+      const pending = call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC, max_tokens: 6_000 });
+      await mock.waitForStats((s) => s.gpu!.generatedTokens > 0);
+      assert.equal((await call(mock, 'POST', `/pause?mode=keep&clear_cache=${clearCache}`)).status, 200);
+      // Preempted back to the queue once the step under way ends (vLLM answers once that is done).
+      if (clearCache) await mock.waitForStats((s) => s.gpu!.queued === 1);
+      const { prefilledTokens, generatedTokens } = mock.stats().gpu!;
+      await call(mock, 'POST', '/resume');
+      // The token after a prefill comes with its last chunk: two more tokens, and a retracted request has been prefilled again.
+      await mock.waitForStats((s) => s.gpu!.generatedTokens >= generatedTokens + 2);
+      const again = mock.stats().gpu!.prefilledTokens - prefilledTokens;
+      if (clearCache) assert.ok(again > generatedTokens, `prefilled again: ${again} tokens`);
+      else assert.equal(again, 0);
+      mock.abortAll();
+      assert.equal((await pending).json.choices[0].finish_reason, 'abort');
+    }
+  });
+
+  it('answers what is in flight at once on POST /pause (mode abort, the default), then holds new requests until /resume', async (t) => {
+    const mock = await start(t, { dialect: 'vllm', latencyMs: 60_000 });
+    const first = call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC });
+    await mock.waitForInFlight(1);
+    assert.equal((await call(mock, 'POST', '/pause')).status, 200);
+    assert.equal((await first).json.choices[0].finish_reason, 'abort');
+    const held = call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC });
+    await mock.waitForInFlight(1);
+    mock.abortAll(); // the 60 s latency would outlive the test once resumed
+    await call(mock, 'POST', '/resume');
+    assert.equal((await held).json.choices[0].finish_reason, 'abort');
+  });
+
+  it("refuses another mode with vLLM's 400 listing the literal_error (server_utils.py validation_exception_handler @0753cee), and a GET with 405", async (t) => {
+    const mock = await start(t, { dialect: 'vllm' });
+    const wrong = await call(mock, 'POST', '/pause?mode=in_place');
+    assert.equal(wrong.status, 400);
+    assert.deepEqual(
+      [wrong.json.error.type, wrong.json.error.param, wrong.json.error.code],
+      ['Bad Request', 'query.mode', 400],
+    );
+    assert.equal(
+      wrong.json.error.message,
+      "1 validation error:\n  {'type': 'literal_error', 'loc': ('query', 'mode'), 'msg': \"Input should be 'abort', 'wait' or 'keep'\", 'input': 'in_place', 'ctx': {'expected': \"'abort', 'wait' or 'keep'\"}}",
+    );
+    assert.equal(
+      (await call(mock, 'POST', '/pause?mode=keep&clear_cache=maybe')).json.error.param,
+      'query.clear_cache',
+    );
+    assert.deepEqual((await call(mock, 'GET', '/pause')).json, { detail: 'Method Not Allowed' });
+  });
+
+  it('answers mode wait 501, naming it: in-flight requests finishing while new ones queue is not simulated', async (t) => {
+    const mock = await start(t, { dialect: 'vllm' });
+    for (const query of ['mode=wait', 'mode=keep&wait_for_inflight_requests=true']) {
+      const wait = await call(mock, 'POST', `/pause?${query}`);
+      assert.equal(wait.status, 501, query);
+      assert.equal(wait.json.error.type, 'NotImplementedError');
+      assert.match(wait.json.error.message, /pause mode 'wait' is not simulated/);
+    }
+    const reply = await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC });
+    assert.equal(reply.json.choices[0].finish_reason, 'stop', 'nothing was paused');
   });
 });
 

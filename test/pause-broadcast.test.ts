@@ -82,7 +82,7 @@ describe('pause sequence: in place, and its fall back to an abort', () => {
     return { control, sequence };
   }
 
-  it('continues the servers that did pause before aborting, when another refuses to pause in place (regression: they held their aborted calls)', async (t) => {
+  it('continues the servers that did pause before aborting, and only them, when another refuses to pause in place (regression: they held their aborted calls)', async (t) => {
     const sglang = await startMockLlm({ port: 0, dialect: 'sglang', latencyMs: 0 });
     t.after(() => sglang.close());
     const refusing = await scriptedServer((req, res) => {
@@ -95,7 +95,8 @@ describe('pause sequence: in place, and its fall back to an abort', () => {
     assert.equal(control.state, RunState.PAUSED, 'an abort-mode pause from then on');
     assert.deepEqual(
       refusing.requests.map((r) => r.path),
-      ['/pause_generation', '/continue_generation'],
+      ['/pause_generation'],
+      'a server that refused was never paused: it is not continued',
     );
     // The SGLang server generates again: a request is answered instead of waiting for a continue.
     const answer = await fetch(`${sglang.url}/v1/chat/completions`, {
@@ -108,6 +109,20 @@ describe('pause sequence: in place, and its fall back to an abort', () => {
     // The next pause aborts at once, without asking again.
     await sequence.run(watch);
     assert.equal(refusing.requests.filter((r) => r.path === '/pause_generation').length, 1);
+  });
+
+  it('continues a server that did not answer the pause, which may have paused all the same', async (t) => {
+    const silent = await scriptedServer((req, res) => {
+      if (req.url === '/pause_generation') res.socket?.destroy();
+      else res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+    });
+    t.after(() => silent.close());
+    const { sequence } = inPlaceSequence(t, [silent.url]);
+    assert.equal((await sequence.run(watch)).inPlace, false);
+    assert.deepEqual(
+      silent.requests.map((r) => r.path),
+      ['/pause_generation', '/continue_generation'],
+    );
   });
 
   it('leaves the shared flag running when a resume came while the servers were being asked to pause', async (t) => {

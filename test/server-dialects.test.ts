@@ -241,6 +241,20 @@ describe('probing an inference server at start (llm.server: auto)', () => {
     assert.deepEqual(serverGaps(info, { api: 'tokens', stream: false, wantIds: true }), []);
   });
 
+  it("finds vLLM's in-place pause routes in dev mode only: GET /pause is 405 there, 404 without (dev/rlhf/api_router.py @0100a21)", async (t) => {
+    for (const vllmDevMode of [true, false]) {
+      const mock = await startMockLlm({ port: 0, dialect: 'vllm', vllmDevMode });
+      t.after(() => mock.close());
+      const info = await probeServer(mock.url, { server: 'auto' });
+      assert.equal(info.kind, 'vllm');
+      assert.deepEqual(info.pauseInPlace, vllmDevMode ? DIALECTS.vllm.pauseInPlace : null);
+      assert.deepEqual(DIALECTS.vllm.pauseInPlace, {
+        pause: { path: '/pause?mode=keep&clear_cache=false', body: '' },
+        resume: { path: '/resume', body: '' },
+      });
+    }
+  });
+
   it('refuses at start a model the server does not serve, naming llm.model and what it lists', async (t) => {
     const mock = await startMockLlm({ port: 0, model: 'served-model' });
     t.after(() => mock.close());
@@ -410,6 +424,7 @@ describe('context limits end episodes as truncated, not failed', () => {
     const calls = new Map<string, number>();
     const server = await double((req, body, res) => {
       if (req.url === '/v1/models') return json(res, 200, { data: [{ id: 'm', owned_by: 'vllm', max_model_len: 64 }] });
+      if (req.url !== '/v1/chat/completions') return json(res, 404, { detail: 'Not Found' });
       const messages = (JSON.parse(body) as { messages: unknown[] }).messages;
       const key = JSON.stringify(messages[1] ?? messages[0]);
       const n = (calls.get(key) ?? 0) + 1;
@@ -665,17 +680,25 @@ describe('the engine against each dialect of the mock', () => {
     return { mock, engine };
   }
 
-  it('pauses SGLang in place with pause.mode in-place: every call stays on the server and finishes after the resume, none aborted', async (t) => {
-    // SGLang: POST /pause_generation {"mode": "in_place"}, POST /continue_generation (llm/servers.ts).
-    const { mock, engine } = await inPlaceEngine(t, { dialect: 'sglang', latencyMs: 400 });
-    const report = await engine.pauseForWeightUpdate();
-    assert.deepEqual([report.inPlace, report.serverAbort, report.cancelled], [true, false, false]);
-    assert.ok(report.stillInFlight > 0, 'the groups stay out, their calls on the server');
-    assert.ok(mock.stats().inFlight > 0);
-    await engine.resume({ modelStep: 1 });
-    assert.equal((await engine.getBatch(1)).status, 'NORMAL');
-    assert.equal(mock.stats().aborted, 0, 'nothing was aborted: the calls went on from where they were');
-  });
+  const inPlaceServers: { name: string; options: Parameters<typeof startMockLlm>[0] }[] = [
+    // POST /pause_generation {"mode": "in_place"}, POST /continue_generation (llm/servers.ts SGLANG_IN_PLACE).
+    { name: 'SGLang', options: { dialect: 'sglang' } },
+    // POST /pause?mode=keep&clear_cache=false, POST /resume (llm/servers.ts VLLM_IN_PLACE, from
+    // vllm/entrypoints/serve/dev/rlhf/api_router.py @0100a2129224e729af1b3b8ed42a900cdfe9a452).
+    { name: 'vLLM in dev mode', options: { dialect: 'vllm' } },
+  ];
+  for (const { name, options } of inPlaceServers) {
+    it(`pauses ${name} in place with pause.mode in-place: every call stays on the server and finishes after the resume, none aborted`, async (t) => {
+      const { mock, engine } = await inPlaceEngine(t, { ...options, latencyMs: 400 });
+      const report = await engine.pauseForWeightUpdate();
+      assert.deepEqual([report.inPlace, report.serverAbort, report.cancelled], [true, false, false]);
+      assert.ok(report.stillInFlight > 0, 'the groups stay out, their calls on the server');
+      assert.ok(mock.stats().inFlight > 0);
+      await engine.resume({ modelStep: 1 });
+      assert.equal((await engine.getBatch(1)).status, 'NORMAL');
+      assert.equal(mock.stats().aborted, 0, 'nothing was aborted: the calls went on from where they were');
+    });
+  }
 
   it('continues a server it paused in place when it closes before the resume, so other clients are not held there', async (t) => {
     const { mock, engine } = await inPlaceEngine(t, { dialect: 'sglang', latencyMs: 20 });
@@ -689,10 +712,13 @@ describe('the engine against each dialect of the mock', () => {
     assert.equal(((await other.json()) as { choices: { finish_reason: string }[] }).choices[0].finish_reason, 'stop');
   });
 
-  it('pauses by abort when pause.mode is in-place but the server cannot pause in place (vLLM)', async (t) => {
-    const { engine } = await inPlaceEngine(t, { dialect: 'vllm', latencyMs: 60_000 });
+  it('pauses by abort when pause.mode is in-place but the server cannot pause in place (vLLM without dev mode: cancelled client-side)', async (t) => {
+    const { engine } = await inPlaceEngine(t, { dialect: 'vllm', vllmDevMode: false, latencyMs: 60_000 });
     const report = await engine.pauseForWeightUpdate();
-    assert.deepEqual([report.inPlace, report.serverAbort, report.stillInFlight], [false, true, 0]);
+    assert.deepEqual(
+      [report.inPlace, report.serverAbort, report.cancelled, report.stillInFlight],
+      [false, false, true, 0],
+    );
   });
 
   it("tags SGLang's string versions with the announced step, and counts replies from weights the trainer did not announce", async (t) => {

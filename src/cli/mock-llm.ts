@@ -27,7 +27,7 @@ Options:
   --context <n>            context window in tokens, enforced with the dialect's own 400 and reported
                            by its info routes (dialects only; default 32768)
   --no-dev-mode            vllm dialect: without the VLLM_SERVER_DEV_MODE routes (/abort_requests,
-                           /weight_info, /update_weight_version answer 404)
+                           /pause, /resume, /weight_info, /update_weight_version answer 404)
   --tokenizer <name|dir>   vocabulary of the token-in routes: cl100k (default), qwen2.5 (what
                            rollout gateway sends), or a directory with tokenizer.json + tokenizer_config.json
   -h, --help               show this help

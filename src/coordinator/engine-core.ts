@@ -276,8 +276,8 @@ export class EngineCore {
 
   /**
    * Every endpoint probed once (llm/servers.ts): a server that is down, serves another model, or cannot
-   * do what `llm.api` needs is one clear error at start; its kind, context length and abort route are
-   * logged, and what the user loses on it is said now, not found at the first pause.
+   * do what `llm.api` needs is one clear error at start; its kind, context length, abort and in-place
+   * pause routes are logged, and what the user loses on it is said now, not found at the first pause.
    */
   async #probeServers(endpoints: string[], policyEndpoints: string[]): Promise<ServerInfo[]> {
     const { llm } = this.config;
@@ -305,7 +305,14 @@ export class EngineCore {
         );
       }
       this.log.info(
-        { url, server: info.kind, contextLength: info.contextLength, abort: info.abort?.path ?? null, api: llm.api },
+        {
+          url,
+          server: info.kind,
+          contextLength: info.contextLength,
+          abort: info.abort?.path ?? null,
+          pauseInPlace: info.pauseInPlace?.pause.path ?? null,
+          api: llm.api,
+        },
         `inference server: ${dialect.label}${llm.server === 'auto' ? ' (llm.server auto)' : ''}`,
       );
       for (const gap of serverGaps(info, { api: llm.api, stream: llm.stream, wantIds: llm.returnTokenIds }))

@@ -79,8 +79,11 @@ export class PauseSequence {
   readonly #endpointCount: number;
   /** Created on the first request to a server; keeps its connections for the next pauses. Null again once closed. */
   #servers: ServerControlClient | null = null;
-  /** Some endpoint was asked to pause in place since the last resume: the resume must continue them. */
-  #pausedInPlace = false;
+  /**
+   * The endpoints that may be paused in place: asked since the last resume, less those that answered
+   * no. The resume continues them and only them (another server was never paused).
+   */
+  #pausedInPlace: readonly { url: string; routes: InPlaceRoutes }[] = [];
   /** In-place pauses are not possible here (an endpoint without the routes, or one refused): abort instead, without a warning per pause. */
   #noInPlace = false;
   #closed = false;
@@ -183,23 +186,24 @@ export class PauseSequence {
   }
 
   /**
-   * Before the workers run again after an in-place pause: every endpoint asked to pause continues
+   * Before the workers run again after an in-place pause: every endpoint that may be paused continues
    * (a call left paused on a server would wait there until llm.timeoutMs).
    */
   async continueServers(): Promise<void> {
-    if (!this.#pausedInPlace || this.#closed) return;
-    const targets = this.#inPlaceTargets.map(({ url, routes }) => ({ url, route: routes.resume }));
+    if (this.#pausedInPlace.length === 0 || this.#closed) return;
+    const paused = this.#pausedInPlace;
+    const targets = paused.map(({ url, routes }) => ({ url, route: routes.resume }));
     // Continuing is idempotent; a server left paused holds every call sent to it, so try a few times.
     for (let attempt = 0; attempt < CONTINUE_ATTEMPTS; attempt++) {
       if (attempt > 0) await sleep(CONTINUE_RETRY_MS);
       if (await this.#client().postAll(targets)) {
-        this.#pausedInPlace = false;
+        this.#pausedInPlace = [];
         return;
       }
     }
     // Left set: the next resume, and close(), try again.
     this.#log.error(
-      { endpoints: this.#inPlaceTargets.map((t) => t.url) },
+      { endpoints: paused.map((t) => t.url) },
       'an inference server did not continue generation after an in-place pause: calls sent to it wait until llm.timeoutMs',
     );
   }
@@ -211,18 +215,25 @@ export class PauseSequence {
       this.#noInPlace = true;
       this.#log.warn(
         { withRoutes: this.#inPlaceTargets.map((t) => t.url), endpoints: this.#endpointCount },
-        'pause.mode in-place: not every inference server can pause generation in place (SGLang /pause_generation); pausing by abort from now on',
+        'pause.mode in-place: not every inference server can pause generation in place (SGLang /pause_generation, vLLM /pause in dev mode); pausing by abort from now on',
       );
       return null;
     }
     this.#control.pauseInPlace();
-    this.#pausedInPlace = true;
-    const paused = await this.#client().postAll(
+    // Set before asking: a close() meanwhile continues them all.
+    this.#pausedInPlace = this.#inPlaceTargets;
+    const statuses = await this.#client().postEach(
       this.#inPlaceTargets.map(({ url, routes }) => ({ url, route: routes.pause })),
     );
-    if (!paused) {
+    const paused = (status: number | null) => status !== null && status >= 200 && status < 300;
+    // A server that did not answer may have paused all the same: it is continued too.
+    this.#pausedInPlace = this.#inPlaceTargets.filter((_, i) => statuses[i] === null || paused(statuses[i]));
+    if (!statuses.every(paused)) {
       this.#noInPlace = true;
-      this.#log.warn('an inference server refused to pause generation in place: pausing by abort from now on');
+      this.#log.warn(
+        { answers: Object.fromEntries(this.#inPlaceTargets.map((t, i) => [t.url, statuses[i]])) },
+        'an inference server refused to pause generation in place, or did not answer: pausing by abort from now on',
+      );
       // Those that did pause go on first: SGLang finishes an aborted running request only at its next
       // decode step, which a paused scheduler never runs.
       await this.continueServers();

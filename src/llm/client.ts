@@ -388,7 +388,10 @@ const streamedReply = (events: ChatStream): ChatResult => events.result();
 /** A control route of an inference server: abort-all, or an in-place pause and its continue (llm/servers.ts). */
 export interface ServerRoute {
   path: string;
-  /** JSON body: SGLang `{"abort_all":true}`, vLLM `{}`, SGLang's pause `{"mode":"in_place"}`. */
+  /**
+   * JSON body: SGLang `{"abort_all":true}`, vLLM `{}`, SGLang's pause `{"mode":"in_place"}`; '' = none
+   * (vLLM's pause and resume).
+   */
   body: string;
 }
 
@@ -402,7 +405,7 @@ export interface ServerRouteTarget {
  * `POST /abort_request {"abort_all": true}`, vLLM's dev-mode `POST /abort_requests {}`, the mock's
  * alias of `/admin/abort`: answered at once with finish reason `abort` and the tokens generated so
  * far), or pause generation in place and continue it (SGLang's `/pause_generation`,
- * `/continue_generation`).
+ * `/continue_generation`; vLLM's dev-mode `/pause?mode=keep`, `/resume`).
  *
  * One keep-alive connection per server, opened on first use and kept: a pause is on the critical path
  * of a weight update, and a fresh TCP connection per pause would add its handshake to every one.
@@ -423,8 +426,12 @@ export class ServerControlClient {
 
   /** POSTs each target's route; resolves true when every server answered 2xx, false when any did not or failed. */
   async postAll(targets: readonly ServerRouteTarget[]): Promise<boolean> {
-    const results = await Promise.all(targets.map((t) => this.#post(t)));
-    return results.every(Boolean);
+    return (await this.postEach(targets)).every((status) => status !== null && status >= 200 && status < 300);
+  }
+
+  /** POSTs each target's route; resolves to each server's status, null where none came (failed, timed out). */
+  postEach(targets: readonly ServerRouteTarget[]): Promise<(number | null)[]> {
+    return Promise.all(targets.map((t) => this.#post(t)));
   }
 
   async close(): Promise<void> {
@@ -433,7 +440,7 @@ export class ServerControlClient {
     await Promise.all(pools.map((p) => p.pool.close()));
   }
 
-  async #post({ url, route }: ServerRouteTarget): Promise<boolean> {
+  async #post({ url, route }: ServerRouteTarget): Promise<number | null> {
     try {
       let target = this.#pools.get(url);
       if (target === undefined) {
@@ -452,9 +459,9 @@ export class ServerControlClient {
         signal: AbortSignal.timeout(this.#timeoutMs),
       });
       await response.body.dump();
-      return response.statusCode >= 200 && response.statusCode < 300;
+      return response.statusCode;
     } catch {
-      return false;
+      return null;
     }
   }
 }

@@ -7,7 +7,7 @@
  * `--dialect`) reproduces the same traits and its tests name the same sources.
  *
  * `probeServer` tells the kind at start (`llm.server: auto`) from what the server answers, reads the
- * context length and whether the abort route exists, and says once what the user loses.
+ * context length and whether the abort and in-place pause routes exist, and says once what the user loses.
  */
 import { Pool, request } from 'undici';
 import { serverMessage } from '../errors.ts';
@@ -21,6 +21,7 @@ export const SERVER_KINDS = ['vllm', 'sglang', 'llamacpp', 'openai', 'generic'] 
  */
 export type ServerKind = (typeof SERVER_KINDS)[number];
 
+/** A path may carry a query (vLLM's pause takes its mode there). */
 export interface InPlaceRoutes {
   pause: { path: string; body: string };
   resume: { path: string; body: string };
@@ -36,6 +37,22 @@ export interface InPlaceRoutes {
 const SGLANG_IN_PLACE: InPlaceRoutes = {
   pause: { path: '/pause_generation', body: '{"mode":"in_place"}' },
   resume: { path: '/continue_generation', body: '{}' },
+};
+
+/**
+ * vLLM's, in dev mode only: POST /pause?mode=keep&clear_cache=false, then POST /resume — query
+ * parameters, no body read, 200 {"status": "paused"} / {"status": "resumed"}
+ * (vllm/entrypoints/serve/dev/rlhf/api_router.py @0100a2129224e729af1b3b8ed42a900cdfe9a452). keep
+ * freezes running and waiting requests, new ones queue, until resume (vllm/v1/engine/core.py
+ * EngineCoreProc.pause_scheduler @00080ee13c7a451fce071ccb8d0e94d395acf5a7); clear_cache=false keeps
+ * their KV, where the default, true, resets the prefix cache with the running requests preempted, to
+ * be prefilled again (docs/training/async_rl.md @006ebac240f34ddcd36383832b28c25840d2ea80; the router's
+ * docstring says keep ignores it, the engine does not). Older releases' /pause (v0.14: no mode) ignores
+ * the mode and aborts: as on older SGLang, a pause still loses nothing.
+ */
+const VLLM_IN_PLACE: InPlaceRoutes = {
+  pause: { path: '/pause?mode=keep&clear_cache=false', body: '' },
+  resume: { path: '/resume', body: '' },
 };
 
 export interface ServerDialect {
@@ -76,9 +93,7 @@ const VLLM: ServerDialect = {
   // vllm/entrypoints/openai/api_server.py: POST /abort_requests, registered only with
   // VLLM_SERVER_DEV_MODE=1, a JSON body naming no request ids aborts them all ({}; an empty body is a 400).
   abort: { path: '/abort_requests', body: '{}' },
-  // vLLM's pause with requests kept (AsyncLLM.pause_generation, /pause) is newer than the sources the
-  // dialect was checked against: not used until it is (a pause.mode in-place pause aborts here).
-  pauseInPlace: null,
+  pauseInPlace: VLLM_IN_PLACE,
   tokenRoute: '/v1/completions',
   abortHint: 'launch vLLM with VLLM_SERVER_DEV_MODE=1 (it then serves POST /abort_requests), or set llm.stream: true',
   // vllm/entrypoints/serve/dev/rlhf/api_router.py (dev mode only): GET /weight_info {"weight_version"}.
@@ -171,7 +186,7 @@ export interface ServerInfo {
   contextLength: number | null;
   /** The abort-all route in use (after `llm.abortPath` and the probe); null = cancel client-side. */
   abort: { path: string; body: string } | null;
-  /** The dialect's in-place pause routes (not probed: asking would pause the server); null = none. */
+  /** The dialect's in-place pause routes, where the probe found them; null = none (such a pause aborts). */
   pauseInPlace: InPlaceRoutes | null;
 }
 
@@ -196,9 +211,8 @@ const OWNERS: Record<string, ServerKind> = {
 
 /**
  * Probes one endpoint: `/v1/models` (which must answer: a down or misconfigured server is one clear
- * error at start), then what the kind needs — llama.cpp's `/props` for its per-slot context, the abort
- * route's existence (a GET: FastAPI answers 405 for a POST-only route and 404 for none, and a GET
- * aborts nothing).
+ * error at start), then what the kind needs — llama.cpp's `/props` for its per-slot context, whether
+ * the abort and in-place pause routes exist (vLLM serves them in dev mode only).
  */
 export async function probeServer(url: string, options: ProbeOptions): Promise<ServerInfo> {
   const base = new URL(url);
@@ -221,6 +235,11 @@ export async function probeServer(url: string, options: ProbeOptions): Promise<S
       // not JSON: only the status counts
     }
     return { status: response.statusCode, json, text };
+  };
+  // A GET, which aborts and pauses nothing: FastAPI answers 405 on a POST-only route, 404 where there is none.
+  const routeExists = async (path: string): Promise<boolean> => {
+    const probe = await get(path.replace(/\?.*$/, '')).catch(() => null);
+    return probe !== null && probe.status !== 404;
   };
   try {
     let models: { status: number; json: unknown; text: string };
@@ -266,11 +285,13 @@ export async function probeServer(url: string, options: ProbeOptions): Promise<S
         : options.abortPath === null
           ? null
           : { path: options.abortPath, body: dialect.abort?.body ?? '{"abort_all":true}' };
-    if (abort !== null && options.abortPath === undefined && kind !== 'generic') {
-      const probe = await get(abort.path).catch(() => null);
-      if (probe === null || probe.status === 404) abort = null;
-    }
-    return { url, kind, models: ids, contextLength, abort, pauseInPlace: dialect.pauseInPlace };
+    if (abort !== null && options.abortPath === undefined && kind !== 'generic' && !(await routeExists(abort.path)))
+      abort = null;
+    let pauseInPlace = dialect.pauseInPlace;
+    // Asked at start, not at the first pause: without the route a pause.mode in-place pause aborts at once.
+    if (pauseInPlace !== null && kind !== 'generic' && !(await routeExists(pauseInPlace.pause.path)))
+      pauseInPlace = null;
+    return { url, kind, models: ids, contextLength, abort, pauseInPlace };
   } finally {
     await pool.close();
   }

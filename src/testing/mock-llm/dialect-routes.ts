@@ -7,7 +7,7 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Dialect, DialectError } from './dialects.ts';
-import { LLAMACPP_BUILD_INFO } from './dialects.ts';
+import { LLAMACPP_BUILD_INFO, vllmError } from './dialects.ts';
 import type { ResolvedMockLlmOptions } from './options.ts';
 import { CONTINUED_REPLY, isPauseMode, PAUSED_REPLY, type PauseMode } from './pause-routes.ts';
 
@@ -22,7 +22,7 @@ export interface DialectRouteContext {
   tokens: Handler;
   abortAll(): number;
   abortIds(rids: ReadonlySet<string>): number;
-  /** SGLang's pause_generation / continue_generation (pause-routes.ts). */
+  /** SGLang's pause_generation / continue_generation (pause-routes.ts); vLLM's /pause and /resume map onto them. */
   pause(mode: PauseMode): number;
   resume(): void;
   getVersion(): string;
@@ -126,7 +126,8 @@ function vllmRoutes(ctx: DialectRouteContext): RouteTable {
   };
   if (!ctx.options.vllmDevMode) return routes;
   // Registered only with VLLM_SERVER_DEV_MODE=1 (api_server.py build_app → register_vllm_dev_api_routers),
-  // in vllm/entrypoints/serve/dev/rlhf/api_router.py @0100a2129224e729af1b3b8ed42a900cdfe9a452.
+  // in vllm/entrypoints/serve/dev/rlhf/api_router.py @0100a2129224e729af1b3b8ed42a900cdfe9a452: the
+  // abort, pause and weight-version routes below (and GET /is_paused, not in the mock).
   routes['/abort_requests'] = {
     // abort_requests: the body must be JSON (an empty one is 400 "Invalid JSON format", through
     // api_server's http_exception_handler: type = the status phrase); no or empty request_ids = every
@@ -147,6 +148,15 @@ function vllmRoutes(ctx: DialectRouteContext): RouteTable {
       } else {
         ctx.send(res, 200, JSON.stringify({ status: 'aborted', aborted: ctx.abortAll() }));
       }
+    },
+  };
+  routes['/pause'] = { POST: (req, res) => vllmPause(req, res, ctx) };
+  // resume_generation: the scheduler unpaused, kept requests go on and queued ones start.
+  routes['/resume'] = {
+    POST: (req, res) => {
+      req.resume();
+      ctx.resume();
+      ctx.send(res, 200, '{"status":"resumed"}');
     },
   };
   // weight_info: {"weight_version": <string>}; update_weight_version {"new_version": <string>} → {"success": true, "new_version": …}.
@@ -171,6 +181,95 @@ function vllmRoutes(ctx: DialectRouteContext): RouteTable {
     },
   };
   return routes;
+}
+
+/** vLLM's PauseMode (vllm/v1/engine/__init__.py), a Literal the /pause route validates. */
+const VLLM_PAUSE_MODES = ['abort', 'wait', 'keep'] as const;
+
+/**
+ * vLLM's pause_generation: query parameters only (mode, clear_cache, and the deprecated
+ * wait_for_inflight_requests, which means mode wait), no body read; 200 {"status": "paused"}. What the
+ * modes do is EngineCoreProc.pause_scheduler (vllm/v1/engine/core.py @00080ee13c7a451fce071ccb8d0e94d395acf5a7):
+ * `abort` finishes every request as aborted, `keep` freezes running and waiting requests where they
+ * are; in both nothing is scheduled and new requests queue until /resume. clear_cache (default true)
+ * then resets the prefix cache with the running requests preempted, so a kept request is prefilled
+ * again on the new weights; false keeps its KV (docs/training/async_rl.md @006ebac240f34ddcd36383832b28c25840d2ea80).
+ * Here keep with clear_cache false is SGLang's in_place, with true its retract (the mock's prefix cache
+ * is not emptied as well).
+ */
+function vllmPause(req: IncomingMessage, res: ServerResponse, ctx: DialectRouteContext): void {
+  req.resume();
+  const query = new URL(req.url ?? '/', 'http://mock').searchParams;
+  const mode = query.get('mode') ?? 'abort';
+  if (!(VLLM_PAUSE_MODES as readonly string[]).includes(mode)) {
+    const expected = "'abort', 'wait' or 'keep'";
+    const msg = `Input should be ${expected}`;
+    ctx.reject(
+      res,
+      vllmValidationError({ type: 'literal_error', loc: ['query', 'mode'], msg, input: mode, ctx: { expected } }),
+    );
+    return;
+  }
+  const flags = { clear_cache: true, wait_for_inflight_requests: false };
+  for (const name of ['clear_cache', 'wait_for_inflight_requests'] as const) {
+    const input = query.get(name);
+    if (input === null) continue;
+    const value = queryBool(input);
+    if (value === null) {
+      const msg = 'Input should be a valid boolean, unable to interpret input';
+      ctx.reject(res, vllmValidationError({ type: 'bool_parsing', loc: ['query', name], msg, input }));
+      return;
+    }
+    flags[name] = value;
+  }
+  if (mode === 'wait' || flags.wait_for_inflight_requests) {
+    // Not simulated: wait lets the requests in flight run to their end while new ones queue, and
+    // answers once they have; the scheduler and the GPU-like replica pause only as a whole.
+    ctx.reject(
+      res,
+      vllmError(501, 'NotImplementedError', "mock-llm: pause mode 'wait' is not simulated; use mode keep or abort"),
+    );
+    return;
+  }
+  ctx.pause(mode === 'abort' ? 'abort' : flags.clear_cache ? 'retract' : 'in_place');
+  ctx.send(res, 200, '{"status":"paused"}');
+}
+
+interface PydanticError {
+  type: string;
+  loc: string[];
+  msg: string;
+  input: string;
+  ctx?: Record<string, string>;
+}
+
+/**
+ * vLLM's answer to a request FastAPI could not validate: 400, not FastAPI's 422 — its
+ * validation_exception_handler lists the pydantic errors, as Python prints them, in an ErrorResponse
+ * with the first one's location as param (vllm/entrypoints/serve/utils/server_utils.py
+ * @0753ceeb9cb7d7e39564ebebfe031d179e0c9924).
+ */
+function vllmValidationError(e: PydanticError): DialectError {
+  const ctx = e.ctx
+    ? `, 'ctx': {${Object.entries(e.ctx)
+        .map(([k, v]) => `${pyStr(k)}: ${pyStr(v)}`)
+        .join(', ')}}`
+    : '';
+  const printed = `{'type': ${pyStr(e.type)}, 'loc': (${e.loc.map(pyStr).join(', ')}), 'msg': ${pyStr(e.msg)}, 'input': ${pyStr(e.input)}${ctx}}`;
+  return vllmError(400, 'Bad Request', `1 validation error:\n  ${printed}`, e.loc.join('.'));
+}
+
+/** A string as Python's repr() quotes it (its other escapes left out). */
+function pyStr(text: string): string {
+  return text.includes("'") && !text.includes('"') ? `"${text}"` : `'${text.replaceAll("'", "\\'")}'`;
+}
+
+/** pydantic's lax bool from a query string; null when it is none. */
+function queryBool(raw: string): boolean | null {
+  const text = raw.toLowerCase();
+  if (['1', 'on', 't', 'true', 'y', 'yes'].includes(text)) return true;
+  if (['0', 'off', 'f', 'false', 'n', 'no'].includes(text)) return false;
+  return null;
 }
 
 function sglangRoutes(ctx: DialectRouteContext): RouteTable {

@@ -93,8 +93,8 @@ export interface MockLlmOptions {
    */
   contextLength?: number | null;
   /**
-   * vllm dialect: serve the routes vLLM registers only with VLLM_SERVER_DEV_MODE=1
-   * (`/abort_requests`, `/weight_info`, `/update_weight_version`); false = a plain `vllm serve`, on
+   * vllm dialect: serve the routes vLLM registers only with VLLM_SERVER_DEV_MODE=1 (`/abort_requests`,
+   * `/pause`, `/resume`, `/weight_info`, `/update_weight_version`); false = a plain `vllm serve`, on
    * which they are 404.
    */
   vllmDevMode?: boolean;
