@@ -18,7 +18,7 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { ResolvedConfig } from '../config.ts';
-import { ServerControlClient, type ServerRouteTarget } from '../llm/client.ts';
+import { answeredOk, ServerControlClient, type ServerRouteTarget } from '../llm/client.ts';
 import type { InPlaceRoutes } from '../llm/servers.ts';
 import type { Logger } from '../log.ts';
 import { wallClockUs } from '../protocol/control-block.ts';
@@ -225,10 +225,9 @@ export class PauseSequence {
     const statuses = await this.#client().postEach(
       this.#inPlaceTargets.map(({ url, routes }) => ({ url, route: routes.pause })),
     );
-    const paused = (status: number | null) => status !== null && status >= 200 && status < 300;
     // A server that did not answer may have paused all the same: it is continued too.
-    this.#pausedInPlace = this.#inPlaceTargets.filter((_, i) => statuses[i] === null || paused(statuses[i]));
-    if (!statuses.every(paused)) {
+    this.#pausedInPlace = this.#inPlaceTargets.filter((_, i) => statuses[i] === null || answeredOk(statuses[i]));
+    if (!statuses.every(answeredOk)) {
       this.#noInPlace = true;
       this.#log.warn(
         { answers: Object.fromEntries(this.#inPlaceTargets.map((t, i) => [t.url, statuses[i]])) },

@@ -385,6 +385,9 @@ export class LlmClient {
 const heldReply = (events: ChatStream): ChatResult => events.held();
 const streamedReply = (events: ChatStream): ChatResult => events.result();
 
+/** Whether a control route's status (null: no answer) says the server did what was asked. */
+export const answeredOk = (status: number | null): boolean => status !== null && status >= 200 && status < 300;
+
 /** A control route of an inference server: abort-all, or an in-place pause and its continue (llm/servers.ts). */
 export interface ServerRoute {
   path: string;
@@ -426,7 +429,7 @@ export class ServerControlClient {
 
   /** POSTs each target's route; resolves true when every server answered 2xx, false when any did not or failed. */
   async postAll(targets: readonly ServerRouteTarget[]): Promise<boolean> {
-    return (await this.postEach(targets)).every((status) => status !== null && status >= 200 && status < 300);
+    return (await this.postEach(targets)).every(answeredOk);
   }
 
   /** POSTs each target's route; resolves to each server's status, null where none came (failed, timed out). */
