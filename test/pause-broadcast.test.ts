@@ -125,6 +125,26 @@ describe('pause sequence: in place, and its fall back to an abort', () => {
     );
   });
 
+  it('still continues a server left paused by a failed continue when it refuses the next pause (regression: it was dropped from the list)', async (t) => {
+    // Pause 1 is answered 200; every continue fails until the third pause has been asked; pause 2 is refused.
+    let pauses = 0;
+    const flaky = await scriptedServer((req, res) => {
+      if (req.url === '/pause_generation') pauses++;
+      const ok = req.url === '/pause_generation' ? pauses === 1 : pauses >= 2;
+      res.writeHead(ok ? 200 : 500, { 'content-type': 'application/json' }).end('{}');
+    });
+    t.after(() => flaky.close());
+    const { sequence } = inPlaceSequence(t, [flaky.url]);
+    assert.equal((await sequence.run(watch)).inPlace, true);
+    await sequence.continueServers(); // 3 attempts, all refused: the server stays paused and listed
+    assert.equal((await sequence.run(watch)).inPlace, false);
+    const paths = flaky.requests.map((r) => r.path);
+    assert.deepEqual(paths.slice(paths.lastIndexOf('/pause_generation')), [
+      '/pause_generation',
+      '/continue_generation',
+    ]);
+  });
+
   it('leaves the shared flag running when a resume came while the servers were being asked to pause', async (t) => {
     const refusing = await scriptedServer((_req, res) => res.writeHead(500).end());
     t.after(() => refusing.close());

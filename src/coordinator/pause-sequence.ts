@@ -220,13 +220,17 @@ export class PauseSequence {
       return null;
     }
     this.#control.pauseInPlace();
+    // Still paused from an earlier pause whose continue failed: listed whatever this one answers.
+    const leftPaused = this.#pausedInPlace;
     // Set before asking: a close() meanwhile continues them all.
     this.#pausedInPlace = this.#inPlaceTargets;
     const statuses = await this.#client().postEach(
       this.#inPlaceTargets.map(({ url, routes }) => ({ url, route: routes.pause })),
     );
     // A server that did not answer may have paused all the same: it is continued too.
-    this.#pausedInPlace = this.#inPlaceTargets.filter((_, i) => statuses[i] === null || answeredOk(statuses[i]));
+    this.#pausedInPlace = this.#inPlaceTargets.filter(
+      (t, i) => statuses[i] === null || answeredOk(statuses[i]) || leftPaused.includes(t),
+    );
     if (!statuses.every(answeredOk)) {
       this.#noInPlace = true;
       this.#log.warn(
