@@ -248,6 +248,13 @@ describe('probing an inference server at start (llm.server: auto)', () => {
       const info = await probeServer(mock.url, { server: 'auto' });
       assert.equal(info.kind, 'vllm');
       assert.deepEqual(info.pauseInPlace, vllmDevMode ? DIALECTS.vllm.pauseInPlace : null);
+      // Said once at start, where pause.mode in-place asks for it, rather than at the first pause.
+      const gaps = serverGaps(info, { api: 'chat', stream: false, wantIds: true, pauseInPlace: true });
+      assert.equal(
+        gaps.some((g) => /no in-place pause route: .*VLLM_SERVER_DEV_MODE=1/.test(g)),
+        !vllmDevMode,
+        gaps.join('\n'),
+      );
       assert.deepEqual(DIALECTS.vllm.pauseInPlace, {
         pause: { path: '/pause?mode=keep&clear_cache=false', body: '' },
         resume: { path: '/resume', body: '' },

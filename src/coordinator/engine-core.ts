@@ -315,7 +315,13 @@ export class EngineCore {
         },
         `inference server: ${dialect.label}${llm.server === 'auto' ? ' (llm.server auto)' : ''}`,
       );
-      for (const gap of serverGaps(info, { api: llm.api, stream: llm.stream, wantIds: llm.returnTokenIds }))
+      const pauseInPlace = this.config.pause.mode === 'in-place';
+      for (const gap of serverGaps(info, {
+        api: llm.api,
+        stream: llm.stream,
+        wantIds: llm.returnTokenIds,
+        pauseInPlace,
+      }))
         this.log.warn({ url, server: info.kind }, `${dialect.label} at ${url}: ${gap}`);
       servers.push(info);
     }

@@ -307,10 +307,17 @@ function positiveInt(value: unknown): number | null {
  */
 export function serverGaps(
   info: ServerInfo,
-  options: { api: 'chat' | 'tokens'; stream: boolean; wantIds: boolean },
+  options: { api: 'chat' | 'tokens'; stream: boolean; wantIds: boolean; pauseInPlace?: boolean },
 ): string[] {
   const dialect = DIALECTS[info.kind];
   const gaps: string[] = [];
+  if (options.pauseInPlace === true && info.pauseInPlace === null) {
+    gaps.push(
+      info.kind === 'vllm'
+        ? 'no in-place pause route: pause.mode in-place pauses by abort (launch vLLM with VLLM_SERVER_DEV_MODE=1 for /pause and /resume)'
+        : 'no in-place pause route: pause.mode in-place pauses by abort',
+    );
+  }
   if (info.abort === null && !options.stream) {
     gaps.push(
       `no abort-all route: a pause cancels calls client-side and a non-streamed call loses the tokens it had generated (to keep them: ${dialect.abortHint})`,
