@@ -97,7 +97,7 @@ describe('bench parts (smoke, no figures checked)', () => {
 });
 
 describe('the simulated training loop on a GPU-like mock (smoke, no figures checked)', () => {
-  for (const side of ['sync', 'async+partial'] as const) {
+  for (const side of ['sync', 'async+partial', 'async+keep'] as const) {
     it(`runs the ${side} trainer for three steps and accounts for its syncs and production`, async (t) => {
       const gpu = await startMockLlm({
         port: 0,
@@ -112,7 +112,15 @@ describe('the simulated training loop on a GPU-like mock (smoke, no figures chec
         batchSize: 4,
         workers: { threads: 1 },
         tasks: [{ name: 'a', env: { module: 'builtin:arithmetic' }, groupSize: 4, maxTokens: 256 }],
-        producer: async ? { strategy: 'async', maxStaleness: 1, partialRollout: true } : { strategy: 'sync' },
+        producer: async
+          ? {
+              strategy: 'async',
+              maxStaleness: 1,
+              partialRollout: true,
+              staleRollouts: side === 'async+keep' ? 'keep' : 'reset',
+            }
+          : { strategy: 'sync' },
+        pause: { mode: side === 'async+keep' ? 'in-place' : 'abort' },
       });
       t.after(() => engine.close());
       await engine.start();
@@ -129,6 +137,9 @@ describe('the simulated training loop on a GPU-like mock (smoke, no figures chec
       assert.ok(f.syncs.count <= 2, 'no sync after the last step');
       assert.ok(f.production.busyFraction > 0 && f.production.busyFraction <= 1);
       assert.ok(f.production.slotFill > 0 && f.production.slotFill <= 1);
+      const { mean, max, pastThreshold } = f.staleness;
+      assert.ok(mean >= 0 && mean <= max && pastThreshold >= 0 && pastThreshold <= 1, JSON.stringify(f.staleness));
+      if (side === 'sync') assert.deepEqual(f.staleness, { mean: 0, max: 0, pastThreshold: 0 });
       assert.equal(gpu.weightVersion, 2, 'the servers were told each step’s weights but the last');
       assert.equal(
         gpu.stats().cancelled,

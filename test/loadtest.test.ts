@@ -272,9 +272,10 @@ describe('rollout loadtest --capacity', () => {
 });
 
 describe('rollout loadtest --stale-rollouts', () => {
-  it('keeps stale rollouts when asked, expiring none, and reports how stale the rollouts taken were', async () => {
+  it('runs the engine with stale rollouts kept when asked, and reports how stale the rollouts taken were', async () => {
     // maxStaleness 0: every batch needs the weights of the step before it, so each one is an
-    // EXPIRED_BATCH and a sync; partial rollouts continued across a sync hold tokens one step old.
+    // EXPIRED_BATCH and a sync. What keeping does to the buffer is pinned in staleness-expiry and
+    // producer-property tests; here, that the flag reaches the engine and the figures the report.
     const out = mkdtempSync(join(tmpdir(), 'rollout-loadtest-keep-'));
     const run = await rollout([
       'loadtest',
@@ -287,10 +288,8 @@ describe('rollout loadtest --stale-rollouts', () => {
       /staleness taken: mean [\d.]+, max \d+, [\d.]+ % at or past the bound \(stale rollouts keep\)/,
     );
     const report = JSON.parse(readFileSync(join(out, 'report.json'), 'utf8'));
-    assert.equal(report.settings.staleRollouts, 'keep');
+    assert.equal(report.settings.staleRollouts, 'keep'); // as the engine resolved it, not the flag echoed
     assert.ok(report.window.batches >= 1, JSON.stringify(report.window));
-    assert.equal(report.outcomes.groups.dropped.EXPIRED, 0);
-    assert.equal(report.outcomes.groups.landed.EXPIRED ?? 0, 0);
     const { mean, max, pastThresholdFraction } = report.outcomes.staleness;
     assert.ok(mean >= 0 && mean <= max && pastThresholdFraction >= 0 && pastThresholdFraction <= 1);
     assert.match(readFileSync(join(out, 'report.html'), 'utf8'), /staleness of taken rollouts/);

@@ -469,6 +469,16 @@ class Run {
       this.problems.push(
         `after getBatch(${step}) the workers were told tokens older than step ${oldest} expire, not ${expected}`,
       );
+    // The stats count the rollouts at or past the threshold at the train step (async only: sync
+    // measures against the served weights, so it counts none).
+    const past =
+      config.producer.strategy === 'async'
+        ? batch.groups.flatMap((g) => g.rollouts).filter((r) => rolloutStaleness(r, step) >= this.threshold).length
+        : 0;
+    if (batch.stats?.staleness.pastThreshold !== past)
+      this.problems.push(
+        `batch ${step} says ${batch.stats?.staleness.pastThreshold} rollouts are at or past the stale threshold, ${past} are`,
+      );
     const shares = allocateBatch(config.batchSize, config.tasks);
     for (const [task, share] of shares) {
       const n = batch.groups.filter((g) => g.taskName === task).length;

@@ -456,6 +456,7 @@ describe('stale rollouts kept or reset (producer.staleRollouts)', () => {
       const batch = await s.producer.getBatch(2);
       assert.equal(batch.status, 'NORMAL');
       assert.deepEqual(batch.groups.map(minStepOf), [0]); // staleness 2 − 0 − 1 = 1, at the threshold
+      assert.equal(batch.stats.staleness.pastThreshold, 2); // both members of the group
     } finally {
       await s.producer.close();
     }
