@@ -32,7 +32,14 @@ export interface EngineRun {
   mockCpuMs: number | null;
   /** Engine counters when the window ended. */
   stats: EngineStats;
-  engineSettings: { batchSize: number; groupsPerWorker: number; connectionsPerWorker: number; partialRollout: boolean };
+  /** What the engine resolved (the report shows these over the options asked for). */
+  engineSettings: {
+    batchSize: number;
+    groupsPerWorker: number;
+    connectionsPerWorker: number;
+    partialRollout: boolean;
+    staleRollouts: 'reset' | 'keep';
+  };
   notes: string[];
 }
 
@@ -224,6 +231,7 @@ async function measure(
       groupsPerWorker: resolved.workers.groupsPerWorker,
       connectionsPerWorker: resolved.llm.connections,
       partialRollout: resolved.producer.partialRollout,
+      staleRollouts: resolved.producer.staleRollouts,
     },
     notes,
   };
