@@ -137,9 +137,12 @@ describe('the simulated training loop on a GPU-like mock (smoke, no figures chec
       assert.ok(f.syncs.count <= 2, 'no sync after the last step');
       assert.ok(f.production.busyFraction > 0 && f.production.busyFraction <= 1);
       assert.ok(f.production.slotFill > 0 && f.production.slotFill <= 1);
-      const { mean, max, pastThreshold } = f.staleness;
-      assert.ok(mean >= 0 && mean <= max && pastThreshold >= 0 && pastThreshold <= 1, JSON.stringify(f.staleness));
-      if (side === 'sync') assert.deepEqual(f.staleness, { mean: 0, max: 0, pastThreshold: 0 });
+      const { mean, max, pastThresholdFraction } = f.staleness;
+      assert.ok(
+        mean >= 0 && mean <= max && pastThresholdFraction >= 0 && pastThresholdFraction <= 1,
+        JSON.stringify(f.staleness),
+      );
+      if (side === 'sync') assert.deepEqual(f.staleness, { mean: 0, max: 0, pastThresholdFraction: 0 });
       assert.equal(gpu.weightVersion, 2, 'the servers were told each step’s weights but the last');
       assert.equal(
         gpu.stats().cancelled,

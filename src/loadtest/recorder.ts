@@ -5,7 +5,7 @@
  * What the engine exposes is all it uses: taken batches (per-rollout `timings`, per-turn `timings`),
  * `engine.stats()` (worker counters and heaps) and the pause reports.
  */
-import type { Batch, PauseReport } from '../coordinator/producer.ts';
+import type { Batch, BatchStats, PauseReport } from '../coordinator/producer.ts';
 import type { GpuMetrics } from '../testing/mock-llm/gpu.ts';
 
 export interface BatchRecord {
@@ -16,8 +16,8 @@ export interface BatchRecord {
   turns: number;
   tokens: number;
   meanReward: number;
-  /** The batch stats' staleness of its rollouts (mean, max, how many at or past the stale threshold). */
-  staleness: { mean: number; max: number; pastThreshold: number };
+  /** The batch stats' staleness of its rollouts. */
+  staleness: BatchStats['staleness'];
 }
 
 /** One look at the engine: counters summed over workers, memory of this process. */
@@ -87,7 +87,7 @@ export class Recorder {
       turns: s.turns,
       tokens: s.responseTokens,
       meanReward: s.meanReward,
-      staleness: { mean: s.staleness.mean, max: s.staleness.max, pastThreshold: s.staleness.pastThreshold },
+      staleness: s.staleness,
     });
     for (const group of batch.groups) {
       for (const r of group.rollouts) {

@@ -1,7 +1,9 @@
 /**
- * Small statistics for the load-test report: nearest-rank percentiles, summaries and fixed-width
- * histograms. Shared with the benchmark (test/bench/run.ts) so both quote percentiles the same way.
+ * Small statistics for the load-test report: nearest-rank percentiles, summaries, fixed-width
+ * histograms, the staleness of the batches taken. Shared with the benchmark (test/bench/run.ts) and
+ * the training loop (./training.ts) so they quote them the same way.
  */
+import type { BatchStats } from '../coordinator/batch-stats.ts';
 
 /** Nearest-rank percentile of unsorted values (p in 0..100); NaN for no values. */
 export function percentile(values: readonly number[], p: number): number {
@@ -98,4 +100,32 @@ function niceWidth(raw: number): number {
   const base = 10 ** exponent;
   for (const step of [1, 2, 5, 10]) if (raw <= step * base) return step * base;
   return 10 * base;
+}
+
+/** How stale the rollouts of several batches were, together. */
+export interface StalenessFigures {
+  mean: number;
+  max: number;
+  /** Share of the rollouts at or past the stale threshold. */
+  pastThresholdFraction: number;
+}
+
+/** Adds up the batch stats' staleness of each batch taken (mean weighted by its rollouts). */
+export class StalenessTally {
+  #rollouts = 0;
+  #sum = 0;
+  #max = 0;
+  #past = 0;
+
+  add(staleness: BatchStats['staleness'], rollouts: number): void {
+    this.#rollouts += rollouts;
+    this.#sum += staleness.mean * rollouts;
+    this.#max = Math.max(this.#max, staleness.max);
+    this.#past += staleness.pastThreshold;
+  }
+
+  figures(): StalenessFigures {
+    const n = this.#rollouts;
+    return { mean: n > 0 ? this.#sum / n : 0, max: this.#max, pastThresholdFraction: n > 0 ? this.#past / n : 0 };
+  }
 }

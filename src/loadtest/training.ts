@@ -21,6 +21,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Engine } from '../engine.ts';
 import type { GpuMetrics } from '../testing/mock-llm/gpu.ts';
+import { StalenessTally, type StalenessFigures } from './stats.ts';
 
 export interface TrainerSimulation {
   /** GPU ms of training per response token taken. */
@@ -75,14 +76,6 @@ export interface SyncFigures {
   pauseMsP50: number;
 }
 
-export interface StalenessFigures {
-  /** Over the rollouts taken in the steady cycles. */
-  mean: number;
-  max: number;
-  /** Share of them at or past the stale threshold. */
-  pastThreshold: number;
-}
-
 export interface TrainingFigures {
   strategy: string;
   steps: number;
@@ -102,6 +95,7 @@ export interface TrainingFigures {
   syncs: SyncFigures;
   /** Prefix-cache hits over all admitted prompt tokens. */
   cacheHitFraction: number;
+  /** Of the rollouts taken in the steady cycles. */
   staleness: StalenessFigures;
 }
 
@@ -183,7 +177,7 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
   let discardedAtFirst = 0;
   let discardedAtLast = 0;
   let waitedMs = 0;
-  const stale = { rollouts: 0, sum: 0, max: 0, past: 0 };
+  const staleness = new StalenessTally();
   let modelStep = 0;
 
   /** Idle from `before` until the servers run again, less the load, per server (mean); in the background. */
@@ -243,11 +237,7 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
       discardedAtFirst = o.discardedTokens?.() ?? 0;
     } else {
       tokensAfterFirst += batch.stats.responseTokens;
-      const { staleness, rollouts } = batch.stats;
-      stale.rollouts += rollouts;
-      stale.sum += staleness.mean * rollouts;
-      stale.max = Math.max(stale.max, staleness.max);
-      stale.past += staleness.pastThreshold;
+      staleness.add(batch.stats.staleness, batch.stats.rollouts);
     }
     last = taken;
     discardedAtLast = o.discardedTokens?.() ?? 0;
@@ -297,10 +287,6 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
       pauseMsP50: sorted.length === 0 ? 0 : sorted[Math.floor(sorted.length / 2)],
     },
     cacheHitFraction: prompt > 0 ? cached / prompt : 0,
-    staleness: {
-      mean: stale.rollouts > 0 ? stale.sum / stale.rollouts : 0,
-      max: stale.max,
-      pastThreshold: stale.rollouts > 0 ? stale.past / stale.rollouts : 0,
-    },
+    staleness: staleness.figures(),
   };
 }

@@ -338,7 +338,7 @@ export function printTrainingBench(r: TrainingBenchResult): void {
       f.wastedTokensPerStep.toFixed(0),
       (100 * f.cacheHitFraction).toFixed(1),
       `${f.staleness.mean.toFixed(2)} / ${f.staleness.max}`,
-      (100 * f.staleness.pastThreshold).toFixed(1),
+      (100 * f.staleness.pastThresholdFraction).toFixed(1),
     ];
     console.log(line(cells));
   }
@@ -392,7 +392,7 @@ function speedUpRow(
 }
 
 const staleNote = (f: TrainingFigures): string =>
-  `staleness taken mean ${f.staleness.mean.toFixed(2)}, max ${f.staleness.max}, ${(100 * f.staleness.pastThreshold).toFixed(1)} % at or past the bound`;
+  `staleness taken mean ${f.staleness.mean.toFixed(2)}, max ${f.staleness.max}, ${(100 * f.staleness.pastThresholdFraction).toFixed(1)} % at or past the bound`;
 
 /**
  * The issue's targets, each met or missed by the headline configuration — async, partial rollouts,

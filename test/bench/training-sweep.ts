@@ -81,7 +81,7 @@ for (const v of VARIANTS) {
       f.wastedTokensPerStep.toFixed(0),
       `${((f.stepsPerHour * f.tokensTakenPerStep) / syncTokensPerHour).toFixed(2)}×`,
       `${f.staleness.mean.toFixed(2)} / ${f.staleness.max}`,
-      (100 * f.staleness.pastThreshold).toFixed(1),
+      (100 * f.staleness.pastThresholdFraction).toFixed(1),
     ]),
   );
   console.error(`done: ${v.label}`);
