@@ -43,6 +43,15 @@ describe('checkpoint field names (coordinator/checkpoint.ts)', () => {
     assert.ok(!('nextConsumerStep' in read) && !('consumedSamples' in read) && !('targetSamples' in read));
   });
 
+  it('reads a last batch written before its stats counted the rollouts past the stale threshold as none past it', () => {
+    const snapshot = producerSnapshot(config, []);
+    const staleness = { min: 0, max: 1, mean: 0.5 }; // as written then: no pastThreshold
+    snapshot.lastBatch = { trainStep: 3, status: 'NORMAL', groups: [], stats: { staleness } } as never;
+    const path = join(mkdtempSync(join(tmpdir(), 'ckpt-names-')), 'engine.ckpt');
+    writeCheckpoint(path, config, snapshot);
+    assert.deepEqual(readCheckpoint(path, config).lastBatch?.stats.staleness, { ...staleness, pastThreshold: 0 });
+  });
+
   it('refuses a checkpoint version it does not know, naming the ones it reads', () => {
     const path = join(mkdtempSync(join(tmpdir(), 'ckpt-names-')), 'engine.ckpt');
     writeCheckpoint(path, config, producerSnapshot(config, []));

@@ -709,18 +709,7 @@ export class Producer implements ProduceContext {
 
   /** Before start(): state from a checkpoint, updated in place. In-flight groups come back ABORTED. */
   restore(snapshot: ProducerSnapshot): void {
-    const last = snapshot.lastBatch ?? null;
-    // A checkpoint written before the stats counted rollouts past the stale threshold: none were then.
-    this.#lastBatch =
-      last === null
-        ? null
-        : {
-            ...last,
-            stats: {
-              ...last.stats,
-              staleness: { ...last.stats.staleness, pastThreshold: last.stats.staleness.pastThreshold ?? 0 },
-            },
-          };
+    this.#lastBatch = snapshot.lastBatch ?? null;
     this.#modelStep = snapshot.modelStep;
     this.#control.resume(snapshot.modelStep);
     this.progress.restore(snapshot.progress);
