@@ -27,6 +27,13 @@ import type { WorkerPool } from './worker-pool.ts';
 
 /** While groups are still out after a server-side abort, it is sent again this often. */
 export const SERVER_ABORT_REPEAT_MS = 50;
+
+/** An endpoint that can pause generation in place, and its routes (llm/servers.ts). */
+export interface InPlaceTarget {
+  url: string;
+  routes: InPlaceRoutes;
+}
+
 /** A continue after an in-place pause is tried this many times, this far apart, before it is reported. */
 const CONTINUE_ATTEMPTS = 3;
 const CONTINUE_RETRY_MS = 200;
@@ -75,7 +82,7 @@ export class PauseSequence {
    */
   readonly #abortTargets: readonly ServerRouteTarget[];
   /** Every endpoint with in-place pause routes; in-place pauses need all of them to have them. */
-  readonly #inPlaceTargets: readonly { url: string; routes: InPlaceRoutes }[];
+  readonly #inPlaceTargets: readonly InPlaceTarget[];
   readonly #endpointCount: number;
   /** Created on the first request to a server; keeps its connections for the next pauses. Null again once closed. */
   #servers: ServerControlClient | null = null;
@@ -83,7 +90,7 @@ export class PauseSequence {
    * The endpoints that may be paused in place: asked since the last resume, less those that answered
    * no. The resume continues them and only them (another server was never paused).
    */
-  #pausedInPlace: readonly { url: string; routes: InPlaceRoutes }[] = [];
+  #pausedInPlace: readonly InPlaceTarget[] = [];
   /** In-place pauses are not possible here (an endpoint without the routes, or one refused): abort instead, without a warning per pause. */
   #noInPlace = false;
   #closed = false;
@@ -94,7 +101,7 @@ export class PauseSequence {
     pool: WorkerPool;
     log: Logger;
     abortTargets: readonly ServerRouteTarget[];
-    inPlaceTargets?: readonly { url: string; routes: InPlaceRoutes }[];
+    inPlaceTargets?: readonly InPlaceTarget[];
     endpointCount: number;
   }) {
     this.#config = options.config;
