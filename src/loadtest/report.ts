@@ -8,7 +8,7 @@ import type { LoadtestOptions } from './options.ts';
 import type { Sample } from './recorder.ts';
 import type { EngineRun } from './runner.ts';
 import { gpuWindow, type GpuWindow } from '../testing/mock-llm/gpu.ts';
-import { distribution, median, percentile, type Distribution } from './stats.ts';
+import { distribution, median, percentile, StalenessTally, type Distribution, type StalenessFigures } from './stats.ts';
 
 export interface Throughput {
   /** Agent steps (one inference call + one environment step) the workers ran, aborted work included. */
@@ -50,13 +50,8 @@ export interface Spread {
 export interface LoadtestReport {
   version: 1;
   startedAt: string;
-  settings: Omit<LoadtestOptions, 'outDir'> & {
-    rolloutsInFlight: number;
-    batchSize: number;
-    groupsPerWorker: number;
-    connectionsPerWorker: number;
-    partialRollout: boolean;
-  };
+  /** The options asked for, then what the engine resolved over them. */
+  settings: Omit<LoadtestOptions, 'outDir'> & EngineRun['engineSettings'] & { rolloutsInFlight: number };
   machine: { cpus: number; cpuModel: string; totalMemoryBytes: number; node: string; platform: string };
   window: {
     seconds: number;
@@ -136,7 +131,7 @@ export interface LoadtestReport {
     rolloutsByTask: Record<string, number>;
     groups: GroupCounts;
     /** How stale the rollouts taken in the window were: what kept stale rollouts cost the trainer. */
-    staleness: { mean: number; max: number; pastThresholdFraction: number };
+    staleness: StalenessFigures;
   };
   notes: string[];
 }
@@ -149,11 +144,9 @@ export function buildReport(options: LoadtestOptions, run: EngineRun, startedAt:
   const taken = recorder.batches.filter((b) => b.t >= 0 && b.t <= seconds);
   const totals = { batches: taken.length, turns: 0, rollouts: 0, groups: 0, tokens: 0 };
   let rewardSum = 0;
-  const stale = { sum: 0, max: 0, past: 0 };
+  const staleness = new StalenessTally();
   for (const b of taken) {
-    stale.sum += b.staleness.mean * b.rollouts;
-    stale.max = Math.max(stale.max, b.staleness.max);
-    stale.past += b.staleness.pastThreshold;
+    staleness.add(b.staleness, b.rollouts);
     totals.turns += b.turns;
     totals.rollouts += b.rollouts;
     totals.groups += b.groups;
@@ -228,11 +221,7 @@ export function buildReport(options: LoadtestOptions, run: EngineRun, startedAt:
       meanReward: totals.rollouts > 0 ? rewardSum / totals.rollouts : 0,
       rolloutsByTask: { ...recorder.rolloutsByTask },
       groups: run.stats.groups,
-      staleness: {
-        mean: totals.rollouts > 0 ? stale.sum / totals.rollouts : 0,
-        max: stale.max,
-        pastThresholdFraction: totals.rollouts > 0 ? stale.past / totals.rollouts : 0,
-      },
+      staleness: staleness.figures(),
     },
     notes,
   };
