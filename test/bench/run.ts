@@ -361,7 +361,7 @@ async function main(): Promise<void> {
   // Beside target 5: what long episodes' prompt ids cost with the whole conversation sent.
   const long = await longEpisodes({ groups: 8, maxTurns: 16, thinkTokens: 200 });
   meter = startCpuMeter();
-  // Issue 21: the simulated training loop on GPU-like mocks, four strategies side by side.
+  // Issue 21: the simulated training loop on GPU-like mocks, every strategy side by side.
   const training = await trainingBench(trainingBenchDefaults(quick));
   cpuShare.trainingLoop = meter();
   // Issue 20: the CPU per tool call, tool-lookup beside arithmetic on one mock.

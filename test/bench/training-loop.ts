@@ -162,7 +162,8 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
   const cpu0 = mockCpuMs(mocks);
   const t0 = performance.now();
   const rollouts = o.groups * o.groupSize;
-  const async = side !== 'sync';
+  const asyncSide = side === 'sync' ? null : ASYNC_SIDES[side];
+  const async = asyncSide !== null;
   let discarded = 0;
   const engine = createEngine(
     {
@@ -193,13 +194,13 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
             strategy: 'async',
             maxStaleness: o.maxStaleness,
             syncWeightsInterval: o.asyncSyncEvery,
-            partialRollout: side !== 'async',
+            partialRollout: asyncSide.partialRollout,
             overSampleThreshold: o.overSample,
             takeOrder: o.takeOrder,
-            staleRollouts: side === 'async+keep' ? 'keep' : 'reset',
+            staleRollouts: asyncSide.staleRollouts,
           }
         : { strategy: 'sync' },
-      pause: { mode: side === 'async+in-place' || side === 'async+keep' ? 'in-place' : 'abort' },
+      pause: { mode: asyncSide?.pause ?? 'abort' },
     },
     { observer: { discarded: (tokens) => (discarded += tokens) } },
   );
@@ -256,7 +257,14 @@ async function pythonSide(o: TrainingBenchOptions): Promise<SideResult> {
   }
 }
 
-const ENGINE_SIDES = ['sync', 'async', 'async+partial', 'async+in-place', 'async+keep'] as const;
+/** What each async side changes over the one before it (the header's table). */
+const ASYNC_SIDES = {
+  async: { partialRollout: false, pause: 'abort', staleRollouts: 'reset' },
+  'async+partial': { partialRollout: true, pause: 'abort', staleRollouts: 'reset' },
+  'async+in-place': { partialRollout: true, pause: 'in-place', staleRollouts: 'reset' },
+  'async+keep': { partialRollout: true, pause: 'in-place', staleRollouts: 'keep' },
+} as const;
+const ENGINE_SIDES = ['sync', ...(Object.keys(ASYNC_SIDES) as (keyof typeof ASYNC_SIDES)[])] as const;
 type EngineSide = (typeof ENGINE_SIDES)[number];
 export const TRAINING_SIDES = [...ENGINE_SIDES, 'python sync'] as const;
 
