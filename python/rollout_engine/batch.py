@@ -63,6 +63,13 @@ class Turn:
     trainable: bool
     seed: Optional[int]
     timings: Dict[str, float]
+    stale_kv: Optional[UInt8Array] = None
+    """Per response token, 1 where it was sampled on a KV cache computed with earlier weights than its
+    model step (a generation kept across an in-place weight update): no single set of weights gives its
+    logprob. None when no token was."""
+    spans_versions: bool = False
+    """The response came from several weight versions and the server did not say which token from which;
+    ``model_steps`` then hold the oldest."""
 
 
 @dataclass
@@ -108,6 +115,10 @@ class Sample:
     advantage: float
     turns: List[int]
     """Indexes into the rollout's ``turns`` of the responses in this sample, in order."""
+    inexact: BoolArray
+    """Generated tokens whose recorded logprob no single set of weights reproduces, or whose model step
+    is not known exactly: sampled on a KV cache from earlier weights (``Turn.stale_kv``) or in a turn
+    that spans several weight versions (``Turn.spans_versions``). False elsewhere."""
 
 
 @dataclass
@@ -357,6 +368,8 @@ def _turn(raw: Dict[str, Any], where: str) -> Turn:
         trainable=bool(raw.get("trainable")),
         seed=raw.get("seed"),
         timings=raw.get("timings") or {},
+        stale_kv=_array(raw.get("staleKv"), _U8, f"{where}.staleKv"),
+        spans_versions=raw.get("spansVersions") is True,
     )
 
 
@@ -435,6 +448,7 @@ class _SampleBuilder:
         self.logprobs: List[Float32Array] = []
         self.model_steps: List[Int32Array] = []
         self.loss: List[BoolArray] = []
+        self.inexact: List[BoolArray] = []
         self.turns: List[int] = []
         self.trainable = False
         self.length = 0
@@ -453,6 +467,7 @@ class _SampleBuilder:
         self.logprobs.append(np.zeros(n, dtype=np.float32))
         self.model_steps.append(np.full(n, -1, dtype=np.int32))
         self.loss.append(np.zeros(n, dtype=np.bool_))
+        self.inexact.append(np.zeros(n, dtype=np.bool_))
         self.action.append(False)
         r = turn.response_ids
         m = len(r)
@@ -460,6 +475,12 @@ class _SampleBuilder:
         self.logprobs.append(turn.logprobs if turn.logprobs is not None and len(turn.logprobs) == m else np.full(m, np.nan, dtype=np.float32))
         self.model_steps.append(turn.model_steps if turn.model_steps is not None and len(turn.model_steps) == m else np.full(m, turn.model_step, dtype=np.int32))
         self.loss.append(turn.loss_mask.astype(np.bool_) if turn.loss_mask is not None and len(turn.loss_mask) == m else np.ones(m, dtype=np.bool_))
+        if turn.spans_versions:
+            self.inexact.append(np.ones(m, dtype=np.bool_))
+        elif turn.stale_kv is not None and len(turn.stale_kv) == m:
+            self.inexact.append(turn.stale_kv.astype(np.bool_))
+        else:
+            self.inexact.append(np.zeros(m, dtype=np.bool_))
         self.action.append(True)
         self.turns.append(index)
         self.trainable = self.trainable or turn.trainable
@@ -478,6 +499,7 @@ class _SampleBuilder:
             reward=reward,
             advantage=advantage,
             turns=list(self.turns),
+            inexact=np.concatenate(self.inexact) & action,
         )
 
 
@@ -503,6 +525,7 @@ def _stitched_sample(rollout: Rollout, s: Stitched, advantage: float) -> Sample:
         reward=rollout.reward,
         advantage=advantage,
         turns=list(range(len(rollout.turns))),
+        inexact=np.zeros(n, dtype=np.bool_),
     )
 
 

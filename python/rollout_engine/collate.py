@@ -22,7 +22,7 @@ except ImportError as err:  # pragma: no cover - the message is the point
     raise ImportError("rollout_engine.collate needs torch: pip install './python[torch]' (Debian: python3-torch)") from err
 
 #: The tensors :func:`collate` returns.
-COLLATE_KEYS = ("input_ids", "attention_mask", "action_mask", "loss_mask", "old_logprobs", "advantages", "rewards", "model_steps")
+COLLATE_KEYS = ("input_ids", "attention_mask", "action_mask", "loss_mask", "old_logprobs", "advantages", "rewards", "model_steps", "inexact")
 
 
 def collate(samples: Union[Batch, Sequence[Sample]], *, pad_id: int = 0, max_length: Optional[int] = None) -> Dict[str, "torch.Tensor"]:
@@ -35,6 +35,8 @@ def collate(samples: Union[Batch, Sequence[Sample]], *, pad_id: int = 0, max_len
     - ``old_logprobs`` float32: the sampling policy's logprob of each action token, 0 elsewhere
     - ``advantages`` float32: the sample's advantage on its loss tokens, 0 elsewhere
     - ``model_steps`` int32: the model step of each action token, -1 elsewhere
+    - ``inexact`` bool: action tokens no single set of weights reproduces (``Sample.inexact``: sampled on
+      a KV cache from earlier weights, or in a turn whose weights are not known per token)
     - ``rewards`` float32 ``[batch]``: each sample's reward
 
     ``max_length`` cuts longer samples (their end is lost: prefer a config whose episodes fit).
@@ -50,6 +52,7 @@ def collate(samples: Union[Batch, Sequence[Sample]], *, pad_id: int = 0, max_len
     old = np.zeros((n, width), dtype=np.float32)
     adv = np.zeros((n, width), dtype=np.float32)
     steps = np.full((n, width), -1, dtype=np.int32)
+    inexact = np.zeros((n, width), dtype=np.bool_)
     rewards = np.zeros(n, dtype=np.float32)
     for i, (s, m) in enumerate(zip(items, lengths)):
         input_ids[i, :m] = s.token_ids[:m]
@@ -59,6 +62,7 @@ def collate(samples: Union[Batch, Sequence[Sample]], *, pad_id: int = 0, max_len
         old[i, :m] = np.where(s.action_mask[:m], s.logprobs[:m], 0)
         adv[i, :m] = np.where(s.loss_mask[:m], s.advantage, 0)
         steps[i, :m] = s.model_steps[:m]
+        inexact[i, :m] = s.inexact[:m]
         rewards[i] = s.reward
     out: Dict[str, Any] = {
         "input_ids": input_ids,
@@ -69,6 +73,7 @@ def collate(samples: Union[Batch, Sequence[Sample]], *, pad_id: int = 0, max_len
         "advantages": adv,
         "rewards": rewards,
         "model_steps": steps,
+        "inexact": inexact,
     }
     return {k: torch.from_numpy(v) for k, v in out.items()}
 

@@ -131,6 +131,18 @@ export interface TurnRecord {
    * everything on the main thread sees it whenever there are response ids.
    */
   modelSteps: Int32Array | null;
+  /**
+   * Per response token, 1 where it was sampled on a KV cache computed with earlier weights than its
+   * own model step — a generation kept across an in-place weight update (worker/token-steps.ts): no
+   * single set of weights gives its logprob. Absent when no token was.
+   */
+  staleKv?: Uint8Array;
+  /**
+   * The response came from more than one set of weights and the server did not say which token came
+   * from which (a whole reply kept across an in-place update): `modelSteps` then hold the oldest step
+   * for every token. Absent otherwise.
+   */
+  spansVersions?: true;
   /** Sampling seed sent with the request (null when `llm.sendSeed` is off); a continuation reuses it. */
   seed: number | null;
   /** Weight version the turn was generated with (the server's report, else the engine's model step). */
@@ -388,6 +400,7 @@ export function approxGroupBytes(group: RolloutGroup): number {
       count(t.logprobs);
       count(t.modelSteps);
       count(t.lossMask);
+      count(t.staleKv);
     }
   }
   return bytes;

@@ -11,7 +11,7 @@ import { delay, type CancelSignal } from '../cancel.ts';
 import { serverMessage } from '../errors.ts';
 import type { ChatRequest } from './request.ts';
 import { LlmError } from './errors.ts';
-import { Exchanges, type ExchangeResult } from './exchange.ts';
+import { Exchanges, type BodySink, type ExchangeResult } from './exchange.ts';
 import { parseChatReply, type ChatResult } from './reply.ts';
 import { ChatStream } from './stream-reply.ts';
 import { DIALECTS, type ServerDialect, type ServerKind } from './servers.ts';
@@ -99,6 +99,15 @@ export function chatPayload(
 
 const VLLM_IDS = { return_token_ids: true };
 
+/**
+ * A streamed answer read as it arrives (llm/stream-reply.ts, llm/generate-stream.ts): the exchange
+ * writes the body into it, then it makes the reply — whole, or what arrived before a pause held the call.
+ */
+export interface StreamSink<T> extends BodySink {
+  result(): T;
+  held(): T;
+}
+
 /** How one attempt ended: the reply, or why not and whether another attempt may do better. */
 type Outcome<T = ChatResult> =
   | { ok: true; result: T }
@@ -157,8 +166,8 @@ export class LlmClient {
     };
     this.#tokens =
       options.api === 'tokens'
-        ? new TokenChat(this.#dialect, options, (path, payload, reader, signal) =>
-            this.#call(path, payload, reader, signal, false),
+        ? new TokenChat(this.#dialect, options, (path, payload, reader, signal, stream) =>
+            this.#call(path, payload, reader, signal, stream),
           )
         : null;
     this.#exchanges = new Exchanges({
@@ -202,8 +211,21 @@ export class LlmClient {
     // The payload object, not its JSON: each attempt serialises it again (retries are rare), so no
     // string or buffer of the body stays alive while the call waits for its answer.
     const payload = chatPayload(this.#options, request, this.#dialect.chatIdFields(this.#options.stream === true));
-    return this.#call(this.#chatPath(sessionId), payload, this.#chatReader, signal, this.#options.stream === true);
+    return this.#call(
+      this.#chatPath(sessionId),
+      payload,
+      this.#chatReader,
+      signal,
+      this.#options.stream === true ? this.#chatStream : null,
+    );
   }
+
+  /** A fresh reader per attempt: a retry reads its own stream from the start. */
+  readonly #chatStream = (): ChatStream =>
+    new ChatStream({
+      tokenIds: this.#options.returnTokenIds && this.#dialect.chatResponseIds,
+      logprobs: this.#options.logprobs,
+    });
 
   /** The episode is over: what `api: tokens` holds of its conversation is let go. */
   endSession(conversation: string): void {
@@ -221,7 +243,7 @@ export class LlmClient {
     payload: object,
     reader: CallReader<T>,
     signal: CancelSignal | undefined,
-    stream: boolean,
+    stream: (() => StreamSink<T>) | null,
   ): Promise<T> {
     const attempts = this.#options.retries + 1;
     let lastError: LlmError | null = null;
@@ -243,13 +265,7 @@ export class LlmClient {
       // fault there is not mistaken for a transport error.
       let response: ExchangeResult | null = null;
       let failure: unknown = null;
-      // Per attempt: a retry reads its own stream from the start.
-      const events = stream
-        ? new ChatStream({
-            tokenIds: this.#options.returnTokenIds && this.#dialect.chatResponseIds,
-            logprobs: this.#options.logprobs,
-          })
-        : undefined;
+      const events = stream?.() ?? undefined;
       try {
         this.#options.onSend?.();
         response = await this.#exchanges.run(
@@ -336,10 +352,10 @@ export class LlmClient {
   }
 
   /** What an answer means: the parsed reply, or an error (retryable for 429 and 5xx). */
-  #outcomeOf<T>(response: ExchangeResult, events: ChatStream | undefined, reader: CallReader<T>): Outcome<T> {
+  #outcomeOf<T>(response: ExchangeResult, events: StreamSink<T> | undefined, reader: CallReader<T>): Outcome<T> {
     const { statusCode, text } = response;
     // Held by a pause: the tokens that have arrived are the partial generation, whatever the answer was to be.
-    if (response.held && events !== undefined) return this.#replyOutcome(heldReply, events) as Outcome<T>;
+    if (response.held && events !== undefined) return this.#replyOutcome(heldReply, events);
     if (statusCode >= 400 && statusCode < 500 && reader.onClientError !== undefined) {
       const result = reader.onClientError(statusCode, text);
       if (result !== null) return { ok: true, result };
@@ -354,7 +370,7 @@ export class LlmClient {
         }),
       };
     }
-    if (response.streamed && events !== undefined) return this.#replyOutcome(streamedReply, events) as Outcome<T>;
+    if (response.streamed && events !== undefined) return this.#replyOutcome(streamedReply, events);
     let json: unknown;
     try {
       json = JSON.parse(text);
@@ -382,8 +398,8 @@ export class LlmClient {
   }
 }
 
-const heldReply = (events: ChatStream): ChatResult => events.held();
-const streamedReply = (events: ChatStream): ChatResult => events.result();
+const heldReply = <T>(events: StreamSink<T>): T => events.held();
+const streamedReply = <T>(events: StreamSink<T>): T => events.result();
 
 /** Whether a control route's status (null: no answer) says the server did what was asked. */
 export const answeredOk = (status: number | null): boolean => status !== null && status >= 200 && status < 300;

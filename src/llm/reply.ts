@@ -37,6 +37,27 @@ export interface ChatResult {
    * llm/tool-calls.ts); absent when it called none.
    */
   toolCalls?: ParsedToolCall[];
+  /**
+   * Which weights sampled which response tokens, from a streamed reply whose every token-carrying
+   * event named its weight version (SGLang's meta_info, the reference policy server): consecutive
+   * spans, the last ending at the last token. Absent where the reply says less — a whole reply names
+   * only the version that ended it.
+   */
+  versionSpans?: VersionSpan[];
+}
+
+/** Tokens from the previous span's `end` (0 for the first) up to `end` were sampled by the weights named `version`. */
+export interface VersionSpan {
+  end: number;
+  version: string;
+}
+
+/** Adds `count` tokens sampled by `version` after the ones `spans` covers (merged into the last span when it is the same version). */
+export function extendSpans(spans: VersionSpan[], count: number, version: string): void {
+  if (count === 0) return;
+  const last = spans.at(-1);
+  if (last !== undefined && last.version === version) last.end += count;
+  else spans.push({ end: (last?.end ?? 0) + count, version });
 }
 
 export function parseChatReply(body: unknown): ChatResult {

@@ -12,18 +12,28 @@
 import type { FinishReason } from '../domain/rollout.ts';
 import { preview } from '../errors.ts';
 import { LlmError } from './errors.ts';
-import { bad, isObject, logprobIds, readLogprobs, readTokenIds, weightVersionOf, type ChatResult } from './reply.ts';
+import {
+  bad,
+  extendSpans,
+  isObject,
+  logprobIds,
+  readLogprobs,
+  readTokenIds,
+  weightVersionOf,
+  type ChatResult,
+  type VersionSpan,
+} from './reply.ts';
+import { SseFrames } from './sse.ts';
 
 export class ChatStream {
   readonly #wantIds: boolean;
   readonly #wantLogprobs: boolean;
-  readonly #decoder = new TextDecoder();
-  /** Text after the last complete line (an event's lines may arrive split across chunks). */
-  #pending = '';
-  /** The last chunk ended with \r, taken as a line end: a \n starting the next one is its second half. */
-  #skipLf = false;
-  /** `data:` lines of the event being read. */
-  #data: string[] = [];
+  readonly #frames = new SseFrames();
+  /** Reads one event's data; answers whether to read on (bound once: no closure per chunk). */
+  readonly #onEvent = (data: string): boolean => {
+    this.#dispatch(data);
+    return this.#error === null && !this.#done;
+  };
   #events = 0;
   #content = '';
   readonly #ids: number[] = [];
@@ -34,6 +44,8 @@ export class ChatStream {
   #promptIds: Int32Array | null = null;
   #finishReason: FinishReason | null = null;
   #weightVersion: string | null = null;
+  /** The version each token-carrying event named; null once one named none (then nothing per token is known). */
+  #spans: VersionSpan[] | null = [];
   #promptTokens: number | null = null;
   #completionTokens: number | null = null;
   #done = false;
@@ -54,35 +66,14 @@ export class ChatStream {
   write(chunk: Uint8Array): boolean {
     if (this.#error !== null) return false;
     if (this.#done) return true; // after [DONE]: the rest is the server's business
-    let text = this.#decoder.decode(chunk, { stream: true });
-    if (this.#skipLf && text.startsWith('\n')) text = text.slice(1);
-    // Lines end with \n, \r\n or \r. A \r at the very end is taken as a line end now (its event may be
-    // complete, and a pause may hold the call before the next chunk); a \n after it is then skipped.
-    this.#skipLf = text.endsWith('\r');
-    text = this.#pending + text;
-    if (text.includes('\r')) text = text.replace(/\r\n?/g, '\n');
-    let start = 0;
-    for (
-      let end = text.indexOf('\n');
-      end !== -1 && this.#error === null && !this.#done;
-      end = text.indexOf('\n', start)
-    ) {
-      this.#line(text.slice(start, end));
-      start = end + 1;
-    }
-    this.#pending = text.slice(start);
+    this.#frames.write(chunk, this.#onEvent);
     return this.#error === null;
   }
 
   /** The whole reply, once the stream has ended: what it said, or why it cannot be used. */
   result(): ChatResult {
     if (this.#error !== null) throw this.#error;
-    if (!this.#done) {
-      // A last line without its line end, a last event without its blank line.
-      if (this.#pending !== '') this.#line(this.#pending);
-      this.#pending = '';
-      if (this.#data.length > 0) this.#dispatch();
-    }
+    if (!this.#done) this.#frames.end(this.#onEvent);
     if (this.#error !== null) throw this.#error;
     if (this.#finishReason === null) {
       throw new LlmError(
@@ -122,22 +113,13 @@ export class ChatStream {
       weightVersion: this.#weightVersion,
       promptTokens: this.#promptTokens,
       completionTokens: this.#completionTokens,
+      ...(ids !== null && ids.length > 0 && this.#spans?.at(-1)?.end === ids.length
+        ? { versionSpans: this.#spans.map((s) => ({ ...s })) }
+        : {}),
     };
   }
 
-  #line(line: string): void {
-    if (line === '') {
-      if (this.#data.length > 0) this.#dispatch();
-      return;
-    }
-    // Comments (`: keep-alive`) and the other fields (event, id, retry) carry nothing for a completion.
-    if (!line.startsWith('data:')) return;
-    this.#data.push(line.charCodeAt(5) === 32 ? line.slice(6) : line.slice(5));
-  }
-
-  #dispatch(): void {
-    const data = this.#data.length === 1 ? this.#data[0] : this.#data.join('\n');
-    this.#data = [];
+  #dispatch(data: string): void {
     this.#events++;
     if (data === '[DONE]') {
       this.#done = true;
@@ -227,6 +209,10 @@ export class ChatStream {
       if (d.id !== undefined) call.id = d.id;
       if (d.name !== undefined) call.name += d.name;
       if (d.arguments !== undefined) call.arguments += d.arguments;
+    }
+    if (ids.length > 0 && this.#spans !== null) {
+      if (version === null) this.#spans = null;
+      else extendSpans(this.#spans, ids.length, version);
     }
     for (const id of ids) this.#ids.push(id);
     for (const lp of logprobs) this.#logprobs.push(lp);

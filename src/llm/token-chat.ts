@@ -20,6 +20,8 @@ import type { ChatMessage } from '../domain/rollout.ts';
 import { LlmError } from './errors.ts';
 import { contextOverflowReply } from './context.ts';
 import type { ChatRequest } from './request.ts';
+import type { StreamSink } from './client.ts';
+import { GenerateStream } from './generate-stream.ts';
 import type { ChatResult } from './reply.ts';
 import type { ServerDialect } from './servers.ts';
 import { parseToolCalls, type ToolParser } from './tool-calls.ts';
@@ -28,6 +30,12 @@ import { fillMissingLogprobs, TOKEN_WIRES, type GenerationResult, type TokenWire
 /** The client settings token-in calls read (an TokenChatOptions has them). */
 export interface TokenChatOptions {
   model: string;
+  /**
+   * Stream the generation where the token-in route can (SGLang's /generate): each event names the
+   * weights it came from, so a call kept across an in-place weight update is split exactly
+   * (llm/generate-stream.ts). Other routes answer whole.
+   */
+  stream?: boolean;
   toolParser?: ToolParser;
   server?: { contextLength: number | null };
   chatModel?: () => Promise<ChatModel>;
@@ -39,12 +47,14 @@ export type TokenCall = <T>(
   payload: object,
   reader: { parse(json: unknown): T },
   signal: CancelSignal | undefined,
+  stream: (() => StreamSink<T>) | null,
 ) => Promise<T>;
 
 /** Sessions whose sequence is kept at once per client: an episode's next turn finds its own; older ones are rebuilt from `previous`. */
 const SESSIONS_KEPT = 4096;
 
 const fail = (why: string): LlmError => new LlmError('ERR_LLM_BAD_REPLY', `token-in reply: ${why}`);
+const newGenerateStream = (): GenerateStream => new GenerateStream();
 /** A reply read as it is (llama.cpp's recompute calls pick one number out of it). */
 const RAW_JSON = { parse: (json: unknown) => json };
 
@@ -113,14 +123,22 @@ export class TokenChat {
       },
       this.#options.model,
     );
-    const result = await this.#call(this.#wire.path, payload, this.#reader, signal);
+    const streamed = this.#options.stream === true && this.#wire === TOKEN_WIRES.sglang;
+    if (streamed) payload.stream = true;
+    const result = await this.#call(
+      this.#wire.path,
+      payload,
+      this.#reader,
+      signal,
+      streamed ? newGenerateStream : null,
+    );
     if (result.missingLogprobs !== undefined) {
       // llama.cpp leaves out the logprob of a token ending inside a UTF-8 character: computed again.
       await fillMissingLogprobs(
         result,
         promptIds,
         this.#completeToken(model),
-        (body) => this.#call(this.#wire.path, body, RAW_JSON, signal),
+        (body) => this.#call(this.#wire.path, body, RAW_JSON, signal, null),
         fail,
       );
     }
@@ -162,6 +180,7 @@ export class TokenChat {
       responseIds: Int32Array.from(ids),
       logprobs: Float32Array.from(result.logprobs),
       weightVersion: result.weightVersion,
+      ...(result.versionSpans !== undefined ? { versionSpans: result.versionSpans } : {}),
       promptTokens: promptIds.length,
       completionTokens: ids.length,
     };

@@ -15,6 +15,8 @@
  *   `tokens_evaluated` (tools/server/server-task.cpp: stop_type_to_str, probs_vector_to_json).
  */
 
+import type { VersionSpan } from './reply.ts';
+
 /** Sampling settings an agent may send and a backend honours; unset = the backend's default. */
 export interface SamplingParams {
   temperature?: number;
@@ -53,6 +55,8 @@ export interface GenerationResult {
   weightVersion: string | null;
   /** Positions whose logprob the server left out (llama.cpp: a token ending inside a UTF-8 character); NaN there. */
   missingLogprobs?: number[];
+  /** Which weights sampled which tokens, from a streamed reply (llm/generate-stream.ts); see ChatResult.versionSpans. */
+  versionSpans?: VersionSpan[];
 }
 
 export type TokenWireKind = 'vllm' | 'sglang' | 'llamacpp';

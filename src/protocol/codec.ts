@@ -29,7 +29,7 @@ import { fillModelSteps, type RolloutGroup } from '../domain/rollout.ts';
 const threadPackr = new Packr({ useRecords: false, moreTypes: true, structuredClone: true });
 
 /** The turn fields carried beside the body, and the array kinds they may hold (a kind's index is its code). */
-const TURN_ARRAYS = ['promptIds', 'responseIds', 'logprobs', 'modelSteps', 'lossMask'] as const;
+const TURN_ARRAYS = ['promptIds', 'responseIds', 'logprobs', 'modelSteps', 'lossMask', 'staleKv'] as const;
 const ARRAY_KINDS = [Int32Array, Float32Array, Uint8Array] as const;
 type TurnArray = InstanceType<(typeof ARRAY_KINDS)[number]>;
 const HEADER_BYTES = 4;

@@ -49,6 +49,7 @@ import {
 } from '../domain/rollout.ts';
 import { NO_EXPIRY } from '../protocol/control-block.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
+import { tokenSteps } from './token-steps.ts';
 import { trimMessages } from './trim.ts';
 import { NO_TOOLS, runToolCalls, toolMessagesOf, type StepTools, type ToolSettings } from './tools.ts';
 
@@ -569,26 +570,27 @@ function infer(
   }
   return call.then((reply) => {
     if (reply.contextExceeded !== undefined) throw new ContextExceeded(reply.contextExceeded);
-    let modelStep = gate.stepOfVersion(reply.weightVersion);
-    if (modelStep < 0) {
-      modelStep = gate.modelStep;
-      ctx.onVersionMismatch?.(reply.weightVersion!, modelStep);
-    }
-    // The reply names the weights that ended it; the turn is tagged with the oldest that made any of
-    // it, so staleness is never understated (one step for every token: the turn record has no split).
-    modelStep = Math.min(modelStep, stepAtSend);
+    const steps = tokenSteps(reply, stepAtSend, (version) => {
+      const known = gate.stepOfVersion(version);
+      if (known >= 0) return known;
+      ctx.onVersionMismatch?.(version!, gate.modelStep);
+      return gate.modelStep;
+    });
     const turn = turnRecord(
       step,
       agentId,
       prompt,
       reply,
-      modelStep,
+      steps.modelStep,
       seed,
       settings,
       promptMs,
       performance.now() - t,
       turnStart,
     );
+    turn.modelSteps = steps.modelSteps;
+    if (steps.staleKv !== null) turn.staleKv = steps.staleKv;
+    if (steps.spansVersions) turn.spansVersions = true;
     if (partial) mergeContinuation(partial, turn);
     if (reply.toolCalls !== undefined && reply.toolCalls.length > 0) pendingCalls.set(turn, reply.toolCalls);
     return turn;
@@ -701,6 +703,11 @@ function turnRecord(
 function mergeContinuation(partial: TurnRecord, turn: TurnRecord): void {
   // First, while each part's ids still give its own length: the new tokens' steps are implicit.
   turn.modelSteps = concat(modelStepsOf(partial), modelStepsOf(turn), Int32Array);
+  if (partial.staleKv !== undefined || turn.staleKv !== undefined) {
+    const stale = concat(staleKvOf(partial), staleKvOf(turn), Uint8Array);
+    if (stale !== null) turn.staleKv = stale;
+  }
+  if (partial.spansVersions === true) turn.spansVersions = true;
   turn.response = partial.response + turn.response;
   turn.promptIds = partial.promptIds ?? turn.promptIds;
   turn.responseIds = concat(partial.responseIds, turn.responseIds, Int32Array);
@@ -709,7 +716,16 @@ function mergeContinuation(partial: TurnRecord, turn: TurnRecord): void {
   turn.timings.totalMs += partial.timings.totalMs;
 }
 
-function concat<T extends Int32Array | Float32Array>(a: T | null, b: T | null, Kind: { new (n: number): T }): T | null {
+/** A turn's stale-KV marks with a 0 for every token when it has none (a continuation's part re-prefilled on one set of weights). */
+function staleKvOf(turn: TurnRecord): Uint8Array | null {
+  return turn.staleKv ?? (turn.responseIds === null ? null : new Uint8Array(turn.responseIds.length));
+}
+
+function concat<T extends Int32Array | Float32Array | Uint8Array>(
+  a: T | null,
+  b: T | null,
+  Kind: { new (n: number): T },
+): T | null {
   if (a === null || b === null) return null; // ids from only one part cannot be aligned
   const out = new Kind(a.length + b.length);
   out.set(a);
