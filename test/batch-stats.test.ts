@@ -63,12 +63,31 @@ describe('batch stats (coordinator/batch-stats.ts batchStats)', () => {
       responseTokens: 2 + 1 + 3 + 1,
       staleness: { min: 0, max: 2, mean: (1 + 0 + 2) / 3, pastThreshold: 1 },
       maskedTokens: 7,
+      inexactTokens: 0,
       producedSamples: { a: 6, b: 2 },
       producedTokens: { a: 40, b: 0 },
       rawMeanReward: { a: 0.5, b: null },
       produceMs: 12,
       byTask: { a: { groups: 2, meanReward: 0.5 }, b: { groups: 1, meanReward: 0.5 } },
     });
+  });
+
+  it('counts the inexact tokens: marked stale-KV ones, and every token of a turn that spans versions', () => {
+    const g = group(
+      'a',
+      0,
+      {
+        reward: 1,
+        turns: [
+          [3, 3, 4, 4],
+          [4, 4, 4],
+        ],
+      },
+      { reward: 0, turns: [[3, 3]] },
+    );
+    g.rollouts[0].turns[0].staleKv = Uint8Array.of(0, 0, 1, 1);
+    g.rollouts[1].turns[0].spansVersions = true;
+    assert.equal(batchStats(5, new Map([['a', [g]]]), 0, window, Infinity).inexactTokens, 2 + 2);
   });
 
   it('reports zeros, not NaN, for a batch with no rollouts', () => {

@@ -92,6 +92,8 @@ class BatchStats(TypedDict):
     responseTokens: int
     staleness: Staleness
     maskedTokens: int
+    # Response tokens no single set of weights reproduces (Turn.stale_kv, Turn.spans_versions).
+    inexactTokens: int
     producedSamples: Dict[str, int]
     producedTokens: Dict[str, int]
     rawMeanReward: Dict[str, Optional[float]]

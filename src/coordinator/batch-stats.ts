@@ -3,7 +3,7 @@
  * the groups taken and the train step, so each figure can be checked by hand (test/batch-stats.test.ts).
  */
 import { rolloutStaleness, tokenLossMask } from '../buffer/staleness.ts';
-import { responseTokenCount, type RolloutGroup } from '../domain/rollout.ts';
+import { inexactTokenCount, responseTokenCount, type RolloutGroup } from '../domain/rollout.ts';
 import type { WindowStats } from './progress.ts';
 
 export interface BatchStats {
@@ -20,6 +20,12 @@ export interface BatchStats {
   staleness: { min: number; max: number; mean: number; pastThreshold: number };
   /** Tokens masked out of the loss by the token-level staleness threshold. */
   maskedTokens: number;
+  /**
+   * Response tokens whose recorded logprob no single set of weights reproduces: sampled on a KV cache
+   * from earlier weights (`TurnRecord.staleKv`), or in a turn spanning weight versions without a
+   * per-token split (`spansVersions`) — generations kept across in-place weight updates.
+   */
+  inexactTokens: number;
   /**
    * Since the previous batch: rollouts produced per task (every status, a retried group's rollouts
    * each time it lands) and the response tokens generated for them (each token once, in the dispatch
@@ -55,6 +61,7 @@ export function batchStats(
   let sMax = -Infinity;
   let sSum = 0;
   let past = 0;
+  let inexact = 0;
   for (const [task, taskGroups] of taken) {
     let taskReward = 0;
     let taskRollouts = 0;
@@ -64,6 +71,7 @@ export function batchStats(
         taskRollouts++;
         turns += r.turns.length;
         responseTokens += responseTokenCount(r);
+        inexact += inexactTokenCount(r);
         const s = rolloutStaleness(r, trainStep);
         sMin = Math.min(sMin, s);
         sMax = Math.max(sMax, s);
@@ -87,6 +95,7 @@ export function batchStats(
         ? { min: 0, max: 0, mean: 0, pastThreshold: 0 }
         : { min: sMin, max: sMax, mean: sSum / rollouts, pastThreshold: past },
     maskedTokens,
+    inexactTokens: inexact,
     producedSamples: window.producedSamples,
     producedTokens: window.producedTokens,
     rawMeanReward: window.meanReward,

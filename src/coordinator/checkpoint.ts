@@ -287,9 +287,11 @@ export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSn
   }
   const tasks = config.tasks.map((t) => t.name);
   const producer = checkSnapshotShape(state, path, tasks);
-  // Written before the batch stats counted the rollouts past the stale threshold: none were then.
+  // Written before the batch stats counted the rollouts past the stale threshold, or the inexact
+  // tokens: none were counted then.
   const stats = producer.lastBatch?.stats;
   if (stats && stats.staleness.pastThreshold === undefined) stats.staleness.pastThreshold = 0;
+  if (stats && stats.inexactTokens === undefined) stats.inexactTokens = 0;
   const groups: [RolloutGroup, string][] = [
     ...producer.buffer.groups.map((g, i): [RolloutGroup, string] => [g, `${path}: producer.buffer.groups[${i}]`]),
     ...producer.inFlight.map((g, i): [RolloutGroup, string] => [g, `${path}: producer.inFlight[${i}]`]),

@@ -362,6 +362,16 @@ export function responseTokenCount(rollout: RolloutState): number {
   return n;
 }
 
+/** Response tokens of a rollout no single set of weights reproduces (TurnRecord.staleKv, spansVersions). */
+export function inexactTokenCount(rollout: RolloutState): number {
+  let n = 0;
+  for (const turn of rollout.turns) {
+    if (turn.spansVersions === true) n += turn.responseIds?.length ?? 0;
+    else if (turn.staleKv !== undefined) for (const mark of turn.staleKv) n += mark;
+  }
+  return n;
+}
+
 /**
  * Response tokens generated in one dispatch of a rollout: `sent` as dispatched, `landed` as it came
  * back. A continued partial rollout adds to what it had and a kept COMPLETED sibling adds nothing;
