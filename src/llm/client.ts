@@ -11,7 +11,7 @@ import { delay, type CancelSignal } from '../cancel.ts';
 import { serverMessage } from '../errors.ts';
 import type { ChatRequest } from './request.ts';
 import { LlmError } from './errors.ts';
-import { Exchanges, type BodySink, type ExchangeResult } from './exchange.ts';
+import { Exchanges, type ExchangeResult, type StreamSink } from './exchange.ts';
 import { parseChatReply, type ChatResult } from './reply.ts';
 import { ChatStream } from './stream-reply.ts';
 import { DIALECTS, type ServerDialect, type ServerKind } from './servers.ts';
@@ -98,15 +98,6 @@ export function chatPayload(
 }
 
 const VLLM_IDS = { return_token_ids: true };
-
-/**
- * A streamed answer read as it arrives (llm/stream-reply.ts, llm/generate-stream.ts): the exchange
- * writes the body into it, then it makes the reply — whole, or what arrived before a pause held the call.
- */
-export interface StreamSink<T> extends BodySink {
-  result(): T;
-  held(): T;
-}
 
 /** How one attempt ended: the reply, or why not and whether another attempt may do better. */
 type Outcome<T = ChatResult> =

@@ -28,6 +28,15 @@ export interface BodySink {
   write(chunk: Uint8Array): boolean;
 }
 
+/**
+ * A streamed answer read as it arrives (llm/stream-reply.ts, llm/generate-stream.ts): the exchange
+ * writes the body into it, then it makes the reply — whole, or what arrived before a pause held the call.
+ */
+export interface StreamSink<T> extends BodySink {
+  result(): T;
+  held(): T;
+}
+
 export interface ExchangeResult {
   statusCode: number;
   headers: Record<string, string | string[] | undefined>;

@@ -20,7 +20,7 @@ import type { ChatMessage } from '../domain/rollout.ts';
 import { LlmError } from './errors.ts';
 import { contextOverflowReply } from './context.ts';
 import type { ChatRequest } from './request.ts';
-import type { StreamSink } from './client.ts';
+import type { StreamSink } from './exchange.ts';
 import { GenerateStream } from './generate-stream.ts';
 import type { ChatResult } from './reply.ts';
 import type { ServerDialect } from './servers.ts';
