@@ -14,7 +14,8 @@ import { NATS_URL, RUN_NAME } from './cluster/names.ts';
 import { dialectConflicts, ENV_DIALECTS } from './env/dialect.ts';
 import { ConfigError, preview } from './errors.ts';
 import { projectModuleUrl } from './paths.ts';
-import { SERVER_KINDS } from './llm/servers.ts';
+import { SERVER_KINDS, type SamplingUse } from './llm/servers.ts';
+import type { SamplingRecord, SamplingShape } from './domain/rollout.ts';
 
 const BUILTIN_PREFIX = 'builtin:';
 /** Shipped synthetic environments, addressable as `builtin:<name>` in `tasks[].env.module`. */
@@ -129,6 +130,23 @@ const ToolsSpec = z.strictObject({
   toolChoice: z.enum(['auto', 'required', 'none']).default('auto'),
 });
 
+/**
+ * Truncation and penalties, beside `temperature` (README "Sampling"). Unset, each is sent at the
+ * server's neutral value (llm/token-wire.ts samplingFields), so tokens are sampled from the model's whole
+ * distribution at the temperature; what a task sets is recorded in its groups (`group.sampling`).
+ */
+const SamplingShapeSpec = {
+  topP: z.number().gt(0, 'must be in (0, 1]').max(1, 'must be in (0, 1]').optional(),
+  topK: z.number().int('must be a whole number of tokens, at least 1').min(1, 'must be at least 1').optional(),
+  minP: z.number().min(0, 'must be in [0, 1)').lt(1, 'must be in [0, 1)').optional(),
+  /** vLLM wants > 0, SGLang [0, 2]. */
+  repetitionPenalty: z.number().gt(0, 'must be in (0, 2]').max(2, 'must be in (0, 2]').optional(),
+  /** The OpenAI API's range. */
+  presencePenalty: z.number().min(-2, 'must be in [-2, 2]').max(2, 'must be in [-2, 2]').optional(),
+  frequencyPenalty: z.number().min(-2, 'must be in [-2, 2]').max(2, 'must be in [-2, 2]').optional(),
+};
+export const SAMPLING_SHAPE_KEYS = Object.keys(SamplingShapeSpec) as (keyof typeof SamplingShapeSpec)[];
+
 const TaskSpec = z
   .strictObject({
     name: z.string().regex(/^[A-Za-z0-9_.-]+$/, 'must be letters, digits, "_", "." or "-"'),
@@ -145,6 +163,7 @@ const TaskSpec = z
     messageCut: nonNegativeInt.default(3),
     maxTokens: positiveInt.default(512),
     temperature: z.number().min(0).max(2).default(1),
+    ...SamplingShapeSpec,
     hooks: ModuleExportSpec.nullable().default(null),
     /**
      * A black-box agent: a module whose export receives `{ baseURL, sessionId, prompt, label, signal }` and
@@ -158,6 +177,19 @@ const TaskSpec = z
   .refine((task) => task.env !== null || task.agent !== null, {
     message: 'a task needs an env (or a black-box agent that takes its prompts from the dataset)',
     path: ['env'],
+  })
+  .superRefine((task, ctx) => {
+    // The gateway passes on the agent's own sampling fields: a task setting here would go unsent and
+    // still be recorded as what the tokens were sampled with.
+    if (task.agent === null) return;
+    for (const key of SAMPLING_SHAPE_KEYS)
+      if (task[key] !== undefined)
+        ctx.addIssue({
+          code: 'custom',
+          path: [key],
+          message: 'applies to the built-in agent loop; a black-box agent sets its own sampling on its requests',
+          input: task[key],
+        });
   });
 
 const GatewaySpec = z.strictObject({
@@ -174,6 +206,8 @@ const PolicySpec = z.strictObject({
   url: z.union([httpUrl, z.array(httpUrl).min(1)]).optional(),
   model: z.string().min(1).optional(),
   temperature: z.number().min(0).max(2).optional(),
+  /** Each set here replaces the task's for this agent's calls. */
+  ...SamplingShapeSpec,
   maxTokens: positiveInt.optional(),
 });
 
@@ -442,6 +476,8 @@ export type TaskConfig = Omit<ParsedTask, 'env' | 'hooks' | 'agent'> & {
   env: (NonNullable<ParsedTask['env']> & { moduleUrl: string | null }) | null;
   hooks: (NonNullable<ParsedTask['hooks']> & { moduleUrl: string }) | null;
   agent: (NonNullable<ParsedTask['agent']> & { moduleUrl: string }) | null;
+  /** What its groups record they were sampled with (samplingRecord); null for a black-box agent's task. */
+  sampling: SamplingRecord | null;
 };
 export type LlmConfig = ParsedConfig['llm'];
 export type MockConfig = ParsedConfig['mock'];
@@ -489,6 +525,7 @@ export function resolveConfig(input: unknown, options: ResolveOptions = {}): Res
       env: task.env === null ? null : { ...task.env, moduleUrl: located[i].moduleUrl },
       hooks: task.hooks === null ? null : { ...task.hooks, moduleUrl: located[i].hooksUrl! },
       agent: task.agent === null ? null : { ...task.agent, moduleUrl: located[i].agentUrl! },
+      sampling: task.agent === null ? samplingRecord(task, parsed.data.llm.policies) : null,
     }),
   );
   const resumeFrom =
@@ -575,4 +612,62 @@ export function urlList(url: string | string[]): string[] {
 /** Endpoints named by `llm.policies` (beyond the default ones). */
 export function policyUrls(config: ResolvedConfig): string[] {
   return Object.values(config.llm.policies).flatMap((p) => (p.url === undefined ? [] : urlList(p.url)));
+}
+
+type ShapeSource = { temperature?: number } & Partial<Record<(typeof SAMPLING_SHAPE_KEYS)[number], number>>;
+
+/** The truncating and penalising settings `spec` sets, and only those. */
+export function samplingShapeOf(spec: ShapeSource): Omit<SamplingShape, 'temperature'> {
+  const out: Omit<SamplingShape, 'temperature'> = {};
+  for (const key of SAMPLING_SHAPE_KEYS) if (spec[key] !== undefined) out[key] = spec[key];
+  return out;
+}
+
+/**
+ * What a task's turns are sampled with (its groups' `sampling`): its temperature and settings, and, for
+ * each agent whose policy changes any of them, that agent's whole settings — a policy's setting
+ * replaces the task's one by one, as the router applies them (llm/router.ts).
+ */
+export function samplingRecord(
+  task: ShapeSource & { temperature: number },
+  policies: Record<string, ShapeSource>,
+): SamplingRecord {
+  const own: SamplingShape = { temperature: task.temperature, ...samplingShapeOf(task) };
+  let agents: Record<string, SamplingShape> | undefined;
+  for (const [agent, policy] of Object.entries(policies)) {
+    const changes = samplingShapeOf(policy);
+    if (policy.temperature === undefined && Object.keys(changes).length === 0) continue;
+    (agents ??= {})[agent] = { ...own, ...changes, temperature: policy.temperature ?? own.temperature };
+  }
+  return agents === undefined ? own : { ...own, agents };
+}
+
+/**
+ * What samples on `url`: the built-in loop's tasks on the default endpoints, and each agent policy on
+ * its endpoints (with each task's settings it does not replace).
+ */
+export function samplingUses(config: ResolvedConfig, url: string): SamplingUse[] {
+  const loopTasks = config.tasks.flatMap((task, i) => (task.agent === null ? [{ task, i }] : []));
+  const defaults = config.llm.url === null ? null : urlList(config.llm.url);
+  const onDefault = defaults === null || defaults.includes(url);
+  const fieldsOf = (spec: ShapeSource, at: string): SamplingUse['fields'] =>
+    SAMPLING_SHAPE_KEYS.flatMap((key) =>
+      spec[key] === undefined ? [] : [{ path: `${at}.${key}`, key, value: spec[key] as number }],
+    );
+  const uses: SamplingUse[] = [];
+  if (onDefault)
+    for (const { task, i } of loopTasks)
+      uses.push({ where: `tasks[${i}]`, temperature: task.temperature, fields: fieldsOf(task, `tasks[${i}]`) });
+  for (const [agent, policy] of Object.entries(config.llm.policies)) {
+    if (policy.url === undefined ? !onDefault : !urlList(policy.url).includes(url)) continue;
+    const at = `llm.policies.${agent}`;
+    const own = fieldsOf(policy, at);
+    for (const { task, i } of loopTasks)
+      uses.push({
+        where: policy.temperature === undefined ? `tasks[${i}]` : at,
+        temperature: policy.temperature ?? task.temperature,
+        fields: [...fieldsOf(task, `tasks[${i}]`).filter((f) => policy[f.key] === undefined), ...own],
+      });
+  }
+  return uses;
 }

@@ -115,12 +115,19 @@ describe('gateway against an SGLang-shaped backend', () => {
     assert.equal(backend.paths[0], '/generate');
     const full = model.encode(model.render(messages, { addGenerationPrompt: true }));
     assert.deepEqual(sent.input_ids, full);
+    // What the agent did not set goes at SGLang's neutral values, not the server's (possibly the model's) defaults.
     assert.deepEqual(sent.sampling_params, {
       max_new_tokens: 32,
       no_stop_trim: true,
       temperature: 0.5,
       sampling_seed: 3,
       stop: ['###'],
+      top_p: 1,
+      top_k: -1,
+      min_p: 0,
+      repetition_penalty: 1,
+      presence_penalty: 0,
+      frequency_penalty: 0,
     });
     assert.equal(sent.return_logprob, true);
     assert.equal(reply.choices[0].message.content, 'Hello there!');

@@ -12,7 +12,7 @@
 
 ``rollout_engine.collate`` (needs torch) turns samples into padded tensors.
 """
-from .batch import Batch, Group, Rollout, Sample, SideCall, Stitched, Turn, decode_batch
+from .batch import Batch, Group, Rollout, Sample, Sampling, SideCall, Stitched, Turn, decode_batch
 from .client import BatchOutcome, ControlClient, ExpiredBatch, RetryPolicy, WeightUpdateInProgress
 from .errors import BatchFormatError, ControlApiError, EngineUnreachableError, LaunchError, RolloutEngineError
 from .launch import LaunchedEngine, default_command, launch
@@ -34,6 +34,7 @@ __all__ = [
     "Rollout",
     "RolloutEngineError",
     "Sample",
+    "Sampling",
     "SideCall",
     "Stitched",
     "Turn",

@@ -40,6 +40,41 @@ _U8 = np.dtype("u1")
 
 
 @dataclass
+class Sampling:
+    """What tokens were sampled with: the group's ``sampling`` (``tasks[].temperature``, ``topP``, …).
+
+    A setting that is None was sent at the server's neutral value, so with none set the distribution
+    sampled from is the model's whole one at ``temperature`` — what a trainer recomputes the logprobs
+    with. A setting that is not None truncates or penalises that distribution; the logprobs the servers
+    report are of the distribution before it (see the README's "Sampling").
+    """
+
+    temperature: float
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    agents: Dict[str, "Sampling"] = field(default_factory=dict)
+    """Agents whose policy (``llm.policies``) samples otherwise, with their settings whole."""
+
+    @property
+    def truncated(self) -> bool:
+        """Whether top-p, top-k or min-p cut the distribution sampled from."""
+        return self.top_p is not None or self.top_k is not None or self.min_p is not None
+
+    @property
+    def penalised(self) -> bool:
+        """Whether a repetition, presence or frequency penalty reshaped it."""
+        return self.repetition_penalty is not None or self.presence_penalty is not None or self.frequency_penalty is not None
+
+    def for_agent(self, agent_id: Optional[str]) -> "Sampling":
+        """The settings an agent's turns were sampled with (its policy's, else the task's)."""
+        return self.agents.get(agent_id, self) if agent_id is not None else self
+
+
+@dataclass
 class Turn:
     """One agent turn (an inference call and the environment's step after it)."""
 
@@ -70,6 +105,8 @@ class Turn:
     spans_versions: bool = False
     """The response came from several weight versions and the server did not say which token from which;
     ``model_steps`` then hold the oldest."""
+    sampling: Optional[Sampling] = None
+    """What its tokens were sampled with (its group's, for its agent); None for a batch that records none."""
 
 
 @dataclass
@@ -143,6 +180,8 @@ class Rollout:
     """The prompt it was reset with: ``taskName``, ``promptIndex``, ``drawIndex``, ``seed``, ``envParams``."""
     timings: Dict[str, float]
     stitched: Optional[Stitched] = None
+    sampling: Optional[Sampling] = None
+    """Its group's ``sampling``; None for a black-box agent's rollout, whose agent chose its own."""
 
     def samples(self, advantage: float = 0.0, *, trainable_only: bool = True) -> List[Sample]:
         """The rollout as training sequences (see the module doc); each carries ``advantage``.
@@ -196,6 +235,8 @@ class Group:
     rollouts: List[Rollout]
     sample: Dict[str, Any]
     error: Optional[str]
+    sampling: Optional[Sampling] = None
+    """What its turns were sampled with, recorded once per group; None for a black-box agent's group."""
 
     def rewards(self) -> Float32Array:
         return np.array([r.reward for r in self.rollouts], dtype=np.float32)
@@ -272,6 +313,12 @@ def _group(raw: Any, where: str) -> Tuple[Group, bool]:
         decoded, was_compact = _rollout(rollout, f"{where}.rollouts[{r}]")
         rollouts.append(decoded)
         compact = compact or was_compact
+    sampling = None if raw.get("sampling") is None else _sampling(raw["sampling"], f"{where}.sampling", agents=True)
+    if sampling is not None:
+        for decoded in rollouts:
+            decoded.sampling = sampling
+            for turn in decoded.turns:
+                turn.sampling = sampling.for_agent(turn.agent_id)
     return (
         Group(
             id=_get(raw, "id", str, where),
@@ -280,9 +327,38 @@ def _group(raw: Any, where: str) -> Tuple[Group, bool]:
             rollouts=rollouts,
             sample=raw.get("sample") or {},
             error=raw.get("error"),
+            sampling=sampling,
         ),
         compact,
     )
+
+
+_SAMPLING_FIELDS = (
+    ("topP", "top_p"),
+    ("topK", "top_k"),
+    ("minP", "min_p"),
+    ("repetitionPenalty", "repetition_penalty"),
+    ("presencePenalty", "presence_penalty"),
+    ("frequencyPenalty", "frequency_penalty"),
+)
+
+
+def _sampling(raw: Any, where: str, *, agents: bool) -> Sampling:
+    if not isinstance(raw, dict):
+        raise BatchFormatError(where, f"must be an object (got {type(raw).__name__})")
+    values: Dict[str, Any] = {}
+    for key, name in _SAMPLING_FIELDS:
+        value = raw.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BatchFormatError(f"{where}.{key}", f"must be a number (got {value!r:.60})")
+        values[name] = int(value) if key == "topK" else float(value)
+    per_agent: Dict[str, Sampling] = {}
+    agents_raw = raw.get("agents")
+    if agents and isinstance(agents_raw, dict):
+        per_agent = {str(a): _sampling(s, f"{where}.agents.{a}", agents=False) for a, s in agents_raw.items()}
+    return Sampling(temperature=float(_get(raw, "temperature", (int, float), where)), agents=per_agent, **values)
 
 
 def _rollout(raw: Any, where: str) -> Tuple[Rollout, bool]:
@@ -529,4 +605,4 @@ def _stitched_sample(rollout: Rollout, s: Stitched, advantage: float) -> Sample:
     )
 
 
-__all__ = ["Batch", "Group", "Rollout", "Turn", "Sample", "Stitched", "SideCall", "decode_batch"]
+__all__ = ["Batch", "Group", "Rollout", "Sampling", "Turn", "Sample", "Stitched", "SideCall", "decode_batch"]

@@ -170,13 +170,36 @@ class TestDecode(unittest.TestCase):
         b = decode_batch(batch_of([turn(1, [1], [2, 3, 4], lossMask=np.array([1, 0, 1], dtype="u1").tobytes())], as_bytes=True))
         np.testing.assert_array_equal(b.rollouts()[0].sequence().loss_mask, [0, 1, 0, 1])
 
+    def test_the_groups_sampling_is_on_the_group_its_rollouts_and_each_turn_for_its_agent(self) -> None:
+        raw = batch_of([turn(1, [1], [2]), turn(1, [1], [3], agentId="b")], as_bytes=True)
+        raw["groups"][0]["sampling"] = {"temperature": 0.7, "topK": 40, "agents": {"b": {"temperature": 1, "topK": 40, "minP": 0.1}}}
+        b = decode_batch(msgpack.unpackb(msgpack.packb(raw), raw=False))
+        group = b.groups[0]
+        assert group.sampling is not None
+        self.assertEqual((group.sampling.temperature, group.sampling.top_k, group.sampling.top_p), (0.7, 40, None))
+        self.assertTrue(group.sampling.truncated)
+        self.assertFalse(group.sampling.penalised)
+        self.assertIs(b.rollouts()[0].sampling, group.sampling)
+        own, other = b.rollouts()[0].turns
+        self.assertIs(own.sampling, group.sampling)
+        assert other.sampling is not None
+        self.assertEqual((other.sampling.temperature, other.sampling.min_p), (1.0, 0.1))
+
+    def test_a_batch_without_a_sampling_record_decodes_with_none(self) -> None:
+        b = decode_batch(batch_of([turn(1, [1], [2])], as_bytes=False))
+        self.assertIsNone(b.groups[0].sampling)
+        self.assertIsNone(b.rollouts()[0].turns[0].sampling)
+
     def test_a_bad_batch_is_refused_naming_the_field(self) -> None:
-        cases = [
+        cases: List[Tuple[Dict[str, Any], str]] = [
             ({"trainStep": 1, "status": "MAYBE", "groups": []}, "batch.status"),
             ({"trainStep": "1", "status": "NORMAL", "groups": []}, "batch.trainStep"),
             (batch_of([turn(1, [1], [2], promptIds=b"\x01\x02\x03")], as_bytes=False), "batch.groups[0].rollouts[0].turns[0].promptIds"),
             (batch_of([turn(1, [1], [2], promptIds=None, promptIdsPrefixOf={"turn": 5, "length": 1})], as_bytes=False), "batch.groups[0].rollouts[0].turns[0].promptIdsPrefixOf"),
         ]
+        bad_sampling = batch_of([turn(1, [1], [2])], as_bytes=False)
+        bad_sampling["groups"][0]["sampling"] = {"temperature": 1, "topP": "0.9"}
+        cases.append((bad_sampling, "batch.groups[0].sampling.topP"))
         for raw, where in cases:
             with self.assertRaises(BatchFormatError) as caught:
                 decode_batch(raw)

@@ -72,7 +72,7 @@ export class Sampler {
       seed: row?.seed ?? mixSeed(this.#runSeed, this.task.name, promptIndex),
       envParams: row?.params ?? {},
     };
-    return newGroup(sample, this.task.groupSize);
+    return newGroup(sample, this.task.groupSize, this.task.sampling ?? undefined);
   }
 }
 

@@ -12,13 +12,21 @@
  */
 import { existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { policyUrls, urlList, type ResolvedConfig } from '../config.ts';
+import { policyUrls, samplingUses, urlList, type ResolvedConfig } from '../config.ts';
 import { emptyDropCounts, type DropReason } from '../buffer/replay-buffer.ts';
 import { Sampler } from '../buffer/sampler.ts';
 import { createHttpEnvironments } from '../env/http-env.ts';
 import type { Gateway } from '../gateway/index.ts';
 import type { MockLlm } from '../testing/mock-llm/server.ts';
-import { checkServedVersions, probeServer, serverGaps, DIALECTS, type ServerInfo } from '../llm/servers.ts';
+import {
+  checkServedVersions,
+  probeServer,
+  samplingGaps,
+  serverGaps,
+  unhonouredSampling,
+  DIALECTS,
+  type ServerInfo,
+} from '../llm/servers.ts';
 import { createLogger, type Logger } from '../log.ts';
 import { ConfigError, describeError, RolloutEngineError } from '../errors.ts';
 import type { TaskCheck, WorkerStats } from '../protocol/messages.ts';
@@ -322,6 +330,12 @@ export class EngineCore {
         wantIds: llm.returnTokenIds,
         pauseInPlace,
       }))
+        this.log.warn({ url, server: info.kind }, `${dialect.label} at ${url}: ${gap}`);
+      // What the tasks sample with, against what this server can do and reports (llm/servers.ts).
+      const uses = samplingUses(this.config, url);
+      const refused = unhonouredSampling(info, uses);
+      if (refused.length > 0) throw new ConfigError(refused);
+      for (const gap of samplingGaps(info, uses, { logprobs: llm.logprobs }))
         this.log.warn({ url, server: info.kind }, `${dialect.label} at ${url}: ${gap}`);
       servers.push(info);
     }

@@ -17,7 +17,7 @@
  */
 import { join } from 'node:path';
 import { Piscina } from 'piscina';
-import { urlList, type ResolvedConfig, type TaskConfig } from '../config.ts';
+import { samplingShapeOf, urlList, type ResolvedConfig, type TaskConfig } from '../config.ts';
 import { wantsPrettyLogs, type Logger } from '../log.ts';
 import { projectModuleUrl } from '../paths.ts';
 import { decodeGroupResult, encodeRunGroup } from '../protocol/codec.ts';
@@ -369,7 +369,7 @@ export function workerInit(
       servers: Object.fromEntries(servers.map((s) => [s.url, { kind: s.kind, contextLength: s.contextLength }])),
       fallbackServer: { kind: llm.server === 'auto' ? 'generic' : llm.server, contextLength: null },
       tokenizer: llm.api === 'tokens' ? llm.tokenizer : null,
-      default: { urls: llmUrls, model: llm.model, temperature: null, maxTokens: null },
+      default: { urls: llmUrls, model: llm.model, temperature: null, sampling: null, maxTokens: null },
       policies: Object.fromEntries(
         Object.entries(llm.policies).map(([agent, p]) => [
           agent,
@@ -377,6 +377,7 @@ export function workerInit(
             urls: urls(p.url),
             model: p.model ?? llm.model,
             temperature: p.temperature ?? null,
+            sampling: Object.keys(samplingShapeOf(p)).length > 0 ? samplingShapeOf(p) : null,
             maxTokens: p.maxTokens ?? null,
           },
         ]),
@@ -396,6 +397,7 @@ export function workerInit(
             messageCut: t.messageCut,
             maxTokens: t.maxTokens,
             temperature: t.temperature,
+            ...(Object.keys(samplingShapeOf(t)).length > 0 ? { sampling: samplingShapeOf(t) } : {}),
             partialRollout: config.producer.partialRollout,
             sendSeed: llm.sendSeed,
             tools: t.tools,

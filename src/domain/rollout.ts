@@ -249,6 +249,26 @@ export interface SideCall {
   modelStep: number;
 }
 
+/**
+ * What a group's tokens were sampled with, for the trainer: the temperature, and each truncating or
+ * penalising setting the task set (`tasks[].topP`, …). A setting absent here was sent at the server's
+ * neutral value: the distribution sampled from is the model's whole one at the temperature.
+ */
+export interface SamplingShape {
+  temperature: number;
+  topP?: number;
+  topK?: number;
+  minP?: number;
+  repetitionPenalty?: number;
+  presencePenalty?: number;
+  frequencyPenalty?: number;
+}
+
+export interface SamplingRecord extends SamplingShape {
+  /** Agents whose policy (`llm.policies`) samples otherwise, each with its settings whole; absent when none does. */
+  agents?: Record<string, SamplingShape>;
+}
+
 /** The k rollouts of one prompt: the unit the producer schedules and the buffer stores. */
 export interface RolloutGroup {
   id: string;
@@ -258,6 +278,11 @@ export interface RolloutGroup {
   rollouts: RolloutState[];
   /** Group-level failure (the worker running it threw or died); rollouts carry their own errors. */
   error: string | null;
+  /**
+   * What its turns were sampled with, once per group rather than per turn or token (every turn of a
+   * task samples alike). Absent for a black-box agent's group, whose agent sets its own sampling.
+   */
+  sampling?: SamplingRecord;
 }
 
 export function groupStatus(rollouts: readonly RolloutState[]): Status {
@@ -290,7 +315,7 @@ export function emptyTimings(): RolloutTimings {
 }
 
 /** A fresh INIT group of `size` rollouts for one drawn prompt. Ids are stable: `{task}/{drawIndex}[/{i}]`. */
-export function newGroup(sample: PromptSample, size: number): RolloutGroup {
+export function newGroup(sample: PromptSample, size: number, sampling?: SamplingRecord): RolloutGroup {
   const id = `${sample.taskName}/${sample.drawIndex}`;
   const rollouts: RolloutState[] = [];
   for (let index = 0; index < size; index++) {
@@ -314,7 +339,15 @@ export function newGroup(sample: PromptSample, size: number): RolloutGroup {
       workerId: null,
     });
   }
-  return { id, taskName: sample.taskName, sample, status: Status.INIT, rollouts, error: null };
+  return {
+    id,
+    taskName: sample.taskName,
+    sample,
+    status: Status.INIT,
+    rollouts,
+    error: null,
+    ...(sampling !== undefined ? { sampling } : {}),
+  };
 }
 
 /** Forget a rollout's responses: it will be generated again from its prompt. */

@@ -17,6 +17,7 @@ import { ChatStream } from './stream-reply.ts';
 import { DIALECTS, type ServerDialect, type ServerKind } from './servers.ts';
 import { contextOverflowReply, isContextOverflow } from './context.ts';
 import { TokenChat } from './token-chat.ts';
+import { samplingFields, type SamplingDialect } from './token-wire.ts';
 import type { ToolParser } from './tool-calls.ts';
 import type { ChatModel } from '../gateway/model.ts';
 
@@ -72,11 +73,13 @@ export interface LlmClientOptions {
 /**
  * The OpenAI chat-completions request body for `request` (the object; each attempt serialises it).
  * `ids`: the dialect's fields asking for token ids (llm/servers.ts); default vLLM's `return_token_ids`.
+ * `sampling`: whose names and neutral values the sampling fields take (llm/token-wire.ts samplingFields).
  */
 export function chatPayload(
   options: Pick<LlmClientOptions, 'model' | 'logprobs' | 'returnTokenIds' | 'stream'>,
   request: ChatRequest,
   ids: Record<string, unknown> | null = VLLM_IDS,
+  sampling: SamplingDialect = 'vllm',
 ): object {
   const continuing = request.continueFrom !== undefined;
   return {
@@ -85,8 +88,7 @@ export function chatPayload(
       ? [...request.messages, { role: 'assistant', content: request.continueFrom }]
       : request.messages,
     max_tokens: request.maxTokens,
-    temperature: request.temperature,
-    ...(request.seed !== undefined ? { seed: request.seed } : {}),
+    ...samplingFields(sampling, { ...request.sampling, temperature: request.temperature, seed: request.seed }),
     ...(request.tools !== undefined && request.tools.length > 0
       ? { tools: request.tools, tool_choice: request.toolChoice ?? 'auto' }
       : {}),
@@ -201,7 +203,12 @@ export class LlmClient {
     if (this.#tokens !== null) return this.#tokens.chat(request, signal, conversation);
     // The payload object, not its JSON: each attempt serialises it again (retries are rare), so no
     // string or buffer of the body stays alive while the call waits for its answer.
-    const payload = chatPayload(this.#options, request, this.#dialect.chatIdFields(this.#options.stream === true));
+    const payload = chatPayload(
+      this.#options,
+      request,
+      this.#dialect.chatIdFields(this.#options.stream === true),
+      this.#dialect.sampling,
+    );
     return this.#call(
       this.#chatPath(sessionId),
       payload,

@@ -3,6 +3,7 @@
  * interrupted reply. Every client (chat, token-in) and the agent loop speak it.
  */
 import type { ChatMessage } from '../domain/rollout.ts';
+import type { SamplingSettings } from './token-wire.ts';
 
 /** An OpenAI function tool, as sent in `tools` (env/types.ts: an environment's, or an MCP server's). */
 export interface ToolSchema {
@@ -17,6 +18,11 @@ export interface ChatRequest {
   messages: ChatMessage[];
   maxTokens: number;
   temperature: number;
+  /**
+   * Truncation and penalties the task sets (top_p, top_k, …); each one absent is sent at the server's
+   * neutral value (llm/token-wire.ts samplingFields).
+   */
+  sampling?: SamplingSettings;
   /** Sampling seed (OpenAI `seed`): the same rollout turn samples the same way when it is continued. */
   seed?: number;
   /**

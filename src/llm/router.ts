@@ -18,6 +18,7 @@ import type { CancelSignal } from '../cancel.ts';
 import { Slots } from '../slots.ts';
 import { LlmClient, type LlmClientOptions } from './client.ts';
 import type { ChatRequest } from './request.ts';
+import type { SamplingSettings } from './token-wire.ts';
 import { isOutageError, LlmError } from './errors.ts';
 import type { ServerKind } from './servers.ts';
 import type { ChatModel } from '../gateway/model.ts';
@@ -26,6 +27,8 @@ export interface PolicySettings {
   urls: string[];
   model: string;
   temperature: number | null;
+  /** Truncation and penalties this agent samples with in place of the task's, setting by setting; absent or null = the task's. */
+  sampling?: SamplingSettings | null;
   maxTokens: number | null;
 }
 
@@ -126,13 +129,15 @@ export class LlmRouter {
         else keys.push(key);
       }
     }
-    const { temperature, maxTokens } = policy.settings;
+    const { temperature, sampling = null, maxTokens } = policy.settings;
+    // As the group's record says (config.ts samplingRecord): the policy's settings replace the task's one by one.
     const effective: ChatRequest =
-      temperature === null && maxTokens === null
+      temperature === null && sampling === null && maxTokens === null
         ? request
         : {
             ...request,
             temperature: temperature ?? request.temperature,
+            ...(sampling !== null ? { sampling: { ...request.sampling, ...sampling } } : {}),
             maxTokens: maxTokens !== null ? Math.min(maxTokens, request.maxTokens) : request.maxTokens,
           };
     // Several endpoints: one suspended frame more per call in flight, the price of failing over.

@@ -12,6 +12,7 @@
 import { Pool, request } from 'undici';
 import { serverMessage } from '../errors.ts';
 import { LlmError } from './errors.ts';
+import type { SHAPING_KEYS, SamplingDialect } from './token-wire.ts';
 
 export const SERVER_KINDS = ['vllm', 'sglang', 'llamacpp', 'openai', 'generic'] as const;
 /**
@@ -78,6 +79,27 @@ export interface ServerDialect {
   abortHint: string;
   /** GET route answering `{"weight_version"}`: checked on a resume where replies carry no version; null = none. */
   versionRoute: string | null;
+  /** Whose names and neutral values its sampling fields take (llm/token-wire.ts samplingFields). */
+  sampling: SamplingDialect;
+  /**
+   * The distribution its reported logprobs are of, by default: `unscaled` = the model's own (softmax of
+   * the raw logits: temperature 1, before truncation and penalties), `scaled` = at the request's
+   * temperature, before truncation; null = not known.
+   */
+  logprobsOf: 'unscaled' | 'scaled' | null;
+  /** Shaping settings it has no field for: a task that sets one is refused at start (unhonouredSampling). */
+  lacks: readonly ShapingKey[];
+}
+
+type ShapingKey = (typeof SHAPING_KEYS)[number];
+
+/** One place that samples on an endpoint (config.ts samplingUses), for the start-up check of what the server honours. */
+export interface SamplingUse {
+  /** Where its temperature is set: `tasks[0]`, or `llm.policies.<agent>`. */
+  where: string;
+  temperature: number;
+  /** Each shaping setting it sends, with the config path it is set at. */
+  fields: { path: string; key: ShapingKey; value: number }[];
 }
 
 const VLLM: ServerDialect = {
@@ -98,6 +120,13 @@ const VLLM: ServerDialect = {
   abortHint: 'launch vLLM with VLLM_SERVER_DEV_MODE=1 (it then serves POST /abort_requests), or set llm.stream: true',
   // vllm/entrypoints/serve/dev/rlhf/api_router.py (dev mode only): GET /weight_info {"weight_version"}.
   versionRoute: '/weight_info',
+  sampling: 'vllm',
+  // `--logprobs-mode`, default raw_logprobs: "the values before applying any logit processors"; only
+  // processed_logprobs gives them after penalties, temperature and top-k/top-p (vllm/config/model.py
+  // ModelConfig.logprobs_mode @0052a5b818980ce8a0477706aaf9f75bd5af72cd; vllm/v1/sample/sampler.py
+  // Sampler.forward @3e342658b2e9c85a30a54d19e64e5ad77b8a26a6). Not told by any route: the default is assumed.
+  logprobsOf: 'unscaled',
+  lacks: [],
 };
 
 const SGLANG: ServerDialect = {
@@ -119,6 +148,14 @@ const SGLANG: ServerDialect = {
   abortHint: 'use an SGLang release whose /abort_request takes abort_all, or set llm.stream: true',
   // http_server.py: GET /get_weight_version (replies carry it too, so it is not needed on resume).
   versionRoute: '/get_weight_version',
+  // Its chat route takes the OpenAI names (`seed`, not /generate's `sampling_seed`: serving_chat.py maps
+  // it) and the same neutral values as /generate (top_k -1).
+  sampling: 'vllm',
+  // python/sglang/srt/layers/sampler.py Sampler.forward: the log of softmax(logits / temperature), after
+  // the penalties, before top-k and min-p (top-p renormalised @584f55d1ce76e57478ef233d04f6afbfd585960f,
+  // before it in later releases); the unscaled ones with SGLANG_RETURN_ORIGINAL_LOGPROB=1.
+  logprobsOf: 'scaled',
+  lacks: [],
 };
 
 const LLAMACPP: ServerDialect = {
@@ -137,6 +174,11 @@ const LLAMACPP: ServerDialect = {
   tokenRoute: '/completion',
   abortHint: 'set llm.stream: true (a pause then keeps the tokens a call has received)',
   versionRoute: null,
+  sampling: 'llamacpp',
+  // post_sampling_probs false, as the engine asks (server-context.cpp populate_token_probs →
+  // server-common.cpp get_token_probabilities): the softmax of the raw logits, before the whole chain.
+  logprobsOf: 'unscaled',
+  lacks: [],
 };
 
 const OPENAI: ServerDialect = {
@@ -151,6 +193,10 @@ const OPENAI: ServerDialect = {
   tokenRoute: null,
   abortHint: 'set llm.stream: true',
   versionRoute: null,
+  sampling: 'openai',
+  logprobsOf: null,
+  // The OpenAI API's sampling fields are temperature, top_p, presence_penalty and frequency_penalty.
+  lacks: ['topK', 'minP', 'repetitionPenalty'],
 };
 
 const GENERIC: ServerDialect = {
@@ -166,6 +212,10 @@ const GENERIC: ServerDialect = {
   tokenRoute: '/v1/completions',
   abortHint: "set llm.abortPath to the server's abort-all route, or llm.stream: true",
   versionRoute: null,
+  sampling: 'vllm',
+  // The shipped mock's logprobs belong to no model; a router's are its servers'.
+  logprobsOf: null,
+  lacks: [],
 };
 
 export const DIALECTS: Record<ServerKind, ServerDialect> = {
@@ -346,6 +396,67 @@ export function serverGaps(
         'its chat replies leave out the id and logprob of a token that ends inside a UTF-8 character (multi-byte text), and trim the text\'s leading whitespace: exact tokens need llm.api "tokens"',
       );
   }
+  return gaps;
+}
+
+/** The field each shaping setting is sent as, for messages (the OpenAI names; llama.cpp's repeat_penalty aside). */
+const FIELD: Record<ShapingKey, string> = {
+  topP: 'top_p',
+  topK: 'top_k',
+  minP: 'min_p',
+  repetitionPenalty: 'repetition_penalty',
+  presencePenalty: 'presence_penalty',
+  frequencyPenalty: 'frequency_penalty',
+};
+
+/**
+ * Settings the config sends to a server that has no field for them (the plain OpenAI API and top_k),
+ * one problem each for a ConfigError at start. Refused rather than warned of: the OpenAI API answers an
+ * unknown sampling field with 400, so every call would fail; a lenient server would drop it, and the
+ * batch would record a truncation the tokens were never sampled with.
+ */
+export function unhonouredSampling(info: ServerInfo, uses: readonly SamplingUse[]): string[] {
+  const dialect = DIALECTS[info.kind];
+  const problems = new Set<string>();
+  for (const use of uses)
+    for (const f of use.fields)
+      if (dialect.lacks.includes(f.key))
+        problems.add(
+          `${f.path}: ${dialect.label} at ${info.url} has no ${FIELD[f.key]} (it takes temperature, top_p, presence_penalty and frequency_penalty); leave it unset, or set llm.server if the server is vLLM, SGLang or llama.cpp (got ${f.value})`,
+        );
+  return [...problems];
+}
+
+/**
+ * Where the recorded logprobs are not those of the distribution the tokens were sampled from, one
+ * sentence each for the start-up warning: a temperature other than 1 on a server that reports unscaled
+ * logprobs; truncation or penalties a task sets, which every known server leaves out of its logprobs
+ * (the batch records them: group.sampling); a server of unknown kind, whose defaults the engine cannot set.
+ */
+export function samplingGaps(info: ServerInfo, uses: readonly SamplingUse[], options: { logprobs: boolean }): string[] {
+  if (!options.logprobs) return [];
+  const dialect = DIALECTS[info.kind];
+  const gaps: string[] = [];
+  const list = (items: string[]) => [...new Set(items)].join(', ');
+  const scaled = uses.filter((u) => u.temperature !== 1);
+  if (dialect.logprobsOf === 'unscaled' && scaled.length > 0) {
+    const fix =
+      info.kind === 'vllm'
+        ? 'launch vLLM with --logprobs-mode processed_logprobs, or sample at temperature 1'
+        : 'sample at temperature 1';
+    gaps.push(
+      `its logprobs are of the model's unscaled distribution (temperature 1${info.kind === 'vllm' ? ": vLLM's default --logprobs-mode raw_logprobs" : ''}), but ${list(scaled.map((u) => `${u.where} samples at temperature ${u.temperature}`))}: those recorded logprobs are not of the distribution sampled from (${fix})`,
+    );
+  }
+  const shaped = uses.flatMap((u) => u.fields.map((f) => `${f.path} ${f.value}`));
+  if (dialect.logprobsOf !== null && shaped.length > 0)
+    gaps.push(
+      `its logprobs are of the distribution before truncation${dialect.logprobsOf === 'unscaled' ? ' and penalties' : ''}${info.kind === 'vllm' ? ' (unless vLLM runs with --logprobs-mode processed_logprobs)' : ''}, but ${list(shaped)} reshape the one sampled from: the batch records them (group.sampling) for the trainer`,
+    );
+  if (info.kind === 'openai')
+    gaps.push(
+      "the engine cannot turn off an OpenAI-compatible server's own truncation (top_k, min_p): if it truncates by default, the recorded logprobs are not of the distribution sampled from (set llm.server if it is vLLM, SGLang or llama.cpp)",
+    );
   return gaps;
 }
 

@@ -118,6 +118,7 @@ export class TokenChat {
         promptIds,
         maxTokens,
         topLogprobs: 0,
+        ...request.sampling,
         temperature: request.temperature,
         ...(request.seed !== undefined ? { seed: request.seed } : {}),
       },

@@ -95,11 +95,91 @@ const OPENAI_NAMES: SamplingNames = {
 };
 const SGLANG_NAMES: SamplingNames = { ...OPENAI_NAMES, seed: 'sampling_seed' };
 const LLAMACPP_NAMES: SamplingNames = { ...OPENAI_NAMES, repetitionPenalty: 'repeat_penalty' };
-const SAMPLING_KEYS = Object.keys(OPENAI_NAMES) as (keyof SamplingParams)[];
 
-/** The sampling settings `r` sets (unset ones are left to the server's defaults), under `names`, into `out`. */
-function withSampling(out: Record<string, unknown>, r: SamplingParams, names: SamplingNames): Record<string, unknown> {
-  for (const key of SAMPLING_KEYS) if (r[key] !== undefined) out[names[key]] = r[key];
+/**
+ * The settings besides temperature that reshape the distribution a token is sampled from: truncation
+ * (top-p, top-k, min-p) and penalties. A task may set them (`tasks[].topP`, …), and the batch records
+ * what it set (`group.sampling`); every one left unset is sent at the server's neutral value, so that
+ * the distribution sampled from is the model's own at the temperature — a server's default is not:
+ * - llama.cpp samples with top_k 40, top_p 0.95, min_p 0.05 unless the request says otherwise, or what
+ *   its flags or the model's GGUF `general.sampling.*` keys say (common/common.h common_params_sampling;
+ *   common/common.cpp common_init_sampler_from_model; llama.cpp de3ff815ea7d559ee917f063901b8986f038abc6);
+ * - vLLM fills an unset top_k, top_p, min_p and repetition_penalty from the model's
+ *   generation_config.json (`--generation-config auto`, its default: vllm/config/model.py
+ *   get_diff_sampling_param @0052a5b818980ce8a0477706aaf9f75bd5af72cd) — Qwen2.5-Instruct's is top_p 0.8,
+ *   top_k 20, repetition_penalty 1.05;
+ * - SGLang does the same with `--sampling-defaults model`, its default (python/sglang/srt/server_args.py),
+ *   and with `--preferred-sampling-params`.
+ */
+export const SHAPING_KEYS = [
+  'topP',
+  'topK',
+  'minP',
+  'repetitionPenalty',
+  'presencePenalty',
+  'frequencyPenalty',
+] as const;
+export type SamplingSettings = Pick<SamplingParams, (typeof SHAPING_KEYS)[number]>;
+const OTHER_KEYS = ['temperature', 'seed', 'stop'] as const satisfies readonly (keyof SamplingParams)[];
+
+/** A server whose sampling names and neutral values are known: a token wire's, or the plain OpenAI API's (chat). */
+export type SamplingDialect = TokenWireKind | 'openai';
+
+const NAMES: Record<SamplingDialect, SamplingNames> = {
+  vllm: OPENAI_NAMES,
+  sglang: SGLANG_NAMES,
+  llamacpp: LLAMACPP_NAMES,
+  openai: OPENAI_NAMES,
+};
+
+/** What "off" is on each server, for each shaping setting. */
+const NEUTRAL: Record<SamplingDialect, Required<SamplingSettings> | null> = {
+  // vllm/sampling_params.py SamplingParams (@00388f6573ccfcffad607b8c9ecdf341a4669ceb): top_k 0 or -1 is
+  // every token ("quietly accept -1 as disabled"); releases before 0.7 refuse 0, so -1.
+  vllm: { topP: 1, topK: -1, minP: 0, repetitionPenalty: 1, presencePenalty: 0, frequencyPenalty: 0 },
+  // python/sglang/srt/sampling/sampling_params.py (@0bebedd800a35ae29a9adeab6617605970d724bd): top_k -1
+  // is the whole vocabulary; 0 is refused ("top_k must be -1 (disable) or at least 1").
+  sglang: { topP: 1, topK: -1, minP: 0, repetitionPenalty: 1, presencePenalty: 0, frequencyPenalty: 0 },
+  // tools/server/server-schema.cpp make_llama_cmpl_schema: top_k 0 = disabled (limits 0..INT32_MAX),
+  // top_p 1.0, min_p 0, repeat_penalty 1.0, frequency/presence 0 = disabled.
+  llamacpp: { topP: 1, topK: 0, minP: 0, repetitionPenalty: 1, presencePenalty: 0, frequencyPenalty: 0 },
+  // The OpenAI API's own defaults are neutral (top_p 1, penalties 0), some of its models refuse top_p, and
+  // it has no top_k, min_p or repetition_penalty: only what the task sets is sent (and a task that sets
+  // one it lacks is refused at start: llm/servers.ts unhonouredSampling).
+  openai: null,
+};
+
+/**
+ * llama.cpp's samplers that no task setting names, kept out of the chain. `samplers` lists the chain
+ * (common/sampling.cpp common_sampler_init builds it from that list), in llama.cpp's default order
+ * minus DRY, top-n-sigma, typical-p and XTC: those are then off whatever the server's flags or the
+ * model's `general.sampling.sequence` say, and adaptive-p too (added only when listed). Mirostat 1 or 2
+ * replaces the whole chain; a dynamic temperature range makes each token's temperature depend on the
+ * distribution's entropy (llama_sampler_init_temp_ext).
+ */
+const LLAMACPP_CHAIN = Object.freeze({
+  samplers: Object.freeze(['penalties', 'top_k', 'top_p', 'min_p', 'temperature']),
+  mirostat: 0,
+  dynatemp_range: 0,
+});
+
+/**
+ * The sampling fields of a request to `dialect`, under its names, into `out`: every setting `r` sets,
+ * and each shaping setting it leaves unset at the server's neutral value (see SHAPING_KEYS).
+ */
+export function samplingFields(
+  dialect: SamplingDialect,
+  r: SamplingParams,
+  out: Record<string, unknown> = {},
+): Record<string, unknown> {
+  const names = NAMES[dialect];
+  const neutral = NEUTRAL[dialect];
+  for (const key of OTHER_KEYS) if (r[key] !== undefined) out[names[key]] = r[key];
+  for (const key of SHAPING_KEYS) {
+    const value = r[key] ?? neutral?.[key];
+    if (value !== undefined) out[names[key]] = value;
+  }
+  if (dialect === 'llamacpp') Object.assign(out, LLAMACPP_CHAIN);
   return out;
 }
 
@@ -114,13 +194,13 @@ function vllmBody(r: SamplingRequest, model: string | null): Record<string, unkn
     // The completion is decoded from ids by the caller: text-side trimming must not drop tokens.
     include_stop_str_in_output: true,
   };
-  return withSampling(body, r, OPENAI_NAMES);
+  return samplingFields('vllm', r, body);
 }
 
 function sglangBody(r: SamplingRequest): Record<string, unknown> {
   return {
     input_ids: ids(r.promptIds),
-    sampling_params: withSampling({ max_new_tokens: r.maxTokens, no_stop_trim: true }, r, SGLANG_NAMES),
+    sampling_params: samplingFields('sglang', r, { max_new_tokens: r.maxTokens, no_stop_trim: true }),
     return_logprob: true,
     ...(r.topLogprobs > 0 ? { top_logprobs_num: r.topLogprobs } : {}),
   };
@@ -132,13 +212,15 @@ function llamacppBody(r: SamplingRequest): Record<string, unknown> {
     n_predict: r.maxTokens,
     // One probability entry per sampled token is what carries its logprob (and id).
     n_probs: Math.max(1, r.topLogprobs),
-    // Probabilities after sampling would give the sampler's truncated distribution, not the policy's.
+    // The model's own distribution, softmax of the raw logits (server-common.cpp get_token_probabilities):
+    // the one sampled from at temperature 1 with the chain neutral. Post-sampling ones would be `prob`s of
+    // the chain's candidates, the whole vocabulary sorted per token.
     post_sampling_probs: false,
     return_tokens: true,
     // The session's earlier turns stay in the slot's KV cache: each turn only adds its new tokens.
     cache_prompt: true,
   };
-  return withSampling(body, r, LLAMACPP_NAMES);
+  return samplingFields('llamacpp', r, body);
 }
 
 function isTokenIds(value: unknown): value is number[] {
@@ -320,8 +402,17 @@ function topOf(entries: { id?: unknown; token?: unknown; logprob?: unknown }[]):
   }));
 }
 
-/** Alternatives asked for when a missing logprob is computed again: llama.cpp samples from its top 40 by default. */
+/**
+ * Alternatives asked for when a missing logprob is computed again: the sampled token is most often
+ * among them; sampled from the whole distribution (see SHAPING_KEYS), it can be anywhere in it.
+ */
 export const LLAMACPP_RECOMPUTE_TOP = 100;
+/**
+ * Every alternative: asked for when the token is not among the first ones (≈14 MB of JSON for a 152k
+ * vocabulary, and rare). The server gives at most the vocabulary (server-context.cpp populate_token_probs
+ * takes min(n_probs, candidates)).
+ */
+const LLAMACPP_RECOMPUTE_ALL = 0x7fffffff;
 
 /**
  * The request that gives back the logprob llama.cpp left out for the token after `prefix`: one token
@@ -329,11 +420,15 @@ export const LLAMACPP_RECOMPUTE_TOP = 100;
  * entry — whose alternatives are the raw distribution at that position (the bias is applied after the
  * logprobs are read). The prefix is in the slot's cache: only one position is computed.
  */
-export function llamacppRecomputeBody(prefix: readonly number[], completeToken: number): Record<string, unknown> {
+export function llamacppRecomputeBody(
+  prefix: readonly number[],
+  completeToken: number,
+  alternatives = LLAMACPP_RECOMPUTE_TOP,
+): Record<string, unknown> {
   return {
     prompt: prefix,
     n_predict: 1,
-    n_probs: LLAMACPP_RECOMPUTE_TOP,
+    n_probs: alternatives,
     post_sampling_probs: false,
     return_tokens: true,
     cache_prompt: true,
@@ -368,13 +463,15 @@ export async function fillMissingLogprobs(
   const prompt = Array.from(promptIds);
   for (const i of missing) {
     const tokenId = result.completionIds[i];
-    const logprob = recomputedLogprob(
-      await post(llamacppRecomputeBody(prompt.concat(result.completionIds.slice(0, i)), completeToken)),
+    const prefix = prompt.concat(result.completionIds.slice(0, i));
+    let logprob = recomputedLogprob(await post(llamacppRecomputeBody(prefix, completeToken)), tokenId);
+    logprob ??= recomputedLogprob(
+      await post(llamacppRecomputeBody(prefix, completeToken, LLAMACPP_RECOMPUTE_ALL)),
       tokenId,
     );
     if (logprob === null)
       throw fail(
-        `llama.cpp left out the logprob of completion token ${i} (id ${tokenId}, which ends inside a UTF-8 character), and it is not among the ${LLAMACPP_RECOMPUTE_TOP} most likely at that position when computed again`,
+        `llama.cpp left out the logprob of completion token ${i} (id ${tokenId}, which ends inside a UTF-8 character), and it is not among the alternatives at that position when computed again, the whole vocabulary asked for`,
       );
     result.logprobs[i] = logprob;
   }

@@ -29,6 +29,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import type { CancelSignal } from '../cancel.ts';
 import type { ChatResult } from '../llm/reply.ts';
 import type { ChatRequest } from '../llm/request.ts';
+import type { SamplingSettings } from '../llm/token-wire.ts';
 import type { Route } from '../llm/router.ts';
 import { isOutageError, OUTAGE_CODE } from '../llm/errors.ts';
 import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/replies.ts';
@@ -73,6 +74,8 @@ export interface AgentSettings {
   messageCut: number;
   maxTokens: number;
   temperature: number;
+  /** The task's truncation and penalties (`tasks[].topP`, …); absent ones go at the server's neutral values. */
+  sampling?: SamplingSettings;
   /** Continue ABORTED rollouts where they stopped instead of restarting them. */
   partialRollout: boolean;
   /** Send a per-rollout, per-turn `seed` with every inference call. */
@@ -542,6 +545,7 @@ function infer(
         messages: prompt,
         maxTokens: Math.max(1, settings.maxTokens - already),
         temperature: settings.temperature,
+        ...(settings.sampling !== undefined ? { sampling: settings.sampling } : {}),
         ...(seed !== null ? { seed } : {}),
         ...(partial ? { continueFrom: partial.response } : {}),
         ...(partial?.promptIds && partial.responseIds

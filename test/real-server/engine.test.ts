@@ -94,9 +94,28 @@ describe('the engine against a real llama.cpp server', { skip, timeout: 600_000 
   });
 
   it("tokens mode: every turn's prompt ids begin with the previous turn's prompt + response ids, with a logprob per token", async () => {
-    const e = engine(server, { llm: { api: 'tokens' }, batchSize: 3 });
+    // The model ends a reply only when sampled from among its 40 most likely tokens (make_model.py): from
+    // its whole distribution, which the engine asks for unless a task truncates, every reply runs to
+    // maxTokens and ends the episode. So this task truncates, as a user may (recorded in its groups).
+    const e = engine(server, {
+      llm: { api: 'tokens' },
+      batchSize: 3,
+      tasks: [
+        {
+          name: 'guess',
+          env: { module: 'builtin:guess-number' },
+          groupSize: 2,
+          maxSteps: 4,
+          messageCut: 0,
+          maxTokens: 48,
+          topK: 40,
+        },
+      ],
+    });
     await e.start();
-    const rollouts = rolloutsOf(await e.getBatch());
+    const batch = await e.getBatch();
+    const rollouts = rolloutsOf(batch);
+    assert.ok(batch.groups.every((g) => g.sampling?.topK === 40));
     let laterTurns = 0;
     for (const rollout of rollouts) {
       assert.equal(rollout.status, Status.COMPLETED, rollout.error ?? '');
@@ -144,6 +163,9 @@ describe('the engine against a real llama.cpp server', { skip, timeout: 600_000 
           maxSteps: 6,
           messageCut: 0,
           maxTokens: 400,
+          // Replies that end now and then (see the tokens-mode test): from the whole distribution every one
+          // would run its 400 tokens, and the batch before the pause would take minutes.
+          topK: 40,
         },
       ],
     });

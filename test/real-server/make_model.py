@@ -46,8 +46,9 @@ LAYER_STD = 0.125
 # An end of turn now and then, so agent episodes have several turns: every embedding carries END_DIM_VALUE
 # in dimension 0, which no layer reads or writes, so after the final norm that dimension is a near
 # constant (≈ 7.8); only <|im_end|>'s output row looks at it (END_LOGIT_SCALE), giving it a logit of
-# ≈ 3.5. Against all 151k tokens that is a raw logprob near -8.5, but llama.cpp samples from the top 40
-# (its default top_k), where it wins often enough that 27 of 30 replies of at most 64 tokens stop
+# ≈ 3.5. Against all 151k tokens that is a raw logprob near -8.5: sampled from the whole distribution (what
+# the engine asks for by default) a reply almost never stops; from the top 40 (llama.cpp's own default
+# top_k, or a task's topK: 40) it wins often enough that 27 of 30 replies of at most 64 tokens stop
 # (measured: lengths 1–50, median ≈ 15).
 END_DIM_VALUE = 4.0
 END_LOGIT_SCALE = 0.45
