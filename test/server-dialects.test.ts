@@ -140,6 +140,25 @@ describe('weight versions named by the trainer', () => {
   });
 });
 
+describe('the weights the servers serve at start', () => {
+  it("keep the start's model step after the trainer names later ones (regression: step-0 tokens streamed across an in-place update were tagged step 1)", async () => {
+    const control = new PauseControl(0, 'default');
+    const gate = new PauseGate(control.block);
+    try {
+      assert.equal(gate.stepOfVersion('default'), 0);
+      control.pause();
+      control.resume(1, 'step-1');
+      await control.waitForAcks(1, 1_000);
+      assert.equal(gate.stepOfVersion('step-1'), 1);
+      assert.equal(gate.stepOfVersion('default'), 0, 'the launch weights are step 0, not an unannounced version');
+      assert.equal(gate.stepOfVersion('step-9'), -1);
+    } finally {
+      gate.close();
+      control.resume(1); // wakes the gate's watcher so it sees close()
+    }
+  });
+});
+
 describe('probing an inference server at start (llm.server: auto)', () => {
   it('tells vLLM by /v1/models owned_by, reads max_model_len, and finds no abort route without dev mode (vllm api_server.py)', async (t) => {
     const server = await double((req, _body, res) => {
@@ -227,12 +246,15 @@ describe('probing an inference server at start (llm.server: auto)', () => {
           data: [{ id: 'qwen', object: 'model', owned_by: 'sglang', root: 'qwen', max_model_len: 8192 }],
         });
       if (req.url === '/abort_request') return json(res, 405, { detail: 'Method Not Allowed' });
+      // http_server.py get_weight_version @0025436eab0556737d615b36a4dd3e1e26e82f3d
+      if (req.url === '/get_weight_version') return json(res, 200, { weight_version: 'default' });
       json(res, 404, { detail: 'Not Found' });
     });
     t.after(() => server.close());
     const info = await probeServer(server.url, { server: 'auto' });
     assert.equal(info.kind, 'sglang');
     assert.deepEqual(info.abort, { path: '/abort_request', body: '{"abort_all":true}' });
+    assert.equal(info.weightVersion, 'default', "the version it serves at start, for the start's model step");
     const gaps = serverGaps(info, { api: 'chat', stream: false, wantIds: true });
     assert.ok(
       gaps.some((g) => /no response token ids.*\/generate/.test(g)),

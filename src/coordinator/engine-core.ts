@@ -139,7 +139,7 @@ export class EngineCore {
         }
       }
       if (config.runDir !== null) mkdirSync(config.runDir, { recursive: true });
-      const control = new PauseControl(resumed?.modelStep ?? config.modelStep);
+      const control = new PauseControl(resumed?.modelStep ?? config.modelStep, launchVersion(servers));
       if (config.tasks.some((t) => t.agent !== null)) {
         // One gateway per process: it holds the policy's tokenizer, and workers reach it over loopback.
         const { startGateway } = await import('../gateway/index.ts');
@@ -472,4 +472,14 @@ export class EngineCore {
 
 function round3(x: number): number {
   return Math.round(x * 1000) / 1000;
+}
+
+/**
+ * The weight version the servers serve at start, for the step the engine starts at; null when none
+ * says, or when they disagree (then no version names the start's weights: replies are told apart by
+ * the announcements alone, as before any was made).
+ */
+function launchVersion(servers: readonly ServerInfo[]): string | null {
+  const versions = new Set(servers.flatMap((s) => (s.weightVersion === undefined ? [] : [s.weightVersion])));
+  return versions.size === 1 ? [...versions][0] : null;
 }

@@ -9,8 +9,13 @@ export class PauseControl {
   readonly #view: Int32Array;
   readonly #clock: BigInt64Array;
 
-  constructor(modelStep: number) {
+  /**
+   * `launchVersion`: what the inference servers call the weights of `modelStep` (their version at
+   * start), published as if the trainer had announced it, so that replies naming it keep that step.
+   */
+  constructor(modelStep: number, launchVersion: string | null = null) {
     this.block = createControlBlock(modelStep);
+    writeWeightVersion(this.block, launchVersion);
     this.#view = new Int32Array(this.block);
     this.#clock = new BigInt64Array(this.block);
   }

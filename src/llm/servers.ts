@@ -238,6 +238,13 @@ export interface ServerInfo {
   abort: { path: string; body: string } | null;
   /** The dialect's in-place pause routes, where the probe found them; null = none (such a pause aborts). */
   pauseInPlace: InPlaceRoutes | null;
+  /**
+   * The weight version it served at start, where it says (the dialect's version route: SGLang's
+   * `"default"` unless launched with `--weight-version`); absent where it does not. The engine takes
+   * it for the weights of the model step it starts at (worker/pause-gate.ts), so tokens those weights
+   * sample keep that step after the trainer names later ones.
+   */
+  weightVersion?: string;
 }
 
 export interface ProbeOptions {
@@ -341,7 +348,23 @@ export async function probeServer(url: string, options: ProbeOptions): Promise<S
     // Asked at start, not at the first pause: without the route a pause.mode in-place pause aborts at once.
     if (pauseInPlace !== null && kind !== 'generic' && !(await routeExists(pauseInPlace.pause.path)))
       pauseInPlace = null;
-    return { url, kind, models: ids, contextLength, abort, pauseInPlace };
+    // SGLang: GET /get_weight_version; vLLM in dev mode: GET /weight_info — {"weight_version"} both.
+    const served =
+      dialect.versionRoute === null || kind === 'generic'
+        ? null
+        : await get(dialect.versionRoute).catch(() => null);
+    const weightVersion = (served?.json as { weight_version?: unknown } | null)?.weight_version;
+    return {
+      url,
+      kind,
+      models: ids,
+      contextLength,
+      abort,
+      pauseInPlace,
+      ...(served?.status === 200 && (typeof weightVersion === 'string' || Number.isSafeInteger(weightVersion))
+        ? { weightVersion: String(weightVersion) }
+        : {}),
+    };
   } finally {
     await pool.close();
   }

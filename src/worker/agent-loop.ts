@@ -161,10 +161,12 @@ export interface EpisodeContext {
    */
   mcp?: { acquire(): McpServers; release(servers: McpServers): Promise<void> };
   /**
-   * A reply's weight version is none the trainer announced: the server is not serving the weights the
-   * trainer said it loaded. Its tokens are tagged with `modelStep` (the current one) all the same.
+   * A reply's weight version is not the weights the engine served when the call went out (`expected`):
+   * none the trainer announced, or older ones — the server is not serving the weights the trainer said
+   * it loaded. Its tokens are tagged with `tagged` (the older step, or the current one for a version
+   * nobody named).
    */
-  onVersionMismatch?: (version: string, modelStep: number) => void;
+  onVersionMismatch?: (version: string, expected: number, tagged: number) => void;
 }
 
 class ReplayMismatch extends Error {}
@@ -576,8 +578,14 @@ function infer(
     if (reply.contextExceeded !== undefined) throw new ContextExceeded(reply.contextExceeded);
     const steps = tokenSteps(reply, stepAtSend, (version) => {
       const known = gate.stepOfVersion(version);
-      if (known >= 0) return known;
-      ctx.onVersionMismatch?.(version!, gate.modelStep);
+      if (known >= stepAtSend) return known;
+      // Weights older than those served when the call went out: the server has not loaded what the
+      // trainer announced since. Tagged as what they are, and said.
+      if (known >= 0) {
+        ctx.onVersionMismatch?.(version!, stepAtSend, known);
+        return known;
+      }
+      ctx.onVersionMismatch?.(version!, gate.modelStep, gate.modelStep);
       return gate.modelStep;
     });
     const turn = turnRecord(

@@ -470,11 +470,15 @@ export class WorkerRuntime implements WorkerControl {
               });
             },
       onProblem: (rollout, reason) => this.#log.warn({ rollout: rollout.id, status: rollout.status }, reason),
-      onVersionMismatch: (version, modelStep) => {
+      onVersionMismatch: (version, expected, tagged) => {
         if (this.#versionMismatches++ > 0) return;
+        const which =
+          tagged === expected
+            ? 'none the trainer announced, or newer'
+            : `the weights of model step ${tagged}: the server has not loaded what the trainer announced since`;
         this.#log.warn(
-          { weightVersion: version, modelStep },
-          `an inference server answered with weight version ${JSON.stringify(version)}, which is not the weights of model step ${modelStep} the trainer resumed with (none it announced, or newer): tokens tagged with step ${modelStep}; counted in weightVersionMismatches, said once`,
+          { weightVersion: version, modelStep: expected, taggedStep: tagged },
+          `an inference server answered with weight version ${JSON.stringify(version)}, which is not the weights of model step ${expected} the call was sent at (${which}): tokens tagged with step ${tagged}; counted in weightVersionMismatches, said once`,
         );
       },
     };
