@@ -10,7 +10,7 @@ import { createEngine, Status, type Engine } from '../src/index.ts';
 import { chatPayload, LlmClient, type LlmClientOptions } from '../src/llm/client.ts';
 import { parseChatReply } from '../src/llm/reply.ts';
 import { ChatStream } from '../src/llm/stream-reply.ts';
-import { checkServedVersions, DIALECTS, probeServer, serverGaps } from '../src/llm/servers.ts';
+import { checkServedVersions, DIALECTS, probeServer, serverGaps, type ServerInfo } from '../src/llm/servers.ts';
 import { loadChatModel } from '../src/gateway/model.ts';
 import { PauseControl } from '../src/coordinator/pause-control.ts';
 import { PauseGate } from '../src/worker/pause-gate.ts';
@@ -137,6 +137,25 @@ describe('weight versions named by the trainer', () => {
       gate.close();
       control.resume(8); // wakes the gate's watcher so it sees close()
     }
+  });
+});
+
+describe('what an in-place pause tells of the weights behind each token', () => {
+  const sglang: ServerInfo = {
+    url: 'http://127.0.0.1:1',
+    kind: 'sglang',
+    models: ['m'],
+    contextLength: null,
+    abort: DIALECTS.sglang.abort,
+    pauseInPlace: DIALECTS.sglang.pauseInPlace,
+  };
+  const inPlace = (api: 'chat' | 'tokens', stream: boolean) =>
+    serverGaps(sglang, { api, stream, wantIds: true, pauseInPlace: true }).filter((g) => g.includes('spansVersions'));
+
+  it('says at start that whole replies kept across an update cannot be split, and how to split them on SGLang', () => {
+    assert.match(inPlace('tokens', false).join(), /llm.api "tokens" and llm.stream true/);
+    assert.equal(inPlace('chat', true).length, 1);
+    assert.deepEqual(inPlace('tokens', true), [], "SGLang's streamed /generate names the weights of each event");
   });
 });
 

@@ -350,9 +350,7 @@ export async function probeServer(url: string, options: ProbeOptions): Promise<S
       pauseInPlace = null;
     // SGLang: GET /get_weight_version; vLLM in dev mode: GET /weight_info — {"weight_version"} both.
     const served =
-      dialect.versionRoute === null || kind === 'generic'
-        ? null
-        : await get(dialect.versionRoute).catch(() => null);
+      dialect.versionRoute === null || kind === 'generic' ? null : await get(dialect.versionRoute).catch(() => null);
     const weightVersion = (served?.json as { weight_version?: unknown } | null)?.weight_version;
     return {
       url,
@@ -389,6 +387,16 @@ export function serverGaps(
       info.kind === 'vllm'
         ? 'no in-place pause route: pause.mode in-place pauses by abort (launch vLLM with VLLM_SERVER_DEV_MODE=1 for /pause and /resume)'
         : 'no in-place pause route: pause.mode in-place pauses by abort',
+    );
+  }
+  // A call kept across an in-place update ends on other weights than it began on; only SGLang's
+  // streamed /generate says which events came from which (worker/token-steps.ts).
+  const splitKnown = info.kind === 'sglang' && options.api === 'tokens' && options.stream;
+  if (options.pauseInPlace === true && info.pauseInPlace !== null && !splitKnown) {
+    gaps.push(
+      info.kind === 'sglang'
+        ? 'a reply kept across an in-place weight update is marked spansVersions, its tokens all tagged with the older step: which token came from which weights is known only with llm.api "tokens" and llm.stream true (each streamed /generate event names its weights)'
+        : 'a reply kept across an in-place weight update is marked spansVersions, its tokens all tagged with the older step: its replies do not say which token came from which weights',
     );
   }
   if (info.abort === null && !options.stream) {
