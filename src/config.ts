@@ -23,6 +23,7 @@ export const BUILTIN_ENVS: Record<string, string> = {
   'guess-number': 'src/env/synthetic/guess-number',
   arithmetic: 'src/env/synthetic/arithmetic',
   'tool-lookup': 'src/env/synthetic/tool-lookup',
+  'echo-digit': 'src/env/synthetic/echo-digit',
 };
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;

@@ -121,7 +121,7 @@ describe('config validation', () => {
     const builtin = issuesOf({ tasks: [{ name: 'x', env: { module: 'builtin:chess' } }] });
     assert.match(
       builtin[0],
-      /unknown built-in environment \(got "builtin:chess"; expected one of builtin:guess-number, builtin:arithmetic, builtin:tool-lookup\)/,
+      /unknown built-in environment \(got "builtin:chess"; expected one of builtin:guess-number, builtin:arithmetic, builtin:tool-lookup, builtin:echo-digit\)/,
     );
   });
 

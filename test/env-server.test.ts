@@ -216,7 +216,7 @@ describe('env server (in-process)', { timeout: 30_000 }, () => {
     );
     assert.throws(
       () => resolveEnvModuleSpec('builtin:chess'),
-      /unknown built-in environment \(expected one of builtin:guess-number, builtin:arithmetic, builtin:tool-lookup\)/,
+      /unknown built-in environment \(expected one of builtin:guess-number, builtin:arithmetic, builtin:tool-lookup, builtin:echo-digit\)/,
     );
   });
 });

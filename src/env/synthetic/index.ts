@@ -7,6 +7,8 @@ export { createEnv as createGuessNumberEnv, GUESS_NUMBER_DEFAULTS } from './gues
 export type { GuessNumberEnvironment, GuessNumberParams } from './guess-number.ts';
 export { createEnv as createArithmeticEnv, ARITHMETIC_DEFAULTS, evaluateExpression } from './arithmetic.ts';
 export type { ArithmeticEnvironment, ArithmeticParams } from './arithmetic.ts';
+export { createEnv as createEchoDigitEnv, ECHO_DIGIT_DEFAULTS, firstDigit } from './echo-digit.ts';
+export type { EchoDigitEnvironment, EchoDigitParams } from './echo-digit.ts';
 export { burnCpu, createRng, mixSeeds } from './rng.ts';
 export type { Rng } from './rng.ts';
 export { lastInteger } from './params.ts';
