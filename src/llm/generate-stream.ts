@@ -17,10 +17,9 @@
  * reference policy server stamps it where it samples.
  */
 import { LlmError } from './errors.ts';
-import { bad, extendSpans, isObject, weightVersionOf, type VersionSpan } from './reply.ts';
+import { bad, eventObject, extendSpans, isObject, takeEvent, weightVersionOf, type VersionSpan } from './reply.ts';
 import { SseFrames } from './sse.ts';
 import type { GenerationResult } from './token-wire.ts';
-import { preview } from '../errors.ts';
 
 export class GenerateStream {
   readonly #frames = new SseFrames();
@@ -82,29 +81,12 @@ export class GenerateStream {
       this.#done = true;
       return;
     }
-    const where = `SGLang /generate stream event ${this.#events}`;
-    try {
-      let body: unknown;
-      try {
-        body = JSON.parse(data);
-      } catch {
-        throw new LlmError('ERR_LLM_BAD_REPLY', `${where} is not JSON: ${preview(data)}`);
-      }
-      this.#event(body, where);
-    } catch (err) {
-      this.#error =
-        err instanceof LlmError ? err : new LlmError('ERR_LLM_BAD_REPLY', `${where}: ${(err as Error).message}`);
-    }
+    this.#error = takeEvent(data, `SGLang /generate stream event ${this.#events}`, this.#event);
   }
 
   /** Checks every field of one event, then takes its new tokens in: a bad event leaves nothing behind. */
-  #event(body: unknown, where: string): void {
-    if (!isObject(body)) throw bad('event', body, 'a JSON object', where);
-    if (body.error !== undefined) {
-      const message =
-        isObject(body.error) && typeof body.error.message === 'string' ? body.error.message : preview(body.error);
-      throw new LlmError('ERR_LLM_BAD_REPLY', `${where}: the server reported an error: ${message}`);
-    }
+  readonly #event = (event: unknown, where: string): void => {
+    const body = eventObject(event, where);
     const ids = body.output_ids;
     if (!Array.isArray(ids) || !ids.every((v) => Number.isSafeInteger(v) && (v as number) >= 0))
       throw bad('output_ids', ids, 'an array of token ids', where);
@@ -156,5 +138,5 @@ export class GenerateStream {
     for (const lp of logprobs) this.#logprobs.push(lp);
     if (version !== null) this.#weightVersion = version;
     if (finishReason !== null) this.#finishReason = finishReason.toLowerCase();
-  }
+  };
 }

@@ -236,6 +236,36 @@ export function isObject(value: unknown): value is Record<string, unknown> {
 /** Where a bad field was found, first in its error message: the reply, or one event of a streamed reply. */
 const REPLY = 'inference reply';
 
+/**
+ * One streamed event's data read as JSON and handed to `take`; the error either raises, as an
+ * ERR_LLM_BAD_REPLY naming the event (`where`), or null. A stream reader keeps the first and reads no further.
+ */
+export function takeEvent(data: string, where: string, take: (body: unknown, where: string) => void): LlmError | null {
+  try {
+    let body: unknown;
+    try {
+      body = JSON.parse(data);
+    } catch {
+      throw new LlmError('ERR_LLM_BAD_REPLY', `${where} is not JSON: ${preview(data)}`);
+    }
+    take(body, where);
+    return null;
+  } catch (err) {
+    return err instanceof LlmError ? err : new LlmError('ERR_LLM_BAD_REPLY', `${where}: ${(err as Error).message}`);
+  }
+}
+
+/** An event that is an object, and not the `{"error": {message}}` vLLM and SGLang send on a failure mid-stream. */
+export function eventObject(body: unknown, where: string): Record<string, unknown> {
+  if (!isObject(body)) throw bad('event', body, 'a JSON object', where);
+  if (body.error !== undefined) {
+    const message =
+      isObject(body.error) && typeof body.error.message === 'string' ? body.error.message : preview(body.error);
+    throw new LlmError('ERR_LLM_BAD_REPLY', `${where}: the server reported an error: ${message}`);
+  }
+  return body;
+}
+
 export function bad(field: string, value: unknown, expected: string, where = REPLY): LlmError {
   return new LlmError('ERR_LLM_BAD_REPLY', `${where}: ${field} must be ${expected} (got ${preview(value)})`);
 }

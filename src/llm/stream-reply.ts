@@ -10,15 +10,16 @@
  * connection), and an event counts only once every field of it has been checked.
  */
 import type { FinishReason } from '../domain/rollout.ts';
-import { preview } from '../errors.ts';
 import { LlmError } from './errors.ts';
 import {
   bad,
+  eventObject,
   extendSpans,
   isObject,
   logprobIds,
   readLogprobs,
   readTokenIds,
+  takeEvent,
   weightVersionOf,
   type ChatResult,
   type VersionSpan,
@@ -125,30 +126,12 @@ export class ChatStream {
       this.#done = true;
       return;
     }
-    const where = `inference stream event ${this.#events}`;
-    try {
-      let body: unknown;
-      try {
-        body = JSON.parse(data);
-      } catch {
-        throw new LlmError('ERR_LLM_BAD_REPLY', `${where} is not JSON: ${preview(data)}`);
-      }
-      this.#chunk(body, where);
-    } catch (err) {
-      this.#error =
-        err instanceof LlmError ? err : new LlmError('ERR_LLM_BAD_REPLY', `${where}: ${(err as Error).message}`);
-    }
+    this.#error = takeEvent(data, `inference stream event ${this.#events}`, this.#chunk);
   }
 
   /** Checks every field of one event, then takes it in: a bad event leaves nothing of itself behind. */
-  #chunk(body: unknown, where: string): void {
-    if (!isObject(body)) throw bad('event', body, 'a JSON object', where);
-    if (body.error !== undefined) {
-      // vLLM and SGLang report a failure mid-stream as an event with an `error` object.
-      const message =
-        isObject(body.error) && typeof body.error.message === 'string' ? body.error.message : preview(body.error);
-      throw new LlmError('ERR_LLM_BAD_REPLY', `${where}: the server reported an error: ${message}`);
-    }
+  readonly #chunk = (event: unknown, where: string): void => {
+    const body = eventObject(event, where);
     let promptIds: number[] | null = null;
     if (body.prompt_token_ids != null) {
       promptIds = [];
@@ -217,7 +200,7 @@ export class ChatStream {
     for (const id of ids) this.#ids.push(id);
     for (const lp of logprobs) this.#logprobs.push(lp);
     if (finishReason !== null) this.#finishReason = finishReason;
-  }
+  };
 }
 
 interface ToolDelta {
