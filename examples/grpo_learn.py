@@ -490,6 +490,7 @@ def svg_plot(runs: List[Dict[str, Any]], title: str) -> str:
     y = lambda v: top + ph * (1 - v)  # noqa: E731
     colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">',
+             f'<title>{_esc(title)}</title>',  # what a screen reader says of the image
              f'<rect width="{w}" height="{h}" fill="white"/>',
              f'<text x="{left}" y="20" font-size="14">{_esc(title)}</text>']
     for v in (0, 0.2, 0.4, 0.6, 0.8, 1.0):
