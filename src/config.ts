@@ -499,7 +499,7 @@ export function resolveConfig(input: unknown, options: ResolveOptions = {}): Res
   }
   const parsed = EngineConfigSchema.safeParse(input ?? {}, { reportInput: true });
   const baseDir = options.baseDir ?? process.cwd();
-  const problems: string[] = parsed.success ? [] : parsed.error.issues.map(formatIssue);
+  const problems: string[] = parsed.success ? overflowingWeights(parsed.data) : parsed.error.issues.map(formatIssue);
   // Paths are checked even when other fields are wrong, so one run reports every problem.
   const rawTasks = parsed.success ? parsed.data.tasks : rawTaskPaths(input);
   const located = rawTasks.map((task, i) => ({
@@ -588,6 +588,24 @@ function resolveEnvModule(spec: string, baseDir: string, path: string, problems:
     return '';
   }
   return pathToFileURL(file).href;
+}
+
+/**
+ * A batch is split as batchSize × weight / Σ weights (coordinator/allocate.ts, the reference's order of
+ * operations): weights whose sum times batchSize is no finite double make every share NaN or infinite
+ * — regression: `weight: 1e308` spun one task for ever, and two gave batches of 0 groups. Refused
+ * here, naming the largest.
+ */
+function overflowingWeights(config: Pick<ParsedConfig, 'batchSize' | 'tasks'>): string[] {
+  const total = config.tasks.reduce((sum, t) => sum + t.weight, 0);
+  if (Number.isFinite(config.batchSize * total)) return [];
+  let largest = 0;
+  config.tasks.forEach((t, i) => {
+    if (t.weight > config.tasks[largest].weight) largest = i;
+  });
+  return [
+    `tasks[${largest}].weight: batchSize (${config.batchSize}) × the sum of the tasks' weights overflows a double; weights are ratios between tasks: use small numbers such as 1 and 3 (got ${config.tasks[largest].weight})`,
+  ];
 }
 
 function formatIssue(issue: z.core.$ZodIssue): string {

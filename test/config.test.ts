@@ -19,6 +19,16 @@ function issuesOf(input: unknown): string[] {
 }
 
 describe('config validation', () => {
+  it('refuses task weights whose sum overflows the batch split, naming the largest (regression: weight 1e308 spun for ever)', () => {
+    const tasks = (w: number[]) =>
+      w.map((weight, i) => ({ name: `t${i}`, env: { module: 'builtin:arithmetic' }, weight }));
+    assert.deepEqual(issuesOf({ batchSize: 8, tasks: tasks([1, 1e308]) }), [
+      "tasks[1].weight: batchSize (8) × the sum of the tasks' weights overflows a double; weights are ratios between tasks: use small numbers such as 1 and 3 (got 1e+308)",
+    ]);
+    assert.equal(issuesOf({ batchSize: 2, tasks: tasks([1e308, 1e308]) }).length, 1, 'two: the sum itself overflows');
+    assert.doesNotThrow(() => resolveConfig({ batchSize: 8, tasks: tasks([1, 1e300]) }), 'large but finite is a split');
+  });
+
   it('fills every default from an empty config: two synthetic tasks and the embedded mock server', () => {
     const config = resolveConfig({});
     assert.deepEqual(
