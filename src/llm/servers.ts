@@ -75,6 +75,12 @@ export interface ServerDialect {
   pauseInPlace: InPlaceRoutes | null;
   /** Token-in route for `llm.api: tokens`; null = none. */
   tokenRoute: '/v1/completions' | '/generate' | '/completion' | null;
+  /**
+   * Whether its token-in route streams (`llm.stream`) with each event naming the weights that sampled
+   * it (SGLang's /generate, llm/generate-stream.ts): a call kept across an in-place weight update is
+   * then split token by token (worker/token-steps.ts). Other routes answer whole.
+   */
+  tokenStreamVersions: boolean;
   /** How to keep what the missing abort route loses, for the start-up line. */
   abortHint: string;
   /** GET route answering `{"weight_version"}`: checked on a resume where replies carry no version; null = none. */
@@ -117,6 +123,7 @@ const VLLM: ServerDialect = {
   abort: { path: '/abort_requests', body: '{}' },
   pauseInPlace: VLLM_IN_PLACE,
   tokenRoute: '/v1/completions',
+  tokenStreamVersions: false,
   abortHint: 'launch vLLM with VLLM_SERVER_DEV_MODE=1 (it then serves POST /abort_requests), or set llm.stream: true',
   // vllm/entrypoints/serve/dev/rlhf/api_router.py (dev mode only): GET /weight_info {"weight_version"}.
   versionRoute: '/weight_info',
@@ -145,6 +152,7 @@ const SGLANG: ServerDialect = {
   abort: { path: '/abort_request', body: '{"abort_all":true}' },
   pauseInPlace: SGLANG_IN_PLACE,
   tokenRoute: '/generate',
+  tokenStreamVersions: true,
   abortHint: 'use an SGLang release whose /abort_request takes abort_all, or set llm.stream: true',
   // http_server.py: GET /get_weight_version (replies carry it too, so it is not needed on resume).
   versionRoute: '/get_weight_version',
@@ -172,6 +180,7 @@ const LLAMACPP: ServerDialect = {
   abort: null,
   pauseInPlace: null,
   tokenRoute: '/completion',
+  tokenStreamVersions: false,
   abortHint: 'set llm.stream: true (a pause then keeps the tokens a call has received)',
   versionRoute: null,
   sampling: 'llamacpp',
@@ -191,6 +200,7 @@ const OPENAI: ServerDialect = {
   abort: null,
   pauseInPlace: null,
   tokenRoute: null,
+  tokenStreamVersions: false,
   abortHint: 'set llm.stream: true',
   versionRoute: null,
   sampling: 'openai',
@@ -210,6 +220,7 @@ const GENERIC: ServerDialect = {
   // The mock's default dialect serves SGLang's routes (mock-llm/pause-routes.ts).
   pauseInPlace: SGLANG_IN_PLACE,
   tokenRoute: '/v1/completions',
+  tokenStreamVersions: false,
   abortHint: "set llm.abortPath to the server's abort-all route, or llm.stream: true",
   versionRoute: null,
   sampling: 'vllm',
@@ -389,12 +400,12 @@ export function serverGaps(
         : 'no in-place pause route: pause.mode in-place pauses by abort',
     );
   }
-  // A call kept across an in-place update ends on other weights than it began on; only SGLang's
-  // streamed /generate says which events came from which (worker/token-steps.ts).
-  const splitKnown = info.kind === 'sglang' && options.api === 'tokens' && options.stream;
+  // A call kept across an in-place update ends on other weights than it began on; only a streamed
+  // token-in route whose events name their weights says which tokens came from which.
+  const splitKnown = dialect.tokenStreamVersions && options.api === 'tokens' && options.stream;
   if (options.pauseInPlace === true && info.pauseInPlace !== null && !splitKnown) {
     gaps.push(
-      info.kind === 'sglang'
+      dialect.tokenStreamVersions
         ? 'a reply kept across an in-place weight update is marked spansVersions, its tokens all tagged with the older step: which token came from which weights is known only with llm.api "tokens" and llm.stream true (each streamed /generate event names its weights)'
         : 'a reply kept across an in-place weight update is marked spansVersions, its tokens all tagged with the older step: its replies do not say which token came from which weights',
     );

@@ -30,11 +30,7 @@ import { fillMissingLogprobs, TOKEN_WIRES, type GenerationResult, type TokenWire
 /** The client settings token-in calls read (an TokenChatOptions has them). */
 export interface TokenChatOptions {
   model: string;
-  /**
-   * Stream the generation where the token-in route can (SGLang's /generate): each event names the
-   * weights it came from, so a call kept across an in-place weight update is split exactly
-   * (llm/generate-stream.ts). Other routes answer whole.
-   */
+  /** Stream the generation where the dialect's token-in route names the weights of each event (ServerDialect.tokenStreamVersions). */
   stream?: boolean;
   toolParser?: ToolParser;
   server?: { contextLength: number | null };
@@ -63,6 +59,8 @@ export class TokenChat {
   readonly #options: TokenChatOptions;
   readonly #call: TokenCall;
   readonly #reader: { parse(json: unknown): GenerationResult };
+  /** Calls are streamed, each event naming its weights (llm/generate-stream.ts). */
+  readonly #streamed: boolean;
   /** session → its sequence after the last call (insertion order: oldest first, for eviction). */
   readonly #sessions = new Map<string, PromptBase>();
   #model: ChatModel | null = null;
@@ -79,6 +77,7 @@ export class TokenChat {
           : 'llamacpp';
     this.#wire = TOKEN_WIRES[kind];
     this.#options = options;
+    this.#streamed = options.stream === true && dialect.tokenStreamVersions;
     this.#call = call;
     this.#reader = { parse: (json) => this.#wire.parse(json, fail) };
   }
@@ -124,14 +123,13 @@ export class TokenChat {
       },
       this.#options.model,
     );
-    const streamed = this.#options.stream === true && this.#wire === TOKEN_WIRES.sglang;
-    if (streamed) payload.stream = true;
+    if (this.#streamed) payload.stream = true;
     const result = await this.#call(
       this.#wire.path,
       payload,
       this.#reader,
       signal,
-      streamed ? newGenerateStream : null,
+      this.#streamed ? newGenerateStream : null,
     );
     if (result.missingLogprobs !== undefined) {
       // llama.cpp leaves out the logprob of a token ending inside a UTF-8 character: computed again.
