@@ -17,7 +17,7 @@
  * reference policy server stamps it where it samples.
  */
 import { LlmError } from './errors.ts';
-import { bad, eventObject, extendSpans, isObject, takeEvent, weightVersionOf, type VersionSpan } from './reply.ts';
+import { bad, eventObject, isObject, takeEvent, VersionSpans, weightVersionOf } from './reply.ts';
 import { SseFrames } from './sse.ts';
 import type { GenerationResult } from './token-wire.ts';
 
@@ -30,8 +30,7 @@ export class GenerateStream {
   #events = 0;
   readonly #ids: number[] = [];
   readonly #logprobs: number[] = [];
-  /** The version each event with new tokens named; null once one named none. */
-  #spans: VersionSpan[] | null = [];
+  readonly #spans = new VersionSpans();
   #weightVersion: string | null = null;
   #finishReason: string | null = null;
   #done = false;
@@ -71,7 +70,7 @@ export class GenerateStream {
       topLogprobs: null,
       finishReason,
       weightVersion: this.#weightVersion,
-      ...(n > 0 && this.#spans?.at(-1)?.end === n ? { versionSpans: this.#spans.map((s) => ({ ...s })) } : {}),
+      ...this.#spans.field(n),
     };
   }
 
@@ -130,10 +129,7 @@ export class GenerateStream {
       finish == null ? null : typeof finish === 'string' ? finish : typeof finish.type === 'string' ? finish.type : '';
     if (finishReason === '') throw bad('meta_info.finish_reason', finish, 'null, a string or {type}', where);
     const version = weightVersionOf(body, where);
-    if (fresh > 0 && this.#spans !== null) {
-      if (version === null) this.#spans = null;
-      else extendSpans(this.#spans, fresh, version);
-    }
+    this.#spans.add(fresh, version);
     for (let i = 0; i < fresh; i++) this.#ids.push(ids[start + i] as number);
     for (const lp of logprobs) this.#logprobs.push(lp);
     if (version !== null) this.#weightVersion = version;

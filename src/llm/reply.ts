@@ -52,12 +52,31 @@ export interface VersionSpan {
   version: string;
 }
 
-/** Adds `count` tokens sampled by `version` after the ones `spans` covers (merged into the last span when it is the same version). */
-export function extendSpans(spans: VersionSpan[], count: number, version: string): void {
-  if (count === 0) return;
-  const last = spans.at(-1);
-  if (last !== undefined && last.version === version) last.end += count;
-  else spans.push({ end: (last?.end ?? 0) + count, version });
+/**
+ * The weights a streamed reply's events name, as they arrive: its `versionSpans` once every event
+ * that brought tokens named a version (llm/stream-reply.ts, llm/generate-stream.ts).
+ */
+export class VersionSpans {
+  /** null once an event with tokens named no version: then nothing per token is known. */
+  #spans: VersionSpan[] | null = [];
+
+  /** `count` more tokens, sampled by the weights `version` names (null: unnamed). */
+  add(count: number, version: string | null): void {
+    if (count === 0 || this.#spans === null) return;
+    if (version === null) {
+      this.#spans = null;
+      return;
+    }
+    const last = this.#spans.at(-1);
+    if (last !== undefined && last.version === version) last.end += count;
+    else this.#spans.push({ end: (last?.end ?? 0) + count, version });
+  }
+
+  /** A reply's `versionSpans` field (a copy) when the spans cover exactly its `tokens` tokens; else none. */
+  field(tokens: number): { versionSpans?: VersionSpan[] } {
+    const spans = this.#spans;
+    return tokens > 0 && spans?.at(-1)?.end === tokens ? { versionSpans: spans.map((s) => ({ ...s })) } : {};
+  }
 }
 
 export function parseChatReply(body: unknown): ChatResult {

@@ -14,7 +14,6 @@ import { LlmError } from './errors.ts';
 import {
   bad,
   eventObject,
-  extendSpans,
   isObject,
   logprobIds,
   readLogprobs,
@@ -22,7 +21,7 @@ import {
   takeEvent,
   weightVersionOf,
   type ChatResult,
-  type VersionSpan,
+  VersionSpans,
 } from './reply.ts';
 import { SseFrames } from './sse.ts';
 
@@ -45,8 +44,7 @@ export class ChatStream {
   #promptIds: Int32Array | null = null;
   #finishReason: FinishReason | null = null;
   #weightVersion: string | null = null;
-  /** The version each token-carrying event named; null once one named none (then nothing per token is known). */
-  #spans: VersionSpan[] | null = [];
+  readonly #spans = new VersionSpans();
   #promptTokens: number | null = null;
   #completionTokens: number | null = null;
   #done = false;
@@ -114,9 +112,7 @@ export class ChatStream {
       weightVersion: this.#weightVersion,
       promptTokens: this.#promptTokens,
       completionTokens: this.#completionTokens,
-      ...(ids !== null && ids.length > 0 && this.#spans?.at(-1)?.end === ids.length
-        ? { versionSpans: this.#spans.map((s) => ({ ...s })) }
-        : {}),
+      ...this.#spans.field(ids?.length ?? 0),
     };
   }
 
@@ -193,10 +189,7 @@ export class ChatStream {
       if (d.name !== undefined) call.name += d.name;
       if (d.arguments !== undefined) call.arguments += d.arguments;
     }
-    if (ids.length > 0 && this.#spans !== null) {
-      if (version === null) this.#spans = null;
-      else extendSpans(this.#spans, ids.length, version);
-    }
+    this.#spans.add(ids.length, version);
     for (const id of ids) this.#ids.push(id);
     for (const lp of logprobs) this.#logprobs.push(lp);
     if (finishReason !== null) this.#finishReason = finishReason;
