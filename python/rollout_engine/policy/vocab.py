@@ -91,18 +91,7 @@ def tokenizer_json() -> Dict[str, Any]:
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": [
-            {
-                "id": i,
-                "content": text,
-                "single_word": False,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "special": True,
-            }
-            for i, text in enumerate(SPECIAL_TOKENS)
-        ],
+        "added_tokens": [{"id": i, **_special_token(text)} for i, text in enumerate(SPECIAL_TOKENS)],
         "normalizer": None,
         "pre_tokenizer": None,
         "post_processor": None,
@@ -122,21 +111,16 @@ def tokenizer_json() -> Dict[str, Any]:
     }
 
 
+def _special_token(text: str) -> Dict[str, Any]:
+    """One special token as both tokenizer files describe it: matched whole, never split or normalised."""
+    return {"content": text, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+
+
 def tokenizer_config(model_max_length: int = 512) -> Dict[str, Any]:
     """The ``tokenizer_config.json``: special tokens, the chat template, the context length."""
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "added_tokens_decoder": {
-            str(i): {
-                "content": text,
-                "single_word": False,
-                "lstrip": False,
-                "rstrip": False,
-                "normalized": False,
-                "special": True,
-            }
-            for i, text in enumerate(SPECIAL_TOKENS)
-        },
+        "added_tokens_decoder": {str(i): _special_token(text) for i, text in enumerate(SPECIAL_TOKENS)},
         "bos_token": None,
         "eos_token": EOS_TOKEN,
         "pad_token": PAD_TOKEN,
