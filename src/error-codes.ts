@@ -93,6 +93,7 @@ export const ERROR_CODES = {
   ERR_NATS_CONNECT: 'the NATS server cannot be reached, or has no JetStream (`nats-server -js`)',
   ERR_NATS: 'a JetStream or KV call failed after the connection was up (stream, consumer, bucket)',
   ERR_NATS_TOO_LARGE: 'a group or a result is larger than 64 chunks of the NATS server’s max_payload',
+  ERR_NATS_RUN_IN_USE: 'another live coordinator holds this `workers.nats.run` on the NATS server',
 } as const satisfies Record<`ERR_${string}`, string>;
 
 export type ErrorCode = keyof typeof ERROR_CODES;

@@ -30,6 +30,7 @@ import type { Msg } from '@nats-io/transport-node';
 import {
   AckPolicy,
   DeliverPolicy,
+  DiscardPolicy,
   RetentionPolicy,
   StorageType,
   type ConsumerMessages,
@@ -102,8 +103,20 @@ interface Pending {
 const ACCEPTED_TTL_MS = 15 * 60_000;
 /** Publish attempts of one dispatch (the stream deduplicates a retried one by its msgID). */
 const PUBLISH_ATTEMPTS = 4;
+/** The coordinator's heartbeat on its record (`coordinator` key), and how long one may go unseen before it is taken for dead. */
+const COORDINATOR_BEAT_MS = 2_000;
+const COORDINATOR_STALE_MS = 3 * COORDINATOR_BEAT_MS;
 /** Replies to one control request are waited for this long. */
 const CONTROL_ANSWER_MS = 2_000;
+/** A control state that could not be written is tried again at most this often once NATS is down a while. */
+const CONTROL_RETRY_MAX_MS = 2_000;
+/** At close, the cancel state is tried this many times, then left (nodes see the streams go instead). */
+const CLOSE_WRITE_ATTEMPTS = 3;
+/**
+ * Accepted dispatches the bucket keeps at most, the oldest dropped first (besides its max age): a key
+ * matters only while two results of one dispatch race, so the newest ones are those worth keeping.
+ */
+const ACCEPTED_MAX_KEYS = 100_000;
 
 export class NatsWorkerPool implements WorkerPool {
   readonly #link: NatsLink;
@@ -122,21 +135,42 @@ export class NatsWorkerPool implements WorkerPool {
   #seq = 0;
   #closed = false;
   #results: ConsumerMessages | null = null;
-  /** Control states are written to KV in epoch order: each put waits for the one before. */
-  #controlWrites: Promise<unknown> = Promise.resolve();
+  /**
+   * The newest control state, to be in the `control` key. Invariant: once NATS answers, the key holds
+   * it — a put that fails is retried (only the newest state: an older one is never written over it),
+   * or nodes that missed the request would stay paused for ever on a resume written while NATS was down.
+   */
+  #controlWanted: ControlState | null = null;
+  /** The loop writing `#controlWanted`; null when the key holds it. */
+  #controlWriter: Promise<void> | null = null;
   #pause: { expected: Set<string>; answered: Set<string> } | null = null;
   #lonelySince: number | null = null;
   readonly #timer: NodeJS.Timeout;
+  readonly #beat: NodeJS.Timeout;
+  /** This coordinator's record in the state bucket and its revision: each heartbeat is a compare-and-swap on it. */
+  #claim: { record: CoordinatorRecord; revision: number };
+  #lostRun = false;
+  /** One heartbeat at a time: a put that waits out a NATS restart must not race the next one's revision. */
+  #beating = false;
   readonly #loops: Promise<void>[] = [];
 
-  private constructor(link: NatsLink, state: KV, accepted: KV, incarnation: number, options: NatsWorkerPoolOptions) {
+  private constructor(
+    link: NatsLink,
+    state: KV,
+    accepted: KV,
+    claim: { record: CoordinatorRecord; revision: number },
+    options: NatsWorkerPoolOptions,
+  ) {
     this.#link = link;
     this.#settings = options.config.workers.nats!;
     this.#names = runNames(this.#settings.run);
     this.#log = options.log.child({ nats: this.#settings.run });
     this.#state = state;
     this.#accepted = accepted;
-    this.#incarnation = incarnation;
+    this.#incarnation = claim.record.incarnation;
+    this.#claim = claim;
+    this.#beat = setInterval(() => void this.#heartbeat(), COORDINATOR_BEAT_MS);
+    this.#beat.unref();
     this.#block = options.control;
     this.#view = new Int32Array(options.control);
     this.#timer = setInterval(() => this.#checkNodes(), Math.min(this.#settings.nodeStaleMs, 5_000));
@@ -154,7 +188,18 @@ export class NatsWorkerPool implements WorkerPool {
       const kvm = new Kvm(link.nc);
       const state = await kvm.create(names.stateBucket, { history: 1 });
       const accepted = await kvm.create(names.acceptedBucket, { history: 1, ttl: ACCEPTED_TTL_MS });
-      const incarnation = await nextIncarnation(state);
+      // A KV bucket discards new writes when full, which would refuse every result: its stream is
+      // bounded by count and drops the oldest key instead.
+      const acceptedStream = `KV_${names.acceptedBucket}`;
+      const { config: acceptedConfig } = await link.jsm.streams.info(acceptedStream);
+      if (acceptedConfig.max_msgs !== ACCEPTED_MAX_KEYS || acceptedConfig.discard !== DiscardPolicy.Old)
+        await link.jsm.streams.update(acceptedStream, {
+          ...acceptedConfig,
+          max_msgs: ACCEPTED_MAX_KEYS,
+          discard: DiscardPolicy.Old,
+        });
+      const claim = await claimRun(state, settings);
+      const incarnation = claim.record.incarnation;
       await ensureStream(jsm, {
         name: names.workStream,
         subjects: [names.workSubject],
@@ -210,7 +255,7 @@ export class NatsWorkerPool implements WorkerPool {
           `the run settings (the resolved config) are ${bytes.byteLength} bytes, over the NATS server's max_payload (${link.maxPayload}); raise max_payload in its config`,
         );
       await state.put(KEY.RUN, bytes);
-      const pool = new NatsWorkerPool(link, state, accepted, incarnation, options);
+      const pool = new NatsWorkerPool(link, state, accepted, claim, options);
       await pool.#start();
       options.log.info(
         {
@@ -432,6 +477,37 @@ export class NatsWorkerPool implements WorkerPool {
     return live;
   }
 
+  /**
+   * Keeps the claim fresh (a coordinator started on this run meanwhile sees it live and refuses). A
+   * failed compare-and-swap is looked at again: a put whose answer was lost in a NATS restart landed.
+   */
+  async #heartbeat(record: CoordinatorRecord = { ...this.#claim.record, heartbeatAt: Date.now() }): Promise<void> {
+    if (this.#lostRun || this.#beating) return;
+    this.#beating = true;
+    try {
+      this.#claim = {
+        record,
+        revision: await this.#state.update(KEY.COORDINATOR, encodeJson(record), this.#claim.revision),
+      };
+    } catch (err) {
+      if (!isKeyExists(err)) return; // NATS is away: the next beat tries again
+      const now = await this.#state.get(KEY.COORDINATOR).catch(() => null);
+      const held = now?.operation === 'PUT' ? (now.json() as Partial<CoordinatorRecord>) : null;
+      const mine = this.#claim.record;
+      if (held?.incarnation === mine.incarnation && held.pid === mine.pid && held.host === mine.host) {
+        this.#claim = { record: mine, revision: now!.revision };
+        return;
+      }
+      this.#lostRun = true;
+      this.#log.error(
+        { holder: held },
+        `another coordinator holds run ${this.#settings.run} now (this one was taken for dead): stop one of them`,
+      );
+    } finally {
+      this.#beating = false;
+    }
+  }
+
   /** Says so when groups wait with no node to take them (once, then again when that changes). */
   #checkNodes(): void {
     const waiting = this.#pending.size > 0 && this.#liveNodes().length === 0;
@@ -468,13 +544,42 @@ export class NatsWorkerPool implements WorkerPool {
     }
   }
 
-  #writeControl(state: ControlState): Promise<unknown> {
-    this.#controlWrites = this.#controlWrites.then(() =>
-      this.#state
-        .put(KEY.CONTROL, encodeJson(state))
-        .catch((err: unknown) => this.#log.warn({ err: describeError(err) }, 'control state not written to NATS')),
-    );
-    return this.#controlWrites;
+  /** Resolves once `state` (or a newer one) is in the `control` key, or the pool closed. */
+  #writeControl(state: ControlState): Promise<void> {
+    this.#controlWanted = state;
+    this.#controlWriter ??= this.#writeControlUntilDone();
+    return this.#controlWriter;
+  }
+
+  async #writeControlUntilDone(): Promise<void> {
+    let failures = 0;
+    // The loop's last look at `#controlWanted` and the writer's reset happen in one tick (no await
+    // between): a state set meanwhile would otherwise find a writer about to stop, and never be written.
+    try {
+      for (let wanted = this.#controlWanted; wanted !== null; wanted = this.#controlWanted) {
+        try {
+          await this.#state.put(KEY.CONTROL, encodeJson(wanted));
+          if (failures > 0)
+            this.#log.info(
+              { state: wanted.state, epoch: wanted.epoch, failures },
+              'control state written to NATS again',
+            );
+          failures = 0;
+          if (this.#controlWanted === wanted) this.#controlWanted = null;
+        } catch (err) {
+          if (failures++ === 0)
+            this.#log.warn(
+              { state: wanted.state, epoch: wanted.epoch, err: describeError(err) },
+              'control state not written to NATS; trying again until it is',
+            );
+          // At close only a few tries: a coordinator must be able to stop without NATS.
+          if (this.#closed && failures >= CLOSE_WRITE_ATTEMPTS) return;
+          await delay(Math.min(CONTROL_RETRY_MAX_MS, 100 * 2 ** failures));
+        }
+      }
+    } finally {
+      this.#controlWriter = null;
+    }
   }
 
   async #askNodes(state: ControlState): Promise<void> {
@@ -553,12 +658,15 @@ export class NatsWorkerPool implements WorkerPool {
     if (this.#closed) return;
     this.#closed = true;
     clearInterval(this.#timer);
+    clearInterval(this.#beat);
     for (const dispatch of [...this.#pending.keys()])
       this.#settle(dispatch, (sent) => abortedGroup(sent, 'the worker-node pool closed while the group was out'));
     // Nodes stop their groups before the streams go (the producer has cancelled them already).
     await this.#writeControl({ ...this.#controlState(), state: 'cancel' });
     this.#results?.stop();
-    if (this.#settings.cleanup) {
+    if (!this.#settings.cleanup)
+      await this.#heartbeat({ ...this.#claim.record, heartbeatAt: Date.now(), closed: true }).catch(() => undefined);
+    else {
       const { jsm } = this.#link;
       // The state bucket first: a node leaving the run must not find its settings again and rejoin it.
       for (const stream of [
@@ -578,19 +686,69 @@ export class NatsWorkerPool implements WorkerPool {
   }
 }
 
-async function nextIncarnation(state: KV): Promise<number> {
+/** `coordinator`: who holds the run, kept fresh by its heartbeat (COORDINATOR_BEAT_MS). */
+interface CoordinatorRecord {
+  incarnation: number;
+  host: string;
+  pid: number;
+  startedAt: number;
+  heartbeatAt: number;
+  /** Written at close when the run's streams are kept (`cleanup: false`): the next one need not wait. */
+  closed?: boolean;
+}
+
+/**
+ * Takes the run for this process, with the next incarnation, or refuses: two coordinators on one run
+ * would purge each other's streams and both stall. The holder is live when its record changes within
+ * COORDINATOR_STALE_MS (it heartbeats); a record that does not — a killed coordinator's — is taken over
+ * after that wait, at once when it names a process of this host that is gone.
+ */
+async function claimRun(state: KV, settings: NatsSettings): Promise<{ record: CoordinatorRecord; revision: number }> {
   for (;;) {
     const current = await state.get(KEY.COORDINATOR);
-    const previous =
-      current?.operation === 'PUT' ? Number((current.json() as { incarnation?: unknown }).incarnation) || 0 : 0;
-    const value = encodeJson({ incarnation: previous + 1, host: hostname(), pid: process.pid, startedAt: Date.now() });
+    const held = current?.operation === 'PUT' ? (current.json() as Partial<CoordinatorRecord>) : null;
+    if (held !== null && held.closed !== true && (await heartbeats(state, current!.revision, held)))
+      throw new ClusterError(
+        'ERR_NATS_RUN_IN_USE',
+        `workers.nats.run ${JSON.stringify(settings.run)} on ${settings.url} is held by a live coordinator (${String(held.host)} pid ${String(held.pid)}, since ${new Date(Number(held.startedAt)).toISOString()}): stop it, or give this one another workers.nats.run`,
+      );
+    const now = Date.now();
+    const record: CoordinatorRecord = {
+      incarnation: (Number(held?.incarnation) || 0) + 1,
+      host: hostname(),
+      pid: process.pid,
+      startedAt: now,
+      heartbeatAt: now,
+    };
     try {
-      if (current === null) await state.create(KEY.COORDINATOR, value);
-      else await state.update(KEY.COORDINATOR, value, current.revision);
-      return previous + 1;
+      const revision =
+        current === null
+          ? await state.create(KEY.COORDINATOR, encodeJson(record))
+          : await state.update(KEY.COORDINATOR, encodeJson(record), current.revision);
+      return { record, revision };
     } catch (err) {
-      if (!isKeyExists(err)) throw err; // another coordinator took this number: take the next one
+      if (!isKeyExists(err)) throw err; // another coordinator wrote it meanwhile: look again
     }
+  }
+}
+
+/** Whether the coordinator that wrote `held` at `revision` still heartbeats. */
+async function heartbeats(state: KV, revision: number, held: Partial<CoordinatorRecord>): Promise<boolean> {
+  if (held.host === hostname() && typeof held.pid === 'number' && !processExists(held.pid)) return false;
+  const deadline = performance.now() + COORDINATOR_STALE_MS;
+  while (performance.now() < deadline) {
+    await delay(COORDINATOR_BEAT_MS / 4);
+    if ((await state.get(KEY.COORDINATOR))?.revision !== revision) return true;
+  }
+  return false;
+}
+
+function processExists(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (err) {
+    return (err as NodeJS.ErrnoException).code === 'EPERM';
   }
 }
 

@@ -29,7 +29,7 @@ import { PiscinaWorkerPool } from '../coordinator/worker-pool.ts';
 import { listen } from '../http-server.ts';
 import type { Logger } from '../log.ts';
 import { decodeRunGroup, encodeMessage } from '../protocol/codec.ts';
-import { LAST_SEND } from '../protocol/control-block.ts';
+import { LAST_SEND, RunState } from '../protocol/control-block.ts';
 import { describeError } from '../errors.ts';
 import { PROTOCOL_VERSION } from '../protocol/messages.ts';
 import { omitKeptTurns, receivedTurns } from '../protocol/result-delta.ts';
@@ -71,6 +71,8 @@ export interface RolloutNodeOptions {
 /** How often a node looks for its run while the coordinator has not published it. */
 const RUN_POLL_MS = 500;
 const PULL_EXPIRES_MS = 1_000;
+/** How often a node that holds groups while paused reads the control state again (see #untilRunning). */
+const CONTROL_POLL_MS = 1_000;
 
 export class RolloutNode {
   readonly id: string;
@@ -86,6 +88,8 @@ export class RolloutNode {
   readonly #threads: number;
   readonly #startedAt = Date.now();
   readonly #slotFreed = new Notifier();
+  readonly #controlChanged = new Notifier();
+  #controlRead: Promise<void> | null = null;
   readonly #registry = new Registry();
   readonly #metrics;
   /** The newest control state applied: older ones (a late request, a watch replaying) are ignored. */
@@ -296,8 +300,34 @@ export class RolloutNode {
       return false;
     this.#applied = { incarnation: state.incarnation, epoch: state.epoch };
     applyControl(this.#control, state);
+    this.#controlChanged.notify();
     this.#log.debug({ state: state.state, epoch: state.epoch, modelStep: state.modelStep }, 'control state applied');
     return true;
+  }
+
+  /**
+   * Waits until this node is not paused, reading the `control` key again every CONTROL_POLL_MS: the
+   * watch may have missed a state while NATS restarted. False: the node drains meanwhile.
+   */
+  async #untilRunning(): Promise<boolean> {
+    while (this.#control.state === RunState.PAUSED) {
+      if (this.#draining) return false;
+      await Promise.race([this.#controlChanged.wait(), delay(CONTROL_POLL_MS)]);
+      if (this.#control.state === RunState.PAUSED && !this.#draining) await this.#readControl();
+    }
+    return !this.#draining;
+  }
+
+  /** One read of the `control` key at a time, however many groups wait on it. */
+  #readControl(): Promise<void> {
+    this.#controlRead ??= this.#state
+      .get(KEY.CONTROL)
+      .then((entry) => {
+        if (entry?.operation === 'PUT') this.#applyState(parseControl(entry.value));
+      })
+      .catch((err: unknown) => this.#log.debug({ err: describeError(err) }, 'control state not read'))
+      .finally(() => (this.#controlRead = null));
+    return this.#controlRead;
   }
 
   async #onControlRequest(msg: Msg): Promise<void> {
@@ -386,6 +416,12 @@ export class RolloutNode {
     const heartbeat = setInterval(() => msg.working(), Math.max(100, Math.floor(ackWaitMs / 3)));
     if (msg.info.deliveryCount > 1) this.#metrics.redelivered.inc();
     try {
+      // Run while paused, the group would come back ABORTED at once and be sent again at once, in a
+      // loop for as long as the pause: it waits here for the resume instead, heartbeating.
+      if (!(await this.#untilRunning())) {
+        msg.nak();
+        return;
+      }
       let group: RolloutGroup;
       let modelStep: number;
       let data: Uint8Array | null;
@@ -498,6 +534,7 @@ export class RolloutNode {
     if (this.#draining) return;
     this.#draining = true;
     this.#slotFreed.notify();
+    this.#controlChanged.notify();
     this.#fetch?.stop();
     const drainMs = this.#options.drainMs ?? 30_000;
     this.#log.info({ groupsInFlight: this.#inFlight, drainMs }, 'draining: no new groups; finishing those running');
@@ -521,6 +558,7 @@ export class RolloutNode {
     this.#closed = true;
     this.#draining = true;
     this.#slotFreed.notify();
+    this.#controlChanged.notify();
     this.#fetch?.stop();
     if (this.#heartbeat !== null) clearInterval(this.#heartbeat);
     await this.#state.delete(`${KEY.NODE_PREFIX}${this.id}`).catch(() => undefined);
@@ -566,4 +604,8 @@ async function findRun(kvm: Kvm, names: RunNames): Promise<FoundRun | null> {
     runBytes: run.value.slice(),
     control: parseControl(control.value),
   };
+}
+
+function delay(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms).unref());
 }

@@ -19,32 +19,60 @@ export function hasNatsServer(): boolean {
 
 export interface NatsServer {
   url: string;
+  /**
+   * Kills the server (SIGKILL: a crash, not a shutdown) and starts it again on the same port with the
+   * same store dir, so JetStream streams and buckets survive as they would on a real restart.
+   * `down` runs while no server listens.
+   */
+  restart(down?: () => Promise<void> | void): Promise<void>;
   stop(): Promise<void>;
 }
 
 /** `config`: the text of a nats-server config file to start it with (e.g. `max_payload: 65536`). */
-export function startNatsServer(config?: string): Promise<NatsServer> {
+export async function startNatsServer(config?: string): Promise<NatsServer> {
   const dir = mkdtempSync(join(tmpdir(), 'rollout-nats-'));
-  const args = ['-js', '-a', '127.0.0.1', '-p', '-1', '-sd', dir];
+  const args = ['-js', '-a', '127.0.0.1', '-sd', dir];
   if (config !== undefined) {
     writeFileSync(join(dir, 'nats-server.conf'), config);
     args.push('-c', join(dir, 'nats-server.conf'));
   }
-  const child: ChildProcess = spawn('nats-server', args, {
-    stdio: ['ignore', 'ignore', 'pipe'],
-  });
+  let child: ChildProcess | null = null;
+  const kill = async (signal: NodeJS.Signals): Promise<void> => {
+    const running = child;
+    if (running === null || running.exitCode !== null || running.signalCode !== null) return;
+    const exited = new Promise((resolve) => running.once('exit', resolve));
+    running.kill(signal);
+    await exited;
+  };
   const stop = async (): Promise<void> => {
-    if (child.exitCode === null && child.signalCode === null) {
-      const exited = new Promise((resolve) => child.once('exit', resolve));
-      child.kill('SIGTERM');
-      await exited;
-    }
+    await kill('SIGTERM');
     rmSync(dir, { recursive: true, force: true });
   };
+  let port: string;
+  try {
+    ({ child, port } = await spawnServer([...args, '-p', '-1']));
+  } catch (err) {
+    rmSync(dir, { recursive: true, force: true });
+    throw err;
+  }
+  return {
+    url: `nats://127.0.0.1:${port}`,
+    stop,
+    async restart(down) {
+      await kill('SIGKILL');
+      await down?.();
+      ({ child } = await spawnServer([...args, '-p', port]));
+    },
+  };
+}
+
+/** Starts nats-server and resolves once it is ready, with the port it listens on. */
+function spawnServer(args: string[]): Promise<{ child: ChildProcess; port: string }> {
+  const child: ChildProcess = spawn('nats-server', args, { stdio: ['ignore', 'ignore', 'pipe'] });
   return new Promise((resolve, reject) => {
     let log = '';
     const timer = setTimeout(() => {
-      void stop();
+      child.kill('SIGKILL');
       reject(new Error(`nats-server did not start within 10 s:\n${log}`));
     }, 10_000);
     child.once('error', (err) => {
@@ -58,7 +86,7 @@ export function startNatsServer(config?: string): Promise<NatsServer> {
       clearTimeout(timer);
       child.stderr!.removeAllListeners('data');
       child.stderr!.resume();
-      resolve({ url: `nats://127.0.0.1:${port}`, stop });
+      resolve({ child, port });
     });
   });
 }
