@@ -796,7 +796,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=8, help="times the digit is written in each observation")
     ap.add_argument("--alphabet", default="012", help="the digits the task shows")
-    ap.add_argument("--wrong-digit", type=float, default=0.2, help="what a reply with another digit first earns (of a turn's 1)")
+    ap.add_argument("--wrong-digit", type=float, default=0.0, help="what a reply with another digit first earns (of a turn's 1)")
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--tolerance", type=float, default=1e-4, help="largest |recorded - recomputed| logprob of an exact token")

@@ -17,7 +17,7 @@ describe('echo-digit', () => {
   it('draws the same digits for the same seed, one per turn, and other digits for other seeds', () => {
     assert.equal(digitsOf(7), digitsOf(7));
     assert.equal(digitsOf(7).length, ECHO_DIGIT_DEFAULTS.turns);
-    assert.deepEqual(ECHO_DIGIT_DEFAULTS, { turns: 3, repeat: 8, wrongDigit: 0.2, alphabet: '012' });
+    assert.deepEqual(ECHO_DIGIT_DEFAULTS, { turns: 3, repeat: 8, wrongDigit: 0, alphabet: '012' });
     assert.equal(digitsOf(7, { turns: 5 }).length, 5);
     const seen = new Set(Array.from({ length: 40 }, (_, seed) => digitsOf(seed)));
     assert.ok(seen.size > 15, `only ${seen.size} of the 27 digit strings over 40 seeds`);

@@ -9,10 +9,11 @@
  * so a digit that fills most of the new message dominates what the reply position reads from the
  * first updates on, instead of waiting for attention to find one character.
  *
- * Why a wrong digit earns something: the engine ends an episode on a reply cut by `maxTokens` (that
- * turn is never scored), and a fresh policy almost never samples the end token. Paying any short reply
- * with a digit lets it learn that form first without settling on empty replies, which every rollout of
- * a group would then share: a form the whole group shares carries no GRPO signal.
+ * Why a wrong digit earns nothing by default (`wrongDigit: 0`): credit for any digit is a trap. A policy
+ * that answers "1" to a shown 2 earns that credit in every rollout of the group, and a form the whole
+ * group shares carries no GRPO signal; the right digit is then sampled too rarely to be found, and the
+ * curve stalls at two of three digits (reward 0.73) for a hundred steps and more. Without it, only the
+ * right digit is ever reinforced, and the policy learns the short form and the copy together.
  *
  * Why three digits by default: copying is learned from the turns that happen to be right, and one in
  * three is right by chance where one in ten would be with all ten digits (`alphabet: "0123456789"`,
@@ -41,7 +42,7 @@ export interface EchoDigitParams {
   alphabet?: string;
 }
 
-export const ECHO_DIGIT_DEFAULTS = { turns: 3, repeat: 8, wrongDigit: 0.2, alphabet: '012' } as const;
+export const ECHO_DIGIT_DEFAULTS = { turns: 3, repeat: 8, wrongDigit: 0, alphabet: '012' } as const;
 
 /** Bounds that keep one episode's text a few hundred characters at most. */
 const MAX_TURNS = 32;
