@@ -11,7 +11,14 @@ import type { Status } from '../domain/rollout.ts';
 import { intFlag, UsageError } from './args.ts';
 import { ProgressLine } from './progress.ts';
 import { lockRunDir, newRunDir } from './run-dir.ts';
-import { cutToLastStep, emptyTotals, scanWrittenSteps, type WrittenTotals } from './written-steps.ts';
+import {
+  addTotals,
+  batchTotals,
+  cutToLastStep,
+  emptyTotals,
+  scanWrittenSteps,
+  type WrittenTotals,
+} from './written-steps.ts';
 import { CONFIG_FLAGS, configFromFlags } from './config-flags.ts';
 
 export const RUN_HELP = `Usage: rollout run [options]
@@ -153,7 +160,8 @@ async function runLocked(
   const started = performance.now();
   // Batches earlier processes of this run wrote (a --resume): the progress line and summary count the whole run.
   const earlier = written?.totals ?? emptyTotals();
-  const batches: NormalBatch[] = [];
+  // Only the batches' stats are kept for the summary, never a batch: a long run's batches outgrow the heap.
+  const here = emptyTotals();
   let landed: Record<Status, number> | null = null;
   let failure: unknown = null;
   const progress = new ProgressLine(engine, steps, { batches: earlier.batches });
@@ -175,7 +183,7 @@ async function runLocked(
         continue;
       }
       await write(batch);
-      batches.push(batch);
+      addTotals(here, batchTotals(batch.stats));
       progress.batch(batch.groups.length, batch.stats.meanReward);
       step++;
     }
@@ -184,7 +192,7 @@ async function runLocked(
       await engine.pauseForWeightUpdate();
       await engine.checkpoint(join(runDir, 'engine.ckpt'));
       console.error(
-        `rollout run: stopped by a signal after ${earlier.batches + batches.length} batches; continue with --resume --run-dir ${runDir}`,
+        `rollout run: stopped by a signal after ${earlier.batches + here.batches} batches; continue with --resume --run-dir ${runDir}`,
       );
     }
   } catch (err) {
@@ -202,11 +210,11 @@ async function runLocked(
   }
   // Failed before writing a batch: nothing to summarise, so nothing is written — an earlier summary
   // stays as it was. The error is printed once, by the caller.
-  if (failure !== null && batches.length === 0) throw failure;
+  if (failure !== null && here.batches === 0) throw failure;
   const seconds = (performance.now() - started) / 1000;
   const summary = summarize(
     earlier,
-    batches,
+    here,
     landed ?? emptyStatusCounts(),
     seconds,
     batchesPath,
@@ -247,33 +255,25 @@ interface RunSummary {
   error: string | null;
 }
 
-type NormalBatch = Extract<Batch, { status: 'NORMAL' }>;
-
 function summarize(
   earlier: WrittenTotals,
-  batches: NormalBatch[],
+  here: WrittenTotals,
   produced: Record<Status, number>,
   seconds: number,
   output: string,
   error: string | null,
 ): RunSummary {
-  const here = emptyTotals();
-  for (const b of batches) {
-    here.groups += b.stats.groups;
-    here.rollouts += b.stats.rollouts;
-    here.rewardSum += b.stats.meanReward * b.stats.rollouts;
-    here.turns += b.stats.turns;
-    here.responseTokens += b.stats.responseTokens;
-  }
-  const rollouts = earlier.rollouts + here.rollouts;
+  const run = emptyTotals();
+  addTotals(run, earlier);
+  addTotals(run, here);
   return {
-    batches: earlier.batches + batches.length,
-    batchesThisProcess: batches.length,
-    groups: earlier.groups + here.groups,
-    rollouts,
-    meanReward: rollouts === 0 ? 0 : (earlier.rewardSum + here.rewardSum) / rollouts,
-    turns: earlier.turns + here.turns,
-    responseTokens: earlier.responseTokens + here.responseTokens,
+    batches: run.batches,
+    batchesThisProcess: here.batches,
+    groups: run.groups,
+    rollouts: run.rollouts,
+    meanReward: run.meanReward,
+    turns: run.turns,
+    responseTokens: run.responseTokens,
     produced,
     seconds,
     stepsPerSecond: seconds > 0 ? here.turns / seconds : 0,

@@ -6,6 +6,8 @@
  */
 import { truncateSync } from 'node:fs';
 import { open, type FileHandle } from 'node:fs/promises';
+import type { BatchStats } from '../coordinator/batch-stats.ts';
+import { foldMean } from '../coordinator/mean.ts';
 import { UsageError } from './args.ts';
 
 /**
@@ -23,13 +25,17 @@ export interface ScanOptions {
 
 const NEWLINE = 0x0a;
 
-/** What the whole steps of a batches file hold, summed as a batch's stats are (producer.ts #batchStats). */
+/**
+ * What whole steps hold, summed as a batch's stats are (batch-stats.ts): those of a batches file, or
+ * those a run wrote. A fixed set of numbers, so a run summarised batch by batch holds no batch.
+ */
 export interface WrittenTotals {
   /** Whole steps (batches). */
   batches: number;
   groups: number;
   rollouts: number;
-  rewardSum: number;
+  /** Over `rollouts`, a rollout without a numeric reward counting as 0; a mean, not a sum, so it stays finite. */
+  meanReward: number;
   turns: number;
   responseTokens: number;
 }
@@ -48,7 +54,29 @@ export interface WrittenSteps {
 }
 
 export function emptyTotals(): WrittenTotals {
-  return { batches: 0, groups: 0, rollouts: 0, rewardSum: 0, turns: 0, responseTokens: 0 };
+  return { batches: 0, groups: 0, rollouts: 0, meanReward: 0, turns: 0, responseTokens: 0 };
+}
+
+/** `added` into `totals`. */
+export function addTotals(totals: WrittenTotals, added: WrittenTotals): void {
+  totals.meanReward = foldMean(totals.meanReward, totals.rollouts, added.meanReward, added.rollouts);
+  totals.batches += added.batches;
+  totals.groups += added.groups;
+  totals.rollouts += added.rollouts;
+  totals.turns += added.turns;
+  totals.responseTokens += added.responseTokens;
+}
+
+/** The totals of one batch, from its stats alone: what a summary keeps of it. */
+export function batchTotals(stats: BatchStats): WrittenTotals {
+  return {
+    batches: 1,
+    groups: stats.groups,
+    rollouts: stats.rollouts,
+    meanReward: stats.meanReward,
+    turns: stats.turns,
+    responseTokens: stats.responseTokens,
+  };
 }
 
 /**
@@ -120,8 +148,7 @@ export async function scanWrittenSteps(
     addGroup(stepTotals, group!.rollouts);
     if (current.lines === batchSize) {
       complete = { step, end };
-      for (const key of Object.keys(totals) as (keyof WrittenTotals)[]) totals[key] += stepTotals[key];
-      totals.batches++;
+      addTotals(totals, { ...stepTotals, batches: 1 });
       stepTotals = emptyTotals();
     }
   };
@@ -174,8 +201,8 @@ function addGroup(totals: WrittenTotals, rollouts: unknown): void {
   totals.groups++;
   if (!Array.isArray(rollouts)) return;
   for (const r of rollouts as { reward?: unknown; turns?: unknown }[]) {
+    totals.meanReward = foldMean(totals.meanReward, totals.rollouts, typeof r?.reward === 'number' ? r.reward : 0, 1);
     totals.rollouts++;
-    if (typeof r?.reward === 'number') totals.rewardSum += r.reward;
     if (!Array.isArray(r?.turns)) continue;
     totals.turns += r.turns.length;
     for (const t of r.turns as { responseIds?: unknown }[])
