@@ -90,6 +90,24 @@ describe('batch stats (coordinator/batch-stats.ts batchStats)', () => {
     assert.equal(batchStats(5, new Map([['a', [g]]]), 0, window, Infinity).inexactTokens, 2 + 2);
   });
 
+  it('gives rewards of 1e308 a mean reward of 1e308, overall and by task, not Infinity (regression: summed past Number.MAX_VALUE)', () => {
+    const huge = (task: string, draw: number) =>
+      group(task, draw, { reward: 1e308, turns: [[4]] }, { reward: 1e308, turns: [[4]] });
+    const stats = batchStats(
+      5,
+      new Map([
+        ['a', [huge('a', 0), huge('a', 1)]],
+        ['b', [huge('b', 0)]],
+      ]),
+      0,
+      window,
+      2,
+    );
+    assert.deepEqual([stats.meanReward, stats.byTask.a.meanReward, stats.byTask.b.meanReward], [1e308, 1e308, 1e308]);
+    const opposite = group('a', 0, { reward: 1e308, turns: [[4]] }, { reward: -1e308, turns: [[4]] });
+    assert.equal(batchStats(5, new Map([['a', [opposite]]]), 0, window, 2).meanReward, 0);
+  });
+
   it('reports zeros, not NaN, for a batch with no rollouts', () => {
     const stats = batchStats(1, new Map([['a', []]]), 0, window, 1);
     assert.deepEqual(

@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import { describe, it } from 'node:test';
 
 const MAIN = CLI_MAIN;
+const HUGE_REWARD_ENV = new URL('./fixtures/huge-reward-env.ts', import.meta.url).pathname;
 
 /** The train step of each line of a batches file. */
 function stepsOf(lines: string[]): number[] {
@@ -56,6 +57,26 @@ describe('rollout CLI', () => {
         Array.isArray(carrier.messages) && carrier.messages.length >= turn.messagesPrefixOf.length,
         'the named turn carries its messages whole',
       );
+    }
+  });
+
+  it('`rollout run` summarises rewards of 1e308 with a finite mean reward, resumed too (regression: Infinity)', async () => {
+    const runDir = mkdtempSync(join(tmpdir(), 'rollout-run-'));
+    const config = join(runDir, 'config.json');
+    writeFileSync(
+      config,
+      JSON.stringify({ tasks: [{ name: 'huge', env: { module: HUGE_REWARD_ENV }, groupSize: 2, maxSteps: 1 }] }),
+    );
+    const args = ['--config', config, '--batch-size', '2', '--threads', '1', '--run-dir', runDir];
+    for (const run of [
+      ['--steps', '2'],
+      ['--resume', '--steps', '3'],
+    ]) {
+      const { code, stdout, stderr } = await rollout(['run', ...run, ...args]);
+      assert.equal(code, 0, stderr);
+      const summary = JSON.parse(readFileSync(join(runDir, 'summary.json'), 'utf8')) as Record<string, number>;
+      assert.ok(Math.abs(summary.meanReward - 1e308) <= 1e308 * 1e-12, `mean reward ${summary.meanReward}`);
+      assert.match(stdout, /mean reward (9\.9+\d*e\+307|1(\.0+\d*)?e\+308)\n/);
     }
   });
 

@@ -4,6 +4,7 @@
  */
 import { rolloutStaleness, tokenLossMask } from '../buffer/staleness.ts';
 import { inexactTokenCount, responseTokenCount, type RolloutGroup } from '../domain/rollout.ts';
+import { RunningMean, foldMean } from './mean.ts';
 import type { WindowStats } from './progress.ts';
 
 export interface BatchStats {
@@ -54,7 +55,7 @@ export function batchStats(
   const byTask: BatchStats['byTask'] = {};
   let groups = 0;
   let rollouts = 0;
-  let rewardSum = 0;
+  let meanReward = 0;
   let turns = 0;
   let responseTokens = 0;
   let sMin = Infinity;
@@ -63,12 +64,10 @@ export function batchStats(
   let past = 0;
   let inexact = 0;
   for (const [task, taskGroups] of taken) {
-    let taskReward = 0;
-    let taskRollouts = 0;
+    const taskReward = new RunningMean();
     for (const g of taskGroups) {
       for (const r of g.rollouts) {
-        taskReward += r.reward;
-        taskRollouts++;
+        taskReward.add(r.reward);
         turns += r.turns.length;
         responseTokens += responseTokenCount(r);
         inexact += inexactTokenCount(r);
@@ -79,15 +78,15 @@ export function batchStats(
         if (s >= threshold) past++;
       }
     }
-    byTask[task] = { groups: taskGroups.length, meanReward: taskRollouts === 0 ? 0 : taskReward / taskRollouts };
+    byTask[task] = { groups: taskGroups.length, meanReward: taskReward.mean };
     groups += taskGroups.length;
-    rollouts += taskRollouts;
-    rewardSum += taskReward;
+    meanReward = foldMean(meanReward, rollouts, taskReward.mean, taskReward.count);
+    rollouts += taskReward.count;
   }
   return {
     groups,
     rollouts,
-    meanReward: rollouts === 0 ? 0 : rewardSum / rollouts,
+    meanReward,
     turns,
     responseTokens,
     staleness:
