@@ -9,7 +9,7 @@
  *   await engine.close();
  */
 import { resolveConfig, type EngineConfigInput, type ResolvedConfig, type ResolveOptions } from './config.ts';
-import { EngineCore, type EngineOptions, type EngineStats } from './coordinator/engine-core.ts';
+import { EngineCore, type EngineOptions, type EngineStats, type ResumeOptions } from './coordinator/engine-core.ts';
 import type { Batch, PauseReport } from './coordinator/producer.ts';
 import type { PauseNodes } from './coordinator/worker-pool.ts';
 import { RolloutEngineError } from './errors.ts';
@@ -90,8 +90,10 @@ export class Engine {
    * The inference servers hold weights `modelStep`: production continues, new tokens are tagged with
    * it. `weightVersion` is the servers' own name for these weights, when they report one (SGLang's
    * `--weight-version`, a string): a reply with another version is counted and warned of, once.
+   * Without a pause before it, the model step moves under the groups in flight; `pausedOnly` refuses
+   * that instead (the control API's `POST /resume`).
    */
-  resume(options: { modelStep: number; weightVersion?: string | null }): Promise<void> {
+  resume(options: ResumeOptions): Promise<void> {
     return this.#core.resume(options);
   }
 

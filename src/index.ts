@@ -9,7 +9,7 @@
 export { createEngine, Engine } from './engine.ts';
 export { resolveConfig, EngineConfigSchema, BUILTIN_ENVS } from './config.ts';
 export type { EngineConfigInput, ResolvedConfig, TaskConfig, LlmConfig, MockConfig, ResolveOptions } from './config.ts';
-export type { EngineStats, EngineOptions } from './coordinator/engine-core.ts';
+export type { EngineStats, EngineOptions, ResumeOptions } from './coordinator/engine-core.ts';
 export type { Batch, BatchStats, GroupCounts, PauseReport, ProducerHooks } from './coordinator/producer.ts';
 export { hasRewardSpread } from './coordinator/producer.ts';
 export type { ProduceStatus, ShouldContinue } from './coordinator/strategies.ts';

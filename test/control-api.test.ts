@@ -366,6 +366,42 @@ describe('control API', () => {
   });
 });
 
+describe('weight updates over the control API', () => {
+  let engine: Engine;
+  let server: ControlServer;
+  before(async () => {
+    engine = createEngine({ logLevel: 'silent', batchSize: 2, workers: { threads: 1 } });
+    await engine.start();
+    server = await engine.listen({ port: 0, token: TOKEN });
+  });
+  after(() => engine.close());
+  const resume = (body: unknown) => call(server, 'POST', '/resume', { body: JSON.stringify(body) });
+
+  it('refuses POST /resume without a pause with 409 naming the state, and answers a repeat of the last resume as done (regression: the model step jumped)', async () => {
+    const jump = await resume({ modelStep: 5 });
+    assert.deepEqual([jump.status, jump.body.error.code], [409, 'ERR_ENGINE_STATE']);
+    assert.match(
+      jump.body.error.message,
+      /^resume without a pause: the engine is running on model step 0, not paused, so modelStep 5 is refused; pause first, load the weights, then resume$/,
+    );
+    assert.equal((await call(server, 'GET', '/status')).body.modelStep, 0, 'the model step did not move');
+    assert.equal((await call(server, 'POST', '/pause')).status, 200);
+    const resumed = await resume({ modelStep: 1, weightVersion: 'v1' });
+    assert.deepEqual([resumed.status, resumed.body], [200, { resumed: true, modelStep: 1, weightVersion: 'v1' }]);
+    // The trainer's retry of that resume (its answer lost): the same weights, named or not.
+    assert.equal((await resume({ modelStep: 1, weightVersion: 'v1' })).status, 200);
+    assert.equal((await resume({ modelStep: 1 })).status, 200);
+    const renamed = await resume({ modelStep: 1, weightVersion: 'v2' });
+    assert.deepEqual([renamed.status, renamed.body.error.code], [409, 'ERR_ENGINE_STATE']);
+    assert.match(
+      renamed.body.error.message,
+      /running on model step 1 \(weightVersion "v1"\), not paused, so modelStep 1 \(weightVersion "v2"\) is refused/,
+    );
+    const status = (await call(server, 'GET', '/status')).body;
+    assert.deepEqual([status.modelStep, status.paused], [1, false]);
+  });
+});
+
 describe('control API security', () => {
   let engine: Engine;
   let open: ControlServer; // the default: no token

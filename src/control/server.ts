@@ -9,7 +9,8 @@
  *                                     conversation they begin (formats/compact.ts)
  *   POST /pause                       pause for a weight update; answers once every group is back
  *   POST /resume      {modelStep, weightVersion?}  the new weights are loaded (weightVersion: the
- *                                     servers' name for them, e.g. SGLang's --weight-version)
+ *                                     servers' name for them, e.g. SGLang's --weight-version); only
+ *                                     after a pause (409 otherwise), a repeat of the last one excepted
  *   POST /checkpoint  {path}          write a checkpoint file: a .ckpt path inside the run dir
  *   GET  /metrics                     Prometheus text
  *
@@ -36,7 +37,7 @@ const MAX_STEP = 0x7fffffff;
 export interface ControlTarget {
   getBatch(trainStep?: number): Promise<Batch>;
   pauseForWeightUpdate(): Promise<PauseReport>;
-  resume(options: { modelStep: number; weightVersion?: string | null }): Promise<void>;
+  resume(options: { modelStep: number; weightVersion?: string | null; pausedOnly?: boolean }): Promise<void>;
   checkpoint(path: string): Promise<{ path: string; bytes: number }>;
   stats(): Promise<EngineStats>;
   readonly llmUrl: string | null;
@@ -112,7 +113,8 @@ export async function startControlServer(
       run: async (body) => {
         const modelStep = requiredInt(body, 'modelStep', 0);
         const weightVersion = optionalVersion(body, 'weightVersion');
-        await engine.resume({ modelStep, weightVersion });
+        // Only after a pause: a trainer that skipped it would move the model step under groups in flight.
+        await engine.resume({ modelStep, weightVersion, pausedOnly: true });
         return { resumed: true, modelStep, ...(weightVersion !== null ? { weightVersion } : {}) };
       },
     },

@@ -68,6 +68,20 @@ export interface EngineStats {
   nodes?: NodeStatus[];
 }
 
+/** What `resume` is told: the weights now served, and whether it may only end a pause. */
+export interface ResumeOptions {
+  modelStep: number;
+  /** The servers' own name for these weights (SGLang's `--weight-version`); null or absent: unnamed. */
+  weightVersion?: string | null;
+  /**
+   * Refuse (ERR_ENGINE_STATE) unless a pause came since the last resume, as `POST /resume` does: a
+   * trainer's resume with no pause before it would move the model step under groups in flight. A
+   * repeat of the last resume (same model step, same or no weightVersion) is answered as done, so a
+   * retried resume whose answer was lost does not fail.
+   */
+  pausedOnly?: boolean;
+}
+
 /** createEngine's options besides the config (hooks, an observer, a replacement pool, a logger). */
 export interface EngineOptions extends ProducerHooks {
   /** Told about landed, taken and dropped groups and pauses (metrics). */
@@ -255,9 +269,9 @@ export class EngineCore {
   }
 
   /** New weights are in the inference servers: continue with `modelStep` (the servers name them `weightVersion`). */
-  resume(options: { modelStep: number; weightVersion?: string | null }): Promise<void> {
+  resume(options: ResumeOptions): Promise<void> {
     return this.#withProducer(async (producer) => {
-      producer.resume(options.modelStep, options.weightVersion ?? null);
+      producer.resume(options.modelStep, options.weightVersion ?? null, { pausedOnly: options.pausedOnly });
       this.#embeddedMock?.setWeightVersion(options.modelStep); // "loading" the new weights into the embedded server
       // After an in-place pause the servers go on too (a call the workers send first waits there for it).
       await producer.continueServers();

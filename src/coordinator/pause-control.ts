@@ -2,7 +2,14 @@
  * The coordinator's side of the pause broadcast (protocol/control-block.ts): write the state, bump the
  * epoch, wake every worker, and measure how long until they have all seen it.
  */
-import { CONTROL, createControlBlock, LAST_SEND, RunState, writeWeightVersion } from '../protocol/control-block.ts';
+import {
+  CONTROL,
+  createControlBlock,
+  LAST_SEND,
+  readWeightVersion,
+  RunState,
+  writeWeightVersion,
+} from '../protocol/control-block.ts';
 
 export class PauseControl {
   readonly block: SharedArrayBuffer;
@@ -35,6 +42,11 @@ export class PauseControl {
 
   get modelStep(): number {
     return Atomics.load(this.#view, CONTROL.MODEL_STEP);
+  }
+
+  /** The servers' name for the weights of `modelStep`, as last announced (or found at launch); null: none. */
+  get weightVersion(): string | null {
+    return readWeightVersion(this.block);
   }
 
   pause(): void {

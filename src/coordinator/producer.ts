@@ -667,7 +667,7 @@ export class Producer implements ProduceContext {
    * servers' name for these weights (SGLang's `--weight-version`, a string): replies that carry another
    * one are reported as not serving them (worker/pause-gate.ts).
    */
-  resume(modelStep: number, weightVersion: string | null = null): void {
+  resume(modelStep: number, weightVersion: string | null = null, options: { pausedOnly?: boolean } = {}): void {
     if (!Number.isInteger(modelStep) || modelStep < this.#modelStep || modelStep > 0x7fffffff) {
       throw new RolloutEngineError(
         'ERR_INVALID_ARGUMENT',
@@ -681,6 +681,15 @@ export class Producer implements ProduceContext {
       throw new RolloutEngineError(
         'ERR_INVALID_ARGUMENT',
         `weightVersion must be a non-empty string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters (got ${preview(weightVersion)})`,
+      );
+    }
+    if (options.pausedOnly === true && this.#lifecycle.state === 'running') {
+      const announced = this.#control.weightVersion;
+      // A trainer's retry of the resume whose answer it lost names the same weights: done already.
+      if (modelStep === this.#modelStep && (weightVersion === null || weightVersion === announced)) return;
+      throw new RolloutEngineError(
+        'ERR_ENGINE_STATE',
+        `resume without a pause: the engine is running on model step ${this.#modelStep}${announced === null ? '' : ` (weightVersion ${JSON.stringify(announced)})`}, not paused, so modelStep ${modelStep}${weightVersion === null ? '' : ` (weightVersion ${JSON.stringify(weightVersion)})`} is refused; pause first, load the weights, then resume`,
       );
     }
     this.#lifecycle.resume();
