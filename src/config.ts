@@ -587,6 +587,11 @@ function resolveEnvModule(spec: string, baseDir: string, path: string, problems:
     problems.push(`${path}: module file does not exist (got ${JSON.stringify(spec)}, resolved to ${file})`);
     return '';
   }
+  // Importing a device or a FIFO reads it for ever (/dev/zero never ends): the start would hang.
+  if (!statSync(file).isFile()) {
+    problems.push(`${path}: is not a file (got ${JSON.stringify(spec)}, resolved to ${file})`);
+    return '';
+  }
   return pathToFileURL(file).href;
 }
 

@@ -203,6 +203,10 @@ describe('rollout CLI errors', () => {
         /^rollout run: ERR_INVALID_CONFIG: tasks\[0\]\.dataset: is not a file \(got ".*", resolved to .*\)\n$/,
       ],
       [
+        { tasks: [{ name: 'g', env: { module: '/dev/zero' } }] },
+        /^rollout run: ERR_INVALID_CONFIG: tasks\[0\]\.env\.module: is not a file \(got "\/dev\/zero", resolved to \/dev\/zero\)\n$/,
+      ],
+      [
         { seed: -1, llm: { retries: 1e9 } },
         /^rollout run: ERR_INVALID_CONFIG: seed: .*>=0 \(got -1\)\nrollout run: ERR_INVALID_CONFIG: llm\.retries: .*<=100 \(got 1000000000\)\n$/,
       ],

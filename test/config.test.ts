@@ -135,6 +135,26 @@ describe('config validation', () => {
     );
   });
 
+  it('rejects an environment or hooks module that is not a regular file, naming the field (regression: env.module /dev/zero hung the start)', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'rollout-config-module-'));
+    const env = { module: 'builtin:arithmetic' };
+    const cases: [unknown, string][] = [
+      [
+        { name: 'x', env: { module: '/dev/zero' } },
+        'tasks[0].env.module: is not a file (got "/dev/zero", resolved to /dev/zero)',
+      ],
+      [
+        { name: 'x', env: { module: dir } },
+        `tasks[0].env.module: is not a file (got ${JSON.stringify(dir)}, resolved to ${dir})`,
+      ],
+      [
+        { name: 'x', env, hooks: { module: '/dev/zero' } },
+        'tasks[0].hooks.module: is not a file (got "/dev/zero", resolved to /dev/zero)',
+      ],
+    ];
+    for (const [task, issue] of cases) assert.deepEqual(issuesOf({ tasks: [task] }), [issue]);
+  });
+
   it('rejects duplicate task names', () => {
     const env = { module: 'builtin:arithmetic' };
     const issues = issuesOf({
