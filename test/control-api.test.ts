@@ -400,6 +400,25 @@ describe('weight updates over the control API', () => {
     const status = (await call(server, 'GET', '/status')).body;
     assert.deepEqual([status.modelStep, status.paused], [1, false]);
   });
+
+  it('refuses a weightVersion with NUL or a newline with 400 naming the field and the value, JSON-escaped (regression: accepted)', async () => {
+    assert.equal((await call(server, 'POST', '/pause')).status, 200);
+    for (const weightVersion of ['v\u00002', 'v2\nforged line', 'v2\r']) {
+      const answer = await resume({ modelStep: 2, weightVersion });
+      assert.deepEqual([answer.status, answer.body.error.code], [400, 'ERR_BAD_BODY'], weightVersion);
+      assert.equal(
+        answer.body.error.message,
+        `weightVersion must hold no control characters (NUL, newlines, tabs) (got ${JSON.stringify(weightVersion)})`,
+      );
+    }
+    // The library call is held to the same rule.
+    await assert.rejects(engine.resume({ modelStep: 2, weightVersion: 'v\u00002' }), {
+      code: 'ERR_INVALID_ARGUMENT',
+      message: 'weightVersion must hold no control characters (NUL, newlines, tabs) (got "v\\u00002")',
+    });
+    assert.equal((await call(server, 'GET', '/status')).body.paused, true, 'still paused: nothing was resumed');
+    assert.equal((await resume({ modelStep: 2, weightVersion: 'v2' })).status, 200);
+  });
 });
 
 describe('control API security', () => {

@@ -29,7 +29,7 @@ import { HttpError, readBody, send, sendError, tokenMatches } from './http.ts';
 import { listen } from '../http-server.ts';
 import { checkpointPathIn, HostAllowList } from './access.ts';
 import { preview } from '../errors.ts';
-import { MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
+import { announcedVersionProblem, MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
 
 const MAX_STEP = 0x7fffffff;
 
@@ -201,14 +201,12 @@ function optionalVersion(body: Record<string, unknown>, field: string): string |
   const value = body[field];
   if (value === undefined || value === null) return null;
   if (Number.isSafeInteger(value)) return String(value);
-  if (typeof value !== 'string' || value === '' || value.length > MAX_WEIGHT_VERSION_LENGTH) {
-    throw new HttpError(
-      400,
-      'ERR_BAD_BODY',
-      `${field} must be a non-empty string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters, or an integer (got ${preview(value)})`,
-    );
-  }
-  return value;
+  const problem =
+    typeof value === 'string'
+      ? announcedVersionProblem(value)
+      : `must be a non-empty string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters, or an integer`;
+  if (problem !== null) throw new HttpError(400, 'ERR_BAD_BODY', `${field} ${problem} (got ${preview(value)})`);
+  return value as string;
 }
 
 function optionalInt(body: Record<string, unknown>, field: string, min: number): number | undefined {

@@ -43,7 +43,7 @@ import type { Sampler } from '../buffer/sampler.ts';
 import type { ServerRoute, ServerRouteTarget } from '../llm/client.ts';
 import type { InPlaceRoutes } from '../llm/servers.ts';
 import { DIALECTS } from '../llm/servers.ts';
-import { MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
+import { announcedVersionProblem, MAX_WEIGHT_VERSION_LENGTH } from '../llm/reply.ts';
 import type { Logger } from '../log.ts';
 import { preview, RolloutEngineError } from '../errors.ts';
 import {
@@ -674,15 +674,17 @@ export class Producer implements ProduceContext {
         `modelStep must be an integer from the current model step ${this.#modelStep} to 2147483647 (got ${String(modelStep)})`,
       );
     }
-    if (
-      weightVersion !== null &&
-      (typeof weightVersion !== 'string' || weightVersion === '' || weightVersion.length > MAX_WEIGHT_VERSION_LENGTH)
-    ) {
+    const versionProblem =
+      weightVersion === null
+        ? null
+        : typeof weightVersion === 'string'
+          ? announcedVersionProblem(weightVersion)
+          : `must be a non-empty string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters`;
+    if (versionProblem !== null)
       throw new RolloutEngineError(
         'ERR_INVALID_ARGUMENT',
-        `weightVersion must be a non-empty string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters (got ${preview(weightVersion)})`,
+        `weightVersion ${versionProblem} (got ${preview(weightVersion)})`,
       );
-    }
     if (options.pausedOnly === true && this.#lifecycle.state === 'running') {
       const announced = this.#control.weightVersion;
       // A trainer's retry of the resume whose answer it lost names the same weights: done already.

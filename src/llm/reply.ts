@@ -224,6 +224,21 @@ export function readTokenIds(
 export const MAX_WEIGHT_VERSION_LENGTH = 256;
 
 /**
+ * Why `version` cannot name the weights a trainer announces, or null when it can. It is a name, kept
+ * in shared memory, compared with what servers report and printed in logs and warnings: one line of
+ * text, so control characters (NUL, newlines) are refused rather than carried into all of those.
+ */
+export function announcedVersionProblem(version: string): string | null {
+  if (version === '' || version.length > MAX_WEIGHT_VERSION_LENGTH)
+    return `must be a non-empty string of at most ${MAX_WEIGHT_VERSION_LENGTH} characters`;
+  for (let i = 0; i < version.length; i++) {
+    const code = version.charCodeAt(i);
+    if (code < 0x20 || code === 0x7f) return 'must hold no control characters (NUL, newlines, tabs)';
+  }
+  return null;
+}
+
+/**
  * The server's weight version as text. Any string or integer is accepted — a rollout never fails over
  * a version's format; only a value that is no name at all (an object, a fraction, a huge string) is
  * a bad reply.
