@@ -4,7 +4,11 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
+import fc from 'fast-check';
+import { resolveConfig } from '../src/config.ts';
 import { allocateBatch } from '../src/coordinator/allocate.ts';
+import { ProduceProgress } from '../src/coordinator/progress.ts';
+import { RolloutEngineError } from '../src/errors.ts';
 
 describe('batch allocation across tasks', () => {
   it('splits by weight with the largest remainder, ties going to the task listed first', () => {
@@ -200,4 +204,128 @@ describe('batch split across tasks (coordinator/allocate.ts allocateBatch)', () 
       [4, 3],
     );
   });
+});
+
+describe('batch split with extreme but valid weights (issue 28 item 4)', () => {
+  /** Weights spanning every order of magnitude a double has, subnormals and 0 included. */
+  const weightArb = fc.oneof(
+    fc.constantFrom(0, 5e-324, 1e-310, 1e-300, 1e-20, 0.1, 1, 3, 1e20, 1e300, 1.7e302),
+    fc.double({ min: 0, max: 1e300, noNaN: true, noDefaultInfinity: true }),
+    fc.integer({ min: -1074, max: 996 }).map((e) => 2 ** e),
+  );
+  const splitArb = fc
+    .record({
+      batch: fc.oneof(fc.integer({ min: 1, max: 64 }), fc.constantFrom(999_999, 1_000_000)),
+      weights: fc.array(weightArb, { minLength: 1, maxLength: 60 }),
+    })
+    // What the config accepts: some weight above 0, and batchSize × Σ weights finite.
+    .filter(({ batch, weights }) => {
+      const total = weights.reduce((a, b) => a + b, 0);
+      return total > 0 && Number.isFinite(batch * total);
+    });
+
+  it('fills the batch exactly, every part an integer within 1 of its exact share and 0 for a zero weight, for 1 to 60 tasks weighted from 5e-324 to 1e300 mixed', () => {
+    fc.assert(
+      fc.property(splitArb, ({ batch, weights }) => {
+        const total = weights.reduce((a, b) => a + b, 0);
+        const parts = [
+          ...allocateBatch(
+            batch,
+            weights.map((weight, i) => ({ name: `t${i}`, weight })),
+          ).values(),
+        ];
+        assert.equal(
+          parts.reduce((a, b) => a + b, 0),
+          batch,
+        );
+        parts.forEach((n, i) => {
+          assert.ok(Number.isSafeInteger(n) && n >= 0, `part ${i} is ${n}`);
+          if (weights[i] === 0) assert.equal(n, 0, `task ${i} has weight 0`);
+          assert.ok(Math.abs(n - (batch * weights[i]) / total) < 1, `part ${i}: ${n}`);
+        });
+      }),
+      { seed: 28, numRuns: 3000 },
+    );
+  });
+
+  it('gives 1e300 the whole batch and 1e-300 nothing, in either order: 8 over 1e-300:1e300 → 0/8', () => {
+    for (const weights of [
+      [1e-300, 1e300],
+      [1e300, 1e-300],
+    ]) {
+      const parts = [
+        ...allocateBatch(
+          8,
+          weights.map((weight, i) => ({ name: `t${i}`, weight })),
+        ).values(),
+      ];
+      assert.deepEqual(parts, weights[0] === 1e300 ? [8, 0] : [0, 8]);
+    }
+  });
+
+  it('splits the largest weights the config accepts: 1e6 over 1e300:1e300:1e300 → 333334/333333/333333', () => {
+    const tasks = [1e300, 1e300, 1e300].map((weight, i) => ({
+      name: `t${i}`,
+      weight,
+      env: { module: 'builtin:arithmetic' },
+    }));
+    const config = resolveConfig({ batchSize: 1_000_000, tasks });
+    assert.deepEqual(
+      [...new ProduceProgress(config.tasks, config.batchSize).shares().values()],
+      [333_334, 333_333, 333_333],
+    );
+  });
+
+  const refused: { why: string; batch: number; weights: number[]; message: RegExp }[] = [
+    {
+      why: 'a sum of weights that overflows the split (1e308 × 8 is Infinity: a share of Infinity spawned groups for ever)',
+      batch: 8,
+      weights: [1, 1e308],
+      message: /^batch split: tasks: batchSize \(8\) × the sum of the weights \(1e\+308\) overflows a double/,
+    },
+    {
+      why: 'a sum that is itself Infinity (1e308 + 1e308: every share NaN, a batch of 0 groups)',
+      batch: 2,
+      weights: [1e308, 1e308],
+      message: /^batch split: tasks: batchSize \(2\) × the sum of the weights \(Infinity\) overflows a double/,
+    },
+    {
+      why: 'a NaN weight',
+      batch: 4,
+      weights: [1, Number.NaN],
+      message: /^batch split: tasks\[1\]\.weight must be a finite number ≥ 0 \(got NaN\)$/,
+    },
+    {
+      why: 'a negative weight',
+      batch: 4,
+      weights: [-1, 2],
+      message: /^batch split: tasks\[0\]\.weight must be a finite number ≥ 0 \(got -1\)$/,
+    },
+    {
+      why: 'every weight 0',
+      batch: 4,
+      weights: [0, 0],
+      message:
+        /^batch split: tasks: every weight is 0; at least one task needs a weight above 0 to share a batch of 4$/,
+    },
+    {
+      why: 'a batch size that is not an integer',
+      batch: 2.5,
+      weights: [1],
+      message: /^batch split: batchSize must be a non-negative integer \(got 2\.5\)$/,
+    },
+  ];
+  for (const { why, batch, weights, message } of refused) {
+    it(`refuses to split with ${why}, in one line naming the field and the value`, () => {
+      const tasks = weights.map((weight, i) => ({ name: `t${i}`, weight }));
+      const refusal = (err: unknown) =>
+        err instanceof RolloutEngineError &&
+        err.code === 'ERR_INVALID_ARGUMENT' &&
+        message.test(err.message) &&
+        !err.message.includes('\n');
+      assert.throws(() => allocateBatch(batch, tasks), refusal);
+      // Where a producer is built: before any batch, not as a short batch later.
+      assert.throws(() => new ProduceProgress(tasks, batch), refusal);
+    });
+  }
 });

@@ -44,6 +44,8 @@ interface Setup {
   strategy: 'sync' | 'async';
   batchSize: number;
   weights: number[];
+  /** Not generated for the regression examples below (default 2). */
+  groupSize?: number;
   filter: 'none' | 'drop-equal-rewards';
   partialRollout: boolean;
   maxStaleness: number;
@@ -165,23 +167,33 @@ const opArb: fc.Arbitrary<Op> = fc.oneof(
 );
 
 function setupArb(strategy: 'sync' | 'async'): fc.Arbitrary<Setup> {
-  return fc.record({
-    strategy: fc.constant(strategy),
-    batchSize: fc.integer({ min: 2, max: 4 }),
-    weights: fc.oneof(
-      fc.constant<number[]>([1]),
-      fc.tuple(fc.integer({ min: 1, max: 2 }), fc.integer({ min: 1, max: 2 })),
-    ),
-    filter: fc.constantFrom('none' as const, 'drop-equal-rewards' as const),
-    partialRollout: fc.boolean(),
-    maxStaleness: fc.integer({ min: 0, max: 2 }),
-    overSampleThreshold: fc.constantFrom(0, 0.25, 0.5, 1),
-    tailBatchTriggerSize: fc.constantFrom(-1, 0, 2),
-    takeOrder: fc.constantFrom('fifo' as const, 'stalest' as const),
-    pauseMode: fc.constantFrom('abort' as const, 'drain' as const),
-    staleRollouts:
-      strategy === 'async' ? fc.constantFrom('reset' as const, 'keep' as const) : fc.constant('reset' as const),
-  });
+  return (
+    fc
+      .record({
+        strategy: fc.constant(strategy),
+        batchSize: fc.integer({ min: 2, max: 4 }),
+        weights: fc.oneof(
+          fc.constant<number[]>([1]),
+          fc.tuple(fc.integer({ min: 1, max: 2 }), fc.integer({ min: 1, max: 2 })),
+          // Extreme but valid ratios (issue 28 item 4): 1e300 takes the batch from 1e-300, 1 shares it
+          // with neither or with both; every NORMAL batch must still hold batchSize groups.
+          fc.array(fc.constantFrom(1e-300, 1, 1e300), { minLength: 2, maxLength: 3 }),
+        ),
+        groupSize: fc.integer({ min: 1, max: 3 }),
+        filter: fc.constantFrom('none' as const, 'drop-equal-rewards' as const),
+        partialRollout: fc.boolean(),
+        maxStaleness: fc.integer({ min: 0, max: 2 }),
+        overSampleThreshold: fc.constantFrom(0, 0.25, 0.5, 1),
+        tailBatchTriggerSize: fc.constantFrom(-1, 0, 2),
+        takeOrder: fc.constantFrom('fifo' as const, 'stalest' as const),
+        pauseMode: fc.constantFrom('abort' as const, 'drain' as const),
+        staleRollouts:
+          strategy === 'async' ? fc.constantFrom('reset' as const, 'keep' as const) : fc.constant('reset' as const),
+      })
+      // A group of one never has a reward spread: drop-equal-rewards would filter every group, and no
+      // batch would ever be complete.
+      .filter((s) => !(s.groupSize === 1 && s.filter === 'drop-equal-rewards'))
+  );
 }
 
 function configFor(s: Setup): ResolvedConfig {
@@ -193,7 +205,7 @@ function configFor(s: Setup): ResolvedConfig {
     tasks: s.weights.map((weight, i) => ({
       name: `t${i}`,
       env: { module: 'builtin:arithmetic' },
-      groupSize: 2,
+      groupSize: s.groupSize ?? 2,
       weight,
       maxSteps: 1,
     })),

@@ -590,7 +590,7 @@ export class Producer implements ProduceContext {
   }
 
   /** Take every task's share if the buffer holds it (after the token mask), else null. */
-  #tryTake(trainStep: number, shares: Map<string, number>): Batch | null {
+  #tryTake(trainStep: number, shares: ReadonlyMap<string, number>): Batch | null {
     for (const [task, share] of shares) if (this.completed(task) < share) return null;
     const order = this.#config.producer.takeOrder;
     const tokenThreshold = this.#config.producer.tokenStalenessThreshold;
@@ -613,6 +613,9 @@ export class Producer implements ProduceContext {
       }
       taken.set(task, groups);
     }
+    // Exactly batchSize groups: each task held its share (checked above, and `take` returns that many
+    // when the pool holds them), and the shares sum to batchSize (allocateBatch throws otherwise, when
+    // the producer is built). A short batch is never handed out as NORMAL.
     const groups = [...taken.values()].flat();
     this.progress.markConsumed(new Map([...taken].map(([task, gs]) => [task, gs.length])));
     this.progress.finishConsume(trainStep);

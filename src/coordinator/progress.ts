@@ -47,11 +47,12 @@ export class ProduceProgress implements ProgressState {
   readonly producedTokens: Record<string, number> = {};
   produceMs = 0;
   readonly #tasks: readonly { name: string; weight: number }[];
-  readonly #batchSize: number;
+  /** Each task's share of every batch: fixed for the run, so a split that cannot fill a batch throws here, at construction. */
+  readonly #shares: ReadonlyMap<string, number>;
 
   constructor(tasks: readonly { name: string; weight: number }[], batchSize: number) {
     this.#tasks = tasks;
-    this.#batchSize = batchSize;
+    this.#shares = allocateBatch(batchSize, tasks);
     for (const { name } of tasks) {
       this.consumedGroups[name] = 0;
       this.targetGroups[name] = 0;
@@ -63,8 +64,8 @@ export class ProduceProgress implements ProgressState {
   }
 
   /** This step's share of the batch per task (largest remainder by weight). */
-  shares(): Map<string, number> {
-    return allocateBatch(this.#batchSize, this.#tasks);
+  shares(): ReadonlyMap<string, number> {
+    return this.#shares;
   }
 
   /** Extend the cumulative targets to cover every step up to `step` (the producer future step). */
