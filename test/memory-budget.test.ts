@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { after, describe, it } from 'node:test';
 import { createEngine, type Engine, type EngineStats } from '../src/index.ts';
 import { deferred, within, type Deferred } from './support/waits.ts';
+import { scriptedProducer, settled } from './support/scripted-producer.ts';
 
 describe('memory budget', () => {
   const engines: Engine[] = [];
@@ -88,5 +89,34 @@ describe('memory budget', () => {
       code: 'ERR_PRODUCTION_STALLED',
       message: /producer\.memoryBudgetBytes \(20000\) cannot hold one batch/,
     });
+  });
+});
+
+describe('memory budget full with nothing in flight (issue 28 item 4: SIGTERM always honoured)', () => {
+  it('waits for the trainer instead of running empty steps ahead on the main thread (regression: maxStaleness 100000 ran 100000 steps of microtasks, no signal heard)', async () => {
+    // A 4096-byte budget holds one group in flight (counted at 4096 bytes until one lands) and, once
+    // it has landed and is stored, no room for another. Step 1's target is met by that group; step
+    // 2's cannot be, and nothing is in flight to land: the loop must park until the trainer takes.
+    const s = await scriptedProducer({ strategy: 'async', memoryBudgetBytes: 4096, maxStaleness: 100_000 });
+    try {
+      await settled();
+      assert.equal(s.pool.heldCount, 1);
+      s.pool.settle(s.pool.heldIds()[0], { kind: 'completed' });
+      await settled();
+      assert.equal(s.pool.heldCount, 0);
+      assert.equal(s.producer.hasRoom(), false);
+      assert.equal(s.producer.producerFutureStep, 2, 'targets of step 2 set, and no step past it');
+      assert.equal(s.producer.progress.targetUptoFutureStep, 2);
+      // The trainer takes step 1: room again, and step 2's group is sent; once it lands, step 3 waits
+      // for the trainer as step 2 did.
+      assert.equal((await s.producer.getBatch(1)).status, 'NORMAL');
+      await settled();
+      assert.equal(s.pool.heldCount, 1);
+      s.pool.settle(s.pool.heldIds()[0], { kind: 'completed' });
+      await settled();
+      assert.deepEqual([s.pool.heldCount, s.producer.producerFutureStep, s.producer.completed('t0')], [0, 3, 1]);
+    } finally {
+      await s.producer.close();
+    }
   });
 });

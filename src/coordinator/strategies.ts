@@ -335,9 +335,31 @@ export class AsyncStrategy implements ProduceStrategy {
       // The round measured `future` only. A getBatch that pulled the future step forward during it
       // (beginConsume) left a step whose targets are not set yet: start over from the top for that one.
       if (progress.producerFutureStep !== future) continue;
+      // A round also ends short of its targets when nothing is in flight and nothing may be sent (the
+      // memory budget is full): only a batch taken frees room, and it wakes changed(). Running ahead
+      // from there would set the next step's targets without a group having landed, in a loop of
+      // microtasks only — regression: with maxStaleness 100000 it ran 100000 empty steps ahead while
+      // no timer, I/O or signal could run (SIGTERM unheard), and maxStaleness has no upper bound.
+      // Each step ahead now needs its targets met, so each waits on groups that really land.
+      if (!this.#targetsMet(ctx, progress)) await producer.changed();
       // This step's targets are met: run ahead one step while the weights are fresh enough for it.
-      if (!this.isModelExpired(future + 1, ctx.servingModelStep)) progress.advanceFutureStep(future);
+      else if (!this.isModelExpired(future + 1, ctx.servingModelStep)) progress.advanceFutureStep(future);
       else await producer.changed();
     }
+  }
+
+  /**
+   * Every task has what the future step's targets ask: its groups are there, or a shouldContinue hook
+   * stopped it (the test `produce` stops on). A hook that asks for more than the target, or stops
+   * short of it, runs ahead as before; only a task short of its target that its hook wants more for
+   * — which a round returns with only when nothing could be sent — holds the loop.
+   */
+  #targetsMet(ctx: ProduceContext, progress: ProduceProgress): boolean {
+    for (const [task] of progress.shares()) {
+      const available = ctx.available(task);
+      const target = ctx.target(task);
+      if (available < target && this.#shouldContinue(available, target)) return false;
+    }
+    return true;
   }
 }
