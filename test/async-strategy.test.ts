@@ -5,7 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { AsyncStrategy, type ProduceContext } from '../src/coordinator/strategies.ts';
+import { AsyncStrategy, SyncStrategy, type ProduceContext } from '../src/coordinator/strategies.ts';
 
 describe('async strategy decisions (coordinator/strategies.ts AsyncStrategy)', () => {
   const strategy = (staleThreshold: number, tailBatchTriggerSize = 0, overSampleThreshold = 0) =>
@@ -59,6 +59,17 @@ describe('async strategy decisions (coordinator/strategies.ts AsyncStrategy)', (
   for (const [threshold, share, tailBatch, want, arithmetic] of oversampleRows) {
     it(`over-samples ${want} for overSampleThreshold ${threshold}, share ${share}${tailBatch ? ' in tail-batch mode' : ''}: ${arithmetic}`, () => {
       assert.equal(strategy(2, 0, threshold).oversample(share, tailBatch), want);
+    });
+  }
+
+  for (const [trigger, want] of [
+    [-1, false],
+    [0, true],
+    [2, true],
+  ] as const) {
+    it(`${want ? 'retries' : 'drops'} expired groups with tailBatchTriggerSize ${trigger}, where a sync run drops them whatever it says (as xtuner's sync tasks)`, () => {
+      assert.equal(strategy(1, trigger).expiredRetryable, want);
+      assert.equal(new SyncStrategy().expiredRetryable, false);
     });
   }
 

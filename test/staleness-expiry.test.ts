@@ -489,41 +489,65 @@ describe('stale rollouts kept or reset (producer.staleRollouts)', () => {
   });
 });
 
-describe('sync strategy staleness (issue 17 item 13)', () => {
-  it('expires a pause leftover of older weights and generates it again instead of serving it off-policy in a sync run (regression: batch 2 held tokens of model step 0)', async () => {
-    // Batch 2 at model step 0: group A completes, then a pause interrupts group B after 1 token per
-    // member. The trainer resumes with model step 1 and asks for step 2. Both leftovers were made by
-    // step-0 weights: measured against the served weights, 2 − 0 − 1 = 1 ≥ threshold 1 (maxStaleness
-    // 0), so their members are reset and the groups drawn again, every token now of model step 1.
-    const s = await scriptedProducer({ strategy: 'sync', partialRollout: true }, { batchSize: 2 });
-    try {
-      const first = s.producer.getBatch(1);
-      await settled();
-      const [a, b] = s.pool.heldIds();
-      s.pool.settle(a, { kind: 'completed' });
-      await settled();
-      await pauseWith(s, { kind: 'aborted', tokens: 1, finished: [false] });
-      assert.equal((await first).status, 'UPDATE_WEIGHT_AND_ABORT');
-      assert.deepEqual([s.producer.completed('t0'), s.producer.buffer.count('t0', 'ABORTED')], [1, 1]);
-      s.producer.resume(1);
-      assert.deepEqual(
-        [s.producer.completed('t0'), s.producer.buffer.count('t0', 'ABORTED'), s.producer.expired('t0')],
-        [0, 0, 2],
+describe('sync strategy staleness (issue 17 item 13, issue 28 item 7)', () => {
+  // Sync drops a leftover of older weights, as xtuner's sync tasks do: their strategy has no
+  // tail-batch trigger, so its expired groups are not retryable and are discarded
+  // (xtuner/v1/rl/agent_loop_manager/produce_utils.py `expired_groups_retryable`, replay_buffer.py
+  // `put` / `refresh_staleness`, InternLM/xtuner b934f462). tailBatchTriggerSize is async's.
+  it('expires a pause leftover of older weights and drops it, counted EXPIRED, in a sync run whatever tailBatchTriggerSize says (−1, 0, 2), instead of serving it off-policy or drawing it again (regression: batch 2 held tokens of model step 0)', async () => {
+    for (const tailBatchTriggerSize of [-1, 0, 2]) {
+      // Batch 1 at model step 0: group A completes, then a pause interrupts group B after 1 token per
+      // member. The trainer resumes with model step 1 and asks for step 2. Both leftovers were made by
+      // step-0 weights: measured against the served weights, 2 − 0 − 1 = 1 ≥ threshold 1 (maxStaleness
+      // 0), so both are dropped and counted, and batch 2 is made of two fresh prompts, every token of
+      // model step 1: 4 drawn = 2 dropped + 2 taken.
+      const s = await scriptedProducer(
+        { strategy: 'sync', partialRollout: true, tailBatchTriggerSize },
+        { batchSize: 2 },
       );
-      const batch = await batchOf(s, 2);
-      assert.equal(batch.status, 'NORMAL');
-      assert.deepEqual(batch.groups.map((g) => g.id).sort(), [a, b].sort()); // drawn again, not replaced by fresh prompts
-      assert.deepEqual(batch.groups.map(minStepOf), [1, 1]);
-      assert.equal(s.producer.counts.scheduled, 2);
-    } finally {
-      await s.producer.close();
+      try {
+        const first = s.producer.getBatch(1);
+        await settled();
+        const [a, b] = s.pool.heldIds();
+        s.pool.settle(a, { kind: 'completed' });
+        await settled();
+        await pauseWith(s, { kind: 'aborted', tokens: 1, finished: [false] });
+        assert.equal((await first).status, 'UPDATE_WEIGHT_AND_ABORT');
+        assert.deepEqual([s.producer.completed('t0'), s.producer.buffer.count('t0', 'ABORTED')], [1, 1]);
+        s.producer.resume(1);
+        assert.deepEqual(
+          [s.producer.completed('t0'), s.producer.buffer.count('t0', 'ABORTED'), s.producer.expired('t0')],
+          [0, 0, 0],
+        );
+        assert.equal(s.producer.counts.dropped.EXPIRED, 2, `tailBatchTriggerSize ${tailBatchTriggerSize}`);
+        assert.match(
+          s.producer.buffer.lastDropReason ?? '',
+          /expired \(too stale\) and expired groups are not retried/,
+        );
+        const batch = await batchOf(s, 2);
+        assert.equal(batch.status, 'NORMAL');
+        assert.ok(
+          batch.groups.every((g) => g.id !== a && g.id !== b),
+          'fresh prompts, not the dropped ones drawn again',
+        );
+        assert.deepEqual(batch.groups.map(minStepOf), [1, 1]);
+        const { scheduled, retried, inFlight, taken, dropped } = s.producer.counts;
+        assert.deepEqual(
+          [scheduled, retried, inFlight, taken, dropped.EXPIRED],
+          [4, 0, 0, 2, 2],
+          `tailBatchTriggerSize ${tailBatchTriggerSize}`,
+        );
+      } finally {
+        await s.producer.close();
+      }
     }
   });
 
-  it('expires a restored checkpoint leftover of older weights in a sync run once the trainer resumes with newer ones (regression: served as it was)', async () => {
+  it('drops a restored checkpoint leftover of older weights in a sync run once the trainer resumes with newer ones, and sends the interrupted group again (regression: served as it was)', async () => {
     // The checkpoint is taken at model step 0 with one COMPLETED group and one in flight (restored as
     // ABORTED, with no tokens: nothing to expire). Restored and resumed with model step 1, the
-    // COMPLETED one is 2 − 0 − 1 = 1 ≥ 1 stale: it is generated again with the other.
+    // COMPLETED one is 2 − 0 − 1 = 1 ≥ 1 stale: it is dropped; the ABORTED one is sent again with a
+    // fresh prompt beside it.
     const s = await scriptedProducer({ strategy: 'sync' }, { batchSize: 2 });
     const first = s.producer.getBatch(1);
     await settled();
@@ -536,18 +560,25 @@ describe('sync strategy staleness (issue 17 item 13)', () => {
     const restored = await scriptedProducer({ strategy: 'sync' }, { batchSize: 2 }); // sync: start() schedules nothing, so restoring after it is as before it
     try {
       restored.producer.restore(snapshot);
+      const interrupted = snapshot.inFlight.map((g) => g.id);
       restored.producer.resume(1);
       assert.deepEqual(
         [
           restored.producer.completed('t0'),
           restored.producer.expired('t0'),
           restored.producer.buffer.count('t0', 'ABORTED'),
+          restored.producer.counts.dropped.EXPIRED,
         ],
-        [0, 1, 1],
+        [0, 0, 1, 1],
       );
       const batch = await batchOf(restored, 2);
       assert.equal(batch.status, 'NORMAL');
       assert.deepEqual(batch.groups.map(minStepOf), [1, 1]);
+      assert.ok(
+        batch.groups.some((g) => interrupted.includes(g.id)),
+        'the interrupted group is sent again',
+      );
+      assert.deepEqual([restored.producer.counts.retried, restored.producer.counts.scheduled], [1, 3]);
     } finally {
       await restored.producer.close();
     }

@@ -494,7 +494,7 @@ export class Producer implements ProduceContext {
       trainStep: measuredAt,
       threshold: this.#strategy.expiryThreshold,
       tokenThreshold: p.tokenStalenessThreshold,
-      retryable: p.tailBatchTriggerSize >= 0,
+      retryable: this.#strategy.expiredRetryable,
     };
   }
 

@@ -5,9 +5,11 @@
  * by the Producer), which owns every count.
  *
  * Sync: produces inside getBatch. Start the task's share of the batch, top up while `in flight +
- * completed < share`, drawing the retry pools (EXPIRED, then ABORTED) before fresh prompts: a sync run
- * expires leftovers of older weights, and they must be generated again rather than left in the buffer
- * for good. Staleness 0, measured against the weights being served.
+ * completed < share`, drawing the ABORTED pool before fresh prompts. Staleness 0, measured against the
+ * weights being served: a leftover of older weights expires and is dropped (counted EXPIRED), as
+ * xtuner's sync tasks drop theirs (docs/ARCHITECTURE.md, "Staleness"); `tailBatchTriggerSize` is
+ * async's. The EXPIRED pool is still drawn first, so that groups a checkpoint stored there before
+ * sync dropped them are generated again rather than left in the buffer for good.
  * Async (the reference's AsyncProduceStrategy): produces in the background (onStart) toward the
  * cumulative target of the producer's future step, with over-sampling, drawing EXPIRED (tail batch)
  * and ABORTED groups before fresh prompts; stop on a weight update (UPDATE_WEIGHT_AND_ABORT) or when
@@ -22,6 +24,7 @@
  *   produceFor (getBatch)   every task's share, here      nothing: the loop produces
  *   between attempts        stalled if nothing was sent   wait for a landing
  *   fresh on landing        dispatched this epoch         never: measured on every landing
+ *   expired groups          dropped                       retried when tailBatchTriggerSize ≥ 0
  */
 import { seqStaleness, staleThreshold } from '../buffer/staleness.ts';
 import type { ResolvedConfig } from '../config.ts';
@@ -81,6 +84,8 @@ export interface ProducerHandle {
 export interface ProduceStrategy {
   /** Staleness from which a stored group expires (the ExpiryPolicy threshold). */
   readonly expiryThreshold: number;
+  /** Whether an expired group is kept, its expired members reset, to be generated again (else dropped and counted). */
+  readonly expiredRetryable: boolean;
   /**
    * The stale threshold a taken batch's rollouts are counted against at the train step
    * (BatchStats.staleness.pastThreshold); Infinity where staleness is not measured there.
@@ -130,6 +135,12 @@ export function createStrategy(config: ResolvedConfig, shouldContinue?: ShouldCo
 export class SyncStrategy implements ProduceStrategy {
   /** Sync means staleness 0: the threshold of maxStaleness 0 (and syncWeightsInterval 1). */
   readonly expiryThreshold = staleThreshold(0, 1);
+  /**
+   * A leftover of older weights is dropped, not generated again from its prompt: xtuner's sync tasks
+   * have no tail-batch trigger and so never retry expired groups (ReplayBuffer.put and
+   * refresh_staleness discard them), and a sync run here takes the same prompts per step as there.
+   */
+  readonly expiredRetryable = false;
   /** Measured against the served weights, not the train step: a trainer that pushes none is never stale. */
   readonly staleThreshold = Infinity;
   readonly #shouldContinue: ShouldContinue;
@@ -220,6 +231,8 @@ export interface AsyncStrategyOptions {
 export class AsyncStrategy implements ProduceStrategy {
   readonly expiryThreshold: number;
   readonly staleThreshold: number;
+  /** −1 drops expired groups; 0 retries them whenever any exist; N > 0 in tail-batch mode. */
+  readonly expiredRetryable: boolean;
   readonly #options: AsyncStrategyOptions;
   readonly #shouldContinue: ShouldContinue;
 
@@ -227,6 +240,7 @@ export class AsyncStrategy implements ProduceStrategy {
     this.#options = options;
     this.expiryThreshold = options.expiryThreshold ?? options.produceThreshold;
     this.staleThreshold = options.staleThreshold ?? this.expiryThreshold;
+    this.expiredRetryable = options.tailBatchTriggerSize >= 0;
     this.#shouldContinue = options.shouldContinue ?? defaultShouldContinue;
   }
 
