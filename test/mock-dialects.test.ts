@@ -410,22 +410,77 @@ describe('sglang dialect', () => {
     );
   });
 
-  it('puts prompt_token_ids on the choice only with return_prompt_token_ids, and the completion ids nowhere (serving_chat.py _build_chat_response @002897c)', async (t) => {
+  it('puts prompt_token_ids on the choice with return_prompt_token_ids, and the completion ids too with return_token_ids (serving_chat.py _build_chat_response @002897c; sglang#30917, protocol.py @004c82e)', async (t) => {
     const mock = await start(t, { dialect: 'sglang' });
-    const asked = await call(mock, 'POST', '/v1/chat/completions', {
+    const promptOnly = await call(mock, 'POST', '/v1/chat/completions', {
       messages: ARITHMETIC,
       return_prompt_token_ids: true,
-      return_token_ids: true,
     });
-    const choice = asked.json.choices[0];
+    const choice = promptOnly.json.choices[0];
     assert.ok(
-      Array.isArray(choice.prompt_token_ids) && choice.prompt_token_ids.length === asked.json.usage.prompt_tokens,
+      Array.isArray(choice.prompt_token_ids) && choice.prompt_token_ids.length === promptOnly.json.usage.prompt_tokens,
     );
-    assert.equal('prompt_token_ids' in asked.json, false, 'not top level');
-    assert.equal('token_ids' in choice, false, 'SGLang does not fill completion ids in a chat reply');
+    assert.equal('prompt_token_ids' in promptOnly.json, false, 'not top level');
+    assert.equal('token_ids' in choice, false, 'return_prompt_token_ids gives the prompt ids only');
     assert.equal(choice.matched_stop, IM_END);
+    const both = (await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC, return_token_ids: true }))
+      .json;
+    assert.deepEqual(Object.keys(both.choices[0]).slice(-2), ['prompt_token_ids', 'token_ids']);
+    assert.deepEqual(both.choices[0].prompt_token_ids, choice.prompt_token_ids);
+    assert.equal(both.choices[0].token_ids.length, both.usage.completion_tokens);
+    assert.equal(both.choices[0].token_ids.at(-1), IM_END, 'the sampled end token is among the ids');
+    assert.equal('sglext' in both, false, 'no sglext unless asked');
     const plain = await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC });
     assert.equal('prompt_token_ids' in plain.json.choices[0], false);
+  });
+
+  it('puts the sglext ids on a whole reply when asked: the prompt once, the output per choice (sglang#34488)', async (t) => {
+    const mock = await start(t, { dialect: 'sglang' });
+    const reference = (
+      await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC, seed: 4, return_token_ids: true })
+    ).json.choices[0];
+    const asked = await call(mock, 'POST', '/v1/chat/completions', {
+      messages: ARITHMETIC,
+      seed: 4,
+      return_input_ids_in_sglext: true,
+      return_output_ids_in_sglext: true,
+    });
+    assert.deepEqual(asked.json.sglext, { input_ids: reference.prompt_token_ids, output_ids: [reference.token_ids] });
+    assert.deepEqual(Object.keys(asked.json).slice(-2), ['metadata', 'sglext']);
+    const outputOnly = await call(mock, 'POST', '/v1/chat/completions', {
+      messages: ARITHMETIC,
+      seed: 4,
+      return_output_ids_in_sglext: true,
+    });
+    assert.deepEqual(outputOnly.json.sglext, { output_ids: [reference.token_ids] });
+  });
+
+  it('streams the sglext ids whole in one choices-less chunk after the finish chunk and before the usage one (sglang#34488)', async (t) => {
+    const mock = await start(t, { dialect: 'sglang' });
+    const whole = (
+      await call(mock, 'POST', '/v1/chat/completions', { messages: ARITHMETIC, seed: 4, return_token_ids: true })
+    ).json.choices[0];
+    const streamed = await call(mock, 'POST', '/v1/chat/completions', {
+      messages: ARITHMETIC,
+      seed: 4,
+      stream: true,
+      stream_options: { include_usage: true },
+      return_input_ids_in_sglext: true,
+      return_output_ids_in_sglext: true,
+    });
+    const chunks = events(streamed.text);
+    const at = chunks.findIndex((c) => c.sglext !== undefined);
+    assert.ok(at > 0, streamed.text);
+    assert.deepEqual(chunks[at].choices, []);
+    assert.deepEqual(chunks[at].sglext, { input_ids: whole.prompt_token_ids, output_ids: [whole.token_ids] });
+    assert.ok(chunks[at - 1].choices[0].finish_reason, 'right after the finish chunk');
+    assert.ok(chunks[at + 1].usage, 'before the usage chunk');
+    assert.equal(chunks.filter((c) => c.sglext !== undefined).length, 1, 'once per response');
+    assert.equal(
+      chunks.some((c) => c.choices[0]?.token_ids !== undefined),
+      false,
+      'no per-chunk ids',
+    );
   });
 
   it('echoes any model name instead of checking it', async (t) => {
@@ -433,6 +488,18 @@ describe('sglang dialect', () => {
     const answer = await call(mock, 'POST', '/v1/chat/completions', { model: 'anything', messages: ARITHMETIC });
     assert.equal(answer.status, 200);
     assert.equal(answer.json.model, 'anything');
+  });
+
+  it('refuses return_token_ids with stream: true with 400, as return_prompt_token_ids (sglang#30917: whole chat replies only)', async (t) => {
+    const mock = await start(t, { dialect: 'sglang' });
+    const answer = await call(mock, 'POST', '/v1/chat/completions', {
+      messages: ARITHMETIC,
+      stream: true,
+      return_token_ids: true,
+    });
+    assert.equal(answer.status, 400);
+    assert.equal(answer.json.object, 'error');
+    assert.match(answer.json.message, /^return_token_ids is not supported with streaming/);
   });
 
   it('refuses return_prompt_token_ids with stream: true with 400 (serving_chat.py _convert_to_internal_request @002897c)', async (t) => {

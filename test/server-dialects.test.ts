@@ -32,24 +32,93 @@ function json(res: ServerResponse, status: number, body: unknown): void {
 const CLIENT: Omit<LlmClientOptions, 'url'> = { ...TEST_CLIENT, maxReplyBytes: 1 << 20 };
 
 describe('inference replies as each server sends them', () => {
-  it('takes SGLang\'s string weight version "default" and its per-choice prompt_token_ids (sglang serving_chat.py _build_chat_response)', () => {
+  it('takes SGLang\'s string weight version "default" and its per-choice prompt_token_ids and token_ids (serving_chat.py _build_chat_response; return_token_ids, sglang#30917, protocol.py @004c82e)', () => {
     const reply = parseChatReply({
       choices: [
         {
           index: 0,
           message: { role: 'assistant', content: 'hi' },
           finish_reason: 'stop',
+          matched_stop: 9,
           prompt_token_ids: [1, 2, 3],
-          logprobs: { content: [{ token: 'hi', logprob: -0.5, bytes: [104, 105], top_logprobs: [] }] },
+          token_ids: [7, 9],
+          logprobs: {
+            content: [
+              { token: 'hi', logprob: -0.5, bytes: [104, 105], top_logprobs: [] },
+              { token: '<|im_end|>', logprob: -0.25, bytes: [], top_logprobs: [] },
+            ],
+          },
         },
       ],
-      usage: { prompt_tokens: 3, completion_tokens: 1 },
+      usage: { prompt_tokens: 3, completion_tokens: 2 },
       metadata: { weight_version: 'default' },
     });
     assert.equal(reply.weightVersion, 'default');
     assert.deepEqual(reply.promptIds, Int32Array.of(1, 2, 3));
-    assert.equal(reply.responseIds, null, 'SGLang chat replies fill no response token ids');
-    assert.deepEqual(reply.logprobs, Float32Array.of(-0.5));
+    assert.deepEqual(reply.responseIds, Int32Array.of(7, 9));
+    assert.deepEqual(reply.logprobs, Float32Array.of(-0.5, -0.25));
+  });
+
+  it("takes SGLang's response-level sglext ids when the choice has none (sglang#34488: input_ids shared, output_ids per choice)", () => {
+    const reply = parseChatReply({
+      choices: [{ index: 0, message: { role: 'assistant', content: 'hi' }, finish_reason: 'length' }],
+      metadata: { weight_version: 'default' },
+      sglext: { input_ids: [1, 2, 3], output_ids: [[7, 8]] },
+    });
+    assert.deepEqual(reply.promptIds, Int32Array.of(1, 2, 3));
+    assert.deepEqual(reply.responseIds, Int32Array.of(7, 8));
+    assert.throws(
+      () =>
+        parseChatReply({
+          choices: [{ message: { content: '' }, finish_reason: 'stop' }],
+          sglext: { output_ids: [7, 8] },
+        }),
+      { code: 'ERR_LLM_BAD_REPLY', message: /sglext\.output_ids\[0\] must be an array of token ids \(got 7\)/ },
+    );
+  });
+
+  it("takes a streamed SGLang reply's ids from its one sglext chunk, and drops logprobs that leave out a token rather than misalign them (serving_chat.py _generate_chat_stream, sglang#34488)", () => {
+    const head = { id: 'c', object: 'chat.completion.chunk', created: 1, model: 'm' };
+    const lp = (token: string, logprob: number) => ({ content: [{ token, logprob, bytes: [], top_logprobs: [] }] });
+    const chunk = (body: object) => `data: ${JSON.stringify({ ...head, ...body })}\n\n`;
+    const streamOf = (logprobs: boolean, last: object | null) => {
+      const stream = new ChatStream({ tokenIds: true, logprobs });
+      const frames = [
+        chunk({
+          choices: [{ index: 0, delta: { role: 'assistant', content: '' }, logprobs: null, finish_reason: null }],
+        }),
+        chunk({
+          choices: [
+            { index: 0, delta: { content: 'h' }, logprobs: logprobs ? lp('h', -0.5) : null, finish_reason: null },
+          ],
+        }),
+        chunk({
+          choices: [
+            { index: 0, delta: { content: 'i' }, logprobs: logprobs ? lp('i', -0.25) : null, finish_reason: null },
+          ],
+        }),
+        // The end-of-turn step's text is empty: no chunk, so its logprob is never sent.
+        chunk({
+          choices: [{ index: 0, delta: { content: null }, logprobs: null, finish_reason: 'stop', matched_stop: 9 }],
+        }),
+        last === null ? '' : chunk({ choices: [], usage: null, sglext: last }),
+        chunk({ choices: [], usage: { prompt_tokens: 3, completion_tokens: 3, total_tokens: 6 } }),
+        'data: [DONE]\n\n',
+      ];
+      stream.write(new TextEncoder().encode(frames.join('')));
+      return stream.result();
+    };
+    const ids = { input_ids: [1, 2, 3], output_ids: [[7, 8, 9]] };
+    const plain = streamOf(false, ids);
+    assert.deepEqual(plain.promptIds, Int32Array.of(1, 2, 3));
+    assert.deepEqual(plain.responseIds, Int32Array.of(7, 8, 9));
+    assert.equal(plain.content, 'hi');
+    const withLogprobs = streamOf(true, ids);
+    assert.deepEqual(withLogprobs.responseIds, Int32Array.of(7, 8, 9));
+    assert.equal(withLogprobs.logprobs, null, '2 logprobs for 3 tokens: which one is missing is not said');
+    const older = streamOf(true, null);
+    assert.equal(older.responseIds, null, 'a server without the extension: text only, as before');
+    assert.deepEqual(older.logprobs, Float32Array.of(-0.5, -0.25));
   });
 
   it("reads llama.cpp's token ids from logprobs.content[].id (tools/server, no token_ids field)", () => {
@@ -257,7 +326,7 @@ describe('probing an inference server at start (llm.server: auto)', () => {
     );
   });
 
-  it('says SGLang chat replies carry no response ids, and keeps its abort_all route', async (t) => {
+  it('says nothing of SGLang chat ids on whole replies, says what a streamed one loses, and keeps its abort_all route', async (t) => {
     const server = await double((req, _body, res) => {
       if (req.url === '/v1/models')
         return json(res, 200, {
@@ -274,10 +343,11 @@ describe('probing an inference server at start (llm.server: auto)', () => {
     assert.equal(info.kind, 'sglang');
     assert.deepEqual(info.abort, { path: '/abort_request', body: '{"abort_all":true}' });
     assert.equal(info.weightVersion, 'default', "the version it serves at start, for the start's model step");
-    const gaps = serverGaps(info, { api: 'chat', stream: false, wantIds: true });
+    assert.deepEqual(serverGaps(info, { api: 'chat', stream: false, wantIds: true }), []);
+    const streamed = serverGaps(info, { api: 'chat', stream: true, wantIds: true });
     assert.ok(
-      gaps.some((g) => /no response token ids.*\/generate/.test(g)),
-      gaps.join('\n'),
+      streamed.some((g) => /send their token ids once, after the last token \(sglext\)/.test(g)),
+      streamed.join('\n'),
     );
     assert.deepEqual(serverGaps(info, { api: 'tokens', stream: false, wantIds: true }), []);
   });
@@ -320,7 +390,7 @@ describe('probing an inference server at start (llm.server: auto)', () => {
 });
 
 describe('chat requests in each dialect', () => {
-  it('asks SGLang for return_prompt_token_ids on whole replies only (SGLang refuses it with stream: 400)', async (t) => {
+  it('asks SGLang for return_token_ids on whole replies and for the sglext ids on streamed ones (it refuses return_token_ids with stream: 400)', async (t) => {
     const server = await double((_req, _body, res) =>
       json(res, 200, { choices: [{ message: { content: 'x' }, finish_reason: 'stop' }] }),
     );
@@ -329,14 +399,17 @@ describe('chat requests in each dialect', () => {
     t.after(() => client.close());
     await client.chat({ messages: [{ role: 'user', content: 'hi' }], maxTokens: 4, temperature: 1 });
     const sent = JSON.parse(server.requests[0].body);
-    assert.equal(sent.return_prompt_token_ids, true);
-    assert.equal(sent.return_token_ids, undefined, 'SGLang has no return_token_ids');
+    assert.equal(sent.return_token_ids, true, 'sglang#30917');
+    assert.equal(sent.return_prompt_token_ids, true, 'the prompt ids from a release before it');
     const streamed = chatPayload(
       { ...CLIENT, stream: true },
       { messages: [], maxTokens: 1, temperature: 1 },
       DIALECTS.sglang.chatIdFields(true),
     ) as Record<string, unknown>;
     assert.equal(streamed.return_prompt_token_ids, undefined);
+    assert.equal(streamed.return_token_ids, undefined);
+    assert.equal(streamed.return_input_ids_in_sglext, true, 'sglang#34488');
+    assert.equal(streamed.return_output_ids_in_sglext, true);
     const llamacpp = chatPayload(
       CLIENT,
       { messages: [], maxTokens: 1, temperature: 1 },
@@ -625,7 +698,7 @@ describe('the engine against each dialect of the mock', () => {
   const cases: { dialect: 'vllm' | 'sglang' | 'llamacpp'; api: 'chat' | 'tokens'; gets: Trait }[] = [
     { dialect: 'vllm', api: 'chat', gets: { promptIds: true, responseIds: true } },
     { dialect: 'vllm', api: 'tokens', gets: { promptIds: true, responseIds: true } },
-    { dialect: 'sglang', api: 'chat', gets: { promptIds: true, responseIds: false } },
+    { dialect: 'sglang', api: 'chat', gets: { promptIds: true, responseIds: true } },
     { dialect: 'sglang', api: 'tokens', gets: { promptIds: true, responseIds: true } },
     { dialect: 'llamacpp', api: 'chat', gets: { promptIds: false, responseIds: true } },
     { dialect: 'llamacpp', api: 'tokens', gets: { promptIds: true, responseIds: true } },
@@ -663,6 +736,28 @@ describe('the engine against each dialect of the mock', () => {
       }
     });
   }
+
+  it("sglang, streamed chat mode: keeps each turn's prompt and response ids from the sglext chunk (regression: a current SGLang's chat turns were text only)", async (t) => {
+    const mock = await startMockLlm({ port: 0, seed: 5, dialect: 'sglang', model: 'm' });
+    t.after(() => mock.close());
+    const engine = createEngine({
+      logLevel: 'silent',
+      batchSize: 2,
+      workers: { threads: 1 },
+      llm: { url: mock.url, model: 'm', stream: true, logprobs: false },
+      tasks: GUESS,
+    });
+    t.after(() => engine.close());
+    await engine.start();
+    const batch = await engine.getBatch();
+    assert.equal(batch.status, 'NORMAL');
+    const turns = batch.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns));
+    assert.ok(turns.length > 0);
+    for (const turn of turns) {
+      assert.ok(turn.promptIds !== null && turn.promptIds.length > 0, 'prompt ids');
+      assert.ok(turn.responseIds !== null && turn.responseIds.length > 0, 'response ids');
+    }
+  });
 
   const pauses: { name: string; options: Parameters<typeof startMockLlm>[0]; serverAbort: boolean }[] = [
     {

@@ -305,10 +305,7 @@ export class LlmClient {
     if (result.finishReason === 'abort' || result.contextExceeded !== undefined) return;
     // What the dialect is known not to send was said once at start (llm/servers.ts serverGaps).
     if (this.#options.returnTokenIds && result.responseIds === null && this.#dialect.chatResponseIds) {
-      this.#warnOnce(
-        'token ids',
-        'llm.returnTokenIds (choices[0].token_ids, prompt_token_ids: vLLM ≥ 0.10.2 with return_token_ids)',
-      );
+      this.#warnOnce('token ids', `llm.returnTokenIds (they need ${this.#dialect.chatIdsFrom})`);
     }
     if (this.#options.logprobs && result.logprobs === null)
       this.#warnOnce('logprobs', 'llm.logprobs (choices[0].logprobs.content)');

@@ -93,15 +93,22 @@ export function parseChatReply(body: unknown): ChatResult {
   if (typeof finishReason !== 'string' || finishReason === '')
     throw bad('choices[0].finish_reason', finishReason, 'a non-empty string');
 
+  const ext = sglextIds(body.sglext);
   const promptIds =
     body.prompt_token_ids != null
       ? intArray(body.prompt_token_ids, 'prompt_token_ids')
       : choice.prompt_token_ids != null
         ? intArray(choice.prompt_token_ids, 'choices[0].prompt_token_ids')
-        : null;
+        : ext.input !== null
+          ? intArray(ext.input, 'sglext.input_ids')
+          : null;
   const logprobs = parseLogprobs(choice.logprobs);
   const responseIds =
-    choice.token_ids != null ? intArray(choice.token_ids, 'choices[0].token_ids') : logprobIds(choice.logprobs);
+    choice.token_ids != null
+      ? intArray(choice.token_ids, 'choices[0].token_ids')
+      : ext.output !== null
+        ? intArray(ext.output, 'sglext.output_ids[0]')
+        : logprobIds(choice.logprobs);
   if (responseIds !== null && logprobs !== null && responseIds.length !== logprobs.length) {
     throw new LlmError(
       'ERR_LLM_BAD_REPLY',
@@ -122,6 +129,20 @@ export function parseChatReply(body: unknown): ChatResult {
     promptTokens: typeof usage.prompt_tokens === 'number' ? usage.prompt_tokens : null,
     completionTokens: typeof usage.completion_tokens === 'number' ? usage.completion_tokens : null,
   };
+}
+
+/**
+ * SGLang's response-level extension (sgl-project/sglang#34488): `input_ids`, the prompt every choice
+ * shares, and `output_ids`, one array per choice; the first choice's is the reply's. Unchecked here:
+ * the caller reads them as token ids, naming the field.
+ */
+export function sglextIds(value: unknown, where = REPLY): { input: unknown; output: unknown } {
+  if (value == null) return { input: null, output: null };
+  if (!isObject(value)) throw bad('sglext', value, 'an object', where);
+  const outputs = value.output_ids;
+  if (outputs != null && !Array.isArray(outputs))
+    throw bad('sglext.output_ids', outputs, 'an array with one array of token ids per choice', where);
+  return { input: value.input_ids ?? null, output: outputs?.[0] ?? null };
 }
 
 /**

@@ -64,6 +64,8 @@ export interface ServerDialect {
   /** Whether chat replies carry the response's token ids / the prompt's ids when asked (whole, streamed). */
   chatResponseIds: boolean;
   chatPromptIds: (stream: boolean) => boolean;
+  /** What a server of this kind needs to send chat token ids: named when one answers without them. */
+  chatIdsFrom: string;
   /** Whether replies carry a weight version. */
   weightVersion: boolean;
   /** Abort-all route and body; null = the server has none (a pause cancels calls client-side). */
@@ -116,6 +118,7 @@ const VLLM: ServerDialect = {
   chatIdFields: () => ({ return_token_ids: true }),
   chatResponseIds: true,
   chatPromptIds: () => true,
+  chatIdsFrom: 'vLLM ≥ 0.10.2 (return_token_ids: choices[0].token_ids, prompt_token_ids)',
   // Replies carry none: the version lives behind dev-mode routes only.
   weightVersion: false,
   // vllm/entrypoints/openai/api_server.py: POST /abort_requests, registered only with
@@ -139,12 +142,19 @@ const VLLM: ServerDialect = {
 const SGLANG: ServerDialect = {
   kind: 'sglang',
   label: 'SGLang',
-  // python/sglang/srt/entrypoints/openai/serving_chat.py: prompt_token_ids go on each choice, only when
-  // the request sets return_prompt_token_ids, which a streamed request may not (400). The chat reply
-  // builder fills no response token_ids: exact tokens need the native /generate (llm.api: tokens).
-  chatIdFields: (stream) => (stream ? null : { return_prompt_token_ids: true }),
-  chatResponseIds: false,
-  chatPromptIds: (stream) => !stream,
+  // Whole replies: return_token_ids puts prompt_token_ids and token_ids on each choice (sgl-project/sglang
+  // #30917; protocol.py ChatCompletionRequest / ChatCompletionResponseChoice
+  // @004c82e07d876f6e4a0ad6e15325706b0f478f1a); return_prompt_token_ids is kept for releases before it,
+  // which give the prompt's only (serving_chat.py @002897c23becbd522d88b8115a763a21765f978a). Both are a
+  // 400 on a streamed request, so a stream asks for the response-level extension instead (#34488):
+  // sglext.input_ids and sglext.output_ids[choice], in one `choices: []` chunk after the last token.
+  // Older servers ignore fields they do not know (pydantic's default) and answer with text only,
+  // which the client says once.
+  chatIdFields: (stream) => (stream ? SGLANG_STREAM_IDS : SGLANG_WHOLE_IDS),
+  chatResponseIds: true,
+  chatPromptIds: () => true,
+  chatIdsFrom:
+    'an SGLang with return_token_ids (sgl-project/sglang#30917) or, streamed, return_output_ids_in_sglext (#34488)',
   // metadata.weight_version, a string: "default" unless launched with --weight-version (ServerArgs).
   weightVersion: true,
   // python/sglang/srt/entrypoints/http_server.py abort_request: {"abort_all": true} (older releases
@@ -166,6 +176,9 @@ const SGLANG: ServerDialect = {
   lacks: [],
 };
 
+const SGLANG_WHOLE_IDS = { return_prompt_token_ids: true, return_token_ids: true };
+const SGLANG_STREAM_IDS = { return_input_ids_in_sglext: true, return_output_ids_in_sglext: true };
+
 const LLAMACPP: ServerDialect = {
   kind: 'llamacpp',
   label: 'llama.cpp llama-server',
@@ -175,6 +188,7 @@ const LLAMACPP: ServerDialect = {
   chatIdFields: () => null,
   chatResponseIds: true,
   chatPromptIds: () => false,
+  chatIdsFrom: "a llama-server whose logprobs.content[] entries carry each token's id",
   weightVersion: false,
   // No abort route (server-context.cpp registers none): closing the connection stops the slot.
   abort: null,
@@ -196,6 +210,7 @@ const OPENAI: ServerDialect = {
   chatIdFields: () => null,
   chatResponseIds: false,
   chatPromptIds: () => false,
+  chatIdsFrom: 'a server that sends them (set llm.server)',
   weightVersion: false,
   abort: null,
   pauseInPlace: null,
@@ -215,6 +230,7 @@ const GENERIC: ServerDialect = {
   chatIdFields: () => ({ return_token_ids: true }),
   chatResponseIds: true,
   chatPromptIds: () => true,
+  chatIdsFrom: 'return_token_ids (choices[0].token_ids, prompt_token_ids)',
   weightVersion: true,
   abort: { path: '/abort_request', body: '{"abort_all":true}' },
   // The mock's default dialect serves SGLang's routes (mock-llm/pause-routes.ts).
@@ -430,6 +446,12 @@ export function serverGaps(
     else if (!dialect.chatPromptIds(options.stream))
       gaps.push(
         `its ${options.stream ? 'streamed ' : ''}chat replies carry no prompt token ids (exact prompts: llm.api "tokens"${dialect.tokenRoute ? `, ${dialect.tokenRoute}` : ''})`,
+      );
+    // serving_chat.py _generate_chat_stream (#34488): the ids come once, after the last token, and a
+    // decode step whose text is empty (the end-of-turn token) sends no chunk, so its logprob is lost.
+    if (info.kind === 'sglang' && options.stream)
+      gaps.push(
+        'its streamed chat replies send their token ids once, after the last token (sglext): a call held by a pause keeps its text only, and a turn whose streamed logprobs leave out a token (a step with no text: the end-of-turn token) keeps its ids without logprobs (all of both: llm.stream false, or llm.api "tokens")',
       );
     // server-context.cpp process_token: a token whose text ends inside a UTF-8 character is never
     // reported, and the reply's text loses its leading whitespace (test/real-server pins both).

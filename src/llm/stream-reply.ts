@@ -5,7 +5,8 @@
  *
  * The events add up to the same ChatResult a whole reply gives: text deltas joined, `token_ids` and
  * `logprobs.content` appended, `prompt_token_ids` from the first event, the finish reason and weight
- * version from the last, usage from the usage event. A bad event is an ERR_LLM_BAD_REPLY naming the
+ * version from the last, usage from the usage event; SGLang's ids from the one `sglext` event after
+ * the last token. A bad event is an ERR_LLM_BAD_REPLY naming the
  * event's number and the field: `write` then answers false (the exchange stops reading and cuts the
  * connection), and an event counts only once every field of it has been checked.
  */
@@ -18,6 +19,7 @@ import {
   logprobIds,
   readLogprobs,
   readTokenIds,
+  sglextIds,
   takeEvent,
   weightVersionOf,
   type ChatResult,
@@ -42,6 +44,8 @@ export class ChatStream {
   #idsMissing = false;
   #logprobsMissing = false;
   #promptIds: Int32Array | null = null;
+  /** The whole reply's ids, sent once after its last token (SGLang's sglext.output_ids); null until then. */
+  #wholeIds: number[] | null = null;
   #finishReason: FinishReason | null = null;
   #weightVersion: string | null = null;
   readonly #spans = new VersionSpans();
@@ -90,11 +94,18 @@ export class ChatStream {
   }
 
   #result(finishReason: FinishReason): ChatResult {
-    const ids = this.#idsMissing || (!this.#wantIds && this.#ids.length === 0) ? null : Int32Array.from(this.#ids);
-    const logprobs =
+    let ids = this.#idsMissing || (!this.#wantIds && this.#ids.length === 0) ? null : Int32Array.from(this.#ids);
+    let logprobs =
       this.#logprobsMissing || (!this.#wantLogprobs && this.#logprobs.length === 0)
         ? null
         : Float32Array.from(this.#logprobs);
+    if (this.#wholeIds !== null) {
+      ids = Int32Array.from(this.#wholeIds);
+      // SGLang sends no chunk for a decode step whose text is empty (the end-of-turn token), so that
+      // step's logprob never arrives and nothing says which token lost it: fewer logprobs than ids
+      // cannot be aligned, and a misaligned logprob would be trained on.
+      if (logprobs !== null && logprobs.length < ids.length) logprobs = null;
+    }
     if (ids !== null && logprobs !== null && ids.length !== logprobs.length) {
       throw new LlmError(
         'ERR_LLM_BAD_REPLY',
@@ -132,6 +143,16 @@ export class ChatStream {
     if (body.prompt_token_ids != null) {
       promptIds = [];
       readTokenIds(body.prompt_token_ids, 'prompt_token_ids', (id) => promptIds!.push(id), where);
+    }
+    const ext = sglextIds(body.sglext, where);
+    let wholeIds: number[] | null = null;
+    if (ext.output !== null) {
+      wholeIds = [];
+      readTokenIds(ext.output, 'sglext.output_ids[0]', (id) => wholeIds!.push(id), where);
+    }
+    if (ext.input !== null && promptIds === null) {
+      promptIds = [];
+      readTokenIds(ext.input, 'sglext.input_ids', (id) => promptIds!.push(id), where);
     }
     const version = weightVersionOf(body, where);
     const usage = isObject(body.usage) ? body.usage : null;
@@ -177,6 +198,7 @@ export class ChatStream {
       if (choice.logprobs == null && (ids.length > 0 || content !== '')) this.#logprobsMissing = true;
     }
     if (promptIds !== null) this.#promptIds = Int32Array.from(promptIds);
+    if (wholeIds !== null) this.#wholeIds = wholeIds;
     if (version !== null) this.#weightVersion = version;
     if (usage !== null) {
       if (typeof usage.prompt_tokens === 'number') this.#promptTokens = usage.prompt_tokens;

@@ -243,13 +243,15 @@ export class Completer {
    */
   dialectChat(d: Dialect, res: ServerResponse, request: MockChatRequest): void {
     if (d === 'vllm' && this.#refuseModel(res, request.model)) return;
-    // SGLang serving_chat.py OpenAIServingChat._convert_to_internal_request @002897c23becbd522d88b8115a763a21765f978a → 400.
-    if (d === 'sglang' && request.stream && request.returnPromptTokenIds) {
+    // SGLang serving_chat.py OpenAIServingChat._convert_to_internal_request @002897c23becbd522d88b8115a763a21765f978a → 400;
+    // return_token_ids (sgl-project/sglang#30917) is refused on a stream the same way.
+    if (d === 'sglang' && request.stream && (request.returnPromptTokenIds || request.returnTokenIds)) {
+      const field = request.returnPromptTokenIds ? 'return_prompt_token_ids' : 'return_token_ids';
       this.#rejections.dialect(
         res,
         sglangOpenAiError(
           400,
-          'return_prompt_token_ids is not supported with streaming. Please set stream=false when using return_prompt_token_ids=true.',
+          `${field} is not supported with streaming. Please set stream=false when using ${field}=true.`,
         ),
       );
       return;
@@ -303,6 +305,7 @@ export class Completer {
         withTop: wantsAlternatives(d, request),
         returnTokenIds: request.returnTokenIds,
         includeUsage: request.includeUsage,
+        ...(d === 'sglang' ? { sglext: request } : {}),
       });
       const answer = (reason: Finish, out: readonly number[]): void => {
         // A reply fault cuts a dialect stream before its end (the mock's own stream.ts models the finer ones).

@@ -6,11 +6,13 @@
  *   `token_ids` (likewise), the finish chunk `stop_reason`; no weight version
  *   (vllm/entrypoints/openai/serving_chat.py chat_completion_stream_generator @99c5632fc2d252a6f25afa76347df392eb898c42,
  *   chunks dumped with exclude_unset, so fields set to None stay as null);
- * - sglang: no token ids and no weight version in any chunk; a step whose text is empty sends no
- *   chunk, so its logprobs never reach the client — the end-of-turn token's logprob is missing from
+ * - sglang: no token ids and no weight version in any token chunk; a step whose text is empty sends
+ *   no chunk, so its logprobs never reach the client — the end-of-turn token's logprob is missing from
  *   every stream; the finish reason comes in a chunk of its own with `matched_stop`
  *   (python/sglang/srt/entrypoints/openai/serving_chat.py _generate_chat_stream / _generate_stream_content
- *   @002897c23becbd522d88b8115a763a21765f978a);
+ *   @002897c23becbd522d88b8115a763a21765f978a); with the sglext flags of sgl-project/sglang#34488 the
+ *   prompt and output ids come whole in one more chunk, `choices: []` and `sglext`, after the finish
+ *   chunk and before the usage one;
  * - llamacpp: no token-id field; logprobs entries carry `id`; the end token sends an empty delta
  *   (field placement as server-task.cpp, chunk boundaries approximate).
  *
@@ -19,7 +21,8 @@
  */
 import type { ServerResponse } from 'node:http';
 import type { Dialect } from './dialects.ts';
-import { dialectLogprobEntries, LLAMACPP_BUILD_INFO } from './dialects.ts';
+import { dialectLogprobEntries, LLAMACPP_BUILD_INFO, sglextJson } from './dialects.ts';
+import type { MockChatRequest } from './request.ts';
 import { decodeIds, END_OF_TURN_ID } from './tokens.ts';
 
 export interface DialectStreamHead {
@@ -32,6 +35,8 @@ export interface DialectStreamHead {
   withTop: boolean;
   returnTokenIds: boolean;
   includeUsage: boolean;
+  /** SGLang: the request's sglext flags (dialects.ts sglextJson). */
+  sglext?: MockChatRequest;
 }
 
 export class DialectStream {
@@ -73,6 +78,10 @@ export class DialectStream {
       tail += this.#event(
         `${this.#prefix}{"index":0,"delta":{"role":null,"content":null,"reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":${JSON.stringify(reason)},"matched_stop":${matchedStop === null ? 'null' : matchedStop}}${this.#suffix}}`,
       );
+      const r = this.#h.sglext;
+      // Sent only once some output ids were collected (serving_chat.py: `if return_output_ids and output_ids`).
+      if (r !== undefined && (r.sglextIds.input || r.sglextIds.output) && out.length > 0)
+        tail += this.#event(`${this.#prefix}${this.#suffix},"sglext":${sglextJson(r, promptIds, out)}}`);
     }
     if (this.#h.includeUsage) {
       const p = promptIds.length;

@@ -7,7 +7,8 @@
  * project's source index holds, so the three servers are of slightly different dates):
  *
  * - vLLM ≈ v0.11 (`return_token_ids`, and the validation messages of that release line);
- * - SGLang ≈ v0.5 (`return_prompt_token_ids`, string weight versions);
+ * - SGLang after sgl-project/sglang#30917 and #34488 (`return_token_ids` on whole chat replies, the
+ *   `sglext` prompt and output ids streamed or not, string weight versions);
  * - llama.cpp llama-server after the 2025 split of server.cpp into server-*.cpp.
  *
  * Hot-path serialisers build JSON text by hand from cached fragments, as response.ts does: a rollout
@@ -145,10 +146,13 @@ export function vllmChatJson(c: DialectChat): string {
 /**
  * SGLang's chat.completion (python/sglang/srt/entrypoints/openai/serving_chat.py
  * OpenAIServingChat._build_chat_response @002897c23becbd522d88b8115a763a21765f978a): the prompt ids
- * go on each choice, and only when the request sets `return_prompt_token_ids`; the completion ids
- * are in no field (only in logprobs as text); `matched_stop` names the stop token; the response's
- * `metadata.weight_version` is ServerArgs.weight_version, a string ("default" unless launched with
- * --weight-version or updated).
+ * go on each choice when the request sets `return_prompt_token_ids`; `matched_stop` names the stop
+ * token; the response's `metadata.weight_version` is ServerArgs.weight_version, a string ("default"
+ * unless launched with --weight-version or updated). Since sgl-project/sglang#30917 (protocol.py
+ * ChatCompletionResponseChoice @004c82e07d876f6e4a0ad6e15325706b0f478f1a) `return_token_ids` puts both
+ * the prompt's and the completion's ids on the choice, after `matched_stop`; since #34488 the
+ * response-level `sglext` holds `input_ids` (the prompt) and `output_ids` (one array per choice) when
+ * asked, after `metadata`, and is left out otherwise.
  */
 export function sglangChatJson(c: DialectChat): string {
   const r = c.request;
@@ -162,9 +166,20 @@ export function sglangChatJson(c: DialectChat): string {
     `{"id":"chatcmpl-mock-${c.index}","object":"chat.completion","created":${c.created},"model":${JSON.stringify(c.model)},` +
     `"choices":[{"index":0,"message":{"role":"assistant","content":${JSON.stringify(c.content)},"reasoning_content":null,"tool_calls":null},` +
     `"logprobs":${logprobs},"finish_reason":${JSON.stringify(c.finishReason)},"matched_stop":${matched}` +
-    (r.returnPromptTokenIds ? `,"prompt_token_ids":${JSON.stringify(c.promptIds)}` : '') +
-    `}],"usage":${usageJson(c.promptIds.length, c.ids.length, 'sglang')},"metadata":{"weight_version":${JSON.stringify(c.version)}}}`
+    (r.returnPromptTokenIds || r.returnTokenIds ? `,"prompt_token_ids":${JSON.stringify(c.promptIds)}` : '') +
+    (r.returnTokenIds ? `,"token_ids":${JSON.stringify(c.ids)}` : '') +
+    `}],"usage":${usageJson(c.promptIds.length, c.ids.length, 'sglang')},"metadata":{"weight_version":${JSON.stringify(c.version)}}` +
+    (r.sglextIds.input || r.sglextIds.output ? `,"sglext":${sglextJson(r, c.promptIds, c.ids)}` : '') +
+    '}'
   );
+}
+
+/** SGLang's `sglext` ids (#34488): the fields not asked for are left out, as its serializer drops None. */
+export function sglextJson(r: MockChatRequest, promptIds: readonly number[], ids: readonly number[]): string {
+  const fields: string[] = [];
+  if (r.sglextIds.input) fields.push(`"input_ids":${JSON.stringify(promptIds)}`);
+  if (r.sglextIds.output) fields.push(`"output_ids":[${JSON.stringify(ids)}]`);
+  return `{${fields.join(',')}}`;
 }
 
 /** A build_info string in llama.cpp's `b<number>-<hash>` form (the real one is the build's). */

@@ -30,6 +30,11 @@ export interface MockChatRequest {
   model: string | undefined;
   /** SGLang's `return_prompt_token_ids` (the sglang dialect puts the ids on each choice). */
   returnPromptTokenIds: boolean;
+  /**
+   * SGLang's `return_input_ids_in_sglext` / `return_output_ids_in_sglext` (sgl-project/sglang#34488):
+   * the prompt ids and each choice's ids in the response-level `sglext`, streamed or not.
+   */
+  sglextIds: { input: boolean; output: boolean };
   /** `top_logprobs`; null when absent (llama.cpp then returns 20 alternatives). */
   topLogprobs: number | null;
   /** The request offered tools (a non-empty `tools`): a reply that calls them comes as `tool_calls`. */
@@ -116,6 +121,8 @@ export function parseChatRequest(raw: string): MockChatRequest {
   ) as number | undefined;
   const returnTokenIds = optional(b, 'return_token_ids', isBool, 'must be a boolean');
   const returnPromptTokenIds = optional(b, 'return_prompt_token_ids', isBool, 'must be a boolean');
+  const sglextInput = optional(b, 'return_input_ids_in_sglext', isBool, 'must be a boolean');
+  const sglextOutput = optional(b, 'return_output_ids_in_sglext', isBool, 'must be a boolean');
   optional(b, 'temperature', isNumber, 'must be a number');
   optional(b, 'top_p', isNumber, 'must be a number');
   const seed = optional(b, 'seed', isInt64, 'must be a 64-bit integer') as number | undefined;
@@ -159,6 +166,7 @@ export function parseChatRequest(raw: string): MockChatRequest {
     includeUsage: includeUsage === true,
     model,
     returnPromptTokenIds: returnPromptTokenIds === true,
+    sglextIds: { input: sglextInput === true, output: sglextOutput === true },
     topLogprobs: topLogprobs ?? null,
     tools: tools !== undefined && tools.length > 0,
   };
