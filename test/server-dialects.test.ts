@@ -915,18 +915,20 @@ describe('the engine against each dialect of the mock', () => {
     t.after(() => mock.close());
     const info = await probeServer(mock.url, { server: 'auto' });
     assert.equal(info.kind, 'vllm');
+    const post = (path: string, body: unknown) =>
+      fetch(`${mock.url}${path}`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body),
+      });
+    assert.equal((await post('/update_weight_version', { new_version: 'step-0' })).status, 200);
     const problems = await checkServedVersions([info], 'step-1', 1);
     assert.equal(problems.length, 1);
     assert.match(
       problems[0],
-      /vLLM at .* serves weight version "default", not "step-1" announced with model step 1: it has not loaded the new weights/,
+      /vLLM at .* serves weight version "step-0", not "step-1" announced with model step 1: it has not loaded the new weights/,
     );
-    const update = await fetch(`${mock.url}/update_weight_version`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ new_version: 'step-1' }),
-    });
-    assert.equal(update.status, 200);
+    assert.equal((await post('/finish_weight_update', { weight_version: 'step-1' })).status, 200);
     assert.deepEqual(await checkServedVersions([info], 'step-1', 1), []);
     const plain = await startMockLlm({ port: 0, dialect: 'vllm', model: 'm', vllmDevMode: false });
     t.after(() => plain.close());
@@ -935,5 +937,17 @@ describe('the engine against each dialect of the mock', () => {
       [],
       'outside dev mode there is nothing to ask (said at start)',
     );
+  });
+
+  it('takes vLLM\'s "default" for no named version: a trainer that loads weights without naming them is not warned on every resume (regression; vllm#49040)', async (t) => {
+    const mock = await startMockLlm({ port: 0, dialect: 'vllm', model: 'm' });
+    t.after(() => mock.close());
+    const info = await probeServer(mock.url, { server: 'auto' });
+    // The trainer's weight update ends without a version, as vLLM allows: /weight_info stays "default".
+    const finish = await fetch(`${mock.url}/finish_weight_update`, { method: 'POST' });
+    assert.equal(finish.status, 200);
+    const served = (await (await fetch(`${mock.url}/weight_info`)).json()) as { weight_version: unknown };
+    assert.equal(served.weight_version, 'default');
+    for (const step of [1, 2, 3]) assert.deepEqual(await checkServedVersions([info], `step-${step}`, step), []);
   });
 });

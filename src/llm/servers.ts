@@ -525,11 +525,20 @@ export function samplingGaps(info: ServerInfo, uses: readonly SamplingUse[], opt
 }
 
 /**
+ * What vLLM's /weight_info answers until a version is named: each EngineCore starts at "default", and a
+ * finish_weight_update that names none keeps it (vllm-project/vllm#49040; the route in
+ * vllm/entrypoints/serve/dev/rlhf/api_router.py @0100a2129224e729af1b3b8ed42a900cdfe9a452). It says
+ * which weights are served no more than null did before: a trainer that loads weights without naming
+ * them is not told, on every resume, that they were not loaded.
+ */
+const UNNAMED_VERSION = 'default';
+
+/**
  * On a resume that names the weights (`weightVersion`), asks each server whose replies carry no
  * version (vLLM) what it serves, through its version route: a trainer that resumed without loading
  * the weights is reported instead of going unnoticed. Returns one sentence per server that serves
- * another version; a server without the route (vLLM outside dev mode) or that does not answer in time
- * says nothing (its start-up line said so).
+ * another named version; a server without the route (vLLM outside dev mode), one that names none, or
+ * one that does not answer in time says nothing (its start-up line said so).
  */
 export async function checkServedVersions(
   servers: readonly ServerInfo[],
@@ -550,7 +559,8 @@ export async function checkServedVersions(
       const text = await response.body.text();
       if (response.statusCode !== 200) return null;
       const served = (JSON.parse(text) as { weight_version?: unknown }).weight_version;
-      if (served === undefined || served === null || String(served) === announced) return null;
+      if (served === undefined || served === null || served === UNNAMED_VERSION || String(served) === announced)
+        return null;
       return `${dialect.label} at ${info.url} serves weight version ${JSON.stringify(String(served))}, not ${JSON.stringify(announced)} announced with model step ${modelStep}: it has not loaded the new weights (tokens are tagged with step ${modelStep} all the same)`;
     } catch {
       return null;

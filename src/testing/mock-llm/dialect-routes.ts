@@ -159,6 +159,20 @@ function vllmRoutes(ctx: DialectRouteContext): RouteTable {
       ctx.send(res, 200, '{"status":"resumed"}');
     },
   };
+  // finish_weight_update {"weight_version"?: str}: the version is published only when named, else the
+  // current one (from "default" at start) is kept (vllm-project/vllm#49040); no weights move in the mock.
+  routes['/finish_weight_update'] = {
+    POST: async (req, res) => {
+      const body = await jsonBody(req, ctx);
+      const value = body.ok ? (body.value as { weight_version?: unknown } | null)?.weight_version : undefined;
+      if (value !== undefined && value !== null && typeof value !== 'string') {
+        unprocessable(res, ctx, ['body', 'weight_version'], 'string_type', 'Input should be a valid string', value);
+        return;
+      }
+      if (typeof value === 'string') ctx.setVersion(value);
+      ctx.send(res, 200, '{"message":"Weight update finished"}');
+    },
+  };
   // weight_info: {"weight_version": <string>}; update_weight_version {"new_version": <string>} → {"success": true, "new_version": …}.
   routes['/weight_info'] = { GET: get(() => ({ weight_version: ctx.getVersion() }), ctx) };
   routes['/update_weight_version'] = {
