@@ -315,7 +315,7 @@ export class LlmClient {
     if (this.#warned.has(what)) return;
     this.#warned.add(what);
     this.#options.warn?.(
-      `${this.url} answers without ${what} though ${asked} asks for them: its turns are kept as text only (said once)`,
+      `${this.url} answers without ${what} though ${asked} asks for them: its turns are kept without them (said once)`,
     );
   }
 
