@@ -186,6 +186,57 @@ describe('gateway against an SGLang-shaped backend', () => {
     );
     assert.equal(gateway.session('bad'), undefined);
   });
+
+  it("reads SGLang's versions as the workers do, and counts a reply from weights older than announced (regression: a numeric version tagged tokens with an older step, and nothing was counted)", async (t) => {
+    const mismatches: [string, number, number][] = [];
+    const trained = await startGateway({
+      backend: { kind: 'sglang', url: backend.url },
+      modelStep: 0,
+      weightVersion: '0',
+      modelStepIsNewest: true,
+      onVersionMismatch: (version, expected, tagged) => mismatches.push([version, expected, tagged]),
+    });
+    t.after(() => trained.close());
+    const call = async (weightVersion: string) => {
+      backend.replies.push(() =>
+        sglangReply([...model.encode('Hi.'), EOS], { type: 'stop', matched: EOS }, weightVersion),
+      );
+      const session = `v${backend.bodies.length}`;
+      const reply = (await openaiClient(trained.sessionBaseURL(session)).chat.completions.create({
+        model: 'qwen2.5',
+        messages: [{ role: 'user', content: 'Hi?' }],
+      })) as any;
+      trained.release(session);
+      return reply.metadata.weight_version as number;
+    };
+    assert.equal(await call('0'), 0, 'the launch version names the start step');
+    // The trainer resumes with step 1; the server still serves "0": its tokens are step 0's, and said.
+    trained.setModelStep(1);
+    assert.equal(await call('0'), 0);
+    assert.deepEqual(mismatches, [['0', 1, 0]]);
+    // Named weights: "step-2" is announced, the server answers with "step-1", which nobody announced.
+    trained.setModelStep(2, 'step-2');
+    assert.equal(await call('step-1'), 2, 'a version nobody announced is tagged with the current step');
+    assert.equal(await call('step-2'), 2);
+    assert.deepEqual(mismatches, [
+      ['0', 1, 0],
+      ['step-1', 2, 2],
+    ]);
+    // A whole number newer than the trainer's step is not a step the trainer made (as in the workers).
+    const fresh = await startGateway({ backend: { kind: 'sglang', url: backend.url }, modelStepIsNewest: true });
+    t.after(() => fresh.close());
+    backend.replies.push(() => sglangReply([...model.encode('Hi.'), EOS], { type: 'stop', matched: EOS }, '9'));
+    const newer = (await openaiClient(fresh.sessionBaseURL('newer')).chat.completions.create({
+      model: 'qwen2.5',
+      messages: [{ role: 'user', content: 'Hi?' }],
+    })) as any;
+    assert.equal(newer.metadata.weight_version, 0);
+    assert.deepEqual(
+      [trained.stats().weightVersionMismatches, fresh.stats().weightVersionMismatches],
+      [2, 1],
+      'every mismatch said is counted',
+    );
+  });
 });
 
 describe('gateway against a vLLM-shaped backend', () => {

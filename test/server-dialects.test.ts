@@ -30,6 +30,8 @@ function json(res: ServerResponse, status: number, body: unknown): void {
 }
 
 const CLIENT: Omit<LlmClientOptions, 'url'> = { ...TEST_CLIENT, maxReplyBytes: 1 << 20 };
+/** The mode checkServedVersions is asked for where it does not matter (vLLM's replies carry no version in any). */
+const CHAT = { api: 'chat', stream: false } as const;
 
 describe('inference replies as each server sends them', () => {
   it('takes SGLang\'s string weight version "default" and its per-choice prompt_token_ids and token_ids (serving_chat.py _build_chat_response; return_token_ids, sglang#30917, protocol.py @004c82e)', () => {
@@ -922,18 +924,18 @@ describe('the engine against each dialect of the mock', () => {
         body: JSON.stringify(body),
       });
     assert.equal((await post('/update_weight_version', { new_version: 'step-0' })).status, 200);
-    const problems = await checkServedVersions([info], 'step-1', 1);
+    const problems = await checkServedVersions([info], 'step-1', 1, CHAT);
     assert.equal(problems.length, 1);
     assert.match(
       problems[0],
       /vLLM at .* serves weight version "step-0", not "step-1" announced with model step 1: it has not loaded the new weights/,
     );
     assert.equal((await post('/finish_weight_update', { weight_version: 'step-1' })).status, 200);
-    assert.deepEqual(await checkServedVersions([info], 'step-1', 1), []);
+    assert.deepEqual(await checkServedVersions([info], 'step-1', 1, CHAT), []);
     const plain = await startMockLlm({ port: 0, dialect: 'vllm', model: 'm', vllmDevMode: false });
     t.after(() => plain.close());
     assert.deepEqual(
-      await checkServedVersions([await probeServer(plain.url, { server: 'auto' })], 'step-1', 1),
+      await checkServedVersions([await probeServer(plain.url, { server: 'auto' })], 'step-1', 1, CHAT),
       [],
       'outside dev mode there is nothing to ask (said at start)',
     );
@@ -948,6 +950,6 @@ describe('the engine against each dialect of the mock', () => {
     assert.equal(finish.status, 200);
     const served = (await (await fetch(`${mock.url}/weight_info`)).json()) as { weight_version: unknown };
     assert.equal(served.weight_version, 'default');
-    for (const step of [1, 2, 3]) assert.deepEqual(await checkServedVersions([info], `step-${step}`, step), []);
+    for (const step of [1, 2, 3]) assert.deepEqual(await checkServedVersions([info], `step-${step}`, step, CHAT), []);
   });
 });

@@ -5,6 +5,7 @@ import type { ProducerSnapshot } from '../src/coordinator/producer.ts';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { pino, type Logger } from 'pino';
 import { createEngine, Status, type Batch, type Engine, type EngineConfigInput } from '../src/index.ts';
 import { rolloutStaleness, staleThreshold } from '../src/buffer/staleness.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
@@ -569,5 +570,126 @@ describe('step records', () => {
     }
     assert.ok(completed.every((s) => s.end.status === Status.COMPLETED));
     assert.ok(unfinished.length >= 0);
+  });
+});
+
+/**
+ * The engine's warnings, in the main thread's log, as a trainer would read them; `seen` resolves with
+ * the first line matching (already logged, or when it is).
+ */
+function capturedWarnings(): { log: Logger; seen(match: RegExp): Promise<string> } {
+  const lines: string[] = [];
+  const waiting: { match: RegExp; resolve: (line: string) => void }[] = [];
+  const log = pino(
+    { level: 'warn' },
+    {
+      write(chunk: string) {
+        const line = (JSON.parse(chunk) as { msg: string }).msg;
+        lines.push(line);
+        for (const w of waiting.filter((w) => w.match.test(line))) {
+          waiting.splice(waiting.indexOf(w), 1);
+          w.resolve(line);
+        }
+      },
+    },
+  );
+  return {
+    log,
+    seen: (match) =>
+      new Promise((resolve) => {
+        const line = lines.find((l) => match.test(l));
+        if (line !== undefined) resolve(line);
+        else waiting.push({ match, resolve });
+      }),
+  };
+}
+
+const mismatchesOf = (text: string, worker: string): number =>
+  Number(new RegExp(`^rollout_engine_weight_version_mismatches\\{worker="${worker}"\\} (\\d+)$`, 'm').exec(text)?.[1]);
+
+describe('the weight-version mismatch counter and the warnings agree on every server and mode (regression: issue 28)', () => {
+  const GUESS = [{ name: 'guess', env: { module: 'builtin:guess-number' }, groupSize: 2, maxSteps: 4, maxTokens: 32 }];
+
+  it('counts a weight-version mismatch on streamed SGLang chat, as the warning says', async (t) => {
+    const mock = await startMockLlm({ port: 0, seed: 7, dialect: 'sglang', model: 'm' });
+    t.after(() => mock.close());
+    const warnings = capturedWarnings();
+    const engine = createEngine(
+      {
+        logLevel: 'silent',
+        batchSize: 2,
+        workers: { threads: 1 },
+        llm: { url: mock.url, model: 'm', api: 'chat', stream: true },
+        tasks: GUESS,
+      },
+      { log: warnings.log },
+    );
+    t.after(() => engine.close());
+    await engine.start();
+    assert.equal((await engine.getBatch(1)).status, 'NORMAL');
+    // The trainer says it loaded "step-1"; the server still serves its launch weights ("default"), and
+    // no streamed chunk says so: the resume asks GET /get_weight_version.
+    await engine.pauseForWeightUpdate();
+    await engine.resume({ modelStep: 1, weightVersion: 'step-1' });
+    const warning = await warnings.seen(/has not loaded the new weights/);
+    assert.match(warning, /SGLang at .* serves weight version "default", not "step-1" announced with model step 1/);
+    const stats = await engine.stats();
+    assert.equal(stats.weightVersionMismatches, 1, 'the warning is counted');
+    assert.equal(
+      stats.workers.reduce((n, w) => n + w.weightVersionMismatches, 0),
+      0,
+      'streamed replies name no weights: the resume check is what found them',
+    );
+    assert.equal(mismatchesOf(await engine.metrics(), 'main'), 1);
+  });
+
+  it("counts a weight-version mismatch on an agent task's gateway calls, as the producer's warning says", async (t) => {
+    const mock = await startMockLlm({
+      port: 0,
+      seed: 7,
+      dialect: 'sglang',
+      model: 'm',
+      tokenizer: 'qwen2.5',
+      weightVersion: 0,
+    });
+    t.after(() => mock.close());
+    const warnings = capturedWarnings();
+    const engine = createEngine(
+      {
+        logLevel: 'silent',
+        batchSize: 2,
+        workers: { threads: 1 },
+        llm: { url: mock.url, model: 'm' },
+        gateway: { backend: 'sglang' },
+        tasks: [
+          {
+            name: 'bb',
+            env: { module: 'builtin:arithmetic' },
+            agent: { module: new URL('./fixtures/blackbox-agent.ts', import.meta.url).pathname },
+            groupSize: 2,
+          },
+        ],
+      },
+      { log: warnings.log },
+    );
+    t.after(() => engine.close());
+    await engine.start();
+    assert.equal((await engine.getBatch(1)).status, 'NORMAL');
+    assert.equal((await engine.stats()).weightVersionMismatches, 0, 'the launch version "0" is step 0');
+    // The trainer resumes with step 1 but the server never loaded it: it still answers "0".
+    await engine.pauseForWeightUpdate();
+    await engine.resume({ modelStep: 1 });
+    const batch = await engine.getBatch(2);
+    assert.equal(batch.status, 'NORMAL');
+    const turns = batch.groups.flatMap((g) => g.rollouts.flatMap((r) => r.turns));
+    assert.ok(
+      turns.every((turn) => turn.modelStep === 0),
+      'the tokens are tagged with the weights that made them',
+    );
+    await warnings.seen(/report an older weight version than the engine resumed with/);
+    await warnings.seen(/behind the token-trace gateway answered with weight version "0"/);
+    const stats = await engine.stats();
+    assert.equal(stats.weightVersionMismatches, turns.length, 'each call from the old weights is counted');
+    assert.equal(mismatchesOf(await engine.metrics(), 'main'), turns.length);
   });
 });

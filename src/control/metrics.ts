@@ -135,12 +135,18 @@ export class EngineMetrics implements ProducerObserver {
     });
     new Gauge({
       name: 'rollout_engine_weight_version_mismatches',
-      help: 'Inference replies whose weight version is none the trainer announced (resume weightVersion): a server not serving the weights it was said to load',
+      help: 'Inference replies whose weight version is none the trainer announced (resume weightVersion), or older, and servers a resume found serving other weights: a server not serving the weights it was said to load. worker="main": the gateway\'s replies and the resume checks',
       labelNames: ['worker'],
       registers,
       async collect() {
         this.reset();
-        for (const w of (await current()).workers) this.set({ worker: String(w.workerId) }, w.weightVersionMismatches);
+        const s = await current();
+        let workers = 0;
+        for (const w of s.workers) {
+          this.set({ worker: String(w.workerId) }, w.weightVersionMismatches);
+          workers += w.weightVersionMismatches;
+        }
+        this.set({ worker: 'main' }, s.weightVersionMismatches - workers);
       },
     });
     new Gauge({

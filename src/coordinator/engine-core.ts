@@ -64,6 +64,13 @@ export interface EngineStats {
   /** Inference outages: whether one is on now, how many and how long so far, the groups they aborted. */
   outage: OutageStats;
   workers: WorkerStats[];
+  /**
+   * Weight-version mismatches, every one the engine warned of: the workers' replies (each worker's
+   * `weightVersionMismatches`), the gateway's replies for agent tasks, and servers a resume's check
+   * found serving other weights than announced (vLLM, SGLang's streamed chat: their replies carry no
+   * version). The workers' and the gateway's are warned of once each, the resume check's every time.
+   */
+  weightVersionMismatches: number;
   /** Worker nodes serving the run (with `workers.nats`): id, host, groups in flight, last heartbeat. */
   nodes?: NodeStatus[];
 }
@@ -110,6 +117,9 @@ export class EngineCore {
   #producer: Producer | null = null;
   /** What the start-up probe learnt of each inference endpoint. */
   #servers: ServerInfo[] = [];
+  /** Servers a resume's check found serving other weights than announced (the workers count their replies). */
+  #resumeMismatches = 0;
+  #gatewayMismatchSaid = false;
   /** Serializes getBatch / pause / resume / checkpoint: one at a time, in call order. */
   #queue: Promise<unknown> = Promise.resolve();
 
@@ -153,7 +163,8 @@ export class EngineCore {
         }
       }
       if (config.runDir !== null) mkdirSync(config.runDir, { recursive: true });
-      const control = new PauseControl(resumed?.modelStep ?? config.modelStep, launchVersion(servers));
+      const launched = launchVersion(servers);
+      const control = new PauseControl(resumed?.modelStep ?? config.modelStep, launched);
       if (config.tasks.some((t) => t.agent !== null)) {
         // One gateway per process: it holds the policy's tokenizer, and workers reach it over loopback.
         const { startGateway } = await import('../gateway/index.ts');
@@ -171,6 +182,10 @@ export class EngineCore {
             config.gateway.maxContext ?? servers.find((s) => s.url === this.#llmUrls[0])?.contextLength ?? null,
           sessionTtlMs: config.gateway.sessionTtlMs,
           modelStep: resumed?.modelStep ?? config.modelStep,
+          // Its replies' versions read as the workers read theirs (domain/weight-versions.ts).
+          weightVersion: launched,
+          modelStepIsNewest: true,
+          onVersionMismatch: this.#gatewayMismatch,
           port: 0,
         });
         this.log.info({ url: this.#gateway.url }, 'token-trace gateway started');
@@ -272,19 +287,28 @@ export class EngineCore {
   resume(options: ResumeOptions): Promise<void> {
     return this.#withProducer(async (producer) => {
       producer.resume(options.modelStep, options.weightVersion ?? null, { pausedOnly: options.pausedOnly });
+      // In the same tick: a gateway call answered once production goes on is read against these weights.
+      this.#gateway?.setModelStep(options.modelStep, options.weightVersion ?? null);
       this.#embeddedMock?.setWeightVersion(options.modelStep); // "loading" the new weights into the embedded server
       // After an in-place pause the servers go on too (a call the workers send first waits there for it).
       await producer.continueServers();
       if (options.weightVersion != null) {
         // Not awaited: production has resumed, and the check is a report, not a gate.
         void checkServedVersions(this.#servers, options.weightVersion, options.modelStep, {
+          api: this.config.llm.api,
+          stream: this.config.llm.stream,
           apiKey: this.config.llm.apiKey,
         }).then((problems) => {
-          for (const problem of problems)
-            this.log.warn({ weightVersion: options.weightVersion, modelStep: options.modelStep }, problem);
+          for (const problem of problems) {
+            // A server not serving what was announced is a mismatch, as a reply naming other weights is.
+            this.#resumeMismatches++;
+            this.log.warn(
+              { weightVersion: options.weightVersion, modelStep: options.modelStep },
+              `${problem}; counted in weightVersionMismatches`,
+            );
+          }
         });
       }
-      this.#gateway?.setModelStep(options.modelStep);
     });
   }
 
@@ -404,6 +428,7 @@ export class EngineCore {
   async stats(): Promise<EngineStats> {
     const producer = this.#producer;
     const buffer = producer?.buffer;
+    const workers = (await this.#pool?.stats()) ?? [];
     return {
       modelStep: producer?.modelStep ?? this.config.modelStep,
       nextTrainStep: producer?.progress.nextTrainStep ?? 1,
@@ -426,10 +451,28 @@ export class EngineCore {
         groupsAborted: 0,
         budgetMs: this.config.llm.outageBudgetMs,
       },
-      workers: (await this.#pool?.stats()) ?? [],
+      workers,
+      weightVersionMismatches:
+        this.#resumeMismatches +
+        (this.#gateway?.stats().weightVersionMismatches ?? 0) +
+        workers.reduce((n, w) => n + w.weightVersionMismatches, 0),
       ...(this.#pool?.nodes !== undefined ? { nodes: this.#pool.nodes() } : {}),
     };
   }
+
+  /** A gateway call answered by other weights than those served when it went out: counted there, said once. */
+  readonly #gatewayMismatch = (version: string, expected: number, tagged: number): void => {
+    if (this.#gatewayMismatchSaid) return;
+    this.#gatewayMismatchSaid = true;
+    const which =
+      tagged === expected
+        ? 'none the trainer announced, or newer'
+        : `the weights of model step ${tagged}: the server has not loaded what the trainer announced since`;
+    this.log.warn(
+      { weightVersion: version, modelStep: expected, taggedStep: tagged },
+      `the inference server behind the token-trace gateway answered with weight version ${JSON.stringify(version)}, which is not the weights of model step ${expected} the call was sent at (${which}): tokens tagged with step ${tagged}; counted in weightVersionMismatches, said once`,
+    );
+  };
 
   async close(): Promise<void> {
     if (this.#state === 'closed' || this.#state === 'closing') return;

@@ -11,6 +11,7 @@
  * re-sends an aborted or failed side call does not leave the dead one behind.
  */
 import { randomUUID } from 'node:crypto';
+import { replyStep } from '../domain/weight-versions.ts';
 import { samplingParamsOf, type TokenBackend } from './backend.ts';
 import { GatewayError } from './errors.ts';
 import type { ChatModel } from './model.ts';
@@ -34,6 +35,10 @@ export interface ChatContext {
   maxSideCalls: number;
   /** Weight version for calls whose backend reports none. */
   modelStep(): number;
+  /** The model step a backend's weight version stands for (domain/weight-versions.ts AnnouncedVersions.stepOf). */
+  stepOfVersion(version: string | null): number;
+  /** A reply from other weights than those served when the call went out (domain/weight-versions.ts replyStep). */
+  onVersionMismatch(version: string, expected: number, tagged: number): void;
 }
 
 export async function runChatCall(
@@ -100,6 +105,7 @@ export async function runChatCall(
 
   const session = ctx.sessions.open(id, sessionId === null);
   session.busy = true;
+  const sentAt = ctx.modelStep();
   let result;
   try {
     result = await ctx.backend.generate(
@@ -123,7 +129,10 @@ export async function runChatCall(
   const stripStop = result.finishReason === 'stop' && ctx.model.specialIds.has(last);
   const contentTokens = stripStop ? ids.length - 1 : ids.length;
   const content = ctx.model.decode(ids.slice(0, contentTokens));
-  const modelStep = numericVersion(result.weightVersion) ?? ctx.modelStep();
+  const version = result.weightVersion;
+  const modelStep = replyStep(ctx.stepOfVersion(version), sentAt, ctx.modelStep(), (expected, tagged) =>
+    ctx.onVersionMismatch(version!, expected, tagged),
+  );
 
   const timings = { renderMs: t1 - t0, tokenizeMs: t2 - t1, backendMs: t3 - t2, totalMs: 0 };
   const completionIds = Int32Array.from(ids);
@@ -203,13 +212,6 @@ function sameIds(a: Int32Array, b: readonly number[]): boolean {
   if (a.length !== b.length) return false;
   for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
   return true;
-}
-
-/** A version that is a whole number is a model step; another name (SGLang's "default") says none. */
-function numericVersion(version: string | null): number | null {
-  if (version === null || !/^\d{1,10}$/.test(version)) return null;
-  const n = Number(version);
-  return n <= 0x7fffffff ? n : null;
 }
 
 /** Ids from a backend serving another tokenizer would decode to garbage (or silently to nothing). */

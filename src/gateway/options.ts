@@ -28,6 +28,23 @@ export interface GatewayOptions {
   maxSessions?: number;
   /** Weight version recorded for calls whose backend reports none; `setModelStep` changes it. */
   modelStep?: number;
+  /**
+   * The backend's name for the weights of `modelStep` (its weight version at start), taken as
+   * announced: a reply naming it keeps that step after `setModelStep` names later weights.
+   */
+  weightVersion?: string | null;
+  /**
+   * Whether `modelStep` is the newest weights there are (a trainer's step, as under the engine): a
+   * whole-number version naming a newer step is then a mismatch, as in the workers, rather than that
+   * step. Default false: `modelStep` only labels replies without a version.
+   */
+  modelStepIsNewest?: boolean;
+  /**
+   * Called for each reply whose weight version is not the weights served when the call went out
+   * (none announced, or older ones), with the step expected and the step its tokens are tagged
+   * with; counted in `stats().weightVersionMismatches` either way.
+   */
+  onVersionMismatch?: ((version: string, expected: number, tagged: number) => void) | null;
   maxBodyBytes?: number;
   /**
    * A call that does not extend its session's conversation: `record` (default) generates it and keeps
@@ -51,6 +68,9 @@ export interface ResolvedGatewayOptions {
   sessionTtlMs: number;
   maxSessions: number;
   modelStep: number;
+  weightVersion: string | null;
+  modelStepIsNewest: boolean;
+  onVersionMismatch: ((version: string, expected: number, tagged: number) => void) | null;
   maxBodyBytes: number;
   sideCalls: SideCallMode;
   maxSideCalls: number;
@@ -86,6 +106,9 @@ const KNOWN = [
   'sessionTtlMs',
   'maxSessions',
   'modelStep',
+  'weightVersion',
+  'modelStepIsNewest',
+  'onVersionMismatch',
   'maxBodyBytes',
   'sideCalls',
   'maxSideCalls',
@@ -111,6 +134,11 @@ function text(name: string, value: unknown): string {
 function oneOf<T extends string>(name: string, value: unknown, allowed: readonly T[]): T {
   if (!allowed.includes(value as T)) fail(name, `must be ${allowed.map((a) => JSON.stringify(a)).join(' or ')}`, value);
   return value as T;
+}
+
+function flag(name: string, value: unknown): boolean {
+  if (typeof value !== 'boolean') fail(name, 'must be true or false', value);
+  return value;
 }
 
 function callback<T>(name: string, value: T): T {
@@ -160,6 +188,15 @@ export function resolveGatewayOptions(options: GatewayOptions): ResolvedGatewayO
     sessionTtlMs: integer('sessionTtlMs', options.sessionTtlMs ?? GATEWAY_DEFAULTS.sessionTtlMs, 1, 2 ** 31 - 1),
     maxSessions: integer('maxSessions', options.maxSessions ?? GATEWAY_DEFAULTS.maxSessions, 1),
     modelStep: integer('modelStep', options.modelStep ?? GATEWAY_DEFAULTS.modelStep, 0),
+    weightVersion:
+      options.weightVersion === undefined || options.weightVersion === null
+        ? null
+        : text('weightVersion', options.weightVersion),
+    modelStepIsNewest: flag('modelStepIsNewest', options.modelStepIsNewest ?? false),
+    onVersionMismatch:
+      options.onVersionMismatch === undefined || options.onVersionMismatch === null
+        ? null
+        : callback('onVersionMismatch', options.onVersionMismatch),
     maxBodyBytes: integer('maxBodyBytes', options.maxBodyBytes ?? GATEWAY_DEFAULTS.maxBodyBytes, 1024),
     sideCalls: oneOf('sideCalls', options.sideCalls ?? GATEWAY_DEFAULTS.sideCalls, ['record', 'refuse'] as const),
     maxSideCalls: integer('maxSideCalls', options.maxSideCalls ?? GATEWAY_DEFAULTS.maxSideCalls, 1),

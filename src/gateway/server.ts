@@ -18,6 +18,7 @@ import { createServer } from 'node:http';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo, Socket } from 'node:net';
 import { sessionBaseUrl } from '../llm/gateway-client.ts';
+import { AnnouncedVersions } from '../domain/weight-versions.ts';
 import { createTokenBackend } from './backend.ts';
 import { runChatCall } from './chat.ts';
 import type { ChatContext } from './chat.ts';
@@ -51,6 +52,11 @@ export interface GatewayStats {
   gatewayMs: number;
   /** Sum over answered calls of the backend round trips, ms. */
   backendMs: number;
+  /**
+   * Answered calls whose weight version is not the weights served when they went out: none announced
+   * (`weightVersion`, `setModelStep`), or older ones — the backend is not serving what it was said to load.
+   */
+  weightVersionMismatches: number;
 }
 
 export interface Gateway {
@@ -81,8 +87,11 @@ export interface Gateway {
   traces(sessionId: string): CallRecord[] | undefined;
   /** Drops a session and its traces; false when there was none. */
   release(sessionId: string): boolean;
-  /** Weight version recorded for calls whose backend reports none (the engine's current model step). */
-  setModelStep(step: number): void;
+  /**
+   * Weight version recorded for calls whose backend reports none (the engine's current model step);
+   * `weightVersion`: the backend's name for these weights, as the trainer announced it (null: none).
+   */
+  setModelStep(step: number, weightVersion?: string | null): void;
   stats(): GatewayStats;
   /** Cancels calls in flight, closes every connection and releases all sessions. Idempotent. */
   close(): Promise<void>;
@@ -141,6 +150,10 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     onRelease: opts.onSessionReleased,
   });
   let modelStep = opts.modelStep;
+  const counters = { calls: 0, failedCalls: 0, stitched: 0, gatewayMs: 0, backendMs: 0, weightVersionMismatches: 0 };
+  // The same reading of a reply's version as the workers' (worker/pause-gate.ts).
+  const versions = new AnnouncedVersions();
+  if (opts.weightVersion !== null) versions.announce(opts.weightVersion, modelStep);
   const ctx: ChatContext = {
     model,
     backend,
@@ -151,8 +164,12 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     sideCalls: opts.sideCalls,
     maxSideCalls: opts.maxSideCalls,
     modelStep: () => modelStep,
+    stepOfVersion: (version) => versions.stepOf(version, modelStep, opts.modelStepIsNewest ? modelStep : Infinity),
+    onVersionMismatch: (version, expected, tagged) => {
+      counters.weightVersionMismatches += 1;
+      opts.onVersionMismatch?.(version, expected, tagged);
+    },
   };
-  const counters = { calls: 0, failedCalls: 0, stitched: 0, gatewayMs: 0, backendMs: 0 };
   const inFlight = new Set<AbortController>();
   let closing = false;
 
@@ -442,14 +459,21 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       return session === undefined ? undefined : callRecords(session.tokens, session.traces, session.sideCalls);
     },
     release: (sessionId) => sessions.release(sessionId, 'deleted'),
-    setModelStep(step) {
+    setModelStep(step, weightVersion = null) {
       if (!Number.isSafeInteger(step) || step < 0)
         throw new GatewayError(
           'ERR_GATEWAY_BAD_REQUEST',
           `model step must be a non-negative integer (got ${JSON.stringify(step)})`,
           { param: 'modelStep' },
         );
+      if (weightVersion !== null && (typeof weightVersion !== 'string' || weightVersion === ''))
+        throw new GatewayError(
+          'ERR_GATEWAY_BAD_REQUEST',
+          `weight version must be a non-empty string or null (got ${JSON.stringify(weightVersion)})`,
+          { param: 'weightVersion' },
+        );
       modelStep = step;
+      if (weightVersion !== null) versions.announce(weightVersion, step);
     },
     stats: () => ({ sessions: sessions.size, expiredSessions: sessions.expired, ...counters }),
     close() {

@@ -66,8 +66,11 @@ export interface ServerDialect {
   chatPromptIds: (stream: boolean) => boolean;
   /** What a server of this kind needs to send chat token ids: named when one answers without them. */
   chatIdsFrom: string;
-  /** Whether replies carry a weight version. */
-  weightVersion: boolean;
+  /**
+   * Whether its replies carry a weight version, for `llm.api` and `llm.stream`; where they do not, a
+   * resume that names the weights asks `versionRoute` (checkServedVersions).
+   */
+  weightVersion(api: 'chat' | 'tokens', stream: boolean): boolean;
   /** Abort-all route and body; null = the server has none (a pause cancels calls client-side). */
   abort: { path: string; body: string } | null;
   /**
@@ -120,7 +123,7 @@ const VLLM: ServerDialect = {
   chatPromptIds: () => true,
   chatIdsFrom: 'vLLM ≥ 0.10.2 (return_token_ids: choices[0].token_ids, prompt_token_ids)',
   // Replies carry none: the version lives behind dev-mode routes only.
-  weightVersion: false,
+  weightVersion: () => false,
   // vllm/entrypoints/openai/api_server.py: POST /abort_requests, registered only with
   // VLLM_SERVER_DEV_MODE=1, a JSON body naming no request ids aborts them all ({}; an empty body is a 400).
   abort: { path: '/abort_requests', body: '{}' },
@@ -155,8 +158,10 @@ const SGLANG: ServerDialect = {
   chatPromptIds: () => true,
   chatIdsFrom:
     'an SGLang with return_token_ids (sgl-project/sglang#30917) or, streamed, return_output_ids_in_sglext (#34488)',
-  // metadata.weight_version, a string: "default" unless launched with --weight-version (ServerArgs).
-  weightVersion: true,
+  // metadata.weight_version, a string: "default" unless launched with --weight-version (ServerArgs);
+  // /generate's streamed events carry meta_info.weight_version too, but no chat stream chunk carries
+  // one (serving_chat.py _generate_chat_stream @002897c23becbd522d88b8115a763a21765f978a).
+  weightVersion: (api, stream) => api === 'tokens' || !stream,
   // python/sglang/srt/entrypoints/http_server.py abort_request: {"abort_all": true} (older releases
   // take only `rid`, and then abort nothing).
   abort: { path: '/abort_request', body: '{"abort_all":true}' },
@@ -164,7 +169,7 @@ const SGLANG: ServerDialect = {
   tokenRoute: '/generate',
   tokenStreamVersions: true,
   abortHint: 'use an SGLang release whose /abort_request takes abort_all, or set llm.stream: true',
-  // http_server.py: GET /get_weight_version (replies carry it too, so it is not needed on resume).
+  // http_server.py: GET /get_weight_version, asked on resume where replies carry none (streamed chat).
   versionRoute: '/get_weight_version',
   // Its chat route takes the OpenAI names (`seed`, not /generate's `sampling_seed`: serving_chat.py maps
   // it) and the same neutral values as /generate (top_k -1).
@@ -189,7 +194,7 @@ const LLAMACPP: ServerDialect = {
   chatResponseIds: true,
   chatPromptIds: () => false,
   chatIdsFrom: "a llama-server whose logprobs.content[] entries carry each token's id",
-  weightVersion: false,
+  weightVersion: () => false,
   // No abort route (server-context.cpp registers none): closing the connection stops the slot.
   abort: null,
   pauseInPlace: null,
@@ -211,7 +216,7 @@ const OPENAI: ServerDialect = {
   chatResponseIds: false,
   chatPromptIds: () => false,
   chatIdsFrom: 'a server that sends them (set llm.server)',
-  weightVersion: false,
+  weightVersion: () => false,
   abort: null,
   pauseInPlace: null,
   tokenRoute: null,
@@ -231,7 +236,7 @@ const GENERIC: ServerDialect = {
   chatResponseIds: true,
   chatPromptIds: () => true,
   chatIdsFrom: 'return_token_ids (choices[0].token_ids, prompt_token_ids)',
-  weightVersion: true,
+  weightVersion: () => true,
   abort: { path: '/abort_request', body: '{"abort_all":true}' },
   // The mock's default dialect serves SGLang's routes (mock-llm/pause-routes.ts).
   pauseInPlace: SGLANG_IN_PLACE,
@@ -431,11 +436,12 @@ export function serverGaps(
       `no abort-all route: a pause cancels calls client-side and a non-streamed call loses the tokens it had generated (to keep them: ${dialect.abortHint})`,
     );
   }
-  if (!dialect.weightVersion) {
+  if (!dialect.weightVersion(options.api, options.stream)) {
+    const replies = dialect.weightVersion(options.api, false) ? 'its streamed replies' : 'its replies';
     gaps.push(
       dialect.versionRoute === null
-        ? 'its replies carry no weight version: a server that did not load the weights the trainer announced goes unnoticed'
-        : `its replies carry no weight version: a resume with a weightVersion is checked against ${dialect.versionRoute} instead (vLLM: dev mode only)`,
+        ? `${replies} carry no weight version: a server that did not load the weights the trainer announced goes unnoticed`
+        : `${replies} carry no weight version: a resume with a weightVersion is checked against ${dialect.versionRoute} instead${info.kind === 'vllm' ? ' (vLLM: dev mode only)' : ''}`,
     );
   }
   if (options.api === 'chat' && options.wantIds) {
@@ -535,20 +541,22 @@ const UNNAMED_VERSION = 'default';
 
 /**
  * On a resume that names the weights (`weightVersion`), asks each server whose replies carry no
- * version (vLLM) what it serves, through its version route: a trainer that resumed without loading
- * the weights is reported instead of going unnoticed. Returns one sentence per server that serves
- * another named version; a server without the route (vLLM outside dev mode), one that names none, or
- * one that does not answer in time says nothing (its start-up line said so).
+ * version (vLLM; SGLang's streamed chat, `api` and `stream` being `llm.api` and `llm.stream`) what it
+ * serves, through its version route: a trainer that resumed without loading the weights is reported
+ * instead of going unnoticed. Returns one sentence per server that serves another named version,
+ * each a weight-version mismatch to count; a server without the route (vLLM outside dev mode), one
+ * that names none, or one that does not answer in time says nothing (its start-up line said so).
+ * Where replies carry a version, each reply is checked instead (worker/agent-loop.ts).
  */
 export async function checkServedVersions(
   servers: readonly ServerInfo[],
   announced: string,
   modelStep: number,
-  options: { apiKey?: string | null; timeoutMs?: number } = {},
+  options: { api: 'chat' | 'tokens'; stream: boolean; apiKey?: string | null; timeoutMs?: number },
 ): Promise<string[]> {
   const checks = servers.map(async (info) => {
     const dialect = DIALECTS[info.kind];
-    if (dialect.weightVersion || dialect.versionRoute === null) return null;
+    if (dialect.weightVersion(options.api, options.stream) || dialect.versionRoute === null) return null;
     const base = new URL(info.url);
     const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
     try {
@@ -559,7 +567,14 @@ export async function checkServedVersions(
       const text = await response.body.text();
       if (response.statusCode !== 200) return null;
       const served = (JSON.parse(text) as { weight_version?: unknown }).weight_version;
-      if (served === undefined || served === null || served === UNNAMED_VERSION || String(served) === announced)
+      // SGLang's "default" is the launch weights' name (ServerArgs.weight_version), which its replies
+      // carry too: serving it after another was announced is the mismatch a reply would show.
+      if (
+        served === undefined ||
+        served === null ||
+        (info.kind === 'vllm' && served === UNNAMED_VERSION) ||
+        String(served) === announced
+      )
         return null;
       return `${dialect.label} at ${info.url} serves weight version ${JSON.stringify(String(served))}, not ${JSON.stringify(announced)} announced with model step ${modelStep}: it has not loaded the new weights (tokens are tagged with step ${modelStep} all the same)`;
     } catch {

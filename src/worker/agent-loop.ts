@@ -49,6 +49,7 @@ import {
   type TurnRecord,
 } from '../domain/rollout.ts';
 import { NO_EXPIRY } from '../protocol/control-block.ts';
+import { replyStep } from '../domain/weight-versions.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
 import { tokenSteps } from './token-steps.ts';
 import { trimMessages } from './trim.ts';
@@ -576,18 +577,11 @@ function infer(
   }
   return call.then((reply) => {
     if (reply.contextExceeded !== undefined) throw new ContextExceeded(reply.contextExceeded);
-    const steps = tokenSteps(reply, stepAtSend, (version) => {
-      const known = gate.stepOfVersion(version);
-      if (known >= stepAtSend) return known;
-      // Weights older than those served when the call went out: the server has not loaded what the
-      // trainer announced since. Tagged as what they are, and said.
-      if (known >= 0) {
-        ctx.onVersionMismatch?.(version!, stepAtSend, known);
-        return known;
-      }
-      ctx.onVersionMismatch?.(version!, gate.modelStep, gate.modelStep);
-      return gate.modelStep;
-    });
+    const steps = tokenSteps(reply, stepAtSend, (version) =>
+      replyStep(gate.stepOfVersion(version), stepAtSend, gate.modelStep, (expected, tagged) =>
+        ctx.onVersionMismatch?.(version!, expected, tagged),
+      ),
+    );
     const turn = turnRecord(
       step,
       agentId,

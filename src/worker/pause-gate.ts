@@ -7,18 +7,16 @@
  * every pause, for streamed calls that come back at once with the tokens they hold (llm/client.ts).
  */
 import { setMaxListeners } from 'node:events';
+import { AnnouncedVersions } from '../domain/weight-versions.ts';
 import { CONTROL, LAST_SEND, readWeightVersion, RunState, wallClockUs } from '../protocol/control-block.ts';
-
-/** Announced weight versions remembered: replies from before a few syncs back are not expected. */
-const ANNOUNCED_KEPT = 16;
 
 export class PauseGate {
   readonly #block: SharedArrayBuffer;
   /**
-   * Weight versions the trainer announced at each resume → the model step they name, oldest first.
-   * Filled only as epochs are applied, so a version is never paired with another resume's step.
+   * Weight versions the trainer announced at each resume. Filled only as epochs are applied, so a
+   * version is never paired with another resume's step.
    */
-  readonly #announced = new Map<string, number>();
+  readonly #announced = new AnnouncedVersions();
   readonly #view: Int32Array;
   readonly #clock: BigInt64Array;
   #epoch: number;
@@ -55,27 +53,11 @@ export class PauseGate {
   }
 
   /**
-   * The model step a reply's weight version stands for:
-   * - no version in the reply: the step the coordinator last resumed with;
-   * - a version the trainer announced (`resume({ modelStep, weightVersion })`): that announcement's step;
-   * - the trainer never announced one: a version that is a whole number is the step itself (the
-   *   mock, SGLang `--weight-version N`) unless it is newer than the current step (−1, below); any
-   *   other name ("default") says nothing: the current step;
-   * - versions were announced and this is none of them: −1 — the server is not serving the weights
-   *   the trainer said it loaded (the caller reports it and tags the current step).
+   * The model step a reply's weight version stands for (domain/weight-versions.ts): −1 for a version
+   * the trainer did not announce, or a whole number newer than the current step.
    */
   stepOfVersion(version: string | null): number {
-    if (version === null) return this.modelStep;
-    const announced = this.#announced.get(version);
-    if (announced !== undefined) return announced;
-    if (this.#announced.size > 0) return -1;
-    if (/^\d{1,10}$/.test(version)) {
-      const n = Number(version);
-      // Newer than the step the trainer resumed with (a long-lived server after a trainer restart):
-      // tagging it would make staleness negative, so it is reported like any unannounced version.
-      if (n <= 0x7fffffff) return n > this.modelStep ? -1 : n;
-    }
-    return this.modelStep;
+    return this.#announced.stepOf(version, this.modelStep);
   }
 
   /**
@@ -116,11 +98,7 @@ export class PauseGate {
     const state = Atomics.load(this.#view, CONTROL.STATE);
     if (state === RunState.RUNNING) {
       const version = readWeightVersion(this.#block);
-      if (version !== null) {
-        this.#announced.delete(version); // re-inserted as the newest
-        this.#announced.set(version, Atomics.load(this.#view, CONTROL.MODEL_STEP));
-        if (this.#announced.size > ANNOUNCED_KEPT) this.#announced.delete(this.#announced.keys().next().value!);
-      }
+      if (version !== null) this.#announced.announce(version, Atomics.load(this.#view, CONTROL.MODEL_STEP));
     }
     // Hold before cancelling: a worker that sees PAUSED and CANCEL at once (it missed the first
     // broadcast) still returns its streamed calls with their tokens; the cancel then cuts their connections.
