@@ -11,7 +11,7 @@ import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { z } from 'zod';
 import { NATS_URL, RUN_NAME } from './cluster/names.ts';
-import { dialectConflicts, ENV_DIALECTS } from './env/dialect.ts';
+import { ENV_PROTOCOLS, protocolConflicts } from './env/protocol.ts';
 import { ConfigError, preview } from './errors.ts';
 import { projectModuleUrl } from './paths.ts';
 import { SERVER_KINDS, type SamplingUse } from './llm/servers.ts';
@@ -38,31 +38,19 @@ const retries = nonNegativeInt.max(100);
 
 const httpUrl = z.url({ protocol: /^https?$/ });
 
-const HttpEnvSpec = z
-  .strictObject({
-    /** Env servers speaking the env-server protocol (`rollout env-server`, Safactory's, or your own); actors spread across them. */
-    urls: z.array(httpUrl).min(1),
-    /** Environment name on the servers: requests go to `/{name}/{id}/…`. */
-    name: z.string().min(1),
-    timeoutMs: positiveInt.default(30_000),
-    /** Extra attempts after a 5xx, a timeout or a transport error (never after a 4xx). */
-    retries: retries.default(2),
-    retryBackoffMs: nonNegativeInt.default(500),
-    maxResponseBytes: positiveInt.default(16 * 1024 * 1024),
-    /** The servers deduplicate `step` by the step index the engine sends, so a step may be retried safely. */
-    dedupeSteps: z.boolean().default(false),
-    /**
-     * The servers' protocol: `rollout` (rollout env-server's), `safactory` (Safactory's env service:
-     * env_param is `{...env.params, dataset: line}`, steps carry no index), or `auto`: each server's
-     * GET /envs tells, at start (names, or Safactory's live instances).
-     */
-    dialect: z.enum(ENV_DIALECTS).default('auto'),
-  })
-  .superRefine((http, ctx) => {
-    if (http.dialect === 'auto') return;
-    for (const c of dialectConflicts(http.dialect, { dedupeSteps: http.dedupeSteps }))
-      ctx.addIssue({ code: 'custom', path: [c.option], message: c.why, input: c.value });
-  });
+const HttpEnvSpec = z.strictObject({
+  /** Env servers speaking the env-server protocol (`rollout env-server`, Safactory's, or your own); actors spread across them. */
+  urls: z.array(httpUrl).min(1),
+  /** Environment name on the servers: requests go to `/{name}/{id}/…`. */
+  name: z.string().min(1),
+  timeoutMs: positiveInt.default(30_000),
+  /** Extra attempts after a 5xx, a timeout or a transport error (never after a 4xx). */
+  retries: retries.default(2),
+  retryBackoffMs: nonNegativeInt.default(500),
+  maxResponseBytes: positiveInt.default(16 * 1024 * 1024),
+  /** The servers deduplicate `step` by the step index the engine sends, so a step may be retried safely. */
+  dedupeSteps: z.boolean().default(false),
+});
 
 const EnvSpec = z
   .strictObject({
@@ -72,6 +60,12 @@ const EnvSpec = z
     export: z.string().min(1).default('default'),
     /** Environment actors behind HTTP instead of an in-process module. */
     http: HttpEnvSpec.optional(),
+    /**
+     * The protocol the `env.http` servers speak: `rollout` (rollout env-server's), `safactory`
+     * (Safactory's env service: env_param is `{...env.params, dataset: line}`, steps carry no index), or
+     * `auto`: each server's GET /envs tells, at start (names, or Safactory's live instances).
+     */
+    protocol: z.enum(ENV_PROTOCOLS).default('auto'),
     /** Passed to the factory once per episode (in-process), or in every reset's env_param (a Safactory server). */
     params: params.default({}),
     /** Actors of this environment alive at once per worker thread; null = no limit beyond the worker's concurrency. */
@@ -88,12 +82,16 @@ const EnvSpec = z
     message: 'give exactly one of env.module (in-process) or env.http (env servers)',
   })
   .superRefine((env, ctx) => {
-    if (env.http === undefined || env.http.dialect === 'auto') return;
-    for (const c of dialectConflicts(env.http.dialect, { params: env.params }))
-      ctx.addIssue({ code: 'custom', path: c.option.split('.'), message: c.why, input: c.value });
+    if (env.http === undefined || env.protocol === 'auto') return;
+    for (const c of protocolConflicts(env.protocol, { params: env.params, dedupeSteps: env.http.dedupeSteps })) {
+      const path = c.option === 'dedupeSteps' ? ['http', 'dedupeSteps'] : c.option.split('.');
+      ctx.addIssue({ code: 'custom', path, message: c.why, input: c.value });
+    }
   })
-  // Workers are given `env.http` alone: the params an HTTP environment sends travel inside it.
-  .transform((env) => (env.http === undefined ? env : { ...env, http: { ...env.http, params: env.params } }));
+  // Workers are given `env.http` alone: the protocol and the params an HTTP environment sends travel inside it.
+  .transform((env) =>
+    env.http === undefined ? env : { ...env, http: { ...env.http, protocol: env.protocol, params: env.params } },
+  );
 
 /** A user module's export: episode hooks (`beforeInference` / `onEpisodeEnd`) or a black-box agent. */
 const ModuleExportSpec = z.strictObject({

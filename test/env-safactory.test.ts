@@ -53,7 +53,7 @@ describe("HTTP environments speaking Safactory's env protocol (a Node double of 
       retryBackoffMs: 1,
       maxResponseBytes: 1 << 20,
       dedupeSteps: false,
-      dialect: 'auto',
+      protocol: 'auto',
       logger: { warn: () => {} },
       ...overrides,
     });
@@ -66,11 +66,11 @@ describe("HTTP environments speaking Safactory's env protocol (a Node double of 
     await client([double.url]).prewarm();
 
     // Another client's instances: one ready, one still in its first reset.
-    const other = client([double.url], { dialect: 'safactory' }).create();
+    const other = client([double.url], { protocol: 'safactory' }).create();
     await other.reset({ seed: 1, params: {} });
     double.holdResets = true;
     const held = double.resetHeld();
-    const pending = client([double.url], { dialect: 'safactory' }).create().reset({ seed: 2, params: {} });
+    const pending = client([double.url], { protocol: 'safactory' }).create().reset({ seed: 2, params: {} });
     await held;
     const listed = (await fetch(`${double.url}/envs`).then((r) => r.json())) as { envs: { state: string }[] };
     assert.deepEqual(
@@ -171,7 +171,7 @@ describe("HTTP environments speaking Safactory's env protocol (a Node double of 
 
   it('does not resend a step whose reply was lost: ERR_ENV_STEP_UNCERTAIN, and Safactory applied it once', async () => {
     const double = await safactory();
-    const env = client([double.url], { dialect: 'safactory', retries: 3 }).create();
+    const env = client([double.url], { protocol: 'safactory', retries: 3 }).create();
     await env.reset({ seed: 1, params: { turns: 5 } });
     await env.step('one');
     double.dropStepReplies = 1;
@@ -184,7 +184,7 @@ describe("HTTP environments speaking Safactory's env protocol (a Node double of 
 
   it('starts a new Safactory instance when one actor is reset with other params (Safactory would reuse the old one and ignore them)', async () => {
     const double = await safactory();
-    const env = client([double.url], { dialect: 'safactory' }).create();
+    const env = client([double.url], { protocol: 'safactory' }).create();
     await env.reset({ seed: 1, params: { question: 'q1' } });
     await env.reset({ seed: 1, params: { question: 'q1' } });
     assert.equal(double.instances.length, 1, 'the same params: reset again in place');
@@ -206,7 +206,8 @@ describe("HTTP environments speaking Safactory's env protocol (a Node double of 
             {
               name: 't',
               env: {
-                http: { urls: ['http://127.0.0.1:9'], name: 'counter_gym', dialect: 'safactory', dedupeSteps: true },
+                protocol: 'safactory',
+                http: { urls: ['http://127.0.0.1:9'], name: 'counter_gym', dedupeSteps: true },
               },
             },
           ],
@@ -219,7 +220,7 @@ describe("HTTP environments speaking Safactory's env protocol (a Node double of 
       },
     );
     assert.throws(
-      () => client(['http://127.0.0.1:9'], { dialect: 'safactory', dedupeSteps: true }),
+      () => client(['http://127.0.0.1:9'], { protocol: 'safactory', dedupeSteps: true }),
       /http env: dedupeSteps: a Safactory server applies every step it receives/,
     );
 
@@ -242,7 +243,7 @@ describe("HTTP environments speaking Safactory's env protocol (a Node double of 
           tasks: [
             {
               name: 't',
-              env: { http: { urls: ['http://127.0.0.1:9'], name: 'probe', dialect: 'rollout' }, params: { level: 2 } },
+              env: { protocol: 'rollout', http: { urls: ['http://127.0.0.1:9'], name: 'probe' }, params: { level: 2 } },
             },
           ],
         }),
@@ -260,7 +261,8 @@ describe("HTTP environments speaking Safactory's env protocol (a Node double of 
             {
               name: 't',
               env: {
-                http: { urls: ['http://127.0.0.1:9'], name: 'counter_gym', dialect: 'safactory' },
+                protocol: 'safactory',
+                http: { urls: ['http://127.0.0.1:9'], name: 'counter_gym' },
                 params: { dataset: 'x' },
               },
             },
@@ -284,19 +286,19 @@ describe("HTTP environments speaking Safactory's env protocol (a Node double of 
     );
   });
 
-  it('names the dialect a server speaks when the configured one is another, and listEnvs refuses a Safactory server (it lists no names)', async () => {
+  it('names the protocol a server speaks when the configured one is another, and listEnvs refuses a Safactory server (it lists no names)', async () => {
     const double = await safactory();
-    await client([double.url], { dialect: 'safactory' }).create().reset({ seed: 1, params: {} }); // another client's instance
+    await client([double.url], { protocol: 'safactory' }).create().reset({ seed: 1, params: {} }); // another client's instance
     const server = await rolloutServer();
-    const wrongForSafactory = await rejection(client([double.url], { dialect: 'rollout' }).prewarm());
+    const wrongForSafactory = await rejection(client([double.url], { protocol: 'rollout' }).prewarm());
     assert.ok(wrongForSafactory instanceof ConfigError);
     assert.deepEqual(wrongForSafactory.issues, [
-      `http env: dialect: env server ${double.url} lists live instances (Safactory's protocol) on GET /envs, so it does not speak "rollout"; set "safactory" or "auto" (got "rollout")`,
+      `http env: protocol: env server ${double.url} lists live instances (Safactory's protocol) on GET /envs, so it does not speak "rollout"; set "safactory" or "auto" (got "rollout")`,
     ]);
     // A fresh Safactory server lists nothing: with "rollout" configured, that reads as serving nothing.
-    const stillEmpty = await rejection(client([(await safactory()).url], { dialect: 'rollout' }).prewarm());
+    const stillEmpty = await rejection(client([(await safactory()).url], { protocol: 'rollout' }).prewarm());
     assert.match(stillEmpty.message, /does not serve environment "counter_gym" \(GET \/envs lists: nothing\)/);
-    const wrongForRollout = await rejection(client([server.url], { name: 'probe', dialect: 'safactory' }).prewarm());
+    const wrongForRollout = await rejection(client([server.url], { name: 'probe', protocol: 'safactory' }).prewarm());
     assert.ok(wrongForRollout instanceof ConfigError);
     assert.match(
       wrongForRollout.issues[0],

@@ -15,7 +15,7 @@ import { join } from 'node:path';
 import { policyUrls, samplingUses, urlList, type ResolvedConfig } from '../config.ts';
 import { emptyDropCounts, type DropReason } from '../buffer/replay-buffer.ts';
 import { Sampler } from '../buffer/sampler.ts';
-import { createHttpEnvironments } from '../env/http-env.ts';
+import { createRemoteEnvironments } from '../env/remote.ts';
 import type { Gateway } from '../gateway/index.ts';
 import type { MockLlm } from '../testing/mock-llm/server.ts';
 import {
@@ -155,7 +155,7 @@ export class EngineCore {
       // Environment servers too: a wrong URL or env name is one clear error at start, not a failed group each.
       for (const task of config.tasks) {
         if (task.env?.http === undefined) continue;
-        const servers = createHttpEnvironments(task.env.http);
+        const servers = createRemoteEnvironments(task.env.http);
         try {
           await servers.prewarm();
         } finally {

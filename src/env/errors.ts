@@ -9,7 +9,8 @@ import { RolloutEngineError } from '../errors.ts';
  * The codes an environment call fails with (meanings: src/error-codes.ts). ERR_ENV_HTTP is also
  * prewarm's "this server does not serve that environment" (status 404, as its calls would get);
  * ERR_ENV_TIMEOUT bounds in-process calls too (env/bounded.ts); ERR_ENV_CANCELLED leaves the rollout
- * ABORTED, not FAILED.
+ * ABORTED, not FAILED. ERR_ENV_INFRA is a failure the server itself says is not the episode's (a sandbox
+ * that died, a judge that failed, a sample it masks): the rollout is never trained, and runs again.
  */
 export type EnvErrorCode =
   | 'ERR_ENV_HTTP'
@@ -20,7 +21,8 @@ export type EnvErrorCode =
   | 'ERR_ENV_BAD_REPLY'
   | 'ERR_ENV_STEP_UNCERTAIN'
   | 'ERR_ENV_TOO_LARGE'
-  | 'ERR_ENV_CLOSED';
+  | 'ERR_ENV_CLOSED'
+  | 'ERR_ENV_INFRA';
 
 export class EnvError extends RolloutEngineError {
   declare readonly code: EnvErrorCode;

@@ -1,6 +1,6 @@
 /**
  * Environments behind an env server, as ordinary `Environment`s: the agent loop cannot tell an HTTP
- * actor from an in-process one. Two dialects of the same five calls are spoken:
+ * actor from an in-process one. Two protocols of the same five calls are spoken:
  *
  *   `rollout`: rollout env-server's protocol (docs/ARCHITECTURE.md, "Environments over HTTP")
  *   reset           POST   /{name}/{id}/reset            {"env_param": line, "seed": seed}      → {observation, info}
@@ -36,7 +36,13 @@ import { threadId } from 'node:worker_threads';
 import { Pool } from 'undici';
 import { createLogger } from '../log.ts';
 import { ConfigError, preview, serverMessage } from '../errors.ts';
-import { dialectConflicts, ENV_DIALECTS, formatConflict, type EnvDialect, type EnvDialectSetting } from './dialect.ts';
+import {
+  protocolConflicts,
+  ENV_PROTOCOLS,
+  formatConflict,
+  type EnvProtocol,
+  type EnvProtocolSetting,
+} from './protocol.ts';
 import { EnvError } from './errors.ts';
 import { checkAgentPrompts, checkStepResult, EnvReplyError } from './replies.ts';
 import type {
@@ -67,10 +73,10 @@ export interface HttpEnvOptions {
   dedupeSteps: boolean;
   /**
    * Which protocol the servers speak (see the module comment); `auto`: told by each server's GET /envs,
-   * asked before the first reset. Omitted: `rollout`, so code written before there were dialects makes
+   * asked before the first reset. Omitted: `rollout`, so code written before there were protocols makes
    * exactly the calls it made (the config's default is `auto`).
    */
-  dialect?: EnvDialectSetting;
+  protocol?: EnvProtocolSetting;
   /**
    * The task's `env.params`. A Safactory server gets them in every reset's env_param, beside the
    * dataset line; a rollout env-server takes none (its environments get theirs from the server).
@@ -142,7 +148,7 @@ interface Endpoint {
   /** Actors created on this server and not closed yet: the "busy" measure for spreading new actors. */
   live: number;
   /** The protocol it speaks, once known (asked once per client; a failed ask is not kept). */
-  dialect: Promise<EnvDialect> | null;
+  protocol: Promise<EnvProtocol> | null;
 }
 
 /** One live instance in a Safactory server's GET /envs (any client's). */
@@ -212,7 +218,7 @@ class HttpEnvClient implements HttpEnvironments {
         url: `${url.origin}${url.pathname.replace(/\/+$/, '')}`,
         prefix: url.pathname.replace(/\/+$/, ''),
         live: 0,
-        dialect: null,
+        protocol: null,
         pool: new Pool(url.origin, {
           connections,
           // The AbortSignal of each attempt is the real bound; these make undici agree with it.
@@ -245,8 +251,8 @@ class HttpEnvClient implements HttpEnvironments {
         // Concurrent requests make the pool open `warm` connections now rather than during the first wave of episodes.
         const listings = await Promise.all(Array.from({ length: warm }, () => this.#listOn(endpoint)));
         const listing = listings[0];
-        const dialect = this.#dialectFor(endpoint, listing);
-        if (dialect === 'safactory') {
+        const protocol = this.#protocolFor(endpoint, listing);
+        if (protocol === 'safactory') {
           await this.#probeName(endpoint);
         } else {
           const served = listing.kind === 'names' ? listing.names : [];
@@ -264,7 +270,7 @@ class HttpEnvClient implements HttpEnvironments {
             );
           }
         }
-        endpoint.dialect ??= Promise.resolve(dialect);
+        endpoint.protocol ??= Promise.resolve(protocol);
       }),
     );
   }
@@ -273,7 +279,7 @@ class HttpEnvClient implements HttpEnvironments {
     const lists = await Promise.all(
       this.#endpoints.map(async (endpoint) => {
         const listing = await this.#listOn(endpoint);
-        if (this.#dialectFor(endpoint, listing) === 'safactory') {
+        if (this.#protocolFor(endpoint, listing) === 'safactory') {
           throw new EnvError(
             'ERR_ENV_HTTP',
             `env server ${endpoint.url} speaks Safactory's protocol: its GET /envs lists live instances, not the environments it serves`,
@@ -302,17 +308,17 @@ class HttpEnvClient implements HttpEnvironments {
   }
 
   /** The protocol `endpoint` speaks: the configured one, or (auto) what its GET /envs says. */
-  dialectOf(endpoint: Endpoint): Promise<EnvDialect> {
-    const configured = this.#options.dialect ?? 'rollout';
+  protocolOf(endpoint: Endpoint): Promise<EnvProtocol> {
+    const configured = this.#options.protocol ?? 'rollout';
     if (configured !== 'auto') return Promise.resolve(configured);
-    if (endpoint.dialect === null) {
-      const asked = this.#listOn(endpoint).then((listing) => this.#dialectFor(endpoint, listing));
-      endpoint.dialect = asked;
+    if (endpoint.protocol === null) {
+      const asked = this.#listOn(endpoint).then((listing) => this.#protocolFor(endpoint, listing));
+      endpoint.protocol = asked;
       asked.catch(() => {
-        if (endpoint.dialect === asked) endpoint.dialect = null;
+        if (endpoint.protocol === asked) endpoint.protocol = null;
       });
     }
-    return endpoint.dialect;
+    return endpoint.protocol;
   }
 
   released(endpoint: Endpoint): void {
@@ -477,14 +483,14 @@ class HttpEnvClient implements HttpEnvironments {
   }
 
   /**
-   * The dialect `listing` shows, checked against the configuration: a configured dialect must be the
-   * server's, and options the server's dialect cannot honour are refused (ConfigError).
+   * The protocol `listing` shows, checked against the configuration: a configured protocol must be the
+   * server's, and options the server's protocol cannot honour are refused (ConfigError).
    */
-  #dialectFor(endpoint: Endpoint, listing: EnvListing): EnvDialect {
-    const configured = this.#options.dialect ?? 'rollout';
+  #protocolFor(endpoint: Endpoint, listing: EnvListing): EnvProtocol {
+    const configured = this.#options.protocol ?? 'rollout';
     // An empty list is a rollout server's only when one was configured: a rollout server that serves
     // nothing cannot serve the environment either, while a fresh Safactory server always lists nothing.
-    const shown: EnvDialect =
+    const shown: EnvProtocol =
       listing.kind === 'names' || (listing.kind === 'empty' && configured === 'rollout') ? 'rollout' : 'safactory';
     if (configured !== 'auto' && configured !== shown) {
       const what =
@@ -492,11 +498,11 @@ class HttpEnvClient implements HttpEnvironments {
           ? "environment names (rollout env-server's protocol)"
           : "live instances (Safactory's protocol)";
       throw new ConfigError([
-        `http env: dialect: env server ${endpoint.url} lists ${what} on GET /envs, so it does not speak ${JSON.stringify(configured)}; set "${shown}" or "auto" (got ${JSON.stringify(configured)})`,
+        `http env: protocol: env server ${endpoint.url} lists ${what} on GET /envs, so it does not speak ${JSON.stringify(configured)}; set "${shown}" or "auto" (got ${JSON.stringify(configured)})`,
       ]);
     }
     const told = `env server ${endpoint.url} lists ${shown === 'rollout' ? "environment names on GET /envs (rollout env-server's protocol)" : "live instances on GET /envs (Safactory's protocol)"}; `;
-    const conflicts = dialectConflicts(shown, this.#options);
+    const conflicts = protocolConflicts(shown, this.#options);
     if (conflicts.length > 0) throw new ConfigError(conflicts.map((c) => `http env: ${formatConflict(c, told)}`));
     return shown;
   }
@@ -586,12 +592,12 @@ class HttpActor implements HttpEnvironment {
   }
 
   async reset({ seed, params }: ResetOptions): Promise<ResetResult> {
-    const dialect = await this.#client.dialectOf(this.#endpoint);
+    const protocol = await this.#client.protocolOf(this.#endpoint);
     this.#stepsDone = 0;
     const label = `POST ${this.#endpoint.url}${this.#base}/reset`;
     // Safactory's launcher gives an environment its configured params with the dataset line under "dataset".
-    const envParam = dialect === 'safactory' ? { ...this.#client.options.params, dataset: params } : params;
-    if (dialect === 'safactory') {
+    const envParam = protocol === 'safactory' ? { ...this.#client.options.params, dataset: params } : params;
+    if (protocol === 'safactory') {
       const serialized = JSON.stringify(envParam);
       if (this.#lastEnvParam !== null && this.#lastEnvParam !== serialized) {
         // Safactory would reset the instance made from the old env_param and ignore the new one: make it anew.
@@ -633,14 +639,14 @@ class HttpActor implements HttpEnvironment {
   }
 
   async step(action: string | AgentActions): Promise<StepResult> {
-    const dialect = await this.#client.dialectOf(this.#endpoint);
+    const protocol = await this.#client.protocolOf(this.#endpoint);
     const n = this.#stepsDone + 1;
     const label = `POST ${this.#endpoint.url}${this.#base}/step`;
     const text = await this.#client.call(this.#endpoint, {
       method: 'POST',
       path: `${this.#base}/step`,
       // Safactory's step takes the action alone: an index it ignores would only suggest it deduplicates.
-      body: JSON.stringify(dialect === 'safactory' ? { action } : { action, step: n }),
+      body: JSON.stringify(protocol === 'safactory' ? { action } : { action, step: n }),
       what: `step ${n} of env ${JSON.stringify(this.id)}`,
       idempotent: false,
     });
@@ -772,14 +778,14 @@ function checkOptions(options: HttpEnvOptions): void {
     problems.push(`dedupeSteps: must be a boolean (got ${preview(options.dedupeSteps)})`);
   if (options.connections !== undefined && (!Number.isInteger(options.connections) || options.connections < 1))
     problems.push(`connections: must be a positive integer (got ${preview(options.connections)})`);
-  const dialect = options.dialect ?? 'rollout';
-  if (!(ENV_DIALECTS as readonly unknown[]).includes(dialect))
-    problems.push(`dialect: must be "auto", "rollout" or "safactory" (got ${preview(options.dialect)})`);
+  const protocol = options.protocol ?? 'rollout';
+  if (!(ENV_PROTOCOLS as readonly unknown[]).includes(protocol))
+    problems.push(`protocol: must be "auto", "rollout" or "safactory" (got ${preview(options.protocol)})`);
   else if (
     options.params !== undefined &&
     (typeof options.params !== 'object' || options.params === null || Array.isArray(options.params))
   )
     problems.push(`params: must be an object (got ${preview(options.params)})`);
-  else if (dialect !== 'auto') problems.push(...dialectConflicts(dialect, options).map((c) => formatConflict(c)));
+  else if (protocol !== 'auto') problems.push(...protocolConflicts(protocol, options).map((c) => formatConflict(c)));
   if (problems.length > 0) throw new ConfigError(problems.map((p) => `http env: ${p}`));
 }

@@ -11,7 +11,7 @@ import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { threadId } from 'node:worker_threads';
 import { createActorPool, type ActorPool } from '../env/actor-pool.ts';
 import { settleWithin, timeoutError } from '../env/bounded.ts';
-import { createHttpEnvironments } from '../env/http-env.ts';
+import { createRemoteEnvironments } from '../env/remote.ts';
 import { loadEnvironmentFactory, loadExport } from '../env/loader.ts';
 import { McpServers } from '../env/mcp.ts';
 import type { Environment } from '../env/types.ts';
@@ -361,7 +361,7 @@ export class WorkerRuntime implements WorkerControl {
     });
     const bounds = { timeoutMs: env.timeoutMs, timedOut: bound('close()').timedOut };
     if (env.kind === 'http') {
-      const servers = createHttpEnvironments(env.http);
+      const servers = createRemoteEnvironments(env.http);
       const actors = createActorPool({
         size,
         create: () => servers.create(),

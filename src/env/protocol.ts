@@ -1,30 +1,30 @@
 /**
- * The env-server dialects an HTTP environment may speak (env/http-env.ts has both protocols side by
- * side), and the options each cannot honour. Shared by the config check, for a configured dialect,
+ * The env-server protocols an HTTP environment may speak (env/http-env.ts has both protocols side by
+ * side), and the options each cannot honour. Shared by the config check, for a configured protocol,
  * and by the HTTP client, for one a server's GET /envs showed: kept apart from the client so that
  * validating a config does not load undici.
  */
 import { preview } from '../errors.ts';
 import type { EnvParams } from './types.ts';
 
-export const ENV_DIALECTS = ['auto', 'rollout', 'safactory'] as const;
-export type EnvDialectSetting = (typeof ENV_DIALECTS)[number];
-export type EnvDialect = Exclude<EnvDialectSetting, 'auto'>;
+export const ENV_PROTOCOLS = ['auto', 'rollout', 'safactory'] as const;
+export type EnvProtocolSetting = (typeof ENV_PROTOCOLS)[number];
+export type EnvProtocol = Exclude<EnvProtocolSetting, 'auto'>;
 
-export interface DialectConflict {
+export interface ProtocolConflict {
   /** The option, as HttpEnvOptions names it (`params` is the task's `env.params`). */
   option: 'dedupeSteps' | 'params' | 'params.dataset';
   why: string;
   value: unknown;
 }
 
-export function dialectConflicts(
-  dialect: EnvDialect,
+export function protocolConflicts(
+  protocol: EnvProtocol,
   options: { dedupeSteps?: boolean; params?: EnvParams },
-): DialectConflict[] {
-  const conflicts: DialectConflict[] = [];
+): ProtocolConflict[] {
+  const conflicts: ProtocolConflict[] = [];
   const params = options.params ?? {};
-  if (dialect === 'safactory') {
+  if (protocol === 'safactory') {
     if (options.dedupeSteps === true) {
       conflicts.push({
         option: 'dedupeSteps',
@@ -51,6 +51,6 @@ export function dialectConflicts(
 }
 
 /** `option: [context] why (got value)`, the form of every config problem. */
-export function formatConflict(conflict: DialectConflict, context = ''): string {
+export function formatConflict(conflict: ProtocolConflict, context = ''): string {
   return `${conflict.option}: ${context}${conflict.why} (got ${preview(conflict.value)})`;
 }
