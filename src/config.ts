@@ -158,6 +158,12 @@ const TaskSpec = z
     /** Share of each batch (largest-remainder split across tasks); 0 switches the task off, keeping it configured. */
     weight: z.number().min(0).finite().default(1),
     maxSteps: positiveInt.default(16),
+    /**
+     * Times an episode that failed by infrastructure (a server gone, a session lost, a judge that
+     * failed: src/domain/failure.ts) runs again in its slot, on a fresh actor, before its group fails.
+     * The failed episodes are never trained; the group keeps its size.
+     */
+    infraRetries: retries.default(2),
     /** Keep the system message and the last `2 × messageCut − 1` messages; 0 = send the whole conversation. */
     messageCut: nonNegativeInt.default(3),
     maxTokens: positiveInt.default(512),

@@ -1,3 +1,4 @@
+import { noFailures } from '../src/domain/failure.ts';
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { batchStats, groupLossMasks } from '../src/coordinator/batch-stats.ts';
@@ -42,6 +43,7 @@ const window: WindowStats = {
   meanReward: { a: 0.5, b: null },
   producedSamples: { a: 6, b: 2 },
   producedTokens: { a: 40, b: 0 },
+  failures: { ...noFailures(), infrastructure: 2 },
   produceMs: 12,
 };
 
@@ -67,6 +69,7 @@ describe('batch stats (coordinator/batch-stats.ts batchStats)', () => {
       producedSamples: { a: 6, b: 2 },
       producedTokens: { a: 40, b: 0 },
       rawMeanReward: { a: 0.5, b: null },
+      failures: { ...noFailures(), infrastructure: 2 },
       produceMs: 12,
       byTask: { a: { groups: 2, meanReward: 0.5 }, b: { groups: 1, meanReward: 0.5 } },
     });

@@ -181,6 +181,8 @@ class Rollout:
     timings: Dict[str, float]
     stitched: Optional[Stitched] = None
     sampling: Optional[Sampling] = None
+    masked_failures: int = 0
+    """Episodes of this rollout that failed by infrastructure and ran again in its slot (none of them is in it)."""
     """Its group's ``sampling``; None for a black-box agent's rollout, whose agent chose its own."""
 
     def samples(self, advantage: float = 0.0, *, trainable_only: bool = True) -> List[Sample]:
@@ -385,6 +387,7 @@ def _rollout(raw: Any, where: str) -> Tuple[Rollout, bool]:
             finish_reason=raw.get("finishReason"),
             error=raw.get("error"),
             attempt=int(raw.get("attempt") or 0),
+            masked_failures=int(raw.get("maskedFailures") or 0),
             sample=raw.get("sample") or {},
             timings=raw.get("timings") or {},
             stitched=None if stitched_raw is None else _stitched(stitched_raw, f"{where}.stitched"),

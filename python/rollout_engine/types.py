@@ -97,6 +97,9 @@ class BatchStats(TypedDict):
     producedSamples: Dict[str, int]
     producedTokens: Dict[str, int]
     rawMeanReward: Dict[str, Optional[float]]
+    # Episodes that failed since the previous batch, by kind: environment, infrastructure (run
+    # again in their slot, never trained), inference, timeout, parse, policy.
+    failures: Dict[str, int]
     produceMs: float
     byTask: Dict[str, TaskStats]
 

@@ -1,3 +1,4 @@
+import { noFailures, type FailureKind } from '../domain/failure.ts';
 import { existsSync, rmdirSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -164,6 +165,7 @@ async function runLocked(
   const here = emptyTotals();
   let landed: Record<Status, number> | null = null;
   let failure: unknown = null;
+  let failures = noFailures();
   const progress = new ProgressLine(engine, steps, { batches: earlier.batches });
   try {
     await engine.start();
@@ -203,6 +205,10 @@ async function runLocked(
     );
   } finally {
     progress.stop();
+    failures = await engine.stats().then(
+      (s) => s.failures,
+      () => noFailures(),
+    );
     await (writer as BatchFileWriter | null)?.close();
     await engine.close();
     process.off('SIGINT', stopOnSignal);
@@ -216,6 +222,7 @@ async function runLocked(
     earlier,
     here,
     landed ?? emptyStatusCounts(),
+    failures,
     seconds,
     batchesPath,
     failure === null ? null : describeError(failure),
@@ -247,6 +254,8 @@ interface RunSummary {
   responseTokens: number;
   /** Groups landed by status over the whole run (the checkpoint carries the counts across a resume). */
   produced: Record<Status, number>;
+  /** Episodes that failed in this process, by kind; infrastructure ones ran again in their slot, never trained. */
+  failures: Record<FailureKind, number>;
   /** This process's time, and its agent steps per second. */
   seconds: number;
   stepsPerSecond: number;
@@ -259,6 +268,7 @@ function summarize(
   earlier: WrittenTotals,
   here: WrittenTotals,
   produced: Record<Status, number>,
+  failures: Record<FailureKind, number>,
   seconds: number,
   output: string,
   error: string | null,
@@ -275,6 +285,7 @@ function summarize(
     turns: run.turns,
     responseTokens: run.responseTokens,
     produced,
+    failures,
     seconds,
     stepsPerSecond: seconds > 0 ? here.turns / seconds : 0,
     output,
@@ -288,12 +299,19 @@ function formatSummary(s: RunSummary): string {
     .filter(([, n]) => n > 0)
     .map(([status, n]) => `${status} ${n}`)
     .join(', ');
+  const failed = Object.entries(s.failures)
+    .filter(([, n]) => n > 0)
+    .map(([kind, n]) => `${kind} ${n}`)
+    .join(', ');
   const resumed = s.batchesThisProcess === s.batches ? '' : ` (${s.batchesThisProcess} by this process)`;
   return [
     `rollout run: ${s.batches} batches written to ${s.output}${resumed}`,
     `  groups      ${s.groups} in batches (produced: ${produced || 'none'})`,
     `  rollouts    ${s.rollouts}, mean reward ${s.meanReward.toFixed(3)}`,
     `  steps       ${s.turns} agent steps, ${s.responseTokens} response tokens`,
+    ...(failed === ''
+      ? []
+      : [`  failed      episodes by kind: ${failed} (infrastructure ones ran again, never trained)`]),
     `  time        ${s.seconds.toFixed(2)} s, ${s.stepsPerSecond.toFixed(1)} steps/s${resumed === '' ? '' : ' (this process)'}`,
   ].join('\n');
 }

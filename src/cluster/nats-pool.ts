@@ -325,7 +325,7 @@ export class NatsWorkerPool implements WorkerPool {
     try {
       message = chunkMessage(bytes, this.#link.maxPayload, 'the group');
     } catch (err) {
-      return Promise.resolve(failedGroup(group, `ERR_NATS_TOO_LARGE: ${describeError(err)}`));
+      return Promise.resolve(failedGroup(group, `ERR_NATS_TOO_LARGE: ${describeError(err)}`, 'environment'));
     }
     return new Promise<RolloutGroup>((resolve) => {
       this.#pending.set(dispatch, { sent: group, chunks: message.id, resolve, accepting: false });

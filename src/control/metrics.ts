@@ -102,6 +102,15 @@ export class EngineMetrics implements ProducerObserver {
       },
     });
     new Gauge({
+      name: 'rollout_engine_episode_failures',
+      help: 'Episodes that failed since the start, by kind (environment, infrastructure, inference, timeout, parse, policy); infrastructure ones include those run again in their slot, never trained',
+      labelNames: ['kind'],
+      registers,
+      async collect() {
+        for (const [kind, n] of Object.entries((await current()).failures)) this.set({ kind }, n);
+      },
+    });
+    new Gauge({
       name: 'rollout_engine_buffer_groups',
       help: 'Groups stored in the replay buffer, by status',
       labelNames: ['status'],

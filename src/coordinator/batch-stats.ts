@@ -5,6 +5,7 @@
 import { rolloutStaleness, tokenLossMask } from '../buffer/staleness.ts';
 import { inexactTokenCount, responseTokenCount, type RolloutGroup } from '../domain/rollout.ts';
 import { RunningMean, foldMean } from './mean.ts';
+import type { FailureKind } from '../domain/failure.ts';
 import type { WindowStats } from './progress.ts';
 
 export interface BatchStats {
@@ -36,6 +37,11 @@ export interface BatchStats {
   producedTokens: Record<string, number>;
   /** Since the previous batch: mean reward of COMPLETED groups as generated (before filtering). */
   rawMeanReward: Record<string, number | null>;
+  /**
+   * Since the previous batch: episodes that failed, by kind (src/domain/failure.ts). Infrastructure
+   * ones include episodes run again in their slot: none of them is in any batch.
+   */
+  failures: Record<FailureKind, number>;
   produceMs: number;
   byTask: Record<string, { groups: number; meanReward: number }>;
 }
@@ -98,6 +104,7 @@ export function batchStats(
     producedSamples: window.producedSamples,
     producedTokens: window.producedTokens,
     rawMeanReward: window.meanReward,
+    failures: window.failures,
     produceMs: window.produceMs,
     byTask,
   };

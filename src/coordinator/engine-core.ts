@@ -10,6 +10,7 @@
  *
  * The public `Engine` class in src/index.ts is a thin shell over this.
  */
+import { noFailures, type FailureKind } from '../domain/failure.ts';
 import { existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { policyUrls, samplingUses, urlList, type ResolvedConfig } from '../config.ts';
@@ -61,6 +62,11 @@ export interface EngineStats {
     dropped: Record<DropReason, number>;
     lastDropReason: string | null;
   };
+  /**
+   * Episodes that failed, by kind (src/domain/failure.ts), since this process started; infrastructure
+   * ones include those run again in their slot (`tasks[].infraRetries`), none of which is trained.
+   */
+  failures: Record<FailureKind, number>;
   /** Inference outages: whether one is on now, how many and how long so far, the groups they aborted. */
   outage: OutageStats;
   workers: WorkerStats[];
@@ -443,6 +449,7 @@ export class EngineCore {
         dropped: buffer?.dropped ?? emptyDropCounts(),
         lastDropReason: buffer?.lastDropReason ?? null,
       },
+      failures: producer?.failures ?? noFailures(),
       outage: producer?.outage ?? {
         state: 'up',
         currentMs: null,

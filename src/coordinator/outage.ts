@@ -25,7 +25,7 @@ import { delay } from '../cancel.ts';
 import type { Logger } from '../log.ts';
 import { OUTAGE_CODE } from '../llm/errors.ts';
 import { RolloutEngineError } from '../errors.ts';
-import { groupStatus, Status, type RolloutGroup } from '../domain/rollout.ts';
+import { failRollout, groupStatus, Status, type RolloutGroup } from '../domain/rollout.ts';
 
 /** First wait between probes of an outage; doubled after each unanswered round. */
 export const PROBE_BACKOFF_MS = 500;
@@ -171,8 +171,7 @@ export class OutageMonitor {
     const own = reason.slice(OUTAGE_CODE.length + 2); // the call's own error, as it would have failed before
     for (const r of group.rollouts) {
       if (!isOutageAbort(r)) continue;
-      r.status = Status.FAILED;
-      r.error = verdict === 'spent' ? this.#spentMessage(own) : own;
+      failRollout(r, verdict === 'spent' ? this.#spentMessage(own) : own, 'inference');
     }
     group.status = groupStatus(group.rollouts);
   }

@@ -31,6 +31,7 @@
  *   `then` callback runs atomically on this thread, so no claim protocol is needed;
  * - groups never leave the buffer except through `take` (to the trainer) or `spawn` (back in flight).
  */
+import { failureKindOfReason, noFailures, type FailureKind } from '../domain/failure.ts';
 import type { ResolvedConfig } from '../config.ts';
 import {
   emptyDropCounts,
@@ -151,6 +152,7 @@ export class Producer implements ProduceContext {
   readonly progress: ProduceProgress;
   readonly buffer: ReplayBuffer;
   /** Every count but `inFlight`, which is derived (the `counts` getter). */
+  readonly #failures = noFailures();
   readonly #counts: GroupCounts = emptyGroupCounts();
   readonly #config: ResolvedConfig;
   readonly #pool: WorkerPool;
@@ -431,6 +433,7 @@ export class Producer implements ProduceContext {
     }
     if (restarted > 0) this.#observer.discarded?.(restarted);
     this.progress.addProduced(task, group.rollouts.length, tokens);
+    this.#countFailures(group, sent);
     if (group.status === Status.COMPLETED) {
       let sum = 0;
       for (const r of group.rollouts) sum += r.reward;
@@ -450,6 +453,29 @@ export class Producer implements ProduceContext {
     const fresh = this.#strategy.freshOnLanding(epoch, this.#lifecycle.epoch);
     this.buffer.put(group, fresh ? undefined : this.#expiry());
     this.#landed.notify();
+  }
+
+  /**
+   * Each FAILED episode by its kind, and each one the worker ran again in its slot after an
+   * infrastructure failure (counted once: `maskedFailures` is cumulative across the group's landings).
+   */
+  #countFailures(group: RolloutGroup, sent: RolloutGroup): void {
+    for (let i = 0; i < group.rollouts.length; i++) {
+      const r = group.rollouts[i];
+      const masked = (r.maskedFailures ?? 0) - (sent.rollouts[i]?.maskedFailures ?? 0);
+      if (masked > 0) this.#addFailures('infrastructure', masked);
+      if (r.status === Status.FAILED) this.#addFailures(r.failureKind ?? failureKindOfReason(r.error), 1);
+    }
+  }
+
+  #addFailures(kind: FailureKind, episodes: number): void {
+    this.progress.addFailures(kind, episodes);
+    this.#failures[kind] += episodes;
+  }
+
+  /** Episodes that failed since the start, by kind (not in checkpoints: counted again from 0 after a restart). */
+  get failures(): Record<FailureKind, number> {
+    return { ...this.#failures };
   }
 
   #noteReportedVersion(group: RolloutGroup, sent: RolloutGroup): void {

@@ -10,6 +10,7 @@
  * Statistics (rewards, samples, tokens, time) cover the window since the last batch was taken.
  */
 import { allocateBatch } from './allocate.ts';
+import { noFailures, type FailureKind } from '../domain/failure.ts';
 
 export interface ProgressState {
   nextTrainStep: number;
@@ -28,6 +29,8 @@ export interface WindowStats {
   meanReward: Record<string, number | null>;
   producedSamples: Record<string, number>;
   producedTokens: Record<string, number>;
+  /** Episodes that failed since the last batch, by kind; infrastructure ones include those run again in their slot. */
+  failures: Record<FailureKind, number>;
   produceMs: number;
 }
 
@@ -46,6 +49,8 @@ export class ProduceProgress implements ProgressState {
   readonly producedSamples: Record<string, number> = {};
   readonly producedTokens: Record<string, number> = {};
   produceMs = 0;
+  /** Not in checkpoints: a window's statistics, like the rest of the window, start again after a restart. */
+  #failures = noFailures();
   readonly #tasks: readonly { name: string; weight: number }[];
   /** Each task's share of every batch: fixed for the run, so a split that cannot fill a batch throws here, at construction. */
   readonly #shares: ReadonlyMap<string, number>;
@@ -111,14 +116,20 @@ export class ProduceProgress implements ProgressState {
     this.producedTokens[task] += tokens;
   }
 
+  addFailures(kind: FailureKind, episodes: number): void {
+    this.#failures[kind] += episodes;
+  }
+
   /** The window's statistics, reset for the next batch. */
   takeWindow(): WindowStats {
     const out: WindowStats = {
       meanReward: {},
       producedSamples: { ...this.producedSamples },
       producedTokens: { ...this.producedTokens },
+      failures: this.#failures,
       produceMs: this.produceMs,
     };
+    this.#failures = noFailures();
     for (const { name } of this.#tasks) {
       out.meanReward[name] = this.rewardCount[name] === 0 ? null : this.rewardSum[name] / this.rewardCount[name];
       this.rewardSum[name] = 0;

@@ -34,7 +34,8 @@ import {
   type WorkerStats,
   type WorkerTasks,
 } from '../protocol/messages.ts';
-import { Status, type RolloutGroup } from '../domain/rollout.ts';
+import { failRollout, Status, type RolloutGroup } from '../domain/rollout.ts';
+import type { FailureKind } from '../domain/failure.ts';
 import type { ServerInfo } from '../llm/servers.ts';
 
 /** A worker node serving the run (src/cluster/), as /status lists it. */
@@ -399,6 +400,7 @@ export function workerInit(
             temperature: t.temperature,
             ...(Object.keys(samplingShapeOf(t)).length > 0 ? { sampling: samplingShapeOf(t) } : {}),
             partialRollout: config.producer.partialRollout,
+            infraRetries: t.infraRetries,
             sendSeed: llm.sendSeed,
             tools: t.tools,
           },
@@ -430,12 +432,12 @@ export function abortedGroup(group: RolloutGroup, reason: string): RolloutGroup 
   return group;
 }
 
-/** The group as it was sent (its bytes were transferred away), every rollout FAILED with `reason`. */
-export function failedGroup(group: RolloutGroup, reason: string): RolloutGroup {
-  for (const rollout of group.rollouts) {
-    rollout.status = Status.FAILED;
-    rollout.error = reason;
-  }
+/**
+ * The group as it was sent (its bytes were transferred away), every rollout FAILED with `reason`; of
+ * `kind` infrastructure unless said otherwise — a pool fails a group when what runs it broke.
+ */
+export function failedGroup(group: RolloutGroup, reason: string, kind: FailureKind = 'infrastructure'): RolloutGroup {
+  for (const rollout of group.rollouts) failRollout(rollout, reason, kind);
   group.status = Status.FAILED;
   group.error = reason;
   return group;

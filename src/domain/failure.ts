@@ -24,12 +24,18 @@ const BY_CODE: Readonly<Record<string, FailureKind>> = {
   ERR_ENV_BAD_REPLY: 'parse',
   ERR_ENV_TOO_LARGE: 'parse',
   ERR_PROTOCOL: 'parse',
-  ERR_CONTEXT_EXCEEDED: 'policy',
+  // The first prompt does not fit: the task's, before the policy said anything.
+  ERR_CONTEXT_EXCEEDED: 'environment',
+  ERR_LLM_FINISH_REASON: 'inference',
   ERR_AGENT_BAD_REWARD: 'environment',
   ERR_AGENT_NO_REWARD: 'environment',
 };
 
 /**
+ * `policy` is the environment saying the model broke the episode's rules in a way it cannot score (an
+ * adapter's call); the engine's own errors are never the policy's — a reply cut by max tokens or a
+ * conversation past the context is a truncated episode, trained as such, not a failure.
+ *
  * The kind of a failure, from the error that caused it: its code, and for ERR_ENV_HTTP its status (a
  * 5xx after every retry is the server's trouble, a 4xx the environment refusing what it was sent).
  */
@@ -40,4 +46,18 @@ export function failureKindOf(err: unknown): FailureKind {
   const kind = BY_CODE[code];
   if (kind !== undefined) return kind;
   return code.startsWith('ERR_LLM_') ? 'inference' : 'environment';
+}
+
+/**
+ * The kind of a failure known only by its reason string (`CODE: message`, as describeError writes it):
+ * what a rollout that failed before kinds were recorded is counted as.
+ */
+export function failureKindOfReason(reason: string | null): FailureKind {
+  const code = /^(ERR_[A-Z0-9_]+)\b/.exec(reason ?? '')?.[1];
+  return failureKindOf(code === undefined ? null : { code });
+}
+
+/** A count of each kind, all 0. */
+export function noFailures(): Record<FailureKind, number> {
+  return { environment: 0, infrastructure: 0, inference: 0, timeout: 0, parse: 0, policy: 0 };
 }

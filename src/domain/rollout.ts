@@ -4,6 +4,7 @@
  * Token ids, logprobs and per-token model steps are typed arrays so they cross threads as raw bytes
  * (msgpackr `moreTypes`) instead of number lists.
  */
+import type { FailureKind } from './failure.ts';
 import { isDeepStrictEqual } from 'node:util';
 
 export const Status = {
@@ -205,6 +206,13 @@ export interface RolloutState {
   finishReason: FinishReason | null;
   /** Why the rollout FAILED (or was ABORTED), with an error code where there is one. */
   error: string | null;
+  /** What kind of failure (domain/failure.ts), set with FAILED. */
+  failureKind?: FailureKind;
+  /**
+   * Episodes of this rollout that failed by infrastructure and were run again in its slot: none of
+   * their turns is in it (absent: none).
+   */
+  maskedFailures?: number;
   /** Tool calls the model made in the turns kept, and how many of them failed (any ToolErrorKind); absent without tools. */
   tools?: { calls: number; errors: number };
   timings: RolloutTimings;
@@ -362,7 +370,15 @@ export function resetToPrompt(rollout: RolloutState, status: Status): void {
   rollout.truncated = false;
   rollout.finishReason = null;
   rollout.error = null;
+  delete rollout.failureKind;
   delete rollout.tools;
+}
+
+/** Ends `rollout` FAILED with `reason`, of `kind`. */
+export function failRollout(rollout: RolloutState, reason: string, kind: FailureKind): void {
+  rollout.status = Status.FAILED;
+  rollout.error = reason;
+  rollout.failureKind = kind;
 }
 
 /**

@@ -39,6 +39,7 @@ import type { ParsedToolCall } from '../llm/tool-calls.ts';
 import type { EnvCall } from '../protocol/env-watch.ts';
 import { describeError, RolloutEngineError } from '../errors.ts';
 import {
+  failRollout,
   modelStepsOf,
   resetToPrompt,
   rolloutMinModelStep,
@@ -48,6 +49,7 @@ import {
   type RolloutState,
   type TurnRecord,
 } from '../domain/rollout.ts';
+import { failureKindOf } from '../domain/failure.ts';
 import { NO_EXPIRY } from '../protocol/control-block.ts';
 import { replyStep } from '../domain/weight-versions.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
@@ -79,6 +81,8 @@ export interface AgentSettings {
   sampling?: SamplingSettings;
   /** Continue ABORTED rollouts where they stopped instead of restarting them. */
   partialRollout: boolean;
+  /** Episodes that failed by infrastructure run again in their slot this many times (`tasks[].infraRetries`). */
+  infraRetries?: number;
   /** Send a per-rollout, per-turn `seed` with every inference call. */
   sendSeed: boolean;
   /** `tasks[].tools`: absent for a task without the section (the environment's own tools still run, with the defaults). */
@@ -234,6 +238,7 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
         ? Status.ABORTED
         : Status.FAILED;
     rollout.error = outage ? `${OUTAGE_CODE}: ${describeError(err)}` : describeError(err);
+    if (rollout.status === Status.FAILED) rollout.failureKind = failureKindOf(err);
     // An environment error (not an inference one) means the actor is not to be trusted again.
     actorFailed = typeof code !== 'string' || !(code.startsWith('ERR_LLM_') || code.startsWith('ERR_ACTOR_POOL_'));
     if (rollout.status === Status.FAILED) ctx.onProblem?.(rollout, rollout.error); // an interruption is not a problem
@@ -611,11 +616,13 @@ function previousTurn(rollout: RolloutState, agentId: string | null): TurnRecord
 
 /** Ends `rollout` on a turn that did not complete: ABORTED for `abort`, FAILED naming anything unknown. */
 function endInterrupted(rollout: RolloutState, finishReason: TurnRecord['finishReason']): void {
-  rollout.status = statusForFinishReason(finishReason);
-  rollout.error =
-    rollout.status === Status.FAILED
-      ? `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(finishReason)}`
-      : null;
+  const status = statusForFinishReason(finishReason);
+  if (status === Status.FAILED)
+    failRollout(rollout, `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(finishReason)}`, 'inference');
+  else {
+    rollout.status = status;
+    rollout.error = null;
+  }
 }
 
 /**
@@ -627,8 +634,11 @@ function endTruncated(rollout: RolloutState, partial: TurnRecord | null, why: st
   if (partial !== null) partial.finishReason = 'length';
   const last = rollout.turns.at(-1);
   if (last === undefined) {
-    rollout.status = Status.FAILED;
-    rollout.error = `ERR_CONTEXT_EXCEEDED: the first prompt does not fit the inference server's context (${why})`;
+    failRollout(
+      rollout,
+      `ERR_CONTEXT_EXCEEDED: the first prompt does not fit the inference server's context (${why})`,
+      'environment',
+    );
     return;
   }
   for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === last.step; i--) {

@@ -26,6 +26,7 @@ import type { Environment } from '../env/types.ts';
 import { fetchTraces, releaseSession, sessionBaseUrl, stitchSession } from '../llm/gateway-client.ts';
 import { describeError, preview, RolloutEngineError } from '../errors.ts';
 import { resetToPrompt, Status, type ChatMessage, type RolloutState, type TurnRecord } from '../domain/rollout.ts';
+import { failureKindOf } from '../domain/failure.ts';
 import { acquireActor, rewardFor, type ActorSource, type EnvCallGuard, type PauseView } from './agent-loop.ts';
 import { sessionIdOf } from '../records/step-records.ts';
 
@@ -173,6 +174,7 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
     const code = (err as { code?: unknown }).code;
     rollout.status = code === 'ERR_ACTOR_POOL_ABORTED' || code === 'ERR_ENV_CANCELLED' ? Status.ABORTED : Status.FAILED;
     rollout.error = describeError(err);
+    if (rollout.status === Status.FAILED) rollout.failureKind = failureKindOf(err);
     envFailed = typeof code === 'string' && code.startsWith('ERR_ENV_');
     ctx.onProblem?.(rollout, rollout.error);
     await releaseSession(ctx.gatewayUrl, sessionId);

@@ -31,7 +31,15 @@ import {
   type WorkerStats,
 } from '../protocol/messages.ts';
 import { omitKeptTurns, receivedTurns } from '../protocol/result-delta.ts';
-import { groupStatus, Status, type RolloutGroup, type RolloutState, type TurnRecord } from '../domain/rollout.ts';
+import {
+  failRollout,
+  groupStatus,
+  resetToPrompt,
+  Status,
+  type RolloutGroup,
+  type RolloutState,
+  type TurnRecord,
+} from '../domain/rollout.ts';
 import { sessionIdOf, StepRecordWriter } from '../records/step-records.ts';
 import { runEpisode, type AgentSettings, type EpisodeContext, type EpisodeHooks } from './agent-loop.ts';
 import { runBlackBoxEpisode, type BlackBoxAgent } from './blackbox-loop.ts';
@@ -157,7 +165,11 @@ export class WorkerRuntime implements WorkerControl {
         };
         await Promise.all(
           group.rollouts.map((rollout) =>
-            this.#inSlot(rollout, (waitedMs) => runBlackBoxEpisode(rollout, ctx, queueMs + waitedMs)),
+            this.#inSlot(rollout, (waitedMs) =>
+              this.#maskingInfra(rollout, task.settings.agent.infraRetries, (waited) =>
+                runBlackBoxEpisode(rollout, ctx, waited ? queueMs + waitedMs : 0),
+              ),
+            ),
           ),
         );
         group.status = groupStatus(group.rollouts);
@@ -176,7 +188,11 @@ export class WorkerRuntime implements WorkerControl {
       ));
       await Promise.all(
         group.rollouts.map((rollout) =>
-          this.#inSlot(rollout, (waitedMs) => runEpisode(rollout, ctx, queueMs + waitedMs)),
+          this.#inSlot(rollout, (waitedMs) =>
+            this.#maskingInfra(rollout, task.settings.agent.infraRetries, (waited) =>
+              runEpisode(rollout, ctx, waited ? queueMs + waitedMs : 0),
+            ),
+          ),
         ),
       );
       group.status = groupStatus(group.rollouts);
@@ -186,8 +202,8 @@ export class WorkerRuntime implements WorkerControl {
       this.#log.error({ group: group.id }, reason);
       for (const rollout of group.rollouts) {
         if (rollout.status === Status.COMPLETED) continue;
-        rollout.status = Status.FAILED;
-        rollout.error = reason;
+        // The task's own modules (an import, a factory): the environment's, not the machine's.
+        failRollout(rollout, reason, 'environment');
         rollout.workerId = threadId;
       }
       group.status = Status.FAILED;
@@ -202,6 +218,30 @@ export class WorkerRuntime implements WorkerControl {
         this.#rolloutsByStatus[rollout.status] = (this.#rolloutsByStatus[rollout.status] ?? 0) + 1;
     }
     return groupResult(group, received);
+  }
+
+  /**
+   * Runs `episode` and, while it ends FAILED by infrastructure (domain/failure.ts), runs it again from
+   * its prompt in the same slot, up to `retries` times: the failed episode's turns are dropped, so none
+   * of it is trained as the policy's outcome, and the group keeps its size. A pause ends the retries:
+   * the rollout goes back as it is, and its group is sent again after the resume.
+   */
+  async #maskingInfra(
+    rollout: RolloutState,
+    retries: number | undefined,
+    episode: (first: boolean) => Promise<void>,
+  ): Promise<void> {
+    await episode(true);
+    for (let n = 1; n <= (retries ?? 0); n++) {
+      if (rollout.status !== Status.FAILED || rollout.failureKind !== 'infrastructure' || this.#gate.paused) return;
+      this.#log.warn(
+        { rollout: rollout.id, retry: n, of: retries },
+        `${rollout.error}: not the policy's failure; the episode runs again on a fresh actor, this one is not trained`,
+      );
+      rollout.maskedFailures = (rollout.maskedFailures ?? 0) + 1;
+      resetToPrompt(rollout, Status.INIT);
+      await episode(false);
+    }
   }
 
   /**

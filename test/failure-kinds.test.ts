@@ -1,0 +1,113 @@
+/**
+ * Every episode that does not end normally carries a kind (src/domain/failure.ts), and one that failed
+ * by infrastructure — a sandbox killed under it, a judge that failed — is never trained as the
+ * policy's outcome: it runs again in its slot, the group keeps its size, and the count says so.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { createEngine, Status, type Engine } from '../src/index.ts';
+import { FAILURE_KINDS, failureKindOf, failureKindOfReason, noFailures } from '../src/domain/failure.ts';
+import { EnvError } from '../src/env/errors.ts';
+import { startMockLlm, type MockLlm } from '../src/testing/index.ts';
+
+const INFRA_ENV = new URL('./fixtures/infra-faults-env.ts', import.meta.url).pathname;
+
+describe('failure kinds', () => {
+  it('sorts errors into kinds by their code, a 5xx after every retry as infrastructure and a 4xx as the environment', () => {
+    const kind = (code: string, extra: object = {}) => failureKindOf(Object.assign(new Error('x'), { code }, extra));
+    assert.equal(kind('ERR_ENV_INFRA'), 'infrastructure');
+    assert.equal(kind('ERR_ENV_UNREACHABLE'), 'infrastructure');
+    assert.equal(kind('ERR_ENV_STEP_UNCERTAIN'), 'infrastructure');
+    assert.equal(failureKindOf(new EnvError('ERR_ENV_HTTP', 'x', { status: 503 })), 'infrastructure');
+    assert.equal(failureKindOf(new EnvError('ERR_ENV_HTTP', 'x', { status: 404 })), 'environment');
+    assert.equal(kind('ERR_ENV_TIMEOUT'), 'timeout');
+    assert.equal(kind('ERR_LLM_TIMEOUT'), 'timeout');
+    assert.equal(kind('ERR_LLM_HTTP'), 'inference');
+    assert.equal(kind('ERR_LLM_OUTAGE'), 'inference');
+    assert.equal(kind('ERR_ENV_BAD_REPLY'), 'parse');
+    assert.equal(kind('ERR_CONTEXT_EXCEEDED'), 'environment');
+    assert.equal(failureKindOf(new Error('the environment threw')), 'environment');
+    assert.equal(failureKindOfReason('ERR_ENV_TIMEOUT: environment step() did not settle'), 'timeout');
+    assert.equal(failureKindOfReason('worker failed'), 'environment');
+    assert.deepEqual(Object.keys(noFailures()), [...FAILURE_KINDS]);
+  });
+});
+
+describe('infrastructure failures against the mock inference server, in a worker thread', () => {
+  let mock: MockLlm;
+  const engines: Engine[] = [];
+  before(async () => {
+    mock = await startMockLlm({ port: 0, seed: 3 });
+  });
+  after(async () => {
+    await Promise.all(engines.map((e) => e.close()));
+    await mock.close();
+  });
+
+  function engine(env: object, task: object = {}): Engine {
+    const e = createEngine({
+      logLevel: 'silent',
+      batchSize: 4,
+      workers: { threads: 1 },
+      llm: { url: mock.url },
+      tasks: [{ name: 'flaky', env: { module: INFRA_ENV, ...env }, groupSize: 4, maxSteps: 8, ...task }],
+    });
+    engines.push(e);
+    return e;
+  }
+
+  it('reaches the trainer with 10 % of episodes killed by infrastructure: zero unmasked samples, every group whole, each one counted', async () => {
+    const e = engine({ params: { every: 10 } });
+    await e.start();
+    let masked = 0;
+    let counted = 0;
+    for (let step = 1; step <= 5; step++) {
+      const batch = await e.getBatch(step);
+      assert.equal(batch.status, 'NORMAL');
+      assert.equal(batch.groups.length, 4);
+      for (const group of batch.groups) {
+        assert.equal(group.rollouts.length, 4, 'the group keeps its size');
+        for (const r of group.rollouts) {
+          // What the trainer gets is a whole, normal episode: no trace of the killed one.
+          assert.equal(r.status, Status.COMPLETED);
+          assert.equal(r.failureKind, undefined);
+          assert.equal(r.error, null);
+          assert.ok(r.turns.length > 0);
+          assert.ok(r.terminated || r.truncated);
+          masked += r.maskedFailures ?? 0;
+        }
+      }
+      counted += batch.stats.failures.infrastructure;
+      assert.deepEqual(
+        Object.entries(batch.stats.failures).filter(([kind, n]) => kind !== 'infrastructure' && n > 0),
+        [],
+      );
+    }
+    assert.ok(masked > 0, 'some episodes of the batches were run again after an infrastructure failure');
+    // Every masked episode is counted, those of groups still in flight or in the buffer too.
+    const stats = await e.stats();
+    assert.ok(counted >= masked, `batch windows counted ${counted}, the batches' rollouts carry ${masked}`);
+    assert.ok(stats.failures.infrastructure >= counted);
+    assert.equal(stats.groups.landed.FAILED, 0, 'no group failed: each killed episode ran again');
+  });
+
+  it('fails the group, never trains it, when the retries run out, and counts the failure as infrastructure', async () => {
+    const e = engine({ params: { every: 1 } }, { infraRetries: 1 });
+    await e.start();
+    await assert.rejects(e.getBatch(1), (err: Error & { code?: string }) => err.code === 'ERR_TOO_MANY_FAILED_GROUPS');
+    const stats = await e.stats();
+    assert.ok(stats.groups.landed.FAILED > 0);
+    assert.equal(stats.groups.taken, 0);
+    assert.ok(stats.failures.infrastructure > 0);
+    assert.equal(stats.failures.environment, 0);
+  });
+
+  it('does not run again an episode the environment itself broke: its kind is environment', async () => {
+    const e = engine({ params: { every: 2, kind: 'environment' } });
+    await e.start();
+    await assert.rejects(e.getBatch(1), (err: Error & { code?: string }) => err.code === 'ERR_TOO_MANY_FAILED_GROUPS');
+    const stats = await e.stats();
+    assert.ok(stats.failures.environment > 0);
+    assert.equal(stats.failures.infrastructure, 0);
+  });
+});
