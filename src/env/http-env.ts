@@ -36,13 +36,7 @@ import { threadId } from 'node:worker_threads';
 import { Pool } from 'undici';
 import { createLogger } from '../log.ts';
 import { ConfigError, preview, serverMessage } from '../errors.ts';
-import {
-  protocolConflicts,
-  ENV_PROTOCOLS,
-  formatConflict,
-  type EnvProtocol,
-  type EnvProtocolSetting,
-} from './protocol.ts';
+import { protocolConflicts, formatConflict, type EnvProtocol, type EnvProtocolSetting } from './protocol.ts';
 import { EnvError } from './errors.ts';
 import { checkAgentPrompts, checkStepResult, EnvReplyError } from './replies.ts';
 import type {
@@ -114,6 +108,9 @@ export interface HttpEnvironments {
   /** Waits for pending DELETEs (bounded by the timeout), then cancels what is left (ERR_ENV_CLOSED) and closes the pools. */
   close(): Promise<void>;
 }
+
+/** The protocols this client speaks. */
+const HTTP_ENV_PROTOCOLS = ['auto', 'rollout', 'safactory'] as const;
 
 const DEFAULT_CONNECTIONS = 64;
 /** Connections opened per server by prewarm (never more than `connections`). */
@@ -779,8 +776,12 @@ function checkOptions(options: HttpEnvOptions): void {
   if (options.connections !== undefined && (!Number.isInteger(options.connections) || options.connections < 1))
     problems.push(`connections: must be a positive integer (got ${preview(options.connections)})`);
   const protocol = options.protocol ?? 'rollout';
-  if (!(ENV_PROTOCOLS as readonly unknown[]).includes(protocol))
-    problems.push(`protocol: must be "auto", "rollout" or "safactory" (got ${preview(options.protocol)})`);
+  // The other protocols have clients of their own (env/remote.ts picks them): spoken here, their
+  // servers would get rollout env-server calls.
+  if (!(HTTP_ENV_PROTOCOLS as readonly unknown[]).includes(protocol))
+    problems.push(
+      `protocol: must be "auto", "rollout" or "safactory" (got ${preview(options.protocol)}); createRemoteEnvironments speaks the others`,
+    );
   else if (
     options.params !== undefined &&
     (typeof options.params !== 'object' || options.params === null || Array.isArray(options.params))
