@@ -681,7 +681,7 @@ class HttpActor implements HttpEnvironment {
 }
 
 /** Reads a body, counting bytes as they arrive, and stops (destroying the stream) past `limit`. */
-async function readLimited(
+export async function readLimited(
   body: AsyncIterable<Buffer> & { destroy(err?: Error): unknown; once(event: 'error', fn: () => void): unknown },
   contentLength: string | string[] | undefined,
   limit: number,

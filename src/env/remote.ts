@@ -5,6 +5,7 @@
  * server gone, a session lost, a judge that failed) as such (env/errors.ts), never as a reward.
  */
 import { createHttpEnvironments, type HttpEnvOptions } from './http-env.ts';
+import { createNemoGymEnvironments } from './nemo-gym.ts';
 import type { Environment } from './types.ts';
 
 export interface RemoteEnvironments {
@@ -22,5 +23,7 @@ export function createRemoteEnvironments(options: HttpEnvOptions): RemoteEnviron
     case 'rollout':
     case 'safactory':
       return createHttpEnvironments(options);
+    case 'nemo-gym':
+      return createNemoGymEnvironments(options);
   }
 }
