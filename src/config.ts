@@ -62,7 +62,8 @@ const EnvSpec = z
     http: HttpEnvSpec.optional(),
     /**
      * The protocol the `env.http` servers speak: `rollout` (rollout env-server's), `safactory`
-     * (Safactory's env service: env_param is `{...env.params, dataset: line}`, steps carry no index), or
+     * (Safactory's env service: env_param is `{...env.params, dataset: line}`, steps carry no index),
+     * `nemo-gym` (a NeMo Gym resources server, `http.name` its config name: env/nemo-gym.ts), or
      * `auto`: each server's GET /envs tells, at start (names, or Safactory's live instances).
      */
     protocol: z.enum(ENV_PROTOCOLS).default('auto'),
