@@ -11,7 +11,7 @@ import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { z } from 'zod';
 import { NATS_URL, RUN_NAME } from './cluster/names.ts';
-import { ENV_PROTOCOLS, protocolConflicts } from './env/protocol.ts';
+import { ENV_PROTOCOLS, GYM_ACTIONS, protocolConflicts } from './env/protocol.ts';
 import { ConfigError, preview } from './errors.ts';
 import { projectModuleUrl } from './paths.ts';
 import { SERVER_KINDS, type SamplingUse } from './llm/servers.ts';
@@ -50,6 +50,16 @@ const HttpEnvSpec = z.strictObject({
   maxResponseBytes: positiveInt.default(16 * 1024 * 1024),
   /** The servers deduplicate `step` by the step index the engine sends, so a step may be retried safely. */
   dedupeSteps: z.boolean().default(false),
+  /**
+   * `env.protocol: "gym-http"` only (docs/ENVIRONMENTS.md): how the model's reply becomes the action,
+   * and a system message before the first observation.
+   */
+  gym: z
+    .strictObject({
+      action: z.enum(GYM_ACTIONS).default('text'),
+      system: z.string().min(1).nullable().default(null),
+    })
+    .optional(),
 });
 
 const EnvSpec = z
@@ -63,7 +73,8 @@ const EnvSpec = z
     /**
      * The protocol the `env.http` servers speak: `rollout` (rollout env-server's), `safactory`
      * (Safactory's env service: env_param is `{...env.params, dataset: line}`, steps carry no index),
-     * `nemo-gym` (a NeMo Gym resources server, `http.name` its config name: env/nemo-gym.ts), or
+     * `nemo-gym` (a NeMo Gym resources server, `http.name` its config name: env/nemo-gym.ts),
+     * `gym-http` (openai/gym-http-api's routes, `env.http.name` the env_id: docs/ENVIRONMENTS.md), or
      * `auto`: each server's GET /envs tells, at start (names, or Safactory's live instances).
      */
     protocol: z.enum(ENV_PROTOCOLS).default('auto'),
@@ -83,6 +94,13 @@ const EnvSpec = z
     message: 'give exactly one of env.module (in-process) or env.http (env servers)',
   })
   .superRefine((env, ctx) => {
+    if (env.http?.gym !== undefined && env.protocol !== 'gym-http')
+      ctx.addIssue({
+        code: 'custom',
+        path: ['http', 'gym'],
+        message: `applies to env.protocol "gym-http" only (got protocol ${JSON.stringify(env.protocol)})`,
+        input: env.http.gym,
+      });
     if (env.http === undefined || env.protocol === 'auto') return;
     for (const c of protocolConflicts(env.protocol, { params: env.params, dedupeSteps: env.http.dedupeSteps })) {
       const path = c.option === 'dedupeSteps' ? ['http', 'dedupeSteps'] : c.option.split('.');
@@ -183,6 +201,16 @@ const TaskSpec = z
   .refine((task) => task.env !== null || task.agent !== null, {
     message: 'a task needs an env (or a black-box agent that takes its prompts from the dataset)',
     path: ['env'],
+  })
+  .superRefine((task, ctx) => {
+    if (task.env?.protocol === 'gym-http' && task.dataset !== null)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['dataset'],
+        message:
+          'a gym-http server makes each instance from its env_id and seed alone (POST /v1/envs/): a dataset line would go unsent',
+        input: task.dataset,
+      });
   })
   .superRefine((task, ctx) => {
     // The gateway passes on the agent's own sampling fields: a task setting here would go unsent and

@@ -27,6 +27,8 @@ const BY_CODE: Readonly<Record<string, FailureKind>> = {
   // The first prompt does not fit: the task's, before the policy said anything.
   ERR_CONTEXT_EXCEEDED: 'environment',
   ERR_LLM_FINISH_REASON: 'inference',
+  // A reply that cannot be made into an action the environment takes: the policy's.
+  ERR_ENV_BAD_ACTION: 'policy',
   ERR_AGENT_BAD_REWARD: 'environment',
   ERR_AGENT_NO_REWARD: 'environment',
 };

@@ -11,6 +11,7 @@ import { RolloutEngineError } from '../errors.ts';
  * ERR_ENV_TIMEOUT bounds in-process calls too (env/bounded.ts); ERR_ENV_CANCELLED leaves the rollout
  * ABORTED, not FAILED. ERR_ENV_INFRA is a failure the server itself says is not the episode's (a sandbox
  * that died, a judge that failed, a sample it masks): the rollout is never trained, and runs again.
+ * ERR_ENV_BAD_ACTION is the policy's: its reply cannot be made into the action the server takes.
  */
 export type EnvErrorCode =
   | 'ERR_ENV_HTTP'
@@ -22,7 +23,8 @@ export type EnvErrorCode =
   | 'ERR_ENV_STEP_UNCERTAIN'
   | 'ERR_ENV_TOO_LARGE'
   | 'ERR_ENV_CLOSED'
-  | 'ERR_ENV_INFRA';
+  | 'ERR_ENV_INFRA'
+  | 'ERR_ENV_BAD_ACTION';
 
 export class EnvError extends RolloutEngineError {
   declare readonly code: EnvErrorCode;

@@ -36,7 +36,13 @@ import { threadId } from 'node:worker_threads';
 import { Pool } from 'undici';
 import { createLogger } from '../log.ts';
 import { ConfigError, preview, serverMessage } from '../errors.ts';
-import { protocolConflicts, formatConflict, type EnvProtocol, type EnvProtocolSetting } from './protocol.ts';
+import {
+  protocolConflicts,
+  formatConflict,
+  type EnvProtocol,
+  type EnvProtocolSetting,
+  type GymHttpSettings,
+} from './protocol.ts';
 import { EnvError } from './errors.ts';
 import { checkAgentPrompts, checkStepResult, EnvReplyError } from './replies.ts';
 import type {
@@ -76,6 +82,8 @@ export interface HttpEnvOptions {
    * dataset line; a rollout env-server takes none (its environments get theirs from the server).
    */
   params?: EnvParams;
+  /** Protocol `gym-http` only: how replies become actions, and the system message (env/gym-http.ts). */
+  gym?: GymHttpSettings;
   /** Connections per server URL (default 64). */
   connections?: number;
   /** Where a failed DELETE is reported (it never fails the episode); default: a pino logger on stderr. */

@@ -1,15 +1,31 @@
 /**
- * The env-server protocols an HTTP environment may speak (env/http-env.ts has rollout's and
- * Safactory's side by side; env/nemo-gym.ts speaks NeMo Gym's), and the options each cannot honour. Shared by the config check, for a configured protocol,
- * and by the HTTP client, for one a server's GET /envs showed: kept apart from the client so that
- * validating a config does not load undici.
+ * The protocols an environment server may speak, and the options each cannot honour. env/http-env.ts
+ * speaks `rollout` and `safactory` side by side (`auto` tells them apart); env/nemo-gym.ts speaks
+ * NeMo Gym's resources servers; env/gym-http.ts `gym-http` (openai/gym-http-api's REST routes).
+ * Shared by the config check, for a configured protocol, and by the clients: kept apart from them so
+ * that validating a config does not load undici.
  */
 import { preview } from '../errors.ts';
 import type { EnvParams } from './types.ts';
 
-export const ENV_PROTOCOLS = ['auto', 'rollout', 'safactory', 'nemo-gym'] as const;
+export const ENV_PROTOCOLS = ['auto', 'rollout', 'safactory', 'nemo-gym', 'gym-http'] as const;
 export type EnvProtocolSetting = (typeof ENV_PROTOCOLS)[number];
 export type EnvProtocol = Exclude<EnvProtocolSetting, 'auto'>;
+
+/**
+ * How the model's reply becomes a gym-http action (`env.http.gym.action`): `text`, the reply as it
+ * is (a JSON string); `integer`, the last integer in it (a Discrete action); `json`, the reply parsed
+ * as JSON (a Box action as a list, or any value the server takes).
+ */
+export const GYM_ACTIONS = ['text', 'integer', 'json'] as const;
+export type GymAction = (typeof GYM_ACTIONS)[number];
+
+/** `env.http.gym`: what a gym-http episode needs besides the routes (env/gym-http.ts). */
+export interface GymHttpSettings {
+  action: GymAction;
+  /** A system message put before the first observation; null: none. */
+  system: string | null;
+}
 
 export interface ProtocolConflict {
   /** The option, as HttpEnvOptions names it (`params` is the task's `env.params`). */
@@ -18,50 +34,44 @@ export interface ProtocolConflict {
   value: unknown;
 }
 
+/** Protocols whose servers apply every step they receive: a step cannot be deduplicated, so never retried. */
+const NO_STEP_INDEX: Partial<Record<EnvProtocol, string>> = {
+  safactory:
+    'a Safactory server applies every step it receives (its step route takes no step index), so it cannot deduplicate steps',
+  'nemo-gym':
+    "a NeMo Gym resources server has no step index to deduplicate by (its tool routes take the call's arguments alone)",
+  'gym-http':
+    'a gym-http server applies every step it receives (its step route takes no step index), so it cannot deduplicate steps',
+};
+
+/** Protocols whose servers take no `env.params`: sending them anyway would be silently ignored. */
+const NO_PARAMS: Partial<Record<EnvProtocol, string>> = {
+  rollout:
+    'a rollout env-server takes no params from the engine (its environments get theirs from the server: rollout env-server --params)',
+  'nemo-gym':
+    'a NeMo Gym resources server takes its task from the dataset row alone (POST /seed_session and /verify get the row as it is)',
+  'gym-http':
+    'a gym-http server makes an instance from its env_id and seed alone (POST /v1/envs/), so params would go unsent',
+};
+
 export function protocolConflicts(
   protocol: EnvProtocol,
   options: { dedupeSteps?: boolean; params?: EnvParams },
 ): ProtocolConflict[] {
   const conflicts: ProtocolConflict[] = [];
   const params = options.params ?? {};
-  if (protocol === 'safactory') {
-    if (options.dedupeSteps === true) {
-      conflicts.push({
-        option: 'dedupeSteps',
-        value: true,
-        why: 'a Safactory server applies every step it receives (its step route takes no step index), so it cannot deduplicate steps',
-      });
-    }
-    if (Object.hasOwn(params, 'dataset')) {
-      conflicts.push({
-        option: 'params.dataset',
-        value: params.dataset,
-        why: 'Safactory\'s env_param carries the dataset line under "dataset", which would replace this one',
-      });
-    }
-  } else if (protocol === 'nemo-gym') {
-    if (options.dedupeSteps === true) {
-      conflicts.push({
-        option: 'dedupeSteps',
-        value: true,
-        why: "a NeMo Gym resources server has no step index to deduplicate by (its tool routes take the call's arguments alone)",
-      });
-    }
-    if (Object.keys(params).length > 0) {
-      conflicts.push({
-        option: 'params',
-        value: params,
-        why: 'a NeMo Gym resources server takes its task from the dataset row alone (POST /seed_session and /verify get the row as it is)',
-      });
-    }
-  } else if (Object.keys(params).length > 0) {
-    // Sending them anyway would be silently ignored: the server builds its environments from its own.
+  const noStepIndex = NO_STEP_INDEX[protocol];
+  if (noStepIndex !== undefined && options.dedupeSteps === true)
+    conflicts.push({ option: 'dedupeSteps', value: true, why: noStepIndex });
+  const noParams = NO_PARAMS[protocol];
+  if (noParams !== undefined && Object.keys(params).length > 0)
+    conflicts.push({ option: 'params', value: params, why: noParams });
+  if (protocol === 'safactory' && Object.hasOwn(params, 'dataset'))
     conflicts.push({
-      option: 'params',
-      value: params,
-      why: 'a rollout env-server takes no params from the engine (its environments get theirs from the server: rollout env-server --params)',
+      option: 'params.dataset',
+      value: params.dataset,
+      why: 'Safactory\'s env_param carries the dataset line under "dataset", which would replace this one',
     });
-  }
   return conflicts;
 }
 

@@ -4,6 +4,7 @@
  * the agent loop cannot tell from in-process ones, and reports a failure that is not the policy's (a
  * server gone, a session lost, a judge that failed) as such (env/errors.ts), never as a reward.
  */
+import { createGymHttpEnvironments } from './gym-http.ts';
 import { createHttpEnvironments, type HttpEnvOptions } from './http-env.ts';
 import { createNemoGymEnvironments } from './nemo-gym.ts';
 import type { Environment } from './types.ts';
@@ -25,5 +26,7 @@ export function createRemoteEnvironments(options: HttpEnvOptions): RemoteEnviron
       return createHttpEnvironments(options);
     case 'nemo-gym':
       return createNemoGymEnvironments(options);
+    case 'gym-http':
+      return createGymHttpEnvironments(options);
   }
 }
