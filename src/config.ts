@@ -39,8 +39,11 @@ const retries = nonNegativeInt.max(100);
 const httpUrl = z.url({ protocol: /^https?$/ });
 
 const HttpEnvSpec = z.strictObject({
-  /** Env servers speaking the env-server protocol (`rollout env-server`, Safactory's, or your own); actors spread across them. */
-  urls: z.array(httpUrl).min(1),
+  /**
+   * Env servers speaking the env-server protocol (`rollout env-server`, Safactory's, or your own); actors
+   * spread across them. `tcp://host:port` for `env.protocol: "verifiers"` (and for it only).
+   */
+  urls: z.array(z.url({ protocol: /^(https?|tcp)$/ })).min(1),
   /** Environment name on the servers: requests go to `/{name}/{id}/…`. */
   name: z.string().min(1),
   timeoutMs: positiveInt.default(30_000),
@@ -101,6 +104,18 @@ const EnvSpec = z
         message: `applies to env.protocol "gym-http" only (got protocol ${JSON.stringify(env.protocol)})`,
         input: env.http.gym,
       });
+    env.http?.urls.forEach((url, i) => {
+      const tcp = url.startsWith('tcp:');
+      if (tcp === (env.protocol === 'verifiers')) return;
+      ctx.addIssue({
+        code: 'custom',
+        path: ['http', 'urls', i],
+        message: tcp
+          ? 'a tcp:// address is for env.protocol "verifiers" (a ZMQ env server); this protocol is spoken over http(s)'
+          : 'a verifiers env server is reached over ZMQ: give tcp://host:port',
+        input: url,
+      });
+    });
     if (env.http === undefined || env.protocol === 'auto') return;
     for (const c of protocolConflicts(env.protocol, { params: env.params, dedupeSteps: env.http.dedupeSteps })) {
       const path = c.option === 'dedupeSteps' ? ['http', 'dedupeSteps'] : c.option.split('.');
@@ -203,6 +218,13 @@ const TaskSpec = z
     path: ['env'],
   })
   .superRefine((task, ctx) => {
+    if (task.env?.protocol === 'verifiers' && task.agent !== null)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['agent'],
+        message: 'a verifiers env server runs the episode itself, calling the model through the gateway: give no agent',
+        input: task.agent,
+      });
     if (task.env?.protocol === 'gym-http' && task.dataset !== null)
       ctx.addIssue({
         code: 'custom',
@@ -727,4 +749,12 @@ export function samplingUses(config: ResolvedConfig, url: string): SamplingUse[]
       });
   }
   return uses;
+}
+
+/**
+ * Whether a task's episodes call the model through the token-trace gateway: a black-box agent's, and
+ * a verifiers env server's (which runs the episode itself, env/verifiers.ts).
+ */
+export function usesGateway(task: { agent: unknown; env: { protocol?: string } | null }): boolean {
+  return task.agent !== null || task.env?.protocol === 'verifiers';
 }

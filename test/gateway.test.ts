@@ -250,6 +250,19 @@ describe('token-trace gateway with the openai client', () => {
     assert.equal(conflict.status, 400);
     assert.equal(conflict.error.code, 'ERR_GATEWAY_BAD_REQUEST');
     assert.match(conflict.error.message, /session id "b" from body session_id differs from "a" from the path/);
+    // The path names the session; an x-session-id beside it is the client's routing hint (verifiers sends its trace id).
+    const hinted = await http(
+      gateway,
+      'POST',
+      '/v1/sessions/from-path-2/chat/completions',
+      { messages },
+      {
+        'x-session-id': 'trace-0123',
+      },
+    );
+    assert.equal(hinted.status, 200, hinted.text);
+    assert.equal(hinted.json.session_id, 'from-path-2');
+    gateway.release('from-path-2');
     for (const id of ['from-body', 'from-header', 'from path/ü']) gateway.release(id);
   });
 

@@ -13,7 +13,7 @@
 import { noFailures, type FailureKind } from '../domain/failure.ts';
 import { existsSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { policyUrls, samplingUses, urlList, type ResolvedConfig } from '../config.ts';
+import { policyUrls, samplingUses, urlList, usesGateway, type ResolvedConfig } from '../config.ts';
 import { emptyDropCounts, type DropReason } from '../buffer/replay-buffer.ts';
 import { Sampler } from '../buffer/sampler.ts';
 import { createRemoteEnvironments } from '../env/remote.ts';
@@ -171,7 +171,7 @@ export class EngineCore {
       if (config.runDir !== null) mkdirSync(config.runDir, { recursive: true });
       const launched = launchVersion(servers);
       const control = new PauseControl(resumed?.modelStep ?? config.modelStep, launched);
-      if (config.tasks.some((t) => t.agent !== null)) {
+      if (config.tasks.some(usesGateway)) {
         // One gateway per process: it holds the policy's tokenizer, and workers reach it over loopback.
         const { startGateway } = await import('../gateway/index.ts');
         this.#gateway = await startGateway({
@@ -513,7 +513,7 @@ export class EngineCore {
     const { startMockLlm } = await import('../testing/mock-llm/server.ts');
     // Black-box agents reach the mock through the gateway's token-in calls, and `llm.api: tokens` sends
     // ids of its own: the mock then reads and answers in that vocabulary.
-    const tokenIn = this.config.llm.api === 'tokens' || this.config.tasks.some((t) => t.agent !== null);
+    const tokenIn = this.config.llm.api === 'tokens' || this.config.tasks.some(usesGateway);
     if (this.config.llm.api === 'tokens' && this.config.llm.tokenizer !== 'qwen2.5') {
       throw new RolloutEngineError(
         'ERR_LLM_API',

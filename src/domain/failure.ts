@@ -29,6 +29,8 @@ const BY_CODE: Readonly<Record<string, FailureKind>> = {
   ERR_LLM_FINISH_REASON: 'inference',
   // A reply that cannot be made into an action the environment takes: the policy's.
   ERR_ENV_BAD_ACTION: 'policy',
+  ERR_ENV_REFUSED: 'environment',
+  ERR_ENV_EPISODE: 'environment',
   ERR_AGENT_BAD_REWARD: 'environment',
   ERR_AGENT_NO_REWARD: 'environment',
 };

@@ -12,6 +12,8 @@ import { RolloutEngineError } from '../errors.ts';
  * ABORTED, not FAILED. ERR_ENV_INFRA is a failure the server itself says is not the episode's (a sandbox
  * that died, a judge that failed, a sample it masks): the rollout is never trained, and runs again.
  * ERR_ENV_BAD_ACTION is the policy's: its reply cannot be made into the action the server takes.
+ * ERR_ENV_REFUSED (a request the server will never take) and ERR_ENV_EPISODE (an episode the server
+ * ran and reports failed) are the environment's.
  */
 export type EnvErrorCode =
   | 'ERR_ENV_HTTP'
@@ -24,7 +26,9 @@ export type EnvErrorCode =
   | 'ERR_ENV_TOO_LARGE'
   | 'ERR_ENV_CLOSED'
   | 'ERR_ENV_INFRA'
-  | 'ERR_ENV_BAD_ACTION';
+  | 'ERR_ENV_BAD_ACTION'
+  | 'ERR_ENV_REFUSED'
+  | 'ERR_ENV_EPISODE';
 
 export class EnvError extends RolloutEngineError {
   declare readonly code: EnvErrorCode;

@@ -1,14 +1,15 @@
 /**
  * The protocols an environment server may speak, and the options each cannot honour. env/http-env.ts
  * speaks `rollout` and `safactory` side by side (`auto` tells them apart); env/nemo-gym.ts speaks
- * NeMo Gym's resources servers; env/gym-http.ts `gym-http` (openai/gym-http-api's REST routes).
- * Shared by the config check, for a configured protocol, and by the clients: kept apart from them so
- * that validating a config does not load undici.
+ * NeMo Gym's resources servers; env/gym-http.ts `gym-http` (openai/gym-http-api's REST routes);
+ * env/verifiers.ts `verifiers` (env-serve v1 over ZMQ, `tcp://` URLs: the server runs whole
+ * episodes). Shared by the config check, for a configured protocol, and by the clients: kept apart
+ * from them so that validating a config does not load undici.
  */
 import { preview } from '../errors.ts';
 import type { EnvParams } from './types.ts';
 
-export const ENV_PROTOCOLS = ['auto', 'rollout', 'safactory', 'nemo-gym', 'gym-http'] as const;
+export const ENV_PROTOCOLS = ['auto', 'rollout', 'safactory', 'nemo-gym', 'gym-http', 'verifiers'] as const;
 export type EnvProtocolSetting = (typeof ENV_PROTOCOLS)[number];
 export type EnvProtocol = Exclude<EnvProtocolSetting, 'auto'>;
 
@@ -42,6 +43,7 @@ const NO_STEP_INDEX: Partial<Record<EnvProtocol, string>> = {
     "a NeMo Gym resources server has no step index to deduplicate by (its tool routes take the call's arguments alone)",
   'gym-http':
     'a gym-http server applies every step it receives (its step route takes no step index), so it cannot deduplicate steps',
+  verifiers: 'a verifiers server runs whole episodes: there are no steps to deduplicate',
 };
 
 /** Protocols whose servers take no `env.params`: sending them anyway would be silently ignored. */
@@ -52,6 +54,8 @@ const NO_PARAMS: Partial<Record<EnvProtocol, string>> = {
     'a NeMo Gym resources server takes its task from the dataset row alone (POST /seed_session and /verify get the row as it is)',
   'gym-http':
     'a gym-http server makes an instance from its env_id and seed alone (POST /v1/envs/), so params would go unsent',
+  verifiers:
+    "a verifiers server's run takes the dataset line as task_data and builds its environment from its own config, so params would go unsent",
 };
 
 export function protocolConflicts(

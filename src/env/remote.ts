@@ -8,6 +8,7 @@ import { createGymHttpEnvironments } from './gym-http.ts';
 import { createHttpEnvironments, type HttpEnvOptions } from './http-env.ts';
 import { createNemoGymEnvironments } from './nemo-gym.ts';
 import type { Environment } from './types.ts';
+import { createVerifiersEnvironments } from './verifiers.ts';
 
 export interface RemoteEnvironments {
   /** A fresh actor; nothing is sent until its `reset`. */
@@ -28,5 +29,8 @@ export function createRemoteEnvironments(options: HttpEnvOptions): RemoteEnviron
       return createNemoGymEnvironments(options);
     case 'gym-http':
       return createGymHttpEnvironments(options);
+    case 'verifiers':
+      // Its episodes run as a black-box agent's (worker/worker-runtime.ts); here: the start-up health check.
+      return createVerifiersEnvironments(options);
   }
 }

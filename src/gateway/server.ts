@@ -201,7 +201,10 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     const request = parseChatCompletionRequest(parseJsonObject(raw));
     const sessionId = resolveSessionId([
       ['the path', pathSessionId],
-      ['header x-session-id', headerSessionId(req)],
+      // A session in the path is the one meant: an x-session-id beside it is the client's own routing
+      // hint (verifiers' EvalClient always sends its trace id there: verifiers/v1/clients/client.py:16-18
+      // at a60a606e, set after any configured header, so the engine cannot make it match).
+      ['header x-session-id', pathSessionId === null ? headerSessionId(req) : null],
       ['body session_id', request.sessionId],
     ]);
     if (closing) throw new GatewayError('ERR_GATEWAY_CLOSING', 'the gateway is shutting down');

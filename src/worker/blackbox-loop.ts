@@ -36,12 +36,15 @@ export interface BlackBoxInput {
   sessionId: string;
   prompt: ChatMessage[];
   label: unknown;
+  /** The drawn prompt's parameters (the dataset line, `{}` without a dataset) and the group's seed. */
+  params: Record<string, unknown>;
+  seed: number;
   /** Aborts when the engine cancels in-flight work for a weight update. */
   signal: AbortSignal;
 }
 
 export type BlackBoxResult =
-  | { reward?: number | null; info?: Record<string, unknown> }
+  | { reward?: number | null; info?: Record<string, unknown>; truncated?: boolean }
   | number
   | null
   | undefined
@@ -99,6 +102,8 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
         sessionId,
         prompt,
         label,
+        params: rollout.sample.envParams,
+        seed: rollout.sample.seed,
         signal: ctx.gate.signal,
       });
     } catch (err) {
@@ -166,8 +171,10 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
       lastTurn.reward = rollout.reward;
       lastTurn.terminated = true;
     }
-    rollout.truncated = sample.truncated;
-    rollout.terminated = !sample.truncated;
+    // An agent that knows its episode was cut (a verifiers server's turn limit) says so beside the stitch's own.
+    const cut = sample.truncated || (typeof result === 'object' && result?.truncated === true);
+    rollout.truncated = cut;
+    rollout.terminated = !cut;
     rollout.finishReason = lastTurn?.finishReason ?? null;
     rollout.status = Status.COMPLETED;
   } catch (err) {

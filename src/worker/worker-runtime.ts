@@ -12,6 +12,7 @@ import { threadId } from 'node:worker_threads';
 import { createActorPool, type ActorPool } from '../env/actor-pool.ts';
 import { settleWithin, timeoutError } from '../env/bounded.ts';
 import { createRemoteEnvironments } from '../env/remote.ts';
+import { createVerifiersEnvironments, verifiersSampling } from '../env/verifiers.ts';
 import { loadEnvironmentFactory, loadExport } from '../env/loader.ts';
 import { McpServers } from '../env/mcp.ts';
 import type { Environment } from '../env/types.ts';
@@ -400,6 +401,25 @@ export class WorkerRuntime implements WorkerControl {
         timeoutError('ERR_ENV_TIMEOUT', name, `environment ${call}`, env.timeoutMs, 'the actor is discarded'),
     });
     const bounds = { timeoutMs: env.timeoutMs, timedOut: bound('close()').timedOut };
+    if (env.kind === 'http' && env.http.protocol === 'verifiers') {
+      // The server runs each episode, calling the model through the gateway: a black-box agent's episode.
+      const servers = createVerifiersEnvironments(env.http);
+      const run = {
+        model: this.#init.llm.default.model,
+        sampling: verifiersSampling(settings.agent),
+        timeoutMs: env.timeoutMs,
+      };
+      const agent: BlackBoxAgent = (input) => servers.run(input, run);
+      servers.prewarm().catch((err) => this.#log.warn({ err: describeError(err) }, 'environment prewarm failed'));
+      return {
+        settings,
+        actors: null,
+        guard: null,
+        hooks,
+        blackbox: Promise.resolve(agent),
+        close: () => servers.close(),
+      };
+    }
     if (env.kind === 'http') {
       const servers = createRemoteEnvironments(env.http);
       const actors = createActorPool({
