@@ -11,7 +11,7 @@ import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { z } from 'zod';
 import { NATS_URL, RUN_NAME } from './cluster/names.ts';
-import { ENV_PROTOCOLS, GYM_ACTIONS, protocolConflicts } from './env/protocol.ts';
+import { ENV_PROTOCOLS, GYM_ACTIONS, OPENENV_DEFAULTS, protocolConflicts } from './env/protocol.ts';
 import { ConfigError, preview } from './errors.ts';
 import { projectModuleUrl } from './paths.ts';
 import { SERVER_KINDS, type SamplingUse } from './llm/servers.ts';
@@ -65,6 +65,22 @@ const HttpEnvSpec = z.strictObject({
     .optional(),
 });
 
+/** A field of an OpenEnv Action or Observation model (a Python identifier). */
+const openEnvField = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a field name (letters, digits, _)');
+
+/** How an OpenEnv server's observations and actions become the conversation (env/protocol.ts OpenEnvSettings). */
+const OpenEnvSpec = z
+  .strictObject({
+    actionField: openEnvField.default(OPENENV_DEFAULTS.actionField),
+    promptField: openEnvField.default(OPENENV_DEFAULTS.promptField),
+    truncatedField: openEnvField.nullable().default(OPENENV_DEFAULTS.truncatedField),
+    tools: z.boolean().default(OPENENV_DEFAULTS.tools),
+  })
+  .refine((o) => o.truncatedField !== o.promptField, {
+    path: ['truncatedField'],
+    message: 'must not be the promptField',
+  });
+
 const EnvSpec = z
   .strictObject({
     /** `builtin:guess-number`, `builtin:arithmetic`, or a path to an ES module (relative to the config file). */
@@ -81,6 +97,8 @@ const EnvSpec = z
      * `auto`: each server's GET /envs tells, at start (names, or Safactory's live instances).
      */
     protocol: z.enum(ENV_PROTOCOLS).default('auto'),
+    /** `protocol: "openenv"` only: which observation and action fields the conversation uses (docs/ENVIRONMENTS.md). */
+    openenv: OpenEnvSpec.optional(),
     /** Passed to the factory once per episode (in-process), or in every reset's env_param (a Safactory server). */
     params: params.default({}),
     /** Actors of this environment alive at once per worker thread; null = no limit beyond the worker's concurrency. */
@@ -116,6 +134,13 @@ const EnvSpec = z
         input: url,
       });
     });
+    if (env.openenv !== undefined && (env.protocol !== 'openenv' || env.http === undefined))
+      ctx.addIssue({
+        code: 'custom',
+        path: ['openenv'],
+        message: 'is read only with env.protocol "openenv" and env.http',
+        input: env.openenv,
+      });
     if (env.http === undefined || env.protocol === 'auto') return;
     for (const c of protocolConflicts(env.protocol, { params: env.params, dedupeSteps: env.http.dedupeSteps })) {
       const path = c.option === 'dedupeSteps' ? ['http', 'dedupeSteps'] : c.option.split('.');
@@ -124,7 +149,17 @@ const EnvSpec = z
   })
   // Workers are given `env.http` alone: the protocol and the params an HTTP environment sends travel inside it.
   .transform((env) =>
-    env.http === undefined ? env : { ...env, http: { ...env.http, protocol: env.protocol, params: env.params } },
+    env.http === undefined
+      ? env
+      : {
+          ...env,
+          http: {
+            ...env.http,
+            protocol: env.protocol,
+            params: env.params,
+            ...(env.protocol === 'openenv' ? { openenv: env.openenv ?? { ...OPENENV_DEFAULTS } } : {}),
+          },
+        },
   );
 
 /** A user module's export: episode hooks (`beforeInference` / `onEpisodeEnd`) or a black-box agent. */

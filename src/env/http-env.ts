@@ -42,6 +42,7 @@ import {
   type EnvProtocol,
   type EnvProtocolSetting,
   type GymHttpSettings,
+  type OpenEnvSettings,
 } from './protocol.ts';
 import { EnvError } from './errors.ts';
 import { checkAgentPrompts, checkStepResult, EnvReplyError } from './replies.ts';
@@ -84,6 +85,8 @@ export interface HttpEnvOptions {
   params?: EnvParams;
   /** Protocol `gym-http` only: how replies become actions, and the system message (env/gym-http.ts). */
   gym?: GymHttpSettings;
+  /** `protocol: "openenv"` only (env/openenv.ts): which observation and action fields make the conversation. */
+  openenv?: OpenEnvSettings;
   /** Connections per server URL (default 64). */
   connections?: number;
   /** Where a failed DELETE is reported (it never fails the episode); default: a pino logger on stderr. */
@@ -716,7 +719,7 @@ export async function readLimited(
   return Buffer.concat(chunks, size).toString('utf8');
 }
 
-function parseJson(text: string, label: string): unknown {
+export function parseJson(text: string, label: string): unknown {
   try {
     return JSON.parse(text);
   } catch {

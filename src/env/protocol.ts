@@ -1,15 +1,15 @@
 /**
  * The protocols an environment server may speak, and the options each cannot honour. env/http-env.ts
- * speaks `rollout` and `safactory` side by side (`auto` tells them apart); env/nemo-gym.ts speaks
- * NeMo Gym's resources servers; env/gym-http.ts `gym-http` (openai/gym-http-api's REST routes);
- * env/verifiers.ts `verifiers` (env-serve v1 over ZMQ, `tcp://` URLs: the server runs whole
- * episodes). Shared by the config check, for a configured protocol, and by the clients: kept apart
- * from them so that validating a config does not load undici.
+ * speaks `rollout` and `safactory` side by side (`auto` tells them apart); env/openenv.ts OpenEnv's
+ * WebSocket sessions; env/nemo-gym.ts NeMo Gym's resources servers; env/gym-http.ts `gym-http`
+ * (openai/gym-http-api's REST routes); env/verifiers.ts `verifiers` (env-serve v1 over ZMQ, `tcp://`
+ * URLs: the server runs whole episodes). Shared by the config check, for a configured protocol, and by
+ * the clients: kept apart from them so that validating a config does not load undici.
  */
 import { preview } from '../errors.ts';
 import type { EnvParams } from './types.ts';
 
-export const ENV_PROTOCOLS = ['auto', 'rollout', 'safactory', 'nemo-gym', 'gym-http', 'verifiers'] as const;
+export const ENV_PROTOCOLS = ['auto', 'rollout', 'safactory', 'openenv', 'nemo-gym', 'gym-http', 'verifiers'] as const;
 export type EnvProtocolSetting = (typeof ENV_PROTOCOLS)[number];
 export type EnvProtocol = Exclude<EnvProtocolSetting, 'auto'>;
 
@@ -39,6 +39,8 @@ export interface ProtocolConflict {
 const NO_STEP_INDEX: Partial<Record<EnvProtocol, string>> = {
   safactory:
     'a Safactory server applies every step it receives (its step route takes no step index), so it cannot deduplicate steps',
+  openenv:
+    'an OpenEnv server applies every step it receives (a step message carries no index), so it cannot deduplicate steps',
   'nemo-gym':
     "a NeMo Gym resources server has no step index to deduplicate by (its tool routes take the call's arguments alone)",
   'gym-http':
@@ -83,3 +85,32 @@ export function protocolConflicts(
 export function formatConflict(conflict: ProtocolConflict, context = ''): string {
   return `${conflict.option}: ${context}${conflict.why} (got ${preview(conflict.value)})`;
 }
+
+/**
+ * How an OpenEnv environment's observations and actions meet the engine's conversation (`env.openenv`;
+ * env/openenv.ts reads them). Field names of the server's own Observation and Action models.
+ */
+export interface OpenEnvSettings {
+  /** The step's action is `{[actionField]: the model's reply}` (echo's, TextArena's `message`). */
+  actionField: string;
+  /**
+   * The observation field holding the prompt: chat messages (`[{role, content}]`, the whole
+   * conversation, kept by the environment: chat_env's `messages`), or a string (one user message; the
+   * engine keeps the conversation: that text, the reply, the next text, …).
+   */
+  promptField: string;
+  /**
+   * OpenEnv has no truncation flag (`done` only): an observation field (a boolean) whose true value
+   * makes a `done` episode truncated rather than terminated; null: every `done` is terminated.
+   */
+  truncatedField: string | null;
+  /** Offer the environment's MCP tools (tools/list, tools/call on the episode's session) to the model. */
+  tools: boolean;
+}
+
+export const OPENENV_DEFAULTS: OpenEnvSettings = {
+  actionField: 'message',
+  promptField: 'messages',
+  truncatedField: null,
+  tools: false,
+};

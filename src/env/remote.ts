@@ -7,6 +7,7 @@
 import { createGymHttpEnvironments } from './gym-http.ts';
 import { createHttpEnvironments, type HttpEnvOptions } from './http-env.ts';
 import { createNemoGymEnvironments } from './nemo-gym.ts';
+import { createOpenEnvEnvironments } from './openenv.ts';
 import type { Environment } from './types.ts';
 import { createVerifiersEnvironments } from './verifiers.ts';
 
@@ -32,5 +33,7 @@ export function createRemoteEnvironments(options: HttpEnvOptions): RemoteEnviron
     case 'verifiers':
       // Its episodes run as a black-box agent's (worker/worker-runtime.ts); here: the start-up health check.
       return createVerifiersEnvironments(options);
+    case 'openenv':
+      return createOpenEnvEnvironments(options);
   }
 }
