@@ -39,9 +39,11 @@
  *     environment are gone; the episode is not the policy's)
  *   EXECUTION_ERROR (reset/step raised), VALIDATION_ERROR, INVALID_JSON, UNKNOWN_TYPE → ERR_ENV_HTTP
  *     without a status: the environment refused or failed on what it was sent
- *   a frame that is not JSON or not the shape above → ERR_ENV_BAD_REPLY; larger than
- *     `maxResponseBytes` → ERR_ENV_TOO_LARGE; no reply within `timeoutMs` → ERR_ENV_TIMEOUT (the socket
- *     is closed: a late reply would answer the next message)
+ *   a frame that is not JSON or not the shape above → ERR_ENV_BAD_REPLY; no reply within `timeoutMs`
+ *     → ERR_ENV_TIMEOUT (the socket is closed: a late reply would answer the next message)
+ *   a frame over `maxResponseBytes` is refused before it is buffered, by undici failing the socket:
+ *     that reads as a drop (ERR_ENV_INFRA, the message says so); an HTTP reply over it (prewarm's) is
+ *     ERR_ENV_TOO_LARGE
  * A step is never sent twice: a session that lost one cannot be trusted with the episode.
  *
  * Every call (connect, capacity retries and reply together for a reset) is bounded by
@@ -105,7 +107,10 @@ class OpenEnvClient implements OpenEnvEnvironments {
   readonly options: HttpEnvOptions;
   readonly settings: OpenEnvSettings;
   readonly #endpoints: Endpoint[];
-  /** Sockets and HTTP calls alike: its webSocket.maxPayloadSize is `maxResponseBytes`. */
+  /**
+   * Sockets and HTTP calls alike. Its webSocket.maxPayloadSize is `maxResponseBytes`: a larger frame
+   * is refused before it is buffered (the socket is failed, which reads as a drop).
+   */
   readonly agent: Agent;
   /** Aborted by close(): backoff waits end, and no session opens after it. */
   readonly closing = new AbortController();
@@ -302,6 +307,7 @@ class OpenEnvClient implements OpenEnvEnvironments {
 class Session {
   readonly #ws: WebSocket;
   readonly label: string;
+  readonly #maxBytes: number;
   readonly #inbox: Incoming[] = [];
   /** The request waiting for a frame, if one is. */
   #pending: { deliver(incoming: Incoming): void; fail(err: EnvError): void } | null = null;
@@ -310,9 +316,10 @@ class Session {
   #broken: EnvError | null = null;
   #tail: Promise<unknown> = Promise.resolve();
 
-  private constructor(ws: WebSocket, label: string) {
+  private constructor(ws: WebSocket, label: string, maxBytes: number) {
     this.#ws = ws;
     this.label = label;
+    this.#maxBytes = maxBytes;
     this.#endedPromise = new Promise<void>((resolve) => {
       ws.addEventListener('close', (event) => {
         this.#ended = { code: event.code, reason: event.reason };
@@ -330,7 +337,7 @@ class Session {
     const label = `WebSocket ${endpoint.wsUrl}`;
     return new Promise<Session>((resolve, reject) => {
       const ws = new WebSocket(endpoint.wsUrl, { dispatcher: client.agent });
-      const session = new Session(ws, label);
+      const session = new Session(ws, label, client.options.maxResponseBytes);
       let settled = false;
       const finish = (err: EnvError | null) => {
         if (settled) return;
@@ -377,7 +384,7 @@ class Session {
   /**
    * Sends `message` (unless a frame already came unasked) and resolves to the reply frame's text.
    * Past `timeoutMs` the session breaks (ERR_ENV_TIMEOUT); a socket that ends first breaks it with
-   * ERR_ENV_INFRA (ERR_ENV_TOO_LARGE for a frame over the size limit).
+   * ERR_ENV_INFRA.
    */
   request(message: object, what: string, timeoutMs: number): Promise<string> {
     const run = async (): Promise<string> => {
@@ -466,16 +473,12 @@ class Session {
   #dropped(incoming: { code: number; reason: string }, what: string): EnvError {
     if (this.#broken !== null) return this.#broken;
     const how = `code ${incoming.code}${incoming.reason ? ` ${JSON.stringify(incoming.reason)}` : ''}`;
-    const err =
-      incoming.code === 1009
-        ? new EnvError(
-            'ERR_ENV_TOO_LARGE',
-            `${this.label}: ${what}: reply is larger than maxResponseBytes (the socket closed with ${how})`,
-          )
-        : new EnvError(
-            'ERR_ENV_INFRA',
-            `${this.label}: the socket closed (${how}) before the reply to ${what}: the session and its environment are gone`,
-          );
+    // undici fails a socket whose frame is over its maxPayloadSize with the same 1006 a dropped
+    // connection gives: the two cannot be told apart here.
+    const err = new EnvError(
+      'ERR_ENV_INFRA',
+      `${this.label}: the socket closed (${how}) before the reply to ${what}: the session and its environment are gone${incoming.code === 1006 ? ` (a reply over maxResponseBytes = ${this.#maxBytes} ends a socket the same way)` : ''}`,
+    );
     this.#break(err);
     return err;
   }
