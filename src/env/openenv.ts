@@ -50,6 +50,7 @@
  * `env.http.timeoutMs`. The session is closed on every path: `close()` (an episode's end, a failure, a
  * pause that gives up on a pending call), and the client's `close()` (shutdown) closes every live one.
  */
+import { setMaxListeners } from 'node:events';
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Agent, WebSocket } from 'undici';
@@ -120,6 +121,8 @@ class OpenEnvClient implements OpenEnvEnvironments {
 
   constructor(options: HttpEnvOptions) {
     checkOptions(options);
+    // One listener per session being opened and per backoff wait, each removed when it settles.
+    setMaxListeners(0, this.closing.signal);
     this.options = options;
     this.settings = { ...OPENENV_DEFAULTS, ...options.openenv };
     const connections = options.connections ?? DEFAULT_CONNECTIONS;
