@@ -4,11 +4,15 @@
  * policy's outcome: it runs again in its slot, the group keeps its size, and the count says so.
  */
 import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { createEngine, Status, type Engine } from '../src/index.ts';
 import { FAILURE_KINDS, failureKindOf, failureKindOfReason, noFailures } from '../src/domain/failure.ts';
 import { EnvError } from '../src/env/errors.ts';
 import { startMockLlm, type MockLlm } from '../src/testing/index.ts';
+import { guessNumberRow, SERVER_NAME, startNemoGymDouble } from './fixtures/nemo-gym-server.ts';
 
 const INFRA_ENV = new URL('./fixtures/infra-faults-env.ts', import.meta.url).pathname;
 
@@ -89,6 +93,57 @@ describe('infrastructure failures against the mock inference server, in a worker
     assert.ok(counted >= masked, `batch windows counted ${counted}, the batches' rollouts carry ${masked}`);
     assert.ok(stats.failures.infrastructure >= counted);
     assert.equal(stats.groups.landed.FAILED, 0, 'no group failed: each killed episode ran again');
+  });
+
+  it('masks a NeMo Gym judge that fails on 10 % of verifies: every sample the trainer gets was scored, every group whole', async () => {
+    const double = await startNemoGymDouble();
+    const dir = mkdtempSync(join(tmpdir(), 'rollout-infra-'));
+    try {
+      let verifies = 0;
+      // The double's judge fails on every tenth /verify, as a flaky LLM judge would.
+      Object.defineProperty(double, 'judgeFailure', { get: () => ++verifies % 10 === 0 });
+      writeFileSync(join(dir, 'rows.jsonl'), `${JSON.stringify(guessNumberRow(50))}\n`);
+      const e = createEngine({
+        logLevel: 'silent',
+        batchSize: 4,
+        workers: { threads: 1 },
+        llm: { url: mock.url },
+        tasks: [
+          {
+            name: 'judged',
+            env: { http: { urls: [double.url], name: SERVER_NAME }, protocol: 'nemo-gym' },
+            dataset: join(dir, 'rows.jsonl'),
+            groupSize: 4,
+          },
+        ],
+      });
+      engines.push(e);
+      await e.start();
+      let masked = 0;
+      for (let step = 1; step <= 3; step++) {
+        const batch = await e.getBatch(step);
+        for (const group of batch.groups) {
+          assert.equal(group.rollouts.length, 4);
+          for (const r of group.rollouts) {
+            assert.equal(r.status, Status.COMPLETED);
+            assert.equal(r.failureKind, undefined);
+            masked += r.maskedFailures ?? 0;
+          }
+        }
+      }
+      const stats = await e.stats();
+      assert.ok(verifies >= 10, `${verifies} verifies`);
+      assert.ok(masked > 0 || stats.failures.infrastructure > 0, 'the judge failed on some episode, and it ran again');
+      assert.equal(stats.groups.landed.FAILED, 0);
+      assert.equal(
+        stats.failures.infrastructure,
+        Math.floor(verifies / 10),
+        'each judge failure counted once, as infrastructure',
+      );
+    } finally {
+      await double.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('fails the group, never trains it, when the retries run out, and counts the failure as infrastructure', async () => {

@@ -290,6 +290,13 @@ function settingsTable(r: LoadtestReport): string {
         .join(', ') || 'none',
     ],
     [
+      'episodes failed by kind (infrastructure: run again, never trained)',
+      Object.entries(r.outcomes.failures)
+        .filter(([, n]) => n > 0)
+        .map(([k, n]) => `${k} ${n}`)
+        .join(', ') || 'none',
+    ],
+    [
       'rollouts taken by environment',
       Object.entries(r.outcomes.rolloutsByTask)
         .map(([k, n]) => `${k} ${n}`)

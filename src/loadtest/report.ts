@@ -2,6 +2,7 @@
  * The load-test report: figures computed from one run's raw observations. This object is what
  * report.json holds and what the table and the HTML page are drawn from — nothing else feeds them.
  */
+import type { FailureKind } from '../domain/failure.ts';
 import { cpus, totalmem } from 'node:os';
 import type { GroupCounts } from '../coordinator/producer.ts';
 import type { LoadtestOptions } from './options.ts';
@@ -130,6 +131,8 @@ export interface LoadtestReport {
     meanReward: number;
     rolloutsByTask: Record<string, number>;
     groups: GroupCounts;
+    /** Episodes that failed, by kind (src/domain/failure.ts); infrastructure ones ran again in their slot. */
+    failures: Record<FailureKind, number>;
     /** How stale the rollouts taken in the window were: what kept stale rollouts cost the trainer. */
     staleness: StalenessFigures;
   };
@@ -221,6 +224,7 @@ export function buildReport(options: LoadtestOptions, run: EngineRun, startedAt:
       meanReward: totals.rollouts > 0 ? rewardSum / totals.rollouts : 0,
       rolloutsByTask: { ...recorder.rolloutsByTask },
       groups: run.stats.groups,
+      failures: run.stats.failures,
       staleness: staleness.figures(),
     },
     notes,
