@@ -53,16 +53,15 @@ const HttpEnvSpec = z.strictObject({
   maxResponseBytes: positiveInt.default(16 * 1024 * 1024),
   /** The servers deduplicate `step` by the step index the engine sends, so a step may be retried safely. */
   dedupeSteps: z.boolean().default(false),
-  /**
-   * `env.protocol: "gym-http"` only (docs/ENVIRONMENTS.md): how the model's reply becomes the action,
-   * and a system message before the first observation.
-   */
-  gym: z
-    .strictObject({
-      action: z.enum(GYM_ACTIONS).default('text'),
-      system: z.string().min(1).nullable().default(null),
-    })
-    .optional(),
+});
+
+/**
+ * `env.protocol: "gym-http"` only (docs/ENVIRONMENTS.md): how the model's reply becomes the action,
+ * and a system message before the first observation.
+ */
+const GymSpec = z.strictObject({
+  action: z.enum(GYM_ACTIONS).default('text'),
+  system: z.string().min(1).nullable().default(null),
 });
 
 /** A field of an OpenEnv Action or Observation model (a Python identifier). */
@@ -99,6 +98,8 @@ const EnvSpec = z
     protocol: z.enum(ENV_PROTOCOLS).default('auto'),
     /** `protocol: "openenv"` only: which observation and action fields the conversation uses (docs/ENVIRONMENTS.md). */
     openenv: OpenEnvSpec.optional(),
+    /** `protocol: "gym-http"` only: how the model's reply becomes the action, and a system message. */
+    gym: GymSpec.optional(),
     /** Passed to the factory once per episode (in-process), or in every reset's env_param (a Safactory server). */
     params: params.default({}),
     /** Actors of this environment alive at once per worker thread; null = no limit beyond the worker's concurrency. */
@@ -115,12 +116,12 @@ const EnvSpec = z
     message: 'give exactly one of env.module (in-process) or env.http (env servers)',
   })
   .superRefine((env, ctx) => {
-    if (env.http?.gym !== undefined && env.protocol !== 'gym-http')
+    if (env.gym !== undefined && (env.protocol !== 'gym-http' || env.http === undefined))
       ctx.addIssue({
         code: 'custom',
-        path: ['http', 'gym'],
+        path: ['gym'],
         message: `applies to env.protocol "gym-http" only (got protocol ${JSON.stringify(env.protocol)})`,
-        input: env.http.gym,
+        input: env.gym,
       });
     env.http?.urls.forEach((url, i) => {
       const tcp = url.startsWith('tcp:');
@@ -158,6 +159,7 @@ const EnvSpec = z
             protocol: env.protocol,
             params: env.params,
             ...(env.protocol === 'openenv' ? { openenv: env.openenv ?? { ...OPENENV_DEFAULTS } } : {}),
+            ...(env.gym !== undefined ? { gym: env.gym } : {}),
           },
         },
   );

@@ -44,7 +44,7 @@ export const ERROR_CODES = {
   ERR_ENV_TOO_LARGE: 'an env server’s reply exceeded maxResponseBytes',
   ERR_ENV_CLOSED: 'the environment client was closed while a call was pending',
   ERR_ENV_INFRA: 'an env server says the episode failed outside the policy (sandbox, judge, masked sample)',
-  ERR_ENV_BAD_ACTION: 'the model’s reply cannot be made into the action a gym-http server takes (env.http.gym.action)',
+  ERR_ENV_BAD_ACTION: 'the model’s reply cannot be made into the action a gym-http server takes (env.gym.action)',
   ERR_ENV_REFUSED: 'a verifiers env server refused the request itself (task_data its taskset does not validate)',
   ERR_ENV_EPISODE: 'a verifiers env server ran the episode and reports it failed (ok: false, with its errors)',
   ERR_ENV_POOL_EXHAUSTED: 'no environment actor is available: the task’s actor pool is exhausted or closed',

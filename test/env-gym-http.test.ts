@@ -127,7 +127,7 @@ describe('gym-http environments (a double of openai/gym-http-api @15b68c39)', { 
     assert.equal(d.live(), 0);
   });
 
-  it('turns the reply into the action as env.http.gym.action says; an unusable reply is the policy’s failure', async () => {
+  it('turns the reply into the action as env.gym.action says; an unusable reply is the policy’s failure', async () => {
     const d = await double();
     const integer = client(d.url, { gym: { action: 'integer', system: 'Be brief.' } }).create();
     await integer.reset({ seed: 9, params: {} });
@@ -314,12 +314,13 @@ describe('gym-http environments (a double of openai/gym-http-api @15b68c39)', { 
             name: 'g',
             env: {
               protocol: 'rollout',
-              http: { urls: ['http://127.0.0.1:1'], name: 'x', gym: { action: 'integer' } },
+              http: { urls: ['http://127.0.0.1:1'], name: 'x' },
+              gym: { action: 'integer' },
             },
           },
         ],
       }),
-      /tasks\[0\]\.env\.http\.gym: applies to env\.protocol "gym-http" only/,
+      /tasks\[0\]\.env\.gym: applies to env\.protocol "gym-http" only/,
     );
     const ok = resolveConfig(task({ protocol: 'gym-http' }));
     assert.equal(ok.tasks[0].env?.protocol, 'gym-http');
@@ -376,7 +377,8 @@ describe('gym-http environments (a double of openai/gym-http-api @15b68c39)', { 
             groupSize: 2,
             env: {
               protocol: 'gym-http',
-              http: { urls: [d.url], name: 'GuessNumber-v0', gym: { action: 'text', system: null } },
+              http: { urls: [d.url], name: 'GuessNumber-v0' },
+              gym: { action: 'text', system: null },
             },
           },
         ],

@@ -19,7 +19,7 @@
  *
  * Text in and out: an observation becomes the next user message (a string as it is, a list of chat
  * messages as those messages, anything else as its JSON); the model's reply becomes the action as
- * `env.http.gym.action` says (protocol.ts GYM_ACTIONS), and joins the conversation as the assistant's
+ * `env.gym.action` says (protocol.ts GYM_ACTIONS), and joins the conversation as the assistant's
  * message. A reply that cannot be made into the action fails the rollout as the policy's
  * (ERR_ENV_BAD_ACTION).
  *

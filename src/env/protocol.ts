@@ -14,14 +14,14 @@ export type EnvProtocolSetting = (typeof ENV_PROTOCOLS)[number];
 export type EnvProtocol = Exclude<EnvProtocolSetting, 'auto'>;
 
 /**
- * How the model's reply becomes a gym-http action (`env.http.gym.action`): `text`, the reply as it
+ * How the model's reply becomes a gym-http action (`env.gym.action`): `text`, the reply as it
  * is (a JSON string); `integer`, the last integer in it (a Discrete action); `json`, the reply parsed
  * as JSON (a Box action as a list, or any value the server takes).
  */
 export const GYM_ACTIONS = ['text', 'integer', 'json'] as const;
 export type GymAction = (typeof GYM_ACTIONS)[number];
 
-/** `env.http.gym`: what a gym-http episode needs besides the routes (env/gym-http.ts). */
+/** `env.gym`: what a gym-http episode needs besides the routes (env/gym-http.ts). */
 export interface GymHttpSettings {
   action: GymAction;
   /** A system message put before the first observation; null: none. */
