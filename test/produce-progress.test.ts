@@ -3,6 +3,7 @@
  * consumer and producer steps, the stats window, snapshot and restore — and the tokens a producer
  * counts as produced when interrupted groups are retried.
  */
+import { noFailures } from '../src/domain/failure.ts';
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { ProduceProgress } from '../src/coordinator/progress.ts';
@@ -111,6 +112,8 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
     p.addProduced('a', 2, 100);
     p.addProduced('b', 1, 30);
     p.addProduced('a', 1, 20);
+    p.addFailures('infrastructure', 2);
+    p.addFailures('timeout', 1);
     p.produceMs = 250;
     p.markConsumed(new Map([['a', 2]]));
     p.ensureTargetUpto(1);
@@ -118,12 +121,14 @@ describe('produce progress (coordinator/progress.ts ProduceProgress)', () => {
       meanReward: { a: 0.5, b: null },
       producedSamples: { a: 3, b: 1 },
       producedTokens: { a: 120, b: 30 },
+      failures: { ...noFailures(), infrastructure: 2, timeout: 1 },
       produceMs: 250,
     });
     assert.deepEqual(p.takeWindow(), {
       meanReward: { a: null, b: null },
       producedSamples: { a: 0, b: 0 },
       producedTokens: { a: 0, b: 0 },
+      failures: noFailures(),
       produceMs: 0,
     });
     // cumulative counts are not window statistics
