@@ -304,79 +304,103 @@ const PolicySpec = z.strictObject({
   maxTokens: positiveInt.optional(),
 });
 
-const LlmSpec = z.strictObject({
-  /** OpenAI-compatible base URL (`http://host:8000` or `http://host:8000/v1`); null = start the built-in mock server. */
-  url: z
-    .union([httpUrl, z.array(httpUrl).min(1)])
-    .nullable()
-    .default(null),
-  model: z.string().min(1).default('mock-policy'),
-  /**
-   * The inference server's dialect (llm/servers.ts): where token ids, prompt ids and the weight version
-   * come back, which abort route exists, which token-in route `api: tokens` uses. `auto` tells it from
-   * what the server answers at start (`/v1/models` owned_by, llama.cpp's `/props`), and logs it.
-   */
-  server: z.enum(['auto', ...SERVER_KINDS]).default('auto'),
-  /**
-   * `chat`: the server renders and tokenizes (OpenAI chat completions). `tokens`: the engine renders the
-   * chat template with `llm.tokenizer` and sends token ids (vLLM /v1/completions, SGLang /generate,
-   * llama.cpp /completion), so each turn's prompt is the previous prompt + response + the new
-   * observation's tokens exactly — no retokenization drift.
-   */
-  api: z.enum(['chat', 'tokens']).default('chat'),
-  /**
-   * With `api: tokens`: how tool calls are read from the model's text (llm/tool-calls.ts), as vLLM's
-   * `--tool-call-parser`: `hermes` (Qwen2.5, Hermes: `<tool_call>{json}</tool_call>`) or
-   * `llama3_json` (Llama 3.x JSON).
-   */
-  toolParser: z.enum(['hermes', 'llama3_json']).default('hermes'),
-  /** The policy's tokenizer and chat template for `api: tokens`: `qwen2.5`, or a directory with tokenizer.json and tokenizer_config.json. */
-  tokenizer: z.string().min(1).default('qwen2.5'),
-  apiKey: z.string().nullable().default(null),
-  /** Budget for one inference request, headers and body included (with `stream`: until the first event, then between events). */
-  timeoutMs: positiveInt.default(120_000),
-  /**
-   * Largest reply read (a whole body, or a stream's events together): a bigger one fails the call
-   * (ERR_LLM_BAD_REPLY). Far above a 32k-token reply with logprobs and a few top alternatives per token.
-   */
-  maxReplyBytes: positiveInt.default(64 * 1024 * 1024),
-  /** Extra attempts after a 429, a 5xx or a transport error. */
-  retries: retries.default(3),
-  retryBackoffMs: nonNegativeInt.default(200),
-  /**
-   * How long an inference outage (no endpoint answers: refused, reset, timed out, or 5xx after the
-   * retries) may last before groups fail with ERR_LLM_OUTAGE. Until then the groups that meet it come
-   * back ABORTED and production waits, probing the endpoints with backoff (coordinator/outage.ts).
-   * 0 = no wait: they fail at once. Servers restart and fail over in minutes, hence the default.
-   */
-  outageBudgetMs: nonNegativeInt.max(7 * 24 * 3_600_000).default(300_000),
-  /** Connections per worker thread to the inference server. */
-  connections: positiveInt.default(128),
-  /** Ask for vLLM-style token ids (`return_token_ids`) and logprobs. */
-  returnTokenIds: z.boolean().default(true),
-  logprobs: z.boolean().default(true),
-  /**
-   * Ask for streamed replies (`stream: true`, server-sent events), read as they arrive. With
-   * `pause.mode: abort`, a pause then returns each call in flight at once with the tokens it holds,
-   * instead of waiting for the server's aborted answers; costs a little CPU per event.
-   */
-  stream: z.boolean().default(false),
-  /** Send a per-rollout, per-turn `seed`, so a continued generation samples like the one it continues. */
-  sendSeed: z.boolean().default(true),
-  /**
-   * Server route that aborts every request in flight; unset = the dialect's (SGLang `/abort_request`,
-   * vLLM dev mode `/abort_requests`, none on llama.cpp); null = cancel client-side.
-   */
-  abortPath: z.string().startsWith('/').nullable().optional(),
-  /** Inference calls one worker has in flight at most (the reference's LLM semaphore); null = no limit. */
-  maxConcurrency: positiveInt.nullable().default(null),
-  /** The first wave of episodes on a worker waits a random 0..startupJitterMs before its first call. */
-  startupJitterMs: nonNegativeInt.default(0),
-  /** Path inserted after `/v1` with `{session}` replaced by the rollout id, e.g. `/sessions/{session}` (session-routing gateways). */
-  sessionPath: z.string().startsWith('/').includes('{session}').nullable().default(null),
-  /** Per-agent policies for multi-agent environments: agent id → endpoints, model, temperature, max tokens. */
-  policies: z.record(z.string().min(1), PolicySpec).default({}),
-});
+const LlmSpec = z
+  .strictObject({
+    /** OpenAI-compatible base URL (`http://host:8000` or `http://host:8000/v1`); null = start the built-in mock server. */
+    url: z
+      .union([httpUrl, z.array(httpUrl).min(1)])
+      .nullable()
+      .default(null),
+    model: z.string().min(1).default('mock-policy'),
+    /**
+     * The inference server's dialect (llm/servers.ts): where token ids, prompt ids and the weight version
+     * come back, which abort route exists, which token-in route `api: tokens` uses. `auto` tells it from
+     * what the server answers at start (`/v1/models` owned_by, llama.cpp's `/props`), and logs it.
+     */
+    server: z.enum(['auto', ...SERVER_KINDS]).default('auto'),
+    /**
+     * `chat`: the server renders and tokenizes (OpenAI chat completions). `tokens`: the engine renders the
+     * chat template with `llm.tokenizer` and sends token ids (vLLM /v1/completions, SGLang /generate,
+     * llama.cpp /completion), so each turn's prompt is the previous prompt + response + the new
+     * observation's tokens exactly — no retokenization drift.
+     */
+    api: z.enum(['chat', 'tokens']).default('chat'),
+    /**
+     * With `api: tokens`: how tool calls are read from the model's text (llm/tool-calls.ts), as vLLM's
+     * `--tool-call-parser`: `hermes` (Qwen2.5, Hermes: `<tool_call>{json}</tool_call>`) or
+     * `llama3_json` (Llama 3.x JSON).
+     */
+    toolParser: z.enum(['hermes', 'llama3_json']).default('hermes'),
+    /** The policy's tokenizer and chat template for `api: tokens`: `qwen2.5`, or a directory with tokenizer.json and tokenizer_config.json. */
+    tokenizer: z.string().min(1).default('qwen2.5'),
+    apiKey: z.string().nullable().default(null),
+    /** Budget for one inference request, headers and body included (with `stream`: until the first event, then between events). */
+    timeoutMs: positiveInt.default(120_000),
+    /**
+     * Largest reply read (a whole body, or a stream's events together): a bigger one fails the call
+     * (ERR_LLM_BAD_REPLY). Far above a 32k-token reply with logprobs and a few top alternatives per token.
+     */
+    maxReplyBytes: positiveInt.default(64 * 1024 * 1024),
+    /** Extra attempts after a 429, a 5xx or a transport error. */
+    retries: retries.default(3),
+    retryBackoffMs: nonNegativeInt.default(200),
+    /**
+     * How long an inference outage (no endpoint answers: refused, reset, timed out, or 5xx after the
+     * retries) may last before groups fail with ERR_LLM_OUTAGE. Until then the groups that meet it come
+     * back ABORTED and production waits, probing the endpoints with backoff (coordinator/outage.ts).
+     * 0 = no wait: they fail at once. Servers restart and fail over in minutes, hence the default.
+     */
+    outageBudgetMs: nonNegativeInt.max(7 * 24 * 3_600_000).default(300_000),
+    /** Connections per worker thread to the inference server. */
+    connections: positiveInt.default(128),
+    /** Ask for vLLM-style token ids (`return_token_ids`) and logprobs. */
+    returnTokenIds: z.boolean().default(true),
+    logprobs: z.boolean().default(true),
+    /**
+     * Ask for streamed replies (`stream: true`, server-sent events), read as they arrive. With
+     * `pause.mode: abort`, a pause then returns each call in flight at once with the tokens it holds,
+     * instead of waiting for the server's aborted answers; costs a little CPU per event.
+     */
+    stream: z.boolean().default(false),
+    /** Send a per-rollout, per-turn `seed`, so a continued generation samples like the one it continues. */
+    sendSeed: z.boolean().default(true),
+    /**
+     * Server route that aborts every request in flight; unset = the dialect's (SGLang `/abort_request`,
+     * vLLM dev mode `/abort_requests`, none on llama.cpp); null = cancel client-side.
+     */
+    abortPath: z.string().startsWith('/').nullable().optional(),
+    /** Inference calls one worker has in flight at most (the reference's LLM semaphore); null = no limit. */
+    maxConcurrency: positiveInt.nullable().default(null),
+    /** The first wave of episodes on a worker waits a random 0..startupJitterMs before its first call. */
+    startupJitterMs: nonNegativeInt.default(0),
+    /** Path inserted after `/v1` with `{session}` replaced by the rollout id, e.g. `/sessions/{session}` (session-routing gateways). */
+    sessionPath: z.string().startsWith('/').includes('{session}').nullable().default(null),
+    /** Per-agent policies for multi-agent environments: agent id → endpoints, model, temperature, max tokens. */
+    policies: z.record(z.string().min(1), PolicySpec).default({}),
+    /**
+     * Routing replay (docs/ROUTING-REPLAY.md): keep the experts each token was routed to, as the server
+     * reports them (vLLM and SGLang launched with `--enable-return-routed-experts`). `true` takes the
+     * shape from the reply (vLLM's `.npy`); SGLang sends none, so it needs `{layers, topK}`: the model's
+     * `num_hidden_layers` and `num_experts_per_tok`.
+     */
+    routedExperts: z
+      .union([z.boolean(), z.strictObject({ layers: positiveInt.max(4096), topK: positiveInt.max(4096) })])
+      .default(false),
+    /** Keep each response token's sampling support (SGLang /generate `return_sampling_mask`; needs a task's topK, topP or minP). */
+    samplingMasks: z.boolean().default(false),
+  })
+  .superRefine((llm, ctx) => {
+    // vLLM's streamed chat chunks carry no routed_experts, and SGLang refuses a streamed sampling mask.
+    for (const key of ['routedExperts', 'samplingMasks'] as const) {
+      if (llm[key] !== false && llm.stream)
+        ctx.addIssue({
+          code: 'custom',
+          path: [key],
+          message: `needs llm.stream: false (streamed replies carry no ${key === 'routedExperts' ? 'routed experts' : 'sampling masks'})`,
+          input: llm[key],
+        });
+    }
+  });
 
 const MockSpec = z.strictObject({
   latencyMs: z.number().min(0).default(0),

@@ -365,6 +365,9 @@ export function workerInit(
         holdOnPause: llm.stream && config.pause.mode !== 'drain',
         api: llm.api,
         toolParser: llm.toolParser,
+        routedExperts:
+          llm.routedExperts === false ? null : { shape: llm.routedExperts === true ? null : llm.routedExperts },
+        samplingMasks: llm.samplingMasks,
       },
       // Unprobed endpoints (a test's own pool) are taken for `llm.server`, or generic under auto.
       servers: Object.fromEntries(servers.map((s) => [s.url, { kind: s.kind, contextLength: s.contextLength }])),

@@ -5,6 +5,7 @@
  * (msgpackr `moreTypes`) instead of number lists.
  */
 import type { FailureKind } from './failure.ts';
+import type { RoutedExperts, SamplingMask } from './routing.ts';
 import { isDeepStrictEqual } from 'node:util';
 
 export const Status = {
@@ -164,6 +165,14 @@ export interface TurnRecord {
    * loss, 0 = too stale. Absent otherwise (every token counts).
    */
   lossMask?: Uint8Array;
+  /**
+   * Experts each position of `promptIds ++ responseIds` was routed to, from `start` on (`llm.routedExperts`;
+   * domain/routing.ts): the rows this turn adds to its sequence — a turn whose prompt extends the
+   * previous turn's holds only the rows after that turn's. Absent when not asked or not sent.
+   */
+  routedExperts?: RoutedExperts;
+  /** Each response token's sampling support (`llm.samplingMasks`), aligned with responseIds. */
+  samplingMask?: SamplingMask;
   timings: TurnTimings;
 }
 
@@ -460,6 +469,9 @@ export function approxGroupBytes(group: RolloutGroup): number {
       count(t.modelSteps);
       count(t.lossMask);
       count(t.staleKv);
+      count(t.routedExperts?.ids);
+      count(t.samplingMask?.ids);
+      count(t.samplingMask?.offsets);
     }
   }
   return bytes;

@@ -19,6 +19,7 @@ import { contextOverflowReply, isContextOverflow } from './context.ts';
 import { TokenChat } from './token-chat.ts';
 import { samplingFields, type SamplingDialect } from './token-wire.ts';
 import type { ToolParser } from './tool-calls.ts';
+import type { RoutingShape } from './routing-wire.ts';
 import type { ChatModel } from '../gateway/model.ts';
 
 export interface LlmClientOptions {
@@ -68,6 +69,10 @@ export interface LlmClientOptions {
   toolParser?: ToolParser;
   /** The policy's tokenizer and chat template, for `api: tokens` (loaded once per worker). */
   chatModel?: () => Promise<ChatModel>;
+  /** `llm.routedExperts`: keep routed experts, shaped by `shape` where the server sends none (SGLang); null = not asked. */
+  routedExperts?: { shape: RoutingShape | null } | null;
+  /** `llm.samplingMasks`: ask for each token's sampling support (SGLang /generate). */
+  samplingMasks?: boolean;
 }
 
 /**
@@ -152,8 +157,9 @@ export class LlmClient {
   constructor(options: LlmClientOptions) {
     this.#options = options;
     this.#dialect = DIALECTS[options.server?.kind ?? 'generic'];
+    const chatWants = { routedExperts: options.routedExperts != null };
     this.#chatReader = {
-      parse: parseChatReply,
+      parse: (json) => parseChatReply(json, chatWants),
       onClientError: (status, text) => (isContextOverflow(status, text) ? contextOverflowReply(text) : null),
       check: (result) => this.#checkAsked(result),
     };
@@ -309,6 +315,11 @@ export class LlmClient {
     }
     if (this.#options.logprobs && result.logprobs === null)
       this.#warnOnce('logprobs', 'llm.logprobs (choices[0].logprobs.content)');
+    if (this.#options.routedExperts != null && result.routedExperts === undefined && result.responseIds !== null)
+      this.#warnOnce(
+        'routed experts',
+        'llm.routedExperts (choices[0].routed_experts: vLLM launched with --enable-return-routed-experts; SGLang needs llm.api: tokens)',
+      );
   }
 
   #warnOnce(what: string, asked: string): void {

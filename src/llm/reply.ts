@@ -6,6 +6,8 @@ import type { FinishReason } from '../domain/rollout.ts';
 import { LlmError } from './errors.ts';
 import { preview } from '../errors.ts';
 import type { ParsedToolCall } from './tool-calls.ts';
+import type { RoutedExperts, SamplingMask } from '../domain/routing.ts';
+import { readVllmRouted } from './routing-wire.ts';
 
 export interface ChatResult {
   content: string;
@@ -44,6 +46,10 @@ export interface ChatResult {
    * only the version that ended it.
    */
   versionSpans?: VersionSpan[];
+  /** Routed experts of the call's sequence (`promptIds ++ responseIds`), when asked and sent (llm/routing-wire.ts). */
+  routedExperts?: RoutedExperts;
+  /** Each response token's sampling support, when asked and sent. */
+  samplingMask?: SamplingMask;
 }
 
 /** Tokens from the previous span's `end` (0 for the first) up to `end` were sampled by the weights named `version`. */
@@ -79,7 +85,12 @@ export class VersionSpans {
   }
 }
 
-export function parseChatReply(body: unknown): ChatResult {
+/** What a chat reply is read for beyond the OpenAI fields: vLLM's `choices[0].routed_experts` (from position 0). */
+export interface ChatReplyWants {
+  routedExperts: boolean;
+}
+
+export function parseChatReply(body: unknown, wants?: ChatReplyWants): ChatResult {
   if (!isObject(body)) throw bad('reply', body, 'a JSON object');
   const choices = body.choices;
   if (!Array.isArray(choices) || choices.length === 0) throw bad('choices', choices, 'a non-empty array');
@@ -117,8 +128,17 @@ export function parseChatReply(body: unknown): ChatResult {
   }
   const usage = isObject(body.usage) ? body.usage : {};
   const toolCalls = parseToolCallsField(message.tool_calls);
+  let routedExperts: RoutedExperts | undefined;
+  if (wants?.routedExperts === true && choice.routed_experts != null) {
+    try {
+      routedExperts = readVllmRouted(choice.routed_experts, 0);
+    } catch (err) {
+      throw new LlmError('ERR_LLM_BAD_REPLY', `${REPLY}: choices[0].${(err as Error).message}`);
+    }
+  }
   return {
     ...(toolCalls !== null ? { toolCalls } : {}),
+    ...(routedExperts !== undefined ? { routedExperts } : {}),
     content,
     // Compared lower-case everywhere: a server answering "STOP" means stop (regression: it failed the rollout).
     finishReason: finishReason.toLowerCase(),

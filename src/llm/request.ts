@@ -41,4 +41,11 @@ export interface ChatRequest {
   /** Tools the model may call this turn (OpenAI `tools`); absent or empty: none are sent. */
   tools?: ToolSchema[];
   toolChoice?: ToolChoice;
+  /**
+   * With routed experts asked for (`llm.routedExperts`): the sequence position from which the session
+   * still lacks rows — where the rows of the sequence this call extends (the partial reply it
+   * continues, else the previous turn) end. A token-in call whose prompt extends that sequence asks
+   * only from there; any other asks from 0 (docs/ROUTING-REPLAY.md).
+   */
+  routedFrom?: number;
 }

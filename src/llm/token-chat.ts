@@ -26,6 +26,7 @@ import type { ChatResult } from './reply.ts';
 import type { ServerDialect } from './servers.ts';
 import { parseToolCalls, type ToolParser } from './tool-calls.ts';
 import { fillMissingLogprobs, TOKEN_WIRES, type GenerationResult, type TokenWire } from './token-wire.ts';
+import type { RoutingShape } from './routing-wire.ts';
 
 /** The client settings token-in calls read (an TokenChatOptions has them). */
 export interface TokenChatOptions {
@@ -35,6 +36,8 @@ export interface TokenChatOptions {
   toolParser?: ToolParser;
   server?: { contextLength: number | null };
   chatModel?: () => Promise<ChatModel>;
+  routedExperts?: { shape: RoutingShape | null } | null;
+  samplingMasks?: boolean;
 }
 
 /** Sends one token-in call with the client's retries, pause checks and reply limits (LlmClient #call). */
@@ -77,7 +80,12 @@ export class TokenChat {
           : 'llamacpp';
     this.#wire = TOKEN_WIRES[kind];
     this.#options = options;
-    this.#streamed = options.stream === true && dialect.tokenStreamVersions;
+    // Routed experts and sampling masks come in the whole reply (config.ts refuses them with llm.stream).
+    this.#streamed =
+      options.stream === true &&
+      dialect.tokenStreamVersions &&
+      options.routedExperts == null &&
+      options.samplingMasks !== true;
     this.#call = call;
     this.#reader = { parse: (json) => this.#wire.parse(json, fail) };
   }
@@ -112,6 +120,8 @@ export class TokenChat {
     }
     const maxTokens =
       contextLength === null ? request.maxTokens : Math.min(request.maxTokens, contextLength - promptIds.length);
+    const routedFrom = this.#routedFrom(request, promptIds);
+    const samplingMask = this.#options.samplingMasks === true;
     const payload = this.#wire.body(
       {
         promptIds,
@@ -120,14 +130,19 @@ export class TokenChat {
         ...request.sampling,
         temperature: request.temperature,
         ...(request.seed !== undefined ? { seed: request.seed } : {}),
+        ...(routedFrom !== null ? { routedFrom } : {}),
+        ...(samplingMask ? { samplingMask } : {}),
       },
       this.#options.model,
     );
     if (this.#streamed) payload.stream = true;
+    const context = { routedFrom, routingShape: this.#options.routedExperts?.shape ?? null, samplingMask };
     const result = await this.#call(
       this.#wire.path,
       payload,
-      this.#reader,
+      routedFrom === null && !samplingMask
+        ? this.#reader
+        : { parse: (json: unknown) => this.#wire.parse(json, fail, context) },
       signal,
       this.#streamed ? newGenerateStream : null,
     );
@@ -180,9 +195,15 @@ export class TokenChat {
       logprobs: Float32Array.from(result.logprobs),
       weightVersion: result.weightVersion,
       ...(result.versionSpans !== undefined ? { versionSpans: result.versionSpans } : {}),
+      ...(result.routedExperts !== undefined ? { routedExperts: result.routedExperts } : {}),
+      ...(result.samplingMask !== undefined ? { samplingMask: result.samplingMask } : {}),
       promptTokens: promptIds.length,
       completionTokens: ids.length,
     };
+  }
+
+  #routedFrom(request: ChatRequest, promptIds: readonly number[]): number | null {
+    return this.#options.routedExperts == null ? null : routedStartOf(request, promptIds);
   }
 
   get #parser(): ToolParser {
@@ -252,6 +273,23 @@ export class TokenChat {
       throw new LlmError('ERR_LLM_HTTP', 'llm.api "tokens" needs the policy tokenizer (llm.tokenizer)');
     return this.#options.chatModel();
   }
+}
+
+/**
+ * Where a token-in call asks for routed experts from: where the session's rows end
+ * (`request.routedFrom`) when its prompt extends the sequence those rows belong to (a continued reply
+ * always does), else 0 — never past the last prompt token (SGLang and vLLM refuse a start beyond it).
+ */
+export function routedStartOf(request: ChatRequest, promptIds: readonly number[]): number {
+  const from = request.routedFrom ?? 0;
+  if (from <= 0) return 0;
+  const prev = request.continueTokens ?? request.previous;
+  if (prev === undefined || prev.promptIds === null || prev.responseIds === null) return 0;
+  const n = prev.promptIds.length;
+  if (promptIds.length < n + prev.responseIds.length) return 0;
+  for (let i = 0; i < n; i++) if (promptIds[i] !== prev.promptIds[i]) return 0;
+  for (let i = 0; i < prev.responseIds.length; i++) if (promptIds[n + i] !== prev.responseIds[i]) return 0;
+  return Math.min(from, promptIds.length - 1);
 }
 
 function argumentsObject(text: string): unknown {

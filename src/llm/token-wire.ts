@@ -16,6 +16,8 @@
  */
 
 import type { VersionSpan } from './reply.ts';
+import type { RoutedExperts, SamplingMask } from '../domain/routing.ts';
+import { readSglangMask, readSglangRouted, readVllmRouted, type RoutingShape } from './routing-wire.ts';
 
 /** Sampling settings an agent may send and a backend honours; unset = the backend's default. */
 export interface SamplingParams {
@@ -35,7 +37,20 @@ export interface SamplingRequest extends SamplingParams {
   maxTokens: number;
   /** Alternatives per position to return besides the sampled token (OpenAI top_logprobs); 0 = none. */
   topLogprobs: number;
+  /** Routed experts wanted from this sequence position on (vLLM `routed_experts_prompt_start`, SGLang `routed_experts_start_len`); absent = not asked. */
+  routedFrom?: number;
+  /** SGLang's sampling support per token (`return_sampling_mask`). */
+  samplingMask?: boolean;
 }
+
+/** What a reply is read with besides its own body: where its routed rows start and their shape where the server sends none. */
+export interface ReadContext {
+  routedFrom: number | null;
+  routingShape: RoutingShape | null;
+  samplingMask: boolean;
+}
+
+const NOTHING_ASKED: ReadContext = { routedFrom: null, routingShape: null, samplingMask: false };
 
 export interface TopLogprob {
   token: string | null;
@@ -57,6 +72,10 @@ export interface GenerationResult {
   missingLogprobs?: number[];
   /** Which weights sampled which tokens, from a streamed reply (llm/generate-stream.ts); see ChatResult.versionSpans. */
   versionSpans?: VersionSpan[];
+  /** Routed experts of `promptIds ++ completionIds`, when asked and sent. */
+  routedExperts?: RoutedExperts;
+  /** Sampling support per completion token, when asked and sent. */
+  samplingMask?: SamplingMask;
 }
 
 export type TokenWireKind = 'vllm' | 'sglang' | 'llamacpp';
@@ -66,7 +85,7 @@ export interface TokenWire {
   path: '/v1/completions' | '/generate' | '/completion';
   body(request: SamplingRequest, model: string | null): Record<string, unknown>;
   /** The reply, or an error made by `fail` naming what is wrong. */
-  parse(json: unknown, fail: (why: string) => Error): GenerationResult;
+  parse(json: unknown, fail: (why: string) => Error, context?: ReadContext): GenerationResult;
 }
 
 export const TOKEN_WIRES: Record<TokenWireKind, TokenWire> = {
@@ -194,6 +213,8 @@ function vllmBody(r: SamplingRequest, model: string | null): Record<string, unkn
     // The completion is decoded from ids by the caller: text-side trimming must not drop tokens.
     include_stop_str_in_output: true,
   };
+  // Routed experts are sent whenever the server has them on; the request only skips prompt rows.
+  if (r.routedFrom !== undefined && r.routedFrom > 0) body.routed_experts_prompt_start = r.routedFrom;
   return samplingFields('vllm', r, body);
 }
 
@@ -203,6 +224,8 @@ function sglangBody(r: SamplingRequest): Record<string, unknown> {
     sampling_params: samplingFields('sglang', r, { max_new_tokens: r.maxTokens, no_stop_trim: true }),
     return_logprob: true,
     ...(r.topLogprobs > 0 ? { top_logprobs_num: r.topLogprobs } : {}),
+    ...(r.routedFrom !== undefined ? { return_routed_experts: true, routed_experts_start_len: r.routedFrom } : {}),
+    ...(r.samplingMask === true ? { return_sampling_mask: true } : {}),
   };
 }
 
@@ -234,10 +257,15 @@ function versionText(value: unknown): string | null {
   return null;
 }
 
-function parseVllm(json: unknown, fail: (why: string) => Error): GenerationResult {
+function parseVllm(
+  json: unknown,
+  fail: (why: string) => Error,
+  context: ReadContext = NOTHING_ASKED,
+): GenerationResult {
   const reply = json as { choices?: unknown; metadata?: { weight_version?: unknown } | null } | null;
   const choice = (Array.isArray(reply?.choices) ? reply.choices[0] : undefined) as
     | {
+        routed_experts?: unknown;
         token_ids?: unknown;
         logprobs?: { token_logprobs?: unknown; top_logprobs?: unknown } | null;
         finish_reason?: unknown;
@@ -272,16 +300,29 @@ function parseVllm(json: unknown, fail: (why: string) => Error): GenerationResul
         : [],
     );
   }
+  let routedExperts: RoutedExperts | undefined;
+  if (context.routedFrom !== null && choice.routed_experts != null) {
+    try {
+      routedExperts = readVllmRouted(choice.routed_experts, context.routedFrom);
+    } catch (err) {
+      throw fail(`choices[0].${(err as Error).message}`);
+    }
+  }
   return {
     completionIds,
     logprobs: logprobs as number[],
     topLogprobs: top,
     finishReason: choice.finish_reason.toLowerCase(),
     weightVersion: versionText(reply?.metadata?.weight_version),
+    ...(routedExperts !== undefined ? { routedExperts } : {}),
   };
 }
 
-function parseSglang(json: unknown, fail: (why: string) => Error): GenerationResult {
+function parseSglang(
+  json: unknown,
+  fail: (why: string) => Error,
+  context: ReadContext = NOTHING_ASKED,
+): GenerationResult {
   const reply = (Array.isArray(json) ? json[0] : json) as {
     output_ids?: unknown;
     meta_info?: Record<string, unknown>;
@@ -325,12 +366,23 @@ function parseSglang(json: unknown, fail: (why: string) => Error): GenerationRes
         : [],
     );
   }
+  let routedExperts: RoutedExperts | undefined;
+  let samplingMask: SamplingMask | undefined;
+  try {
+    if (context.routedFrom !== null && meta.routed_experts != null)
+      routedExperts = readSglangRouted(meta.routed_experts, context.routedFrom, context.routingShape);
+    if (context.samplingMask) samplingMask = readSglangMask(meta, completionIds) ?? undefined;
+  } catch (err) {
+    throw fail((err as Error).message);
+  }
   return {
     completionIds,
     logprobs,
     topLogprobs: top,
     finishReason: finishReason.toLowerCase(),
     weightVersion: versionText(meta.weight_version),
+    ...(routedExperts !== undefined ? { routedExperts } : {}),
+    ...(samplingMask !== undefined ? { samplingMask } : {}),
   };
 }
 

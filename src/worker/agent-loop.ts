@@ -53,6 +53,7 @@ import { failureKindOf } from '../domain/failure.ts';
 import { NO_EXPIRY } from '../protocol/control-block.ts';
 import { replyStep } from '../domain/weight-versions.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
+import { alignTurnRouting, continuationRouting, routedEnd } from './routing.ts';
 import { tokenSteps } from './token-steps.ts';
 import { trimMessages } from './trim.ts';
 import { NO_TOOLS, runToolCalls, toolMessagesOf, type StepTools, type ToolSettings } from './tools.ts';
@@ -546,6 +547,8 @@ function infer(
   // A call kept across an in-place pause began on these weights: its early tokens are theirs.
   const stepAtSend = gate.modelStep;
   const previous = partial === null ? previousTurn(rollout, agentId) : undefined;
+  // Where this agent's sequence lacks rows: the partial's end, else the previous turn's (llm/request.ts).
+  const routedFrom = routedEnd(partial ?? previous);
   let call: Promise<ChatResult>;
   try {
     call = ctx.llm.chat(
@@ -571,6 +574,7 @@ function infer(
         ...(tools.schemas.length > 0
           ? { tools: tools.schemas, toolChoice: (settings.tools ?? DEFAULT_TOOL_SETTINGS).toolChoice }
           : {}),
+        ...(routedFrom > 0 ? { routedFrom } : {}),
       },
       gate.signal,
       agentId === null ? { session: rollout.id } : { session: rollout.id, agent: agentId },
@@ -602,7 +606,11 @@ function infer(
     turn.modelSteps = steps.modelSteps;
     if (steps.staleKv !== null) turn.staleKv = steps.staleKv;
     if (steps.spansVersions) turn.spansVersions = true;
-    if (partial) mergeContinuation(partial, turn);
+    // Rows placed on the sequence they belong to, or dropped: never shifted onto other tokens.
+    if (partial) {
+      continuationRouting(partial, turn);
+      mergeContinuation(partial, turn);
+    } else alignTurnRouting(turn, previous);
     if (reply.toolCalls !== undefined && reply.toolCalls.length > 0) pendingCalls.set(turn, reply.toolCalls);
     return turn;
   });
@@ -709,6 +717,8 @@ function turnRecord(
     truncated: false,
     trainable: settings.messageCut > 0,
     timings: { inferenceMs, envMs, totalMs: performance.now() - turnStart },
+    ...(reply.routedExperts !== undefined ? { routedExperts: reply.routedExperts } : {}),
+    ...(reply.samplingMask !== undefined ? { samplingMask: reply.samplingMask } : {}),
   };
 }
 

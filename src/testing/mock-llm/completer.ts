@@ -32,6 +32,7 @@ import { textCompletionJson, type TokenCompletionRequest } from './completions.t
 import { completionJson, logprobDraws } from './response.ts';
 import type { Finish, NaturalFinish, Scheduler } from './scheduler.ts';
 import { CompletionStream } from './stream.ts';
+import { sglangMaskFields, sglangRoutedField, vllmRoutedField, type MockRouting } from './routing.ts';
 import { pythonJsonDumps, ToolCallDeltas } from './stream-tools.ts';
 import { decodeIds, encodeText, END_OF_TURN_ID, promptTokenIds, rememberEncoding } from './tokens.ts';
 import { parseChatMl, type MockVocabulary } from './vocab.ts';
@@ -338,7 +339,9 @@ export class Completer {
         truncated: truncated && reason === 'length',
         created: Math.floor(Date.now() / 1000),
       });
-      deliver(res, json, fault);
+      // vLLM's chat choices carry routed_experts too (ChatCompletionResponseChoice); SGLang's engine path is /generate.
+      const routed = d === 'vllm' ? withRouting(d, json, promptIds, out, CHAT_ROUTING, o.routedExperts) : json;
+      deliver(res, routed, fault);
     };
     this.#scheduler.schedule(res, { ids, promptTokens, promptIds, natural, answer, rid });
   }
@@ -356,6 +359,7 @@ export class Completer {
         seed: r.seed,
         rid: null,
         returnTokenIds: r.returnTokenIds,
+        routedFrom: r.routedExpertsPromptStart,
       },
       'openai',
     );
@@ -413,7 +417,7 @@ export class Completer {
       } else {
         json = llamacppCompletionJson(shape);
       }
-      deliver(res, json, fault);
+      deliver(res, withRouting(d, json, prompt.ids, out, request, o.routedExperts), fault);
     };
     this.#scheduler.schedule(res, {
       ids,
@@ -518,4 +522,45 @@ function startsWith(ids: readonly number[], prefix: readonly number[]): boolean 
   if (prefix.length > ids.length) return false;
   for (let i = 0; i < prefix.length; i++) if (ids[i] !== prefix[i]) return false;
   return true;
+}
+
+/** A chat request's routing: from the first prompt token (the engine asks no later start on chat). */
+const CHAT_ROUTING: TokenInRequest = {
+  prompt: [],
+  maxTokens: null,
+  logprobs: null,
+  seed: undefined,
+  rid: null,
+  routedFrom: 0,
+};
+
+/**
+ * A token-in reply with the routed experts and sampling masks its server would add: vLLM's on every
+ * choice when launched with them (the request only moves the start), SGLang's when the request asks.
+ */
+function withRouting(
+  d: Dialect,
+  json: string,
+  promptIds: readonly number[],
+  ids: readonly number[],
+  request: TokenInRequest,
+  routing: MockRouting | null,
+): string {
+  const wantsRouting = routing !== null && (d === 'vllm' || (d === 'sglang' && request.routedFrom != null));
+  if (!wantsRouting && !(d === 'sglang' && request.samplingMask === true)) return json;
+  const body = JSON.parse(json) as Record<string, unknown>;
+  const sequence = [...promptIds, ...ids];
+  if (d === 'vllm' && routing !== null)
+    (body.choices as Record<string, unknown>[])[0].routed_experts = vllmRoutedField(
+      sequence,
+      request.routedFrom ?? 0,
+      routing,
+    );
+  if (d === 'sglang') {
+    const meta = body.meta_info as Record<string, unknown>;
+    if (wantsRouting && routing !== null)
+      meta.routed_experts = sglangRoutedField(sequence, request.routedFrom ?? 0, routing);
+    if (request.samplingMask === true) Object.assign(meta, sglangMaskFields(ids, promptIds.length));
+  }
+  return JSON.stringify(body);
 }

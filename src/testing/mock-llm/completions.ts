@@ -22,6 +22,8 @@ export interface TokenCompletionRequest {
   seed: number | undefined;
   /** `model` as sent (the vllm dialect checks it); undefined when absent. */
   model: string | undefined;
+  /** vLLM `routed_experts_prompt_start`: prompt tokens whose routing is left out (0 = none). */
+  routedExpertsPromptStart: number;
 }
 
 const VLLM_DEFAULT_MAX_TOKENS = 16;
@@ -81,7 +83,13 @@ export function parseTokenCompletionRequest(raw: string): TokenCompletionRequest
   const model = check('model', (v) => typeof v === 'string', 'must be a string') as string | undefined;
   check('temperature', (v) => typeof v === 'number' && Number.isFinite(v), 'must be a number');
   check('top_p', (v) => typeof v === 'number' && Number.isFinite(v), 'must be a number');
+  const routedStart = check(
+    'routed_experts_prompt_start',
+    (v) => Number.isSafeInteger(v) && (v as number) >= 0,
+    'must be a non-negative integer',
+  ) as number | undefined;
   return {
+    routedExpertsPromptStart: routedStart ?? 0,
     prompt: prompt as number[] | string,
     maxTokens: maxTokens ?? VLLM_DEFAULT_MAX_TOKENS,
     logprobs: logprobs ?? null,

@@ -376,6 +376,10 @@ export interface TokenInRequest {
   rid: string | null;
   /** vLLM `return_token_ids` (token ids and prompt ids on the choice). */
   returnTokenIds?: boolean;
+  /** Where routed experts are asked from (vLLM `routed_experts_prompt_start`, SGLang `routed_experts_start_len`); null = not asked (SGLang). */
+  routedFrom?: number | null;
+  /** SGLang `return_sampling_mask`. */
+  samplingMask?: boolean;
 }
 
 function bad(param: string, rule: string, value: unknown): never {
@@ -429,7 +433,23 @@ export function parseGenerateRequest(raw: string): TokenInRequest {
   if (top !== undefined && top !== null && !(isInt(top) && top >= 0))
     bad('top_logprobs_num', 'must be a non-negative integer', top);
   const rid = typeof b.rid === 'string' ? b.rid : null;
+  const routedStart = b.routed_experts_start_len;
+  if (routedStart !== undefined && routedStart !== null && !(isInt(routedStart) && routedStart >= 0))
+    bad('routed_experts_start_len', 'must be a non-negative integer', routedStart);
+  // test/registered/sampling/test_sampling_mask.py @cbc9dac0598670d685bc387da08e47cbe4a27cc6: a mask
+  // over the whole vocabulary (no top_k, top_p or min_p) and a streamed one are 400s.
+  const samplingMask = b.return_sampling_mask === true;
+  if (samplingMask) {
+    const bounded =
+      (isInt(sp.top_k) && sp.top_k > 0) ||
+      (typeof sp.top_p === 'number' && sp.top_p < 1) ||
+      (typeof sp.min_p === 'number' && sp.min_p > 0);
+    if (!bounded)
+      bad('return_sampling_mask', 'needs top_k, top_p < 1 or min_p > 0 (an unbounded support is refused)', true);
+  }
   return {
+    routedFrom: b.return_routed_experts === true ? (isInt(routedStart) ? routedStart : 0) : null,
+    samplingMask,
     prompt,
     // python/sglang/srt/sampling/sampling_params.py SamplingParams(max_new_tokens=128) is the default.
     maxTokens: isInt(maxNew) ? maxNew : 128,

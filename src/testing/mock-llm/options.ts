@@ -4,6 +4,7 @@
  */
 import { show } from '../../env/synthetic/params.ts';
 import { RolloutEngineError } from '../../errors.ts';
+import type { MockRouting } from './routing.ts';
 import { GPU_DEFAULTS, type CapacityOptions, type ResolvedCapacity } from './gpu.ts';
 import { MAX_RESPONSE_TOKENS } from './lengths.ts';
 import { MOCK_TOKENIZERS } from './vocab.ts';
@@ -106,12 +107,20 @@ export interface MockLlmOptions {
    * tokensPerSecond, which this replaces (leave them at 0).
    */
   capacity?: CapacityOptions | null;
+  /**
+   * vllm and sglang dialects: a mixture-of-experts server launched with
+   * `--enable-return-routed-experts`, routing as mockExpert says (routing.ts). vLLM then sends
+   * `routed_experts` on every choice, SGLang `meta_info.routed_experts` when a /generate asks for
+   * them; null = a server without it.
+   */
+  routedExperts?: MockRouting | null;
 }
 
 export type ResolvedMockLlmOptions = Readonly<
-  Required<Omit<MockLlmOptions, 'contextLength' | 'capacity'>> & {
+  Required<Omit<MockLlmOptions, 'contextLength' | 'capacity' | 'routedExperts'>> & {
     contextLength: number | null;
     capacity: ResolvedCapacity | null;
+    routedExperts: MockRouting | null;
   }
 >;
 
@@ -138,6 +147,7 @@ export const MOCK_LLM_DEFAULTS: ResolvedMockLlmOptions = Object.freeze({
   contextLength: null,
   vllmDevMode: true,
   capacity: null,
+  routedExperts: null,
 });
 
 const KNOWN = Object.keys(MOCK_LLM_DEFAULTS);
@@ -234,6 +244,20 @@ export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMoc
     contextLength: o.contextLength === null ? null : integer('contextLength', o.contextLength, 2, 1 << 30),
     vllmDevMode: boolean('vllmDevMode', o.vllmDevMode),
     capacity: o.capacity === null ? null : capacity(o.capacity, o.latencyMs, o.tokensPerSecond),
+    routedExperts: o.routedExperts === null ? null : routing(o.routedExperts),
+  });
+}
+
+function routing(value: unknown): MockRouting {
+  const r = value as Partial<MockRouting> | null;
+  if (typeof r !== 'object' || r === null) fail('routedExperts', 'must be {layers, topK, experts} or null', value);
+  for (const key of Object.keys(r))
+    if (!['layers', 'topK', 'experts'].includes(key)) fail(`routedExperts.${key}`, 'is not an option', value);
+  const experts = integer('routedExperts.experts', r.experts, 1, 65536);
+  return Object.freeze({
+    layers: integer('routedExperts.layers', r.layers, 1, 1024),
+    topK: integer('routedExperts.topK', r.topK, 1, experts),
+    experts,
   });
 }
 

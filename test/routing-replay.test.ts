@@ -1,0 +1,367 @@
+/**
+ * Routing replay and sampling masks kept on their tokens end to end (docs/ROUTING-REPLAY.md).
+ *
+ * The servers' encodings are read as written from their source (llm/routing-wire.ts names it): vLLM's
+ * base64 `.npy` on the choice, SGLang's base64 int32 in meta_info and its per-token support lists.
+ * The mock writes each row as a function of its token and position only (mockExpert), so a row that
+ * moved to another position or token no longer matches: the property test drives thousands of
+ * episodes through aborts, continuations, in-place pauses and kills restored from checkpoints, with
+ * replies parsed by the engine's own readers, and checks every row and every support it kept.
+ */
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { readSglangMask, readSglangRouted, readVllmRouted, npyBase64 } from '../src/llm/routing-wire.ts';
+import { concatRouted, routedFrom, type RoutedExperts } from '../src/domain/routing.ts';
+import { TOKEN_WIRES } from '../src/llm/token-wire.ts';
+import { parseChatReply, type ChatResult } from '../src/llm/reply.ts';
+import type { ChatRequest } from '../src/llm/request.ts';
+import { routedStartOf } from '../src/llm/token-chat.ts';
+import { runEpisode, type ChatClient, type EpisodeContext, type PauseView } from '../src/worker/agent-loop.ts';
+import type { Environment, StepResult } from '../src/env/types.ts';
+import { newGroup, Status, type RolloutGroup, type RolloutState, type TurnRecord } from '../src/domain/rollout.ts';
+import { NO_EXPIRY } from '../src/protocol/control-block.ts';
+import { decodeRunGroup, encodeRunGroup } from '../src/protocol/codec.ts';
+import { decodeCheckpoint, encodeCheckpoint } from '../src/formats/checkpoint-file.ts';
+import { compactGroup, expandGroup } from '../src/formats/compact.ts';
+import {
+  mockExpert,
+  mockSupport,
+  sglangMaskFields,
+  sglangRoutedField,
+  vllmRoutedField,
+  type MockRouting,
+} from '../src/testing/mock-llm/routing.ts';
+
+const ROUTING: MockRouting = { layers: 3, topK: 2, experts: 64 };
+const WIDE: MockRouting = { layers: 2, topK: 2, experts: 300 };
+
+function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+const fail = (why: string): Error => new Error(why);
+
+describe('the servers’ routed-expert encodings', () => {
+  it('reads a vLLM .npy of uint8 as numpy.save writes it, rows starting at the requested prompt start', () => {
+    const b64 = vllmRoutedField([5, 6, 7, 8], 1, ROUTING)!;
+    const raw = Buffer.from(b64, 'base64');
+    assert.equal(raw.toString('latin1', 0, 6), '\x93NUMPY');
+    assert.equal((10 + raw.readUInt16LE(8)) % 64, 0, 'the data starts 64-aligned, as numpy pads the header');
+    assert.match(raw.toString('latin1', 10, 10 + raw.readUInt16LE(8)), /'descr': '\|u1'.*'shape': \(2, 3, 2\)/);
+    const r = readVllmRouted(b64, 1);
+    assert.deepEqual([r.start, r.rows, r.layers, r.topK, r.ids.constructor.name], [1, 2, 3, 2, 'Uint8Array']);
+    assert.equal(r.ids[0], mockExpert(6, 1, 0, 0, ROUTING.experts));
+    assert.equal(r.ids[6 + 5], mockExpert(7, 2, 2, 1, ROUTING.experts));
+  });
+
+  it('reads vLLM int32 and uint16 arrays, keeping ids above 255 in two bytes', () => {
+    const values = [1, 2, 300, 4];
+    const r = readVllmRouted(npyBase64(values, [1, 2, 2], '<i4'), 0);
+    assert.deepEqual([r.ids.constructor.name, [...r.ids]], ['Uint16Array', values]);
+    assert.deepEqual([...readVllmRouted(npyBase64(values, [1, 2, 2], '<u2'), 0).ids], values);
+  });
+
+  it('refuses a vLLM .npy whose data does not fill its shape, naming the shape', () => {
+    const b64 = npyBase64([1, 2, 3], [1, 2, 2], '|u1');
+    assert.throws(() => readVllmRouted(b64, 0), /3 bytes of data for shape \(1, 2, 2\)/);
+  });
+
+  it('reads SGLang’s base64 int32 with the configured shape, and asks for the shape when none is set', () => {
+    const r = readSglangRouted(sglangRoutedField([9, 10, 11], 0, ROUTING), 0, { layers: 3, topK: 2 });
+    assert.equal(r.rows, 2);
+    assert.equal(r.ids[6], mockExpert(10, 1, 0, 0, ROUTING.experts));
+    assert.throws(() => readSglangRouted('AAAA', 0, null), /set llm.routedExperts to \{"layers"/);
+    assert.throws(
+      () => readSglangRouted(sglangRoutedField([9, 10, 11], 0, ROUTING), 0, { layers: 4, topK: 2 }),
+      /not whole rows/,
+    );
+  });
+
+  it('reads SGLang’s sampling supports as CSR, refusing a support without its sampled token', () => {
+    const m = readSglangMask(sglangMaskFields([4, 9], 10), [4, 9])!;
+    assert.deepEqual([...m.offsets], [0, 2, 4]);
+    assert.deepEqual([...m.ids], [...mockSupport(4, 10), ...mockSupport(9, 11)]);
+    assert.throws(() => readSglangMask({ output_token_sampling_mask: [[5]] }, [4]), /lacks its sampled token 4/);
+  });
+
+  it('joins rows only where they meet, and drops the rows before a position', () => {
+    const a: RoutedExperts = { start: 0, rows: 2, layers: 1, topK: 1, ids: Uint8Array.of(1, 2) };
+    const b: RoutedExperts = { start: 2, rows: 1, layers: 1, topK: 1, ids: Uint16Array.of(700) };
+    assert.deepEqual([...concatRouted(a, b)!.ids], [1, 2, 700]);
+    assert.equal(concatRouted(a, { ...b, start: 3 }), null);
+    assert.deepEqual(routedFrom(a, 1), { start: 1, rows: 1, layers: 1, topK: 1, ids: Uint8Array.of(2) });
+  });
+});
+
+// --- the property test -------------------------------------------------------------------------------
+
+type Server = 'vllm' | 'sglang' | 'vllm-chat';
+
+/**
+ * A server of `kind` answering the agent loop's calls: its prompt extends the session's sequence
+ * (or, now and then, does not: a trimmed or re-rendered prompt), its replies are cut by aborts and
+ * kept across in-place pauses, and its body is the server's own, read by the engine's readers.
+ */
+function fakeServer(kind: Server, random: () => number, routing: MockRouting): ChatClient {
+  const token = (): number => Math.floor(random() * 5000);
+  return {
+    async chat(request: ChatRequest): Promise<ChatResult> {
+      let promptIds: number[];
+      if (request.continueTokens !== undefined) {
+        promptIds = [...request.continueTokens.promptIds, ...request.continueTokens.responseIds];
+        // A chat continuation's prompt comes back re-tokenized now and then.
+        if (kind === 'vllm-chat' && random() < 0.3) promptIds[promptIds.length - 1] += 1;
+      } else if (request.previous?.promptIds != null && request.previous.responseIds !== null && random() < 0.8) {
+        promptIds = [...request.previous.promptIds, ...request.previous.responseIds];
+        for (let i = 1 + Math.floor(random() * 4); i > 0; i--) promptIds.push(token());
+      } else {
+        promptIds = Array.from({ length: 2 + Math.floor(random() * 6) }, token);
+      }
+      const aborted = random() < 0.25;
+      const n = Math.min(request.maxTokens, aborted ? Math.floor(random() * 4) : 1 + Math.floor(random() * 6));
+      const ids = Array.from({ length: n }, token);
+      const finish = aborted ? 'abort' : 'stop';
+      const sequence = [...promptIds, ...ids];
+      let parsed: {
+        routedExperts?: ChatResult['routedExperts'];
+        samplingMask?: ChatResult['samplingMask'];
+        promptIds: number[];
+      };
+      const logprobs = ids.map(() => -0.5);
+      if (kind === 'vllm') {
+        const start = routedStartOf(request, promptIds);
+        const body = {
+          choices: [
+            {
+              token_ids: ids,
+              logprobs: { token_logprobs: logprobs },
+              finish_reason: finish,
+              routed_experts: vllmRoutedField(sequence, start, routing),
+            },
+          ],
+        };
+        const r = TOKEN_WIRES.vllm.parse(JSON.parse(JSON.stringify(body)), fail, {
+          routedFrom: start,
+          routingShape: null,
+          samplingMask: false,
+        });
+        parsed = { ...r, promptIds };
+      } else if (kind === 'sglang') {
+        const start = routedStartOf(request, promptIds);
+        const body = {
+          output_ids: ids,
+          meta_info: {
+            output_token_logprobs: ids.map((id) => [-0.5, id, null]),
+            finish_reason: { type: finish },
+            routed_experts: sglangRoutedField(sequence, start, routing),
+            ...sglangMaskFields(ids, promptIds.length),
+          },
+        };
+        const r = TOKEN_WIRES.sglang.parse(JSON.parse(JSON.stringify(body)), fail, {
+          routedFrom: start,
+          routingShape: { layers: routing.layers, topK: routing.topK },
+          samplingMask: true,
+        });
+        parsed = { ...r, promptIds };
+      } else {
+        const body = {
+          choices: [
+            {
+              message: { role: 'assistant', content: ids.join(' ') },
+              finish_reason: finish,
+              token_ids: ids,
+              logprobs: { content: ids.map(() => ({ token: 'x', logprob: -0.5 })) },
+              routed_experts: vllmRoutedField(sequence, 0, routing),
+            },
+          ],
+          prompt_token_ids: promptIds,
+        };
+        const r = parseChatReply(JSON.parse(JSON.stringify(body)), { routedExperts: true });
+        parsed = { routedExperts: r.routedExperts, promptIds };
+      }
+      // Now and then a reply kept across an in-place weight update names its weights per span.
+      const spans =
+        n >= 2 && random() < 0.15
+          ? [
+              { end: 1, version: '3' },
+              { end: n, version: '4' },
+            ]
+          : undefined;
+      return {
+        content: ids.join(' '),
+        finishReason: finish,
+        promptIds: Int32Array.from(parsed.promptIds),
+        responseIds: Int32Array.from(ids),
+        logprobs: Float32Array.from(logprobs),
+        weightVersion: spans === undefined ? '3' : '4',
+        promptTokens: promptIds.length,
+        completionTokens: n,
+        ...(spans !== undefined ? { versionSpans: spans } : {}),
+        ...(parsed.routedExperts !== undefined ? { routedExperts: parsed.routedExperts } : {}),
+        ...(parsed.samplingMask !== undefined ? { samplingMask: parsed.samplingMask } : {}),
+      };
+    },
+  };
+}
+
+/** Ends after `steps` steps; the prompt grows by each action. */
+function stepsEnv(steps: number): Environment {
+  const actions: string[] = [];
+  return {
+    reset() {
+      actions.length = 0;
+      return { observation: null };
+    },
+    getTaskPrompt: () => [
+      { role: 'user', content: 'go' },
+      ...actions.map((a) => ({ role: 'assistant' as const, content: a })),
+    ],
+    step(action): StepResult {
+      actions.push(String(action));
+      return { observation: null, reward: actions.length, terminated: actions.length >= steps, truncated: false };
+    },
+  };
+}
+
+function gate(): PauseView {
+  return {
+    paused: false,
+    modelStep: 3,
+    oldestUsefulStep: NO_EXPIRY,
+    signal: new AbortController().signal,
+    stepOfVersion: (v) => (v === null ? 3 : Number(v)),
+  };
+}
+
+/** The group as another process gets it: through the thread codec, or a checkpoint file in the compact form. */
+function restored(group: RolloutGroup, how: number): RolloutGroup {
+  if (how < 0.5) return decodeRunGroup(encodeRunGroup(group, 3, 0)).group;
+  const bytes = encodeCheckpoint({ v: 1, groups: [compactGroup(group)] });
+  const back = decodeCheckpoint(bytes, 'test').groups as RolloutGroup[];
+  return expandGroup(back[0], 'groups[0]');
+}
+
+interface Tally {
+  rows: number;
+  forwarded: number;
+  covered: number;
+  supports: number;
+  bytes: number;
+}
+
+/**
+ * Every kept row is the mock's for the token at its position; every support is the mock's for its
+ * response token. The turns are laid out as a trainer's sample builder does (a turn whose prompt
+ * extends the sample continues it), counting the forwarded positions that have a row.
+ */
+function check(rollout: RolloutState, routing: MockRouting, tally: Tally, where: string): void {
+  let sample: number[] = [];
+  let covered = new Set<number>();
+  const flush = (): void => {
+    tally.forwarded += Math.max(0, sample.length - 1);
+    tally.covered += covered.size;
+  };
+  rollout.turns.forEach((turn: TurnRecord, t) => {
+    const at = `${where} turn ${t}`;
+    if (turn.promptIds === null || turn.responseIds === null) return;
+    const seq = [...turn.promptIds, ...turn.responseIds];
+    const extendsSample = sample.length > 0 && seq.length >= sample.length && sample.every((id, i) => seq[i] === id);
+    if (!extendsSample) {
+      flush();
+      covered = new Set();
+    }
+    sample = seq;
+    const r = turn.routedExperts;
+    if (r !== undefined) {
+      assert.equal(r.layers, routing.layers, at);
+      assert.equal(r.topK, routing.topK, at);
+      assert.ok(r.start + r.rows <= seq.length - 1, `${at}: rows past the forwarded positions`);
+      tally.bytes = r.ids.BYTES_PER_ELEMENT * r.layers * r.topK;
+      for (let row = 0; row < r.rows; row++) {
+        const p: number = r.start + row;
+        covered.add(p);
+        for (let l = 0; l < r.layers; l++)
+          for (let k = 0; k < r.topK; k++) {
+            const got: number = r.ids[(row * r.layers + l) * r.topK + k];
+            const want = mockExpert(seq[p], p, l, k, routing.experts);
+            if (got !== want)
+              assert.fail(`${at}: position ${p} (token ${seq[p]}) layer ${l} choice ${k}: ${got}, not ${want}`);
+          }
+        tally.rows++;
+      }
+    }
+    const m = turn.samplingMask;
+    if (m !== undefined) {
+      assert.equal(m.offsets.length, turn.responseIds.length + 1, at);
+      for (let i = 0; i < turn.responseIds.length; i++) {
+        const support: number[] = [...m.ids.subarray(m.offsets[i], m.offsets[i + 1])];
+        assert.deepEqual(support, mockSupport(turn.responseIds[i], turn.promptIds.length + i), `${at}: support ${i}`);
+        tally.supports++;
+      }
+    }
+  });
+  flush();
+}
+
+async function fuzz(kind: Server, episodes: number, seed: number, routing: MockRouting): Promise<Tally> {
+  const tally: Tally = { rows: 0, forwarded: 0, covered: 0, supports: 0, bytes: 0 };
+  for (let e = 0; e < episodes; e++) {
+    const random = rng(seed * 100_003 + e);
+    const steps = 1 + Math.floor(random() * 4);
+    const sample = { taskName: 't', promptIndex: e, drawIndex: e, seed: e, envParams: {} };
+    let group = newGroup(sample, 1);
+    const server = fakeServer(kind, random, routing);
+    for (let attempt = 0; ; attempt++) {
+      const ctx: EpisodeContext = {
+        actors: { acquire: async () => stepsEnv(steps), done: async () => {} },
+        llm: server,
+        settings: { maxSteps: 6, messageCut: 0, maxTokens: 12, temperature: 1, partialRollout: true, sendSeed: true },
+        gate: gate(),
+        workerId: 0,
+      };
+      await runEpisode(group.rollouts[0], ctx);
+      const rollout = group.rollouts[0];
+      check(rollout, routing, tally, `${kind} episode ${e} attempt ${attempt}`);
+      // Killed or handed on between attempts: what comes back is what was sent.
+      group = restored(group, random());
+      check(group.rollouts[0], routing, tally, `${kind} episode ${e} attempt ${attempt} restored`);
+      if (group.rollouts[0].status !== Status.ABORTED) break;
+      assert.ok(attempt < 200, `${kind} episode ${e} never finished`);
+    }
+    assert.equal(group.rollouts[0].status, Status.COMPLETED, group.rollouts[0].error ?? undefined);
+  }
+  return tally;
+}
+
+describe('routing replay through every splice', () => {
+  it('keeps every vLLM token-in row on its token over 1500 fuzzed episodes, covering every forwarded position', async () => {
+    const t = await fuzz('vllm', 1500, 1, ROUTING);
+    assert.ok(t.rows > 10_000, `only ${t.rows} rows checked`);
+    assert.equal(t.covered, t.forwarded, 'a forwarded position of a token-in sample has no row');
+  });
+
+  it('keeps every SGLang row and sampling support on its token over 1500 fuzzed episodes', async () => {
+    const t = await fuzz('sglang', 1500, 2, ROUTING);
+    assert.ok(t.supports > 5_000, `only ${t.supports} supports checked`);
+    assert.equal(t.covered, t.forwarded);
+  });
+
+  it('keeps vLLM chat rows aligned over 1000 fuzzed episodes, dropping a continuation’s rows when its prompt came back re-tokenized', async () => {
+    const t = await fuzz('vllm-chat', 1000, 3, ROUTING);
+    assert.ok(t.rows > 5_000);
+    assert.ok(t.covered < t.forwarded, 'the re-tokenized continuations lost their rows, as they must');
+  });
+
+  it('keeps ids above 255 in two bytes through the same splices', async () => {
+    const t = await fuzz('sglang', 200, 4, WIDE);
+    assert.equal(t.bytes, 2 * WIDE.layers * WIDE.topK);
+    assert.equal(t.covered, t.forwarded);
+  });
+});
