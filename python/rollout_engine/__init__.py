@@ -12,7 +12,7 @@
 
 ``rollout_engine.collate`` (needs torch) turns samples into padded tensors.
 """
-from .batch import Batch, Group, Rollout, Sample, Sampling, SideCall, Stitched, Turn, decode_batch
+from .batch import ROUTED_FILL, Batch, Group, Rollout, RoutedExperts, Sample, Sampling, SamplingMask, SideCall, Stitched, Turn, decode_batch
 from .client import BatchOutcome, ControlClient, ExpiredBatch, RetryPolicy, WeightUpdateInProgress
 from .errors import BatchFormatError, ControlApiError, EngineUnreachableError, LaunchError, RolloutEngineError
 from .launch import LaunchedEngine, default_command, launch
@@ -34,6 +34,9 @@ __all__ = [
     "Rollout",
     "RolloutEngineError",
     "Sample",
+    "RoutedExperts",
+    "SamplingMask",
+    "ROUTED_FILL",
     "Sampling",
     "SideCall",
     "Stitched",

@@ -36,7 +36,11 @@ Message = Dict[str, Any]
 # Little-endian whatever the host: the engine writes its typed arrays' bytes as they are on x86 / ARM.
 _I32 = np.dtype("<i4")
 _F32 = np.dtype("<f4")
-_U8 = np.dtype("u1")
+_U8: np.dtype[Any] = np.dtype("u1")
+_U16: np.dtype[Any] = np.dtype("<u2")
+
+#: What :attr:`Sample.routed_experts` holds where the server gave no routing.
+ROUTED_FILL = -1
 
 
 @dataclass
@@ -75,6 +79,33 @@ class Sampling:
 
 
 @dataclass
+class RoutedExperts:
+    """Experts each position of ``prompt_ids + response_ids`` was routed to, from ``start`` on (``llm.routedExperts``).
+
+    ``ids`` is ``[rows, layers, top_k]`` (uint8, or uint16 where an id is above 255): row ``r`` is
+    sequence position ``start + r``. A turn whose prompt extends the previous turn's holds only the rows
+    after that turn's (docs/ROUTING-REPLAY.md); :meth:`Rollout.samples` lays them out per sample.
+    """
+
+    start: int
+    ids: npt.NDArray[Any]
+
+    @property
+    def rows(self) -> int:
+        return int(self.ids.shape[0])
+
+
+@dataclass
+class SamplingMask:
+    """Each response token's sampling support (``llm.samplingMasks``) as CSR: token i's is ``ids[offsets[i]:offsets[i+1]]``."""
+
+    offsets: Int32Array
+    ids: Int32Array
+    logprobs: Optional[Float32Array] = None
+    """Each token's logprob renormalised over its support (SGLang's), when sent."""
+
+
+@dataclass
 class Turn:
     """One agent turn (an inference call and the environment's step after it)."""
 
@@ -107,6 +138,8 @@ class Turn:
     ``model_steps`` then hold the oldest."""
     sampling: Optional[Sampling] = None
     """What its tokens were sampled with (its group's, for its agent); None for a batch that records none."""
+    routed_experts: Optional[RoutedExperts] = None
+    sampling_mask: Optional[SamplingMask] = None
 
 
 @dataclass
@@ -156,6 +189,15 @@ class Sample:
     """Generated tokens whose recorded logprob no single set of weights reproduces, or whose model step
     is not known exactly: sampled on a KV cache from earlier weights (``Turn.stale_kv``) or in a turn
     that spans several weight versions (``Turn.spans_versions``). False elsewhere."""
+    routed_experts: Optional[npt.NDArray[np.int16]] = None
+    """``[len(token_ids), layers, top_k]`` int16 (int32 past 32767): the experts position t was routed to
+    (prompt and response tokens alike: a replayed forward routes them all), ``ROUTED_FILL`` (-1) where
+    the server gave none — the last token (never forwarded), or rows dropped rather than misaligned.
+    None when no turn of the sample has routed experts."""
+    sampling_mask_offsets: Optional[npt.NDArray[np.int64]] = None
+    """``[len(token_ids) + 1]`` offsets into ``sampling_mask_ids``: token t's support; empty outside the
+    action tokens and where the server gave none. None when no turn has a mask."""
+    sampling_mask_ids: Optional[Int32Array] = None
 
 
 @dataclass
@@ -449,6 +491,37 @@ def _turn(raw: Dict[str, Any], where: str) -> Turn:
         timings=raw.get("timings") or {},
         stale_kv=_array(raw.get("staleKv"), _U8, f"{where}.staleKv"),
         spans_versions=raw.get("spansVersions") is True,
+        routed_experts=_routed(raw.get("routedExperts"), f"{where}.routedExperts"),
+        sampling_mask=_mask(raw.get("samplingMask"), f"{where}.samplingMask"),
+    )
+
+
+def _routed(raw: Any, where: str) -> Optional[RoutedExperts]:
+    if raw is None:
+        return None
+    start, rows, layers, top_k = (_get(raw, key, int, where) for key in ("start", "rows", "layers", "topK"))
+    count = rows * layers * top_k
+    value = raw.get("ids")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        nbytes = memoryview(value).nbytes
+        if nbytes not in (count, 2 * count):
+            raise BatchFormatError(f"{where}.ids", f"{nbytes} bytes is not {rows}×{layers}×{top_k} ids of 1 or 2 bytes")
+        dtype: np.dtype[Any] = _U8 if nbytes == count else _U16
+        ids = _array(value, dtype, f"{where}.ids")
+    else:
+        ids = _required_array(value, _U16, f"{where}.ids")
+        if len(ids) != count:
+            raise BatchFormatError(f"{where}.ids", f"{len(ids)} ids is not {rows}×{layers}×{top_k}")
+    return RoutedExperts(start=start, ids=ids.reshape(rows, layers, top_k))
+
+
+def _mask(raw: Any, where: str) -> Optional[SamplingMask]:
+    if raw is None:
+        return None
+    return SamplingMask(
+        offsets=_required_array(raw.get("offsets"), _I32, f"{where}.offsets"),
+        ids=_required_array(raw.get("ids"), _I32, f"{where}.ids"),
+        logprobs=_array(raw.get("logprobs"), _F32, f"{where}.logprobs"),
     )
 
 
@@ -531,6 +604,9 @@ class _SampleBuilder:
         self.turns: List[int] = []
         self.trainable = False
         self.length = 0
+        # Routed rows by absolute position (a later turn's report of a position wins), and masks per response.
+        self.routed: List[Tuple[int, npt.NDArray[Any]]] = []
+        self.masks: List[Tuple[int, Optional[SamplingMask], int]] = []
 
     def extended_by(self, prompt_ids: Int32Array) -> bool:
         """The next turn's prompt begins with every token of this sample (so it continues it)."""
@@ -563,6 +639,9 @@ class _SampleBuilder:
         self.action.append(True)
         self.turns.append(index)
         self.trainable = self.trainable or turn.trainable
+        if turn.routed_experts is not None:
+            self.routed.append((turn.routed_experts.start, turn.routed_experts.ids))
+        self.masks.append((self.length + n, turn.sampling_mask, m))
         self.length += n + m
 
     def build(self, rollout_id: str, agent_id: Optional[str], reward: float, advantage: float) -> Sample:
@@ -579,7 +658,36 @@ class _SampleBuilder:
             advantage=advantage,
             turns=list(self.turns),
             inexact=np.concatenate(self.inexact) & action,
+            routed_experts=self._routed(),
+            **self._masks(),
         )
+
+    def _routed(self) -> Optional[npt.NDArray[Any]]:
+        if not self.routed:
+            return None
+        _, first = self.routed[0]
+        wide = any(int(ids.max(initial=0)) > 32767 for _, ids in self.routed)
+        out = np.full((self.length, first.shape[1], first.shape[2]), ROUTED_FILL, dtype=np.int32 if wide else np.int16)
+        for start, ids in self.routed:
+            end = min(start + ids.shape[0], self.length)
+            if end > start and ids.shape[1:] == out.shape[1:]:
+                out[start:end] = ids[: end - start]
+        return out
+
+    def _masks(self) -> Dict[str, Any]:
+        if all(mask is None for _, mask, _ in self.masks):
+            return {}
+        counts = np.zeros(self.length, dtype=np.int64)
+        pieces: List[Int32Array] = []
+        for at, mask, m in self.masks:
+            if mask is None or len(mask.offsets) != m + 1:
+                continue
+            counts[at : at + m] = np.diff(mask.offsets.astype(np.int64))
+            pieces.append(mask.ids[mask.offsets[0] : mask.offsets[-1]])
+        offsets = np.zeros(self.length + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        ids = np.concatenate(pieces).astype(np.int32, copy=False) if pieces else np.zeros(0, dtype=np.int32)
+        return {"sampling_mask_offsets": offsets, "sampling_mask_ids": ids}
 
 
 def _flush(builder: Optional[_SampleBuilder], out: List[Sample], rollout_id: str, agent_id: Optional[str], reward: float, advantage: float, trainable_only: bool) -> None:
@@ -608,4 +716,17 @@ def _stitched_sample(rollout: Rollout, s: Stitched, advantage: float) -> Sample:
     )
 
 
-__all__ = ["Batch", "Group", "Rollout", "Sampling", "Turn", "Sample", "Stitched", "SideCall", "decode_batch"]
+__all__ = [
+    "Batch",
+    "Group",
+    "Rollout",
+    "Sampling",
+    "Turn",
+    "Sample",
+    "Stitched",
+    "SideCall",
+    "RoutedExperts",
+    "SamplingMask",
+    "ROUTED_FILL",
+    "decode_batch",
+]

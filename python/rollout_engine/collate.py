@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Sequence, Union
 
 import numpy as np
 
-from .batch import Batch, Sample
+from .batch import ROUTED_FILL, Batch, Sample
 
 try:
     import torch
@@ -38,6 +38,9 @@ def collate(samples: Union[Batch, Sequence[Sample]], *, pad_id: int = 0, max_len
     - ``inexact`` bool: action tokens no single set of weights reproduces (``Sample.inexact``: sampled on
       a KV cache from earlier weights, or in a turn whose weights are not known per token)
     - ``rewards`` float32 ``[batch]``: each sample's reward
+    - ``routed_experts`` int16 ``[batch, length, layers, top_k]``, only when a sample has routed experts
+      (``llm.routedExperts``): the experts each position was routed to, ``ROUTED_FILL`` (-1) where none
+      is known and on padding — what a routing-replay forward pass takes
 
     ``max_length`` cuts longer samples (their end is lost: prefer a config whose episodes fit).
     """
@@ -75,6 +78,15 @@ def collate(samples: Union[Batch, Sequence[Sample]], *, pad_id: int = 0, max_len
         "model_steps": steps,
         "inexact": inexact,
     }
+    routed = [s.routed_experts for s in items if s.routed_experts is not None]
+    if routed:
+        shape = routed[0].shape[1:]
+        wide = any(r.dtype == np.int32 for r in routed)
+        table = np.full((n, width, *shape), ROUTED_FILL, dtype=np.int32 if wide else np.int16)
+        for i, (s, m) in enumerate(zip(items, lengths)):
+            if s.routed_experts is not None and s.routed_experts.shape[1:] == shape:
+                table[i, :m] = s.routed_experts[:m]
+        out["routed_experts"] = table
     return {k: torch.from_numpy(v) for k, v in out.items()}
 
 
