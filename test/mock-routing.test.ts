@@ -1,0 +1,112 @@
+/**
+ * The mock over HTTP sends routed experts and sampling masks in each server's encoding
+ * (llm/routing-wire.ts names the sources), and the engine's readers take them back to the mock's
+ * function of token and position.
+ */
+import assert from 'node:assert/strict';
+import { describe, it, type TestContext } from 'node:test';
+import { request } from 'undici';
+import { startMockLlm, type MockLlm, type MockLlmOptions } from '../src/testing/mock-llm/server.ts';
+import { loadVocabulary } from '../src/testing/mock-llm/vocab.ts';
+import { mockExpert, mockSupport } from '../src/testing/mock-llm/routing.ts';
+import { TOKEN_WIRES } from '../src/llm/token-wire.ts';
+import { parseChatReply } from '../src/llm/reply.ts';
+import type { RoutedExperts } from '../src/domain/routing.ts';
+
+const ROUTING = { layers: 4, topK: 2, experts: 32 };
+const fail = (why: string): Error => new Error(why);
+
+async function start(t: TestContext, options: MockLlmOptions): Promise<MockLlm> {
+  const mock = await startMockLlm({ host: '127.0.0.1', port: 0, ...options });
+  t.after(() => mock.close());
+  return mock;
+}
+
+async function post(mock: MockLlm, path: string, body: unknown): Promise<{ status: number; json: any }> {
+  const res = await request(`${mock.url}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(body),
+  });
+  const text = await res.body.text();
+  return { status: res.statusCode, json: JSON.parse(text) };
+}
+
+async function prompt(): Promise<number[]> {
+  const vocab = await loadVocabulary('cl100k');
+  return vocab.encode('<|im_start|>user\nCompute 2 + 3.<|im_end|>\n<|im_start|>assistant\n');
+}
+
+function assertRows(r: RoutedExperts, sequence: readonly number[], start: number): void {
+  assert.equal(r.start, start);
+  assert.equal(r.rows, sequence.length - 1 - start, 'every forwarded position from the start, the last token not');
+  for (let row = 0; row < r.rows; row++)
+    for (let l = 0; l < r.layers; l++)
+      for (let k = 0; k < r.topK; k++)
+        assert.equal(
+          r.ids[(row * r.layers + l) * r.topK + k],
+          mockExpert(sequence[start + row], start + row, l, k, ROUTING.experts),
+        );
+}
+
+describe('the mock’s routed experts over HTTP', () => {
+  it('answers vLLM /v1/completions with a .npy routed_experts from routed_experts_prompt_start on', async (t) => {
+    const mock = await start(t, { dialect: 'vllm', model: 'mock-model', routedExperts: ROUTING });
+    const input = await prompt();
+    const { status, json } = await post(mock, '/v1/completions', {
+      model: 'mock-model',
+      prompt: input,
+      max_tokens: 8,
+      logprobs: 1,
+      return_token_ids: true,
+      routed_experts_prompt_start: 3,
+    });
+    assert.equal(status, 200, JSON.stringify(json));
+    const r = TOKEN_WIRES.vllm.parse(json, fail, { routedFrom: 3, routingShape: null, samplingMask: false });
+    assertRows(r.routedExperts!, [...input, ...r.completionIds], 3);
+  });
+
+  it('answers vLLM chat with routed_experts over prompt_token_ids and token_ids', async (t) => {
+    const mock = await start(t, { dialect: 'vllm', model: 'mock-model', routedExperts: ROUTING });
+    const { json } = await post(mock, '/v1/chat/completions', {
+      model: 'mock-model',
+      messages: [{ role: 'user', content: 'Compute 2 + 3.' }],
+      max_tokens: 8,
+      logprobs: true,
+      return_token_ids: true,
+    });
+    const r = parseChatReply(json, { routedExperts: true });
+    assertRows(r.routedExperts!, [...r.promptIds!, ...r.responseIds!], 0);
+  });
+
+  it('answers SGLang /generate with int32 routed experts and sampling supports only when asked', async (t) => {
+    const mock = await start(t, { dialect: 'sglang', routedExperts: ROUTING });
+    const input = await prompt();
+    const asked = await post(mock, '/generate', {
+      input_ids: input,
+      sampling_params: { max_new_tokens: 8, top_k: 20 },
+      return_logprob: true,
+      return_routed_experts: true,
+      routed_experts_start_len: 2,
+      return_sampling_mask: true,
+    });
+    const r = TOKEN_WIRES.sglang.parse(asked.json, fail, {
+      routedFrom: 2,
+      routingShape: { layers: ROUTING.layers, topK: ROUTING.topK },
+      samplingMask: true,
+    });
+    assertRows(r.routedExperts!, [...input, ...r.completionIds], 2);
+    const m = r.samplingMask!;
+    r.completionIds.forEach((id, i) =>
+      assert.deepEqual([...m.ids.subarray(m.offsets[i], m.offsets[i + 1])], mockSupport(id, input.length + i)),
+    );
+    const plain = await post(mock, '/generate', { input_ids: input, sampling_params: { max_new_tokens: 8 } });
+    assert.equal('routed_experts' in plain.json.meta_info, false);
+    const unbounded = await post(mock, '/generate', {
+      input_ids: input,
+      sampling_params: { max_new_tokens: 8 },
+      return_sampling_mask: true,
+    });
+    assert.equal(unbounded.status, 400, 'a support over the whole vocabulary is refused, as SGLang does');
+  });
+});
