@@ -333,6 +333,13 @@ const LlmSpec = z
     toolParser: z.enum(['hermes', 'llama3_json']).default('hermes'),
     /** The policy's tokenizer and chat template for `api: tokens`: `qwen2.5`, or a directory with tokenizer.json and tokenizer_config.json. */
     tokenizer: z.string().min(1).default('qwen2.5'),
+    /**
+     * With `api: tokens`, a turn whose chat template re-renders the history otherwise than it was
+     * sampled (Qwen3 drops earlier reasoning; docs/TEMPLATES.md): `keep-sampled` goes on from the sampled
+     * ids (one exact sequence per episode), `split` sends the re-rendered history and starts a new
+     * training segment there. Either way it is warned of once per task and counted in the batch stats.
+     */
+    historyMode: z.enum(['keep-sampled', 'split']).default('keep-sampled'),
     apiKey: z.string().nullable().default(null),
     /** Budget for one inference request, headers and body included (with `stream`: until the first event, then between events). */
     timeoutMs: positiveInt.default(120_000),

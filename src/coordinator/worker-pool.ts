@@ -368,6 +368,7 @@ export function workerInit(
         routedExperts:
           llm.routedExperts === false ? null : { shape: llm.routedExperts === true ? null : llm.routedExperts },
         samplingMasks: llm.samplingMasks,
+        historyMode: llm.historyMode,
       },
       // Unprobed endpoints (a test's own pool) are taken for `llm.server`, or generic under auto.
       servers: Object.fromEntries(servers.map((s) => [s.url, { kind: s.kind, contextLength: s.contextLength }])),

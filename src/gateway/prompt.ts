@@ -126,6 +126,37 @@ function tokenAt(model: ChatModel, tokens: readonly number[], char: number): { t
   return { token: lo, charStart: model.decode(tokens.slice(0, lo)).length };
 }
 
+/** Where a render stops extending what a session holds: the first differing token and character, and both sides from there. */
+export interface PrefixDivergence {
+  /** Index in the session's tokens of the token holding the first differing character. */
+  token: number;
+  /** First character of the render that differs from the session's covered text. */
+  char: number;
+  /** Up to SPAN_TOKENS of the session's tokens from `token`, and their text. */
+  sessionTokens: number[];
+  sessionText: string;
+  /** The render's tokens from the same place, and their text. */
+  renderTokens: number[];
+  renderText: string;
+}
+
+/** Where `rendered` diverges from `base.coveredText` (an error path: O(log n) decodes). */
+export function prefixDivergence(model: ChatModel, base: PromptBase, rendered: string): PrefixDivergence {
+  const char = firstDifference(base.coveredText, rendered);
+  // A render shorter than what the session holds differs right where it ends.
+  const { token, charStart } = tokenAt(model, base.tokens, char);
+  const sessionTokens = base.tokens.slice(token, token + SPAN_TOKENS);
+  const renderTokens = model.encode(rendered.slice(charStart, charStart + SPAN_CHARS)).slice(0, SPAN_TOKENS);
+  return {
+    token,
+    char,
+    sessionTokens,
+    sessionText: model.decode(sessionTokens),
+    renderTokens,
+    renderText: model.decode(renderTokens),
+  };
+}
+
 function prefixMismatch(
   model: ChatModel,
   sessionId: string,
@@ -133,14 +164,15 @@ function prefixMismatch(
   rendered: string,
   messageAt: (char: number) => number | null = () => null,
 ): GatewayError {
-  const char = firstDifference(base.coveredText, rendered);
+  const {
+    token,
+    char,
+    sessionTokens: sessionSpan,
+    sessionText,
+    renderTokens: renderSpan,
+    renderText,
+  } = prefixDivergence(model, base, rendered);
   const message = messageAt(char);
-  // A render shorter than what the session holds differs right where it ends.
-  const { token, charStart } = tokenAt(model, base.tokens, char);
-  const sessionSpan = base.tokens.slice(token, token + SPAN_TOKENS);
-  const renderSpan = model.encode(rendered.slice(charStart, charStart + SPAN_CHARS)).slice(0, SPAN_TOKENS);
-  const sessionText = model.decode(sessionSpan);
-  const renderText = model.decode(renderSpan);
   return new GatewayError(
     'ERR_GATEWAY_PREFIX_MISMATCH',
     `session ${JSON.stringify(sessionId)}: the conversation no longer starts with what this session already sent — ` +

@@ -16,7 +16,7 @@ import { parseChatReply, type ChatResult } from './reply.ts';
 import { ChatStream } from './stream-reply.ts';
 import { DIALECTS, type ServerDialect, type ServerKind } from './servers.ts';
 import { contextOverflowReply, isContextOverflow } from './context.ts';
-import { TokenChat } from './token-chat.ts';
+import { TokenChat, type HistoryMode } from './token-chat.ts';
 import { samplingFields, type SamplingDialect } from './token-wire.ts';
 import type { ToolParser } from './tool-calls.ts';
 import type { RoutingShape } from './routing-wire.ts';
@@ -73,6 +73,8 @@ export interface LlmClientOptions {
   routedExperts?: { shape: RoutingShape | null } | null;
   /** `llm.samplingMasks`: ask for each token's sampling support (SGLang /generate). */
   samplingMasks?: boolean;
+  /** With `api: tokens`: a turn whose chat template rewrote the history keeps the sampled ids or splits (llm/token-chat.ts). */
+  historyMode?: HistoryMode;
 }
 
 /**

@@ -50,6 +50,29 @@ export interface ChatResult {
   routedExperts?: RoutedExperts;
   /** Each response token's sampling support, when asked and sent. */
   samplingMask?: SamplingMask;
+  /**
+   * `api: tokens`: the chat template rendered this turn's conversation so that it no longer starts
+   * with the previous turn's prompt + sampled ids (Qwen3 drops earlier reasoning, a template writes
+   * tool calls its own way), and what was done about it (`llm.historyMode`, llm/token-chat.ts).
+   */
+  historyRewrite?: HistoryRewrite;
+}
+
+/** A turn whose re-rendered history diverged from the sampled sequence (ChatResult.historyRewrite). */
+export interface HistoryRewrite {
+  /**
+   * `kept`: the prompt is the previous prompt + sampled ids + the new messages' ids (the sampled
+   * continuation); `split`: the prompt is the whole re-rendered conversation, a new training segment.
+   */
+  mode: 'kept' | 'split';
+  /** Why a `keep-sampled` turn was split all the same (the new messages could not be cut out of the render). */
+  fallback?: string;
+  /** Where the render diverges: the sampled sequence's token index and the render's character. */
+  token: number;
+  char: number;
+  /** A few tokens of each side from there, as text. */
+  sampledText: string;
+  renderedText: string;
 }
 
 /** Tokens from the previous span's `end` (0 for the first) up to `end` were sampled by the weights named `version`. */

@@ -10,19 +10,32 @@
  * workers: nothing but a cache lives here. A conversation that does not extend the previous one (the
  * agent loop trimmed it, `messageCut` > 0) is tokenized whole.
  *
+ * Some chat templates do not render a conversation as a prefix of its extension: Qwen3's drops the
+ * reasoning of assistant turns before the last user message, and a template writes tool calls its own
+ * way when a message carries them as `tool_calls` (docs/TEMPLATES.md). When the conversation extends
+ * the previous turn's message for message (the previous messages, the reply, new messages) but its
+ * render does not start with the text of the previous prompt + sampled ids, the reply says so
+ * (`historyRewrite`, with where they diverge) and the prompt follows `historyMode`:
+ * - `keep-sampled` (default): the previous prompt + sampled ids + the ids of the new messages' text,
+ *   cut out of a render in which the reply is a marker (see #newMessagesText): what the trainer gets
+ *   is exactly what was sampled, and the model sees its own earlier reasoning at inference. When the
+ *   new messages cannot be cut out that way, the turn is split instead, and says why (`fallback`).
+ * - `split`: the whole re-rendered conversation, tokenized: a new training segment that begins
+ *   with the history as the template writes it.
+ *
  * The prompt is counted before it is sent: over the server's context it is not sent at all, and
  * `max_tokens` is capped to the room left (llm/context.ts).
  */
 import type { CancelSignal } from '../cancel.ts';
 import type { ChatModel } from '../gateway/model.ts';
-import { planPrompt, type PromptBase } from '../gateway/prompt.ts';
-import type { ChatMessage } from '../domain/rollout.ts';
+import { planPrompt, prefixDivergence, type PromptBase } from '../gateway/prompt.ts';
+import { sharedMessageCount, type ChatMessage } from '../domain/rollout.ts';
 import { LlmError } from './errors.ts';
 import { contextOverflowReply } from './context.ts';
 import type { ChatRequest } from './request.ts';
 import type { StreamSink } from './exchange.ts';
 import { GenerateStream } from './generate-stream.ts';
-import type { ChatResult } from './reply.ts';
+import type { ChatResult, HistoryRewrite } from './reply.ts';
 import type { ServerDialect } from './servers.ts';
 import { parseToolCalls, type ToolParser } from './tool-calls.ts';
 import { fillMissingLogprobs, TOKEN_WIRES, type GenerationResult, type TokenWire } from './token-wire.ts';
@@ -38,7 +51,15 @@ export interface TokenChatOptions {
   chatModel?: () => Promise<ChatModel>;
   routedExperts?: { shape: RoutingShape | null } | null;
   samplingMasks?: boolean;
+  /** What a turn whose re-rendered history diverged from the sampled sequence gets (module header); default `keep-sampled`. */
+  historyMode?: HistoryMode;
 }
+
+/** `llm.historyMode`: see the module header and docs/TEMPLATES.md. */
+export type HistoryMode = 'keep-sampled' | 'split';
+
+/** Stands for the previous reply in the render the new messages are cut out of: text no template rewrites. */
+const REPLY_MARKER = 'ROLLOUT_ENGINE_REPLY_MARKER_5c1f';
 
 /** Sends one token-in call with the client's retries, pause checks and reply limits (LlmClient #call). */
 export type TokenCall = <T>(
@@ -98,15 +119,42 @@ export class TokenChat {
     const model = (this.#model ??= await this.#loadModel());
     let promptIds: number[];
     let rendered: string | null = null;
+    /** The text the prompt ids stand for (the render, unless the sampled continuation was kept). */
+    let promptText: string | null = null;
+    let rewrite: HistoryRewrite | undefined;
     if (request.continueTokens !== undefined) {
       // A generation cut by a pause goes on from its own tokens: the prompt it had plus what it made.
       promptIds = [...request.continueTokens.promptIds, ...request.continueTokens.responseIds];
     } else {
       rendered = model.render(this.#renderable(request.messages), { addGenerationPrompt: true, tools: request.tools });
+      promptText = rendered;
       const base = this.#base(model, sessionId, request.previous, request.tools);
       // A conversation that does not extend the previous turn's (trimmed by messageCut) is tokenized
       // whole, and becomes the sequence the next turn extends.
-      promptIds = planPrompt(model, sessionId ?? '', base, rendered, { sideCalls: 'record' }).promptIds;
+      const plan = planPrompt(model, sessionId ?? '', base, rendered, { sideCalls: 'record' });
+      promptIds = plan.promptIds;
+      if (plan.kind === 'side' && base !== null) {
+        const reply = this.#replyIndex(model, base, request);
+        if (reply !== null) {
+          // The messages extend the previous turn's, the render does not: the template rewrote the history.
+          const at = prefixDivergence(model, base, rendered);
+          const where = {
+            token: at.token,
+            char: at.char,
+            sampledText: at.sessionText,
+            renderedText: at.renderText,
+          };
+          const kept = this.#historyMode === 'keep-sampled' ? this.#newMessagesText(model, base, request, reply) : null;
+          if (typeof kept === 'string') {
+            promptIds = base.tokens.slice();
+            for (const id of model.encode(kept)) promptIds.push(id);
+            promptText = base.coveredText + kept;
+            rewrite = { mode: 'kept', ...where };
+          } else {
+            rewrite = { mode: 'split', ...(kept !== null ? { fallback: kept.fallback } : {}), ...where };
+          }
+        }
+      }
     }
     const contextLength = this.#options.server?.contextLength ?? null;
     if (contextLength !== null && promptIds.length >= contextLength) {
@@ -175,10 +223,10 @@ export class TokenChat {
       request.tools !== undefined && request.tools.length > 0 && result.finishReason !== 'abort'
         ? parseToolCalls(this.#parser, content).calls
         : [];
-    if (sessionId !== undefined && rendered !== null) {
+    if (sessionId !== undefined && rendered !== null && promptText !== null) {
       this.#remember(sessionId, {
         tokens: promptIds.concat(ids),
-        coveredText: rendered + content + (stripStop ? model.tokenText(last) : ''),
+        coveredText: promptText + content + (stripStop ? model.tokenText(last) : ''),
         lastPromptText: rendered,
         lastPromptLength: promptIds.length,
       });
@@ -197,6 +245,7 @@ export class TokenChat {
       ...(result.versionSpans !== undefined ? { versionSpans: result.versionSpans } : {}),
       ...(result.routedExperts !== undefined ? { routedExperts: result.routedExperts } : {}),
       ...(result.samplingMask !== undefined ? { samplingMask: result.samplingMask } : {}),
+      ...(rewrite !== undefined ? { historyRewrite: rewrite } : {}),
       promptTokens: promptIds.length,
       completionTokens: ids.length,
     };
@@ -208,6 +257,68 @@ export class TokenChat {
 
   get #parser(): ToolParser {
     return this.#options.toolParser ?? 'hermes';
+  }
+
+  get #historyMode(): HistoryMode {
+    return this.#options.historyMode ?? 'keep-sampled';
+  }
+
+  /**
+   * The index of the previous reply in `request.messages` when the conversation extends the previous
+   * turn's message for message: its messages, then an assistant message saying the reply (its text,
+   * or the end of it — the answer without the reasoning, or nothing beside its `tool_calls`), then new
+   * ones. Null otherwise: a trimmed or edited history, which is no template's doing.
+   */
+  #replyIndex(model: ChatModel, base: PromptBase, request: ChatRequest): number | null {
+    const previous = request.previous?.messages;
+    if (previous === undefined) return null;
+    const k = previous.length;
+    const reply = request.messages[k];
+    if (reply === undefined || reply.role !== 'assistant' || k + 1 >= request.messages.length) return null;
+    if (sharedMessageCount(previous, request.messages) !== k) return null;
+    const last = base.tokens.at(-1);
+    const stop = last !== undefined && model.specialIds.has(last) ? model.tokenText(last) : '';
+    const sampled =
+      stop !== '' && base.coveredText.endsWith(stop) ? base.coveredText.slice(0, -stop.length) : base.coveredText;
+    return sampled.endsWith(reply.content) ? k : null;
+  }
+
+  /**
+   * The text of the messages after the previous reply, as the template writes them after it: the
+   * conversation rendered with the reply replaced by a marker no template rewrites, cut after the
+   * marker, less the stop token the sampled ids already end with. `{fallback}` (why not) when the
+   * marker is not in the render once, or the render after it does not begin with that stop token.
+   */
+  #newMessagesText(
+    model: ChatModel,
+    base: PromptBase,
+    request: ChatRequest,
+    reply: number,
+  ): string | { fallback: string } {
+    const probe = request.messages.slice();
+    probe[reply] = { role: 'assistant', content: REPLY_MARKER };
+    let text: string;
+    try {
+      text = model.render(this.#renderable(probe), { addGenerationPrompt: true, tools: request.tools });
+    } catch (err) {
+      return {
+        fallback: `the template cannot render the conversation with the reply as a marker: ${(err as Error).message}`,
+      };
+    }
+    const at = text.indexOf(REPLY_MARKER);
+    if (at < 0 || text.indexOf(REPLY_MARKER, at + 1) >= 0)
+      return { fallback: 'the template does not write the reply as it is given, once' };
+    let after = text.slice(at + REPLY_MARKER.length);
+    const last = base.tokens.at(-1);
+    if (last !== undefined && model.specialIds.has(last)) {
+      const stop = model.tokenText(last);
+      if (!after.startsWith(stop))
+        return {
+          fallback: `the template does not end the reply with ${JSON.stringify(stop)}, the token it was sampled ending in`,
+        };
+      after = after.slice(stop.length);
+    }
+    return after;
   }
 
   /**
