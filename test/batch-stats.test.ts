@@ -66,6 +66,8 @@ describe('batch stats (coordinator/batch-stats.ts batchStats)', () => {
       staleness: { min: 0, max: 2, mean: (1 + 0 + 2) / 3, pastThreshold: 1 },
       maskedTokens: 7,
       inexactTokens: 0,
+      historyRewrites: 0,
+      historySplits: 0,
       producedSamples: { a: 6, b: 2 },
       producedTokens: { a: 40, b: 0 },
       rawMeanReward: { a: 0.5, b: null },
@@ -91,6 +93,15 @@ describe('batch stats (coordinator/batch-stats.ts batchStats)', () => {
     g.rollouts[0].turns[0].staleKv = Uint8Array.of(0, 0, 1, 1);
     g.rollouts[1].turns[0].spansVersions = true;
     assert.equal(batchStats(5, new Map([['a', [g]]]), 0, window, Infinity).inexactTokens, 2 + 2);
+  });
+
+  it('counts the turns whose chat template rewrote the history, and of those the ones that split a rollout into segments', () => {
+    const g = group('a', 0, { reward: 1, turns: [[4], [4], [4]] }, { reward: 0, turns: [[4], [4]] });
+    g.rollouts[0].turns[1].historyRewrite = 'split';
+    g.rollouts[0].turns[2].historyRewrite = 'kept';
+    g.rollouts[1].turns[1].historyRewrite = 'kept';
+    const stats = batchStats(5, new Map([['a', [g]]]), 0, window, Infinity);
+    assert.deepEqual([stats.historyRewrites, stats.historySplits], [3, 1]);
   });
 
   it('gives rewards of 1e308 a mean reward of 1e308, overall and by task, not Infinity (regression: summed past Number.MAX_VALUE)', () => {

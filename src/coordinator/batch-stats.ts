@@ -3,7 +3,7 @@
  * the groups taken and the train step, so each figure can be checked by hand (test/batch-stats.test.ts).
  */
 import { rolloutStaleness, tokenLossMask } from '../buffer/staleness.ts';
-import { inexactTokenCount, responseTokenCount, type RolloutGroup } from '../domain/rollout.ts';
+import { historyRewriteCounts, inexactTokenCount, responseTokenCount, type RolloutGroup } from '../domain/rollout.ts';
 import { RunningMean, foldMean } from './mean.ts';
 import type { FailureKind } from '../domain/failure.ts';
 import type { WindowStats } from './progress.ts';
@@ -28,6 +28,14 @@ export interface BatchStats {
    * per-token split (`spansVersions`) — generations kept across in-place weight updates.
    */
   inexactTokens: number;
+  /**
+   * `llm.api: tokens`: turns whose chat template re-rendered the history otherwise than it was sampled
+   * (TurnRecord.historyRewrite, docs/TEMPLATES.md), and of those, the ones that began a new training
+   * segment (`llm.historyMode: split`, or a keep-sampled turn that could not be kept): the batch's
+   * samples number its rollouts' segments, rollouts + historySplits for single-agent ones.
+   */
+  historyRewrites: number;
+  historySplits: number;
   /**
    * Since the previous batch: rollouts produced per task (every status, a retried group's rollouts
    * each time it lands) and the response tokens generated for them (each token once, in the dispatch
@@ -69,6 +77,8 @@ export function batchStats(
   let sSum = 0;
   let past = 0;
   let inexact = 0;
+  let rewrites = 0;
+  let splits = 0;
   for (const [task, taskGroups] of taken) {
     const taskReward = new RunningMean();
     for (const g of taskGroups) {
@@ -77,6 +87,9 @@ export function batchStats(
         turns += r.turns.length;
         responseTokens += responseTokenCount(r);
         inexact += inexactTokenCount(r);
+        const rewritten = historyRewriteCounts(r);
+        rewrites += rewritten.rewrites;
+        splits += rewritten.splits;
         const s = rolloutStaleness(r, trainStep);
         sMin = Math.min(sMin, s);
         sMax = Math.max(sMax, s);
@@ -101,6 +114,8 @@ export function batchStats(
         : { min: sMin, max: sMax, mean: sSum / rollouts, pastThreshold: past },
     maskedTokens,
     inexactTokens: inexact,
+    historyRewrites: rewrites,
+    historySplits: splits,
     producedSamples: window.producedSamples,
     producedTokens: window.producedTokens,
     rawMeanReward: window.meanReward,

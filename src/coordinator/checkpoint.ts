@@ -287,11 +287,13 @@ export function readCheckpoint(path: string, config: ResolvedConfig): ProducerSn
   }
   const tasks = config.tasks.map((t) => t.name);
   const producer = checkSnapshotShape(state, path, tasks);
-  // Written before the batch stats counted the rollouts past the stale threshold, or the inexact
-  // tokens: none were counted then.
+  // Written before the batch stats counted the rollouts past the stale threshold, the inexact
+  // tokens or the history rewrites: none were counted then.
   const stats = producer.lastBatch?.stats;
   if (stats && stats.staleness.pastThreshold === undefined) stats.staleness.pastThreshold = 0;
   if (stats && stats.inexactTokens === undefined) stats.inexactTokens = 0;
+  if (stats && stats.historyRewrites === undefined) stats.historyRewrites = 0;
+  if (stats && stats.historySplits === undefined) stats.historySplits = 0;
   const groups: [RolloutGroup, string][] = [
     ...producer.buffer.groups.map((g, i): [RolloutGroup, string] => [g, `${path}: producer.buffer.groups[${i}]`]),
     ...producer.inFlight.map((g, i): [RolloutGroup, string] => [g, `${path}: producer.inFlight[${i}]`]),

@@ -145,6 +145,13 @@ export interface TurnRecord {
    * for every token. Absent otherwise.
    */
   spansVersions?: true;
+  /**
+   * `api: tokens`: the chat template re-rendered this turn's history differently from what was
+   * sampled (docs/TEMPLATES.md). `kept`: the prompt still extends the previous turn's prompt + response
+   * ids; `split`: the prompt is the re-rendered history and begins a new training segment (the turn
+   * before it, of the same agent, is then trainable: it ends the previous segment). Absent otherwise.
+   */
+  historyRewrite?: 'kept' | 'split';
   /** Sampling seed sent with the request (null when `llm.sendSeed` is off); a continuation reuses it. */
   seed: number | null;
   /** Weight version the turn was generated with (the server's report, else the engine's model step). */
@@ -418,6 +425,18 @@ export function responseTokenCount(rollout: RolloutState): number {
   let n = 0;
   for (const turn of rollout.turns) n += turn.responseIds?.length ?? 0;
   return n;
+}
+
+/** Turns of a rollout whose re-rendered history diverged (TurnRecord.historyRewrite), and those that began a new segment. */
+export function historyRewriteCounts(rollout: RolloutState): { rewrites: number; splits: number } {
+  let rewrites = 0;
+  let splits = 0;
+  for (const turn of rollout.turns) {
+    if (turn.historyRewrite === undefined) continue;
+    rewrites++;
+    if (turn.historyRewrite === 'split') splits++;
+  }
+  return { rewrites, splits };
 }
 
 /** Response tokens of a rollout no single set of weights reproduces (TurnRecord.staleKv, spansVersions). */

@@ -27,7 +27,7 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { CancelSignal } from '../cancel.ts';
-import type { ChatResult } from '../llm/reply.ts';
+import type { ChatResult, HistoryRewrite } from '../llm/reply.ts';
 import type { ChatRequest } from '../llm/request.ts';
 import type { SamplingSettings } from '../llm/token-wire.ts';
 import type { Route } from '../llm/router.ts';
@@ -173,6 +173,11 @@ export interface EpisodeContext {
    * nobody named).
    */
   onVersionMismatch?: (version: string, expected: number, tagged: number) => void;
+  /**
+   * `api: tokens`: the chat template re-rendered `turn`'s history otherwise than it was sampled
+   * (ChatResult.historyRewrite), and what was done about it; for the once-per-task warning.
+   */
+  onHistoryRewrite?: (rollout: RolloutState, turn: TurnRecord, rewrite: HistoryRewrite) => void;
 }
 
 class ReplayMismatch extends Error {}
@@ -606,6 +611,13 @@ function infer(
     turn.modelSteps = steps.modelSteps;
     if (steps.staleKv !== null) turn.staleKv = steps.staleKv;
     if (steps.spansVersions) turn.spansVersions = true;
+    if (reply.historyRewrite !== undefined) {
+      turn.historyRewrite = reply.historyRewrite.mode;
+      // A split begins a new training segment: the turn before it ends the previous one, and holds its
+      // whole conversation, so it is trained on as the last turn of an episode is.
+      if (reply.historyRewrite.mode === 'split' && previous !== undefined) previous.trainable = true;
+      ctx.onHistoryRewrite?.(rollout, turn, reply.historyRewrite);
+    }
     // Rows placed on the sequence they belong to, or dropped: never shifted onto other tokens.
     if (partial) {
       continuationRouting(partial, turn);
@@ -672,7 +684,8 @@ function applyOutcome(
     // With trimming every turn is a self-contained sample; without it only the last turn holds the
     // whole conversation, so only that one is trained on (reference Interactor semantics). A step's
     // tool-calling turns go with its final one.
-    turn.trainable = settings.messageCut > 0 || outcome.terminated || outcome.truncated;
+    // A turn that ends a segment (a split after it: infer) stays trainable.
+    turn.trainable = turn.trainable || settings.messageCut > 0 || outcome.terminated || outcome.truncated;
     if (!stepped.includes(turn)) continue; // a tool-calling turn: the reward is the step's, on its final turn
     const reward = rewardFor(outcome.reward, turn.agentId);
     turn.reward = reward;
@@ -734,6 +747,7 @@ function mergeContinuation(partial: TurnRecord, turn: TurnRecord): void {
     if (stale !== null) turn.staleKv = stale;
   }
   if (partial.spansVersions === true) turn.spansVersions = true;
+  if (partial.historyRewrite !== undefined) turn.historyRewrite = partial.historyRewrite;
   turn.response = partial.response + turn.response;
   turn.promptIds = partial.promptIds ?? turn.promptIds;
   turn.responseIds = concat(partial.responseIds, turn.responseIds, Int32Array);

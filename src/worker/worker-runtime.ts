@@ -103,6 +103,8 @@ export class WorkerRuntime implements WorkerControl {
   #steps = 0;
   /** Replies whose weight version the trainer did not announce (PauseGate.stepOfVersion); warned of once. */
   #versionMismatches = 0;
+  /** Tasks whose chat template was found rewriting an episode's history (TurnRecord.historyRewrite); warned of once each. */
+  readonly #historyRewriteTasks = new Set<string>();
   readonly #rolloutsByStatus: Record<string, number> = {};
 
   constructor(init: WorkerInit) {
@@ -530,6 +532,29 @@ export class WorkerRuntime implements WorkerControl {
               });
             },
       onProblem: (rollout, reason) => this.#log.warn({ rollout: rollout.id, status: rollout.status }, reason),
+      onHistoryRewrite: (rollout, turn, rewrite) => {
+        if (this.#historyRewriteTasks.has(rollout.taskName)) return;
+        this.#historyRewriteTasks.add(rollout.taskName);
+        const handling =
+          rewrite.mode === 'kept'
+            ? 'llm.historyMode "keep-sampled": the prompt goes on from the sampled ids, the episode stays one sequence'
+            : rewrite.fallback !== undefined
+              ? `split all the same: ${rewrite.fallback}; the prompt is the re-rendered history, a new training segment`
+              : 'llm.historyMode "split": the prompt is the re-rendered history, a new training segment';
+        this.#log.warn(
+          {
+            task: rollout.taskName,
+            rollout: rollout.id,
+            step: turn.step,
+            agent: turn.agentId,
+            token: rewrite.token,
+            char: rewrite.char,
+            sampled: rewrite.sampledText,
+            rendered: rewrite.renderedText,
+          },
+          `task ${JSON.stringify(rollout.taskName)}: the chat template does not render rollout ${rollout.id}'s history as it was sampled: at turn ${turn.step} the re-rendered prompt leaves the previous prompt + sampled ids at token ${rewrite.token} (character ${rewrite.char}): sampled ${JSON.stringify(rewrite.sampledText)}, re-rendered ${JSON.stringify(rewrite.renderedText)}. ${handling} (docs/TEMPLATES.md); counted in batch stats historyRewrites / historySplits, said once per task`,
+        );
+      },
       onVersionMismatch: (version, expected, tagged) => {
         if (this.#versionMismatches++ > 0) return;
         const which =
