@@ -94,6 +94,7 @@ export class Completer {
       seed: parts.options.seed,
       mistakeRate: parts.options.mistakeRate,
       thinkTokens: parts.options.thinkTokens,
+      thinkTags: parts.options.thinkTags,
       lengths,
     };
     this.#scheduler = parts.scheduler;

@@ -75,6 +75,11 @@ export interface MockLlmOptions {
   truncateRate?: number;
   /** Reasoning-like filler tokens (no digits) prepended to every answer: sets the response size. */
   thinkTokens?: number;
+  /**
+   * The filler written as a reasoning model's thinking: `<think>\n…\n</think>\n\n` before the answer
+   * (Qwen3's shape), so a chat template that drops earlier reasoning has something to drop.
+   */
+  thinkTags?: boolean;
   /** How often the policy plays imperfectly (random guess / off-by-a-little answer). */
   mistakeRate?: number;
   /** Largest accepted request body; bigger ones get 413. */
@@ -140,6 +145,7 @@ export const MOCK_LLM_DEFAULTS: ResolvedMockLlmOptions = Object.freeze({
   malformedRate: 0,
   truncateRate: 0,
   thinkTokens: 0,
+  thinkTags: false,
   mistakeRate: 0.3,
   maxBodyBytes: 8 * 1024 * 1024,
   tokenizer: 'cl100k',
@@ -237,6 +243,7 @@ export function resolveMockLlmOptions(options: MockLlmOptions = {}): ResolvedMoc
         : versionLabel(options.weightVersion),
     ...rates,
     thinkTokens: integer('thinkTokens', o.thinkTokens, 0, 1_000_000),
+    thinkTags: boolean('thinkTags', o.thinkTags),
     mistakeRate: finite('mistakeRate', o.mistakeRate, 0, 1),
     maxBodyBytes: integer('maxBodyBytes', o.maxBodyBytes, 1024, 1024 * 1024 * 1024),
     tokenizer: tokenizer(o.tokenizer),

@@ -27,6 +27,8 @@ export interface PolicyOptions {
   mistakeRate: number;
   /** Filler tokens before the answer; the filler never contains a digit, so parsers see only the answer. */
   thinkTokens: number;
+  /** The filler inside `<think>\n…\n</think>\n\n`, as Qwen3 writes its reasoning (absent: bare filler). */
+  thinkTags?: boolean;
   /**
    * The GPU-like mock's long-tailed lengths (lengths.ts): the filler then pads each reply to a drawn
    * length instead of `thinkTokens`. Absent or null: `thinkTokens`.
@@ -287,6 +289,12 @@ export function generateCompletion(
     // Starts at a BPE piece boundary ("\n\n"), so filler ids + answer ids = encode(filler + answer).
     tail = filler.length > 0 ? `\n\n${answer}` : answer;
     for (const id of encodeText(tail)) ids.push(id);
+  }
+  if (options.thinkTags === true && filler.length > 0) {
+    // The reasoning block a thinking model writes; the tail's "\n\n" ends it, as Qwen3 writes it.
+    const text = `<think>\n${filler}\n</think>${tail}`;
+    const tagged = encodeUncached(text);
+    return toolCalls !== undefined ? { kind, text, ids: tagged, toolCalls } : { kind, text, ids: tagged };
   }
   return toolCalls !== undefined ? { kind, text: filler + tail, ids, toolCalls } : { kind, text: filler + tail, ids };
 }
