@@ -12,7 +12,9 @@ logprobs and model steps aligned to it, and a loss mask. :meth:`Rollout.samples`
 turns into as few samples as the tokens allow: a turn whose prompt begins with everything before it
 (the whole conversation sent: ``messageCut: 0``, exact with ``llm.api: "tokens"``) extends the sample,
 its earlier responses keeping their action mask; a turn whose prompt does not (trimmed prompts,
-retokenised text) starts a new one. :meth:`Group.samples` adds the GRPO advantage of each rollout,
+retokenised text, a chat template that rewrote the history under ``llm.historyMode: "split"``:
+``Turn.history_rewrite == "split"``) starts a new one. Each sample of a rollout carries the rollout's
+reward and advantage (docs/TEMPLATES.md). :meth:`Group.samples` adds the GRPO advantage of each rollout,
 its reward normalised within the group.
 """
 from __future__ import annotations
@@ -140,6 +142,10 @@ class Turn:
     """What its tokens were sampled with (its group's, for its agent); None for a batch that records none."""
     routed_experts: Optional[RoutedExperts] = None
     sampling_mask: Optional[SamplingMask] = None
+    history_rewrite: Optional[str] = None
+    """``llm.api: "tokens"``: the chat template re-rendered this turn's history otherwise than it was
+    sampled. ``"kept"``: the prompt still extends the previous turn's prompt + response; ``"split"``: the
+    prompt is the re-rendered history and begins a new sample. None otherwise (docs/TEMPLATES.md)."""
 
 
 @dataclass
@@ -231,7 +237,10 @@ class Rollout:
         """The rollout as training sequences (see the module doc); each carries ``advantage``.
 
         A black-box agent's rollout is its stitched session. Otherwise, per agent, consecutive turns
-        whose prompts extend one another are one sample. With ``trainable_only`` a sample with no
+        whose prompts extend one another are one sample; a rollout split by a chat template that
+        rewrote its history (``Turn.history_rewrite == "split"``) gives one sample per segment, each
+        with this rollout's reward and ``advantage`` (the engine makes the turn ending each segment
+        trainable). With ``trainable_only`` a sample with no
         trainable turn is left out: with ``messageCut: 0`` the engine marks only a last turn that
         ended the episode trainable (it holds the whole conversation), so an episode cut by
         ``maxSteps`` gives none.
@@ -493,6 +502,7 @@ def _turn(raw: Dict[str, Any], where: str) -> Turn:
         spans_versions=raw.get("spansVersions") is True,
         routed_experts=_routed(raw.get("routedExperts"), f"{where}.routedExperts"),
         sampling_mask=_mask(raw.get("samplingMask"), f"{where}.samplingMask"),
+        history_rewrite=_history_rewrite(raw.get("historyRewrite"), f"{where}.historyRewrite"),
     )
 
 
@@ -523,6 +533,12 @@ def _mask(raw: Any, where: str) -> Optional[SamplingMask]:
         ids=_required_array(raw.get("ids"), _I32, f"{where}.ids"),
         logprobs=_array(raw.get("logprobs"), _F32, f"{where}.logprobs"),
     )
+
+
+def _history_rewrite(value: Any, where: str) -> Optional[str]:
+    if value is None or value in ("kept", "split"):
+        return value  # type: ignore[no-any-return]  # one of the two, checked
+    raise BatchFormatError(where, f'must be "kept" or "split" (got {value!r:.60})')
 
 
 def _stitched(raw: Any, where: str) -> Stitched:

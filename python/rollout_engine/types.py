@@ -94,6 +94,10 @@ class BatchStats(TypedDict):
     maskedTokens: int
     # Response tokens no single set of weights reproduces (Turn.stale_kv, Turn.spans_versions).
     inexactTokens: int
+    # llm.api "tokens": turns whose chat template re-rendered the history otherwise than it was
+    # sampled (Turn.history_rewrite), and those of them that began a new training segment.
+    historyRewrites: int
+    historySplits: int
     producedSamples: Dict[str, int]
     producedTokens: Dict[str, int]
     rawMeanReward: Dict[str, Optional[float]]

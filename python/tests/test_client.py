@@ -166,6 +166,25 @@ class TestDecode(unittest.TestCase):
         self.assertEqual([s.turns for s in samples], [[0], [1]])
         np.testing.assert_array_equal(samples[1].loss_mask, [0, 0, 1, 1])
 
+    def test_a_history_split_gives_one_sample_per_segment_each_with_the_rollouts_advantage(self) -> None:
+        # As the engine sends an episode under llm.historyMode "split": the turn ending a segment is
+        # trainable, the next begins with the re-rendered history; one kept turn extends its segment.
+        turns = [
+            turn(1, [1, 2], [3, 4], trainable=True),
+            turn(2, [1, 9, 5], [6], trainable=False, historyRewrite="split"),
+            turn(3, [1, 9, 5, 6, 7], [8], trainable=True, historyRewrite="kept"),
+        ]
+        b = decode_batch(batch_of(turns, as_bytes=True))
+        rollout = b.rollouts()[0]
+        self.assertEqual([t.history_rewrite for t in rollout.turns], [None, "split", "kept"])
+        samples = rollout.samples(0.25)
+        self.assertEqual([s.turns for s in samples], [[0], [1, 2]])
+        self.assertEqual([(s.reward, s.advantage) for s in samples], [(1.0, 0.25), (1.0, 0.25)])
+        np.testing.assert_array_equal(samples[1].token_ids, [1, 9, 5, 6, 7, 8])
+        np.testing.assert_array_equal(samples[1].action_mask, [0, 0, 0, 1, 0, 1])
+        with self.assertRaises(BatchFormatError):
+            decode_batch(batch_of([turn(1, [1], [2], historyRewrite="maybe")], as_bytes=False))
+
     def test_the_engines_loss_mask_narrows_the_sample_loss_mask(self) -> None:
         b = decode_batch(batch_of([turn(1, [1], [2, 3, 4], lossMask=np.array([1, 0, 1], dtype="u1").tobytes())], as_bytes=True))
         np.testing.assert_array_equal(b.rollouts()[0].sequence().loss_mask, [0, 1, 0, 1])
