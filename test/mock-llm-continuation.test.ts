@@ -145,7 +145,14 @@ describe('mock inference server: continue_final_message', () => {
     );
     assert.deepEqual([...first.ids, ...rest.ids], full.ids);
     assert.equal(first.text + rest.text, full.text);
-    assert.deepEqual([...first.logprobs, ...rest.logprobs], full.logprobs);
+    // A token's logprob is the weights' (scoring.ts): the prefix keeps version 0's, the continuation
+    // has version 1's — what an uninterrupted completion under version 1 has at those positions.
+    const full1 = await chat(await start(t, { ...SLOW, tokensPerSecond: 0, weightVersion: 1 }), {
+      messages: GUESS_PROMPT,
+      seed: S,
+    });
+    assert.deepEqual(first.logprobs, full.logprobs.slice(0, first.ids.length));
+    assert.deepEqual(rest.logprobs, full1.logprobs.slice(first.ids.length));
     assert.equal(rest.reply.usage.completion_tokens, full.ids.length - first.ids.length);
     // The prompt is the reference prompt with the partial answer left open (no end marker after it).
     assert.deepEqual(rest.reply.prompt_token_ids, [...full.reply.prompt_token_ids, ...encode(first.text)]);

@@ -29,7 +29,8 @@ import type { ResolvedMockLlmOptions } from './options.ts';
 import { generateCompletion, type Completion, type PolicyOptions, type PromptMessage } from './policy.ts';
 import type { MockChatRequest } from './request.ts';
 import { textCompletionJson, type TokenCompletionRequest } from './completions.ts';
-import { completionJson, logprobDraws } from './response.ts';
+import { completionJson, type TokenDraws } from './response.ts';
+import type { MockLogprobModel, ReplyContext } from './scoring.ts';
 import type { Finish, NaturalFinish, Scheduler } from './scheduler.ts';
 import { CompletionStream } from './stream.ts';
 import { sglangMaskFields, sglangRoutedField, vllmRoutedField, type MockRouting } from './routing.ts';
@@ -47,6 +48,8 @@ export interface CompleterParts {
   faults: FaultInjector;
   rejections: Rejections;
   version: WeightVersion;
+  /** The logprobs' model: what a token's logprob is in its context, and the prompt scoring routes. */
+  logprobs: MockLogprobModel;
 }
 
 /** A chat completion that continues a partial assistant message, or answers the conversation. */
@@ -69,6 +72,8 @@ interface TokenReply {
   skip: number;
   /** How many ids the reply had before the cut: more than `ids` means it ends with finish reason length. */
   uncut: number;
+  /** Ids sampled but not reported (the `dropped-first-token` fault): later ones are conditioned on them. */
+  hidden: number[];
 }
 
 export class Completer {
@@ -80,6 +85,7 @@ export class Completer {
   readonly #faults: FaultInjector;
   readonly #rejections: Rejections;
   readonly #version: WeightVersion;
+  readonly #logprobs: MockLogprobModel;
   /** The next request index (see the invariant above). */
   #requestIndex = 0;
 
@@ -101,6 +107,7 @@ export class Completer {
     this.#faults = parts.faults;
     this.#rejections = parts.rejections;
     this.#version = parts.version;
+    this.#logprobs = parts.logprobs;
   }
 
   /** `POST /v1/chat/completions` of the default dialect, whole or streamed. */
@@ -128,6 +135,8 @@ export class Completer {
     // The version that "generated" the reply: the one current when generation started.
     const version = this.#version.number;
     const o = this.#options;
+    const lp = this.#chatContext(messages, partial, completion, skip, promptIds);
+    const replyDraws = () => this.#logprobs.draws(lp);
     const contentOf = (out: readonly number[]): string =>
       out.length === fullLength && fullText !== null ? fullText : decodeIds(out);
     if (request.stream) {
@@ -142,6 +151,7 @@ export class Completer {
         seed: o.seed,
         requestSeed: request.seed,
         offset: skip,
+        draws: replyDraws,
         ...(request.tools && partial === null && completion.toolCalls !== undefined
           ? {
               // The whole reply's text: a cut one still paces its calls by where they lie in it.
@@ -156,7 +166,10 @@ export class Completer {
         promptTokens: promptIds.length,
         promptIds,
         natural,
-        answer: (reason, out) => stream.finish(reason, out, contentOf(out), fault),
+        answer: (reason, out) => {
+          this.#logprobs.remember(lp.version, lp.promptIds, out);
+          stream.finish(reason, out, contentOf(out), fault);
+        },
         progress: (n) => stream.progress(ids, n),
       });
       return;
@@ -188,7 +201,9 @@ export class Completer {
         seed: o.seed,
         requestSeed: request.seed,
         offset: skip,
+        draws: replyDraws,
       });
+      this.#logprobs.remember(lp.version, lp.promptIds, out);
       deliver(res, json, fault);
     };
     this.#scheduler.schedule(res, { ids, promptTokens: promptIds.length, promptIds, natural, answer });
@@ -207,13 +222,20 @@ export class Completer {
       this.#rejections.reject(res, 400, prompt.error, 'prompt');
       return;
     }
+    if (request.promptLogprobs !== null) {
+      this.#scoreVllm(res, prompt.ids, this.#version.number);
+      return;
+    }
     const reply = this.#tokenReply(res, prompt.text, request.seed, request.maxTokens);
     if (reply === null) return;
     const { index, fault, ids, skip } = reply;
     const version = this.#version.number;
     const o = this.#options;
+    const lp = { version: this.#version.label, promptIds: prompt.ids, hidden: reply.hidden };
     const answer = (reason: Finish, out: readonly number[]): void => {
+      this.#logprobs.remember(lp.version, prompt.ids, [...reply.hidden, ...out]);
       const json = textCompletionJson({
+        draws: () => this.#logprobs.draws(lp),
         index,
         model: o.model,
         vocab: this.#vocab,
@@ -294,8 +316,8 @@ export class Completer {
     const model = d === 'sglang' ? (request.model ?? o.model) : o.model;
     const version = this.#version.label;
     const rid = `chatcmpl-mock-${index}`;
-    const draws = (): { next(): number } | null =>
-      request.logprobs ? logprobDraws({ seed: o.seed, index, requestSeed: request.seed, offset: skip }) : null;
+    const lp = this.#chatContext(messages, partial, completion, skip, promptIds);
+    const draws = (): TokenDraws | null => (request.logprobs ? this.#logprobs.draws({ ...lp, version }) : null);
     const promptTokens = promptIds.length;
     if (request.stream) {
       const stream = new DialectStream(res, {
@@ -361,6 +383,7 @@ export class Completer {
         rid: null,
         returnTokenIds: r.returnTokenIds,
         routedFrom: r.routedExpertsPromptStart,
+        promptLogprobs: r.promptLogprobs,
       },
       'openai',
     );
@@ -382,6 +405,14 @@ export class Completer {
       this.#rejections.dialect(res, limit.error);
       return;
     }
+    if (d === 'vllm' && request.promptLogprobs != null) {
+      this.#scoreVllm(res, prompt.ids, null);
+      return;
+    }
+    if (d === 'sglang' && request.logprobStartLen != null && request.maxTokens === 0) {
+      this.#scoreSglang(res, prompt.ids, request.logprobStartLen, request.rid);
+      return;
+    }
     const budget = Math.min(request.maxTokens ?? Infinity, limit.cap);
     const reply = this.#tokenReply(res, prompt.text, request.seed, budget);
     if (reply === null) return;
@@ -390,8 +421,11 @@ export class Completer {
     const version = this.#version.label;
     const rid = d === 'vllm' ? `cmpl-mock-${index}` : (request.rid ?? `mock-${index}`);
     const o = this.#options;
+    const lp = { version, promptIds: prompt.ids, hidden: reply.hidden };
     const answer = (reason: Finish, out: readonly number[]): void => {
+      this.#logprobs.remember(version, prompt.ids, [...reply.hidden, ...out]);
       const shape = {
+        draws: () => this.#logprobs.draws(lp),
         index,
         model: o.model,
         vocab: this.#vocab,
@@ -428,6 +462,88 @@ export class Completer {
       answer,
       rid,
     });
+  }
+
+  /**
+   * What a chat reply's logprobs are conditioned on: the prompt, or for a continuation the
+   * uninterrupted generation's prompt and the ids the partial message already holds — so a continued
+   * reply's tokens score as the uninterrupted ones do.
+   */
+  #chatContext(
+    messages: PromptMessage[],
+    partial: string | null,
+    completion: Completion,
+    skip: number,
+    promptIds: readonly number[],
+  ): ReplyContext {
+    if (partial === null) return { version: this.#version.label, promptIds };
+    const head = promptTokenIds(messages.slice(0, -1), 'generation');
+    return { version: this.#version.label, promptIds: [...head, ...completion.ids.slice(0, skip)] };
+  }
+
+  /**
+   * vLLM's prompt scoring: `/v1/completions` with `prompt_logprobs` → `choices[0].prompt_logprobs`,
+   * `[null, {"<id>": {logprob, rank, decoded_token}}, ...]` (the first prompt token has none), one
+   * token generated (the mock: the end-of-turn token). `weightVersion` null: no `metadata` (the vllm
+   * dialect). Answered at once, outside the scheduler: scoring is one prefill.
+   */
+  #scoreVllm(res: ServerResponse, ids: readonly number[], weightVersion: number | null): void {
+    this.#requestIndex++;
+    const scores = this.#logprobs.score(this.#version.label, ids, 1);
+    const promptLogprobs: (Record<string, { logprob: number; rank: number; decoded_token: string }> | null)[] = [null];
+    for (let i = 1; i < ids.length; i++)
+      promptLogprobs.push({
+        [String(ids[i])]: { logprob: scores[i - 1], rank: 1, decoded_token: this.#vocab.tokenText(ids[i]) },
+      });
+    const eot = this.#vocab.endOfTurnId;
+    const body: Record<string, unknown> = {
+      id: `cmpl-mock-score-${this.#requestIndex}`,
+      object: 'text_completion',
+      created: Math.floor(Date.now() / 1000),
+      model: this.#options.model,
+      choices: [
+        {
+          index: 0,
+          text: '',
+          logprobs: null,
+          finish_reason: 'length',
+          stop_reason: null,
+          prompt_logprobs: promptLogprobs,
+          token_ids: [eot],
+        },
+      ],
+      usage: { prompt_tokens: ids.length, completion_tokens: 1, total_tokens: ids.length + 1 },
+      ...(weightVersion === null ? {} : { metadata: { weight_version: weightVersion } }),
+    };
+    deliver(res, JSON.stringify(body), null);
+  }
+
+  /**
+   * SGLang's prompt scoring: `/generate` with `max_new_tokens: 0`, `return_logprob` and
+   * `logprob_start_len` L → `meta_info.input_token_logprobs`, `[logprob, id, null]` for ids[L..], the
+   * first entry's logprob null (scheduler_output_processor_mixin.py pads it), no output ids.
+   */
+  #scoreSglang(res: ServerResponse, ids: readonly number[], start: number, rid: string | null): void {
+    const index = this.#requestIndex++;
+    const from = Math.max(0, Math.min(start, ids.length - 1));
+    const scores = this.#logprobs.score(this.#version.label, ids, from + 1);
+    const entries: [number | null, number, null][] = [[null, ids[from], null]];
+    for (let i = from + 1; i < ids.length; i++) entries.push([scores[i - from - 1], ids[i], null]);
+    const body = {
+      text: '',
+      output_ids: [],
+      meta_info: {
+        id: rid ?? `mock-${index}`,
+        finish_reason: { type: 'length', length: 0 },
+        prompt_tokens: ids.length,
+        weight_version: this.#version.label,
+        completion_tokens: 0,
+        cached_tokens: 0,
+        input_token_logprobs: entries,
+        output_token_logprobs: [],
+      },
+    };
+    deliver(res, JSON.stringify(body), null);
   }
 
   /**
@@ -484,8 +600,12 @@ export class Completer {
     const full = vocab.name === 'cl100k' ? completion.ids.slice() : vocab.encode(completion.text);
     full.push(vocab.endOfTurnId);
     const skip = partial === null ? 0 : Math.min(vocab.encode(partial).length, full.length - 1);
-    const ids = skip > 0 ? full.slice(skip) : full;
-    return { index, fault, ids: ids.length > budget ? ids.slice(0, budget) : ids, skip, uncut: ids.length };
+    let ids = skip > 0 ? full.slice(skip) : full;
+    // A resume's continuation whose first sampled token never reaches the reply (scoring.ts).
+    const hidden =
+      partial !== null && ids.length > 1 && this.#logprobs.has('dropped-first-token') ? ids.slice(0, 1) : [];
+    if (hidden.length > 0) ids = ids.slice(1);
+    return { index, fault, ids: ids.length > budget ? ids.slice(0, budget) : ids, skip, uncut: ids.length, hidden };
   }
 
   /** vLLM checks `model` against the served names before anything else (engine/serving.py

@@ -10,6 +10,7 @@ import { createRng } from '../../env/synthetic/rng.ts';
 import { requestStreamSeed } from './policy.ts';
 import { RequestError } from './request.ts';
 import type { MockVocabulary } from './vocab.ts';
+import { logprobText, type TokenDraws } from './response.ts';
 
 export interface TokenCompletionRequest {
   /** Prompt ids; a string prompt is encoded with the server's vocabulary. */
@@ -24,6 +25,11 @@ export interface TokenCompletionRequest {
   model: string | undefined;
   /** vLLM `routed_experts_prompt_start`: prompt tokens whose routing is left out (0 = none). */
   routedExpertsPromptStart: number;
+  /**
+   * `prompt_logprobs`: alternatives per prompt position besides the prompt token itself (vLLM
+   * CompletionRequest.prompt_logprobs); set = a scoring request (scoring.ts). null when absent.
+   */
+  promptLogprobs: number | null;
 }
 
 const VLLM_DEFAULT_MAX_TOKENS = 16;
@@ -81,6 +87,11 @@ export function parseTokenCompletionRequest(raw: string): TokenCompletionRequest
   if (check('echo', (v) => typeof v === 'boolean', 'must be a boolean') === true)
     bad('echo', 'is not supported by the mock', true);
   const model = check('model', (v) => typeof v === 'string', 'must be a string') as string | undefined;
+  const promptLogprobs = check(
+    'prompt_logprobs',
+    (v) => Number.isInteger(v) && (v as number) >= -1,
+    'must be an integer >= -1',
+  ) as number | undefined;
   check('temperature', (v) => typeof v === 'number' && Number.isFinite(v), 'must be a number');
   check('top_p', (v) => typeof v === 'number' && Number.isFinite(v), 'must be a number');
   const routedStart = check(
@@ -96,6 +107,7 @@ export function parseTokenCompletionRequest(raw: string): TokenCompletionRequest
     returnTokenIds: returnTokenIds === true,
     seed,
     model,
+    promptLogprobs: promptLogprobs ?? null,
   };
 }
 
@@ -118,11 +130,22 @@ export interface TextCompletionBody {
   requestSeed: number | undefined;
   /** Position of ids[0] in the whole completion (tokens a continued assistant message already had). */
   offset: number;
+  /** The mock's model's draws for the reply (scoring.ts); absent: the request's random ones. */
+  draws?: () => TokenDraws;
 }
 
-/** log(0.999 − 0.95·u³): mostly confident tokens, an occasional uncertain one; always < 0. */
+/**
+ * log(0.999 − 0.95·u³): mostly confident tokens, an occasional uncertain one; always < 0. The value of
+ * the chat routes' table (response.ts logprobText), so a token scores the same on every route.
+ */
 export function logprobAt(u: number): number {
-  return Math.round(Math.log(0.999 - 0.95 * u * u * u) * 1e4) / 1e4;
+  return Number(logprobText(u));
+}
+
+function randomDraws(c: Pick<TextCompletionBody, 'seed' | 'index' | 'requestSeed' | 'offset'>): TokenDraws {
+  const rng = createRng(requestStreamSeed(c.seed, c.index, c.requestSeed, LOGPROB_STREAM));
+  for (let i = 0; i < c.offset; i++) rng.next();
+  return rng;
 }
 
 export function textCompletionJson(c: TextCompletionBody): string {
@@ -131,8 +154,7 @@ export function textCompletionJson(c: TextCompletionBody): string {
   const text = c.vocab.decode(stopped ? c.ids.slice(0, -1) : c.ids);
   let logprobs: Record<string, unknown> | null = null;
   if (c.logprobs !== null) {
-    const rng = createRng(requestStreamSeed(c.seed, c.index, c.requestSeed, LOGPROB_STREAM));
-    for (let i = 0; i < c.offset; i++) rng.next();
+    const rng = c.draws?.() ?? randomDraws(c);
     const tokens: string[] = [];
     const values: number[] = [];
     const top: Record<string, number>[] = [];
@@ -140,7 +162,7 @@ export function textCompletionJson(c: TextCompletionBody): string {
     let at = 0;
     for (const id of c.ids) {
       const token = c.vocab.tokenText(id);
-      const lp = logprobAt(rng.next());
+      const lp = logprobAt(rng.next(id));
       tokens.push(token);
       values.push(lp);
       top.push(c.logprobs > 0 ? { [token]: lp } : {});

@@ -23,6 +23,7 @@ import type { ServerResponse } from 'node:http';
 import type { Dialect } from './dialects.ts';
 import { dialectLogprobEntries, LLAMACPP_BUILD_INFO, sglextJson } from './dialects.ts';
 import type { MockChatRequest } from './request.ts';
+import type { TokenDraws } from './response.ts';
 import { decodeIds, END_OF_TURN_ID } from './tokens.ts';
 
 export interface DialectStreamHead {
@@ -31,7 +32,7 @@ export interface DialectStreamHead {
   model: string;
   promptIds: readonly number[];
   /** Logprob draws of ids[0..]; null without logprobs. */
-  draws: { next(): number } | null;
+  draws: TokenDraws | null;
   withTop: boolean;
   returnTokenIds: boolean;
   includeUsage: boolean;
@@ -137,7 +138,7 @@ export class DialectStream {
     let logprobs = 'null';
     if (draws !== null) {
       const entries = dialectLogprobEntries(dialect, ids, from, upTo, draws, this.#h.withTop);
-      if (upTo < n) draws.next(); // the dropped token still drew its value: later ones keep theirs
+      if (upTo < n) draws.next(ids[upTo]); // the dropped token still drew its value: later ones keep theirs
       logprobs = `{"content":[${entries}]}`;
     }
     if (dialect === 'sglang') {

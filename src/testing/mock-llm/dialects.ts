@@ -19,7 +19,7 @@ import { createRng } from '../../env/synthetic/rng.ts';
 import { logprobAt, LOGPROB_STREAM_TAG } from './completions.ts';
 import type { MockChatRequest } from './request.ts';
 import { RequestError } from './request.ts';
-import { logprobText } from './response.ts';
+import { logprobText, type TokenDraws } from './response.ts';
 import { requestStreamSeed } from './policy.ts';
 import { decodeIds, END_OF_TURN_ID, tokenJson } from './tokens.ts';
 import type { MockVocabulary } from './vocab.ts';
@@ -40,7 +40,7 @@ export interface DialectChat {
   /** The reported weight version (SGLang only puts it in replies). */
   version: string;
   /** Logprob draws for ids[0..]; null without logprobs. */
-  draws: { next(): number } | null;
+  draws: TokenDraws | null;
   /** llama.cpp: the generation stopped at the context size. */
   truncated: boolean;
   created: number;
@@ -71,13 +71,13 @@ export function dialectLogprobEntries(
   ids: readonly number[],
   from: number,
   to: number,
-  draws: { next(): number },
+  draws: TokenDraws,
   withTop: boolean,
 ): string {
   let json = '';
   for (let i = from; i < to; i++) {
     const id = ids[i];
-    const lp = logprobText(draws.next());
+    const lp = logprobText(draws.next(id));
     if (i > from) json += ',';
     if (dialect === 'llamacpp') {
       // llama.cpp tools/server/server-task.cpp completion_token_output::probs_vector_to_json @17f5f8a80d8ac9c18c23ecb2321640daeec77096:
@@ -380,6 +380,10 @@ export interface TokenInRequest {
   routedFrom?: number | null;
   /** SGLang `return_sampling_mask`. */
   samplingMask?: boolean;
+  /** vLLM `prompt_logprobs`: a scoring request (scoring.ts). */
+  promptLogprobs?: number | null;
+  /** SGLang `logprob_start_len` (-1, its default, = output tokens only): with max_new_tokens 0, a scoring request. */
+  logprobStartLen?: number | null;
 }
 
 function bad(param: string, rule: string, value: unknown): never {
@@ -447,10 +451,14 @@ export function parseGenerateRequest(raw: string): TokenInRequest {
     if (!bounded)
       bad('return_sampling_mask', 'needs top_k, top_p < 1 or min_p > 0 (an unbounded support is refused)', true);
   }
+  const start = b.logprob_start_len;
+  if (start !== undefined && start !== null && !(isInt(start) && start >= -1))
+    bad('logprob_start_len', 'must be an integer >= -1', start);
   return {
     routedFrom: b.return_routed_experts === true ? (isInt(routedStart) ? routedStart : 0) : null,
     samplingMask,
     prompt,
+    logprobStartLen: isInt(start) && start >= 0 && b.return_logprob === true ? start : null,
     // python/sglang/srt/sampling/sampling_params.py SamplingParams(max_new_tokens=128) is the default.
     maxTokens: isInt(maxNew) ? maxNew : 128,
     logprobs: b.return_logprob === true ? ((top as number | undefined) ?? 0) : null,
@@ -507,9 +515,12 @@ export interface DialectTokens {
   offset: number;
   /** SGLang: the request id meta_info names (the request's `rid`, else one of the mock's). */
   rid?: string;
+  /** The mock's model's draws for the reply (scoring.ts); absent: the request's random ones. */
+  draws?: () => TokenDraws;
 }
 
-function tokenDraws(t: DialectTokens): { next(): number } {
+function tokenDraws(t: DialectTokens): TokenDraws {
+  if (t.draws !== undefined) return t.draws();
   // The token-in logprobs of every dialect are the default /v1/completions draws (completions.ts).
   const rng = createRng(requestStreamSeed(t.seed, t.index, t.request.seed, LOGPROB_STREAM_TAG));
   for (let i = 0; i < t.offset; i++) rng.next();
@@ -547,7 +558,7 @@ export function sglangGenerateJson(t: DialectTokens): string {
   };
   if (t.request.logprobs !== null) {
     const draws = tokenDraws(t);
-    const entries: [number, number, null][] = t.ids.map((id) => [logprobAt(draws.next()), id, null]);
+    const entries: [number, number, null][] = t.ids.map((id) => [logprobAt(draws.next(id)), id, null]);
     meta.output_token_logprobs = entries;
     if (t.request.logprobs > 0) meta.output_top_logprobs = entries.map((e) => [e]);
   }
@@ -591,7 +602,7 @@ export function llamacppCompletionJson(t: DialectTokens): string {
       const eog = id === t.vocab.endOfTurnId;
       const token = eog ? '' : t.vocab.tokenText(id);
       const bytes = [...Buffer.from(token, 'utf8')];
-      const logprob = logprobAt(draws.next());
+      const logprob = logprobAt(draws.next(id));
       return { id, token, bytes, logprob, top_logprobs: [{ id, token, bytes, logprob }] };
     });
   }

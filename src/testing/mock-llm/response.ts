@@ -52,6 +52,13 @@ export interface CompletionBody {
    * arguments as JSON text, and finish_reason "tool_calls".
    */
   toolCalls?: readonly { id: string; name: string; arguments: string }[];
+  /** The logprob draws of the reply's ids (the mock's model, scoring.ts); absent: the request's random ones. */
+  draws?: () => TokenDraws;
+}
+
+/** One draw per token, in order, given the token (the mock's model conditions on it: scoring.ts). */
+export interface TokenDraws {
+  next(id: number): number;
 }
 
 /** The logprob draws of a completion, advanced past the `offset` tokens a continued message already has. */
@@ -62,17 +69,17 @@ export function logprobDraws(c: Pick<CompletionBody, 'seed' | 'index' | 'request
 }
 
 /** `logprobs.content` entries of `ids[from..to)`, comma-separated, drawing one value per token from `draws`. */
-export function logprobEntries(ids: readonly number[], from: number, to: number, draws: { next(): number }): string {
+export function logprobEntries(ids: readonly number[], from: number, to: number, draws: TokenDraws): string {
   let json = '';
   for (let i = from; i < to; i++) {
     if (i > from) json += ',';
-    json += `{"token":${tokenJson(ids[i])},"logprob":${LOGPROBS[Math.floor(draws.next() * LOGPROBS.length)]},"bytes":null,"top_logprobs":[]}`;
+    json += `{"token":${tokenJson(ids[i])},"logprob":${LOGPROBS[Math.floor(draws.next(ids[i]) * LOGPROBS.length)]},"bytes":null,"top_logprobs":[]}`;
   }
   return json;
 }
 
 function logprobsJson(ids: readonly number[], c: CompletionBody): string {
-  return `{"content":[${logprobEntries(ids, 0, ids.length, logprobDraws(c))}]}`;
+  return `{"content":[${logprobEntries(ids, 0, ids.length, c.draws?.() ?? logprobDraws(c))}]}`;
 }
 
 /** OpenAI chat.completion plus the vLLM extras (`token_ids`, `prompt_token_ids`) and `metadata.weight_version`. */

@@ -24,6 +24,7 @@ import { Completer } from './completer.ts';
 import { Connections } from './connections.ts';
 import type { Dialect } from './dialects.ts';
 import { FaultInjector, type MockFault } from './faults.ts';
+import { MockLogprobModel, type DriftFault } from './scoring.ts';
 import { Gpu, type GpuMetrics } from './gpu.ts';
 import { Rejections } from './http-replies.ts';
 import { DIALECT_DEFAULT_CONTEXT, MOCK_LLM_DEFAULTS, resolveMockLlmOptions } from './options.ts';
@@ -74,6 +75,11 @@ export interface MockLlm {
   /** The version as the dialect reports it: the number (default dialect), or the string (SGLang, vLLM). */
   readonly reportedWeightVersion: number | string;
   setWeightVersion(version: number): void;
+  /**
+   * Turns on exactly these logprob-drift faults (scoring.ts: stale KV, a re-tokenised prompt, a first
+   * token dropped after a resume, hidden truncation) for replies that start from now on; [] = none.
+   */
+  setDriftFaults(faults: readonly DriftFault[]): void;
   /** Answers every in-flight completion now with finish_reason abort; returns how many. */
   abortAll(): number;
   stats(): MockLlmStats;
@@ -114,7 +120,8 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
   const scheduler = new Scheduler({ ...opts, onChange, gpu });
   const faults = new FaultInjector(opts, onChange);
   const rejections = new Rejections();
-  const completer = new Completer({ options: opts, vocab, context, scheduler, faults, rejections, version });
+  const logprobs = new MockLogprobModel(opts.seed);
+  const completer = new Completer({ options: opts, vocab, context, scheduler, faults, rejections, version, logprobs });
   let closed: Promise<void> | null = null;
   const closing = (): boolean => closed !== null;
   const routes = new Routes({
@@ -173,6 +180,7 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
     setWeightVersion(v) {
       version.set(v);
     },
+    setDriftFaults: (list) => logprobs.setFaults(list),
     abortAll: () => scheduler.abortAll(),
     stats,
     waitForInFlight: (count) => statsWaiters.wait((s) => s.inFlight >= count),

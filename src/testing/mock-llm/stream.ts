@@ -10,7 +10,7 @@
  * finish_reason "tool_calls".
  */
 import type { ServerResponse } from 'node:http';
-import { logprobDraws, logprobEntries } from './response.ts';
+import { logprobDraws, logprobEntries, type TokenDraws } from './response.ts';
 import type { ToolCallDeltas } from './stream-tools.ts';
 import { decodeIds } from './tokens.ts';
 
@@ -26,6 +26,8 @@ export interface StreamHead {
   seed: number;
   requestSeed: number | undefined;
   offset: number;
+  /** The mock's model's draws for the reply (scoring.ts); absent: the request's random ones. */
+  draws?: () => TokenDraws;
   /** The reply's tool calls when the request offered tools: its text then streams as calls. */
   tools?: ToolCallDeltas;
 }
@@ -38,7 +40,7 @@ export class CompletionStream {
   readonly #head: StreamHead;
   /** Everything of a chunk before its choice's fields: the same for every event of the stream. */
   readonly #prefix: string;
-  readonly #draws: { next(): number };
+  readonly #draws: TokenDraws;
   /** Ids sent so far (their token_ids and logprobs). */
   #sent = 0;
   /** Ids whose text is sent: behind `#sent` while the last ones end inside a UTF-8 character. */
@@ -49,7 +51,7 @@ export class CompletionStream {
   constructor(res: ServerResponse, head: StreamHead) {
     this.#res = res;
     this.#head = head;
-    this.#draws = logprobDraws(head);
+    this.#draws = head.draws?.() ?? logprobDraws(head);
     this.#prefix = `{"id":"chatcmpl-mock-${head.index}","object":"chat.completion.chunk","created":${Math.floor(Date.now() / 1000)},"model":${JSON.stringify(head.model)},"choices":[`;
   }
 
