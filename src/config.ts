@@ -530,6 +530,18 @@ const PauseSpec = z.strictObject({
   timeoutMs: positiveInt.default(60_000),
 });
 
+/** The consistency audit (coordinator/audit.ts, docs/AUDIT.md). */
+const AuditSpec = z.strictObject({
+  /** Share of finished rollouts re-scored on the server as they land; 0 = only on demand (POST /audit). */
+  fraction: z.number().min(0, 'must be in [0, 1]').max(1, 'must be in [0, 1]').default(0),
+  /** A segment whose mean |Δ logprob| passes this is flagged, with a warning naming the rollout. */
+  threshold: z.number().gt(0, 'must be > 0').max(100, 'must be at most 100').default(0.05),
+  /** Scoring calls in flight at most. */
+  concurrency: positiveInt.max(1024).default(2),
+  /** Tokens sent for scoring stay under this share of the response tokens generated (sampled audits). */
+  maxTokenShare: z.number().gt(0, 'must be > 0').max(1000, 'must be at most 1000').default(1),
+});
+
 const DEFAULT_TASKS = [
   { name: 'guess-number', env: { module: 'builtin:guess-number' }, groupSize: 4, weight: 1 },
   { name: 'arithmetic', env: { module: 'builtin:arithmetic' }, groupSize: 4, weight: 1, maxSteps: 1 },
@@ -571,6 +583,7 @@ export const EngineConfigSchema = z.strictObject({
   workers: WorkersSpec.default(() => WorkersSpec.parse({})),
   producer: ProducerSpec.default(() => ProducerSpec.parse({})),
   pause: PauseSpec.default(() => PauseSpec.parse({})),
+  audit: AuditSpec.default(() => AuditSpec.parse({})),
   /** The token-trace gateway black-box agents talk to (started when a task has `agent`). */
   gateway: GatewaySpec.default(() => GatewaySpec.parse({})),
   /** Run directory: step records go to `<runDir>/steps/` (one JSONL file per worker); null = not recorded. */

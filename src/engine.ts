@@ -9,7 +9,14 @@
  *   await engine.close();
  */
 import { resolveConfig, type EngineConfigInput, type ResolvedConfig, type ResolveOptions } from './config.ts';
-import { EngineCore, type EngineOptions, type EngineStats, type ResumeOptions } from './coordinator/engine-core.ts';
+import {
+  EngineCore,
+  type AuditTarget,
+  type EngineOptions,
+  type EngineStats,
+  type ResumeOptions,
+} from './coordinator/engine-core.ts';
+import type { RolloutAudit } from './coordinator/audit-segments.ts';
 import type { Batch, PauseReport } from './coordinator/producer.ts';
 import type { PauseNodes } from './coordinator/worker-pool.ts';
 import { RolloutEngineError } from './errors.ts';
@@ -104,6 +111,15 @@ export class Engine {
 
   stats(): Promise<EngineStats> {
     return this.#core.stats();
+  }
+
+  /**
+   * The consistency audit on demand: re-scores on the inference server the rollout or group named, or
+   * every rollout of the last batch handed out, and resolves with each one's |Δ logprob| by segment
+   * (docs/AUDIT.md). `audit.fraction` audits a share of all rollouts as they land without asking.
+   */
+  audit(target: AuditTarget = {}): Promise<RolloutAudit[]> {
+    return this.#core.audit(target);
   }
 
   /** Stop the workers and the embedded mock; waits for a batch in progress. Safe to call twice. */

@@ -184,6 +184,13 @@ export class ReplayBuffer {
     return null;
   }
 
+  /** The first stored group `match` accepts (any task, any status); null when none. */
+  find(match: (group: RolloutGroup) => boolean): RolloutGroup | null {
+    for (const pools of this.#pools.values())
+      for (const pool of pools.values()) for (const group of pool.values()) if (match(group)) return group;
+    return null;
+  }
+
   get dropped(): Readonly<Record<DropReason, number>> {
     return { ...this.#dropped };
   }

@@ -1,3 +1,4 @@
+import type { AuditStats } from '../coordinator/audit.ts';
 import { noFailures, type FailureKind } from '../domain/failure.ts';
 import { existsSync, rmdirSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
@@ -166,6 +167,7 @@ async function runLocked(
   let landed: Record<Status, number> | null = null;
   let failure: unknown = null;
   let failures = noFailures();
+  let audit: AuditStats | null = null;
   const progress = new ProgressLine(engine, steps, { batches: earlier.batches });
   try {
     await engine.start();
@@ -206,7 +208,10 @@ async function runLocked(
   } finally {
     progress.stop();
     failures = await engine.stats().then(
-      (s) => s.failures,
+      (s) => {
+        audit = s.audit ?? null;
+        return s.failures;
+      },
       () => noFailures(),
     );
     await (writer as BatchFileWriter | null)?.close();
@@ -226,6 +231,7 @@ async function runLocked(
     seconds,
     batchesPath,
     failure === null ? null : describeError(failure),
+    engine.config.audit.fraction > 0 || (audit as AuditStats | null)?.rollouts ? audit : null,
   );
   writeFileSync(join(runDir, 'summary.json'), `${JSON.stringify(summary, null, 2)}\n`);
   console.log(formatSummary(summary));
@@ -262,6 +268,8 @@ interface RunSummary {
   output: string;
   /** Why the run stopped before its last step; null when it finished (or was stopped by a signal). */
   error: string | null;
+  /** The consistency audit of this process (audit.fraction > 0): |Δ logprob| by segment, flagged rollouts, cost. */
+  audit?: AuditStats;
 }
 
 function summarize(
@@ -272,6 +280,7 @@ function summarize(
   seconds: number,
   output: string,
   error: string | null,
+  audit: AuditStats | null,
 ): RunSummary {
   const run = emptyTotals();
   addTotals(run, earlier);
@@ -290,6 +299,7 @@ function summarize(
     stepsPerSecond: seconds > 0 ? here.turns / seconds : 0,
     output,
     error,
+    ...(audit !== null ? { audit } : {}),
   };
 }
 
@@ -313,5 +323,12 @@ function formatSummary(s: RunSummary): string {
       ? []
       : [`  failed      episodes by kind: ${failed} (infrastructure ones ran again, never trained)`]),
     `  time        ${s.seconds.toFixed(2)} s, ${s.stepsPerSecond.toFixed(1)} steps/s${resumed === '' ? '' : ' (this process)'}`,
+    ...(s.audit === undefined ? [] : [auditLine(s.audit)]),
   ].join('\n');
+}
+
+/** The audit in one line: what was compared, how far it drifted, what was flagged, what it cost. */
+function auditLine(a: AuditStats): string {
+  const share = `${(a.cost.tokenShare * 100).toFixed(1)}% of generated tokens re-scored, ${a.cost.seconds.toFixed(2)} s`;
+  return `  audit       ${a.rollouts} rollouts, ${a.tokens} tokens: mean |Δ logprob| ${a.meanAbsDelta.toExponential(2)}, max ${a.maxAbsDelta.toExponential(2)}, ${a.flagged} flagged (${share})`;
 }

@@ -9,11 +9,13 @@ import { rolloutStaleness } from '../buffer/staleness.ts';
 import type { PauseReport, ProducerObserver } from '../coordinator/producer.ts';
 import type { EngineStats } from '../coordinator/engine-core.ts';
 import { dispatchTokenCount, type RolloutGroup } from '../domain/rollout.ts';
+import type { AuditObserver } from '../coordinator/audit.ts';
+import type { RolloutAudit, SkipReason } from '../coordinator/audit-segments.ts';
 
 const SECONDS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
 const PAUSE_SECONDS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 30];
 
-export class EngineMetrics implements ProducerObserver {
+export class EngineMetrics implements ProducerObserver, AuditObserver {
   readonly registry = new Registry();
   readonly #groups = new Counter({
     name: 'rollout_engine_groups_landed_total',
@@ -69,6 +71,35 @@ export class EngineMetrics implements ProducerObserver {
   readonly #outageAborted = new Counter({
     name: 'rollout_engine_groups_outage_aborted_total',
     help: 'Groups that met an inference outage and came back ABORTED to be retried (not failures)',
+    registers: [this.registry],
+  });
+  readonly #auditDelta = new Histogram({
+    name: 'rollout_engine_audit_abs_delta_logprob',
+    help: 'Consistency audit: mean |recorded − re-scored logprob| of each audited segment, by kind (turnStart, turnRest, beforeUpdate, afterUpdate)',
+    labelNames: ['segment'],
+    buckets: [1e-6, 1e-5, 1e-4, 1e-3, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2, 5],
+    registers: [this.registry],
+  });
+  readonly #auditRollouts = new Counter({
+    name: 'rollout_engine_audit_rollouts_total',
+    help: 'Consistency audit: rollouts re-scored, and those flagged (a segment past audit.threshold)',
+    labelNames: ['result'],
+    registers: [this.registry],
+  });
+  readonly #auditTokens = new Counter({
+    name: 'rollout_engine_audit_tokens_total',
+    help: 'Consistency audit: response tokens compared, tokens sent for scoring (its cost), and tokens skipped by reason',
+    labelNames: ['kind'],
+    registers: [this.registry],
+  });
+  readonly #auditSeconds = new Counter({
+    name: 'rollout_engine_audit_seconds_total',
+    help: 'Consistency audit: time spent in scoring calls on the inference servers',
+    registers: [this.registry],
+  });
+  readonly #auditMax = new Gauge({
+    name: 'rollout_engine_audit_last_max_abs_delta_logprob',
+    help: 'Consistency audit: largest |Δ logprob| of the last rollout audited',
     registers: [this.registry],
   });
   readonly #pause = new Histogram({
@@ -226,6 +257,21 @@ export class EngineMetrics implements ProducerObserver {
       this.#pause.observe({ phase: 'workers_stopped' }, report.workersStoppedMs / 1000);
     if (report.workersAckedMs !== null) this.#pause.observe({ phase: 'workers_acked' }, report.workersAckedMs / 1000);
     this.#pause.observe({ phase: 'all_back' }, report.allBackMs / 1000);
+  }
+
+  audited(report: RolloutAudit, cost: { scoredTokens: number; seconds: number }): void {
+    this.#auditTokens.inc({ kind: 'sent' }, cost.scoredTokens);
+    this.#auditSeconds.inc(cost.seconds);
+    if (report.tokens === 0) return;
+    this.#auditRollouts.inc({ result: report.flagged.length > 0 ? 'flagged' : 'clean' });
+    this.#auditTokens.inc({ kind: 'compared' }, report.tokens);
+    this.#auditMax.set(report.maxAbsDelta);
+    for (const [kind, s] of Object.entries(report.bySegment))
+      if (s.tokens > 0) this.#auditDelta.observe({ segment: kind }, s.meanAbsDelta);
+  }
+
+  auditSkipped(reason: SkipReason, tokens: number): void {
+    this.#auditTokens.inc({ kind: `skipped_${reason}` }, tokens);
   }
 
   text(): Promise<string> {

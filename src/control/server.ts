@@ -12,6 +12,9 @@
  *                                     servers' name for them, e.g. SGLang's --weight-version); only
  *                                     after a pause (409 otherwise), a repeat of the last one excepted
  *   POST /checkpoint  {path}          write a checkpoint file: a .ckpt path inside the run dir
+ *   POST /audit       {rolloutId? | groupId?}  re-score on the inference server the rollout, the group,
+ *                                     or (neither) the last batch handed out, and answer each rollout's
+ *                                     |Δ logprob| by segment (coordinator/audit.ts, docs/AUDIT.md)
  *   GET  /metrics                     Prometheus text
  *
  * Errors are `{"error": {"code", "message"}}` with a stable code.
@@ -21,7 +24,8 @@
  */
 import { createServer, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import type { EngineStats } from '../coordinator/engine-core.ts';
+import type { AuditTarget, EngineStats } from '../coordinator/engine-core.ts';
+import type { RolloutAudit } from '../coordinator/audit-segments.ts';
 import type { Batch, PauseReport } from '../coordinator/producer.ts';
 import type { EngineMetrics } from './metrics.ts';
 import { compactGroup } from '../formats/compact.ts';
@@ -40,6 +44,8 @@ export interface ControlTarget {
   resume(options: { modelStep: number; weightVersion?: string | null; pausedOnly?: boolean }): Promise<void>;
   checkpoint(path: string): Promise<{ path: string; bytes: number }>;
   stats(): Promise<EngineStats>;
+  /** The consistency audit on demand (`POST /audit`); absent: the route answers 404. */
+  audit?(target: AuditTarget): Promise<RolloutAudit[]>;
   readonly llmUrl: string | null;
 }
 
@@ -122,6 +128,21 @@ export async function startControlServer(
       fields: ['path'],
       run: async (body) => engine.checkpoint(checkpointPathIn(checkpointDir, body.path)),
     },
+    'POST /audit': {
+      fields: ['rolloutId', 'groupId'],
+      run: async (body) => {
+        const rolloutId = optionalString(body, 'rolloutId');
+        const groupId = optionalString(body, 'groupId');
+        if (rolloutId !== undefined && groupId !== undefined)
+          throw new HttpError(400, 'ERR_BAD_BODY', 'name a rolloutId or a groupId, not both');
+        if (engine.audit === undefined) throw new HttpError(404, 'ERR_NOT_FOUND', 'this engine has no audit');
+        const rollouts = await engine.audit({
+          ...(rolloutId !== undefined ? { rolloutId } : {}),
+          ...(groupId !== undefined ? { groupId } : {}),
+        });
+        return { rollouts, flagged: rollouts.filter((r) => r.flagged.length > 0).length };
+      },
+    },
   };
 
   const server = createServer((req, res) => void handle(req, res));
@@ -187,6 +208,13 @@ export async function startControlServer(
         server.closeAllConnections();
       }),
   };
+}
+
+function optionalString(body: Record<string, unknown>, field: string): string | undefined {
+  const value = body[field];
+  if (value !== undefined && (typeof value !== 'string' || value.length === 0))
+    throw new HttpError(400, 'ERR_BAD_BODY', `${field} must be a non-empty string (got ${preview(value)})`);
+  return value;
 }
 
 function optionalBool(body: Record<string, unknown>, field: string): boolean | undefined {

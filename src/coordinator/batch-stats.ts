@@ -7,6 +7,7 @@ import { historyRewriteCounts, inexactTokenCount, responseTokenCount, type Rollo
 import { RunningMean, foldMean } from './mean.ts';
 import type { FailureKind } from '../domain/failure.ts';
 import type { WindowStats } from './progress.ts';
+import type { AuditStats } from './audit.ts';
 
 export interface BatchStats {
   groups: number;
@@ -52,6 +53,11 @@ export interface BatchStats {
   failures: Record<FailureKind, number>;
   produceMs: number;
   byTask: Record<string, { groups: number; meanReward: number }>;
+  /**
+   * The consistency audit since the previous batch (coordinator/audit.ts: rollouts re-scored on the
+   * server, |Δ logprob| by segment, what it cost); absent when `audit.fraction` is 0 and none was asked for.
+   */
+  audit?: AuditStats;
 }
 
 /**

@@ -45,6 +45,9 @@ import {
 } from './producer.ts';
 import { PiscinaWorkerPool, type NodeStatus, type PauseNodes, type WorkerPool } from './worker-pool.ts';
 import type { OutageStats } from './outage.ts';
+import { Auditor, type AuditObserver, type AuditStats } from './audit.ts';
+import type { RolloutAudit } from './audit-segments.ts';
+import type { RolloutGroup, RolloutState } from '../domain/rollout.ts';
 
 export interface EngineStats {
   modelStep: number;
@@ -79,6 +82,14 @@ export interface EngineStats {
   weightVersionMismatches: number;
   /** Worker nodes serving the run (with `workers.nats`): id, host, groups in flight, last heartbeat. */
   nodes?: NodeStatus[];
+  /** The consistency audit since the start (coordinator/audit.ts); absent before start. */
+  audit?: AuditStats;
+}
+
+/** What `POST /audit` names: a rollout, a group, or (neither) the last batch handed out. */
+export interface AuditTarget {
+  rolloutId?: string;
+  groupId?: string;
 }
 
 /** What `resume` is told: the weights now served, and whether it may only end a pause. */
@@ -97,8 +108,8 @@ export interface ResumeOptions {
 
 /** createEngine's options besides the config (hooks, an observer, a replacement pool, a logger). */
 export interface EngineOptions extends ProducerHooks {
-  /** Told about landed, taken and dropped groups and pauses (metrics). */
-  observer?: ProducerObserver;
+  /** Told about landed, taken and dropped groups and pauses, and audits (metrics). */
+  observer?: ProducerObserver & AuditObserver;
   /** Replace the worker pool (remote pools; tests). */
   pool?: (config: ResolvedConfig, llmUrls: string[], control: SharedArrayBuffer, log: Logger) => WorkerPool;
   log?: Logger;
@@ -126,6 +137,8 @@ export class EngineCore {
   /** Servers a resume's check found serving other weights than announced (the workers count their replies). */
   #resumeMismatches = 0;
   #gatewayMismatchSaid = false;
+  /** The consistency audit (coordinator/audit.ts), from start. */
+  #auditor: Auditor | null = null;
   /** Serializes getBatch / pause / resume / checkpoint: one at a time, in call order. */
   #queue: Promise<unknown> = Promise.resolve();
 
@@ -214,6 +227,8 @@ export class EngineCore {
       this.#pool = pool;
       await this.#checkTasks(pool, samplers);
       const abortRoutes = new Map(servers.map((s) => [s.url, s.abort]));
+      const auditor = this.#startAuditor(servers);
+      const base = this.#options.observer;
       this.#producer = new Producer({
         config,
         pool,
@@ -224,7 +239,19 @@ export class EngineCore {
         abortRoutes,
         inPlaceRoutes: new Map(servers.map((s) => [s.url, s.pauseInPlace])),
         hooks: this.#options,
-        observer: this.#options.observer,
+        observer: {
+          landed: (group, sent) => {
+            base?.landed?.(group, sent);
+            auditor.landed(group);
+          },
+          taken: (groups, step) => base?.taken?.(groups, step),
+          dropped: (group, reason) => base?.dropped?.(group, reason),
+          discarded: (tokens) => base?.discarded?.(tokens),
+          paused: (report) => base?.paused?.(report),
+          outageBegan: () => base?.outageBegan?.(),
+          outageEnded: (ms) => base?.outageEnded?.(ms),
+          outageAborted: (group) => base?.outageAborted?.(group),
+        },
       });
       if (resumed !== null) {
         this.#producer.restore(resumed);
@@ -261,6 +288,9 @@ export class EngineCore {
       const batch = await producer.getBatch(step);
       const autoPath = this.#autoCheckpointPath();
       // Saved before the batch leaves: after a crash the run resumes past it, and asking for the same step again re-delivers it.
+      // The audit since the previous batch rides with it (a batch delivered again keeps its own).
+      if (batch.status === 'NORMAL' && batch.stats !== undefined && batch.stats.audit === undefined && this.#auditing())
+        batch.stats.audit = this.#auditor?.takeWindow();
       if (batch.status === 'NORMAL' && autoPath !== null) writeCheckpoint(autoPath, this.config, producer.snapshot());
       if (batch.status === 'NORMAL') {
         const s = batch.stats!;
@@ -283,6 +313,7 @@ export class EngineCore {
   pauseForWeightUpdate(): Promise<PauseReport & { nodes?: PauseNodes }> {
     // Not queued behind a getBatch in progress: the pause is what lets that call return.
     return this.#withProducer(async (producer) => {
+      this.#auditor?.pausing();
       const report = await producer.pause();
       const nodes = this.#pool?.pauseNodes?.() ?? null;
       return nodes === null ? report : { ...report, nodes };
@@ -292,6 +323,7 @@ export class EngineCore {
   /** New weights are in the inference servers: continue with `modelStep` (the servers name them `weightVersion`). */
   resume(options: ResumeOptions): Promise<void> {
     return this.#withProducer(async (producer) => {
+      this.#auditor?.pausing();
       producer.resume(options.modelStep, options.weightVersion ?? null, { pausedOnly: options.pausedOnly });
       // In the same tick: a gateway call answered once production goes on is read against these weights.
       this.#gateway?.setModelStep(options.modelStep, options.weightVersion ?? null);
@@ -464,6 +496,7 @@ export class EngineCore {
         (this.#gateway?.stats().weightVersionMismatches ?? 0) +
         workers.reduce((n, w) => n + w.weightVersionMismatches, 0),
       ...(this.#pool?.nodes !== undefined ? { nodes: this.#pool.nodes() } : {}),
+      ...(this.#auditor !== null ? { audit: this.#auditor.totals() } : {}),
     };
   }
 
@@ -480,6 +513,87 @@ export class EngineCore {
       `the inference server behind the token-trace gateway answered with weight version ${JSON.stringify(version)}, which is not the weights of model step ${expected} the call was sent at (${which}): tokens tagged with step ${tagged}; counted in weightVersionMismatches, said once`,
     );
   };
+  /**
+   * Re-scores rollouts now (`POST /audit`): the one named, every one of the group named, or every
+   * finished one of the last batch handed out; searched in the last batch, then the buffer. Resolves
+   * with each rollout's audit once scored.
+   */
+  audit(target: AuditTarget = {}): Promise<RolloutAudit[]> {
+    return this.#withProducer(async (producer) => {
+      const auditor = this.#auditor as Auditor;
+      const batch = producer.lastBatch?.groups ?? [];
+      const holds = (g: RolloutGroup) =>
+        target.groupId !== undefined
+          ? g.id === target.groupId
+          : target.rolloutId !== undefined && g.rollouts.some((r) => r.id === target.rolloutId);
+      let groups: readonly RolloutGroup[];
+      if (target.groupId === undefined && target.rolloutId === undefined) {
+        if (batch.length === 0)
+          throw new RolloutEngineError(
+            'ERR_INVALID_ARGUMENT',
+            'no batch handed out yet: name a rolloutId or a groupId to audit',
+          );
+        groups = batch;
+      } else {
+        const found = batch.find(holds) ?? producer.buffer.find(holds);
+        if (found === undefined || found === null)
+          throw new RolloutEngineError(
+            'ERR_INVALID_ARGUMENT',
+            `${target.groupId !== undefined ? `groupId ${JSON.stringify(target.groupId)}` : `rolloutId ${JSON.stringify(target.rolloutId)}`} is neither in the last batch nor in the buffer`,
+          );
+        groups = [found];
+      }
+      const items: { group: RolloutGroup; rollout: RolloutState }[] = [];
+      for (const group of groups)
+        for (const rollout of group.rollouts)
+          if (target.rolloutId === undefined || rollout.id === target.rolloutId) items.push({ group, rollout });
+      return auditor.auditNow(items);
+    });
+  }
+
+  /** Resolves once no audit is in flight (tests). */
+  auditIdle(): Promise<void> {
+    return this.#auditor?.idle() ?? Promise.resolve();
+  }
+
+  #auditing(): boolean {
+    const totals = this.#auditor?.totals();
+    return this.config.audit.fraction > 0 || (totals !== undefined && totals.cost.scoredTokens + totals.rollouts > 0);
+  }
+
+  #startAuditor(servers: readonly ServerInfo[]): Auditor {
+    const config = this.config;
+    const byUrl = new Map(servers.map((s) => [s.url, s]));
+    const defaultUrl = this.#llmUrls[0];
+    const auditor = new Auditor({
+      settings: config.audit,
+      serverFor: (_rollout, turn) => {
+        const policy = turn.agentId !== null ? config.llm.policies[turn.agentId] : undefined;
+        const url = policy?.url !== undefined ? urlList(policy.url)[0] : defaultUrl;
+        const info = byUrl.get(url);
+        return { url, kind: info?.kind ?? 'generic', model: policy?.model ?? config.llm.model };
+      },
+      serving: () => ({
+        modelStep: this.#producer?.modelStep ?? config.modelStep,
+        paused: this.#producer?.paused ?? false,
+      }),
+      apiKey: config.llm.apiKey,
+      timeoutMs: config.llm.timeoutMs,
+      log: this.log,
+      observer: this.#options.observer,
+    });
+    const cannot = servers.filter(
+      (s) => DIALECTS[s.kind] !== undefined && !['vllm', 'sglang', 'generic'].includes(s.kind),
+    );
+    if (config.audit.fraction > 0)
+      for (const s of cannot)
+        this.log.warn(
+          { url: s.url, kind: s.kind },
+          `audit: ${DIALECTS[s.kind].label} at ${s.url} cannot score prompts, so its rollouts are not audited (docs/AUDIT.md)`,
+        );
+    this.#auditor = auditor;
+    return auditor;
+  }
 
   async close(): Promise<void> {
     if (this.#state === 'closed' || this.#state === 'closing') return;
@@ -487,6 +601,7 @@ export class EngineCore {
     this.#state = 'closing';
     if (wasRunning) await this.#queue; // let a call in progress land its groups first
     await this.#producer?.close();
+    await this.#auditor?.close();
     await this.#pool?.close();
     await this.#gateway?.close();
     await this.#embeddedMock?.close();

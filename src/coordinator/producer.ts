@@ -292,6 +292,11 @@ export class Producer implements ProduceContext {
     return { ...structuredClone(this.#counts), inFlight: this.#inFlight.size };
   }
 
+  /** The last NORMAL batch handed out; null before the first. */
+  get lastBatch(): Extract<Batch, { status: 'NORMAL' }> | null {
+    return this.#lastBatch;
+  }
+
   /** pausing or paused (./producer-state.ts). */
   get paused(): boolean {
     return this.#lifecycle.paused;
