@@ -403,6 +403,28 @@ class RoutesTest(_ServerCase):
         zero = generate(self.url, PROMPT, max_new_tokens=0)
         self.assertEqual((zero["output_ids"], zero["meta_info"]["finish_reason"]), ([], {"type": "length", "length": 0}))
 
+    def test_scores_a_prompt_with_max_new_tokens_0_and_logprob_start_len_as_sglang_answers_it(self) -> None:
+        sampled = generate(self.url, PROMPT, max_new_tokens=6, ignore_eos=True, sampling_seed=4, temperature=0.7)
+        ids = PROMPT + sampled["output_ids"]
+        body = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0.7},
+            "return_logprob": True,
+            "logprob_start_len": len(PROMPT) - 1,
+        }
+        status, reply = call(self.url, "/generate", body)
+        self.assertEqual(status, 200, reply)
+        self.assertEqual((reply["output_ids"], reply["meta_info"]["finish_reason"]), ([], {"type": "length", "length": 0}))
+        entries = reply["meta_info"]["input_token_logprobs"]
+        # One entry per id from logprob_start_len on, the first padded with a null logprob.
+        self.assertEqual([e[1] for e in entries], ids[len(PROMPT) - 1 :])
+        self.assertIsNone(entries[0][0])
+        scored = [e[0] for e in entries[1:]]
+        for got, want in zip(scored, logprobs_of(sampled)):
+            self.assertAlmostEqual(got, want, delta=1e-4)
+        for got, want in zip(scored, recomputed(_DIRS["m0"], PROMPT, sampled["output_ids"], 0.7)):
+            self.assertAlmostEqual(got, want, delta=1e-5)
+
     def test_bad_input_answers_sglangs_error_shapes_naming_the_field_and_value(self) -> None:
         cases: List[Tuple[Dict[str, Any], str]] = [
             ({"input_ids": PROMPT + [250]}, r"^input_ids\[8\]: 250 is not a token id of this model \(0\.\.101\)\.$"),

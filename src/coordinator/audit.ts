@@ -15,7 +15,7 @@
 import { request } from 'undici';
 import type { RolloutGroup, RolloutState, TurnRecord } from '../domain/rollout.ts';
 import { Status, responseTokenCount } from '../domain/rollout.ts';
-import { CANNOT_SCORE, scoreWire, type ScoreRequest } from '../llm/score-wire.ts';
+import { scoreWire, type ScoreRequest } from '../llm/score-wire.ts';
 import type { ServerKind } from '../llm/servers.ts';
 import type { SamplingParams } from '../llm/token-wire.ts';
 import type { Logger } from '../log.ts';
@@ -312,11 +312,6 @@ export class Auditor {
       }),
     );
     const report = auditRollout(rollout, scores, { server, modelStep, threshold: this.settings.threshold, skipped });
-    if (skipped.cannotScore > 0)
-      this.#options.log.debug(
-        { rollout: rollout.id, server },
-        `audit: ${CANNOT_SCORE.llamacpp ?? 'the server cannot score'}`,
-      );
     for (const w of [this.#window, this.#run]) w.add(report, scoredTokens, seconds);
     for (const reason of SKIP_REASONS)
       if (skipped[reason] > 0) this.#options.observer?.auditSkipped?.(reason, skipped[reason]);

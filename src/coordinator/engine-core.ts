@@ -46,6 +46,7 @@ import {
 import { PiscinaWorkerPool, type NodeStatus, type PauseNodes, type WorkerPool } from './worker-pool.ts';
 import type { OutageStats } from './outage.ts';
 import { Auditor, type AuditObserver, type AuditStats } from './audit.ts';
+import { CANNOT_SCORE, scoreWire } from '../llm/score-wire.ts';
 import type { RolloutAudit } from './audit-segments.ts';
 import type { RolloutGroup, RolloutState } from '../domain/rollout.ts';
 
@@ -582,14 +583,11 @@ export class EngineCore {
       log: this.log,
       observer: this.#options.observer,
     });
-    const cannot = servers.filter(
-      (s) => DIALECTS[s.kind] !== undefined && !['vllm', 'sglang', 'generic'].includes(s.kind),
-    );
     if (config.audit.fraction > 0)
-      for (const s of cannot)
+      for (const s of servers.filter((info) => scoreWire(info.kind) === null))
         this.log.warn(
           { url: s.url, kind: s.kind },
-          `audit: ${DIALECTS[s.kind].label} at ${s.url} cannot score prompts, so its rollouts are not audited (docs/AUDIT.md)`,
+          `audit: ${DIALECTS[s.kind].label} at ${s.url} cannot score prompts, so its rollouts are not audited: ${CANNOT_SCORE[s.kind] ?? 'no scoring route'} (docs/AUDIT.md)`,
         );
     this.#auditor = auditor;
     return auditor;

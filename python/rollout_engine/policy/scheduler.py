@@ -54,7 +54,7 @@ import torch
 
 from . import vocab
 from .model import KVCache, TinyLM, load_state, read_config
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams, sample, truncated_logprobs
 
 PAUSE_MODES = ("abort", "retract", "in_place")
 
@@ -96,6 +96,11 @@ class Request:
     top_n: int = 0
     #: Deliver every iteration's tokens as they come (a streamed reply), or only the whole at the end.
     stream: bool = True
+    #: SGLang's logprob_start_len: with max_new_tokens 0, score the prompt from here (-1: do not).
+    logprob_start_len: int = -1
+    #: Set with the finish of a scoring request: the logprob of each prompt id from logprob_start_len
+    #: on, the first None (SGLang pads it), under the weights current when it ran.
+    input_logprobs: Optional[List[Optional[float]]] = None
     # Set by the scheduler.
     seq: int = 0
     output: List[int] = field(default_factory=list)
@@ -370,7 +375,10 @@ class Scheduler:
                 break
             self._waiting.popleft()
             if request.params.max_new_tokens == 0 and not request.output:
-                # Nothing to sample: SGLang prefills and answers 0 tokens with finish length 0.
+                # Nothing to sample: SGLang prefills and answers 0 tokens with finish length 0, with the
+                # prompt's logprobs when asked (logprob_start_len >= 0).
+                if request.logprob_start_len >= 0:
+                    request.input_logprobs = self._score(request)
                 self._finish(request, finish_length(0), [], [], [])
                 continue
             budget -= request.length
@@ -382,6 +390,35 @@ class Scheduler:
         return admitted, decoding
 
     # ------------------------------------------------------------------------------------------
+
+    def _score(self, r: Request) -> List[Optional[float]]:
+        """The logprob of each prompt id from ``logprob_start_len`` on given the ones before it, under the
+        distribution a token is sampled from with the request's settings (temperature and truncation,
+        as ``output_token_logprobs`` reports them), through the full-sequence forward: the decode path's
+        KV cache is not used, so comparing with sampled logprobs measures the server's own numerical
+        noise (docs/AUDIT.md). SGLang's shape: the first entry None (scheduler_output_processor_mixin.py
+        _process_input_token_logprobs @5294b03c42e7f098131b9825a9a2b23e10f4ae35)."""
+        start = min(r.logprob_start_len, len(r.prompt) - 1)
+        out: List[Optional[float]] = [None]
+        if start + 1 >= len(r.prompt):
+            return out
+        p = r.params
+        with torch.no_grad():
+            ids = torch.tensor([r.prompt], dtype=torch.long, device=self.device)
+            logits = self.model(ids)[0, start:-1].float()
+            rows = logits.shape[0]
+            # The same tensors sample() builds for a row of these settings.
+            lp = truncated_logprobs(
+                logits,
+                torch.tensor([p.temperature] * rows, device=self.device),
+                torch.tensor([min(p.top_k, logits.shape[-1])] * rows, device=self.device),
+                torch.tensor([p.top_p] * rows, device=self.device),
+                torch.tensor([p.min_p] * rows, device=self.device),
+            )
+            targets = ids[0, start + 1 :]
+            out += lp.gather(-1, targets[:, None])[:, 0].tolist()
+        self.counters.prefill_tokens += len(r.prompt)
+        return out
 
     def _banned(self, requests: List[Request]) -> Optional[torch.Tensor]:
         """Stop tokens a request may not sample yet (min_new_tokens), as a ``[B, V]`` mask."""

@@ -15,7 +15,9 @@ Routes, each as SGLang answers it (python/sglang/srt/entrypoints/http_server.py
   ``{text, output_ids, meta_info}`` (TokenizerManager._handle_batch_output, tokenizer_manager.py
   @001067fffe33427bee0ed2f007fb7551a1d76b44): meta_info has ``id``, ``finish_reason``,
   ``prompt_tokens``, ``weight_version``, ``num_retractions``, with ``return_logprob``
-  ``input_token_logprobs`` (empty: logprob_start_len -1), ``output_token_logprobs`` as
+  ``input_token_logprobs`` (empty: logprob_start_len -1; with ``max_new_tokens: 0`` and
+  ``logprob_start_len`` L >= 0, ``[logprob, id, text]`` for each prompt id from L on, the first logprob
+  null — prompt scoring, as the engine's consistency audit asks it), ``output_token_logprobs`` as
   ``[logprob, token id, text or null]``, ``output_token_logprobs_length``, then
   ``reasoning_tokens``, ``completion_tokens``, ``cached_tokens``, ``weight_versions`` (spans
   ``{version, start, end}`` over the output tokens, utils/weight_versions.py
@@ -503,18 +505,33 @@ class PolicyHandler(BaseHTTPRequestHandler):
         if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0:
             raise native_error(f"top_logprobs_num must be a non-negative integer, got {_show(top_n)}.")
         start = body.get("logprob_start_len")
-        if start not in (None, -1):
+        if start is None:
+            start = -1
+        if isinstance(start, bool) or not isinstance(start, int) or start < -1:
+            raise native_error(f"logprob_start_len must be an integer >= -1, got {_show(start)}.")
+        if start >= 0 and (not return_logprob or params.max_new_tokens != 0):
+            # Prompt logprobs are served for scoring only: a prefill with nothing sampled.
             raise native_error(
-                f"logprob_start_len={_show(start)}: prompt logprobs are not served by the reference policy server (-1 only); "
-                "recompute them with rollout_engine.policy.token_logprobs."
+                f"logprob_start_len={start}: prompt logprobs are served by the reference policy server only to score a "
+                "prompt (return_logprob true, sampling_params.max_new_tokens 0)."
             )
+        if start >= len(prompt):
+            raise native_error(f"logprob_start_len={start} is not a position of the {len(prompt)}-token prompt.")
         rid = body.get("rid")
         if rid is None:
             rid = uuid.uuid4().hex
         if not isinstance(rid, str) or not rid:
             raise native_error(f"rid must be a non-empty string, got {_show(rid)}.")
         seed = params.sampling_seed if params.sampling_seed is not None else sch.draw_seed()
-        request = Request(rid=rid, prompt=prompt, params=params, seed=seed, top_n=top_n if return_logprob else 0, stream=stream)
+        request = Request(
+            rid=rid,
+            prompt=prompt,
+            params=params,
+            seed=seed,
+            top_n=top_n if return_logprob else 0,
+            stream=stream,
+            logprob_start_len=start,
+        )
         return request, return_logprob, stream, text_in_logprobs
 
     def _generate(self, body: Dict[str, Any]) -> None:
@@ -675,7 +692,11 @@ class _Reply:
         }
         lo = since or 0
         if self.return_logprob:
-            meta["input_token_logprobs"] = []
+            scored = r.input_logprobs
+            start = max(r.logprob_start_len, 0)
+            meta["input_token_logprobs"] = (
+                [] if scored is None else [self._entry(lp, t) for lp, t in zip(scored, r.prompt[start:])]
+            )
             meta["output_token_logprobs"] = [self._entry(lp, t) for lp, t in zip(self.logprobs[lo:], self.ids[lo:])]
             meta["output_token_logprobs_length"] = len(self.logprobs)
             if r.top_n > 0:
