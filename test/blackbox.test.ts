@@ -10,6 +10,9 @@ import { toJson } from '../src/formats/peer.ts';
 import { compactGroup, expandGroup } from '../src/formats/compact.ts';
 import { PROTOCOL_VERSION, type GroupResultMessage } from '../src/protocol/messages.ts';
 import type { RolloutGroup } from '../src/domain/rollout.ts';
+import { startMockLlm } from '../src/testing/mock-llm/server.ts';
+import { mockSupport, type MockRouting } from '../src/testing/mock-llm/routing.ts';
+import { assertCallRows, assertRowsOnTokens } from './support/routing.ts';
 
 const AGENT = new URL('./fixtures/blackbox-agent.ts', import.meta.url).pathname;
 
@@ -128,6 +131,80 @@ describe('black-box agents through the token-trace gateway', () => {
     assert.deepEqual(json.rollouts[0].stitched.sideCalls[0].promptIds, [
       ...group.rollouts[0].stitched!.sideCalls![0].promptIds,
     ]);
+  });
+
+  it("carries each session's routed experts and sampling masks (SGLang) on its stitched sample, every position's row the one its token was routed to there, through the thread codec and checkpoints", async () => {
+    const routing: MockRouting = { layers: 3, topK: 2, experts: 48 };
+    const mock = await startMockLlm({
+      dialect: 'sglang',
+      tokenizer: 'qwen2.5',
+      thinkTokens: 4,
+      routedExperts: routing,
+    });
+    const engine = createEngine({
+      logLevel: 'silent',
+      batchSize: 1,
+      workers: { threads: 1 },
+      llm: { url: mock.url, routedExperts: { layers: routing.layers, topK: routing.topK }, samplingMasks: true },
+      gateway: { backend: 'sglang' },
+      tasks: [
+        {
+          name: 'bb-routing',
+          env: { module: 'builtin:arithmetic' },
+          agent: { module: new URL('./fixtures/blackbox-routing-agent.ts', import.meta.url).pathname },
+          groupSize: 2,
+        },
+      ],
+    });
+    engines.push(engine);
+    try {
+      await engine.start();
+      const batch = await engine.getBatch();
+      const group = batch.groups[0] as RolloutGroup;
+      for (const rollout of group.rollouts) {
+        assert.equal(rollout.status, Status.COMPLETED, rollout.error ?? '');
+        const s = rollout.stitched!;
+        assert.equal(s.actionRanges.length, 2);
+        assertRowsOnTokens(s.routedExperts!, s.observationTokens, routing);
+        const mask = s.samplingMask!;
+        for (let p = 0; p < s.observationTokens.length; p++) {
+          const inAction = s.actionRanges.some(([a, b]) => p >= a && p < b);
+          assert.deepEqual(
+            [...mask.ids.subarray(mask.offsets[p], mask.offsets[p + 1])],
+            inAction ? mockSupport(s.observationTokens[p], p) : [],
+            `support of position ${p}`,
+          );
+        }
+        const [side] = s.sideCalls!;
+        assertCallRows(side.routedExperts!, [...side.promptIds, ...side.completionIds], routing);
+        assert.equal(side.samplingMask!.offsets.length, side.completionIds.length + 1);
+      }
+      const overThread = decodeMessage(
+        encodeMessage({
+          v: PROTOCOL_VERSION,
+          type: 'group-result',
+          group,
+          keptTurns: group.rollouts.map(() => 0),
+          workerId: 0,
+        }),
+      ) as GroupResultMessage;
+      const fromCheckpoint = expandGroup(
+        (
+          decodeCheckpoint(encodeCheckpoint({ v: 2, group: compactGroup(group) }), 'test') as unknown as {
+            group: RolloutGroup;
+          }
+        ).group,
+        'test',
+      );
+      for (const copy of [overThread.group, fromCheckpoint])
+        assert.deepEqual(
+          copy.rollouts.map((r) => r.stitched),
+          group.rollouts.map((r) => r.stitched),
+        );
+    } finally {
+      await engine.close();
+      await mock.close();
+    }
   });
 
   it('fails a rollout whose agent returns no reward when no environment can judge it, naming why (regression: kept with a silent reward of 0)', async () => {

@@ -23,6 +23,11 @@ import { NO_EXPIRY } from '../src/protocol/control-block.ts';
 import { decodeRunGroup, encodeRunGroup } from '../src/protocol/codec.ts';
 import { decodeCheckpoint, encodeCheckpoint } from '../src/formats/checkpoint-file.ts';
 import { compactGroup, expandGroup } from '../src/formats/compact.ts';
+import { startGateway } from '../src/gateway/index.ts';
+import { stitchSession } from '../src/llm/gateway-client.ts';
+import { startMockLlm } from '../src/testing/mock-llm/server.ts';
+import { openaiClient } from './support/clients.ts';
+import { assertCallRows, assertRowsOnTokens } from './support/routing.ts';
 import {
   mockExpert,
   mockSupport,
@@ -363,5 +368,89 @@ describe('routing replay through every splice', () => {
     const t = await fuzz('sglang', 200, 4, WIDE);
     assert.equal(t.bytes, 2 * WIDE.layers * WIDE.topK);
     assert.equal(t.covered, t.forwarded);
+  });
+});
+
+// --- the gateway's splices ---------------------------------------------------------------------------
+
+/**
+ * Sessions through the token-trace gateway against the mock over HTTP, each a random run of the
+ * gateway's splices — a turn extending the conversation, a retried turn, a side call and its retry,
+ * completions cut by their token budget — then stitched: every position of every sample must hold
+ * the row of its token there, and every action token its support.
+ */
+async function fuzzGateway(kind: 'vllm' | 'sglang', sessions: number, seed: number, routing: MockRouting) {
+  const mock = await startMockLlm({ dialect: kind, tokenizer: 'qwen2.5', thinkTokens: 3, routedExperts: routing });
+  const gateway = await startGateway({
+    backend: { kind, url: mock.url },
+    routedExperts: kind === 'vllm' ? true : { layers: routing.layers, topK: routing.topK },
+    samplingMasks: kind === 'sglang',
+  });
+  let positions = 0;
+  let supports = 0;
+  try {
+    for (let s = 0; s < sessions; s++) {
+      const random = rng(seed * 100_003 + s);
+      const id = `fz-${s}`;
+      const openai = openaiClient(gateway.sessionBaseURL(id));
+      const ask = async (messages: { role: 'user' | 'assistant'; content: string }[]) =>
+        (
+          await openai.chat.completions.create({
+            model: 'q',
+            messages,
+            max_tokens: 1 + Math.floor(random() * 12),
+            top_p: 0.9,
+            seed: s,
+          })
+        ).choices[0].message.content ?? '';
+      const messages: { role: 'user' | 'assistant'; content: string }[] = [{ role: 'user', content: `Count ${s}.` }];
+      const ops = 1 + Math.floor(random() * 6);
+      for (let o = 0; o < ops; o++) {
+        const roll = random();
+        if (roll < 0.25) {
+          const side = [{ role: 'user' as const, content: `Judge ${o} of ${s}.` }];
+          await ask(side);
+          if (random() < 0.3) await ask(side); // its retry replaces it
+          continue;
+        }
+        if (roll < 0.45) await ask(messages); // then retried below: the retry replaces it
+        messages.push({ role: 'assistant', content: await ask(messages) });
+        messages.push({ role: 'user', content: `Go on (${o}).` });
+      }
+      messages.push({ role: 'assistant', content: await ask(messages) });
+      const sample = await stitchSession(gateway.url, id, 0);
+      assertRowsOnTokens(sample.routedExperts!, sample.observationTokens, routing);
+      assert.equal(sample.routedExperts!.ids.BYTES_PER_ELEMENT, routing.experts < 255 ? 1 : 2);
+      positions += sample.observationTokens.length;
+      for (const side of sample.sideCalls)
+        assertCallRows(side.routedExperts!, [...side.promptIds, ...side.completionIds], routing);
+      if (kind === 'sglang') {
+        const m = sample.samplingMask!;
+        for (const [a, b] of sample.actionRanges)
+          for (let p = a; p < b; p++) {
+            assert.deepEqual(
+              [...m.ids.subarray(m.offsets[p], m.offsets[p + 1])],
+              mockSupport(sample.observationTokens[p], p),
+            );
+            supports++;
+          }
+      }
+    }
+  } finally {
+    await gateway.close();
+    await mock.close();
+  }
+  return { positions, supports };
+}
+
+describe('routing replay through the gateway’s splices', () => {
+  it('keeps every vLLM row of 80 fuzzed gateway sessions on its token (extensions, retries, side calls)', async () => {
+    const t = await fuzzGateway('vllm', 80, 5, ROUTING);
+    assert.ok(t.positions > 5_000, `only ${t.positions} positions checked`);
+  });
+
+  it('keeps every SGLang row and support of 80 fuzzed gateway sessions on its token, ids above 255 in two bytes', async () => {
+    const t = await fuzzGateway('sglang', 80, 6, WIDE);
+    assert.ok(t.supports > 500, `only ${t.supports} supports checked`);
   });
 });

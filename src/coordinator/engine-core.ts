@@ -206,6 +206,9 @@ export class EngineCore {
           weightVersion: launched,
           modelStepIsNewest: true,
           onVersionMismatch: this.#gatewayMismatch,
+          // Routing replay and sampling masks asked of its backend as the agent loop asks (docs/ROUTING-REPLAY.md).
+          routedExperts: config.llm.routedExperts,
+          samplingMasks: config.llm.samplingMasks,
           port: 0,
         });
         this.log.info({ url: this.#gateway.url }, 'token-trace gateway started');

@@ -5,7 +5,7 @@
  * (msgpackr `moreTypes`) instead of number lists.
  */
 import type { FailureKind } from './failure.ts';
-import type { RoutedExperts, SamplingMask } from './routing.ts';
+import type { RoutedExperts, SamplingMask, SequenceRouting } from './routing.ts';
 import { isDeepStrictEqual } from 'node:util';
 
 export const Status = {
@@ -253,6 +253,17 @@ export interface StitchedSession {
   /** The last call stopped on its token budget (finish reason `length`). */
   truncated: boolean;
   /**
+   * Experts each observation position was routed to (`llm.routedExperts`; domain/routing.ts): one row
+   * per position of observationTokens, `fill` where the server reported none (the last token, never
+   * forwarded). Absent when not asked or never sent.
+   */
+  routedExperts?: SequenceRouting;
+  /**
+   * Each observation token's sampling support (`llm.samplingMasks`): the sampled tokens' where the
+   * server sent one, empty elsewhere (prompt tokens, calls without truncation). Absent when none.
+   */
+  samplingMask?: SamplingMask;
+  /**
    * The session's side calls (calls that did not extend its conversation: a summariser, a judge, a
    * retry with an edited history), each a sample of its own beside this one, in call order. Absent in
    * samples stitched before side calls were recorded.
@@ -271,6 +282,10 @@ export interface SideCall {
   finishReason: FinishReason;
   /** Weight version that generated the completion. */
   modelStep: number;
+  /** Experts each position of `promptIds ++ completionIds` was routed to, as the server reported them (from 0). */
+  routedExperts?: RoutedExperts;
+  /** Each completion token's sampling support, aligned with completionIds. */
+  samplingMask?: SamplingMask;
 }
 
 /**
@@ -491,6 +506,15 @@ export function approxGroupBytes(group: RolloutGroup): number {
       count(t.routedExperts?.ids);
       count(t.samplingMask?.ids);
       count(t.samplingMask?.offsets);
+    }
+    // A stitched session's routing is as large as its turns' would be (layers × topK bytes a token).
+    const s = r.stitched;
+    count(s?.routedExperts?.ids);
+    count(s?.samplingMask?.ids);
+    count(s?.samplingMask?.offsets);
+    for (const c of s?.sideCalls ?? []) {
+      count(c.routedExperts?.ids);
+      count(c.samplingMask?.ids);
     }
   }
   return bytes;

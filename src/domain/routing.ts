@@ -150,3 +150,71 @@ export function maskFromSupports(
   }
   return logprobs === undefined ? { offsets, ids } : { offsets, ids, logprobs: Float32Array.from(logprobs) };
 }
+
+/**
+ * Routed experts laid over a whole sequence (a black-box session's stitched observation): row `p` is
+ * position `p` (`start` 0, `rows` the sequence's length), and every id of a position no server
+ * reported is `fill` — 255 in a `Uint8Array` (every id below it), else 65535 in a `Uint16Array`.
+ */
+export interface SequenceRouting extends RoutedExperts {
+  fill: number;
+}
+
+/** The fill of a sequence's rows, by the width of its ids. */
+export const ROUTED_FILL_U8 = 0xff;
+export const ROUTED_FILL_U16 = 0xffff;
+
+/**
+ * `runs` (each a call's rows, at the positions it was reported for) laid over a sequence of `length`
+ * positions, a later run's report of a position winning; null when no run holds a row. A run that
+ * does not fit (another shape than the first, rows past the sequence, an id equal to the 16-bit fill)
+ * is a string saying why: the caller fails loudly rather than train on misplaced rows.
+ */
+export function routingOver(
+  length: number,
+  runs: readonly (RoutedExperts | undefined)[],
+): SequenceRouting | string | null {
+  const present = runs.filter((r): r is RoutedExperts => r !== undefined && r.rows > 0);
+  if (present.length === 0) return null;
+  const { layers, topK } = present[0];
+  const width = layers * topK;
+  let max = 0;
+  for (const r of present) {
+    if (r.layers !== layers || r.topK !== topK)
+      return `rows of ${r.layers} layers × ${r.topK} beside rows of ${layers} × ${topK}`;
+    if (r.start < 0 || r.start + r.rows > length)
+      return `rows ${r.start}..${r.start + r.rows} go past the ${length} positions of the sequence`;
+    for (let i = 0; i < r.ids.length; i++) if (r.ids[i] > max) max = r.ids[i];
+  }
+  if (max >= ROUTED_FILL_U16) return `expert id ${max} is the fill of 16-bit rows`;
+  const narrow = max < ROUTED_FILL_U8;
+  const fill = narrow ? ROUTED_FILL_U8 : ROUTED_FILL_U16;
+  const ids = narrow ? new Uint8Array(length * width) : new Uint16Array(length * width);
+  ids.fill(fill);
+  for (const r of present) ids.set(r.ids, r.start * width);
+  return { start: 0, rows: length, layers, topK, ids, fill };
+}
+
+/**
+ * Sampling masks of calls laid over a sequence of `length` tokens (`pieces`: each mask at the
+ * position of its call's first response token, none overlapping another and each inside the
+ * sequence): a support for each token a mask covers, an empty one elsewhere; `logprobs` only when
+ * every piece has them (0 outside). Null when there is no piece.
+ */
+export function masksOver(length: number, pieces: readonly { at: number; mask: SamplingMask }[]): SamplingMask | null {
+  if (pieces.length === 0) return null;
+  const counts = new Int32Array(length);
+  for (const { at, mask } of pieces)
+    for (let i = 0; i < maskTokens(mask); i++) counts[at + i] = mask.offsets[i + 1] - mask.offsets[i];
+  const offsets = new Int32Array(length + 1);
+  for (let p = 0; p < length; p++) offsets[p + 1] = offsets[p] + counts[p];
+  const ids = new Int32Array(offsets[length]);
+  const withLogprobs = pieces.every((p) => p.mask.logprobs !== undefined);
+  const logprobs = withLogprobs ? new Float32Array(length) : undefined;
+  for (const { at, mask } of pieces) {
+    const tokens = maskTokens(mask);
+    ids.set(mask.ids.subarray(mask.offsets[0], mask.offsets[tokens]), offsets[at]);
+    if (logprobs !== undefined && mask.logprobs !== undefined) logprobs.set(mask.logprobs, at);
+  }
+  return logprobs === undefined ? { offsets, ids } : { offsets, ids, logprobs };
+}

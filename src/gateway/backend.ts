@@ -17,9 +17,11 @@ import {
   type GenerationResult,
   type SamplingParams,
   type SamplingRequest,
+  type ReadContext,
   type TokenWireKind,
   type TopLogprob,
 } from '../llm/token-wire.ts';
+import type { RoutingShape } from '../llm/routing-wire.ts';
 
 export type BackendKind = TokenWireKind;
 export const BACKEND_KINDS: readonly BackendKind[] = ['vllm', 'sglang', 'llamacpp'];
@@ -43,6 +45,11 @@ export interface BackendOptions {
    * a token ending inside a UTF-8 character, and it is computed again with this one generated after it.
    */
   completeTokenId?: number;
+  /**
+   * The model's routing shape, for a backend that sends routed experts without one (SGLang): what
+   * `llm.routedExperts: {layers, topK}` names. Read only for a request that asks for them (`routedFrom`).
+   */
+  routingShape?: RoutingShape | null;
 }
 
 const SAMPLING_PARAMS = [
@@ -152,7 +159,13 @@ export function createTokenBackend(options: BackendOptions): TokenBackend {
     kind: options.kind,
     endpoint,
     async generate(request, signal) {
-      const result = wire.parse(await post(wire.body(request, model), signal), fail);
+      // Routed experts and sampling masks are asked for and read as the engine's token-in calls do (llm/token-chat.ts).
+      const samplingMask = request.samplingMask === true;
+      const context: ReadContext | undefined =
+        request.routedFrom === undefined && !samplingMask
+          ? undefined
+          : { routedFrom: request.routedFrom ?? null, routingShape: options.routingShape ?? null, samplingMask };
+      const result = wire.parse(await post(wire.body(request, model), signal), fail, context);
       if (result.missingLogprobs === undefined) return result;
       // llama.cpp leaves out the logprob of a token ending inside a UTF-8 character: computed again.
       if (options.completeTokenId === undefined)

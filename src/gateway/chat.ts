@@ -9,14 +9,20 @@
  * happened. A side call whose prompt ids are those of the side call just before it (the session's
  * latest call) is that call's retry and replaces it, as `replay` does for main calls: an agent that
  * re-sends an aborted or failed side call does not leave the dead one behind.
+ *
+ * With routed experts asked for (docs/ROUTING-REPLAY.md), a call extending the main conversation asks
+ * only for the rows from where the session's rows end — every position before is held by an earlier
+ * main call, as in the agent loop (llm/token-chat.ts routedStartOf) — and a first or side call asks
+ * from 0: each trace keeps its rows at the positions they were reported for, never shifted.
  */
 import { randomUUID } from 'node:crypto';
 import { replyStep } from '../domain/weight-versions.ts';
-import { samplingParamsOf, type TokenBackend } from './backend.ts';
+import { routedProblem } from '../domain/routing.ts';
+import { samplingParamsOf, type GenerationResult, type SamplingParams, type TokenBackend } from './backend.ts';
 import { GatewayError } from './errors.ts';
 import type { ChatModel } from './model.ts';
 import { planPrompt } from './prompt.ts';
-import type { SideCallMode } from './prompt.ts';
+import type { PromptPlan, SideCallMode } from './prompt.ts';
 import type { ChatCompletionRequest } from './request.ts';
 import type { CallReply } from './response.ts';
 import type { Session, SessionStore } from './sessions.ts';
@@ -39,6 +45,10 @@ export interface ChatContext {
   stepOfVersion(version: string | null): number;
   /** A reply from other weights than those served when the call went out (domain/weight-versions.ts replyStep). */
   onVersionMismatch(version: string, expected: number, tagged: number): void;
+  /** Ask the backend for routed experts (gateway option `routedExperts`). */
+  routedExperts?: boolean;
+  /** Ask the backend for sampling masks where the call's sampling truncates (gateway option `samplingMasks`). */
+  samplingMasks?: boolean;
 }
 
 export async function runChatCall(
@@ -106,13 +116,22 @@ export async function runChatCall(
   const session = ctx.sessions.open(id, sessionId === null);
   session.busy = true;
   const sentAt = ctx.modelStep();
+  const sampling = samplingParamsOf(request);
   let result;
   try {
     result = await ctx.backend.generate(
-      { ...samplingParamsOf(request), promptIds: plan.promptIds, maxTokens, topLogprobs: request.topLogprobs },
+      {
+        ...sampling,
+        promptIds: plan.promptIds,
+        maxTokens,
+        topLogprobs: request.topLogprobs,
+        ...(ctx.routedExperts === true ? { routedFrom: routedStart(session, plan) } : {}),
+        ...(ctx.samplingMasks === true && truncates(sampling) ? { samplingMask: true } : {}),
+      },
       signal,
     );
     checkVocabulary(ctx, result.completionIds);
+    checkRouting(ctx, result, promptLength);
   } catch (err) {
     session.busy = false;
     if (session.traces.length === 0) ctx.sessions.release(id, 'failed');
@@ -149,6 +168,7 @@ export async function runChatCall(
       finishReason: result.finishReason,
       modelStep,
       timings,
+      ...routingOf(result),
     });
     session.lastCallSide = true;
     promptIds = plan.promptIds;
@@ -165,6 +185,7 @@ export async function runChatCall(
       finishReason: result.finishReason,
       modelStep,
       timings,
+      ...routingOf(result),
     };
     session.traces.push(trace);
     const tokens = plan.promptIds;
@@ -200,6 +221,49 @@ export async function runChatCall(
     wantTopLogprobs: request.topLogprobs,
     wantTokenIds: request.returnTokenIds,
     includeUsage: request.includeUsage,
+  };
+}
+
+/**
+ * Where a call asks for routed experts from: a call extending the main conversation (`extend`, or the
+ * `replay` of its last call) from where the rows of the main calls it keeps end — each of their
+ * sequences is a prefix of its prompt — but never past its last prompt token (vLLM and SGLang refuse
+ * a start beyond it); a first or side call from 0.
+ */
+function routedStart(session: Session, plan: PromptPlan): number {
+  if (plan.kind === 'first' || plan.kind === 'side') return 0;
+  const kept = plan.kind === 'replay' ? session.traces.length - 1 : session.traces.length;
+  // Rows only grow along the main line: the latest kept call holding any ends them.
+  for (let i = kept - 1; i >= 0; i--) {
+    const r = session.traces[i].routedExperts;
+    if (r !== undefined) return Math.max(0, Math.min(r.start + r.rows, plan.promptIds.length - 1));
+  }
+  return 0;
+}
+
+/** The call's sampling truncates the support (SGLang refuses a mask over the whole vocabulary). */
+function truncates(s: SamplingParams): boolean {
+  return (
+    (s.topK !== undefined && s.topK > 0) || (s.topP !== undefined && s.topP < 1) || (s.minP !== undefined && s.minP > 0)
+  );
+}
+
+/** Rows for positions the call's sequence never forwarded are the backend's fault (as in worker/routing.ts). */
+function checkRouting(ctx: ChatContext, result: GenerationResult, promptLength: number): void {
+  const r = result.routedExperts;
+  if (r === undefined) return;
+  const problem = routedProblem(r, promptLength + result.completionIds.length);
+  if (problem !== null)
+    throw new GatewayError(
+      'ERR_BACKEND_BAD_REPLY',
+      `backend ${ctx.backend.endpoint} reply unusable: routed experts: ${problem}`,
+    );
+}
+
+function routingOf(result: GenerationResult): Pick<CallTrace, 'routedExperts' | 'samplingMask'> {
+  return {
+    ...(result.routedExperts !== undefined ? { routedExperts: result.routedExperts } : {}),
+    ...(result.samplingMask !== undefined ? { samplingMask: result.samplingMask } : {}),
   };
 }
 

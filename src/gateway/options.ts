@@ -5,6 +5,7 @@
 import { ConfigError, preview } from '../errors.ts';
 import { BACKEND_DEFAULTS, type BackendOptions } from './backend.ts';
 import type { SideCallMode } from './prompt.ts';
+import type { RoutingShape } from '../llm/routing-wire.ts';
 import type { ReleaseReason } from './sessions.ts';
 
 export interface GatewayOptions {
@@ -55,10 +56,21 @@ export interface GatewayOptions {
   maxSideCalls?: number;
   /** Called whenever a session's traces are dropped, with why (metrics, or waiting for a TTL in tests). */
   onSessionReleased?: ((sessionId: string, reason: ReleaseReason) => void) | null;
+  /**
+   * Routing replay (docs/ROUTING-REPLAY.md), as `llm.routedExperts`: ask the backend for the experts
+   * each token was routed to and lay them on the stitched sample. `true` takes the shape from the
+   * reply (vLLM's `.npy`); SGLang sends none, so it needs `{layers, topK}`. Default false.
+   */
+  routedExperts?: boolean | RoutingShape;
+  /**
+   * As `llm.samplingMasks`: ask SGLang for each sampled token's support, for calls whose sampling
+   * truncates it (top_k, top_p < 1 or min_p); the support of an untruncated call is the vocabulary.
+   */
+  samplingMasks?: boolean;
 }
 
 export interface ResolvedGatewayOptions {
-  backend: Required<Omit<GatewayOptions['backend'], 'completeTokenId'>>;
+  backend: Required<Omit<GatewayOptions['backend'], 'completeTokenId' | 'routingShape'>>;
   host: string;
   port: number;
   tokenizer: string;
@@ -75,6 +87,9 @@ export interface ResolvedGatewayOptions {
   sideCalls: SideCallMode;
   maxSideCalls: number;
   onSessionReleased: ((sessionId: string, reason: ReleaseReason) => void) | null;
+  /** Routed experts asked for, shaped by `shape` where the backend sends none; null = not asked. */
+  routedExperts: { shape: RoutingShape | null } | null;
+  samplingMasks: boolean;
 }
 
 export const GATEWAY_DEFAULTS = Object.freeze({
@@ -113,6 +128,8 @@ const KNOWN = [
   'sideCalls',
   'maxSideCalls',
   'onSessionReleased',
+  'routedExperts',
+  'samplingMasks',
 ];
 const KNOWN_BACKEND = ['kind', 'url', 'model', 'apiKey', 'timeoutMs', 'connections'];
 
@@ -204,5 +221,22 @@ export function resolveGatewayOptions(options: GatewayOptions): ResolvedGatewayO
       options.onSessionReleased === undefined || options.onSessionReleased === null
         ? null
         : callback('onSessionReleased', options.onSessionReleased),
+    routedExperts: routing(options.routedExperts ?? false),
+    samplingMasks: flag('samplingMasks', options.samplingMasks ?? false),
+  };
+}
+
+function routing(value: unknown): { shape: RoutingShape | null } | null {
+  if (value === false) return null;
+  if (value === true) return { shape: null };
+  if (typeof value !== 'object' || value === null)
+    fail('routedExperts', 'must be true, false or {layers, topK}', value);
+  unknownKeys('routedExperts.', value, ['layers', 'topK']);
+  const shape = value as Partial<RoutingShape>;
+  return {
+    shape: {
+      layers: integer('routedExperts.layers', shape.layers, 1, 4096),
+      topK: integer('routedExperts.topK', shape.topK, 1, 4096),
+    },
   };
 }

@@ -143,7 +143,11 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   const model = await loadChatModel(opts.tokenizer);
   const maxContext = opts.maxContext ?? Math.min(model.maxLength ?? DEFAULT_MAX_CONTEXT, DEFAULT_MAX_CONTEXT);
   const servedModel = opts.model ?? opts.tokenizer;
-  const backend = createTokenBackend({ ...opts.backend, completeTokenId: model.encode('a')[0] });
+  const backend = createTokenBackend({
+    ...opts.backend,
+    completeTokenId: model.encode('a')[0],
+    routingShape: opts.routedExperts?.shape ?? null,
+  });
   const sessions = new SessionStore({
     ttlMs: opts.sessionTtlMs,
     maxSessions: opts.maxSessions,
@@ -169,6 +173,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       counters.weightVersionMismatches += 1;
       opts.onVersionMismatch?.(version, expected, tagged);
     },
+    routedExperts: opts.routedExperts !== null,
+    samplingMasks: opts.samplingMasks,
   };
   const inFlight = new Set<AbortController>();
   let closing = false;

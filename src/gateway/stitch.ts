@@ -9,8 +9,16 @@
  * the buffer prefix it claims, each action span equals that call's completion ids, spans are ordered
  * and the last one ends the observation — so a bug in the gateway fails loudly instead of training
  * on misaligned logprobs.
+ *
+ * Routed experts and sampling masks (docs/ROUTING-REPLAY.md), when the calls carry them, are laid on
+ * the observation at the positions each call reported them for: a main call's rows are for
+ * positions of its own prompt ++ completion, which the observation holds at the same positions, so
+ * nothing moves; a position no call reported (the last token, never forwarded) holds the fill. A side
+ * call keeps its own, over its own prompt ++ completion.
  */
 import type { SideCall, StitchedSession } from '../domain/rollout.ts';
+import { maskTokens, masksOver, routedProblem, routingOver, type SamplingMask } from '../domain/routing.ts';
+import { maskJson, routedJson } from '../llm/routing-wire.ts';
 import { GatewayError } from './errors.ts';
 import { EMPTY_HASH, hashIds } from './trace.ts';
 import type { CallTrace, SideCallTrace } from './trace.ts';
@@ -53,6 +61,7 @@ export function stitchTraces(input: StitchInput, options: { reward?: number | nu
   const logprobs = new Float32Array(observation.length);
   const steps = new Int32Array(observation.length).fill(-1);
   const ranges: [number, number][] = [];
+  const masks: { at: number; mask: SamplingMask }[] = [];
   let hashedTo = 0;
   let hash = EMPTY_HASH;
   let previousEnd = 0;
@@ -98,6 +107,8 @@ export function stitchTraces(input: StitchInput, options: { reward?: number | nu
     steps.fill(trace.modelStep, start, end);
     ranges.push([start, end]);
     previousEnd = end;
+    checkRouting(sessionId, trace, start);
+    if (trace.samplingMask !== undefined) masks.push({ at: start, mask: trace.samplingMask });
   }
   if (previousEnd !== observation.length) {
     throw broken(
@@ -114,7 +125,14 @@ export function stitchTraces(input: StitchInput, options: { reward?: number | nu
         { call: side.index },
       );
     }
+    checkRouting(sessionId, side, side.promptIds.length);
   }
+  const routed = routingOver(
+    observation.length,
+    traces.map((t) => t.routedExperts),
+  );
+  if (typeof routed === 'string') throw broken(sessionId, `routed experts: ${routed}`, {});
+  const mask = masksOver(observation.length, masks);
   const last = traces[traces.length - 1];
   return {
     sessionId,
@@ -123,6 +141,8 @@ export function stitchTraces(input: StitchInput, options: { reward?: number | nu
     rolloutLogprobs: logprobs,
     modelSteps: steps,
     truncated: last.finishReason === 'length',
+    ...(routed !== null ? { routedExperts: routed } : {}),
+    ...(mask !== null ? { samplingMask: mask } : {}),
     reward,
     finishReasons: traces.map((t) => t.finishReason),
     // Shared with the traces, not copied: the gateway releases a session once stitched, so nothing writes them again.
@@ -135,10 +155,30 @@ export function stitchTraces(input: StitchInput, options: { reward?: number | nu
           logprobs: t.logprobs,
           finishReason: t.finishReason,
           modelStep: t.modelStep,
+          ...(t.routedExperts !== undefined ? { routedExperts: t.routedExperts } : {}),
+          ...(t.samplingMask !== undefined ? { samplingMask: t.samplingMask } : {}),
         }),
       )
       .sort((a, b) => a.index - b.index),
   };
+}
+
+/** A call's rows only for positions its own sequence forwarded, and a mask over exactly its completion. */
+function checkRouting(
+  sessionId: string,
+  call: Pick<CallTrace, 'index' | 'completionIds' | 'routedExperts' | 'samplingMask'>,
+  promptLength: number,
+): void {
+  const r = call.routedExperts;
+  const problem = r === undefined ? null : routedProblem(r, promptLength + call.completionIds.length);
+  if (problem !== null) throw broken(sessionId, `call ${call.index}: routed experts: ${problem}`, { call: call.index });
+  const m = call.samplingMask;
+  if (m !== undefined && maskTokens(m) !== call.completionIds.length)
+    throw broken(
+      sessionId,
+      `call ${call.index}: sampling mask covers ${maskTokens(m)} tokens, the completion has ${call.completionIds.length}`,
+      { call: call.index },
+    );
 }
 
 /** The sample as JSON for `POST /v1/sessions/{id}/stitch` (the reference executor's snake_case names). */
@@ -150,6 +190,8 @@ export function stitchedSampleJson(sample: StitchedSample): Record<string, unkno
     rollout_log_probs: Array.from(sample.rolloutLogprobs),
     model_steps: Array.from(sample.modelSteps),
     truncated: sample.truncated,
+    ...(sample.routedExperts !== undefined ? { routed_experts: routedJson(sample.routedExperts) } : {}),
+    ...(sample.samplingMask !== undefined ? { sampling_mask: maskJson(sample.samplingMask) } : {}),
     reward: sample.reward,
     finish_reasons: sample.finishReasons,
     side_calls: sample.sideCalls.map((c) => ({
@@ -159,6 +201,8 @@ export function stitchedSampleJson(sample: StitchedSample): Record<string, unkno
       logprobs: Array.from(c.logprobs),
       finish_reason: c.finishReason,
       model_step: c.modelStep,
+      ...(c.routedExperts !== undefined ? { routed_experts: routedJson(c.routedExperts) } : {}),
+      ...(c.samplingMask !== undefined ? { sampling_mask: maskJson(c.samplingMask) } : {}),
     })),
   };
 }

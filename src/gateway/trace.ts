@@ -12,6 +12,7 @@
  * prompt ids and never touches the buffer or the main traces. There are at most `maxSideCalls` of
  * them per session, which bounds a session at O((1 + maxSideCalls) × context).
  */
+import type { RoutedExperts, SamplingMask } from '../domain/routing.ts';
 
 export interface CallTimings {
   /** Chat-template rendering of the whole conversation. */
@@ -41,6 +42,14 @@ export interface CallTrace {
   /** Weight version that generated the completion (the backend's report, else the gateway's model step). */
   modelStep: number;
   timings: CallTimings;
+  /**
+   * Experts each position of the call's prompt ++ completion was routed to, as the backend reported
+   * them (gateway option `routedExperts`): a main call extending the session asks only from where
+   * the session's rows end, so its rows start there; a side call's start at 0. Absent when not sent.
+   */
+  routedExperts?: RoutedExperts;
+  /** Each completion token's sampling support (gateway option `samplingMasks`), when sent. */
+  samplingMask?: SamplingMask;
 }
 
 /** A call that did not extend the main conversation: its whole render tokenized, its prompt ids its own. */

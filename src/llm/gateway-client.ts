@@ -5,6 +5,7 @@
 import { request } from 'undici';
 import type { SideCall, StitchedSession } from '../domain/rollout.ts';
 import { LlmError } from './errors.ts';
+import { maskFromJson, routedFromJson, type MaskJson, type RoutedJson } from './routing-wire.ts';
 
 export interface GatewayCall {
   /** Position among the session's calls, main and side. */
@@ -51,15 +52,33 @@ export async function stitchSession(
     rollout_log_probs: number[];
     model_steps: number[];
     truncated: boolean;
+    routed_experts?: RoutedJson;
+    sampling_mask?: MaskJson;
     reward: number | null;
-    side_calls: (TracedCall & { index: number })[];
+    side_calls: (TracedCall & { index: number; routed_experts?: RoutedJson; sampling_mask?: MaskJson })[];
   };
+  const routed = (json: RoutedJson): ReturnType<typeof routedFromJson> => {
+    try {
+      return routedFromJson(json);
+    } catch (err) {
+      throw new LlmError('ERR_LLM_BAD_REPLY', `token-trace gateway stitch of ${sessionId}: ${(err as Error).message}`);
+    }
+  };
+  let routedExperts: StitchedSession['routedExperts'];
+  if (body.routed_experts !== undefined) {
+    const { fill, ...rows } = routed(body.routed_experts);
+    if (fill === undefined)
+      throw new LlmError('ERR_LLM_BAD_REPLY', `token-trace gateway stitch of ${sessionId}: routed_experts has no fill`);
+    routedExperts = { ...rows, fill };
+  }
   return {
     observationTokens: Int32Array.from(body.observation_tokens),
     actionRanges: body.action_ranges,
     rolloutLogprobs: Float32Array.from(body.rollout_log_probs),
     modelSteps: Int32Array.from(body.model_steps),
     truncated: body.truncated,
+    ...(routedExperts !== undefined ? { routedExperts } : {}),
+    ...(body.sampling_mask !== undefined ? { samplingMask: maskFromJson(body.sampling_mask) } : {}),
     reward: body.reward,
     sideCalls: body.side_calls.map((c) => ({
       index: c.index,
@@ -68,6 +87,8 @@ export async function stitchSession(
       logprobs: Float32Array.from(c.logprobs),
       finishReason: c.finish_reason,
       modelStep: c.model_step,
+      ...(c.routed_experts !== undefined ? { routedExperts: routed(c.routed_experts) } : {}),
+      ...(c.sampling_mask !== undefined ? { samplingMask: maskFromJson(c.sampling_mask) } : {}),
     })),
   };
 }

@@ -25,7 +25,13 @@
  *   vLLM's engine has a `return_sampling_mask` option (Model Runner V2) whose HTTP form the engine
  *   does not read: a vLLM server gives no masks here.
  */
-import { maskFromSupports, narrowExpertIds, type RoutedExperts, type SamplingMask } from '../domain/routing.ts';
+import {
+  maskFromSupports,
+  narrowExpertIds,
+  type RoutedExperts,
+  type SamplingMask,
+  type SequenceRouting,
+} from '../domain/routing.ts';
 
 /** The model's routing shape where the server does not send it (SGLang): `num_hidden_layers`, `num_experts_per_tok`. */
 export interface RoutingShape {
@@ -151,4 +157,69 @@ export function int32Base64(values: ArrayLike<number>): string {
   const out = Buffer.alloc(values.length * 4);
   for (let i = 0; i < values.length; i++) out.writeInt32LE(values[i], 4 * i);
   return out.toString('base64');
+}
+
+// --- the gateway's stitch and traces routes -----------------------------------------------------------
+
+/**
+ * Routed experts as the gateway's session routes write them (snake_case, beside the other arrays):
+ * `ids` is base64 of the ids' little-endian bytes, `dtype` says their width — the bulk of a stitched
+ * sample (layers × topK a token), a third of it as numbers in JSON. `fill` only on a sequence's rows.
+ */
+export interface RoutedJson {
+  start: number;
+  rows: number;
+  layers: number;
+  top_k: number;
+  dtype: 'uint8' | 'uint16';
+  ids: string;
+  fill?: number;
+}
+
+export interface MaskJson {
+  offsets: number[];
+  ids: number[];
+  logprobs?: number[];
+}
+
+export function routedJson(r: RoutedExperts | SequenceRouting): RoutedJson {
+  const bytes = Buffer.from(r.ids.buffer, r.ids.byteOffset, r.ids.byteLength);
+  return {
+    start: r.start,
+    rows: r.rows,
+    layers: r.layers,
+    top_k: r.topK,
+    dtype: r.ids instanceof Uint8Array ? 'uint8' : 'uint16',
+    ids: bytes.toString('base64'),
+    ...('fill' in r ? { fill: r.fill } : {}),
+  };
+}
+
+/** The inverse of routedJson; throws naming what is wrong. */
+export function routedFromJson(json: RoutedJson): RoutedExperts & { fill?: number } {
+  const bytes = Buffer.from(json.ids, 'base64');
+  const count = json.rows * json.layers * json.top_k;
+  const width = json.dtype === 'uint16' ? 2 : 1;
+  if (bytes.length !== count * width)
+    throw new Error(
+      `routed experts: ${bytes.length} bytes for ${json.rows} × ${json.layers} × ${json.top_k} ${json.dtype}`,
+    );
+  // A copy into a buffer of its own: aligned for 16-bit ids, and not a view of Node's pooled memory.
+  const own = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength);
+  const ids = width === 2 ? new Uint16Array(own) : new Uint8Array(own);
+  const r = { start: json.start, rows: json.rows, layers: json.layers, topK: json.top_k, ids };
+  return json.fill === undefined ? r : { ...r, fill: json.fill };
+}
+
+export function maskJson(m: SamplingMask): MaskJson {
+  return {
+    offsets: Array.from(m.offsets),
+    ids: Array.from(m.ids),
+    ...(m.logprobs !== undefined ? { logprobs: Array.from(m.logprobs) } : {}),
+  };
+}
+
+export function maskFromJson(json: MaskJson): SamplingMask {
+  const m: SamplingMask = { offsets: Int32Array.from(json.offsets), ids: Int32Array.from(json.ids) };
+  return json.logprobs === undefined ? m : { ...m, logprobs: Float32Array.from(json.logprobs) };
 }
