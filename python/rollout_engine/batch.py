@@ -158,6 +158,11 @@ class SideCall:
     logprobs: Float32Array
     finish_reason: str
     model_step: int
+    routed_experts: Optional[npt.NDArray[np.int16]] = None
+    """``[len(prompt_ids) + len(completion_ids), layers, top_k]`` int16 (int32 past 32767), as
+    :attr:`Sample.routed_experts`: its own rows, ``ROUTED_FILL`` where the server gave none. None when none."""
+    sampling_mask: Optional[SamplingMask] = None
+    """Each completion token's sampling support, when the server sent them."""
 
 
 @dataclass
@@ -170,6 +175,12 @@ class Stitched:
     model_steps: Int32Array
     truncated: bool
     side_calls: List[SideCall]
+    routed_experts: Optional[npt.NDArray[np.int16]] = None
+    """``[len(observation_tokens), layers, top_k]`` int16 (int32 past 32767): the experts each position
+    was routed to, ``ROUTED_FILL`` where the server gave none (the last token). None when none."""
+    sampling_mask: Optional[SamplingMask] = None
+    """Each observation token's sampling support as CSR over the observation (empty outside the
+    actions and where the server gave none). None when none."""
 
 
 @dataclass
@@ -547,24 +558,69 @@ def _stitched(raw: Any, where: str) -> Stitched:
     side_calls = []
     for i, call in enumerate(raw.get("sideCalls") or []):
         at = f"{where}.sideCalls[{i}]"
+        prompt_ids = _required_array(call.get("promptIds"), _I32, f"{at}.promptIds")
+        completion_ids = _required_array(call.get("completionIds"), _I32, f"{at}.completionIds")
         side_calls.append(
             SideCall(
                 index=_get(call, "index", int, at),
-                prompt_ids=_required_array(call.get("promptIds"), _I32, f"{at}.promptIds"),
-                completion_ids=_required_array(call.get("completionIds"), _I32, f"{at}.completionIds"),
+                prompt_ids=prompt_ids,
+                completion_ids=completion_ids,
                 logprobs=_required_array(call.get("logprobs"), _F32, f"{at}.logprobs"),
                 finish_reason=str(call.get("finishReason")),
                 model_step=_get(call, "modelStep", int, at),
+                routed_experts=_routed_array(call.get("routedExperts"), len(prompt_ids) + len(completion_ids), f"{at}.routedExperts"),
+                sampling_mask=_mask(call.get("samplingMask"), f"{at}.samplingMask"),
             )
         )
+    observation = _required_array(raw.get("observationTokens"), _I32, f"{where}.observationTokens")
     return Stitched(
-        observation_tokens=_required_array(raw.get("observationTokens"), _I32, f"{where}.observationTokens"),
+        observation_tokens=observation,
         action_ranges=[(int(a), int(b)) for a, b in _get(raw, "actionRanges", list, where)],
         rollout_logprobs=_required_array(raw.get("rolloutLogprobs"), _F32, f"{where}.rolloutLogprobs"),
         model_steps=_required_array(raw.get("modelSteps"), _I32, f"{where}.modelSteps"),
         truncated=bool(raw.get("truncated")),
         side_calls=side_calls,
+        routed_experts=_routed_array(raw.get("routedExperts"), len(observation), f"{where}.routedExperts"),
+        sampling_mask=_mask(raw.get("samplingMask"), f"{where}.samplingMask"),
     )
+
+
+def _routed_array(raw: Any, length: int, where: str) -> Optional[npt.NDArray[Any]]:
+    """Routed experts as the trainer's array over a sequence of ``length`` positions: the rows at their
+    positions (a side call's from where the server began them; a stitched sample's, one per position,
+    ``fill`` — 255 or 65535 — where the server gave none), ``ROUTED_FILL`` wherever no row is known."""
+    r = _routed(raw, where)
+    if r is None:
+        return None
+    fill = raw.get("fill")
+    if fill is not None and (not isinstance(fill, int) or isinstance(fill, bool)):
+        raise BatchFormatError(f"{where}.fill", f"must be an int (got {fill!r:.60})")
+    if r.start + r.rows > length:
+        raise BatchFormatError(where, f"rows {r.start}..{r.start + r.rows} go past the {length} tokens of the sequence")
+    return _lay_routed(length, [(r.start, r.ids)], fill)
+
+
+def _lay_routed(length: int, runs: Sequence[Tuple[int, npt.NDArray[Any]]], fill: Optional[int] = None) -> npt.NDArray[Any]:
+    """Rows ``[rows, layers, top_k]`` laid at their absolute positions over ``length`` positions (a later
+    run's report of a position wins) as int16 (int32 past 32767); ``ROUTED_FILL`` where no run has a
+    row, and where a row holds ``fill`` (a stitched sample's mark for "none reported")."""
+    _, first = runs[0]
+
+    def top(ids: npt.NDArray[Any]) -> int:
+        return int((ids if fill is None else ids[ids != fill]).max(initial=0))
+
+    wide = any(top(ids) > 32767 for _, ids in runs)
+    dtype = np.int32 if wide else np.int16
+    out = np.full((length, first.shape[1], first.shape[2]), ROUTED_FILL, dtype=dtype)
+    for start, ids in runs:
+        end = min(start + ids.shape[0], length)
+        if end > start and ids.shape[1:] == out.shape[1:]:
+            rows = ids[: end - start]
+            values = rows.astype(dtype)
+            if fill is not None:
+                values[rows == fill] = ROUTED_FILL
+            out[start:end] = values
+    return out
 
 
 def _array(value: ArrayField, dtype: np.dtype[Any], where: str) -> Any:
@@ -679,16 +735,7 @@ class _SampleBuilder:
         )
 
     def _routed(self) -> Optional[npt.NDArray[Any]]:
-        if not self.routed:
-            return None
-        _, first = self.routed[0]
-        wide = any(int(ids.max(initial=0)) > 32767 for _, ids in self.routed)
-        out = np.full((self.length, first.shape[1], first.shape[2]), ROUTED_FILL, dtype=np.int32 if wide else np.int16)
-        for start, ids in self.routed:
-            end = min(start + ids.shape[0], self.length)
-            if end > start and ids.shape[1:] == out.shape[1:]:
-                out[start:end] = ids[: end - start]
-        return out
+        return _lay_routed(self.length, self.routed) if self.routed else None
 
     def _masks(self) -> Dict[str, Any]:
         if all(mask is None for _, mask, _ in self.masks):
@@ -729,7 +776,20 @@ def _stitched_sample(rollout: Rollout, s: Stitched, advantage: float) -> Sample:
         advantage=advantage,
         turns=list(range(len(rollout.turns))),
         inexact=np.zeros(n, dtype=np.bool_),
+        routed_experts=s.routed_experts,
+        **_stitched_masks(s.sampling_mask, n),
     )
+
+
+def _stitched_masks(mask: Optional[SamplingMask], n: int) -> Dict[str, Any]:
+    """A stitched sample's supports (CSR over its observation) as :attr:`Sample.sampling_mask_offsets` / ``ids``."""
+    if mask is None or len(mask.offsets) != n + 1:
+        return {}
+    base = int(mask.offsets[0])
+    return {
+        "sampling_mask_offsets": mask.offsets.astype(np.int64) - base,
+        "sampling_mask_ids": mask.ids[base : int(mask.offsets[-1])].astype(np.int32, copy=False),
+    }
 
 
 __all__ = [

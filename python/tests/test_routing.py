@@ -78,5 +78,75 @@ class RoutedExpertsTest(unittest.TestCase):
         self.assertEqual(int(t.routed_experts.ids[0, 0, 0]), 300)
 
 
+def stitched_rollout(observation: List[int], wide: bool, as_bytes: bool) -> Dict[str, Any]:
+    """A black-box rollout whose stitched sample has a row per observation position, the fill on the last."""
+    fill = 65535 if wide else 255
+    shift = 300 if wide else 0
+    ids = rows(observation, 0)
+    dense = [i + shift for i in ids] + [fill] * (LAYERS * TOP_K)
+    dtype = "<u2" if wide else "u1"
+    side_prompt, side_completion = [40, 41], [42]
+    side_ids = rows(side_prompt + side_completion, 1)
+    stitched = {
+        "observationTokens": observation,
+        "actionRanges": [[2, 4], [5, 7]],
+        "rolloutLogprobs": [0.0] * len(observation),
+        "modelSteps": [0] * len(observation),
+        "truncated": False,
+        "routedExperts": {
+            "start": 0, "rows": len(observation), "layers": LAYERS, "topK": TOP_K, "fill": fill,
+            "ids": np.asarray(dense, dtype=dtype).tobytes() if as_bytes else dense,
+        },
+        # Supports of the action tokens (2, 3, 5, 6), none elsewhere.
+        "samplingMask": {"offsets": [0, 0, 0, 2, 3, 3, 4, 6, 6], "ids": [3, 1, 4, 6, 7, 2]},
+        "sideCalls": [{
+            "index": 1, "promptIds": side_prompt, "completionIds": side_completion, "logprobs": [-1.0],
+            "finishReason": "stop", "modelStep": 0,
+            "routedExperts": {"start": 1, "rows": 1, "layers": LAYERS, "topK": TOP_K, "ids": side_ids},
+        }],
+    }
+    return {"id": "b/0/0", "groupId": "b/0", "index": 0, "taskName": "b", "status": "COMPLETED", "reward": 1.0,
+            "turns": [], "stitched": stitched}
+
+
+class StitchedRoutingTest(unittest.TestCase):
+    """A black-box agent's stitched session (the token-trace gateway) hands its routing to the trainer too."""
+
+    def check(self, wide: bool, as_bytes: bool) -> None:
+        observation = [1, 2, 3, 4, 5, 6, 7, 8]
+        raw = batch([])
+        raw["groups"][0]["rollouts"] = [stitched_rollout(observation, wide, as_bytes)]
+        rollout = decode_batch(raw).groups[0].rollouts[0]
+        (sample,) = rollout.samples()
+        assert sample.routed_experts is not None
+        self.assertEqual(sample.routed_experts.shape, (len(observation), LAYERS, TOP_K))
+        self.assertEqual(sample.routed_experts.dtype, np.int16)
+        shift = 300 if wide else 0
+        for p in range(len(observation) - 1):
+            for l in range(LAYERS):
+                for k in range(TOP_K):
+                    self.assertEqual(int(sample.routed_experts[p, l, k]), expert(observation[p], p, l, k) + shift)
+        self.assertTrue((sample.routed_experts[-1] == ROUTED_FILL).all(), "the fill reads as ROUTED_FILL")
+        offsets, ids = sample.sampling_mask_offsets, sample.sampling_mask_ids
+        assert offsets is not None and ids is not None
+        self.assertEqual(offsets.tolist(), [0, 0, 0, 2, 3, 3, 4, 6, 6])
+        self.assertEqual(ids[offsets[5] : offsets[7]].tolist(), [6, 7, 2])
+        (side,) = rollout.stitched.side_calls if rollout.stitched is not None else []
+        assert side.routed_experts is not None
+        self.assertEqual(side.routed_experts.shape, (3, LAYERS, TOP_K))
+        self.assertTrue((side.routed_experts[0] == ROUTED_FILL).all(), "before the side call's first row")
+        self.assertEqual(int(side.routed_experts[1, 1, 0]), expert(41, 1, 1, 0))
+        self.assertTrue((side.routed_experts[2] == ROUTED_FILL).all(), "its last token, never forwarded")
+
+    def test_one_byte_rows_from_msgpack_bytes(self) -> None:
+        self.check(wide=False, as_bytes=True)
+
+    def test_two_byte_rows_from_json_lists(self) -> None:
+        self.check(wide=True, as_bytes=False)
+
+    def test_two_byte_rows_from_msgpack_bytes(self) -> None:
+        self.check(wide=True, as_bytes=True)
+
+
 if __name__ == "__main__":
     unittest.main()
