@@ -677,7 +677,7 @@ class _Reply:
                 spans.append({"version": version, "start": i, "end": i + 1})
         return spans or [{"version": self.version_now, "start": 0, "end": 0}]
 
-    def _entry(self, logprob: float, token: int) -> List[Any]:
+    def _entry(self, logprob: Optional[float], token: int) -> List[Any]:
         return [logprob, token, vocab.TOKENS[token] if self.text_in_logprobs and token < vocab.VOCAB_SIZE else None]
 
     def body(self, finished: bool, since: Optional[int] = None) -> Dict[str, Any]:
