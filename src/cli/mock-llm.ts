@@ -44,6 +44,9 @@ H100 under vLLM; metrics at GET /admin/gpu):
                                      reply (default: the answer + --think-tokens)
   --capacity-length-sigma <σ>        σ of log(length): 0 = fixed, 1 = p99 ≈ 10× the median (1)
   --capacity-speedup <x>             GPU milliseconds per real one, to run long workloads fast (1)
+  --capacity-scheduling <policy>     fcfs, or priority: requests' priority field orders the queue as
+                                     the dialect's server does (vLLM lower first; SGLang higher
+                                     first, preempting past a gap of 10) (fcfs)
 
 Routes (default dialect): GET /health, GET /v1/models, POST /v1/chat/completions, POST
 /v1/completions (token-id prompts), POST /admin/abort (alias /abort_request), GET|POST
@@ -77,6 +80,7 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
       'capacity-response-tokens': { type: 'string' },
       'capacity-length-sigma': { type: 'string' },
       'capacity-speedup': { type: 'string' },
+      'capacity-scheduling': { type: 'string' },
       help: { type: 'boolean', short: 'h' },
     },
     strict: true,
@@ -161,5 +165,12 @@ function capacityFlags(values: Record<string, string | boolean | undefined>): Ca
     ...(responseTokens === undefined ? {} : { responseTokens }),
     lengthSigma: numberFlag('capacity-length-sigma', str('capacity-length-sigma'), { max: 4 }),
     speedup: numberFlag('capacity-speedup', str('capacity-speedup'), { min: 0.001, max: 1_000 }),
+    ...(str('capacity-scheduling') === undefined ? {} : { scheduling: schedulingFlag(str('capacity-scheduling')!) }),
   };
+}
+
+function schedulingFlag(value: string): 'fcfs' | 'priority' {
+  if (value !== 'fcfs' && value !== 'priority')
+    throw new UsageError(`--capacity-scheduling must be fcfs or priority (got ${JSON.stringify(value)})`);
+  return value;
 }

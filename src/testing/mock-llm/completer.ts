@@ -166,6 +166,7 @@ export class Completer {
         promptTokens: promptIds.length,
         promptIds,
         natural,
+        priority: request.priority,
         answer: (reason, out) => {
           this.#logprobs.remember(lp.version, lp.promptIds, out);
           stream.finish(reason, out, contentOf(out), fault);
@@ -206,7 +207,14 @@ export class Completer {
       this.#logprobs.remember(lp.version, lp.promptIds, out);
       deliver(res, json, fault);
     };
-    this.#scheduler.schedule(res, { ids, promptTokens: promptIds.length, promptIds, natural, answer });
+    this.#scheduler.schedule(res, {
+      ids,
+      promptTokens: promptIds.length,
+      promptIds,
+      natural,
+      answer,
+      priority: request.priority,
+    });
   }
 
   /**
@@ -257,6 +265,7 @@ export class Completer {
       promptIds: prompt.ids,
       natural: ids.length < reply.uncut ? 'length' : 'stop',
       answer,
+      priority: request.priority,
     });
   }
 
@@ -344,6 +353,7 @@ export class Completer {
         answer,
         progress: (n) => stream.progress(ids, n),
         rid,
+        priority: request.priority,
       });
       return;
     }
@@ -366,7 +376,7 @@ export class Completer {
       const routed = d === 'vllm' ? withRouting(d, json, promptIds, out, CHAT_ROUTING, o.routedExperts) : json;
       deliver(res, routed, fault);
     };
-    this.#scheduler.schedule(res, { ids, promptTokens, promptIds, natural, answer, rid });
+    this.#scheduler.schedule(res, { ids, promptTokens, promptIds, natural, answer, rid, priority: request.priority });
   }
 
   /** vLLM's `/v1/completions` in its dialect: the model name is checked as on chat (OpenAIServing._check_model). */
@@ -384,6 +394,7 @@ export class Completer {
         returnTokenIds: r.returnTokenIds,
         routedFrom: r.routedExpertsPromptStart,
         promptLogprobs: r.promptLogprobs,
+        ...(r.priority !== undefined ? { priority: r.priority } : {}),
       },
       'openai',
     );
@@ -461,6 +472,7 @@ export class Completer {
       natural: ids.length < reply.uncut ? 'length' : 'stop',
       answer,
       rid,
+      priority: request.priority,
     });
   }
 

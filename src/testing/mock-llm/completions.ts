@@ -30,6 +30,8 @@ export interface TokenCompletionRequest {
    * CompletionRequest.prompt_logprobs); set = a scoring request (scoring.ts). null when absent.
    */
   promptLogprobs: number | null;
+  /** vLLM's `priority`; undefined when absent. */
+  priority?: number;
 }
 
 const VLLM_DEFAULT_MAX_TOKENS = 16;
@@ -80,6 +82,7 @@ export function parseTokenCompletionRequest(raw: string): TokenCompletionRequest
   ) as number | undefined;
   const returnTokenIds = check('return_token_ids', (v) => typeof v === 'boolean', 'must be a boolean');
   const seed = check('seed', isInt64, 'must be a 64-bit integer') as number | undefined;
+  const priority = check('priority', isInt64, 'must be a 64-bit integer') as number | undefined;
   const n = check('n', (v) => Number.isSafeInteger(v) && (v as number) > 0, 'must be a positive integer');
   if (n !== undefined && n !== 1) bad('n', 'must be 1 (the mock generates one choice)', n);
   if (check('stream', (v) => typeof v === 'boolean', 'must be a boolean') === true)
@@ -108,6 +111,7 @@ export function parseTokenCompletionRequest(raw: string): TokenCompletionRequest
     seed,
     model,
     promptLogprobs: promptLogprobs ?? null,
+    ...(priority !== undefined ? { priority } : {}),
   };
 }
 

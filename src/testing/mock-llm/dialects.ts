@@ -384,6 +384,8 @@ export interface TokenInRequest {
   promptLogprobs?: number | null;
   /** SGLang `logprob_start_len` (-1, its default, = output tokens only): with max_new_tokens 0, a scoring request. */
   logprobStartLen?: number | null;
+  /** vLLM's and SGLang's `priority` (GenerateReqInput.priority); undefined when absent. */
+  priority?: number;
 }
 
 function bad(param: string, rule: string, value: unknown): never {
@@ -454,7 +456,10 @@ export function parseGenerateRequest(raw: string): TokenInRequest {
   const start = b.logprob_start_len;
   if (start !== undefined && start !== null && !(isInt(start) && start >= -1))
     bad('logprob_start_len', 'must be an integer >= -1', start);
+  const priority = b.priority;
+  if (priority !== undefined && priority !== null && !isInt(priority)) bad('priority', 'must be an integer', priority);
   return {
+    ...(isInt(priority) ? { priority } : {}),
     routedFrom: b.return_routed_experts === true ? (isInt(routedStart) ? routedStart : 0) : null,
     samplingMask,
     prompt,

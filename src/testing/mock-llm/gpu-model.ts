@@ -3,7 +3,8 @@
  * time; gpu.ts drives it from the wall clock). What it models is what makes a real server's
  * throughput depend on how it is fed:
  *
- * - a fixed number of sequence slots (vLLM's max_num_seqs): requests beyond them queue (FIFO);
+ * - a fixed number of sequence slots (vLLM's max_num_seqs): requests beyond them queue (FIFO, or
+ *   by rank under priority scheduling, preempting as SGLang does: admission.ts);
  * - continuous batching: the replica runs steps back to back while any slot is taken; a step decodes
  *   one token of every sequence in a slot and prefills up to `prefillChunkTokens` prompt tokens of the
  *   ones just admitted (chunked prefill), and lasts
@@ -21,6 +22,7 @@
  * taken ≤ `slots`; the metrics' integrals cover every millisecond from 0 to `now` exactly once
  * (`#account` before every change of what they integrate).
  */
+import { nextIndex, preemptionVictim } from './admission.ts';
 import type { PauseMode } from './pause-routes.ts';
 import { blockHashes, PrefixCache } from './prefix-cache.ts';
 
@@ -31,12 +33,19 @@ export interface GpuModelOptions {
   prefillTokensPerSecond: number;
   prefillChunkTokens: number;
   prefixCacheTokens: number;
+  /**
+   * Priority scheduling (admission.ts): the queue is served by rank, and a waiting sequence preempts
+   * a running one ranked worse by more than `preemptThreshold` (null: never); absent = FIFO.
+   */
+  priority?: { preemptThreshold: number | null } | null;
 }
 
 export interface SequenceInput {
   promptIds: readonly number[];
   /** The ids the sequence will generate (its length is the work; the ids are cached when it leaves). */
   outputIds: readonly number[];
+  /** Under priority scheduling: lower = admitted sooner (admission.ts rankOf); default 0. */
+  rank?: number;
 }
 
 export type SequenceState = 'queued' | 'prefill' | 'decode' | 'done';
@@ -66,6 +75,10 @@ export class Sequence {
   get target(): number {
     return this.input.outputIds.length;
   }
+
+  get rank(): number {
+    return this.input.rank ?? 0;
+  }
 }
 
 /** Cumulative figures since the model started; read two and subtract for a window (gpu.ts `gpuWindow`). */
@@ -84,6 +97,8 @@ export interface GpuCounters {
   completed: number;
   /** Sequences removed before their end (abort, client gone). */
   cancelled: number;
+  /** Running sequences sent back to the queue for a waiting one of higher priority (admission.ts). */
+  preempted: number;
   generatedTokens: number;
   promptTokens: number;
   /** Prompt tokens found in the prefix cache at admission. */
@@ -135,6 +150,7 @@ export class GpuModel {
     admitted: 0,
     completed: 0,
     cancelled: 0,
+    preempted: 0,
     generatedTokens: 0,
     promptTokens: 0,
     cachedTokens: 0,
@@ -239,10 +255,32 @@ export class GpuModel {
     this.#now = t;
   }
 
+  /** The next queued sequence to admit, taken off the queue: the head (FIFO) or the best ranked. */
+  #takeNext(): Sequence {
+    if (!this.#o.priority) return this.#queue.shift()!;
+    return this.#queue.splice(nextIndex(this.#queue), 1)[0];
+  }
+
+  /** With the slots full, frees one for the best-ranked waiting sequence if it may preempt (admission.ts). */
+  #preempt(): boolean {
+    const threshold = this.#o.priority?.preemptThreshold;
+    if (threshold == null || this.#queue.length === 0) return false;
+    const victim = preemptionVictim(this.#slots, this.#queue[nextIndex(this.#queue)], threshold);
+    if (victim === null) return false;
+    // As SGLang's release_req: its KV is freed, and it prefills its prompt and tokens again.
+    this.#slots.delete(victim);
+    victim.state = 'queued';
+    victim.prefillLeft = 0;
+    victim.retracted = true;
+    this.#queue.push(victim);
+    this.#c.preempted++;
+    return true;
+  }
+
   #admit(): void {
     if (this.#paused !== null) return;
-    while (this.#slots.size < this.#o.slots && this.#queue.length > 0) {
-      const seq = this.#queue.shift()!;
+    while (this.#queue.length > 0 && (this.#slots.size < this.#o.slots || this.#preempt())) {
+      const seq = this.#takeNext();
       // A retracted sequence recomputes what it had: its prompt and the tokens generated so far.
       const prompt = seq.retracted
         ? [...seq.input.promptIds, ...seq.input.outputIds.slice(0, seq.generated)]

@@ -7,6 +7,7 @@
  * Invariant: the model is advanced to the wall clock before anything reads or changes it, and every
  * sequence it reports done is answered exactly once (its callback is dropped with it).
  */
+import { rankOf, VLLM_PRIORITY, type PriorityRule } from './admission.ts';
 import type { PauseMode } from './pause-routes.ts';
 import { GpuModel, type GpuCounters, type GpuModelOptions, type Sequence, type SequenceInput } from './gpu-model.ts';
 
@@ -30,6 +31,12 @@ export interface CapacityOptions {
   lengthSigma?: number;
   /** Model milliseconds per wall-clock millisecond: 10 runs a GPU's minute in 6 s. */
   speedup?: number;
+  /**
+   * `priority`: the queue honours each request's `priority` field as the dialect's server does with
+   * priority scheduling on (vLLM `--scheduling-policy priority`, SGLang `--enable-priority-scheduling`;
+   * admission.ts); `fcfs`: first come, first served, the field ignored.
+   */
+  scheduling?: 'fcfs' | 'priority';
 }
 
 export type ResolvedCapacity = Readonly<Required<CapacityOptions>>;
@@ -55,6 +62,7 @@ export const GPU_DEFAULTS: ResolvedCapacity = Object.freeze({
   responseTokens: null,
   lengthSigma: 1,
   speedup: 1,
+  scheduling: 'fcfs',
 });
 
 /** Cumulative figures plus the state now; what `GET /admin/gpu` answers. */
@@ -122,9 +130,17 @@ export class Gpu {
 
   /** Told after the replica moved on by itself (a step ended): waitForStats looks again. */
   readonly #onChange: () => void;
+  /** How a request's `priority` is read (the dialect's server); used with `scheduling: priority`. */
+  readonly #rule: PriorityRule;
 
-  constructor(options: ResolvedCapacity, onChange: () => void = () => {}, wallClock = () => performance.now()) {
+  constructor(
+    options: ResolvedCapacity,
+    onChange: () => void = () => {},
+    wallClock = () => performance.now(),
+    rule: PriorityRule = VLLM_PRIORITY,
+  ) {
     this.#options = options;
+    this.#rule = rule;
     this.#onChange = onChange;
     this.#wallClock = wallClock;
     this.#startedAt = wallClock();
@@ -136,13 +152,16 @@ export class Gpu {
       prefillTokensPerSecond,
       prefillChunkTokens,
       prefixCacheTokens,
+      priority: options.scheduling === 'priority' ? { preemptThreshold: rule.preemptThreshold } : null,
     };
     this.#model = new GpuModel(model);
   }
 
-  /** Queues a sequence; `onDone` runs once when its last token is generated. */
-  submit(input: SequenceInput, onDone: () => void): GpuJob {
-    const { seq, done } = this.#model.submit(this.#clock(), input);
+  /** Queues a sequence (`priority`: the request's field, if any); `onDone` runs once when its last token is generated. */
+  submit(input: SequenceInput & { priority?: number }, onDone: () => void): GpuJob {
+    const { priority, ...rest } = input;
+    const ranked = priority === undefined ? rest : { ...rest, rank: rankOf(priority, this.#rule) };
+    const { seq, done } = this.#model.submit(this.#clock(), ranked);
     this.#onDone.set(seq, onDone);
     this.#settle(done);
     return {

@@ -297,6 +297,7 @@ function capacity(value: unknown, latencyMs: unknown, tokensPerSecond: unknown):
       c.responseTokens === null ? null : integer('capacity.responseTokens', c.responseTokens, 1, MAX_RESPONSE_TOKENS),
     lengthSigma: finite('capacity.lengthSigma', c.lengthSigma, 0, 4),
     speedup: finite('capacity.speedup', c.speedup, 0.001, 1_000),
+    scheduling: oneOf('capacity.scheduling', c.scheduling, ['fcfs', 'priority'] as const),
   };
   return Object.freeze(resolved);
 }

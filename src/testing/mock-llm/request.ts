@@ -39,6 +39,8 @@ export interface MockChatRequest {
   topLogprobs: number | null;
   /** The request offered tools (a non-empty `tools`): a reply that calls them comes as `tool_calls`. */
   tools: boolean;
+  /** vLLM's and SGLang's `priority` (an integer); undefined when absent (capacity.scheduling reads it). */
+  priority?: number;
 }
 
 export class RequestError extends Error {
@@ -126,6 +128,7 @@ export function parseChatRequest(raw: string): MockChatRequest {
   optional(b, 'temperature', isNumber, 'must be a number');
   optional(b, 'top_p', isNumber, 'must be a number');
   const seed = optional(b, 'seed', isInt64, 'must be a 64-bit integer') as number | undefined;
+  const priority = optional(b, 'priority', isInt64, 'must be a 64-bit integer') as number | undefined;
   optional(
     b,
     'stop',
@@ -169,5 +172,6 @@ export function parseChatRequest(raw: string): MockChatRequest {
     sglextIds: { input: sglextInput === true, output: sglextOutput === true },
     topLogprobs: topLogprobs ?? null,
     tools: tools !== undefined && tools.length > 0,
+    ...(priority !== undefined ? { priority } : {}),
   };
 }

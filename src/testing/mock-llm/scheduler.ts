@@ -35,6 +35,8 @@ export interface Generation {
   progress?: (n: number) => void;
   /** The request id a client can abort it by (the dialects' abort routes); '' when not addressable. */
   rid?: string;
+  /** The request's `priority` field, for the GPU-like mock's priority scheduling (admission.ts). */
+  priority?: number;
 }
 
 export interface SchedulerOptions {
@@ -224,7 +226,9 @@ export class Scheduler {
     const entry: InFlight = {
       rid: g.rid ?? '',
       start: () => {
-        job = gpu.submit({ promptIds: g.promptIds ?? [], outputIds: ids }, () => entry.finish(g.natural, count));
+        job = gpu.submit({ promptIds: g.promptIds ?? [], outputIds: ids, priority: g.priority }, () =>
+          entry.finish(g.natural, count),
+        );
       },
       // Before start() nothing runs on the replica: nothing to stop, nothing generated.
       stop: () => job?.cancel(),

@@ -22,6 +22,7 @@ import type { AddressInfo } from 'node:net';
 import { listen } from '../../http-server.ts';
 import { Completer } from './completer.ts';
 import { Connections } from './connections.ts';
+import { SGLANG_PRIORITY, VLLM_PRIORITY } from './admission.ts';
 import type { Dialect } from './dialects.ts';
 import { FaultInjector, type MockFault } from './faults.ts';
 import { MockLogprobModel, type DriftFault } from './scoring.ts';
@@ -115,7 +116,9 @@ export async function startMockLlm(options: MockLlmOptions = {}): Promise<MockLl
   // Every part whose counts stats() reads tells the waiters of each change; bound before any request.
   let statsChanged = (): void => {};
   const onChange = (): void => statsChanged();
-  const gpu = opts.capacity === null ? null : new Gpu(opts.capacity, onChange);
+  // Priority read as the dialect's server reads it (admission.ts); the default mock reads it as vLLM.
+  const rule = dialect === 'sglang' ? SGLANG_PRIORITY : VLLM_PRIORITY;
+  const gpu = opts.capacity === null ? null : new Gpu(opts.capacity, onChange, undefined, rule);
   const version = new WeightVersion(opts.weightVersion, () => gpu?.flushCache());
   const scheduler = new Scheduler({ ...opts, onChange, gpu });
   const faults = new FaultInjector(opts, onChange);
