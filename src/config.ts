@@ -372,6 +372,13 @@ const LlmSpec = z
     /** Send a per-rollout, per-turn `seed`, so a continued generation samples like the one it continues. */
     sendSeed: z.boolean().default(true),
     /**
+     * `trajectory`: each call carries a priority from its trajectory's staleness, progress and age
+     * (llm/priority.ts, docs/SCHEDULING.md), in the server's own `priority` field — vLLM with
+     * `--scheduling-policy priority`, SGLang with `--enable-priority-scheduling`; nothing is sent to
+     * llama.cpp or OpenAI. `off`: no field.
+     */
+    priority: z.enum(['off', 'trajectory']).default('off'),
+    /**
      * Server route that aborts every request in flight; unset = the dialect's (SGLang `/abort_request`,
      * vLLM dev mode `/abort_requests`, none on llama.cpp); null = cancel client-side.
      */

@@ -2,6 +2,9 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { rankOf, SGLANG_PRIORITY, VLLM_PRIORITY } from '../src/testing/mock-llm/admission.ts';
 import { GpuModel, type GpuModelOptions, type Sequence } from '../src/testing/mock-llm/gpu-model.ts';
+import { chatPayload } from '../src/llm/client.ts';
+import { priorityFields, trajectoryUrgency, URGENCY_LEVELS } from '../src/llm/priority.ts';
+import { DIALECTS } from '../src/llm/servers.ts';
 
 const SHAPE: GpuModelOptions = {
   slots: 1,
@@ -81,5 +84,82 @@ describe('GPU-like mock: priority scheduling (admission.ts)', () => {
     // Its prompt and the tokens it had are prefilled again, nothing generated is lost.
     assert.ok(again.counters().prefilledTokens >= 3 + 1 + 3 + had);
     assert.equal(victim.generated, 6);
+  });
+});
+
+describe('trajectory priority (llm/priority.ts)', () => {
+  const fresh = {
+    turnsDone: 0,
+    maxSteps: 4,
+    meanTurns: null,
+    ageMs: 0,
+    meanEpisodeMs: null,
+    staleness: 0,
+    staleBound: 2,
+  };
+
+  it('is 0 for a fresh trajectory and grows with staleness, progress and age, to at most URGENCY_LEVELS', () => {
+    assert.equal(trajectoryUrgency(fresh), 0);
+    const stale = trajectoryUrgency({ ...fresh, staleness: 1 });
+    const along = trajectoryUrgency({ ...fresh, turnsDone: 2, meanTurns: 3 });
+    const old = trajectoryUrgency({ ...fresh, ageMs: 5_000, meanEpisodeMs: 10_000 });
+    assert.deepEqual([stale, along, old], [25, 20, 10]);
+    const worst = trajectoryUrgency({
+      ...fresh,
+      turnsDone: 3,
+      meanTurns: 1,
+      ageMs: 1e9,
+      meanEpisodeMs: 1,
+      staleness: 9,
+    });
+    assert.equal(worst, Math.round(URGENCY_LEVELS * (0.5 + 0.3 * 0.75 + 0.2)));
+  });
+
+  it('ranks staleness towards the bound above progress, and progress above age', () => {
+    const stale = trajectoryUrgency({ ...fresh, staleness: 1 });
+    const nearlyDone = trajectoryUrgency({ ...fresh, turnsDone: 3, meanTurns: 4 });
+    const old = trajectoryUrgency({ ...fresh, ageMs: 1e9, meanEpisodeMs: 1 });
+    assert.ok(stale > nearlyDone && nearlyDone > old, `${stale} > ${nearlyDone} > ${old}`);
+  });
+
+  it('has no staleness term without a bound, and predicts remaining turns by maxSteps until an episode has ended', () => {
+    assert.equal(trajectoryUrgency({ ...fresh, staleness: 5, staleBound: null }), 0);
+    // 1 of 4 turns done, none finished yet: 3 remain; with a mean of 2 turns, 1 remains.
+    assert.equal(trajectoryUrgency({ ...fresh, turnsDone: 1 }), Math.round(100 * 0.3 * (1 / 4)));
+    assert.equal(trajectoryUrgency({ ...fresh, turnsDone: 1, meanTurns: 2 }), Math.round(100 * 0.3 * (1 / 2)));
+  });
+
+  it('goes in each dialect’s own field and reading, and not to servers without one', () => {
+    assert.deepEqual(priorityFields(DIALECTS.vllm, 30), { priority: URGENCY_LEVELS - 30 });
+    assert.deepEqual(priorityFields(DIALECTS.sglang, 30), { priority: 30 });
+    assert.deepEqual(priorityFields(DIALECTS.llamacpp, 30), {});
+    assert.deepEqual(priorityFields(DIALECTS.openai, 30), {});
+    assert.deepEqual(priorityFields(DIALECTS.vllm, undefined), {});
+    const body = chatPayload(
+      { model: 'm', logprobs: false, returnTokenIds: false },
+      { messages: [{ role: 'user', content: 'hi' }], maxTokens: 4, temperature: 1, urgency: 70 },
+      null,
+      'vllm',
+      DIALECTS.vllm.priority,
+    ) as Record<string, unknown>;
+    assert.equal(body.priority, 30);
+    const none = chatPayload(
+      { model: 'm', logprobs: false, returnTokenIds: false },
+      { messages: [{ role: 'user', content: 'hi' }], maxTokens: 4, temperature: 1 },
+      null,
+      'vllm',
+      DIALECTS.vllm.priority,
+    ) as Record<string, unknown>;
+    assert.equal('priority' in none, false);
+  });
+
+  it('orders the mock’s queue as the engine meant: the more urgent call first, in either reading', () => {
+    for (const [dialect, rule] of [
+      [DIALECTS.vllm, VLLM_PRIORITY],
+      [DIALECTS.sglang, SGLANG_PRIORITY],
+    ] as const) {
+      const field = (u: number) => (priorityFields(dialect, u) as { priority: number }).priority;
+      assert.ok(rankOf(field(80), rule) < rankOf(field(20), rule), dialect.kind);
+    }
   });
 });

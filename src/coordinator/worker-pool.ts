@@ -407,6 +407,7 @@ export function workerInit(
             infraRetries: t.infraRetries,
             sendSeed: llm.sendSeed,
             tools: t.tools,
+            ...(llm.priority !== 'off' ? { priority: llm.priority } : {}),
           },
         },
       ]),

@@ -17,6 +17,7 @@ import { ChatStream } from './stream-reply.ts';
 import { DIALECTS, type ServerDialect, type ServerKind } from './servers.ts';
 import { contextOverflowReply, isContextOverflow } from './context.ts';
 import { TokenChat, type HistoryMode } from './token-chat.ts';
+import { priorityFields } from './priority.ts';
 import { samplingFields, type SamplingDialect } from './token-wire.ts';
 import type { ToolParser } from './tool-calls.ts';
 import type { RoutingShape } from './routing-wire.ts';
@@ -87,6 +88,7 @@ export function chatPayload(
   request: ChatRequest,
   ids: Record<string, unknown> | null = VLLM_IDS,
   sampling: SamplingDialect = 'vllm',
+  priority: ServerDialect['priority'] = null,
 ): object {
   const continuing = request.continueFrom !== undefined;
   return {
@@ -103,6 +105,7 @@ export function chatPayload(
     ...(options.logprobs ? { logprobs: true } : {}),
     ...(options.returnTokenIds && ids !== null ? ids : {}),
     ...(options.stream ? { stream: true, stream_options: { include_usage: true } } : {}),
+    ...priorityFields({ priority }, request.urgency),
   };
 }
 
@@ -216,6 +219,7 @@ export class LlmClient {
       request,
       this.#dialect.chatIdFields(this.#options.stream === true),
       this.#dialect.sampling,
+      this.#dialect.priority,
     );
     return this.#call(
       this.#chatPath(sessionId),

@@ -48,4 +48,9 @@ export interface ChatRequest {
    * only from there; any other asks from 0 (docs/ROUTING-REPLAY.md).
    */
   routedFrom?: number;
+  /**
+   * `llm.priority: trajectory`: how soon the call should be served, 0..URGENCY_LEVELS, higher = sooner
+   * (llm/priority.ts); sent in the dialect's `priority` field where it has one.
+   */
+  urgency?: number;
 }

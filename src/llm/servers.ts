@@ -100,6 +100,11 @@ export interface ServerDialect {
   logprobsOf: 'unscaled' | 'scaled' | null;
   /** Shaping settings it has no field for: a task that sets one is refused at start (unhonouredSampling). */
   lacks: readonly ShapingKey[];
+  /**
+   * How its request field `priority` is read when the server runs with priority scheduling
+   * (`llm.priority`, llm/priority.ts); null = it has none, and nothing is sent.
+   */
+  priority: 'lower-first' | 'higher-first' | null;
 }
 
 type ShapingKey = (typeof SHAPING_KEYS)[number];
@@ -140,6 +145,10 @@ const VLLM: ServerDialect = {
   // Sampler.forward @3e342658b2e9c85a30a54d19e64e5ad77b8a26a6). Not told by any route: the default is assumed.
   logprobsOf: 'unscaled',
   lacks: [],
+  // protocol.py ChatCompletionRequest.priority / CompletionRequest.priority: "lower means earlier
+  // handling", honoured with --scheduling-policy priority (v1/core/sched/request_queue.py
+  // PriorityRequestQueue, (priority, arrival_time)); older releases refuse a non-zero one without it.
+  priority: 'lower-first',
 };
 
 const SGLANG: ServerDialect = {
@@ -179,6 +188,9 @@ const SGLANG: ServerDialect = {
   // before it in later releases); the unscaled ones with SGLANG_RETURN_ORIGINAL_LOGPROB=1.
   logprobsOf: 'scaled',
   lacks: [],
+  // Request `priority` on chat and /generate, honoured with --enable-priority-scheduling: higher first
+  // unless --schedule-low-priority-values-first (managers/schedule_policy.py priority_sign).
+  priority: 'higher-first',
 };
 
 const SGLANG_WHOLE_IDS = { return_prompt_token_ids: true, return_token_ids: true };
@@ -207,6 +219,8 @@ const LLAMACPP: ServerDialect = {
   // server-common.cpp get_token_probabilities): the softmax of the raw logits, before the whole chain.
   logprobsOf: 'unscaled',
   lacks: [],
+  // No per-request priority among its request fields: its slots are served in arrival order.
+  priority: null,
 };
 
 const OPENAI: ServerDialect = {
@@ -227,6 +241,7 @@ const OPENAI: ServerDialect = {
   logprobsOf: null,
   // The OpenAI API's sampling fields are temperature, top_p, presence_penalty and frequency_penalty.
   lacks: ['topK', 'minP', 'repetitionPenalty'],
+  priority: null,
 };
 
 const GENERIC: ServerDialect = {
@@ -248,6 +263,8 @@ const GENERIC: ServerDialect = {
   // The shipped mock's logprobs belong to no model; a router's are its servers'.
   logprobsOf: null,
   lacks: [],
+  // vLLM's reading, as the shipped mock's default dialect (mock-llm/admission.ts).
+  priority: 'lower-first',
 };
 
 export const DIALECTS: Record<ServerKind, ServerDialect> = {

@@ -40,6 +40,7 @@ import type { ServerDialect } from './servers.ts';
 import { parseToolCalls, type ToolParser } from './tool-calls.ts';
 import { fillMissingLogprobs, TOKEN_WIRES, type GenerationResult, type TokenWire } from './token-wire.ts';
 import type { RoutingShape } from './routing-wire.ts';
+import { priorityFields } from './priority.ts';
 
 /** The client settings token-in calls read (an TokenChatOptions has them). */
 export interface TokenChatOptions {
@@ -89,6 +90,8 @@ export class TokenChat {
   readonly #sessions = new Map<string, PromptBase>();
   #model: ChatModel | null = null;
   #aToken: number | undefined;
+  /** How the dialect reads `priority` (llm/priority.ts). */
+  readonly #priority: ServerDialect['priority'];
 
   constructor(dialect: ServerDialect, options: TokenChatOptions, call: TokenCall) {
     if (dialect.tokenRoute === null)
@@ -100,6 +103,7 @@ export class TokenChat {
           ? 'sglang'
           : 'llamacpp';
     this.#wire = TOKEN_WIRES[kind];
+    this.#priority = dialect.priority;
     this.#options = options;
     // Routed experts and sampling masks come in the whole reply (config.ts refuses them with llm.stream).
     this.#streamed =
@@ -184,6 +188,7 @@ export class TokenChat {
       this.#options.model,
     );
     if (this.#streamed) payload.stream = true;
+    Object.assign(payload, priorityFields({ priority: this.#priority }, request.urgency));
     const context = { routedFrom, routingShape: this.#options.routedExperts?.shape ?? null, samplingMask };
     const result = await this.#call(
       this.#wire.path,

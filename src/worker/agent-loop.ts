@@ -51,6 +51,7 @@ import {
 } from '../domain/rollout.ts';
 import { failureKindOf } from '../domain/failure.ts';
 import { NO_EXPIRY } from '../protocol/control-block.ts';
+import { TaskPace, trajectoryUrgency, type PriorityMode } from '../llm/priority.ts';
 import { replyStep } from '../domain/weight-versions.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
 import { alignTurnRouting, continuationRouting, routedEnd } from './routing.ts';
@@ -88,7 +89,12 @@ export interface AgentSettings {
   sendSeed: boolean;
   /** `tasks[].tools`: absent for a task without the section (the environment's own tools still run, with the defaults). */
   tools?: ToolSettings;
+  /** `llm.priority`: `trajectory` gives each call an urgency from its trajectory (llm/priority.ts); default off. */
+  priority?: PriorityMode;
 }
+
+/** This worker's running means of turns and time per finished episode, per task (llm/priority.ts). */
+const pace = new TaskPace();
 
 export interface ChatClient {
   chat(request: ChatRequest, signal: CancelSignal | undefined, route: Route): Promise<ChatResult>;
@@ -266,6 +272,8 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
         );
     timings.totalMs += performance.now() - start;
     timings.finishedAt = Date.now();
+    if ((rollout.status as Status) === Status.COMPLETED && settings.priority === 'trajectory')
+      pace.episodeEnded(rollout.taskName, lastStep(rollout), timings.finishedAt - timings.startedAt);
     if (rollout.status !== Status.ABORTED && ctx.hooks?.onEpisodeEnd !== undefined)
       await callHook(ctx, rollout, 'onEpisodeEnd', () =>
         ctx.hooks?.onEpisodeEnd?.({
@@ -580,6 +588,7 @@ function infer(
           ? { tools: tools.schemas, toolChoice: (settings.tools ?? DEFAULT_TOOL_SETTINGS).toolChoice }
           : {}),
         ...(routedFrom > 0 ? { routedFrom } : {}),
+        ...(settings.priority === 'trajectory' ? { urgency: urgencyOf(rollout, step, settings, gate) } : {}),
       },
       gate.signal,
       agentId === null ? { session: rollout.id } : { session: rollout.id, agent: agentId },
@@ -809,6 +818,22 @@ function actionOf(turns: readonly TurnRecord[]): string | Record<string, string>
 export function rewardFor(reward: StepResult['reward'], agentId: string | null): number {
   if (typeof reward === 'number') return reward;
   return agentId === null ? Object.values(reward).reduce((a, b) => a + b, 0) : (reward[agentId] ?? 0);
+}
+
+/** The urgency of `rollout`'s call at `step` (llm/priority.ts): its staleness, progress and age. */
+function urgencyOf(rollout: RolloutState, step: number, settings: AgentSettings, gate: PauseView): number {
+  const oldest = rolloutMinModelStep(rollout);
+  const bounded = gate.oldestUsefulStep !== NO_EXPIRY;
+  return trajectoryUrgency({
+    turnsDone: step - 1,
+    maxSteps: settings.maxSteps,
+    meanTurns: pace.meanTurns(rollout.taskName),
+    ageMs: rollout.timings.startedAt > 0 ? Date.now() - rollout.timings.startedAt : 0,
+    meanEpisodeMs: pace.meanEpisodeMs(rollout.taskName),
+    staleness: oldest === null ? 0 : Math.max(0, gate.modelStep - oldest),
+    // Tokens of model step oldestUsefulStep are the oldest still taken: a fresh one may age this many syncs + 1.
+    staleBound: bounded ? Math.max(1, gate.modelStep - gate.oldestUsefulStep + 1) : null,
+  });
 }
 
 function lastStep(rollout: RolloutState): number {
