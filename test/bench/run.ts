@@ -32,7 +32,8 @@
  *
  * Last, issue 21's simulated training loop on GPU-like mocks (./training-loop.ts, runnable on its
  * own): sync, async at staleness 1, async with partial rollouts and the Python sync trainer, in
- * training steps per hour, the servers' busy fraction and slot fill, and what each weight sync costs.
+ * training steps per hour, the servers' busy fraction and slot fill, and what each weight sync costs;
+ * beside it issue 31.4's trajectory-aware scheduling against FIFO (./priority.ts, runnable on its own).
  *
  * Then the CPU per tool call (./tool-calls.ts): builtin:tool-lookup beside builtin:arithmetic on one mock.
  */
@@ -51,6 +52,7 @@ import { runPythonBaseline } from './python-baseline.ts';
 import { longEpisodes } from './long-episodes.ts';
 import { printScaleOut, scaleOut } from './scale-out.ts';
 import { printTrainingBench, trainingBench, trainingBenchDefaults, trainingTargets } from './training-loop.ts';
+import { printPriorityBench, priorityBench, priorityBenchDefaults, priorityTargets } from './priority.ts';
 import { describeToolCallCost, toolCallCost } from './tool-calls.ts';
 import {
   LATENCY_GROUP_SLACK,
@@ -364,6 +366,8 @@ async function main(): Promise<void> {
   // Issue 21: the simulated training loop on GPU-like mocks, every strategy side by side.
   const training = await trainingBench(trainingBenchDefaults(quick));
   cpuShare.trainingLoop = meter();
+  // Issue 31.4: trajectory-aware scheduling against FIFO on a mock with priority scheduling.
+  const priority = await priorityBench(priorityBenchDefaults(quick));
   // Issue 20: the CPU per tool call, tool-lookup beside arithmetic on one mock.
   const tools = await toolCallCost({ seconds, repeats });
   cpuShare.toolCalls = meter();
@@ -465,6 +469,7 @@ async function main(): Promise<void> {
     memory,
     longEpisodes: long,
     trainingLoop: training,
+    priority,
     toolCalls: tools,
     targets: [] as TargetRow[],
   };
@@ -774,6 +779,8 @@ async function main(): Promise<void> {
   printTrainingBench(training);
   console.log(describeShare(cpuShare.trainingLoop, cpus().length));
   result.targets.push(...trainingTargets(training));
+  printPriorityBench(priority);
+  result.targets.push(...priorityTargets(priority));
   printTargets(result.targets);
   printScaleOut(scale);
   console.log(`\n${describeToolCallCost(tools)}`);
