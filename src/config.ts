@@ -387,6 +387,13 @@ const LlmSpec = z
     maxConcurrency: positiveInt.nullable().default(null),
     /** The first wave of episodes on a worker waits a random 0..startupJitterMs before its first call. */
     startupJitterMs: nonNegativeInt.default(0),
+    /**
+     * How calls spread over the endpoints of `llm.url` (llm/router.ts): `session` keeps a session (one
+     * rollout) on the endpoint it started on, so that server's prefix cache holds its conversation;
+     * `round-robin` sends each call to the next endpoint in turn (no affinity: the baseline, whose
+     * cache hit rate docs/FLEET.md compares).
+     */
+    routing: z.enum(['session', 'round-robin']).default('session'),
     /** Path inserted after `/v1` with `{session}` replaced by the rollout id, e.g. `/sessions/{session}` (session-routing gateways). */
     sessionPath: z.string().startsWith('/').includes('{session}').nullable().default(null),
     /** Per-agent policies for multi-agent environments: agent id → endpoints, model, temperature, max tokens. */

@@ -1,6 +1,7 @@
 /**
  * The inference router each worker calls through (src/llm/router.ts): the llm.maxConcurrency bound,
- * session paths, and session affinity with least-busy placement across endpoints.
+ * session paths, session affinity with least-busy placement across endpoints, round-robin routing
+ * (`llm.routing`), and endpoints changed at run time (setEndpoints, the control API's /endpoints).
  */
 import assert from 'node:assert/strict';
 import { createServer, type Server } from 'node:http';
@@ -86,5 +87,69 @@ describe('inference routing in a worker', () => {
     await router.close();
     a.server.close();
     b.server.close();
+  });
+
+  it('sends each call to the next endpoint in turn under llm.routing round-robin, whatever its session', async () => {
+    const a = await countingServer(0);
+    const b = await countingServer(0);
+    const router = new LlmRouter({
+      client: clientOptions,
+      default: { urls: [a.url, b.url], model: 'm', temperature: null, maxTokens: null },
+      policies: {},
+      maxConcurrency: null,
+      routing: 'round-robin',
+    });
+    for (let i = 0; i < 4; i++) await router.chat(request, undefined, { session: 'x' });
+    assert.deepEqual([a.paths.length, b.paths.length], [2, 2]);
+    router.endSession('x');
+    await router.close();
+    a.server.close();
+    b.server.close();
+  });
+
+  it('gives new sessions to a joined endpoint at once and moves the sessions of a removed one', async () => {
+    const a = await countingServer(0);
+    const b = await countingServer(0);
+    const router = new LlmRouter({
+      client: clientOptions,
+      default: { urls: [a.url], model: 'm', temperature: null, maxTokens: null },
+      policies: {},
+      maxConcurrency: null,
+    });
+    await router.chat(request, undefined, { session: 'old' });
+    // A call held open on a: the joined endpoint b has nothing outstanding, so it takes the next session.
+    const held = router.chat(request, undefined, { session: 'old' });
+    router.setEndpoints([a.url, b.url]);
+    assert.deepEqual(router.endpoints, [a.url, b.url]);
+    await router.chat(request, undefined, { session: 'new' });
+    await held;
+    assert.deepEqual([a.paths.length, b.paths.length], [2, 1]);
+    // a leaves: its session moves to b at its next call, and nothing more goes to a.
+    router.setEndpoints([b.url]);
+    await router.chat(request, undefined, { session: 'old' });
+    assert.deepEqual([a.paths.length, b.paths.length], [2, 2]);
+    assert.throws(() => router.setEndpoints([]), /at least one/);
+    await router.close();
+    a.server.close();
+    b.server.close();
+  });
+
+  it('fails over from a dead endpoint and keeps new sessions off it while it rests', async () => {
+    const a = await countingServer(0);
+    const dead = await countingServer(0);
+    const deadUrl = dead.url;
+    await new Promise((r) => dead.server.close(r));
+    const router = new LlmRouter({
+      client: { ...clientOptions, retries: 0 },
+      default: { urls: [deadUrl, a.url], model: 'm', temperature: null, maxTokens: null },
+      policies: {},
+      maxConcurrency: null,
+    });
+    // Sessions placed on the dead endpoint fail over to a; later ones avoid it while it rests.
+    for (let i = 0; i < 6; i++) await router.chat(request, undefined, { session: `s${i}` });
+    assert.equal(a.paths.length, 6);
+    assert.deepEqual(router.outstanding(), [0, 0]);
+    await router.close();
+    a.server.close();
   });
 });

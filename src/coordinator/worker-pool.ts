@@ -388,6 +388,7 @@ export function workerInit(
         ]),
       ),
       maxConcurrency: llm.maxConcurrency,
+      routing: llm.routing,
       startupJitterMs: llm.startupJitterMs,
     },
     tasks: Object.fromEntries(
