@@ -55,6 +55,21 @@ export class Engine {
     return this.#core.llmUrl;
   }
 
+  /** The inference endpoints of `llm.url` now, as changed by updateEndpoints; empty before start(). */
+  get endpoints(): string[] {
+    return this.#core.endpoints;
+  }
+
+  /**
+   * Inference servers join or leave while the engine runs (a trainer that launches or retires
+   * servers; the control API's `POST /endpoints`). A joining server is probed as at start, then takes
+   * new sessions at once; a leaving one takes no new call, its sessions moving to the others at their
+   * next call. Resolves with the endpoints now. Local worker threads only (not worker nodes).
+   */
+  updateEndpoints(change: { add?: readonly string[]; remove?: readonly string[] }): Promise<string[]> {
+    return this.#core.updateEndpoints(change);
+  }
+
   /** Load datasets, start the embedded mock if needed, check the inference server, start the workers. */
   start(): Promise<void> {
     return this.#core.start();

@@ -15,6 +15,9 @@
  *   POST /audit       {rolloutId? | groupId?}  re-score on the inference server the rollout, the group,
  *                                     or (neither) the last batch handed out, and answer each rollout's
  *                                     |Δ logprob| by segment (coordinator/audit.ts, docs/AUDIT.md)
+ *   GET  /endpoints                   the inference endpoints now (`llm.url`)
+ *   POST /endpoints   {add?, remove?}  servers join (probed first: 502 if one does not answer) or leave
+ *                                     the fleet; a joined one takes new sessions at once (docs/FLEET.md)
  *   GET  /metrics                     Prometheus text
  *
  * Errors are `{"error": {"code", "message"}}` with a stable code.
@@ -30,6 +33,7 @@ import type { Batch, PauseReport } from '../coordinator/producer.ts';
 import type { EngineMetrics } from './metrics.ts';
 import { compactGroup } from '../formats/compact.ts';
 import { HttpError, readBody, send, sendError, tokenMatches } from './http.ts';
+import type { ErrorCode } from '../error-codes.ts';
 import { listen } from '../http-server.ts';
 import { checkpointPathIn, HostAllowList } from './access.ts';
 import { preview } from '../errors.ts';
@@ -44,6 +48,8 @@ export interface ControlTarget {
   resume(options: { modelStep: number; weightVersion?: string | null; pausedOnly?: boolean }): Promise<void>;
   checkpoint(path: string): Promise<{ path: string; bytes: number }>;
   stats(): Promise<EngineStats>;
+  readonly endpoints: string[];
+  updateEndpoints(change: { add?: readonly string[]; remove?: readonly string[] }): Promise<string[]>;
   /** The consistency audit on demand (`POST /audit`); absent: the route answers 404. */
   audit?(target: AuditTarget): Promise<RolloutAudit[]>;
   readonly llmUrl: string | null;
@@ -127,6 +133,25 @@ export async function startControlServer(
     'POST /checkpoint': {
       fields: ['path'],
       run: async (body) => engine.checkpoint(checkpointPathIn(checkpointDir, body.path)),
+    },
+    'GET /endpoints': { fields: [], run: async () => ({ endpoints: engine.endpoints }) },
+    'POST /endpoints': {
+      fields: ['add', 'remove'],
+      run: async (body) => {
+        const add = urlList(body, 'add');
+        const remove = urlList(body, 'remove');
+        if (add.length === 0 && remove.length === 0)
+          throw new HttpError(400, 'ERR_BAD_BODY', 'name endpoints to add or remove: {"add": [url], "remove": [url]}');
+        try {
+          return { endpoints: await engine.updateEndpoints({ add, remove }) };
+        } catch (err) {
+          // A server that does not answer, or serves another model: the gateway's answer, 502.
+          const code = (err as { code?: unknown }).code;
+          if (typeof code === 'string' && (code.startsWith('ERR_LLM_') || code === 'ERR_INVALID_CONFIG'))
+            throw new HttpError(502, code as ErrorCode, (err as Error).message);
+          throw err;
+        }
+      },
     },
     'POST /audit': {
       fields: ['rolloutId', 'groupId'],
@@ -215,6 +240,16 @@ function optionalString(body: Record<string, unknown>, field: string): string | 
   if (value !== undefined && (typeof value !== 'string' || value.length === 0))
     throw new HttpError(400, 'ERR_BAD_BODY', `${field} must be a non-empty string (got ${preview(value)})`);
   return value;
+}
+
+/** A URL or a list of URLs; absent = none. */
+function urlList(body: Record<string, unknown>, field: string): string[] {
+  const value = body[field];
+  if (value === undefined) return [];
+  const list = Array.isArray(value) ? value : [value];
+  if (list.some((v) => typeof v !== 'string' || v.length === 0))
+    throw new HttpError(400, 'ERR_BAD_BODY', `${field} must be a URL or a list of URLs (got ${preview(value)})`);
+  return list as string[];
 }
 
 function optionalBool(body: Record<string, unknown>, field: string): boolean | undefined {

@@ -142,6 +142,8 @@ export class EngineCore {
   #auditor: Auditor | null = null;
   /** Serializes getBatch / pause / resume / checkpoint: one at a time, in call order. */
   #queue: Promise<unknown> = Promise.resolve();
+  /** Serializes endpoint changes (not behind a getBatch, which may wait on the very server joining). */
+  #endpointQueue: Promise<unknown> = Promise.resolve();
 
   constructor(config: ResolvedConfig, options: EngineOptions = {}) {
     this.config = config;
@@ -152,6 +154,76 @@ export class EngineCore {
   /** The first inference endpoint (the embedded mock's when `llm.url` is null); null before start(). */
   get llmUrl(): string | null {
     return this.#llmUrls[0] ?? null;
+  }
+
+  /** The default policy's inference endpoints now: `llm.url`, as changed by updateEndpoints. */
+  get endpoints(): string[] {
+    return [...this.#llmUrls];
+  }
+
+  /**
+   * Endpoints join or leave the fleet while the engine runs (the control API's `POST /endpoints`):
+   * each joining one is probed as at start (it must answer `/v1/models` and serve `llm.model`), then
+   * every worker sends new sessions to it at once; a leaving one takes no new call, its sessions
+   * moving at their next call. Pauses, the outage check and the resume's version check follow the new
+   * list. Resolves with the endpoints now. Only the default policy's (`llm.url`); not with worker nodes.
+   */
+  updateEndpoints(change: { add?: readonly string[]; remove?: readonly string[] }): Promise<string[]> {
+    const run = this.#endpointQueue.then(() =>
+      this.#withProducer((producer) => this.#changeEndpoints(producer, change)),
+    );
+    this.#endpointQueue = run.catch(() => undefined);
+    return run;
+  }
+
+  async #changeEndpoints(
+    producer: Producer,
+    change: { add?: readonly string[]; remove?: readonly string[] },
+  ): Promise<string[]> {
+    const pool = this.#pool!;
+    if (pool.setEndpoints === undefined)
+      throw new RolloutEngineError(
+        'ERR_ENGINE_STATE',
+        'this worker pool (worker nodes) keeps the inference endpoints it started with',
+      );
+    for (const url of [...(change.add ?? []), ...(change.remove ?? [])]) {
+      let ok = false;
+      try {
+        ok = /^https?:$/.test(new URL(url).protocol);
+      } catch {
+        // not a URL
+      }
+      if (!ok)
+        throw new RolloutEngineError('ERR_INVALID_ARGUMENT', `endpoint ${JSON.stringify(url)} is not an http(s) URL`);
+    }
+    const remove = new Set(change.remove ?? []);
+    const unknown = [...remove].filter((url) => !this.#llmUrls.includes(url));
+    if (unknown.length > 0)
+      throw new RolloutEngineError(
+        'ERR_INVALID_ARGUMENT',
+        `not an endpoint of llm.url: ${unknown.join(', ')} (the endpoints are ${this.#llmUrls.join(', ')})`,
+      );
+    const joining = [...new Set(change.add ?? [])].filter((url) => !this.#llmUrls.includes(url) && !remove.has(url));
+    const next = [...this.#llmUrls.filter((url) => !remove.has(url)), ...joining];
+    if (next.length === 0)
+      throw new RolloutEngineError('ERR_INVALID_ARGUMENT', 'the last endpoint of llm.url cannot be removed');
+    const policyEndpoints = policyUrls(this.config);
+    // As at start: a server that does not answer, or serves another model, is refused before any call goes to it.
+    const probed = await this.#probeServers(joining, []);
+    const kept = this.#servers.filter((s) => !remove.has(s.url) || policyEndpoints.includes(s.url));
+    this.#servers = [...kept, ...probed];
+    this.#llmUrls = next;
+    await pool.setEndpoints({
+      urls: next,
+      servers: Object.fromEntries(probed.map((s) => [s.url, { kind: s.kind, contextLength: s.contextLength }])),
+    });
+    producer.setEndpoints(
+      [...new Set([...next, ...policyEndpoints])],
+      new Map(this.#servers.map((s) => [s.url, s.abort])),
+      new Map(this.#servers.map((s) => [s.url, s.pauseInPlace])),
+    );
+    this.log.info({ endpoints: next, joined: joining, left: [...remove] }, 'inference endpoints changed');
+    return [...next];
   }
 
   async start(): Promise<void> {

@@ -88,6 +88,8 @@ export class OutageMonitor {
   readonly #now: () => number;
   readonly #probe: (url: string) => Promise<boolean>;
   readonly #closing = new AbortController();
+  /** Every inference endpoint now (setEndpoints changes it while the engine runs). */
+  #endpoints: readonly string[];
   /** One connection per endpoint for the default probe, opened on first use. */
   readonly #pools = new Map<string, Pool>();
   #state: OutageStats['state'] = 'up';
@@ -109,6 +111,12 @@ export class OutageMonitor {
     this.#options = options;
     this.#now = options.now ?? (() => performance.now());
     this.#probe = options.probe ?? ((url) => this.#get(url));
+    this.#endpoints = options.endpoints;
+  }
+
+  /** The endpoints changed (one joined or left the fleet): the next probe asks these. */
+  setEndpoints(endpoints: readonly string[]): void {
+    this.#endpoints = endpoints;
   }
 
   /** New dispatches wait: the servers are being checked, or are down. */
@@ -197,9 +205,9 @@ export class OutageMonitor {
     this.#since = start;
     this.#budgetFrom = start;
     this.#outages++;
-    const { endpoints, budgetMs } = this.#options;
+    const { budgetMs } = this.#options;
     this.#options.log.warn(
-      { endpoints, outageBudgetMs: budgetMs, reason: this.#lastReasonOf() },
+      { endpoints: this.#endpoints, outageBudgetMs: budgetMs, reason: this.#lastReasonOf() },
       'inference outage: no endpoint answers; new groups are held and the endpoints probed until one does',
     );
     this.#options.observer?.outageBegan?.();
@@ -265,7 +273,7 @@ export class OutageMonitor {
   }
 
   async #anyAnswers(): Promise<boolean> {
-    const answers = await Promise.all(this.#options.endpoints.map((url) => this.#probe(url).catch(() => false)));
+    const answers = await Promise.all(this.#endpoints.map((url) => this.#probe(url).catch(() => false)));
     return answers.includes(true);
   }
 

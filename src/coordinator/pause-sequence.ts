@@ -80,10 +80,10 @@ export class PauseSequence {
    * Every inference endpoint with an abort-all route, deduplicated: what a pause aborts. Endpoints
    * without one are cancelled client-side, so a server abort counts only when none lacks it.
    */
-  readonly #abortTargets: readonly ServerRouteTarget[];
+  #abortTargets: readonly ServerRouteTarget[];
   /** Every endpoint with in-place pause routes; in-place pauses need all of them to have them. */
-  readonly #inPlaceTargets: readonly InPlaceTarget[];
-  readonly #endpointCount: number;
+  #inPlaceTargets: readonly InPlaceTarget[];
+  #endpointCount: number;
   /** Created on the first request to a server; keeps its connections for the next pauses. Null again once closed. */
   #servers: ServerControlClient | null = null;
   /**
@@ -111,6 +111,18 @@ export class PauseSequence {
     this.#abortTargets = options.abortTargets;
     this.#inPlaceTargets = options.inPlaceTargets ?? [];
     this.#endpointCount = options.endpointCount;
+  }
+
+  /** The endpoints changed (one joined or left the fleet): later pauses abort or pause these. */
+  setTargets(targets: {
+    abortTargets: readonly ServerRouteTarget[];
+    inPlaceTargets: readonly InPlaceTarget[];
+    endpointCount: number;
+  }): void {
+    this.#abortTargets = targets.abortTargets;
+    this.#inPlaceTargets = targets.inPlaceTargets;
+    this.#endpointCount = targets.endpointCount;
+    this.#noInPlace = false;
   }
 
   /**

@@ -62,7 +62,7 @@ import { Notifier, WakeUp } from './notifier.ts';
 import { OutageMonitor, type OutageObserver, type OutageStats } from './outage.ts';
 import { NO_EXPIRY } from '../protocol/control-block.ts';
 import type { PauseControl } from './pause-control.ts';
-import { PauseSequence, type PauseReport } from './pause-sequence.ts';
+import { PauseSequence, type InPlaceTarget, type PauseReport } from './pause-sequence.ts';
 import { ProducerLifecycle, type ProducerState } from './producer-state.ts';
 import { ProduceProgress, type ProgressState } from './progress.ts';
 import {
@@ -210,27 +210,12 @@ export class Producer implements ProduceContext {
     this.#control = options.control;
     this.#samplers = options.samplers;
     this.#log = options.log;
-    const configured: ServerRoute | null =
-      config.llm.abortPath === null
-        ? null
-        : { path: config.llm.abortPath ?? DIALECTS.generic.abort!.path, body: DIALECTS.generic.abort!.body };
-    // Every inference endpoint (the default policy's and the agents' own), with its abort-all route.
-    const abortTargets: ServerRouteTarget[] = options.endpoints.flatMap((url) => {
-      const route = options.abortRoutes?.has(url) ? options.abortRoutes.get(url)! : configured;
-      return route === null ? [] : [{ url, route }];
-    });
-    const inPlaceTargets = options.endpoints.flatMap((url) => {
-      const routes = options.inPlaceRoutes?.has(url) ? options.inPlaceRoutes.get(url)! : DIALECTS.generic.pauseInPlace;
-      return routes === null ? [] : [{ url, routes }];
-    });
     this.#pauses = new PauseSequence({
       config,
       control: options.control,
       pool: options.pool,
       log: options.log,
-      abortTargets,
-      inPlaceTargets,
-      endpointCount: options.endpoints.length,
+      ...pauseTargets(config, options.endpoints, options.abortRoutes, options.inPlaceRoutes),
     });
     this.#outage = new OutageMonitor({
       endpoints: options.endpoints,
@@ -308,6 +293,19 @@ export class Producer implements ProduceContext {
 
   get inFlightTotal(): number {
     return this.#inFlight.size;
+  }
+
+  /**
+   * The inference endpoints changed at run time (one joined or left the fleet): later pauses abort or
+   * pause these, and an outage is when none of these answers.
+   */
+  setEndpoints(
+    endpoints: string[],
+    abortRoutes: ReadonlyMap<string, ServerRoute | null>,
+    inPlaceRoutes: ReadonlyMap<string, InPlaceRoutes | null>,
+  ): void {
+    this.#pauses.setTargets(pauseTargets(this.#config, endpoints, abortRoutes, inPlaceRoutes));
+    this.#outage.setEndpoints(endpoints);
   }
 
   get outage(): OutageStats {
@@ -798,4 +796,26 @@ export class Producer implements ProduceContext {
     }
     this.#lifecycle.endClose();
   }
+}
+
+/** Every inference endpoint (the default policy's and the agents' own) with its abort-all and in-place pause routes. */
+function pauseTargets(
+  config: ResolvedConfig,
+  endpoints: readonly string[],
+  abortRoutes: ReadonlyMap<string, ServerRoute | null> | undefined,
+  inPlaceRoutes: ReadonlyMap<string, InPlaceRoutes | null> | undefined,
+): { abortTargets: ServerRouteTarget[]; inPlaceTargets: InPlaceTarget[]; endpointCount: number } {
+  const configured: ServerRoute | null =
+    config.llm.abortPath === null
+      ? null
+      : { path: config.llm.abortPath ?? DIALECTS.generic.abort!.path, body: DIALECTS.generic.abort!.body };
+  const abortTargets: ServerRouteTarget[] = endpoints.flatMap((url) => {
+    const route = abortRoutes?.has(url) ? abortRoutes.get(url)! : configured;
+    return route === null ? [] : [{ url, route }];
+  });
+  const inPlaceTargets = endpoints.flatMap((url) => {
+    const routes = inPlaceRoutes?.has(url) ? inPlaceRoutes.get(url)! : DIALECTS.generic.pauseInPlace;
+    return routes === null ? [] : [{ url, routes }];
+  });
+  return { abortTargets, inPlaceTargets, endpointCount: endpoints.length };
 }

@@ -32,6 +32,7 @@ import {
   type WorkerEnvSettings,
   type WorkerInit,
   type WorkerStats,
+  type EndpointUpdate,
   type WorkerTasks,
 } from '../protocol/messages.ts';
 import { failRollout, Status, type RolloutGroup } from '../domain/rollout.ts';
@@ -71,6 +72,11 @@ export interface WorkerPool {
   nodes?(): NodeStatus[];
   /** Which worker nodes answered the latest pause (src/cluster/); null before any. */
   pauseNodes?(): PauseNodes | null;
+  /**
+   * Every worker routes the default policy's calls to these endpoints from now on (`POST /endpoints`);
+   * a pool that leaves it out keeps the endpoints it started with (the engine then refuses a change).
+   */
+  setEndpoints?(update: EndpointUpdate): Promise<void>;
   /** The start-up check of one task on a worker (WorkerRuntime.checkTask); pools without workers of their own may leave it out. */
   checkTask?(task: string, prompts: PromptLine[]): Promise<TaskCheck>;
 }
@@ -117,6 +123,8 @@ export class PiscinaWorkerPool implements WorkerPool {
   /** Group id → deaths of the worker running it, not blamed on it, since it last came back from a worker. */
   readonly #deaths = new Map<string, number>();
   readonly #deathRetries: number;
+  /** The endpoints set since start (setEndpoints); null = the ones in workerData. A replacement worker is told on registering. */
+  #endpoints: EndpointUpdate | null = null;
 
   constructor(options: PiscinaWorkerPoolOptions) {
     const { config } = options;
@@ -150,7 +158,9 @@ export class PiscinaWorkerPool implements WorkerPool {
     this.#pool.on('message', (message: unknown) => {
       if (!isWorkerRegistration(message)) return;
       const { workerId, port } = message;
-      this.#controls.set(workerId, connectControl(port));
+      const control = connectControl(port);
+      this.#controls.set(workerId, control);
+      if (this.#endpoints !== null) void control.setEndpoints(this.#endpoints).catch(() => undefined);
       // The port closes when its worker exits (piscina's workerDestroy reports threadId -1 by then).
       port.once('close', () => {
         this.#controls.delete(workerId);
@@ -287,6 +297,13 @@ export class PiscinaWorkerPool implements WorkerPool {
         })
         .finally(() => this.#probing.delete(workerId));
     }
+  }
+
+  async setEndpoints(update: EndpointUpdate): Promise<void> {
+    this.#endpoints = update;
+    await Promise.allSettled(
+      [...this.#controls.values()].map((c) => withDeadline(c.setEndpoints(update), STATS_DEADLINE_MS)),
+    );
   }
 
   async flush(): Promise<void> {

@@ -19,6 +19,7 @@ export function exposeControl(control: WorkerControl, port: MessagePort): void {
     stats: () => control.stats(),
     flush: () => control.flush(),
     close: () => control.close(),
+    setEndpoints: (update) => control.setEndpoints(update),
   };
   Comlink.expose(calls, port as unknown as Comlink.Endpoint);
 }

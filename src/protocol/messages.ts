@@ -16,6 +16,7 @@ import type { MessagePort } from 'node:worker_threads';
 import type { HttpEnvOptions } from '../env/http-env.ts';
 import type { EnvParams } from '../env/types.ts';
 import type { RouterOptions } from '../llm/router.ts';
+import type { ServerKind } from '../llm/servers.ts';
 import type { AgentSettings } from '../worker/agent-loop.ts';
 import type { RolloutGroup } from '../domain/rollout.ts';
 
@@ -179,4 +180,15 @@ export interface WorkerControl {
   flush(): Promise<void>;
   /** Flush and release everything (actors deleted, connections closed) before the thread ends. */
   close(): Promise<void>;
+  /**
+   * The default policy's inference endpoints are now `update.urls` (`llm.url` changed at run time,
+   * the control API's `POST /endpoints`); `servers`: what was probed of each new one.
+   */
+  setEndpoints(update: EndpointUpdate): void;
+}
+
+/** Coordinator → every worker: the inference endpoints now, with what was probed of each. */
+export interface EndpointUpdate {
+  urls: string[];
+  servers: Record<string, { kind: ServerKind; contextLength: number | null }>;
 }

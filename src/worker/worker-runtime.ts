@@ -27,6 +27,7 @@ import {
   type RunGroupMessage,
   type TaskCheck,
   type WorkerControl,
+  type EndpointUpdate,
   type WorkerInit,
   type WorkerTaskSettings,
   type WorkerStats,
@@ -326,6 +327,12 @@ export class WorkerRuntime implements WorkerControl {
     };
     this.#loopDelay.reset();
     return stats;
+  }
+
+  /** The fleet changed: new sessions go to these endpoints (llm/router.ts setEndpoints). */
+  setEndpoints(update: EndpointUpdate): void {
+    this.#llm.setEndpoints(update.urls, update.servers);
+    this.#log.info({ endpoints: update.urls }, 'inference endpoints changed');
   }
 
   /** Write buffered step records to disk (on a pause, and before the pool shuts down). */
