@@ -12,6 +12,7 @@ import { startMockLlm, type MockLlm } from '../src/testing/index.ts';
 import { callFloor } from './bench/call-floor.ts';
 import { bareLoop, engineThroughput } from './bench/engine-throughput.ts';
 import { toolCallCost } from './bench/tool-calls.ts';
+import { fleetBench, fleetBenchDefaults, fleetTargets } from './bench/fleet.ts';
 
 /** A pass-through proxy on 127.0.0.1:0 that keeps every chat body it forwards. */
 async function recordingProxy(target: string): Promise<{ url: string; bodies: Set<string>; server: Server }> {
@@ -151,4 +152,25 @@ describe('the simulated training loop on a GPU-like mock (smoke, no figures chec
       );
     });
   }
+});
+
+describe('the fleet bench (smoke, no figures checked)', () => {
+  it('runs session routing, round-robin and the one-replica reference on the same workload, each on its own mocks', async () => {
+    const o = { ...fleetBenchDefaults(true), servers: 2, slots: 16, groups: 2, groupSize: 4, batches: 1, turns: 2 };
+    const r = await fleetBench(o);
+    assert.deepEqual(
+      r.sides.map((s) => [s.side, s.servers, s.rollouts]),
+      [
+        ['session', 2, 8],
+        ['round-robin', 2, 8],
+        ['one replica', 1, 8],
+      ],
+    );
+    for (const s of r.sides) {
+      assert.ok(s.promptTokens > 0 && s.cachedTokens >= 0 && s.cachedTokens <= s.promptTokens, JSON.stringify(s));
+      assert.equal(s.generatedPerServer.length, s.servers);
+    }
+    const [target] = fleetTargets(r);
+    assert.ok(target.value === null || Number.isFinite(target.value));
+  });
 });
