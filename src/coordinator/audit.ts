@@ -23,7 +23,6 @@ import { Slots } from '../slots.ts';
 import {
   auditRollout,
   DeltaSum,
-  emptyBySegment,
   emptySkips,
   scorable,
   SEGMENT_KINDS,

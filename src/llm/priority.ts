@@ -43,7 +43,7 @@ export interface TrajectoryView {
   staleBound: number | null;
 }
 
-const clamp01 = (x: number): number => (x > 1 ? 1 : x > 0 ? x : 0);
+const clamp01 = (x: number): number => (x > 1 ? 1 : Math.max(x, 0));
 
 /** The call's urgency, an integer in [0, URGENCY_LEVELS]; higher = to be served sooner. */
 export function trajectoryUrgency(t: TrajectoryView): number {
