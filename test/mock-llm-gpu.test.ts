@@ -17,6 +17,7 @@ const SHAPE: GpuModelOptions = {
   slots: 2,
   decodeMs: 10,
   decodeMsPerSeq: 1,
+  decodeMsPerKvToken: 0,
   prefillTokensPerSecond: 1000,
   prefillChunkTokens: 64,
   prefixCacheTokens: 1024,
@@ -390,7 +391,7 @@ describe('GPU-like mock: the server', () => {
   it('computes a window’s busy fraction, slot fill and token rate from two readings', () => {
     // A fresh model's readings, as Gpu.metrics() reports them: every counter at zero.
     const idle = new GpuModel(SHAPE);
-    const zero: GpuMetrics = { ...idle.counters(), ...idle.state(), slots: 4, speedup: 1 };
+    const zero: GpuMetrics = { ...idle.counters(), ...idle.state(), profile: 'h200-8b', slots: 4, speedup: 1 };
     const w = gpuWindow(zero, {
       ...zero,
       timeMs: 1000,
@@ -400,6 +401,8 @@ describe('GPU-like mock: the server', () => {
       generatedTokens: 2000,
       promptTokens: 100,
       cachedTokens: 25,
+      decodeSequences: 1800,
+      decodeKvTokens: 900_000,
     });
     assert.deepEqual(w, {
       timeMs: 1000,
@@ -411,6 +414,7 @@ describe('GPU-like mock: the server', () => {
       generatedTokens: 2000,
       cacheHitFraction: 0.25,
       completed: 0,
+      meanDecodeContext: 500,
     });
   });
 
@@ -421,7 +425,7 @@ describe('GPU-like mock: the server', () => {
     );
     await assert.rejects(
       startMockLlm({ capacity: { slot: 4 } as never }),
-      /unknown option capacity\.slot \(known: slots, /,
+      /unknown option capacity\.slot \(known: profile, slots, /,
     );
     await assert.rejects(
       startMockLlm({ capacity: { slots: 0 } }),

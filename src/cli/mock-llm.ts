@@ -1,5 +1,5 @@
 import { parseArgs } from 'node:util';
-import type { CapacityOptions } from '../testing/mock-llm/gpu.ts';
+import { GPU_PROFILE_NAMES, type CapacityOptions, type GpuProfileName } from '../testing/mock-llm/gpu.ts';
 import { UsageError, intFlag, numberFlag, untilSignal, portFlag } from './args.ts';
 
 export const MOCK_LLM_HELP = `Usage: rollout mock-llm [options]
@@ -33,13 +33,18 @@ Options:
   -h, --help               show this help
 
 GPU-like mock (replaces --latency-ms and --tokens-per-second; defaults: one Llama-3-8B replica on an
-H100 under vLLM; metrics at GET /admin/gpu):
+H200, fitted on a measurement, docs/MOCK-CALIBRATION.md; metrics at GET /admin/gpu):
   --capacity <slots>       sequence slots; requests beyond them queue (continuous batching; 256)
-  --capacity-decode-ms <ms>          a decode step's fixed time (6.2)
-  --capacity-decode-ms-per-seq <ms>  what each running sequence adds to a step (0.05)
-  --capacity-prefill-tokens-per-second <n>  prefill rate (25000)
+  --capacity-profile <name>          where the cost knobs below default from: h200-8b (measured; the
+                                     default), h100-8b (its memory-bound terms × 1.43 for the H100's
+                                     bandwidth), h100-8b-flat (the context-blind model of earlier runs)
+  --capacity-decode-ms <ms>          a decode step's fixed time (h200-8b: 5.82)
+  --capacity-decode-ms-per-seq <ms>  what each running sequence adds to a step (0.0145)
+  --capacity-decode-ms-per-kv-token <ms>  what each KV token held by the decoding sequences adds
+                                     to a step (2.86e-5; 0 = context-blind)
+  --capacity-prefill-tokens-per-second <n>  prefill rate (34000)
   --capacity-prefill-chunk <n>       tokens one step may process, decodes first (8192)
-  --capacity-prefix-cache <tokens>   prefix cache size, LRU; 0 = none (400000)
+  --capacity-prefix-cache <tokens>   prefix cache size, LRU; 0 = none (800000)
   --capacity-response-tokens <n>     median response length, drawn log-normal per prompt and per
                                      reply (default: the answer + --think-tokens)
   --capacity-length-sigma <σ>        σ of log(length): 0 = fixed, 1 = p99 ≈ 10× the median (1)
@@ -74,6 +79,8 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
       capacity: { type: 'string' },
       'capacity-decode-ms': { type: 'string' },
       'capacity-decode-ms-per-seq': { type: 'string' },
+      'capacity-decode-ms-per-kv-token': { type: 'string' },
+      'capacity-profile': { type: 'string' },
       'capacity-prefill-tokens-per-second': { type: 'string' },
       'capacity-prefill-chunk': { type: 'string' },
       'capacity-prefix-cache': { type: 'string' },
@@ -130,7 +137,7 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
   const gpu =
     server.options.capacity === null
       ? ''
-      : `, GPU-like: ${server.options.capacity.slots} slots${server.options.capacity.speedup === 1 ? '' : ` at ${server.options.capacity.speedup}× speed`}`;
+      : `, GPU-like: ${server.options.capacity.profile}, ${server.options.capacity.slots} slots${server.options.capacity.speedup === 1 ? '' : ` at ${server.options.capacity.speedup}× speed`}`;
   console.log(
     `mock inference server listening on ${server.url} (model ${options.model ?? 'mock-policy'}${speaks}${tokenizer}${gpu})`,
   );
@@ -151,10 +158,17 @@ function capacityFlags(values: Record<string, string | boolean | undefined>): Ca
     return null;
   }
   const responseTokens = intFlag('capacity-response-tokens', str('capacity-response-tokens'), { min: 1 });
+  const profile = str('capacity-profile');
+  if (profile !== undefined && !(GPU_PROFILE_NAMES as string[]).includes(profile))
+    throw new UsageError(
+      `--capacity-profile must be one of ${GPU_PROFILE_NAMES.join(', ')} (got ${JSON.stringify(profile)})`,
+    );
   return {
+    ...(profile === undefined ? {} : { profile: profile as GpuProfileName }),
     slots: intFlag('capacity', str('capacity'), { min: 1, max: 65_536 }),
     decodeMs: numberFlag('capacity-decode-ms', str('capacity-decode-ms'), { min: 0.001 }),
     decodeMsPerSeq: numberFlag('capacity-decode-ms-per-seq', str('capacity-decode-ms-per-seq')),
+    decodeMsPerKvToken: numberFlag('capacity-decode-ms-per-kv-token', str('capacity-decode-ms-per-kv-token')),
     prefillTokensPerSecond: numberFlag(
       'capacity-prefill-tokens-per-second',
       str('capacity-prefill-tokens-per-second'),

@@ -8,7 +8,11 @@
  * - continuous batching: the replica runs steps back to back while any slot is taken; a step decodes
  *   one token of every sequence in a slot and prefills up to `prefillChunkTokens` prompt tokens of the
  *   ones just admitted (chunked prefill), and lasts
- *       decodeMs + decodeMsPerSeq × decoding sequences + prefill tokens ÷ prefillTokensPerSecond;
+ *       decodeMs + decodeMsPerSeq × decoding sequences + decodeMsPerKvToken × their KV tokens
+ *         + prefill tokens ÷ prefillTokensPerSecond,
+ *   a decoding sequence's KV tokens being its prompt and the tokens it generated so far (the fit to a
+ *   measured H200, docs/MOCK-CALIBRATION.md: the weights are read once a step, each sequence's KV
+ *   every step);
  *   a request that arrives mid-step is admitted at the step's end;
  * - the step that ends a sequence's prefill also yields its first token (as vLLM's last chunk does);
  * - prefix caching (prefix-cache.ts): an admitted prompt prefills only what the cache does not hold
@@ -30,6 +34,8 @@ export interface GpuModelOptions {
   slots: number;
   decodeMs: number;
   decodeMsPerSeq: number;
+  /** ms per KV token held by the decoding sequences; 0 = a sequence's cost ignores its context. */
+  decodeMsPerKvToken: number;
   prefillTokensPerSecond: number;
   prefillChunkTokens: number;
   prefixCacheTokens: number;
@@ -79,6 +85,11 @@ export class Sequence {
   get rank(): number {
     return this.input.rank ?? 0;
   }
+
+  /** The KV cache it holds while decoding: its prompt and the tokens generated so far. */
+  get kvTokens(): number {
+    return this.input.promptIds.length + this.generated;
+  }
 }
 
 /** Cumulative figures since the model started; read two and subtract for a window (gpu.ts `gpuWindow`). */
@@ -110,6 +121,12 @@ export interface GpuCounters {
    * when the step ends: a reading taken mid-step holds its busy time but not yet its prefill.
    */
   prefillMs: number;
+  /** Σ over steps of the sequences decoding (each gets one token at the step's end). */
+  decodeSequences: number;
+  /** Σ over steps of the KV tokens those sequences held: ÷ decodeSequences = the mean context decoded at. */
+  decodeKvTokens: number;
+  /** Of busyMs, the time spent reading the decoding sequences' KV (decodeMsPerKvToken × decodeKvTokens), added when the step ends. */
+  kvReadMs: number;
   cacheFlushes: number;
 }
 
@@ -127,6 +144,7 @@ interface Step {
   /** Prompt tokens each prefilling sequence gets through in this step. */
   prefill: [Sequence, number][];
   prefillMs: number;
+  kvTokens: number;
 }
 
 export class GpuModel {
@@ -156,6 +174,9 @@ export class GpuModel {
     cachedTokens: 0,
     prefilledTokens: 0,
     prefillMs: 0,
+    decodeSequences: 0,
+    decodeKvTokens: 0,
+    kvReadMs: 0,
     cacheFlushes: 0,
   };
 
@@ -305,7 +326,12 @@ export class GpuModel {
     }
     const decode: Sequence[] = [];
     const prefill: [Sequence, number][] = [];
-    for (const seq of this.#slots) if (seq.state === 'decode') decode.push(seq);
+    let kvTokens = 0;
+    for (const seq of this.#slots) {
+      if (seq.state !== 'decode') continue;
+      decode.push(seq);
+      kvTokens += seq.kvTokens;
+    }
     let budget = Math.max(1, this.#o.prefillChunkTokens - decode.length);
     let prefillTokens = 0;
     for (const seq of this.#slots) {
@@ -317,8 +343,9 @@ export class GpuModel {
       prefillTokens += take;
     }
     const prefillMs = (prefillTokens * 1000) / this.#o.prefillTokensPerSecond;
-    const ms = this.#o.decodeMs + this.#o.decodeMsPerSeq * decode.length + prefillMs;
-    this.#step = { start, end: start + ms, decode, prefill, prefillMs };
+    const ms =
+      this.#o.decodeMs + this.#o.decodeMsPerSeq * decode.length + this.#o.decodeMsPerKvToken * kvTokens + prefillMs;
+    this.#step = { start, end: start + ms, decode, prefill, prefillMs, kvTokens };
   }
 
   #endStep(done: Sequence[]): void {
@@ -326,6 +353,9 @@ export class GpuModel {
     this.#account(step.end);
     this.#c.steps++;
     this.#c.prefillMs += step.prefillMs;
+    this.#c.decodeSequences += step.decode.length;
+    this.#c.decodeKvTokens += step.kvTokens;
+    this.#c.kvReadMs += this.#o.decodeMsPerKvToken * step.kvTokens;
     for (const seq of step.decode) {
       if (seq.state !== 'decode') continue; // cancelled mid-step
       seq.generated++;

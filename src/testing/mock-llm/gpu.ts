@@ -11,15 +11,30 @@ import { rankOf, VLLM_PRIORITY, type PriorityRule } from './admission.ts';
 import type { PauseMode } from './pause-routes.ts';
 import { GpuModel, type GpuCounters, type GpuModelOptions, type Sequence, type SequenceInput } from './gpu-model.ts';
 
-/** The `capacity` option: one replica's shape and speed. Defaults: GPU_DEFAULTS. */
+/**
+ * A named set of the cost knobs (docs/MOCK-CALIBRATION.md): `h200-8b` (the default) is fitted on a
+ * measurement of a Llama-3-8B-shaped decoder on one H200, `h100-8b` is the same scaled to an H100 by
+ * memory bandwidth, `h100-8b-flat` is the model of the runs before that measurement (a sequence's
+ * share of a step the same whatever its context), kept for comparison.
+ */
+export type GpuProfileName = 'h200-8b' | 'h100-8b' | 'h100-8b-flat';
+
+/** The `capacity` option: one replica's shape and speed. Defaults: the profile's (GPU_PROFILES), then GPU_DEFAULTS. */
 export interface CapacityOptions {
+  /** Where the cost knobs below default from (each one set here overrides the profile's). */
+  profile?: GpuProfileName;
   /** Sequence slots (vLLM max_num_seqs): requests beyond them queue. */
   slots?: number;
   /** A decode step's fixed time (weights read once per step), ms. */
   decodeMs?: number;
-  /** What each sequence decoding adds to a step (its KV-cache reads), ms. */
+  /** What each sequence decoding adds to a step whatever its context, ms. */
   decodeMsPerSeq?: number;
-  /** Prompt tokens prefilled per second when a step does nothing else. */
+  /**
+   * What each token of KV cache held by the decoding sequences adds to a step (its prompt and the
+   * tokens it generated so far, read once per step), ms; 0 = a sequence's cost ignores its context.
+   */
+  decodeMsPerKvToken?: number;
+  /** Prompt tokens prefilled per second, added to the step's time beside its decodes. */
   prefillTokensPerSecond?: number;
   /** Token budget of one step (vLLM max_num_batched_tokens): decodes first, the rest prefill. */
   prefillChunkTokens?: number;
@@ -41,32 +56,88 @@ export interface CapacityOptions {
 
 export type ResolvedCapacity = Readonly<Required<CapacityOptions>>;
 
+/** The knobs a profile sets. */
+export type GpuProfile = Readonly<
+  Pick<
+    Required<CapacityOptions>,
+    'decodeMs' | 'decodeMsPerSeq' | 'decodeMsPerKvToken' | 'prefillTokensPerSecond' | 'prefixCacheTokens'
+  >
+>;
+
+/** H200 (4.8 TB/s) over H100 SXM (3.35 TB/s) memory bandwidth: what the memory-bound terms scale by. */
+export const H100_OVER_H200 = 4.8 / 3.35;
+
 /**
- * One Llama-3-8B replica (bf16) on one H100 SXM under vLLM, from public figures (test/bench/README.md,
- * "The GPU-like mock"): a decode step reads the 16 GB of weights once — 4.8 ms at 3.35 TB/s, ≈ 6.2 ms
- * at the 77 % of the bandwidth roofline that single-stream vLLM decode reaches (75 tokens/s on an
- * A100-40GB) — plus each sequence's KV cache (128 KiB per token; ≈ 0.05 ms at 1–1.5k tokens of
- * context): 256 sequences (vLLM's default max_num_seqs) then decode ≈ 13 500 tokens/s — checked against
- * published figures (test/bench/README.md: vLLM v0.6.0 with max-num-seqs 256 serves 8 088 output
- * tokens/s with prefill stalls; a newer vLLM 12 553 offline). Prefill at ≈ 40 % of
- * the H100's 989 dense bf16 TFLOPS over 16 GFLOP per token: 25 000 tokens/s. The prefix cache: what
- * is left of 80 GB after weights and activations, ≈ 52 GB of KV at 128 KiB per token.
+ * The profiles (docs/MOCK-CALIBRATION.md holds the measurement, its method and the fit):
+ *
+ * - `h200-8b`: a Llama-3-8B-shaped decoder (bf16) on one H200, measured with CUDA-graph decode steps
+ *   over 1–256 sequences × 512–4 096 tokens of context (test/fixtures/calibration/): a step lasts
+ *   5.82 ms + 0.0145 ms per sequence + 2.86e-5 ms per KV token held (worst cell 5.7 % off). Prefill:
+ *   34 000 tokens/s, the mean of the three measured (31.9k at 512 tokens, 36.7k at 2 048, 33.3k at
+ *   8 192). Prefix cache: 141 GB × 0.9 (vLLM's gpu_memory_utilization) less 16 GB of weights and
+ *   ≈ 8 GB of activations and CUDA graphs ≈ 103 GB of KV at 128 KiB a token ≈ 800 000 tokens. A real
+ *   server (vLLM, SGLang) adds its scheduler's time on top of the measured steps.
+ * - `h100-8b`: the same, the memory-bound terms (the fixed weights read and the KV read) × 4.8 ÷ 3.35
+ *   ≈ 1.43 for the H100 SXM's bandwidth; the per-sequence term and prefill (compute; both GPUs have
+ *   the same 989 dense bf16 TFLOPS) kept; the old profile's 400 000-token prefix cache (80 GB).
+ * - `h100-8b-flat`: the model before the measurement, from public figures (test/bench/README.md,
+ *   "The GPU-like mock"): 6.2 ms + 0.05 ms per sequence whatever its context, 25 000 prefill
+ *   tokens/s. It agrees with `h100-8b` near 1.2k tokens of context and under-charges longer ones.
  */
+export const GPU_PROFILES: Readonly<Record<GpuProfileName, GpuProfile>> = Object.freeze({
+  'h200-8b': Object.freeze({
+    decodeMs: 5.82,
+    decodeMsPerSeq: 0.0145,
+    decodeMsPerKvToken: 2.86e-5,
+    prefillTokensPerSecond: 34_000,
+    prefixCacheTokens: 800_000,
+  }),
+  'h100-8b': Object.freeze({
+    decodeMs: Math.round(5.82 * H100_OVER_H200 * 1000) / 1000,
+    decodeMsPerSeq: 0.0145,
+    decodeMsPerKvToken: Number((2.86e-5 * H100_OVER_H200).toPrecision(3)),
+    prefillTokensPerSecond: 34_000,
+    prefixCacheTokens: 400_000,
+  }),
+  'h100-8b-flat': Object.freeze({
+    decodeMs: 6.2,
+    decodeMsPerSeq: 0.05,
+    decodeMsPerKvToken: 0,
+    prefillTokensPerSecond: 25_000,
+    prefixCacheTokens: 400_000,
+  }),
+});
+
+export const GPU_PROFILE_NAMES = Object.keys(GPU_PROFILES) as GpuProfileName[];
+
+/** The default replica: the `h200-8b` profile, 256 slots (vLLM's default max_num_seqs), 8 192-token steps. */
 export const GPU_DEFAULTS: ResolvedCapacity = Object.freeze({
+  profile: 'h200-8b',
   slots: 256,
-  decodeMs: 6.2,
-  decodeMsPerSeq: 0.05,
-  prefillTokensPerSecond: 25_000,
+  ...GPU_PROFILES['h200-8b'],
   prefillChunkTokens: 8_192,
-  prefixCacheTokens: 400_000,
   responseTokens: null,
   lengthSigma: 1,
   speedup: 1,
   scheduling: 'fcfs',
 });
 
+/** A decode step's time with `sequences` decoding and `kvTokens` of KV held by them, ms (gpu-model.ts's formula). */
+export const decodeStepMs = (
+  c: Pick<ResolvedCapacity, 'decodeMs' | 'decodeMsPerSeq' | 'decodeMsPerKvToken'>,
+  sequences: number,
+  kvTokens: number,
+): number => c.decodeMs + c.decodeMsPerSeq * sequences + c.decodeMsPerKvToken * kvTokens;
+
+/** Tokens per second of pure decode with every one of `slots` taken by a sequence of `context` tokens. */
+export const fullSlotTokensPerSecond = (
+  c: Pick<ResolvedCapacity, 'slots' | 'decodeMs' | 'decodeMsPerSeq' | 'decodeMsPerKvToken'>,
+  context: number,
+): number => (c.slots * 1000) / decodeStepMs(c, c.slots, c.slots * context);
+
 /** Cumulative figures plus the state now; what `GET /admin/gpu` answers. */
 export interface GpuMetrics extends GpuCounters {
+  profile: GpuProfileName;
   slots: number;
   speedup: number;
   running: number;
@@ -90,6 +161,17 @@ export interface GpuWindow {
   /** Share of the admitted prompt tokens the prefix cache held. */
   cacheHitFraction: number;
   completed: number;
+  /** KV tokens held per decoding sequence, averaged over the tokens decoded (the context a decode step reads). */
+  meanDecodeContext: number;
+}
+
+/** KV tokens per decoded sequence between two readings (0 when nothing decoded). */
+export function meanDecodeContext(
+  a: Pick<GpuCounters, 'decodeKvTokens' | 'decodeSequences'>,
+  b: Pick<GpuCounters, 'decodeKvTokens' | 'decodeSequences'>,
+): number {
+  const n = b.decodeSequences - a.decodeSequences;
+  return n > 0 ? (b.decodeKvTokens - a.decodeKvTokens) / n : 0;
 }
 
 export function gpuWindow(a: GpuMetrics, b: GpuMetrics): GpuWindow {
@@ -107,6 +189,7 @@ export function gpuWindow(a: GpuMetrics, b: GpuMetrics): GpuWindow {
     generatedTokens: b.generatedTokens - a.generatedTokens,
     cacheHitFraction: prompt > 0 ? (b.cachedTokens - a.cachedTokens) / prompt : 0,
     completed: b.completed - a.completed,
+    meanDecodeContext: meanDecodeContext(a, b),
   };
 }
 
@@ -144,11 +227,20 @@ export class Gpu {
     this.#onChange = onChange;
     this.#wallClock = wallClock;
     this.#startedAt = wallClock();
-    const { slots, decodeMs, decodeMsPerSeq, prefillTokensPerSecond, prefillChunkTokens, prefixCacheTokens } = options;
+    const {
+      slots,
+      decodeMs,
+      decodeMsPerSeq,
+      decodeMsPerKvToken,
+      prefillTokensPerSecond,
+      prefillChunkTokens,
+      prefixCacheTokens,
+    } = options;
     const model: GpuModelOptions = {
       slots,
       decodeMs,
       decodeMsPerSeq,
+      decodeMsPerKvToken,
       prefillTokensPerSecond,
       prefillChunkTokens,
       prefixCacheTokens,
@@ -181,6 +273,7 @@ export class Gpu {
     return {
       ...this.#model.counters(),
       ...this.#model.state(),
+      profile: this.#options.profile,
       slots: this.#options.slots,
       speedup: this.#options.speedup,
     };

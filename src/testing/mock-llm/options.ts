@@ -5,7 +5,7 @@
 import { show } from '../../env/synthetic/params.ts';
 import { RolloutEngineError } from '../../errors.ts';
 import type { MockRouting } from './routing.ts';
-import { GPU_DEFAULTS, type CapacityOptions, type ResolvedCapacity } from './gpu.ts';
+import { GPU_DEFAULTS, GPU_PROFILE_NAMES, GPU_PROFILES, type CapacityOptions, type ResolvedCapacity } from './gpu.ts';
 import { MAX_RESPONSE_TOKENS } from './lengths.ts';
 import { MOCK_TOKENIZERS } from './vocab.ts';
 import type { MockTokenizer } from './vocab.ts';
@@ -108,7 +108,7 @@ export interface MockLlmOptions {
    * The GPU-like mock (gpu.ts): a replica with sequence slots, continuous batching, a decode step
    * that slows with the sequences running, prefill with a prefix cache, and long-tailed response
    * lengths; its metrics at `GET /admin/gpu` and in stats().gpu. `{}` takes the defaults (one
-   * Llama-3-8B replica on an H100, GPU_DEFAULTS); null = the fixed-rate mock of latencyMs and
+   * Llama-3-8B replica on an H200, profile `h200-8b`, GPU_DEFAULTS); null = the fixed-rate mock of latencyMs and
    * tokensPerSecond, which this replaces (leave them at 0).
    */
   capacity?: CapacityOptions | null;
@@ -284,12 +284,18 @@ function capacity(value: unknown, latencyMs: unknown, tokensPerSecond: unknown):
   if (latencyMs !== 0) fail('latencyMs', 'must be 0 with option capacity (the GPU model sets the timing)', latencyMs);
   if (tokensPerSecond !== 0)
     fail('tokensPerSecond', 'must be 0 with option capacity (the GPU model sets the timing)', tokensPerSecond);
-  const c = { ...GPU_DEFAULTS } as Record<string, unknown>;
+  const profile = (value as CapacityOptions).profile ?? GPU_DEFAULTS.profile;
+  if (!GPU_PROFILE_NAMES.includes(profile))
+    fail('capacity.profile', `must be one of ${GPU_PROFILE_NAMES.join(', ')}`, profile);
+  // The profile's cost knobs, then each knob given.
+  const c = { ...GPU_DEFAULTS, ...GPU_PROFILES[profile], profile } as Record<string, unknown>;
   for (const [key, v] of Object.entries(value)) if (v !== undefined) c[key] = v;
   const resolved = {
+    profile,
     slots: integer('capacity.slots', c.slots, 1, 65_536),
     decodeMs: finite('capacity.decodeMs', c.decodeMs, 0.001, 60_000),
     decodeMsPerSeq: finite('capacity.decodeMsPerSeq', c.decodeMsPerSeq, 0, 60_000),
+    decodeMsPerKvToken: finite('capacity.decodeMsPerKvToken', c.decodeMsPerKvToken, 0, 1_000),
     prefillTokensPerSecond: finite('capacity.prefillTokensPerSecond', c.prefillTokensPerSecond, 1, 1e9),
     prefillChunkTokens: integer('capacity.prefillChunkTokens', c.prefillChunkTokens, 1, 1 << 24),
     prefixCacheTokens: integer('capacity.prefixCacheTokens', c.prefixCacheTokens, 0, 1 << 30),
