@@ -10,6 +10,7 @@ const SHAPE: GpuModelOptions = {
   slots: 1,
   decodeMs: 10,
   decodeMsPerSeq: 1,
+  decodeMsPerKvToken: 0,
   prefillTokensPerSecond: 1000,
   prefillChunkTokens: 64,
   prefixCacheTokens: 0,

@@ -63,6 +63,13 @@ export interface ProductionFigures {
   tokensPerSecond: number;
   /** Share of the busy time spent prefilling prompts the prefix cache did not hold. */
   prefillFraction: number;
+  /**
+   * KV tokens held per decoding sequence, averaged over the tokens decoded: the context the servers
+   * decoded at (absent where the figures come from elsewhere, the Python side).
+   */
+  meanDecodeContext?: number;
+  /** Share of the busy time spent reading the decoding sequences' KV (the calibrated mock's context term). */
+  kvReadFraction?: number;
 }
 
 export interface SyncFigures {
@@ -128,7 +135,17 @@ export async function setMockWeightVersion(url: string, version: number): Promis
 /** Sums of the GPU integrals over the production windows, every server together. */
 class Production {
   #open: GpuMetrics[] | null = null;
-  readonly #sum = { timeMs: 0, busyMs: 0, prefillMs: 0, slotMs: 0, slots: 0, tokens: 0 };
+  readonly #sum = {
+    timeMs: 0,
+    busyMs: 0,
+    prefillMs: 0,
+    slotMs: 0,
+    slots: 0,
+    tokens: 0,
+    decodeSequences: 0,
+    decodeKvTokens: 0,
+    kvReadMs: 0,
+  };
 
   start(now: GpuMetrics[]): void {
     this.#open ??= now;
@@ -144,6 +161,10 @@ class Production {
       this.#sum.slotMs += b.slotMs - a.slotMs;
       this.#sum.slots += (b.timeMs - a.timeMs) * b.slots;
       this.#sum.tokens += b.generatedTokens - a.generatedTokens;
+      // Mocks of an older build report no KV figures: counted as none.
+      this.#sum.decodeSequences += (b.decodeSequences ?? 0) - (a.decodeSequences ?? 0);
+      this.#sum.decodeKvTokens += (b.decodeKvTokens ?? 0) - (a.decodeKvTokens ?? 0);
+      this.#sum.kvReadMs += (b.kvReadMs ?? 0) - (a.kvReadMs ?? 0);
     });
     this.#open = null;
   }
@@ -157,6 +178,8 @@ class Production {
       meanRunning: s.timeMs > 0 ? s.slotMs / s.timeMs : 0,
       tokensPerSecond: s.timeMs > 0 ? (s.tokens / s.timeMs) * 1000 * servers : 0,
       prefillFraction: s.busyMs > 0 ? s.prefillMs / s.busyMs : 0,
+      meanDecodeContext: s.decodeSequences > 0 ? s.decodeKvTokens / s.decodeSequences : 0,
+      kvReadFraction: s.busyMs > 0 ? s.kvReadMs / s.busyMs : 0,
     };
   }
 }

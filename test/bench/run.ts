@@ -51,7 +51,7 @@ import { describeShare, startCpuMeter, type CpuShare } from './machine.ts';
 import { runPythonBaseline } from './python-baseline.ts';
 import { longEpisodes } from './long-episodes.ts';
 import { printScaleOut, scaleOut } from './scale-out.ts';
-import { printTrainingBench, trainingBench, trainingBenchDefaults, trainingTargets } from './training-loop.ts';
+import { printTrainingBench, trainingBenchDefaults, trainingBenches, trainingTargets } from './training-loop.ts';
 import { printPriorityBench, priorityBench, priorityBenchDefaults, priorityTargets } from './priority.ts';
 import { describeToolCallCost, toolCallCost } from './tool-calls.ts';
 import {
@@ -364,7 +364,7 @@ async function main(): Promise<void> {
   const long = await longEpisodes({ groups: 8, maxTurns: 16, thinkTokens: 200 });
   meter = startCpuMeter();
   // Issue 21: the simulated training loop on GPU-like mocks, every strategy side by side.
-  const training = await trainingBench(trainingBenchDefaults(quick));
+  const training = await trainingBenches(trainingBenchDefaults(quick));
   cpuShare.trainingLoop = meter();
   // Issue 31.4: trajectory-aware scheduling against FIFO on a mock with priority scheduling.
   const priority = await priorityBench(priorityBenchDefaults(quick));
@@ -776,9 +776,9 @@ async function main(): Promise<void> {
       detail: `${scaling.two.stepsPerSecond.median.toFixed(0)} vs ${scaling.one.stepsPerSecond.median.toFixed(0)}/s; 2 workers: engine ${scaling.two.engineCores.toFixed(2)} + mock ${scaling.two.mockCores?.toFixed(2) ?? 'n/a'} cores of ${cpus().length}${scaling.ceiling === null ? '' : `; at most ${scaling.ceiling.toFixed(2)}× on ${scaling.cores} cores at the 1-worker cost per step`}`,
     }),
   ];
-  printTrainingBench(training);
+  for (const run of training) printTrainingBench(run);
   console.log(describeShare(cpuShare.trainingLoop, cpus().length));
-  result.targets.push(...trainingTargets(training));
+  result.targets.push(...training.flatMap((run, i) => trainingTargets(run, i > 0)));
   printPriorityBench(priority);
   result.targets.push(...priorityTargets(priority));
   printTargets(result.targets);

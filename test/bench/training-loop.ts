@@ -19,10 +19,15 @@
  * Workload: guess-number (multi-turn, ≤ `turns` turns) whose prompts differ by their range (so the
  * mock's per-prompt lengths differ), response lengths log-normal (median `responseTokens`, σ
  * `lengthSigma`, cut at `maxTokens`; by default the anchors' tail: p99 20× the median), each side
- * against fresh mocks. Figures are GPU time (the mocks run `speedup` GPU ms per real ms).
+ * against fresh mocks. Figures are GPU time (the mocks run `speedup` GPU ms per real ms). The mocks'
+ * cost profile (`--profile`, default h200-8b: fitted on a measured H200) and the trainer's speed
+ * (`--train-ms-per-token`, default 0.074 then 0.09: every side at each) are knobs; every speed-up is
+ * printed beside the workload's ceiling at that trainer speed.
  *
- *   node --import tsx test/bench/training-loop.ts            # the full section, ≈ 12 min
- *   node --import tsx test/bench/training-loop.ts --quick    # a smoke run, ≈ 3 min
+ *   node --import tsx test/bench/training-loop.ts            # the full section at both trainer speeds
+ *   node --import tsx test/bench/training-loop.ts --quick    # a smoke run
+ *   node --import tsx test/bench/training-loop.ts --profile h100-8b-flat --train-ms-per-token 0.074
+ *                                                            # the mock and trainer of the runs before the calibration
  *   npm run bench                                            # runs it too, with every other part
  */
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -33,12 +38,29 @@ import { fileURLToPath } from 'node:url';
 import { createEngine, type GroupCounts } from '../../src/index.ts';
 import { startMockProcess, type MockProcess } from '../../src/loadtest/mock-process.ts';
 import { runTrainingLoop, type TrainingFigures } from '../../src/loadtest/training.ts';
-import { GPU_DEFAULTS } from '../../src/testing/mock-llm/gpu.ts';
+import {
+  fullSlotTokensPerSecond,
+  GPU_DEFAULTS,
+  GPU_PROFILE_NAMES,
+  GPU_PROFILES,
+  type GpuProfileName,
+} from '../../src/testing/mock-llm/gpu.ts';
 import { runPythonTrainer } from './python-baseline.ts';
 import { row, type TargetRow } from './targets.ts';
 
+/**
+ * The simulated trainer's GPU ms per trained token of an 8B model (docs/MOCK-CALIBRATION.md, "The
+ * trainer"): `fineTune` is a plain fine-tune on one H200 at ≈ 80 % of its measured bf16 matmul peak
+ * (the bench's trainer until the calibration, then chosen as "as long per token as generation at full
+ * speed"); `measured` is what a real forward + backward + AdamW step reached on the same H200 (65–74 %
+ * MFU: 0.087–0.09 ms). A GRPO step that also recomputes old or reference logprobs costs more again.
+ */
+export const TRAINER_MS_PER_TOKEN = Object.freeze({ fineTune: 0.074, measured: 0.09 });
+
 export interface TrainingBenchOptions {
   quick: boolean;
+  /** The GPU-like mocks' cost profile (gpu.ts GPU_PROFILES). */
+  profile: GpuProfileName;
   servers: number;
   slots: number;
   speedup: number;
@@ -50,8 +72,10 @@ export interface TrainingBenchOptions {
   /** Groups per batch. */
   groups: number;
   steps: number;
-  /** GPU ms of training per token: by default what the servers generate in that time at full speed. */
+  /** GPU ms of training per token taken (this run's trainer). */
   trainMsPerToken: number;
+  /** The trainer speeds trainingBenches runs the sides at, one after the other (the first is the headline). */
+  trainerSpeeds: number[];
   loadMs: number;
   overSample: number;
   /**
@@ -69,13 +93,11 @@ export interface TrainingBenchOptions {
 }
 
 export function trainingBenchDefaults(quick: boolean): TrainingBenchOptions {
-  const slots = GPU_DEFAULTS.slots;
-  // Full speed of one replica at `slots` running: the trainer takes as long per token as generation.
-  const tokensPerSecond = (slots * 1000) / (GPU_DEFAULTS.decodeMs + GPU_DEFAULTS.decodeMsPerSeq * slots);
   return {
     quick,
+    profile: GPU_DEFAULTS.profile,
     servers: 1,
-    slots,
+    slots: GPU_DEFAULTS.slots,
     speedup: 5,
     // The anchors' workload (test/bench/README.md, "The workload"): ROLL Flash measured the longest
     // responses at more than 20× the median; σ 1.3 puts the p99 at 20× (σ 1: 10×), and the cut at
@@ -87,7 +109,8 @@ export function trainingBenchDefaults(quick: boolean): TrainingBenchOptions {
     groupSize: 8,
     groups: quick ? 16 : 32,
     steps: quick ? 4 : 8,
-    trainMsPerToken: 1000 / tokensPerSecond,
+    trainMsPerToken: TRAINER_MS_PER_TOKEN.fineTune,
+    trainerSpeeds: [TRAINER_MS_PER_TOKEN.fineTune, TRAINER_MS_PER_TOKEN.measured],
     loadMs: 2_000,
     // At 1, a fifth of the slots stay empty while the longest rollouts of a batch finish (82 % filled);
     // 1.5 keeps them full. The sweep (training-sweep.ts) shows 0.25 to 2.
@@ -109,11 +132,52 @@ export interface SideResult {
   groups: GroupCounts | null;
 }
 
+/**
+ * The workload's own bound on any speed-up (issue 31): the sync side's step over the larger of its
+ * batch's training time and the time the servers need to generate it at full slots (pure decode at
+ * the context the sync side decoded at; no prefill, no waste).
+ */
+export interface Ceiling {
+  trainMsPerToken: number;
+  /** The sync side's tokens taken a step. */
+  tokensPerStep: number;
+  trainSeconds: number;
+  /** Mean KV tokens per decoding sequence on the sync side. */
+  context: number;
+  /** All servers at full slots, pure decode at that context. */
+  fullSlotTokensPerSecond: number;
+  generationSeconds: number;
+  syncStepSeconds: number;
+  value: number;
+}
+
 export interface TrainingBenchResult {
   options: TrainingBenchOptions;
   sides: SideResult[];
   /** async+keep (the headline configuration) ÷ sync steps/hour. */
   speedUp: number | null;
+  /** null without a sync side. */
+  ceiling: Ceiling | null;
+}
+
+export function ceilingOf(o: TrainingBenchOptions, sync: TrainingFigures): Ceiling {
+  const profile = { ...GPU_PROFILES[o.profile], slots: o.slots };
+  const context = sync.production.meanDecodeContext ?? 0;
+  const tps = fullSlotTokensPerSecond(profile, context) * o.servers;
+  const tokens = sync.tokensTakenPerStep;
+  const trainSeconds = (tokens * o.trainMsPerToken) / 1000;
+  const generationSeconds = tokens / tps;
+  const bound = Math.max(trainSeconds, generationSeconds);
+  return {
+    trainMsPerToken: o.trainMsPerToken,
+    tokensPerStep: tokens,
+    trainSeconds,
+    context,
+    fullSlotTokensPerSecond: tps,
+    generationSeconds,
+    syncStepSeconds: sync.stepSeconds,
+    value: bound > 0 ? sync.stepSeconds / bound : 0,
+  };
 }
 
 /** The dataset: one line per prompt, ranges from 20 to 1000 so the mock's per-prompt lengths differ. */
@@ -132,6 +196,8 @@ export function capacityArgs(o: TrainingBenchOptions): string[] {
   return [
     '--capacity',
     String(o.slots),
+    '--capacity-profile',
+    o.profile,
     '--capacity-response-tokens',
     String(o.responseTokens),
     '--capacity-length-sigma',
@@ -287,7 +353,28 @@ export async function trainingBench(
     options: o,
     sides,
     speedUp: sync && kept && sync.stepsPerHour > 0 ? kept.stepsPerHour / sync.stepsPerHour : null,
+    ceiling: sync ? ceilingOf(o, sync) : null,
   };
+}
+
+/**
+ * The sides at each of `o.trainerSpeeds`, one run after the other; the Python sync trainer only at
+ * the first (it measures the seed loop's sync step, which the engine's sync side already gives).
+ */
+export async function trainingBenches(
+  o: TrainingBenchOptions,
+  only: readonly string[] = TRAINING_SIDES,
+): Promise<TrainingBenchResult[]> {
+  const out: TrainingBenchResult[] = [];
+  for (const [i, trainMsPerToken] of o.trainerSpeeds.entries())
+    out.push(await trainingBench({ ...o, trainMsPerToken }, i === 0 ? only : only.filter((s) => s !== 'python sync')));
+  return out;
+}
+
+/** The ceiling and the trainer speed it is at, in words. */
+export function describeCeiling(c: Ceiling | null): string {
+  if (c === null) return 'ceiling: not measured (no sync side)';
+  return `ceiling ${c.value.toFixed(2)}× at trainer ${c.trainMsPerToken} ms/token: sync step ${c.syncStepSeconds.toFixed(1)} s ÷ max(training ${c.trainSeconds.toFixed(1)} s, generation at full slots ${c.generationSeconds.toFixed(1)} s = ${c.tokensPerStep.toFixed(0)} tokens at ${c.fullSlotTokensPerSecond.toFixed(0)} tokens/s, context ${c.context.toFixed(0)} tokens a sequence)`;
 }
 
 /** The anchors' published end-to-end speed-ups of asynchronous over synchronous RL (issue 21). */
@@ -297,7 +384,7 @@ export const ANCHORS =
 export function printTrainingBench(r: TrainingBenchResult): void {
   const o = r.options;
   console.log(
-    `\nsimulated training loop on GPU-like mocks: ${o.servers} × ${o.slots}-slot replica (Llama-3-8B on an H100 by default), ${o.groups} groups × ${o.groupSize} per batch, guess-number ≤ ${o.turns} turns,` +
+    `\nsimulated training loop on GPU-like mocks: ${o.servers} × ${o.slots}-slot replica (profile ${o.profile}), ${o.groups} groups × ${o.groupSize} per batch, guess-number ≤ ${o.turns} turns,` +
       ` response length log-normal (median ${o.responseTokens}, σ ${o.lengthSigma}, max ${o.maxTokens}); trainer ${o.trainMsPerToken.toFixed(3)} ms/token, weight load ${o.loadMs} ms, sync every step (async: every ${o.asyncSyncEvery}, syncWeightsInterval ${o.asyncSyncEvery}); GPU time at ${o.speedup}× speed`,
   );
   const h = [
@@ -308,8 +395,10 @@ export function printTrainingBench(r: TrainingBenchResult): void {
     'wait s',
     'busy %',
     'prefill %',
+    'KV read %',
     'slots %',
     'running',
+    'context',
     'tok/s',
     'sync idle ms',
     'beyond load',
@@ -319,7 +408,7 @@ export function printTrainingBench(r: TrainingBenchResult): void {
     'stale mean/max',
     'past bound %',
   ];
-  const w = [15, 9, 8, 8, 8, 8, 11, 9, 9, 8, 14, 13, 16, 17, 13, 16, 14];
+  const w = [15, 9, 8, 8, 8, 8, 11, 11, 9, 9, 9, 8, 14, 13, 16, 17, 13, 16, 14];
   const line = (cells: string[]): string => cells.map((x, i) => (i === 0 ? x.padEnd(w[i]) : x.padStart(w[i]))).join('');
   console.log(line(h));
   const sync = r.sides.find((s) => s.side === 'sync')?.figures;
@@ -337,8 +426,10 @@ export function printTrainingBench(r: TrainingBenchResult): void {
       (f.waitSeconds ?? 0).toFixed(1),
       (100 * f.production.busyFraction).toFixed(1),
       (100 * (f.production.prefillFraction ?? 0)).toFixed(1),
+      f.production.kvReadFraction === undefined ? 'n/a' : (100 * f.production.kvReadFraction).toFixed(1),
       (100 * f.production.slotFill).toFixed(1),
       f.production.meanRunning.toFixed(0),
+      f.production.meanDecodeContext === undefined ? 'n/a' : f.production.meanDecodeContext.toFixed(0),
       f.production.tokensPerSecond.toFixed(0),
       f.syncs.idleMs.toFixed(0),
       f.syncs.idleBeyondLoadMs.toFixed(0),
@@ -366,8 +457,9 @@ export function printTrainingBench(r: TrainingBenchResult): void {
       `  ${s.side}: groups scheduled ${g.scheduled}, retried ${g.retried}, landed ${landed}, taken ${g.taken}, in flight at the end ${g.inFlight}, dropped ${dropped}`,
     );
   }
+  console.log(`  ${describeCeiling(r.ceiling)}`);
   console.log(
-    '  wait: the trainer inside getBatch per step; busy / prefill / slots / running / tok/s: the servers while production runs (sync: inside getBatch; async: between syncs), prefill as a share of busy;',
+    '  wait: the trainer inside getBatch per step; busy / prefill / KV read / slots / running / context / tok/s: the servers while production runs (sync: inside getBatch; async: between syncs), prefill and KV reads as shares of busy, context the KV tokens per decoding sequence;',
   );
   console.log(
     '  sync idle: pause request → servers running again, GPU ms; wasted: tokens the engine threw away (members restarted, groups dropped; Python: generated but not taken)',
@@ -384,8 +476,13 @@ function speedUpRow(
   side: TrainingFigures | null,
   sync: TrainingFigures | null,
   more: (side: TrainingFigures) => string,
+  ceiling: Ceiling | null,
 ): TargetRow {
   const measured = side !== null && sync !== null && sync.stepsPerHour > 0;
+  const bound =
+    ceiling === null
+      ? 'ceiling not measured'
+      : `ceiling ${ceiling.value.toFixed(2)}× (trainer ${ceiling.trainMsPerToken} ms/token)`;
   return row({
     target,
     figure: 'training steps/hour ÷ sync',
@@ -394,7 +491,7 @@ function speedUpRow(
     kind: 'min',
     unit: '×',
     detail: measured
-      ? `${side.stepsPerHour.toFixed(0)} vs ${sync.stepsPerHour.toFixed(0)} steps/h (GPU time); in tokens trained per hour ${((side.stepsPerHour * side.tokensTakenPerStep) / Math.max(1, sync.stepsPerHour * sync.tokensTakenPerStep)).toFixed(2)}×; ${more(side)}`
+      ? `${bound}; ${side.stepsPerHour.toFixed(0)} vs ${sync.stepsPerHour.toFixed(0)} steps/h (GPU time); in tokens trained per hour ${((side.stepsPerHour * side.tokensTakenPerStep) / Math.max(1, sync.stepsPerHour * sync.tokensTakenPerStep)).toFixed(2)}×; ${more(side)}`
       : 'not measured',
   });
 }
@@ -408,7 +505,7 @@ const staleNote = (f: TrainingFigures): string =>
  * reading of staleness 1 (nothing past the bound handed out, stale rollouts reset) is a row of its
  * own, so a reader sees what keeping them buys.
  */
-export function trainingTargets(r: TrainingBenchResult): TargetRow[] {
+export function trainingTargets(r: TrainingBenchResult, speedUpsOnly = false): TargetRow[] {
   const figures = (side: string) => r.sides.find((s) => s.side === side)?.figures ?? null;
   const sync = figures('sync');
   const partial = figures('async+partial');
@@ -418,25 +515,33 @@ export function trainingTargets(r: TrainingBenchResult): TargetRow[] {
   const o = r.options;
   const syncShare = (f: TrainingFigures | null) =>
     f && f.stepSeconds > 0 ? (100 * f.syncs.idleBeyondLoadMs) / (f.stepSeconds * 1000 * o.asyncSyncEvery) : null;
-  return [
+  const trainer = `trainer ${o.trainMsPerToken} ms/token`;
+  const speedUps = [
     speedUpRow(
-      `21 · async+partial, in place, stale rollouts kept, staleness ${o.maxStaleness}`,
+      `21 · async+partial, in place, stale rollouts kept, staleness ${o.maxStaleness}, ${trainer}`,
       kept,
       sync,
       (f) => `${staleNote(f)}; slots ${pct(f.production.slotFill)} filled; anchors 2.24–2.77×`,
+      r.ceiling,
     ),
     speedUpRow(
-      `21 · async+partial, in place, stale rollouts reset, staleness ${o.maxStaleness}`,
+      `21 · async+partial, in place, stale rollouts reset, staleness ${o.maxStaleness}, ${trainer}`,
       inPlace,
       sync,
       (f) => `nothing past the bound handed out; ${f.wastedTokensPerStep.toFixed(0)} tokens thrown away a step`,
+      r.ceiling,
     ),
     speedUpRow(
-      `21 · async+partial, aborted on sync, staleness ${o.maxStaleness}, sync every ${o.asyncSyncEvery}`,
+      `21 · async+partial, aborted on sync, staleness ${o.maxStaleness}, sync every ${o.asyncSyncEvery}, ${trainer}`,
       partial,
       sync,
       (f) => `${f.wastedTokensPerStep.toFixed(0)} tokens thrown away a step`,
+      r.ceiling,
     ),
+  ];
+  if (speedUpsOnly) return speedUps;
+  return [
+    ...speedUps,
     row({
       target: '21 · async+keep, production',
       figure: 'servers busy',
@@ -505,6 +610,8 @@ if (isMain) {
     options: {
       quick: { type: 'boolean' },
       sides: { type: 'string' },
+      profile: { type: 'string' },
+      'train-ms-per-token': { type: 'string' },
       'take-order': { type: 'string' },
       ...Object.fromEntries(numeric.map((k) => [k, { type: 'string' as const }])),
     },
@@ -525,8 +632,23 @@ if (isMain) {
       throw new Error(`--take-order must be fifo or stalest (got ${JSON.stringify(values['take-order'])})`);
     o.takeOrder = values['take-order'];
   }
-  const result = await trainingBench(o, values.sides?.split(',') ?? TRAINING_SIDES);
-  printTrainingBench(result);
+  if (values.profile !== undefined) {
+    if (!(GPU_PROFILE_NAMES as string[]).includes(values.profile))
+      throw new Error(
+        `--profile must be one of ${GPU_PROFILE_NAMES.join(', ')} (got ${JSON.stringify(values.profile)})`,
+      );
+    o.profile = values.profile as GpuProfileName;
+  }
+  if (values['train-ms-per-token'] !== undefined) {
+    const speeds = values['train-ms-per-token'].split(',').map(Number);
+    if (speeds.length === 0 || speeds.some((x) => !Number.isFinite(x) || x < 0))
+      throw new Error(
+        `--train-ms-per-token must be numbers ≥ 0, comma-separated (got ${JSON.stringify(values['train-ms-per-token'])})`,
+      );
+    o.trainerSpeeds = speeds;
+  }
+  const results = await trainingBenches(o, values.sides?.split(',') ?? TRAINING_SIDES);
+  for (const result of results) printTrainingBench(result);
   const { printTargets } = await import('./targets.ts');
-  printTargets(trainingTargets(result));
+  printTargets(results.flatMap((r, i) => trainingTargets(r, i > 0)));
 }
