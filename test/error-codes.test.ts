@@ -1,7 +1,7 @@
 /**
  * The error-code table (src/error-codes.ts) is the one list of codes: every `ERR_…` the source uses is
- * in it, every row is used, and README.md's "Error codes" section is the table, row for row. Codes are
- * added often; without this the README drifts and a code used in a message goes undocumented.
+ * in it, every row is used, and docs/ERROR-CODES.md is the table, row for row. Codes are
+ * added often; without this the page drifts and a code used in a message goes undocumented.
  */
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
@@ -16,7 +16,7 @@ const NODE_CODES = new Set(['ERR_UNKNOWN_FILE_EXTENSION', 'ERR_STRING_TOO_LONG',
 /** Prefixes the source matches codes by (`code.startsWith('ERR_ENV_')`), not codes. */
 const PREFIX = /_$/;
 
-/** `| \`CODE\` | meaning |` for each row, in the table's order: what README.md shows. */
+/** `| \`CODE\` | meaning |` for each row, in the table's order: what docs/ERROR-CODES.md shows. */
 function errorCodesMarkdown(): string {
   return [
     '| code | meaning |',
@@ -64,14 +64,14 @@ describe('error codes', () => {
     );
   });
 
-  it("README.md's Error codes section is the table, row for row", () => {
-    const readme = readFileSync(join(ROOT, 'README.md'), 'utf8');
-    const section = /\n## Error codes\n[\s\S]*?\n(\| code \| meaning \|\n[\s\S]*?)\n\n/.exec(readme)?.[1];
-    assert.ok(section !== undefined, 'README.md has no "## Error codes" section with a | code | meaning | table');
+  it('docs/ERROR-CODES.md is the table, row for row', () => {
+    const page = readFileSync(join(ROOT, 'docs', 'ERROR-CODES.md'), 'utf8');
+    const section = /^# Error codes\n[\s\S]*?\n(\| code \| meaning \|\n[\s\S]*?)\n(?:\n|$)/.exec(page)?.[1];
+    assert.ok(section !== undefined, 'docs/ERROR-CODES.md has no "# Error codes" title and | code | meaning | table');
     assert.equal(
       section,
       errorCodesMarkdown(),
-      "README.md's error-code table differs from src/error-codes.ts: replace it with the expected text",
+      "docs/ERROR-CODES.md's error-code table differs from src/error-codes.ts: replace it with the expected text",
     );
   });
 });

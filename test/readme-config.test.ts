@@ -1,5 +1,5 @@
 /**
- * The README's config reference is the schema's, option for option: every option EngineConfigSchema
+ * The config reference (docs/CONFIGURATION.md) is the schema's, option for option: every option EngineConfigSchema
  * (src/config.ts) accepts has a row, every row names an option that exists, and every default the
  * table shows is the one the schema fills in. Options are added often; without this the table drifts
  * silently (`resume` had no row).
@@ -16,7 +16,8 @@ import { isDeepStrictEqual } from 'node:util';
 import { describe, it } from 'node:test';
 import { EngineConfigSchema } from '../src/config.ts';
 
-const README = readFileSync(new URL('../README.md', import.meta.url), 'utf8');
+/** The config reference moved out of the README into a page of its own (docs/CONFIGURATION.md). */
+const REFERENCE = readFileSync(new URL('../docs/CONFIGURATION.md', import.meta.url), 'utf8');
 
 /** Options whose schema default depends on the machine or the environment, described in words. */
 const COMPUTED_DEFAULTS = new Set(['workers.threads', 'logLevel']);
@@ -81,8 +82,8 @@ interface Row {
 }
 
 function configTable(readme: string): Row[] {
-  const section = readme.split(/^## /m).find((s) => s.startsWith('Config reference'));
-  assert.ok(section !== undefined, 'README.md has no "## Config reference" section');
+  const section = readme.split(/^#{1,2} /m).find((s) => s.startsWith('Config reference'));
+  assert.ok(section !== undefined, 'docs/CONFIGURATION.md has no "# Config reference" section');
   return section
     .split('\n')
     .filter((line) => line.startsWith('| `'))
@@ -100,7 +101,7 @@ function defaultProblem(option: Option, cell: string): string | null {
   const shown = cell.trim();
   if (shown === '—')
     return option.hasDefault
-      ? `the README shows no default, src/config.ts has ${JSON.stringify(option.defaultValue)}`
+      ? `the reference shows no default, src/config.ts has ${JSON.stringify(option.defaultValue)}`
       : null;
   const literal = /^`([^`]*)`/.exec(shown)?.[1];
   let value: unknown;
@@ -113,12 +114,12 @@ function defaultProblem(option: Option, cell: string): string | null {
   if (!isLiteral) {
     // Words: a default computed at run time (the dialect's route, 2 × batchSize, the number of cores).
     if (COMPUTED_DEFAULTS.has(option.path) || !option.hasDefault || option.defaultValue === null) return null;
-    return `the README describes the default as ${JSON.stringify(shown)}, src/config.ts has ${JSON.stringify(option.defaultValue)}`;
+    return `the reference describes the default as ${JSON.stringify(shown)}, src/config.ts has ${JSON.stringify(option.defaultValue)}`;
   }
-  if (!option.hasDefault) return `the README shows default ${literal}, src/config.ts has none`;
+  if (!option.hasDefault) return `the reference shows default ${literal}, src/config.ts has none`;
   return isDeepStrictEqual(value, option.defaultValue)
     ? null
-    : `the README shows default ${literal}, src/config.ts has ${JSON.stringify(option.defaultValue)}`;
+    : `the reference shows default ${literal}, src/config.ts has ${JSON.stringify(option.defaultValue)}`;
 }
 
 /** Every problem between the table and the schema, one line each. */
@@ -133,7 +134,7 @@ function tableProblems(options: Option[], rows: Row[]): string[] {
     if (found === undefined) {
       if (option.children === null)
         problems.push(
-          `\`${option.path}\` has no row in the README's config reference (default: ${option.hasDefault ? JSON.stringify(option.defaultValue) : 'none'})`,
+          `\`${option.path}\` has no row in the config reference (default: ${option.hasDefault ? JSON.stringify(option.defaultValue) : 'none'})`,
         );
       else option.children.forEach(visit);
       return;
@@ -171,7 +172,7 @@ function tableProblems(options: Option[], rows: Row[]): string[] {
   return problems;
 }
 
-describe('README config reference', () => {
+describe('config reference (docs/CONFIGURATION.md)', () => {
   const options = optionsOf((EngineConfigSchema as unknown as Schema)._zod.def.shape!, '');
 
   it('finds the nested options of the schema: llm.url, tasks[].env.http.urls', () => {
@@ -196,14 +197,14 @@ describe('README config reference', () => {
       { path: 'b', hasDefault: true, defaultValue: false, children: null },
     ];
     assert.deepEqual(tableProblems(fake, rows), [
-      '`a`: the README shows default 1, src/config.ts has 2',
-      "`b` has no row in the README's config reference (default: false)",
+      '`a`: the reference shows default 1, src/config.ts has 2',
+      '`b` has no row in the config reference (default: false)',
       'row `gone` names no option of EngineConfigSchema (src/config.ts)',
     ]);
   });
 
   it("has a row for every option of EngineConfigSchema, no row for an option that does not exist, and the schema's defaults", () => {
-    const problems = tableProblems(options, configTable(README));
-    assert.deepEqual(problems, [], `README.md "Config reference" and src/config.ts disagree:\n${problems.join('\n')}`);
+    const problems = tableProblems(options, configTable(REFERENCE));
+    assert.deepEqual(problems, [], `docs/CONFIGURATION.md and src/config.ts disagree:\n${problems.join('\n')}`);
   });
 });
