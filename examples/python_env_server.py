@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """
 An env server in Python, standard library only: the env-server protocol that rollout-engine speaks
-(README, "Environments over HTTP"; tasks[].env.http in a config), serving one small game.
+(docs/ENV-SERVER.md; tasks[].env.http in a config), serving one small game.
 
     POST   /{env}/{id}/reset            {"env_param": {...}, "seed": n}  -> {observation, info}
     GET    /{env}/{id}/get_task_prompt                                   -> [chat message, ...]

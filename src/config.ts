@@ -201,7 +201,7 @@ const ToolsSpec = z.strictObject({
 });
 
 /**
- * Truncation and penalties, beside `temperature` (README "Sampling"). Unset, each is sent at the
+ * Truncation and penalties, beside `temperature` (docs/INFERENCE-SERVERS.md, "Sampling"). Unset, each is sent at the
  * server's neutral value (llm/token-wire.ts samplingFields), so tokens are sampled from the model's whole
  * distribution at the temperature; what a task sets is recorded in its groups (`group.sampling`).
  */
@@ -243,11 +243,11 @@ const TaskSpec = z
     hooks: ModuleExportSpec.nullable().default(null),
     /**
      * A black-box agent: a module whose export receives `{ baseURL, sessionId, prompt, label, signal }` and
-     * talks to the token-trace gateway with any OpenAI client (see README "Black-box agents"). null = the
+     * talks to the token-trace gateway with any OpenAI client (see docs/GATEWAY.md). null = the
      * built-in agent loop.
      */
     agent: ModuleExportSpec.nullable().default(null),
-    /** Tool calling (README "Tools"): MCP servers, and limits on the calls of the environment's tools and theirs. */
+    /** Tool calling (docs/TOOLS.md): MCP servers, and limits on the calls of the environment's tools and theirs. */
     tools: ToolsSpec.default(() => ToolsSpec.parse({})),
   })
   .refine((task) => task.env !== null || task.agent !== null, {
@@ -455,7 +455,7 @@ const WorkersSpec = z.strictObject({
   deathRetries: retries.default(2),
   /**
    * Run groups on worker nodes (`rollout node`) over NATS JetStream instead of (or beside) local
-   * threads; null = local threads only. See src/cluster/ and README "Worker nodes".
+   * threads; null = local threads only. See src/cluster/ and docs/SCALE-OUT.md, "Worker nodes".
    */
   nats: z
     .strictObject({
@@ -606,7 +606,7 @@ export const EngineConfigSchema = z.strictObject({
   recordSteps: z.boolean().default(true),
   /**
    * With `runDir`: write `<runDir>/engine.ckpt` atomically after every batch taken, before it is handed
-   * out — a run killed at any moment resumes from it (see README "Guarantees").
+   * out — a run killed at any moment resumes from it (see docs/GUARANTEES.md).
    */
   checkpointEachBatch: z.boolean().default(true),
   /** Continue from `<runDir>/engine.ckpt` when it exists (a restarted run). */

@@ -33,7 +33,7 @@ export class Engine {
     this.#core = new EngineCore(config, { ...options, observer: options?.observer ?? this.#metrics });
   }
 
-  /** Serve the control API for trainers (see README "Control API"); closed with the engine. */
+  /** Serve the control API for trainers (see docs/CONTROL-API.md); closed with the engine. */
   async listen(options: ControlServerOptions = {}): Promise<ControlServer> {
     const server = await startControlServer(this, this.#metrics, { checkpointDir: this.config.runDir, ...options });
     this.#servers.push(server);

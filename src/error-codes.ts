@@ -2,7 +2,7 @@
  * Every error code the engine uses, each with what it means: one table, as undici keeps its errors.
  * Errors carry one (`RolloutEngineError.code`, typed `ErrorCode`), and so do a FAILED or ABORTED
  * rollout's `error` string (`CODE: message`) and the HTTP APIs' `error.code`: callers branch on codes,
- * never on messages. A new code is a row here first; README.md's "Error codes" section is this table
+ * never on messages. A new code is a row here first; docs/ERROR-CODES.md is this table
  * (test/error-codes.test.ts checks both ways).
  */
 export const ERROR_CODES = {

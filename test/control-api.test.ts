@@ -39,7 +39,7 @@ async function call(
   return { status: res.statusCode, body: body as any };
 }
 
-/** The full form of a compact batch (README, "Control API"): each named prefix copied from the turn that carries it. */
+/** The full form of a compact batch (docs/CONTROL-API.md): each named prefix copied from the turn that carries it. */
 function expandCompact(batch: any): any {
   for (const rollout of batch.groups.flatMap((g: any) => g.rollouts)) {
     for (const turn of rollout.turns) {

@@ -690,7 +690,7 @@ describe("llama.cpp's left-out logprobs (tokens mode)", () => {
 
 /**
  * The engine against the mock speaking each server's dialect (src/testing/mock-llm/dialects.ts names
- * the source of each trait). Each row of the README's inference-server table is one of these.
+ * the source of each trait). Each row of the inference-server table (docs/INFERENCE-SERVERS.md) is one of these.
  */
 describe('the engine against each dialect of the mock', () => {
   const GUESS = [

@@ -35,7 +35,7 @@ function asyncConfig(mock: MockLlm, overrides: Partial<EngineConfigInput> = {}):
 }
 
 /**
- * The trainer loop of the README ("A trainer loop with weight updates"): take a batch, "train", and
+ * The trainer loop of docs/LIBRARY.md ("A trainer loop with weight updates"): take a batch, "train", and
  * every `interval` steps pause, load the new weights into the server, resume with the new model step.
  * An EXPIRED_BATCH is answered by a sync. The pause itself: docs/ARCHITECTURE.md, "Where a pause travels".
  */

@@ -52,7 +52,7 @@ class Sampling:
     A setting that is None was sent at the server's neutral value, so with none set the distribution
     sampled from is the model's whole one at ``temperature`` — what a trainer recomputes the logprobs
     with. A setting that is not None truncates or penalises that distribution; the logprobs the servers
-    report are of the distribution before it (see the README's "Sampling").
+    report are of the distribution before it (see docs/INFERENCE-SERVERS.md, "Sampling").
     """
 
     temperature: float

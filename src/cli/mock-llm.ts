@@ -7,7 +7,7 @@ export const MOCK_LLM_HELP = `Usage: rollout mock-llm [options]
 Start the built-in mock inference server (OpenAI-compatible) and keep it running until Ctrl-C.
 It plays the synthetic environments imperfectly, returns real BPE token ids and logprobs in the
 vLLM shape (whole or streamed as server-sent events), and can be aborted or given a new weight version like a real server.
-With --dialect it speaks one real server's wire format instead, gaps included (README: Mock inference server).
+With --dialect it speaks one real server's wire format instead, gaps included (docs/MOCK-SERVER.md).
 
 Options:
   --port <n>               port to listen on (default 8000; 0 = any free port)

@@ -30,7 +30,7 @@ With no --config and no --llm-url it runs on embedded defaults: a built-in mock 
 free loopback port and the shipped synthetic environments (guess-number, arithmetic).
 
 Options:
-  --config <file>      JSON engine config (see README "Config reference"); paths in it are relative to it
+  --config <file>      JSON engine config (see docs/CONFIGURATION.md); paths in it are relative to it
   --llm-url <url>      OpenAI-compatible inference server, e.g. http://127.0.0.1:8000/v1 (overrides llm.url)
   --model <name>       model name to request (overrides llm.model)
   --server <kind>      auto | vllm | sglang | llamacpp | openai | generic (overrides llm.server)

@@ -13,7 +13,7 @@ export const SERVE_HELP = `Usage: rollout serve [options]
 Run the engine and serve the control API a trainer drives it with: take a batch for a train step,
 pause for a weight update, resume with a model step, checkpoint, status, Prometheus metrics.
 With no --config and no --llm-url it runs on embedded defaults (built-in mock inference server,
-synthetic environments). See README "Control API" and examples/python_trainer.py.
+synthetic environments). See docs/CONTROL-API.md and examples/python_trainer.py.
 
 Options:
   --config <file>      JSON engine config; paths in it are relative to it

@@ -123,7 +123,7 @@ export class RolloutNode {
     this.#threads = options.threads ?? availableParallelism();
     const config = {
       ...settings.config,
-      // Step records stay with the coordinator's run dir; a node has none (README "Worker nodes").
+      // Step records stay with the coordinator's run dir; a node has none (docs/SCALE-OUT.md, "Worker nodes").
       runDir: null,
       workers: { ...settings.config.workers, threads: this.#threads },
     };

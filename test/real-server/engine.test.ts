@@ -2,7 +2,7 @@
  * The engine end to end against a real inference server: llama.cpp's llama-server (built by setup.ts
  * from the source node-llama-cpp ships), serving a tiny random-weight model with Qwen2.5's tokenizer
  * and chat template (make_model.py). What the engine gets from it, in chat and in tokens mode, is what
- * the README's inference-server table says for llama.cpp.
+ * the inference-server table of docs/INFERENCE-SERVERS.md says for llama.cpp.
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';

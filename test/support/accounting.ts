@@ -1,5 +1,5 @@
 /**
- * The accounting identity every engine test can check (README "Guarantees"): every group the producer
+ * The accounting identity every engine test can check (docs/GUARANTEES.md): every group the producer
  * scheduled is in flight, stored in the buffer, taken, or dropped with a reason — none vanished.
  */
 import assert from 'node:assert/strict';
