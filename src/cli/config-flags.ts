@@ -3,6 +3,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
+import stripJsonComments from 'strip-json-comments';
 import { ConfigError } from '../errors.ts';
 import { intFlag, UsageError } from './args.ts';
 
@@ -38,13 +39,22 @@ function readJsonConfig(path: string): Record<string, unknown> {
     throw new UsageError(`--config: cannot read ${path}: ${(err as Error).message}`);
   }
   try {
-    const value = JSON.parse(text) as unknown;
+    const value = parseJsonWithComments(text);
     if (typeof value !== 'object' || value === null || Array.isArray(value))
       throw new Error('the top level must be an object');
     return value as Record<string, unknown>;
   } catch (err) {
     throw new ConfigError([`${path}: not a valid JSON config (${(err as Error).message})`]);
   }
+}
+
+/**
+ * A config file's text: JSON, with `//` and `/* *\/` comments allowed (as the docs' snippets write
+ * them). Comments become spaces, so JSON.parse's positions still point into the file; text inside
+ * strings (a URL's `//`) is left alone.
+ */
+export function parseJsonWithComments(text: string): unknown {
+  return JSON.parse(stripJsonComments(text));
 }
 
 function applyOverrides(config: Record<string, unknown>, values: Record<string, string | boolean | undefined>): void {
