@@ -647,6 +647,11 @@ export function resolveConfig(input: unknown, options: ResolveOptions = {}): Res
       `LOG_LEVEL: expected one of ${LOG_LEVELS.join(', ')} (got ${JSON.stringify(process.env.LOG_LEVEL)})`,
     ]);
   }
+  // A config file's `$schema` names its JSON Schema for editors (schema/config.schema.json): not an option.
+  if (typeof input === 'object' && input !== null && !Array.isArray(input) && '$schema' in input) {
+    const { $schema: _, ...options } = input as Record<string, unknown>;
+    input = options;
+  }
   const parsed = EngineConfigSchema.safeParse(input ?? {}, { reportInput: true });
   const baseDir = options.baseDir ?? process.cwd();
   const problems: string[] = parsed.success ? overflowingWeights(parsed.data) : parsed.error.issues.map(formatIssue);
