@@ -15,7 +15,7 @@ Calls for one id are serialized by a per-id lock. A step whose "step" index repe
 one gets the cached reply instead of being applied again, so the engine may retry steps safely
 (dedupeSteps: true).
 
-Run:  python3 examples/python_env_server.py --port 8200     (--port 0 picks a free port)
+Run:  python3 examples/python_env_server.py --port 8300     (--port 0 picks a free port)
 """
 
 import argparse
@@ -283,7 +283,7 @@ class Server(ThreadingHTTPServer):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--port", type=int, default=8200, help="port to listen on (0 = any free port)")
+    parser.add_argument("--port", type=int, default=8300, help="port to listen on (0 = any free port)")
     parser.add_argument("--host", default="127.0.0.1")
     args = parser.parse_args()
     server = Server((args.host, args.port), Handler)

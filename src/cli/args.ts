@@ -41,6 +41,13 @@ export function intFlag(name: string, value: string | undefined, { min = 0, max 
   return n;
 }
 
+/**
+ * Where each server listens when no --port is given: one port per kind, so the engine's control API,
+ * a gateway, an env-server and a mock inference server started on one machine with their defaults
+ * do not collide (8000 is where vLLM listens by default, which the mock stands in for).
+ */
+export const DEFAULT_PORTS = { serve: 8100, gateway: 8200, 'env-server': 8300, 'mock-llm': 8000 } as const;
+
 /** A TCP port to listen on (0: any free one). */
 export function portFlag(value: string | undefined): number | undefined {
   return intFlag('port', value, { max: 65_535 });

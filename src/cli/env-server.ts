@@ -1,5 +1,5 @@
 import { parseArgs } from 'node:util';
-import { intFlag, numberFlag, untilSignal, UsageError, portFlag } from './args.ts';
+import { intFlag, numberFlag, untilSignal, UsageError, portFlag, DEFAULT_PORTS } from './args.ts';
 
 export const ENV_SERVER_HELP = `Usage: rollout env-server --env <spec> [--env <spec> …] [options]
 
@@ -12,7 +12,7 @@ tasks[].env.http. Runs until Ctrl-C / SIGTERM.
 
 Options:
   --env <spec>              an environment to serve (repeatable)
-  --port <n>                port to listen on (default 8100; 0 = any free port)
+  --port <n>                port to listen on (default ${DEFAULT_PORTS['env-server']}; 0 = any free port)
   --host <addr>             address to bind (default 127.0.0.1)
   --params <json>           factory params: '{"max": 50}' for every environment, or 'name={"max": 50}' for one (repeatable)
   --max-body-bytes <n>      largest request body accepted, else 413 (default 1048576)
@@ -57,7 +57,7 @@ export async function envServerCommand(argv: string[]): Promise<number> {
   const envs = await loadServedEnvs(specs, params);
   const server = await startEnvServer({
     envs,
-    port: portFlag(values.port) ?? 8100,
+    port: portFlag(values.port) ?? DEFAULT_PORTS['env-server'],
     host: values.host ?? '127.0.0.1',
     maxBodyBytes: intFlag('max-body-bytes', values['max-body-bytes'], { min: 1 }),
     failFirst: intFlag('fail-first', values['fail-first']),

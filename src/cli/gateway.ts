@@ -1,5 +1,5 @@
 import { parseArgs } from 'node:util';
-import { UsageError, intFlag, untilSignal, portFlag } from './args.ts';
+import { UsageError, intFlag, untilSignal, portFlag, DEFAULT_PORTS } from './args.ts';
 
 export const GATEWAY_HELP = `Usage: rollout gateway --backend-url <url> [options]
        rollout gateway --embedded-mock [options]
@@ -15,7 +15,7 @@ Options:
                              llamacpp (POST /completion); default vllm
   --embedded-mock            serve from a built-in mock backend speaking the tokenizer's vocabulary
                              (qwen2.5 only; for trying the gateway without a GPU)
-  --port <n>                 port to listen on (default 8100; 0 = any free port)
+  --port <n>                 port to listen on (default ${DEFAULT_PORTS.gateway}; 0 = any free port)
   --host <addr>              address to bind (default 127.0.0.1)
   --model <name>             model id served on /v1/models and sent to the backend (default: the tokenizer name)
   --tokenizer <name|dir>     qwen2.5 (built in) or a directory with tokenizer.json + tokenizer_config.json (default qwen2.5)
@@ -71,7 +71,7 @@ export async function gatewayCommand(argv: string[]): Promise<number> {
       `--embedded-mock serves the vllm shape in the qwen2.5 vocabulary (got --backend ${kind} --tokenizer ${tokenizer})`,
     );
   }
-  const port = portFlag(values.port) ?? 8100;
+  const port = portFlag(values.port) ?? DEFAULT_PORTS.gateway;
   const options = {
     host: values.host ?? '127.0.0.1',
     port,

@@ -1,6 +1,6 @@
 import { parseArgs } from 'node:util';
 import { GPU_PROFILE_NAMES, type CapacityOptions, type GpuProfileName } from '../testing/mock-llm/gpu.ts';
-import { UsageError, intFlag, numberFlag, untilSignal, portFlag } from './args.ts';
+import { UsageError, intFlag, numberFlag, untilSignal, portFlag, DEFAULT_PORTS } from './args.ts';
 
 export const MOCK_LLM_HELP = `Usage: rollout mock-llm [options]
 
@@ -10,7 +10,7 @@ vLLM shape (whole or streamed as server-sent events), and can be aborted or give
 With --dialect it speaks one real server's wire format instead, gaps included (docs/MOCK-SERVER.md).
 
 Options:
-  --port <n>               port to listen on (default 8000; 0 = any free port)
+  --port <n>               port to listen on (default ${DEFAULT_PORTS['mock-llm']}; 0 = any free port)
   --host <addr>            address to bind (default 127.0.0.1)
   --model <name>           model id it serves (default mock-policy)
   --latency-ms <ms>        fixed latency per request (default 0)
@@ -113,7 +113,7 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
       : intFlag('weight-version', values['weight-version']);
   // Undefined values are left to the mock's defaults (resolveMockLlmOptions skips them).
   const options = {
-    port: portFlag(values.port) ?? 8000,
+    port: portFlag(values.port) ?? DEFAULT_PORTS['mock-llm'],
     host: values.host ?? '127.0.0.1',
     model: values.model,
     latencyMs: numberFlag('latency-ms', values['latency-ms']),

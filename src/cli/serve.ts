@@ -4,7 +4,7 @@ import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
 import { checkAllowedHost, isLoopback } from '../control/access.ts';
 import { createEngine } from '../engine.ts';
-import { untilSignal, portFlag, UsageError } from './args.ts';
+import { untilSignal, portFlag, UsageError, DEFAULT_PORTS } from './args.ts';
 import { CONFIG_FLAGS, configFromFlags } from './config-flags.ts';
 import { lockRunDir, newRunDir } from './run-dir.ts';
 
@@ -34,7 +34,7 @@ Options:
                        stop); without one it starts the run. A run dir holding a checkpoint is refused
                        without --resume
   --host <addr>        address to bind (default 127.0.0.1: loopback only)
-  --port <n>           port (default 8100; 0 = any free port)
+  --port <n>           port (default ${DEFAULT_PORTS.serve}; 0 = any free port)
   --token <t>          require "Authorization: Bearer <t>" (default: $ROLLOUT_TOKEN, else none on
                        loopback; beyond loopback a random one, printed once to stderr)
   --allow-host <name>  a host name clients may reach the API by, besides loopback and --host (a DNS
@@ -78,7 +78,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     console.log(SERVE_HELP);
     return 0;
   }
-  const port = portFlag(values.port) ?? 8100;
+  const port = portFlag(values.port) ?? DEFAULT_PORTS.serve;
   const { 'allow-host': allowHostFlags = [], ...flags } = values;
   const allowHosts = allowHostFlags.map((name) => {
     try {
