@@ -5,11 +5,13 @@
  * (test/support/cli.ts) where the CLI is what is promised.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
+import { DEFAULT_PORTS } from '../src/cli/args.ts';
 import { parseJsonWithComments } from '../src/cli/config-flags.ts';
+import { closest } from '../src/cli/suggest.ts';
 import { rollout } from './support/cli.ts';
 
 describe('config files with comments', () => {
@@ -39,5 +41,74 @@ describe('config files with comments', () => {
     const { code, stderr } = await rollout(['run', '--config', config, '--run-dir', dir]);
     assert.equal(code, 1);
     assert.match(stderr, /broken\.json: not a valid JSON config/);
+  });
+});
+
+const pkg = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as {
+  version: string;
+  license: string;
+  engines: { node: string };
+};
+
+describe('CLI habits', () => {
+  it('`rollout --version` prints the package version and exits 0', async () => {
+    for (const flag of ['--version', '-V']) {
+      const { code, stdout } = await rollout([flag]);
+      assert.equal(code, 0);
+      assert.equal(stdout, `rollout-engine ${pkg.version}\n`);
+    }
+  });
+
+  it("`rollout help <command>` prints that command's help, not the program's", async () => {
+    const help = await rollout(['help', 'run']);
+    assert.equal(help.code, 0);
+    assert.equal(help.stdout, (await rollout(['run', '--help'])).stdout);
+    assert.match(help.stdout, /^Usage: rollout run /);
+    assert.match((await rollout(['help', 'gateway'])).stdout, /^Usage: rollout gateway /);
+    assert.match((await rollout(['help'])).stdout, /Commands:\n\s+run/);
+  });
+
+  it('an unknown command exits 2 and names the command it was probably meant to be', async () => {
+    const typo = await rollout(['serv']);
+    assert.equal(typo.code, 2);
+    assert.match(typo.stderr, /^rollout: unknown command "serv" \(did you mean serve\?\)/);
+    assert.match((await rollout(['help', 'gatway'])).stderr, /unknown command "gatway" \(did you mean gateway\?\)/);
+    const far = await rollout(['frobnicate']);
+    assert.equal(far.code, 2);
+    assert.doesNotMatch(far.stderr, /did you mean/);
+  });
+
+  it("an unknown flag exits 2 and names the command's flag it was probably meant to be", async () => {
+    const typo = await rollout(['run', '--bach-size', '4']);
+    assert.equal(typo.code, 2);
+    assert.equal(
+      typo.stderr,
+      "rollout run: Unknown option '--bach-size' (did you mean --batch-size?); see rollout help run\n",
+    );
+    assert.match((await rollout(['mock-llm', '--latency=3'])).stderr, /did you mean --latency-ms\?/);
+    assert.doesNotMatch((await rollout(['serve', '--zzz'])).stderr, /did you mean/);
+  });
+
+  it('suggestions are only offered for near misses', () => {
+    const commands = ['run', 'serve', 'node', 'mock-llm', 'env-server', 'gateway', 'loadtest', 'help'];
+    assert.equal(closest('rnu', commands), 'run');
+    assert.equal(closest('mock', commands), 'mock-llm');
+    assert.equal(closest('train', commands), null);
+    assert.equal(closest('--stpes', ['--steps', '--seed']), '--steps');
+  });
+
+  it('each server command has its own default port, and its help says which', async () => {
+    const ports = Object.values(DEFAULT_PORTS);
+    assert.equal(new Set(ports).size, ports.length, JSON.stringify(DEFAULT_PORTS));
+    for (const [command, port] of Object.entries(DEFAULT_PORTS)) {
+      const { stdout } = await rollout(['help', command]);
+      assert.match(stdout, new RegExp(`--port <n> .*\\(default ${port}; 0 = any free port\\)`), command);
+    }
+  });
+
+  it('the repository has the LICENSE file package.json names', () => {
+    assert.equal(pkg.license, 'Apache-2.0');
+    const license = readFileSync(new URL('../LICENSE', import.meta.url), 'utf8');
+    assert.match(license, /^\s*Apache License\s+Version 2\.0, January 2004/);
   });
 });
