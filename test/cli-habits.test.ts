@@ -111,4 +111,38 @@ describe('CLI habits', () => {
     const license = readFileSync(new URL('../LICENSE', import.meta.url), 'utf8');
     assert.match(license, /^\s*Apache License\s+Version 2\.0, January 2004/);
   });
+
+  it("package.json's engines admits no Node version a runtime dependency refuses, except @nats-io/nuid, whose code runs on it", () => {
+    const lock = JSON.parse(readFileSync(new URL('../package-lock.json', import.meta.url), 'utf8')) as {
+      packages: Record<string, { dev?: boolean; engines?: { node?: string } | string[] }>;
+    };
+    const floor = /^>=(\d+)\.(\d+)$/.exec(pkg.engines.node);
+    assert.ok(floor, `engines.node is a plain floor (got ${pkg.engines.node})`);
+    const lowest = [Number(floor[1]), Number(floor[2])] as const;
+    // Declares node >= 22.x, but needs only globalThis.crypto.getRandomValues (Node >= 19); npm warns
+    // EBADENGINE on Node 20 and installs it (docs/CLI.md "Node versions").
+    const EXCEPTIONS = new Set(['node_modules/@nats-io/nuid']);
+    const refusing: string[] = [];
+    for (const [path, entry] of Object.entries(lock.packages)) {
+      const range = Array.isArray(entry.engines) ? undefined : entry.engines?.node;
+      if (path === '' || entry.dev || range === undefined || EXCEPTIONS.has(path)) continue;
+      if (!admits(range, lowest)) refusing.push(`${path} (${range})`);
+    }
+    assert.deepEqual(refusing, []);
+    const nuid = lock.packages['node_modules/@nats-io/nuid'].engines as { node: string };
+    assert.equal(admits(nuid.node, lowest), false, 'nuid admits the floor now: drop the exception');
+  });
 });
+
+/** Whether an engines range admits Node major.minor (the forms the lockfile holds: >=, ^, *, ||). */
+function admits(range: string, [major, minor]: readonly [number, number]): boolean {
+  return range.split('||').some((alternative) => {
+    const text = alternative.trim();
+    if (text === '*') return true;
+    const m = /^(>=|\^)\s*(\d+)(?:\.(\d+|x))?(?:\.(\d+|x))?$/.exec(text);
+    if (m === null) throw new Error(`engines range not understood: ${range}`);
+    const [want, wantMinor] = [Number(m[2]), m[3] === undefined || m[3] === 'x' ? 0 : Number(m[3])];
+    if (m[1] === '^') return major === want && minor >= wantMinor;
+    return major > want || (major === want && minor >= wantMinor);
+  });
+}
