@@ -47,6 +47,7 @@ import {
 } from '../../src/testing/mock-llm/gpu.ts';
 import { runPythonTrainer } from './python-baseline.ts';
 import { row, type TargetRow } from './targets.ts';
+import { AGENTIC_ENV_MODULE, longTailDataset, type LongTailWorkload } from './workloads/long-tail.ts';
 
 /**
  * The simulated trainer's GPU ms per trained token of an 8B model (docs/MOCK-CALIBRATION.md, "The
@@ -90,6 +91,11 @@ export interface TrainingBenchOptions {
   episodeSlots: number;
   /** producer.takeOrder on the async sides: which retried group is sent out first, and which stored group is taken first. */
   takeOrder: 'fifo' | 'stalest';
+  /**
+   * An agentic long-tail workload (workloads/long-tail.ts) in place of guess-number: its environment,
+   * dataset and env latencies; the sizes above are set from it by `longTailOptions`. null: guess-number.
+   */
+  workload: LongTailWorkload | null;
 }
 
 export function trainingBenchDefaults(quick: boolean): TrainingBenchOptions {
@@ -119,6 +125,25 @@ export function trainingBenchDefaults(quick: boolean): TrainingBenchOptions {
     maxStaleness: 1,
     episodeSlots: 0,
     takeOrder: 'fifo',
+    workload: null,
+  };
+}
+
+/** The bench's options for a long-tail workload: its sizes, the defaults' trainer and async settings. */
+export function longTailOptions(w: LongTailWorkload, quick: boolean): TrainingBenchOptions {
+  return {
+    ...trainingBenchDefaults(quick),
+    servers: w.servers,
+    slots: w.slots,
+    responseTokens: w.responseTokens,
+    lengthSigma: w.lengthSigma,
+    maxTokens: w.maxTokens,
+    turns: w.env.maxTurns,
+    groupSize: w.groupSize,
+    groups: quick ? Math.max(2, Math.ceil(w.groups / 4)) : w.groups,
+    steps: quick ? 3 : w.steps,
+    speedup: w.speedup,
+    workload: w,
   };
 }
 
@@ -130,6 +155,13 @@ export interface SideResult {
   mockCores: number | null;
   /** The engine's group counts at the end (where wasted tokens went: retried, dropped). */
   groups: GroupCounts | null;
+  /**
+   * This process's CPU (the engine's main thread and workers, the simulated trainer) per real second
+   * over the side's run: well under 1 on a 2-core machine means the engine is not the bottleneck.
+   */
+  engineCores?: number | null;
+  /** Episodes the engine played again after an infrastructure failure (masked). */
+  maskedFailures?: number;
 }
 
 /**
@@ -226,6 +258,7 @@ const mockCpuMs = (mocks: MockProcess[]): number | null => {
 async function engineSide(o: TrainingBenchOptions, dataset: string, side: EngineSide): Promise<SideResult> {
   const mocks = await startServers(o);
   const cpu0 = mockCpuMs(mocks);
+  const own0 = process.cpuUsage();
   const t0 = performance.now();
   const rollouts = o.groups * o.groupSize;
   const asyncSide = side === 'sync' ? null : ASYNC_SIDES[side];
@@ -246,14 +279,23 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
         rolloutsPerWorker: async && o.episodeSlots > 0 ? o.episodeSlots : null,
       },
       tasks: [
-        {
-          name: 'guess',
-          env: { module: 'builtin:guess-number', params: { maxTurns: o.turns } },
-          dataset,
-          groupSize: o.groupSize,
-          maxSteps: o.turns,
-          maxTokens: o.maxTokens,
-        },
+        o.workload === null
+          ? {
+              name: 'guess',
+              env: { module: 'builtin:guess-number', params: { maxTurns: o.turns } },
+              dataset,
+              groupSize: o.groupSize,
+              maxSteps: o.turns,
+              maxTokens: o.maxTokens,
+            }
+          : {
+              name: o.workload.name,
+              env: { module: AGENTIC_ENV_MODULE, params: { ...o.workload.env, speedup: o.speedup } },
+              dataset,
+              groupSize: o.groupSize,
+              maxSteps: o.turns,
+              maxTokens: o.maxTokens,
+            },
       ],
       producer: async
         ? {
@@ -286,14 +328,19 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
       },
     });
     const cpu1 = mockCpuMs(mocks);
-    const groups = (await engine.stats()).groups;
+    const own = process.cpuUsage(own0);
+    const stats = await engine.stats();
+    const groups = stats.groups;
     const gpuSeconds = ((performance.now() - t0) * o.speedup) / 1000;
+    const realSeconds = gpuSeconds / o.speedup;
     return {
       side,
       figures: { ...figures, strategy: side },
       skipped: null,
-      mockCores: cpu0 === null || cpu1 === null ? null : (cpu1 - cpu0) / 1000 / (gpuSeconds / o.speedup),
+      mockCores: cpu0 === null || cpu1 === null ? null : (cpu1 - cpu0) / 1000 / realSeconds,
       groups,
+      engineCores: (own.user + own.system) / 1e6 / realSeconds,
+      maskedFailures: stats.failures.infrastructure,
     };
   } finally {
     await engine.close();
@@ -341,9 +388,11 @@ export async function trainingBench(
   const dir = mkdtempSync(join(tmpdir(), 'rollout-training-bench-'));
   const sides: SideResult[] = [];
   try {
-    const dataset = writeDataset(dir, 4096);
+    let dataset: string;
+    if (o.workload === null) dataset = writeDataset(dir, 4096);
+    else writeFileSync((dataset = join(dir, `${o.workload.name}.jsonl`)), longTailDataset(o.workload));
     for (const side of ENGINE_SIDES) if (only.includes(side)) sides.push(await engineSide(o, dataset, side));
-    if (only.includes('python sync')) sides.push(await pythonSide(o));
+    if (only.includes('python sync') && o.workload === null) sides.push(await pythonSide(o));
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
@@ -384,7 +433,7 @@ export const ANCHORS =
 export function printTrainingBench(r: TrainingBenchResult): void {
   const o = r.options;
   console.log(
-    `\nsimulated training loop on GPU-like mocks: ${o.servers} × ${o.slots}-slot replica (profile ${o.profile}), ${o.groups} groups × ${o.groupSize} per batch, guess-number ≤ ${o.turns} turns,` +
+    `\nsimulated training loop on GPU-like mocks: ${o.servers} × ${o.slots}-slot replica (profile ${o.profile}), ${o.groups} groups × ${o.groupSize} per batch, ${o.workload === null ? 'guess-number' : `workload ${o.workload.name}`} ≤ ${o.turns} turns,` +
       ` response length log-normal (median ${o.responseTokens}, σ ${o.lengthSigma}, max ${o.maxTokens}); trainer ${o.trainMsPerToken.toFixed(3)} ms/token, weight load ${o.loadMs} ms, sync every step (async: every ${o.asyncSyncEvery}, syncWeightsInterval ${o.asyncSyncEvery}); GPU time at ${o.speedup}× speed`,
   );
   const h = [
@@ -453,8 +502,13 @@ export function printTrainingBench(r: TrainingBenchResult): void {
       .filter(([, n]) => n > 0)
       .map(([k, n]) => `${k} ${n}`)
       .join(', ');
+    const cores =
+      s.engineCores === undefined || s.engineCores === null
+        ? ''
+        : `; CPU per real second: engine process ${s.engineCores.toFixed(2)}, mocks ${s.mockCores?.toFixed(2) ?? 'n/a'}`;
+    const masked = s.maskedFailures === undefined ? '' : `; infrastructure failures ${s.maskedFailures}`;
     console.log(
-      `  ${s.side}: groups scheduled ${g.scheduled}, retried ${g.retried}, landed ${landed}, taken ${g.taken}, in flight at the end ${g.inFlight}, dropped ${dropped}`,
+      `  ${s.side}: groups scheduled ${g.scheduled}, retried ${g.retried}, landed ${landed}, taken ${g.taken}, in flight at the end ${g.inFlight}, dropped ${dropped}${masked}${cores}`,
     );
   }
   console.log(`  ${describeCeiling(r.ceiling)}`);
