@@ -13,6 +13,9 @@ import { callFloor } from './bench/call-floor.ts';
 import { bareLoop, engineThroughput } from './bench/engine-throughput.ts';
 import { toolCallCost } from './bench/tool-calls.ts';
 import { fleetBench, fleetBenchDefaults, fleetTargets } from './bench/fleet.ts';
+import { longTailBench, LONG_TAIL_SIDES } from './bench/long-tail.ts';
+import createAgenticEnv, { agenticSystemPrompt } from './bench/workloads/agentic-env.ts';
+import { LONG_TAIL_WORKLOADS, longTailDataset } from './bench/workloads/long-tail.ts';
 
 /** A pass-through proxy on 127.0.0.1:0 that keeps every chat body it forwards. */
 async function recordingProxy(target: string): Promise<{ url: string; bodies: Set<string>; server: Server }> {
@@ -172,5 +175,63 @@ describe('the fleet bench (smoke, no figures checked)', () => {
     }
     const [target] = fleetTargets(r);
     assert.ok(target.value === null || Number.isFinite(target.value));
+  });
+});
+
+describe('the long-tail workloads (smoke, no figures checked)', () => {
+  it('defines multi-turn, long-tailed, straggling, failing workloads on several servers with a shared system prompt', () => {
+    assert.ok(LONG_TAIL_WORKLOADS.length >= 2);
+    for (const w of LONG_TAIL_WORKLOADS) {
+      assert.equal(w.env.maxTurns, 8, w.name);
+      assert.ok(w.servers >= 2 && w.lengthSigma >= 1 && w.maxTokens >= 20 * w.responseTokens, w.name);
+      assert.ok(w.env.stragglerRate > 0 && w.env.stragglerMs[0] >= 10_000, w.name);
+      assert.ok(w.env.infraRate > 0 && w.env.infraRate < 0.05, w.name);
+      assert.equal(longTailDataset(w).trim().split('\n').length, w.prompts);
+    }
+  });
+
+  it('plays an episode of 1–8 turns under the shared system prompt, and replays it the same from the same replies', async () => {
+    const params = { ...LONG_TAIL_WORKLOADS[0].env, infraRate: 0, speedup: 1e6 };
+    const play = async (): Promise<unknown[]> => {
+      const env = createAgenticEnv(params);
+      await env.reset({ seed: 7, params: { id: 3 } });
+      const prompt = await env.getTaskPrompt();
+      assert.equal((prompt as { content: string }[])[0].content, agenticSystemPrompt(params.systemPromptWords));
+      const seen: unknown[] = [];
+      for (let turn = 1; turn <= 8; turn++) {
+        const r = await env.step(`reply ${turn}`, { toolMessages: [] });
+        seen.push(r.observation, r.reward);
+        if (r.terminated) return seen;
+      }
+      assert.fail('no episode runs past 8 turns');
+    };
+    const first = await play();
+    assert.ok(first.length >= 2 && first.length <= 16);
+    assert.deepEqual(await play(), first);
+  });
+
+  it('runs sync, async strict and async keep on a tiny long-tail workload with infrastructure failures injected', async () => {
+    const w = LONG_TAIL_WORKLOADS[1];
+    const workload = {
+      ...w,
+      env: { ...w.env, stepMs: 20, stragglerMs: [200, 400] as [number, number], infraRate: 0.2 },
+    };
+    const r = await longTailBench(workload, true, {
+      workload,
+      groups: 2,
+      steps: 3,
+      slots: 8,
+      maxTokens: 256,
+      speedup: 20,
+    });
+    assert.deepEqual(
+      r.sides.map((s) => s.side),
+      [...LONG_TAIL_SIDES],
+    );
+    for (const s of r.sides) {
+      assert.ok(s.figures !== null && s.figures.steps >= 2, s.side);
+      assert.ok(s.engineCores === null || (s.engineCores ?? -1) >= 0);
+    }
+    assert.ok(r.ceiling !== null && Number.isFinite(r.ceiling.value));
   });
 });
