@@ -14,10 +14,12 @@
  * - with probability `infraRate` an episode fails at one of its steps with ERR_ENV_INFRA (a sandbox
  *   lost under it): the engine masks it and plays the rollout again (docs/FAILURES.md).
  *
- * Seeded and replayable: an episode's length, its failure and each observation are drawn from (its
- * reset seed, the turn, the model's replies so far), so the engine's replay of recorded steps on a
- * fresh actor (a continued rollout) reproduces them, and a rollout run again draws afresh. Only the
- * latencies come from a per-thread stream (they are not recorded, and nothing depends on them).
+ * Seeded and replayable: an episode's length and each observation are drawn from (its reset seed,
+ * the turn, the model's replies so far), so the engine's replay of recorded steps on a fresh actor (a
+ * continued rollout) reproduces them. The latencies and the failures come from a seeded stream of the
+ * worker thread instead: neither is in a step's record, and a rollout run again after a failure gets
+ * the same replies (the engine sends the same request seeds), so a failure drawn from them would
+ * strike every run again.
  */
 import { createRng, mixSeeds } from '../../../src/env/synthetic/rng.ts';
 import { fmix32 } from '../../../src/hash.ts';
@@ -98,7 +100,7 @@ function hashText(text: string): number {
 }
 
 const systemPrompts = new Map<number, string>();
-/** Latencies only: not part of an episode's record. */
+/** Latencies and failures: not part of an episode's record. */
 const latencies = createRng(0x1a7);
 
 const createEnv: EnvironmentFactory = (params) => {
@@ -134,7 +136,7 @@ const createEnv: EnvironmentFactory = (params) => {
       if (turn === 1) {
         // The episode's length and its failure, from the first reply: the group's members differ.
         turns = 1 + Math.floor(p.maxTurns * rng.next() ** p.turnsSkew);
-        failAt = rng.next() < p.infraRate ? 1 + Math.floor(rng.next() * turns) : 0;
+        failAt = latencies.next() < p.infraRate ? 1 + Math.floor(latencies.next() * turns) : 0;
       }
       const ms = stepLatencyMs(p, latencies);
       await new Promise((r) => setTimeout(r, ms / p.speedup));

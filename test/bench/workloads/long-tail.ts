@@ -48,7 +48,7 @@ export const LONG_TAIL_WORKLOADS: readonly LongTailWorkload[] = [
     groupSize: 8,
     groups: 12,
     steps: 5,
-    speedup: 4,
+    speedup: 8,
     prompts: 2048,
     env: {
       maxTurns: 8,
@@ -73,7 +73,7 @@ export const LONG_TAIL_WORKLOADS: readonly LongTailWorkload[] = [
     groupSize: 4,
     groups: 24,
     steps: 5,
-    speedup: 4,
+    speedup: 8,
     prompts: 2048,
     env: {
       maxTurns: 8,
