@@ -38,11 +38,13 @@ const CHAT_BODY = JSON.stringify({
 
 /**
  * One chat completion with undici; a transport failure comes back as its error code, giving up after
- * `timeoutMs` as 'TimeoutError' (an AbortSignal: undici's own timeouts tick every half second or so).
+ * `timeoutMs` as 'TimeoutError' (an AbortSignal: undici's own timeouts tick every half second or so),
+ * or as soon as `giveUp` aborts.
  */
 async function rawChat(
   mock: MockLlm,
   timeoutMs = 5_000,
+  giveUp?: AbortSignal,
 ): Promise<{
   status: number | string;
   headers: Record<string, unknown>;
@@ -59,7 +61,10 @@ async function rawChat(
       method: 'POST',
       body: CHAT_BODY,
       headers: { 'content-type': 'application/json' },
-      signal: AbortSignal.timeout(timeoutMs),
+      signal:
+        giveUp === undefined
+          ? AbortSignal.timeout(timeoutMs)
+          : AbortSignal.any([giveUp, AbortSignal.timeout(timeoutMs)]),
     });
     try {
       return { status: res.statusCode, headers: res.headers, body: await res.body.text(), bodyError: null };
@@ -184,7 +189,14 @@ describe('mock inference server fault knobs', () => {
       const m = await mock({ ...rates, seed });
       const seen: string[] = [];
       for (let i = 0; i < 40; i++) {
-        const res = await rawChat(m, 30);
+        // Give up on a request as soon as the server says it holds it, not after a short timer that a
+        // loaded machine's ordinary replies can outlast (30 ms was, on a busy 2-core machine).
+        const held = new AbortController();
+        const hung = m.stats().faults.hang;
+        void m
+          .waitForStats((s) => s.faults.hang > hung)
+          .then(() => held.abort(new DOMException('the mock holds the request', 'TimeoutError')));
+        const res = await rawChat(m, 60_000, held.signal);
         seen.push(
           res.bodyError ??
             (res.status === 200 && res.body !== null && !isJson(res.body) ? 'not-json' : String(res.status)),

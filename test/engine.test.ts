@@ -327,7 +327,8 @@ describe('environment calls that never settle (tasks[].env.timeoutMs)', () => {
         llm: { url: mock.url },
         batchSize: 1,
         workers: { threads: 1 },
-        pause: { mode: 'abort', timeoutMs: 200, resignalIntervalMs: 100 },
+        // Ample: the pause returns once the group is home; the bound only turns a hang into a failure.
+        pause: { mode: 'abort', timeoutMs: 10_000, resignalIntervalMs: 100 },
         tasks: [faultyTask(datasetOfLines([{ mode: 'hang', marker }]), { maxSteps: 1 })],
       },
       { observer: { landed: (group) => void landed.push(group) } },
