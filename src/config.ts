@@ -10,12 +10,18 @@ import { availableParallelism } from 'node:os';
 import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { z } from 'zod';
-import { NATS_URL, RUN_NAME } from './cluster/names.ts';
 import { ENV_PROTOCOLS, GYM_ACTIONS, OPENENV_DEFAULTS, protocolConflicts } from './env/protocol.ts';
 import { ConfigError, preview } from './errors.ts';
 import { projectModuleUrl } from './paths.ts';
 import { SERVER_KINDS, type SamplingUse } from './llm/servers.ts';
 import type { SamplingRecord, SamplingShape } from './domain/rollout.ts';
+
+/** A run's name, as `workers.nats.run` and `rollout node --run` take it: it goes into stream and bucket names (cluster/names.ts). */
+export const RUN_NAME = /^[A-Za-z0-9_-]{1,64}$/;
+/** A NATS server URL, as `workers.nats.url` and `--nats` take it. */
+export const NATS_URL = /^(nats|tls):\/\/\S+$/;
+/** The default run name: the coordinator's `workers.nats.run` default, and `rollout node --run`'s. */
+export const DEFAULT_RUN = 'rollout';
 
 const BUILTIN_PREFIX = 'builtin:';
 /** Shipped synthetic environments, addressable as `builtin:<name>` in `tasks[].env.module`. */
@@ -462,7 +468,7 @@ const WorkersSpec = z.strictObject({
       /** The NATS server the coordinator and every node connect to. */
       url: z.string().regex(NATS_URL, 'expected nats://host:port (or tls://)'),
       /** Names the run's streams, bucket and subjects: nodes started with the same `--run` serve it. */
-      run: z.string().regex(RUN_NAME, 'expected 1 to 64 letters, digits, _ or -').default('rollout'),
+      run: z.string().regex(RUN_NAME, 'expected 1 to 64 letters, digits, _ or -').default(DEFAULT_RUN),
       /** Also run groups on `workers.threads` local threads (local first, nodes take the rest). */
       localThreads: z.boolean().default(false),
       /** A node that neither returns a result nor heartbeats for this long is taken for dead: its group goes to another node. */

@@ -17,7 +17,8 @@ import {
   type ResumeOptions,
 } from './coordinator/engine-core.ts';
 import type { RolloutAudit } from './coordinator/audit-segments.ts';
-import type { Batch, PauseReport } from './coordinator/producer.ts';
+import type { PauseReport } from './coordinator/producer.ts';
+import type { Batch } from './domain/batch.ts';
 import type { PauseNodes } from './coordinator/worker-pool.ts';
 import { RolloutEngineError } from './errors.ts';
 import { EngineMetrics } from './control/metrics.ts';

@@ -1,6 +1,7 @@
 /**
  * The layering of src/ (test/support/layering.ts): no import cycle, the worker side never reaches the
- * main thread's modules, protocol/ stays at the bottom, nothing imports the package entry. A checker
+ * main thread's modules, protocol/ stays at the bottom, formats/ and config.ts import nothing above
+ * them, nothing imports the package entry. A checker
  * that passes everything proves nothing, so it is also shown catching each kind of problem in a
  * scratch tree.
  */
@@ -29,7 +30,7 @@ describe('layering of src/', () => {
     );
   });
 
-  it('keeps the worker side off the main thread, protocol/ at the bottom and the package entry unimported', () => {
+  it('keeps the worker side off the main thread, protocol/, formats/ and config.ts low and the package entry unimported', () => {
     assert.deepEqual(layeringViolations(edges), []);
   });
 });
@@ -77,18 +78,23 @@ describe('the layering checker', () => {
         "import type { A } from '../llm/a.ts';\nimport { type B } from '../env/b.ts';\nimport { type C, d } from '../env/b.ts';\nimport type { Z } from '../config.ts';\n",
       'src/llm/a.ts': 'export type A = 1;\n',
       'src/env/b.ts': 'export type B = 1;\nexport type C = 1;\nexport const d = 1;\n',
-      'src/config.ts': 'export const z = 1;\n',
       'src/domain/rollout.ts': "import { e } from '../errors.ts';\nimport { z } from '../config.ts';\n",
       'src/errors.ts': "import { codes } from './error-codes.ts';\nexport const e = codes;\n",
       'src/error-codes.ts': "import { z } from './config.ts';\nexport const codes = z;\n",
       'src/worker/runtime.ts': "\nimport type { Buffer } from '../buffer/replay-buffer.ts';\n",
       'src/buffer/replay-buffer.ts': 'export type Buffer = number;\n',
+      'src/formats/batch-file.ts': "import type { Batch } from '../coordinator/producer.ts';\n",
+      'src/coordinator/producer.ts': 'export type Batch = 1;\n',
+      'src/config.ts': "import { RUN_NAME } from './cluster/names.ts';\nexport const z = RUN_NAME;\n",
+      'src/cluster/names.ts': 'export const RUN_NAME = 1;\n',
     });
     assert.deepEqual(checkLayering(root).sort(), [
       'import cycle: src/cli/run.ts → src/index.ts → src/cli/run.ts',
       'src/cli/run.ts:1 imports src/index.ts: import from the module that defines it, not the package entry',
+      'src/config.ts:1 imports src/cluster/names.ts: config.ts is below the layers it configures: what it validates lives in it (or below it)',
       'src/domain/rollout.ts:2 imports src/config.ts: src/domain/ imports only src/errors.ts, src/error-codes.ts',
       'src/error-codes.ts:1 imports src/config.ts: src/error-codes.ts imports nothing of src/',
+      'src/formats/batch-file.ts:1 imports src/coordinator/producer.ts: formats/ writes and reads data: the types it writes live in src/domain/',
       "src/protocol/codec.ts:2 imports src/config.ts: src/protocol/ imports only src/domain/, src/errors.ts, src/error-codes.ts (and, type-only, the worker side's settings)",
       "src/protocol/messages.ts:3 imports src/env/b.ts: src/protocol/ imports only src/domain/, src/errors.ts, src/error-codes.ts (and, type-only, the worker side's settings)",
       "src/protocol/messages.ts:4 imports src/config.ts: src/protocol/ imports only src/domain/, src/errors.ts, src/error-codes.ts (and, type-only, the worker side's settings)",

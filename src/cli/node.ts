@@ -6,7 +6,7 @@
 import { parseArgs } from 'node:util';
 import { createLogger } from '../log.ts';
 import { RolloutNode } from '../cluster/node.ts';
-import { DEFAULT_RUN, NATS_URL, RUN_NAME } from '../cluster/names.ts';
+import { DEFAULT_RUN, NATS_URL, RUN_NAME } from '../config.ts';
 import { intFlag, portFlag, UsageError } from './args.ts';
 
 export const NODE_HELP = `Usage: rollout node --nats <url> [options]

@@ -3,7 +3,7 @@ import { noFailures, type FailureKind } from '../domain/failure.ts';
 import { existsSync, rmdirSync, statSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import type { Batch } from '../coordinator/producer.ts';
+import type { Batch } from '../domain/batch.ts';
 import { createEngine } from '../engine.ts';
 import { emptyStatusCounts } from '../coordinator/producer.ts';
 import { BatchFileWriter } from '../formats/batch-file.ts';

@@ -12,11 +12,10 @@
  * - the accepted bucket (KV): `<dispatch>` created once per accepted result. Its own bucket because
  *   2.9 has no per-key TTL: the bucket's max age bounds it.
  * - CONTROL: a core subject; a pause is also sent there as a request every node answers.
+ *
+ * The run name's and the NATS URL's patterns, and the default run name, live in src/config.ts, which
+ * validates them: the configuration sits below cluster/ and imports nothing of it.
  */
-/** A run's name, as `workers.nats.run` and `rollout node --run` take it: it goes into stream and bucket names. */
-export const RUN_NAME = /^[A-Za-z0-9_-]{1,64}$/;
-/** A NATS server URL, as `workers.nats.url` and `--nats` take it. */
-export const NATS_URL = /^(nats|tls):\/\/\S+$/;
 
 export interface RunNames {
   workStream: string;
@@ -73,6 +72,3 @@ export const KEY = {
   COORDINATOR: 'coordinator',
   NODE_PREFIX: 'nodes.',
 } as const;
-
-/** The default run name: the coordinator's `workers.nats.run` default, and `rollout node --run`'s. */
-export const DEFAULT_RUN = 'rollout';

@@ -29,7 +29,8 @@ import { createServer, type IncomingMessage, type ServerResponse } from 'node:ht
 import type { AddressInfo } from 'node:net';
 import type { AuditTarget, EngineStats } from '../coordinator/engine-core.ts';
 import type { RolloutAudit } from '../coordinator/audit-segments.ts';
-import type { Batch, PauseReport } from '../coordinator/producer.ts';
+import type { PauseReport } from '../coordinator/producer.ts';
+import type { Batch } from '../domain/batch.ts';
 import type { EngineMetrics } from './metrics.ts';
 import { compactGroup } from '../formats/compact.ts';
 import { HttpError, readBody, send, sendError, tokenMatches } from './http.ts';

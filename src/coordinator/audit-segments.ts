@@ -12,35 +12,13 @@
  *   update), the tokens of step S: kind `beforeUpdate` for its first step, `afterUpdate` for the later
  *   ones — where stale KV after an in-place update shows.
  */
+import { SEGMENT_KINDS, SKIP_REASONS, type DeltaStats, type SegmentKind, type SkipReason } from '../domain/batch.ts';
 import type { RolloutState, TurnRecord } from '../domain/rollout.ts';
+
+export { SEGMENT_KINDS, SKIP_REASONS, type DeltaStats, type SegmentKind, type SkipReason };
 
 /** Tokens at the start of each turn counted as its boundary. */
 export const TURN_START_TOKENS = 4;
-
-export const SEGMENT_KINDS = ['turnStart', 'turnRest', 'beforeUpdate', 'afterUpdate'] as const;
-export type SegmentKind = (typeof SEGMENT_KINDS)[number];
-
-/** Why tokens of a rollout were not compared. */
-export const SKIP_REASONS = [
-  /** Sampled with a model step the servers no longer serve: re-scoring would measure the update. */
-  'weightsMoved',
-  /** The turn has no prompt ids, response ids or logprobs (chat without ids, text-only replies). */
-  'noIds',
-  /** The server kind has no prompt scoring (llama.cpp, the plain OpenAI API). */
-  'cannotScore',
-  /** Over the audit's token budget (audit.maxTokenShare). */
-  'budget',
-  /** A pause came while scoring (the weights may have changed under it), or the call failed. */
-  'interrupted',
-] as const;
-export type SkipReason = (typeof SKIP_REASONS)[number];
-
-export interface DeltaStats {
-  tokens: number;
-  /** Mean |recorded − re-scored| logprob over the tokens (0 when none). */
-  meanAbsDelta: number;
-  maxAbsDelta: number;
-}
 
 export interface SegmentReport extends DeltaStats {
   name: string;

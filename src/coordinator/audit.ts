@@ -13,6 +13,7 @@
  * the response tokens generated. The stats report the share and the seconds spent.
  */
 import { request } from 'undici';
+import type { AuditStats } from '../domain/batch.ts';
 import type { RolloutGroup, RolloutState, TurnRecord } from '../domain/rollout.ts';
 import { Status, responseTokenCount } from '../domain/rollout.ts';
 import { scoreWire, type ScoreRequest } from '../llm/score-wire.ts';
@@ -46,23 +47,7 @@ export interface AuditSettings {
   maxTokenShare: number;
 }
 
-/** What the audit found over a window (since the last batch) or the whole run. */
-export interface AuditStats extends DeltaStats {
-  /** Rollouts audited (at least one token compared). */
-  rollouts: number;
-  bySegment: Record<SegmentKind, DeltaStats>;
-  /** Rollouts with a segment past the threshold. */
-  flagged: number;
-  /** The worst flagged rollouts (up to 10): id, segment, its mean |Δ|. */
-  worst: { rolloutId: string; segment: string; meanAbsDelta: number }[];
-  /** Tokens not compared, by reason (audit-segments.ts SKIP_REASONS). */
-  skippedTokens: Record<SkipReason, number>;
-  /**
-   * What it cost the servers: tokens sent for scoring (prompt and response of each turn: one prefill
-   * each) against the response tokens generated in the same span, and seconds of scoring calls.
-   */
-  cost: { scoredTokens: number; generatedTokens: number; tokenShare: number; seconds: number };
-}
+export type { AuditStats } from '../domain/batch.ts';
 
 /** Told about each rollout audited (metrics). */
 export interface AuditObserver {

@@ -5,60 +5,10 @@
 import { rolloutStaleness, tokenLossMask } from '../buffer/staleness.ts';
 import { historyRewriteCounts, inexactTokenCount, responseTokenCount, type RolloutGroup } from '../domain/rollout.ts';
 import { RunningMean, foldMean } from './mean.ts';
-import type { FailureKind } from '../domain/failure.ts';
 import type { WindowStats } from './progress.ts';
-import type { AuditStats } from './audit.ts';
+import type { BatchStats } from '../domain/batch.ts';
 
-export interface BatchStats {
-  groups: number;
-  rollouts: number;
-  meanReward: number;
-  /** Agent turns (inference calls) in the batch's rollouts. */
-  turns: number;
-  responseTokens: number;
-  /**
-   * Staleness of the batch's rollouts at this train step; `pastThreshold`: how many reached the stale
-   * threshold (async with producer.staleRollouts keep hands such rollouts out; otherwise 0).
-   */
-  staleness: { min: number; max: number; mean: number; pastThreshold: number };
-  /** Tokens masked out of the loss by the token-level staleness threshold. */
-  maskedTokens: number;
-  /**
-   * Response tokens whose recorded logprob no single set of weights reproduces: sampled on a KV cache
-   * from earlier weights (`TurnRecord.staleKv`), or in a turn spanning weight versions without a
-   * per-token split (`spansVersions`) — generations kept across in-place weight updates.
-   */
-  inexactTokens: number;
-  /**
-   * `llm.api: tokens`: turns whose chat template re-rendered the history otherwise than it was sampled
-   * (TurnRecord.historyRewrite, docs/TEMPLATES.md), and of those, the ones that began a new training
-   * segment (`llm.historyMode: split`, or a keep-sampled turn that could not be kept): the batch's
-   * samples number its rollouts' segments, rollouts + historySplits for single-agent ones.
-   */
-  historyRewrites: number;
-  historySplits: number;
-  /**
-   * Since the previous batch: rollouts produced per task (every status, a retried group's rollouts
-   * each time it lands) and the response tokens generated for them (each token once, in the dispatch
-   * that made it).
-   */
-  producedSamples: Record<string, number>;
-  producedTokens: Record<string, number>;
-  /** Since the previous batch: mean reward of COMPLETED groups as generated (before filtering). */
-  rawMeanReward: Record<string, number | null>;
-  /**
-   * Since the previous batch: episodes that failed, by kind (src/domain/failure.ts). Infrastructure
-   * ones include episodes run again in their slot: none of them is in any batch.
-   */
-  failures: Record<FailureKind, number>;
-  produceMs: number;
-  byTask: Record<string, { groups: number; meanReward: number }>;
-  /**
-   * The consistency audit since the previous batch (coordinator/audit.ts: rollouts re-scored on the
-   * server, |Δ logprob| by segment, what it cost); absent when `audit.fraction` is 0 and none was asked for.
-   */
-  audit?: AuditStats;
-}
+export type { BatchStats } from '../domain/batch.ts';
 
 /**
  * The stats of the batch `taken` (task → its groups) for `trainStep`: `maskedTokens` from

@@ -57,7 +57,8 @@ import {
   Status,
   type RolloutGroup,
 } from '../domain/rollout.ts';
-import { batchStats, groupLossMasks, type BatchStats } from './batch-stats.ts';
+import type { Batch } from '../domain/batch.ts';
+import { batchStats, groupLossMasks } from './batch-stats.ts';
 import { Notifier, WakeUp } from './notifier.ts';
 import { OutageMonitor, type OutageObserver, type OutageStats } from './outage.ts';
 import { NO_EXPIRY } from '../protocol/control-block.ts';
@@ -92,14 +93,7 @@ export interface GroupCounts {
 export type { BatchStats } from './batch-stats.ts';
 export type { PauseReport } from './pause-sequence.ts';
 
-/**
- * NORMAL: `groups` holds the batch. UPDATE_WEIGHT_AND_ABORT: a weight update is in progress — resume,
- * then ask again. EXPIRED_BATCH: the weights are too stale to produce this step — sync the weights
- * (pause, load, resume), then ask again. Both of the latter come with no groups.
- */
-export type Batch =
-  | { trainStep: number; status: 'NORMAL'; groups: RolloutGroup[]; stats: BatchStats }
-  | { trainStep: number; status: 'UPDATE_WEIGHT_AND_ABORT' | 'EXPIRED_BATCH'; groups: []; stats: null };
+export type { Batch } from '../domain/batch.ts';
 
 export interface ProducerHooks {
   /** `is_valid_sample_fn`: false turns a COMPLETED group FILTERED. */

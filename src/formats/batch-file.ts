@@ -6,7 +6,7 @@
 import { createWriteStream, mkdirSync, type WriteStream } from 'node:fs';
 import { once } from 'node:events';
 import { dirname } from 'node:path';
-import type { Batch } from '../coordinator/producer.ts';
+import type { Batch } from '../domain/batch.ts';
 import { compactGroup, type CompactGroup } from './compact.ts';
 import { toJson } from './peer.ts';
 import type { RolloutGroup } from '../domain/rollout.ts';

@@ -5,7 +5,8 @@
  * What the engine exposes is all it uses: taken batches (per-rollout `timings`, per-turn `timings`),
  * `engine.stats()` (worker counters and heaps) and the pause reports.
  */
-import type { Batch, BatchStats, PauseReport } from '../coordinator/producer.ts';
+import type { PauseReport } from '../coordinator/producer.ts';
+import type { Batch, BatchStats } from '../domain/batch.ts';
 import type { GpuMetrics } from '../testing/mock-llm/gpu.ts';
 
 export interface BatchRecord {

@@ -7,7 +7,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { EngineConfigInput } from '../config.ts';
 import type { EngineStats } from '../coordinator/engine-core.ts';
-import type { Batch } from '../coordinator/producer.ts';
+import type { Batch } from '../domain/batch.ts';
 import { createEngine, type Engine } from '../engine.ts';
 import type { GpuMetrics } from '../testing/mock-llm/gpu.ts';
 import type { MockProcess } from './mock-process.ts';

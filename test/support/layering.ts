@@ -17,6 +17,10 @@
  *   what both sides of the thread boundary share. One exception, type-only: the worker's start-up
  *   message (WorkerInit) carries the settings of the worker-side modules that read them (env/, llm/,
  *   worker/), typed by those modules;
+ * - formats/ (the files and wire forms of batches, checkpoints and peers' messages) reads and writes
+ *   data: it imports domain/ and the errors, never the coordinator that makes a batch;
+ * - config.ts is read by every layer that is configured, so it imports none of them: not cluster/,
+ *   coordinator/, control/, cli/, gateway/, buffer/, worker/ (the patterns it validates live in it);
  * - nothing in src/ imports a package entry (src/index.ts): the entry re-exports, it is not a library
  *   to build with, and an import of it drags every module into a cycle with the importer.
  *
@@ -53,6 +57,19 @@ const FOUNDATION: [layer: string, below: string[]][] = [
 /** What the start-up message may name the settings of, type-only (see the module comment). */
 const WORKER_SETTINGS = ['src/env/', 'src/llm/', 'src/worker/'];
 const PACKAGE_ENTRY = 'src/index.ts';
+/** Modules that must not import the layers above them, besides the foundation: [module or folder, forbidden, why]. */
+const BELOW: [from: string, forbidden: string[], why: string][] = [
+  [
+    'src/formats/',
+    ['src/coordinator/', 'src/control/', 'src/cli/', 'src/buffer/', 'src/cluster/', 'src/gateway/', 'src/worker/'],
+    'formats/ writes and reads data: the types it writes live in src/domain/',
+  ],
+  [
+    'src/config.ts',
+    ['src/cluster/', 'src/coordinator/', 'src/control/', 'src/cli/', 'src/gateway/', 'src/buffer/', 'src/worker/'],
+    'config.ts is below the layers it configures: what it validates lives in it (or below it)',
+  ],
+];
 
 const STATIC = /^(?:import|export)\s([^;'"]*?)\sfrom\s*['"]([^'"]+)['"]|^import\s*['"]([^'"]+)['"]/gm;
 const DYNAMIC = /\bimport\(\s*['"]([^'"]+)['"]\s*\)/g;
@@ -204,6 +221,8 @@ export function layeringViolations(edges: readonly ImportEdge[]): string[] {
         );
       }
     }
+    for (const [layer, forbidden, why] of BELOW)
+      if (e.from.startsWith(layer) && under(e.to, forbidden)) problems.push(`${at}: ${why}`);
     if (e.to === PACKAGE_ENTRY && e.from.startsWith('src/')) {
       problems.push(`${at}: import from the module that defines it, not the package entry`);
     }
