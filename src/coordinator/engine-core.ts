@@ -8,7 +8,7 @@
  *              ReplayBuffer ◄───────────────────────────┘  ─► getBatch(trainStep) ─► trainer
  *   PauseControl ── shared flag ──► every worker (pause / resume, model step)
  *
- * The public `Engine` class in src/index.ts is a thin shell over this.
+ * The public `Engine` class in src/engine.ts is a thin shell over this.
  */
 import { noFailures, type FailureKind } from '../domain/failure.ts';
 import { existsSync, mkdirSync } from 'node:fs';

@@ -1,5 +1,6 @@
 /**
- * The worker pool the coordinator schedules groups on — the only module that knows Piscina.
+ * The worker pool the coordinator schedules groups on — the only module of src/ that knows Piscina
+ * (the other is the worker entry it loads, workers/episode-worker.ts).
  *
  * `WorkerPool` is the interface; `PiscinaWorkerPool` runs groups on local worker threads. A remote
  * pool (worker nodes over the network) implements the same three calls.

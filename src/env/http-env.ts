@@ -21,8 +21,8 @@
  *
  * `auto` (the config's default) tells them apart by each server's GET /envs, once per server and client.
  *
- * Next to src/llm, the only module that knows undici: one Pool per server URL, shared by every actor
- * of this client (so a worker keeps a handful of keep-alive connections per server, not one per episode).
+ * One undici Pool per server URL, shared by every actor of this client (so a worker keeps a handful
+ * of keep-alive connections per server, not one per episode).
  *
  * Retries: 5xx, timeouts and transport errors are retried with exponential backoff; a 4xx is not (it is
  * the caller's mistake or an unknown id, and asking again gives the same answer). `step` is the

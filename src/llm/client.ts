@@ -1,5 +1,6 @@
 /**
- * OpenAI chat-completions client for one worker thread — the only module (with env/) that knows undici.
+ * OpenAI chat-completions client for one worker thread (test/package-imports.test.ts lists the
+ * modules that may import undici, and why).
  *
  * One undici Pool per inference origin, shared by every episode on the worker, and calls sent through
  * its `dispatch` with a handler of our own (llm/exchange.ts) — cheaper per call than `request()`, itself

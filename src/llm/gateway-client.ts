@@ -1,6 +1,6 @@
 /**
  * A worker's client for the token-trace gateway's session routes: read a session's traces, stitch it
- * into one training sample. Part of llm/ because it is the only other place that speaks undici.
+ * into one training sample. Part of llm/: a worker-side HTTP client, beside the inference client.
  */
 import { request } from 'undici';
 import type { SideCall, StitchedSession } from '../domain/rollout.ts';

@@ -24,7 +24,7 @@ export interface ChatResult {
   /**
    * Weight version reported by the server (`metadata.weight_version`, SGLang `meta_info`, or top
    * level), as text: SGLang's are strings ("default" unless launched with `--weight-version`), so a
-   * version is a name the trainer announces, not a number (rollout/weight-versions.ts maps it to a step).
+   * version is a name the trainer announces, not a number (domain/weight-versions.ts maps it to a step).
    */
   weightVersion: string | null;
   promptTokens: number | null;
