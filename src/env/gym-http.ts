@@ -37,6 +37,7 @@ import { Pool } from 'undici';
 import type { ChatMessage } from '../domain/rollout.ts';
 import { ConfigError, preview, serverMessage } from '../errors.ts';
 import { createLogger } from '../log.ts';
+import { LeastBusy, MAX_CONNECT_TIMEOUT_MS, NOT_SENT_CODES, TIMEOUT_CODES } from './endpoints.ts';
 import { EnvError } from './errors.ts';
 import type { EnvWarningLogger, HttpEnvOptions } from './http-env.ts';
 import type { GymHttpSettings } from './protocol.ts';
@@ -44,20 +45,8 @@ import { lastInteger } from './synthetic/params.ts';
 import type { AgentActions, Environment, ResetOptions, ResetResult, StepResult } from './types.ts';
 
 const DEFAULT_CONNECTIONS = 64;
-const MAX_CONNECT_TIMEOUT_MS = 10_000;
 const MAX_BODY_PREVIEW = 300;
 const ROLES = new Set(['system', 'user', 'assistant', 'tool']);
-/** Failures before a byte of the request left: the server cannot have seen it (see http-env.ts). */
-const NOT_SENT_CODES = new Set([
-  'ECONNREFUSED',
-  'UND_ERR_CONNECT_TIMEOUT',
-  'ENOTFOUND',
-  'EAI_AGAIN',
-  'EHOSTUNREACH',
-  'ENETUNREACH',
-  'EADDRNOTAVAIL',
-]);
-const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT']);
 
 export const DEFAULT_GYM_SETTINGS: GymHttpSettings = { action: 'text', system: null };
 
@@ -99,7 +88,8 @@ class GymHttpClient implements GymHttpEnvironments {
   readonly #closing = new AbortController();
   /** Instance closes in flight: the client's close waits for them, so no instance is left behind. */
   readonly #pendingCloses = new Set<Promise<void>>();
-  #cursor = 0;
+  /** New episodes go to the least busy server (endpoints.ts). */
+  readonly #spread: LeastBusy<Endpoint>;
   #logger: EnvWarningLogger | undefined;
   #closed: Promise<void> | null = null;
 
@@ -123,20 +113,13 @@ class GymHttpClient implements GymHttpEnvironments {
         }),
       };
     });
+    this.#spread = new LeastBusy(this.#endpoints);
   }
 
   create(): Environment {
     if (this.#closing.signal.aborted)
       throw new EnvError('ERR_ENV_CLOSED', `gym-http client for ${JSON.stringify(this.options.name)} is closed`);
-    // Least busy first, round-robin among equals.
-    const n = this.#endpoints.length;
-    let best = this.#cursor % n;
-    for (let k = 1; k < n; k++) {
-      const i = (this.#cursor + k) % n;
-      if (this.#endpoints[i].live < this.#endpoints[best].live) best = i;
-    }
-    this.#cursor = best + 1;
-    const endpoint = this.#endpoints[best];
+    const endpoint = this.#spread.pick();
     endpoint.live += 1;
     return new GymHttpActor(this, endpoint);
   }

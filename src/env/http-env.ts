@@ -44,6 +44,13 @@ import {
   type GymHttpSettings,
   type OpenEnvSettings,
 } from './protocol.ts';
+import {
+  LeastBusy,
+  KEEP_ALIVE_TIMEOUT_MS,
+  MAX_CONNECT_TIMEOUT_MS,
+  NOT_SENT_CODES,
+  TIMEOUT_CODES,
+} from './endpoints.ts';
 import { EnvError } from './errors.ts';
 import { checkAgentPrompts, checkStepResult, EnvReplyError } from './replies.ts';
 import type {
@@ -126,26 +133,6 @@ const HTTP_ENV_PROTOCOLS = ['auto', 'rollout', 'safactory'] as const;
 const DEFAULT_CONNECTIONS = 64;
 /** Connections opened per server by prewarm (never more than `connections`). */
 const PREWARM_CONNECTIONS = 4;
-/** undici's own default; kept explicit because it must stay below servers' keep-alive timeouts (Node: 5 s). */
-const KEEP_ALIVE_TIMEOUT_MS = 4_000;
-const MAX_CONNECT_TIMEOUT_MS = 10_000;
-
-/**
- * Failures that happen before a single byte of the request is written: the connection was never
- * established, so the server cannot have seen the call. Only these make a non-deduplicated `step`
- * safe to retry. (ECONNRESET / "other side closed" are NOT here: on a reused keep-alive connection
- * they can happen after the server read the request.)
- */
-const NOT_SENT_CODES = new Set([
-  'ECONNREFUSED',
-  'UND_ERR_CONNECT_TIMEOUT',
-  'ENOTFOUND',
-  'EAI_AGAIN',
-  'EHOSTUNREACH',
-  'ENETUNREACH',
-  'EADDRNOTAVAIL',
-]);
-const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT']);
 
 interface Endpoint {
   /** As configured, without a trailing slash: used in messages. */
@@ -209,7 +196,8 @@ class HttpEnvClient implements HttpEnvironments {
   readonly #idPrefix: string;
   #counter = 0;
   /** Round-robin cursor among equally busy endpoints: the index after the last one picked. */
-  #cursor = 0;
+  /** New episodes go to the least busy server (endpoints.ts). */
+  readonly #spread: LeastBusy<Endpoint>;
   #logger: EnvWarningLogger | undefined;
   #closed: Promise<void> | null = null;
 
@@ -237,6 +225,7 @@ class HttpEnvClient implements HttpEnvironments {
         }),
       };
     });
+    this.#spread = new LeastBusy(this.#endpoints);
   }
 
   create(): HttpEnvironment {
@@ -245,7 +234,7 @@ class HttpEnvClient implements HttpEnvironments {
         'ERR_ENV_CLOSED',
         `environment client for ${JSON.stringify(this.#options.name)} is closed: no new actors`,
       );
-    const endpoint = this.#pick();
+    const endpoint = this.#spread.pick();
     endpoint.live += 1;
     const id = `${this.#idPrefix}-${++this.#counter}`;
     return new HttpActor(this, endpoint, id);
@@ -557,18 +546,6 @@ class HttpEnvClient implements HttpEnvironments {
       `${spec.method} ${endpoint.url}${spec.path} (${spec.what}) cancelled: the environment client was closed`,
       { cause },
     );
-  }
-
-  /** Least busy endpoint; among equals, the first at or after the round-robin cursor. */
-  #pick(): Endpoint {
-    const n = this.#endpoints.length;
-    let best = this.#cursor % n;
-    for (let k = 1; k < n; k++) {
-      const i = (this.#cursor + k) % n;
-      if (this.#endpoints[i].live < this.#endpoints[best].live) best = i;
-    }
-    this.#cursor = best + 1;
-    return this.#endpoints[best];
   }
 }
 

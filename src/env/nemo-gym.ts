@@ -52,6 +52,13 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Pool } from 'undici';
 import type { ChatMessage, ToolCallMessage } from '../domain/rollout.ts';
 import { ConfigError, preview, serverMessage } from '../errors.ts';
+import {
+  LeastBusy,
+  KEEP_ALIVE_TIMEOUT_MS,
+  MAX_CONNECT_TIMEOUT_MS,
+  NOT_SENT_CODES,
+  TIMEOUT_CODES,
+} from './endpoints.ts';
 import { EnvError } from './errors.ts';
 import { readLimited, type HttpEnvOptions } from './http-env.ts';
 import { formatConflict, protocolConflicts } from './protocol.ts';
@@ -94,20 +101,6 @@ export function createNemoGymEnvironments(options: HttpEnvOptions): NemoGymEnvir
 }
 
 const DEFAULT_CONNECTIONS = 64;
-/** undici's default, below uvicorn's keep-alive (NeMo Gym runs it with timeout_keep_alive=30). */
-const KEEP_ALIVE_TIMEOUT_MS = 4_000;
-const MAX_CONNECT_TIMEOUT_MS = 10_000;
-/** Failures before a byte of the request was written: even a tool call may be sent again. */
-const NOT_SENT_CODES = new Set([
-  'ECONNREFUSED',
-  'UND_ERR_CONNECT_TIMEOUT',
-  'ENOTFOUND',
-  'EAI_AGAIN',
-  'EHOSTUNREACH',
-  'ENETUNREACH',
-  'EADDRNOTAVAIL',
-]);
-const TIMEOUT_CODES = new Set(['UND_ERR_HEADERS_TIMEOUT', 'UND_ERR_BODY_TIMEOUT']);
 
 /**
  * The routes of the server itself (base_resources_server.py SimpleResourcesServer.setup_webserver,
@@ -188,7 +181,8 @@ class NemoGymClient implements NemoGymEnvironments {
   readonly #endpoints: Endpoint[];
   /** Aborted by close(): cancels in-flight attempts and backoff waits. */
   readonly #closing = new AbortController();
-  #cursor = 0;
+  /** New episodes go to the least busy server (endpoints.ts). */
+  readonly #spread: LeastBusy<Endpoint>;
 
   constructor(options: HttpEnvOptions) {
     checkOptions(options);
@@ -211,12 +205,13 @@ class NemoGymClient implements NemoGymEnvironments {
         live: 0,
       };
     });
+    this.#spread = new LeastBusy(this.#endpoints);
   }
 
   create(): NemoGymEnvironment {
     if (this.#closing.signal.aborted)
       throw new EnvError('ERR_ENV_CLOSED', 'nemo-gym env: the environment client is closed');
-    const endpoint = this.#pick();
+    const endpoint = this.#spread.pick();
     endpoint.live += 1;
     return new NemoGymActor(this, endpoint);
   }
@@ -387,18 +382,6 @@ class NemoGymClient implements NemoGymEnvironments {
       `${spec.method} ${endpoint.url}${spec.path} (${spec.what}) cancelled: the ${this.#closing.signal.aborted ? 'environment client' : "episode's environment"} was closed`,
       { cause },
     );
-  }
-
-  /** Least busy endpoint; among equals, the first at or after the round-robin cursor. */
-  #pick(): Endpoint {
-    const n = this.#endpoints.length;
-    let best = this.#cursor % n;
-    for (let k = 1; k < n; k++) {
-      const i = (this.#cursor + k) % n;
-      if (this.#endpoints[i].live < this.#endpoints[best].live) best = i;
-    }
-    this.#cursor = best + 1;
-    return this.#endpoints[best];
   }
 }
 

@@ -56,6 +56,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Agent, WebSocket } from 'undici';
 import type { ChatMessage } from '../domain/rollout.ts';
 import { ConfigError, preview, serverMessage } from '../errors.ts';
+import { LeastBusy, KEEP_ALIVE_TIMEOUT_MS, MAX_CONNECT_TIMEOUT_MS } from './endpoints.ts';
 import { EnvError } from './errors.ts';
 import { type HttpEnvOptions, parseJson, readLimited } from './http-env.ts';
 import { OPENENV_DEFAULTS, type OpenEnvSettings } from './protocol.ts';
@@ -72,8 +73,6 @@ import type {
 } from './types.ts';
 
 const DEFAULT_CONNECTIONS = 64;
-const KEEP_ALIVE_TIMEOUT_MS = 4_000;
-const MAX_CONNECT_TIMEOUT_MS = 10_000;
 
 /** WSErrorCode values (types.py L37-46) that say the session, not the episode, failed. */
 const INFRA_CODES = new Set(['CAPACITY_REACHED', 'FACTORY_ERROR', 'SESSION_ERROR']);
@@ -116,7 +115,8 @@ class OpenEnvClient implements OpenEnvEnvironments {
   /** Aborted by close(): backoff waits end, and no session opens after it. */
   readonly closing = new AbortController();
   readonly #live = new Set<OpenEnvActor>();
-  #cursor = 0;
+  /** New episodes go to the least busy server (endpoints.ts). */
+  readonly #spread: LeastBusy<Endpoint>;
   #closed: Promise<void> | null = null;
 
   constructor(options: HttpEnvOptions) {
@@ -139,6 +139,7 @@ class OpenEnvClient implements OpenEnvEnvironments {
       const base = `${url.origin}${url.pathname.replace(/\/+$/, '')}`;
       return { url: base, wsUrl: `${base.replace(/^http/, 'ws')}/ws`, live: 0 };
     });
+    this.#spread = new LeastBusy(this.#endpoints);
   }
 
   create(): Environment {
@@ -147,7 +148,7 @@ class OpenEnvClient implements OpenEnvEnvironments {
         'ERR_ENV_CLOSED',
         `OpenEnv client for ${JSON.stringify(this.options.name)} is closed: no new actors`,
       );
-    const endpoint = this.#pick();
+    const endpoint = this.#spread.pick();
     endpoint.live += 1;
     const actor = this.settings.tools ? new OpenEnvToolActor(this, endpoint) : new OpenEnvActor(this, endpoint);
     this.#live.add(actor);
@@ -285,18 +286,6 @@ class OpenEnvClient implements OpenEnvEnvironments {
     } catch {
       throw new EnvError('ERR_ENV_CLOSED', `${what} cancelled: the OpenEnv client was closed`);
     }
-  }
-
-  /** Least busy endpoint; among equals, the first at or after the round-robin cursor. */
-  #pick(): Endpoint {
-    const n = this.#endpoints.length;
-    let best = this.#cursor % n;
-    for (let k = 1; k < n; k++) {
-      const i = (this.#cursor + k) % n;
-      if (this.#endpoints[i].live < this.#endpoints[best].live) best = i;
-    }
-    this.#cursor = best + 1;
-    return this.#endpoints[best];
   }
 }
 
