@@ -15,9 +15,9 @@ import { auditRollout, emptySkips } from '../src/coordinator/audit-segments.ts';
 import type { RolloutGroup, RolloutState, TurnRecord } from '../src/domain/rollout.ts';
 import type { ServerKind } from '../src/llm/servers.ts';
 import { createLogger } from '../src/log.ts';
-import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
-import { loadVocabulary, type MockVocabulary } from '../src/testing/mock-llm/vocab.ts';
-import type { DriftFault } from '../src/testing/mock-llm/scoring.ts';
+import { startMockLlm, type MockLlm } from '../src/mock-llm/server.ts';
+import { loadVocabulary, type MockVocabulary } from '../src/mock-llm/vocab.ts';
+import type { DriftFault } from '../src/mock-llm/scoring.ts';
 import type { ControlServer } from '../src/control/server.ts';
 
 const silent = createLogger('silent');

@@ -8,7 +8,7 @@ import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
 import { createEngine } from '../src/index.ts';
 import { runTrainingLoop } from '../src/loadtest/training.ts';
-import { startMockLlm, type MockLlm } from '../src/testing/index.ts';
+import { startMockLlm, type MockLlm } from '../src/mock-llm/index.ts';
 import { callFloor } from './bench/call-floor.ts';
 import { bareLoop, engineThroughput } from './bench/engine-throughput.ts';
 import { toolCallCost } from './bench/tool-calls.ts';

@@ -10,8 +10,8 @@ import { toJson } from '../src/formats/peer.ts';
 import { compactGroup, expandGroup } from '../src/formats/compact.ts';
 import { PROTOCOL_VERSION, type GroupResultMessage } from '../src/protocol/messages.ts';
 import type { RolloutGroup } from '../src/domain/rollout.ts';
-import { startMockLlm } from '../src/testing/mock-llm/server.ts';
-import { mockSupport, type MockRouting } from '../src/testing/mock-llm/routing.ts';
+import { startMockLlm } from '../src/mock-llm/server.ts';
+import { mockSupport, type MockRouting } from '../src/mock-llm/routing.ts';
 import { assertCallRows, assertRowsOnTokens } from './support/routing.ts';
 
 const AGENT = new URL('./fixtures/blackbox-agent.ts', import.meta.url).pathname;

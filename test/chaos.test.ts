@@ -17,7 +17,7 @@ import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { request } from 'undici';
 import { createEngine, Status, type Batch, type Engine, type EngineStats, type PauseReport } from '../src/index.ts';
-import { startMockLlm, type MockLlm, type MockLlmOptions } from '../src/testing/mock-llm/server.ts';
+import { startMockLlm, type MockLlm, type MockLlmOptions } from '../src/mock-llm/server.ts';
 import { KILL_EXIT_CODE } from './fixtures/chaos-env.ts';
 import { OutageProxy } from './fixtures/outage-proxy.ts';
 import { spawnServer, type ChildServer } from './fixtures/flaky-env-server.ts';

@@ -19,7 +19,7 @@ import { LlmClient } from '../src/llm/client.ts';
 import type { HistoryMode } from '../src/llm/token-chat.ts';
 import type { ChatResult } from '../src/llm/reply.ts';
 import type { ChatRequest } from '../src/llm/request.ts';
-import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
+import { startMockLlm, type MockLlm } from '../src/mock-llm/server.ts';
 import { TEST_CLIENT } from './support/clients.ts';
 import { templateModelDir } from './support/templates.ts';
 

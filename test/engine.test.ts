@@ -7,7 +7,7 @@ import { after, before, describe, it } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { createEngine, Status, type Engine, type EngineConfigInput, type RolloutGroup } from '../src/index.ts';
 import { DIE_EXIT_CODE } from './fixtures/dying-env.ts';
-import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
+import { startMockLlm, type MockLlm } from '../src/mock-llm/server.ts';
 import { assertSettled } from './support/accounting.ts';
 import { chatCompletion, scriptedServer } from './support/http.ts';
 

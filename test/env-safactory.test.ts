@@ -12,7 +12,7 @@ import { EnvError } from '../src/env/errors.ts';
 import { createHttpEnvironments, type HttpEnvironments, type HttpEnvOptions } from '../src/env/http-env.ts';
 import { startEnvServer, type EnvServer } from '../src/env/server.ts';
 import { ConfigError } from '../src/errors.ts';
-import { startMockLlm } from '../src/testing/mock-llm/server.ts';
+import { startMockLlm } from '../src/mock-llm/server.ts';
 import { createProbeEnv, startFlakyProxy } from './fixtures/flaky-env-server.ts';
 import { startSafactoryDouble, type SafactoryDouble } from './fixtures/safactory-double.ts';
 

@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { createEngine, Status, type Engine } from '../src/index.ts';
-import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
+import { startMockLlm, type MockLlm } from '../src/mock-llm/server.ts';
 import { closeServer, listenLoopback } from './support/http.ts';
 
 const fixture = (name: string) => new URL(`./fixtures/${name}`, import.meta.url).pathname;

@@ -11,7 +11,7 @@ import { after, before, describe, it } from 'node:test';
 import { createEngine, Status, type Engine } from '../src/index.ts';
 import { FAILURE_KINDS, failureKindOf, failureKindOfReason, noFailures } from '../src/domain/failure.ts';
 import { EnvError } from '../src/env/errors.ts';
-import { startMockLlm, type MockLlm } from '../src/testing/index.ts';
+import { startMockLlm, type MockLlm } from '../src/mock-llm/index.ts';
 import { guessNumberRow, SERVER_NAME, startNemoGymDouble } from './fixtures/nemo-gym-server.ts';
 
 const INFRA_ENV = new URL('./fixtures/infra-faults-env.ts', import.meta.url).pathname;

@@ -17,7 +17,7 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { request } from 'undici';
 import { createEngine, Status, type Batch, type ControlServer } from '../src/index.ts';
-import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
+import { startMockLlm, type MockLlm } from '../src/mock-llm/server.ts';
 import { assertSettled } from './support/accounting.ts';
 import { listenLoopback } from './support/http.ts';
 import { within } from './support/waits.ts';

@@ -7,9 +7,9 @@ import { after, before, describe, it } from 'node:test';
 import { request } from 'undici';
 import { loadChatModel } from '../src/gateway/model.ts';
 import type { ChatModel } from '../src/gateway/model.ts';
-import { startMockLlm } from '../src/testing/mock-llm/server.ts';
-import type { MockLlm, MockLlmOptions } from '../src/testing/mock-llm/server.ts';
-import { promptTokenIds } from '../src/testing/mock-llm/tokens.ts';
+import { startMockLlm } from '../src/mock-llm/server.ts';
+import type { MockLlm, MockLlmOptions } from '../src/mock-llm/server.ts';
+import { promptTokenIds } from '../src/mock-llm/tokens.ts';
 
 async function post(mock: MockLlm, path: string, body: unknown): Promise<{ status: number; json: any }> {
   const res = await request(`${mock.url}${path}`, {

@@ -14,8 +14,8 @@ import type { CallTrace } from '../src/gateway/trace.ts';
 import { hashIds } from '../src/gateway/trace.ts';
 import type { RoutedExperts } from '../src/domain/routing.ts';
 import { stitchSession } from '../src/llm/gateway-client.ts';
-import { mockSupport, type MockRouting } from '../src/testing/mock-llm/routing.ts';
-import { startMockLlm, type MockLlm, type MockLlmOptions } from '../src/testing/mock-llm/server.ts';
+import { mockSupport, type MockRouting } from '../src/mock-llm/routing.ts';
+import { startMockLlm, type MockLlm, type MockLlmOptions } from '../src/mock-llm/server.ts';
 import { openaiClient } from './support/clients.ts';
 import { assertCallRows, assertRowsOnTokens } from './support/routing.ts';
 

@@ -11,8 +11,8 @@ import { request } from 'undici';
 import { createEnv as createGuessNumber } from '../src/env/synthetic/guess-number.ts';
 import { resolveGatewayOptions, startGateway, stitchedSampleJson } from '../src/gateway/index.ts';
 import type { Gateway, GatewayOptions, ReleaseReason } from '../src/gateway/index.ts';
-import { startMockLlm } from '../src/testing/mock-llm/server.ts';
-import type { MockLlm, MockLlmOptions } from '../src/testing/mock-llm/server.ts';
+import { startMockLlm } from '../src/mock-llm/server.ts';
+import type { MockLlm, MockLlmOptions } from '../src/mock-llm/server.ts';
 import { openaiClient } from './support/clients.ts';
 import { rejection } from './support/openai-errors.ts';
 

@@ -4,7 +4,7 @@ import { after, before, describe, it } from 'node:test';
 import { Pool } from 'undici';
 import { Exchanges } from '../src/llm/exchange.ts';
 import { ChatStream } from '../src/llm/stream-reply.ts';
-import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
+import { startMockLlm, type MockLlm } from '../src/mock-llm/server.ts';
 import { llmClient } from './support/clients.ts';
 import { listenLoopback } from './support/http.ts';
 

@@ -10,7 +10,7 @@
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { describe, it } from 'node:test';
-import { GpuModel } from '../src/testing/mock-llm/gpu-model.ts';
+import { GpuModel } from '../src/mock-llm/gpu-model.ts';
 import {
   decodeStepMs,
   fullSlotTokensPerSecond,
@@ -18,8 +18,8 @@ import {
   GPU_PROFILES,
   H100_OVER_H200,
   type GpuProfile,
-} from '../src/testing/mock-llm/gpu.ts';
-import { resolveMockLlmOptions } from '../src/testing/mock-llm/options.ts';
+} from '../src/mock-llm/gpu.ts';
+import { resolveMockLlmOptions } from '../src/mock-llm/options.ts';
 import { TRAINER_MS_PER_TOKEN } from './bench/training-loop.ts';
 
 interface DecodeCell {

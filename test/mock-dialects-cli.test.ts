@@ -14,7 +14,7 @@ import { describe, it } from 'node:test';
 import type { TestContext } from 'node:test';
 import OpenAI from 'openai';
 import { request } from 'undici';
-import { startMockLlm } from '../src/testing/mock-llm/server.ts';
+import { startMockLlm } from '../src/mock-llm/server.ts';
 import { loadChatModel } from '../src/gateway/model.ts';
 
 interface Running {

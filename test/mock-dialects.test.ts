@@ -1,15 +1,15 @@
 /**
  * The mock's dialects: each trait of vLLM, SGLang and llama.cpp that the mock reproduces, asserted
  * against the shape its server's source gives (the comment beside each names the file, function and
- * commit; src/testing/mock-llm/dialects.ts holds the same references).
+ * commit; src/mock-llm/dialects.ts holds the same references).
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import type { TestContext } from 'node:test';
 import { request } from 'undici';
-import { startMockLlm } from '../src/testing/mock-llm/server.ts';
-import type { MockLlm, MockLlmOptions } from '../src/testing/mock-llm/server.ts';
-import { loadVocabulary } from '../src/testing/mock-llm/vocab.ts';
+import { startMockLlm } from '../src/mock-llm/server.ts';
+import type { MockLlm, MockLlmOptions } from '../src/mock-llm/server.ts';
+import { loadVocabulary } from '../src/mock-llm/vocab.ts';
 import { within } from './support/waits.ts';
 
 const ARITHMETIC = [{ role: 'user', content: 'Compute 2 + 3. Answer with the number only.' }];

@@ -10,9 +10,9 @@ import type { TestContext } from 'node:test';
 import { decode, encode } from 'gpt-tokenizer/encoding/cl100k_base';
 import { request } from 'undici';
 import { createEnv as createGuessNumber } from '../src/env/synthetic/guess-number.ts';
-import { generateCompletion } from '../src/testing/mock-llm/policy.ts';
-import { startMockLlm } from '../src/testing/mock-llm/server.ts';
-import type { MockLlm, MockLlmOptions } from '../src/testing/mock-llm/server.ts';
+import { generateCompletion } from '../src/mock-llm/policy.ts';
+import { startMockLlm } from '../src/mock-llm/server.ts';
+import type { MockLlm, MockLlmOptions } from '../src/mock-llm/server.ts';
 
 interface Completion {
   choices: {

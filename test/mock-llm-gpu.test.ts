@@ -4,12 +4,12 @@ import type { ServerResponse } from 'node:http';
 import { describe, it } from 'node:test';
 import type { TestContext } from 'node:test';
 import { request } from 'undici';
-import { GpuModel, type GpuModelOptions, type Sequence } from '../src/testing/mock-llm/gpu-model.ts';
-import { Gpu, gpuWindow, GPU_DEFAULTS, type GpuMetrics } from '../src/testing/mock-llm/gpu.ts';
-import { drawLength, promptKey } from '../src/testing/mock-llm/lengths.ts';
-import { BLOCK_TOKENS, blockHashes, PrefixCache } from '../src/testing/mock-llm/prefix-cache.ts';
-import { Scheduler, type Finish } from '../src/testing/mock-llm/scheduler.ts';
-import { startMockLlm, type MockLlm, type MockLlmOptions } from '../src/testing/mock-llm/server.ts';
+import { GpuModel, type GpuModelOptions, type Sequence } from '../src/mock-llm/gpu-model.ts';
+import { Gpu, gpuWindow, GPU_DEFAULTS, type GpuMetrics } from '../src/mock-llm/gpu.ts';
+import { drawLength, promptKey } from '../src/mock-llm/lengths.ts';
+import { BLOCK_TOKENS, blockHashes, PrefixCache } from '../src/mock-llm/prefix-cache.ts';
+import { Scheduler, type Finish } from '../src/mock-llm/scheduler.ts';
+import { startMockLlm, type MockLlm, type MockLlmOptions } from '../src/mock-llm/server.ts';
 import { mockLlmCommand } from '../src/cli/mock-llm.ts';
 
 /** Round numbers so step times are exact: a step is 10 ms + 1 ms per decoding sequence + 1 ms per prefilled token. */

@@ -6,9 +6,9 @@
 import assert from 'node:assert/strict';
 import { describe, it, type TestContext } from 'node:test';
 import { request } from 'undici';
-import { startMockLlm, type MockLlm, type MockLlmOptions } from '../src/testing/mock-llm/server.ts';
-import { loadVocabulary } from '../src/testing/mock-llm/vocab.ts';
-import { mockExpert, mockSupport } from '../src/testing/mock-llm/routing.ts';
+import { startMockLlm, type MockLlm, type MockLlmOptions } from '../src/mock-llm/server.ts';
+import { loadVocabulary } from '../src/mock-llm/vocab.ts';
+import { mockExpert, mockSupport } from '../src/mock-llm/routing.ts';
 import { TOKEN_WIRES } from '../src/llm/token-wire.ts';
 import { parseChatReply } from '../src/llm/reply.ts';
 import type { RoutedExperts } from '../src/domain/routing.ts';

@@ -10,7 +10,7 @@ import type { ConfigError } from '../src/errors.ts';
 import { createLogger } from '../src/log.ts';
 import { OUTAGE_CODE } from '../src/llm/errors.ts';
 import { OutageMonitor } from '../src/coordinator/outage.ts';
-import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
+import { startMockLlm, type MockLlm } from '../src/mock-llm/server.ts';
 import type { RolloutGroup } from '../src/domain/rollout.ts';
 import { OutageProxy } from './fixtures/outage-proxy.ts';
 

@@ -11,7 +11,7 @@ import { resolveConfig } from '../src/config.ts';
 import { DIALECTS } from '../src/llm/servers.ts';
 import { createLogger } from '../src/log.ts';
 import { RunState, wallClockUs } from '../src/protocol/control-block.ts';
-import { startMockLlm } from '../src/testing/mock-llm/server.ts';
+import { startMockLlm } from '../src/mock-llm/server.ts';
 import { scriptedServer } from './support/http.ts';
 import { PauseGate } from '../src/worker/pause-gate.ts';
 

@@ -3,8 +3,8 @@ import { after, before, describe, it } from 'node:test';
 import { createEngine } from '../src/index.ts';
 import type { TurnRecord } from '../src/domain/rollout.ts';
 import { sharePromptPrefix } from '../src/worker/prompt-prefix.ts';
-import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
-import { promptTokenIds } from '../src/testing/mock-llm/tokens.ts';
+import { startMockLlm, type MockLlm } from '../src/mock-llm/server.ts';
+import { promptTokenIds } from '../src/mock-llm/tokens.ts';
 import { turnRecord as turn } from './support/turns.ts';
 
 /** Record the turns one by one, as the agent loop does. */

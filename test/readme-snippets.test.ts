@@ -5,7 +5,7 @@
  *
  * Each block is written to a file of its own in a scratch directory under test/ (a dot directory:
  * tsconfig.json's `test/**` globs skip it, so a leftover never enters the project's type-check), with
- * 'rollout-engine' and 'rollout-engine/testing' mapped to the source by `paths`, and the whole set is
+ * 'rollout-engine' and 'rollout-engine/mock-llm' mapped to the source by `paths`, and the whole set is
  * checked by one run of the project's own tsc. A fragment that uses names it does not define declares
  * them in an HTML comment right above its fence, which the rendered page does not show:
  *

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { createEngine, Status, type Engine } from '../src/index.ts';
-import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
+import { startMockLlm, type MockLlm } from '../src/mock-llm/server.ts';
 import { spawnServer, startFlakyProxy, type ChildServer } from './fixtures/flaky-env-server.ts';
 
 const MAIN = new URL('../src/cli/main.ts', import.meta.url).pathname;

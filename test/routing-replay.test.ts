@@ -25,7 +25,7 @@ import { decodeCheckpoint, encodeCheckpoint } from '../src/formats/checkpoint-fi
 import { compactGroup, expandGroup } from '../src/formats/compact.ts';
 import { startGateway } from '../src/gateway/index.ts';
 import { stitchSession } from '../src/llm/gateway-client.ts';
-import { startMockLlm } from '../src/testing/mock-llm/server.ts';
+import { startMockLlm } from '../src/mock-llm/server.ts';
 import { openaiClient } from './support/clients.ts';
 import { assertCallRows, assertRowsOnTokens } from './support/routing.ts';
 import {
@@ -35,7 +35,7 @@ import {
   sglangRoutedField,
   vllmRoutedField,
   type MockRouting,
-} from '../src/testing/mock-llm/routing.ts';
+} from '../src/mock-llm/routing.ts';
 
 const ROUTING: MockRouting = { layers: 3, topK: 2, experts: 64 };
 const WIDE: MockRouting = { layers: 2, topK: 2, experts: 300 };

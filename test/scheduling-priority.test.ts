@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { rankOf, SGLANG_PRIORITY, VLLM_PRIORITY } from '../src/testing/mock-llm/admission.ts';
-import { GpuModel, type GpuModelOptions, type Sequence } from '../src/testing/mock-llm/gpu-model.ts';
+import { rankOf, SGLANG_PRIORITY, VLLM_PRIORITY } from '../src/mock-llm/admission.ts';
+import { GpuModel, type GpuModelOptions, type Sequence } from '../src/mock-llm/gpu-model.ts';
 import { chatPayload } from '../src/llm/client.ts';
 import { priorityFields, trajectoryUrgency, URGENCY_LEVELS } from '../src/llm/priority.ts';
 import { DIALECTS } from '../src/llm/servers.ts';

@@ -14,7 +14,7 @@ import { checkServedVersions, DIALECTS, probeServer, serverGaps, type ServerInfo
 import { loadChatModel } from '../src/gateway/model.ts';
 import { PauseControl } from '../src/coordinator/pause-control.ts';
 import { PauseGate } from '../src/worker/pause-gate.ts';
-import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
+import { startMockLlm, type MockLlm } from '../src/mock-llm/server.ts';
 import { TEST_CLIENT } from './support/clients.ts';
 import { scriptedServer, type ScriptedServer } from './support/http.ts';
 
@@ -689,7 +689,7 @@ describe("llama.cpp's left-out logprobs (tokens mode)", () => {
 });
 
 /**
- * The engine against the mock speaking each server's dialect (src/testing/mock-llm/dialects.ts names
+ * The engine against the mock speaking each server's dialect (src/mock-llm/dialects.ts names
  * the source of each trait). Each row of the inference-server table (docs/INFERENCE-SERVERS.md) is one of these.
  */
 describe('the engine against each dialect of the mock', () => {

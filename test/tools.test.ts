@@ -508,7 +508,7 @@ describe('the synthetic tool environment played by the mock policy', () => {
   });
 
   it('streams a reply’s tool calls as vLLM does — id and name first, arguments in pieces, finish_reason tool_calls — and the engine’s reader joins them', async () => {
-    const { startMockLlm } = await import('../src/testing/mock-llm/server.ts');
+    const { startMockLlm } = await import('../src/mock-llm/server.ts');
     const { ChatStream } = await import('../src/llm/stream-reply.ts');
     const mock = await startMockLlm({ port: 0, seed: 3, mistakeRate: 0, tokensPerSecond: 20_000, streamIntervalMs: 1 });
     mocks.push(mock);
@@ -564,7 +564,7 @@ describe('the synthetic tool environment played by the mock policy', () => {
     );
     assert.equal(events.at(-1)!.choices[0].finish_reason, 'tool_calls');
     // Paced by the text generated: a call opens once its name is out, its arguments follow in pieces.
-    const { ToolCallDeltas } = await import('../src/testing/mock-llm/stream-tools.ts');
+    const { ToolCallDeltas } = await import('../src/mock-llm/stream-tools.ts');
     const text = 'Let me look.\n<tool_call>\n{"name": "lookup", "arguments": {"key":"amber"}}\n</tool_call>';
     const plan = new ToolCallDeltas(text, [{ name: 'lookup', arguments: '{"key":"amber"}' }], (i) => `id-${i}`);
     const pieces = Array.from({ length: text.length }, (_, i) => plan.advance(i + 1)).filter((d) => d !== '');
@@ -604,7 +604,7 @@ describe('the synthetic tool environment played by the mock policy', () => {
     ['tokens', false],
   ] as const) {
     it(`plays builtin:tool-lookup with real tool calls in ${api} mode${stream ? ' with streamed replies' : ''}, imperfectly, so rewards vary`, async () => {
-      const { startMockLlm } = await import('../src/testing/mock-llm/server.ts');
+      const { startMockLlm } = await import('../src/mock-llm/server.ts');
       const mock = await startMockLlm({
         port: 0,
         seed: 3,

@@ -8,8 +8,8 @@ import { after, before, describe, it } from 'node:test';
 import { pino, type Logger } from 'pino';
 import { createEngine, Status, type Batch, type Engine, type EngineConfigInput } from '../src/index.ts';
 import { rolloutStaleness, staleThreshold } from '../src/buffer/staleness.ts';
-import { startMockLlm, type MockLlm } from '../src/testing/mock-llm/server.ts';
-import { promptTokenIds } from '../src/testing/mock-llm/tokens.ts';
+import { startMockLlm, type MockLlm } from '../src/mock-llm/server.ts';
+import { promptTokenIds } from '../src/mock-llm/tokens.ts';
 import { assertAccounted } from './support/accounting.ts';
 import { chatCompletion, scriptedServer } from './support/http.ts';
 

@@ -86,7 +86,7 @@ export async function gatewayCommand(argv: string[]): Promise<number> {
 
   let mock: { url: string; close(): Promise<void> } | null = null;
   if (embedded) {
-    const { startMockLlm } = await import('../testing/mock-llm/server.ts');
+    const { startMockLlm } = await import('../mock-llm/server.ts');
     mock = await startMockLlm({ tokenizer: 'qwen2.5' });
   }
   const { startGateway } = await import('../gateway/server.ts');

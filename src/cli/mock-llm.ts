@@ -1,5 +1,5 @@
 import { parseArgs } from 'node:util';
-import { GPU_PROFILE_NAMES, type CapacityOptions, type GpuProfileName } from '../testing/mock-llm/gpu.ts';
+import { GPU_PROFILE_NAMES, type CapacityOptions, type GpuProfileName } from '../mock-llm/gpu.ts';
 import { UsageError, intFlag, numberFlag, untilSignal, portFlag, DEFAULT_PORTS } from './args.ts';
 
 export const MOCK_LLM_HELP = `Usage: rollout mock-llm [options]
@@ -130,7 +130,7 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
     tokenizer: values.tokenizer,
     capacity: capacityFlags(values),
   };
-  const { startMockLlm } = await import('../testing/mock-llm/server.ts');
+  const { startMockLlm } = await import('../mock-llm/server.ts');
   const server = await startMockLlm(options);
   const tokenizer = server.options.tokenizer === 'cl100k' ? '' : `, tokenizer ${server.options.tokenizer}`;
   const speaks = dialect === 'default' ? '' : `, ${dialect} dialect, context ${server.options.contextLength ?? 32768}`;

@@ -18,7 +18,7 @@ import { emptyDropCounts, type DropReason } from '../buffer/replay-buffer.ts';
 import { Sampler } from '../buffer/sampler.ts';
 import { createRemoteEnvironments } from '../env/remote.ts';
 import type { Gateway } from '../gateway/index.ts';
-import type { MockLlm } from '../testing/mock-llm/server.ts';
+import type { MockLlm } from '../mock-llm/server.ts';
 import {
   checkServedVersions,
   probeServer,
@@ -698,7 +698,7 @@ export class EngineCore {
 
   async #startEmbeddedMock(): Promise<string> {
     // Loaded lazily: a production run against a real server never pays for the tokenizer tables.
-    const { startMockLlm } = await import('../testing/mock-llm/server.ts');
+    const { startMockLlm } = await import('../mock-llm/server.ts');
     // Black-box agents reach the mock through the gateway's token-in calls, and `llm.api: tokens` sends
     // ids of its own: the mock then reads and answers in that vocabulary.
     const tokenIn = this.config.llm.api === 'tokens' || this.config.tasks.some(usesGateway);

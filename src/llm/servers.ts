@@ -3,7 +3,7 @@
  *
  * The OpenAI chat API is common ground, but what an RL engine needs beyond it — token ids, prompt ids,
  * an abort-all route, a weight version, a token-in route, the context length — is different on each
- * server. Each trait below names the source it was read from; the mock (src/testing/mock-llm,
+ * server. Each trait below names the source it was read from; the mock (src/mock-llm,
  * `--dialect`) reproduces the same traits and its tests name the same sources.
  *
  * `probeServer` tells the kind at start (`llm.server: auto`) from what the server answers, reads the

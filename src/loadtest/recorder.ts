@@ -7,7 +7,7 @@
  */
 import type { PauseReport } from '../coordinator/producer.ts';
 import type { Batch, BatchStats } from '../domain/batch.ts';
-import type { GpuMetrics } from '../testing/mock-llm/gpu.ts';
+import type { GpuMetrics } from '../mock-llm/gpu.ts';
 
 export interface BatchRecord {
   t: number;

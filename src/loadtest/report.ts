@@ -8,7 +8,7 @@ import type { GroupCounts } from '../coordinator/producer.ts';
 import type { LoadtestOptions } from './options.ts';
 import type { Sample } from './recorder.ts';
 import type { EngineRun } from './runner.ts';
-import { gpuWindow, type GpuWindow } from '../testing/mock-llm/gpu.ts';
+import { gpuWindow, type GpuWindow } from '../mock-llm/gpu.ts';
 import { distribution, median, percentile, StalenessTally, type Distribution, type StalenessFigures } from './stats.ts';
 
 export interface Throughput {

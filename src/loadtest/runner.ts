@@ -9,7 +9,7 @@ import type { EngineConfigInput } from '../config.ts';
 import type { EngineStats } from '../coordinator/engine-core.ts';
 import type { Batch } from '../domain/batch.ts';
 import { createEngine, type Engine } from '../engine.ts';
-import type { GpuMetrics } from '../testing/mock-llm/gpu.ts';
+import type { GpuMetrics } from '../mock-llm/gpu.ts';
 import type { MockProcess } from './mock-process.ts';
 import type { LoadtestOptions } from './options.ts';
 import { Recorder, type PauseReason, type Sample } from './recorder.ts';

@@ -20,7 +20,7 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Engine } from '../engine.ts';
-import type { GpuMetrics } from '../testing/mock-llm/gpu.ts';
+import type { GpuMetrics } from '../mock-llm/gpu.ts';
 import { StalenessTally, type StalenessFigures } from './stats.ts';
 
 export interface TrainerSimulation {

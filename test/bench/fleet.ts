@@ -21,7 +21,7 @@ import { parseArgs } from 'node:util';
 import { createEngine } from '../../src/index.ts';
 import { startMockProcess, type MockProcess } from '../../src/loadtest/mock-process.ts';
 import { readAll } from '../../src/loadtest/training.ts';
-import type { GpuMetrics } from '../../src/testing/mock-llm/gpu.ts';
+import type { GpuMetrics } from '../../src/mock-llm/gpu.ts';
 import { row, type TargetRow } from './targets.ts';
 
 export interface FleetBenchOptions {

@@ -44,7 +44,7 @@ import {
   GPU_PROFILE_NAMES,
   GPU_PROFILES,
   type GpuProfileName,
-} from '../../src/testing/mock-llm/gpu.ts';
+} from '../../src/mock-llm/gpu.ts';
 import { runPythonTrainer } from './python-baseline.ts';
 import { row, type TargetRow } from './targets.ts';
 import { AGENTIC_ENV_MODULE, longTailDataset, type LongTailWorkload } from './workloads/long-tail.ts';

@@ -11,7 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { createEngine, Status, type Engine } from '../../src/index.ts';
-import { startMockLlm, type MockLlm } from '../../src/testing/mock-llm/server.ts';
+import { startMockLlm, type MockLlm } from '../../src/mock-llm/server.ts';
 import { spawnServer, type ChildServer } from '../fixtures/flaky-env-server.ts';
 import { rollout } from '../support/cli.ts';
 

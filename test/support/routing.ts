@@ -4,7 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import type { RoutedExperts, SequenceRouting } from '../../src/domain/routing.ts';
-import { mockExpert, type MockRouting } from '../../src/testing/mock-llm/routing.ts';
+import { mockExpert, type MockRouting } from '../../src/mock-llm/routing.ts';
 
 /** Every position of `tokens` but the last holds the mock's row for its token there; the last the fill. */
 export function assertRowsOnTokens(r: SequenceRouting, tokens: ArrayLike<number>, routing: MockRouting): void {

@@ -32,7 +32,7 @@ const MAX_MULTIPLIER = 9;
 
 const ARITHMETIC_SYSTEM_PROMPT = 'You are a careful calculator.';
 
-/** The mock policy recognises the task by this sentence; keep them in sync (testing/mock-llm/policy.ts). */
+/** The mock policy recognises the task by this sentence; keep them in sync (mock-llm/policy.ts). */
 function arithmeticTaskText(expression: string): string {
   return `Compute ${expression}. Answer with the number only.`;
 }

@@ -33,7 +33,7 @@ export const GUESS_NUMBER_SYSTEM_PROMPT =
 
 export const FIRST_GUESS_PROMPT = 'Make your first guess.';
 
-/** The mock policy recognises the game by this sentence; keep them in sync (testing/mock-llm/policy.ts). */
+/** The mock policy recognises the game by this sentence; keep them in sync (mock-llm/policy.ts). */
 export function guessNumberTaskText(min: number, max: number, maxTurns: number): string {
   return (
     `Let's play a number guessing game. I have picked an integer between ${min} and ${max} (inclusive). ` +

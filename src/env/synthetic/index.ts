@@ -1,6 +1,6 @@
 /**
  * Built-in synthetic environments: shipped for load tests and the default demo run, deterministic
- * under the reset seed, and recognised by the mock inference server's policy (testing/mock-llm).
+ * under the reset seed, and recognised by the mock inference server's policy (mock-llm).
  * Configs name them `builtin:<name>`; the name → module map is `BUILTIN_ENVS` in src/config.ts.
  */
 export { createEnv as createGuessNumberEnv, GUESS_NUMBER_DEFAULTS } from './guess-number.ts';

@@ -36,7 +36,7 @@ const KEY_WORDS = [
   'pine',
 ];
 
-/** The one tool. The mock policy calls it by this name (testing/mock-llm/policy.ts). */
+/** The one tool. The mock policy calls it by this name (mock-llm/policy.ts). */
 export const LOOKUP_TOOL: ToolSchema = {
   type: 'function',
   function: {
@@ -46,7 +46,7 @@ export const LOOKUP_TOOL: ToolSchema = {
   },
 };
 
-/** The mock policy recognises the task by this sentence; keep them in sync (testing/mock-llm/policy.ts). */
+/** The mock policy recognises the task by this sentence; keep them in sync (mock-llm/policy.ts). */
 export function toolLookupTaskText(a: string, b: string): string {
   return `Look up the values of "${a}" and "${b}" with the lookup tool and answer with their sum.`;
 }

@@ -1,7 +1,7 @@
 /**
  * The agentic long-tail workloads' environment (long-tail.ts): a tool-using agent's episode as the
  * engine sees it, with no game to win. The mock answers it with its generic reply, whose length the
- * GPU-like mock draws long-tailed (src/testing/mock-llm/lengths.ts), so what this module adds is
+ * GPU-like mock draws long-tailed (src/mock-llm/lengths.ts), so what this module adds is
  * what a real agentic environment adds around the model:
  *
  * - a shared system prompt (the same tool manual on every episode: the prefix cache's best case) and

@@ -2,7 +2,7 @@
  * Issue 31, item 2: agentic long-tail workloads, fixed here and seeded, for the training-loop bench
  * (training-loop.ts; run by long-tail.ts one folder up). Each is a multi-turn tool-using agent
  * (agentic-env.ts): 1–8 turns, replies log-normal with a heavy tail (the GPU-like mock's length
- * model, src/testing/mock-llm/lengths.ts), environment steps of hundreds of ms with rare stragglers
+ * model, src/mock-llm/lengths.ts), environment steps of hundreds of ms with rare stragglers
  * of tens of seconds, a small rate of infrastructure failures (masked and run again), one system
  * prompt shared by every episode, and several GPU-like servers.
  *

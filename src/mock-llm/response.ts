@@ -3,7 +3,7 @@
  * token was ~90% of the mock's CPU per request (≈90 µs for 300 tokens); concatenating cached
  * fragments costs ≈4 µs, which keeps the mock from becoming the bottleneck of a load test.
  */
-import { createRng } from '../../env/synthetic/rng.ts';
+import { createRng } from '../env/synthetic/rng.ts';
 import { requestStreamSeed } from './policy.ts';
 import { tokenJson } from './tokens.ts';
 

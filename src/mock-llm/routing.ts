@@ -4,7 +4,7 @@
  * check any stored row against `mockExpert` — a row shifted by one position, or put on another
  * token, no longer matches.
  */
-import { int32Base64, npyBase64 } from '../../llm/routing-wire.ts';
+import { int32Base64, npyBase64 } from '../llm/routing-wire.ts';
 
 /** The model shape the mock routes with: what `--enable-return-routed-experts` would capture. */
 export interface MockRouting {

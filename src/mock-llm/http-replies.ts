@@ -3,7 +3,7 @@
  * size limit, and the count of requests it refused (stats().rejected).
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { readRequestBody, type BodyErrors } from '../../http-server.ts';
+import { readRequestBody, type BodyErrors } from '../http-server.ts';
 import type { DialectError } from './dialects.ts';
 
 /** A body over `maxBodyBytes`: the route table answers it 413 and closes the connection. */

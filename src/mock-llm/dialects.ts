@@ -14,8 +14,8 @@
  * Hot-path serialisers build JSON text by hand from cached fragments, as response.ts does: a rollout
  * benchmark runs the dialects too.
  */
-import { show } from '../../env/synthetic/params.ts';
-import { createRng } from '../../env/synthetic/rng.ts';
+import { show } from '../env/synthetic/params.ts';
+import { createRng } from '../env/synthetic/rng.ts';
 import { logprobAt, LOGPROB_STREAM_TAG } from './completions.ts';
 import type { MockChatRequest } from './request.ts';
 import { RequestError } from './request.ts';

@@ -2,8 +2,8 @@
  * Options of the mock inference server: defaults and validation in one place. Every error names the
  * option and the value, because these come from CLI flags and load-test configs as often as from code.
  */
-import { show } from '../../env/synthetic/params.ts';
-import { RolloutEngineError } from '../../errors.ts';
+import { show } from '../env/synthetic/params.ts';
+import { RolloutEngineError } from '../errors.ts';
 import type { MockRouting } from './routing.ts';
 import { GPU_DEFAULTS, GPU_PROFILE_NAMES, GPU_PROFILES, type CapacityOptions, type ResolvedCapacity } from './gpu.ts';
 import { MAX_RESPONSE_TOKENS } from './lengths.ts';

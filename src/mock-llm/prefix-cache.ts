@@ -8,7 +8,7 @@
  * Invariant: at most `capacityTokens / BLOCK_TOKENS` blocks are held; inserting past that evicts the
  * least recently used (a lookup that hits counts as a use). Only whole blocks are cached, as in vLLM.
  */
-import { fmix32 } from '../../hash.ts';
+import { fmix32 } from '../hash.ts';
 
 /** vLLM's default KV-cache block size. */
 export const BLOCK_TOKENS = 16;

@@ -19,7 +19,7 @@
  */
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { listen } from '../../http-server.ts';
+import { listen } from '../http-server.ts';
 import { Completer } from './completer.ts';
 import { Connections } from './connections.ts';
 import { SGLANG_PRIORITY, VLLM_PRIORITY } from './admission.ts';

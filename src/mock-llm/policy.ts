@@ -8,12 +8,12 @@
  * conversation with that seed reproduces the completion whatever else the server answered meanwhile:
  * that is what lets an aborted generation be continued exactly (see the server's continue_final_message).
  */
-import { evaluateExpression } from '../../env/synthetic/arithmetic.ts';
-import { FEEDBACK } from '../../env/synthetic/guess-number.ts';
-import { lastInteger } from '../../env/synthetic/params.ts';
-import { LOOKUP_TOOL } from '../../env/synthetic/tool-lookup.ts';
-import { createRng, mixSeeds } from '../../env/synthetic/rng.ts';
-import type { Rng } from '../../env/synthetic/rng.ts';
+import { evaluateExpression } from '../env/synthetic/arithmetic.ts';
+import { FEEDBACK } from '../env/synthetic/guess-number.ts';
+import { lastInteger } from '../env/synthetic/params.ts';
+import { LOOKUP_TOOL } from '../env/synthetic/tool-lookup.ts';
+import { createRng, mixSeeds } from '../env/synthetic/rng.ts';
+import type { Rng } from '../env/synthetic/rng.ts';
 import { drawLength, promptKey, type LengthOptions } from './lengths.ts';
 import { encodeText, encodeUncached } from './tokens.ts';
 

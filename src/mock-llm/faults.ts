@@ -7,7 +7,7 @@
  * faults on every run, and turning faults on never changes the replies of the requests that draw none.
  */
 import type { ServerResponse } from 'node:http';
-import { createRng, mixSeeds } from '../../env/synthetic/rng.ts';
+import { createRng, mixSeeds } from '../env/synthetic/rng.ts';
 import { errorBody, sendJson, sendText } from './http-replies.ts';
 import { MOCK_FAULTS, type MockFaultOption, type ResolvedMockLlmOptions } from './options.ts';
 

@@ -3,8 +3,8 @@
  * request (so engine bugs surface in tests) and lenient about fields it merely ignores (temperature,
  * stop, …), checking only their types. Every error names the field (as `param`) and the value.
  */
-import { CHAT_ROLES, contentText } from '../../gateway/chat-content.ts';
-import { show } from '../../env/synthetic/params.ts';
+import { CHAT_ROLES, contentText } from '../gateway/chat-content.ts';
+import { show } from '../env/synthetic/params.ts';
 import type { PromptMessage } from './policy.ts';
 
 export interface MockChatRequest {

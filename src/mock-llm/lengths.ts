@@ -12,8 +12,8 @@
  * Invariant: a length is a pure function of (server seed, prompt, the request's stream seed), so a
  * continuation sent with the same request seed draws the same length as the generation it continues.
  */
-import { createRng, mixSeeds } from '../../env/synthetic/rng.ts';
-import { fmix32 } from '../../hash.ts';
+import { createRng, mixSeeds } from '../env/synthetic/rng.ts';
+import { fmix32 } from '../hash.ts';
 
 export interface LengthOptions {
   /** Median response length in tokens. */

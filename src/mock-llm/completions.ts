@@ -5,8 +5,8 @@
  * (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`), `finish_reason`, `usage`,
  * `metadata.weight_version`. Validation errors name the field, as on the chat endpoint.
  */
-import { show } from '../../env/synthetic/params.ts';
-import { createRng } from '../../env/synthetic/rng.ts';
+import { show } from '../env/synthetic/params.ts';
+import { createRng } from '../env/synthetic/rng.ts';
 import { requestStreamSeed } from './policy.ts';
 import { RequestError } from './request.ts';
 import type { MockVocabulary } from './vocab.ts';
