@@ -53,7 +53,8 @@ Options:
 
 Logs go to stderr (LOG_LEVEL=debug|info|warn|error); the summary goes to stdout.`;
 
-const RUN_OPTIONS = {
+/** `rollout run`'s flags, as node:util parseArgs takes them (also read by test/readme-launch.test.ts). */
+export const RUN_OPTIONS = {
   ...CONFIG_FLAGS,
   steps: { type: 'string' },
   'run-dir': { type: 'string' },
