@@ -129,6 +129,11 @@ export interface StartOptions {
   slots?: number;
   /** More llama-server arguments, after ours (a later flag wins). */
   extraArgs?: string[];
+  /**
+   * The whole argument list instead of baseArgs + extraArgs (ctxSize, slots and extraArgs then unused):
+   * a test that launches the server as a document says. It must listen on 127.0.0.1 (the default host).
+   */
+  args?: string[];
   /** Bound on start-up (process spawned → /health 200). Default 60 s. */
   startTimeoutMs?: number;
 }
@@ -207,7 +212,7 @@ export async function startLlamaServer(options: StartOptions = {}): Promise<Llam
   const available = realServerAvailable();
   if (!available.ok) throw new Error(available.reason);
   const startTimeoutMs = options.startTimeoutMs ?? 60_000;
-  const args = [...baseArgs(available.model, options), ...(options.extraArgs ?? [])];
+  const args = options.args ?? [...baseArgs(available.model, options), ...(options.extraArgs ?? [])];
   const logFile = join(
     tmpdir(),
     `llama-server-${process.pid}-${Date.now()}-${Math.random().toString(36).slice(2, 8)}.log`,
