@@ -33,6 +33,9 @@ export const ERROR_CODES = {
   ERR_LLM_API: 'llm.api "tokens" on a server (or the built-in mock’s tokenizer) that cannot take token ids',
   ERR_LLM_FINISH_REASON: 'the server gave a finish reason the engine does not know: the rollout FAILED',
   ERR_CONTEXT_EXCEEDED: 'a rollout’s first prompt does not fit the inference server’s context',
+  // Chat model (tokenizer and chat template: token-in calls, the gateway, the mock's vocabulary)
+  ERR_CHAT_MODEL: 'the tokenizer or chat template files cannot be loaded',
+  ERR_CHAT_TEMPLATE: 'the model’s chat template cannot render these messages',
   // Environments, hooks, agents
   ERR_ENV_HTTP: 'an env server answered a status not retried (4xx), or retries ran out on 5xx',
   ERR_ENV_UNREACHABLE: 'an env server could not be reached (refused, reset, DNS) through every retry',

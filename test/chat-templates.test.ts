@@ -14,7 +14,7 @@ import { after, before, describe, it } from 'node:test';
 import { createEngine, type Engine } from '../src/index.ts';
 import { Status, type ChatMessage, type RolloutState } from '../src/domain/rollout.ts';
 import { LOOKUP_TOOL } from '../src/env/synthetic/tool-lookup.ts';
-import { loadChatModel, type ChatModel } from '../src/gateway/model.ts';
+import { loadChatModel, type ChatModel } from '../src/chat-model/model.ts';
 import { LlmClient } from '../src/llm/client.ts';
 import type { HistoryMode } from '../src/llm/token-chat.ts';
 import type { ChatResult } from '../src/llm/reply.ts';

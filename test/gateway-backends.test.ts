@@ -9,7 +9,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { after, before, describe, it } from 'node:test';
 import { startGateway } from '../src/gateway/index.ts';
 import type { ChatModel, Gateway } from '../src/gateway/index.ts';
-import { loadChatModel } from '../src/gateway/model.ts';
+import { loadChatModel } from '../src/chat-model/model.ts';
 import { openaiClient } from './support/clients.ts';
 import { closeServer, listenLoopback } from './support/http.ts';
 import { rejection } from './support/openai-errors.ts';

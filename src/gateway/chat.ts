@@ -20,9 +20,9 @@ import { replyStep } from '../domain/weight-versions.ts';
 import { routedProblem } from '../domain/routing.ts';
 import { samplingParamsOf, type GenerationResult, type SamplingParams, type TokenBackend } from './backend.ts';
 import { GatewayError } from './errors.ts';
-import type { ChatModel } from './model.ts';
-import { planPrompt } from './prompt.ts';
-import type { PromptPlan, SideCallMode } from './prompt.ts';
+import type { ChatModel } from '../chat-model/model.ts';
+import { planPrompt, type PromptPlan } from '../chat-model/prompt.ts';
+import { prefixMismatch, type SideCallMode } from './prompt.ts';
 import type { ChatCompletionRequest } from './request.ts';
 import type { CallReply } from './response.ts';
 import type { Session, SessionStore } from './sessions.ts';
@@ -74,10 +74,14 @@ export async function runChatCall(
     );
   }
   const base = existing !== undefined && existing.traces.length > 0 ? existing : null;
-  const plan = planPrompt(ctx.model, id, base, rendered, {
-    sideCalls: ctx.sideCalls,
-    messageAt: (char) => messageAt(ctx.model, request, char),
-  });
+  const plan = planPrompt(
+    ctx.model,
+    base,
+    rendered,
+    ctx.sideCalls === 'refuse'
+      ? { refuse: (b) => prefixMismatch(ctx.model, id, b, rendered, (char) => messageAt(ctx.model, request, char)) }
+      : {},
+  );
   let retriedSide: SideCallTrace | null = null;
   if (plan.kind === 'side') {
     // A side call needs a main call before it, so `existing` is set.

@@ -1,3 +1,4 @@
+import type { ChatModelError } from '../chat-model/errors.ts';
 import { RolloutEngineError } from '../errors.ts';
 
 /**
@@ -70,6 +71,17 @@ export class GatewayError extends RolloutEngineError {
     this.param = options.param ?? null;
     this.details = options.details ?? null;
   }
+}
+
+/**
+ * A chat model's error (chat-model/) as the gateway answers it: under the gateway's own codes, a
+ * template that cannot render the request's messages a 400 on `messages`, files that cannot be loaded
+ * a 500.
+ */
+export function fromChatModelError(err: ChatModelError): GatewayError {
+  return err.code === 'ERR_CHAT_TEMPLATE'
+    ? new GatewayError('ERR_GATEWAY_TEMPLATE', err.message, { param: 'messages', cause: err.cause })
+    : new GatewayError('ERR_GATEWAY_MODEL', err.message, { cause: err.cause });
 }
 
 /** OpenAI's error envelope, plus the stable code and the details. */

@@ -17,8 +17,8 @@ export type {
   TokenBackend,
   TopLogprob,
 } from './backend.ts';
-export { BUILTIN_MODELS, loadChatModel } from './model.ts';
-export type { ChatMessageInput, ChatModel, RenderOptions } from './model.ts';
+export { BUILTIN_MODELS, loadChatModel } from '../chat-model/model.ts';
+export type { ChatMessageInput, ChatModel, RenderOptions } from '../chat-model/model.ts';
 export { GatewayError } from './errors.ts';
 export type { GatewayErrorCode } from './errors.ts';
 export type { CallRecord, CallTrace, CallTimings, SideCallTrace } from './trace.ts';

@@ -7,7 +7,7 @@ import { CHAT_ROLES, contentText } from './chat-content.ts';
 import { preview } from '../errors.ts';
 import { GatewayError } from './errors.ts';
 import type { SamplingParams } from './backend.ts';
-import type { ChatMessageInput } from './model.ts';
+import type { ChatMessageInput } from '../chat-model/model.ts';
 
 export interface ChatCompletionRequest extends SamplingParams {
   messages: ChatMessageInput[];

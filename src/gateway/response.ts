@@ -8,7 +8,7 @@
  * non-streaming), so it is one write: the chunk format is what OpenAI clients need, not the timing.
  */
 import type { TopLogprob } from './backend.ts';
-import type { ChatModel } from './model.ts';
+import type { ChatModel } from '../chat-model/model.ts';
 import type { CallTimings } from './trace.ts';
 
 export interface CallReply {

@@ -22,11 +22,11 @@ import { AnnouncedVersions } from '../domain/weight-versions.ts';
 import { createTokenBackend } from './backend.ts';
 import { runChatCall } from './chat.ts';
 import type { ChatContext } from './chat.ts';
-import { GatewayError } from './errors.ts';
+import { ChatModelError } from '../chat-model/errors.ts';
+import { GatewayError, fromChatModelError } from './errors.ts';
 import { listen } from '../http-server.ts';
 import { hostForUrl, readBody, sendError, sendJson, sendText } from './http.ts';
-import { loadChatModel } from './model.ts';
-import type { ChatModel } from './model.ts';
+import { loadChatModel, type ChatModel } from '../chat-model/model.ts';
 import { DEFAULT_MAX_CONTEXT, resolveGatewayOptions } from './options.ts';
 import type { GatewayOptions, ResolvedGatewayOptions } from './options.ts';
 import { parseChatCompletionRequest, parseJsonObject, parseMessages, parseSessionId } from './request.ts';
@@ -140,7 +140,9 @@ function unknownSession(id: string): GatewayError {
 
 export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   const opts = resolveGatewayOptions(options);
-  const model = await loadChatModel(opts.tokenizer);
+  const model = await loadChatModel(opts.tokenizer).catch((err: unknown) => {
+    throw err instanceof ChatModelError ? fromChatModelError(err) : err;
+  });
   const maxContext = opts.maxContext ?? Math.min(model.maxLength ?? DEFAULT_MAX_CONTEXT, DEFAULT_MAX_CONTEXT);
   const servedModel = opts.model ?? opts.tokenizer;
   const backend = createTokenBackend({
@@ -426,7 +428,9 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         const error =
           err instanceof GatewayError
             ? err
-            : new GatewayError('ERR_GATEWAY_INTERNAL', `gateway error: ${(err as Error).message}`, { cause: err });
+            : err instanceof ChatModelError
+              ? fromChatModelError(err)
+              : new GatewayError('ERR_GATEWAY_INTERNAL', `gateway error: ${(err as Error).message}`, { cause: err });
         if (res.headersSent || res.destroyed) {
           res.destroy();
           return;

@@ -7,7 +7,7 @@
  * session is `busy` while a call is in flight, and expiry waits for it to finish.
  */
 import { GatewayError } from './errors.ts';
-import type { PromptBase } from './prompt.ts';
+import type { PromptBase } from '../chat-model/prompt.ts';
 import type { CallTrace, SideCallTrace } from './trace.ts';
 
 /** The PromptBase fields describe the main conversation only: side calls never change them. */

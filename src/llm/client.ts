@@ -22,7 +22,7 @@ import { priorityFields } from './priority.ts';
 import { samplingFields, type SamplingDialect } from './token-wire.ts';
 import type { ToolParser } from './tool-calls.ts';
 import type { RoutingShape } from './routing-wire.ts';
-import type { ChatModel } from '../gateway/model.ts';
+import type { ChatModel } from '../chat-model/model.ts';
 
 export interface LlmClientOptions {
   url: string;

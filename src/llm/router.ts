@@ -29,7 +29,7 @@ import type { ChatRequest } from './request.ts';
 import type { SamplingSettings } from './token-wire.ts';
 import { isOutageError, LlmError } from './errors.ts';
 import type { ServerKind } from './servers.ts';
-import type { ChatModel } from '../gateway/model.ts';
+import type { ChatModel } from '../chat-model/model.ts';
 
 export interface PolicySettings {
   urls: string[];
@@ -135,7 +135,7 @@ export class LlmRouter {
     const chatModel =
       tokenizer === null
         ? undefined
-        : () => (model ??= import('../gateway/model.ts').then((m) => m.loadChatModel(tokenizer)));
+        : () => (model ??= import('../chat-model/model.ts').then((m) => m.loadChatModel(tokenizer)));
     this.#clientOf = (url, modelName, probed) => {
       const key = `${url}\u0000${modelName}`;
       let client = this.#clients.get(key);

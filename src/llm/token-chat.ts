@@ -1,9 +1,9 @@
 /**
  * `llm.api: tokens`: the conversation is rendered with the policy's chat template and tokenized here,
  * and sent as token ids to the server's token-in route (llm/token-wire.ts). Each turn's prompt is the
- * previous turn's prompt + response ids + the ids of only the new text after them (the gateway's delta
- * tokenization, gateway/prompt.ts), so an episode is one exact token sequence: what the policy sampled
- * is what the trainer sees, with no retokenization drift between turns.
+ * previous turn's prompt + response ids + the ids of only the new text after them (delta tokenization,
+ * chat-model/prompt.ts, as in the gateway), so an episode is one exact token sequence: what the policy
+ * sampled is what the trainer sees, with no retokenization drift between turns.
  *
  * The sequence so far comes from the previous turn of the same session (`ChatRequest.previous`, its
  * prompt and response ids and the messages it was rendered from), so it holds across pauses and
@@ -27,8 +27,8 @@
  * `max_tokens` is capped to the room left (llm/context.ts).
  */
 import type { CancelSignal } from '../cancel.ts';
-import type { ChatModel } from '../gateway/model.ts';
-import { planPrompt, prefixDivergence, type PromptBase } from '../gateway/prompt.ts';
+import type { ChatModel } from '../chat-model/model.ts';
+import { planPrompt, prefixDivergence, type PromptBase } from '../chat-model/prompt.ts';
 import { sharedMessageCount, type ChatMessage } from '../domain/rollout.ts';
 import { LlmError } from './errors.ts';
 import { contextOverflowReply } from './context.ts';
@@ -135,7 +135,7 @@ export class TokenChat {
       const base = this.#base(model, sessionId, request.previous, request.tools);
       // A conversation that does not extend the previous turn's (trimmed by messageCut) is tokenized
       // whole, and becomes the sequence the next turn extends.
-      const plan = planPrompt(model, sessionId ?? '', base, rendered, { sideCalls: 'record' });
+      const plan = planPrompt(model, base, rendered);
       promptIds = plan.promptIds;
       if (plan.kind === 'side' && base !== null) {
         const reply = this.#replyIndex(model, base, request);

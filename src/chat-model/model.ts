@@ -1,7 +1,9 @@
 /**
  * A model's tokenizer and chat template, loaded from the Hugging Face files (`tokenizer.json` +
  * `tokenizer_config.json`) with @huggingface/tokenizers and @huggingface/jinja — the same two files
- * vLLM and SGLang read, so the gateway renders and tokenizes exactly as the model was trained to see.
+ * vLLM and SGLang read, so a conversation is rendered and tokenized exactly as the model was trained
+ * to see it. The token-trace gateway (gateway/), token-in calls (`llm.api: tokens`,
+ * llm/token-chat.ts) and the mock's token vocabulary (mock-llm/vocab.ts) all load it from here.
  *
  * Loading parses a multi-megabyte JSON (≈0.4 s for Qwen2.5): models are memoised per file path, so a
  * gateway and a mock backend in one process share one instance. Nothing is downloaded: the built-in
@@ -12,7 +14,7 @@ import { createRequire } from 'node:module';
 import { join, resolve } from 'node:path';
 import { Template } from '@huggingface/jinja';
 import { Tokenizer } from '@huggingface/tokenizers';
-import { GatewayError } from './errors.ts';
+import { ChatModelError } from './errors.ts';
 
 export interface ChatMessageInput {
   role: string;
@@ -36,7 +38,7 @@ export interface ChatModel {
   readonly specialIds: ReadonlySet<number>;
   /** Id of the configured eos_token, null when the config names none. */
   readonly eosTokenId: number | null;
-  /** Renders a conversation with the model's chat template. Throws ERR_GATEWAY_TEMPLATE. */
+  /** Renders a conversation with the model's chat template. Throws ERR_CHAT_TEMPLATE. */
   render(messages: readonly ChatMessageInput[], options: RenderOptions): string;
   /** Ids of text exactly as written: special-token strings in it become special tokens, nothing is added. */
   encode(text: string): number[];
@@ -73,8 +75,8 @@ export function loadChatModel(source: string): Promise<ChatModel> {
       files = { tokenizer: require.resolve(builtin.tokenizer), config: require.resolve(builtin.config), name: source };
     } catch (err) {
       return Promise.reject(
-        new GatewayError(
-          'ERR_GATEWAY_MODEL',
+        new ChatModelError(
+          'ERR_CHAT_MODEL',
           `tokenizer ${JSON.stringify(source)}: cannot resolve ${builtin.tokenizer} (${(err as Error).message})`,
           { cause: err },
         ),
@@ -99,8 +101,8 @@ async function readJson(path: string, what: string): Promise<Record<string, unkn
   try {
     text = await readFile(path, 'utf8');
   } catch (err) {
-    throw new GatewayError(
-      'ERR_GATEWAY_MODEL',
+    throw new ChatModelError(
+      'ERR_CHAT_MODEL',
       `cannot read the ${what} ${path}: ${(err as Error).message} (a model directory needs tokenizer.json and tokenizer_config.json; built-in: ${BUILTIN_MODELS.join(', ')})`,
       { cause: err },
     );
@@ -108,7 +110,7 @@ async function readJson(path: string, what: string): Promise<Record<string, unkn
   try {
     return JSON.parse(text) as Record<string, unknown>;
   } catch (err) {
-    throw new GatewayError('ERR_GATEWAY_MODEL', `the ${what} ${path} is not valid JSON: ${(err as Error).message}`, {
+    throw new ChatModelError('ERR_CHAT_MODEL', `the ${what} ${path} is not valid JSON: ${(err as Error).message}`, {
       cause: err,
     });
   }
@@ -129,9 +131,9 @@ async function loadFiles(name: string, tokenizerPath: string, configPath: string
   ]);
   const chatTemplate = config.chat_template;
   if (typeof chatTemplate !== 'string' || chatTemplate.length === 0) {
-    throw new GatewayError(
-      'ERR_GATEWAY_MODEL',
-      `${configPath} has no chat_template string (got ${typeof chatTemplate}); the gateway renders conversations with it`,
+    throw new ChatModelError(
+      'ERR_CHAT_MODEL',
+      `${configPath} has no chat_template string (got ${typeof chatTemplate}); conversations are rendered with it`,
     );
   }
   let tokenizer: Tokenizer;
@@ -139,8 +141,8 @@ async function loadFiles(name: string, tokenizerPath: string, configPath: string
   try {
     tokenizer = new Tokenizer(tokenizerJson, config);
   } catch (err) {
-    throw new GatewayError(
-      'ERR_GATEWAY_MODEL',
+    throw new ChatModelError(
+      'ERR_CHAT_MODEL',
       `${tokenizerPath}: @huggingface/tokenizers cannot load it: ${(err as Error).message}`,
       { cause: err },
     );
@@ -148,8 +150,8 @@ async function loadFiles(name: string, tokenizerPath: string, configPath: string
   try {
     template = new Template(chatTemplate);
   } catch (err) {
-    throw new GatewayError(
-      'ERR_GATEWAY_MODEL',
+    throw new ChatModelError(
+      'ERR_CHAT_MODEL',
       `${configPath}: chat_template does not parse: ${(err as Error).message}`,
       { cause: err },
     );
@@ -182,10 +184,10 @@ async function loadFiles(name: string, tokenizerPath: string, configPath: string
           eos_token: eosToken ?? '',
         });
       } catch (err) {
-        throw new GatewayError(
-          'ERR_GATEWAY_TEMPLATE',
+        throw new ChatModelError(
+          'ERR_CHAT_TEMPLATE',
           `the chat template of ${name} cannot render these messages: ${(err as Error).message}`,
-          { param: 'messages', cause: err },
+          { cause: err },
         );
       }
     },
