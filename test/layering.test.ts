@@ -1,7 +1,7 @@
 /**
  * The layering of src/ (test/support/layering.ts): no import cycle, the worker side never reaches the
- * main thread's modules, protocol/ stays at the bottom, formats/ and config.ts import nothing above
- * them, nothing imports the package entry. A checker
+ * main thread's modules or the gateway, protocol/ and chat-model/ stay at the bottom, formats/ and
+ * config.ts import nothing above them, nothing imports the package entry. A checker
  * that passes everything proves nothing, so it is also shown catching each kind of problem in a
  * scratch tree.
  */
@@ -30,7 +30,7 @@ describe('layering of src/', () => {
     );
   });
 
-  it('keeps the worker side off the main thread, protocol/, formats/ and config.ts low and the package entry unimported', () => {
+  it('keeps the worker side off the main thread and the gateway, protocol/, chat-model/, formats/ and config.ts low and the package entry unimported', () => {
     assert.deepEqual(layeringViolations(edges), []);
   });
 });
@@ -87,14 +87,24 @@ describe('the layering checker', () => {
       'src/coordinator/producer.ts': 'export type Batch = 1;\n',
       'src/config.ts': "import { RUN_NAME } from './cluster/names.ts';\nexport const z = RUN_NAME;\n",
       'src/cluster/names.ts': 'export const RUN_NAME = 1;\n',
+      'src/llm/token-chat.ts': "import type { ChatModel } from '../gateway/model.ts';\n",
+      'src/gateway/model.ts': 'export type ChatModel = 1;\n',
+      'src/chat-model/prompt.ts':
+        "import { GatewayError } from '../gateway/errors.ts';\nimport { e } from '../errors.ts';\n",
+      'src/gateway/errors.ts': 'export class GatewayError {}\n',
+      // Allowed: the gateway builds on llm/ and chat-model/.
+      'src/gateway/backend.ts':
+        "import type { A } from '../llm/a.ts';\nimport { planPrompt } from '../chat-model/prompt.ts';\n",
     });
     assert.deepEqual(checkLayering(root).sort(), [
       'import cycle: src/cli/run.ts → src/index.ts → src/cli/run.ts',
+      'src/chat-model/prompt.ts:1 imports src/gateway/errors.ts: src/chat-model/ imports only src/errors.ts, src/error-codes.ts',
       'src/cli/run.ts:1 imports src/index.ts: import from the module that defines it, not the package entry',
       'src/config.ts:1 imports src/cluster/names.ts: config.ts is below the layers it configures: what it validates lives in it (or below it)',
       'src/domain/rollout.ts:2 imports src/config.ts: src/domain/ imports only src/errors.ts, src/error-codes.ts',
       'src/error-codes.ts:1 imports src/config.ts: src/error-codes.ts imports nothing of src/',
       'src/formats/batch-file.ts:1 imports src/coordinator/producer.ts: formats/ writes and reads data: the types it writes live in src/domain/',
+      'src/llm/token-chat.ts:1 imports src/gateway/model.ts: the worker side (worker/, workers/, env/, llm/) never imports gateway/: a server built on llm/, reached over HTTP; the tokenizer both use is in chat-model/',
       "src/protocol/codec.ts:2 imports src/config.ts: src/protocol/ imports only src/domain/, src/errors.ts, src/error-codes.ts (and, type-only, the worker side's settings)",
       "src/protocol/messages.ts:3 imports src/env/b.ts: src/protocol/ imports only src/domain/, src/errors.ts, src/error-codes.ts (and, type-only, the worker side's settings)",
       "src/protocol/messages.ts:4 imports src/config.ts: src/protocol/ imports only src/domain/, src/errors.ts, src/error-codes.ts (and, type-only, the worker side's settings)",

@@ -12,11 +12,15 @@
  *   gateway and the mock on demand), but it is an edge for the rules below;
  * - the worker side (worker/, workers/) and what it runs (env/, llm/) never import the main thread's
  *   coordinator/, buffer/, control/ or cli/: that code is not loaded into a worker thread;
+ * - nor gateway/: the gateway is a server beside the engine (on the main thread, or `rollout
+ *   gateway`) built on llm/'s wire code, which workers reach over HTTP (llm/gateway-client.ts). What
+ *   both need of a model's tokenizer and chat template is in chat-model/, below both;
  * - the bottom of the stack imports only what is below it: the error codes nothing, errors.ts the
  *   codes, domain/ (the data) errors, protocol/ (what crosses threads) the data and errors — it is
  *   what both sides of the thread boundary share. One exception, type-only: the worker's start-up
  *   message (WorkerInit) carries the settings of the worker-side modules that read them (env/, llm/,
- *   worker/), typed by those modules;
+ *   worker/), typed by those modules. chat-model/ (a tokenizer and its template, and the prompt ids
+ *   they make) is a leaf beside them: it imports the errors and nothing else of src/;
  * - formats/ (the files and wire forms of batches, checkpoints and peers' messages) reads and writes
  *   data: it imports domain/ and the errors, never the coordinator that makes a batch;
  * - config.ts is read by every layer that is configured, so it imports none of them: not cluster/,
@@ -53,19 +57,25 @@ const FOUNDATION: [layer: string, below: string[]][] = [
   ['src/errors.ts', ['src/error-codes.ts']],
   ['src/domain/', ['src/errors.ts', 'src/error-codes.ts']],
   ['src/protocol/', ['src/domain/', 'src/errors.ts', 'src/error-codes.ts']],
+  ['src/chat-model/', ['src/errors.ts', 'src/error-codes.ts']],
 ];
 /** What the start-up message may name the settings of, type-only (see the module comment). */
 const WORKER_SETTINGS = ['src/env/', 'src/llm/', 'src/worker/'];
 const PACKAGE_ENTRY = 'src/index.ts';
-/** Modules that must not import the layers above them, besides the foundation: [module or folder, forbidden, why]. */
-const BELOW: [from: string, forbidden: string[], why: string][] = [
+/** Modules that must not import the layers above them, besides the foundation: [modules or folders, forbidden, why]. */
+const BELOW: [from: string[], forbidden: string[], why: string][] = [
   [
-    'src/formats/',
+    WORKER_SIDE,
+    ['src/gateway/'],
+    'the worker side (worker/, workers/, env/, llm/) never imports gateway/: a server built on llm/, reached over HTTP; the tokenizer both use is in chat-model/',
+  ],
+  [
+    ['src/formats/'],
     ['src/coordinator/', 'src/control/', 'src/cli/', 'src/buffer/', 'src/cluster/', 'src/gateway/', 'src/worker/'],
     'formats/ writes and reads data: the types it writes live in src/domain/',
   ],
   [
-    'src/config.ts',
+    ['src/config.ts'],
     ['src/cluster/', 'src/coordinator/', 'src/control/', 'src/cli/', 'src/gateway/', 'src/buffer/', 'src/worker/'],
     'config.ts is below the layers it configures: what it validates lives in it (or below it)',
   ],
@@ -221,8 +231,8 @@ export function layeringViolations(edges: readonly ImportEdge[]): string[] {
         );
       }
     }
-    for (const [layer, forbidden, why] of BELOW)
-      if (e.from.startsWith(layer) && under(e.to, forbidden)) problems.push(`${at}: ${why}`);
+    for (const [layers, forbidden, why] of BELOW)
+      if (under(e.from, layers) && under(e.to, forbidden)) problems.push(`${at}: ${why}`);
     if (e.to === PACKAGE_ENTRY && e.from.startsWith('src/')) {
       problems.push(`${at}: import from the module that defines it, not the package entry`);
     }
