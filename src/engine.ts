@@ -12,6 +12,8 @@ import { resolveConfig, type EngineConfigInput, type ResolvedConfig, type Resolv
 import {
   EngineCore,
   type AuditTarget,
+  type EmbeddedLlm,
+  type EmbeddedLlmOptions,
   type EngineOptions,
   type EngineStats,
   type ResumeOptions,
@@ -31,7 +33,11 @@ export class Engine {
 
   constructor(config: ResolvedConfig, options?: EngineOptions) {
     this.#metrics = new EngineMetrics(() => this.#core.stats());
-    this.#core = new EngineCore(config, { ...options, observer: options?.observer ?? this.#metrics });
+    this.#core = new EngineCore(
+      config,
+      { ...options, observer: options?.observer ?? this.#metrics },
+      startEmbeddedMock,
+    );
   }
 
   /** Serve the control API for trainers (see docs/CONTROL-API.md); closed with the engine. */
@@ -143,6 +149,21 @@ export class Engine {
     await Promise.all(this.#servers.splice(0).map((s) => s.close()));
     await this.#core.close();
   }
+}
+
+/**
+ * The embedded inference server when `llm.url` is null: the shipped mock, on loopback. Loaded on
+ * demand: a production run against a real server never pays for the mock or its tokenizer tables.
+ */
+async function startEmbeddedMock({ mock, model, tokenIds }: EmbeddedLlmOptions): Promise<EmbeddedLlm> {
+  const { startMockLlm } = await import('./mock-llm/server.ts');
+  return startMockLlm({
+    ...mock,
+    ...(tokenIds ? { tokenizer: 'qwen2.5' as const } : {}),
+    host: '127.0.0.1',
+    port: 0,
+    model,
+  });
 }
 
 /** Validate `config` (throws a ConfigError naming each bad field) and build an engine; call start() next. */

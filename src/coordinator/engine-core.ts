@@ -8,7 +8,8 @@
  *              ReplayBuffer ◄───────────────────────────┘  ─► getBatch(trainStep) ─► trainer
  *   PauseControl ── shared flag ──► every worker (pause / resume, model step)
  *
- * The public `Engine` class in src/engine.ts is a thin shell over this.
+ * The public `Engine` class in src/engine.ts is a thin shell over this, and supplies what it starts
+ * when `llm.url` is null (EmbeddedLlm: the shipped mock, which the coordinator never imports).
  */
 import { noFailures, type FailureKind } from '../domain/failure.ts';
 import { existsSync, mkdirSync } from 'node:fs';
@@ -18,7 +19,6 @@ import { emptyDropCounts, type DropReason } from '../buffer/replay-buffer.ts';
 import { Sampler } from '../buffer/sampler.ts';
 import { createRemoteEnvironments } from '../env/remote.ts';
 import type { Gateway } from '../gateway/index.ts';
-import type { MockLlm } from '../mock-llm/server.ts';
 import {
   checkServedVersions,
   probeServer,
@@ -116,6 +116,31 @@ export interface EngineOptions extends ProducerHooks {
   log?: Logger;
 }
 
+/**
+ * The inference server the engine starts itself when `llm.url` is null: what EngineCore needs of it.
+ * The composition root (src/engine.ts) supplies the starter, which loads the shipped mock
+ * (mock-llm/) on demand, so neither the coordinator nor a run against real servers loads it.
+ */
+export interface EmbeddedLlm {
+  /** Base URL without a trailing slash. */
+  readonly url: string;
+  /** "Loads" the weights of `modelStep`: replies that start from now on name it. */
+  setWeightVersion(modelStep: number): void;
+  close(): Promise<void>;
+}
+
+/** What the embedded server is started with. */
+export interface EmbeddedLlmOptions {
+  /** The config's `mock` section. */
+  mock: ResolvedConfig['mock'];
+  /** The model id it serves (`llm.model`). */
+  model: string;
+  /** Read and answer in qwen2.5 token ids (black-box agents through the gateway, `llm.api: tokens`). */
+  tokenIds: boolean;
+}
+
+export type StartEmbeddedLlm = (options: EmbeddedLlmOptions) => Promise<EmbeddedLlm>;
+
 /** Dataset lines sent to a worker per start-up check call. */
 const CHECK_SLICE = 10_000;
 
@@ -127,8 +152,9 @@ export class EngineCore {
   readonly #options: EngineOptions;
   #state: State = 'created';
   #llmUrls: string[] = [];
+  readonly #startEmbeddedLlm: StartEmbeddedLlm;
   /** The built-in mock server, when `llm.url` is null: resume "loads" weights into it by setting its version. */
-  #embeddedMock: MockLlm | null = null;
+  #embeddedMock: EmbeddedLlm | null = null;
   /** The token-trace gateway, when a task has a black-box agent. */
   #gateway: Gateway | null = null;
   #pool: WorkerPool | null = null;
@@ -145,9 +171,11 @@ export class EngineCore {
   /** Serializes endpoint changes (not behind a getBatch, which may wait on the very server joining). */
   #endpointQueue: Promise<unknown> = Promise.resolve();
 
-  constructor(config: ResolvedConfig, options: EngineOptions = {}) {
+  /** `startEmbeddedLlm` is called at start when `llm.url` is null. */
+  constructor(config: ResolvedConfig, options: EngineOptions, startEmbeddedLlm: StartEmbeddedLlm) {
     this.config = config;
     this.#options = options;
+    this.#startEmbeddedLlm = startEmbeddedLlm;
     this.log = options.log ?? createLogger(config.logLevel, { thread: 'main' });
   }
 
@@ -697,25 +725,16 @@ export class EngineCore {
   }
 
   async #startEmbeddedMock(): Promise<string> {
-    // Loaded lazily: a production run against a real server never pays for the tokenizer tables.
-    const { startMockLlm } = await import('../mock-llm/server.ts');
     // Black-box agents reach the mock through the gateway's token-in calls, and `llm.api: tokens` sends
     // ids of its own: the mock then reads and answers in that vocabulary.
-    const tokenIn = this.config.llm.api === 'tokens' || this.config.tasks.some(usesGateway);
+    const tokenIds = this.config.llm.api === 'tokens' || this.config.tasks.some(usesGateway);
     if (this.config.llm.api === 'tokens' && this.config.llm.tokenizer !== 'qwen2.5') {
       throw new RolloutEngineError(
         'ERR_LLM_API',
         `llm.tokenizer: the built-in mock speaks qwen2.5 ids only (got ${JSON.stringify(this.config.llm.tokenizer)}); give llm.url for another tokenizer`,
       );
     }
-    const tokenizer = tokenIn ? { tokenizer: 'qwen2.5' as const } : {};
-    const mock = await startMockLlm({
-      ...this.config.mock,
-      ...tokenizer,
-      host: '127.0.0.1',
-      port: 0,
-      model: this.config.llm.model,
-    });
+    const mock = await this.#startEmbeddedLlm({ mock: this.config.mock, model: this.config.llm.model, tokenIds });
     this.#embeddedMock = mock;
     this.log.info({ url: mock.url }, 'embedded mock inference server started');
     return mock.url;
