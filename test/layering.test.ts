@@ -1,7 +1,8 @@
 /**
  * The layering of src/ (test/support/layering.ts): no import cycle, the worker side never reaches the
  * main thread's modules or the gateway, protocol/ and chat-model/ stay at the bottom, formats/ and
- * config.ts import nothing above them, nothing imports the package entry. A checker
+ * config.ts import nothing above them, only the engine's shell, cli/ and loadtest/ import the mock,
+ * nothing imports the package entry. A checker
  * that passes everything proves nothing, so it is also shown catching each kind of problem in a
  * scratch tree.
  */
@@ -30,7 +31,7 @@ describe('layering of src/', () => {
     );
   });
 
-  it('keeps the worker side off the main thread and the gateway, protocol/, chat-model/, formats/ and config.ts low and the package entry unimported', () => {
+  it('keeps the worker side off the main thread and the gateway, protocol/, chat-model/, formats/ and config.ts low, the mock kept to its users and the package entry unimported', () => {
     assert.deepEqual(layeringViolations(edges), []);
   });
 });
@@ -92,7 +93,13 @@ describe('the layering checker', () => {
       'src/chat-model/prompt.ts':
         "import { GatewayError } from '../gateway/errors.ts';\nimport { e } from '../errors.ts';\n",
       'src/gateway/errors.ts': 'export class GatewayError {}\n',
-      // Allowed: the gateway builds on llm/ and chat-model/.
+      'src/coordinator/engine-core.ts': "import type { MockLlm } from '../mock-llm/server.ts';\n",
+      'src/gateway/server.ts': "export const load = () => import('../mock-llm/server.ts');\n",
+      'src/mock-llm/server.ts': "import { planPrompt } from '../chat-model/prompt.ts';\nexport type MockLlm = 1;\n",
+      // Allowed: the engine's shell, cli/ and loadtest/ import the mock; the gateway builds on llm/ and chat-model/.
+      'src/engine.ts': "export const start = () => import('./mock-llm/server.ts');\n",
+      'src/cli/mock-llm.ts': "import type { MockLlm } from '../mock-llm/server.ts';\n",
+      'src/loadtest/report.ts': "import type { MockLlm } from '../mock-llm/server.ts';\n",
       'src/gateway/backend.ts':
         "import type { A } from '../llm/a.ts';\nimport { planPrompt } from '../chat-model/prompt.ts';\n",
     });
@@ -101,9 +108,11 @@ describe('the layering checker', () => {
       'src/chat-model/prompt.ts:1 imports src/gateway/errors.ts: src/chat-model/ imports only src/errors.ts, src/error-codes.ts',
       'src/cli/run.ts:1 imports src/index.ts: import from the module that defines it, not the package entry',
       'src/config.ts:1 imports src/cluster/names.ts: config.ts is below the layers it configures: what it validates lives in it (or below it)',
+      'src/coordinator/engine-core.ts:1 imports src/mock-llm/server.ts: mock-llm/ is imported only by src/engine.ts (the embedded mock, an EmbeddedLlm to coordinator/), cli/ and loadtest/',
       'src/domain/rollout.ts:2 imports src/config.ts: src/domain/ imports only src/errors.ts, src/error-codes.ts',
       'src/error-codes.ts:1 imports src/config.ts: src/error-codes.ts imports nothing of src/',
       'src/formats/batch-file.ts:1 imports src/coordinator/producer.ts: formats/ writes and reads data: the types it writes live in src/domain/',
+      'src/gateway/server.ts:1 imports src/mock-llm/server.ts: mock-llm/ is imported only by src/engine.ts (the embedded mock, an EmbeddedLlm to coordinator/), cli/ and loadtest/',
       'src/llm/token-chat.ts:1 imports src/gateway/model.ts: the worker side (worker/, workers/, env/, llm/) never imports gateway/: a server built on llm/, reached over HTTP; the tokenizer both use is in chat-model/',
       "src/protocol/codec.ts:2 imports src/config.ts: src/protocol/ imports only src/domain/, src/errors.ts, src/error-codes.ts (and, type-only, the worker side's settings)",
       "src/protocol/messages.ts:3 imports src/env/b.ts: src/protocol/ imports only src/domain/, src/errors.ts, src/error-codes.ts (and, type-only, the worker side's settings)",

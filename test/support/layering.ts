@@ -9,7 +9,7 @@
  * - no import cycle, type-only imports included: a cycle is two modules that cannot be read (or
  *   moved) one without the other, whatever the runtime makes of it. A dynamic `import()` is not part
  *   of a cycle (it runs after both modules are evaluated, and is how the coordinator loads the
- *   gateway and the mock on demand), but it is an edge for the rules below;
+ *   gateway, and src/engine.ts the mock, on demand), but it is an edge for the rules below;
  * - the worker side (worker/, workers/) and what it runs (env/, llm/) never import the main thread's
  *   coordinator/, buffer/, control/ or cli/: that code is not loaded into a worker thread;
  * - nor gateway/: the gateway is a server beside the engine (on the main thread, or `rollout
@@ -25,6 +25,9 @@
  *   data: it imports domain/ and the errors, never the coordinator that makes a batch;
  * - config.ts is read by every layer that is configured, so it imports none of them: not cluster/,
  *   coordinator/, control/, cli/, gateway/, buffer/, worker/ (the patterns it validates live in it);
+ * - mock-llm/ (the mock inference server the package ships) is imported only by src/engine.ts, which
+ *   starts it when `llm.url` is null (the coordinator sees an EmbeddedLlm), cli/, which serves it, and
+ *   loadtest/, a tool over it (its GPU metrics); never by the coordinator or the parts a real run uses;
  * - nothing in src/ imports a package entry (src/index.ts): the entry re-exports, it is not a library
  *   to build with, and an import of it drags every module into a cycle with the importer.
  *
@@ -78,6 +81,15 @@ const BELOW: [from: string[], forbidden: string[], why: string][] = [
     ['src/config.ts'],
     ['src/cluster/', 'src/coordinator/', 'src/control/', 'src/cli/', 'src/gateway/', 'src/buffer/', 'src/worker/'],
     'config.ts is below the layers it configures: what it validates lives in it (or below it)',
+  ],
+];
+
+/** Folders only some modules may import, besides their own: [folder, its importers, why]. */
+const IMPORTED_ONLY_BY: [target: string, importers: string[], why: string][] = [
+  [
+    'src/mock-llm/',
+    ['src/engine.ts', 'src/cli/', 'src/loadtest/'],
+    'mock-llm/ is imported only by src/engine.ts (the embedded mock, an EmbeddedLlm to coordinator/), cli/ and loadtest/',
   ],
 ];
 
@@ -233,6 +245,9 @@ export function layeringViolations(edges: readonly ImportEdge[]): string[] {
     }
     for (const [layers, forbidden, why] of BELOW)
       if (under(e.from, layers) && under(e.to, forbidden)) problems.push(`${at}: ${why}`);
+    for (const [target, importers, why] of IMPORTED_ONLY_BY)
+      if (e.to.startsWith(target) && !e.from.startsWith(target) && !under(e.from, importers))
+        problems.push(`${at}: ${why}`);
     if (e.to === PACKAGE_ENTRY && e.from.startsWith('src/')) {
       problems.push(`${at}: import from the module that defines it, not the package entry`);
     }
