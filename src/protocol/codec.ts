@@ -114,8 +114,8 @@ export function decodeGroupResult(bytes: Uint8Array, sent: RolloutGroup): Rollou
 
 /**
  * The arrays of one message, laid out in order. An array met twice is laid out once, and so are views
- * of one buffer that overlap or touch (a turn's prompt ids viewing a later turn's: worker/prompt-
- * prefix.ts): one region per run of them, each view a reference into it. A region starts at its first
+ * of one buffer that overlap or touch (a turn's prompt ids viewing a later turn's:
+ * worker/prompt-prefix.ts): one region per run of them, each view a reference into it. A region starts at its first
  * view's offset rounded down to 8, so every view keeps its offset mod 8 and views of any kind share
  * it; past those ≤ 7 bytes, bytes no view covers never travel (views into a pooled allocation, or into
  * a decoded block sent on again).
