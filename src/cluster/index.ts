@@ -1,6 +1,7 @@
 /**
  * Worker nodes over NATS JetStream: the pool the coordinator uses when `workers.nats` is set.
- * Loaded only then (engine.ts imports it lazily), so a run on local threads never loads the clients.
+ * Loaded only then (coordinator/engine-core.ts imports it lazily), so a run on local threads never
+ * loads the clients.
  */
 import { PiscinaWorkerPool, type WorkerPool } from '../coordinator/worker-pool.ts';
 import { CombinedWorkerPool } from './combined-pool.ts';
