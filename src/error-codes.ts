@@ -75,7 +75,8 @@ export const ERROR_CODES = {
   ERR_INTERNAL: 'an unexpected failure while serving a control API request',
   // Token-trace gateway
   ERR_GATEWAY_BAD_REQUEST: 'a gateway request field has the wrong type or value (`param` names it)',
-  ERR_GATEWAY_TEMPLATE: 'the model’s chat template cannot render these messages',
+  ERR_GATEWAY_TEMPLATE:
+    'the model’s chat template cannot render these messages (ERR_CHAT_TEMPLATE, as the gateway answers it)',
   ERR_GATEWAY_PREFIX_MISMATCH: 'with sideCalls "refuse": the conversation no longer starts with what the session sent',
   ERR_GATEWAY_TOO_MANY_SIDE_CALLS: 'the session already keeps maxSideCalls side calls',
   ERR_GATEWAY_CONTEXT_LENGTH: 'the prompt fills the context window',
@@ -87,7 +88,8 @@ export const ERROR_CODES = {
   ERR_GATEWAY_TOO_MANY_SESSIONS: 'maxSessions live sessions already hold traces',
   ERR_GATEWAY_STITCH: 'the traces broke an invariant while stitching (a bug, never the client’s)',
   ERR_GATEWAY_INTERNAL: 'an unexpected failure inside the gateway',
-  ERR_GATEWAY_MODEL: 'the tokenizer or chat template files cannot be loaded',
+  ERR_GATEWAY_MODEL:
+    'the gateway’s tokenizer or chat template files cannot be loaded (ERR_CHAT_MODEL, as it answers it)',
   ERR_GATEWAY_CLOSING: 'the gateway is shutting down',
   ERR_BACKEND_HTTP: 'the gateway’s backend answered an error status',
   ERR_BACKEND_UNREACHABLE: 'the gateway’s backend could not be reached',
