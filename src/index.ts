@@ -46,4 +46,4 @@ export type {
 export type { ToolCallRecord, ToolErrorKind } from './domain/rollout.ts';
 export { BatchFileWriter, groupToJson } from './formats/batch-file.ts';
 export type { BlackBoxAgent, BlackBoxInput, BlackBoxResult } from './worker/blackbox-loop.ts';
-export type { EpisodeHooks } from './worker/agent-loop.ts';
+export type { EpisodeHooks } from './worker/episode-context.ts';

@@ -9,13 +9,8 @@ import { describe, it } from 'node:test';
 import type { ChatRequest } from '../src/llm/request.ts';
 import type { ChatResult } from '../src/llm/reply.ts';
 import type { Environment, StepResult } from '../src/env/types.ts';
-import {
-  runEpisode,
-  type AgentSettings,
-  type ChatClient,
-  type EpisodeContext,
-  type PauseView,
-} from '../src/worker/agent-loop.ts';
+import { runEpisode } from '../src/worker/agent-loop.ts';
+import type { AgentSettings, ChatClient, EpisodeContext, PauseView } from '../src/worker/episode-context.ts';
 import { newGroup, Status, type RolloutState } from '../src/domain/rollout.ts';
 import { sample, turn } from './support/groups.ts';
 import { deferred } from './support/waits.ts';

@@ -23,7 +23,7 @@ import type { Environment, StepResult, ToolOutput } from '../src/env/types.ts';
 import type { RolloutState } from '../src/domain/rollout.ts';
 import { ConfigError } from '../src/errors.ts';
 import { EnvGuard } from '../src/worker/env-guard.ts';
-import type { PauseView } from '../src/worker/agent-loop.ts';
+import type { PauseView } from '../src/worker/episode-context.ts';
 import { startOpenEnvDouble, type OpenEnvDouble, type OpenEnvDoubleOptions } from './fixtures/openenv-server.ts';
 import { rollout } from './support/cli.ts';
 import { within } from './support/waits.ts';

@@ -17,7 +17,7 @@ import type { HttpEnvOptions } from '../env/http-env.ts';
 import type { EnvParams } from '../env/types.ts';
 import type { RouterOptions } from '../llm/router.ts';
 import type { ServerKind } from '../llm/servers.ts';
-import type { AgentSettings } from '../worker/agent-loop.ts';
+import type { AgentSettings } from '../worker/episode-context.ts';
 import type { RolloutGroup } from '../domain/rollout.ts';
 
 export const PROTOCOL_VERSION = 2;

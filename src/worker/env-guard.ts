@@ -14,7 +14,7 @@ import { isThenable, settleWithin, timeoutError } from '../env/bounded.ts';
 import { EnvError } from '../env/errors.ts';
 import type { EnvCall, EnvWatchSlot } from '../protocol/env-watch.ts';
 import type { RolloutState } from '../domain/rollout.ts';
-import type { EnvCallGuard, PauseView } from './agent-loop.ts';
+import type { EnvCallGuard, PauseView } from './episode-context.ts';
 
 type MaybePromise<T> = T | Promise<T>;
 

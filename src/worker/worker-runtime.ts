@@ -43,7 +43,8 @@ import {
   type TurnRecord,
 } from '../domain/rollout.ts';
 import { sessionIdOf, StepRecordWriter } from '../records/step-records.ts';
-import { runEpisode, type AgentSettings, type EpisodeContext, type EpisodeHooks } from './agent-loop.ts';
+import { runEpisode } from './agent-loop.ts';
+import type { AgentSettings, EpisodeContext, EpisodeHooks } from './episode-context.ts';
 import { runBlackBoxEpisode, type BlackBoxAgent } from './blackbox-loop.ts';
 import { EnvGuard } from './env-guard.ts';
 import { PauseGate } from './pause-gate.ts';
