@@ -26,16 +26,13 @@
  * from its prompt.
  */
 import { setTimeout as sleep } from 'node:timers/promises';
-import type { ChatResult } from '../llm/reply.ts';
 import { isOutageError, OUTAGE_CODE } from '../llm/errors.ts';
 import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/replies.ts';
 import type { Environment, StepResult } from '../env/types.ts';
 import type { McpConnection, McpServers } from '../env/mcp.ts';
-import type { ParsedToolCall } from '../llm/tool-calls.ts';
 import { describeError, RolloutEngineError } from '../errors.ts';
 import {
   failRollout,
-  modelStepsOf,
   resetToPrompt,
   rolloutMinModelStep,
   statusForFinishReason,
@@ -46,29 +43,14 @@ import {
 } from '../domain/rollout.ts';
 import { failureKindOf } from '../domain/failure.ts';
 import { NO_EXPIRY } from '../protocol/control-block.ts';
-import { TaskPace, trajectoryUrgency } from '../llm/priority.ts';
-import { replyStep } from '../domain/weight-versions.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
-import { alignTurnRouting, continuationRouting, routedEnd } from './routing.ts';
-import { tokenSteps } from './token-steps.ts';
 import { trimMessages } from './trim.ts';
 import { NO_TOOLS, runToolCalls, toolMessagesOf, type StepTools } from './tools.ts';
-import { DEFAULT_TOOL_SETTINGS, type AgentSettings, type EpisodeContext, type PauseView } from './episode-context.ts';
+import { DEFAULT_TOOL_SETTINGS, type AgentSettings, type EpisodeContext } from './episode-context.ts';
 import { acquireActor, callHook, envCall } from './env-calls.ts';
-
-/**
- * The calls a reply made, kept beside its turn until they run (the turn records them once they have
- * results: TurnRecord.toolCalls).
- */
-const pendingCalls = new WeakMap<TurnRecord, ParsedToolCall[]>();
-
-/** This worker's running means of turns and time per finished episode, per task (llm/priority.ts). */
-const pace = new TaskPace();
+import { ContextExceeded, infer, pace, pendingCalls } from './inference-call.ts';
 
 class ReplayMismatch extends Error {}
-
-/** A call that did not fit the server's context (llm/context.ts): the episode ends truncated, not failed. */
-class ContextExceeded extends Error {}
 
 interface Episode {
   env: Environment;
@@ -309,23 +291,24 @@ async function play(
     try {
       if (prompts.length === 1) {
         const { agentId, prompt } = prompts[0];
-        turns = [
-          await infer(
-            rollout,
-            step,
-            agentId,
-            prompt,
-            agentId === null ? partial : null,
-            ctx,
-            promptMs,
-            turnStart,
-            tools,
-          ),
-        ];
+        const partialOf = agentId === null ? partial : null;
+        turns = [await infer({ rollout, step, agentId, prompt, partial: partialOf, promptMs, turnStart, tools }, ctx)];
       } else {
         turns = await allOrFirstError(
           prompts.map(({ agentId, prompt }) =>
-            infer(rollout, step, agentId, prompt, agentId === null ? partial : null, ctx, promptMs, turnStart),
+            infer(
+              {
+                rollout,
+                step,
+                agentId,
+                prompt,
+                partial: agentId === null ? partial : null,
+                promptMs,
+                turnStart,
+                tools,
+              },
+              ctx,
+            ),
           ),
         );
       }
@@ -405,111 +388,6 @@ function trainOnLastStep(rollout: RolloutState): void {
     rollout.turns[i].trainable = true;
 }
 
-/**
- * One inference call for one agent (or the single agent), continuing `partial` when given. Not an
- * async function: the call in flight holds a callback instead of one more suspended frame.
- */
-function infer(
-  rollout: RolloutState,
-  step: number,
-  agentId: string | null,
-  prompt: ChatMessage[],
-  partial: TurnRecord | null,
-  ctx: EpisodeContext,
-  promptMs: number,
-  turnStart: number,
-  tools: StepTools = NO_TOOLS,
-): Promise<TurnRecord> {
-  const { settings, gate } = ctx;
-  const already = partial?.responseIds?.length ?? 0;
-  const seed = settings.sendSeed ? turnSeed(rollout, step, agentId) : null;
-  const t = performance.now();
-  // A call kept across an in-place pause began on these weights: its early tokens are theirs.
-  const stepAtSend = gate.modelStep;
-  const previous = partial === null ? previousTurn(rollout, agentId) : undefined;
-  // Where this agent's sequence lacks rows: the partial's end, else the previous turn's (llm/request.ts).
-  const routedFrom = routedEnd(partial ?? previous);
-  let call: Promise<ChatResult>;
-  try {
-    call = ctx.llm.chat(
-      {
-        messages: prompt,
-        maxTokens: Math.max(1, settings.maxTokens - already),
-        temperature: settings.temperature,
-        ...(settings.sampling !== undefined ? { sampling: settings.sampling } : {}),
-        ...(seed !== null ? { seed } : {}),
-        ...(partial ? { continueFrom: partial.response } : {}),
-        ...(partial?.promptIds && partial.responseIds
-          ? { continueTokens: { promptIds: partial.promptIds, responseIds: partial.responseIds } }
-          : {}),
-        ...(previous !== undefined
-          ? {
-              previous: {
-                messages: previous.messages,
-                promptIds: previous.promptIds,
-                responseIds: previous.responseIds,
-              },
-            }
-          : {}),
-        ...(tools.schemas.length > 0
-          ? { tools: tools.schemas, toolChoice: (settings.tools ?? DEFAULT_TOOL_SETTINGS).toolChoice }
-          : {}),
-        ...(routedFrom > 0 ? { routedFrom } : {}),
-        ...(settings.priority === 'trajectory' ? { urgency: urgencyOf(rollout, step, settings, gate) } : {}),
-      },
-      gate.signal,
-      agentId === null ? { session: rollout.id } : { session: rollout.id, agent: agentId },
-    );
-  } catch (err) {
-    // As from an async function: a client that throws instead of rejecting fails this call only, and a
-    // multi-agent step still waits for its other calls (allOrFirstError).
-    return Promise.reject(err);
-  }
-  return call.then((reply) => {
-    if (reply.contextExceeded !== undefined) throw new ContextExceeded(reply.contextExceeded);
-    const steps = tokenSteps(reply, stepAtSend, (version) =>
-      replyStep(gate.stepOfVersion(version), stepAtSend, gate.modelStep, (expected, tagged) =>
-        ctx.onVersionMismatch?.(version!, expected, tagged),
-      ),
-    );
-    const turn = turnRecord(
-      step,
-      agentId,
-      prompt,
-      reply,
-      steps.modelStep,
-      seed,
-      settings,
-      promptMs,
-      performance.now() - t,
-      turnStart,
-    );
-    turn.modelSteps = steps.modelSteps;
-    if (steps.staleKv !== null) turn.staleKv = steps.staleKv;
-    if (steps.spansVersions) turn.spansVersions = true;
-    if (reply.historyRewrite !== undefined) {
-      turn.historyRewrite = reply.historyRewrite.mode;
-      // A split begins a new training segment: the turn before it ends the previous one, and holds its
-      // whole conversation, so it is trained on as the last turn of an episode is.
-      if (reply.historyRewrite.mode === 'split' && previous !== undefined) previous.trainable = true;
-      ctx.onHistoryRewrite?.(rollout, turn, reply.historyRewrite);
-    }
-    // Rows placed on the sequence they belong to, or dropped: never shifted onto other tokens.
-    if (partial) {
-      continuationRouting(partial, turn);
-      mergeContinuation(partial, turn);
-    } else alignTurnRouting(turn, previous);
-    if (reply.toolCalls !== undefined && reply.toolCalls.length > 0) pendingCalls.set(turn, reply.toolCalls);
-    return turn;
-  });
-}
-
-/** This agent's last turn in the rollout: a token-in call extends its exact sequence (llm/token-chat.ts). */
-function previousTurn(rollout: RolloutState, agentId: string | null): TurnRecord | undefined {
-  for (let i = rollout.turns.length - 1; i >= 0; i--) if (rollout.turns[i].agentId === agentId) return rollout.turns[i];
-  return undefined;
-}
-
 /** Ends `rollout` on a turn that did not complete: ABORTED for `abort`, FAILED naming anything unknown. */
 function endInterrupted(rollout: RolloutState, finishReason: TurnRecord['finishReason']): void {
   const status = statusForFinishReason(finishReason);
@@ -576,79 +454,6 @@ function applyOutcome(
   }
 }
 
-function turnRecord(
-  step: number,
-  agentId: string | null,
-  messages: ChatMessage[],
-  reply: ChatResult,
-  modelStep: number,
-  seed: number | null,
-  settings: AgentSettings,
-  envMs: number,
-  inferenceMs: number,
-  turnStart: number,
-): TurnRecord {
-  const responseIds = reply.responseIds;
-  return {
-    step,
-    agentId,
-    messages,
-    response: reply.content,
-    finishReason: reply.finishReason,
-    promptIds: reply.promptIds,
-    responseIds,
-    logprobs: reply.logprobs,
-    modelSteps: null, // every token has `modelStep`: implicit until the group reaches the main thread (TurnRecord.modelSteps)
-    seed,
-    modelStep,
-    reward: 0,
-    terminated: false,
-    truncated: false,
-    trainable: settings.messageCut > 0,
-    timings: { inferenceMs, envMs, totalMs: performance.now() - turnStart },
-    ...(reply.routedExperts !== undefined ? { routedExperts: reply.routedExperts } : {}),
-    ...(reply.samplingMask !== undefined ? { samplingMask: reply.samplingMask } : {}),
-  };
-}
-
-/**
- * Fold the partial turn in front of its continuation: one turn whose tokens are the partial's (with
- * their old model steps) followed by the new ones (with the new step), and the original prompt ids.
- */
-function mergeContinuation(partial: TurnRecord, turn: TurnRecord): void {
-  // First, while each part's ids still give its own length: the new tokens' steps are implicit.
-  turn.modelSteps = concat(modelStepsOf(partial), modelStepsOf(turn), Int32Array);
-  if (partial.staleKv !== undefined || turn.staleKv !== undefined) {
-    const stale = concat(staleKvOf(partial), staleKvOf(turn), Uint8Array);
-    if (stale !== null) turn.staleKv = stale;
-  }
-  if (partial.spansVersions === true) turn.spansVersions = true;
-  if (partial.historyRewrite !== undefined) turn.historyRewrite = partial.historyRewrite;
-  turn.response = partial.response + turn.response;
-  turn.promptIds = partial.promptIds ?? turn.promptIds;
-  turn.responseIds = concat(partial.responseIds, turn.responseIds, Int32Array);
-  turn.logprobs = concat(partial.logprobs, turn.logprobs, Float32Array);
-  turn.timings.inferenceMs += partial.timings.inferenceMs;
-  turn.timings.totalMs += partial.timings.totalMs;
-}
-
-/** A turn's stale-KV marks with a 0 for every token when it has none (a continuation's part re-prefilled on one set of weights). */
-function staleKvOf(turn: TurnRecord): Uint8Array | null {
-  return turn.staleKv ?? (turn.responseIds === null ? null : new Uint8Array(turn.responseIds.length));
-}
-
-function concat<T extends Int32Array | Float32Array | Uint8Array>(
-  a: T | null,
-  b: T | null,
-  Kind: { new (n: number): T },
-): T | null {
-  if (a === null || b === null) return null; // ids from only one part cannot be aligned
-  const out = new Kind(a.length + b.length);
-  out.set(a);
-  out.set(b, a.length);
-  return out;
-}
-
 /**
  * Every agent's call of a step, or the first failure once all of them have settled: a rollout is not
  * returned (ABORTED by a pause, say) while one of its calls is still generating on a server.
@@ -687,43 +492,8 @@ export function rewardFor(reward: StepResult['reward'], agentId: string | null):
   return agentId === null ? Object.values(reward).reduce((a, b) => a + b, 0) : (reward[agentId] ?? 0);
 }
 
-/** The urgency of `rollout`'s call at `step` (llm/priority.ts): its staleness, progress and age. */
-function urgencyOf(rollout: RolloutState, step: number, settings: AgentSettings, gate: PauseView): number {
-  const oldest = rolloutMinModelStep(rollout);
-  const bounded = gate.oldestUsefulStep !== NO_EXPIRY;
-  return trajectoryUrgency({
-    turnsDone: step - 1,
-    maxSteps: settings.maxSteps,
-    meanTurns: pace.meanTurns(rollout.taskName),
-    ageMs: rollout.timings.startedAt > 0 ? Date.now() - rollout.timings.startedAt : 0,
-    meanEpisodeMs: pace.meanEpisodeMs(rollout.taskName),
-    staleness: oldest === null ? 0 : Math.max(0, gate.modelStep - oldest),
-    // Tokens of model step oldestUsefulStep are the oldest still taken: a fresh one may age this many syncs + 1.
-    staleBound: bounded ? Math.max(1, gate.modelStep - gate.oldestUsefulStep + 1) : null,
-  });
-}
-
 function lastStep(rollout: RolloutState): number {
   return rollout.turns.at(-1)?.step ?? 0;
-}
-
-/**
- * A seed per (draw, rollout, step, agent): a continuation samples with the seed of the turn it
- * continues, and a prompt drawn again in a later epoch samples anew — its environment seed is the
- * same (the same task), but with unchanged weights the same sampling seed would give the very same
- * completions (regression: every epoch resent them).
- */
-function turnSeed(rollout: RolloutState, step: number, agentId: string | null): number {
-  let h =
-    Math.imul(rollout.sample.seed ^ 0x9e3779b9, 0x85ebca6b) ^
-    Math.imul(rollout.index + 1, 0xc2b2ae35) ^
-    Math.imul(step, 0x27d4eb2f);
-  h = Math.imul(h ^ rollout.sample.drawIndex, 0x165667b1);
-  if (agentId !== null) for (let i = 0; i < agentId.length; i++) h = Math.imul(h ^ agentId.charCodeAt(i), 0x01000193);
-  h ^= h >>> 15;
-  h = Math.imul(h, 0x2c1b3c6d);
-  h ^= h >>> 12;
-  return h >>> 1;
 }
 
 /**
@@ -813,7 +583,19 @@ async function toolRounds(
       const t = performance.now();
       let next: TurnRecord;
       try {
-        next = await infer(rollout, step, null, [...prompt.prompt, ...toolMessages], null, ctx, 0, t, tools);
+        next = await infer(
+          {
+            rollout,
+            step,
+            agentId: null,
+            prompt: [...prompt.prompt, ...toolMessages],
+            partial: null,
+            promptMs: 0,
+            turnStart: t,
+            tools,
+          },
+          ctx,
+        );
       } catch (err) {
         if (!(err instanceof ContextExceeded)) throw err;
         rollout.timings.inferenceMs += performance.now() - t;
