@@ -28,13 +28,11 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { isOutageError, OUTAGE_CODE } from '../llm/errors.ts';
 import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/replies.ts';
-import type { Environment, StepResult } from '../env/types.ts';
-import type { McpConnection, McpServers } from '../env/mcp.ts';
+import type { Environment } from '../env/types.ts';
+import type { McpConnection } from '../env/mcp.ts';
 import { describeError, RolloutEngineError } from '../errors.ts';
 import {
-  failRollout,
   resetToPrompt,
-  rolloutMinModelStep,
   statusForFinishReason,
   Status,
   type ChatMessage,
@@ -42,23 +40,15 @@ import {
   type TurnRecord,
 } from '../domain/rollout.ts';
 import { failureKindOf } from '../domain/failure.ts';
-import { NO_EXPIRY } from '../protocol/control-block.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
 import { trimMessages } from './trim.ts';
 import { NO_TOOLS, runToolCalls, toolMessagesOf, type StepTools } from './tools.ts';
-import { DEFAULT_TOOL_SETTINGS, type AgentSettings, type EpisodeContext } from './episode-context.ts';
+import { DEFAULT_TOOL_SETTINGS, type Episode, type EpisodeContext } from './episode-context.ts';
 import { acquireActor, callHook, envCall } from './env-calls.ts';
 import { ContextExceeded, infer, pace, pendingCalls } from './inference-call.ts';
-
-class ReplayMismatch extends Error {}
-
-interface Episode {
-  env: Environment;
-  lastInfo: Record<string, unknown> | null;
-  firstCall: boolean;
-  /** The episode's MCP servers, taken on its first step with tools; null until then. */
-  mcp: McpServers | null;
-}
+import { replaySteps, ReplayMismatch } from './continuation.ts';
+import { actionOf, applyOutcome, lastStep } from './env-step.ts';
+import { endInterrupted, endTruncated, hasExpired, trainOnLastStep } from './episode-end.ts';
 
 /** Mutates `rollout` into a final status (COMPLETED, ABORTED or FAILED). COMPLETED ones are left as they are. */
 export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, queueMs = 0): Promise<void> {
@@ -86,19 +76,19 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
   let episode: Episode | null = null;
   let actorFailed = false;
   try {
-    episode = await acquire(ctx);
+    episode = await acquire(rollout, ctx);
     let partial: TurnRecord | null;
     try {
-      partial = await prepare(episode, rollout, ctx);
+      partial = await replaySteps(episode);
     } catch (err) {
       if (!(err instanceof ReplayMismatch)) throw err;
       ctx.onProblem?.(rollout, `${err.message}; restarting the rollout from its prompt`);
       resetToPrompt(rollout, Status.INIT);
       await ctx.actors.done(episode.env, false);
-      episode = await acquire(ctx);
-      partial = await prepare(episode, rollout, ctx);
+      episode = await acquire(rollout, ctx);
+      partial = await replaySteps(episode);
     }
-    await play(episode, rollout, partial, ctx);
+    await play(episode, partial);
   } catch (err) {
     const code = (err as { code?: unknown }).code;
     // Cancelled by a pause (an inference call, the wait for an actor, a pending environment call): it
@@ -150,60 +140,9 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
   }
 }
 
-async function acquire(ctx: EpisodeContext): Promise<Episode> {
-  return { env: await acquireActor(ctx.actors, ctx.gate.signal), lastInfo: null, firstCall: true, mcp: null };
-}
-/**
- * Reset the actor and bring it to where the rollout stopped: every recorded complete step is played
- * again. Returns the partial last turn to continue, if any (single-agent only; an interrupted
- * multi-agent step is dropped and played again whole).
- */
-async function prepare(episode: Episode, rollout: RolloutState, ctx: EpisodeContext): Promise<TurnRecord | null> {
-  const t = performance.now();
-  const { env } = episode;
-  await envCall(ctx, rollout, 'reset', () =>
-    env.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams }),
-  );
-  const steps = stepsOf(rollout.turns);
-  let partial: TurnRecord | null = null;
-  const last = steps.at(-1);
-  if (last?.some((turn) => turn.finishReason === 'abort')) {
-    steps.pop();
-    if (last.length === 1 && last[0].agentId === null) partial = last[0];
-    else rollout.turns.splice(rollout.turns.length - last.length); // multi-agent, or after tool calls: redo the step whole
-  }
-  for (const turns of steps) {
-    checkAgentPrompts(await envCall(ctx, rollout, 'getTaskPrompt', () => env.getTaskPrompt()));
-    // The environment's tools ran again, in order, so its state is what the record saw (results as recorded; MCP servers are not called twice).
-    const toolMessages: ChatMessage[] = [];
-    for (const turn of turns) {
-      if (turn.toolCalls === undefined) continue;
-      for (const call of turn.toolCalls) {
-        if (call.source !== 'env' || env.callTool === undefined) continue;
-        const request = {
-          id: call.id,
-          name: call.name,
-          arguments: JSON.parse(call.arguments) as Record<string, unknown>,
-        };
-        await envCall(ctx, rollout, 'callTool', () => env.callTool!(request, ctx.gate.signal));
-      }
-      toolMessages.push(...toolMessagesOf(turn.response, turn.toolCalls));
-    }
-    const outcome = checkStepResult(
-      await envCall(ctx, rollout, 'step', () => env.step(actionOf(turns), { toolMessages })),
-    );
-    episode.lastInfo = outcome.info ?? null;
-    for (const turn of steppedTurns(turns)) {
-      const reward = rewardFor(outcome.reward, turn.agentId);
-      if (reward !== turn.reward || outcome.terminated !== turn.terminated || outcome.truncated !== turn.truncated) {
-        throw new ReplayMismatch(
-          `environment replay of step ${turn.step} disagrees with the record (reward ${reward} vs ${turn.reward}, terminated ${outcome.terminated} vs ${turn.terminated})`,
-        );
-      }
-    }
-  }
-  rollout.timings.envMs += performance.now() - t;
-  return partial;
+async function acquire(rollout: RolloutState, ctx: EpisodeContext): Promise<Episode> {
+  const env = await acquireActor(ctx.actors, ctx.gate.signal);
+  return { rollout, ctx, env, lastInfo: null, firstCall: true, mcp: null };
 }
 
 /** One agent's prompt for a step. */
@@ -215,21 +154,9 @@ interface AgentPrompt {
   prompt: ChatMessage[];
 }
 
-/** Whether the rollout holds a response token older than `oldestUseful` (NO_EXPIRY: never, without a scan). */
-function hasExpired(rollout: RolloutState, oldestUseful: number): boolean {
-  if (oldestUseful === NO_EXPIRY) return false;
-  const min = rolloutMinModelStep(rollout);
-  return min !== null && min < oldestUseful;
-}
-
-async function play(
-  episode: Episode,
-  rollout: RolloutState,
-  partial: TurnRecord | null,
-  ctx: EpisodeContext,
-): Promise<void> {
+async function play(episode: Episode, partial: TurnRecord | null): Promise<void> {
+  const { rollout, ctx, env } = episode;
   const { settings, gate } = ctx;
-  const { env } = episode;
   const timings = rollout.timings;
   const firstNewTurn = rollout.turns.length - (partial ? 1 : 0); // the partial turn is replaced, not kept
   for (let step = lastStep(rollout) + (partial ? 0 : 1); step <= settings.maxSteps; step++) {
@@ -277,7 +204,7 @@ async function play(
       prompts.length === 1 &&
       prompts[0].agentId === null &&
       (env.tools !== undefined || (ctx.settings.tools?.mcp.length ?? 0) > 0)
-        ? await stepTools(episode, rollout, ctx)
+        ? await stepTools(episode)
         : NO_TOOLS;
     if (episode.firstCall) {
       episode.firstCall = false;
@@ -339,7 +266,7 @@ async function play(
     }
     let toolMessages: ChatMessage[] = [];
     if (pendingCalls.has(lastTurn) && lastTurn.finishReason !== 'length') {
-      const rounds = await toolRounds(rollout, step, prompts[0], turns, tools, episode, ctx, firstNewTurn);
+      const rounds = await toolRounds(episode, step, prompts[0], turns, tools, firstNewTurn);
       if (rounds === null) return; // the rollout's status is set
       toolMessages = rounds;
       const final = turns[turns.length - 1];
@@ -359,7 +286,7 @@ async function play(
     timings.envMs += promptMs + stepMs;
     episode.lastInfo = outcome.info ?? null;
     ctx.onStep?.();
-    applyOutcome(rollout, turns, outcome, settings, stepMs);
+    applyOutcome(rollout, turns, outcome, { ms: stepMs, messageCut: settings.messageCut });
     ctx.onTurn?.(rollout, turns, episode.lastInfo);
     if (outcome.terminated || outcome.truncated) {
       rollout.terminated = outcome.terminated;
@@ -377,84 +304,6 @@ async function play(
 }
 
 /**
- * Without trimming only a turn that ended the episode is trained on (it holds the whole
- * conversation). An episode the environment ended with an empty prompt, or that ran out of steps,
- * ended all the same: its last step is trained on, or the rollout would give the trainer nothing.
- */
-function trainOnLastStep(rollout: RolloutState): void {
-  const last = rollout.turns.at(-1);
-  if (last === undefined || last.trainable) return;
-  for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === last.step; i--)
-    rollout.turns[i].trainable = true;
-}
-
-/** Ends `rollout` on a turn that did not complete: ABORTED for `abort`, FAILED naming anything unknown. */
-function endInterrupted(rollout: RolloutState, finishReason: TurnRecord['finishReason']): void {
-  const status = statusForFinishReason(finishReason);
-  if (status === Status.FAILED)
-    failRollout(rollout, `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(finishReason)}`, 'inference');
-  else {
-    rollout.status = status;
-    rollout.error = null;
-  }
-}
-
-/**
- * The conversation outgrew the server's context: the episode ends as truncated with every turn it has
- * (a partial last turn kept as it is), and its last step is trained on, as when a reply hits
- * max_tokens. With no turn yet, the very first prompt does not fit: nothing to train on, a failure.
- */
-function endTruncated(rollout: RolloutState, partial: TurnRecord | null, why: string): void {
-  if (partial !== null) partial.finishReason = 'length';
-  const last = rollout.turns.at(-1);
-  if (last === undefined) {
-    failRollout(
-      rollout,
-      `ERR_CONTEXT_EXCEEDED: the first prompt does not fit the inference server's context (${why})`,
-      'environment',
-    );
-    return;
-  }
-  for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === last.step; i--) {
-    const turn = rollout.turns[i];
-    turn.terminated = turn.truncated = turn.trainable = true;
-  }
-  rollout.terminated = rollout.truncated = true;
-  rollout.finishReason = 'length';
-  rollout.status = Status.COMPLETED;
-}
-
-function applyOutcome(
-  rollout: RolloutState,
-  turns: TurnRecord[],
-  outcome: StepResult,
-  settings: AgentSettings,
-  stepMs: number,
-): void {
-  const stepped = steppedTurns(turns);
-  for (const turn of turns) {
-    turn.terminated = outcome.terminated;
-    turn.truncated = outcome.truncated;
-    // With trimming every turn is a self-contained sample; without it only the last turn holds the
-    // whole conversation, so only that one is trained on (reference Interactor semantics). A step's
-    // tool-calling turns go with its final one.
-    // A turn that ends a segment (a split after it: infer) stays trainable.
-    turn.trainable = turn.trainable || settings.messageCut > 0 || outcome.terminated || outcome.truncated;
-    if (!stepped.includes(turn)) continue; // a tool-calling turn: the reward is the step's, on its final turn
-    const reward = rewardFor(outcome.reward, turn.agentId);
-    turn.reward = reward;
-    turn.timings.envMs += stepMs;
-    // += : a continued turn already carries its partial's time (mergeContinuation)
-    turn.timings.totalMs += stepMs;
-    rollout.reward += reward;
-    if (turn.agentId !== null) {
-      rollout.agentRewards ??= {};
-      rollout.agentRewards[turn.agentId] = (rollout.agentRewards[turn.agentId] ?? 0) + reward;
-    }
-  }
-}
-
-/**
  * Every agent's call of a step, or the first failure once all of them have settled: a rollout is not
  * returned (ABORTED by a pause, say) while one of its calls is still generating on a server.
  */
@@ -465,44 +314,13 @@ async function allOrFirstError<T>(calls: Promise<T>[]): Promise<T[]> {
   return settled.map((s) => (s as PromiseFulfilledResult<T>).value);
 }
 
-/** Turns grouped by step (several per step in a multi-agent episode), in order. */
-function stepsOf(turns: readonly TurnRecord[]): TurnRecord[][] {
-  const steps: TurnRecord[][] = [];
-  for (const turn of turns) {
-    const last = steps.at(-1);
-    if (last !== undefined && last[0].step === turn.step) last.push(turn);
-    else steps.push([turn]);
-  }
-  return steps;
-}
-
-/** The turns the environment stepped on: a single agent's last (those before it called tools), or every agent's. */
-function steppedTurns(turns: TurnRecord[]): TurnRecord[] {
-  return turns[0]?.agentId === null ? turns.slice(-1) : turns;
-}
-
-function actionOf(turns: readonly TurnRecord[]): string | Record<string, string> {
-  if (turns[0]?.agentId === null) return turns[turns.length - 1].response;
-  return Object.fromEntries(turns.map((t) => [t.agentId ?? '', t.response]));
-}
-
-/** A multi-agent environment may give one reward for all, or one per agent id (missing = 0). */
-export function rewardFor(reward: StepResult['reward'], agentId: string | null): number {
-  if (typeof reward === 'number') return reward;
-  return agentId === null ? Object.values(reward).reduce((a, b) => a + b, 0) : (reward[agentId] ?? 0);
-}
-
-function lastStep(rollout: RolloutState): number {
-  return rollout.turns.at(-1)?.step ?? 0;
-}
-
 /**
  * The tools of one step: the environment's (`tools()`) then its MCP servers' (env/types.ts, "Tools").
  * An MCP server that cannot be reached lists none this step (the model is not offered them; said in
  * the logs), rather than failing the episode.
  */
-async function stepTools(episode: Episode, rollout: RolloutState, ctx: EpisodeContext): Promise<StepTools> {
-  const { env } = episode;
+async function stepTools(episode: Episode): Promise<StepTools> {
+  const { env, rollout, ctx } = episode;
   const own = env.tools === undefined ? [] : await envCall(ctx, rollout, 'tools', () => env.tools!());
   if (!Array.isArray(own))
     throw new RolloutEngineError(
@@ -533,15 +351,14 @@ async function stepTools(episode: Episode, rollout: RolloutState, ctx: EpisodeCo
  * stepped on, so a continuation replays them exactly and plays this one again whole.
  */
 async function toolRounds(
-  rollout: RolloutState,
+  episode: Episode,
   step: number,
   prompt: AgentPrompt,
   turns: TurnRecord[],
   tools: StepTools,
-  episode: Episode,
-  ctx: EpisodeContext,
   firstNewTurn: number,
 ): Promise<ChatMessage[] | null> {
+  const { rollout, ctx } = episode;
   const settings = ctx.settings.tools ?? DEFAULT_TOOL_SETTINGS;
   const firstOfStep = rollout.turns.length - turns.length;
   const drop = (): void => void rollout.turns.splice(firstOfStep);

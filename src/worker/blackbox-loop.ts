@@ -27,7 +27,7 @@ import { fetchTraces, releaseSession, sessionBaseUrl, stitchSession } from '../l
 import { describeError, preview, RolloutEngineError } from '../errors.ts';
 import { resetToPrompt, Status, type ChatMessage, type RolloutState, type TurnRecord } from '../domain/rollout.ts';
 import { failureKindOf } from '../domain/failure.ts';
-import { rewardFor } from './agent-loop.ts';
+import { rewardFor } from './env-step.ts';
 import { acquireActor } from './env-calls.ts';
 import type { ActorSource, EnvCallGuard, PauseView } from './episode-context.ts';
 import { sessionIdOf } from '../records/step-records.ts';

@@ -1,9 +1,73 @@
 /**
- * Continuing an ABORTED rollout where it stopped (partial rollouts on): its partial last turn is
- * continued by a new call, and the two are folded into one turn whose tokens, logprobs, model steps
- * and stale-KV marks are the partial's followed by the continuation's.
+ * Continuing an ABORTED rollout where it stopped (partial rollouts on). A fresh actor is reset with
+ * the same seed and the recorded steps are played again (environments are deterministic under seed
+ * and actions; a replay that disagrees with the record throws ReplayMismatch, and the rollout
+ * restarts from its prompt). Its partial last turn is then continued by a new call, and the two are
+ * folded into one turn whose tokens, logprobs, model steps and stale-KV marks are the partial's
+ * followed by the continuation's.
  */
-import { modelStepsOf, type TurnRecord } from '../domain/rollout.ts';
+import { checkAgentPrompts, checkStepResult } from '../env/replies.ts';
+import { modelStepsOf, type ChatMessage, type TurnRecord } from '../domain/rollout.ts';
+import type { Episode } from './episode-context.ts';
+import { envCall } from './env-calls.ts';
+import { actionOf, rewardFor, steppedTurns, stepsOf } from './env-step.ts';
+import { toolMessagesOf } from './tools.ts';
+
+/** The environment, replaying a rollout's steps, did not give what the record says it gave. */
+export class ReplayMismatch extends Error {}
+
+/**
+ * Reset the episode's actor and bring it to where the rollout stopped: every recorded complete step is played
+ * again. Returns the partial last turn to continue, if any (single-agent only; an interrupted
+ * multi-agent step is dropped and played again whole).
+ */
+export async function replaySteps(episode: Episode): Promise<TurnRecord | null> {
+  const t = performance.now();
+  const { env, rollout, ctx } = episode;
+  await envCall(ctx, rollout, 'reset', () =>
+    env.reset({ seed: rollout.sample.seed, params: rollout.sample.envParams }),
+  );
+  const steps = stepsOf(rollout.turns);
+  let partial: TurnRecord | null = null;
+  const last = steps.at(-1);
+  if (last?.some((turn) => turn.finishReason === 'abort')) {
+    steps.pop();
+    if (last.length === 1 && last[0].agentId === null) partial = last[0];
+    else rollout.turns.splice(rollout.turns.length - last.length); // multi-agent, or after tool calls: redo the step whole
+  }
+  for (const turns of steps) {
+    checkAgentPrompts(await envCall(ctx, rollout, 'getTaskPrompt', () => env.getTaskPrompt()));
+    // The environment's tools ran again, in order, so its state is what the record saw (results as recorded; MCP servers are not called twice).
+    const toolMessages: ChatMessage[] = [];
+    for (const turn of turns) {
+      if (turn.toolCalls === undefined) continue;
+      for (const call of turn.toolCalls) {
+        if (call.source !== 'env' || env.callTool === undefined) continue;
+        const request = {
+          id: call.id,
+          name: call.name,
+          arguments: JSON.parse(call.arguments) as Record<string, unknown>,
+        };
+        await envCall(ctx, rollout, 'callTool', () => env.callTool!(request, ctx.gate.signal));
+      }
+      toolMessages.push(...toolMessagesOf(turn.response, turn.toolCalls));
+    }
+    const outcome = checkStepResult(
+      await envCall(ctx, rollout, 'step', () => env.step(actionOf(turns), { toolMessages })),
+    );
+    episode.lastInfo = outcome.info ?? null;
+    for (const turn of steppedTurns(turns)) {
+      const reward = rewardFor(outcome.reward, turn.agentId);
+      if (reward !== turn.reward || outcome.terminated !== turn.terminated || outcome.truncated !== turn.truncated) {
+        throw new ReplayMismatch(
+          `environment replay of step ${turn.step} disagrees with the record (reward ${reward} vs ${turn.reward}, terminated ${outcome.terminated} vs ${turn.terminated})`,
+        );
+      }
+    }
+  }
+  rollout.timings.envMs += performance.now() - t;
+  return partial;
+}
 
 /**
  * Fold the partial turn in front of its continuation: one turn whose tokens are the partial's (with

@@ -132,3 +132,16 @@ export interface EpisodeContext {
    */
   onHistoryRewrite?: (rollout: RolloutState, turn: TurnRecord, rewrite: HistoryRewrite) => void;
 }
+
+/** One episode being played: its rollout, what it was given, and the environment actor it plays on. */
+export interface Episode {
+  rollout: RolloutState;
+  ctx: EpisodeContext;
+  env: Environment;
+  /** The `info` of the environment's last step, for the onEpisodeEnd hook. */
+  lastInfo: Record<string, unknown> | null;
+  /** Until its first inference call, which waits out the start-up jitter (EpisodeContext.startDelayMs). */
+  firstCall: boolean;
+  /** The episode's MCP servers, taken on its first step with tools; null until then. */
+  mcp: McpServers | null;
+}

@@ -1,0 +1,68 @@
+/**
+ * How an episode ends other than by its environment: on a reply that did not complete, on a
+ * conversation past the server's context, out of steps or prompts, or expired by staleness.
+ */
+import { NO_EXPIRY } from '../protocol/control-block.ts';
+import {
+  failRollout,
+  rolloutMinModelStep,
+  Status,
+  statusForFinishReason,
+  type RolloutState,
+  type TurnRecord,
+} from '../domain/rollout.ts';
+
+/** Ends `rollout` on a turn that did not complete: ABORTED for `abort`, FAILED naming anything unknown. */
+export function endInterrupted(rollout: RolloutState, finishReason: TurnRecord['finishReason']): void {
+  const status = statusForFinishReason(finishReason);
+  if (status === Status.FAILED)
+    failRollout(rollout, `ERR_LLM_FINISH_REASON: unknown finish reason ${JSON.stringify(finishReason)}`, 'inference');
+  else {
+    rollout.status = status;
+    rollout.error = null;
+  }
+}
+
+/**
+ * The conversation outgrew the server's context: the episode ends as truncated with every turn it has
+ * (a partial last turn kept as it is), and its last step is trained on, as when a reply hits
+ * max_tokens. With no turn yet, the very first prompt does not fit: nothing to train on, a failure.
+ */
+export function endTruncated(rollout: RolloutState, partial: TurnRecord | null, why: string): void {
+  if (partial !== null) partial.finishReason = 'length';
+  const last = rollout.turns.at(-1);
+  if (last === undefined) {
+    failRollout(
+      rollout,
+      `ERR_CONTEXT_EXCEEDED: the first prompt does not fit the inference server's context (${why})`,
+      'environment',
+    );
+    return;
+  }
+  for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === last.step; i--) {
+    const turn = rollout.turns[i];
+    turn.terminated = turn.truncated = turn.trainable = true;
+  }
+  rollout.terminated = rollout.truncated = true;
+  rollout.finishReason = 'length';
+  rollout.status = Status.COMPLETED;
+}
+
+/**
+ * Without trimming only a turn that ended the episode is trained on (it holds the whole
+ * conversation). An episode the environment ended with an empty prompt, or that ran out of steps,
+ * ended all the same: its last step is trained on, or the rollout would give the trainer nothing.
+ */
+export function trainOnLastStep(rollout: RolloutState): void {
+  const last = rollout.turns.at(-1);
+  if (last === undefined || last.trainable) return;
+  for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === last.step; i--)
+    rollout.turns[i].trainable = true;
+}
+
+/** Whether the rollout holds a response token older than `oldestUseful` (NO_EXPIRY: never, without a scan). */
+export function hasExpired(rollout: RolloutState, oldestUseful: number): boolean {
+  if (oldestUseful === NO_EXPIRY) return false;
+  const min = rolloutMinModelStep(rollout);
+  return min !== null && min < oldestUseful;
+}
