@@ -28,9 +28,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { isOutageError, OUTAGE_CODE } from '../llm/errors.ts';
 import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/replies.ts';
-import type { Environment } from '../env/types.ts';
-import type { McpConnection } from '../env/mcp.ts';
-import { describeError, RolloutEngineError } from '../errors.ts';
+import { describeError } from '../errors.ts';
 import {
   resetToPrompt,
   statusForFinishReason,
@@ -42,10 +40,11 @@ import {
 import { failureKindOf } from '../domain/failure.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
 import { trimMessages } from './trim.ts';
-import { NO_TOOLS, runToolCalls, toolMessagesOf, type StepTools } from './tools.ts';
-import { DEFAULT_TOOL_SETTINGS, type Episode, type EpisodeContext } from './episode-context.ts';
+import { NO_TOOLS } from './tools.ts';
+import type { Episode, EpisodeContext } from './episode-context.ts';
 import { acquireActor, callHook, envCall } from './env-calls.ts';
 import { ContextExceeded, infer, pace, pendingCalls } from './inference-call.ts';
+import { countToolCalls, stepTools, toolRounds } from './tool-rounds.ts';
 import { replaySteps, ReplayMismatch } from './continuation.ts';
 import { actionOf, applyOutcome, lastStep } from './env-step.ts';
 import { endInterrupted, endTruncated, hasExpired, trainOnLastStep } from './episode-end.ts';
@@ -266,7 +265,7 @@ async function play(episode: Episode, partial: TurnRecord | null): Promise<void>
     }
     let toolMessages: ChatMessage[] = [];
     if (pendingCalls.has(lastTurn) && lastTurn.finishReason !== 'length') {
-      const rounds = await toolRounds(episode, step, prompts[0], turns, tools, firstNewTurn);
+      const rounds = await toolRounds(episode, { step, prompt: prompts[0].prompt, turns, tools, firstNewTurn });
       if (rounds === null) return; // the rollout's status is set
       toolMessages = rounds;
       const final = turns[turns.length - 1];
@@ -312,143 +311,4 @@ async function allOrFirstError<T>(calls: Promise<T>[]): Promise<T[]> {
   const failed = settled.find((s) => s.status === 'rejected');
   if (failed !== undefined) throw failed.reason;
   return settled.map((s) => (s as PromiseFulfilledResult<T>).value);
-}
-
-/**
- * The tools of one step: the environment's (`tools()`) then its MCP servers' (env/types.ts, "Tools").
- * An MCP server that cannot be reached lists none this step (the model is not offered them; said in
- * the logs), rather than failing the episode.
- */
-async function stepTools(episode: Episode): Promise<StepTools> {
-  const { env, rollout, ctx } = episode;
-  const own = env.tools === undefined ? [] : await envCall(ctx, rollout, 'tools', () => env.tools!());
-  if (!Array.isArray(own))
-    throw new RolloutEngineError(
-      'ERR_ENV_BAD_REPLY',
-      `environment tools() must return an array of OpenAI function tools (got ${typeof own})`,
-    );
-  const names = new Set(own.map((t) => t?.function?.name));
-  if (ctx.mcp === undefined || (ctx.settings.tools?.mcp.length ?? 0) === 0)
-    return { schemas: own, env: names, mcp: new Map() };
-  episode.mcp ??= ctx.mcp.acquire();
-  const listed = await episode.mcp.list();
-  for (const problem of listed.problems) ctx.onProblem?.(rollout, `${problem}: its tools are not offered this step`);
-  const schemas = own.slice();
-  const mcp = new Map<string, McpConnection>();
-  for (const schema of listed.schemas) {
-    if (names.has(schema.function.name)) continue; // the environment's own tool of that name wins
-    schemas.push(schema);
-    mcp.set(schema.function.name, listed.owners.get(schema.function.name)!);
-  }
-  return { schemas, env: names, mcp };
-}
-
-/**
- * While the step's last reply called tools: run its calls, add the exchange to the conversation, and
- * ask the model again (a turn each). Returns the step's tool messages, for the environment's `step`;
- * null when the rollout ended here (its status set). A step cut short (a pause between rounds, an
- * aborted or failed call) leaves none of its turns behind: a rollout only holds steps the environment
- * stepped on, so a continuation replays them exactly and plays this one again whole.
- */
-async function toolRounds(
-  episode: Episode,
-  step: number,
-  prompt: AgentPrompt,
-  turns: TurnRecord[],
-  tools: StepTools,
-  firstNewTurn: number,
-): Promise<ChatMessage[] | null> {
-  const { rollout, ctx } = episode;
-  const settings = ctx.settings.tools ?? DEFAULT_TOOL_SETTINGS;
-  const firstOfStep = rollout.turns.length - turns.length;
-  const drop = (): void => void rollout.turns.splice(firstOfStep);
-  const { env } = episode;
-  const callEnv =
-    env.callTool === undefined
-      ? null
-      : (call: Parameters<NonNullable<Environment['callTool']>>[0], signal: AbortSignal) =>
-          envCall(ctx, rollout, 'callTool', () => env.callTool!(call, signal));
-  const toolMessages: ChatMessage[] = [];
-  let used = 0;
-  try {
-    for (
-      let last = turns[turns.length - 1], calls = pendingCalls.get(last);
-      calls !== undefined;
-      calls = pendingCalls.get(last)
-    ) {
-      pendingCalls.delete(last);
-      const { records, ms } = await runToolCalls(
-        calls,
-        tools,
-        settings.maxCallsPerTurn - used,
-        callEnv,
-        settings.timeoutMs,
-        ctx.gate.signal,
-      );
-      used += calls.length;
-      last.toolCalls = records;
-      last.timings.toolMs = ms;
-      last.timings.totalMs += ms;
-      rollout.timings.toolMs = (rollout.timings.toolMs ?? 0) + ms;
-      toolMessages.push(...toolMessagesOf(last.response, records));
-      if (used >= settings.maxCallsPerTurn) break; // out of calls: the environment steps on this reply
-      if (ctx.gate.paused) {
-        drop();
-        rollout.status = Status.ABORTED;
-        return null;
-      }
-      const t = performance.now();
-      let next: TurnRecord;
-      try {
-        next = await infer(
-          {
-            rollout,
-            step,
-            agentId: null,
-            prompt: [...prompt.prompt, ...toolMessages],
-            partial: null,
-            promptMs: 0,
-            turnStart: t,
-            tools,
-          },
-          ctx,
-        );
-      } catch (err) {
-        if (!(err instanceof ContextExceeded)) throw err;
-        rollout.timings.inferenceMs += performance.now() - t;
-        endTruncated(rollout, null, err.message);
-        ctx.onTurn?.(rollout, turns, null);
-        return null;
-      }
-      rollout.timings.inferenceMs += performance.now() - t;
-      if (statusForFinishReason(next.finishReason) !== Status.COMPLETED) {
-        drop();
-        endInterrupted(rollout, next.finishReason);
-        return null;
-      }
-      rollout.turns.push(next);
-      sharePromptPrefix(rollout.turns, firstNewTurn, rollout.turns.length - 1);
-      turns.push(next);
-      rollout.finishReason = next.finishReason;
-      last = next;
-      if (next.finishReason === 'length') break; // its calls, if any, are cut: the episode ends truncated
-    }
-  } catch (err) {
-    drop();
-    throw err;
-  }
-  return toolMessages;
-}
-
-/** `rollout.tools` from the turns it holds (absent when none called a tool). */
-function countToolCalls(rollout: RolloutState): void {
-  let calls = 0;
-  let errors = 0;
-  for (const turn of rollout.turns) {
-    if (turn.toolCalls === undefined) continue;
-    calls += turn.toolCalls.length;
-    for (const call of turn.toolCalls) if (call.error !== null) errors++;
-  }
-  if (calls > 0) rollout.tools = { calls, errors };
-  else delete rollout.tools;
 }

@@ -39,23 +39,32 @@ export type EnvToolCall = (call: ToolCallRequest, signal: AbortSignal) => ToolOu
 
 class ToolTimeout extends Error {}
 
+/** How one reply's calls run. */
+export interface ToolRun {
+  tools: StepTools;
+  /** Calls the turn may still make: those past it are not run. */
+  budget: number;
+  /** Null when the environment serves no tools. */
+  callEnv: EnvToolCall | null;
+  /** Each call's bound (`tasks[].tools.timeoutMs`). */
+  timeoutMs: number;
+  /** A weight update's cancel: it fails the step, not just the call. */
+  cancel: AbortSignal;
+}
+
 /**
- * Runs `calls` (those past `budget` are answered `limit` without running) and returns their records
+ * Runs `calls` (those past `run.budget` are answered `limit` without running) and returns their records
  * in order, with the wall time of the batch (parallel calls counted once).
  */
 export async function runToolCalls(
   calls: readonly ParsedToolCall[],
-  tools: StepTools,
-  budget: number,
-  callEnv: EnvToolCall | null,
-  timeoutMs: number,
-  cancel: AbortSignal,
+  run: ToolRun,
 ): Promise<{ records: ToolCallRecord[]; ms: number }> {
   const t = performance.now();
   const settled = await Promise.allSettled(
     calls.map((call, i) =>
-      i < budget
-        ? runOne(call, tools, callEnv, timeoutMs, cancel)
+      i < run.budget
+        ? runOne(call, run)
         : Promise.resolve(
             failed(
               call,
@@ -75,13 +84,8 @@ export async function runToolCalls(
   };
 }
 
-async function runOne(
-  call: ParsedToolCall,
-  tools: StepTools,
-  callEnv: EnvToolCall | null,
-  timeoutMs: number,
-  cancel: AbortSignal,
-): Promise<ToolCallRecord> {
+async function runOne(call: ParsedToolCall, run: ToolRun): Promise<ToolCallRecord> {
+  const { tools, callEnv, timeoutMs, cancel } = run;
   if (call.invalid !== undefined) return failed(call, 'unparsed', call.invalid, null, 0);
   let args: unknown;
   try {
