@@ -2,9 +2,11 @@
  * Continuing an ABORTED rollout where it stopped (partial rollouts on). A fresh actor is reset with
  * the same seed and the recorded steps are played again (environments are deterministic under seed
  * and actions; a replay that disagrees with the record throws ReplayMismatch, and the rollout
- * restarts from its prompt). Its partial last turn is then continued by a new call, and the two are
- * folded into one turn whose tokens, logprobs, model steps and stale-KV marks are the partial's
- * followed by the continuation's.
+ * restarts from its prompt). Its partial last turn is then continued by a new call (inference-call.ts,
+ * `continueFrom`: sent with `continue_final_message`, `max_tokens` reduced by what it already has,
+ * the same sampling seed, the new tokens tagged with the current model step; a multi-agent step that
+ * was interrupted is played again whole), and the two are folded into one turn whose tokens,
+ * logprobs, model steps and stale-KV marks are the partial's followed by the continuation's.
  */
 import { checkAgentPrompts, checkStepResult } from '../env/replies.ts';
 import { modelStepsOf, type ChatMessage, type TurnRecord } from '../domain/rollout.ts';
@@ -17,9 +19,9 @@ import { toolMessagesOf } from './tools.ts';
 export class ReplayMismatch extends Error {}
 
 /**
- * Reset the episode's actor and bring it to where the rollout stopped: every recorded complete step is played
- * again. Returns the partial last turn to continue, if any (single-agent only; an interrupted
- * multi-agent step is dropped and played again whole).
+ * Reset the episode's actor and bring it to where the rollout stopped: every recorded complete step
+ * is played again. Returns the partial last turn to continue, if any (single-agent only; an
+ * interrupted multi-agent step is dropped and played again whole).
  */
 export async function replaySteps(episode: Episode): Promise<TurnRecord | null> {
   const t = performance.now();
