@@ -3,8 +3,9 @@
  * episode hooks, counters, and the control API it exposes to the coordinator. The entry point in
  * workers/ is a thin shell around this.
  *
- * Invariant: `runGroup` never rejects for an episode's failure — each rollout carries its own status —
- * so one bad environment cannot take the other groups sharing this worker down with it.
+ * Invariant: `runGroup` never rejects — each rollout carries its own status, and whatever throws
+ * fails rollouts with the reason (worker/group-run.ts) — so one bad environment cannot take the other
+ * groups sharing this worker down with it.
  */
 import { readlinkSync } from 'node:fs';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
@@ -32,20 +33,12 @@ import {
   type WorkerTaskSettings,
   type WorkerStats,
 } from '../protocol/messages.ts';
-import { omitKeptTurns, receivedTurns } from '../protocol/result-delta.ts';
-import {
-  failRollout,
-  groupStatus,
-  resetToPrompt,
-  Status,
-  type RolloutGroup,
-  type RolloutState,
-  type TurnRecord,
-} from '../domain/rollout.ts';
+import { resetToPrompt, Status, type RolloutGroup, type RolloutState } from '../domain/rollout.ts';
 import { sessionIdOf, StepRecordWriter } from '../records/step-records.ts';
 import { runEpisode } from './agent-loop.ts';
-import type { AgentSettings, EpisodeContext, EpisodeHooks } from './episode-context.ts';
+import type { EpisodeContext, EpisodeHooks } from './episode-context.ts';
 import { runBlackBoxEpisode, type BlackBoxAgent } from './blackbox-loop.ts';
+import { settleEpisode, settleGroup, type GroupRun } from './group-run.ts';
 import { EnvGuard } from './env-guard.ts';
 import { PauseGate } from './pause-gate.ts';
 import { Slots } from '../slots.ts';
@@ -138,82 +131,21 @@ export class WorkerRuntime implements WorkerControl {
     for (const [name, settings] of Object.entries(init.tasks)) this.#tasks.set(name, this.#taskRuntime(name, settings));
   }
 
-  async runGroup(message: RunGroupMessage): Promise<GroupResultMessage> {
-    const { group } = message;
-    // The wire keeps shared references (protocol/codec.ts), so a group's rollouts arrive sharing one
-    // `sample`. Episodes hand parts of it to user code (an environment's reset params, a black-box
-    // agent's prompt), which may change what it is given: each rollout gets its own.
-    for (const rollout of group.rollouts)
-      if (rollout.sample === group.sample) rollout.sample = structuredClone(group.sample);
-    const received = receivedTurns(group);
-    const task = this.#tasks.get(group.taskName);
-    const queueMs = Math.max(0, Date.now() - message.enqueuedAt);
-    this.#inFlightGroups++;
-    this.#inFlightRollouts += group.rollouts.length;
-    if (message.dispatch) this.#dispatches.set(group.id, message.dispatch);
-    try {
-      if (task === undefined)
-        throw new Error(
-          `unknown task ${JSON.stringify(group.taskName)} (worker knows ${[...this.#tasks.keys()].join(', ')})`,
-        );
-      if (task.blackbox !== null) {
-        const agent = await task.blackbox;
-        const ctx = {
-          agent,
-          gatewayUrl: this.#init.gatewayUrl!,
-          actors: task.actors,
-          guard: task.guard ?? undefined,
-          gate: this.#gate,
-          workerId: threadId,
-          onProblem: (r: { id: string; status: string }, reason: string) =>
-            this.#log.warn({ rollout: r.id, status: r.status }, reason),
-        };
-        await Promise.all(
-          group.rollouts.map((rollout) =>
-            this.#inSlot(rollout, (waitedMs) =>
-              this.#maskingInfra(rollout, task.settings.agent.infraRetries, (waited) =>
-                runBlackBoxEpisode(rollout, ctx, waited ? queueMs + waitedMs : 0),
-              ),
-            ),
-          ),
-        );
-        group.status = groupStatus(group.rollouts);
-        return groupResult(group, received);
-      }
-      if (task.actors === null) throw new Error(`task ${group.taskName} has no environment`);
-      // One context per task, made once: every group of it shares its callbacks (a set of closures per
-      // group lived as long as the group).
-      const hooks = await task.hooks;
-      const ctx = (task.episodes ??= this.#episodeContext(
-        task.settings.agent,
-        task.actors,
-        task.guard,
-        hooks,
-        task.mcp,
-      ));
-      await Promise.all(
-        group.rollouts.map((rollout) =>
-          this.#inSlot(rollout, (waitedMs) =>
-            this.#maskingInfra(rollout, task.settings.agent.infraRetries, (waited) =>
-              runEpisode(rollout, ctx, waited ? queueMs + waitedMs : 0),
-            ),
-          ),
-        ),
-      );
-      group.status = groupStatus(group.rollouts);
-    } catch (err) {
-      // Setup failed (module import, unknown task): every rollout fails with the same reason.
-      const reason = describeError(err);
-      this.#log.error({ group: group.id }, reason);
-      for (const rollout of group.rollouts) {
-        if (rollout.status === Status.COMPLETED) continue;
-        // The task's own modules (an import, a factory): the environment's, not the machine's.
-        failRollout(rollout, reason, 'environment');
-        rollout.workerId = threadId;
-      }
-      group.status = Status.FAILED;
-      group.error = reason;
-    } finally {
+  /** Never rejects (worker/group-run.ts): whatever throws comes back as FAILED rollouts with the reason. */
+  runGroup(message: RunGroupMessage): Promise<GroupResultMessage> {
+    return settleGroup(message, this.#groupRun);
+  }
+
+  /** How this worker runs a group, made once: a set of closures per group would live as long as the group. */
+  readonly #groupRun: GroupRun = {
+    workerId: threadId,
+    begin: ({ group, dispatch }) => {
+      this.#inFlightGroups++;
+      this.#inFlightRollouts += group.rollouts.length;
+      if (dispatch) this.#dispatches.set(group.id, dispatch);
+    },
+    play: ({ group, enqueuedAt }) => this.#playGroup(group, Math.max(0, Date.now() - enqueuedAt)),
+    end: (group) => {
       this.#dispatches.delete(group.id);
       this.#inFlightGroups--;
       this.#inFlightRollouts -= group.rollouts.length;
@@ -221,8 +153,50 @@ export class WorkerRuntime implements WorkerControl {
       this.#rolloutsDone += group.rollouts.length;
       for (const rollout of group.rollouts)
         this.#rolloutsByStatus[rollout.status] = (this.#rolloutsByStatus[rollout.status] ?? 0) + 1;
+    },
+    report: (group, reason) => this.#log.error({ group: group.id }, reason),
+  };
+
+  /** Plays every rollout of `group` side by side, each in an episode slot; throws when the task cannot run. */
+  async #playGroup(group: RolloutGroup, queueMs: number): Promise<void> {
+    const task = this.#tasks.get(group.taskName);
+    if (task === undefined)
+      throw new Error(
+        `unknown task ${JSON.stringify(group.taskName)} (worker knows ${[...this.#tasks.keys()].join(', ')})`,
+      );
+    let episode: (rollout: RolloutState, queueMs: number) => Promise<void>;
+    if (task.blackbox !== null) {
+      const agent = await task.blackbox;
+      const ctx = {
+        agent,
+        gatewayUrl: this.#init.gatewayUrl!,
+        actors: task.actors,
+        guard: task.guard ?? undefined,
+        gate: this.#gate,
+        workerId: threadId,
+        onProblem: (r: { id: string; status: string }, reason: string) =>
+          this.#log.warn({ rollout: r.id, status: r.status }, reason),
+      };
+      episode = (rollout, ms) => runBlackBoxEpisode(rollout, ctx, ms);
+    } else {
+      if (task.actors === null) throw new Error(`task ${group.taskName} has no environment`);
+      // One context per task, made once: every group of it shares its callbacks (a set of closures per
+      // group lived as long as the group).
+      const hooks = await task.hooks;
+      const ctx = (task.episodes ??= this.#episodeContext(task, task.actors, hooks));
+      episode = (rollout, ms) => runEpisode(rollout, ctx, ms);
     }
-    return groupResult(group, received);
+    await Promise.all(
+      group.rollouts.map((rollout) =>
+        settleEpisode(rollout, threadId, () =>
+          this.#inSlot(rollout, (waitedMs) =>
+            this.#maskingInfra(rollout, task.settings.agent.infraRetries, (waited) =>
+              episode(rollout, waited ? queueMs + waitedMs : 0),
+            ),
+          ),
+        ),
+      ),
+    );
   }
 
   /**
@@ -472,13 +446,9 @@ export class WorkerRuntime implements WorkerControl {
   }
 
   /** What every episode of a task is given: made on the task's first group and kept (TaskRuntime.episodes). */
-  #episodeContext(
-    settings: AgentSettings,
-    actors: ActorPool,
-    guard: EnvGuard | null,
-    hooks: EpisodeHooks | null,
-    mcp: EpisodeContext['mcp'],
-  ): EpisodeContext {
+  #episodeContext(task: TaskRuntime, actors: ActorPool, hooks: EpisodeHooks | null): EpisodeContext {
+    const { guard, mcp } = task;
+    const settings = task.settings.agent;
     const recorder = this.#records;
     return {
       actors,
@@ -620,15 +590,4 @@ function startupReason(err: unknown): string {
   if (!(err instanceof Error) || err.name === 'Error' || typeof (err as { code?: unknown }).code === 'string')
     return describeError(err);
   return `${err.name}: ${err.message}`;
-}
-
-/** The answer to a run-group message: `received` is what the group held on arrival (receivedTurns). */
-function groupResult(group: RolloutGroup, received: TurnRecord[][]): GroupResultMessage {
-  return {
-    v: PROTOCOL_VERSION,
-    type: 'group-result',
-    keptTurns: omitKeptTurns(group, received),
-    group,
-    workerId: threadId,
-  };
 }
