@@ -159,7 +159,7 @@ export interface TurnRecord {
   reward: number;
   terminated: boolean;
   truncated: boolean;
-  /** Whether the turn should be trained on (reference Interactor semantics, see worker/agent-loop.ts). */
+  /** Whether the turn should be trained on (reference Interactor semantics, see worker/env-step.ts). */
   trainable: boolean;
   /**
    * The tool calls this reply made, in its order, each with its result (set only on a reply that

@@ -1,6 +1,6 @@
 /**
  * Which model step an inference reply's weight version stands for, and whether it is the weights the
- * engine said were served: one reading for the workers (worker/pause-gate.ts, worker/agent-loop.ts)
+ * engine said were served: one reading for the workers (worker/pause-gate.ts, worker/inference-call.ts)
  * and the gateway's agent calls (gateway/chat.ts), so both tag and count alike.
  */
 
