@@ -66,13 +66,7 @@ export async function runToolCalls(
       i < run.budget
         ? runOne(call, run)
         : Promise.resolve(
-            failed(
-              call,
-              'limit',
-              `not run: the turn reached its limit of tool calls (tasks[].tools.maxCallsPerTurn)`,
-              null,
-              0,
-            ),
+            failed(call, 'limit', `not run: the turn reached its limit of tool calls (tasks[].tools.maxCallsPerTurn)`),
           ),
     ),
   );
@@ -86,7 +80,7 @@ export async function runToolCalls(
 
 async function runOne(call: ParsedToolCall, run: ToolRun): Promise<ToolCallRecord> {
   const { tools, callEnv, timeoutMs, cancel } = run;
-  if (call.invalid !== undefined) return failed(call, 'unparsed', call.invalid, null, 0);
+  if (call.invalid !== undefined) return failed(call, 'unparsed', call.invalid);
   let args: unknown;
   try {
     args = JSON.parse(call.arguments);
@@ -95,12 +89,10 @@ async function runOne(call: ParsedToolCall, run: ToolRun): Promise<ToolCallRecor
       call,
       'bad_arguments',
       `the arguments of ${call.name} are not valid JSON (${(err as Error).message})`,
-      null,
-      0,
     );
   }
   if (typeof args !== 'object' || args === null || Array.isArray(args))
-    return failed(call, 'bad_arguments', `the arguments of ${call.name} must be a JSON object`, null, 0);
+    return failed(call, 'bad_arguments', `the arguments of ${call.name} must be a JSON object`);
   const mcp = tools.mcp.get(call.name);
   const source = tools.env.has(call.name) && callEnv !== null ? 'env' : mcp !== undefined ? `mcp:${mcp.label}` : null;
   if (source === null) {
@@ -109,8 +101,6 @@ async function runOne(call: ParsedToolCall, run: ToolRun): Promise<ToolCallRecor
       call,
       'unknown_tool',
       `unknown tool ${JSON.stringify(call.name)} (tools: ${known.length > 0 ? known.join(', ') : 'none'})`,
-      null,
-      0,
     );
   }
   const request: ToolCallRequest = { id: call.id, name: call.name, arguments: args as Record<string, unknown> };
@@ -134,27 +124,21 @@ async function runOne(call: ParsedToolCall, run: ToolRun): Promise<ToolCallRecor
     const { content, isError } =
       typeof output === 'string' ? { content: output, isError: false } : checkOutput(output, call.name);
     return isError
-      ? failed(call, 'tool_error', content, source, performance.now() - start)
+      ? failed(call, 'tool_error', content, { source, ms: performance.now() - start })
       : { ...base(call), result: content, error: null, source, ms: performance.now() - start };
   } catch (err) {
     const ms = performance.now() - start;
     if (err instanceof ToolTimeout)
-      return failed(
-        call,
-        'timeout',
-        `tool ${call.name} timed out after ${timeoutMs} ms (tasks[].tools.timeoutMs)`,
+      return failed(call, 'timeout', `tool ${call.name} timed out after ${timeoutMs} ms (tasks[].tools.timeoutMs)`, {
         source,
         ms,
-      );
+      });
     // A weight update cancelled what was in flight: the rollout comes back ABORTED, not the model's mistake.
     if (cancel.aborted || (err as { code?: unknown }).code === 'ERR_ENV_CANCELLED') throw err;
-    return failed(
-      call,
-      'tool_error',
-      `tool ${call.name} failed: ${(err as Error)?.message ?? String(err)}`,
+    return failed(call, 'tool_error', `tool ${call.name} failed: ${(err as Error)?.message ?? String(err)}`, {
       source,
       ms,
-    );
+    });
   } finally {
     cancel.removeEventListener('abort', onCancel);
   }
@@ -175,14 +159,16 @@ function base(call: ParsedToolCall): Pick<ToolCallRecord, 'id' | 'name' | 'argum
   return { id: call.id, name: call.name, arguments: call.arguments };
 }
 
+/** Where a call ran and for how long; one that never ran has neither. */
+const NOT_RUN = { source: null, ms: 0 };
+
 function failed(
   call: ParsedToolCall,
   error: ToolErrorKind,
   why: string,
-  source: string | null,
-  ms: number,
+  ran: { source: string | null; ms: number } = NOT_RUN,
 ): ToolCallRecord {
-  return { ...base(call), result: `error: ${why}`, error, source, ms };
+  return { ...base(call), result: `error: ${why}`, error, source: ran.source, ms: ran.ms };
 }
 
 /** The messages a turn's calls add to the conversation: the assistant's message with its calls, then one `tool` message per call. */
