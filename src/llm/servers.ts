@@ -563,7 +563,7 @@ const UNNAMED_VERSION = 'default';
  * instead of going unnoticed. Returns one sentence per server that serves another named version,
  * each a weight-version mismatch to count; a server without the route (vLLM outside dev mode), one
  * that names none, or one that does not answer in time says nothing (its start-up line said so).
- * Where replies carry a version, each reply is checked instead (worker/agent-loop.ts).
+ * Where replies carry a version, each reply is checked instead (worker/inference-call.ts).
  */
 export async function checkServedVersions(
   servers: readonly ServerInfo[],
