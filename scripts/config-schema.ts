@@ -4,6 +4,9 @@
  * schema/config.schema.json, which the package ships; test/config-schema.test.ts fails when the
  * committed file and a fresh generation differ.
  *
+ * `npm run schema` (scripts/schema.ts) also writes docs/CONFIGURATION.md's option reference
+ * (scripts/config-docs.ts).
+ *
  * A config file names it with `"$schema"` so an editor validates and completes it; the engine ignores
  * that key (resolveConfig), and the schema lists it so the editor does not flag it either.
  */
@@ -25,17 +28,26 @@ function isObjectish(value: unknown): boolean {
   return typeof value === 'object' && value !== null;
 }
 
-export function configJsonSchema(): Record<string, unknown> {
+/**
+ * `allDefaults`: keep the defaults of sections and objects too (for the reference of
+ * scripts/config-docs.ts, which shows `{}` and `[]` defaults); the shipped file leaves them out.
+ */
+export function configJsonSchema(options: { allDefaults?: boolean } = {}): Record<string, unknown> {
   const generated = z.toJSONSchema(EngineConfigSchema, {
     target: 'draft-2020-12',
     // What a user writes: fields with a default are optional, and the default is shown.
     io: 'input',
     override: (ctx) => {
+      // zod leaves out the default of a field whose schema transforms its input (tasks[].env): put it back.
+      const def = (ctx.zodSchema as unknown as { _zod: { def: { type: string; defaultValue?: unknown } } })._zod.def;
+      if (def.type === 'default' && !('default' in ctx.jsonSchema) && !isObjectish(def.defaultValue))
+        ctx.jsonSchema.default = def.defaultValue;
       const value = ctx.jsonSchema.default;
       const where = ctx.path.filter((step) => step !== 'properties').join('.');
       // A section's default is its fields' defaults, shown on each field; a default computed from the
       // machine or the environment (workers.threads, logLevel) is not frozen into the file.
-      if (isObjectish(value) || COMPUTED_DEFAULTS.has(where)) delete ctx.jsonSchema.default;
+      if ((isObjectish(value) && options.allDefaults !== true) || COMPUTED_DEFAULTS.has(where))
+        delete ctx.jsonSchema.default;
     },
   }) as Record<string, unknown> & { properties: Record<string, unknown> };
   const { $schema, properties, ...rest } = generated;

@@ -1,33 +1,43 @@
 /**
- * The config reference (docs/CONFIGURATION.md) is the schema's, option for option: every option EngineConfigSchema
- * (src/config.ts) accepts has a row, every row names an option that exists, and every default the
- * table shows is the one the schema fills in. Options are added often; without this the table drifts
- * silently (`resume` had no row).
+ * The config reference (docs/CONFIGURATION.md) is generated from the schema (scripts/config-docs.ts,
+ * `npm run schema`): the page must be what the script writes, so it cannot drift from src/config.ts.
+ * And the generator, which reads the JSON Schema, is checked against the zod schema itself, option
+ * for option: every option EngineConfigSchema accepts has a row, every row names an option that
+ * exists, and every default a row shows is the one zod fills in (`resume` once had no row).
  *
- * A row names one option or several (`a` / `b`, with one default each or one for all). A row may name
- * an object option whole (`tasks[].env.http`, `tasks[].hooks`): it must then name each of its fields.
- * A default cell is a literal in backticks (compared as JSON), `—` (no default: required or absent),
- * or words for a default computed at run time (the schema's default is then null or absent, or the
- * option is in COMPUTED_DEFAULTS).
+ * A default cell is a literal in backticks (compared as JSON), `required`, `—` (no default), "its
+ * fields'" (a section), or words for a default computed at run time (the schema's default is then
+ * absent, or the option is in COMPUTED_DEFAULTS).
  */
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { isDeepStrictEqual } from 'node:util';
 import { describe, it } from 'node:test';
+import {
+  BEGIN_MARKER,
+  CONFIGURATION_PATH,
+  END_MARKER,
+  type ReferenceRow,
+  referenceMarkdown,
+  referenceRows,
+  withReference,
+} from '../scripts/config-docs.ts';
 import { EngineConfigSchema } from '../src/config.ts';
 
-/** The config reference moved out of the README into a page of its own (docs/CONFIGURATION.md). */
-const REFERENCE = readFileSync(new URL('../docs/CONFIGURATION.md', import.meta.url), 'utf8');
+const PAGE = readFileSync(CONFIGURATION_PATH, 'utf8');
 
-/** Options whose schema default depends on the machine or the environment, described in words. */
-const COMPUTED_DEFAULTS = new Set(['workers.threads', 'logLevel']);
+/**
+ * Options whose default the reference says in words: computed from the machine or the environment,
+ * or a list of whole tasks.
+ */
+const COMPUTED_DEFAULTS = new Set(['workers.threads', 'logLevel', 'tasks']);
 
 interface Option {
-  /** As the table writes it: `llm.url`, `tasks[].env.http.urls`. */
+  /** As the reference writes it: `llm.url`, `tasks[].env.http.urls`, `llm.policies.<agent>.model`. */
   path: string;
   hasDefault: boolean;
   defaultValue: unknown;
-  /** Fields of an object option (an array of objects: its element's); null for a leaf. */
+  /** Fields of an object option (an array of objects: its element's; a map: its values'); null for a leaf. */
   children: Option[] | null;
 }
 
@@ -37,6 +47,8 @@ interface Def {
   innerType?: Schema;
   in?: Schema;
   element?: Schema;
+  valueType?: Schema;
+  options?: Schema[];
   shape?: Record<string, Schema>;
   defaultValue?: unknown;
 }
@@ -61,49 +73,39 @@ function unwrap(schema: Schema): { def: Def; hasDefault: boolean; defaultValue: 
   }
 }
 
+/** The object shapes below a field: itself, its array's element, its map's values, a union's objects. */
+function shapesOf(def: Def, path: string): { shape: Record<string, Schema>; prefix: string }[] {
+  if (def.type === 'object') return [{ shape: def.shape!, prefix: `${path}.` }];
+  if (def.type === 'array')
+    return shapesOf(unwrap(def.element!).def, path).map((s) => ({ ...s, prefix: s.prefix.replace(path, `${path}[]`) }));
+  if (def.type === 'record')
+    return shapesOf(unwrap(def.valueType!).def, path).map((s) => ({
+      ...s,
+      prefix: s.prefix.replace(path, `${path}.<agent>`),
+    }));
+  if (def.type === 'union') return def.options!.flatMap((o) => shapesOf(unwrap(o).def, path));
+  return [];
+}
+
 function optionsOf(shape: Record<string, Schema>, prefix: string): Option[] {
   return Object.entries(shape).map(([key, schema]) => {
     const { def, hasDefault, defaultValue } = unwrap(schema);
     const path = `${prefix}${key}`;
-    let children: Option[] | null = null;
-    if (def.type === 'object') children = optionsOf(def.shape!, `${path}.`);
-    else if (def.type === 'array') {
-      const element = unwrap(def.element!).def;
-      if (element.type === 'object') children = optionsOf(element.shape!, `${path}[].`);
-    }
+    const shapes = shapesOf(def, path);
+    const children = shapes.length === 0 ? null : shapes.flatMap((s) => optionsOf(s.shape, s.prefix));
     return { path, hasDefault, defaultValue, children };
   });
 }
 
-interface Row {
-  names: string[];
-  defaults: string;
-  text: string;
-}
-
-function configTable(readme: string): Row[] {
-  const section = readme.split(/^#{1,2} /m).find((s) => s.startsWith('Config reference'));
-  assert.ok(section !== undefined, 'docs/CONFIGURATION.md has no "# Config reference" section');
-  return section
-    .split('\n')
-    .filter((line) => line.startsWith('| `'))
-    .map((line) => {
-      const [field, defaults] = line
-        .split(/(?<!\\)\|/)
-        .slice(1)
-        .map((c) => c.trim());
-      return { names: [...field.matchAll(/`([^`]+)`/g)].map((m) => m[1]), defaults, text: line };
-    });
-}
-
-/** What is wrong with `cell` as the default of `option`, or null. */
-function defaultProblem(option: Option, cell: string): string | null {
-  const shown = cell.trim();
-  if (shown === '—')
+/** What is wrong with `row`'s default cell as the default of `option`, or null. */
+function defaultProblem(option: Option, row: Pick<ReferenceRow, 'defaultText' | 'kind'>): string | null {
+  const shown = row.defaultText.trim();
+  if (shown === '—' || shown === 'required')
     return option.hasDefault
       ? `the reference shows no default, src/config.ts has ${JSON.stringify(option.defaultValue)}`
       : null;
-  const literal = /^`([^`]*)`/.exec(shown)?.[1];
+  if (row.kind === 'object' && shown === "its fields'") return null;
+  const literal = /^`([^`]*)`$/.exec(shown)?.[1];
   let value: unknown;
   let isLiteral = literal !== undefined;
   try {
@@ -112,8 +114,8 @@ function defaultProblem(option: Option, cell: string): string | null {
     isLiteral = false;
   }
   if (!isLiteral) {
-    // Words: a default computed at run time (the dialect's route, 2 × batchSize, the number of cores).
-    if (COMPUTED_DEFAULTS.has(option.path) || !option.hasDefault || option.defaultValue === null) return null;
+    // Words: a default computed at run time (the dialect's route, the number of cores).
+    if (COMPUTED_DEFAULTS.has(option.path) || !option.hasDefault) return null;
     return `the reference describes the default as ${JSON.stringify(shown)}, src/config.ts has ${JSON.stringify(option.defaultValue)}`;
   }
   if (!option.hasDefault) return `the reference shows default ${literal}, src/config.ts has none`;
@@ -122,53 +124,27 @@ function defaultProblem(option: Option, cell: string): string | null {
     : `the reference shows default ${literal}, src/config.ts has ${JSON.stringify(option.defaultValue)}`;
 }
 
-/** Every problem between the table and the schema, one line each. */
-function tableProblems(options: Option[], rows: Row[]): string[] {
+/** Every problem between the reference's rows and the zod schema, one line each. */
+function tableProblems(options: Option[], rows: Pick<ReferenceRow, 'path' | 'defaultText' | 'kind'>[]): string[] {
   const problems: string[] = [];
-  const byName = new Map<string, { row: Row; index: number }>();
-  for (const row of rows) row.names.forEach((name, index) => byName.set(name, { row, index }));
+  const byPath = new Map(rows.map((row) => [row.path, row]));
   const known = new Set<string>();
   const visit = (option: Option) => {
     known.add(option.path);
-    const found = byName.get(option.path);
-    if (found === undefined) {
-      if (option.children === null)
-        problems.push(
-          `\`${option.path}\` has no row in the config reference (default: ${option.hasDefault ? JSON.stringify(option.defaultValue) : 'none'})`,
-        );
-      else option.children.forEach(visit);
-      return;
-    }
-    const { row, index } = found;
-    const cells = row.defaults.split(/ \/ /);
-    const cell = cells.length === row.names.length ? cells[index] : cells.length === 1 ? cells[0] : null;
-    if (cell === null)
-      problems.push(`row \`${row.names.join('` / `')}\`: ${cells.length} defaults for ${row.names.length} options`);
+    const row = byPath.get(option.path);
+    if (row === undefined)
+      problems.push(
+        `\`${option.path}\` has no row in the config reference (default: ${option.hasDefault ? JSON.stringify(option.defaultValue) : 'none'})`,
+      );
     else {
-      const problem = defaultProblem(option, cell);
+      const problem = defaultProblem(option, row);
       if (problem !== null) problems.push(`\`${option.path}\`: ${problem}`);
     }
-    // A row for a whole object names each of its fields.
-    const walk = (o: Option) => {
-      known.add(o.path);
-      o.children?.forEach(walk);
-    };
-    for (const child of option.children ?? []) {
-      walk(child);
-      const field = child.path.slice(option.path.length).replace(/^(\[\])?\./, '');
-      if (!new RegExp(`\\b${field}\\b`).test(row.text))
-        problems.push(`\`${option.path}\`: its row does not name the field \`${field}\``);
-      // `field: value` inside the row (`{ urls, timeoutMs: 30000, … }`) is a default too, when a JSON literal.
-      const inline = new RegExp(`\\b${field}: ([^\\s,}]+)`).exec(row.text)?.[1].trim();
-      if (inline !== undefined) {
-        const problem = defaultProblem(child, `\`${inline}\``);
-        if (problem !== null) problems.push(`\`${child.path}\`: ${problem}`);
-      }
-    }
+    option.children?.forEach(visit);
   };
   options.forEach(visit);
-  for (const name of byName.keys())
-    if (!known.has(name)) problems.push(`row \`${name}\` names no option of EngineConfigSchema (src/config.ts)`);
+  for (const path of byPath.keys())
+    if (!known.has(path)) problems.push(`row \`${path}\` names no option of EngineConfigSchema (src/config.ts)`);
   return problems;
 }
 
@@ -188,9 +164,9 @@ describe('config reference (docs/CONFIGURATION.md)', () => {
   });
 
   it('names a missing option, a row for no option and a wrong default, each on its own line', () => {
-    const rows: Row[] = [
-      { names: ['a'], defaults: '`1`', text: '| `a` | `1` | |' },
-      { names: ['gone'], defaults: '`0`', text: '| `gone` | `0` | |' },
+    const rows = [
+      { path: 'a', defaultText: '`1`', kind: 'leaf' as const },
+      { path: 'gone', defaultText: '`0`', kind: 'leaf' as const },
     ];
     const fake: Option[] = [
       { path: 'a', hasDefault: true, defaultValue: 2, children: null },
@@ -204,7 +180,32 @@ describe('config reference (docs/CONFIGURATION.md)', () => {
   });
 
   it("has a row for every option of EngineConfigSchema, no row for an option that does not exist, and the schema's defaults", () => {
-    const problems = tableProblems(options, configTable(REFERENCE));
-    assert.deepEqual(problems, [], `docs/CONFIGURATION.md and src/config.ts disagree:\n${problems.join('\n')}`);
+    const problems = tableProblems(options, referenceRows());
+    assert.deepEqual(problems, [], `the generated reference and src/config.ts disagree:\n${problems.join('\n')}`);
+  });
+
+  it('describes every option (a `.describe()` text in src/config.ts)', () => {
+    const bare = referenceRows()
+      .filter((row) => row.description === '')
+      .map((row) => row.path);
+    assert.deepEqual(bare, [], 'add .describe() to these options in src/config.ts, then run `npm run schema`');
+  });
+
+  it('is what `npm run schema` writes: the page between its markers is the generated reference', () => {
+    assert.ok(PAGE.includes(BEGIN_MARKER) && PAGE.includes(END_MARKER), 'docs/CONFIGURATION.md lost its markers');
+    assert.equal(
+      PAGE,
+      withReference(PAGE, referenceMarkdown()),
+      'docs/CONFIGURATION.md differs from the schema: run `npm run schema` and commit docs/CONFIGURATION.md',
+    );
+  });
+
+  it('keeps the hand-written prose outside the markers, and fails on a hand edit inside them', () => {
+    const edited = PAGE.replace('| `batchSize` |', '| `batchSize` (edited) |');
+    assert.notEqual(edited, PAGE);
+    assert.notEqual(withReference(edited), edited);
+    assert.ok(
+      withReference(`intro\n${BEGIN_MARKER}\nold\n${END_MARKER}\noutro`, 'NEW').startsWith('intro\nNEW\noutro'),
+    );
   });
 });
