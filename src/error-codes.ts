@@ -22,6 +22,8 @@ export const ERROR_CODES = {
   ERR_PROTOCOL: 'bytes between threads, or a msgpack body or checkpoint, do not decode as the protocol says',
   ERR_LISTEN: 'a server the engine ships cannot bind its host and port (the message says why, with the errno)',
   ERR_USAGE: 'the rollout command line is wrong (an unknown command, a missing or bad flag)',
+  ERR_OPTIONAL_PACKAGE:
+    'a feature needs an optional dependency that is not installed (NATS client, MCP SDK); the message says what to install',
   // Inference
   ERR_LLM_HTTP: 'the inference server answered a status not retried (4xx), or retries ran out on 429 / 5xx',
   ERR_LLM_UNREACHABLE: 'the inference server could not be reached (refused, reset, DNS) through every retry',

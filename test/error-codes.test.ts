@@ -12,7 +12,12 @@ import { ERROR_CODES } from '../src/error-codes.ts';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 /** Node's own codes the source names (it branches on them, or explains them); not the engine's. */
-const NODE_CODES = new Set(['ERR_UNKNOWN_FILE_EXTENSION', 'ERR_STRING_TOO_LONG', 'ERR_PARSE_ARGS']);
+const NODE_CODES = new Set([
+  'ERR_UNKNOWN_FILE_EXTENSION',
+  'ERR_STRING_TOO_LONG',
+  'ERR_PARSE_ARGS',
+  'ERR_MODULE_NOT_FOUND',
+]);
 /** Prefixes the source matches codes by (`code.startsWith('ERR_ENV_')`), not codes. */
 const PREFIX = /_$/;
 

@@ -5,7 +5,8 @@
  */
 import { parseArgs } from 'node:util';
 import { createLogger } from '../log.ts';
-import { RolloutNode } from '../cluster/node.ts';
+import { loadRolloutNode } from '../cluster/index.ts';
+import type { RolloutNode } from '../cluster/node.ts';
 import { DEFAULT_RUN, NATS_URL, RUN_NAME } from '../config.ts';
 import { intFlag, portFlag, UsageError } from './args.ts';
 
@@ -58,6 +59,8 @@ export async function nodeCommand(argv: string[]): Promise<number> {
   const threads = intFlag('threads', values.threads, { min: 1, max: 1024 }) ?? null;
   const metricsPort = values['metrics-port'] === undefined ? null : portFlag(values['metrics-port'])!;
   const drainMs = intFlag('drain-ms', values['drain-ms'], { min: 0 }) ?? 30_000;
+  // The NATS client is an optional dependency: loaded here, not when the CLI starts.
+  const RolloutNodeClass = await loadRolloutNode();
   const log = createLogger(process.env.LOG_LEVEL ?? 'info', { thread: 'node' });
   // Signals before the node is up stop the start-up; after, the first drains and a second stops at once.
   let stopping: 'drain' | 'now' | null = null;
@@ -75,7 +78,7 @@ export async function nodeCommand(argv: string[]): Promise<number> {
   try {
     // Serves run after run (a coordinator restarted with --resume, the next run of the same name) until told to stop.
     for (;;) {
-      node = await RolloutNode.start({
+      node = await RolloutNodeClass.start({
         url: values.nats,
         run,
         id: values.id,

@@ -12,10 +12,35 @@
  * with the reason — each is a tool error the model sees — and nothing else: the connection is dropped,
  * and the next call or listing connects again (a stdio server is started again).
  */
-import { Client } from '@modelcontextprotocol/sdk/client/index.js';
-import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
-import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import type { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import type { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import type { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { loadOptional, OptionalPackageError } from '../optional-packages.ts';
 import type { ToolOutput, ToolSchema } from './types.ts';
+
+/** The parts of the SDK a connection uses. */
+export interface McpSdk {
+  Client: typeof Client;
+  StdioClientTransport: typeof StdioClientTransport;
+  StreamableHTTPClientTransport: typeof StreamableHTTPClientTransport;
+}
+
+/**
+ * Imports the SDK, an optional dependency (src/optional-packages.ts): on the first connection, so a
+ * worker whose tasks name no MCP server never loads it.
+ */
+export async function importMcpSdk(): Promise<McpSdk> {
+  const [client, stdio, http] = await Promise.all([
+    import('@modelcontextprotocol/sdk/client/index.js'),
+    import('@modelcontextprotocol/sdk/client/stdio.js'),
+    import('@modelcontextprotocol/sdk/client/streamableHttp.js'),
+  ]);
+  return {
+    Client: client.Client,
+    StdioClientTransport: stdio.StdioClientTransport,
+    StreamableHTTPClientTransport: http.StreamableHTTPClientTransport,
+  };
+}
 
 export type McpServerSpec =
   | { command: string; args: string[]; env?: Record<string, string>; cwd?: string }
@@ -41,10 +66,13 @@ export class McpConnection {
   /** Why the last session ended, kept for the calls it failed. */
   #lastClose: string | null = null;
   #closed = false;
+  readonly #importSdk: () => Promise<McpSdk>;
 
-  constructor(spec: McpServerSpec) {
+  /** `importSdk`: how the SDK is loaded (a test passes one that misses a package). */
+  constructor(spec: McpServerSpec, importSdk: () => Promise<McpSdk> = importMcpSdk) {
     this.#spec = spec;
     this.label = mcpLabel(spec);
+    this.#importSdk = importSdk;
   }
 
   /** The server's tools as OpenAI function schemas. */
@@ -100,37 +128,40 @@ export class McpConnection {
   #connect(): Promise<Client> {
     if (this.#closed) return Promise.reject(new Error(`MCP server ${this.label}: the connection was closed`));
     if (this.#client !== null) return this.#client;
-    const client = new Client(CLIENT_INFO);
     const spec = this.#spec;
-    const transport =
-      'url' in spec
-        ? new StreamableHTTPClientTransport(
-            new URL(spec.url),
-            spec.headers ? { requestInit: { headers: spec.headers } } : undefined,
-          )
-        : new StdioClientTransport({
-            command: spec.command,
-            args: spec.args,
-            ...(spec.env ? { env: spec.env } : {}),
-            ...(spec.cwd ? { cwd: spec.cwd } : {}),
-            stderr: 'ignore',
-          });
-    let lastError: string | null = null;
-    client.onerror = (err) => {
-      lastError = err.message;
-    };
-    const connecting = client.connect(transport).then(() => client);
+    const connecting: Promise<Client> = loadOptional('mcp', this.#importSdk).then(async (sdk) => {
+      const client = new sdk.Client(CLIENT_INFO);
+      const transport =
+        'url' in spec
+          ? new sdk.StreamableHTTPClientTransport(
+              new URL(spec.url),
+              spec.headers ? { requestInit: { headers: spec.headers } } : undefined,
+            )
+          : new sdk.StdioClientTransport({
+              command: spec.command,
+              args: spec.args,
+              ...(spec.env ? { env: spec.env } : {}),
+              ...(spec.cwd ? { cwd: spec.cwd } : {}),
+              stderr: 'ignore',
+            });
+      let lastError: string | null = null;
+      client.onerror = (err) => {
+        lastError = err.message;
+      };
+      // The session ended (the server died, or close()): calls in flight fail with this reason, and the
+      // next use starts a new one. Only this session's end: a newer one may already be connecting.
+      client.onclose = () => {
+        this.#lastClose =
+          lastError === null ? 'the server closed the connection' : `the server closed the connection (${lastError})`;
+        if (this.#client === connecting) {
+          this.#client = null;
+          this.#tools = null;
+        }
+      };
+      await client.connect(transport);
+      return client;
+    });
     this.#client = connecting;
-    // The session ended (the server died, or close()): calls in flight fail with this reason, and the
-    // next use starts a new one. Only this session's end: a newer one may already be connecting.
-    client.onclose = () => {
-      this.#lastClose =
-        lastError === null ? 'the server closed the connection' : `the server closed the connection (${lastError})`;
-      if (this.#client === connecting) {
-        this.#client = null;
-        this.#tools = null;
-      }
-    };
     connecting.catch(() => {
       if (this.#client === connecting) {
         this.#client = null;
@@ -138,6 +169,8 @@ export class McpConnection {
       }
     });
     return connecting.catch((err: unknown) => {
+      // A missing SDK says so in one line (the feature, the package, the install command).
+      if (err instanceof OptionalPackageError) throw err;
       throw new Error(`MCP server ${this.label}: cannot connect: ${(err as Error).message}`, { cause: err });
     });
   }
@@ -147,8 +180,8 @@ export class McpConnection {
 export class McpServers {
   readonly connections: McpConnection[];
 
-  constructor(specs: readonly McpServerSpec[]) {
-    this.connections = specs.map((spec) => new McpConnection(spec));
+  constructor(specs: readonly McpServerSpec[], importSdk: () => Promise<McpSdk> = importMcpSdk) {
+    this.connections = specs.map((spec) => new McpConnection(spec, importSdk));
   }
 
   /** Every server's tools, with the connection that serves each name; a server that cannot be reached lists none (`problems` says why). */

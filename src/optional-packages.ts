@@ -1,0 +1,63 @@
+/**
+ * Packages only an optional feature needs, loaded when that feature is used, never at start: the NATS
+ * client (worker nodes, `workers.nats` and `rollout node`) and the MCP SDK (`tasks[].tools.mcp`). A
+ * default `rollout run` loads neither (test/optional-packages.test.ts).
+ *
+ * package.json lists the MCP SDK under optionalDependencies: npm installs it, but a platform where it
+ * fails to install still installs the engine. The NATS client stays a dependency: its
+ * `@nats-io/nuid` declares node >= 22, and npm silently leaves out an optional dependency whose
+ * engines refuse the running Node, so on Node 20 `npm ci` would install no NATS client at all.
+ *
+ * Where one is missing, using its feature fails with one line that names the feature, the package and
+ * the command that installs it (ERR_OPTIONAL_PACKAGE), not with Node's stack of import paths.
+ */
+import { RolloutEngineError } from './errors.ts';
+
+export const OPTIONAL_PACKAGES = {
+  nats: {
+    feature: 'worker nodes (workers.nats, rollout node)',
+    packages: ['@nats-io/transport-node', '@nats-io/jetstream', '@nats-io/kv'],
+  },
+  mcp: { feature: 'MCP tools (tasks[].tools.mcp)', packages: ['@modelcontextprotocol/sdk'] },
+} as const;
+
+export type OptionalFeature = keyof typeof OPTIONAL_PACKAGES;
+
+export class OptionalPackageError extends RolloutEngineError {
+  readonly feature: OptionalFeature;
+  /** The package Node could not find (the feature's own, or one of its dependencies). */
+  readonly missing: string;
+  constructor(feature: OptionalFeature, missing: string, cause: unknown) {
+    const { feature: what, packages } = OPTIONAL_PACKAGES[feature];
+    const own = (packages as readonly string[]).includes(missing);
+    super(
+      'ERR_OPTIONAL_PACKAGE',
+      `${what} need ${packages.join(', ')}, not installed here${own ? '' : ` (${missing} is missing)`}: run \`npm install ${packages.join(' ')}\``,
+      { cause },
+    );
+    this.name = 'OptionalPackageError';
+    this.feature = feature;
+    this.missing = missing;
+  }
+}
+
+/** The package a failed import could not find (`Cannot find package 'x'`), or null for any other failure. */
+export function missingPackage(err: unknown): string | null {
+  if ((err as { code?: unknown } | null)?.code !== 'ERR_MODULE_NOT_FOUND') return null;
+  return /Cannot find package '([^']+)'/.exec((err as Error).message)?.[1] ?? null;
+}
+
+/**
+ * Runs `load` (the feature's dynamic imports); a package it cannot find becomes an
+ * OptionalPackageError naming the feature. Callers take `load` as a parameter so a test can make it
+ * import a package that does not exist.
+ */
+export async function loadOptional<T>(feature: OptionalFeature, load: () => Promise<T>): Promise<T> {
+  try {
+    return await load();
+  } catch (err) {
+    const missing = missingPackage(err);
+    if (missing === null) throw err;
+    throw new OptionalPackageError(feature, missing, err);
+  }
+}
