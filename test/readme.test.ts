@@ -10,6 +10,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'no
 import { join, relative } from 'node:path';
 import { describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
+import { libraryExampleSample, sampleBlock } from '../scripts/doc-samples.ts';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const README = readFileSync(join(ROOT, 'README.md'), 'utf8');
@@ -150,6 +151,12 @@ describe('README.md', () => {
       assert.ok(
         rewards.some((r) => r > 0),
         `no rollout earned a reward: ${rewards.join(' ')}`,
+      );
+      // And the README shows what it printed (scripts/doc-samples.ts: sorted, the middle elided).
+      assert.equal(
+        sampleBlock(README, 'library-example', 'README.md'),
+        libraryExampleSample(stdout),
+        "the README's sample of the library example's output is out of date: run `npm run docs:samples`",
       );
     } finally {
       rmSync(dir, { recursive: true, force: true });
