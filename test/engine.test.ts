@@ -192,7 +192,8 @@ describe('the worker watchdog', () => {
       logLevel: 'silent',
       llm: { url: mock.url },
       batchSize: 2,
-      workers: { threads: 1, groupsPerWorker: 1, watchdogMs: 300 },
+      // Long enough that a healthy worker on a busy machine is never taken for a spinning one.
+      workers: { threads: 1, groupsPerWorker: 1, watchdogMs: 2_000 },
       producer: { maxFailedGroupsPerStep: 5 },
       tasks: [faultyTask(datasetOf(['ok', 'spin', 'ok', 'ok', 'ok', 'ok']))],
     });
@@ -204,7 +205,7 @@ describe('the worker watchdog', () => {
       assert.equal(stats.groups.dropped.FAILED, 1);
       assert.match(
         stats.buffer.lastDropReason ?? '',
-        /did not answer for 300 ms \(workers\.watchdogMs\) and was terminated by the watchdog/,
+        /did not answer for 2000 ms \(workers\.watchdogMs\) and was terminated by the watchdog/,
       );
       assertSettled(stats);
     } finally {
@@ -269,7 +270,7 @@ describe('environment calls that never settle (tasks[].env.timeoutMs)', () => {
         workers: { threads: 1, groupsPerWorker: 2 },
         producer: { maxFailedGroupsPerStep: 5 },
         // One actor per worker: the batch completes only if the hung actor's slot is given back.
-        tasks: [faultyTask(datasetOf(['hang', 'ok', 'ok', 'ok']), { env: { timeoutMs: 200, poolSize: 1 } })],
+        tasks: [faultyTask(datasetOf(['hang', 'ok', 'ok', 'ok']), { env: { timeoutMs: 1_000, poolSize: 1 } })],
       },
       { observer: { dropped: (group) => void dropped.push(group) } },
     );
@@ -283,7 +284,7 @@ describe('environment calls that never settle (tasks[].env.timeoutMs)', () => {
       assert.equal(stats.groups.dropped.FAILED, 1);
       assert.match(
         dropped[0].rollouts[0].error ?? '',
-        /^ERR_ENV_TIMEOUT: task "faulty": environment step\(\) did not settle within 200 ms \(tasks\[\]\.env\.timeoutMs\)/,
+        /^ERR_ENV_TIMEOUT: task "faulty": environment step\(\) did not settle within 1000 ms \(tasks\[\]\.env\.timeoutMs\)/,
       );
     } finally {
       await e.close();
@@ -299,7 +300,7 @@ describe('environment calls that never settle (tasks[].env.timeoutMs)', () => {
       tasks: [
         {
           name: 'hooked',
-          env: { module: 'builtin:arithmetic', timeoutMs: 100 },
+          env: { module: 'builtin:arithmetic', timeoutMs: 500 },
           hooks: { module: HANGING_HOOKS },
           groupSize: 2,
           maxSteps: 1,

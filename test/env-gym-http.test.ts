@@ -210,7 +210,7 @@ describe('gym-http environments (a double of openai/gym-http-api @15b68c39)', { 
     const err = await rejection(Promise.resolve().then(() => env.step('50')));
     assert.equal(err.code, 'ERR_ENV_TIMEOUT');
     assert.equal(failureKindOf(err), 'timeout');
-    assert.ok(Date.now() - started < 2_000);
+    assert.ok(Date.now() - started < 10_000, 'bounded by the 300 ms timeout, not hung');
     assert.equal(d.calls.step, 1);
     await env.close?.();
     assert.equal(d.live(), 0);
@@ -249,7 +249,7 @@ describe('gym-http environments (a double of openai/gym-http-api @15b68c39)', { 
 
   it('cancels an episode closed mid-step (a pause, a shutdown): the step stops ERR_ENV_CANCELLED and the instance is closed', async () => {
     const d = await double();
-    const envs = client(d.url, { timeoutMs: 10_000 });
+    const envs = client(d.url, { timeoutMs: 60_000 });
     const env = envs.create();
     await env.reset({ seed: 5, params: {} });
     d.faults.push({ route: 'step', kind: 'hang' });
@@ -259,7 +259,7 @@ describe('gym-http environments (a double of openai/gym-http-api @15b68c39)', { 
     await env.close?.();
     const err = await step;
     assert.equal(err.code, 'ERR_ENV_CANCELLED');
-    assert.ok(Date.now() - started < 2_000);
+    assert.ok(Date.now() - started < 30_000, 'cancelled at the close, not at the 60 s timeout');
     assert.equal(d.live(), 0);
 
     // A connection cut without an answer mid-step: not sent again, an infrastructure failure.

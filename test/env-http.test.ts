@@ -163,7 +163,8 @@ describe('HTTP environments (env-server protocol client)', { timeout: 60_000 }, 
     assert.equal(err.code, 'ERR_ENV_TIMEOUT');
     assert.match(err.message, /timed out after 200 ms.*gave up after 2 attempts/);
     assert.equal(server.stats().faults.hung, 2, 'a timeout is retried for reset');
-    assert.ok(elapsed >= 390 && elapsed < 2_000, `two 200 ms attempts (took ${elapsed.toFixed(0)} ms)`);
+    // The count and the message say how many attempts; the time, that each waited its 200 ms.
+    assert.ok(elapsed >= 390 && elapsed < 10_000, `two 200 ms attempts (took ${elapsed.toFixed(0)} ms)`);
   });
 
   it('does not retry a step answered 500: ERR_ENV_STEP_UNCERTAIN, sent once', async () => {

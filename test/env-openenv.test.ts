@@ -29,6 +29,8 @@ import { rollout } from './support/cli.ts';
 import { within } from './support/waits.ts';
 
 const DOCS = new URL('../docs/ENVIRONMENTS.md', import.meta.url);
+/** Bound on a wait for something that happens at once (a session ending): it only turns a hang into a failure, so generous for a busy machine. */
+const SETTLE_MS = 30_000;
 
 const doubles: OpenEnvDouble[] = [];
 const clients: RemoteEnvironments[] = [];
@@ -127,7 +129,7 @@ describe('OpenEnv environments (env.protocol "openenv")', () => {
     assert.deepEqual(Object.keys(last.info ?? {}).sort(), ['guess', 'max', 'min', 'target', 'turns']);
     assert.deepEqual(await env.getTaskPrompt(), [], 'a done episode prompts no more');
     await env.close();
-    await within(5_000, 'the session to end', d.whenIdle());
+    await within(SETTLE_MS, 'the session to end', d.whenIdle());
     assert.equal(d.closeMessages, 1, 'closed with the close message, as EnvClient.disconnect does');
   });
 
@@ -235,7 +237,7 @@ describe('OpenEnv environments (env.protocol "openenv")', () => {
     await env.close();
     assert.equal(d.openSessions, 1, 'the server is still in the hung step');
     d.releaseSteps();
-    await within(5_000, 'the session to end', d.whenIdle());
+    await within(SETTLE_MS, 'the session to end', d.whenIdle());
   });
 
   it('a WebSocket dropped mid-episode fails the step with ERR_ENV_INFRA (infrastructure), never sent again', async () => {
@@ -254,7 +256,7 @@ describe('OpenEnv environments (env.protocol "openenv")', () => {
     assert.equal(d.steps, 2, 'the step was sent once');
     assert.equal((await envError(env.step('76'))).code, 'ERR_ENV_INFRA');
     await env.close();
-    await within(5_000, 'the session to end', d.whenIdle());
+    await within(SETTLE_MS, 'the session to end', d.whenIdle());
   });
 
   it('CAPACITY_REACHED is retried with backoff, and the episode starts once the server has room', async () => {
@@ -265,7 +267,7 @@ describe('OpenEnv environments (env.protocol "openenv")', () => {
     assert.equal(d.refused, 2);
     assert.equal(d.openSessions, 1);
     await env.close();
-    await within(5_000, 'the session to end', d.whenIdle());
+    await within(SETTLE_MS, 'the session to end', d.whenIdle());
   });
 
   it("capacity that does not free within the retries fails ERR_ENV_INFRA (infrastructure) with the server's numbers", async () => {
@@ -279,7 +281,7 @@ describe('OpenEnv environments (env.protocol "openenv")', () => {
     assert.match(err.message, /CAPACITY_REACHED: Server at capacity: 1\/1 sessions active\..*gave up after 2 attempts/);
     assert.equal(d.refused, 2);
     await holder.close();
-    await within(5_000, 'the session to end', d.whenIdle());
+    await within(SETTLE_MS, 'the session to end', d.whenIdle());
   });
 
   it('a malformed reply fails ERR_ENV_BAD_REPLY (parse) naming the field; a frame over maxResponseBytes ends the session as a drop does (ERR_ENV_INFRA, saying so)', async () => {
@@ -323,7 +325,7 @@ describe('OpenEnv environments (env.protocol "openenv")', () => {
       assert.match(err.message, message);
       await env.close();
     }
-    await within(5_000, 'every session to end', d.whenIdle());
+    await within(SETTLE_MS, 'every session to end', d.whenIdle());
   });
 
   it('the environment raising (EXECUTION_ERROR) or refusing the action (VALIDATION_ERROR) fails ERR_ENV_HTTP: environment; a factory that fails, ERR_ENV_INFRA', async () => {
@@ -355,7 +357,7 @@ describe('OpenEnv environments (env.protocol "openenv")', () => {
     assert.equal(factory.code, 'ERR_ENV_INFRA');
     assert.equal(failureKindOf(factory), 'infrastructure');
     assert.match(factory.message, /FACTORY_ERROR: Environment factory 'create_environment' failed to create instance/);
-    await within(5_000, 'every session to end', d.whenIdle());
+    await within(SETTLE_MS, 'every session to end', d.whenIdle());
   });
 
   it('a server that cannot be reached fails ERR_ENV_UNREACHABLE (infrastructure) after the retries', async () => {
@@ -386,14 +388,14 @@ describe('OpenEnv environments (env.protocol "openenv")', () => {
     d.faults.hangStep = true;
     const arrived = d.stepArrived();
     const step = guard.call(rollout, 'step', () => env.step('50'));
-    await within(5_000, 'the step to reach the server', arrived);
+    await within(SETTLE_MS, 'the step to reach the server', arrived);
     pause.abort(new Error('weight update'));
     const err = await envError(step);
     assert.equal(err.code, 'ERR_ENV_CANCELLED');
     await actors.done(env, true);
     assert.equal(d.openSessions, 1, 'the server finishes the step it is in before it reads the disconnect');
     d.releaseSteps();
-    await within(5_000, 'the session to end', d.whenIdle());
+    await within(SETTLE_MS, 'the session to end', d.whenIdle());
     assert.equal(d.openSessions, 0);
   });
 
@@ -404,7 +406,7 @@ describe('OpenEnv environments (env.protocol "openenv")', () => {
     await Promise.all(envs.map((e, i) => e.reset({ seed: i, params: {} })));
     assert.equal(d.openSessions, 3);
     await c.close();
-    await within(5_000, 'every session to end', d.whenIdle());
+    await within(SETTLE_MS, 'every session to end', d.whenIdle());
     assert.equal(d.closeMessages, 3);
     assert.equal((await envError(envs[0].step('50'))).code, 'ERR_ENV_CLOSED');
     assert.throws(
@@ -451,7 +453,7 @@ describe('OpenEnv environments (env.protocol "openenv")', () => {
     assert.equal(end.terminated, true);
     assert.equal(end.info?.toolCalls, 3, "the calls ran on the episode's own environment");
     await env.close();
-    await within(5_000, 'the session to end', d.whenIdle());
+    await within(SETTLE_MS, 'the session to end', d.whenIdle());
 
     const none = await double();
     const err = await client([none.url], {}, { tools: true })
@@ -536,7 +538,7 @@ describe('OpenEnv environments (env.protocol "openenv")', () => {
     assert.deepEqual(records[0], records[1]);
     assert.ok(records[0].some((r) => r.includes('"terminated":true')));
     assert.ok(d.sessionsOpened >= 8, `one session per rollout, 2 groups of 4 (got ${d.sessionsOpened})`);
-    await within(5_000, 'every session to end', d.whenIdle());
+    await within(SETTLE_MS, 'every session to end', d.whenIdle());
   });
 });
 

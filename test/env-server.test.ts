@@ -20,7 +20,8 @@ async function call(url: string, method: string, path: string, body?: unknown, r
     method,
     headers: body === undefined && raw === undefined ? {} : { 'content-type': 'application/json' },
     body: raw ?? (body === undefined ? undefined : JSON.stringify(body)),
-    signal: AbortSignal.timeout(5_000),
+    // Only turns a hang into a failure: generous for a busy machine.
+    signal: AbortSignal.timeout(30_000),
   });
   const text = await response.text();
   let json: unknown = null;

@@ -735,7 +735,11 @@ describe('token-trace gateway sessions over time', () => {
   it('releases an idle session and its traces after the session TTL', async () => {
     let released!: (value: [string, ReleaseReason]) => void;
     const release = new Promise<[string, ReleaseReason]>((resolve) => (released = resolve));
-    const stack = await startStack({}, { sessionTtlMs: 50, onSessionReleased: (id, reason) => released([id, reason]) });
+    // Long enough that the session is still there when the turn's answer is checked on a busy machine.
+    const stack = await startStack(
+      {},
+      { sessionTtlMs: 2_000, onSessionReleased: (id, reason) => released([id, reason]) },
+    );
     stacks.push(stack);
     await turn(openaiClient(stack.gateway.sessionBaseURL('idle')), [{ role: 'user', content: 'Say something.' }]);
     assert.equal(stack.gateway.stats().sessions, 1);

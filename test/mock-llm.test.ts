@@ -336,7 +336,8 @@ describe('mock inference server', () => {
     await mock.waitForInFlight(1);
     const began = performance.now();
     await mock.close();
-    assert.ok(performance.now() - began < 2000);
+    // The request in flight would take 60 s: a close that waited for it would take that long.
+    assert.ok(performance.now() - began < 20_000);
     assert.match(await pending, /^(abort|connection closed)$/);
     await mock.close(); // idempotent
   });

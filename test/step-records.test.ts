@@ -80,7 +80,7 @@ async function linesOf(path: string): Promise<string[]> {
 }
 
 /** Polls the file (real time, no fake clock) until it holds `n` lines or `ms` pass. */
-async function waitForLines(path: string, n: number, ms = 5_000): Promise<string[]> {
+async function waitForLines(path: string, n: number, ms = 30_000): Promise<string[]> {
   const deadline = Date.now() + ms;
   for (;;) {
     const lines = await linesOf(path);
