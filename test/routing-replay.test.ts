@@ -2,7 +2,12 @@
  * Routing replay and sampling masks kept on their tokens end to end (docs/ROUTING-REPLAY.md).
  *
  * The servers' encodings are read as written from their source (llm/routing-wire.ts names it): vLLM's
- * base64 `.npy` on the choice, SGLang's base64 int32 in meta_info and its per-token support lists.
+ * base64 `.npy` on the choice (vllm/entrypoints/openai/chat_completion/protocol.py
+ * @002032ee2b18e1f7bd924ec47b62504ba3866063) and vLLM 0.21's int16 lists split into the response's
+ * `prompt_routed_experts` and the choice's `routed_experts` (the same file
+ * @0087e005dec9ed37e5564c4d13b38d350ce61992), SGLang's base64 ids in meta_info — int32, or the
+ * `meta_info.routed_experts_dtype` it names (python/sglang/srt/state_capturer/routed_experts_wire.py
+ * @a6463a1003429d415506fe0d97b4c548b85444e1) — and its per-token support lists.
  * The mock writes each row as a function of its token and position only (mockExpert), so a row that
  * moved to another position or token no longer matches: the property test drives thousands of
  * episodes through aborts, continuations, in-place pauses and kills restored from checkpoints, with
@@ -10,7 +15,7 @@
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { readSglangMask, readSglangRouted, readVllmRouted, npyBase64 } from '../src/llm/routing-wire.ts';
+import { readSglangMask, readSglangRouted, readVllmRouted, npyBase64, sglangBase64 } from '../src/llm/routing-wire.ts';
 import { concatRouted, routedFrom, type RoutedExperts } from '../src/domain/routing.ts';
 import { TOKEN_WIRES } from '../src/llm/token-wire.ts';
 import { parseChatReply, type ChatResult } from '../src/llm/reply.ts';
@@ -31,9 +36,12 @@ import { openaiClient } from './support/clients.ts';
 import { assertCallRows, assertRowsOnTokens } from './support/routing.ts';
 import {
   mockExpert,
+  mockRows,
   mockSupport,
   sglangMaskFields,
   sglangRoutedField,
+  sglangRoutedFields,
+  vllmListFields,
   vllmRoutedField,
   type MockRouting,
 } from '../src/mock-llm/routing.ts';
@@ -90,6 +98,203 @@ describe('the servers’ routed-expert encodings', () => {
     );
   });
 
+  // vLLM 0.21 (chat_completion/protocol.py @0087e005dec9ed37e5564c4d13b38d350ce61992: the response's
+  // prompt_routed_experts [prompt_len, layers, top_k] and the choice's routed_experts [gen_len, …],
+  // list[list[list[int]]] of int16; split_routed_experts in fused_moe/routed_experts_capturer.py).
+  it('reads vLLM 0.21’s int16 lists as the prompt’s rows from 0 and the generated rows after them', () => {
+    const promptIds = [5, 6, 7, 8];
+    const ids = [9, 10, 11];
+    const sequence = [...promptIds, ...ids];
+    const body = {
+      ...vllmListFields(promptIds, ids, ROUTING),
+      usage: { prompt_tokens: 4, completion_tokens: 3 },
+    };
+    const choice = { token_ids: ids, logprobs: { token_logprobs: [-1, -1, -1] }, finish_reason: 'stop' };
+    const read = (from: number) =>
+      TOKEN_WIRES.vllm.parse(
+        JSON.parse(JSON.stringify({ ...body, choices: [{ ...choice, routed_experts: body.routed_experts }] })),
+        fail,
+        { routedFrom: from, routingShape: null, samplingMask: false },
+      ).routedExperts!;
+    const all = read(0);
+    assert.deepEqual([all.start, all.rows, all.layers, all.topK], [0, 6, 3, 2]);
+    assert.equal(all.ids[5 * 6 + 3], mockExpert(sequence[5], 5, 1, 1, ROUTING.experts));
+    // 0.21 has no routed_experts_prompt_start: every row comes, and those before the asked start go.
+    const later = read(3);
+    assert.deepEqual([later.start, later.rows], [3, 3]);
+    assert.deepEqual([...later.ids], [...all.ids.subarray(3 * 6)]);
+  });
+
+  it('keeps vLLM 0.21’s prompt rows when nothing after the first token was forwarded, and reads its chat replies alike', () => {
+    const fields = vllmListFields([5, 6, 7], [8], ROUTING);
+    assert.equal(fields.routed_experts, null);
+    const r = parseChatReply(
+      {
+        ...fields,
+        prompt_token_ids: [5, 6, 7],
+        choices: [
+          { message: { role: 'assistant', content: 'x' }, finish_reason: 'stop', token_ids: [8], routed_experts: null },
+        ],
+      },
+      { routedExperts: true },
+    ).routedExperts!;
+    assert.deepEqual([r.start, r.rows], [0, 3]);
+    assert.equal(r.ids[2 * 6], mockExpert(7, 2, 0, 0, ROUTING.experts));
+  });
+
+  // vLLM 0.21 docs/training/routed_experts_replay.md @0087e005…: "cached positions marked with -1
+  // sentinel"; the host cache starts each request's rows at -1 and fills the positions it forwards.
+  it('starts a turn’s rows after vLLM 0.21’s leading -1 rows (prefix-cache positions it lost)', () => {
+    const unknown = [
+      [-1, -1],
+      [-1, -1],
+    ];
+    const body = {
+      prompt_routed_experts: [
+        unknown,
+        unknown,
+        [
+          [1, 2],
+          [3, 4],
+        ],
+      ],
+      choices: [
+        {
+          token_ids: [7, 8],
+          logprobs: { token_logprobs: [-1, -1] },
+          finish_reason: 'stop',
+          routed_experts: [
+            [
+              [5, 6],
+              [7, 8],
+            ],
+          ],
+        },
+      ],
+    };
+    const r = TOKEN_WIRES.vllm.parse(body, fail, { routedFrom: 0, routingShape: null, samplingMask: false })
+      .routedExperts!;
+    assert.deepEqual([r.start, r.rows, [...r.ids]], [2, 2, [1, 2, 3, 4, 5, 6, 7, 8]]);
+    const torn = {
+      ...body,
+      prompt_routed_experts: [
+        [
+          [1, 2],
+          [-1, 4],
+        ],
+        unknown,
+        unknown,
+      ],
+    };
+    assert.throws(
+      () => TOKEN_WIRES.vllm.parse(torn, fail, { routedFrom: 0, routingShape: null, samplingMask: false }),
+      /prompt_routed_experts\[0\] holds -1 \(sequence position 0\): not an expert id/,
+    );
+  });
+
+  // split_routed_experts clips the generated rows to the generated tokens, not one fewer: with MTP the
+  // last token was forwarded (as a draft) and has a row the engine keeps none of.
+  it('drops vLLM 0.21’s row for the last generated token, sent when speculative decoding forwarded it', () => {
+    const sequence = [5, 6, 7, 8];
+    const body = {
+      prompt_routed_experts: [[[1]], [[2]]],
+      choices: [
+        {
+          token_ids: [7, 8],
+          logprobs: { token_logprobs: [-1, -1] },
+          finish_reason: 'stop',
+          routed_experts: [[[3]], [[4]]],
+        },
+      ],
+    };
+    const r = TOKEN_WIRES.vllm.parse(body, fail, { routedFrom: 0, routingShape: null, samplingMask: false })
+      .routedExperts!;
+    assert.deepEqual([r.start, r.rows, [...r.ids]], [0, sequence.length - 1, [1, 2, 3]]);
+  });
+
+  it('refuses malformed vLLM routed experts naming the field and what it holds', () => {
+    const parse = (extra: Record<string, unknown>, routed: unknown) =>
+      TOKEN_WIRES.vllm.parse(
+        {
+          ...extra,
+          choices: [
+            { token_ids: [7], logprobs: { token_logprobs: [-1] }, finish_reason: 'stop', routed_experts: routed },
+          ],
+        },
+        fail,
+        { routedFrom: 0, routingShape: null, samplingMask: false },
+      );
+    assert.throws(
+      () => parse({}, 12),
+      /choices\[0\]\.routed_experts must be a base64 \.npy string or a list of \[layers\]\[top_k\] rows \(got 12\)/,
+    );
+    assert.throws(
+      () => parse({ prompt_routed_experts: [[[1, 2]], [[3]]] }, null),
+      /prompt_routed_experts\[1\]\[0\] must be a list of 2 integer expert ids \(got \[3\]\)/,
+    );
+    assert.throws(() => parse({ prompt_routed_experts: [[['a']]] }, null), /got \["a"\]/);
+    assert.throws(() => parse({}, [[[1]]]), /without prompt_routed_experts or usage\.prompt_tokens/);
+    assert.throws(
+      () => parse({ prompt_routed_experts: [[[1]]], usage: { prompt_tokens: 2 } }, null),
+      /prompt_routed_experts has 1 rows for a 2-token prompt/,
+    );
+    assert.throws(() => parse({}, 'bm90IG5weQ=='), /choices\[0\]\.routed_experts is not a base64 \.npy/);
+  });
+
+  // SGLang routed_experts_wire.py @a6463a1003429d415506fe0d97b4c548b85444e1: the ids cast to
+  // SGLANG_ROUTED_EXPERTS_DTYPE (int32, uint16, uint8; int32 when one does not fit) and the dtype sent
+  // as meta_info.routed_experts_dtype (tokenizer_manager.py there); absent = int32, as before it.
+  it('reads SGLang’s uint8 and uint16 routed experts by meta_info.routed_experts_dtype, refusing another dtype by name', () => {
+    const narrow = sglangRoutedFields([9, 10, 11], 0, { ...ROUTING, sglangDtype: 'uint8' });
+    assert.equal(narrow.routed_experts_dtype, 'uint8');
+    assert.equal(Buffer.from(narrow.routed_experts, 'base64').length, 2 * 3 * 2);
+    const r = readSglangRouted(narrow.routed_experts, 0, { layers: 3, topK: 2 }, narrow.routed_experts_dtype);
+    assert.equal(r.ids[6], mockExpert(10, 1, 0, 0, ROUTING.experts));
+    // An id past the wire dtype: SGLang sends int32 and says so.
+    const wide = sglangRoutedFields([1, 2, 3, 4], 0, { ...WIDE, sglangDtype: 'uint8' });
+    assert.ok(mockRows([1, 2, 3, 4], 0, WIDE).some((id) => id > 255));
+    assert.equal(wide.routed_experts_dtype, 'int32');
+    assert.deepEqual(
+      [...readSglangRouted(wide.routed_experts, 0, { layers: 2, topK: 2 }, wide.routed_experts_dtype).ids],
+      mockRows([1, 2, 3, 4], 0, WIDE),
+    );
+    const u16 = readSglangRouted(sglangBase64([1, 300, 2, 65535], 'uint16'), 0, { layers: 1, topK: 2 }, 'uint16');
+    assert.deepEqual([u16.rows, [...u16.ids]], [2, [1, 300, 2, 65535]]);
+    assert.throws(
+      () => readSglangRouted(narrow.routed_experts, 0, { layers: 3, topK: 2 }, 'float16'),
+      /meta_info\.routed_experts_dtype is "float16", not "int32", "uint16" or "uint8"/,
+    );
+  });
+
+  // GenerateReqInput.routed_experts_start_len (python/sglang/srt/managers/io_struct.py): rows
+  // [start, seqlen − 1); a server from before the field ignores it and sends [0, seqlen − 1).
+  it('places an older SGLang’s rows from 0 when it ignored routed_experts_start_len, keeping those from the asked start', () => {
+    const sequence = [9, 10, 11, 12, 13];
+    const body = {
+      output_ids: [12, 13],
+      meta_info: {
+        prompt_tokens: 3,
+        output_token_logprobs: [
+          [-1, 12, null],
+          [-1, 13, null],
+        ],
+        finish_reason: { type: 'stop' },
+        routed_experts: sglangRoutedField(sequence, 0, ROUTING),
+      },
+    };
+    const shape = { layers: 3, topK: 2 };
+    const r = TOKEN_WIRES.sglang.parse(body, fail, { routedFrom: 2, routingShape: shape, samplingMask: false })
+      .routedExperts!;
+    assert.deepEqual([r.start, r.rows], [2, 2]);
+    assert.equal(r.ids[0], mockExpert(11, 2, 0, 0, ROUTING.experts));
+    const current = {
+      ...body,
+      meta_info: { ...body.meta_info, routed_experts: sglangRoutedField(sequence, 2, ROUTING) },
+    };
+    const same = TOKEN_WIRES.sglang.parse(current, fail, { routedFrom: 2, routingShape: shape, samplingMask: false });
+    assert.deepEqual(same.routedExperts, r);
+  });
+
   it('reads SGLang’s sampling supports as CSR, refusing a support without its sampled token', () => {
     const m = readSglangMask(sglangMaskFields([4, 9], 10), [4, 9])!;
     assert.deepEqual([...m.offsets], [0, 2, 4]);
@@ -108,7 +313,7 @@ describe('the servers’ routed-expert encodings', () => {
 
 // --- the property test -------------------------------------------------------------------------------
 
-type Server = 'vllm' | 'sglang' | 'vllm-chat';
+type Server = 'vllm' | 'vllm-lists' | 'sglang' | 'vllm-chat';
 
 /**
  * A server of `kind` answering the agent loop's calls: its prompt extends the session's sequence
@@ -159,6 +364,20 @@ function fakeServer(kind: Server, random: () => number, routing: MockRouting): C
           samplingMask: false,
         });
         parsed = { ...r, promptIds };
+      } else if (kind === 'vllm-lists') {
+        // vLLM 0.21: every row from 0, the prompt's on the response; the asked start is not read.
+        const { prompt_routed_experts, routed_experts } = vllmListFields(promptIds, ids, routing);
+        const body = {
+          prompt_routed_experts,
+          usage: { prompt_tokens: promptIds.length, completion_tokens: n },
+          choices: [{ token_ids: ids, logprobs: { token_logprobs: logprobs }, finish_reason: finish, routed_experts }],
+        };
+        const r = TOKEN_WIRES.vllm.parse(JSON.parse(JSON.stringify(body)), fail, {
+          routedFrom: routedStartOf(request, promptIds),
+          routingShape: null,
+          samplingMask: false,
+        });
+        parsed = { ...r, promptIds };
       } else if (kind === 'sglang') {
         const start = routedStartOf(request, promptIds);
         const body = {
@@ -166,7 +385,7 @@ function fakeServer(kind: Server, random: () => number, routing: MockRouting): C
           meta_info: {
             output_token_logprobs: ids.map((id) => [-0.5, id, null]),
             finish_reason: { type: finish },
-            routed_experts: sglangRoutedField(sequence, start, routing),
+            ...sglangRoutedFields(sequence, start, routing),
             ...sglangMaskFields(ids, promptIds.length),
           },
         };
@@ -356,6 +575,20 @@ describe('routing replay through every splice', () => {
   it('keeps every SGLang row and sampling support on its token over 1500 fuzzed episodes', async () => {
     const t = await fuzz('sglang', 1500, 2, ROUTING);
     assert.ok(t.supports > 5_000, `only ${t.supports} supports checked`);
+    assert.equal(t.covered, t.forwarded);
+  });
+
+  it('keeps every row of vLLM 0.21’s int16 lists on its token over 600 fuzzed episodes', async () => {
+    const t = await fuzz('vllm-lists', 600, 7, ROUTING);
+    assert.ok(t.rows > 4_000, `only ${t.rows} rows checked`);
+    // A reply cut before its first token carries no rows in 0.21 (not even the prompt's): the positions
+    // only such a reply forwarded have none, as no server reported them.
+    assert.ok(t.covered <= t.forwarded && t.covered > 0.95 * t.forwarded, `${t.covered} of ${t.forwarded}`);
+  });
+
+  it('keeps every row SGLang sends as uint8 (SGLANG_ROUTED_EXPERTS_DTYPE) on its token over 300 fuzzed episodes', async () => {
+    const t = await fuzz('sglang', 300, 8, { ...ROUTING, sglangDtype: 'uint8' });
+    assert.equal(t.bytes, ROUTING.layers * ROUTING.topK);
     assert.equal(t.covered, t.forwarded);
   });
 

@@ -7,7 +7,7 @@ import { LlmError } from './errors.ts';
 import { preview } from '../errors.ts';
 import type { ParsedToolCall } from './tool-calls.ts';
 import type { RoutedExperts, SamplingMask } from '../domain/routing.ts';
-import { readVllmRouted } from './routing-wire.ts';
+import { readVllmReplyRouted } from './routing-wire.ts';
 
 export interface ChatResult {
   content: string;
@@ -108,7 +108,7 @@ export class VersionSpans {
   }
 }
 
-/** What a chat reply is read for beyond the OpenAI fields: vLLM's `choices[0].routed_experts` (from position 0). */
+/** What a chat reply is read for beyond the OpenAI fields: vLLM's routed experts (from position 0; routing-wire.ts). */
 export interface ChatReplyWants {
   routedExperts: boolean;
 }
@@ -152,11 +152,19 @@ export function parseChatReply(body: unknown, wants?: ChatReplyWants): ChatResul
   const usage = isObject(body.usage) ? body.usage : {};
   const toolCalls = parseToolCallsField(message.tool_calls);
   let routedExperts: RoutedExperts | undefined;
-  if (wants?.routedExperts === true && choice.routed_experts != null) {
+  if (wants?.routedExperts === true) {
     try {
-      routedExperts = readVllmRouted(choice.routed_experts, 0);
+      routedExperts = readVllmReplyRouted(body, choice, {
+        start: 0,
+        promptLength: promptIds?.length ?? (typeof usage.prompt_tokens === 'number' ? usage.prompt_tokens : null),
+        completionLength: responseIds?.length ?? null,
+      });
     } catch (err) {
-      throw new LlmError('ERR_LLM_BAD_REPLY', `${REPLY}: choices[0].${(err as Error).message}`);
+      const why = (err as Error).message;
+      throw new LlmError(
+        'ERR_LLM_BAD_REPLY',
+        `${REPLY}: ${why.startsWith('routed_experts') ? `choices[0].${why}` : why}`,
+      );
     }
   }
   return {

@@ -17,7 +17,7 @@
 
 import type { VersionSpan } from './reply.ts';
 import type { RoutedExperts, SamplingMask } from '../domain/routing.ts';
-import { readSglangMask, readSglangRouted, readVllmRouted, type RoutingShape } from './routing-wire.ts';
+import { readSglangMask, readSglangRouted, readVllmReplyRouted, type RoutingShape } from './routing-wire.ts';
 
 /** Sampling settings an agent may send and a backend honours; unset = the backend's default. */
 export interface SamplingParams {
@@ -262,7 +262,11 @@ function parseVllm(
   fail: (why: string) => Error,
   context: ReadContext = NOTHING_ASKED,
 ): GenerationResult {
-  const reply = json as { choices?: unknown; metadata?: { weight_version?: unknown } | null } | null;
+  const reply = json as {
+    choices?: unknown;
+    metadata?: { weight_version?: unknown } | null;
+    usage?: { prompt_tokens?: unknown } | null;
+  } | null;
   const choice = (Array.isArray(reply?.choices) ? reply.choices[0] : undefined) as
     | {
         routed_experts?: unknown;
@@ -301,11 +305,17 @@ function parseVllm(
     );
   }
   let routedExperts: RoutedExperts | undefined;
-  if (context.routedFrom !== null && choice.routed_experts != null) {
+  if (context.routedFrom !== null) {
+    const promptTokens = reply?.usage?.prompt_tokens;
     try {
-      routedExperts = readVllmRouted(choice.routed_experts, context.routedFrom);
+      routedExperts = readVllmReplyRouted(reply as Record<string, unknown>, choice as Record<string, unknown>, {
+        start: context.routedFrom,
+        promptLength: Number.isSafeInteger(promptTokens) ? (promptTokens as number) : null,
+        completionLength: completionIds.length,
+      });
     } catch (err) {
-      throw fail(`choices[0].${(err as Error).message}`);
+      const why = (err as Error).message;
+      throw fail(why.startsWith('routed_experts') ? `choices[0].${why}` : why);
     }
   }
   return {
@@ -369,8 +379,19 @@ function parseSglang(
   let routedExperts: RoutedExperts | undefined;
   let samplingMask: SamplingMask | undefined;
   try {
-    if (context.routedFrom !== null && meta.routed_experts != null)
-      routedExperts = readSglangRouted(meta.routed_experts, context.routedFrom, context.routingShape);
+    if (context.routedFrom !== null && meta.routed_experts != null) {
+      const promptTokens = meta.prompt_tokens;
+      const sequenceLength = Number.isSafeInteger(promptTokens)
+        ? (promptTokens as number) + completionIds.length
+        : null;
+      routedExperts = readSglangRouted(
+        meta.routed_experts,
+        context.routedFrom,
+        context.routingShape,
+        meta.routed_experts_dtype,
+        sequenceLength,
+      );
+    }
     if (context.samplingMask) samplingMask = readSglangMask(meta, completionIds) ?? undefined;
   } catch (err) {
     throw fail((err as Error).message);

@@ -4,7 +4,7 @@
  * check any stored row against `mockExpert` — a row shifted by one position, or put on another
  * token, no longer matches.
  */
-import { int32Base64, npyBase64 } from '../llm/routing-wire.ts';
+import { npyBase64, sglangBase64 } from '../llm/routing-wire.ts';
 
 /** The model shape the mock routes with: what `--enable-return-routed-experts` would capture. */
 export interface MockRouting {
@@ -12,6 +12,19 @@ export interface MockRouting {
   topK: number;
   /** Experts per layer (ids are below it): ≤ 256 gives uint8 storage, more uint16. */
   experts: number;
+  /**
+   * vllm dialect, the form of its reply (llm/routing-wire.ts): `npy` (the default) a base64 `.npy` on
+   * each choice from `routed_experts_prompt_start` on, as vLLM after 0.21; `lists` vLLM 0.21's int16
+   * lists, the prompt's rows in the response's `prompt_routed_experts` and the generated ones on the
+   * choice, every position from 0 (the request's start is not read).
+   */
+  vllmWire?: 'npy' | 'lists';
+  /**
+   * sglang dialect, SGLANG_ROUTED_EXPERTS_DTYPE: the ids' width on the wire, named in
+   * `meta_info.routed_experts_dtype` (int32 when an id does not fit); absent = int32 without that
+   * field, as SGLang before it.
+   */
+  sglangDtype?: 'int32' | 'uint16' | 'uint8';
 }
 
 /** The expert the mock routes `token` at sequence `position` to, in `layer`, as its `k`-th choice. */
@@ -40,9 +53,52 @@ export function vllmRoutedField(sequence: readonly number[], from: number, r: Mo
   return npyBase64(values, [rows, r.layers, r.topK], r.experts <= 256 ? '|u1' : '<u2');
 }
 
+/** `[rows][layers][topK]` lists of the mock's rows for positions `[from, to)` of `sequence`. */
+function nested(sequence: readonly number[], from: number, to: number, r: MockRouting): number[][][] {
+  const out: number[][][] = [];
+  for (let p = from; p < to; p++)
+    out.push(
+      Array.from({ length: r.layers }, (_, l) =>
+        Array.from({ length: r.topK }, (_, k) => mockExpert(sequence[p], p, l, k, r.experts)),
+      ),
+    );
+  return out;
+}
+
+/**
+ * vLLM 0.21's fields for a reply of `ids` after `promptIds`: the response's `prompt_routed_experts`
+ * (every prompt position) and the choice's `routed_experts` (the generated positions but the last,
+ * never forwarded; null when there are none), both null when nothing was generated.
+ */
+export function vllmListFields(
+  promptIds: readonly number[],
+  ids: readonly number[],
+  r: MockRouting,
+): { prompt_routed_experts: number[][][] | null; routed_experts: number[][][] | null } {
+  if (ids.length === 0) return { prompt_routed_experts: null, routed_experts: null };
+  const sequence = [...promptIds, ...ids];
+  const generated = nested(sequence, promptIds.length, sequence.length - 1, r);
+  return {
+    prompt_routed_experts: nested(sequence, 0, promptIds.length, r),
+    routed_experts: generated.length > 0 ? generated : null,
+  };
+}
+
 /** SGLang's `meta_info.routed_experts`: base64 int32, no shape. */
 export function sglangRoutedField(sequence: readonly number[], from: number, r: MockRouting): string {
-  return int32Base64(mockRows(sequence, from, r));
+  return sglangBase64(mockRows(sequence, from, r), 'int32');
+}
+
+/**
+ * SGLang's meta_info fields for routed experts: `routed_experts` in the configured wire dtype and,
+ * when one is configured, `routed_experts_dtype` naming the one sent (int32 when an id does not fit).
+ */
+export function sglangRoutedFields(sequence: readonly number[], from: number, r: MockRouting): Record<string, string> {
+  const values = mockRows(sequence, from, r);
+  if (r.sglangDtype === undefined) return { routed_experts: sglangBase64(values, 'int32') };
+  const most = r.sglangDtype === 'uint8' ? 0xff : r.sglangDtype === 'uint16' ? 0xffff : Number.MAX_SAFE_INTEGER;
+  const dtype = values.every((v) => v <= most) ? r.sglangDtype : 'int32';
+  return { routed_experts: sglangBase64(values, dtype), routed_experts_dtype: dtype };
 }
 
 /** The mock's support for `token` sampled at `position`: itself and one neighbour that depends on the position. */
