@@ -1,7 +1,11 @@
 /**
  * The mock over HTTP sends routed experts and sampling masks in each server's encoding
  * (llm/routing-wire.ts names the sources), and the engine's readers take them back to the mock's
- * function of token and position.
+ * function of token and position. `routedExperts.vllmWire: 'lists'` is vLLM 0.21's form
+ * (vllm/entrypoints/openai/chat_completion/protocol.py @0087e005dec9ed37e5564c4d13b38d350ce61992:
+ * int16 `prompt_routed_experts` on the response, `routed_experts` on the choice); `sglangDtype`
+ * SGLang's SGLANG_ROUTED_EXPERTS_DTYPE (python/sglang/srt/state_capturer/routed_experts_wire.py
+ * @a6463a1003429d415506fe0d97b4c548b85444e1).
  */
 import assert from 'node:assert/strict';
 import { describe, it, type TestContext } from 'node:test';
@@ -77,6 +81,78 @@ describe('the mock’s routed experts over HTTP', () => {
     });
     const r = parseChatReply(json, { routedExperts: true });
     assertRows(r.routedExperts!, [...r.promptIds!, ...r.responseIds!], 0);
+  });
+
+  it('answers vLLM /v1/completions as 0.21 did with vllmWire lists: every row from 0, the prompt’s on the response', async (t) => {
+    const mock = await start(t, {
+      dialect: 'vllm',
+      model: 'mock-model',
+      routedExperts: { ...ROUTING, vllmWire: 'lists' },
+    });
+    const input = await prompt();
+    const { status, json } = await post(mock, '/v1/completions', {
+      model: 'mock-model',
+      prompt: input,
+      max_tokens: 8,
+      logprobs: 1,
+      return_token_ids: true,
+      routed_experts_prompt_start: 3,
+    });
+    assert.equal(status, 200, JSON.stringify(json));
+    assert.equal(json.prompt_routed_experts.length, input.length, 'one row per prompt token, the start not read');
+    assert.deepEqual([json.prompt_routed_experts[0].length, json.prompt_routed_experts[0][0].length], [4, 2]);
+    assert.equal(json.choices[0].routed_experts.length, json.choices[0].token_ids.length - 1);
+    const r = TOKEN_WIRES.vllm.parse(json, fail, { routedFrom: 3, routingShape: null, samplingMask: false });
+    assertRows(r.routedExperts!, [...input, ...r.completionIds], 3);
+  });
+
+  it('answers vLLM chat as 0.21 did with vllmWire lists, read from position 0', async (t) => {
+    const mock = await start(t, {
+      dialect: 'vllm',
+      model: 'mock-model',
+      routedExperts: { ...ROUTING, vllmWire: 'lists' },
+    });
+    const { json } = await post(mock, '/v1/chat/completions', {
+      model: 'mock-model',
+      messages: [{ role: 'user', content: 'Compute 2 + 3.' }],
+      max_tokens: 8,
+      logprobs: true,
+      return_token_ids: true,
+    });
+    assert.ok(Array.isArray(json.prompt_routed_experts));
+    const r = parseChatReply(json, { routedExperts: true });
+    assertRows(r.routedExperts!, [...r.promptIds!, ...r.responseIds!], 0);
+  });
+
+  it('answers SGLang /generate in the sglangDtype it is given, naming it in meta_info.routed_experts_dtype', async (t) => {
+    const mock = await start(t, { dialect: 'sglang', routedExperts: { ...ROUTING, sglangDtype: 'uint16' } });
+    const input = await prompt();
+    const { json } = await post(mock, '/generate', {
+      input_ids: input,
+      sampling_params: { max_new_tokens: 8 },
+      return_logprob: true,
+      return_routed_experts: true,
+      routed_experts_start_len: 1,
+    });
+    assert.equal(json.meta_info.routed_experts_dtype, 'uint16');
+    const r = TOKEN_WIRES.sglang.parse(json, fail, {
+      routedFrom: 1,
+      routingShape: { layers: ROUTING.layers, topK: ROUTING.topK },
+      samplingMask: false,
+    });
+    const sequence = [...input, ...r.completionIds];
+    assert.equal(
+      Buffer.from(json.meta_info.routed_experts, 'base64').length,
+      2 * (sequence.length - 2) * ROUTING.layers * ROUTING.topK,
+    );
+    assertRows(r.routedExperts!, sequence, 1);
+  });
+
+  it('refuses a routedExperts option it does not know, naming it', async () => {
+    await assert.rejects(
+      startMockLlm({ dialect: 'vllm', routedExperts: { ...ROUTING, vllmWire: 'base64' as 'npy' } }),
+      /routedExperts\.vllmWire/,
+    );
   });
 
   it('answers SGLang /generate with int32 routed experts and sampling supports only when asked', async (t) => {

@@ -33,7 +33,7 @@ import { completionJson, type TokenDraws } from './response.ts';
 import type { MockLogprobModel, ReplyContext } from './scoring.ts';
 import type { Finish, NaturalFinish, Scheduler } from './scheduler.ts';
 import { CompletionStream } from './stream.ts';
-import { sglangMaskFields, sglangRoutedField, vllmRoutedField, type MockRouting } from './routing.ts';
+import { sglangMaskFields, sglangRoutedFields, vllmListFields, vllmRoutedField, type MockRouting } from './routing.ts';
 import { pythonJsonDumps, ToolCallDeltas } from './stream-tools.ts';
 import { decodeIds, encodeText, END_OF_TURN_ID, promptTokenIds, rememberEncoding } from './tokens.ts';
 import { parseChatMl, type MockVocabulary } from './vocab.ts';
@@ -683,16 +683,19 @@ function withRouting(
   if (!wantsRouting && !(d === 'sglang' && request.samplingMask === true)) return json;
   const body = JSON.parse(json) as Record<string, unknown>;
   const sequence = [...promptIds, ...ids];
-  if (d === 'vllm' && routing !== null)
-    (body.choices as Record<string, unknown>[])[0].routed_experts = vllmRoutedField(
-      sequence,
-      request.routedFrom ?? 0,
-      routing,
-    );
+  if (d === 'vllm' && routing !== null) {
+    const choice = (body.choices as Record<string, unknown>[])[0];
+    if (routing.vllmWire === 'lists') {
+      // vLLM 0.21: the prompt's rows on the response, every one from 0 (no routed_experts_prompt_start).
+      const fields = vllmListFields(promptIds, ids, routing);
+      body.prompt_routed_experts = fields.prompt_routed_experts;
+      choice.routed_experts = fields.routed_experts;
+    } else choice.routed_experts = vllmRoutedField(sequence, request.routedFrom ?? 0, routing);
+  }
   if (d === 'sglang') {
     const meta = body.meta_info as Record<string, unknown>;
     if (wantsRouting && routing !== null)
-      meta.routed_experts = sglangRoutedField(sequence, request.routedFrom ?? 0, routing);
+      Object.assign(meta, sglangRoutedFields(sequence, request.routedFrom ?? 0, routing));
     if (request.samplingMask === true) Object.assign(meta, sglangMaskFields(ids, promptIds.length));
   }
   return JSON.stringify(body);

@@ -115,8 +115,9 @@ export interface MockLlmOptions {
   /**
    * vllm and sglang dialects: a mixture-of-experts server launched with
    * `--enable-return-routed-experts`, routing as mockExpert says (routing.ts). vLLM then sends
-   * `routed_experts` on every choice, SGLang `meta_info.routed_experts` when a /generate asks for
-   * them; null = a server without it.
+   * `routed_experts` on every choice (`vllmWire`: its `.npy`, or 0.21's lists with
+   * `prompt_routed_experts`), SGLang `meta_info.routed_experts` when a /generate asks for them
+   * (`sglangDtype`: its wire dtype); null = a server without it.
    */
   routedExperts?: MockRouting | null;
 }
@@ -259,12 +260,19 @@ function routing(value: unknown): MockRouting {
   const r = value as Partial<MockRouting> | null;
   if (typeof r !== 'object' || r === null) fail('routedExperts', 'must be {layers, topK, experts} or null', value);
   for (const key of Object.keys(r))
-    if (!['layers', 'topK', 'experts'].includes(key)) fail(`routedExperts.${key}`, 'is not an option', value);
+    if (!['layers', 'topK', 'experts', 'vllmWire', 'sglangDtype'].includes(key))
+      fail(`routedExperts.${key}`, 'is not an option', value);
+  if (r.vllmWire !== undefined && r.vllmWire !== 'npy' && r.vllmWire !== 'lists')
+    fail('routedExperts.vllmWire', 'must be "npy" or "lists"', r.vllmWire);
+  if (r.sglangDtype !== undefined && !['int32', 'uint16', 'uint8'].includes(r.sglangDtype))
+    fail('routedExperts.sglangDtype', 'must be "int32", "uint16" or "uint8"', r.sglangDtype);
   const experts = integer('routedExperts.experts', r.experts, 1, 65536);
   return Object.freeze({
     layers: integer('routedExperts.layers', r.layers, 1, 1024),
     topK: integer('routedExperts.topK', r.topK, 1, experts),
     experts,
+    ...(r.vllmWire !== undefined ? { vllmWire: r.vllmWire } : {}),
+    ...(r.sglangDtype !== undefined ? { sglangDtype: r.sglangDtype } : {}),
   });
 }
 
