@@ -683,6 +683,11 @@ describe('routing replay through the gateway’s splices', () => {
     assert.ok(t.positions > 5_000, `only ${t.positions} positions checked`);
   });
 
+  it('keeps every row of 40 fuzzed gateway sessions on its token against vLLM 0.21’s lists, sent from 0 each call', async () => {
+    const t = await fuzzGateway('vllm', 40, 9, { ...ROUTING, vllmWire: 'lists' });
+    assert.ok(t.positions > 2_000, `only ${t.positions} positions checked`);
+  });
+
   it('keeps every SGLang row and support of 80 fuzzed gateway sessions on its token, ids above 255 in two bytes', async () => {
     const t = await fuzzGateway('sglang', 80, 6, WIDE);
     assert.ok(t.supports > 500, `only ${t.supports} supports checked`);
