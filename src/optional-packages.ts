@@ -17,8 +17,14 @@ export const OPTIONAL_PACKAGES = {
   nats: {
     feature: 'worker nodes (workers.nats, rollout node)',
     packages: ['@nats-io/transport-node', '@nats-io/jetstream', '@nats-io/kv'],
+    /** A module of the feature that resolves only when it is installed (some packages export no "."). */
+    probe: '@nats-io/transport-node',
   },
-  mcp: { feature: 'MCP tools (tasks[].tools.mcp)', packages: ['@modelcontextprotocol/sdk'] },
+  mcp: {
+    feature: 'MCP tools (tasks[].tools.mcp)',
+    packages: ['@modelcontextprotocol/sdk'],
+    probe: '@modelcontextprotocol/sdk/client/index.js',
+  },
 } as const;
 
 export type OptionalFeature = keyof typeof OPTIONAL_PACKAGES;
@@ -55,6 +61,24 @@ export function missingPackage(err: unknown): string | null {
 export async function loadOptional<T>(feature: OptionalFeature, load: () => Promise<T>): Promise<T> {
   try {
     return await load();
+  } catch (err) {
+    const missing = missingPackage(err);
+    if (missing === null) throw err;
+    throw new OptionalPackageError(feature, missing, err);
+  }
+}
+
+/**
+ * Refuses, at start, a configured feature whose package is not installed: without it every episode of
+ * an MCP task would run with no tools (a server that cannot be reached lists none), which is training
+ * data of another task, not a failure anyone sees. Resolving loads nothing.
+ */
+export function requireInstalled(
+  feature: OptionalFeature,
+  resolve: (specifier: string) => string = (specifier) => import.meta.resolve(specifier),
+): void {
+  try {
+    resolve(OPTIONAL_PACKAGES[feature].probe);
   } catch (err) {
     const missing = missingPackage(err);
     if (missing === null) throw err;

@@ -18,7 +18,7 @@ import { after, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { createClusterPool, loadRolloutNode } from '../src/cluster/index.ts';
 import { McpConnection } from '../src/env/mcp.ts';
-import { loadOptional, OPTIONAL_PACKAGES, OptionalPackageError } from '../src/optional-packages.ts';
+import { loadOptional, OPTIONAL_PACKAGES, OptionalPackageError, requireInstalled } from '../src/optional-packages.ts';
 import { importGraph } from './support/layering.ts';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -149,6 +149,18 @@ describe('optional packages', () => {
       return true;
     });
     await connection.close();
+  });
+
+  it('a run that configures MCP servers is refused at start without the SDK, not run with no tools', () => {
+    assert.doesNotThrow(() => requireInstalled('mcp'));
+    assert.throws(
+      () => requireInstalled('mcp', () => import.meta.resolve(`${NOT_INSTALLED}/client/index.js`)),
+      (err: Error & { code?: string }) => {
+        assert.equal(err.code, 'ERR_OPTIONAL_PACKAGE');
+        assert.match(err.message, /^MCP tools \(tasks\[\]\.tools\.mcp\) need @modelcontextprotocol\/sdk/);
+        return true;
+      },
+    );
   });
 
   it('passes any other failure of the import through unchanged', async () => {

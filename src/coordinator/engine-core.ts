@@ -30,6 +30,7 @@ import {
 } from '../llm/servers.ts';
 import { createLogger, type Logger } from '../log.ts';
 import { ConfigError, describeError, RolloutEngineError } from '../errors.ts';
+import { requireInstalled } from '../optional-packages.ts';
 import type { TaskCheck, WorkerStats } from '../protocol/messages.ts';
 import { readCheckpoint, writeCheckpoint } from './checkpoint.ts';
 import { PauseControl } from './pause-control.ts';
@@ -264,6 +265,7 @@ export class EngineCore {
       const resumeFrom =
         config.resumeFrom ?? (config.resume && autoPath !== null && existsSync(autoPath) ? autoPath : null);
       const resumed = resumeFrom === null ? null : readCheckpoint(resumeFrom, config);
+      if (config.tasks.some((task) => task.tools.mcp.length > 0)) requireInstalled('mcp');
       const samplers = new Map<string, Sampler>();
       for (const task of config.tasks) samplers.set(task.name, await Sampler.create(task, config.seed));
       const configured = config.llm.url;
