@@ -882,6 +882,20 @@ const ProducerSpec = z
     syncWeightsInterval: positiveInt
       .default(1)
       .describe('async: train steps between weight syncs (see `maxStaleness`).'),
+    admission: z
+      .enum(['eager', 'deadline'])
+      .default('eager')
+      .describe(
+        "async: when a group is started. `eager`: every group up to the targets and over-sampling at once; `deadline`: a group beyond what the trainer's next batch needs starts only when it is predicted to be taken before it passes the stale threshold (the `admissionQuantile` of recent group lifetimes against the trainer's pace; docs/SCHEDULING.md).",
+      ),
+    admissionQuantile: z
+      .number()
+      .gt(0, 'must be in (0, 1]')
+      .max(1, 'must be in (0, 1]')
+      .default(0.9)
+      .describe(
+        "`admission: deadline`: the quantile of recent group lifetimes (dispatch to landing) taken as a new group's.",
+      ),
     /** async: −1 = expired groups are dropped; 0 = retried whenever any exist; N > 0 = tail-batch mode once N are expired. */
     tailBatchTriggerSize: z
       .number()
@@ -943,6 +957,14 @@ const ProducerSpec = z
         path: ['staleRollouts'],
         message: `applies to producer.strategy "async" only; the strategy is "${p.strategy}"`,
         input: p.staleRollouts,
+      });
+    // Sync starts exactly the batch it needs: there is nothing beyond it to pace.
+    if (p.admission === 'deadline' && p.strategy !== 'async')
+      ctx.addIssue({
+        code: 'custom',
+        path: ['admission'],
+        message: `"deadline" applies to producer.strategy "async" only; the strategy is "${p.strategy}"`,
+        input: p.admission,
       });
   });
 

@@ -401,7 +401,9 @@ export class Producer implements ProduceContext {
     this.#inFlightByTask.set(group.taskName, this.#inFlightByTask.get(group.taskName)! + 1);
     const epoch = this.#lifecycle.epoch;
     const dispatchedAt = this.#outage.now();
+    const sentAt = performance.now();
     void this.#pool.runGroup(group, this.#modelStep).then((result) => {
+      this.#strategy.observeLanding(performance.now() - sentAt);
       // Still in flight until the servers have been asked whether they are down (coordinator/outage.ts).
       const settling = this.#outage.arrived(result, dispatchedAt);
       if (settling === null) this.#land(group, result, epoch);
@@ -644,6 +646,7 @@ export class Producer implements ProduceContext {
     this.progress.finishConsume(trainStep);
     this.#publishExpiry();
     this.#counts.taken += groups.length;
+    this.#strategy.observeTake(trainStep, performance.now());
     this.#failedSinceBatch = 0;
     this.#changed.notify();
     this.#observer.taken?.(groups, trainStep);

@@ -27,6 +27,7 @@
  *   expired groups          dropped                       retried when tailBatchTriggerSize ≥ 0
  */
 import { seqStaleness, staleThreshold } from '../buffer/staleness.ts';
+import { DeadlineAdmission } from './admission.ts';
 import type { ResolvedConfig } from '../config.ts';
 import type { Logger } from '../log.ts';
 import type { ProducerState } from './producer-state.ts';
@@ -111,6 +112,10 @@ export interface ProduceStrategy {
   nextAttempt(ctx: ProduceContext): Promise<void> | null;
   /** Schedule one task's groups until its share of the work is done. */
   produce(ctx: ProduceContext, task: string, share: number): Promise<ProduceStatus>;
+  /** A dispatched group landed `ms` after it was sent (the admission's lifetime figure). */
+  observeLanding(ms: number): void;
+  /** The trainer took the batch of `trainStep` at `at` ms (performance.now()). */
+  observeTake(trainStep: number, at: number): void;
 }
 
 /** The strategy `producer.strategy` names, with its thresholds from the config. */
@@ -129,6 +134,7 @@ export function createStrategy(config: ResolvedConfig, shouldContinue?: ShouldCo
     produceThreshold: Math.min(threshold, p.tokenStalenessThreshold ?? Infinity),
     tailBatchTriggerSize: p.tailBatchTriggerSize,
     shouldContinue,
+    admission: p.admission === 'deadline' ? new DeadlineAdmission(p.admissionQuantile) : null,
   });
 }
 
@@ -201,6 +207,11 @@ export class SyncStrategy implements ProduceStrategy {
     return null;
   }
 
+  /** Sync admits every group the batch needs. */
+  observeLanding(): void {}
+
+  observeTake(): void {}
+
   async produce(ctx: ProduceContext, task: string, share: number): Promise<ProduceStatus> {
     while (this.#shouldContinue(ctx.completed(task), share)) {
       ctx.checkFailures(task);
@@ -226,6 +237,13 @@ export interface AsyncStrategyOptions {
   produceThreshold: number;
   tailBatchTriggerSize: number;
   shouldContinue?: ShouldContinue;
+  /**
+   * `producer.admission: deadline`: groups beyond what the trainer's next batch needs are started
+   * only when predicted to be taken before they pass the bound (./admission.ts); null: all at once.
+   */
+  admission?: DeadlineAdmission | null;
+  /** The clock the admission reads, ms; default performance.now. */
+  now?: () => number;
 }
 
 export class AsyncStrategy implements ProduceStrategy {
@@ -235,9 +253,15 @@ export class AsyncStrategy implements ProduceStrategy {
   readonly expiredRetryable: boolean;
   readonly #options: AsyncStrategyOptions;
   readonly #shouldContinue: ShouldContinue;
+  readonly #admission: DeadlineAdmission | null;
+  readonly #now: () => number;
+  /** Fresh dispatches the deadline admission held back (a round that stopped short counts once). */
+  held = 0;
 
   constructor(options: AsyncStrategyOptions) {
     this.#options = options;
+    this.#admission = options.admission ?? null;
+    this.#now = options.now ?? (() => performance.now());
     this.expiryThreshold = options.expiryThreshold ?? options.produceThreshold;
     this.staleThreshold = options.staleThreshold ?? this.expiryThreshold;
     this.expiredRetryable = options.tailBatchTriggerSize >= 0;
@@ -290,6 +314,26 @@ export class AsyncStrategy implements ProduceStrategy {
     return tailBatch ? 0 : Math.ceil(this.#options.overSampleThreshold * share);
   }
 
+  observeLanding(ms: number): void {
+    this.#admission?.landed(ms);
+  }
+
+  observeTake(trainStep: number, at: number): void {
+    this.#admission?.taken(trainStep, at);
+  }
+
+  /**
+   * Whether one more group of `task` may start now. Without deadline admission, always. With it, a
+   * group the trainer's next batch needs (the task's COMPLETED and in-flight groups short of its
+   * share) always starts — so pacing never stalls a batch — and one beyond it only when predicted to
+   * be taken before it passes the bound (./admission.ts).
+   */
+  admits(ctx: ProduceContext, task: string, share: number): boolean {
+    if (this.#admission === null) return true;
+    if (ctx.completed(task) + ctx.inFlight(task) < share) return true;
+    return this.#admission.decide(this.#now(), ctx.servingModelStep, this.expiryThreshold).admit;
+  }
+
   async produce(ctx: ProduceContext, task: string, share: number): Promise<ProduceStatus> {
     const target = ctx.target(task);
     if (target <= 0) return 'NORMAL';
@@ -303,8 +347,13 @@ export class AsyncStrategy implements ProduceStrategy {
       const available = ctx.available(task);
       if (!this.#shouldContinue(available, target)) return 'NORMAL';
       // Over the memory budget it stops scheduling: the loop below waits for groups to land and be taken.
-      while (available + ctx.inFlight(task) < scheduled && !ctx.shouldAbort() && ctx.hasRoom() && !ctx.holding())
+      while (available + ctx.inFlight(task) < scheduled && !ctx.shouldAbort() && ctx.hasRoom() && !ctx.holding()) {
+        if (!this.admits(ctx, task, share)) {
+          this.held++;
+          break;
+        }
         ctx.spawn(task, fromExpiredPool);
+      }
       if (ctx.inFlight(task) === 0 && !ctx.holding()) return 'NORMAL';
       await ctx.landed();
     }
