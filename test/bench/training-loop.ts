@@ -36,6 +36,7 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { fileURLToPath } from 'node:url';
 import { createEngine, type GroupCounts } from '../../src/index.ts';
+import { rolloutMinModelStep } from '../../src/domain/rollout.ts';
 import { startMockProcess, type MockProcess } from '../../src/loadtest/mock-process.ts';
 import { runTrainingLoop, type TrainingFigures } from '../../src/loadtest/training.ts';
 import {
@@ -91,6 +92,14 @@ export interface TrainingBenchOptions {
   episodeSlots: number;
   /** producer.takeOrder on the async sides: which retried group is sent out first, and which stored group is taken first. */
   takeOrder: 'fifo' | 'stalest';
+  /** async+strict: groups over-sampled (producer.overSampleThreshold), paced by the admission below. */
+  strictOverSample: number;
+  /** async+strict: llm.priority trajectory against servers with priority scheduling on. */
+  strictPriority: boolean;
+  /** async+strict: producer.admission (deadline: paced by the staleness bound). */
+  strictAdmission: 'eager' | 'deadline';
+  /** async+strict: producer.admissionQuantile. */
+  strictQuantile: number;
   /**
    * An agentic long-tail workload (workloads/long-tail.ts) in place of guess-number: its environment,
    * dataset and env latencies; the sizes above are set from it by `longTailOptions`. null: guess-number.
@@ -125,6 +134,10 @@ export function trainingBenchDefaults(quick: boolean): TrainingBenchOptions {
     maxStaleness: 1,
     episodeSlots: 0,
     takeOrder: 'fifo',
+    strictOverSample: 1.5,
+    strictPriority: true,
+    strictAdmission: 'deadline',
+    strictQuantile: 0.9,
     workload: null,
   };
 }
@@ -162,6 +175,12 @@ export interface SideResult {
   engineCores?: number | null;
   /** Episodes the engine played again after an infrastructure failure (masked). */
   maskedFailures?: number;
+  /**
+   * The staleness of the rollouts taken after the first batch counted in weight syncs instead of train
+   * steps: the syncs published before the train step since the weights of the rollout's oldest token
+   * (`(published − m) ÷ syncWeightsInterval`). Equal to the train-step figure at syncWeightsInterval 1.
+   */
+  syncStaleness?: { mean: number; max: number } | null;
 }
 
 /**
@@ -239,10 +258,14 @@ export function capacityArgs(o: TrainingBenchOptions): string[] {
   ];
 }
 
-async function startServers(o: TrainingBenchOptions): Promise<MockProcess[]> {
+async function startServers(o: TrainingBenchOptions, priority = false): Promise<MockProcess[]> {
   const out: MockProcess[] = [];
+  // A side that sends priorities runs against servers with priority scheduling on (vLLM's
+  // `--scheduling-policy priority`: lower first, no preemption); the others keep FIFO.
+  const scheduling = priority ? ['--capacity-scheduling', 'priority'] : [];
   try {
-    for (let i = 0; i < o.servers; i++) out.push(await startMockProcess([...capacityArgs(o), '--seed', String(i)]));
+    for (let i = 0; i < o.servers; i++)
+      out.push(await startMockProcess([...capacityArgs(o), ...scheduling, '--seed', String(i)]));
   } catch (error) {
     await Promise.all(out.map((m) => m.close()));
     throw error;
@@ -256,26 +279,31 @@ const mockCpuMs = (mocks: MockProcess[]): number | null => {
 };
 
 async function engineSide(o: TrainingBenchOptions, dataset: string, side: EngineSide): Promise<SideResult> {
-  const mocks = await startServers(o);
+  const asyncSide: AsyncSide | null = side === 'sync' ? null : ASYNC_SIDES[side];
+  const strict = asyncSide?.strict === true;
+  const mocks = await startServers(o, strict && o.strictPriority);
   const cpu0 = mockCpuMs(mocks);
   const own0 = process.cpuUsage();
   const t0 = performance.now();
   const rollouts = o.groups * o.groupSize;
-  const asyncSide = side === 'sync' ? null : ASYNC_SIDES[side];
   const async = asyncSide !== null;
+  const overSample = strict ? o.strictOverSample : o.overSample;
   let discarded = 0;
+  const syncEvery = async ? o.asyncSyncEvery : 1;
+  const bySyncs = { sum: 0, max: 0, rollouts: 0 };
   const engine = createEngine(
     {
       logLevel: 'warn',
       llm: {
         url: mocks.map((m) => m.url),
         abortPath: '/admin/abort',
-        connections: 2 * rollouts * (1 + o.overSample) + 16,
+        connections: 2 * rollouts * (1 + overSample) + 16,
+        ...(strict && o.strictPriority ? { priority: 'trajectory' as const } : {}),
       },
       batchSize: o.groups,
       workers: {
         threads: 1,
-        groupsPerWorker: Math.ceil(o.groups * (2 + o.overSample)),
+        groupsPerWorker: Math.ceil(o.groups * (2 + overSample)),
         rolloutsPerWorker: async && o.episodeSlots > 0 ? o.episodeSlots : null,
       },
       tasks: [
@@ -303,14 +331,32 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
             maxStaleness: o.maxStaleness,
             syncWeightsInterval: o.asyncSyncEvery,
             partialRollout: asyncSide.partialRollout,
-            overSampleThreshold: o.overSample,
-            takeOrder: o.takeOrder,
+            overSampleThreshold: overSample,
+            takeOrder: strict ? 'stalest' : o.takeOrder,
             staleRollouts: asyncSide.staleRollouts,
+            ...(strict ? { admission: o.strictAdmission, admissionQuantile: o.strictQuantile } : {}),
           }
         : { strategy: 'sync' },
       pause: { mode: asyncSide?.pause ?? 'abort' },
     },
-    { observer: { discarded: (tokens) => (discarded += tokens) } },
+    {
+      observer: {
+        discarded: (tokens) => (discarded += tokens),
+        taken: (groups, trainStep) => {
+          if (trainStep <= 1) return; // the first batch is not a steady cycle (training.ts)
+          // The trainer syncs after each step that is a multiple of syncEvery, naming it the model step.
+          const published = Math.floor((trainStep - 1) / syncEvery) * syncEvery;
+          for (const g of groups)
+            for (const r of g.rollouts) {
+              const m = rolloutMinModelStep(r);
+              const behind = m === null ? 0 : Math.max(0, Math.ceil((published - m) / syncEvery));
+              bySyncs.sum += behind;
+              bySyncs.max = Math.max(bySyncs.max, behind);
+              bySyncs.rollouts++;
+            }
+        },
+      },
+    },
   );
   try {
     await engine.start();
@@ -341,6 +387,7 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
       groups,
       engineCores: (own.user + own.system) / 1e6 / realSeconds,
       maskedFailures: stats.failures.infrastructure,
+      syncStaleness: bySyncs.rollouts > 0 ? { mean: bySyncs.sum / bySyncs.rollouts, max: bySyncs.max } : null,
     };
   } finally {
     await engine.close();
@@ -370,13 +417,22 @@ async function pythonSide(o: TrainingBenchOptions): Promise<SideResult> {
   }
 }
 
+interface AsyncSide {
+  partialRollout: boolean;
+  pause: 'abort' | 'in-place';
+  staleRollouts: 'reset' | 'keep';
+  /** Issue 31.3's strict side: the `strict*` options apply (admission, priority, over-sampling, take order stalest). */
+  strict?: boolean;
+}
+
 /** What each async side changes over the one before it (the header's table). */
-const ASYNC_SIDES = {
+const ASYNC_SIDES: Record<'async' | 'async+partial' | 'async+in-place' | 'async+keep' | 'async+strict', AsyncSide> = {
   async: { partialRollout: false, pause: 'abort', staleRollouts: 'reset' },
   'async+partial': { partialRollout: true, pause: 'abort', staleRollouts: 'reset' },
   'async+in-place': { partialRollout: true, pause: 'in-place', staleRollouts: 'reset' },
   'async+keep': { partialRollout: true, pause: 'in-place', staleRollouts: 'keep' },
-} as const;
+  'async+strict': { partialRollout: true, pause: 'in-place', staleRollouts: 'reset', strict: true },
+};
 const ENGINE_SIDES = ['sync', ...(Object.keys(ASYNC_SIDES) as (keyof typeof ASYNC_SIDES)[])] as const;
 type EngineSide = (typeof ENGINE_SIDES)[number];
 export const TRAINING_SIDES = [...ENGINE_SIDES, 'python sync'] as const;
@@ -453,11 +509,13 @@ export function printTrainingBench(r: TrainingBenchResult): void {
     'beyond load',
     'taken tok/step',
     'wasted tok/step',
+    'wasted %',
     'cache hit %',
     'stale mean/max',
+    'in syncs',
     'past bound %',
   ];
-  const w = [15, 9, 8, 8, 8, 8, 11, 11, 9, 9, 9, 8, 14, 13, 16, 17, 13, 16, 14];
+  const w = [15, 9, 8, 8, 8, 8, 11, 11, 9, 9, 9, 8, 14, 13, 16, 17, 10, 13, 16, 13, 14];
   const line = (cells: string[]): string => cells.map((x, i) => (i === 0 ? x.padEnd(w[i]) : x.padStart(w[i]))).join('');
   console.log(line(h));
   const sync = r.sides.find((s) => s.side === 'sync')?.figures;
@@ -484,8 +542,10 @@ export function printTrainingBench(r: TrainingBenchResult): void {
       f.syncs.idleBeyondLoadMs.toFixed(0),
       f.tokensTakenPerStep.toFixed(0),
       f.wastedTokensPerStep.toFixed(0),
+      (100 * f.wastedFraction).toFixed(1),
       (100 * f.cacheHitFraction).toFixed(1),
       `${f.staleness.mean.toFixed(2)} / ${f.staleness.max}`,
+      s.syncStaleness ? `${s.syncStaleness.mean.toFixed(2)} / ${s.syncStaleness.max}` : 'n/a',
       (100 * f.staleness.pastThresholdFraction).toFixed(1),
     ];
     console.log(line(cells));
@@ -512,14 +572,18 @@ export function printTrainingBench(r: TrainingBenchResult): void {
     );
   }
   console.log(`  ${describeCeiling(r.ceiling)}`);
+  if (r.sides.some((s) => s.side === 'async+strict'))
+    console.log(
+      `  async+strict: as async+in-place (stale rollouts reset), paced — producer.admission ${o.strictAdmission}${o.strictAdmission === 'deadline' ? ` (admissionQuantile ${o.strictQuantile})` : ''}, over-sampling ${o.strictOverSample}, takeOrder stalest, llm.priority ${o.strictPriority ? 'trajectory against servers with priority scheduling (vLLM reading)' : 'off'}`,
+    );
   console.log(
     '  wait: the trainer inside getBatch per step; busy / prefill / KV read / slots / running / context / tok/s: the servers while production runs (sync: inside getBatch; async: between syncs), prefill and KV reads as shares of busy, context the KV tokens per decoding sequence;',
   );
   console.log(
-    '  sync idle: pause request → servers running again, GPU ms; wasted: tokens the engine threw away (members restarted, groups dropped; Python: generated but not taken)',
+    '  sync idle: pause request → servers running again, GPU ms; wasted: tokens the engine threw away (members restarted, groups dropped; Python: generated but not taken), per step and as a share of the tokens generated',
   );
   console.log(
-    `  stale: staleness of the rollouts taken (train step − oldest token's model step − 1); past bound: the share at or past the stale threshold ${(o.maxStaleness + 1) * o.asyncSyncEvery} = (maxStaleness ${o.maxStaleness} + 1) × sync every ${o.asyncSyncEvery}, which only async+keep hands out`,
+    `  stale: staleness of the rollouts taken, in train steps (train step − oldest token's model step − 1: the definition the buffer expires by); in syncs: the same in weight syncs published since those weights; past bound: the share at or past the stale threshold ${(o.maxStaleness + 1) * o.asyncSyncEvery} = (maxStaleness ${o.maxStaleness} + 1) × sync every ${o.asyncSyncEvery}, which only async+keep hands out`,
   );
   console.log(`  anchors (published, real GPUs): ${ANCHORS}`);
 }
@@ -548,6 +612,96 @@ function speedUpRow(
       ? `${bound}; ${side.stepsPerHour.toFixed(0)} vs ${sync.stepsPerHour.toFixed(0)} steps/h (GPU time); in tokens trained per hour ${((side.stepsPerHour * side.tokensTakenPerStep) / Math.max(1, sync.stepsPerHour * sync.tokensTakenPerStep)).toFixed(2)}×; ${more(side)}`
       : 'not measured',
   });
+}
+
+/** Issue 31.3's speed-up goal on today's workload, and its share of the ceiling everywhere. */
+export const STRICT_GOALS = Object.freeze({ speedUp: 3.0, ofCeiling: 85, wastedPercent: 3, meanStaleness: 1 });
+
+/**
+ * Issue 31.3, strict staleness at speed, read from the async+strict side: nothing past the bound handed
+ * to the trainer, mean staleness ≤ 1 (in train steps, the definition the buffer expires by; the same
+ * in weight syncs beside it), ≤ 3 % of the generated tokens thrown away, and the speed-up — ≥ 3.0×
+ * sync where `speedUpGoal` is set (today's workload) and ≥ 85 % of the ceiling — each with the
+ * ceiling beside it and, in the detail, what limits it: the servers' production rate, slot fill and
+ * the trainer's wait.
+ */
+export function strictTargets(r: TrainingBenchResult, label: string, speedUpGoal: boolean): TargetRow[] {
+  const side = r.sides.find((s) => s.side === 'async+strict') ?? null;
+  const f = side?.figures ?? null;
+  const sync = r.sides.find((s) => s.side === 'sync')?.figures ?? null;
+  const o = r.options;
+  const c = r.ceiling;
+  const x = f !== null && sync !== null && sync.stepsPerHour > 0 ? f.stepsPerHour / sync.stepsPerHour : null;
+  const ceiling = c === null ? 'ceiling not measured' : `ceiling ${c.value.toFixed(2)}×`;
+  const settings = `maxStaleness ${o.maxStaleness}, sync every ${o.asyncSyncEvery}, admission ${o.strictAdmission}${o.strictAdmission === 'deadline' ? ` (quantile ${o.strictQuantile})` : ''}, over-sample ${o.strictOverSample}, priority ${o.strictPriority ? 'trajectory' : 'off'}`;
+  const target = `31.3 · ${label}, async strict (${settings})`;
+  // What the step is made of: the batch's tokens at the rate the servers produced useful tokens.
+  const limits =
+    f === null
+      ? 'not measured'
+      : `step ${f.stepSeconds.toFixed(1)} s = trainer wait ${f.waitSeconds.toFixed(1)} s + training and syncs; servers while producing: ${f.production.tokensPerSecond.toFixed(0)} tokens/s generated (full-slot decode ${c?.fullSlotTokensPerSecond.toFixed(0) ?? 'n/a'}), slots ${(100 * f.production.slotFill).toFixed(1)} % filled, prefill ${(100 * (f.production.prefillFraction ?? 0)).toFixed(1)} % of busy, ${(100 * f.wastedFraction).toFixed(1)} % thrown away; ${f.tokensTakenPerStep.toFixed(0)} tokens taken a step (sync ${sync?.tokensTakenPerStep.toFixed(0) ?? 'n/a'})`;
+  const rows: TargetRow[] = [];
+  if (speedUpGoal)
+    rows.push(
+      row({
+        target,
+        figure: `training steps/hour ÷ sync (${ceiling})`,
+        value: x,
+        limit: STRICT_GOALS.speedUp,
+        kind: 'min',
+        unit: '×',
+        detail: limits,
+      }),
+    );
+  rows.push(
+    row({
+      target,
+      figure: `speed-up ÷ ceiling (${ceiling})`,
+      value: x !== null && c !== null && c.value > 0 ? (100 * x) / c.value : null,
+      limit: STRICT_GOALS.ofCeiling,
+      kind: 'min',
+      unit: ' %',
+      digits: 0,
+      detail: x === null ? 'not measured' : `${x.toFixed(2)}× sync; ${limits}`,
+    }),
+    row({
+      target,
+      figure: 'generated tokens thrown away',
+      value: f === null ? null : 100 * f.wastedFraction,
+      limit: STRICT_GOALS.wastedPercent,
+      kind: 'max',
+      unit: ' %',
+      digits: 1,
+      detail:
+        f === null
+          ? 'not measured'
+          : `${f.wastedTokensPerStep.toFixed(0)} tokens a step (members reset past the bound, groups dropped), of ${(f.tokensTakenPerStep + f.wastedTokensPerStep).toFixed(0)}`,
+    }),
+    row({
+      target,
+      figure: 'mean staleness taken, train steps',
+      value: f === null ? null : f.staleness.mean,
+      limit: STRICT_GOALS.meanStaleness,
+      kind: 'max',
+      unit: '',
+      digits: 2,
+      detail:
+        f === null
+          ? 'not measured'
+          : `train step − oldest token's model step − 1; max ${f.staleness.max}; in weight syncs mean ${side?.syncStaleness?.mean.toFixed(2) ?? 'n/a'}, max ${side?.syncStaleness?.max ?? 'n/a'}`,
+    }),
+    row({
+      target,
+      figure: 'rollouts taken at or past the bound',
+      value: f === null ? null : 100 * f.staleness.pastThresholdFraction,
+      limit: 0,
+      kind: 'max',
+      unit: ' %',
+      digits: 1,
+      detail: `bound: staleness ${(o.maxStaleness + 1) * o.asyncSyncEvery} train steps = (maxStaleness ${o.maxStaleness} + 1) × syncWeightsInterval ${o.asyncSyncEvery}`,
+    }),
+  );
+  return rows;
 }
 
 const staleNote = (f: TrainingFigures): string =>
@@ -593,9 +747,13 @@ export function trainingTargets(r: TrainingBenchResult, speedUpsOnly = false): T
       r.ceiling,
     ),
   ];
-  if (speedUpsOnly) return speedUps;
+  const strict = r.sides.some((s) => s.side === 'async+strict')
+    ? strictTargets(r, `today's workload, ${trainer}`, true)
+    : [];
+  if (speedUpsOnly) return [...speedUps, ...strict];
   return [
     ...speedUps,
+    ...strict,
     row({
       target: '21 · async+keep, production',
       figure: 'servers busy',
@@ -650,6 +808,8 @@ if (isMain) {
     'async-sync-every',
     'max-staleness',
     'episode-slots',
+    'strict-over-sample',
+    'strict-quantile',
   ] as const;
   const INTEGER_FLAGS: ReadonlySet<string> = new Set([
     'steps',
@@ -667,6 +827,8 @@ if (isMain) {
       profile: { type: 'string' },
       'train-ms-per-token': { type: 'string' },
       'take-order': { type: 'string' },
+      'strict-priority': { type: 'string' },
+      'strict-admission': { type: 'string' },
       ...Object.fromEntries(numeric.map((k) => [k, { type: 'string' as const }])),
     },
   });
@@ -685,6 +847,18 @@ if (isMain) {
     if (values['take-order'] !== 'fifo' && values['take-order'] !== 'stalest')
       throw new Error(`--take-order must be fifo or stalest (got ${JSON.stringify(values['take-order'])})`);
     o.takeOrder = values['take-order'];
+  }
+  if (values['strict-priority'] !== undefined) {
+    if (values['strict-priority'] !== 'on' && values['strict-priority'] !== 'off')
+      throw new Error(`--strict-priority must be on or off (got ${JSON.stringify(values['strict-priority'])})`);
+    o.strictPriority = values['strict-priority'] === 'on';
+  }
+  if (values['strict-admission'] !== undefined) {
+    if (values['strict-admission'] !== 'eager' && values['strict-admission'] !== 'deadline')
+      throw new Error(
+        `--strict-admission must be eager or deadline (got ${JSON.stringify(values['strict-admission'])})`,
+      );
+    o.strictAdmission = values['strict-admission'];
   }
   if (values.profile !== undefined) {
     if (!(GPU_PROFILE_NAMES as string[]).includes(values.profile))
