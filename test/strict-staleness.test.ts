@@ -149,6 +149,16 @@ describe('the async strategy paced by deadline admission (coordinator/strategies
     void h.strategy.produce(h.ctx, 't', 4);
     assert.equal(h.spawned(), 4, 'the share, though 22 000 + 9 000 > 30 000 holds the rest');
     assert.equal(h.strategy.held, 1);
+    assert.deepEqual(h.strategy.admissionStats(), {
+      quantile: 0.9,
+      held: 1,
+      predictedLifetimeMs: 9000,
+      stepMs: 10_000,
+    });
+  });
+
+  it('reports no admission figures without deadline admission', () => {
+    assert.equal(harness({ share: 4, overSample: 1, admission: null }).strategy.admissionStats(), null);
   });
 
   it('starts the held groups once newer weights move their deadline out, at the next landing', async () => {

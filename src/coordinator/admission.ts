@@ -27,6 +27,17 @@ const WINDOW = 64;
 /** Landings needed before the lifetime is predicted. */
 const MIN_SAMPLES = 8;
 
+/** What `EngineStats.admission` reports with `producer.admission: deadline`. */
+export interface AdmissionStats {
+  quantile: number;
+  /** Produce rounds that stopped starting groups because the next one would not land in time. */
+  held: number;
+  /** The lifetime a new group is predicted to take, ms (null before eight landings). */
+  predictedLifetimeMs: number | null;
+  /** The trainer's mean time between two batches, ms (null before two). */
+  stepMs: number | null;
+}
+
 export interface AdmissionDecision {
   admit: boolean;
   /** Predicted landing − the predicted take time of the deadline step, ms (negative: time to spare); null before the figures are known. */
@@ -40,9 +51,6 @@ export class DeadlineAdmission {
   /** Mean ms between two batches taken (exponentially weighted, 1/4); null before the second batch. */
   #stepMs: number | null = null;
   #lastTake: { step: number; at: number } | null = null;
-  /** Groups held back so far (for the figures). */
-  held = 0;
-
   constructor(quantile: number) {
     if (!(quantile > 0 && quantile <= 1)) throw new RangeError(`quantile must be in (0, 1] (got ${quantile})`);
     this.#quantile = quantile;
@@ -75,6 +83,10 @@ export class DeadlineAdmission {
 
   get stepMs(): number | null {
     return this.#stepMs;
+  }
+
+  get quantile(): number {
+    return this.#quantile;
   }
 
   /** When the trainer is predicted to take `step`, ms; null before two batches were taken. */

@@ -46,6 +46,7 @@ import {
 } from './producer.ts';
 import { PiscinaWorkerPool, type NodeStatus, type PauseNodes, type WorkerPool } from './worker-pool.ts';
 import type { OutageStats } from './outage.ts';
+import type { AdmissionStats } from './admission.ts';
 import { Auditor, type AuditObserver, type AuditStats } from './audit.ts';
 import { CANNOT_SCORE, scoreWire } from '../llm/score-wire.ts';
 import type { RolloutAudit } from './audit-segments.ts';
@@ -74,6 +75,8 @@ export interface EngineStats {
   failures: Record<FailureKind, number>;
   /** Inference outages: whether one is on now, how many and how long so far, the groups they aborted. */
   outage: OutageStats;
+  /** With `producer.admission: deadline` only: the predicted group lifetime, the trainer's pace, rounds held back. */
+  admission?: AdmissionStats;
   workers: WorkerStats[];
   /**
    * Weight-version mismatches, every one the engine warned of: the workers' replies (each worker's
@@ -596,6 +599,7 @@ export class EngineCore {
         groupsAborted: 0,
         budgetMs: this.config.llm.outageBudgetMs,
       },
+      ...(producer?.admission ? { admission: producer.admission } : {}),
       workers,
       weightVersionMismatches:
         this.#resumeMismatches +

@@ -62,6 +62,7 @@ import { batchStats, groupLossMasks } from './batch-stats.ts';
 import { Notifier, WakeUp } from './notifier.ts';
 import { OutageMonitor, type OutageObserver, type OutageStats } from './outage.ts';
 import { NO_EXPIRY } from '../protocol/control-block.ts';
+import type { AdmissionStats } from './admission.ts';
 import type { PauseControl } from './pause-control.ts';
 import { PauseSequence, type InPlaceTarget, type PauseReport } from './pause-sequence.ts';
 import { ProducerLifecycle, type ProducerState } from './producer-state.ts';
@@ -304,6 +305,11 @@ export class Producer implements ProduceContext {
 
   get outage(): OutageStats {
     return this.#outage.stats();
+  }
+
+  /** The deadline admission's figures (`producer.admission: deadline`); null otherwise. */
+  get admission(): AdmissionStats | null {
+    return this.#strategy.admissionStats();
   }
 
   /** idle → running: the strategy's background production starts, if it has one (async). */

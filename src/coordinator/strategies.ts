@@ -27,7 +27,7 @@
  *   expired groups          dropped                       retried when tailBatchTriggerSize ≥ 0
  */
 import { seqStaleness, staleThreshold } from '../buffer/staleness.ts';
-import { DeadlineAdmission } from './admission.ts';
+import { DeadlineAdmission, type AdmissionStats } from './admission.ts';
 import type { ResolvedConfig } from '../config.ts';
 import type { Logger } from '../log.ts';
 import type { ProducerState } from './producer-state.ts';
@@ -116,6 +116,8 @@ export interface ProduceStrategy {
   observeLanding(ms: number): void;
   /** The trainer took the batch of `trainStep` at `at` ms (performance.now()). */
   observeTake(trainStep: number, at: number): void;
+  /** The deadline admission's figures; null without it. */
+  admissionStats(): AdmissionStats | null;
 }
 
 /** The strategy `producer.strategy` names, with its thresholds from the config. */
@@ -211,6 +213,10 @@ export class SyncStrategy implements ProduceStrategy {
   observeLanding(): void {}
 
   observeTake(): void {}
+
+  admissionStats(): null {
+    return null;
+  }
 
   async produce(ctx: ProduceContext, task: string, share: number): Promise<ProduceStatus> {
     while (this.#shouldContinue(ctx.completed(task), share)) {
@@ -320,6 +326,12 @@ export class AsyncStrategy implements ProduceStrategy {
 
   observeTake(trainStep: number, at: number): void {
     this.#admission?.taken(trainStep, at);
+  }
+
+  admissionStats(): AdmissionStats | null {
+    const a = this.#admission;
+    if (a === null) return null;
+    return { quantile: a.quantile, held: this.held, predictedLifetimeMs: a.predictedLifetimeMs(), stepMs: a.stepMs };
   }
 
   /**

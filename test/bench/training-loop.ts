@@ -10,9 +10,14 @@
  *   async+partial   the same with partialRollout: aborted rollouts continue with the new weights
  *   async+in-place  the same, the weights loaded in place (pause.mode in-place): the servers keep every
  *                   call in flight, KV cache and all, and go on after the resume
- *   async+keep      the same, stale rollouts kept (producer.staleRollouts keep): a rollout past the stale
- *                   threshold is trained as it is, the threshold only bounds how far production runs
- *                   ahead (AReaL's admission bound); each side reports how stale what it took was
+ *   async+strict    async+in-place paced for strict staleness (issue 31.3): producer.admission deadline
+ *                   (a group beyond the next batch starts only when predicted to be taken inside the
+ *                   bound), takeOrder stalest, llm.priority trajectory against servers with priority
+ *                   scheduling; nothing past the bound is trained (`strict*` options, --strict-… flags)
+ *   async+keep      async+in-place with stale rollouts kept (producer.staleRollouts keep): a rollout
+ *                   past the stale threshold is trained as it is, the threshold only bounds how far
+ *                   production runs ahead (AReaL's admission bound); each side reports how stale what
+ *                   it took was
  *   python sync     test/bench/python_baseline.py --mode sync-trainer: the seed-style asyncio loop
  *                   grown into the same sync trainer (batch, wait for all, train, sync)
  *
@@ -188,6 +193,8 @@ export interface SideResult {
    * (`(published − m) ÷ syncWeightsInterval`). Equal to the train-step figure at syncWeightsInterval 1.
    */
   syncStaleness?: { mean: number; max: number } | null;
+  /** The deadline admission's figures at the end (EngineStats.admission), GPU ms; absent without it. */
+  admission?: { quantile: number; held: number; lifetimeSeconds: number | null; stepSeconds: number | null };
 }
 
 /**
@@ -395,6 +402,20 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
       engineCores: (own.user + own.system) / 1e6 / realSeconds,
       maskedFailures: stats.failures.infrastructure,
       syncStaleness: bySyncs.rollouts > 0 ? { mean: bySyncs.sum / bySyncs.rollouts, max: bySyncs.max } : null,
+      ...(stats.admission
+        ? {
+            admission: {
+              quantile: stats.admission.quantile,
+              held: stats.admission.held,
+              // Real ms on the engine's clock: × speedup for GPU time.
+              lifetimeSeconds:
+                stats.admission.predictedLifetimeMs === null
+                  ? null
+                  : (stats.admission.predictedLifetimeMs * o.speedup) / 1000,
+              stepSeconds: stats.admission.stepMs === null ? null : (stats.admission.stepMs * o.speedup) / 1000,
+            },
+          }
+        : {}),
     };
   } finally {
     await engine.close();
@@ -574,8 +595,13 @@ export function printTrainingBench(r: TrainingBenchResult): void {
         ? ''
         : `; CPU per real second: engine process ${s.engineCores.toFixed(2)}, mocks ${s.mockCores?.toFixed(2) ?? 'n/a'}`;
     const masked = s.maskedFailures === undefined ? '' : `; infrastructure failures ${s.maskedFailures}`;
+    const a = s.admission;
+    const admitted =
+      a === undefined
+        ? ''
+        : `; admission: predicted group lifetime (q ${a.quantile}) ${a.lifetimeSeconds?.toFixed(1) ?? 'n/a'} s against a trainer step of ${a.stepSeconds?.toFixed(1) ?? 'n/a'} s, rounds held back ${a.held}`;
     console.log(
-      `  ${s.side}: groups scheduled ${g.scheduled}, retried ${g.retried}, landed ${landed}, taken ${g.taken}, in flight at the end ${g.inFlight}, dropped ${dropped}${masked}${cores}`,
+      `  ${s.side}: groups scheduled ${g.scheduled}, retried ${g.retried}, landed ${landed}, taken ${g.taken}, in flight at the end ${g.inFlight}, dropped ${dropped}${masked}${admitted}${cores}`,
     );
   }
   console.log(`  ${describeCeiling(r.ceiling)}`);
