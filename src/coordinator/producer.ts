@@ -409,7 +409,9 @@ export class Producer implements ProduceContext {
     const dispatchedAt = this.#outage.now();
     const sentAt = performance.now();
     void this.#pool.runGroup(group, this.#modelStep).then((result) => {
-      this.#strategy.observeLanding(performance.now() - sentAt);
+      // A group a pause or close brings back landed early, not because it was done: its time would
+      // make the admission's lifetime figure short (pause.mode abort lands every group at each sync).
+      if (this.#lifecycle.state === 'running') this.#strategy.observeLanding(performance.now() - sentAt);
       // Still in flight until the servers have been asked whether they are down (coordinator/outage.ts).
       const settling = this.#outage.arrived(result, dispatchedAt);
       if (settling === null) this.#land(group, result, epoch);
