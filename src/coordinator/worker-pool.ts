@@ -151,6 +151,8 @@ export class PiscinaWorkerPool implements WorkerPool {
       // 'sync' parks idle workers in Atomics.wait, where they cannot receive control messages.
       atomics: 'disabled',
       concurrentTasksPerWorker: config.workers.groupsPerWorker,
+      // Its run- and wait-time histograms are read by nobody here: two records per group on the main thread.
+      recordTiming: false,
       workerData: init,
       ...(config.workers.maxOldGenerationSizeMb !== null
         ? { resourceLimits: { maxOldGenerationSizeMb: config.workers.maxOldGenerationSizeMb } }
