@@ -10,7 +10,7 @@ import { createEngine } from '../src/index.ts';
 import { runTrainingLoop } from '../src/loadtest/training.ts';
 import { startMockLlm, type MockLlm } from '../src/mock-llm/index.ts';
 import { callFloor } from './bench/call-floor.ts';
-import { bareLoop, engineThroughput } from './bench/engine-throughput.ts';
+import { bareLoop, clientLoop, engineThroughput } from './bench/engine-throughput.ts';
 import { toolCallCost } from './bench/tool-calls.ts';
 import { fleetBench, fleetBenchDefaults, fleetTargets } from './bench/fleet.ts';
 import { longTailBench, LONG_TAIL_SIDES } from './bench/long-tail.ts';
@@ -77,6 +77,11 @@ describe('bench parts (smoke, no figures checked)', () => {
     const bare = await bareLoop({ url: mock.url, concurrency: 8, seconds: 0.2, bodies: engine.bodies });
     assert.ok(bare.operations > 0);
     assert.ok(bare.cpuMs > 0);
+    // The engine's own client in a plain loop sends those very bytes again: nothing new reaches the proxy.
+    const sent = proxy.bodies.size;
+    const client = await clientLoop({ url: proxy.url, concurrency: 8, seconds: 0.2, bodies: engine.bodies });
+    assert.ok(client.operations > 0);
+    assert.equal(proxy.bodies.size, sent, 'the client loop sent a body the engine never sent');
   });
 
   it('measures the call floor in order: the server sees the call, its timer fires, then the client has the answer', async () => {

@@ -13,8 +13,10 @@ import {
   GUESS_NUMBER_SYSTEM_PROMPT,
   guessNumberTaskText,
 } from '../../src/env/synthetic/guess-number.ts';
+import { resolveConfig } from '../../src/config.ts';
 import { createEngine, type Batch, type TurnRecord } from '../../src/index.ts';
-import { chatPayload } from '../../src/llm/client.ts';
+import { chatPayload, LlmClient } from '../../src/llm/client.ts';
+import type { ChatRequest } from '../../src/llm/request.ts';
 import type { MockProcess } from '../../src/loadtest/mock-process.ts';
 import { threadCpuMs } from './machine.ts';
 
@@ -295,6 +297,83 @@ export async function bareLoop({
   const cpu = process.cpuUsage(cpu0);
   const mockCpu1 = mock?.cpuMs() ?? null;
   await pool.close();
+  return {
+    operations,
+    seconds: elapsed,
+    cpuMs: (cpu.user + cpu.system) / 1000,
+    mockCpuMs: mockCpu0 !== null && mockCpu1 !== null ? mockCpu1 - mockCpu0 : null,
+  };
+}
+
+/**
+ * The engine's own inference client (src/llm/client.ts, the settings a worker gives it) in a plain
+ * loop on one thread: `concurrency` loops over one LlmClient, each call the request of a recorded
+ * body (its messages, max_tokens, temperature and seed), so it sends the very bytes the engine and
+ * the bare loop sent. What the client adds to the bare loop per call — the body serialised from the
+ * conversation, the reply read into typed arrays — without the agent loop, the environment, the
+ * group's hop between threads or the coordinator: the part of an engine step no change outside the
+ * client can cut.
+ */
+export async function clientLoop({
+  url,
+  concurrency,
+  seconds,
+  bodies,
+  mock,
+}: {
+  url: string;
+  concurrency: number;
+  seconds: number;
+  bodies: readonly string[];
+  mock?: Pick<MockProcess, 'cpuMs'>;
+}): Promise<Sample & { mockCpuMs: number | null }> {
+  if (bodies.length === 0) throw new Error('clientLoop needs at least one chat body');
+  const requests = bodies.map((b): ChatRequest => {
+    const j = JSON.parse(b) as {
+      messages: ChatRequest['messages'];
+      max_tokens: number;
+      temperature: number;
+      seed?: number;
+    };
+    return { messages: j.messages, maxTokens: j.max_tokens, temperature: j.temperature, seed: j.seed };
+  });
+  const { llm } = resolveConfig({ llm: { url, connections: concurrency } });
+  const client = new LlmClient({
+    url,
+    model: CLIENT.model,
+    apiKey: null,
+    timeoutMs: llm.timeoutMs,
+    maxReplyBytes: llm.maxReplyBytes,
+    retries: 0,
+    retryBackoffMs: llm.retryBackoffMs,
+    connections: concurrency,
+    returnTokenIds: CLIENT.returnTokenIds,
+    logprobs: CLIENT.logprobs,
+    server: { kind: 'generic', contextLength: null },
+  });
+  let operations = 0;
+  let next = 0;
+  let stop = false;
+  const loop = async () => {
+    while (!stop) {
+      const reply = await client.chat(requests[next++ % requests.length]);
+      if (reply.responseIds === null || reply.logprobs === null) throw new Error('reply without token ids or logprobs');
+      operations++;
+    }
+  };
+  const mockCpu0 = mock?.cpuMs() ?? null;
+  const cpu0 = process.cpuUsage();
+  const t0 = performance.now();
+  const timer = setTimeout(() => (stop = true), seconds * 1000);
+  try {
+    await Promise.all(Array.from({ length: concurrency }, loop));
+  } finally {
+    clearTimeout(timer);
+  }
+  const elapsed = (performance.now() - t0) / 1000;
+  const cpu = process.cpuUsage(cpu0);
+  const mockCpu1 = mock?.cpuMs() ?? null;
+  await client.close();
   return {
     operations,
     seconds: elapsed,
