@@ -26,6 +26,8 @@ export interface NatsServer {
    */
   restart(down?: () => Promise<void> | void): Promise<void>;
   stop(): Promise<void>;
+  /** The running server's process id (a benchmark reads its CPU from /proc); null while none runs. */
+  pid(): number | null;
 }
 
 /** `config`: the text of a nats-server config file to start it with (e.g. `max_payload: 65536`). */
@@ -58,6 +60,7 @@ export async function startNatsServer(config?: string): Promise<NatsServer> {
   return {
     url: `nats://127.0.0.1:${port}`,
     stop,
+    pid: () => (child !== null && child.exitCode === null && child.signalCode === null ? (child.pid ?? null) : null),
     async restart(down) {
       await kill('SIGKILL');
       await down?.();
