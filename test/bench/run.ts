@@ -36,6 +36,14 @@
  * beside it issue 31.4's trajectory-aware scheduling against FIFO (./priority.ts, runnable on its own).
  *
  * Then the CPU per tool call (./tool-calls.ts): builtin:tool-lookup beside builtin:arithmetic on one mock.
+ *
+ * Issue 31: the fleet (./fleet.ts: session-affine routing's prefix-cache hit rate against what the
+ * cache allows, a server killed mid-generation, a server joining), the agentic long-tail workloads
+ * (./long-tail.ts, each speed-up with its ceiling; one workload with --quick), and the capacity model
+ * of one coordinator with worker nodes (./scale-out.ts). Beside the throughput sides, the engine's
+ * own inference client in a plain loop on the same requests: the floor under the CPU-per-step ratio.
+ * The last table lists every target of issues 7, 21 and 31 with PASS / FAIL and the ceiling beside
+ * each speed-up.
  */
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { availableParallelism, cpus } from 'node:os';
@@ -46,17 +54,38 @@ import { createEngine } from '../../src/index.ts';
 import { startMockProcess, type MockProcess } from '../../src/loadtest/mock-process.ts';
 import { percentile } from '../../src/loadtest/stats.ts';
 import { callFloor, describeCallFloor } from './call-floor.ts';
-import { bareLoop, engineThroughput, firstTurnBody, type Sample, type ThroughputSample } from './engine-throughput.ts';
+import {
+  bareLoop,
+  clientLoop,
+  engineThroughput,
+  firstTurnBody,
+  type Sample,
+  type ThroughputSample,
+} from './engine-throughput.ts';
 import { describeShare, startCpuMeter, type CpuShare } from './machine.ts';
 import { runPythonBaseline } from './python-baseline.ts';
 import { longEpisodes } from './long-episodes.ts';
-import { printScaleOut, scaleOut } from './scale-out.ts';
+import { describeCapacity, printScaleOut, scaleOut } from './scale-out.ts';
+import {
+  fleetBench,
+  fleetBenchDefaults,
+  fleetEventTargets,
+  fleetFailover,
+  fleetJoin,
+  fleetTargets,
+  printFleetBench,
+  printFleetEvents,
+} from './fleet.ts';
+import { longTailBench, printLongTailSummary } from './long-tail.ts';
+import { LONG_TAIL_WORKLOADS } from './workloads/long-tail.ts';
 import { printTrainingBench, trainingBenchDefaults, trainingBenches, trainingTargets } from './training-loop.ts';
 import { printPriorityBench, priorityBench, priorityBenchDefaults, priorityTargets } from './priority.ts';
 import { describeToolCallCost, toolCallCost } from './tool-calls.ts';
 import {
+  figureRow,
   LATENCY_GROUP_SLACK,
   latencyBound,
+  longTailRows,
   memoryRuns,
   printTargets,
   row,
@@ -284,6 +313,8 @@ async function main(): Promise<void> {
   let meter = startCpuMeter();
   const mock = await startMockProcess(['--latency-ms', String(latencyMs)]);
   const bare: (Sample & { mockCpuMs: number | null })[] = [];
+  // The engine's own inference client in a plain loop on the same bodies: what the client alone costs.
+  const client: (Sample & { mockCpuMs: number | null })[] = [];
   const engine: ThroughputSample[] = [];
   // On a machine whose cores the mock shares, one worker can cost less per step than `threads`.
   const engineOne: ThroughputSample[] = [];
@@ -298,6 +329,7 @@ async function main(): Promise<void> {
       if (threads > 1) engineOne.push(await engineRun(mock.url, 1, mock));
       engineStreamed.push(await engineRun(mock.url, 1, mock, 0, true));
       bare.push(await bareRun(mock.url, bodies, mock));
+      client.push(await clientLoop({ url: mock.url, concurrency, seconds, bodies, mock }));
       await pythonRound(mock.url, python);
     }
   } finally {
@@ -354,7 +386,8 @@ async function main(): Promise<void> {
   cpuShare.workerScaling = meter();
   meter = startCpuMeter();
   // Issue 19: worker-node processes over NATS JetStream against local threads, on the same CPU-costly environment.
-  const scale = await scaleOut({ seconds, cpuCostUs: 4 * envCpuUs, groupsPerThread: 8 });
+  // With a free-environment side: the capacity model's fit reaches the highest rate this machine gives.
+  const scale = await scaleOut({ seconds, cpuCostUs: 4 * envCpuUs, groupsPerThread: 8, freeEnvSide: true });
   cpuShare.scaleOut = meter();
   meter = startCpuMeter();
   // Target 5: rollouts held in flight at turn 1 and at turn 3.
@@ -371,11 +404,25 @@ async function main(): Promise<void> {
   // Issue 20: the CPU per tool call, tool-lookup beside arithmetic on one mock.
   const tools = await toolCallCost({ seconds, repeats });
   cpuShare.toolCalls = meter();
+  meter = startCpuMeter();
+  // Issue 31.5: a fleet of GPU-like servers — prefix-cache hit rate by routing, a server's death, a join.
+  const fleet = await fleetBench(fleetBenchDefaults(quick));
+  const failover = await fleetFailover();
+  const joined = await fleetJoin(quick ? 1 : 3);
+  cpuShare.fleet = meter();
+  meter = startCpuMeter();
+  // Issue 31.2: the agentic long-tail workloads through the training loop (one of them with --quick).
+  const longTail = [];
+  for (const w of quick ? LONG_TAIL_WORKLOADS.slice(0, 1) : LONG_TAIL_WORKLOADS)
+    longTail.push(await longTailBench(w, quick));
+  cpuShare.longTail = meter();
   const rate = (s: Sample) => s.operations / s.seconds;
   const cpuPer = (s: Sample) => (s.cpuMs * 1000) / s.operations; // µs per operation
   const bareRate = stats(bare.map(rate));
   const engineRate = stats(engine.map(rate));
   const bareCpu = stats(bare.map(cpuPer));
+  const clientRate = stats(client.map(rate));
+  const clientCpu = stats(client.map(cpuPer));
   const engineCpu = stats(engine.map(cpuPer));
   const engineOneRate = engineOne.length > 0 ? stats(engineOne.map(rate)) : null;
   const engineOneCpu = engineOne.length > 0 ? stats(engineOne.map(cpuPer)) : null;
@@ -424,6 +471,7 @@ async function main(): Promise<void> {
       envCpuUs,
     },
     bare: { requestsPerSecond: bareRate, cpuUsPerRequest: bareCpu, bodies: bodyStats, samples: bare },
+    client: { callsPerSecond: clientRate, cpuUsPerCall: clientCpu, samples: client },
     engine: {
       threads,
       stepsPerSecond: engineRate,
@@ -454,6 +502,7 @@ async function main(): Promise<void> {
     ratios: {
       engineCpuPerStepOverBareCpuPerRequest: engineCpu.median / bareCpu.median,
       engineOneWorkerCpuPerStepOverBareCpuPerRequest: engineOneCpu ? engineOneCpu.median / bareCpu.median : null,
+      clientCpuPerCallOverBareCpuPerRequest: clientCpu.median / bareCpu.median,
       engineStepsPerSecondOverBareRequestsPerSecond: engineRate.median / bareRate.median,
       engineStepsPerSecondOverPythonExecutorStepsPerSecond: pyExecutor
         ? engineRate.median / pyExecutor.stepsPerSecond.median
@@ -471,6 +520,8 @@ async function main(): Promise<void> {
     trainingLoop: training,
     priority,
     toolCalls: tools,
+    fleet: { ...fleet, failover, join: joined },
+    longTail,
     targets: [] as TargetRow[],
   };
   const fmt = (n: number, d = 0) => n.toFixed(d).padStart(10);
@@ -482,6 +533,9 @@ async function main(): Promise<void> {
   console.log(`${'side'.padEnd(28)}${'ops/s'.padStart(10)}${'CPU µs/op'.padStart(10)}   spread (ops/s; CPU µs/op)`);
   console.log(
     `${'bare undici loop (requests)'.padEnd(28)}${fmt(bareRate.median)}${fmt(bareCpu.median)}   ${spread(bareRate)}; ${spread(bareCpu)}`,
+  );
+  console.log(
+    `${"engine's client, plain loop".padEnd(28)}${fmt(clientRate.median)}${fmt(clientCpu.median)}   ${spread(clientRate)}; ${spread(clientCpu)}   (src/llm/client.ts on the same requests: no agent loop, environment, thread hop or coordinator)`,
   );
   const workersLabel = (n: number) => `${n} worker${n > 1 ? 's' : ''}`;
   console.log(
@@ -666,6 +720,8 @@ async function main(): Promise<void> {
     sp
       ? ` (main ${sp.mainUs.toFixed(0)} + workers ${sp.workersUs.toFixed(0)} + helpers ${sp.helpersUs.toFixed(0)})`
       : '';
+  // What bounds the CPU ratio from below: the engine's own client, alone, against the bare loop.
+  const clientNote = `; the engine's client alone ${clientCpu.median.toFixed(0)} µs (${(clientCpu.median / bareCpu.median).toFixed(2)}×: the floor any engine step pays here)`;
   const settingsNote = (c: number, l: number) =>
     concurrency === c && latencyMs === l ? '' : ` (issue 7 states it at ${c} in flight, ${l} ms)`;
   const abort = pauseFigures.find((f) => f.mode === 'abort' && !f.stream)!;
@@ -679,7 +735,7 @@ async function main(): Promise<void> {
       limit: 1.3,
       kind: 'max',
       unit: '×',
-      detail: `${engineCpu.median.toFixed(0)} vs ${bareCpu.median.toFixed(0)} µs${splitNote(result.engine.cpuSplitUsPerStep)}${settingsNote(64, 0)}`,
+      detail: `${engineCpu.median.toFixed(0)} vs ${bareCpu.median.toFixed(0)} µs${splitNote(result.engine.cpuSplitUsPerStep)}${clientNote}${settingsNote(64, 0)}`,
     }),
     ...(engineOneCpu
       ? [
@@ -690,7 +746,7 @@ async function main(): Promise<void> {
             limit: 1.3,
             kind: 'max',
             unit: '×',
-            detail: `${engineOneCpu.median.toFixed(0)} vs ${bareCpu.median.toFixed(0)} µs${splitNote(result.engineOneWorker?.cpuSplitUsPerStep ?? null)}${settingsNote(64, 0)}`,
+            detail: `${engineOneCpu.median.toFixed(0)} vs ${bareCpu.median.toFixed(0)} µs${splitNote(result.engineOneWorker?.cpuSplitUsPerStep ?? null)}${clientNote}${settingsNote(64, 0)}`,
           }),
         ]
       : []),
@@ -781,10 +837,32 @@ async function main(): Promise<void> {
   result.targets.push(...training.flatMap((run, i) => trainingTargets(run, i > 0)));
   printPriorityBench(priority);
   result.targets.push(...priorityTargets(priority));
-  printTargets(result.targets);
-  printScaleOut(scale);
   console.log(`\n${describeToolCallCost(tools)}`);
   console.log(describeShare(cpuShare.toolCalls, cpus().length));
+  printFleetBench(fleet);
+  printFleetEvents(failover, joined);
+  console.log(describeShare(cpuShare.fleet, cpus().length));
+  result.targets.push(...fleetTargets(fleet), ...fleetEventTargets(failover, joined));
+  console.log('\nagentic long-tail workloads (issue 31.2):');
+  for (const r of longTail) printTrainingBench(r);
+  for (const r of longTail) printLongTailSummary(r);
+  console.log(describeShare(cpuShare.longTail, cpus().length));
+  result.targets.push(...longTail.flatMap(longTailRows));
+  printScaleOut(scale);
+  const capacity = scale.capacity;
+  result.targets.push(
+    figureRow({
+      target: '31.6 · one coordinator, worker nodes over NATS',
+      figure: 'turns/s it sustains (model)',
+      value: capacity?.turnsPerSecond ?? null,
+      unit: '/s',
+      detail:
+        capacity === null
+          ? `not measured${scale.skipped === null ? '' : `: ${scale.skipped}`}`
+          : `${describeCapacity(capacity)}; for groups of ${capacity.turnsPerGroup.toFixed(0)} turns (the CPU per group grows with the turns and messages it carries)`,
+    }),
+  );
+  printTargets(result.targets);
   // Memory is not a matter of CPU time; every other part is.
   const shared = Object.entries(cpuShare).filter(
     ([part, c]) => part !== 'memory' && c !== null && c.othersCores > 0.15 * cpus().length,
