@@ -76,7 +76,7 @@ import {
   printFleetBench,
   printFleetEvents,
 } from './fleet.ts';
-import { longTailBench, printLongTailSummary } from './long-tail.ts';
+import { longTailBench, longTailTargets, printLongTailSummary } from './long-tail.ts';
 import { LONG_TAIL_WORKLOADS } from './workloads/long-tail.ts';
 import { printTrainingBench, trainingBenchDefaults, trainingBenches, trainingTargets } from './training-loop.ts';
 import { printPriorityBench, priorityBench, priorityBenchDefaults, priorityTargets } from './priority.ts';
@@ -847,7 +847,7 @@ async function main(): Promise<void> {
   for (const r of longTail) printTrainingBench(r);
   for (const r of longTail) printLongTailSummary(r);
   console.log(describeShare(cpuShare.longTail, cpus().length));
-  result.targets.push(...longTail.flatMap(longTailRows));
+  result.targets.push(...longTail.flatMap((r) => [...longTailRows(r), ...longTailTargets(r)]));
   printScaleOut(scale);
   const capacity = scale.capacity;
   result.targets.push(

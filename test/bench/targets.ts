@@ -392,7 +392,7 @@ export function figureRow(o: {
 /**
  * The long-tail workloads' speed-ups over sync (issue 31.2), each with its ceiling and the share of
  * it reached, against issue 21's ≥ 2.5×: a thin reading of what long-tail.ts's `longTailBench`
- * returns (the training loop's result), until that file names the workloads' own targets.
+ * returns (the training loop's result); the strict side's issue 31.3 rows are long-tail.ts's `longTailTargets`.
  */
 export function longTailRows(r: TrainingBenchResult): TargetRow[] {
   const sync = r.sides.find((s) => s.side === 'sync')?.figures ?? null;
