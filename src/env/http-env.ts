@@ -195,7 +195,6 @@ class HttpEnvClient implements HttpEnvironments {
   readonly #pendingDeletes = new Set<Promise<void>>();
   readonly #idPrefix: string;
   #counter = 0;
-  /** Round-robin cursor among equally busy endpoints: the index after the last one picked. */
   /** New episodes go to the least busy server (endpoints.ts). */
   readonly #spread: LeastBusy<Endpoint>;
   #logger: EnvWarningLogger | undefined;
