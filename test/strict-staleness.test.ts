@@ -42,6 +42,13 @@ describe('deadline admission (coordinator/admission.ts)', () => {
     assert.equal(measured(1).predictedLifetimeMs(), 10_000);
   });
 
+  it('predicts again from each new landing', () => {
+    const a = measured(1);
+    assert.equal(a.predictedLifetimeMs(), 10_000);
+    a.landed(20_000);
+    assert.equal(a.predictedLifetimeMs(), 20_000, 'the new longest lifetime, not the one predicted before it');
+  });
+
   it('predicts the trainer takes step D at the last take plus (D − its step) mean step times', () => {
     const a = measured();
     assert.equal(a.stepMs, 10_000);

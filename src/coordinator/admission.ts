@@ -48,6 +48,8 @@ export class DeadlineAdmission {
   readonly #quantile: number;
   readonly #lifetimes: number[] = [];
   #next = 0;
+  /** predictedLifetimeMs() as of the last landing; undefined: not computed since. */
+  #predicted: number | null | undefined;
   /** Mean ms between two batches taken (exponentially weighted, 1/4); null before the second batch. */
   #stepMs: number | null = null;
   #lastTake: { step: number; at: number } | null = null;
@@ -62,6 +64,7 @@ export class DeadlineAdmission {
     if (this.#lifetimes.length < WINDOW) this.#lifetimes.push(ms);
     else this.#lifetimes[this.#next] = ms;
     this.#next = (this.#next + 1) % WINDOW;
+    this.#predicted = undefined;
   }
 
   /** The trainer took the batch of `step` at `at` (ms). */
@@ -74,11 +77,16 @@ export class DeadlineAdmission {
     this.#lastTake = { step, at };
   }
 
-  /** The lifetime quantile of the recent landings, ms; null with fewer than MIN_SAMPLES. */
+  /**
+   * The lifetime quantile of the recent landings, ms; null with fewer than MIN_SAMPLES. Sorted once
+   * per landing, not per call: the producer asks before every group it would start.
+   */
   predictedLifetimeMs(): number | null {
-    if (this.#lifetimes.length < MIN_SAMPLES) return null;
-    const sorted = [...this.#lifetimes].sort((a, b) => a - b);
-    return sorted[Math.min(sorted.length - 1, Math.ceil(this.#quantile * sorted.length) - 1)];
+    if (this.#predicted !== undefined) return this.#predicted;
+    const n = this.#lifetimes.length;
+    const sorted = n < MIN_SAMPLES ? null : [...this.#lifetimes].sort((a, b) => a - b);
+    this.#predicted = sorted === null ? null : sorted[Math.min(n - 1, Math.ceil(this.#quantile * n) - 1)];
+    return this.#predicted;
   }
 
   get stepMs(): number | null {
