@@ -71,15 +71,6 @@ export function emptySkips(): Record<SkipReason, number> {
   return { weightsMoved: 0, noIds: 0, cannotScore: 0, budget: 0, interrupted: 0 };
 }
 
-export function emptyBySegment(): Record<SegmentKind, DeltaStats> {
-  return {
-    turnStart: { tokens: 0, meanAbsDelta: 0, maxAbsDelta: 0 },
-    turnRest: { tokens: 0, meanAbsDelta: 0, maxAbsDelta: 0 },
-    beforeUpdate: { tokens: 0, meanAbsDelta: 0, maxAbsDelta: 0 },
-    afterUpdate: { tokens: 0, meanAbsDelta: 0, maxAbsDelta: 0 },
-  };
-}
-
 /** The model step of response token `i` of `turn`. */
 export function tokenStep(turn: TurnRecord, i: number): number {
   return turn.modelSteps !== null && i < turn.modelSteps.length ? turn.modelSteps[i] : turn.modelStep;

@@ -124,10 +124,6 @@ class Window {
   }
 }
 
-export function emptyAuditStats(): AuditStats {
-  return new Window().stats();
-}
-
 /** Whether rollout `id` is among `fraction` of all: a hash of the id, so the same rollouts on every run. */
 export function auditSelects(id: string, fraction: number): boolean {
   if (fraction >= 1) return true;
@@ -203,7 +199,7 @@ export class Auditor {
     return this.#run.stats();
   }
 
-  /** Resolves once no audit is in flight (tests, close). */
+  /** Resolves once no audit is in flight (close). */
   async idle(): Promise<void> {
     while (this.#pending.size > 0) await Promise.allSettled([...this.#pending]);
   }

@@ -661,11 +661,6 @@ export class EngineCore {
     });
   }
 
-  /** Resolves once no audit is in flight (tests). */
-  auditIdle(): Promise<void> {
-    return this.#auditor?.idle() ?? Promise.resolve();
-  }
-
   #auditing(): boolean {
     const totals = this.#auditor?.totals();
     return this.config.audit.fraction > 0 || (totals !== undefined && totals.cost.scoredTokens + totals.rollouts > 0);
