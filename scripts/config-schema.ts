@@ -10,7 +10,6 @@
  * A config file names it with `"$schema"` so an editor validates and completes it; the engine ignores
  * that key (resolveConfig), and the schema lists it so the editor does not flag it either.
  */
-import { writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
 import { EngineConfigSchema } from '../src/config.ts';
@@ -70,9 +69,4 @@ export function configJsonSchema(options: { allDefaults?: boolean } = {}): Recor
 
 export function configJsonSchemaText(): string {
   return `${JSON.stringify(configJsonSchema(), null, 2)}\n`;
-}
-
-if (process.argv[1] !== undefined && fileURLToPath(import.meta.url) === process.argv[1]) {
-  writeFileSync(SCHEMA_PATH, configJsonSchemaText());
-  console.log(`wrote ${SCHEMA_PATH}`);
 }
