@@ -107,6 +107,21 @@ describe('rollout CLI', () => {
     assert.equal(summary.groups, 8);
   });
 
+  it('`rollout run` with audit.fraction > 0 puts the audit in summary.json, and leaves it out otherwise', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'rollout-run-audit-'));
+    const config = join(dir, 'config.json');
+    writeFileSync(config, JSON.stringify({ audit: { fraction: 1 } }));
+    const args = ['--steps', '1', '--batch-size', '2', '--threads', '1'];
+    const audited = await rollout(['run', '--config', config, ...args, '--run-dir', join(dir, 'audited')]);
+    assert.equal(audited.code, 0, audited.stderr);
+    const summary = JSON.parse(readFileSync(join(dir, 'audited', 'summary.json'), 'utf8'));
+    assert.equal(typeof summary.audit, 'object');
+    assert.equal(typeof summary.audit.rollouts, 'number');
+    const plain = await rollout(['run', ...args, '--run-dir', join(dir, 'plain')]);
+    assert.equal(plain.code, 0, plain.stderr);
+    assert.equal(JSON.parse(readFileSync(join(dir, 'plain', 'summary.json'), 'utf8')).audit, undefined);
+  });
+
   it('`rollout run --config examples/config.json` runs the example config as it is shipped, on the built-in mock and synthetic environments', async () => {
     const runDir = mkdtempSync(join(tmpdir(), 'rollout-example-'));
     try {

@@ -208,13 +208,9 @@ async function runLocked(
     );
   } finally {
     progress.stop();
-    failures = await engine.stats().then(
-      (s) => {
-        audit = s.audit ?? null;
-        return s.failures;
-      },
-      () => noFailures(),
-    );
+    const stats = await engine.stats().catch(() => null);
+    failures = stats?.failures ?? noFailures();
+    audit = stats?.audit ?? null;
     await (writer as BatchFileWriter | null)?.close();
     await engine.close();
     process.off('SIGINT', stopOnSignal);
@@ -232,7 +228,7 @@ async function runLocked(
     seconds,
     batchesPath,
     failure === null ? null : describeError(failure),
-    engine.config.audit.fraction > 0 || (audit as AuditStats | null)?.rollouts ? audit : null,
+    engine.config.audit.fraction > 0 || audit?.rollouts ? audit : null,
   );
   writeFileSync(join(runDir, 'summary.json'), `${JSON.stringify(summary, null, 2)}\n`);
   console.log(formatSummary(summary));
