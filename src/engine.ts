@@ -1,7 +1,7 @@
 /**
- * The engine a trainer holds: a thin shell over the coordinator (coordinator/engine-core.ts) that adds the
- * control API and metrics, and gives it the mock to start when `llm.url` is null. The package entry (src/index.ts) re-exports it; modules inside the package
- * import it from here, never from the entry.
+ * The engine a trainer holds: a thin shell over the coordinator (coordinator/engine-core.ts) that adds
+ * the control API and metrics, and gives it the mock to start when `llm.url` is null. The package entry
+ * (src/index.ts) re-exports it; modules inside the package import it from here, never from the entry.
  *
  *   const engine = createEngine({ tasks: [...], llm: { url, model } });
  *   await engine.start();
