@@ -646,7 +646,7 @@ export class EngineCore {
         groups = batch;
       } else {
         const found = batch.find(holds) ?? producer.buffer.find(holds);
-        if (found === undefined || found === null)
+        if (found === null)
           throw new RolloutEngineError(
             'ERR_INVALID_ARGUMENT',
             `${target.groupId !== undefined ? `groupId ${JSON.stringify(target.groupId)}` : `rolloutId ${JSON.stringify(target.rolloutId)}`} is neither in the last batch nor in the buffer`,
