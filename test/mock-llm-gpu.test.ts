@@ -434,4 +434,11 @@ describe('GPU-like mock: the server', () => {
     await assert.rejects(mockLlmCommand(['--capacity-speedup', '10']), /--capacity-speedup needs --capacity <slots>/);
     assert.equal(GPU_DEFAULTS.slots, 256);
   });
+
+  it('refuses a --capacity-scheduling other than fcfs or priority, naming the value', async () => {
+    await assert.rejects(
+      mockLlmCommand(['--capacity', '4', '--capacity-scheduling', 'lifo']),
+      /--capacity-scheduling must be fcfs or priority \(got "lifo"\)/,
+    );
+  });
 });

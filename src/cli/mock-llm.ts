@@ -159,6 +159,7 @@ function capacityFlags(values: Record<string, string | boolean | undefined>): Ca
   }
   const responseTokens = intFlag('capacity-response-tokens', str('capacity-response-tokens'), { min: 1 });
   const profile = str('capacity-profile');
+  const scheduling = str('capacity-scheduling');
   if (profile !== undefined && !(GPU_PROFILE_NAMES as string[]).includes(profile))
     throw new UsageError(
       `--capacity-profile must be one of ${GPU_PROFILE_NAMES.join(', ')} (got ${JSON.stringify(profile)})`,
@@ -179,7 +180,7 @@ function capacityFlags(values: Record<string, string | boolean | undefined>): Ca
     ...(responseTokens === undefined ? {} : { responseTokens }),
     lengthSigma: numberFlag('capacity-length-sigma', str('capacity-length-sigma'), { max: 4 }),
     speedup: numberFlag('capacity-speedup', str('capacity-speedup'), { min: 0.001, max: 1_000 }),
-    ...(str('capacity-scheduling') === undefined ? {} : { scheduling: schedulingFlag(str('capacity-scheduling')!) }),
+    ...(scheduling === undefined ? {} : { scheduling: schedulingFlag(scheduling) }),
   };
 }
 
