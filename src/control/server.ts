@@ -139,8 +139,8 @@ export async function startControlServer(
     'POST /endpoints': {
       fields: ['add', 'remove'],
       run: async (body) => {
-        const add = urlList(body, 'add');
-        const remove = urlList(body, 'remove');
+        const add = optionalUrls(body, 'add');
+        const remove = optionalUrls(body, 'remove');
         if (add.length === 0 && remove.length === 0)
           throw new HttpError(400, 'ERR_BAD_BODY', 'name endpoints to add or remove: {"add": [url], "remove": [url]}');
         try {
@@ -244,7 +244,7 @@ function optionalString(body: Record<string, unknown>, field: string): string | 
 }
 
 /** A URL or a list of URLs; absent = none. */
-function urlList(body: Record<string, unknown>, field: string): string[] {
+function optionalUrls(body: Record<string, unknown>, field: string): string[] {
   const value = body[field];
   if (value === undefined) return [];
   const list = Array.isArray(value) ? value : [value];
