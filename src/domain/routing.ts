@@ -88,11 +88,6 @@ export function routedProblem(r: RoutedExperts, length: number): string | null {
   return null;
 }
 
-/** Bytes one token's routing takes here: layers × topK × (1 or 2). */
-export function routedBytesPerToken(r: RoutedExperts): number {
-  return r.layers * r.topK * r.ids.BYTES_PER_ELEMENT;
-}
-
 /** `b`'s tokens after `a`'s. */
 export function concatMasks(a: SamplingMask, b: SamplingMask): SamplingMask {
   const n = a.offsets.length - 1;

@@ -330,11 +330,6 @@ export function npyBase64(values: ArrayLike<number>, shape: readonly number[], d
   return out.toString('base64');
 }
 
-/** Base64 of raw little-endian int32: what SGLang sends. */
-export function int32Base64(values: ArrayLike<number>): string {
-  return sglangBase64(values, 'int32');
-}
-
 /** Base64 of raw little-endian ids of `dtype`: what SGLang sends under SGLANG_ROUTED_EXPERTS_DTYPE. */
 export function sglangBase64(values: ArrayLike<number>, dtype: 'int32' | 'uint16' | 'uint8'): string {
   const kind = SGLANG_DTYPES[dtype];
