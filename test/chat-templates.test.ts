@@ -98,7 +98,7 @@ describe('a turn whose chat template rewrites the history, through the token-in 
 
   it("splits under Qwen3's template when asked: the second prompt is the re-rendered history, without the first reply's reasoning, tokenized whole", async () => {
     const model = await loadChatModel(templateModelDir('qwen3'));
-    const { second, messages } = await twoTurns(
+    const { first, second, messages } = await twoTurns(
       open(client(qwen3, templateModelDir('qwen3'), 'split')),
       [SYSTEM, TASK],
       (r) => [{ role: 'assistant', content: r.content }, FEEDBACK],
@@ -107,6 +107,9 @@ describe('a turn whose chat template rewrites the history, through the token-in 
     assert.doesNotMatch(rendered, /<think>/, 'the template dropped the reasoning');
     assert.deepEqual(ids(second.promptIds), model.encode(rendered));
     assert.equal(second.historyRewrite?.mode, 'split');
+    assert.equal(second.historyRewrite?.token, first.promptIds!.length, 'it diverges where the reply begins');
+    assert.match(second.historyRewrite?.sampledText ?? '', /^<think>/);
+    assert.doesNotMatch(second.historyRewrite?.renderedText ?? '', /^<think>/);
   });
 
   it("reports nothing under Llama 3.3's template, which renders a plain conversation as a prefix of its extension, and extends the sampled ids", async () => {

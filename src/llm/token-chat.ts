@@ -28,7 +28,7 @@
  */
 import type { CancelSignal } from '../cancel.ts';
 import type { ChatModel } from '../chat-model/model.ts';
-import { planPrompt, prefixDivergence, type PromptBase } from '../chat-model/prompt.ts';
+import { planPrompt, prefixDivergence, type PrefixDivergence, type PromptBase } from '../chat-model/prompt.ts';
 import { sharedMessageCount, type ChatMessage } from '../domain/rollout.ts';
 import { LlmError } from './errors.ts';
 import { contextOverflowReply } from './context.ts';
@@ -141,21 +141,16 @@ export class TokenChat {
         const reply = this.#replyIndex(model, base, request);
         if (reply !== null) {
           // The messages extend the previous turn's, the render does not: the template rewrote the history.
-          const at = prefixDivergence(model, base, rendered);
-          const where = {
-            token: at.token,
-            char: at.char,
-            sampledText: at.sessionText,
-            renderedText: at.renderText,
-          };
+          const render = rendered;
+          const where = () => prefixDivergence(model, base, render);
           const kept = this.#historyMode === 'keep-sampled' ? this.#newMessagesText(model, base, request, reply) : null;
           if (typeof kept === 'string') {
             promptIds = base.tokens.slice();
             for (const id of model.encode(kept)) promptIds.push(id);
             promptText = base.coveredText + kept;
-            rewrite = { mode: 'kept', ...where };
+            rewrite = historyRewrite('kept', undefined, where);
           } else {
-            rewrite = { mode: 'split', ...(kept !== null ? { fallback: kept.fallback } : {}), ...where };
+            rewrite = historyRewrite('split', kept?.fallback, where);
           }
         }
       }
@@ -389,6 +384,36 @@ export class TokenChat {
       throw new LlmError('ERR_LLM_HTTP', 'llm.api "tokens" needs the policy tokenizer (llm.tokenizer)');
     return this.#options.chatModel();
   }
+}
+
+/**
+ * A HistoryRewrite whose divergence (token, char, both sides' text) is found when first read:
+ * O(log n) decodes of the whole sequence, read only by the once-per-task warning, while a template
+ * that rewrites history (Qwen3's, dropping earlier reasoning) does so on every turn of every episode.
+ */
+function historyRewrite(
+  mode: HistoryRewrite['mode'],
+  fallback: string | undefined,
+  find: () => PrefixDivergence,
+): HistoryRewrite {
+  let at: PrefixDivergence | undefined;
+  const divergence = (): PrefixDivergence => (at ??= find());
+  return {
+    mode,
+    ...(fallback !== undefined ? { fallback } : {}),
+    get token() {
+      return divergence().token;
+    },
+    get char() {
+      return divergence().char;
+    },
+    get sampledText() {
+      return divergence().sessionText;
+    },
+    get renderedText() {
+      return divergence().renderText;
+    },
+  };
 }
 
 /**
