@@ -80,6 +80,14 @@ export function sharedMessageCount(a: readonly ChatMessage[], b: readonly ChatMe
   return k;
 }
 
+/** `ids` begins with `a` then `b`, token for token: a prompt that extends the sequence `a ++ b`. */
+export function extendsSequence(ids: ArrayLike<number>, a: ArrayLike<number>, b: ArrayLike<number>): boolean {
+  if (ids.length < a.length + b.length) return false;
+  for (let i = 0; i < a.length; i++) if (ids[i] !== a[i]) return false;
+  for (let i = 0; i < b.length; i++) if (ids[a.length + i] !== b[i]) return false;
+  return true;
+}
+
 /** `ids` begins with `prefix`, token for token (a view of it, or a copy: compared as bytes). */
 export function idsStartWith(ids: Int32Array, prefix: Int32Array): boolean {
   if (prefix.length > ids.length) return false;

@@ -29,7 +29,7 @@
 import type { CancelSignal } from '../cancel.ts';
 import type { ChatModel } from '../chat-model/model.ts';
 import { planPrompt, prefixDivergence, type PrefixDivergence, type PromptBase } from '../chat-model/prompt.ts';
-import { sharedMessageCount, type ChatMessage } from '../domain/rollout.ts';
+import { extendsSequence, sharedMessageCount, type ChatMessage } from '../domain/rollout.ts';
 import { LlmError } from './errors.ts';
 import { contextOverflowReply } from './context.ts';
 import type { ChatRequest } from './request.ts';
@@ -426,10 +426,7 @@ export function routedStartOf(request: ChatRequest, promptIds: readonly number[]
   if (from <= 0) return 0;
   const prev = request.continueTokens ?? request.previous;
   if (prev === undefined || prev.promptIds === null || prev.responseIds === null) return 0;
-  const n = prev.promptIds.length;
-  if (promptIds.length < n + prev.responseIds.length) return 0;
-  for (let i = 0; i < n; i++) if (promptIds[i] !== prev.promptIds[i]) return 0;
-  for (let i = 0; i < prev.responseIds.length; i++) if (promptIds[n + i] !== prev.responseIds[i]) return 0;
+  if (!extendsSequence(promptIds, prev.promptIds, prev.responseIds)) return 0;
   return Math.min(from, promptIds.length - 1);
 }
 

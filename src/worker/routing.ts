@@ -12,7 +12,7 @@
  * Rows that would not line up are dropped, never moved: every row kept is for the token at its
  * position. A reply whose rows or mask do not fit its own tokens is a bad reply.
  */
-import type { TurnRecord } from '../domain/rollout.ts';
+import { extendsSequence, type TurnRecord } from '../domain/rollout.ts';
 import {
   concatMasks,
   concatRouted,
@@ -27,14 +27,6 @@ import { LlmError } from '../llm/errors.ts';
 export function routedEnd(turn: TurnRecord | null | undefined): number {
   const r = turn?.routedExperts;
   return r === undefined ? 0 : r.start + r.rows;
-}
-
-/** `ids` begins with `a` then `b`. */
-function extendsSequence(ids: Int32Array, a: Int32Array, b: Int32Array): boolean {
-  if (ids.length < a.length + b.length) return false;
-  for (let i = 0; i < a.length; i++) if (ids[i] !== a[i]) return false;
-  for (let i = 0; i < b.length; i++) if (ids[a.length + i] !== b[i]) return false;
-  return true;
 }
 
 /** A reply's rows and mask against its own tokens; a mismatch is the server's fault. */
