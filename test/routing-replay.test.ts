@@ -82,6 +82,21 @@ describe('the servers’ routed-expert encodings', () => {
     assert.deepEqual([...readVllmRouted(npyBase64(values, [1, 2, 2], '<u2'), 0).ids], values);
   });
 
+  it('keeps binary rows from where they were asked and after leading rows of -1, and names a bad id by its row', () => {
+    const lost = readVllmRouted(npyBase64([-1, -1, -1, -1, 3, 4, 5, 6], [4, 1, 2], '<i4'), 2);
+    assert.deepEqual(
+      [lost.start, lost.rows, lost.ids.constructor.name, [...lost.ids]],
+      [4, 2, 'Uint8Array', [3, 4, 5, 6]],
+    );
+    // Every forwarded position from 0, from a server that does not know the start field: cut at the start asked.
+    const all = readSglangRouted(sglangBase64([9, 9, 1, 2, 3, 4], 'int32'), 2, { layers: 1, topK: 2 }, undefined, 4);
+    assert.deepEqual([all.start, all.rows, [...all.ids]], [2, 1, [3, 4]]);
+    assert.throws(
+      () => readVllmRouted(npyBase64([-1, -1, 3, -2], [2, 1, 2], '<i4'), 0),
+      /^Error: routed_experts holds -2 at row 1 \(sequence position 1\): not an expert id$/,
+    );
+  });
+
   it('refuses a vLLM .npy whose data does not fill its shape, naming the shape', () => {
     const b64 = npyBase64([1, 2, 3], [1, 2, 2], '|u1');
     assert.throws(() => readVllmRouted(b64, 0), /3 bytes of data for shape \(1, 2, 2\)/);

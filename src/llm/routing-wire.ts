@@ -87,7 +87,7 @@ const UNKNOWN_ID = -1;
  * the server's error, named with `field`.
  */
 function keptRows(
-  values: ArrayLike<number>,
+  values: number[] | Float64Array,
   layers: number,
   topK: number,
   at: number,
@@ -102,7 +102,10 @@ function keptRows(
     for (let j = 0; j < width && unknown; j++) unknown = values[first * width + j] === UNKNOWN_ID;
     if (!unknown) break;
   }
-  const kept = Array.prototype.slice.call(values, Math.min(rows, first) * width) as number[];
+  // A view where the ids were decoded into a Float64Array (a reply's bytes): no copy of a whole
+  // sequence's rows before they are narrowed; a JSON list is sliced.
+  const from0 = Math.min(rows, first) * width;
+  const kept = values instanceof Float64Array ? values.subarray(from0) : values.slice(from0);
   for (let i = 0; i < kept.length; i++) {
     const v = kept[i];
     if (!Number.isInteger(v) || v < 0 || v > 0xffff) {
@@ -157,7 +160,7 @@ export function readVllmRouted(b64: unknown, start: number, sequenceLength: numb
   if (bytes.length - dataStart !== count * kind.bytes)
     throw new Error(`routed_experts holds ${bytes.length - dataStart} bytes of data for shape (${dims.join(', ')})`);
   const view = new DataView(bytes.buffer, bytes.byteOffset + dataStart, count * kind.bytes);
-  const values = new Array<number>(count);
+  const values = new Float64Array(count);
   for (let i = 0; i < count; i++) values[i] = kind.read(view, i * kind.bytes);
   return keptRows(values, layers, topK, firstRowAt(rows, start, sequenceLength), start, 'routed_experts');
 }
@@ -287,7 +290,7 @@ export function readSglangRouted(
       `meta_info.routed_experts holds ${bytes.length} bytes, not whole rows of ${shape.layers} layers × ${shape.topK} ${dtype ?? 'int32'}`,
     );
   const count = bytes.length / kind.bytes;
-  const values = new Array<number>(count);
+  const values = new Float64Array(count);
   for (let i = 0; i < count; i++) values[i] = kind.read(bytes, i * kind.bytes);
   const at = firstRowAt(count / width, start, sequenceLength);
   return keptRows(values, shape.layers, shape.topK, at, start, 'meta_info.routed_experts');
