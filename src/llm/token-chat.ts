@@ -276,8 +276,7 @@ export class TokenChat {
     const reply = request.messages[k];
     if (reply === undefined || reply.role !== 'assistant' || k + 1 >= request.messages.length) return null;
     if (sharedMessageCount(previous, request.messages) !== k) return null;
-    const last = base.tokens.at(-1);
-    const stop = last !== undefined && model.specialIds.has(last) ? model.tokenText(last) : '';
+    const stop = stopText(model, base);
     const sampled =
       stop !== '' && base.coveredText.endsWith(stop) ? base.coveredText.slice(0, -stop.length) : base.coveredText;
     return sampled.endsWith(reply.content) ? k : null;
@@ -308,17 +307,13 @@ export class TokenChat {
     const at = text.indexOf(REPLY_MARKER);
     if (at < 0 || text.indexOf(REPLY_MARKER, at + 1) >= 0)
       return { fallback: 'the template does not write the reply as it is given, once' };
-    let after = text.slice(at + REPLY_MARKER.length);
-    const last = base.tokens.at(-1);
-    if (last !== undefined && model.specialIds.has(last)) {
-      const stop = model.tokenText(last);
-      if (!after.startsWith(stop))
-        return {
-          fallback: `the template does not end the reply with ${JSON.stringify(stop)}, the token it was sampled ending in`,
-        };
-      after = after.slice(stop.length);
-    }
-    return after;
+    const after = text.slice(at + REPLY_MARKER.length);
+    const stop = stopText(model, base);
+    if (!after.startsWith(stop))
+      return {
+        fallback: `the template does not end the reply with ${JSON.stringify(stop)}, the token it was sampled ending in`,
+      };
+    return after.slice(stop.length);
   }
 
   /**
@@ -384,6 +379,12 @@ export class TokenChat {
       throw new LlmError('ERR_LLM_HTTP', 'llm.api "tokens" needs the policy tokenizer (llm.tokenizer)');
     return this.#options.chatModel();
   }
+}
+
+/** The text of the stop token the session's sampled ids end with; empty when they end in no special token. */
+function stopText(model: ChatModel, base: PromptBase): string {
+  const last = base.tokens.at(-1);
+  return last !== undefined && model.specialIds.has(last) ? model.tokenText(last) : '';
 }
 
 /**
