@@ -17,7 +17,7 @@ import type { AuditStats } from '../domain/batch.ts';
 import type { RolloutGroup, RolloutState, TurnRecord } from '../domain/rollout.ts';
 import { Status, responseTokenCount } from '../domain/rollout.ts';
 import { scoreWire, type ScoreRequest } from '../llm/score-wire.ts';
-import type { ServerKind } from '../llm/servers.ts';
+import { serverRoot, type ServerKind } from '../llm/servers.ts';
 import type { SamplingParams } from '../llm/token-wire.ts';
 import type { Logger } from '../log.ts';
 import { Slots } from '../slots.ts';
@@ -315,7 +315,7 @@ export class Auditor {
 
   async #post<T>(url: string, path: string, body: Record<string, unknown>, parse: (json: unknown) => T): Promise<T> {
     const base = new URL(url);
-    const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
+    const prefix = serverRoot(base);
     const apiKey = this.#options.apiKey;
     const response = await request(`${base.origin}${prefix}${path}`, {
       method: 'POST',

@@ -26,6 +26,7 @@ import type { Logger } from '../log.ts';
 import { OUTAGE_CODE } from '../llm/errors.ts';
 import { RolloutEngineError } from '../errors.ts';
 import { failRollout, groupStatus, Status, type RolloutGroup } from '../domain/rollout.ts';
+import { serverRoot } from '../llm/servers.ts';
 
 /** First wait between probes of an outage; doubled after each unanswered round. */
 export const PROBE_BACKOFF_MS = 500;
@@ -281,7 +282,7 @@ export class OutageMonitor {
   async #get(url: string): Promise<boolean> {
     if (this.#closing.signal.aborted) return false; // no pool opened after close() closed them
     const base = new URL(url);
-    const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
+    const prefix = serverRoot(base);
     let pool = this.#pools.get(base.origin);
     if (pool === undefined) this.#pools.set(base.origin, (pool = new Pool(base.origin, { connections: 1 })));
     const apiKey = this.#options.apiKey;

@@ -22,6 +22,7 @@ import {
   type TopLogprob,
 } from '../llm/token-wire.ts';
 import type { RoutingShape } from '../llm/routing-wire.ts';
+import { serverRoot } from '../llm/servers.ts';
 
 export type BackendKind = TokenWireKind;
 export const BACKEND_KINDS: readonly BackendKind[] = ['vllm', 'sglang', 'llamacpp'];
@@ -92,7 +93,7 @@ export function createTokenBackend(options: BackendOptions): TokenBackend {
     throw new ConfigError([`backend.url: must be an http(s) URL (got ${JSON.stringify(options.url)})`]);
   }
   const timeoutMs = options.timeoutMs ?? BACKEND_DEFAULTS.timeoutMs;
-  const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
+  const prefix = serverRoot(base);
   const wire = TOKEN_WIRES[options.kind];
   const path = `${prefix}${wire.path}`;
   const endpoint = `${base.origin}${path}`;

@@ -15,7 +15,7 @@ import { LlmError } from './errors.ts';
 import { Exchanges, type ExchangeResult, type StreamSink } from './exchange.ts';
 import { parseChatReply, type ChatResult } from './reply.ts';
 import { ChatStream } from './stream-reply.ts';
-import { DIALECTS, type ServerDialect, type ServerKind } from './servers.ts';
+import { DIALECTS, serverRoot, type ServerDialect, type ServerKind } from './servers.ts';
 import { contextOverflowReply, isContextOverflow } from './context.ts';
 import { TokenChat, type HistoryMode } from './token-chat.ts';
 import { priorityFields } from './priority.ts';
@@ -479,7 +479,7 @@ export class ServerControlClient {
         const base = new URL(url);
         target = {
           pool: new Pool(base.origin, { connections: 1, keepAliveTimeout: 600_000 }),
-          prefix: base.pathname.replace(/\/+$/, '').replace(/\/v1$/, ''),
+          prefix: serverRoot(base),
         };
         this.#pools.set(url, target);
       }

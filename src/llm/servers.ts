@@ -316,13 +316,21 @@ const OWNERS: Record<string, ServerKind> = {
 };
 
 /**
+ * Where a server's own routes live (`/props`, `/abort_requests`, `/generate`…): the path of the URL the
+ * engine is given, without a trailing slash or the `/v1` of the OpenAI routes.
+ */
+export function serverRoot(url: URL): string {
+  return url.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
+}
+
+/**
  * Probes one endpoint: `/v1/models` (which must answer: a down or misconfigured server is one clear
  * error at start), then what the kind needs — llama.cpp's `/props` for its per-slot context, whether
  * the abort and in-place pause routes exist (vLLM serves them in dev mode only).
  */
 export async function probeServer(url: string, options: ProbeOptions): Promise<ServerInfo> {
   const base = new URL(url);
-  const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
+  const prefix = serverRoot(base);
   const pool = new Pool(base.origin, { connections: 1 });
   const headers: Record<string, string> = options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {};
   const timeoutMs = options.timeoutMs ?? 5_000;
@@ -575,7 +583,7 @@ export async function checkServedVersions(
     const dialect = DIALECTS[info.kind];
     if (dialect.weightVersion(options.api, options.stream) || dialect.versionRoute === null) return null;
     const base = new URL(info.url);
-    const prefix = base.pathname.replace(/\/+$/, '').replace(/\/v1$/, '');
+    const prefix = serverRoot(base);
     try {
       const response = await request(`${base.origin}${prefix}${dialect.versionRoute}`, {
         headers: options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {},
