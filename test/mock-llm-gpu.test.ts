@@ -4,13 +4,14 @@ import type { ServerResponse } from 'node:http';
 import { describe, it } from 'node:test';
 import type { TestContext } from 'node:test';
 import { request } from 'undici';
-import { GpuModel, type GpuModelOptions, type Sequence } from '../src/mock-llm/gpu-model.ts';
+import { GpuModel, type GpuModelOptions } from '../src/mock-llm/gpu-model.ts';
 import { Gpu, gpuWindow, GPU_DEFAULTS, type GpuMetrics } from '../src/mock-llm/gpu.ts';
 import { drawLength, promptKey } from '../src/mock-llm/lengths.ts';
 import { BLOCK_TOKENS, blockHashes, PrefixCache } from '../src/mock-llm/prefix-cache.ts';
 import { Scheduler, type Finish } from '../src/mock-llm/scheduler.ts';
 import { startMockLlm, type MockLlm, type MockLlmOptions } from '../src/mock-llm/server.ts';
 import { mockLlmCommand } from '../src/cli/mock-llm.ts';
+import { drain, ids } from './support/gpu-model.ts';
 
 /** Round numbers so step times are exact: a step is 10 ms + 1 ms per decoding sequence + 1 ms per prefilled token. */
 const SHAPE: GpuModelOptions = {
@@ -22,16 +23,6 @@ const SHAPE: GpuModelOptions = {
   prefillChunkTokens: 64,
   prefixCacheTokens: 1024,
 };
-
-const ids = (n: number, from = 1) => Array.from({ length: n }, (_, i) => from + i);
-
-/** Runs the model until idle; returns the time each sequence finished. */
-function drain(model: GpuModel): Sequence[] {
-  const done: Sequence[] = [];
-  for (let guard = 0; model.nextEventAt !== null && guard < 100_000; guard++)
-    done.push(...model.advanceTo(model.nextEventAt));
-  return done;
-}
 
 describe('GPU-like mock: the replica model', () => {
   it('runs at most `slots` sequences and queues the rest in arrival order', () => {

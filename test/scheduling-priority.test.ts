@@ -1,10 +1,11 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { rankOf, SGLANG_PRIORITY, VLLM_PRIORITY } from '../src/mock-llm/admission.ts';
-import { GpuModel, type GpuModelOptions, type Sequence } from '../src/mock-llm/gpu-model.ts';
+import { GpuModel, type GpuModelOptions } from '../src/mock-llm/gpu-model.ts';
 import { chatPayload } from '../src/llm/client.ts';
 import { priorityFields, trajectoryUrgency, URGENCY_LEVELS } from '../src/llm/priority.ts';
 import { DIALECTS } from '../src/llm/servers.ts';
+import { drain, ids } from './support/gpu-model.ts';
 
 const SHAPE: GpuModelOptions = {
   slots: 1,
@@ -15,15 +16,6 @@ const SHAPE: GpuModelOptions = {
   prefillChunkTokens: 64,
   prefixCacheTokens: 0,
 };
-
-const ids = (n: number, from = 1) => Array.from({ length: n }, (_, i) => from + i);
-
-function drain(model: GpuModel): Sequence[] {
-  const done: Sequence[] = [];
-  for (let guard = 0; model.nextEventAt !== null && guard < 100_000; guard++)
-    done.push(...model.advanceTo(model.nextEventAt));
-  return done;
-}
 
 describe('GPU-like mock: priority scheduling (admission.ts)', () => {
   it('reads the field as each server does: vLLM lower first, SGLang higher first by default', () => {
