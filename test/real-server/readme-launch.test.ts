@@ -18,16 +18,14 @@
  * test/fixtures/server-launch-facts.json.
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { rollout } from '../support/cli.ts';
 import { realServerAvailable, startLlamaServer, type LlamaServer } from '../support/llama-server.ts';
 import { engineRunArgs, readmeServersSection, sectionParts, serverLaunchWords } from '../support/readme-launch.ts';
 
-const MAIN = new URL('../../src/cli/main.ts', import.meta.url).pathname;
-const ROOT = new URL('../../', import.meta.url).pathname;
 const RUN_TIMEOUT_MS = 240_000;
 
 const available = realServerAvailable();
@@ -49,38 +47,6 @@ function readmeServerArgs(model: string): string[] {
     args[i + 1] = value;
   }
   return args;
-}
-
-interface RunResult {
-  code: number | null;
-  stdout: string;
-  stderr: string;
-}
-
-function runCli(args: string[]): Promise<RunResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, ['--import', 'tsx', MAIN, ...args], {
-      cwd: ROOT,
-      stdio: ['ignore', 'pipe', 'pipe'],
-      env: { ...process.env, LOG_LEVEL: 'warn' },
-    });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (c) => (stdout += c));
-    child.stderr.on('data', (c) => (stderr += c));
-    const timer = setTimeout(() => {
-      child.kill('SIGKILL');
-      reject(new Error(`rollout run: no exit in ${RUN_TIMEOUT_MS / 1000} s\n${stderr.slice(-3000)}`));
-    }, RUN_TIMEOUT_MS);
-    child.once('error', (err) => {
-      clearTimeout(timer);
-      reject(err);
-    });
-    child.once('close', (code) => {
-      clearTimeout(timer);
-      resolve({ code, stdout, stderr });
-    });
-  });
 }
 
 interface Turn {
@@ -149,7 +115,9 @@ describe('the README llama.cpp launch, run as written', { skip, timeout: 600_000
       "the README's engine flags",
     );
     const runDir = join(dir, 'run');
-    const result = await runCli(['run', ...args, '--steps', '1', '--run-dir', runDir]);
+    const result = await rollout(['run', ...args, '--steps', '1', '--run-dir', runDir], {
+      timeoutMs: RUN_TIMEOUT_MS,
+    });
     assert.equal(result.code, 0, `rollout run exited ${result.code}:\n${result.stderr.slice(-3000)}`);
 
     const groups = readFileSync(join(runDir, 'batches.jsonl'), 'utf8')
