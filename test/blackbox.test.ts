@@ -16,6 +16,32 @@ import { assertCallRows, assertRowsOnTokens } from './support/routing.ts';
 
 const AGENT = new URL('./fixtures/blackbox-agent.ts', import.meta.url).pathname;
 
+/** Each rollout's stitched sample comes back unchanged over the thread codec and from a (compact) checkpoint. */
+function assertStitchedSurvivesTravel(group: RolloutGroup): void {
+  const overThread = decodeMessage(
+    encodeMessage({
+      v: PROTOCOL_VERSION,
+      type: 'group-result',
+      group,
+      keptTurns: group.rollouts.map(() => 0),
+      workerId: 0,
+    }),
+  ) as GroupResultMessage;
+  const fromCheckpoint = expandGroup(
+    (
+      decodeCheckpoint(encodeCheckpoint({ v: 2, group: compactGroup(group) }), 'test') as unknown as {
+        group: RolloutGroup;
+      }
+    ).group,
+    'test',
+  );
+  for (const copy of [overThread.group, fromCheckpoint])
+    assert.deepEqual(
+      copy.rollouts.map((r) => r.stitched),
+      group.rollouts.map((r) => r.stitched),
+    );
+}
+
 describe('black-box agents through the token-trace gateway', () => {
   const engines: Engine[] = [];
   after(() => Promise.all(engines.map((e) => e.close())));
@@ -102,29 +128,7 @@ describe('black-box agents through the token-trace gateway', () => {
 
     // What the rollout carries survives every way a group travels: the thread codec, a checkpoint
     // (compact form), and JSON for a trainer.
-    const overThread = decodeMessage(
-      encodeMessage({
-        v: PROTOCOL_VERSION,
-        type: 'group-result',
-        group,
-        keptTurns: group.rollouts.map(() => 0),
-        workerId: 0,
-      }),
-    ) as GroupResultMessage;
-    const fromCheckpoint = expandGroup(
-      (
-        decodeCheckpoint(encodeCheckpoint({ v: 2, group: compactGroup(group) }), 'test') as unknown as {
-          group: RolloutGroup;
-        }
-      ).group,
-      'test',
-    );
-    for (const copy of [overThread.group, fromCheckpoint]) {
-      assert.deepEqual(
-        copy.rollouts.map((r) => r.stitched),
-        group.rollouts.map((r) => r.stitched),
-      );
-    }
+    assertStitchedSurvivesTravel(group);
     const json = JSON.parse(toJson(group)) as {
       rollouts: { stitched: { sideCalls: { promptIds: number[]; logprobs: number[] }[] } }[];
     };
@@ -179,28 +183,7 @@ describe('black-box agents through the token-trace gateway', () => {
         assertCallRows(side.routedExperts!, [...side.promptIds, ...side.completionIds], routing);
         assert.equal(side.samplingMask!.offsets.length, side.completionIds.length + 1);
       }
-      const overThread = decodeMessage(
-        encodeMessage({
-          v: PROTOCOL_VERSION,
-          type: 'group-result',
-          group,
-          keptTurns: group.rollouts.map(() => 0),
-          workerId: 0,
-        }),
-      ) as GroupResultMessage;
-      const fromCheckpoint = expandGroup(
-        (
-          decodeCheckpoint(encodeCheckpoint({ v: 2, group: compactGroup(group) }), 'test') as unknown as {
-            group: RolloutGroup;
-          }
-        ).group,
-        'test',
-      );
-      for (const copy of [overThread.group, fromCheckpoint])
-        assert.deepEqual(
-          copy.rollouts.map((r) => r.stitched),
-          group.rollouts.map((r) => r.stitched),
-        );
+      assertStitchedSurvivesTravel(group);
     } finally {
       await engine.close();
       await mock.close();
