@@ -5,10 +5,9 @@
  * (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`), `finish_reason`, `usage`,
  * `metadata.weight_version`. Validation errors name the field, as on the chat endpoint.
  */
-import { show } from '../env/synthetic/params.ts';
 import { createRng } from '../env/synthetic/rng.ts';
 import { requestStreamSeed } from './policy.ts';
-import { RequestError } from './request.ts';
+import { bad, isInt64, objectBody } from './request.ts';
 import type { MockVocabulary } from './vocab.ts';
 import { logprobText, type TokenDraws } from './response.ts';
 
@@ -36,22 +35,8 @@ export interface TokenCompletionRequest {
 
 const VLLM_DEFAULT_MAX_TOKENS = 16;
 
-function bad(param: string, rule: string, value: unknown): never {
-  throw new RequestError(`${param} ${rule} (got ${show(value)})`, param);
-}
-
-const isInt64 = (v: unknown): boolean => typeof v === 'number' && Number.isInteger(v) && Math.abs(v) <= 2 ** 63;
-
 export function parseTokenCompletionRequest(raw: string): TokenCompletionRequest {
-  let body: unknown;
-  try {
-    body = JSON.parse(raw);
-  } catch (error) {
-    throw new RequestError(`request body is not valid JSON: ${(error as Error).message}`, null);
-  }
-  if (typeof body !== 'object' || body === null || Array.isArray(body))
-    throw new RequestError(`request body must be a JSON object (got ${show(body)})`, null);
-  const b = body as Record<string, unknown>;
+  const b = objectBody(raw);
   const prompt = b.prompt;
   if (typeof prompt === 'string') {
     if (prompt.length === 0) bad('prompt', 'must not be empty', prompt);

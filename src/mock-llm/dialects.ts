@@ -14,11 +14,10 @@
  * Hot-path serialisers build JSON text by hand from cached fragments, as response.ts does: a rollout
  * benchmark runs the dialects too.
  */
-import { show } from '../env/synthetic/params.ts';
 import { createRng } from '../env/synthetic/rng.ts';
 import { logprobAt, LOGPROB_STREAM_TAG } from './completions.ts';
 import type { MockChatRequest } from './request.ts';
-import { RequestError } from './request.ts';
+import { bad, objectBody } from './request.ts';
 import { logprobText, type TokenDraws } from './response.ts';
 import { requestStreamSeed } from './policy.ts';
 import { decodeIds, END_OF_TURN_ID, tokenJson } from './tokens.ts';
@@ -386,22 +385,6 @@ export interface TokenInRequest {
   logprobStartLen?: number | null;
   /** vLLM's and SGLang's `priority` (GenerateReqInput.priority); undefined when absent. */
   priority?: number;
-}
-
-function bad(param: string, rule: string, value: unknown): never {
-  throw new RequestError(`${param} ${rule} (got ${show(value)})`, param);
-}
-
-function objectBody(raw: string): Record<string, unknown> {
-  let body: unknown;
-  try {
-    body = JSON.parse(raw);
-  } catch (error) {
-    throw new RequestError(`request body is not valid JSON: ${(error as Error).message}`, null);
-  }
-  if (typeof body !== 'object' || body === null || Array.isArray(body))
-    throw new RequestError(`request body must be a JSON object (got ${show(body)})`, null);
-  return body as Record<string, unknown>;
 }
 
 const isIds = (v: unknown): v is number[] =>

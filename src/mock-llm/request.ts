@@ -51,8 +51,22 @@ export class RequestError extends Error {
   }
 }
 
-function bad(param: string, rule: string, value: unknown): never {
+/** Refuses the request: `param` breaks `rule`, quoting the value it had. */
+export function bad(param: string, rule: string, value: unknown): never {
   throw new RequestError(`${param} ${rule} (got ${show(value)})`, param);
+}
+
+/** The request body parsed as JSON, refused unless it is a JSON object. */
+export function objectBody(raw: string): Record<string, unknown> {
+  let body: unknown;
+  try {
+    body = JSON.parse(raw);
+  } catch (error) {
+    throw new RequestError(`request body is not valid JSON: ${(error as Error).message}`, null);
+  }
+  if (typeof body !== 'object' || body === null || Array.isArray(body))
+    throw new RequestError(`request body must be a JSON object (got ${show(body)})`, null);
+  return body as Record<string, unknown>;
 }
 
 function parseMessages(value: unknown): PromptMessage[] {
@@ -83,19 +97,10 @@ const isBool = (v: unknown): boolean => typeof v === 'boolean';
 const isNumber = (v: unknown): boolean => typeof v === 'number' && Number.isFinite(v);
 const isPositiveInt = (v: unknown): boolean => typeof v === 'number' && Number.isSafeInteger(v) && v > 0;
 /** vLLM takes any int64 seed; beyond 2^53 JSON numbers are already rounded, so nearby huge seeds may coincide. */
-const isInt64 = (v: unknown): boolean => typeof v === 'number' && Number.isInteger(v) && Math.abs(v) <= 2 ** 63;
+export const isInt64 = (v: unknown): boolean => typeof v === 'number' && Number.isInteger(v) && Math.abs(v) <= 2 ** 63;
 
 export function parseChatRequest(raw: string): MockChatRequest {
-  let body: unknown;
-  try {
-    body = JSON.parse(raw);
-  } catch (error) {
-    throw new RequestError(`request body is not valid JSON: ${(error as Error).message}`, null);
-  }
-  if (typeof body !== 'object' || body === null || Array.isArray(body)) {
-    throw new RequestError(`request body must be a JSON object (got ${show(body)})`, null);
-  }
-  const b = body as Record<string, unknown>;
+  const b = objectBody(raw);
   const messages = parseMessages(b.messages);
   const model = optional(b, 'model', (v) => typeof v === 'string', 'must be a string') as string | undefined;
   const stream = optional(b, 'stream', isBool, 'must be a boolean') === true;
