@@ -268,41 +268,20 @@ export async function bareLoop({
   if (bodies.length === 0) throw new Error('bareLoop needs at least one chat body');
   const origin = new URL(url).origin;
   const pool = new Pool(origin, { connections: concurrency, headersTimeout: 60_000, bodyTimeout: 60_000 });
-  let operations = 0;
   let next = 0;
-  let stop = false;
-  const worker = async () => {
-    while (!stop) {
-      const body = bodies[next++ % bodies.length];
-      const res = await pool.request({
-        method: 'POST',
-        path: '/v1/chat/completions',
-        headers: { 'content-type': 'application/json' },
-        body,
-      });
-      const reply = JSON.parse(await res.body.text()) as { choices: { message: { content: string } }[] };
-      if (typeof reply.choices[0].message.content !== 'string') throw new Error('bad reply');
-      operations++;
-    }
-  };
-  // warm-up: open the connections
-  stop = false;
-  const mockCpu0 = mock?.cpuMs() ?? null;
-  const cpu0 = process.cpuUsage();
-  const t0 = performance.now();
-  const timer = setTimeout(() => (stop = true), seconds * 1000);
-  await Promise.all(Array.from({ length: concurrency }, worker));
-  clearTimeout(timer);
-  const elapsed = (performance.now() - t0) / 1000;
-  const cpu = process.cpuUsage(cpu0);
-  const mockCpu1 = mock?.cpuMs() ?? null;
+  const sample = await timedLoops(concurrency, seconds, mock, async () => {
+    const body = bodies[next++ % bodies.length];
+    const res = await pool.request({
+      method: 'POST',
+      path: '/v1/chat/completions',
+      headers: { 'content-type': 'application/json' },
+      body,
+    });
+    const reply = JSON.parse(await res.body.text()) as { choices: { message: { content: string } }[] };
+    if (typeof reply.choices[0].message.content !== 'string') throw new Error('bad reply');
+  });
   await pool.close();
-  return {
-    operations,
-    seconds: elapsed,
-    cpuMs: (cpu.user + cpu.system) / 1000,
-    mockCpuMs: mockCpu0 !== null && mockCpu1 !== null ? mockCpu1 - mockCpu0 : null,
-  };
+  return sample;
 }
 
 /**
@@ -351,13 +330,30 @@ export async function clientLoop({
     logprobs: CLIENT.logprobs,
     server: { kind: 'generic', contextLength: null },
   });
-  let operations = 0;
   let next = 0;
+  const sample = await timedLoops(concurrency, seconds, mock, async () => {
+    const reply = await client.chat(requests[next++ % requests.length]);
+    if (reply.responseIds === null || reply.logprobs === null) throw new Error('reply without token ids or logprobs');
+  });
+  await client.close();
+  return sample;
+}
+
+/**
+ * `concurrency` loops, each making `call` back to back until `seconds` are up: the calls made, the
+ * time taken, and the CPU this process (and the mock, when given) spent meanwhile.
+ */
+async function timedLoops(
+  concurrency: number,
+  seconds: number,
+  mock: Pick<MockProcess, 'cpuMs'> | undefined,
+  call: () => Promise<void>,
+): Promise<Sample & { mockCpuMs: number | null }> {
+  let operations = 0;
   let stop = false;
   const loop = async () => {
     while (!stop) {
-      const reply = await client.chat(requests[next++ % requests.length]);
-      if (reply.responseIds === null || reply.logprobs === null) throw new Error('reply without token ids or logprobs');
+      await call();
       operations++;
     }
   };
@@ -373,7 +369,6 @@ export async function clientLoop({
   const elapsed = (performance.now() - t0) / 1000;
   const cpu = process.cpuUsage(cpu0);
   const mockCpu1 = mock?.cpuMs() ?? null;
-  await client.close();
   return {
     operations,
     seconds: elapsed,
