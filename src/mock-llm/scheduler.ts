@@ -138,7 +138,7 @@ export class Scheduler {
       g.answer(reason, out);
     };
     const gpu = this.#options.gpu;
-    const entry = gpu ? this.#onGpu(gpu, g, count) : this.#onTimer(g, count, this.#paused !== null);
+    const entry = gpu ? this.#onGpu(gpu, g) : this.#onTimer(g, count, this.#paused !== null);
     if (entry === null) {
       respond(natural, count);
       return;
@@ -220,14 +220,13 @@ export class Scheduler {
    * if answering the replies before it takes longer than it needs. Hence start(): submitted before its
    * entry is in flight, that reply would be dropped and its client left to time out (llm.timeoutMs).
    */
-  #onGpu(gpu: Gpu, g: Generation, count: number): InFlight {
-    const ids = g.ids.length === count ? g.ids : g.ids.slice(0, count);
+  #onGpu(gpu: Gpu, g: Generation): InFlight {
     let job: GpuJob | null = null;
     const entry: InFlight = {
       rid: g.rid ?? '',
       start: () => {
-        job = gpu.submit({ promptIds: g.promptIds ?? [], outputIds: ids, priority: g.priority }, () =>
-          entry.finish(g.natural, count),
+        job = gpu.submit({ promptIds: g.promptIds ?? [], outputIds: g.ids, priority: g.priority }, () =>
+          entry.finish(g.natural, g.ids.length),
         );
       },
       // Before start() nothing runs on the replica: nothing to stop, nothing generated.
