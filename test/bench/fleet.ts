@@ -17,7 +17,7 @@
  *   node --import tsx test/bench/fleet.ts --quick         # a smoke run, ≈ 40 s
  *   node --import tsx test/bench/fleet.ts --servers 8 --cache-tokens 60000
  */
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -27,6 +27,7 @@ import { startMockProcess, type MockProcess } from '../../src/loadtest/mock-proc
 import { readAll } from '../../src/loadtest/training.ts';
 import type { GpuMetrics } from '../../src/mock-llm/gpu.ts';
 import { row, type TargetRow } from './targets.ts';
+import { writeDataset } from './training-loop.ts';
 
 export interface FleetBenchOptions {
   servers: number;
@@ -81,16 +82,6 @@ export interface FleetSideResult {
 export interface FleetBenchResult {
   options: FleetBenchOptions;
   sides: FleetSideResult[];
-}
-
-/** One prompt per line, ranges differing so the mock's per-prompt lengths differ (as training-loop.ts). */
-function writeDataset(dir: string, lines: number): string {
-  const file = join(dir, 'guess.jsonl');
-  writeFileSync(
-    file,
-    `${Array.from({ length: lines }, (_, i) => JSON.stringify({ min: 1, max: 20 + ((i * 7919) % 981) })).join('\n')}\n`,
-  );
-  return file;
 }
 
 async function startServers(o: FleetBenchOptions, side: FleetSide): Promise<MockProcess[]> {

@@ -16,7 +16,7 @@
  *   node --import tsx test/bench/priority.ts            # ≈ 3 min
  *   node --import tsx test/bench/priority.ts --quick    # a smoke run
  */
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -25,7 +25,7 @@ import { createEngine } from '../../src/index.ts';
 import { startMockProcess } from '../../src/loadtest/mock-process.ts';
 import { percentile } from '../../src/loadtest/stats.ts';
 import { runTrainingLoop, type TrainingFigures } from '../../src/loadtest/training.ts';
-import { capacityArgs, promptRange, trainingBenchDefaults, type TrainingBenchOptions } from './training-loop.ts';
+import { capacityArgs, trainingBenchDefaults, writeDataset, type TrainingBenchOptions } from './training-loop.ts';
 import { row, type TargetRow } from './targets.ts';
 
 export interface PrioritySide {
@@ -128,11 +128,7 @@ async function side(o: TrainingBenchOptions, dataset: string, which: PrioritySid
 export async function priorityBench(o: TrainingBenchOptions): Promise<PriorityBenchResult> {
   const dir = mkdtempSync(join(tmpdir(), 'rollout-priority-bench-'));
   try {
-    const dataset = join(dir, 'guess.jsonl');
-    writeFileSync(
-      dataset,
-      `${Array.from({ length: 4096 }, (_, i) => JSON.stringify({ min: 1, max: promptRange(i) })).join('\n')}\n`,
-    );
+    const dataset = writeDataset(dir, 4096);
     const sides: PrioritySide[] = [];
     for (const which of ['fifo', 'trajectory'] as const) sides.push(await side(o, dataset, which));
     return { options: o, sides };

@@ -248,7 +248,8 @@ export function ceilingOf(o: TrainingBenchOptions, sync: TrainingFigures): Ceili
 /** The dataset: one line per prompt, ranges from 20 to 1000 so the mock's per-prompt lengths differ. */
 export const promptRange = (i: number): number => 20 + ((i * 7919) % 981);
 
-function writeDataset(dir: string, lines: number): string {
+/** `lines` prompts of promptRange() into `dir`/guess.jsonl; returns its path. */
+export function writeDataset(dir: string, lines: number): string {
   const file = join(dir, 'guess.jsonl');
   writeFileSync(
     file,
