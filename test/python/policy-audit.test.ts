@@ -10,18 +10,22 @@
  * Needs python3 with torch (Debian: python3-torch); skipped without it, failed under CI=true.
  */
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { createEngine, type Engine } from '../../src/index.ts';
-import { listeningUrl, runToExit } from '../support/cli.ts';
+import { runToExit } from '../support/cli.ts';
+import {
+  PYTHONPATH,
+  pythonWithTorch,
+  startPolicyServer,
+  stopPolicyServer,
+  type PolicyServer,
+} from '../support/policy-server.ts';
 
-const REPO = new URL('../../', import.meta.url).pathname;
 const CI = process.env.CI === 'true';
 const MIN = 60_000;
-const PYTHONPATH = join(REPO, 'python');
 const SERVED = 'tiny-policy';
 /** The bound the measured noise must stay under (float32 forward, another summation order). */
 const NOISE_BOUND = 1e-4;
@@ -38,21 +42,10 @@ with torch.no_grad():
 save_pretrained(model, sys.argv[1] + "/m0")
 `;
 
-async function pythonWithTorch(): Promise<string | null> {
-  for (const python of [
-    ...new Set([process.env.PYTHON, '/usr/bin/python3', 'python3'].filter((c): c is string => !!c)),
-  ]) {
-    const out = await runToExit(python, ['-c', 'import torch, numpy'], { timeoutMs: MIN }).catch(() => null);
-    if (out?.code === 0) return python;
-  }
-  return null;
-}
-
 describe('the consistency audit against the reference policy server', { timeout: 10 * MIN }, () => {
   let python: string | null = null;
   let dir: string;
-  let child: ChildProcessWithoutNullStreams | undefined;
-  let url = '';
+  let server: PolicyServer | undefined;
   const engines: Engine[] = [];
 
   before(
@@ -65,33 +58,13 @@ describe('the consistency audit against the reference policy server', { timeout:
       dir = mkdtempSync(join(tmpdir(), 'policy-audit-'));
       const made = await runToExit(python, ['-c', MAKE_MODEL, dir], { timeoutMs: 2 * MIN, env: { PYTHONPATH } });
       assert.equal(made.code, 0, made.stderr);
-      child = spawn(
-        python,
-        [
-          '-m',
-          'rollout_engine.policy.server',
-          '--model',
-          join(dir, 'm0'),
-          '--port',
-          '0',
-          '--served-model-name',
-          SERVED,
-        ],
-        { env: { ...process.env, PYTHONPATH } },
-      );
-      let stderr = '';
-      child.stderr.on('data', (c) => (stderr += c));
-      url = await listeningUrl(child, 'the policy server', () => stderr);
+      server = await startPolicyServer(python, join(dir, 'm0'), ['--served-model-name', SERVED]);
     },
     { timeout: 3 * MIN },
   );
   after(async () => {
     await Promise.all(engines.splice(0).map((e) => e.close()));
-    if (child !== undefined && child.exitCode === null) {
-      const exited = new Promise((r) => child?.once('exit', r));
-      child.kill('SIGTERM');
-      await exited;
-    }
+    await stopPolicyServer(server);
     if (dir !== undefined) rmSync(dir, { recursive: true, force: true });
   });
 
@@ -103,7 +76,14 @@ describe('the consistency audit against the reference policy server', { timeout:
         batchSize: 2,
         workers: { threads: 1 },
         audit: { fraction: 1 },
-        llm: { url, server: 'sglang', api: 'tokens', tokenizer: join(dir, 'm0'), model: SERVED, timeoutMs: MIN },
+        llm: {
+          url: server!.url,
+          server: 'sglang',
+          api: 'tokens',
+          tokenizer: join(dir, 'm0'),
+          model: SERVED,
+          timeoutMs: MIN,
+        },
         tasks: [
           {
             name: 'guess',

@@ -15,6 +15,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { runToExit, type CliResult } from '../support/cli.ts';
+import { pythonWithTorch } from '../support/policy-server.ts';
 
 const REPO = new URL('../../', import.meta.url).pathname;
 const EXAMPLE = join(REPO, 'examples', 'grpo_learn.py');
@@ -47,16 +48,6 @@ interface Curve {
 }
 
 /** The first python that imports torch, numpy and msgpack (the pyenv `python3` on PATH may not). */
-async function pythonWithTorch(): Promise<string | null> {
-  for (const python of [
-    ...new Set([process.env.PYTHON, '/usr/bin/python3', 'python3'].filter((c): c is string => !!c)),
-  ]) {
-    const out = await runToExit(python, ['-c', 'import torch, numpy, msgpack'], { timeoutMs: MIN }).catch(() => null);
-    if (out?.code === 0) return python;
-  }
-  return null;
-}
-
 function show(out: CliResult): string {
   return `exit ${out.code}\n--- stdout ---\n${out.stdout}\n--- stderr ---\n${out.stderr}`;
 }
@@ -66,7 +57,7 @@ describe('a real policy learns through the engine, and every trained token check
   let dir: string;
 
   before(async () => {
-    python = await pythonWithTorch();
+    python = await pythonWithTorch('torch, numpy, msgpack');
     if (python === null && CI)
       assert.fail('no python3 with torch, numpy and msgpack (Debian: python3-torch python3-numpy python3-msgpack)');
     dir = mkdtempSync(join(tmpdir(), 'grpo-learn-'));

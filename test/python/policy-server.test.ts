@@ -10,7 +10,6 @@
  * Needs python3 with torch (Debian: python3-torch); skipped without it, failed under CI=true.
  */
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -18,12 +17,17 @@ import { after, before, describe, it } from 'node:test';
 import { createEngine, Status, type Engine, type EngineConfigInput } from '../../src/index.ts';
 import { loadChatModel } from '../../src/chat-model/model.ts';
 import type { RolloutState, TurnRecord } from '../../src/domain/rollout.ts';
-import { listeningUrl, runToExit } from '../support/cli.ts';
+import { runToExit } from '../support/cli.ts';
+import {
+  PYTHONPATH,
+  pythonWithTorch,
+  startPolicyServer,
+  stopPolicyServer,
+  type PolicyServer,
+} from '../support/policy-server.ts';
 
-const REPO = new URL('../../', import.meta.url).pathname;
 const CI = process.env.CI === 'true';
 const MIN = 60_000;
-const PYTHONPATH = join(REPO, 'python');
 const SERVED = 'tiny-policy';
 
 /**
@@ -67,51 +71,9 @@ for t, turn in enumerate(json.load(open(sys.argv[1]))):
 print(json.dumps(diffs))
 `;
 
-async function pythonWithTorch(): Promise<string | null> {
-  for (const python of [
-    ...new Set([process.env.PYTHON, '/usr/bin/python3', 'python3'].filter((c): c is string => !!c)),
-  ]) {
-    const out = await runToExit(python, ['-c', 'import torch, numpy'], { timeoutMs: MIN }).catch(() => null);
-    if (out?.code === 0) return python;
-  }
-  return null;
-}
-
-interface PolicyServer {
-  url: string;
-  child: ChildProcessWithoutNullStreams;
-  stderr(): string;
-}
-
-async function startPolicyServer(python: string, modelDir: string, extra: string[] = []): Promise<PolicyServer> {
-  const child = spawn(
-    python,
-    [
-      '-m',
-      'rollout_engine.policy.server',
-      '--model',
-      modelDir,
-      '--port',
-      '0',
-      '--weight-version',
-      '0',
-      '--served-model-name',
-      SERVED,
-      ...extra,
-    ],
-    { env: { ...process.env, PYTHONPATH } },
-  );
-  let stderr = '';
-  child.stderr.on('data', (c) => (stderr += c));
-  const url = await listeningUrl(child, 'the policy server', () => stderr);
-  return { url, child, stderr: () => stderr };
-}
-
-async function stopPolicyServer(server: PolicyServer | undefined): Promise<void> {
-  if (server === undefined || server.child.exitCode !== null) return;
-  const exited = new Promise((r) => server.child.once('exit', r));
-  server.child.kill('SIGTERM');
-  await exited;
+/** The policy server at weight version 0 serving SERVED; `extra` flags after those. */
+function startServer(python: string, modelDir: string, extra: string[] = []): Promise<PolicyServer> {
+  return startPolicyServer(python, modelDir, ['--weight-version', '0', '--served-model-name', SERVED, ...extra]);
 }
 
 async function post(url: string, path: string, body: unknown): Promise<{ status: number; json: unknown }> {
@@ -236,7 +198,7 @@ describe('the engine against the reference policy server, through its SGLang dia
 
   it('drives /generate with the model directory as tokenizer: exact prompts, and logprobs the weights give back', async (t) => {
     if (python === null) return t.skip('no python3 with torch');
-    server = await startPolicyServer(python, join(dir, 'm0'));
+    server = await startServer(python, join(dir, 'm0'));
     const e = engine(server.url, {});
     await e.start();
     const rollouts = rolloutsOf(await e.getBatch());
@@ -298,7 +260,7 @@ describe('the engine against the reference policy server, through its SGLang dia
       await stopPolicyServer(server);
       // Decoding slowed down (a sleep per scheduler step) so that the next batch's groups are still
       // generating when the pause comes: they are the ones kept in place across the update.
-      server = await startPolicyServer(python, join(dir, 'm0'), ['--decode-delay-ms', '30']);
+      server = await startServer(python, join(dir, 'm0'), ['--decode-delay-ms', '30']);
       const url = server.url;
       const e = engine(url, {
         llm: { stream },
