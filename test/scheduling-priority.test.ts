@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { rankOf, SGLANG_PRIORITY, VLLM_PRIORITY } from '../src/mock-llm/admission.ts';
+import { rankOf, SGLANG_PRIORITY, VLLM_PRIORITY } from '../src/mock-llm/priority-scheduling.ts';
 import { GpuModel, type GpuModelOptions } from '../src/mock-llm/gpu-model.ts';
 import { chatPayload } from '../src/llm/client.ts';
 import { priorityFields, trajectoryUrgency, URGENCY_LEVELS } from '../src/llm/priority.ts';

@@ -263,7 +263,7 @@ const GENERIC: ServerDialect = {
   // The shipped mock's logprobs belong to no model; a router's are its servers'.
   logprobsOf: null,
   lacks: [],
-  // vLLM's reading, as the shipped mock's default dialect (mock-llm/admission.ts).
+  // vLLM's reading, as the shipped mock's default dialect (mock-llm/priority-scheduling.ts).
   priority: 'lower-first',
 };
 

@@ -26,7 +26,7 @@
  * taken ≤ `slots`; the metrics' integrals cover every millisecond from 0 to `now` exactly once
  * (`#account` before every change of what they integrate).
  */
-import { nextIndex, preemptionVictim } from './admission.ts';
+import { nextIndex, preemptionVictim } from './priority-scheduling.ts';
 import type { PauseMode } from './pause-routes.ts';
 import { blockHashes, PrefixCache } from './prefix-cache.ts';
 

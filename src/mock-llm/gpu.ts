@@ -7,7 +7,7 @@
  * Invariant: the model is advanced to the wall clock before anything reads or changes it, and every
  * sequence it reports done is answered exactly once (its callback is dropped with it).
  */
-import { rankOf, VLLM_PRIORITY, type PriorityRule } from './admission.ts';
+import { rankOf, VLLM_PRIORITY, type PriorityRule } from './priority-scheduling.ts';
 import type { PauseMode } from './pause-routes.ts';
 import { GpuModel, type GpuCounters, type GpuModelOptions, type Sequence, type SequenceInput } from './gpu-model.ts';
 

@@ -22,7 +22,7 @@ import type { AddressInfo } from 'node:net';
 import { listen } from '../http-server.ts';
 import { Completer } from './completer.ts';
 import { Connections } from './connections.ts';
-import { SGLANG_PRIORITY, VLLM_PRIORITY } from './admission.ts';
+import { SGLANG_PRIORITY, VLLM_PRIORITY } from './priority-scheduling.ts';
 import type { Dialect } from './dialects.ts';
 import { FaultInjector, type MockFault } from './faults.ts';
 import { MockLogprobModel, type DriftFault } from './scoring.ts';
