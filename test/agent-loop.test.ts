@@ -96,6 +96,7 @@ function testGate(): { -readonly [K in keyof PauseView]: PauseView[K] } & { paus
     modelStep: 3,
     oldestUsefulStep: NO_EXPIRY,
     signal: controller.signal,
+    signalFor: () => controller.signal,
     stepOfVersion: (version) => (version === null ? 3 : Number(version)),
     pause() {
       this.paused = true;

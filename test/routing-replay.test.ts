@@ -476,6 +476,9 @@ function gate(): PauseView {
     modelStep: 3,
     oldestUsefulStep: NO_EXPIRY,
     signal: new AbortController().signal,
+    signalFor() {
+      return this.signal;
+    },
     stepOfVersion: (v) => (v === null ? 3 : Number(v)),
   };
 }

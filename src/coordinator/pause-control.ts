@@ -68,9 +68,13 @@ export class PauseControl {
     this.#broadcast(this.state);
   }
 
-  /** Published without an epoch: workers read it at their next turn boundary (protocol/control-block.ts). */
+  /**
+   * Published without an epoch: workers read it at their next turn boundary (protocol/control-block.ts),
+   * and those watching it cut the calls of rollouts it has just expired (worker/pause-gate.ts).
+   */
   setOldestUsefulStep(step: number): void {
-    Atomics.store(this.#view, CONTROL.OLDEST_USEFUL_STEP, step);
+    if (Atomics.exchange(this.#view, CONTROL.OLDEST_USEFUL_STEP, step) !== step)
+      Atomics.notify(this.#view, CONTROL.OLDEST_USEFUL_STEP);
   }
 
   /** `weightVersion`: the server's name for these weights, as the trainer announced it (null: none). */

@@ -44,8 +44,10 @@ export const CONTROL = {
   /**
    * The oldest model step whose tokens can still be taken: a rollout holding a response token of an
    * older step expires when it lands, whatever it generates next (coordinator/producer.ts publishes it
-   * as the consumer moves; NO_EXPIRY when landings are not measured). Read at turn boundaries, so a
-   * plain store is enough: a worker that reads the previous value stops that rollout one turn later.
+   * as the consumer moves; NO_EXPIRY when landings are not measured). Read at turn boundaries, and
+   * notified when it changes: each worker then cancels the inference calls of rollouts it expired
+   * (worker/pause-gate.ts), so a server stops decoding replies that would be thrown away. A worker
+   * that misses a change stops those rollouts one turn later: nothing depends on the wake-up.
    */
   OLDEST_USEFUL_STEP: 5,
 } as const;

@@ -56,6 +56,8 @@ export interface PauseView {
   /** A rollout holding a response token of an older model step has expired (NO_EXPIRY: none has). */
   readonly oldestUsefulStep: number;
   readonly signal: AbortSignal;
+  /** `signal`, also aborted once a rollout holding tokens of `oldestStep` expires (worker/pause-gate.ts). */
+  signalFor(oldestStep: number): CancelSignal;
   /** The model step a reply's weight version names; −1 for a version the trainer did not announce (worker/pause-gate.ts). */
   stepOfVersion(version: string | null): number;
 }

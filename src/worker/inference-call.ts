@@ -92,7 +92,11 @@ export function infer(turn: TurnCall, ctx: EpisodeContext): Promise<TurnRecord> 
         ...(routedFrom > 0 ? { routedFrom } : {}),
         ...(settings.priority === 'trajectory' ? { urgency: urgencyOf(rollout, step, ctx) } : {}),
       },
-      gate.signal,
+      // Cut when the rollout expires mid-call (its oldest token is this call's first or older); the
+      // scan of its turns only where something can expire.
+      gate.oldestUsefulStep === NO_EXPIRY
+        ? gate.signal
+        : gate.signalFor(Math.min(rolloutMinModelStep(rollout) ?? stepAtSend, stepAtSend)),
       agentId === null ? { session: rollout.id } : { session: rollout.id, agent: agentId },
     );
   } catch (err) {

@@ -5,10 +5,13 @@
  * call sees a pause the moment the coordinator writes it — no message has to be delivered first.
  * `signal` aborts in-flight inference calls when the coordinator escalates to CANCEL; `hold` aborts on
  * every pause, for streamed calls that come back at once with the tokens they hold (llm/client.ts).
+ * `signalFor` also aborts when the consumer moves past the oldest tokens a call's rollout holds, so a
+ * server stops decoding a reply whose rollout is reset on landing whatever it generates.
  */
 import { setMaxListeners } from 'node:events';
 import { AnnouncedVersions } from '../domain/weight-versions.ts';
-import { CONTROL, LAST_SEND, readWeightVersion, RunState, wallClockUs } from '../protocol/control-block.ts';
+import type { CancelSignal } from '../cancel.ts';
+import { CONTROL, LAST_SEND, NO_EXPIRY, readWeightVersion, RunState, wallClockUs } from '../protocol/control-block.ts';
 
 export class PauseGate {
   readonly #block: SharedArrayBuffer;
@@ -22,6 +25,13 @@ export class PauseGate {
   #epoch: number;
   #cancel = quietController();
   #hold = quietController();
+  /**
+   * The cancel signals `signalFor` hands out, by the oldest model step a call's rollout holds: calls of
+   * rollouts begun on the same weights share one, so a rise of OLDEST_USEFUL_STEP aborts a few
+   * controllers, not one per call (the client keeps one listener per signal: llm/exchange.ts).
+   * Invariant: none is aborted — one is deleted in the tick it aborts, by expiry or by a cancel.
+   */
+  readonly #byOldestStep = new Map<number, AbortController>();
   #closed = false;
 
   constructor(block: SharedArrayBuffer) {
@@ -31,6 +41,7 @@ export class PauseGate {
     this.#epoch = Atomics.load(this.#view, CONTROL.EPOCH);
     this.#apply();
     void this.#watch();
+    void this.#watchExpiry();
   }
 
   get paused(): boolean {
@@ -71,6 +82,21 @@ export class PauseGate {
   }
 
   /**
+   * `signal`, and also aborted once a rollout holding tokens of `oldestStep` has expired: the consumer
+   * moved past them (OLDEST_USEFUL_STEP), so the rollout is reset on landing whatever the call brings.
+   * Just `signal` while nothing can expire.
+   */
+  signalFor(oldestStep: number): CancelSignal {
+    const cancel = this.signal;
+    const oldestUseful = this.oldestUsefulStep;
+    if (oldestUseful === NO_EXPIRY || cancel.aborted) return cancel;
+    if (oldestStep < oldestUseful) return AbortSignal.abort(expired(oldestStep, oldestUseful));
+    let controller = this.#byOldestStep.get(oldestStep);
+    if (controller === undefined) this.#byOldestStep.set(oldestStep, (controller = quietController()));
+    return controller.signal;
+  }
+
+  /**
    * Aborts when a pause begins (any state but RUNNING, and IN_PLACE, whose calls the servers keep); a
    * fresh one after each resume (renewed as `signal` is).
    */
@@ -94,6 +120,26 @@ export class PauseGate {
     }
   }
 
+  /**
+   * Wakes when the coordinator moves OLDEST_USEFUL_STEP (coordinator/pause-control.ts notifies it) and
+   * cuts the calls of rollouts it expired. A change missed between two waits is caught by the next
+   * value: the check is against the newest, and the turn-boundary check stops the rest anyway.
+   */
+  async #watchExpiry(): Promise<void> {
+    let seen = this.oldestUsefulStep;
+    while (!this.#closed) {
+      const wait = Atomics.waitAsync(this.#view, CONTROL.OLDEST_USEFUL_STEP, seen);
+      if (wait.async) await wait.value;
+      seen = this.oldestUsefulStep;
+      if (seen === NO_EXPIRY) continue;
+      for (const [step, controller] of this.#byOldestStep) {
+        if (step >= seen) continue;
+        this.#byOldestStep.delete(step);
+        controller.abort(expired(step, seen));
+      }
+    }
+  }
+
   #apply(): void {
     const state = Atomics.load(this.#view, CONTROL.STATE);
     if (state === RunState.RUNNING) {
@@ -106,11 +152,20 @@ export class PauseGate {
     if (state !== RunState.RUNNING && state !== RunState.IN_PLACE && !this.#hold.signal.aborted)
       this.#hold.abort(new Error('held for a weight update'));
     if (state === RunState.CANCEL && !this.#cancel.signal.aborted) {
-      this.#cancel.abort(new Error('inference cancelled for a weight update'));
+      const reason = new Error('inference cancelled for a weight update');
+      this.#cancel.abort(reason);
+      for (const controller of this.#byOldestStep.values()) controller.abort(reason);
+      this.#byOldestStep.clear();
     }
     if (state === RunState.RUNNING && this.#cancel.signal.aborted) this.#cancel = quietController();
     if (state === RunState.RUNNING && this.#hold.signal.aborted) this.#hold = quietController();
   }
+}
+
+function expired(step: number, oldestUseful: number): Error {
+  return new Error(
+    `the rollout expired: it holds tokens of model step ${step}, and the trainer takes none older than ${oldestUseful}`,
+  );
 }
 
 /**
