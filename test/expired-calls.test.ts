@@ -8,9 +8,11 @@
  *   (vllm/entrypoints/openai/chat_completion/api_router.py @c0bc59655a4068c08621bcac8ab67b39cd2ec173),
  *   which cancels the handler when the ASGI `http.disconnect` message arrives, and with it the
  *   request's generation (vllm/entrypoints/utils.py @97c10e4485f6dc98ff9b959a06d78828ffd00a07).
- * - llama.cpp: a non-streamed completion waits with `rd.wait_for_all(req.should_stop)`, `should_stop`
- *   being httplib's `is_connection_closed`, and the reader cancels its tasks when it stops
- *   (tools/server/server-context.cpp, tools/server/server-queue.cpp @de3ff815ea7d559ee917f063901b8986f038abc6).
+ * - llama.cpp (tools/server/server-context.cpp, server-queue.cpp @de3ff815ea7d559ee917f063901b8986f038abc6):
+ *   a streamed reply stops at its next token; a non-streamed one waits in `rd.wait_for_all(req.should_stop)`
+ *   and checks httplib's `is_connection_closed` only when a 1 s wait for results times out, so under
+ *   load it runs to its end — both pinned in test/real-server/llama-server.test.ts ("stopping a
+ *   generation"). Against llama.cpp the cut saves the server's time with `llm.stream` only.
  * - the mock: its scheduler stops the sequence when the response closes (src/mock-llm/scheduler.ts).
  */
 import assert from 'node:assert/strict';

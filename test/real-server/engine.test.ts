@@ -12,6 +12,9 @@ import type { RolloutState } from '../../src/domain/rollout.ts';
 import OpenAI from 'openai';
 import { MODEL_NAME, realServerAvailable, startLlamaServer, type LlamaServer } from '../support/llama-server.ts';
 import { spawnServer } from '../fixtures/flaky-env-server.ts';
+import { PauseControl } from '../../src/coordinator/pause-control.ts';
+import { PauseGate } from '../../src/worker/pause-gate.ts';
+import { llmClient } from '../support/clients.ts';
 
 const MAIN = new URL('../../src/cli/main.ts', import.meta.url).pathname;
 
@@ -56,6 +59,27 @@ async function slotsIdleWithin(server: LlamaServer, ms: number): Promise<boolean
       is_processing: boolean;
     }[];
     if (slots.every((s) => !s.is_processing)) return true;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return false;
+}
+
+/** The server's count of tokens generated since it started (`--metrics`). */
+async function tokensPredicted(server: LlamaServer): Promise<number> {
+  const text = await (await fetch(`${server.url}/metrics`, { signal: AbortSignal.timeout(5_000) })).text();
+  const m = /^llamacpp:tokens_predicted_total (\S+)$/m.exec(text);
+  assert.ok(m, text);
+  return Number(m[1]);
+}
+
+/** GET /slots until a slot is processing, or the bound. */
+async function slotBusyWithin(server: LlamaServer, ms: number): Promise<boolean> {
+  const deadline = performance.now() + ms;
+  while (performance.now() < deadline) {
+    const slots = (await (await fetch(`${server.url}/slots`, { signal: AbortSignal.timeout(5_000) })).json()) as {
+      is_processing: boolean;
+    }[];
+    if (slots.some((s) => s.is_processing)) return true;
     await new Promise((r) => setTimeout(r, 20));
   }
   return false;
@@ -180,6 +204,37 @@ describe('the engine against a real llama.cpp server', { skip, timeout: 600_000 
     await e.resume({ modelStep: 1 });
     const next = rolloutsOf(await e.getBatch(2));
     assert.ok(next.every((r) => r.status === Status.COMPLETED));
+  });
+
+  it('a streamed reply whose rollout expires mid-call is cut, and the server stops decoding it (worker/pause-gate.ts signalFor)', async () => {
+    const control = new PauseControl(3);
+    const gate = new PauseGate(control.block);
+    const client = llmClient(server.url, { model: MODEL_NAME, stream: true, timeoutMs: 60_000 });
+    try {
+      assert.ok(await slotsIdleWithin(server, 30_000), 'idle before');
+      control.setOldestUsefulStep(3);
+      const before = await tokensPredicted(server);
+      // Random weights over the whole vocabulary: end-of-turn is one token in 150 000, so it runs long.
+      const call = client.chat(
+        { messages: [{ role: 'user', content: 'Hi' }], maxTokens: 1_500, temperature: 1 },
+        gate.signalFor(3),
+      );
+      const outcome = call.then(
+        () => null,
+        (err: unknown) => err,
+      );
+      assert.ok(await slotBusyWithin(server, 10_000), 'a slot is generating');
+      control.setOldestUsefulStep(4); // the trainer moved on: tokens of weights 3 are too old
+      const err = (await outcome) as { code?: string; message?: string } | null;
+      assert.equal(err?.code, 'ERR_LLM_ABORTED');
+      assert.match(err?.message ?? '', /expired/);
+      assert.ok(await slotsIdleWithin(server, 2_000), 'the slot stopped generating');
+      const predicted = (await tokensPredicted(server)) - before;
+      assert.ok(predicted < 1_500, `stopped after ${predicted} of 1 500 tokens`);
+    } finally {
+      gate.close();
+      await client.close();
+    }
   });
 });
 
