@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { createServer, type Server } from 'node:http';
 import { describe, it } from 'node:test';
 import { LlmRouter } from '../src/llm/router.ts';
+import { startMockLlm } from '../src/mock-llm/server.ts';
 import { TEST_CLIENT } from './support/clients.ts';
 import { chatCompletion, listenLoopback } from './support/http.ts';
 
@@ -151,5 +152,38 @@ describe('inference routing in a worker', () => {
     assert.deepEqual(router.outstanding(), [0, 0]);
     await router.close();
     a.server.close();
+  });
+});
+
+describe('what an ended episode leaves on the clients (llm/router.ts endSession)', () => {
+  it('forgets a multi-agent episode on every client under round-robin, each agent’s token-in conversation included (regression: only the default policy’s clients forgot the session, and none an agent’s conversation)', async () => {
+    const mocks = await Promise.all([
+      startMockLlm({ seed: 1, tokenizer: 'qwen2.5' }),
+      startMockLlm({ seed: 2, tokenizer: 'qwen2.5' }),
+    ]);
+    const policy = (url: string) => ({ urls: [url], model: 'm', temperature: null, maxTokens: null });
+    const router = new LlmRouter({
+      client: { ...TEST_CLIENT, api: 'tokens' },
+      fallbackServer: { kind: 'vllm', contextLength: null },
+      tokenizer: 'qwen2.5',
+      default: policy(mocks[0].url),
+      policies: { judge: policy(mocks[1].url) },
+      maxConcurrency: null,
+      routing: 'round-robin',
+    });
+    try {
+      for (const session of ['a', 'b']) {
+        await router.chat(request, undefined, { session, agent: 'player' });
+        await router.chat(request, undefined, { session, agent: 'judge' });
+      }
+      assert.equal(router.conversationsHeld(), 4, 'two agents of two episodes, each kept for its next turn');
+      router.endSession('a');
+      assert.equal(router.conversationsHeld(), 2);
+      router.endSession('b');
+      assert.equal(router.conversationsHeld(), 0);
+    } finally {
+      await router.close();
+      await Promise.all(mocks.map((m) => m.close()));
+    }
   });
 });

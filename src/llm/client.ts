@@ -243,6 +243,11 @@ export class LlmClient {
     this.#tokens?.forget(conversation);
   }
 
+  /** `api: tokens`: conversations whose token sequence this client keeps for their next turn. */
+  get conversationsHeld(): number {
+    return this.#tokens?.sessionsHeld ?? 0;
+  }
+
   /**
    * One call with retries. The exchange is awaited here, in the one async frame of a call: every call
    * in flight holds its suspended frames until the answer (heap snapshot of the memory bench: ≈0.5–0.8

@@ -213,11 +213,12 @@ export class LlmRouter {
     if (endpoint === undefined) {
       endpoint = pickLeastOutstanding(policy)!;
       this.#affinity.set(key, endpoint);
-      if (route.agent !== undefined && !this.#agentKeys.get(route.session)?.includes(key)) {
-        const keys = this.#agentKeys.get(route.session);
-        if (keys === undefined) this.#agentKeys.set(route.session, [key]);
-        else keys.push(key);
-      }
+    }
+    // Under round-robin too: endSession forgets each agent's conversation wherever it is kept.
+    if (route.agent !== undefined) {
+      const keys = this.#agentKeys.get(route.session);
+      if (keys === undefined) this.#agentKeys.set(route.session, [key]);
+      else if (!keys.includes(key)) keys.push(key);
     }
     const { temperature, sampling = null, maxTokens } = policy.settings;
     // As the group's record says (config.ts samplingRecord): the policy's settings replace the task's one by one.
@@ -306,19 +307,33 @@ export class LlmRouter {
     }
   }
 
-  /** Forget a session's endpoint (its episode ended), and what its client held of it. */
+  /** Forget a session's endpoints (its episode ended), and what their clients held of it. */
   endSession(session: string): void {
-    // Round-robin: any client of the policy may hold some of it (api: tokens keeps a bounded few).
-    if (this.#roundRobin) for (const e of this.#default.endpoints) e.client.endSession(session);
+    const keys = this.#agentKeys.get(session);
+    this.#agentKeys.delete(session);
+    if (this.#roundRobin) {
+      // Any client may hold some of it, an agent's policy's as well as the default's: api: tokens keeps
+      // each conversation's whole sequence, up to SESSIONS_KEPT of them a client (regression: only the
+      // default policy's clients forgot the session, and none an agent's conversation).
+      for (const client of this.#clients.values()) {
+        client.endSession(session);
+        if (keys !== undefined) for (const key of keys) client.endSession(key);
+      }
+    }
     this.#affinity.get(session)?.client.endSession(session);
     this.#affinity.delete(session);
-    const keys = this.#agentKeys.get(session);
     if (keys === undefined) return;
-    this.#agentKeys.delete(session);
     for (const key of keys) {
       this.#affinity.get(key)?.client.endSession(key);
       this.#affinity.delete(key);
     }
+  }
+
+  /** `api: tokens`: conversations the clients keep for their next turn, every client together. */
+  conversationsHeld(): number {
+    let n = 0;
+    for (const client of this.#clients.values()) n += client.conversationsHeld;
+    return n;
   }
 
   /** Requests outstanding per endpoint URL of the default policy (for tests and stats). */

@@ -345,6 +345,11 @@ export class TokenChat {
     this.#sessions.delete(sessionId);
   }
 
+  /** Conversations whose sequence is kept for their next turn (at most SESSIONS_KEPT). */
+  get sessionsHeld(): number {
+    return this.#sessions.size;
+  }
+
   /** The session's sequence so far: cached, or rebuilt from the previous turn the agent loop passes. */
   #base(
     model: ChatModel,
