@@ -51,18 +51,30 @@ function rolloutsOf(batch: Awaited<ReturnType<Engine['getBatch']>>): RolloutStat
   return batch.groups.flatMap((g) => g.rollouts);
 }
 
-/** GET /slots until no slot is processing, or the bound: the server's own word that generation stopped. */
-async function slotsIdleWithin(server: LlamaServer, ms: number): Promise<boolean> {
+/** GET /slots until `test` holds of them, or the bound: the server's own word on what is generating. */
+async function slotsWithin(
+  server: LlamaServer,
+  ms: number,
+  test: (slots: { is_processing: boolean }[]) => boolean,
+): Promise<boolean> {
   const deadline = performance.now() + ms;
   while (performance.now() < deadline) {
     const slots = (await (await fetch(`${server.url}/slots`, { signal: AbortSignal.timeout(5_000) })).json()) as {
       is_processing: boolean;
     }[];
-    if (slots.every((s) => !s.is_processing)) return true;
+    if (test(slots)) return true;
     await new Promise((r) => setTimeout(r, 20));
   }
   return false;
 }
+
+/** Until no slot is processing: generation stopped. */
+const slotsIdleWithin = (server: LlamaServer, ms: number) =>
+  slotsWithin(server, ms, (slots) => slots.every((s) => !s.is_processing));
+
+/** Until a slot is processing: a generation began. */
+const slotBusyWithin = (server: LlamaServer, ms: number) =>
+  slotsWithin(server, ms, (slots) => slots.some((s) => s.is_processing));
 
 /** The server's count of tokens generated since it started (`--metrics`). */
 async function tokensPredicted(server: LlamaServer): Promise<number> {
@@ -70,19 +82,6 @@ async function tokensPredicted(server: LlamaServer): Promise<number> {
   const m = /^llamacpp:tokens_predicted_total (\S+)$/m.exec(text);
   assert.ok(m, text);
   return Number(m[1]);
-}
-
-/** GET /slots until a slot is processing, or the bound. */
-async function slotBusyWithin(server: LlamaServer, ms: number): Promise<boolean> {
-  const deadline = performance.now() + ms;
-  while (performance.now() < deadline) {
-    const slots = (await (await fetch(`${server.url}/slots`, { signal: AbortSignal.timeout(5_000) })).json()) as {
-      is_processing: boolean;
-    }[];
-    if (slots.some((s) => s.is_processing)) return true;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  return false;
 }
 
 describe('the engine against a real llama.cpp server', { skip, timeout: 600_000 }, () => {
