@@ -47,6 +47,7 @@ import {
   type SamplingMask,
   type SequenceRouting,
 } from '../domain/routing.ts';
+import { preview } from '../errors.ts';
 
 /** The model's routing shape where the server does not send it (SGLang): `num_hidden_layers`, `num_experts_per_tok`. */
 export interface RoutingShape {
@@ -65,17 +66,6 @@ const NPY_READ: Record<string, { bytes: number; read: (v: DataView, at: number) 
   '<u4': { bytes: 4, read: (v, at) => v.getUint32(at, true) },
   '<i8': { bytes: 8, read: (v, at) => Number(v.getBigInt64(at, true)) },
 };
-
-/** A value for an error message: JSON, cut short. */
-function shown(value: unknown): string {
-  let text: string;
-  try {
-    text = JSON.stringify(value) ?? String(value);
-  } catch {
-    text = String(value);
-  }
-  return text.length > 60 ? `${text.slice(0, 57)}...` : text;
-}
 
 /** The id vLLM 0.21 writes for a position whose routing it does not hold (a prefix-cache hit it lost). */
 const UNKNOWN_ID = -1;
@@ -110,7 +100,7 @@ function keptRows(
     const v = kept[i];
     if (!Number.isInteger(v) || v < 0 || v > 0xffff) {
       const row = first + Math.floor(i / width);
-      const where = typeof field === 'string' ? `${field} holds ${shown(v)} at row ${row}` : field(row, v);
+      const where = typeof field === 'string' ? `${field} holds ${preview(v)} at row ${row}` : field(row, v);
       throw new Error(`${where} (sequence position ${at + row}): not an expert id`);
     }
   }
@@ -133,10 +123,10 @@ function firstRowAt(rows: number, asked: number, sequenceLength: number | null):
  * Throws a message naming what is wrong.
  */
 export function readVllmRouted(b64: unknown, start: number, sequenceLength: number | null = null): RoutedExperts {
-  if (typeof b64 !== 'string') throw new Error(`routed_experts must be a base64 string (got ${shown(b64)})`);
+  if (typeof b64 !== 'string') throw new Error(`routed_experts must be a base64 string (got ${preview(b64)})`);
   const bytes = Buffer.from(b64, 'base64');
   if (bytes.length < 10 || bytes.toString('latin1', 0, 6) !== NPY_MAGIC)
-    throw new Error(`routed_experts is not a base64 .npy (no \\x93NUMPY magic): ${shown(b64)}`);
+    throw new Error(`routed_experts is not a base64 .npy (no \\x93NUMPY magic): ${preview(b64)}`);
   const major = bytes[6];
   const headerLength = major === 1 ? bytes.readUInt16LE(8) : bytes.readUInt32LE(8);
   const headerStart = major === 1 ? 10 : 12;
@@ -167,7 +157,7 @@ export function readVllmRouted(b64: unknown, start: number, sequenceLength: numb
 
 /** A JSON `[rows][layers][top_k]` list of expert ids, flattened; throws naming `field` and what it holds. */
 function nestedRows(value: unknown, field: string): { rows: number; layers: number; topK: number; values: number[] } {
-  if (!Array.isArray(value)) throw new Error(`${field} must be a list of [layers][top_k] rows (got ${shown(value)})`);
+  if (!Array.isArray(value)) throw new Error(`${field} must be a list of [layers][top_k] rows (got ${preview(value)})`);
   const values: number[] = [];
   let layers = -1;
   let topK = -1;
@@ -175,14 +165,14 @@ function nestedRows(value: unknown, field: string): { rows: number; layers: numb
     const row = value[r];
     if (!Array.isArray(row) || (layers >= 0 && row.length !== layers))
       throw new Error(
-        `${field}[${r}] must be a list of ${layers >= 0 ? layers : 'the'} layers' top-k ids (got ${shown(row)})`,
+        `${field}[${r}] must be a list of ${layers >= 0 ? layers : 'the'} layers' top-k ids (got ${preview(row)})`,
       );
     layers = row.length;
     for (let l = 0; l < row.length; l++) {
       const ids = row[l];
       if (!Array.isArray(ids) || (topK >= 0 && ids.length !== topK) || !ids.every((id) => Number.isInteger(id)))
         throw new Error(
-          `${field}[${r}][${l}] must be a list of ${topK >= 0 ? topK : 'top-k'} integer expert ids (got ${shown(ids)})`,
+          `${field}[${r}][${l}] must be a list of ${topK >= 0 ? topK : 'top-k'} integer expert ids (got ${preview(ids)})`,
         );
       topK = ids.length;
       for (const id of ids) values.push(id as number);
@@ -221,7 +211,7 @@ export function readVllmReplyRouted(
   if (own == null && prompt == null) return undefined;
   if (own != null && !Array.isArray(own))
     throw new Error(
-      `choices[0].routed_experts must be a base64 .npy string or a list of [layers][top_k] rows (got ${shown(own)})`,
+      `choices[0].routed_experts must be a base64 .npy string or a list of [layers][top_k] rows (got ${preview(own)})`,
     );
   const p = prompt == null ? null : nestedRows(prompt, 'prompt_routed_experts');
   const g = own == null ? null : nestedRows(own, 'choices[0].routed_experts');
@@ -257,10 +247,13 @@ export function readVllmReplyRouted(
 }
 
 /** SGLang's wire dtypes for routed experts (`meta_info.routed_experts_dtype`): bytes per id and the reader. */
-const SGLANG_DTYPES: Record<string, { bytes: number; read: (b: Buffer, at: number) => number }> = {
-  int32: { bytes: 4, read: (b, at) => b.readInt32LE(at) },
-  uint16: { bytes: 2, read: (b, at) => b.readUInt16LE(at) },
-  uint8: { bytes: 1, read: (b, at) => b[at] },
+const SGLANG_DTYPES: Record<
+  string,
+  { bytes: number; read: (b: Buffer, at: number) => number; write: (b: Buffer, value: number, at: number) => void }
+> = {
+  int32: { bytes: 4, read: (b, at) => b.readInt32LE(at), write: (b, v, at) => b.writeInt32LE(v, at) },
+  uint16: { bytes: 2, read: (b, at) => b.readUInt16LE(at), write: (b, v, at) => b.writeUInt16LE(v, at) },
+  uint8: { bytes: 1, read: (b, at) => b[at], write: (b, v, at) => b.writeUInt8(v, at) },
 };
 
 /**
@@ -275,14 +268,15 @@ export function readSglangRouted(
   dtype: unknown = undefined,
   sequenceLength: number | null = null,
 ): RoutedExperts {
-  if (typeof b64 !== 'string') throw new Error(`meta_info.routed_experts must be a base64 string (got ${shown(b64)})`);
+  if (typeof b64 !== 'string')
+    throw new Error(`meta_info.routed_experts must be a base64 string (got ${preview(b64)})`);
   if (shape === null)
     throw new Error(
       'SGLang sends routed experts without their shape: set llm.routedExperts to {"layers": num_hidden_layers, "topK": num_experts_per_tok}',
     );
   const kind = dtype == null ? SGLANG_DTYPES.int32 : typeof dtype === 'string' ? SGLANG_DTYPES[dtype] : undefined;
   if (kind === undefined)
-    throw new Error(`meta_info.routed_experts_dtype is ${shown(dtype)}, not "int32", "uint16" or "uint8"`);
+    throw new Error(`meta_info.routed_experts_dtype is ${preview(dtype)}, not "int32", "uint16" or "uint8"`);
   const bytes = Buffer.from(b64, 'base64');
   const width = shape.layers * shape.topK;
   if (bytes.length % (kind.bytes * width) !== 0)
@@ -337,11 +331,7 @@ export function npyBase64(values: ArrayLike<number>, shape: readonly number[], d
 export function sglangBase64(values: ArrayLike<number>, dtype: 'int32' | 'uint16' | 'uint8'): string {
   const kind = SGLANG_DTYPES[dtype];
   const out = Buffer.alloc(values.length * kind.bytes);
-  for (let i = 0; i < values.length; i++) {
-    if (dtype === 'int32') out.writeInt32LE(values[i], 4 * i);
-    else if (dtype === 'uint16') out.writeUInt16LE(values[i], 2 * i);
-    else out.writeUInt8(values[i], i);
-  }
+  for (let i = 0; i < values.length; i++) kind.write(out, values[i], i * kind.bytes);
   return out.toString('base64');
 }
 
