@@ -39,7 +39,6 @@ import {
   mockRows,
   mockSupport,
   sglangMaskFields,
-  sglangRoutedField,
   sglangRoutedFields,
   vllmListFields,
   vllmRoutedField,
@@ -103,12 +102,12 @@ describe('the servers’ routed-expert encodings', () => {
   });
 
   it('reads SGLang’s base64 int32 with the configured shape, and asks for the shape when none is set', () => {
-    const r = readSglangRouted(sglangRoutedField([9, 10, 11], 0, ROUTING), 0, { layers: 3, topK: 2 });
+    const r = readSglangRouted(sglangRoutedFields([9, 10, 11], 0, ROUTING).routed_experts, 0, { layers: 3, topK: 2 });
     assert.equal(r.rows, 2);
     assert.equal(r.ids[6], mockExpert(10, 1, 0, 0, ROUTING.experts));
     assert.throws(() => readSglangRouted('AAAA', 0, null), /set llm.routedExperts to \{"layers"/);
     assert.throws(
-      () => readSglangRouted(sglangRoutedField([9, 10, 11], 0, ROUTING), 0, { layers: 4, topK: 2 }),
+      () => readSglangRouted(sglangRoutedFields([9, 10, 11], 0, ROUTING).routed_experts, 0, { layers: 4, topK: 2 }),
       /not whole rows/,
     );
   });
@@ -294,7 +293,7 @@ describe('the servers’ routed-expert encodings', () => {
           [-1, 13, null],
         ],
         finish_reason: { type: 'stop' },
-        routed_experts: sglangRoutedField(sequence, 0, ROUTING),
+        routed_experts: sglangRoutedFields(sequence, 0, ROUTING).routed_experts,
       },
     };
     const shape = { layers: 3, topK: 2 };
@@ -304,7 +303,7 @@ describe('the servers’ routed-expert encodings', () => {
     assert.equal(r.ids[0], mockExpert(11, 2, 0, 0, ROUTING.experts));
     const current = {
       ...body,
-      meta_info: { ...body.meta_info, routed_experts: sglangRoutedField(sequence, 2, ROUTING) },
+      meta_info: { ...body.meta_info, routed_experts: sglangRoutedFields(sequence, 2, ROUTING).routed_experts },
     };
     const same = TOKEN_WIRES.sglang.parse(current, fail, { routedFrom: 2, routingShape: shape, samplingMask: false });
     assert.deepEqual(same.routedExperts, r);

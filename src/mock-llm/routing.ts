@@ -84,11 +84,6 @@ export function vllmListFields(
   };
 }
 
-/** SGLang's `meta_info.routed_experts`: base64 int32, no shape. */
-export function sglangRoutedField(sequence: readonly number[], from: number, r: MockRouting): string {
-  return sglangBase64(mockRows(sequence, from, r), 'int32');
-}
-
 /**
  * SGLang's meta_info fields for routed experts: `routed_experts` in the configured wire dtype and,
  * when one is configured, `routed_experts_dtype` naming the one sent (int32 when an id does not fit).
