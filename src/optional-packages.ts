@@ -53,18 +53,19 @@ export function missingPackage(err: unknown): string | null {
   return /Cannot find package '([^']+)'/.exec((err as Error).message)?.[1] ?? null;
 }
 
+/** How a feature's modules are imported; a test passes one that misses a package. */
+export type OptionalImport<T> = () => Promise<T>;
+
 /**
  * Runs `load` (the feature's dynamic imports); a package it cannot find becomes an
  * OptionalPackageError naming the feature. Callers take `load` as a parameter so a test can make it
  * import a package that does not exist.
  */
-export async function loadOptional<T>(feature: OptionalFeature, load: () => Promise<T>): Promise<T> {
+export async function loadOptional<T>(feature: OptionalFeature, load: OptionalImport<T>): Promise<T> {
   try {
     return await load();
   } catch (err) {
-    const missing = missingPackage(err);
-    if (missing === null) throw err;
-    throw new OptionalPackageError(feature, missing, err);
+    throw named(feature, err);
   }
 }
 
@@ -80,8 +81,12 @@ export function requireInstalled(
   try {
     resolve(OPTIONAL_PACKAGES[feature].probe);
   } catch (err) {
-    const missing = missingPackage(err);
-    if (missing === null) throw err;
-    throw new OptionalPackageError(feature, missing, err);
+    throw named(feature, err);
   }
+}
+
+/** What to throw for `err`: an OptionalPackageError naming `feature` when a package was not found, else `err`. */
+function named(feature: OptionalFeature, err: unknown): unknown {
+  const missing = missingPackage(err);
+  return missing === null ? err : new OptionalPackageError(feature, missing, err);
 }

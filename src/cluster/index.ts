@@ -6,19 +6,16 @@
  * missing one is one line naming the feature and the packages instead of an import stack.
  */
 import { PiscinaWorkerPool, type WorkerPool } from '../coordinator/worker-pool.ts';
-import { loadOptional } from '../optional-packages.ts';
+import { loadOptional, type OptionalImport } from '../optional-packages.ts';
 import { CombinedWorkerPool } from './combined-pool.ts';
 import type { NatsWorkerPoolOptions } from './nats-pool.ts';
 
 export type { NodeStatus, PauseNodes } from '../coordinator/worker-pool.ts';
 export type { RolloutNodeOptions } from './node.ts';
 
-/** How a module that imports the NATS client is loaded (a test passes one that misses a package). */
-export type ClusterImport<T> = () => Promise<T>;
-
 export async function createClusterPool(
   options: NatsWorkerPoolOptions,
-  importPool: ClusterImport<typeof import('./nats-pool.ts')> = () => import('./nats-pool.ts'),
+  importPool: OptionalImport<typeof import('./nats-pool.ts')> = () => import('./nats-pool.ts'),
 ): Promise<WorkerPool> {
   const { NatsWorkerPool } = await loadOptional('nats', importPool);
   const remote = await NatsWorkerPool.create(options);
@@ -30,7 +27,7 @@ export async function createClusterPool(
 
 /** The worker node class, for `rollout node` (cli/node.ts). */
 export async function loadRolloutNode(
-  importNode: ClusterImport<typeof import('./node.ts')> = () => import('./node.ts'),
+  importNode: OptionalImport<typeof import('./node.ts')> = () => import('./node.ts'),
 ): Promise<typeof import('./node.ts')['RolloutNode']> {
   return (await loadOptional('nats', importNode)).RolloutNode;
 }

@@ -15,7 +15,7 @@
 import type { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import type { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import type { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
-import { loadOptional, OptionalPackageError } from '../optional-packages.ts';
+import { loadOptional, OptionalPackageError, type OptionalImport } from '../optional-packages.ts';
 import type { ToolOutput, ToolSchema } from './types.ts';
 
 /** The parts of the SDK a connection uses. */
@@ -66,10 +66,10 @@ export class McpConnection {
   /** Why the last session ended, kept for the calls it failed. */
   #lastClose: string | null = null;
   #closed = false;
-  readonly #importSdk: () => Promise<McpSdk>;
+  readonly #importSdk: OptionalImport<McpSdk>;
 
   /** `importSdk`: how the SDK is loaded (a test passes one that misses a package). */
-  constructor(spec: McpServerSpec, importSdk: () => Promise<McpSdk> = importMcpSdk) {
+  constructor(spec: McpServerSpec, importSdk: OptionalImport<McpSdk> = importMcpSdk) {
     this.#spec = spec;
     this.label = mcpLabel(spec);
     this.#importSdk = importSdk;
@@ -180,7 +180,7 @@ export class McpConnection {
 export class McpServers {
   readonly connections: McpConnection[];
 
-  constructor(specs: readonly McpServerSpec[], importSdk: () => Promise<McpSdk> = importMcpSdk) {
+  constructor(specs: readonly McpServerSpec[], importSdk: OptionalImport<McpSdk> = importMcpSdk) {
     this.connections = specs.map((spec) => new McpConnection(spec, importSdk));
   }
 
