@@ -654,7 +654,7 @@ export class Producer implements ProduceContext {
     this.progress.finishConsume(trainStep);
     this.#publishExpiry();
     this.#counts.taken += groups.length;
-    this.#strategy.observeTake(trainStep, performance.now());
+    this.#strategy.observeTake(trainStep);
     this.#failedSinceBatch = 0;
     this.#changed.notify();
     this.#observer.taken?.(groups, trainStep);

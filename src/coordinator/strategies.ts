@@ -114,8 +114,8 @@ export interface ProduceStrategy {
   produce(ctx: ProduceContext, task: string, share: number): Promise<ProduceStatus>;
   /** A dispatched group landed `ms` after it was sent (the admission's lifetime figure). */
   observeLanding(ms: number): void;
-  /** The trainer took the batch of `trainStep` at `at` ms (performance.now()). */
-  observeTake(trainStep: number, at: number): void;
+  /** The trainer took the batch of `trainStep` now (on the clock the admission decides by). */
+  observeTake(trainStep: number): void;
   /** The deadline admission's figures; null without it. */
   admissionStats(): AdmissionStats | null;
 }
@@ -324,8 +324,8 @@ export class AsyncStrategy implements ProduceStrategy {
     this.#admission?.landed(ms);
   }
 
-  observeTake(trainStep: number, at: number): void {
-    this.#admission?.taken(trainStep, at);
+  observeTake(trainStep: number): void {
+    this.#admission?.taken(trainStep, this.#now());
   }
 
   admissionStats(): AdmissionStats | null {
