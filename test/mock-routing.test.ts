@@ -36,6 +36,18 @@ async function post(mock: MockLlm, path: string, body: unknown): Promise<{ statu
   return { status: res.statusCode, json: JSON.parse(text) };
 }
 
+/** vLLM's /v1/completions on token ids, asking for routed experts from `routedStart`. */
+function vllmCompletion(mock: MockLlm, input: number[], routedStart: number): Promise<{ status: number; json: any }> {
+  return post(mock, '/v1/completions', {
+    model: 'mock-model',
+    prompt: input,
+    max_tokens: 8,
+    logprobs: 1,
+    return_token_ids: true,
+    routed_experts_prompt_start: routedStart,
+  });
+}
+
 async function prompt(): Promise<number[]> {
   const vocab = await loadVocabulary('cl100k');
   return vocab.encode('<|im_start|>user\nCompute 2 + 3.<|im_end|>\n<|im_start|>assistant\n');
@@ -57,14 +69,7 @@ describe('the mock’s routed experts over HTTP', () => {
   it('answers vLLM /v1/completions with a .npy routed_experts from routed_experts_prompt_start on', async (t) => {
     const mock = await start(t, { dialect: 'vllm', model: 'mock-model', routedExperts: ROUTING });
     const input = await prompt();
-    const { status, json } = await post(mock, '/v1/completions', {
-      model: 'mock-model',
-      prompt: input,
-      max_tokens: 8,
-      logprobs: 1,
-      return_token_ids: true,
-      routed_experts_prompt_start: 3,
-    });
+    const { status, json } = await vllmCompletion(mock, input, 3);
     assert.equal(status, 200, JSON.stringify(json));
     const r = TOKEN_WIRES.vllm.parse(json, fail, { routedFrom: 3, routingShape: null, samplingMask: false });
     assertRows(r.routedExperts!, [...input, ...r.completionIds], 3);
@@ -90,14 +95,7 @@ describe('the mock’s routed experts over HTTP', () => {
       routedExperts: { ...ROUTING, vllmWire: 'lists' },
     });
     const input = await prompt();
-    const { status, json } = await post(mock, '/v1/completions', {
-      model: 'mock-model',
-      prompt: input,
-      max_tokens: 8,
-      logprobs: 1,
-      return_token_ids: true,
-      routed_experts_prompt_start: 3,
-    });
+    const { status, json } = await vllmCompletion(mock, input, 3);
     assert.equal(status, 200, JSON.stringify(json));
     assert.equal(json.prompt_routed_experts.length, input.length, 'one row per prompt token, the start not read');
     assert.deepEqual([json.prompt_routed_experts[0].length, json.prompt_routed_experts[0][0].length], [4, 2]);

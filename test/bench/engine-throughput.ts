@@ -248,6 +248,15 @@ export function firstTurnBody(maxTokens: number): string {
   );
 }
 
+/** A plain loop's run: `concurrency` loops against `url` for `seconds`, sending the recorded `bodies` in turn. */
+interface LoopOptions {
+  url: string;
+  concurrency: number;
+  seconds: number;
+  bodies: readonly string[];
+  mock?: Pick<MockProcess, 'cpuMs'>;
+}
+
 /**
  * The bare side: `concurrency` loops over one undici Pool for `seconds`, sending `bodies` in turn — the
  * chat bodies the engine sent (every turn of its conversations, so later turns' longer prompts too).
@@ -258,13 +267,7 @@ export async function bareLoop({
   seconds,
   bodies,
   mock,
-}: {
-  url: string;
-  concurrency: number;
-  seconds: number;
-  bodies: readonly string[];
-  mock?: Pick<MockProcess, 'cpuMs'>;
-}): Promise<Sample & { mockCpuMs: number | null }> {
+}: LoopOptions): Promise<Sample & { mockCpuMs: number | null }> {
   if (bodies.length === 0) throw new Error('bareLoop needs at least one chat body');
   const origin = new URL(url).origin;
   const pool = new Pool(origin, { connections: concurrency, headersTimeout: 60_000, bodyTimeout: 60_000 });
@@ -299,13 +302,7 @@ export async function clientLoop({
   seconds,
   bodies,
   mock,
-}: {
-  url: string;
-  concurrency: number;
-  seconds: number;
-  bodies: readonly string[];
-  mock?: Pick<MockProcess, 'cpuMs'>;
-}): Promise<Sample & { mockCpuMs: number | null }> {
+}: LoopOptions): Promise<Sample & { mockCpuMs: number | null }> {
   if (bodies.length === 0) throw new Error('clientLoop needs at least one chat body');
   const requests = bodies.map((b): ChatRequest => {
     const j = JSON.parse(b) as {

@@ -346,6 +346,11 @@ export interface TargetRow {
   detail: string;
 }
 
+/** A row's measured column: the figure with its unit, or n/a when it could not be measured. */
+function measuredText(value: number | null, digits: number, unit: string): string {
+  return value === null ? 'n/a' : `${value.toFixed(digits)}${unit}`;
+}
+
 export function row(o: {
   target: string;
   figure: string;
@@ -363,7 +368,7 @@ export function row(o: {
     value: ok ? o.value : null,
     limit: `${o.kind === 'max' ? '≤' : '≥'} ${o.limit}${o.unit}`,
     pass: ok ? (o.kind === 'max' ? o.value! <= o.limit : o.value! >= o.limit) : null,
-    measured: ok ? `${o.value!.toFixed(o.digits ?? 2)}${o.unit}` : 'n/a',
+    measured: measuredText(ok ? o.value : null, o.digits ?? 2, o.unit),
     detail: o.detail,
   };
 }
@@ -384,7 +389,7 @@ export function figureRow(o: {
     value: ok ? o.value : null,
     limit: '(a figure)',
     pass: null,
-    measured: ok ? `${o.value!.toFixed(o.digits ?? 0)}${o.unit}` : 'n/a',
+    measured: measuredText(ok ? o.value : null, o.digits ?? 0, o.unit),
     detail: o.detail,
   };
 }
