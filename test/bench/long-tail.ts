@@ -11,6 +11,9 @@
  *   node --import tsx test/bench/long-tail.ts                          # both workloads (≈ 10 min)
  *   node --import tsx test/bench/long-tail.ts --workload agentic-swe   # one
  *   node --import tsx test/bench/long-tail.ts --quick                  # a smoke run, too short to quote
+ *
+ * One knob over every workload's defaults: --strict-quantile, --strict-over-sample, --max-staleness,
+ * --episode-slots (workers.rolloutsPerWorker on the async sides; 0 = off).
  */
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
@@ -95,18 +98,26 @@ if (isMain) {
       sides: { type: 'string' },
       'strict-quantile': { type: 'string' },
       'strict-over-sample': { type: 'string' },
+      'max-staleness': { type: 'string' },
+      'episode-slots': { type: 'string' },
     },
   });
   const workloads = values.workload === undefined ? LONG_TAIL_WORKLOADS : [longTailWorkload(values.workload)];
   const overrides: Partial<TrainingBenchOptions> = {};
-  for (const [flag, key] of [
-    ['strict-quantile', 'strictQuantile'],
-    ['strict-over-sample', 'strictOverSample'],
+  // [flag, option, whole numbers only, least value]
+  for (const [flag, key, whole, least] of [
+    ['strict-quantile', 'strictQuantile', false, Number.MIN_VALUE],
+    ['strict-over-sample', 'strictOverSample', false, Number.MIN_VALUE],
+    ['max-staleness', 'maxStaleness', true, 0],
+    ['episode-slots', 'episodeSlots', true, 0],
   ] as const) {
     const v = values[flag];
     if (v === undefined) continue;
     const n = Number(v);
-    if (!Number.isFinite(n) || n <= 0) throw new Error(`--${flag} must be a number > 0 (got ${JSON.stringify(v)})`);
+    if (!Number.isFinite(n) || n < least || (whole && !Number.isInteger(n)))
+      throw new Error(
+        `--${flag} must be ${whole ? 'a whole number' : 'a number'} ${least > 0 ? '> 0' : '≥ 0'} (got ${JSON.stringify(v)})`,
+      );
     overrides[key] = n;
   }
   const sides = values.sides?.split(',') ?? LONG_TAIL_SIDES;

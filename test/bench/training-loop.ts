@@ -95,6 +95,12 @@ export interface TrainingBenchOptions {
   maxStaleness: number;
   /** workers.rolloutsPerWorker on the async sides; 0 = null (every rollout of the groups in flight). */
   episodeSlots: number;
+  /**
+   * tasks[].messageCut on every side: 3 (the engine's default) keeps the system message and the last
+   * five messages, so from turn 4 on the prompt no longer extends the last one and the servers'
+   * prefix cache misses; 0 sends the whole conversation.
+   */
+  messageCut: number;
   /** producer.takeOrder on the async sides: which retried group is sent out first, and which stored group is taken first. */
   takeOrder: 'fifo' | 'stalest';
   /** async+strict: groups over-sampled (producer.overSampleThreshold), paced by the admission below. */
@@ -138,6 +144,7 @@ export function trainingBenchDefaults(quick: boolean): TrainingBenchOptions {
     asyncSyncEvery: 2,
     maxStaleness: 1,
     episodeSlots: 0,
+    messageCut: 3,
     takeOrder: 'fifo',
     // Measured on today's workload (docs/SCHEDULING.md, "Strict staleness at speed"): at 0.9 and 1
     // nothing was thrown away at the in-place side's speed; 0.85 and 1.5 ran a little faster and threw
@@ -193,6 +200,12 @@ export interface SideResult {
    * (`(published − m) ÷ syncWeightsInterval`). Equal to the train-step figure at syncWeightsInterval 1.
    */
   syncStaleness?: { mean: number; max: number } | null;
+  /**
+   * The same rollouts by staleness in train steps: `[i]` the share taken at staleness i. Staleness 0
+   * is a rollout that landed while the trainer waited at the take right after its weights were
+   * published (docs/SCHEDULING.md, "Why the mean is above 1 in train steps").
+   */
+  stalenessShares?: number[];
   /** The deadline admission's figures at the end (EngineStats.admission), GPU ms; absent without it. */
   admission?: { quantile: number; held: number; lifetimeSeconds: number | null; stepSeconds: number | null };
 }
@@ -306,6 +319,7 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
   let discarded = 0;
   const syncEvery = async ? o.asyncSyncEvery : 1;
   const bySyncs = { sum: 0, max: 0, rollouts: 0 };
+  const byTrainSteps: number[] = [];
   const engine = createEngine(
     {
       logLevel: 'warn',
@@ -330,6 +344,7 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
               groupSize: o.groupSize,
               maxSteps: o.turns,
               maxTokens: o.maxTokens,
+              messageCut: o.messageCut,
             }
           : {
               name: o.workload.name,
@@ -338,6 +353,7 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
               groupSize: o.groupSize,
               maxSteps: o.turns,
               maxTokens: o.maxTokens,
+              messageCut: o.messageCut,
             },
       ],
       producer: async
@@ -364,6 +380,8 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
           for (const g of groups)
             for (const r of g.rollouts) {
               const m = rolloutMinModelStep(r);
+              const stale = m === null ? 0 : trainStep - m - 1;
+              byTrainSteps[stale] = (byTrainSteps[stale] ?? 0) + 1;
               const behind = m === null ? 0 : Math.max(0, Math.ceil((published - m) / syncEvery));
               bySyncs.sum += behind;
               bySyncs.max = Math.max(bySyncs.max, behind);
@@ -403,6 +421,7 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
       engineCores: (own.user + own.system) / 1e6 / realSeconds,
       maskedFailures: stats.failures.infrastructure,
       syncStaleness: bySyncs.rollouts > 0 ? { mean: bySyncs.sum / bySyncs.rollouts, max: bySyncs.max } : null,
+      stalenessShares: Array.from(byTrainSteps, (n) => (n ?? 0) / Math.max(1, bySyncs.rollouts)),
       ...(stats.admission
         ? {
             admission: {
@@ -596,13 +615,14 @@ export function printTrainingBench(r: TrainingBenchResult): void {
         ? ''
         : `; CPU per real second: engine process ${s.engineCores.toFixed(2)}, mocks ${s.mockCores?.toFixed(2) ?? 'n/a'}`;
     const masked = s.maskedFailures === undefined ? '' : `; infrastructure failures ${s.maskedFailures}`;
+    const shares = s.stalenessShares?.length ? `; ${stalenessSharesText(s.stalenessShares)}` : '';
     const a = s.admission;
     const admitted =
       a === undefined
         ? ''
         : `; admission: predicted group lifetime (q ${a.quantile}) ${a.lifetimeSeconds?.toFixed(1) ?? 'n/a'} s against a trainer step of ${a.stepSeconds?.toFixed(1) ?? 'n/a'} s, rounds held back ${a.held}`;
     console.log(
-      `  ${s.side}: groups scheduled ${g.scheduled}, retried ${g.retried}, landed ${landed}, taken ${g.taken}, in flight at the end ${g.inFlight}, dropped ${dropped}${masked}${admitted}${cores}`,
+      `  ${s.side}: groups scheduled ${g.scheduled}, retried ${g.retried}, landed ${landed}, taken ${g.taken}, in flight at the end ${g.inFlight}, dropped ${dropped}${masked}${shares}${admitted}${cores}`,
     );
   }
   console.log(`  ${describeCeiling(r.ceiling)}`);
@@ -722,7 +742,7 @@ export function strictTargets(r: TrainingBenchResult, label: string, speedUpGoal
       detail:
         f === null
           ? 'not measured'
-          : `train step − oldest token's model step − 1; max ${f.staleness.max}; in weight syncs mean ${side?.syncStaleness?.mean.toFixed(2) ?? 'n/a'}, max ${side?.syncStaleness?.max ?? 'n/a'}`,
+          : `train step − oldest token's model step − 1; max ${f.staleness.max}; in weight syncs mean ${side?.syncStaleness?.mean.toFixed(2) ?? 'n/a'}, max ${side?.syncStaleness?.max ?? 'n/a'}${side?.stalenessShares ? `; ${stalenessSharesText(side.stalenessShares)} (0 only for what lands while the trainer waits: docs/SCHEDULING.md)` : ''}`,
     }),
     row({
       target,
@@ -737,6 +757,10 @@ export function strictTargets(r: TrainingBenchResult, label: string, speedUpGoal
   );
   return rows;
 }
+
+/** "taken at 0 / 1 / 2 train steps stale: 3 / 52 / 45 %" from the side's shares. */
+export const stalenessSharesText = (shares: readonly number[]): string =>
+  `taken at ${shares.map((_, i) => i).join(' / ')} train steps stale: ${shares.map((x) => (100 * x).toFixed(0)).join(' / ')} %`;
 
 const staleNote = (f: TrainingFigures): string =>
   `staleness taken mean ${f.staleness.mean.toFixed(2)}, max ${f.staleness.max}, ${(100 * f.staleness.pastThresholdFraction).toFixed(1)} % at or past the bound`;
@@ -842,6 +866,7 @@ if (isMain) {
     'async-sync-every',
     'max-staleness',
     'episode-slots',
+    'message-cut',
     'strict-over-sample',
     'strict-quantile',
   ] as const;
@@ -853,6 +878,7 @@ if (isMain) {
     'async-sync-every',
     'max-staleness',
     'episode-slots',
+    'message-cut',
   ]);
   const { values } = parseArgs({
     options: {
