@@ -384,7 +384,7 @@ const TaskSpec = z
     messageCut: nonNegativeInt
       .default(3)
       .describe(
-        'Keep the system message and the last `2 × messageCut − 1` messages; 0 sends the whole conversation (then only the last turn is trainable).',
+        'Keep the system message and the last `2 × messageCut − 1` messages; 0 sends the whole conversation (then only the last turn is trainable, and each prompt extends the last so the servers keep its prefix cached: prefer it for multi-turn RL, docs/SCHEDULING.md).',
       ),
     maxTokens: positiveInt
       .default(512)

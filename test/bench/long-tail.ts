@@ -13,7 +13,8 @@
  *   node --import tsx test/bench/long-tail.ts --quick                  # a smoke run, too short to quote
  *
  * One knob over every workload's defaults: --strict-quantile, --strict-over-sample, --max-staleness,
- * --episode-slots (workers.rolloutsPerWorker on the async sides; 0 = off).
+ * --episode-slots (workers.rolloutsPerWorker on the async sides; 0 = off), --message-cut,
+ * --strict-max-staleness.
  */
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
@@ -100,6 +101,8 @@ if (isMain) {
       'strict-over-sample': { type: 'string' },
       'max-staleness': { type: 'string' },
       'episode-slots': { type: 'string' },
+      'message-cut': { type: 'string' },
+      'strict-max-staleness': { type: 'string' },
     },
   });
   const workloads = values.workload === undefined ? LONG_TAIL_WORKLOADS : [longTailWorkload(values.workload)];
@@ -110,6 +113,8 @@ if (isMain) {
     ['strict-over-sample', 'strictOverSample', false, Number.MIN_VALUE],
     ['max-staleness', 'maxStaleness', true, 0],
     ['episode-slots', 'episodeSlots', true, 0],
+    ['message-cut', 'messageCut', true, 0],
+    ['strict-max-staleness', 'strictMaxStaleness', true, 0],
   ] as const) {
     const v = values[flag];
     if (v === undefined) continue;

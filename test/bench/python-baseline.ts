@@ -140,6 +140,8 @@ export interface PythonTrainerOptions {
   trainMsPerToken: number;
   loadMs: number;
   speedup: number;
+  /** tasks[].messageCut of the engine's sides, so both send the same conversations. */
+  messageCut: number;
 }
 
 /**
@@ -174,6 +176,8 @@ export async function runPythonTrainer(
     String(o.loadMs),
     '--speedup',
     String(o.speedup),
+    '--message-cut',
+    String(o.messageCut),
   ];
   const exit = await run(interpreter, args, 30 * 60_000);
   const lastLine = exit.stdout.trim().split('\n').at(-1) ?? '';

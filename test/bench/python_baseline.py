@@ -425,7 +425,8 @@ class SyncTrainer(Baseline):
 
     def __init__(self, args):
         urls = args.urls.split(",")
-        super().__init__(urls[0], args.groups * args.group_size, "direct", args.max_tokens, max_steps=args.turns)
+        super().__init__(urls[0], args.groups * args.group_size, "direct", args.max_tokens, max_steps=args.turns,
+                         message_cut=args.message_cut)
         self.urls = [u.rstrip("/") for u in urls]
         self.args = args
 
@@ -632,6 +633,8 @@ def main():
     parser.add_argument("--train-ms-per-token", type=float, default=0.1)
     parser.add_argument("--load-ms", type=float, default=2000)
     parser.add_argument("--speedup", type=float, default=1)
+    parser.add_argument("--message-cut", type=int, default=3,
+                        help="sync-trainer: keep the system message and the last 2 x this - 1 messages; 0 = all")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     if args.mode != "sync-trainer" and not args.url:

@@ -96,13 +96,20 @@ export interface TrainingBenchOptions {
   /** workers.rolloutsPerWorker on the async sides; 0 = null (every rollout of the groups in flight). */
   episodeSlots: number;
   /**
-   * tasks[].messageCut on every side: 3 (the engine's default) keeps the system message and the last
-   * five messages, so from turn 4 on the prompt no longer extends the last one and the servers'
-   * prefix cache misses; 0 sends the whole conversation.
+   * tasks[].messageCut on every side. 0 sends the whole conversation, as verl, slime and AReaL do for
+   * multi-turn RL (one exact sample per episode); 3, the engine's default, keeps the system message
+   * and the last five messages, so from turn 4 on a prompt no longer extends the last and the
+   * servers' prefix cache misses.
    */
   messageCut: number;
   /** producer.takeOrder on the async sides: which retried group is sent out first, and which stored group is taken first. */
   takeOrder: 'fifo' | 'stalest';
+  /**
+   * async+strict: producer.maxStaleness there (the other async sides take `maxStaleness`). Issue
+   * 31.3 fixes no bound, only that nothing past it is trained and the mean; one sync wider than the
+   * others' lets the long replies land inside it.
+   */
+  strictMaxStaleness: number;
   /** async+strict: groups over-sampled (producer.overSampleThreshold), paced by the admission below. */
   strictOverSample: number;
   /** async+strict: llm.priority trajectory against servers with priority scheduling on. */
@@ -144,12 +151,17 @@ export function trainingBenchDefaults(quick: boolean): TrainingBenchOptions {
     asyncSyncEvery: 2,
     maxStaleness: 1,
     episodeSlots: 0,
-    messageCut: 3,
+    // Measured 2026-11-29 (docs/PERFORMANCE.md, "Runs of 2026-11-29 05:55–06:25"): with 3 the prefix
+    // cache hit 61–63 % and prefill took 16–17 % of the async sides' busy time, with 0 94 % and 3 %.
+    messageCut: 0,
     takeOrder: 'fifo',
     // Measured on today's workload (docs/SCHEDULING.md, "Strict staleness at speed"): at 0.9 and 1
     // nothing was thrown away at the in-place side's speed; 0.85 and 1.5 ran a little faster and threw
     // away 9 %.
     strictOverSample: 1,
+    // At 1, with the whole conversation sent, 2.26× sync with 27 % thrown away; at 2, 2.91× and 4 %
+    // (docs/PERFORMANCE.md, "Runs of 2026-11-29 05:55–06:25").
+    strictMaxStaleness: 2,
     strictPriority: true,
     strictAdmission: 'deadline',
     strictQuantile: 0.9,
@@ -359,7 +371,7 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
       producer: async
         ? {
             strategy: 'async',
-            maxStaleness: o.maxStaleness,
+            maxStaleness: strict ? o.strictMaxStaleness : o.maxStaleness,
             syncWeightsInterval: o.asyncSyncEvery,
             partialRollout: asyncSide.partialRollout,
             overSampleThreshold: overSample,
@@ -456,6 +468,7 @@ async function pythonSide(o: TrainingBenchOptions): Promise<SideResult> {
       trainMsPerToken: o.trainMsPerToken,
       loadMs: o.loadMs,
       speedup: o.speedup,
+      messageCut: o.messageCut,
     });
     if (!outcome.ok)
       return { side: 'python sync', figures: null, skipped: outcome.reason, mockCores: null, groups: null };
@@ -637,7 +650,7 @@ export function printTrainingBench(r: TrainingBenchResult): void {
     '  sync idle: pause request → servers running again, GPU ms; wasted: tokens the engine threw away (members restarted, groups dropped; Python: generated but not taken), per step and as a share of the tokens generated',
   );
   console.log(
-    `  stale: staleness of the rollouts taken, in train steps (train step − oldest token's model step − 1: the definition the buffer expires by); in syncs: the same in weight syncs published since those weights; past bound: the share at or past the stale threshold ${(o.maxStaleness + 1) * o.asyncSyncEvery} = (maxStaleness ${o.maxStaleness} + 1) × sync every ${o.asyncSyncEvery}, which only async+keep hands out`,
+    `  stale: staleness of the rollouts taken, in train steps (train step − oldest token's model step − 1: the definition the buffer expires by); in syncs: the same in weight syncs published since those weights; past bound: the share at or past the stale threshold ${(o.maxStaleness + 1) * o.asyncSyncEvery} = (maxStaleness ${o.maxStaleness} + 1) × sync every ${o.asyncSyncEvery}, which only async+keep hands out (async+strict: ${(o.strictMaxStaleness + 1) * o.asyncSyncEvery}, maxStaleness ${o.strictMaxStaleness})`,
   );
   console.log(`  anchors (published, real GPUs): ${ANCHORS}`);
 }
@@ -687,7 +700,7 @@ export function strictTargets(r: TrainingBenchResult, label: string, speedUpGoal
   const c = r.ceiling;
   const x = f !== null && sync !== null && sync.stepsPerHour > 0 ? f.stepsPerHour / sync.stepsPerHour : null;
   const ceiling = c === null ? 'ceiling not measured' : `ceiling ${c.value.toFixed(2)}×`;
-  const settings = `maxStaleness ${o.maxStaleness}, sync every ${o.asyncSyncEvery}, admission ${o.strictAdmission}${o.strictAdmission === 'deadline' ? ` (quantile ${o.strictQuantile})` : ''}, over-sample ${o.strictOverSample}, priority ${o.strictPriority ? 'trajectory' : 'off'}`;
+  const settings = `maxStaleness ${o.strictMaxStaleness}, sync every ${o.asyncSyncEvery}, admission ${o.strictAdmission}${o.strictAdmission === 'deadline' ? ` (quantile ${o.strictQuantile})` : ''}, over-sample ${o.strictOverSample}, priority ${o.strictPriority ? 'trajectory' : 'off'}`;
   const target = `31.3 · ${label}, async strict (${settings})`;
   // What the step is made of: the batch's tokens at the rate the servers produced useful tokens.
   const limits =
@@ -752,7 +765,7 @@ export function strictTargets(r: TrainingBenchResult, label: string, speedUpGoal
       kind: 'max',
       unit: ' %',
       digits: 1,
-      detail: `bound: staleness ${(o.maxStaleness + 1) * o.asyncSyncEvery} train steps = (maxStaleness ${o.maxStaleness} + 1) × syncWeightsInterval ${o.asyncSyncEvery}`,
+      detail: `bound: staleness ${(o.strictMaxStaleness + 1) * o.asyncSyncEvery} train steps = (maxStaleness ${o.strictMaxStaleness} + 1) × syncWeightsInterval ${o.asyncSyncEvery}`,
     }),
   );
   return rows;
@@ -869,6 +882,7 @@ if (isMain) {
     'message-cut',
     'strict-over-sample',
     'strict-quantile',
+    'strict-max-staleness',
   ] as const;
   const INTEGER_FLAGS: ReadonlySet<string> = new Set([
     'steps',
@@ -879,6 +893,7 @@ if (isMain) {
     'max-staleness',
     'episode-slots',
     'message-cut',
+    'strict-max-staleness',
   ]);
   const { values } = parseArgs({
     options: {
