@@ -185,7 +185,7 @@ export function longTailOptions(w: LongTailWorkload, quick: boolean): TrainingBe
     speedup: w.speedup,
     // Group lifetimes there carry the environment's stragglers: at 0.9 the admission held back so much
     // that the slots ran a third full (agentic-search: 90 steps/h against 196 at 0.7).
-    strictOverSample: 1.5,
+    strictOverSample: w.strictOverSample,
     strictQuantile: 0.7,
     workload: w,
   };
