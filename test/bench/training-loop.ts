@@ -41,6 +41,7 @@ import { join } from 'node:path';
 import { parseArgs } from 'node:util';
 import { fileURLToPath } from 'node:url';
 import { createEngine, type GroupCounts } from '../../src/index.ts';
+import { rolloutStaleness, staleThreshold } from '../../src/buffer/staleness.ts';
 import { rolloutMinModelStep } from '../../src/domain/rollout.ts';
 import { startMockProcess, type MockProcess } from '../../src/loadtest/mock-process.ts';
 import { runTrainingLoop, type TrainingFigures } from '../../src/loadtest/training.ts';
@@ -216,7 +217,7 @@ export interface SideResult {
   /**
    * The same rollouts by staleness in train steps: `[i]` the share taken at staleness i. Staleness 0
    * is a rollout that landed while the trainer waited at the take right after its weights were
-   * published (docs/SCHEDULING.md, "Why the mean is above 1 in train steps").
+   * published (docs/SCHEDULING.md, "Why the mean stays above 1 train step").
    */
   stalenessShares?: number[];
   /** The deadline admission's figures at the end (EngineStats.admission), GPU ms; absent without it. */
@@ -393,7 +394,7 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
           for (const g of groups)
             for (const r of g.rollouts) {
               const m = rolloutMinModelStep(r);
-              const stale = m === null ? 0 : trainStep - m - 1;
+              const stale = rolloutStaleness(r, trainStep);
               byTrainSteps[stale] = (byTrainSteps[stale] ?? 0) + 1;
               const behind = m === null ? 0 : Math.max(0, Math.ceil((published - m) / syncEvery));
               bySyncs.sum += behind;
@@ -651,7 +652,7 @@ export function printTrainingBench(r: TrainingBenchResult): void {
     '  sync idle: pause request → servers running again, GPU ms; wasted: tokens the engine threw away (members restarted, groups dropped; Python: generated but not taken), per step and as a share of the tokens generated',
   );
   console.log(
-    `  stale: staleness of the rollouts taken, in train steps (train step − oldest token's model step − 1: the definition the buffer expires by); in syncs: the same in weight syncs published since those weights; past bound: the share at or past the stale threshold ${(o.maxStaleness + 1) * o.asyncSyncEvery} = (maxStaleness ${o.maxStaleness} + 1) × sync every ${o.asyncSyncEvery}, which only async+keep hands out (async+strict: ${(o.strictMaxStaleness + 1) * o.asyncSyncEvery}, maxStaleness ${o.strictMaxStaleness})`,
+    `  stale: staleness of the rollouts taken, in train steps (train step − oldest token's model step − 1: the definition the buffer expires by); in syncs: the same in weight syncs published since those weights; past bound: the share at or past the stale threshold ${staleThreshold(o.maxStaleness, o.asyncSyncEvery)} = (maxStaleness ${o.maxStaleness} + 1) × sync every ${o.asyncSyncEvery}, which only async+keep hands out (async+strict: ${staleThreshold(o.strictMaxStaleness, o.asyncSyncEvery)}, maxStaleness ${o.strictMaxStaleness})`,
   );
   console.log(`  anchors (published, real GPUs): ${ANCHORS}`);
 }
@@ -766,7 +767,7 @@ export function strictTargets(r: TrainingBenchResult, label: string, speedUpGoal
       kind: 'max',
       unit: ' %',
       digits: 1,
-      detail: `bound: staleness ${(o.strictMaxStaleness + 1) * o.asyncSyncEvery} train steps = (maxStaleness ${o.strictMaxStaleness} + 1) × syncWeightsInterval ${o.asyncSyncEvery}`,
+      detail: `bound: staleness ${staleThreshold(o.strictMaxStaleness, o.asyncSyncEvery)} train steps = (maxStaleness ${o.strictMaxStaleness} + 1) × syncWeightsInterval ${o.asyncSyncEvery}`,
     }),
   );
   return rows;
