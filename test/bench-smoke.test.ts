@@ -162,6 +162,44 @@ describe('the simulated training loop on a GPU-like mock (smoke, no figures chec
   }
 });
 
+describe('the training loop’s warm-up', () => {
+  // Regression: the strict side's bound is 8 train steps and the window measured steps 1–8, so no
+  // rollout could be past the bound in it and "nothing thrown away" was a property of the window.
+  it('measures only the steps after the warm-up: its cycles, syncs and staleness, not the warm-up’s', async (t) => {
+    const gpu = await startMockLlm({
+      port: 0,
+      capacity: { slots: 16, responseTokens: 20, lengthSigma: 0.5, speedup: 50 },
+    });
+    t.after(() => gpu.close());
+    const engine = createEngine({
+      logLevel: 'warn',
+      llm: { url: gpu.url, abortPath: '/admin/abort', timeoutMs: 10_000 },
+      batchSize: 4,
+      workers: { threads: 1 },
+      tasks: [{ name: 'a', env: { module: 'builtin:arithmetic' }, groupSize: 4, maxTokens: 256 }],
+      producer: { strategy: 'async', maxStaleness: 1, partialRollout: true, staleRollouts: 'reset' },
+      pause: { mode: 'in-place' },
+    });
+    t.after(() => engine.close());
+    await engine.start();
+    const f = await runTrainingLoop({
+      engine,
+      servers: [gpu.url],
+      strategy: 'async',
+      steps: 3,
+      warmupSteps: 2,
+      trainer: { trainMsPerToken: 0.5, loadMs: 50, speedup: 50, syncEvery: 1 },
+    });
+    assert.equal(f.steps, 5, 'the warm-up’s steps are run');
+    assert.equal(f.cycles, 2, 'the cycles are those of the measured steps: 3 − 1');
+    assert.equal(gpu.weightVersion, 4, 'a sync after every step but the last, the warm-up’s included');
+    // Syncs after steps 3 and 4 are measured; those after the warm-up's steps 1 and 2 are not.
+    assert.ok(f.syncs.count <= 2, JSON.stringify(f.syncs));
+    assert.ok(f.stepsPerHour > 0 && Number.isFinite(f.stepsPerHour), JSON.stringify(f));
+    assert.ok(f.production.busyFraction > 0 && f.production.busyFraction <= 1);
+  });
+});
+
 describe('the fleet bench (smoke, no figures checked)', () => {
   it('runs session routing, round-robin and the one-replica reference on the same workload, each on its own mocks', async () => {
     const o = { ...fleetBenchDefaults(true), servers: 2, slots: 16, groups: 2, groupSize: 4, batches: 1, turns: 2 };
@@ -225,6 +263,8 @@ describe('the long-tail workloads (smoke, no figures checked)', () => {
       workload,
       groups: 2,
       steps: 3,
+      // One step, not each side's bound (up to 10): the path runs, the test stays short.
+      warmupSteps: 1,
       slots: 8,
       maxTokens: 256,
       speedup: 20,

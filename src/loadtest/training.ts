@@ -8,7 +8,7 @@
  * one, and the trainer's sleeps are divided by the same factor, so a GPU-hour runs in 1/speedup hour.
  *
  * What it measures, from the mocks' own integrals (GET /admin/gpu):
- * - steps per hour over the steady cycles (batch 1 taken → batch N taken);
+ * - steps per hour over the steady cycles (batch 1 taken → batch N taken, counted after the warm-up);
  * - the servers' busy fraction and slot fill *during production*: while a batch is being produced
  *   (sync: inside getBatch; async: from a resume to the next pause, training included);
  * - per weight sync, the servers' idle time from the pause request until they run again, less the
@@ -39,8 +39,14 @@ export interface TrainingLoopOptions {
   /** The GPU-like mocks' base URLs. */
   servers: readonly string[];
   trainer: TrainerSimulation;
-  /** Train steps to run; the loop also stops at `maxSeconds` (real) after at least 2 steps. */
+  /** Train steps to measure; the loop also stops at `maxSeconds` (real) after at least 2 steps. */
   steps: number;
+  /**
+   * Train steps run before the measured ones (default 0). An async run whose staleness bound is N
+   * train steps can expire nothing before step N + 1: a window that opens earlier measures a run in
+   * which throwing away is impossible for part of the time, and a pipeline still filling.
+   */
+  warmupSteps?: number;
   maxSeconds?: number;
   /** The engine's producer strategy: sync produces only inside getBatch. */
   strategy: 'sync' | 'async';
@@ -85,8 +91,9 @@ export interface SyncFigures {
 
 export interface TrainingFigures {
   strategy: string;
+  /** Train steps run, the warm-up's included. */
   steps: number;
-  /** Steady cycles measured (steps − 1) and their model time. */
+  /** Steady cycles measured (measured steps − 1) and their model time. */
   cycles: number;
   cycleSeconds: number;
   stepsPerHour: number;
@@ -151,6 +158,13 @@ class Production {
     this.#open ??= now;
   }
 
+  /** Forgets the windows summed so far (the warm-up's); an open one reopens at `now`. */
+  restart(now: GpuMetrics[]): void {
+    const sum: Record<string, number> = this.#sum;
+    for (const k of Object.keys(sum)) sum[k] = 0;
+    if (this.#open !== null) this.#open = now;
+  }
+
   stop(now: GpuMetrics[]): void {
     if (this.#open === null) return;
     now.forEach((b, i) => {
@@ -204,7 +218,7 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
   let modelStep = 0;
 
   /** Idle from `before` until the servers run again, less the load, per server (mean); in the background. */
-  const watchRestart = (before: GpuMetrics[]): Promise<void> =>
+  const watchRestart = (before: GpuMetrics[], counted: boolean): Promise<void> =>
     (async () => {
       const deadline = performance.now() + RESTART_WAIT_MS;
       for (;;) {
@@ -217,31 +231,34 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
         if (now.every((m, i) => m.running > 0 || m.steps > before[i].steps)) {
           const perServer = now.map((b, i) => b.timeMs - before[i].timeMs - (b.busyMs - before[i].busyMs));
           const mean = perServer.reduce((a, b) => a + b, 0) / perServer.length;
-          idle.push({ idleMs: mean, beyondMs: mean - trainer.loadMs });
+          if (counted) idle.push({ idleMs: mean, beyondMs: mean - trainer.loadMs });
           return;
         }
         await sleep(POLL_MS);
       }
     })();
 
-  const syncWeights = async (version: number): Promise<void> => {
+  /** `counted`: a sync of the measured steps, not the warm-up's. */
+  const syncWeights = async (version: number, counted: boolean): Promise<void> => {
     const before = await readAll(servers);
     if (o.strategy === 'async') production.stop(before);
     const t0 = performance.now();
     await engine.pauseForWeightUpdate();
-    pauseMs.push(performance.now() - t0);
+    if (counted) pauseMs.push(performance.now() - t0);
     await sleep(trainer.loadMs / trainer.speedup);
     await Promise.all(servers.map((url) => setMockWeightVersion(url, version)));
     await engine.resume({ modelStep: version });
     modelStep = version;
-    watchers.push(watchRestart(before));
+    watchers.push(watchRestart(before, counted));
     if (o.strategy === 'async') production.start(await readAll(servers));
   };
 
   production.start(await readAll(servers));
+  const warmup = o.warmupSteps ?? 0;
+  const lastStep = warmup + o.steps;
   let step = 1;
   while (
-    step <= o.steps &&
+    step <= lastStep &&
     !(o.maxSeconds !== undefined && step > 2 && performance.now() - startedAt > o.maxSeconds * 1000)
   ) {
     if (o.strategy === 'sync') production.start(await readAll(servers));
@@ -249,14 +266,17 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     const batch = await engine.getBatch(step);
     if (first !== null) waitedMs += performance.now() - asked;
     if (batch.status === 'EXPIRED_BATCH') {
-      await syncWeights(Math.max(modelStep, step - 1));
+      await syncWeights(Math.max(modelStep, step - 1), first !== null);
       continue;
     }
     if (batch.status !== 'NORMAL') continue; // a pause is under way: ask again
     const taken = { t: performance.now(), gpu: await readAll(servers) };
     if (o.strategy === 'sync') production.stop(taken.gpu);
-    if (first === null) {
+    if (step <= warmup) {
+      // Warm-up: nothing counts yet.
+    } else if (first === null) {
       first = taken;
+      production.restart(taken.gpu);
       discardedAtFirst = o.discardedTokens?.() ?? 0;
     } else {
       tokensAfterFirst += batch.stats.responseTokens;
@@ -266,13 +286,13 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     discardedAtLast = o.discardedTokens?.() ?? 0;
     await sleep((batch.stats.responseTokens * trainer.trainMsPerToken) / trainer.speedup);
     // After the last step nothing is produced any more: a sync there would measure nothing.
-    if (step % trainer.syncEvery === 0 && step < o.steps) await syncWeights(step);
+    if (step % trainer.syncEvery === 0 && step < lastStep) await syncWeights(step, step > warmup);
     step++;
   }
   production.stop(await readAll(servers));
   await Promise.all(watchers);
   const steps = step - 1;
-  const cycles = Math.max(0, steps - 1);
+  const cycles = Math.max(0, steps - warmup - 1);
   const cycleSeconds = first && last ? ((last.t - first.t) * trainer.speedup) / 1000 : 0;
   let generated = 0;
   let prompt = 0;

@@ -14,7 +14,8 @@
  *
  * One knob over every workload's defaults: --strict-quantile, --strict-over-sample, --max-staleness,
  * --episode-slots (workers.rolloutsPerWorker on the async sides; 0 = off), --message-cut,
- * --strict-max-staleness.
+ * --strict-max-staleness, --warmup-steps (default: each async side's own bound in train steps),
+ * --steps (measured, after the warm-up).
  */
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
@@ -80,12 +81,13 @@ export function printLongTailSummary(r: TrainingBenchResult): void {
   console.log(`  ${r.options.workload?.name}: ${describeCeiling(r.ceiling)}`);
   for (const s of r.sides) {
     const f = s.figures;
-    if (f === null || sync === null || sync.stepsPerHour <= 0) continue;
-    const x = f.stepsPerHour / sync.stepsPerHour;
+    if (f === null || sync === null || sync.stepsPerHour * sync.tokensTakenPerStep <= 0) continue;
+    // In tokens trained per hour, as issue 31.3's rows (training-loop.ts, strictTargets).
+    const x = (f.stepsPerHour * f.tokensTakenPerStep) / (sync.stepsPerHour * sync.tokensTakenPerStep);
     const share =
       r.ceiling && r.ceiling.value > 0 ? `${((100 * x) / r.ceiling.value).toFixed(0)} % of the ceiling` : '';
     console.log(
-      `    ${s.side.padEnd(15)} ${x.toFixed(2)}× sync ${share}; servers busy ${(100 * f.production.busyFraction).toFixed(1)} %, slots ${(100 * f.production.slotFill).toFixed(1)} %; engine process ${s.engineCores?.toFixed(2) ?? 'n/a'} cores, mocks ${s.mockCores?.toFixed(2) ?? 'n/a'}; infrastructure failures ${s.maskedFailures ?? 'n/a'}`,
+      `    ${s.side.padEnd(15)} ${x.toFixed(2)}× sync in tokens/h (${(f.stepsPerHour / sync.stepsPerHour).toFixed(2)}× in steps/h), ${share}; servers busy ${(100 * f.production.busyFraction).toFixed(1)} %, slots ${(100 * f.production.slotFill).toFixed(1)} %; engine process ${s.engineCores?.toFixed(2) ?? 'n/a'} cores, mocks ${s.mockCores?.toFixed(2) ?? 'n/a'}; infrastructure failures ${s.maskedFailures ?? 'n/a'}`,
     );
   }
 }
@@ -103,6 +105,8 @@ if (isMain) {
       'episode-slots': { type: 'string' },
       'message-cut': { type: 'string' },
       'strict-max-staleness': { type: 'string' },
+      'warmup-steps': { type: 'string' },
+      steps: { type: 'string' },
     },
   });
   const workloads = values.workload === undefined ? LONG_TAIL_WORKLOADS : [longTailWorkload(values.workload)];
@@ -115,13 +119,15 @@ if (isMain) {
     ['episode-slots', 'episodeSlots', true, 0],
     ['message-cut', 'messageCut', true, 0],
     ['strict-max-staleness', 'strictMaxStaleness', true, 0],
+    ['warmup-steps', 'warmupSteps', true, 0],
+    ['steps', 'steps', true, 2],
   ] as const) {
     const v = values[flag];
     if (v === undefined) continue;
     const n = Number(v);
     if (!Number.isFinite(n) || n < least || (whole && !Number.isInteger(n)))
       throw new Error(
-        `--${flag} must be ${whole ? 'a whole number' : 'a number'} ${least > 0 ? '> 0' : '≥ 0'} (got ${JSON.stringify(v)})`,
+        `--${flag} must be ${whole ? 'a whole number' : 'a number'} ${least === Number.MIN_VALUE ? '> 0' : `≥ ${least}`} (got ${JSON.stringify(v)})`,
       );
     overrides[key] = n;
   }

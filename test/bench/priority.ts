@@ -24,6 +24,7 @@ import { fileURLToPath } from 'node:url';
 import { createEngine } from '../../src/index.ts';
 import { startMockProcess } from '../../src/loadtest/mock-process.ts';
 import { percentile } from '../../src/loadtest/stats.ts';
+import { staleThreshold } from '../../src/buffer/staleness.ts';
 import { runTrainingLoop, type TrainingFigures } from '../../src/loadtest/training.ts';
 import { capacityArgs, trainingBenchDefaults, writeDataset, type TrainingBenchOptions } from './training-loop.ts';
 import { row, type TargetRow } from './targets.ts';
@@ -114,6 +115,8 @@ async function side(o: TrainingBenchOptions, dataset: string, which: PrioritySid
       servers: [mock.url],
       strategy: 'async',
       steps: o.steps,
+      // As the training loop's async sides (training-loop.ts): the bound's steps before measuring.
+      warmupSteps: o.warmupSteps ?? staleThreshold(o.maxStaleness, o.asyncSyncEvery),
       discardedTokens: () => discarded,
       trainer: { trainMsPerToken: o.trainMsPerToken, loadMs: o.loadMs, speedup: o.speedup, syncEvery: 1 },
     });
