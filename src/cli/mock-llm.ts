@@ -30,6 +30,8 @@ Options:
                            /pause, /resume, /weight_info, /update_weight_version answer 404)
   --tokenizer <name|dir>   vocabulary of the token-in routes: cl100k (default), qwen2.5 (what
                            rollout gateway sends), or a directory with tokenizer.json + tokenizer_config.json
+  --stop-with-stdin        stop as on SIGTERM when standard input ends: a parent holding a pipe to it
+                           stops the server when it exits, however it dies (the bench's mocks do)
   -h, --help               show this help
 
 GPU-like mock (replaces --latency-ms and --tokens-per-second; defaults: one Llama-3-8B replica on an
@@ -88,6 +90,7 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
       'capacity-length-sigma': { type: 'string' },
       'capacity-speedup': { type: 'string' },
       'capacity-scheduling': { type: 'string' },
+      'stop-with-stdin': { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
     },
     strict: true,
@@ -141,7 +144,7 @@ export async function mockLlmCommand(argv: string[]): Promise<number> {
   console.log(
     `mock inference server listening on ${server.url} (model ${options.model ?? 'mock-policy'}${speaks}${tokenizer}${gpu})`,
   );
-  await untilSignal();
+  await untilSignal({ stdinEnd: values['stop-with-stdin'] === true });
   await server.close();
   return 0;
 }

@@ -29,11 +29,18 @@ export async function startMockProcess(
   options: MockProcessOptions = {},
 ): Promise<MockProcess> {
   const cli = fileURLToPath(projectModuleUrl('src/cli/main'));
-  const child = spawn(process.execPath, [...childExecArgv(cli), cli, 'mock-llm', '--port', '0', ...args], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, LOG_LEVEL: process.env.LOG_LEVEL ?? 'warn' },
-  });
-  // If this process dies without closing it, the server must not outlive it.
+  // --stop-with-stdin and a pipe held here: however this process dies — SIGTERM and SIGKILL run no
+  // 'exit' handler — the kernel closes the pipe and the server stops. Regression: a bench killed
+  // with SIGTERM left its GPU-like mocks running, each spinning a core.
+  const child = spawn(
+    process.execPath,
+    [...childExecArgv(cli), cli, 'mock-llm', '--port', '0', '--stop-with-stdin', ...args],
+    {
+      stdio: ['pipe', 'pipe', 'pipe'],
+      env: { ...process.env, LOG_LEVEL: process.env.LOG_LEVEL ?? 'warn' },
+    },
+  );
+  // A normal exit without close(): stop it at once.
   const killOnExit = () => child.kill('SIGKILL');
   process.once('exit', killOnExit);
   let stderrTail = '';
@@ -69,6 +76,14 @@ function childExecArgv(cli: string): string[] {
   for (let i = 0; i < inherited.length; i++) {
     const flag = inherited[i];
     if (/^--(test|inspect|watch|experimental-test)/.test(flag)) continue;
+    // The code of `node -e '…'` is in execArgv too: passed on, every child would run it again and
+    // start a mock of its own (regression: a parent started with -e spawned them without end).
+    if (/^--input-type/.test(flag)) continue;
+    if (/^(-e|--eval|-p|--print)$/.test(flag)) {
+      i++;
+      continue;
+    }
+    if (/^(--eval|--print)=/.test(flag)) continue;
     argv.push(flag);
   }
   if (cli.endsWith('.ts') && !argv.some((a) => a.includes('tsx'))) argv.push('--import', 'tsx');
