@@ -165,7 +165,7 @@ describe('the simulated training loop on a GPU-like mock (smoke, no figures chec
 describe('the training loop’s warm-up', () => {
   // Regression: the strict side's bound is 8 train steps and the window measured steps 1–8, so no
   // rollout could be past the bound in it and "nothing thrown away" was a property of the window.
-  it('measures only the steps after the warm-up: its cycles, syncs and staleness, not the warm-up’s', async (t) => {
+  it('measures only the steps after the warm-up: its cycles and syncs, not the warm-up’s', async (t) => {
     const gpu = await startMockLlm({
       port: 0,
       capacity: { slots: 16, responseTokens: 20, lengthSigma: 0.5, speedup: 50 },

@@ -25,6 +25,7 @@ import {
   longTailOptions,
   printTrainingBench,
   strictTargets,
+  tokensPerHourRatio,
   trainingBench,
   type TrainingBenchOptions,
   type TrainingBenchResult,
@@ -81,9 +82,9 @@ export function printLongTailSummary(r: TrainingBenchResult): void {
   console.log(`  ${r.options.workload?.name}: ${describeCeiling(r.ceiling)}`);
   for (const s of r.sides) {
     const f = s.figures;
-    if (f === null || sync === null || sync.stepsPerHour * sync.tokensTakenPerStep <= 0) continue;
     // In tokens trained per hour, as issue 31.3's rows (training-loop.ts, strictTargets).
-    const x = (f.stepsPerHour * f.tokensTakenPerStep) / (sync.stepsPerHour * sync.tokensTakenPerStep);
+    const x = f === null || sync === null ? null : tokensPerHourRatio(f, sync);
+    if (f === null || sync === null || x === null || sync.stepsPerHour <= 0) continue;
     const share =
       r.ceiling && r.ceiling.value > 0 ? `${((100 * x) / r.ceiling.value).toFixed(0)} % of the ceiling` : '';
     console.log(

@@ -26,7 +26,13 @@ import { startMockProcess } from '../../src/loadtest/mock-process.ts';
 import { percentile } from '../../src/loadtest/stats.ts';
 import { staleThreshold } from '../../src/buffer/staleness.ts';
 import { runTrainingLoop, type TrainingFigures } from '../../src/loadtest/training.ts';
-import { capacityArgs, trainingBenchDefaults, writeDataset, type TrainingBenchOptions } from './training-loop.ts';
+import {
+  capacityArgs,
+  tokensPerHour,
+  trainingBenchDefaults,
+  writeDataset,
+  type TrainingBenchOptions,
+} from './training-loop.ts';
 import { row, type TargetRow } from './targets.ts';
 
 export interface PrioritySide {
@@ -139,8 +145,6 @@ export async function priorityBench(o: TrainingBenchOptions): Promise<PriorityBe
     rmSync(dir, { recursive: true, force: true });
   }
 }
-
-const tokensPerHour = (f: TrainingFigures): number => f.stepsPerHour * f.tokensTakenPerStep;
 
 export function printPriorityBench(r: PriorityBenchResult): void {
   const o = r.options;

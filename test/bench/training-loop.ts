@@ -679,6 +679,13 @@ export function printTrainingBench(r: TrainingBenchResult): void {
   console.log(`  anchors (published, real GPUs): ${ANCHORS}`);
 }
 
+/** Response tokens trained per GPU hour: the unit issue 31.3's speed-ups are counted in. */
+export const tokensPerHour = (f: TrainingFigures): number => f.stepsPerHour * f.tokensTakenPerStep;
+
+/** `f` ÷ `base` in tokens trained per hour; null when the base trained nothing. */
+export const tokensPerHourRatio = (f: TrainingFigures, base: TrainingFigures): number | null =>
+  tokensPerHour(base) > 0 ? tokensPerHour(f) / tokensPerHour(base) : null;
+
 /** An async side against sync, the issue's first target: steps per hour, with the ratio in tokens beside it. */
 function speedUpRow(
   target: string,
@@ -700,7 +707,7 @@ function speedUpRow(
     kind: 'min',
     unit: '×',
     detail: measured
-      ? `${bound}; ${side.stepsPerHour.toFixed(0)} vs ${sync.stepsPerHour.toFixed(0)} steps/h (GPU time); in tokens trained per hour ${((side.stepsPerHour * side.tokensTakenPerStep) / Math.max(1, sync.stepsPerHour * sync.tokensTakenPerStep)).toFixed(2)}×; ${more(side)}`
+      ? `${bound}; ${side.stepsPerHour.toFixed(0)} vs ${sync.stepsPerHour.toFixed(0)} steps/h (GPU time); in tokens trained per hour ${tokensPerHourRatio(side, sync)?.toFixed(2) ?? 'n/a'}×; ${more(side)}`
       : 'not measured',
   });
 }
@@ -728,10 +735,7 @@ export function strictTargets(r: TrainingBenchResult, label: string, speedUpGoal
   // and a trainer's step time follows its tokens — counted in steps, a side at trainer 0.09 read
   // 3.59× against a ceiling of 3.39×. The ceiling is sync's batch over the larger of its training and
   // generation times, the same ratio in either unit.
-  const x =
-    f !== null && sync !== null && sync.stepsPerHour * sync.tokensTakenPerStep > 0
-      ? (f.stepsPerHour * f.tokensTakenPerStep) / (sync.stepsPerHour * sync.tokensTakenPerStep)
-      : null;
+  const x = f !== null && sync !== null ? tokensPerHourRatio(f, sync) : null;
   const ceiling = c === null ? 'ceiling not measured' : `ceiling ${c.value.toFixed(2)}×`;
   const settings = `maxStaleness ${o.strictMaxStaleness}, sync every ${o.asyncSyncEvery}, admission ${o.strictAdmission}${o.strictAdmission === 'deadline' ? ` (quantile ${o.strictQuantile})` : ''}, over-sample ${o.strictOverSample}, priority ${o.strictPriority ? 'trajectory' : 'off'}`;
   const target = `31.3 · ${label}, async strict (${settings})`;
