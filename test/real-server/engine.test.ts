@@ -203,6 +203,11 @@ describe('the engine against a real llama.cpp server', { skip, timeout: 600_000 
     await e.resume({ modelStep: 1 });
     const next = rolloutsOf(await e.getBatch(2));
     assert.ok(next.every((r) => r.status === Status.COMPLETED));
+    // An async producer runs ahead after the last batch taken: left open, it kept generating on this
+    // server through the next test, whose "idle before" could catch a gap between two of its turns and
+    // whose "the slot stopped" then saw this engine's slots (CI, stop 37).
+    await e.close();
+    assert.ok(await slotsIdleWithin(server, 3_000), 'closed, the engine left no slot generating');
   });
 
   it('a streamed reply whose rollout expires mid-call is cut, and the server stops decoding it (worker/pause-gate.ts signalFor)', async () => {
