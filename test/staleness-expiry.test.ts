@@ -20,6 +20,7 @@ import {
 } from '../src/buffer/staleness.ts';
 import { applyExpiry, ReplayBuffer, type ExpiryPolicy } from '../src/buffer/replay-buffer.ts';
 import { Status, type RolloutGroup, type TurnRecord } from '../src/domain/rollout.ts';
+import type { DiscardCause, ProducerObserver } from '../src/coordinator/producer.ts';
 import {
   A,
   at5,
@@ -420,14 +421,20 @@ describe('stale rollouts kept or reset (producer.staleRollouts)', () => {
   // maxStaleness 0: threshold (0 + 1) × 1 = 1. Batch 1 with over-sampling 1 schedules 2 groups at model
   // step 0; the first makes batch 1. The second lands with the consumer at train step 2, no weights
   // pushed: 2 − 0 − 1 = 1 ≥ 1 stale.
-  const leftover = async (staleRollouts: 'reset' | 'keep') => {
-    const s = await scriptedProducer({
-      strategy: 'async',
-      maxStaleness: 0,
-      overSampleThreshold: 1,
-      tailBatchTriggerSize: -1,
-      staleRollouts,
-    });
+  const leftover = async (
+    staleRollouts: 'reset' | 'keep',
+    { tailBatchTriggerSize = -1, observer }: { tailBatchTriggerSize?: number; observer?: ProducerObserver } = {},
+  ) => {
+    const s = await scriptedProducer(
+      {
+        strategy: 'async',
+        maxStaleness: 0,
+        overSampleThreshold: 1,
+        tailBatchTriggerSize,
+        staleRollouts,
+      },
+      { observer },
+    );
     assert.equal((await batchOf(s, 1)).status, 'NORMAL');
     assert.equal(s.pool.heldCount, 1);
     s.pool.settle(s.pool.heldIds()[0], { kind: 'completed' });
@@ -445,6 +452,34 @@ describe('stale rollouts kept or reset (producer.staleRollouts)', () => {
       assert.equal((await s.producer.getBatch(2)).status, 'EXPIRED_BATCH');
     } finally {
       await s.producer.close();
+    }
+  });
+
+  it('reports the stale members’ tokens as discarded for expiry when reset, and as a dropped group’s when not retried', async () => {
+    for (const [trigger, cause] of [
+      [0, 'expired'],
+      [-1, 'dropped'],
+    ] as const) {
+      const discarded: [number, DiscardCause][] = [];
+      const s = await leftover('reset', {
+        tailBatchTriggerSize: trigger,
+        observer: { discarded: (tokens, why) => void discarded.push([tokens, why]) },
+      });
+      try {
+        // The scripted pool completes each of the group's 2 members with 2 tokens.
+        assert.deepEqual(
+          discarded,
+          cause === 'expired'
+            ? [
+                [2, 'expired'],
+                [2, 'expired'],
+              ]
+            : [[4, 'dropped']],
+          `tailBatchTriggerSize ${trigger}`,
+        );
+      } finally {
+        await s.producer.close();
+      }
     }
   });
 

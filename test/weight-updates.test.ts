@@ -279,7 +279,7 @@ describe('weight updates with partial rollouts, against the mock server over HTT
   });
 
   it('reports the tokens an interrupted rollout held as discarded when it restarts from its prompt (regression: plain async waste went uncounted)', async () => {
-    let discarded = 0;
+    const discarded = new Map<string, number>();
     let restartedHeld = 0;
     const engine = createEngine(
       asyncConfig(mock, {
@@ -287,7 +287,7 @@ describe('weight updates with partial rollouts, against the mock server over HTT
       }),
       {
         observer: {
-          discarded: (tokens) => void (discarded += tokens),
+          discarded: (tokens, cause) => void discarded.set(cause, (discarded.get(cause) ?? 0) + tokens),
           // What each restarted member held when it was sent out again, from the dispatched and landed groups.
           landed: (group, sent) => {
             group.rollouts.forEach((r, i) => {
@@ -311,7 +311,7 @@ describe('weight updates with partial rollouts, against the mock server over HTT
     for (const step of [2, 3, 4]) assert.equal((await engine.getBatch(step)).status, 'NORMAL');
     assert.ok(restartedHeld > 0, 'the pause interrupted rollouts that had generated tokens, and they ran again');
     // Nothing expires at this pace and nothing is dropped: every discarded token is a restart's.
-    assert.equal(discarded, restartedHeld);
+    assert.deepEqual([...discarded], [['restarted', restartedHeld]]);
   });
 
   it('reports EXPIRED_BATCH when the weights are too stale for the step, and produces again after a sync', async () => {

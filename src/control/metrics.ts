@@ -6,7 +6,7 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { DropReason } from '../buffer/replay-buffer.ts';
 import { rolloutStaleness } from '../buffer/staleness.ts';
-import type { PauseReport, ProducerObserver } from '../coordinator/producer.ts';
+import type { DiscardCause, PauseReport, ProducerObserver } from '../coordinator/producer.ts';
 import type { EngineStats } from '../coordinator/engine-core.ts';
 import { dispatchTokenCount, type RolloutGroup } from '../domain/rollout.ts';
 import type { AuditObserver } from '../coordinator/audit.ts';
@@ -43,6 +43,12 @@ export class EngineMetrics implements ProducerObserver, AuditObserver {
     name: 'rollout_engine_tokens_total',
     help: 'Response tokens: produced, and wasted (generated then discarded)',
     labelNames: ['kind'],
+    registers: [this.registry],
+  });
+  readonly #wasted = new Counter({
+    name: 'rollout_engine_wasted_tokens_total',
+    help: 'Response tokens generated then thrown away, by cause: expired (reset past the staleness bound), restarted (run again from the prompt), dropped (the group dropped)',
+    labelNames: ['cause'],
     registers: [this.registry],
   });
   readonly #latency = new Histogram({
@@ -234,10 +240,13 @@ export class EngineMetrics implements ProducerObserver, AuditObserver {
   /**
    * Tokens thrown away, as the producer reports them: members restarted or reset to their prompt,
    * groups dropped. (Turns a worker redoes inside one run, such as a tool round cut by a pause, are
-   * regenerated without being reported here.)
+   * regenerated without being reported here.) The total stays under `tokens_total{kind="wasted"}`;
+   * the cause tells the bound's share (expired) from the environment's and the pause's (restarted).
    */
-  discarded(tokens: number): void {
-    if (tokens > 0) this.#tokens.inc({ kind: 'wasted' }, tokens);
+  discarded(tokens: number, cause: DiscardCause): void {
+    if (tokens <= 0) return;
+    this.#tokens.inc({ kind: 'wasted' }, tokens);
+    this.#wasted.inc({ cause }, tokens);
   }
 
   outageBegan(): void {

@@ -355,7 +355,7 @@ export class EngineCore {
           },
           taken: (groups, step) => base?.taken?.(groups, step),
           dropped: (group, reason) => base?.dropped?.(group, reason),
-          discarded: (tokens) => base?.discarded?.(tokens),
+          discarded: (tokens, cause) => base?.discarded?.(tokens, cause),
           paused: (report) => base?.paused?.(report),
           outageBegan: () => base?.outageBegan?.(),
           outageEnded: (ms) => base?.outageEnded?.(ms),

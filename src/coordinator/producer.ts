@@ -102,6 +102,14 @@ export interface ProducerHooks {
   shouldContinue?: ShouldContinue;
 }
 
+/**
+ * Why generated tokens were thrown away: `expired` — a member reset to its prompt past the staleness
+ * bound (the buffer's expiry; what pacing and the bound decide); `restarted` — a member the worker
+ * ran again from its prompt (interrupted without partialRollout, an infrastructure failure, a replay
+ * that no longer matched); `dropped` — a whole group dropped (its reason goes to `dropped`).
+ */
+export type DiscardCause = 'expired' | 'restarted' | 'dropped';
+
 /** Told about what happens to groups, for metrics; every call is synchronous and must be cheap. */
 export interface ProducerObserver extends OutageObserver {
   /** A group came back from the workers; `sent` is the group as it was dispatched. */
@@ -109,11 +117,10 @@ export interface ProducerObserver extends OutageObserver {
   taken?(groups: readonly RolloutGroup[], trainStep: number): void;
   dropped?(group: RolloutGroup, reason: DropReason): void;
   /**
-   * Response tokens thrown away: a member reset to its prompt (expired in the buffer, or restarted in
-   * the worker), or a group dropped. Turns a worker redoes within one run (a tool round cut by a
-   * pause) are regenerated without being reported.
+   * Response tokens thrown away, and why (DiscardCause). Turns a worker redoes within one run (a tool
+   * round cut by a pause) are regenerated without being reported.
    */
-  discarded?(tokens: number): void;
+  discarded?(tokens: number, cause: DiscardCause): void;
   paused?(report: PauseReport): void;
 }
 
@@ -232,9 +239,9 @@ export class Producer implements ProduceContext {
       this.#observer.dropped?.(group, reason);
       let tokens = 0;
       for (const r of group.rollouts) tokens += responseTokenCount(r);
-      if (tokens > 0) this.#observer.discarded?.(tokens);
+      if (tokens > 0) this.#observer.discarded?.(tokens, 'dropped');
     };
-    this.buffer.onReset = (tokens) => this.#observer.discarded?.(tokens);
+    this.buffer.onReset = (tokens) => this.#observer.discarded?.(tokens, 'expired');
     for (const task of config.tasks) this.#inFlightByTask.set(task.name, 0);
     const p = config.producer;
     this.#isValidGroup = options.hooks?.isValidGroup ?? (p.filter === 'drop-equal-rewards' ? hasRewardSpread : null);
@@ -438,7 +445,7 @@ export class Producer implements ProduceContext {
       // that no longer matched): what it held when dispatched was thrown away there.
       if (before !== undefined && group.rollouts[i].attempt > before.attempt) restarted += responseTokenCount(before);
     }
-    if (restarted > 0) this.#observer.discarded?.(restarted);
+    if (restarted > 0) this.#observer.discarded?.(restarted, 'restarted');
     this.progress.addProduced(task, group.rollouts.length, tokens);
     this.#countFailures(group, sent);
     if (group.status === Status.COMPLETED) {

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { Sampler } from '../../src/buffer/sampler.ts';
 import { resolveConfig } from '../../src/config.ts';
 import { PauseControl } from '../../src/coordinator/pause-control.ts';
-import { Producer, type Batch } from '../../src/coordinator/producer.ts';
+import { Producer, type Batch, type ProducerObserver } from '../../src/coordinator/producer.ts';
 import { createLogger } from '../../src/log.ts';
 import { CONTROL } from '../../src/protocol/control-block.ts';
 import { ScriptedPool, type Outcome } from './scripted-pool.ts';
@@ -15,7 +15,14 @@ const silent = createLogger('silent');
 const NO_LLM = 'http://127.0.0.1:9';
 
 /** A started Producer for one task `t0` over a scripted pool; `producer` is the config's `producer` section. */
-export async function scriptedProducer(producer: Record<string, unknown>, { batchSize = 1, groupSize = 2 } = {}) {
+export async function scriptedProducer(
+  producer: Record<string, unknown>,
+  {
+    batchSize = 1,
+    groupSize = 2,
+    observer,
+  }: { batchSize?: number; groupSize?: number; observer?: ProducerObserver } = {},
+) {
   const config = resolveConfig({
     seed: 7,
     batchSize,
@@ -31,7 +38,7 @@ export async function scriptedProducer(producer: Record<string, unknown>, { batc
   for (const task of config.tasks) samplers.set(task.name, await Sampler.create(task, config.seed));
   const pool = new ScriptedPool({ partialRollout: config.producer.partialRollout });
   const control = new PauseControl(0);
-  const p = new Producer({ config, pool, control, samplers, log: silent, endpoints: [NO_LLM], hooks: {} });
+  const p = new Producer({ config, pool, control, samplers, log: silent, endpoints: [NO_LLM], hooks: {}, observer });
   p.start();
   return { producer: p, pool, control };
 }
