@@ -197,6 +197,7 @@ describe('the training loop’s warm-up', () => {
     assert.ok(f.syncs.count <= 2, JSON.stringify(f.syncs));
     assert.ok(f.stepsPerHour > 0 && Number.isFinite(f.stepsPerHour), JSON.stringify(f));
     assert.ok(f.production.busyFraction > 0 && f.production.busyFraction <= 1);
+    assert.ok(f.age !== undefined && f.age.rollouts > 0 && f.age.episodeSeconds > 0, JSON.stringify(f.age));
   });
 });
 

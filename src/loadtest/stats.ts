@@ -4,6 +4,7 @@
  * the training loop (./training.ts) so they quote them the same way.
  */
 import type { BatchStats } from '../coordinator/batch-stats.ts';
+import type { RolloutGroup } from '../domain/rollout.ts';
 
 /** Nearest-rank percentile of unsorted values (p in 0..100); NaN for no values. */
 export function percentile(values: readonly number[], p: number): number {
@@ -127,5 +128,60 @@ export class StalenessTally {
   figures(): StalenessFigures {
     const n = this.#rollouts;
     return { mean: n > 0 ? this.#sum / n : 0, max: this.#max, pastThresholdFraction: n > 0 ? this.#past / n : 0 };
+  }
+}
+
+/**
+ * Where a taken rollout's age went, mean real ms: its own episode (first start → its end), the wait
+ * for the rest of its group (a group is stored and taken whole), and the buffer (the group's end →
+ * the take). Their sum over the trainer's step time is about the staleness a rollout is taken at —
+ * less the weights it started with already being up to `syncWeightsInterval − 1` steps old — so it
+ * says which part a scheduler can shorten (the buffer) and which it cannot (the episodes, the group).
+ * Only rollouts that ran once count: a member reset and generated again keeps its first start
+ * (`timings.startedAt`), while its staleness counts from the attempt it was taken with.
+ */
+export interface AgeFigures {
+  rollouts: number;
+  /** Taken rollouts left out: generated again after a reset or an infrastructure failure (`attempt` > 0). */
+  restarted: number;
+  episodeMs: number;
+  groupMs: number;
+  bufferMs: number;
+}
+
+export class AgeTally {
+  #rollouts = 0;
+  #restarted = 0;
+  #episode = 0;
+  #group = 0;
+  #buffer = 0;
+
+  /** A batch's groups, taken at `takenAt` (wall clock, ms: the clock rollout timings use). */
+  add(groups: readonly RolloutGroup[], takenAt: number): void {
+    for (const g of groups) {
+      let end = 0;
+      for (const r of g.rollouts) end = Math.max(end, r.timings.finishedAt);
+      for (const r of g.rollouts) {
+        const t = r.timings;
+        if (r.attempt > 0) this.#restarted++;
+        if (r.attempt > 0 || t.startedAt <= 0 || t.finishedAt < t.startedAt) continue;
+        this.#rollouts++;
+        this.#episode += t.finishedAt - t.startedAt;
+        this.#group += end - t.finishedAt;
+        this.#buffer += Math.max(0, takenAt - end);
+      }
+    }
+  }
+
+  figures(): AgeFigures {
+    const n = this.#rollouts;
+    const mean = (x: number) => (n > 0 ? x / n : 0);
+    return {
+      rollouts: n,
+      restarted: this.#restarted,
+      episodeMs: mean(this.#episode),
+      groupMs: mean(this.#group),
+      bufferMs: mean(this.#buffer),
+    };
   }
 }

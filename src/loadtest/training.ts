@@ -21,7 +21,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Engine } from '../engine.ts';
 import type { GpuMetrics } from '../mock-llm/gpu.ts';
-import { StalenessTally, type StalenessFigures } from './stats.ts';
+import type { DiscardCause } from '../coordinator/producer.ts';
+import { AgeTally, StalenessTally, type AgeFigures, type StalenessFigures } from './stats.ts';
 
 export interface TrainerSimulation {
   /** GPU ms of training per response token taken. */
@@ -51,13 +52,20 @@ export interface TrainingLoopOptions {
   /** The engine's producer strategy: sync produces only inside getBatch. */
   strategy: 'sync' | 'async';
   /**
-   * Response tokens the engine has thrown away so far (createEngine's observer `discarded`: members
-   * reset to their prompt, groups dropped). Without it, waste is estimated from the servers: tokens
-   * generated over the steady cycles less those taken, which counts the work still in flight at the
-   * end as waste too.
+   * Response tokens the engine has thrown away so far, by cause (createEngine's observer `discarded`:
+   * members reset to their prompt, restarted, groups dropped). Without it, waste is estimated from the
+   * servers: tokens generated over the steady cycles less those taken, which counts the work still in
+   * flight at the end as waste too.
    */
-  discardedTokens?: () => number;
+  discarded?: () => Readonly<DiscardTally>;
 }
+
+/** Tokens thrown away, per DiscardCause. */
+export type DiscardTally = Record<DiscardCause, number>;
+
+export const DISCARD_CAUSES: readonly DiscardCause[] = ['expired', 'restarted', 'dropped'];
+
+export const noDiscards = (): DiscardTally => ({ expired: 0, restarted: 0, dropped: 0 });
 
 export interface ProductionFigures {
   /** Model seconds of production measured (summed over windows, per server). */
@@ -103,6 +111,8 @@ export interface TrainingFigures {
   wastedTokensPerStep: number;
   /** Wasted ÷ generated over the steady cycles. */
   wastedFraction: number;
+  /** wastedTokensPerStep by cause; absent where waste was estimated from the servers. */
+  wastedByCause?: DiscardTally;
   /** Mean model seconds per steady step the trainer waited inside getBatch for its batch. */
   waitSeconds: number;
   production: ProductionFigures;
@@ -111,6 +121,11 @@ export interface TrainingFigures {
   cacheHitFraction: number;
   /** Of the rollouts taken in the steady cycles. */
   staleness: StalenessFigures;
+  /**
+   * Where the age of the rollouts taken in the steady cycles went (./stats.ts AgeFigures), in model
+   * seconds; absent from figures measured elsewhere (the bench's Python baseline).
+   */
+  age?: { rollouts: number; restarted: number; episodeSeconds: number; groupSeconds: number; bufferSeconds: number };
 }
 
 export async function readGpu(url: string): Promise<GpuMetrics> {
@@ -211,10 +226,11 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
   let first: { t: number; gpu: GpuMetrics[] } | null = null;
   let last: { t: number; gpu: GpuMetrics[] } | null = null;
   let tokensAfterFirst = 0;
-  let discardedAtFirst = 0;
-  let discardedAtLast = 0;
+  let discardedAtFirst = noDiscards();
+  let discardedAtLast = noDiscards();
   let waitedMs = 0;
   const staleness = new StalenessTally();
+  const age = new AgeTally();
   let modelStep = 0;
 
   /** Idle from `before` until the servers run again, less the load, per server (mean); in the background. */
@@ -264,6 +280,7 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     if (o.strategy === 'sync') production.start(await readAll(servers));
     const asked = performance.now();
     const batch = await engine.getBatch(step);
+    const takenAt = Date.now(); // the clock rollout timings use
     if (first !== null) waitedMs += performance.now() - asked;
     if (batch.status === 'EXPIRED_BATCH') {
       await syncWeights(Math.max(modelStep, step - 1), first !== null);
@@ -277,13 +294,14 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     } else if (first === null) {
       first = taken;
       production.restart(taken.gpu);
-      discardedAtFirst = o.discardedTokens?.() ?? 0;
+      discardedAtFirst = { ...(o.discarded?.() ?? noDiscards()) };
     } else {
       tokensAfterFirst += batch.stats.responseTokens;
       staleness.add(batch.stats.staleness, batch.stats.rollouts);
+      age.add(batch.groups, takenAt);
     }
     last = taken;
-    discardedAtLast = o.discardedTokens?.() ?? 0;
+    discardedAtLast = { ...(o.discarded?.() ?? noDiscards()) };
     await sleep((batch.stats.responseTokens * trainer.trainMsPerToken) / trainer.speedup);
     // After the last step nothing is produced any more: a sync there would measure nothing.
     if (step % trainer.syncEvery === 0 && step < lastStep) await syncWeights(step, step > warmup);
@@ -306,8 +324,13 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     prompt += m.promptTokens;
     cached += m.cachedTokens;
   }
+  const byCause = noDiscards();
+  for (const cause of DISCARD_CAUSES) byCause[cause] = discardedAtLast[cause] - discardedAtFirst[cause];
   const wasted =
-    o.discardedTokens === undefined ? Math.max(0, generated - tokensAfterFirst) : discardedAtLast - discardedAtFirst;
+    o.discarded === undefined
+      ? Math.max(0, generated - tokensAfterFirst)
+      : DISCARD_CAUSES.reduce((sum, cause) => sum + byCause[cause], 0);
+  const perStep = (x: number) => (cycles > 0 ? x / cycles : 0);
   const mean = (xs: number[]) => (xs.length === 0 ? 0 : xs.reduce((a, b) => a + b, 0) / xs.length);
   const sorted = [...pauseMs].sort((a, b) => a - b);
   return {
@@ -320,6 +343,15 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     tokensTakenPerStep: cycles > 0 ? tokensAfterFirst / cycles : 0,
     wastedTokensPerStep: cycles > 0 ? wasted / cycles : 0,
     wastedFraction: generated > 0 ? wasted / generated : 0,
+    ...(o.discarded === undefined
+      ? {}
+      : {
+          wastedByCause: {
+            expired: perStep(byCause.expired),
+            restarted: perStep(byCause.restarted),
+            dropped: perStep(byCause.dropped),
+          },
+        }),
     waitSeconds: cycles > 0 ? (waitedMs * trainer.speedup) / 1000 / cycles : 0,
     production: production.figures(servers.length),
     syncs: {
@@ -331,5 +363,17 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     },
     cacheHitFraction: prompt > 0 ? cached / prompt : 0,
     staleness: staleness.figures(),
+    age: modelSeconds(age.figures(), trainer.speedup),
+  };
+}
+
+function modelSeconds(a: AgeFigures, speedup: number): TrainingFigures['age'] {
+  const s = (ms: number) => (ms * speedup) / 1000;
+  return {
+    rollouts: a.rollouts,
+    restarted: a.restarted,
+    episodeSeconds: s(a.episodeMs),
+    groupSeconds: s(a.groupMs),
+    bufferSeconds: s(a.bufferMs),
   };
 }

@@ -25,7 +25,7 @@ import { createEngine } from '../../src/index.ts';
 import { startMockProcess } from '../../src/loadtest/mock-process.ts';
 import { percentile } from '../../src/loadtest/stats.ts';
 import { staleThreshold } from '../../src/buffer/staleness.ts';
-import { runTrainingLoop, type TrainingFigures } from '../../src/loadtest/training.ts';
+import { noDiscards, runTrainingLoop, type TrainingFigures } from '../../src/loadtest/training.ts';
 import {
   capacityArgs,
   tokensPerHour,
@@ -67,7 +67,7 @@ export function priorityBenchDefaults(quick: boolean): TrainingBenchOptions {
 async function side(o: TrainingBenchOptions, dataset: string, which: PrioritySide['side']): Promise<PrioritySide> {
   const mock = await startMockProcess([...capacityArgs(o), '--capacity-scheduling', 'priority', '--seed', '0']);
   const rollouts = o.groups * o.groupSize;
-  let discarded = 0;
+  const discarded = noDiscards();
   const groupSeconds: number[] = [];
   const engine = createEngine(
     {
@@ -101,7 +101,7 @@ async function side(o: TrainingBenchOptions, dataset: string, which: PrioritySid
       },
       pause: { mode: 'in-place' },
     },
-    { observer: { discarded: (tokens) => (discarded += tokens) } },
+    { observer: { discarded: (tokens, cause) => (discarded[cause] += tokens) } },
   );
   // Each taken group's span, from the batches the trainer gets.
   const getBatch = engine.getBatch.bind(engine);
@@ -123,7 +123,7 @@ async function side(o: TrainingBenchOptions, dataset: string, which: PrioritySid
       steps: o.steps,
       // As the training loop's async sides (training-loop.ts): the bound's steps before measuring.
       warmupSteps: o.warmupSteps ?? staleThreshold(o.maxStaleness, o.asyncSyncEvery),
-      discardedTokens: () => discarded,
+      discarded: () => discarded,
       trainer: { trainMsPerToken: o.trainMsPerToken, loadMs: o.loadMs, speedup: o.speedup, syncEvery: 1 },
     });
     const gpu = (await (await fetch(`${mock.url}/admin/gpu`)).json()) as { preempted?: number };

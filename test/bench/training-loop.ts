@@ -48,7 +48,7 @@ import { createEngine, type GroupCounts } from '../../src/index.ts';
 import { rolloutStaleness, staleThreshold } from '../../src/buffer/staleness.ts';
 import { rolloutMinModelStep } from '../../src/domain/rollout.ts';
 import { startMockProcess, type MockProcess } from '../../src/loadtest/mock-process.ts';
-import { runTrainingLoop, type TrainingFigures } from '../../src/loadtest/training.ts';
+import { noDiscards, runTrainingLoop, type DiscardTally, type TrainingFigures } from '../../src/loadtest/training.ts';
 import {
   fullSlotTokensPerSecond,
   GPU_DEFAULTS,
@@ -341,7 +341,7 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
   const rollouts = o.groups * o.groupSize;
   const async = asyncSide !== null;
   const overSample = strict ? o.strictOverSample : o.overSample;
-  let discarded = 0;
+  const discarded = noDiscards();
   const syncEvery = async ? o.asyncSyncEvery : 1;
   const warmup = !async
     ? 0
@@ -400,7 +400,7 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
     },
     {
       observer: {
-        discarded: (tokens) => (discarded += tokens),
+        discarded: (tokens, cause) => (discarded[cause] += tokens),
         taken: (groups, trainStep) => {
           if (trainStep <= warmup + 1) return; // the warm-up and the first batch are not steady cycles (training.ts)
           // The trainer syncs after each step that is a multiple of syncEvery, naming it the model step.
@@ -427,7 +427,7 @@ async function engineSide(o: TrainingBenchOptions, dataset: string, side: Engine
       strategy: async ? 'async' : 'sync',
       steps: o.steps,
       warmupSteps: warmup,
-      discardedTokens: () => discarded,
+      discarded: () => discarded,
       trainer: {
         trainMsPerToken: o.trainMsPerToken,
         loadMs: o.loadMs,
@@ -646,13 +646,15 @@ export function printTrainingBench(r: TrainingBenchResult): void {
         : `; CPU per real second: engine process ${s.engineCores.toFixed(2)}, mocks ${s.mockCores?.toFixed(2) ?? 'n/a'}`;
     const masked = s.maskedFailures === undefined ? '' : `; infrastructure failures ${s.maskedFailures}`;
     const shares = s.stalenessShares?.length ? `; ${stalenessSharesText(s.stalenessShares)}` : '';
+    const age = s.side === 'sync' || s.figures === null ? null : ageText(s.figures);
+    const aged = age === null ? '' : `; ${age}`;
     const a = s.admission;
     const admitted =
       a === undefined
         ? ''
         : `; admission: predicted group lifetime (q ${a.quantile}) ${a.lifetimeSeconds?.toFixed(1) ?? 'n/a'} s against a trainer step of ${a.stepSeconds?.toFixed(1) ?? 'n/a'} s, rounds held back ${a.held}`;
     console.log(
-      `  ${s.side}: groups scheduled ${g.scheduled}, retried ${g.retried}, landed ${landed}, taken ${g.taken}, in flight at the end ${g.inFlight}, dropped ${dropped}${masked}${shares}${admitted}${cores}`,
+      `  ${s.side}: groups scheduled ${g.scheduled}, retried ${g.retried}, landed ${landed}, taken ${g.taken}, in flight at the end ${g.inFlight}, dropped ${dropped}${masked}${shares}${aged}${admitted}${cores}`,
     );
   }
   console.log(`  ${describeCeiling(r.ceiling)}`);
@@ -779,7 +781,7 @@ export function strictTargets(r: TrainingBenchResult, label: string, speedUpGoal
       detail:
         f === null
           ? 'not measured'
-          : `${f.wastedTokensPerStep.toFixed(0)} tokens a step (members reset past the bound, groups dropped), of ${(f.tokensTakenPerStep + f.wastedTokensPerStep).toFixed(0)}`,
+          : `${f.wastedTokensPerStep.toFixed(0)} tokens a step${f.wastedByCause === undefined ? '' : ` (${wasteText(f.wastedByCause)})`}, of ${(f.tokensTakenPerStep + f.wastedTokensPerStep).toFixed(0)}`,
     }),
     row({
       target,
@@ -792,7 +794,7 @@ export function strictTargets(r: TrainingBenchResult, label: string, speedUpGoal
       detail:
         f === null
           ? 'not measured'
-          : `train step − oldest token's model step − 1; max ${f.staleness.max}; in weight syncs mean ${side?.syncStaleness?.mean.toFixed(2) ?? 'n/a'}, max ${side?.syncStaleness?.max ?? 'n/a'}${side?.stalenessShares ? `; ${stalenessSharesText(side.stalenessShares)} (0 only for what lands while the trainer waits: docs/SCHEDULING.md)` : ''}`,
+          : `train step − oldest token's model step − 1; max ${f.staleness.max}; in weight syncs mean ${side?.syncStaleness?.mean.toFixed(2) ?? 'n/a'}, max ${side?.syncStaleness?.max ?? 'n/a'}${side?.stalenessShares ? `; ${stalenessSharesText(side.stalenessShares)} (0 only for what lands while the trainer waits: docs/SCHEDULING.md)` : ''}${ageText(f) === null ? '' : `; ${ageText(f)}`}`,
     }),
     row({
       target,
@@ -807,6 +809,26 @@ export function strictTargets(r: TrainingBenchResult, label: string, speedUpGoal
   );
   return rows;
 }
+
+/**
+ * Where the taken rollouts' age went, in model seconds and in the side's train steps: what the mean
+ * staleness is made of. The episode and the wait for the rest of its group are the workload's at
+ * the slot fill the side ran at; only the buffer is the scheduler's to shorten. null: nothing measured.
+ */
+export function ageText(f: TrainingFigures): string | null {
+  const a = f.age;
+  if (a === undefined || a.rollouts === 0 || f.stepSeconds <= 0) return null;
+  const total = a.episodeSeconds + a.groupSeconds + a.bufferSeconds;
+  const steps = (x: number) => (x / f.stepSeconds).toFixed(2);
+  return `age at the take ${total.toFixed(1)} s = ${steps(total)} train steps of ${f.stepSeconds.toFixed(1)} s: the episode ${a.episodeSeconds.toFixed(1)} s (${steps(a.episodeSeconds)}) + the rest of its group ${a.groupSeconds.toFixed(1)} s (${steps(a.groupSeconds)}) + the buffer ${a.bufferSeconds.toFixed(1)} s (${steps(a.bufferSeconds)}), over ${a.rollouts} rollouts that ran once (${a.restarted} generated again left out)`;
+}
+
+/**
+ * The waste's causes a step: only `expired` is the bound's (and the pacing's); a restart is the
+ * environment's failure or an interruption, a dropped group its reason's.
+ */
+export const wasteText = (w: DiscardTally): string =>
+  `reset past the bound ${w.expired.toFixed(0)}, run again from the prompt ${w.restarted.toFixed(0)}, groups dropped ${w.dropped.toFixed(0)}`;
 
 /** "taken at 0 / 1 / 2 train steps stale: 3 / 52 / 45 %" from the side's shares. */
 export const stalenessSharesText = (shares: readonly number[]): string =>
