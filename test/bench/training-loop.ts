@@ -646,7 +646,7 @@ export function printTrainingBench(r: TrainingBenchResult): void {
         : `; CPU per real second: engine process ${s.engineCores.toFixed(2)}, mocks ${s.mockCores?.toFixed(2) ?? 'n/a'}`;
     const masked = s.maskedFailures === undefined ? '' : `; infrastructure failures ${s.maskedFailures}`;
     const shares = s.stalenessShares?.length ? `; ${stalenessSharesText(s.stalenessShares)}` : '';
-    const age = s.side === 'sync' || s.figures === null ? null : ageText(s.figures);
+    const age = s.figures === null ? null : ageText(s.figures);
     const aged = age === null ? '' : `; ${age}`;
     const a = s.admission;
     const admitted =
