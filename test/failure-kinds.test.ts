@@ -95,6 +95,47 @@ describe('infrastructure failures against the mock inference server, in a worker
     assert.equal(stats.groups.landed.FAILED, 0, 'no group failed: each killed episode ran again');
   });
 
+  // Regression: an episode killed after its first reply was run again in the same dispatch, and the
+  // reply it threw away was neither counted produced nor thrown away — the long-tail bench's waste
+  // left out every infrastructure restart.
+  it('counts the reply of an episode killed by infrastructure as produced and thrown away (restarted): the engine’s count of generated tokens is the server’s', async (t) => {
+    // A server of its own: another test's engine producing ahead would move the server's count.
+    const server = await startMockLlm({ port: 0, seed: 3 });
+    t.after(() => server.close());
+    const thrownAway = new Map<string, number>();
+    const e = createEngine(
+      {
+        logLevel: 'silent',
+        batchSize: 4,
+        workers: { threads: 1 },
+        llm: { url: server.url },
+        // Sync: after each batch nothing is in flight, so the server's count is final.
+        producer: { strategy: 'sync' },
+        tasks: [{ name: 'flaky', env: { module: INFRA_ENV, params: { every: 4 } }, groupSize: 4, maxSteps: 8 }],
+      },
+      { observer: { discarded: (tokens, cause) => void thrownAway.set(cause, (thrownAway.get(cause) ?? 0) + tokens) } },
+    );
+    engines.push(e);
+    await e.start();
+    let produced = 0;
+    let taken = 0;
+    let masked = 0;
+    for (let step = 1; step <= 3; step++) {
+      const batch = await e.getBatch(step);
+      assert.equal(batch.status, 'NORMAL');
+      for (const n of Object.values(batch.stats.producedTokens)) produced += n;
+      taken += batch.stats.responseTokens;
+      for (const g of batch.groups) for (const r of g.rollouts) masked += r.maskedFailures ?? 0;
+    }
+    assert.ok(masked > 0, 'some episodes were killed after a reply and run again');
+    assert.equal(produced, server.stats().completionTokens, 'every token the server generated is counted produced');
+    assert.ok((thrownAway.get('restarted') ?? 0) > 0, JSON.stringify([...thrownAway]));
+    assert.equal(thrownAway.get('expired'), undefined, 'nothing is stale in a sync run');
+    // The rest is whole groups dropped (an episode killed again on its retry fails its group).
+    const all = [...thrownAway.values()].reduce((a, b) => a + b, 0);
+    assert.equal(all, produced - taken, 'what the trainer did not get was thrown away, and said why');
+  });
+
   it('masks a NeMo Gym judge that fails on 10 % of verifies: every sample the trainer gets was scored, every group whole', async () => {
     const double = await startNemoGymDouble();
     const dir = mkdtempSync(join(tmpdir(), 'rollout-infra-'));

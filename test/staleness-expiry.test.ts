@@ -455,28 +455,26 @@ describe('stale rollouts kept or reset (producer.staleRollouts)', () => {
     }
   });
 
-  it('reports the stale members’ tokens as discarded for expiry when reset, and as a dropped group’s when not retried', async () => {
-    for (const [trigger, cause] of [
-      [0, 'expired'],
-      [-1, 'dropped'],
+  it('reports the stale members’ tokens thrown away for expiry, whether reset to their prompt or dropped with their group', async () => {
+    for (const [trigger, expected] of [
+      // Retried: each of the group's 2 members (2 tokens each in the scripted pool) is reset in place.
+      [
+        0,
+        [
+          [2, 'expired'],
+          [2, 'expired'],
+        ],
+      ],
+      // Not retried: the group is dropped whole, for the same reason.
+      [-1, [[4, 'expired']]],
     ] as const) {
       const discarded: [number, DiscardCause][] = [];
       const s = await leftover('reset', {
         tailBatchTriggerSize: trigger,
-        observer: { discarded: (tokens, why) => void discarded.push([tokens, why]) },
+        observer: { discarded: (tokens, cause) => void discarded.push([tokens, cause]) },
       });
       try {
-        // The scripted pool completes each of the group's 2 members with 2 tokens.
-        assert.deepEqual(
-          discarded,
-          cause === 'expired'
-            ? [
-                [2, 'expired'],
-                [2, 'expired'],
-              ]
-            : [[4, 'dropped']],
-          `tailBatchTriggerSize ${trigger}`,
-        );
+        assert.deepEqual(discarded, expected, `tailBatchTriggerSize ${trigger}`);
       } finally {
         await s.producer.close();
       }

@@ -50,6 +50,7 @@ import { preview, RolloutEngineError } from '../errors.ts';
 import {
   approxGroupBytes,
   dispatchTokenCount,
+  restartedInDispatch,
   groupError,
   groupStatus,
   resetToPrompt,
@@ -103,12 +104,14 @@ export interface ProducerHooks {
 }
 
 /**
- * Why generated tokens were thrown away: `expired` — a member reset to its prompt past the staleness
- * bound (the buffer's expiry; what pacing and the bound decide); `restarted` — a member the worker
- * ran again from its prompt (interrupted without partialRollout, an infrastructure failure, a replay
- * that no longer matched); `dropped` — a whole group dropped (its reason goes to `dropped`).
+ * Why generated tokens were thrown away: `expired` — past the staleness bound, a member reset to its
+ * prompt or, where expired groups are not retried, the whole group dropped (what pacing and the bound
+ * decide); `restarted` — a member the worker ran again from its prompt (interrupted without
+ * partialRollout, an infrastructure failure run again, a replay that no longer matched); `dropped` —
+ * a whole group dropped for another reason (failed, filtered: the reason goes to `dropped`).
  */
-export type DiscardCause = 'expired' | 'restarted' | 'dropped';
+export const DISCARD_CAUSES = ['expired', 'restarted', 'dropped'] as const;
+export type DiscardCause = (typeof DISCARD_CAUSES)[number];
 
 /** Told about what happens to groups, for metrics; every call is synchronous and must be cheap. */
 export interface ProducerObserver extends OutageObserver {
@@ -239,9 +242,11 @@ export class Producer implements ProduceContext {
       this.#observer.dropped?.(group, reason);
       let tokens = 0;
       for (const r of group.rollouts) tokens += responseTokenCount(r);
-      if (tokens > 0) this.#observer.discarded?.(tokens, 'dropped');
+      if (tokens > 0) this.#observer.discarded?.(tokens, reason === 'EXPIRED' ? 'expired' : 'dropped');
     };
-    this.buffer.onReset = (tokens) => this.#observer.discarded?.(tokens, 'expired');
+    this.buffer.onReset = (tokens) => {
+      if (tokens > 0) this.#observer.discarded?.(tokens, 'expired');
+    };
     for (const task of config.tasks) this.#inFlightByTask.set(task.name, 0);
     const p = config.producer;
     this.#isValidGroup = options.hooks?.isValidGroup ?? (p.filter === 'drop-equal-rewards' ? hasRewardSpread : null);
@@ -441,9 +446,9 @@ export class Producer implements ProduceContext {
     for (let i = 0; i < group.rollouts.length; i++) {
       const before = sent.rollouts[i];
       tokens += dispatchTokenCount(before, group.rollouts[i]);
-      // Restarted from its prompt in the worker (an interrupted rollout without partialRollout, a replay
-      // that no longer matched): what it held when dispatched was thrown away there.
-      if (before !== undefined && group.rollouts[i].attempt > before.attempt) restarted += responseTokenCount(before);
+      // Restarted from its prompt in the worker (interrupted without partialRollout, an infrastructure
+      // failure run again, a replay that no longer matched): what it held at each restart.
+      restarted += restartedInDispatch(before, group.rollouts[i]);
     }
     if (restarted > 0) this.#observer.discarded?.(restarted, 'restarted');
     this.progress.addProduced(task, group.rollouts.length, tokens);

@@ -237,6 +237,12 @@ export interface RolloutState {
    * their turns is in it (absent: none).
    */
   maskedFailures?: number;
+  /**
+   * Response tokens the worker threw away by running this rollout again from its prompt (each restart
+   * adds what the rollout held then; absent: none). Cumulative, as `maskedFailures`: one dispatch's
+   * share is the landed value less the dispatched one.
+   */
+  restartedTokens?: number;
   /** Tool calls the model made in the turns kept, and how many of them failed (any ToolErrorKind); absent without tools. */
   tools?: { calls: number; errors: number };
   timings: RolloutTimings;
@@ -413,6 +419,18 @@ export function resetToPrompt(rollout: RolloutState, status: Status): void {
   delete rollout.tools;
 }
 
+/**
+ * The worker runs `rollout` again from its prompt (interrupted without partialRollout, an
+ * infrastructure failure run again, a replay that no longer matched): what it held is counted in
+ * `restartedTokens` first, so that the producer can report it thrown away — a restart inside one
+ * dispatch leaves no other trace in the group that lands.
+ */
+export function restartFromPrompt(rollout: RolloutState): void {
+  const held = responseTokenCount(rollout);
+  if (held > 0) rollout.restartedTokens = (rollout.restartedTokens ?? 0) + held;
+  resetToPrompt(rollout, Status.INIT);
+}
+
 /** Ends `rollout` FAILED with `reason`, of `kind`. */
 export function failRollout(rollout: RolloutState, reason: string, kind: FailureKind): void {
   rollout.status = Status.FAILED;
@@ -474,13 +492,19 @@ export function inexactTokenCount(rollout: RolloutState): number {
 
 /**
  * Response tokens generated in one dispatch of a rollout: `sent` as dispatched, `landed` as it came
- * back. A continued partial rollout adds to what it had and a kept COMPLETED sibling adds nothing;
- * a rollout restarted from its prompt in the worker (its `attempt` went up) generated all it holds.
+ * back. A continued partial rollout adds to what it had and a kept COMPLETED sibling adds nothing; a
+ * rollout the worker restarted from its prompt threw away what it held at each restart
+ * (`restartedTokens`), the first time what it was sent with included: this dispatch generated what it
+ * holds now plus what it threw away, less what it was sent with.
  */
 export function dispatchTokenCount(sent: RolloutState | undefined, landed: RolloutState): number {
-  const now = responseTokenCount(landed);
-  if (sent === undefined || landed.attempt > sent.attempt) return now;
-  return Math.max(0, now - responseTokenCount(sent));
+  const generated = responseTokenCount(landed) + restartedInDispatch(sent, landed);
+  return Math.max(0, generated - (sent === undefined ? 0 : responseTokenCount(sent)));
+}
+
+/** Response tokens the worker threw away restarting the rollout during one dispatch. */
+export function restartedInDispatch(sent: RolloutState | undefined, landed: RolloutState): number {
+  return Math.max(0, (landed.restartedTokens ?? 0) - (sent?.restartedTokens ?? 0));
 }
 
 /**

@@ -12,7 +12,7 @@
  */
 import { isOutageError, OUTAGE_CODE } from '../llm/errors.ts';
 import { describeError } from '../errors.ts';
-import { resetToPrompt, Status, type RolloutState, type TurnRecord } from '../domain/rollout.ts';
+import { restartFromPrompt, Status, type RolloutState, type TurnRecord } from '../domain/rollout.ts';
 import { failureKindOf } from '../domain/failure.ts';
 import type { Episode, EpisodeContext } from './episode-context.ts';
 import { acquireActor, callHook } from './env-calls.ts';
@@ -33,7 +33,7 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
     return;
   }
   const { settings } = ctx;
-  if (rollout.status === Status.ABORTED && !settings.partialRollout) resetToPrompt(rollout, Status.INIT);
+  if (rollout.status === Status.ABORTED && !settings.partialRollout) restartFromPrompt(rollout);
   if (hasExpired(rollout, ctx.gate.oldestUsefulStep)) {
     // Expired while it waited to continue: not worth an actor and the replay of its steps.
     rollout.status = Status.ABORTED;
@@ -56,7 +56,7 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
     } catch (err) {
       if (!(err instanceof ReplayMismatch)) throw err;
       ctx.onProblem?.(rollout, `${err.message}; restarting the rollout from its prompt`);
-      resetToPrompt(rollout, Status.INIT);
+      restartFromPrompt(rollout);
       await ctx.actors.done(episode.env, false);
       episode = await acquire(rollout, ctx);
       partial = await replaySteps(episode);

@@ -25,7 +25,7 @@ import { checkStepResult, checkTaskPrompt } from '../env/replies.ts';
 import type { Environment } from '../env/types.ts';
 import { fetchTraces, releaseSession, sessionBaseUrl, stitchSession } from '../llm/gateway-client.ts';
 import { describeError, preview, RolloutEngineError } from '../errors.ts';
-import { resetToPrompt, Status, type ChatMessage, type RolloutState, type TurnRecord } from '../domain/rollout.ts';
+import { restartFromPrompt, Status, type ChatMessage, type RolloutState, type TurnRecord } from '../domain/rollout.ts';
 import { failureKindOf } from '../domain/failure.ts';
 import { rewardFor } from './env-step.ts';
 import { acquireActor } from './env-calls.ts';
@@ -67,7 +67,7 @@ export interface BlackBoxContext {
 
 export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxContext, queueMs = 0): Promise<void> {
   if (rollout.status === Status.COMPLETED) return;
-  if (rollout.status !== Status.INIT) resetToPrompt(rollout, Status.INIT); // never continued mid-way: played again whole
+  if (rollout.status !== Status.INIT) restartFromPrompt(rollout); // never continued mid-way: played again whole
   const timings = rollout.timings;
   timings.queueMs += queueMs;
   if (timings.startedAt === 0) timings.startedAt = Date.now();

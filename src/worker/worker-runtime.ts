@@ -33,7 +33,7 @@ import {
   type WorkerTaskSettings,
   type WorkerStats,
 } from '../protocol/messages.ts';
-import { resetToPrompt, Status, type RolloutGroup, type RolloutState } from '../domain/rollout.ts';
+import { restartFromPrompt, Status, type RolloutGroup, type RolloutState } from '../domain/rollout.ts';
 import { sessionIdOf, StepRecordWriter } from '../records/step-records.ts';
 import { runEpisode } from './agent-loop.ts';
 import type { EpisodeContext, EpisodeHooks } from './episode-context.ts';
@@ -218,7 +218,7 @@ export class WorkerRuntime implements WorkerControl {
         `${rollout.error}: not the policy's failure; the episode runs again on a fresh actor, this one is not trained`,
       );
       rollout.maskedFailures = (rollout.maskedFailures ?? 0) + 1;
-      resetToPrompt(rollout, Status.INIT);
+      restartFromPrompt(rollout);
       await episode(false);
     }
   }

@@ -16,7 +16,7 @@ import type { WorkerPool } from '../../src/coordinator/worker-pool.ts';
 import type { WorkerStats } from '../../src/protocol/messages.ts';
 import {
   groupStatus,
-  resetToPrompt,
+  restartFromPrompt,
   Status,
   type RolloutGroup,
   type RolloutState,
@@ -108,7 +108,7 @@ export function applyOutcome(
 ): RolloutGroup {
   group.rollouts.forEach((rollout, i) => {
     if (rollout.status === Status.COMPLETED) return; // a sibling kept from an earlier run of its group
-    if (rollout.status === Status.ABORTED && !partialRollout) resetToPrompt(rollout, Status.INIT);
+    if (rollout.status === Status.ABORTED && !partialRollout) restartFromPrompt(rollout); // as the worker does (worker/agent-loop.ts)
     rollout.error = null;
     switch (outcome.kind) {
       case 'completed':
