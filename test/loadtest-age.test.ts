@@ -44,8 +44,25 @@ describe('the age of the rollouts a trainer takes', () => {
     tally.add([g], 5_000);
     const a = tally.figures();
     assert.equal(a.rollouts, 1);
-    assert.equal(a.restarted, 1);
+    assert.equal(a.generatedAgain, 1);
     assert.equal(a.episodeMs, 1_000);
+  });
+
+  it('leaves out and counts a taken rollout with no start on the clock', () => {
+    const tally = new AgeTally();
+    tally.add(
+      [
+        groupOf([
+          [0, 0],
+          [1_000, 1_200],
+        ]),
+      ],
+      1_200,
+    );
+    const a = tally.figures();
+    assert.equal(a.rollouts, 1);
+    assert.equal(a.untimed, 1);
+    assert.equal(a.episodeMs, 200);
   });
 
   it('weights every rollout once across batches and groups', () => {

@@ -134,16 +134,19 @@ export class StalenessTally {
 /**
  * Where a taken rollout's age went, mean real ms: its own episode (first start → its end), the wait
  * for the rest of its group (a group is stored and taken whole), and the buffer (the group's end →
- * the take). Their sum over the trainer's step time is about the staleness a rollout is taken at —
- * less the weights it started with already being up to `syncWeightsInterval − 1` steps old — so it
- * says which part a scheduler can shorten (the buffer) and which it cannot (the episodes, the group).
- * Only rollouts that ran once count: a member reset and generated again keeps its first start
- * (`timings.startedAt`), while its staleness counts from the attempt it was taken with.
+ * the take). A rollout is taken about age ÷ step time train steps stale, plus up to
+ * `syncWeightsInterval` more (the rounding, and the weights it started with being already that old),
+ * so the parts say what a scheduler can shorten (the buffer) and what it cannot (the episode, and
+ * the group but for siblings reset past the bound and generated again). Only rollouts that ran once
+ * count: a member generated again keeps its first start (`timings.startedAt`), while its staleness
+ * counts from the attempt it was taken with.
  */
 export interface AgeFigures {
   rollouts: number;
   /** Taken rollouts left out: generated again after a reset or an infrastructure failure (`attempt` > 0). */
-  restarted: number;
+  generatedAgain: number;
+  /** Taken rollouts left out: no start or end on the clock (never ran in a worker). */
+  untimed: number;
   episodeMs: number;
   groupMs: number;
   bufferMs: number;
@@ -151,7 +154,8 @@ export interface AgeFigures {
 
 export class AgeTally {
   #rollouts = 0;
-  #restarted = 0;
+  #generatedAgain = 0;
+  #untimed = 0;
   #episode = 0;
   #group = 0;
   #buffer = 0;
@@ -163,8 +167,14 @@ export class AgeTally {
       for (const r of g.rollouts) end = Math.max(end, r.timings.finishedAt);
       for (const r of g.rollouts) {
         const t = r.timings;
-        if (r.attempt > 0) this.#restarted++;
-        if (r.attempt > 0 || t.startedAt <= 0 || t.finishedAt < t.startedAt) continue;
+        if (r.attempt > 0) {
+          this.#generatedAgain++;
+          continue;
+        }
+        if (t.startedAt <= 0 || t.finishedAt < t.startedAt) {
+          this.#untimed++;
+          continue;
+        }
         this.#rollouts++;
         this.#episode += t.finishedAt - t.startedAt;
         this.#group += end - t.finishedAt;
@@ -178,7 +188,8 @@ export class AgeTally {
     const mean = (x: number) => (n > 0 ? x / n : 0);
     return {
       rollouts: n,
-      restarted: this.#restarted,
+      generatedAgain: this.#generatedAgain,
+      untimed: this.#untimed,
       episodeMs: mean(this.#episode),
       groupMs: mean(this.#group),
       bufferMs: mean(this.#buffer),

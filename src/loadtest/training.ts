@@ -21,7 +21,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Engine } from '../engine.ts';
 import type { GpuMetrics } from '../mock-llm/gpu.ts';
-import type { DiscardCause } from '../coordinator/producer.ts';
+import { DISCARD_CAUSES, type DiscardCause } from '../coordinator/producer.ts';
 import { AgeTally, StalenessTally, type AgeFigures, type StalenessFigures } from './stats.ts';
 
 export interface TrainerSimulation {
@@ -63,9 +63,13 @@ export interface TrainingLoopOptions {
 /** Tokens thrown away, per DiscardCause. */
 export type DiscardTally = Record<DiscardCause, number>;
 
-export const DISCARD_CAUSES: readonly DiscardCause[] = ['expired', 'restarted', 'dropped'];
+export const noDiscards = (): DiscardTally => mapCauses(() => 0);
 
-export const noDiscards = (): DiscardTally => ({ expired: 0, restarted: 0, dropped: 0 });
+function mapCauses(f: (cause: DiscardCause) => number): DiscardTally {
+  const out = {} as DiscardTally;
+  for (const cause of DISCARD_CAUSES) out[cause] = f(cause);
+  return out;
+}
 
 export interface ProductionFigures {
   /** Model seconds of production measured (summed over windows, per server). */
@@ -125,7 +129,14 @@ export interface TrainingFigures {
    * Where the age of the rollouts taken in the steady cycles went (./stats.ts AgeFigures), in model
    * seconds; absent from figures measured elsewhere (the bench's Python baseline).
    */
-  age?: { rollouts: number; restarted: number; episodeSeconds: number; groupSeconds: number; bufferSeconds: number };
+  age?: {
+    rollouts: number;
+    generatedAgain: number;
+    untimed: number;
+    episodeSeconds: number;
+    groupSeconds: number;
+    bufferSeconds: number;
+  };
 }
 
 export async function readGpu(url: string): Promise<GpuMetrics> {
@@ -324,8 +335,7 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     prompt += m.promptTokens;
     cached += m.cachedTokens;
   }
-  const byCause = noDiscards();
-  for (const cause of DISCARD_CAUSES) byCause[cause] = discardedAtLast[cause] - discardedAtFirst[cause];
+  const byCause = mapCauses((cause) => discardedAtLast[cause] - discardedAtFirst[cause]);
   const wasted =
     o.discarded === undefined
       ? Math.max(0, generated - tokensAfterFirst)
@@ -340,18 +350,10 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     cycleSeconds,
     stepsPerHour: cycleSeconds > 0 ? (cycles / cycleSeconds) * 3600 : 0,
     stepSeconds: cycles > 0 ? cycleSeconds / cycles : 0,
-    tokensTakenPerStep: cycles > 0 ? tokensAfterFirst / cycles : 0,
-    wastedTokensPerStep: cycles > 0 ? wasted / cycles : 0,
+    tokensTakenPerStep: perStep(tokensAfterFirst),
+    wastedTokensPerStep: perStep(wasted),
     wastedFraction: generated > 0 ? wasted / generated : 0,
-    ...(o.discarded === undefined
-      ? {}
-      : {
-          wastedByCause: {
-            expired: perStep(byCause.expired),
-            restarted: perStep(byCause.restarted),
-            dropped: perStep(byCause.dropped),
-          },
-        }),
+    ...(o.discarded === undefined ? {} : { wastedByCause: mapCauses((cause) => perStep(byCause[cause])) }),
     waitSeconds: cycles > 0 ? (waitedMs * trainer.speedup) / 1000 / cycles : 0,
     production: production.figures(servers.length),
     syncs: {
@@ -371,7 +373,8 @@ function modelSeconds(a: AgeFigures, speedup: number): TrainingFigures['age'] {
   const s = (ms: number) => (ms * speedup) / 1000;
   return {
     rollouts: a.rollouts,
-    restarted: a.restarted,
+    generatedAgain: a.generatedAgain,
+    untimed: a.untimed,
     episodeSeconds: s(a.episodeMs),
     groupSeconds: s(a.groupMs),
     bufferSeconds: s(a.bufferMs),

@@ -738,6 +738,7 @@ export function strictTargets(r: TrainingBenchResult, label: string, speedUpGoal
   // 3.59× against a ceiling of 3.39×. The ceiling is sync's batch over the larger of its training and
   // generation times, the same ratio in either unit.
   const x = f !== null && sync !== null ? tokensPerHourRatio(f, sync) : null;
+  const age = f === null ? null : ageText(f);
   const ceiling = c === null ? 'ceiling not measured' : `ceiling ${c.value.toFixed(2)}×`;
   const settings = `maxStaleness ${o.strictMaxStaleness}, sync every ${o.asyncSyncEvery}, admission ${o.strictAdmission}${o.strictAdmission === 'deadline' ? ` (quantile ${o.strictQuantile})` : ''}, over-sample ${o.strictOverSample}, priority ${o.strictPriority ? 'trajectory' : 'off'}`;
   const target = `31.3 · ${label}, async strict (${settings})`;
@@ -794,7 +795,7 @@ export function strictTargets(r: TrainingBenchResult, label: string, speedUpGoal
       detail:
         f === null
           ? 'not measured'
-          : `train step − oldest token's model step − 1; max ${f.staleness.max}; in weight syncs mean ${side?.syncStaleness?.mean.toFixed(2) ?? 'n/a'}, max ${side?.syncStaleness?.max ?? 'n/a'}${side?.stalenessShares ? `; ${stalenessSharesText(side.stalenessShares)} (0 only for what lands while the trainer waits: docs/SCHEDULING.md)` : ''}${ageText(f) === null ? '' : `; ${ageText(f)}`}`,
+          : `train step − oldest token's model step − 1; max ${f.staleness.max}; in weight syncs mean ${side?.syncStaleness?.mean.toFixed(2) ?? 'n/a'}, max ${side?.syncStaleness?.max ?? 'n/a'}${side?.stalenessShares ? `; ${stalenessSharesText(side.stalenessShares)} (0 only for what lands while the trainer waits: docs/SCHEDULING.md)` : ''}${age === null ? '' : `; ${age}`}`,
     }),
     row({
       target,
@@ -820,12 +821,12 @@ export function ageText(f: TrainingFigures): string | null {
   if (a === undefined || a.rollouts === 0 || f.stepSeconds <= 0) return null;
   const total = a.episodeSeconds + a.groupSeconds + a.bufferSeconds;
   const steps = (x: number) => (x / f.stepSeconds).toFixed(2);
-  return `age at the take ${total.toFixed(1)} s = ${steps(total)} train steps of ${f.stepSeconds.toFixed(1)} s: the episode ${a.episodeSeconds.toFixed(1)} s (${steps(a.episodeSeconds)}) + the rest of its group ${a.groupSeconds.toFixed(1)} s (${steps(a.groupSeconds)}) + the buffer ${a.bufferSeconds.toFixed(1)} s (${steps(a.bufferSeconds)}), over ${a.rollouts} rollouts that ran once (${a.restarted} generated again left out)`;
+  return `age at the take ${total.toFixed(1)} s = ${steps(total)} train steps of ${f.stepSeconds.toFixed(1)} s: the episode ${a.episodeSeconds.toFixed(1)} s (${steps(a.episodeSeconds)}) + the rest of its group ${a.groupSeconds.toFixed(1)} s (${steps(a.groupSeconds)}) + the buffer ${a.bufferSeconds.toFixed(1)} s (${steps(a.bufferSeconds)}), over ${a.rollouts} rollouts that ran once (left out: ${a.generatedAgain} generated again${a.untimed > 0 ? `, ${a.untimed} without timings` : ''})`;
 }
 
 /**
- * The waste's causes a step: only `expired` is the bound's (and the pacing's); a restart is the
- * environment's failure or an interruption, a dropped group its reason's.
+ * The waste's causes a step (the producer's DiscardCause): only `expired` is the bound's and the
+ * pacing's; a restart is the environment's failure or an interruption, a dropped group its reason's.
  */
 export const wasteText = (w: DiscardTally): string =>
   `reset past the bound ${w.expired.toFixed(0)}, run again from the prompt ${w.restarted.toFixed(0)}, groups dropped ${w.dropped.toFixed(0)}`;

@@ -192,21 +192,24 @@ describe('the engine against a real llama.cpp server', { skip, timeout: 600_000 
         },
       ],
     });
-    await e.start();
-    await e.getBatch(1);
-    const report = await e.pauseForWeightUpdate();
-    assert.equal(report.serverAbort, false, 'no abort route to call');
-    assert.ok(report.groupsBack > 0, 'groups were generating when the pause came');
-    assert.equal(report.cancelled, true, 'cut client-side');
-    assert.equal(report.stillInFlight, 0);
-    assert.ok(await slotsIdleWithin(server, 3_000), 'every slot stopped generating');
-    await e.resume({ modelStep: 1 });
-    const next = rolloutsOf(await e.getBatch(2));
-    assert.ok(next.every((r) => r.status === Status.COMPLETED));
     // An async producer runs ahead after the last batch taken: left open, it kept generating on this
     // server through the next test, whose "idle before" could catch a gap between two of its turns and
-    // whose "the slot stopped" then saw this engine's slots (CI, stop 37).
-    await e.close();
+    // whose "the slot stopped" then saw this engine's slots. Closed here, whatever the test's outcome.
+    try {
+      await e.start();
+      await e.getBatch(1);
+      const report = await e.pauseForWeightUpdate();
+      assert.equal(report.serverAbort, false, 'no abort route to call');
+      assert.ok(report.groupsBack > 0, 'groups were generating when the pause came');
+      assert.equal(report.cancelled, true, 'cut client-side');
+      assert.equal(report.stillInFlight, 0);
+      assert.ok(await slotsIdleWithin(server, 3_000), 'every slot stopped generating');
+      await e.resume({ modelStep: 1 });
+      const next = rolloutsOf(await e.getBatch(2));
+      assert.ok(next.every((r) => r.status === Status.COMPLETED));
+    } finally {
+      await e.close();
+    }
     assert.ok(await slotsIdleWithin(server, 3_000), 'closed, the engine left no slot generating');
   });
 
