@@ -13,9 +13,12 @@ function groupOf(spans: [number, number][], drawIndex = 0): RolloutGroup {
   return g;
 }
 
+/** 1 000 model ms a real ms: the figures, in model seconds, read as the real ms of the timings below. */
+const MS = 1_000;
+
 describe('the age of the rollouts a trainer takes', () => {
   it('splits each rollout’s age at the take into its episode, the rest of its group and the buffer', () => {
-    const tally = new AgeTally();
+    const tally = new AgeTally(MS);
     // Members end at 1 100 and 1 400: the group is stored at 1 400 and taken at 2 000.
     tally.add(
       [
@@ -28,14 +31,14 @@ describe('the age of the rollouts a trainer takes', () => {
     );
     const a = tally.figures();
     assert.equal(a.rollouts, 2);
-    assert.equal(a.episodeMs, (100 + 400) / 2);
-    assert.equal(a.groupMs, (300 + 0) / 2, 'the first member waited 300 ms for the second');
-    assert.equal(a.bufferMs, 600);
-    assert.equal(a.episodeMs + a.groupMs + a.bufferMs, 1_000, 'the parts add up to take − start');
+    assert.equal(a.episodeSeconds, (100 + 400) / 2);
+    assert.equal(a.groupSeconds, (300 + 0) / 2, 'the first member waited 300 ms for the second');
+    assert.equal(a.bufferSeconds, 600);
+    assert.equal(a.episodeSeconds + a.groupSeconds + a.bufferSeconds, 1_000, 'the parts add up to take − start');
   });
 
   it('leaves out a member generated again, whose first start is not the start of what is taken', () => {
-    const tally = new AgeTally();
+    const tally = new AgeTally(MS);
     const g = groupOf([
       [1_000, 5_000],
       [4_000, 5_000],
@@ -45,11 +48,11 @@ describe('the age of the rollouts a trainer takes', () => {
     const a = tally.figures();
     assert.equal(a.rollouts, 1);
     assert.equal(a.generatedAgain, 1);
-    assert.equal(a.episodeMs, 1_000);
+    assert.equal(a.episodeSeconds, 1_000);
   });
 
   it('leaves out and counts a taken rollout with no start on the clock', () => {
-    const tally = new AgeTally();
+    const tally = new AgeTally(MS);
     tally.add(
       [
         groupOf([
@@ -62,16 +65,16 @@ describe('the age of the rollouts a trainer takes', () => {
     const a = tally.figures();
     assert.equal(a.rollouts, 1);
     assert.equal(a.untimed, 1);
-    assert.equal(a.episodeMs, 200);
+    assert.equal(a.episodeSeconds, 200);
   });
 
   it('weights every rollout once across batches and groups', () => {
-    const tally = new AgeTally();
+    const tally = new AgeTally(MS);
     tally.add([groupOf([[1_000, 1_100]], 0), groupOf([[1_000, 1_300]], 1)], 1_300);
     tally.add([groupOf([[2_000, 2_100]], 2)], 2_500);
     const a = tally.figures();
     assert.equal(a.rollouts, 3);
-    assert.equal(a.episodeMs, 500 / 3);
-    assert.equal(a.bufferMs, 600 / 3);
+    assert.equal(a.episodeSeconds, 500 / 3);
+    assert.equal(a.bufferSeconds, 600 / 3);
   });
 });

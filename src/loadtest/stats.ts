@@ -132,7 +132,7 @@ export class StalenessTally {
 }
 
 /**
- * Where a taken rollout's age went, mean real ms: its own episode (first start → its end), the wait
+ * Where a taken rollout's age went, mean model seconds: its own episode (first start → its end), the wait
  * for the rest of its group (a group is stored and taken whole), and the buffer (the group's end →
  * the take). A rollout is taken about age ÷ step time train steps stale, plus up to
  * `syncWeightsInterval` more (the rounding, and the weights it started with being already that old),
@@ -147,18 +147,24 @@ export interface AgeFigures {
   generatedAgain: number;
   /** Taken rollouts left out: no start or end on the clock (never ran in a worker). */
   untimed: number;
-  episodeMs: number;
-  groupMs: number;
-  bufferMs: number;
+  episodeSeconds: number;
+  groupSeconds: number;
+  bufferSeconds: number;
 }
 
 export class AgeTally {
+  /** Model ms per real ms (the mocks' `speedup`): rollout timings are real, the figures model time. */
+  readonly #speedup: number;
   #rollouts = 0;
   #generatedAgain = 0;
   #untimed = 0;
   #episode = 0;
   #group = 0;
   #buffer = 0;
+
+  constructor(speedup = 1) {
+    this.#speedup = speedup;
+  }
 
   /** A batch's groups, taken at `takenAt` (wall clock, ms: the clock rollout timings use). */
   add(groups: readonly RolloutGroup[], takenAt: number): void {
@@ -185,14 +191,14 @@ export class AgeTally {
 
   figures(): AgeFigures {
     const n = this.#rollouts;
-    const mean = (x: number) => (n > 0 ? x / n : 0);
+    const seconds = (ms: number) => (n > 0 ? (ms * this.#speedup) / 1000 / n : 0);
     return {
       rollouts: n,
       generatedAgain: this.#generatedAgain,
       untimed: this.#untimed,
-      episodeMs: mean(this.#episode),
-      groupMs: mean(this.#group),
-      bufferMs: mean(this.#buffer),
+      episodeSeconds: seconds(this.#episode),
+      groupSeconds: seconds(this.#group),
+      bufferSeconds: seconds(this.#buffer),
     };
   }
 }

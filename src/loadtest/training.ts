@@ -126,17 +126,10 @@ export interface TrainingFigures {
   /** Of the rollouts taken in the steady cycles. */
   staleness: StalenessFigures;
   /**
-   * Where the age of the rollouts taken in the steady cycles went (./stats.ts AgeFigures), in model
-   * seconds; absent from figures measured elsewhere (the bench's Python baseline).
+   * Where the age of the rollouts taken in the steady cycles went; absent from figures measured
+   * elsewhere (the bench's Python baseline).
    */
-  age?: {
-    rollouts: number;
-    generatedAgain: number;
-    untimed: number;
-    episodeSeconds: number;
-    groupSeconds: number;
-    bufferSeconds: number;
-  };
+  age?: AgeFigures;
 }
 
 export async function readGpu(url: string): Promise<GpuMetrics> {
@@ -237,11 +230,13 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
   let first: { t: number; gpu: GpuMetrics[] } | null = null;
   let last: { t: number; gpu: GpuMetrics[] } | null = null;
   let tokensAfterFirst = 0;
+  /** A copy: the caller's tally keeps counting. */
+  const discardedNow = (): DiscardTally => ({ ...(o.discarded?.() ?? noDiscards()) });
   let discardedAtFirst = noDiscards();
   let discardedAtLast = noDiscards();
   let waitedMs = 0;
   const staleness = new StalenessTally();
-  const age = new AgeTally();
+  const age = new AgeTally(trainer.speedup);
   let modelStep = 0;
 
   /** Idle from `before` until the servers run again, less the load, per server (mean); in the background. */
@@ -305,14 +300,14 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     } else if (first === null) {
       first = taken;
       production.restart(taken.gpu);
-      discardedAtFirst = { ...(o.discarded?.() ?? noDiscards()) };
+      discardedAtFirst = discardedNow();
     } else {
       tokensAfterFirst += batch.stats.responseTokens;
       staleness.add(batch.stats.staleness, batch.stats.rollouts);
       age.add(batch.groups, takenAt);
     }
     last = taken;
-    discardedAtLast = { ...(o.discarded?.() ?? noDiscards()) };
+    discardedAtLast = discardedNow();
     await sleep((batch.stats.responseTokens * trainer.trainMsPerToken) / trainer.speedup);
     // After the last step nothing is produced any more: a sync there would measure nothing.
     if (step % trainer.syncEvery === 0 && step < lastStep) await syncWeights(step, step > warmup);
@@ -354,7 +349,7 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     wastedTokensPerStep: perStep(wasted),
     wastedFraction: generated > 0 ? wasted / generated : 0,
     ...(o.discarded === undefined ? {} : { wastedByCause: mapCauses((cause) => perStep(byCause[cause])) }),
-    waitSeconds: cycles > 0 ? (waitedMs * trainer.speedup) / 1000 / cycles : 0,
+    waitSeconds: perStep((waitedMs * trainer.speedup) / 1000),
     production: production.figures(servers.length),
     syncs: {
       count: idle.length,
@@ -365,18 +360,6 @@ export async function runTrainingLoop(o: TrainingLoopOptions): Promise<TrainingF
     },
     cacheHitFraction: prompt > 0 ? cached / prompt : 0,
     staleness: staleness.figures(),
-    age: modelSeconds(age.figures(), trainer.speedup),
-  };
-}
-
-function modelSeconds(a: AgeFigures, speedup: number): TrainingFigures['age'] {
-  const s = (ms: number) => (ms * speedup) / 1000;
-  return {
-    rollouts: a.rollouts,
-    generatedAgain: a.generatedAgain,
-    untimed: a.untimed,
-    episodeSeconds: s(a.episodeMs),
-    groupSeconds: s(a.groupMs),
-    bufferSeconds: s(a.bufferMs),
+    age: age.figures(),
   };
 }

@@ -83,8 +83,9 @@ export function printLongTailSummary(r: TrainingBenchResult): void {
   for (const s of r.sides) {
     const f = s.figures;
     // In tokens trained per hour, as issue 31.3's rows (training-loop.ts, strictTargets).
-    const x = f === null || sync === null ? null : tokensPerHourRatio(f, sync);
-    if (f === null || sync === null || x === null || sync.stepsPerHour <= 0) continue;
+    if (f === null || sync === null) continue;
+    const x = tokensPerHourRatio(f, sync);
+    if (x === null) continue; // sync trained nothing (and so ran no step)
     const share =
       r.ceiling && r.ceiling.value > 0 ? `${((100 * x) / r.ceiling.value).toFixed(0)} % of the ceiling` : '';
     console.log(
