@@ -162,7 +162,7 @@ export function trainingBenchDefaults(quick: boolean): TrainingBenchOptions {
     asyncSyncEvery: 2,
     maxStaleness: 1,
     episodeSlots: 0,
-    // Measured 2026-11-29 (docs/PERFORMANCE.md, "Runs of 2026-11-29 05:55–06:25"): with 3 the prefix
+    // Measured 2026-11-29 (docs/PERFORMANCE-HISTORY.md, "Runs of 2026-11-29 05:55–06:25"): with 3 the prefix
     // cache hit 61–63 % and prefill took 16–17 % of the async sides' busy time, with 0 94 % and 3 %.
     messageCut: 0,
     takeOrder: 'fifo',
@@ -170,7 +170,7 @@ export function trainingBenchDefaults(quick: boolean): TrainingBenchOptions {
     // nothing was thrown away at the in-place side's speed; 0.85 and 1.5 ran a little faster and threw
     // away 9 %.
     strictOverSample: 1,
-    // Measured after a warm-up of the bound's steps (docs/PERFORMANCE.md, "The window, corrected"):
+    // Measured after a warm-up of the bound's steps (docs/PERFORMANCE-HISTORY.md, "The window, corrected"):
     // at 3, 3.7 % of the tokens thrown away on today's workload and 3.3 / 2.5 % on the long tail; at
     // 4, 0.0 % and 0.0 / 1.6 %, a little slower, the mean staleness 0.1–0.3 train steps higher.
     strictMaxStaleness: 4,

@@ -2,7 +2,7 @@
  * What holds async + partial rollouts below the anchors' speed-up on this workload: the training loop
  * (./training-loop.ts) with the async side's knobs moved one at a time, against one sync run. At
  * staleness 1 over-sampling trades slots filled against tokens thrown away (groups that outlive the
- * bound are reset); at staleness 2 (in the runs recorded in docs/PERFORMANCE.md) nothing was thrown away and
+ * bound are reset); at staleness 2 (in the runs recorded in docs/PERFORMANCE-HISTORY.md) nothing was thrown away and
  * what is left is the prefill of every continued rollout after a sync (new weights empty the servers'
  * prefix caches) — unless the weights are loaded in place (pause.mode in-place), which keeps it.
  * Stale rollouts kept (producer.staleRollouts keep) throw nothing away for its age: the rows say how

@@ -55,7 +55,7 @@ export const LONG_TAIL_WORKLOADS: readonly LongTailWorkload[] = [
     steps: 8,
     speedup: 8,
     prompts: 2048,
-    // Measured after a warm-up of the bound's steps (docs/PERFORMANCE.md, "The window, corrected"):
+    // Measured after a warm-up of the bound's steps (docs/PERFORMANCE-HISTORY.md, "The window, corrected"):
     // at 4 the slots were 99 % filled and 24 % of the tokens thrown away, at the speed of 1.5 (45 % of
     // the slots, nothing thrown away at maxStaleness 4).
     strictOverSample: 1.5,
