@@ -372,13 +372,14 @@ const TaskSpec = z
     maxSteps: positiveInt.default(16).describe('Agent turns per episode at most.'),
     /**
      * Times an episode that failed by infrastructure (a server gone, a session lost, a judge that
-     * failed: src/domain/failure.ts) runs again in its slot, on a fresh actor, before its group fails.
-     * The failed episodes are never trained; the group keeps its size.
+     * failed: src/domain/failure.ts) goes on in its slot, on a fresh actor, before its group fails:
+     * from its last finished step, replayed, or from its prompt where the replay disagrees. The step
+     * the failure cut short is never trained; the group keeps its size.
      */
     infraRetries: retries
       .default(2)
       .describe(
-        'Times an episode that failed by infrastructure (a server gone, a session lost, a judge that failed) runs again in its slot, on a fresh actor, before its group fails; the failed episodes are never trained (docs/FAILURES.md).',
+        'Times an episode that failed by infrastructure (a server gone, a session lost, a judge that failed) goes on in its slot, on a fresh actor, before its group fails: its finished steps replayed, the step the failure cut short played again and never trained (docs/FAILURES.md).',
       ),
     /** Keep the system message and the last `2 × messageCut − 1` messages; 0 = send the whole conversation. */
     messageCut: nonNegativeInt

@@ -1,13 +1,14 @@
 /**
  * Every episode that does not end normally carries a kind (src/domain/failure.ts), and one that failed
  * by infrastructure — a sandbox killed under it, a judge that failed — is never trained as the
- * policy's outcome: it runs again in its slot, the group keeps its size, and the count says so.
+ * policy's outcome: it goes on in its slot from its last finished step (or its prompt), the group
+ * keeps its size, and the count says so.
  */
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { after, before, describe, it } from 'node:test';
+import { after, before, describe, it, type TestContext } from 'node:test';
 import { createEngine, Status, type Engine } from '../src/index.ts';
 import { FAILURE_KINDS, failureKindOf, failureKindOfReason, noFailures } from '../src/domain/failure.ts';
 import { EnvError } from '../src/env/errors.ts';
@@ -95,11 +96,15 @@ describe('infrastructure failures against the mock inference server, in a worker
     assert.equal(stats.groups.landed.FAILED, 0, 'no group failed: each killed episode ran again');
   });
 
-  // Regression: an episode killed after its first reply was run again in the same dispatch, and the
-  // reply it threw away was neither counted produced nor thrown away — the long-tail bench's waste
-  // left out every infrastructure restart.
-  it('counts the reply of an episode killed by infrastructure as produced and thrown away (restarted): the engine’s count of generated tokens is the server’s', async (t) => {
-    // A server of its own: another test's engine producing ahead would move the server's count.
+  /**
+   * An engine producing sync against a mock server of its own, with the producer's thrown-away tokens
+   * tallied by cause: after each batch nothing is in flight, and no other test's engine producing
+   * ahead moves the server's count, so the server's count is this engine's final one.
+   */
+  async function countedEngine(
+    t: TestContext,
+    task: object,
+  ): Promise<{ e: Engine; server: MockLlm; thrownAway: Map<string, number> }> {
     const server = await startMockLlm({ port: 0, seed: 3 });
     t.after(() => server.close());
     const thrownAway = new Map<string, number>();
@@ -109,14 +114,21 @@ describe('infrastructure failures against the mock inference server, in a worker
         batchSize: 4,
         workers: { threads: 1 },
         llm: { url: server.url },
-        // Sync: after each batch nothing is in flight, so the server's count is final.
         producer: { strategy: 'sync' },
-        tasks: [{ name: 'flaky', env: { module: INFRA_ENV, params: { every: 4 } }, groupSize: 4, maxSteps: 8 }],
+        tasks: [{ name: 'flaky', env: { module: INFRA_ENV }, groupSize: 4, maxSteps: 8, ...task }],
       },
       { observer: { discarded: (tokens, cause) => void thrownAway.set(cause, (thrownAway.get(cause) ?? 0) + tokens) } },
     );
     engines.push(e);
     await e.start();
+    return { e, server, thrownAway };
+  }
+
+  // Regression: an episode killed after its first reply was run again in the same dispatch, and the
+  // reply it threw away was neither counted produced nor thrown away — the long-tail bench's waste
+  // left out every infrastructure restart.
+  it('counts the reply of an episode killed by infrastructure as produced and thrown away (restarted): the engine’s count of generated tokens is the server’s', async (t) => {
+    const { e, server, thrownAway } = await countedEngine(t, { env: { module: INFRA_ENV, params: { every: 4 } } });
     let produced = 0;
     let taken = 0;
     let masked = 0;
@@ -134,6 +146,47 @@ describe('infrastructure failures against the mock inference server, in a worker
     // The rest is whole groups dropped (an episode killed again on its retry fails its group).
     const all = [...thrownAway.values()].reduce((a, b) => a + b, 0);
     assert.equal(all, produced - taken, 'what the trainer did not get was thrown away, and said why');
+  });
+
+  it('resumes an episode whose sandbox is lost at its third step from its second, on a fresh actor: only the lost step’s reply is thrown away', async (t) => {
+    const { e, server, thrownAway } = await countedEngine(t, {
+      env: { module: INFRA_ENV, params: { every: 3, atStep: 3 } },
+      infraRetries: 8, // enough that no group fails: every loss below is a resumed step
+    });
+    let produced = 0;
+    let taken = 0;
+    let resumed = 0;
+    let lostSteps = 0;
+    for (let step = 1; step <= 3; step++) {
+      const batch = await e.getBatch(step);
+      assert.equal(batch.status, 'NORMAL');
+      for (const n of Object.values(batch.stats.producedTokens)) produced += n;
+      taken += batch.stats.responseTokens;
+      for (const g of batch.groups)
+        for (const r of g.rollouts) {
+          const masked = r.maskedFailures ?? 0;
+          if (masked === 0) continue;
+          assert.equal(r.status, Status.COMPLETED);
+          assert.deepEqual(
+            r.turns.map((turn) => turn.step),
+            r.turns.map((_, i) => i + 1),
+            'one turn a step, none lost or twice',
+          );
+          // The step played again is sent as it was the first time (the same prompt after the
+          // replay, the same sampling seed), so its reply is the lost one's length.
+          resumed++;
+          lostSteps += masked * (r.turns[2].responseIds?.length ?? 0);
+        }
+    }
+    assert.ok(resumed > 0, 'some episodes lost their sandbox at step 3 and went on');
+    assert.equal(produced, server.stats().completionTokens, 'every token the server generated is counted produced');
+    assert.equal(
+      thrownAway.get('restarted'),
+      lostSteps,
+      'thrown away: the lost steps’ replies, not the steps before them',
+    );
+    assert.equal(thrownAway.get('dropped'), undefined, 'no group failed');
+    assert.equal(produced - taken, lostSteps);
   });
 
   it('masks a NeMo Gym judge that fails on 10 % of verifies: every sample the trainer gets was scored, every group whole', async () => {

@@ -106,8 +106,9 @@ export interface ProducerHooks {
 /**
  * Why generated tokens were thrown away: `expired` — past the staleness bound, a member reset to its
  * prompt or, where expired groups are not retried, the whole group dropped (what pacing and the bound
- * decide); `restarted` — a member the worker ran again from its prompt (interrupted without
- * partialRollout, an infrastructure failure run again, a replay that no longer matched); `dropped` —
+ * decide); `restarted` — generated again in the worker: a member run again from its prompt
+ * (interrupted without partialRollout, a replay that no longer matched) or a step played again whole
+ * (cut short by an infrastructure failure, or by a pause between tool rounds); `dropped` —
  * a whole group dropped for another reason (failed, filtered: the reason goes to `dropped`).
  */
 export const DISCARD_CAUSES = ['expired', 'restarted', 'dropped'] as const;

@@ -233,13 +233,13 @@ export interface RolloutState {
   /** What kind of failure (domain/failure.ts), set with FAILED. */
   failureKind?: FailureKind;
   /**
-   * Episodes of this rollout that failed by infrastructure and were run again in its slot: none of
-   * their turns is in it (absent: none).
+   * Episodes of this rollout that failed by infrastructure and went on in its slot: the step each
+   * failure cut short is not in it, it was played again (absent: none).
    */
   maskedFailures?: number;
   /**
-   * Response tokens the worker threw away by running this rollout again from its prompt (each restart
-   * adds what the rollout held then; absent: none). Cumulative, as `maskedFailures`: one dispatch's
+   * Response tokens the worker threw away to generate them again: each run from the prompt adds what
+   * the rollout held then, each step played again whole what that step held (absent: none). Cumulative, as `maskedFailures`: one dispatch's
    * share is the landed value less the dispatched one.
    */
   restartedTokens?: number;
@@ -429,6 +429,17 @@ export function restartFromPrompt(rollout: RolloutState): void {
   const held = responseTokenCount(rollout);
   if (held > 0) rollout.restartedTokens = (rollout.restartedTokens ?? 0) + held;
   resetToPrompt(rollout, Status.INIT);
+}
+
+/**
+ * Drops `rollout`'s turns from index `from` on (a step to be played again whole), counting their
+ * tokens in `restartedTokens` as `restartFromPrompt` does, so that the producer reports them thrown away.
+ */
+export function dropTurnsFrom(rollout: RolloutState, from: number): void {
+  let held = 0;
+  for (let i = from; i < rollout.turns.length; i++) held += rollout.turns[i].responseIds?.length ?? 0;
+  if (held > 0) rollout.restartedTokens = (rollout.restartedTokens ?? 0) + held;
+  rollout.turns.splice(from);
 }
 
 /** Ends `rollout` FAILED with `reason`, of `kind`. */

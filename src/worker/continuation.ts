@@ -9,10 +9,18 @@
  * logprobs, model steps and stale-KV marks are the partial's followed by the continuation's.
  */
 import { checkAgentPrompts, checkStepResult } from '../env/replies.ts';
-import { modelStepsOf, type ChatMessage, type TurnRecord } from '../domain/rollout.ts';
+import {
+  dropTurnsFrom,
+  modelStepsOf,
+  restartFromPrompt,
+  Status,
+  type ChatMessage,
+  type RolloutState,
+  type TurnRecord,
+} from '../domain/rollout.ts';
 import type { Episode } from './episode-context.ts';
 import { envCall } from './env-calls.ts';
-import { actionOf, rewardFor, steppedTurns, stepsOf } from './env-step.ts';
+import { actionOf, isUnstepped, rewardFor, steppedTurns, stepsOf } from './env-step.ts';
 import { toolMessagesOf } from './tools.ts';
 
 /** The environment, replaying a rollout's steps, did not give what the record says it gave. */
@@ -69,6 +77,28 @@ export async function replaySteps(episode: Episode): Promise<TurnRecord | null> 
   }
   rollout.timings.envMs += performance.now() - t;
   return partial;
+}
+
+/**
+ * Readies a rollout whose episode failed by infrastructure to be played on from its last finished
+ * step: the steps the environment finished are kept, to be replayed on a fresh actor as a continued
+ * rollout's are (a replay that disagrees restarts it from its prompt: runEpisode), and the step it
+ * did not finish — its replies, recorded before its tool calls or its `step` failed — is dropped and
+ * played again whole. What the failed sandbox, session or judge did is not in the record, so nothing
+ * of it is trained; what the model generated before it is, with the model steps that sampled it.
+ * A rollout with nothing finished to keep starts again from its prompt.
+ */
+export function resumeAfterInfra(rollout: RolloutState): void {
+  const firstUnfinished = rollout.turns.findIndex(isUnstepped);
+  const keep = firstUnfinished === -1 ? rollout.turns.length : firstUnfinished;
+  if (keep === 0) {
+    restartFromPrompt(rollout);
+    return;
+  }
+  dropTurnsFrom(rollout, keep);
+  rollout.status = Status.INIT;
+  rollout.error = null;
+  delete rollout.failureKind;
 }
 
 /**

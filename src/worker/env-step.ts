@@ -6,6 +6,26 @@
 import type { StepResult } from '../env/types.ts';
 import type { RolloutState, TurnRecord } from '../domain/rollout.ts';
 
+/**
+ * Turns recorded in this worker whose step the environment has not finished: held from the moment a
+ * step's replies are recorded (before its tool calls and its `step`) until its outcome is applied.
+ * Invariant: a turn a rollout brought into this dispatch is never in it — every step it holds was
+ * finished, bar a partial last reply (finish reason `abort`), which its continuation replays as such.
+ * So after an infrastructure failure the turns in it are exactly the step to play again
+ * (continuation.ts, `resumeAfterInfra`). Weak: a rollout that ends otherwise leaves nothing behind.
+ */
+const unfinished = new WeakSet<TurnRecord>();
+
+/** A step's replies are recorded; the environment has yet to step on them. */
+export function recordedUnstepped(turns: readonly TurnRecord[]): void {
+  for (const turn of turns) unfinished.add(turn);
+}
+
+/** Whether `turn`'s step was recorded in this worker and not finished by the environment. */
+export function isUnstepped(turn: TurnRecord): boolean {
+  return unfinished.has(turn);
+}
+
 /** Turns grouped by step (several per step in a multi-agent episode), in order. */
 export function stepsOf(turns: readonly TurnRecord[]): TurnRecord[][] {
   const steps: TurnRecord[][] = [];
@@ -46,6 +66,7 @@ export function applyOutcome(
 ): void {
   const stepped = steppedTurns(turns);
   for (const turn of turns) {
+    unfinished.delete(turn);
     turn.terminated = outcome.terminated;
     turn.truncated = outcome.truncated;
     // With trimming every turn is a self-contained sample; without it only the last turn holds the

@@ -7,6 +7,7 @@ import type { Environment } from '../env/types.ts';
 import type { McpConnection } from '../env/mcp.ts';
 import { RolloutEngineError } from '../errors.ts';
 import {
+  dropTurnsFrom,
   Status,
   statusForFinishReason,
   type ChatMessage,
@@ -15,6 +16,7 @@ import {
 } from '../domain/rollout.ts';
 import { DEFAULT_TOOL_SETTINGS, type Episode } from './episode-context.ts';
 import { envCall } from './env-calls.ts';
+import { recordedUnstepped } from './env-step.ts';
 import { endInterrupted, endTruncated } from './episode-end.ts';
 import { ContextExceeded, infer, pendingCalls } from './inference-call.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
@@ -73,7 +75,7 @@ export async function toolRounds(episode: Episode, at: ToolStep): Promise<ChatMe
   const { step, prompt, turns, tools, firstNewTurn } = at;
   const settings = ctx.settings.tools ?? DEFAULT_TOOL_SETTINGS;
   const firstOfStep = rollout.turns.length - turns.length;
-  const drop = (): void => void rollout.turns.splice(firstOfStep);
+  const drop = (): void => dropTurnsFrom(rollout, firstOfStep);
   const { env } = episode;
   const callEnv =
     env.callTool === undefined
@@ -138,6 +140,7 @@ export async function toolRounds(episode: Episode, at: ToolStep): Promise<ChatMe
         return null;
       }
       rollout.turns.push(next);
+      recordedUnstepped([next]);
       sharePromptPrefix(rollout.turns, firstNewTurn, rollout.turns.length - 1);
       turns.push(next);
       rollout.finishReason = next.finishReason;

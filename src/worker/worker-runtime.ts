@@ -36,6 +36,7 @@ import {
 import { restartFromPrompt, Status, type RolloutGroup, type RolloutState } from '../domain/rollout.ts';
 import { sessionIdOf, StepRecordWriter } from '../records/step-records.ts';
 import { runEpisode } from './agent-loop.ts';
+import { resumeAfterInfra } from './continuation.ts';
 import type { EpisodeContext, EpisodeHooks } from './episode-context.ts';
 import { runBlackBoxEpisode, type BlackBoxAgent } from './blackbox-loop.ts';
 import { settleEpisode, settleGroup, type GroupRun } from './group-run.ts';
@@ -165,6 +166,9 @@ export class WorkerRuntime implements WorkerControl {
         `unknown task ${JSON.stringify(group.taskName)} (worker knows ${[...this.#tasks.keys()].join(', ')})`,
       );
     let episode: (rollout: RolloutState, queueMs: number) => Promise<void>;
+    // How an episode failed by infrastructure goes on: a black-box agent's run cannot be replayed (its
+    // own loop drove the environment), so it starts again; an in-process one resumes at its last step.
+    let afterInfra: (rollout: RolloutState) => void = restartFromPrompt;
     if (task.blackbox !== null) {
       const agent = await task.blackbox;
       const ctx = {
@@ -185,29 +189,30 @@ export class WorkerRuntime implements WorkerControl {
       const hooks = await task.hooks;
       const ctx = (task.episodes ??= this.#episodeContext(task, task.actors, hooks));
       episode = (rollout, ms) => runEpisode(rollout, ctx, ms);
+      afterInfra = resumeAfterInfra;
     }
     await Promise.all(
       group.rollouts.map((rollout) =>
         settleEpisode(rollout, threadId, () =>
           this.#inSlot(rollout, (waitedMs) =>
-            this.#maskingInfra(rollout, task.settings.agent.infraRetries, (waited) =>
+            this.#maskingInfra(rollout, task.settings.agent.infraRetries, afterInfra, (waited) =>
               episode(rollout, waited ? queueMs + waitedMs : 0),
             ),
           ),
         ),
       ),
     );
-  }
-
-  /**
-   * Runs `episode` and, while it ends FAILED by infrastructure (domain/failure.ts), runs it again from
-   * its prompt in the same slot, up to `retries` times: the failed episode's turns are dropped, so none
-   * of it is trained as the policy's outcome, and the group keeps its size. A pause ends the retries:
-   * the rollout goes back as it is, and its group is sent again after the resume.
+  } /**
+   * Runs `episode` and, while it ends FAILED by infrastructure (domain/failure.ts), runs it again in the
+   * same slot on a fresh actor, up to `retries` times: `goOn` readies the rollout — resumed at its last
+   * finished step, or reset to its prompt — so that nothing the failure touched is trained as the
+   * policy's outcome, and the group keeps its size. A pause ends the retries: the rollout goes back as
+   * it is, and its group is sent again after the resume.
    */
   async #maskingInfra(
     rollout: RolloutState,
     retries: number | undefined,
+    goOn: (rollout: RolloutState) => void,
     episode: (first: boolean) => Promise<void>,
   ): Promise<void> {
     await episode(true);
@@ -215,10 +220,10 @@ export class WorkerRuntime implements WorkerControl {
       if (rollout.status !== Status.FAILED || rollout.failureKind !== 'infrastructure' || this.#gate.paused) return;
       this.#log.warn(
         { rollout: rollout.id, retry: n, of: retries },
-        `${rollout.error}: not the policy's failure; the episode runs again on a fresh actor, this one is not trained`,
+        `${rollout.error}: not the policy's failure; the episode goes on on a fresh actor, the failed step is not trained`,
       );
       rollout.maskedFailures = (rollout.maskedFailures ?? 0) + 1;
-      restartFromPrompt(rollout);
+      goOn(rollout);
       await episode(false);
     }
   }

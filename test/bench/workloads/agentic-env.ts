@@ -12,14 +12,15 @@
  *   `stragglerRate` a straggler of `stragglerMs` [min, max] GPU ms instead (a sandbox cold start, a
  *   test suite, a slow judge); waited for in real time ÷ `speedup`, as the mocks run;
  * - with probability `infraRate` an episode fails at one of its steps with ERR_ENV_INFRA (a sandbox
- *   lost under it): the engine masks it and plays the rollout again (docs/FAILURES.md).
+ *   lost under it): the engine masks it, and the rollout goes on from its last finished step on a
+ *   fresh actor (docs/FAILURES.md).
  *
  * Seeded and replayable: an episode's length and each observation are drawn from (its reset seed,
  * the turn, the model's replies so far), so the engine's replay of recorded steps on a fresh actor (a
  * continued rollout) reproduces them. The latencies and the failures come from a seeded stream of the
- * worker thread instead: neither is in a step's record, and a rollout run again after a failure gets
- * the same replies (the engine sends the same request seeds), so a failure drawn from them would
- * strike every run again.
+ * worker thread instead: neither is in a step's record, and a step played again after a failure gets
+ * the same reply (the engine sends the same request seeds), so a failure drawn from them would strike
+ * every replay again.
  */
 import { createRng, mixSeeds } from '../../../src/env/synthetic/rng.ts';
 import { fmix32 } from '../../../src/hash.ts';
