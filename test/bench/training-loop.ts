@@ -829,7 +829,7 @@ export function ageText(f: TrainingFigures): string | null {
  * pacing's; a restart is the environment's failure or an interruption, a dropped group its reason's.
  */
 export const wasteText = (w: DiscardTally): string =>
-  `past the bound ${w.expired.toFixed(0)}, run again from the prompt ${w.restarted.toFixed(0)}, groups dropped otherwise ${w.dropped.toFixed(0)}`;
+  `past the bound ${w.expired.toFixed(0)}, generated again ${w.restarted.toFixed(0)}, groups dropped otherwise ${w.dropped.toFixed(0)}`;
 
 /** "taken at 0 / 1 / 2 train steps stale: 3 / 52 / 45 %" from the side's shares. */
 export const stalenessSharesText = (shares: readonly number[]): string =>
