@@ -91,11 +91,21 @@ export async function replaySteps(episode: Episode): Promise<TurnRecord | null> 
 export function resumeAfterInfra(rollout: RolloutState): void {
   const firstUnfinished = rollout.turns.findIndex(isUnstepped);
   const keep = firstUnfinished === -1 ? rollout.turns.length : firstUnfinished;
-  if (keep === 0) {
+  // A replay does not call MCP servers again (replaySteps), so a fresh session would lack what the
+  // kept steps' calls did to a server that keeps state: only the environment's own tools replay.
+  const mcp = rollout.turns
+    .slice(0, keep)
+    .some((t) => t.toolCalls?.some((c) => c.source !== null && c.source !== 'env'));
+  if (keep === 0 || mcp) {
     restartFromPrompt(rollout);
     return;
   }
   dropTurnsFrom(rollout, keep);
+  // The conversation and finish reason were the dropped step's: back to the last kept one's, in case
+  // the resumed episode ends before it records another (an empty prompt).
+  const last = rollout.turns[keep - 1];
+  rollout.messages = [...last.messages, { role: 'assistant', content: last.response }];
+  rollout.finishReason = last.finishReason;
   rollout.status = Status.INIT;
   rollout.error = null;
   delete rollout.failureKind;

@@ -135,6 +135,7 @@ export async function toolRounds(episode: Episode, at: ToolStep): Promise<ChatMe
       }
       rollout.timings.inferenceMs += performance.now() - t;
       if (statusForFinishReason(next.finishReason) !== Status.COMPLETED) {
+        rollout.turns.push(next); // generated: dropped with its step, and counted so
         drop();
         endInterrupted(rollout, next.finishReason);
         return null;

@@ -202,7 +202,9 @@ export class WorkerRuntime implements WorkerControl {
         ),
       ),
     );
-  } /**
+  }
+
+  /**
    * Runs `episode` and, while it ends FAILED by infrastructure (domain/failure.ts), runs it again in the
    * same slot on a fresh actor, up to `retries` times: `goOn` readies the rollout — resumed at its last
    * finished step, or reset to its prompt — so that nothing the failure touched is trained as the
