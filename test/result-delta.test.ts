@@ -3,6 +3,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { omitKeptTurns, receivedTurns, restoreKeptTurns } from '../src/protocol/result-delta.ts';
 import { newGroup, type TurnRecord } from '../src/domain/rollout.ts';
+import { endTruncated, trainOnLastStep } from '../src/worker/episode-end.ts';
 
 describe('group results carry only the turns a worker added (protocol/result-delta.ts)', () => {
   const turn = (step: number): TurnRecord => ({
@@ -47,6 +48,29 @@ describe('group results carry only the turns a worker added (protocol/result-del
       [[1, 2, 3], [1, 2], [1]],
     );
     assert.equal(back.rollouts[0].turns[0], sent.rollouts[0].turns[0]);
+  });
+
+  // Regression: a continuation whose first step outgrew the context (or found no prompt) ended on
+  // the step it arrived with, flagged in place; the result left that turn out as unchanged and the
+  // coordinator put back its own unflagged copy, so the trainer got an episode with no turn to train.
+  it('carries the flags an ending sets on a turn the rollout arrived with back to the coordinator', () => {
+    const sent = newGroup({ taskName: 't', promptIndex: 0, drawIndex: 0, seed: 1, envParams: {} }, 2);
+    for (const r of sent.rollouts) r.turns = [turn(1), turn(2)].map((t) => ({ ...t, trainable: false }));
+    const inWorker = structuredClone(sent);
+    const received = receivedTurns(inWorker);
+    endTruncated(inWorker.rollouts[0], null, 'the context is full');
+    trainOnLastStep(inWorker.rollouts[1]);
+    const kept = omitKeptTurns(inWorker, received);
+    const back = restoreKeptTurns(structuredClone(inWorker), sent, kept);
+    assert.deepEqual(kept, [1, 1], 'the flagged last step travels');
+    const last = back.rollouts.map((r) => r.turns.at(-1));
+    assert.deepEqual(
+      last.map((t) => [t?.trainable, t?.terminated, t?.truncated]),
+      [
+        [true, true, true],
+        [true, false, false],
+      ],
+    );
   });
 
   it('refuses counts that do not fit the group as sent, naming the field', () => {

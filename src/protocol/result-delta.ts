@@ -7,9 +7,11 @@
  * main thread still holds the group as it sent it. So the worker leaves out each rollout's leading
  * turns that are still the very objects it received (`keptTurns`), and the pool puts them back.
  *
- * Invariant (worker side): a received turn is never mutated. The agent loop only appends new turn
- * objects, pops a partial last turn (its continuation is a new object), or drops turns (a reset, a
- * replay mismatch, a multi-agent step played again) — all of which end the shared prefix.
+ * Invariant (worker side): a received turn is never mutated in place. The agent loop only appends
+ * new turn objects, pops a partial last turn (its continuation is a new object), drops turns (a
+ * reset, a replay mismatch, a multi-agent step played again, the step an infrastructure failure cut
+ * short), or replaces the turns an ending flags with copies (worker/episode-end.ts) — all of which
+ * end the shared prefix.
  */
 import { ProtocolError } from '../errors.ts';
 import type { RolloutGroup, TurnRecord } from '../domain/rollout.ts';

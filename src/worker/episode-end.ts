@@ -42,6 +42,7 @@ export function endTruncated(rollout: RolloutState, partial: TurnRecord | null, 
   for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === last.step; i--) {
     const turn = rollout.turns[i];
     turn.terminated = turn.truncated = turn.trainable = true;
+    rollout.turns[i] = travelling(turn);
   }
   rollout.terminated = rollout.truncated = true;
   rollout.finishReason = 'length';
@@ -56,8 +57,10 @@ export function endTruncated(rollout: RolloutState, partial: TurnRecord | null, 
 export function trainOnLastStep(rollout: RolloutState): void {
   const last = rollout.turns.at(-1);
   if (last === undefined || last.trainable) return;
-  for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === last.step; i--)
+  for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === last.step; i--) {
     rollout.turns[i].trainable = true;
+    rollout.turns[i] = travelling(rollout.turns[i]);
+  }
 }
 
 /** Whether the rollout holds a response token older than `oldestUseful` (NO_EXPIRY: never, without a scan). */
@@ -65,4 +68,16 @@ export function hasExpired(rollout: RolloutState, oldestUseful: number): boolean
   if (oldestUseful === NO_EXPIRY) return false;
   const min = rolloutMinModelStep(rollout);
   return min !== null && min < oldestUseful;
+}
+
+/**
+ * A turn whose flags an ending just set, as a new object. The last step may be one the rollout
+ * arrived with (a continuation's first step outgrew the context, or found no prompt); the worker
+ * leaves out of its result the leading turns that are still the objects it received, and the
+ * coordinator puts back its own copies of them (protocol/result-delta.ts), so a flag set in place on
+ * such a turn never reached the trainer: the episode ended truncated with no turn trained on. A new
+ * object ends the shared prefix there, and the flagged turns travel.
+ */
+function travelling(turn: TurnRecord): TurnRecord {
+  return { ...turn };
 }
