@@ -1,8 +1,9 @@
 /**
  * Why an episode did not end normally, in the kinds a trainer must tell apart: an `infrastructure`
  * failure (a server gone, a session lost, a judge that failed) says nothing about the policy, so its
- * rollout is never trained — as reward 0 it would teach the wrong thing — and runs again in its slot;
- * every other kind is the episode's own outcome and is counted as it is.
+ * rollout is never trained — as reward 0 it would teach the wrong thing — and goes on in its slot
+ * from its last finished step (worker/continuation.ts); every other kind is the episode's own
+ * outcome and is counted as it is.
  *
  * The one table from error codes (src/error-codes.ts) to kinds. An error without a code is the
  * environment's own (its code threw).

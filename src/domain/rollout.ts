@@ -239,8 +239,8 @@ export interface RolloutState {
   maskedFailures?: number;
   /**
    * Response tokens the worker threw away to generate them again: each run from the prompt adds what
-   * the rollout held then, each step played again whole what that step held (absent: none). Cumulative, as `maskedFailures`: one dispatch's
-   * share is the landed value less the dispatched one.
+   * the rollout held then, each step played again whole what that step held (absent: none).
+   * Cumulative, as `maskedFailures`: one dispatch's share is the landed value less the dispatched one.
    */
   restartedTokens?: number;
   /** Tool calls the model made in the turns kept, and how many of them failed (any ToolErrorKind); absent without tools. */
