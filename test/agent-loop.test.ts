@@ -10,6 +10,7 @@ import type { ChatRequest } from '../src/llm/request.ts';
 import type { ChatResult } from '../src/llm/reply.ts';
 import type { Environment, StepResult } from '../src/env/types.ts';
 import { runEpisode } from '../src/worker/agent-loop.ts';
+import { resumeAfterInfra } from '../src/worker/continuation.ts';
 import type { AgentSettings, ChatClient, EpisodeContext, PauseView } from '../src/worker/episode-context.ts';
 import { newGroup, Status, type RolloutState } from '../src/domain/rollout.ts';
 import { sample, turn } from './support/groups.ts';
@@ -262,6 +263,32 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
       'the reply the environment failed on is recorded, unrewarded',
     );
     assert.deepEqual(released, [true], 'an actor whose step threw is not reused');
+  });
+
+  it('goes on after an infrastructure failure from the last step the environment finished: replayed on a fresh actor, the failed step played again', async () => {
+    const llm = scriptedClient([answer('a'), answer('bb'), answer('cc'), answer('d')]);
+    const first = episode(countingEnv({ failAt: 2 }), llm);
+    await runEpisode(first.rollout, first.ctx);
+    assert.equal(first.rollout.status, Status.FAILED);
+    const kept = first.rollout.turns[0];
+    resumeAfterInfra(first.rollout); // as the worker does for a failure of kind infrastructure
+    const fresh = countingEnv({ terminateAt: 3 });
+    const second = episode(fresh, llm);
+    await runEpisode(first.rollout, second.ctx);
+    const r = first.rollout;
+    assert.equal(r.status, Status.COMPLETED);
+    assert.deepEqual(
+      r.turns.map((t) => [t.step, t.response, t.reward]),
+      [
+        [1, 'a', 1],
+        [2, 'cc', 2],
+        [3, 'd', 3],
+      ],
+    );
+    assert.equal(r.turns[0], kept, 'the finished step is kept as it was, not generated again');
+    assert.deepEqual(fresh.actions, ['a', 'cc', 'd'], 'the fresh actor replayed step 1, then played on');
+    assert.equal(r.restartedTokens, 2, "the failed step's reply (2 tokens) is counted thrown away");
+    assert.equal(llm.requests.length, 4, 'one call a step, and one for the step played again');
   });
 
   it('comes back ABORTED with the tokens generated so far when a pause aborts a call, and continues from them after the resume', async () => {
