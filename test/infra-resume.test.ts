@@ -9,7 +9,7 @@ import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { Status, type RolloutState, type ToolCallRecord } from '../src/domain/rollout.ts';
 import { resumeAfterInfra } from '../src/worker/continuation.ts';
-import { recordedUnstepped } from '../src/worker/env-step.ts';
+import { markUnfinished } from '../src/worker/env-step.ts';
 import { group, multi } from './support/groups.ts';
 
 /** A FAILED rollout of three one-turn steps (2, 3 and 4 tokens), failed by infrastructure. */
@@ -30,7 +30,7 @@ describe('an infrastructure failure resumes at the last finished step (worker/co
     const r = failed();
     const [first, second, third] = r.turns;
     third.response = 'the reply the sandbox died on';
-    recordedUnstepped([third]);
+    markUnfinished(third);
     r.messages = [{ role: 'assistant', content: third.response }];
     resumeAfterInfra(r);
     assert.equal(r.turns.length, 2);
@@ -55,7 +55,7 @@ describe('an infrastructure failure resumes at the last finished step (worker/co
 
   it('starts from the prompt when nothing was finished', () => {
     const r = failed();
-    recordedUnstepped(r.turns);
+    for (const t of r.turns) markUnfinished(t);
     resumeAfterInfra(r);
     assert.deepEqual([r.turns.length, r.restartedTokens, r.attempt], [0, 9, 1]);
   });
@@ -63,7 +63,7 @@ describe('an infrastructure failure resumes at the last finished step (worker/co
   it('starts from the prompt when a kept step called an MCP server, whose effects a replay does not redo', () => {
     const r = failed();
     r.turns[0].toolCalls = [toolCall('mcp:files')];
-    recordedUnstepped([r.turns[2]]);
+    markUnfinished(r.turns[2]);
     resumeAfterInfra(r);
     assert.deepEqual([r.turns.length, r.restartedTokens], [0, 9]);
   });
@@ -71,7 +71,7 @@ describe('an infrastructure failure resumes at the last finished step (worker/co
   it("resumes when the kept steps called only the environment's own tools, which a replay runs again", () => {
     const r = failed();
     r.turns[0].toolCalls = [toolCall('env'), toolCall(null)];
-    recordedUnstepped([r.turns[2]]);
+    markUnfinished(r.turns[2]);
     resumeAfterInfra(r);
     assert.deepEqual([r.turns.length, r.restartedTokens], [2, 4]);
   });

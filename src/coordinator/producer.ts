@@ -447,8 +447,7 @@ export class Producer implements ProduceContext {
     for (let i = 0; i < group.rollouts.length; i++) {
       const before = sent.rollouts[i];
       tokens += dispatchTokenCount(before, group.rollouts[i]);
-      // Restarted from its prompt in the worker (interrupted without partialRollout, an infrastructure
-      // failure run again, a replay that no longer matched): what it held at each restart.
+      // Thrown away in the worker to be generated again: runs from the prompt, steps played again.
       restarted += restartedInDispatch(before, group.rollouts[i]);
     }
     if (restarted > 0) this.#observer.discarded?.(restarted, 'restarted');

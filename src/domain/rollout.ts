@@ -421,25 +421,29 @@ export function resetToPrompt(rollout: RolloutState, status: Status): void {
 
 /**
  * The worker runs `rollout` again from its prompt (interrupted without partialRollout, an
- * infrastructure failure run again, a replay that no longer matched): what it held is counted in
- * `restartedTokens` first, so that the producer can report it thrown away — a restart inside one
- * dispatch leaves no other trace in the group that lands.
+ * infrastructure failure with nothing to keep, a replay that no longer matched): what it held is
+ * counted in `restartedTokens` first (`countRestarted`).
  */
 export function restartFromPrompt(rollout: RolloutState): void {
-  const held = responseTokenCount(rollout);
-  if (held > 0) rollout.restartedTokens = (rollout.restartedTokens ?? 0) + held;
+  countRestarted(rollout, 0);
   resetToPrompt(rollout, Status.INIT);
 }
 
-/**
- * Drops `rollout`'s turns from index `from` on (a step to be played again whole), counting their
- * tokens in `restartedTokens` as `restartFromPrompt` does, so that the producer reports them thrown away.
- */
+/** Drops `rollout`'s turns from index `from` on (a step to be played again whole), counted as a restart's. */
 export function dropTurnsFrom(rollout: RolloutState, from: number): void {
+  countRestarted(rollout, from);
+  rollout.turns.splice(from);
+}
+
+/**
+ * Adds the response tokens of `rollout`'s turns from `from` on to `restartedTokens`, before the worker
+ * throws them away to generate them again: a restart inside one dispatch leaves no other trace in the
+ * group that lands, and the producer reports this count thrown away (`restartedInDispatch`).
+ */
+function countRestarted(rollout: RolloutState, from: number): void {
   let held = 0;
   for (let i = from; i < rollout.turns.length; i++) held += rollout.turns[i].responseIds?.length ?? 0;
   if (held > 0) rollout.restartedTokens = (rollout.restartedTokens ?? 0) + held;
-  rollout.turns.splice(from);
 }
 
 /** Ends `rollout` FAILED with `reason`, of `kind`. */
@@ -503,17 +507,17 @@ export function inexactTokenCount(rollout: RolloutState): number {
 
 /**
  * Response tokens generated in one dispatch of a rollout: `sent` as dispatched, `landed` as it came
- * back. A continued partial rollout adds to what it had and a kept COMPLETED sibling adds nothing; a
- * rollout the worker restarted from its prompt threw away what it held at each restart
- * (`restartedTokens`), the first time what it was sent with included: this dispatch generated what it
- * holds now plus what it threw away, less what it was sent with.
+ * back. A continued partial rollout adds to what it had and a kept COMPLETED sibling adds nothing; what
+ * the worker threw away to generate again (`restartedTokens`: a run from the prompt, a step played
+ * again), what it was sent with possibly included, was generated too: this dispatch generated what
+ * the rollout holds now plus what it threw away, less what it was sent with.
  */
 export function dispatchTokenCount(sent: RolloutState | undefined, landed: RolloutState): number {
   const generated = responseTokenCount(landed) + restartedInDispatch(sent, landed);
   return Math.max(0, generated - (sent === undefined ? 0 : responseTokenCount(sent)));
 }
 
-/** Response tokens the worker threw away restarting the rollout during one dispatch. */
+/** Response tokens the worker threw away to generate them again during one dispatch. */
 export function restartedInDispatch(sent: RolloutState | undefined, landed: RolloutState): number {
   return Math.max(0, (landed.restartedTokens ?? 0) - (sent?.restartedTokens ?? 0));
 }

@@ -143,7 +143,11 @@ export class StalenessTally {
  */
 export interface AgeFigures {
   rollouts: number;
-  /** Taken rollouts left out: generated again from the prompt after a reset or an infrastructure failure (`attempt` > 0); one that went on from its last finished step keeps its first start, and counts. */
+  /**
+   * Taken rollouts left out: generated again from the prompt after a reset or an infrastructure
+   * failure (`attempt` > 0). One that went on from its last finished step keeps its attempt and its
+   * first start, and counts.
+   */
   generatedAgain: number;
   /** Taken rollouts left out: no start or end on the clock (never ran in a worker). */
   untimed: number;

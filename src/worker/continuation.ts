@@ -20,7 +20,7 @@ import {
 } from '../domain/rollout.ts';
 import type { Episode } from './episode-context.ts';
 import { envCall } from './env-calls.ts';
-import { actionOf, isUnstepped, rewardFor, steppedTurns, stepsOf } from './env-step.ts';
+import { actionOf, isUnfinished, rewardFor, steppedTurns, stepsOf } from './env-step.ts';
 import { toolMessagesOf } from './tools.ts';
 
 /** The environment, replaying a rollout's steps, did not give what the record says it gave. */
@@ -89,7 +89,7 @@ export async function replaySteps(episode: Episode): Promise<TurnRecord | null> 
  * A rollout with nothing finished to keep starts again from its prompt.
  */
 export function resumeAfterInfra(rollout: RolloutState): void {
-  const firstUnfinished = rollout.turns.findIndex(isUnstepped);
+  const firstUnfinished = rollout.turns.findIndex(isUnfinished);
   const keep = firstUnfinished === -1 ? rollout.turns.length : firstUnfinished;
   // A replay does not call MCP servers again (replaySteps), so a fresh session would lack what the
   // kept steps' calls did to a server that keeps state: only the environment's own tools replay.

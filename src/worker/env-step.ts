@@ -16,13 +16,13 @@ import type { RolloutState, TurnRecord } from '../domain/rollout.ts';
  */
 const unfinished = new WeakSet<TurnRecord>();
 
-/** A step's replies are recorded; the environment has yet to step on them. */
-export function recordedUnstepped(turns: readonly TurnRecord[]): void {
-  for (const turn of turns) unfinished.add(turn);
+/** A reply of a step is recorded; the environment has yet to step on it. */
+export function markUnfinished(turn: TurnRecord): void {
+  unfinished.add(turn);
 }
 
 /** Whether `turn`'s step was recorded in this worker and not finished by the environment. */
-export function isUnstepped(turn: TurnRecord): boolean {
+export function isUnfinished(turn: TurnRecord): boolean {
   return unfinished.has(turn);
 }
 

@@ -39,11 +39,7 @@ export function endTruncated(rollout: RolloutState, partial: TurnRecord | null, 
     );
     return;
   }
-  for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === last.step; i--) {
-    const turn = rollout.turns[i];
-    turn.terminated = turn.truncated = turn.trainable = true;
-    rollout.turns[i] = travelling(turn);
-  }
+  flagLastStep(rollout, { terminated: true, truncated: true, trainable: true });
   rollout.terminated = rollout.truncated = true;
   rollout.finishReason = 'length';
   rollout.status = Status.COMPLETED;
@@ -57,10 +53,7 @@ export function endTruncated(rollout: RolloutState, partial: TurnRecord | null, 
 export function trainOnLastStep(rollout: RolloutState): void {
   const last = rollout.turns.at(-1);
   if (last === undefined || last.trainable) return;
-  for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === last.step; i--) {
-    rollout.turns[i].trainable = true;
-    rollout.turns[i] = travelling(rollout.turns[i]);
-  }
+  flagLastStep(rollout, { trainable: true });
 }
 
 /** Whether the rollout holds a response token older than `oldestUseful` (NO_EXPIRY: never, without a scan). */
@@ -71,13 +64,21 @@ export function hasExpired(rollout: RolloutState, oldestUseful: number): boolean
 }
 
 /**
- * A turn whose flags an ending just set, as a new object. The last step may be one the rollout
- * arrived with (a continuation's first step outgrew the context, or found no prompt); the worker
- * leaves out of its result the leading turns that are still the objects it received, and the
- * coordinator puts back its own copies of them (protocol/result-delta.ts), so a flag set in place on
- * such a turn never reached the trainer: the episode ended truncated with no turn trained on. A new
- * object ends the shared prefix there, and the flagged turns travel.
+ * Sets `flags` on every turn of the rollout's last step, each then replaced by a copy. The last step
+ * may be one the rollout arrived with (a continuation's first step outgrew the context, or found no
+ * prompt); the worker leaves out of its result the leading turns that are still the objects it
+ * received, and the coordinator puts back its own copies of them (protocol/result-delta.ts), so a
+ * flag set in place on such a turn never reached the trainer: the episode ended truncated with no
+ * turn trained on. A new object ends the shared prefix there, and the flagged turns travel; the old
+ * ones are flagged too, for whoever still holds them (a step's `onTurn`).
  */
-function travelling(turn: TurnRecord): TurnRecord {
-  return { ...turn };
+function flagLastStep(
+  rollout: RolloutState,
+  flags: Partial<Pick<TurnRecord, 'terminated' | 'truncated' | 'trainable'>>,
+): void {
+  const step = rollout.turns.at(-1)?.step;
+  for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === step; i--) {
+    Object.assign(rollout.turns[i], flags);
+    rollout.turns[i] = { ...rollout.turns[i] };
+  }
 }

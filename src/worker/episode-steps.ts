@@ -20,7 +20,7 @@ import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/repl
 import { Status, statusForFinishReason, type ChatMessage, type TurnRecord } from '../domain/rollout.ts';
 import type { Episode } from './episode-context.ts';
 import { callHook, envCall } from './env-calls.ts';
-import { actionOf, applyOutcome, lastStep, recordedUnstepped } from './env-step.ts';
+import { actionOf, applyOutcome, lastStep, markUnfinished } from './env-step.ts';
 import { endInterrupted, endTruncated, hasExpired, trainOnLastStep } from './episode-end.ts';
 import { ContextExceeded, infer, pendingCalls } from './inference-call.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
@@ -140,9 +140,10 @@ export async function playSteps(episode: Episode, partial: TurnRecord | null): P
       partial = null;
     }
     rollout.turns.push(...turns);
-    recordedUnstepped(turns);
-    for (let i = rollout.turns.length - turns.length; i < rollout.turns.length; i++)
+    for (let i = rollout.turns.length - turns.length; i < rollout.turns.length; i++) {
+      markUnfinished(rollout.turns[i]);
       sharePromptPrefix(rollout.turns, firstNewTurn, i);
+    }
     const lastTurn = turns[turns.length - 1];
     rollout.finishReason = lastTurn.finishReason;
     if (turns.length === 1)

@@ -16,7 +16,7 @@ import {
 } from '../domain/rollout.ts';
 import { DEFAULT_TOOL_SETTINGS, type Episode } from './episode-context.ts';
 import { envCall } from './env-calls.ts';
-import { recordedUnstepped } from './env-step.ts';
+import { markUnfinished } from './env-step.ts';
 import { endInterrupted, endTruncated } from './episode-end.ts';
 import { ContextExceeded, infer, pendingCalls } from './inference-call.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
@@ -141,7 +141,7 @@ export async function toolRounds(episode: Episode, at: ToolStep): Promise<ChatMe
         return null;
       }
       rollout.turns.push(next);
-      recordedUnstepped([next]);
+      markUnfinished(next);
       sharePromptPrefix(rollout.turns, firstNewTurn, rollout.turns.length - 1);
       turns.push(next);
       rollout.finishReason = next.finishReason;

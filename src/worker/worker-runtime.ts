@@ -206,7 +206,7 @@ export class WorkerRuntime implements WorkerControl {
 
   /**
    * Runs `episode` and, while it ends FAILED by infrastructure (domain/failure.ts), runs it again in the
-   * same slot on a fresh actor, up to `retries` times: `goOn` readies the rollout — resumed at its last
+   * same slot on a fresh actor, up to `retries` times: `afterInfra` readies the rollout — resumed at its last
    * finished step, or reset to its prompt — so that nothing the failure touched is trained as the
    * policy's outcome, and the group keeps its size. A pause ends the retries: the rollout goes back as
    * it is, and its group is sent again after the resume.
@@ -214,7 +214,7 @@ export class WorkerRuntime implements WorkerControl {
   async #maskingInfra(
     rollout: RolloutState,
     retries: number | undefined,
-    goOn: (rollout: RolloutState) => void,
+    afterInfra: (rollout: RolloutState) => void,
     episode: (first: boolean) => Promise<void>,
   ): Promise<void> {
     await episode(true);
@@ -222,10 +222,10 @@ export class WorkerRuntime implements WorkerControl {
       if (rollout.status !== Status.FAILED || rollout.failureKind !== 'infrastructure' || this.#gate.paused) return;
       this.#log.warn(
         { rollout: rollout.id, retry: n, of: retries },
-        `${rollout.error}: not the policy's failure; the episode goes on on a fresh actor, the failed step is not trained`,
+        `${rollout.error}: not the policy's failure; the episode goes on with a fresh actor, the failed step is not trained`,
       );
       rollout.maskedFailures = (rollout.maskedFailures ?? 0) + 1;
-      goOn(rollout);
+      afterInfra(rollout);
       await episode(false);
     }
   }
