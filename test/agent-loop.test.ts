@@ -11,6 +11,7 @@ import type { ChatResult } from '../src/llm/reply.ts';
 import type { Environment, StepResult } from '../src/env/types.ts';
 import { runEpisode } from '../src/worker/agent-loop.ts';
 import { resumeAfterInfra } from '../src/worker/continuation.ts';
+import { omitKeptTurns, receivedTurns, restoreKeptTurns } from '../src/protocol/result-delta.ts';
 import type { AgentSettings, ChatClient, EpisodeContext, PauseView } from '../src/worker/episode-context.ts';
 import { newGroup, Status, type RolloutState } from '../src/domain/rollout.ts';
 import { sample, turn } from './support/groups.ts';
@@ -289,6 +290,33 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
     assert.deepEqual(fresh.actions, ['a', 'cc', 'd'], 'the fresh actor replayed step 1, then played on');
     assert.equal(r.restartedTokens, 2, "the failed step's reply (2 tokens) is counted thrown away");
     assert.equal(llm.requests.length, 4, 'one call a step, and one for the step played again');
+  });
+
+  // Regression: a split (llm.historyMode 'split') marked the turn before it as a segment end in place;
+  // on a continued rollout that turn was one it arrived with, which the worker's result leaves out as
+  // unchanged (protocol/result-delta.ts), so the coordinator kept its own unmarked copy and the
+  // segment it ended was never trained on.
+  it('sends back the segment end a split marks on a turn the rollout arrived with', async () => {
+    const split = { mode: 'split', token: 3, char: 10, sampledText: 'a', renderedText: 'b' } as const;
+    const llm = scriptedClient([answer('bb', { historyRewrite: split })]);
+    const { ctx, rollout } = episode(countingEnv({ terminateAt: 2 }), llm);
+    const group = { ...newGroup(sample('count', 0), 1), rollouts: [rollout] };
+    rollout.turns = [{ ...turn([3], { response: 'a' }), terminated: false, trainable: false }];
+    rollout.status = Status.ABORTED; // paused between its steps: continued from step 2
+    const sent = structuredClone(group);
+    const received = receivedTurns(group);
+    await runEpisode(rollout, ctx);
+    assert.equal(rollout.status, Status.COMPLETED);
+    const kept = omitKeptTurns(group, received);
+    const back = restoreKeptTurns(structuredClone(group), sent, kept);
+    assert.deepEqual(
+      back.rollouts[0].turns.map((t) => [t.step, t.historyRewrite, t.trainable]),
+      [
+        [1, undefined, true],
+        [2, 'split', true],
+      ],
+      'step 1 ends the first segment, step 2 the second',
+    );
   });
 
   it('comes back ABORTED with the tokens generated so far when a pause aborts a call, and continues from them after the resume', async () => {

@@ -10,11 +10,25 @@
  * Invariant (worker side): a received turn is never mutated in place. The agent loop only appends
  * new turn objects, pops a partial last turn (its continuation is a new object), drops turns (a
  * reset, a replay mismatch, a multi-agent step played again, the step an infrastructure failure cut
- * short), or replaces the turns an ending flags with copies (worker/episode-end.ts) — all of which
- * end the shared prefix.
+ * short), or replaces a turn it flags with a copy (`flagTurn`: an ending, worker/episode-end.ts; a
+ * split's segment end, worker/inference-call.ts) — all of which end the shared prefix.
  */
 import { ProtocolError } from '../errors.ts';
-import type { RolloutGroup, TurnRecord } from '../domain/rollout.ts';
+import type { RolloutGroup, RolloutState, TurnRecord } from '../domain/rollout.ts';
+
+/** The flags set on a turn after it was recorded: by an ending, or by a split that ends a segment. */
+export type TurnFlags = Partial<Pick<TurnRecord, 'terminated' | 'truncated' | 'trainable'>>;
+
+/**
+ * Worker side: sets `flags` on `rollout.turns[index]` as the invariant above allows, by putting a
+ * flagged copy in its place, so that a turn the rollout arrived with travels back with its flags
+ * instead of being left out as unchanged. The old object is flagged too, for whoever still holds it
+ * (a step's `onTurn`).
+ */
+export function flagTurn(rollout: RolloutState, index: number, flags: TurnFlags): void {
+  Object.assign(rollout.turns[index], flags);
+  rollout.turns[index] = { ...rollout.turns[index] };
+}
 
 /** Worker side, before running: the turn objects each rollout arrived with. */
 export function receivedTurns(group: RolloutGroup): TurnRecord[][] {

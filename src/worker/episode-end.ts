@@ -3,6 +3,7 @@
  * conversation past the server's context, out of steps or prompts, or expired by staleness.
  */
 import { NO_EXPIRY } from '../protocol/control-block.ts';
+import { flagTurn, type TurnFlags } from '../protocol/result-delta.ts';
 import {
   failRollout,
   rolloutMinModelStep,
@@ -64,21 +65,12 @@ export function hasExpired(rollout: RolloutState, oldestUseful: number): boolean
 }
 
 /**
- * Sets `flags` on every turn of the rollout's last step, each then replaced by a copy. The last step
- * may be one the rollout arrived with (a continuation's first step outgrew the context, or found no
- * prompt); the worker leaves out of its result the leading turns that are still the objects it
- * received, and the coordinator puts back its own copies of them (protocol/result-delta.ts), so a
- * flag set in place on such a turn never reached the trainer: the episode ended truncated with no
- * turn trained on. A new object ends the shared prefix there, and the flagged turns travel; the old
- * ones are flagged too, for whoever still holds them (a step's `onTurn`).
+ * Sets `flags` on every turn of the rollout's last step. The last step may be one the rollout arrived
+ * with (a continuation's first step outgrew the context, or found no prompt): flagged in place, the
+ * result would leave those turns out as unchanged and the coordinator would put back its own unflagged
+ * copies — an episode ended truncated with no turn trained on — so each is replaced by a copy.
  */
-function flagLastStep(
-  rollout: RolloutState,
-  flags: Partial<Pick<TurnRecord, 'terminated' | 'truncated' | 'trainable'>>,
-): void {
+function flagLastStep(rollout: RolloutState, flags: TurnFlags): void {
   const step = rollout.turns.at(-1)?.step;
-  for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === step; i--) {
-    Object.assign(rollout.turns[i], flags);
-    rollout.turns[i] = { ...rollout.turns[i] };
-  }
+  for (let i = rollout.turns.length - 1; i >= 0 && rollout.turns[i].step === step; i--) flagTurn(rollout, i, flags);
 }
