@@ -292,6 +292,34 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
     assert.equal(llm.requests.length, 4, 'one call a step, and one for the step played again');
   });
 
+  // Regression: when one agent's call of a multi-agent step failed, the step was dropped with the
+  // other agents' finished replies, which no count of produced or thrown-away tokens saw.
+  it("counts thrown away the other agents' replies of a multi-agent step one agent's call ended", async () => {
+    const twoAgents: Environment = {
+      reset: () => ({ observation: null }),
+      getTaskPrompt: () => ({ a: [{ role: 'user', content: 'A' }], b: [{ role: 'user', content: 'B' }] }),
+      step: () => ({ observation: null, reward: 1, terminated: false, truncated: false, info: {} }),
+    };
+    const llm = scriptedClient([
+      answer('x'),
+      answer('y'),
+      answer('aaa'),
+      answer('', { contextExceeded: 'the prompt is 9000 tokens, the context 8192' }),
+    ]);
+    const { ctx, rollout } = episode(twoAgents, llm);
+    await runEpisode(rollout, ctx);
+    assert.equal(rollout.status, Status.COMPLETED);
+    assert.ok(rollout.truncated, 'the conversation outgrew the context: the episode ends truncated');
+    assert.deepEqual(
+      rollout.turns.map((t) => [t.step, t.agentId, t.response]),
+      [
+        [1, 'a', 'x'],
+        [1, 'b', 'y'],
+      ],
+    );
+    assert.equal(rollout.restartedTokens, 3, "agent a's reply at step 2 (3 tokens) is counted thrown away");
+  });
+
   // Regression: a split (llm.historyMode 'split') marked the turn before it as a segment end in place;
   // on a continued rollout that turn was one it arrived with, which the worker's result leaves out as
   // unchanged (protocol/result-delta.ts), so the coordinator kept its own unmarked copy and the

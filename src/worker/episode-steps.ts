@@ -17,7 +17,14 @@
  */
 import { setTimeout as sleep } from 'node:timers/promises';
 import { checkAgentPrompts, checkStepResult, checkTaskPrompt } from '../env/replies.ts';
-import { Status, statusForFinishReason, type ChatMessage, type TurnRecord } from '../domain/rollout.ts';
+import {
+  dropTurnsFrom,
+  Status,
+  statusForFinishReason,
+  type ChatMessage,
+  type RolloutState,
+  type TurnRecord,
+} from '../domain/rollout.ts';
 import type { Episode } from './episode-context.ts';
 import { callHook, envCall } from './env-calls.ts';
 import { actionOf, applyOutcome, lastStep, markUnfinished } from './env-step.ts';
@@ -111,6 +118,7 @@ export async function playSteps(episode: Episode, partial: TurnRecord | null): P
         turns = [await infer({ rollout, step, agentId, prompt, partial: partialOf, promptMs, turnStart, tools }, ctx)];
       } else {
         turns = await allOrFirstError(
+          rollout,
           prompts.map(({ agentId, prompt }) =>
             infer(
               {
@@ -196,11 +204,16 @@ export async function playSteps(episode: Episode, partial: TurnRecord | null): P
 
 /**
  * Every agent's call of a step, or the first failure once all of them have settled: a rollout is not
- * returned (ABORTED by a pause, say) while one of its calls is still generating on a server.
+ * returned (ABORTED by a pause, say) while one of its calls is still generating on a server. On a
+ * failure the step goes with the replies the other agents got, which were generated all the same:
+ * they are counted thrown away (`dropTurnsFrom`), as a step's replies are wherever a step is dropped.
  */
-async function allOrFirstError<T>(calls: Promise<T>[]): Promise<T[]> {
+async function allOrFirstError(rollout: RolloutState, calls: Promise<TurnRecord>[]): Promise<TurnRecord[]> {
   const settled = await Promise.allSettled(calls);
   const failed = settled.find((s) => s.status === 'rejected');
-  if (failed !== undefined) throw failed.reason;
-  return settled.map((s) => (s as PromiseFulfilledResult<T>).value);
+  if (failed === undefined) return settled.map((s) => (s as PromiseFulfilledResult<TurnRecord>).value);
+  const from = rollout.turns.length;
+  for (const s of settled) if (s.status === 'fulfilled') rollout.turns.push(s.value);
+  dropTurnsFrom(rollout, from);
+  throw failed.reason;
 }
