@@ -320,6 +320,38 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
     assert.equal(rollout.restartedTokens, 3, "agent a's reply at step 2 (3 tokens) is counted thrown away");
   });
 
+  it("plays a continued rollout again from its prompt where a step it keeps called an MCP server whose session was the episode's own", async () => {
+    const tools = { maxCallsPerTurn: 4, timeoutMs: 1000, toolChoice: 'auto' as const, mcp: [] };
+    const run = async (mcpSessions: 'episode' | 'worker') => {
+      const llm = scriptedClient([answer('x'), answer('y')]);
+      const { ctx, rollout } = episode(countingEnv({ terminateAt: 2 }), llm, testGate(), {
+        tools: { ...tools, mcpSessions },
+      });
+      const call = { id: 'c1', name: 'remember', arguments: '{}', result: 'ok', error: null, ms: 1 };
+      rollout.turns = [
+        {
+          ...turn([3], { response: 'a' }),
+          terminated: false,
+          trainable: false,
+          toolCalls: [{ ...call, source: 'http://127.0.0.1:9/mcp' }],
+        },
+      ];
+      rollout.status = Status.ABORTED; // paused between its steps
+      await runEpisode(rollout, ctx);
+      assert.equal(rollout.status, Status.COMPLETED);
+      return { rollout, sent: llm.requests.map((r) => r.messages.map((m) => m.content).join('|')) };
+    };
+    const own = await run('episode');
+    assert.deepEqual(own.sent, ['Count.', 'Count.|x'], 'a fresh session lacks what step 1 did: played from the prompt');
+    assert.deepEqual(
+      own.rollout.turns.map((t) => t.response),
+      ['x', 'y'],
+    );
+    assert.equal(own.rollout.restartedTokens, 1, 'the kept reply is counted thrown away');
+    const shared = await run('worker');
+    assert.deepEqual(shared.sent, ['Count.|a'], "a worker's shared session: continued from step 2");
+  });
+
   // Regression: a split (llm.historyMode 'split') marked the turn before it as a segment end in place;
   // on a continued rollout that turn was one it arrived with, which the worker's result leaves out as
   // unchanged (protocol/result-delta.ts), so the coordinator kept its own unmarked copy and the

@@ -7,8 +7,9 @@
  *
  * Every outcome is a status on the rollout — runEpisode never throws for an episode's failure: what a
  * step throws ends the rollout ABORTED when a pause (or a possible outage) cut it short, FAILED with
- * its kind (domain/failure.ts) otherwise. With partial rollouts off, an ABORTED rollout restarts from
- * its prompt.
+ * its kind (domain/failure.ts) otherwise. With partial rollouts off, or where a fresh MCP session
+ * could not be brought to where it stopped (continuation.ts `canContinue`), an ABORTED rollout
+ * restarts from its prompt.
  */
 import { isOutageError, OUTAGE_CODE } from '../llm/errors.ts';
 import { describeError } from '../errors.ts';
@@ -18,7 +19,7 @@ import type { Episode, EpisodeContext } from './episode-context.ts';
 import { acquireActor, callHook } from './env-calls.ts';
 import { pace } from './inference-call.ts';
 import { countToolCalls } from './tool-rounds.ts';
-import { replaySteps, ReplayMismatch } from './continuation.ts';
+import { canContinue, replaySteps, ReplayMismatch } from './continuation.ts';
 import { playSteps } from './episode-steps.ts';
 import { lastStep } from './env-step.ts';
 import { hasExpired } from './episode-end.ts';
@@ -33,7 +34,11 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
     return;
   }
   const { settings } = ctx;
-  if (rollout.status === Status.ABORTED && !settings.partialRollout) restartFromPrompt(rollout);
+  if (
+    rollout.status === Status.ABORTED &&
+    (!settings.partialRollout || !canContinue(rollout, settings.tools?.mcpSessions))
+  )
+    restartFromPrompt(rollout);
   if (hasExpired(rollout, ctx.gate.oldestUsefulStep)) {
     // Expired while it waited to continue: not worth an actor and the replay of its steps.
     rollout.status = Status.ABORTED;

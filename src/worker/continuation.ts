@@ -18,6 +18,7 @@ import {
   type RolloutState,
   type TurnRecord,
 } from '../domain/rollout.ts';
+import type { McpSessions } from '../env/mcp.ts';
 import type { Episode } from './episode-context.ts';
 import { envCall } from './env-calls.ts';
 import { actionOf, isUnfinished, rewardFor, steppedTurns, stepsOf } from './env-step.ts';
@@ -91,12 +92,7 @@ export async function replaySteps(episode: Episode): Promise<TurnRecord | null> 
 export function resumeAfterInfra(rollout: RolloutState): void {
   const firstUnfinished = rollout.turns.findIndex(isUnfinished);
   const keep = firstUnfinished === -1 ? rollout.turns.length : firstUnfinished;
-  // A replay does not call MCP servers again (replaySteps), so a fresh session would lack what the
-  // kept steps' calls did to a server that keeps state: only the environment's own tools replay.
-  const mcp = rollout.turns
-    .slice(0, keep)
-    .some((t) => t.toolCalls?.some((c) => c.source !== null && c.source !== 'env'));
-  if (keep === 0 || mcp) {
+  if (keep === 0 || calledMcp(rollout.turns.slice(0, keep))) {
     restartFromPrompt(rollout);
     return;
   }
@@ -109,6 +105,25 @@ export function resumeAfterInfra(rollout: RolloutState): void {
   rollout.status = Status.INIT;
   rollout.error = null;
   delete rollout.failureKind;
+}
+
+/**
+ * Whether an ABORTED rollout can go on from where it stopped on a fresh actor. Not where the task keeps
+ * an MCP session per episode (`tools.mcpSessions: episode`, for servers that keep per-session state)
+ * and a step it keeps called one of them: a replay does not call MCP servers again (replaySteps), so
+ * the fresh session would lack what those calls did, while the record says the model saw it. An
+ * interrupted last step is played again whole, its calls with it, so it does not count.
+ */
+export function canContinue(rollout: RolloutState, mcpSessions: McpSessions | undefined): boolean {
+  if (mcpSessions !== 'episode') return true;
+  const steps = stepsOf(rollout.turns);
+  if (steps.at(-1)?.some((turn) => turn.finishReason === 'abort')) steps.pop();
+  return !steps.some(calledMcp);
+}
+
+/** Whether any of `turns` called a tool of an MCP server (a source other than the environment). */
+function calledMcp(turns: readonly TurnRecord[]): boolean {
+  return turns.some((t) => t.toolCalls?.some((c) => c.source !== null && c.source !== 'env'));
 }
 
 /**
