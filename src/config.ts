@@ -268,7 +268,7 @@ const ToolsSpec = z.strictObject({
     .enum(['worker', 'episode'])
     .default('worker')
     .describe(
-      "`worker`: one MCP session per server per worker, shared by the task's episodes; `episode`: one per episode, closed when it ends (a rollout paused after a step that called one is played again from its prompt: a replay does not call MCP servers again).",
+      "`worker`: one MCP session per server per worker, shared by the task's episodes; `episode`: one per episode, closed when it ends (a rollout paused after a step that called an MCP server is played again from its prompt: a replay does not call MCP servers again).",
     ),
   /** Tool calls run per step at most; the step ends with the reply that reaches it (later calls are answered `limit`). */
   maxCallsPerTurn: positiveInt

@@ -333,7 +333,7 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
           ...turn([3], { response: 'a' }),
           terminated: false,
           trainable: false,
-          toolCalls: [{ ...call, source: 'http://127.0.0.1:9/mcp' }],
+          toolCalls: [{ ...call, source: 'mcp:http://127.0.0.1:9/mcp' }],
         },
       ];
       rollout.status = Status.ABORTED; // paused between its steps
@@ -377,6 +377,40 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
       ],
       'step 1 ends the first segment, step 2 the second',
     );
+  });
+
+  it("ends the segment on the tool-calling reply a split follows within one step, flagged as the step's turn it is", async () => {
+    const split = { mode: 'split', token: 3, char: 10, sampledText: 'a', renderedText: 'b' } as const;
+    const run = async (failAt: number | null) => {
+      const llm = scriptedClient([
+        answer('call', { toolCalls: [{ id: 'c1', name: 'look', arguments: '{}' }] }),
+        answer('done', { historyRewrite: split }),
+      ]);
+      const env = {
+        ...countingEnv({ terminateAt: 1, failAt }),
+        tools: () => [{ type: 'function' as const, function: { name: 'look', parameters: {} } }],
+        callTool: () => 'seen',
+      };
+      const { ctx, rollout } = episode(env, llm, testGate(), {
+        tools: { maxCallsPerTurn: 4, timeoutMs: 1000, toolChoice: 'auto', mcp: [], mcpSessions: 'worker' },
+      });
+      await runEpisode(rollout, ctx);
+      return rollout;
+    };
+    const done = await run(null);
+    assert.equal(done.status, Status.COMPLETED);
+    assert.deepEqual(
+      done.turns.map((t) => [t.response, t.historyRewrite, t.trainable, t.terminated]),
+      [
+        ['call', undefined, true, true],
+        ['done', 'split', true, true],
+      ],
+      'the environment ended the step on both turns; the first also ends a segment',
+    );
+    const failed = await run(1);
+    assert.equal(failed.status, Status.FAILED);
+    resumeAfterInfra(failed); // as the worker does for a failure of kind infrastructure
+    assert.deepEqual(failed.turns, [], 'the step the failure cut short is dropped whole, its tool-calling reply too');
   });
 
   it('comes back ABORTED with the tokens generated so far when a pause aborts a call, and continues from them after the resume', async () => {

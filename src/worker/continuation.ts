@@ -111,14 +111,11 @@ export function resumeAfterInfra(rollout: RolloutState): void {
  * Whether an ABORTED rollout can go on from where it stopped on a fresh actor. Not where the task keeps
  * an MCP session per episode (`tools.mcpSessions: episode`, for servers that keep per-session state)
  * and a step it keeps called one of them: a replay does not call MCP servers again (replaySteps), so
- * the fresh session would lack what those calls did, while the record says the model saw it. An
- * interrupted last step is played again whole, its calls with it, so it does not count.
+ * the fresh session would lack what those calls did, while the record says the model saw it. A step
+ * cut short keeps no tool calls (tool-rounds.ts drops it whole), so every call recorded counts.
  */
 export function canContinue(rollout: RolloutState, mcpSessions: McpSessions | undefined): boolean {
-  if (mcpSessions !== 'episode') return true;
-  const steps = stepsOf(rollout.turns);
-  if (steps.at(-1)?.some((turn) => turn.finishReason === 'abort')) steps.pop();
-  return !steps.some(calledMcp);
+  return mcpSessions !== 'episode' || !calledMcp(rollout.turns);
 }
 
 /** Whether any of `turns` called a tool of an MCP server (a source other than the environment). */

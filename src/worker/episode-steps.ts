@@ -31,6 +31,7 @@ import { actionOf, applyOutcome, lastStep, markUnfinished } from './env-step.ts'
 import { endInterrupted, endTruncated, hasExpired, trainOnLastStep } from './episode-end.ts';
 import { ContextExceeded, infer, pendingCalls } from './inference-call.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
+import { endSegmentBefore } from './segments.ts';
 import { stepTools, toolRounds } from './tool-rounds.ts';
 import { NO_TOOLS } from './tools.ts';
 import { trimMessages } from './trim.ts';
@@ -151,6 +152,7 @@ export async function playSteps(episode: Episode, partial: TurnRecord | null): P
     for (let i = rollout.turns.length - turns.length; i < rollout.turns.length; i++) {
       markUnfinished(rollout.turns[i]);
       sharePromptPrefix(rollout.turns, firstNewTurn, i);
+      endSegmentBefore(rollout, i);
     }
     const lastTurn = turns[turns.length - 1];
     rollout.finishReason = lastTurn.finishReason;

@@ -10,7 +10,6 @@ import { TaskPace, trajectoryUrgency } from '../llm/priority.ts';
 import { rolloutMinModelStep, type ChatMessage, type RolloutState, type TurnRecord } from '../domain/rollout.ts';
 import { replyStep } from '../domain/weight-versions.ts';
 import { NO_EXPIRY } from '../protocol/control-block.ts';
-import { flagTurn } from '../protocol/result-delta.ts';
 import { mergeContinuation } from './continuation.ts';
 import { DEFAULT_TOOL_SETTINGS, type EpisodeContext } from './episode-context.ts';
 import { alignTurnRouting, continuationRouting, routedEnd } from './routing.ts';
@@ -122,14 +121,7 @@ export function infer(turn: TurnCall, ctx: EpisodeContext): Promise<TurnRecord> 
     if (steps.staleKv !== null) record.staleKv = steps.staleKv;
     if (steps.spansVersions) record.spansVersions = true;
     if (reply.historyRewrite !== undefined) {
-      record.historyRewrite = reply.historyRewrite.mode;
-      // A split begins a new training segment: the turn before it ends the previous one, and holds its
-      // whole conversation, so it is trained on as the last turn of an episode is. It may be a turn
-      // the rollout arrived with: flagged through a copy (protocol/result-delta.ts).
-      if (reply.historyRewrite.mode === 'split' && previous !== undefined && !previous.trainable) {
-        const ended = rollout.turns.lastIndexOf(previous);
-        if (ended >= 0) flagTurn(rollout, ended, { trainable: true });
-      }
+      record.historyRewrite = reply.historyRewrite.mode; // a split ends the segment before it once recorded (segments.ts)
       ctx.onHistoryRewrite?.(rollout, record, reply.historyRewrite);
     }
     // Rows placed on the sequence they belong to, or dropped: never shifted onto other tokens.

@@ -20,6 +20,7 @@ import { markUnfinished } from './env-step.ts';
 import { endInterrupted, endTruncated } from './episode-end.ts';
 import { ContextExceeded, infer, pendingCalls } from './inference-call.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
+import { endSegmentBefore } from './segments.ts';
 import { runToolCalls, toolMessagesOf, type StepTools } from './tools.ts';
 
 /** A single agent's step whose reply called tools: what each of its rounds builds on. */
@@ -143,6 +144,7 @@ export async function toolRounds(episode: Episode, at: ToolStep): Promise<ChatMe
       rollout.turns.push(next);
       markUnfinished(next);
       sharePromptPrefix(rollout.turns, firstNewTurn, rollout.turns.length - 1);
+      endSegmentBefore(rollout, rollout.turns.length - 1);
       turns.push(next);
       rollout.finishReason = next.finishReason;
       last = next;
