@@ -11,6 +11,7 @@ import type { ChatResult } from '../src/llm/reply.ts';
 import type { Environment, StepResult } from '../src/env/types.ts';
 import { runEpisode } from '../src/worker/agent-loop.ts';
 import { resumeAfterInfra } from '../src/worker/continuation.ts';
+import { LlmError } from '../src/llm/errors.ts';
 import { omitKeptTurns, receivedTurns, restoreKeptTurns } from '../src/protocol/result-delta.ts';
 import type { AgentSettings, ChatClient, EpisodeContext, PauseView } from '../src/worker/episode-context.ts';
 import { newGroup, Status, type RolloutState } from '../src/domain/rollout.ts';
@@ -411,6 +412,40 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
     assert.equal(failed.status, Status.FAILED);
     resumeAfterInfra(failed); // as the worker does for a failure of kind infrastructure
     assert.deepEqual(failed.turns, [], 'the step the failure cut short is dropped whole, its tool-calling reply too');
+  });
+
+  it('drops a tool round interrupted by a pause, counted thrown away, and keeps the turns of one that failed, to be thrown away with the rollout', async () => {
+    const run = async (second: LlmError) => {
+      const llm = scriptedClient([
+        answer('call', { toolCalls: [{ id: 'c1', name: 'look', arguments: '{}' }] }),
+        () => Promise.reject(second),
+      ]);
+      const env = {
+        ...countingEnv({ terminateAt: 2 }),
+        tools: () => [{ type: 'function' as const, function: { name: 'look', parameters: {} } }],
+        callTool: () => 'seen',
+      };
+      const { ctx, rollout } = episode(env, llm, testGate(), {
+        tools: { maxCallsPerTurn: 4, timeoutMs: 1000, toolChoice: 'auto', mcp: [], mcpSessions: 'worker' },
+      });
+      await runEpisode(rollout, ctx);
+      return rollout;
+    };
+    const paused = await run(new LlmError('ERR_LLM_ABORTED', 'paused for a weight update'));
+    assert.equal(paused.status, Status.ABORTED);
+    assert.deepEqual(paused.turns, [], 'a continuation plays the step again whole');
+    assert.equal(paused.restartedTokens, 4, "the tool-calling reply's 4 tokens, generated again");
+    const failed = await run(new LlmError('ERR_LLM_BAD_REPLY', 'choices[0] is missing'));
+    assert.equal(failed.status, Status.FAILED);
+    assert.deepEqual(
+      failed.turns.map((t) => t.response),
+      ['call'],
+    );
+    assert.equal(
+      failed.restartedTokens,
+      undefined,
+      'nothing is generated again: the tokens go with the failed rollout',
+    );
   });
 
   it('comes back ABORTED with the tokens generated so far when a pause aborts a call, and continues from them after the resume', async () => {

@@ -22,7 +22,7 @@ import { countToolCalls } from './tool-rounds.ts';
 import { canContinue, replaySteps, ReplayMismatch } from './continuation.ts';
 import { playSteps } from './episode-steps.ts';
 import { lastStep } from './env-step.ts';
-import { hasExpired } from './episode-end.ts';
+import { hasExpired, interrupts } from './episode-end.ts';
 
 /** Mutates `rollout` into a final status (COMPLETED, ABORTED or FAILED). COMPLETED ones are left as they are. */
 export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, queueMs = 0): Promise<void> {
@@ -74,10 +74,7 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
     // kept, marked so that the producer asks the servers whether they are down (coordinator/outage.ts)
     // before retrying it.
     const outage = isOutageError(err);
-    rollout.status =
-      outage || code === 'ERR_LLM_ABORTED' || code === 'ERR_ACTOR_POOL_ABORTED' || code === 'ERR_ENV_CANCELLED'
-        ? Status.ABORTED
-        : Status.FAILED;
+    rollout.status = interrupts(err) ? Status.ABORTED : Status.FAILED;
     rollout.error = outage ? `${OUTAGE_CODE}: ${describeError(err)}` : describeError(err);
     if (rollout.status === Status.FAILED) rollout.failureKind = failureKindOf(err);
     // An environment error (not an inference one) means the actor is not to be trusted again.

@@ -2,6 +2,7 @@
  * How an episode ends other than by its environment: on a reply that did not complete, on a
  * conversation past the server's context, out of steps or prompts, or expired by staleness.
  */
+import { isOutageError } from '../llm/errors.ts';
 import { NO_EXPIRY } from '../protocol/control-block.ts';
 import { flagTurn, type TurnFlags } from '../protocol/result-delta.ts';
 import {
@@ -12,6 +13,21 @@ import {
   type RolloutState,
   type TurnRecord,
 } from '../domain/rollout.ts';
+
+/**
+ * Whether what an episode threw interrupts it rather than fails it: cancelled by a pause (an inference
+ * call, the wait for an actor, a pending environment call), or a call that met a possible outage. The
+ * rollout comes back ABORTED and continues after the resume from its recorded steps.
+ */
+export function interrupts(err: unknown): boolean {
+  const code = (err as { code?: unknown }).code;
+  return (
+    isOutageError(err) ||
+    code === 'ERR_LLM_ABORTED' ||
+    code === 'ERR_ACTOR_POOL_ABORTED' ||
+    code === 'ERR_ENV_CANCELLED'
+  );
+}
 
 /** Ends `rollout` on a turn that did not complete: ABORTED for `abort`, FAILED naming anything unknown. */
 export function endInterrupted(rollout: RolloutState, finishReason: TurnRecord['finishReason']): void {

@@ -17,7 +17,7 @@ import {
 import { DEFAULT_TOOL_SETTINGS, type Episode } from './episode-context.ts';
 import { envCall } from './env-calls.ts';
 import { markUnfinished } from './env-step.ts';
-import { endInterrupted, endTruncated } from './episode-end.ts';
+import { endInterrupted, endTruncated, interrupts } from './episode-end.ts';
 import { ContextExceeded, infer, pendingCalls } from './inference-call.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
 import { endSegmentBefore } from './segments.ts';
@@ -67,9 +67,10 @@ export async function stepTools(episode: Episode): Promise<StepTools> {
 /**
  * While the step's last reply called tools: run its calls, add the exchange to the conversation, and
  * ask the model again (a turn each). Returns the step's tool messages, for the environment's `step`;
- * null when the rollout ended here (its status set). A step cut short (a pause between rounds, an
- * aborted or failed call) leaves none of its turns behind: a rollout only holds steps the environment
- * stepped on, so a continuation replays them exactly and plays this one again whole.
+ * null when the rollout ended here (its status set). A step interrupted (a pause between rounds or
+ * during a call, an aborted reply) leaves none of its turns behind: an ABORTED rollout holds only
+ * steps the environment stepped on, so a continuation replays them exactly and plays this one again
+ * whole. A step that failed keeps its turns, as a step outside a tool round does.
  */
 export async function toolRounds(episode: Episode, at: ToolStep): Promise<ChatMessage[] | null> {
   const { rollout, ctx } = episode;
@@ -136,9 +137,9 @@ export async function toolRounds(episode: Episode, at: ToolStep): Promise<ChatMe
       }
       rollout.timings.inferenceMs += performance.now() - t;
       if (statusForFinishReason(next.finishReason) !== Status.COMPLETED) {
-        rollout.turns.push(next); // generated: dropped with its step, and counted so
-        drop();
+        rollout.turns.push(next); // generated: kept with a failed step, or dropped with an aborted one and counted so
         endInterrupted(rollout, next.finishReason);
+        if ((rollout.status as Status) === Status.ABORTED) drop();
         return null;
       }
       rollout.turns.push(next);
@@ -151,7 +152,11 @@ export async function toolRounds(episode: Episode, at: ToolStep): Promise<ChatMe
       if (next.finishReason === 'length') break; // its calls, if any, are cut: the episode ends truncated
     }
   } catch (err) {
-    drop();
+    // Interrupted, the rollout continues from its recorded steps, which this one must not be among. A
+    // failure keeps what the step generated, as one outside a tool round does: thrown away with the
+    // failed rollout, or played again from the last finished step after an infrastructure failure
+    // (its turns are marked unfinished: continuation.ts).
+    if (interrupts(err)) drop();
     throw err;
   }
   return toolMessages;
