@@ -11,7 +11,7 @@
  * new turn objects, pops a partial last turn (its continuation is a new object), drops turns (a
  * reset, a replay mismatch, a multi-agent step played again, the step an infrastructure failure cut
  * short), or replaces a turn it flags with a copy (`flagTurn`: an ending, worker/episode-end.ts; a
- * split's segment end, worker/inference-call.ts) — all of which end the shared prefix.
+ * split's segment end, worker/segments.ts) — all of which end the shared prefix.
  */
 import { ProtocolError } from '../errors.ts';
 import type { RolloutGroup, RolloutState, TurnRecord } from '../domain/rollout.ts';

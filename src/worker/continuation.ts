@@ -111,8 +111,8 @@ export function resumeAfterInfra(rollout: RolloutState): void {
  * Whether an ABORTED rollout can go on from where it stopped on a fresh actor. Not where the task keeps
  * an MCP session per episode (`tools.mcpSessions: episode`, for servers that keep per-session state)
  * and a step it keeps called one of them: a replay does not call MCP servers again (replaySteps), so
- * the fresh session would lack what those calls did, while the record says the model saw it. A step
- * cut short keeps no tool calls (tool-rounds.ts drops it whole), so every call recorded counts.
+ * the fresh session would lack what those calls did, while the record says the model saw it. An
+ * interrupted step keeps none of its turns (tool-rounds.ts), so every call recorded counts.
  */
 export function canContinue(rollout: RolloutState, mcpSessions: McpSessions | undefined): boolean {
   return mcpSessions !== 'episode' || !calledMcp(rollout.turns);
