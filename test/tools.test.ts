@@ -17,6 +17,10 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { listCompletedSessions } from '../src/records/reader.ts';
+import { importMcpSdk, McpConnection, type McpSdk } from '../src/env/mcp.ts';
+import { runToolCalls } from '../src/worker/tools.ts';
+import { interrupts } from '../src/worker/episode-end.ts';
+import { deferred } from './support/waits.ts';
 import { decodeFromPeer, encodeForPeer, toJson } from '../src/formats/peer.ts';
 
 const TOOL_ENV = fileURLToPath(new URL('./fixtures/tool-env.ts', import.meta.url));
@@ -435,6 +439,55 @@ describe('tools from MCP servers', () => {
     engines.push(e);
     return e;
   }
+
+  // Regression: a pause that cancelled an MCP call in flight failed the rollout, and its group was
+  // dropped. The SDK rejects an aborted request with its own McpError, code ErrorCode.RequestTimeout
+  // (-32001), not the abort reason (@modelcontextprotocol/sdk 1.32.2, dist/esm/shared/protocol.js,
+  // Protocol.request's cancel), and that number was not a code the agent loop reads as a cancellation.
+  it('brings a tool round that a weight update cut on an MCP call back as a cancellation, not a failure', async () => {
+    const { McpServer } = await import('@modelcontextprotocol/sdk/server/mcp.js');
+    const { InMemoryTransport } = await import('@modelcontextprotocol/sdk/inMemory.js');
+    const sdk = await importMcpSdk();
+    const [clientSide, serverSide] = InMemoryTransport.createLinkedPair();
+    const reached = deferred();
+    const server = new McpServer({ name: 'held', version: '1' });
+    server.registerTool('hold', { description: 'never answers', inputSchema: {} }, () => {
+      reached.resolve();
+      return new Promise(() => undefined);
+    });
+    await server.connect(serverSide);
+    // The worker's own connection and the real SDK client; only the stdio transport is the in-memory one.
+    class InMemoryStdio {
+      constructor() {
+        // biome-ignore lint/correctness/noConstructorReturn: stands in for the SDK's transport class, built with `new`
+        return clientSide;
+      }
+    }
+    const inMemory = InMemoryStdio as unknown as McpSdk['StdioClientTransport'];
+    const connection = new McpConnection({ command: 'in-memory', args: [] }, async () => ({
+      ...sdk,
+      StdioClientTransport: inMemory,
+    }));
+    const cancel = new AbortController();
+    const running = runToolCalls([{ id: 'c1', name: 'hold', arguments: '{}' }], {
+      tools: { schemas: [], env: new Set(), mcp: new Map([['hold', connection]]) },
+      budget: 4,
+      callEnv: null,
+      timeoutMs: 60_000,
+      cancel: cancel.signal,
+    });
+    await reached.promise;
+    cancel.abort(new Error('inference cancelled for a weight update'));
+    const err = (await running.then(
+      () => null,
+      (e: unknown) => e,
+    )) as { code?: unknown; cause?: { code?: unknown } } | null;
+    assert.equal(err?.code, 'ERR_ENV_CANCELLED');
+    assert.ok(interrupts(err), 'the agent loop brings the rollout back ABORTED, to continue after the resume');
+    assert.equal(err?.cause?.code, -32001, "the SDK's own rejection is kept as the cause");
+    await connection.close();
+    await server.close();
+  });
 
   it('serves a stdio MCP server’s tools to episodes; the server dying mid-call fails only the calls in flight, and it is started again', async () => {
     const policy = await mcpPolicy((n) => n === 1);

@@ -8,6 +8,7 @@
  * aborts then); calls past the turn's budget (`maxCallsPerTurn`) are not run.
  */
 import { settleWithin } from '../env/bounded.ts';
+import { EnvError } from '../env/errors.ts';
 import type { McpConnection, McpServerSpec, McpSessions } from '../env/mcp.ts';
 import type { ToolCallRequest, ToolOutput, ToolSchema } from '../env/types.ts';
 import type { ToolChoice } from '../llm/request.ts';
@@ -133,8 +134,14 @@ async function runOne(call: ParsedToolCall, run: ToolRun): Promise<ToolCallRecor
         source,
         ms,
       });
-    // A weight update cancelled what was in flight: the rollout comes back ABORTED, not the model's mistake.
-    if (cancel.aborted || (err as { code?: unknown }).code === 'ERR_ENV_CANCELLED') throw err;
+    // A weight update cancelled what was in flight: the rollout comes back ABORTED, not the model's
+    // mistake. Said as ERR_ENV_CANCELLED whatever the tool threw: the MCP SDK rejects an aborted call
+    // with its own McpError (a numeric code), which the agent loop would take for a failure.
+    if ((err as { code?: unknown } | null)?.code === 'ERR_ENV_CANCELLED') throw err;
+    if (cancel.aborted)
+      throw new EnvError('ERR_ENV_CANCELLED', `tool ${call.name} (${source}) was cancelled for a weight update`, {
+        cause: err,
+      });
     return failed(call, 'tool_error', `tool ${call.name} failed: ${(err as Error)?.message ?? String(err)}`, {
       source,
       ms,
