@@ -14,10 +14,12 @@ import { after, before, describe, it } from 'node:test';
 import { resolveConfig } from '../src/config.ts';
 import { workerInit } from '../src/coordinator/worker-pool.ts';
 import { newGroup, Status, type RolloutGroup, type TurnRecord } from '../src/domain/rollout.ts';
-import { createControlBlock } from '../src/protocol/control-block.ts';
+import { CONTROL, createControlBlock, RunState } from '../src/protocol/control-block.ts';
 import { PROTOCOL_VERSION, type RunGroupMessage } from '../src/protocol/messages.ts';
+import { restoreKeptTurns } from '../src/protocol/result-delta.ts';
 import { settleEpisode, settleGroup, type GroupRun } from '../src/worker/group-run.ts';
 import { WorkerRuntime } from '../src/worker/worker-runtime.ts';
+import { startMockLlm, type MockLlm } from '../src/mock-llm/index.ts';
 import { C, group, I, sample, turn } from './support/groups.ts';
 import { deferred } from './support/waits.ts';
 
@@ -289,5 +291,91 @@ describe('WorkerRuntime.runGroup never rejects, in this thread', () => {
     assert.equal(result.group.status, Status.FAILED);
     assert.match(result.group.error ?? '', /the hooks module broke at import/);
     for (const x of result.group.rollouts) assert.equal(x.failureKind, 'environment');
+  });
+});
+
+// Regression: an episode that failed by infrastructure while a pause was on was not run again, and
+// came back FAILED: its group failed and was dropped, its finished episodes with it.
+describe('an infrastructure failure during a pause, in a WorkerRuntime in this thread', () => {
+  let dir: string;
+  let mock: MockLlm;
+  let runtime: WorkerRuntime | null = null;
+  before(async () => {
+    mock = await startMockLlm({ port: 0, seed: 4 });
+    dir = mkdtempSync(join(tmpdir(), 'group-run-pause-'));
+    writeFileSync(
+      join(dir, 'sandbox.mjs'),
+      [
+        '// Three steps; the first rollout to reach step 2 loses its sandbox there, as a pause arrives.',
+        'export default function createEnv() {',
+        '  let n = 0;',
+        '  return {',
+        '    reset() { n = 0; return { observation: null }; },',
+        "    getTaskPrompt: () => [{ role: 'user', content: 'Go on.' }],",
+        '    step() {',
+        '      n++;',
+        '      if (n === 2 && globalThis.__loseSandboxDuringPause?.()) {',
+        "        throw Object.assign(new Error('the sandbox was lost'), { code: 'ERR_ENV_INFRA' });",
+        '      }',
+        '      return { observation: null, reward: 1, terminated: n === 3, truncated: false };',
+        '    },',
+        '  };',
+        '}',
+        '',
+      ].join('\n'),
+    );
+  });
+  after(async () => {
+    delete (globalThis as { __loseSandboxDuringPause?: unknown }).__loseSandboxDuringPause;
+    await runtime?.close();
+    await mock.close();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('sends the episode back interrupted, ready to go on from its last finished step after the resume, instead of failing its group', async () => {
+    const config = resolveConfig({
+      logLevel: 'silent',
+      llm: { url: mock.url },
+      producer: { partialRollout: true },
+      tasks: [{ name: 't', groupSize: 2, maxSteps: 3, infraRetries: 2, env: { module: join(dir, 'sandbox.mjs') } }],
+    });
+    const block = createControlBlock(0);
+    runtime = new WorkerRuntime(workerInit(config, [mock.url], block));
+    let lost = 0;
+    (globalThis as { __loseSandboxDuringPause?: () => boolean }).__loseSandboxDuringPause = () => {
+      if (lost++ > 0) return false;
+      Atomics.store(new Int32Array(block), CONTROL.STATE, RunState.PAUSED);
+      return true;
+    };
+    const result = await runtime.runGroup(message(newGroup(sample('t', 0), 2)));
+    assert.equal(lost > 0, true, 'a sandbox was lost');
+    const hit = result.group.rollouts.find((r) => (r.maskedFailures ?? 0) > 0);
+    assert.ok(hit, 'the failure was masked');
+    assert.equal(hit.status, Status.ABORTED);
+    assert.equal(hit.failureKind, undefined);
+    assert.deepEqual(
+      hit.turns.map((t) => t.step),
+      [1],
+      'its finished step kept, the one the failure cut short dropped',
+    );
+    assert.equal(result.group.status, Status.ABORTED, 'the group goes back to be sent again, not dropped');
+
+    // After the resume the group is sent again as the coordinator holds it (partial rollouts on).
+    Atomics.store(new Int32Array(block), CONTROL.STATE, RunState.RUNNING);
+    const sent = structuredClone(result.group);
+    const again = await runtime.runGroup(message(structuredClone(sent)));
+    const back = restoreKeptTurns(again.group, sent, again.keptTurns);
+    assert.equal(back.status, Status.COMPLETED);
+    const resumed = back.rollouts.find((r) => r.id === hit.id)!;
+    assert.deepEqual(
+      resumed.turns.map((t) => [t.step, t.reward]),
+      [
+        [1, 1],
+        [2, 1],
+        [3, 1],
+      ],
+      'replayed step 1, played steps 2 and 3',
+    );
+    assert.equal(resumed.turns[0].response, hit.turns[0].response, 'step 1 kept, not generated again');
   });
 });

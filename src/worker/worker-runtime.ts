@@ -208,8 +208,9 @@ export class WorkerRuntime implements WorkerControl {
    * Runs `episode` and, while it ends FAILED by infrastructure (domain/failure.ts), runs it again in the
    * same slot on a fresh actor, up to `retries` times: `afterInfra` readies the rollout — resumed at its last
    * finished step, or reset to its prompt — so that nothing the failure touched is trained as the
-   * policy's outcome, and the group keeps its size. A pause ends the retries: the rollout goes back as
-   * it is, and its group is sent again after the resume.
+   * policy's outcome, and the group keeps its size. During a pause it is readied but not run: it goes
+   * back ABORTED with its group, which is sent again after the resume and goes on from there. (Left
+   * FAILED, it failed its group, which was dropped.)
    */
   async #maskingInfra(
     rollout: RolloutState,
@@ -219,13 +220,18 @@ export class WorkerRuntime implements WorkerControl {
   ): Promise<void> {
     await episode(true);
     for (let n = 1; n <= (retries ?? 0); n++) {
-      if (rollout.status !== Status.FAILED || rollout.failureKind !== 'infrastructure' || this.#gate.paused) return;
+      if (rollout.status !== Status.FAILED || rollout.failureKind !== 'infrastructure') return;
+      const paused = this.#gate.paused;
       this.#log.warn(
         { rollout: rollout.id, retry: n, of: retries },
-        `${rollout.error}: not the policy's failure; the episode goes on with a fresh actor, the failed step is not trained`,
+        `${rollout.error}: not the policy's failure; the episode goes on with a fresh actor${paused ? ' after the resume' : ''}, the failed step is not trained`,
       );
       rollout.maskedFailures = (rollout.maskedFailures ?? 0) + 1;
       afterInfra(rollout);
+      if (paused) {
+        rollout.status = Status.ABORTED;
+        return;
+      }
       await episode(false);
     }
   }
