@@ -319,6 +319,27 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
       ],
     );
     assert.equal(rollout.restartedTokens, 3, "agent a's reply at step 2 (3 tokens) is counted thrown away");
+
+    // A call that fails the rollout: the other agent's reply stays with the failed step, to go as the
+    // failed rollout's (its group dropped), not as generated again.
+    const failing = scriptedClient([
+      answer('x'),
+      answer('y'),
+      answer('aaa'),
+      () => Promise.reject(new LlmError('ERR_LLM_BAD_REPLY', 'choices[0] is missing')),
+    ]);
+    const second = episode(twoAgents, failing);
+    await runEpisode(second.rollout, second.ctx);
+    assert.equal(second.rollout.status, Status.FAILED);
+    assert.deepEqual(
+      second.rollout.turns.map((t) => [t.step, t.agentId, t.response]),
+      [
+        [1, 'a', 'x'],
+        [1, 'b', 'y'],
+        [2, 'a', 'aaa'],
+      ],
+    );
+    assert.equal(second.rollout.restartedTokens, undefined);
   });
 
   it("plays a continued rollout again from its prompt where a step it keeps called an MCP server whose session was the episode's own", async () => {
@@ -415,10 +436,10 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
   });
 
   it('drops a tool round interrupted by a pause, counted thrown away, and keeps the turns of one that failed, to be thrown away with the rollout', async () => {
-    const run = async (second: LlmError) => {
+    const run = async (second: LlmError | null, reply = answer('unused')) => {
       const llm = scriptedClient([
         answer('call', { toolCalls: [{ id: 'c1', name: 'look', arguments: '{}' }] }),
-        () => Promise.reject(second),
+        second === null ? reply : () => Promise.reject(second),
       ]);
       const env = {
         ...countingEnv({ terminateAt: 2 }),
@@ -445,6 +466,13 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
       failed.restartedTokens,
       undefined,
       'nothing is generated again: the tokens go with the failed rollout',
+    );
+    const odd = await run(null, answer('hm', { finishReason: 'content_filter' }));
+    assert.equal(odd.status, Status.FAILED);
+    assert.deepEqual(
+      [odd.turns.map((t) => t.response), odd.finishReason, odd.restartedTokens],
+      [['call', 'hm'], 'content_filter', undefined],
+      'a reply ending otherwise fails the rollout, recorded as its last turn',
     );
   });
 

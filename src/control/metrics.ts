@@ -238,10 +238,10 @@ export class EngineMetrics implements ProducerObserver, AuditObserver {
   }
 
   /**
-   * Tokens thrown away, as the producer reports them: members restarted or reset to their prompt,
-   * groups dropped. (Turns a worker redoes inside one run, such as a tool round cut by a pause, are
-   * regenerated without being reported here.) The total stays under `tokens_total{kind="wasted"}`;
-   * the cause tells the bound's share (expired) from the environment's and the pause's (restarted).
+   * Tokens thrown away, as the producer reports them: members restarted or reset to their prompt (in
+   * the worker too: a run from the prompt, a step played again), groups dropped. The total stays
+   * under `tokens_total{kind="wasted"}`; the cause tells the bound's share (expired) from the
+   * environment's and the pause's (restarted).
    */
   discarded(tokens: number, cause: DiscardCause): void {
     if (tokens <= 0) return;

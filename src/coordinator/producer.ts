@@ -121,8 +121,8 @@ export interface ProducerObserver extends OutageObserver {
   taken?(groups: readonly RolloutGroup[], trainStep: number): void;
   dropped?(group: RolloutGroup, reason: DropReason): void;
   /**
-   * Response tokens thrown away, and why (DiscardCause). Turns a worker redoes within one run (a tool
-   * round cut by a pause) are regenerated without being reported.
+   * Response tokens thrown away, and why (DiscardCause), those a worker threw away within one run
+   * included (`restartedTokens`: a run from the prompt, a step played again).
    */
   discarded?(tokens: number, cause: DiscardCause): void;
   paused?(report: PauseReport): void;

@@ -44,7 +44,7 @@ export async function replaySteps(episode: Episode): Promise<TurnRecord | null> 
   if (last?.some((turn) => turn.finishReason === 'abort')) {
     steps.pop();
     if (last.length === 1 && last[0].agentId === null) partial = last[0];
-    else dropTurnsFrom(rollout, rollout.turns.length - last.length); // multi-agent, or after tool calls: redo the step whole
+    else dropTurnsFrom(rollout, rollout.turns.length - last.length); // multi-agent: redo the step whole
   }
   for (const turns of steps) {
     checkAgentPrompts(await envCall(ctx, rollout, 'getTaskPrompt', () => env.getTaskPrompt()));

@@ -20,7 +20,7 @@ import {
  * rollout comes back ABORTED and continues after the resume from its recorded steps.
  */
 export function interrupts(err: unknown): boolean {
-  const code = (err as { code?: unknown }).code;
+  const code = (err as { code?: unknown } | null | undefined)?.code;
   return (
     isOutageError(err) ||
     code === 'ERR_LLM_ABORTED' ||

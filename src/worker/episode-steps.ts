@@ -28,7 +28,7 @@ import {
 import type { Episode } from './episode-context.ts';
 import { callHook, envCall } from './env-calls.ts';
 import { actionOf, applyOutcome, lastStep, markUnfinished } from './env-step.ts';
-import { endInterrupted, endTruncated, hasExpired, trainOnLastStep } from './episode-end.ts';
+import { endInterrupted, endTruncated, hasExpired, interrupts, trainOnLastStep } from './episode-end.ts';
 import { ContextExceeded, infer, pendingCalls } from './inference-call.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
 import { endSegmentBefore } from './segments.ts';
@@ -207,15 +207,21 @@ export async function playSteps(episode: Episode, partial: TurnRecord | null): P
 /**
  * Every agent's call of a step, or the first failure once all of them have settled: a rollout is not
  * returned (ABORTED by a pause, say) while one of its calls is still generating on a server. On a
- * failure the step goes with the replies the other agents got, which were generated all the same:
- * they are counted thrown away (`dropTurnsFrom`), as a step's replies are wherever a step is dropped.
+ * failure the replies the other agents got, generated all the same, are recorded as a failed step's
+ * are: kept with a rollout that fails (dropped with its group, or played again from the last finished
+ * step after an infrastructure failure: they are marked unfinished); where the rollout is interrupted,
+ * or ends at the step before (the context is full), the step goes and they are counted thrown away.
  */
 async function allOrFirstError(rollout: RolloutState, calls: Promise<TurnRecord>[]): Promise<TurnRecord[]> {
   const settled = await Promise.allSettled(calls);
   const failed = settled.find((s) => s.status === 'rejected');
   if (failed === undefined) return settled.map((s) => (s as PromiseFulfilledResult<TurnRecord>).value);
   const from = rollout.turns.length;
-  for (const s of settled) if (s.status === 'fulfilled') rollout.turns.push(s.value);
-  dropTurnsFrom(rollout, from);
+  for (const s of settled) {
+    if (s.status !== 'fulfilled') continue;
+    rollout.turns.push(s.value);
+    markUnfinished(s.value);
+  }
+  if (interrupts(failed.reason) || failed.reason instanceof ContextExceeded) dropTurnsFrom(rollout, from);
   throw failed.reason;
 }

@@ -1,11 +1,14 @@
 /**
- * Training segments under `llm.historyMode: split`. A reply whose prompt re-renders the episode's
- * history (ChatResult.historyRewrite) begins a new segment; the agent's turn before it ends the
- * previous one and holds that segment's whole conversation, so it is trained on as the last turn of
- * an episode is.
+ * Training segments of an episode split where the chat template re-renders its history
+ * (ChatResult.historyRewrite `split`: `llm.historyMode: split`, or `keep-sampled` where the new
+ * messages cannot be cut out of the render). A split turn begins a new segment; the agent's turn
+ * before it ends the previous one and holds that segment's whole conversation, so it is trained on as
+ * the last turn of an episode is.
  *
- * Marked when the split turn is recorded in the rollout, not when its reply arrives: a reply dropped
- * with its step (a multi-agent step one of whose calls failed, a tool round cut short) ends nothing.
+ * Marked when the split turn is recorded in the rollout, not when its reply arrives: a reply that is
+ * never recorded (its multi-agent step interrupted, its tool round interrupted) ends nothing. One
+ * recorded and then dropped with an interrupted step leaves the mark, which the step played again
+ * sets again: whether a turn splits depends on the history before it, which the replay keeps.
  */
 import type { RolloutState } from '../domain/rollout.ts';
 import { flagTurn } from '../protocol/result-delta.ts';

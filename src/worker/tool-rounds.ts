@@ -136,18 +136,18 @@ export async function toolRounds(episode: Episode, at: ToolStep): Promise<ChatMe
         return null;
       }
       rollout.timings.inferenceMs += performance.now() - t;
-      if (statusForFinishReason(next.finishReason) !== Status.COMPLETED) {
-        rollout.turns.push(next); // generated: kept with a failed step, or dropped with an aborted one and counted so
-        endInterrupted(rollout, next.finishReason);
-        if ((rollout.status as Status) === Status.ABORTED) drop();
-        return null;
-      }
       rollout.turns.push(next);
       markUnfinished(next);
       sharePromptPrefix(rollout.turns, firstNewTurn, rollout.turns.length - 1);
       endSegmentBefore(rollout, rollout.turns.length - 1);
       turns.push(next);
       rollout.finishReason = next.finishReason;
+      if (statusForFinishReason(next.finishReason) !== Status.COMPLETED) {
+        // Aborted, the step goes, counted thrown away (as below); any other ending fails the rollout with it.
+        endInterrupted(rollout, next.finishReason);
+        if ((rollout.status as Status) === Status.ABORTED) drop();
+        return null;
+      }
       last = next;
       if (next.finishReason === 'length') break; // its calls, if any, are cut: the episode ends truncated
     }
