@@ -131,6 +131,27 @@ const answer =
   async () =>
     reply(content, overrides);
 
+/**
+ * One episode of a counting environment that serves the tool `look` (answered "seen"): its first reply
+ * calls it, `second` answers the tool round. Returns the rollout once the episode ended.
+ */
+async function toolRoundEpisode(
+  second: (request: ChatRequest, signal: AbortSignal) => Promise<ChatResult>,
+  env: { terminateAt?: number | null; failAt?: number | null },
+): Promise<RolloutState> {
+  const llm = scriptedClient([answer('call', { toolCalls: [{ id: 'c1', name: 'look', arguments: '{}' }] }), second]);
+  const tooled = {
+    ...countingEnv(env),
+    tools: () => [{ type: 'function' as const, function: { name: 'look', parameters: {} } }],
+    callTool: () => 'seen',
+  };
+  const { ctx, rollout } = episode(tooled, llm, testGate(), {
+    tools: { maxCallsPerTurn: 4, timeoutMs: 1000, toolChoice: 'auto', mcp: [], mcpSessions: 'worker' },
+  });
+  await runEpisode(rollout, ctx);
+  return rollout;
+}
+
 describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
   it('records each turn with its prompt, the reply token ids and logprobs, the model step that made them and the step reward', async () => {
     const llm = scriptedClient([answer('one'), answer('two')]);
@@ -403,22 +424,8 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
 
   it("ends the segment on the tool-calling reply a split follows within one step, flagged as the step's turn it is", async () => {
     const split = { mode: 'split', token: 3, char: 10, sampledText: 'a', renderedText: 'b' } as const;
-    const run = async (failAt: number | null) => {
-      const llm = scriptedClient([
-        answer('call', { toolCalls: [{ id: 'c1', name: 'look', arguments: '{}' }] }),
-        answer('done', { historyRewrite: split }),
-      ]);
-      const env = {
-        ...countingEnv({ terminateAt: 1, failAt }),
-        tools: () => [{ type: 'function' as const, function: { name: 'look', parameters: {} } }],
-        callTool: () => 'seen',
-      };
-      const { ctx, rollout } = episode(env, llm, testGate(), {
-        tools: { maxCallsPerTurn: 4, timeoutMs: 1000, toolChoice: 'auto', mcp: [], mcpSessions: 'worker' },
-      });
-      await runEpisode(rollout, ctx);
-      return rollout;
-    };
+    const run = (failAt: number | null) =>
+      toolRoundEpisode(answer('done', { historyRewrite: split }), { terminateAt: 1, failAt });
     const done = await run(null);
     assert.equal(done.status, Status.COMPLETED);
     assert.deepEqual(
@@ -436,22 +443,8 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
   });
 
   it('drops a tool round interrupted by a pause, counted thrown away, and keeps the turns of one that failed, to be thrown away with the rollout', async () => {
-    const run = async (second: LlmError | null, reply = answer('unused')) => {
-      const llm = scriptedClient([
-        answer('call', { toolCalls: [{ id: 'c1', name: 'look', arguments: '{}' }] }),
-        second === null ? reply : () => Promise.reject(second),
-      ]);
-      const env = {
-        ...countingEnv({ terminateAt: 2 }),
-        tools: () => [{ type: 'function' as const, function: { name: 'look', parameters: {} } }],
-        callTool: () => 'seen',
-      };
-      const { ctx, rollout } = episode(env, llm, testGate(), {
-        tools: { maxCallsPerTurn: 4, timeoutMs: 1000, toolChoice: 'auto', mcp: [], mcpSessions: 'worker' },
-      });
-      await runEpisode(rollout, ctx);
-      return rollout;
-    };
+    const run = (second: LlmError | null, reply = answer('unused')) =>
+      toolRoundEpisode(second === null ? reply : () => Promise.reject(second), { terminateAt: 2 });
     const paused = await run(new LlmError('ERR_LLM_ABORTED', 'paused for a weight update'));
     assert.equal(paused.status, Status.ABORTED);
     assert.deepEqual(paused.turns, [], 'a continuation plays the step again whole');
