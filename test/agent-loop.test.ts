@@ -12,6 +12,7 @@ import type { Environment, StepResult } from '../src/env/types.ts';
 import { runEpisode } from '../src/worker/agent-loop.ts';
 import { resumeAfterInfra } from '../src/worker/continuation.ts';
 import { LlmError } from '../src/llm/errors.ts';
+import { EnvError } from '../src/env/errors.ts';
 import { omitKeptTurns, receivedTurns, restoreKeptTurns } from '../src/protocol/result-delta.ts';
 import type { AgentSettings, ChatClient, EpisodeContext, PauseView } from '../src/worker/episode-context.ts';
 import { newGroup, Status, type RolloutState } from '../src/domain/rollout.ts';
@@ -467,6 +468,47 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
       [['call', 'hm'], 'content_filter', undefined],
       'a reply ending otherwise fails the rollout, recorded as its last turn',
     );
+  });
+
+  // Regression: a pause that cancelled the environment's `step` left the step's reply in the ABORTED
+  // rollout; the continuation replayed it as a finished step and, where the environment rewarded it,
+  // found the record disagreeing and played the whole rollout again from its prompt.
+  it('drops the step whose environment call a pause cancelled, counted thrown away, and plays it again after the resume', async () => {
+    const cancelling: Environment & { actions: string[] } = {
+      ...countingEnv({ terminateAt: 2 }),
+      step(action): StepResult {
+        if (String(action) === 'bb') throw new EnvError('ERR_ENV_CANCELLED', 'environment step() was still pending');
+        return { observation: null, reward: 1, terminated: false, truncated: false, info: {} };
+      },
+    };
+    const llm = scriptedClient([answer('a'), answer('bb'), answer('cc')]);
+    const first = episode(cancelling, llm);
+    await runEpisode(first.rollout, first.ctx);
+    const r = first.rollout;
+    assert.equal(r.status, Status.ABORTED);
+    assert.deepEqual(
+      r.turns.map((t) => [t.step, t.response]),
+      [[1, 'a']],
+      'only the step the environment finished',
+    );
+    assert.equal(r.restartedTokens, 2, "the cut step's reply, counted thrown away");
+    assert.deepEqual(
+      [r.messages.at(-1)?.content, r.finishReason],
+      ['a', 'stop'],
+      "the conversation is the kept step's again",
+    );
+    const fresh = countingEnv({ terminateAt: 2 });
+    const second = episode(fresh, llm);
+    await runEpisode(r, second.ctx);
+    assert.equal(r.status, Status.COMPLETED);
+    assert.deepEqual(
+      r.turns.map((t) => [t.step, t.response, t.reward]),
+      [
+        [1, 'a', 1],
+        [2, 'cc', 2],
+      ],
+    );
+    assert.deepEqual(fresh.actions, ['a', 'cc'], 'step 1 replayed, step 2 played again');
   });
 
   it('comes back ABORTED with the tokens generated so far when a pause aborts a call, and continues from them after the resume', async () => {

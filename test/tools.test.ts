@@ -444,6 +444,7 @@ describe('tools from MCP servers', () => {
   // dropped. The SDK rejects an aborted request with its own McpError, code ErrorCode.RequestTimeout
   // (-32001), not the abort reason (@modelcontextprotocol/sdk 1.32.2, dist/esm/shared/protocol.js,
   // Protocol.request's cancel), and that number was not a code the agent loop reads as a cancellation.
+  // The cancel now also ends the call's wait itself (tools.ts), whatever the tool does.
   it('brings a tool round that a weight update cut on an MCP call back as a cancellation, not a failure', async () => {
     const { McpServer } = await import('@modelcontextprotocol/sdk/server/mcp.js');
     const { InMemoryTransport } = await import('@modelcontextprotocol/sdk/inMemory.js');
@@ -484,7 +485,7 @@ describe('tools from MCP servers', () => {
     )) as { code?: unknown; cause?: { code?: unknown } } | null;
     assert.equal(err?.code, 'ERR_ENV_CANCELLED');
     assert.ok(interrupts(err), 'the agent loop brings the rollout back ABORTED, to continue after the resume');
-    assert.equal(err?.cause?.code, -32001, "the SDK's own rejection is kept as the cause");
+    assert.match(String(err?.cause), /cancelled for a weight update/, "the pause's reason is the cause");
     await connection.close();
     await server.close();
   });

@@ -19,7 +19,7 @@ import type { Episode, EpisodeContext } from './episode-context.ts';
 import { acquireActor, callHook } from './env-calls.ts';
 import { pace } from './inference-call.ts';
 import { countToolCalls } from './tool-rounds.ts';
-import { canContinue, replaySteps, ReplayMismatch } from './continuation.ts';
+import { canContinue, dropUnfinishedStep, replaySteps, ReplayMismatch } from './continuation.ts';
 import { playSteps } from './episode-steps.ts';
 import { lastStep } from './env-step.ts';
 import { hasExpired, interrupts } from './episode-end.ts';
@@ -29,8 +29,7 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
   if (rollout.status === Status.COMPLETED) return; // a sibling kept from an earlier run of its group
   if (ctx.gate.paused) {
     // Started (or given an episode slot) during a pause: nothing to do until the resume, not even a reset.
-    rollout.status = Status.ABORTED;
-    rollout.workerId = ctx.workerId;
+    handBack(rollout, ctx.workerId);
     return;
   }
   const { settings } = ctx;
@@ -41,8 +40,7 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
     restartFromPrompt(rollout);
   if (hasExpired(rollout, ctx.gate.oldestUsefulStep)) {
     // Expired while it waited to continue: not worth an actor and the replay of its steps.
-    rollout.status = Status.ABORTED;
-    rollout.workerId = ctx.workerId;
+    handBack(rollout, ctx.workerId);
     return;
   }
   rollout.error = null;
@@ -68,13 +66,17 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
     }
     await playSteps(episode, partial);
   } catch (err) {
-    const code = (err as { code?: unknown }).code;
+    const code = (err as { code?: unknown } | null | undefined)?.code;
     // Cancelled by a pause (an inference call, the wait for an actor, a pending environment call): it
     // continues after the resume. A call that met a possible outage comes back the same way, its tokens
     // kept, marked so that the producer asks the servers whether they are down (coordinator/outage.ts)
     // before retrying it.
     const outage = isOutageError(err);
     rollout.status = interrupts(err) ? Status.ABORTED : Status.FAILED;
+    // Interrupted in the middle of a step (a pause cancelled its environment call, a tool call, or
+    // the wait for a prompt): the step goes, its replies counted thrown away, and is played again
+    // whole after the resume. Left in, the replay would take it for a finished step.
+    if (rollout.status === Status.ABORTED) dropUnfinishedStep(rollout);
     rollout.error = outage ? `${OUTAGE_CODE}: ${describeError(err)}` : describeError(err);
     if (rollout.status === Status.FAILED) rollout.failureKind = failureKindOf(err);
     // An environment error (not an inference one) means the actor is not to be trusted again.
@@ -118,4 +120,15 @@ export async function runEpisode(rollout: RolloutState, ctx: EpisodeContext, que
 async function acquire(rollout: RolloutState, ctx: EpisodeContext): Promise<Episode> {
   const env = await acquireActor(ctx.actors, ctx.gate.signal);
   return { rollout, ctx, env, lastInfo: null, firstCall: true, mcp: null };
+}
+
+/**
+ * Hands a rollout back ABORTED without running it. Its `finishedAt` moves to now: the producer counts
+ * the time from there to its next dispatch as paused (producer.ts `spawn`), and the wait before this
+ * dispatch was counted already.
+ */
+export function handBack(rollout: RolloutState, workerId: number): void {
+  rollout.status = Status.ABORTED;
+  rollout.workerId = workerId;
+  rollout.timings.finishedAt = Date.now();
 }

@@ -180,7 +180,7 @@ export async function runBlackBoxEpisode(rollout: RolloutState, ctx: BlackBoxCon
     rollout.finishReason = lastTurn?.finishReason ?? null;
     rollout.status = Status.COMPLETED;
   } catch (err) {
-    const code = (err as { code?: unknown }).code;
+    const code = (err as { code?: unknown } | null | undefined)?.code;
     rollout.status = code === 'ERR_ACTOR_POOL_ABORTED' || code === 'ERR_ENV_CANCELLED' ? Status.ABORTED : Status.FAILED;
     rollout.error = describeError(err);
     if (rollout.status === Status.FAILED) rollout.failureKind = failureKindOf(err);

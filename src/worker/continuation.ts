@@ -96,15 +96,27 @@ export function resumeAfterInfra(rollout: RolloutState): void {
     restartFromPrompt(rollout);
     return;
   }
-  dropTurnsFrom(rollout, keep);
-  // The conversation and finish reason were the dropped step's: back to the last kept one's, in case
-  // the resumed episode ends before it records another (an empty prompt).
-  const last = rollout.turns[keep - 1];
-  rollout.messages = [...last.messages, { role: 'assistant', content: last.response }];
-  rollout.finishReason = last.finishReason;
+  dropUnfinishedStep(rollout);
   rollout.status = Status.INIT;
   rollout.error = null;
   delete rollout.failureKind;
+}
+
+/**
+ * Drops the step the environment has not finished (its turns, marked unfinished by the worker that
+ * recorded them: env-step.ts), counted thrown away: a rollout goes on only from steps the
+ * environment finished, which a replay plays again exactly. The conversation and finish reason were
+ * the dropped step's: back to the last kept turn's, in case the episode ends before it records
+ * another (an empty prompt).
+ */
+export function dropUnfinishedStep(rollout: RolloutState): void {
+  const first = rollout.turns.findIndex(isUnfinished);
+  if (first === -1) return;
+  dropTurnsFrom(rollout, first);
+  const last = rollout.turns.at(-1);
+  if (last === undefined) return;
+  rollout.messages = [...last.messages, { role: 'assistant', content: last.response }];
+  rollout.finishReason = last.finishReason;
 }
 
 /**

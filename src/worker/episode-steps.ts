@@ -208,9 +208,8 @@ export async function playSteps(episode: Episode, partial: TurnRecord | null): P
  * Every agent's call of a step, or the first failure once all of them have settled: a rollout is not
  * returned (ABORTED by a pause, say) while one of its calls is still generating on a server. On a
  * failure the replies the other agents got, generated all the same, are recorded as a failed step's
- * are: kept with a rollout that fails (dropped with its group, or played again from the last finished
- * step after an infrastructure failure: they are marked unfinished); where the rollout is interrupted,
- * or ends at the step before (the context is full), the step goes and they are counted thrown away.
+ * are: kept with a rollout that fails (dropped with its group); where the rollout is interrupted, or
+ * ends at the step before (the context is full), the step goes and they are counted thrown away.
  */
 async function allOrFirstError(rollout: RolloutState, calls: Promise<TurnRecord>[]): Promise<TurnRecord[]> {
   const settled = await Promise.allSettled(calls);

@@ -7,7 +7,6 @@ import type { Environment } from '../env/types.ts';
 import type { McpConnection } from '../env/mcp.ts';
 import { RolloutEngineError } from '../errors.ts';
 import {
-  dropTurnsFrom,
   Status,
   statusForFinishReason,
   type ChatMessage,
@@ -17,7 +16,8 @@ import {
 import { DEFAULT_TOOL_SETTINGS, type Episode } from './episode-context.ts';
 import { envCall } from './env-calls.ts';
 import { markUnfinished } from './env-step.ts';
-import { endInterrupted, endTruncated, interrupts } from './episode-end.ts';
+import { dropUnfinishedStep } from './continuation.ts';
+import { endInterrupted, endTruncated } from './episode-end.ts';
 import { ContextExceeded, infer, pendingCalls } from './inference-call.ts';
 import { sharePromptPrefix } from './prompt-prefix.ts';
 import { endSegmentBefore } from './segments.ts';
@@ -76,8 +76,6 @@ export async function toolRounds(episode: Episode, at: ToolStep): Promise<ChatMe
   const { rollout, ctx } = episode;
   const { step, prompt, turns, tools, firstNewTurn } = at;
   const settings = ctx.settings.tools ?? DEFAULT_TOOL_SETTINGS;
-  const firstOfStep = rollout.turns.length - turns.length;
-  const drop = (): void => dropTurnsFrom(rollout, firstOfStep);
   const { env } = episode;
   const callEnv =
     env.callTool === undefined
@@ -86,78 +84,71 @@ export async function toolRounds(episode: Episode, at: ToolStep): Promise<ChatMe
           envCall(ctx, rollout, 'callTool', () => env.callTool!(call, signal));
   const toolMessages: ChatMessage[] = [];
   let used = 0;
-  try {
-    for (
-      let last = turns[turns.length - 1], calls = pendingCalls.get(last);
-      calls !== undefined;
-      calls = pendingCalls.get(last)
-    ) {
-      pendingCalls.delete(last);
-      const { records, ms } = await runToolCalls(calls, {
-        tools,
-        budget: settings.maxCallsPerTurn - used,
-        callEnv,
-        timeoutMs: settings.timeoutMs,
-        cancel: ctx.gate.signal,
-      });
-      used += calls.length;
-      last.toolCalls = records;
-      last.timings.toolMs = ms;
-      last.timings.totalMs += ms;
-      rollout.timings.toolMs = (rollout.timings.toolMs ?? 0) + ms;
-      toolMessages.push(...toolMessagesOf(last.response, records));
-      if (used >= settings.maxCallsPerTurn) break; // out of calls: the environment steps on this reply
-      if (ctx.gate.paused) {
-        drop();
-        rollout.status = Status.ABORTED;
-        return null;
-      }
-      const t = performance.now();
-      let next: TurnRecord;
-      try {
-        next = await infer(
-          {
-            rollout,
-            step,
-            agentId: null,
-            prompt: [...prompt, ...toolMessages],
-            partial: null,
-            promptMs: 0,
-            turnStart: t,
-            tools,
-          },
-          ctx,
-        );
-      } catch (err) {
-        if (!(err instanceof ContextExceeded)) throw err;
-        rollout.timings.inferenceMs += performance.now() - t;
-        endTruncated(rollout, null, err.message);
-        ctx.onTurn?.(rollout, turns, null);
-        return null;
-      }
-      rollout.timings.inferenceMs += performance.now() - t;
-      rollout.turns.push(next);
-      markUnfinished(next);
-      sharePromptPrefix(rollout.turns, firstNewTurn, rollout.turns.length - 1);
-      endSegmentBefore(rollout, rollout.turns.length - 1);
-      turns.push(next);
-      rollout.finishReason = next.finishReason;
-      if (statusForFinishReason(next.finishReason) !== Status.COMPLETED) {
-        // Aborted, the step goes, counted thrown away (as below); any other ending fails the rollout with it.
-        endInterrupted(rollout, next.finishReason);
-        if ((rollout.status as Status) === Status.ABORTED) drop();
-        return null;
-      }
-      last = next;
-      if (next.finishReason === 'length') break; // its calls, if any, are cut: the episode ends truncated
+  // What throws here goes on to the agent loop, which drops the step if it was interrupted
+  // (dropUnfinishedStep) and keeps it with a rollout that failed.
+  for (
+    let last = turns[turns.length - 1], calls = pendingCalls.get(last);
+    calls !== undefined;
+    calls = pendingCalls.get(last)
+  ) {
+    pendingCalls.delete(last);
+    const { records, ms } = await runToolCalls(calls, {
+      tools,
+      budget: settings.maxCallsPerTurn - used,
+      callEnv,
+      timeoutMs: settings.timeoutMs,
+      cancel: ctx.gate.signal,
+    });
+    used += calls.length;
+    last.toolCalls = records;
+    last.timings.toolMs = ms;
+    last.timings.totalMs += ms;
+    rollout.timings.toolMs = (rollout.timings.toolMs ?? 0) + ms;
+    toolMessages.push(...toolMessagesOf(last.response, records));
+    if (used >= settings.maxCallsPerTurn) break; // out of calls: the environment steps on this reply
+    if (ctx.gate.paused) {
+      dropUnfinishedStep(rollout);
+      rollout.status = Status.ABORTED;
+      return null;
     }
-  } catch (err) {
-    // Interrupted, the rollout continues from its recorded steps, which this one must not be among. A
-    // failure keeps what the step generated, as one outside a tool round does: thrown away with the
-    // failed rollout, or played again from the last finished step after an infrastructure failure
-    // (its turns are marked unfinished: continuation.ts).
-    if (interrupts(err)) drop();
-    throw err;
+    const t = performance.now();
+    let next: TurnRecord;
+    try {
+      next = await infer(
+        {
+          rollout,
+          step,
+          agentId: null,
+          prompt: [...prompt, ...toolMessages],
+          partial: null,
+          promptMs: 0,
+          turnStart: t,
+          tools,
+        },
+        ctx,
+      );
+    } catch (err) {
+      if (!(err instanceof ContextExceeded)) throw err;
+      rollout.timings.inferenceMs += performance.now() - t;
+      endTruncated(rollout, null, err.message);
+      ctx.onTurn?.(rollout, turns, null);
+      return null;
+    }
+    rollout.timings.inferenceMs += performance.now() - t;
+    rollout.turns.push(next);
+    markUnfinished(next);
+    sharePromptPrefix(rollout.turns, firstNewTurn, rollout.turns.length - 1);
+    endSegmentBefore(rollout, rollout.turns.length - 1);
+    turns.push(next);
+    rollout.finishReason = next.finishReason;
+    if (statusForFinishReason(next.finishReason) !== Status.COMPLETED) {
+      // Aborted, the step goes, counted thrown away; any other ending fails the rollout with it.
+      endInterrupted(rollout, next.finishReason);
+      if ((rollout.status as Status) === Status.ABORTED) dropUnfinishedStep(rollout);
+      return null;
+    }
+    last = next;
+    if (next.finishReason === 'length') break; // its calls, if any, are cut: the episode ends truncated
   }
   return toolMessages;
 }

@@ -1,8 +1,9 @@
 /**
  * Running the tool calls of one reply (the design: env/types.ts, "Tools"). Every call ends as a
  * ToolCallRecord whose `result` is what the model is shown: the tool's text, or `error: …` naming
- * what went wrong (ToolErrorKind). Nothing here fails the rollout — except a cancellation for a weight
- * update (ERR_ENV_CANCELLED from the guard), which is not the model's doing and is passed on.
+ * what went wrong (ToolErrorKind). Nothing here fails the rollout. A cancellation for a weight update
+ * is not the model's doing either: whatever the call threw, it is passed on as ERR_ENV_CANCELLED, and
+ * the rollout comes back ABORTED to go on after the resume.
  *
  * The calls of one reply run concurrently, each bounded by `tasks[].tools.timeoutMs` (its signal
  * aborts then); calls past the turn's budget (`maxCallsPerTurn`) are not run.
@@ -121,6 +122,10 @@ async function runOne(call: ParsedToolCall, run: ToolRun): Promise<ToolCallRecor
         controller.abort(new ToolTimeout());
         return new ToolTimeout();
       },
+      // The pause's cancel ends the wait even for a tool that does not listen (or has not yet: an MCP
+      // call still connecting), and one that was already given before the call began.
+      signal: cancel,
+      cancelled: () => cancelledCall(call.name, source, cancel.reason),
     });
     const { content, isError } =
       typeof output === 'string' ? { content: output, isError: false } : checkOutput(output, call.name);
@@ -138,10 +143,7 @@ async function runOne(call: ParsedToolCall, run: ToolRun): Promise<ToolCallRecor
     // mistake. Said as ERR_ENV_CANCELLED whatever the tool threw: the MCP SDK rejects an aborted call
     // with its own McpError (a numeric code), which the agent loop would take for a failure.
     if ((err as { code?: unknown } | null)?.code === 'ERR_ENV_CANCELLED') throw err;
-    if (cancel.aborted)
-      throw new EnvError('ERR_ENV_CANCELLED', `tool ${call.name} (${source}) was cancelled for a weight update`, {
-        cause: err,
-      });
+    if (cancel.aborted) throw cancelledCall(call.name, source, err);
     return failed(call, 'tool_error', `tool ${call.name} failed: ${(err as Error)?.message ?? String(err)}`, {
       source,
       ms,
@@ -192,4 +194,9 @@ export function toolMessagesOf(content: string, records: readonly ToolCallRecord
     },
     ...records.map((r): ChatMessage => ({ role: 'tool', content: r.result, tool_call_id: r.id })),
   ];
+}
+
+/** A tool call a weight update cancelled: the rollout comes back ABORTED (worker/episode-end.ts `interrupts`). */
+function cancelledCall(name: string, source: string, cause: unknown): EnvError {
+  return new EnvError('ERR_ENV_CANCELLED', `tool ${name} (${source}) was cancelled for a weight update`, { cause });
 }

@@ -35,7 +35,7 @@ import {
 } from '../protocol/messages.ts';
 import { restartFromPrompt, Status, type RolloutGroup, type RolloutState } from '../domain/rollout.ts';
 import { sessionIdOf, StepRecordWriter } from '../records/step-records.ts';
-import { runEpisode } from './agent-loop.ts';
+import { handBack, runEpisode } from './agent-loop.ts';
 import { resumeAfterInfra } from './continuation.ts';
 import type { EpisodeContext, EpisodeHooks } from './episode-context.ts';
 import { runBlackBoxEpisode, type BlackBoxAgent } from './blackbox-loop.ts';
@@ -219,7 +219,9 @@ export class WorkerRuntime implements WorkerControl {
     episode: (first: boolean) => Promise<void>,
   ): Promise<void> {
     await episode(true);
-    for (let n = 1; n <= (retries ?? 0); n++) {
+    // Counted over the rollout's life (`maskedFailures`), so a retry handed back across a pause does not
+    // get the budget afresh.
+    for (let n = (rollout.maskedFailures ?? 0) + 1; n <= (retries ?? 0); n++) {
       if (rollout.status !== Status.FAILED || rollout.failureKind !== 'infrastructure') return;
       const paused = this.#gate.paused;
       this.#log.warn(
@@ -576,8 +578,7 @@ export class WorkerRuntime implements WorkerControl {
     try {
       await this.#episodeSlots.acquire(this.#gate.signal);
     } catch {
-      rollout.status = Status.ABORTED; // cancelled for a weight update before it started: it runs after the resume
-      rollout.workerId = threadId;
+      handBack(rollout, threadId); // cancelled for a weight update before it started: it runs after the resume
       return;
     }
     this.#episodesRunning++;
