@@ -44,7 +44,7 @@ export const ERROR_CODES = {
   ERR_ENV_TIMEOUT:
     'an environment call (factory, reset, getTaskPrompt, step, close) did not settle within tasks[].env.timeoutMs',
   ERR_ENV_CANCELLED:
-    'an environment or tool call was pending when in-flight work was cancelled (pause, shutdown): ABORTED, the step it cut dropped (its replies counted thrown away) and played again after the resume',
+    'an environment or tool call was pending when a pause or shutdown cancelled in-flight work: ABORTED, its step redone',
   ERR_ENV_BAD_REPLY: 'an environment’s reply is not JSON or not the shape its protocol promises',
   ERR_ENV_STEP_UNCERTAIN: 'a step failed after it may have reached the environment; retried only with dedupeSteps',
   ERR_ENV_TOO_LARGE: 'an env server’s reply exceeded maxResponseBytes',
