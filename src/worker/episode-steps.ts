@@ -30,8 +30,7 @@ import { callHook, envCall } from './env-calls.ts';
 import { actionOf, applyOutcome, lastStep, markUnfinished } from './env-step.ts';
 import { endInterrupted, endTruncated, hasExpired, interrupts, trainOnLastStep } from './episode-end.ts';
 import { ContextExceeded, infer, pendingCalls } from './inference-call.ts';
-import { sharePromptPrefix } from './prompt-prefix.ts';
-import { endSegmentBefore } from './segments.ts';
+import { recordTurn } from './record-turn.ts';
 import { stepTools, toolRounds } from './tool-rounds.ts';
 import { NO_TOOLS } from './tools.ts';
 import { trimMessages } from './trim.ts';
@@ -148,12 +147,7 @@ export async function playSteps(episode: Episode, partial: TurnRecord | null): P
       rollout.turns.pop(); // the partial turn is folded into its continuation
       partial = null;
     }
-    rollout.turns.push(...turns);
-    for (let i = rollout.turns.length - turns.length; i < rollout.turns.length; i++) {
-      markUnfinished(rollout.turns[i]);
-      sharePromptPrefix(rollout.turns, firstNewTurn, i);
-      endSegmentBefore(rollout, i);
-    }
+    for (const turn of turns) recordTurn(rollout, turn, firstNewTurn);
     const lastTurn = turns[turns.length - 1];
     rollout.finishReason = lastTurn.finishReason;
     if (turns.length === 1)

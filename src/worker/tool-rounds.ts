@@ -15,12 +15,10 @@ import {
 } from '../domain/rollout.ts';
 import { DEFAULT_TOOL_SETTINGS, type Episode } from './episode-context.ts';
 import { envCall } from './env-calls.ts';
-import { markUnfinished } from './env-step.ts';
 import { dropUnfinishedStep } from './continuation.ts';
 import { endInterrupted, endTruncated } from './episode-end.ts';
 import { ContextExceeded, infer, pendingCalls } from './inference-call.ts';
-import { sharePromptPrefix } from './prompt-prefix.ts';
-import { endSegmentBefore } from './segments.ts';
+import { recordTurn } from './record-turn.ts';
 import { runToolCalls, toolMessagesOf, type StepTools } from './tools.ts';
 
 /** A single agent's step whose reply called tools: what each of its rounds builds on. */
@@ -135,10 +133,7 @@ export async function toolRounds(episode: Episode, at: ToolStep): Promise<ChatMe
       return null;
     }
     rollout.timings.inferenceMs += performance.now() - t;
-    rollout.turns.push(next);
-    markUnfinished(next);
-    sharePromptPrefix(rollout.turns, firstNewTurn, rollout.turns.length - 1);
-    endSegmentBefore(rollout, rollout.turns.length - 1);
+    recordTurn(rollout, next, firstNewTurn);
     turns.push(next);
     rollout.finishReason = next.finishReason;
     if (statusForFinishReason(next.finishReason) !== Status.COMPLETED) {
