@@ -47,7 +47,7 @@ export class EngineMetrics implements ProducerObserver, AuditObserver {
   });
   readonly #wasted = new Counter({
     name: 'rollout_engine_wasted_tokens_total',
-    help: 'Response tokens generated then thrown away, by cause: expired (past the staleness bound: reset or dropped), restarted (generated again in the worker: from the prompt, or the step a failure cut short), dropped (the group failed or was filtered)',
+    help: 'Response tokens generated then thrown away, by cause: expired (past the staleness bound: reset or dropped), restarted (generated again in the worker: from the prompt, or a step a failure or a pause cut short), dropped (the group failed or was filtered)',
     labelNames: ['cause'],
     registers: [this.registry],
   });

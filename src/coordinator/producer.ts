@@ -108,7 +108,8 @@ export interface ProducerHooks {
  * prompt or, where expired groups are not retried, the whole group dropped (what pacing and the bound
  * decide); `restarted` — generated again in the worker: a member run again from its prompt
  * (interrupted without partialRollout, a replay that no longer matched) or a step played again whole
- * (cut short by an infrastructure failure, or by a pause between tool rounds); `dropped` —
+ * (cut short by an infrastructure failure or a pause, or a multi-agent step one call of which was
+ * interrupted); `dropped` —
  * a whole group dropped for another reason (failed, filtered: the reason goes to `dropped`).
  */
 export const DISCARD_CAUSES = ['expired', 'restarted', 'dropped'] as const;

@@ -7,11 +7,12 @@
  * main thread still holds the group as it sent it. So the worker leaves out each rollout's leading
  * turns that are still the very objects it received (`keptTurns`), and the pool puts them back.
  *
- * Invariant (worker side): a received turn that stays in the rollout is never mutated. The agent loop only appends
- * new turn objects, pops a partial last turn (its continuation is a new object), drops turns (a
- * reset, a replay mismatch, a multi-agent step played again, the step an infrastructure failure cut
- * short), or replaces a turn it flags with a copy (`flagTurn`: an ending, worker/episode-end.ts; a
- * split's segment end, worker/segments.ts) — all of which end the shared prefix.
+ * Invariant (worker side): a received turn that stays in the rollout is never mutated. The agent
+ * loop only appends new turn objects, pops a partial last turn (its continuation is a new object),
+ * drops turns (a reset, a replay mismatch, a multi-agent step played again, the step a failure or a
+ * pause cut short), or replaces a turn it flags with a copy (`flagTurn`: an ending,
+ * worker/episode-end.ts; a split's segment end, worker/segments.ts) — all of which end the shared
+ * prefix.
  */
 import { ProtocolError } from '../errors.ts';
 import type { RolloutGroup, RolloutState, TurnRecord } from '../domain/rollout.ts';

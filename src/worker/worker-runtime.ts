@@ -231,7 +231,7 @@ export class WorkerRuntime implements WorkerControl {
       rollout.maskedFailures = (rollout.maskedFailures ?? 0) + 1;
       afterInfra(rollout);
       if (paused) {
-        rollout.status = Status.ABORTED;
+        handBack(rollout, threadId);
         return;
       }
       await episode(false);
