@@ -15,6 +15,7 @@ import { LlmError } from '../src/llm/errors.ts';
 import { EnvError } from '../src/env/errors.ts';
 import { omitKeptTurns, receivedTurns, restoreKeptTurns } from '../src/protocol/result-delta.ts';
 import type { AgentSettings, ChatClient, EpisodeContext, PauseView } from '../src/worker/episode-context.ts';
+import type { ToolSettings } from '../src/worker/tools.ts';
 import { newGroup, Status, type RolloutState } from '../src/domain/rollout.ts';
 import { sample, turn } from './support/groups.ts';
 import { deferred } from './support/waits.ts';
@@ -28,6 +29,12 @@ const SETTINGS: AgentSettings = {
   partialRollout: true,
   sendSeed: false,
 };
+
+/** Tool settings for the tests whose episodes have tools (no MCP server). */
+const TOOLS: ToolSettings = { maxCallsPerTurn: 4, timeoutMs: 1000, toolChoice: 'auto', mcp: [], mcpSessions: 'worker' };
+
+/** What a reply whose prompt re-renders the history carries (llm.historyMode split). */
+const SPLIT = { mode: 'split', token: 3, char: 10, sampledText: 'a', renderedText: 'b' } as const;
 
 /** A reply with token ids 7, 8, … and logprobs −0.5, −1, … for `content` (one token per character). */
 function reply(content: string, overrides: Partial<ChatResult> = {}): ChatResult {
@@ -146,9 +153,7 @@ async function toolRoundEpisode(
     tools: () => [{ type: 'function' as const, function: { name: 'look', parameters: {} } }],
     callTool: () => 'seen',
   };
-  const { ctx, rollout } = episode(tooled, llm, testGate(), {
-    tools: { maxCallsPerTurn: 4, timeoutMs: 1000, toolChoice: 'auto', mcp: [], mcpSessions: 'worker' },
-  });
+  const { ctx, rollout } = episode(tooled, llm, testGate(), { tools: TOOLS });
   await runEpisode(rollout, ctx);
   return rollout;
 }
@@ -365,11 +370,10 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
   });
 
   it("plays a continued rollout again from its prompt where a step it keeps called an MCP server whose session was the episode's own", async () => {
-    const tools = { maxCallsPerTurn: 4, timeoutMs: 1000, toolChoice: 'auto' as const, mcp: [] };
     const run = async (mcpSessions: 'episode' | 'worker') => {
       const llm = scriptedClient([answer('x'), answer('y')]);
       const { ctx, rollout } = episode(countingEnv({ terminateAt: 2 }), llm, testGate(), {
-        tools: { ...tools, mcpSessions },
+        tools: { ...TOOLS, mcpSessions },
       });
       const call = { id: 'c1', name: 'remember', arguments: '{}', result: 'ok', error: null, ms: 1 };
       rollout.turns = [
@@ -401,8 +405,7 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
   // unchanged (protocol/result-delta.ts), so the coordinator kept its own unmarked copy and the
   // segment it ended was never trained on.
   it('sends back the segment end a split marks on a turn the rollout arrived with', async () => {
-    const split = { mode: 'split', token: 3, char: 10, sampledText: 'a', renderedText: 'b' } as const;
-    const llm = scriptedClient([answer('bb', { historyRewrite: split })]);
+    const llm = scriptedClient([answer('bb', { historyRewrite: SPLIT })]);
     const { ctx, rollout } = episode(countingEnv({ terminateAt: 2 }), llm);
     const group = { ...newGroup(sample('count', 0), 1), rollouts: [rollout] };
     rollout.turns = [{ ...turn([3], { response: 'a' }), terminated: false, trainable: false }];
@@ -424,9 +427,8 @@ describe('agent loop (worker/agent-loop.ts runEpisode)', () => {
   });
 
   it("ends the segment on the tool-calling reply a split follows within one step, flagged as the step's turn it is", async () => {
-    const split = { mode: 'split', token: 3, char: 10, sampledText: 'a', renderedText: 'b' } as const;
     const run = (failAt: number | null) =>
-      toolRoundEpisode(answer('done', { historyRewrite: split }), { terminateAt: 1, failAt });
+      toolRoundEpisode(answer('done', { historyRewrite: SPLIT }), { terminateAt: 1, failAt });
     const done = await run(null);
     assert.equal(done.status, Status.COMPLETED);
     assert.deepEqual(

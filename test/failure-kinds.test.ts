@@ -10,6 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it, type TestContext } from 'node:test';
 import { createEngine, Status, type Engine } from '../src/index.ts';
+import type { RolloutState } from '../src/domain/rollout.ts';
 import { FAILURE_KINDS, failureKindOf, failureKindOfReason, noFailures } from '../src/domain/failure.ts';
 import { EnvError } from '../src/env/errors.ts';
 import { startMockLlm, type MockLlm } from '../src/mock-llm/index.ts';
@@ -124,21 +125,33 @@ describe('infrastructure failures against the mock inference server, in a worker
     return { e, server, thrownAway };
   }
 
+  /** Takes `steps` batches, each NORMAL, showing every rollout to `visit`: the tokens produced for them and taken. */
+  async function takeBatches(
+    e: Engine,
+    steps: number,
+    visit: (rollout: RolloutState) => void,
+  ): Promise<{ produced: number; taken: number }> {
+    let produced = 0;
+    let taken = 0;
+    for (let step = 1; step <= steps; step++) {
+      const batch = await e.getBatch(step);
+      assert.equal(batch.status, 'NORMAL');
+      for (const n of Object.values(batch.stats.producedTokens)) produced += n;
+      taken += batch.stats.responseTokens;
+      for (const g of batch.groups) for (const r of g.rollouts) visit(r);
+    }
+    return { produced, taken };
+  }
+
   // Regression: an episode killed after its first reply was run again in the same dispatch, and the
   // reply it threw away was neither counted produced nor thrown away — the long-tail bench's waste
   // left out every infrastructure restart.
   it('counts the reply of an episode killed by infrastructure as produced and thrown away (restarted): the engine’s count of generated tokens is the server’s', async (t) => {
     const { e, server, thrownAway } = await countedEngine(t, { env: { module: INFRA_ENV, params: { every: 4 } } });
-    let produced = 0;
-    let taken = 0;
     let masked = 0;
-    for (let step = 1; step <= 3; step++) {
-      const batch = await e.getBatch(step);
-      assert.equal(batch.status, 'NORMAL');
-      for (const n of Object.values(batch.stats.producedTokens)) produced += n;
-      taken += batch.stats.responseTokens;
-      for (const g of batch.groups) for (const r of g.rollouts) masked += r.maskedFailures ?? 0;
-    }
+    const { produced, taken } = await takeBatches(e, 3, (r) => {
+      masked += r.maskedFailures ?? 0;
+    });
     assert.ok(masked > 0, 'some episodes were killed after a reply and run again');
     assert.equal(produced, server.stats().completionTokens, 'every token the server generated is counted produced');
     assert.ok((thrownAway.get('restarted') ?? 0) > 0, JSON.stringify([...thrownAway]));
@@ -153,31 +166,22 @@ describe('infrastructure failures against the mock inference server, in a worker
       env: { module: INFRA_ENV, params: { every: 3, atStep: 3 } },
       infraRetries: 8, // enough that no group fails: every loss below is a resumed step
     });
-    let produced = 0;
-    let taken = 0;
     let resumed = 0;
     let lostSteps = 0;
-    for (let step = 1; step <= 3; step++) {
-      const batch = await e.getBatch(step);
-      assert.equal(batch.status, 'NORMAL');
-      for (const n of Object.values(batch.stats.producedTokens)) produced += n;
-      taken += batch.stats.responseTokens;
-      for (const g of batch.groups)
-        for (const r of g.rollouts) {
-          const masked = r.maskedFailures ?? 0;
-          if (masked === 0) continue;
-          assert.equal(r.status, Status.COMPLETED);
-          assert.deepEqual(
-            r.turns.map((turn) => turn.step),
-            r.turns.map((_, i) => i + 1),
-            'one turn a step, none lost or twice',
-          );
-          // The step played again is sent as it was the first time (the same prompt after the
-          // replay, the same sampling seed), so its reply is the lost one's length.
-          resumed++;
-          lostSteps += masked * (r.turns[2].responseIds?.length ?? 0);
-        }
-    }
+    const { produced, taken } = await takeBatches(e, 3, (r) => {
+      const masked = r.maskedFailures ?? 0;
+      if (masked === 0) return;
+      assert.equal(r.status, Status.COMPLETED);
+      assert.deepEqual(
+        r.turns.map((turn) => turn.step),
+        r.turns.map((_, i) => i + 1),
+        'one turn a step, none lost or twice',
+      );
+      // The step played again is sent as it was the first time (the same prompt after the
+      // replay, the same sampling seed), so its reply is the lost one's length.
+      resumed++;
+      lostSteps += masked * (r.turns[2].responseIds?.length ?? 0);
+    });
     assert.ok(resumed > 0, 'some episodes lost their sandbox at step 3 and went on');
     assert.equal(produced, server.stats().completionTokens, 'every token the server generated is counted produced');
     assert.equal(
